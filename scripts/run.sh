@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# scripts/run.sh: the project's entry point on a fresh Debian 12 machine.
+#
+#   scripts/run.sh main   install packages, build (float32), train the default
+#                         model on the default corpus, then sample from it
+#   scripts/run.sh test   install packages, build float32, float64 and
+#                         ASan+UBSan (float64), run every test in each
+#   scripts/run.sh build  build float32 into build/ only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+JOBS=$(nproc)
+
+PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libcriterion-dev
+          libinih-dev gnuplot-nox bible-kjv)
+
+install_packages() {
+    local missing=()
+    for p in "${PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo=sudo
+        echo "== installing: ${missing[*]}"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+# OpenMP threads share OpenBLAS's pool (the openmp build of OpenBLAS); idle
+# OpenMP threads sleep instead of spinning, so they do not fight BLAS for cores.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+
+build() {  # build DIR [cmake options...]
+    local dir=$1
+    shift
+    cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+    cmake --build "$dir" -j "$JOBS" >/dev/null
+}
+
+run_tests() {  # run_tests DIR LABEL
+    local dir=$1 label=$2
+    echo "== tests: $label"
+    (cd "$dir" && ./unit_tests --jobs "$JOBS")
+    (cd "$dir" && ./leak_cycles 100)
+}
+
+case "${1:-}" in
+main)
+    install_packages
+    build build
+    "$ROOT/scripts/main_job.sh"
+    ;;
+test)
+    install_packages
+    start=$(date +%s)
+    build build-f32
+    build build-f64 -DAG_DOUBLE=ON
+    build build-asan -DAG_DOUBLE=ON -DAG_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+    run_tests build-f32 float32
+    run_tests build-f64 float64
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        run_tests build-asan "float64 + ASan/UBSan/LSan"
+    echo "== all test builds passed in $(( $(date +%s) - start )) s"
+    ;;
+build)
+    install_packages
+    build build
+    ;;
+*)
+    echo "usage: scripts/run.sh main|test|build" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,70 @@
+#include "arena.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static ArenaBlock *block_new(size_t cap) {
+    ArenaBlock *b = xmalloc(sizeof *b);
+    b->next = NULL;
+    b->cap = cap;
+    b->used = 0;
+    b->mem = xaligned(cap);
+    return b;
+}
+
+void arena_init(Arena *a, size_t block_bytes) {
+    a->head = NULL;
+    a->total_used = 0;
+    a->high_water = 0;
+    a->default_block = block_bytes ? block_bytes : (size_t)1 << 20;
+}
+
+void *arena_alloc(Arena *a, size_t bytes) {
+    size_t need = (bytes + 63) & ~(size_t)63;
+    if (need == 0) need = 64;
+    if (!a->head || a->head->used + need > a->head->cap) {
+        size_t cap = a->default_block;
+        if (need > cap) cap = need;
+        ArenaBlock *b = block_new(cap);
+        b->next = a->head;
+        a->head = b;
+    }
+    void *p = a->head->mem + a->head->used;
+    a->head->used += need;
+    a->total_used += need;
+    if (a->total_used > a->high_water) a->high_water = a->total_used;
+    return p;
+}
+
+void *arena_calloc(Arena *a, size_t bytes) {
+    void *p = arena_alloc(a, bytes);
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void free_blocks(ArenaBlock *b) {
+    while (b) {
+        ArenaBlock *next = b->next;
+        free(b->mem);
+        free(b);
+        b = next;
+    }
+}
+
+void arena_reset(Arena *a) {
+    if (a->head && a->head->next) {
+        // More than one block: replace them by one that holds the high water.
+        free_blocks(a->head);
+        size_t cap = a->high_water > a->default_block ? a->high_water : a->default_block;
+        a->head = block_new(cap);
+    } else if (a->head) {
+        a->head->used = 0;
+    }
+    a->total_used = 0;
+}
+
+void arena_free(Arena *a) {
+    free_blocks(a->head);
+    a->head = NULL;
+    a->total_used = 0;
+}

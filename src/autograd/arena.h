@@ -1,0 +1,32 @@
+// arena.h: a bump allocator for per-step activations.
+//
+// Everything a forward pass creates (tensors, their data, saved state for the
+// backward, gradients of activations) comes from the arena; arena_reset()
+// after the backward releases it all at once. After the first step the arena
+// consolidates into a single block of its high-water size, so a training loop
+// does no malloc per op.
+#ifndef AG_ARENA_H
+#define AG_ARENA_H
+
+#include "common.h"
+
+typedef struct ArenaBlock {
+    struct ArenaBlock *next;
+    size_t cap, used;
+    unsigned char *mem;     // 64-byte aligned
+} ArenaBlock;
+
+typedef struct Arena {
+    ArenaBlock *head;       // current block (a list of full blocks follows)
+    size_t total_used;      // bytes handed out since the last reset
+    size_t high_water;      // largest total_used seen
+    size_t default_block;   // size of a fresh block
+} Arena;
+
+void arena_init(Arena *a, size_t block_bytes);
+void *arena_alloc(Arena *a, size_t bytes);    // 64-byte aligned, uninitialised
+void *arena_calloc(Arena *a, size_t bytes);   // zeroed
+void arena_reset(Arena *a);                   // frees everything handed out
+void arena_free(Arena *a);
+
+#endif

@@ -1,0 +1,186 @@
+#include "gradcheck.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+GradcheckOptions gradcheck_defaults(void) {
+    GradcheckOptions o;
+#ifdef AG_DOUBLE
+    o.eps = 1e-6;
+    o.tol = 1e-6;
+    o.floor_frac = 1e-3;
+#else
+    o.eps = 1e-2;
+    o.tol = 3e-2;
+    o.floor_frac = 1e-2;
+#endif
+    o.max_elems = 2048;
+    o.n_directions = 2;
+    o.seed = 1234;
+    o.verbose = false;
+    return o;
+}
+
+typedef struct Probe {
+    GradcheckFn f;
+    Tensor *const *inputs;
+    int n_inputs;
+    void *ctx;
+    Tape *tp;
+    real *R[GRADCHECK_MAX_OUT];   // the contraction tensors
+    int64_t R_n[GRADCHECK_MAX_OUT];
+    int n_out;
+} Probe;
+
+// f(x) = sum_k <out_k, R_k>, evaluated in no-grad mode, accumulated in double.
+static double probe_eval(Probe *p) {
+    Tensor *outs[GRADCHECK_MAX_OUT] = {0};
+    tape_reset(p->tp);
+    tape_no_grad_push(p->tp);
+    int n = p->f(p->tp, p->inputs, p->n_inputs, p->ctx, outs);
+    tape_no_grad_pop(p->tp);
+    ASSERT(n == p->n_out, "gradcheck: the function returned %d outputs, then %d", p->n_out, n);
+    double s = 0;
+    for (int k = 0; k < n; k++) {
+        ASSERT(outs[k]->numel == p->R_n[k], "gradcheck: output %d changed size", k);
+        for (int64_t i = 0; i < outs[k]->numel; i++) s += (double)outs[k]->data[i] * (double)p->R[k][i];
+    }
+    return s;
+}
+
+static double rel_err(double a, double n, double floor) {
+    double d = fabs(a - n);
+    double den = fmax(fmax(fabs(a), fabs(n)), floor);
+    return den > 0 ? d / den : d;
+}
+
+GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *inputs, int n_inputs,
+                          void *ctx, const GradcheckOptions *opt_in) {
+    GradcheckOptions opt = opt_in ? *opt_in : gradcheck_defaults();
+    GradcheckResult res = {true, 0.0, -1, -1, 0.0, 0.0, 0};
+    Tape tp;
+    tape_init(&tp);
+    Rng rng;
+    rng_seed(&rng, opt.seed);
+
+    // 1. Analytic pass: forward, seed every output with R_k, backward.
+    for (int i = 0; i < n_inputs; i++)
+        if (inputs[i]->requires_grad && inputs[i]->grad)
+            memset(inputs[i]->grad, 0, (size_t)inputs[i]->numel * sizeof(real));
+    Probe p = {f, inputs, n_inputs, ctx, &tp, {0}, {0}, 0};
+    Tensor *outs[GRADCHECK_MAX_OUT] = {0};
+    p.n_out = f(&tp, inputs, n_inputs, ctx, outs);
+    ASSERT(p.n_out >= 1 && p.n_out <= GRADCHECK_MAX_OUT, "gradcheck '%s': %d outputs", label, p.n_out);
+    const real *seeds[GRADCHECK_MAX_OUT];
+    for (int k = 0; k < p.n_out; k++) {
+        p.R_n[k] = outs[k]->numel;
+        p.R[k] = xmalloc((size_t)outs[k]->numel * sizeof(real));
+        for (int64_t i = 0; i < outs[k]->numel; i++) p.R[k][i] = (real)rng_normal(&rng);
+        seeds[k] = p.R[k];
+    }
+    tape_backward_multi(&tp, outs, seeds, p.n_out);
+    real **analytic = xcalloc((size_t)n_inputs, sizeof *analytic);
+    for (int i = 0; i < n_inputs; i++) {
+        Tensor *x = inputs[i];
+        if (!x->requires_grad) continue;
+        ASSERT(x->grad, "gradcheck '%s': input %d requires a gradient but has no buffer", label, i);
+        analytic[i] = xmalloc((size_t)x->numel * sizeof(real));
+        memcpy(analytic[i], x->grad, (size_t)x->numel * sizeof(real));
+    }
+
+    // 2. Numeric pass, input by input.
+    for (int i = 0; i < n_inputs; i++) {
+        Tensor *x = inputs[i];
+        if (!x->requires_grad) continue;
+        int64_t n = x->numel;
+        bool all = n <= opt.max_elems;
+        int64_t count = all ? n : opt.max_elems;
+        int64_t *idx = xmalloc((size_t)count * sizeof *idx);
+        for (int64_t j = 0; j < count; j++) idx[j] = all ? j : (int64_t)rng_below(&rng, (uint64_t)n);
+        double *num = xmalloc((size_t)count * sizeof *num);
+        double scale = 0;
+        for (int64_t j = 0; j < count; j++) {
+            real saved = x->data[idx[j]];
+            x->data[idx[j]] = (real)(saved + opt.eps);
+            double fp = probe_eval(&p);
+            x->data[idx[j]] = (real)(saved - opt.eps);
+            double fm = probe_eval(&p);
+            x->data[idx[j]] = saved;
+            num[j] = (fp - fm) / (2 * opt.eps);
+            scale = fmax(scale, fabs(num[j]));
+        }
+        for (int64_t j = 0; j < count; j++) scale = fmax(scale, fabs((double)analytic[i][idx[j]]));
+        double floor = fmax(opt.floor_frac * scale, 1e-12);
+        double worst_here = 0;
+        for (int64_t j = 0; j < count; j++) {
+            double e = rel_err(analytic[i][idx[j]], num[j], floor);
+            res.n_checked++;
+            if (e > worst_here) worst_here = e;
+            if (e > res.max_rel || res.worst_input < 0) {
+                res.max_rel = fmax(res.max_rel, e);
+                res.worst_input = i;
+                res.worst_index = idx[j];
+                res.analytic = analytic[i][idx[j]];
+                res.numeric = num[j];
+            }
+        }
+        // Random directions over the whole input.
+        real *dir = xmalloc((size_t)n * sizeof(real));
+        real *saved = xmalloc((size_t)n * sizeof(real));
+        memcpy(saved, x->data, (size_t)n * sizeof(real));
+        for (int d = 0; d < opt.n_directions; d++) {
+            double norm = 0;
+            for (int64_t j = 0; j < n; j++) {
+                dir[j] = (real)rng_normal(&rng);
+                norm += (double)dir[j] * dir[j];
+            }
+            norm = sqrt(norm);
+            double dot = 0;
+            for (int64_t j = 0; j < n; j++) {
+                dir[j] = (real)(dir[j] / norm);
+                dot += (double)analytic[i][j] * dir[j];
+            }
+            for (int64_t j = 0; j < n; j++) x->data[j] = (real)(saved[j] + opt.eps * dir[j]);
+            double fp = probe_eval(&p);
+            for (int64_t j = 0; j < n; j++) x->data[j] = (real)(saved[j] - opt.eps * dir[j]);
+            double fm = probe_eval(&p);
+            memcpy(x->data, saved, (size_t)n * sizeof(real));
+            double numd = (fp - fm) / (2 * opt.eps);
+            double dscale = 0;
+            for (int64_t j = 0; j < n; j++) dscale += (double)analytic[i][j] * analytic[i][j];
+            double e = rel_err(dot, numd, fmax(opt.floor_frac * sqrt(dscale), 1e-12));
+            res.n_checked++;
+            if (e > worst_here) worst_here = e;
+            if (e > res.max_rel) {
+                res.max_rel = e;
+                res.worst_input = i;
+                res.worst_index = -1;
+                res.analytic = dot;
+                res.numeric = numd;
+            }
+        }
+        if (opt.verbose)
+            fprintf(stderr, "gradcheck %s: input %d '%s' %s: max rel err %.3e over %lld elements\n", label, i,
+                    x->name ? x->name : "?", SHAPE(x), worst_here, (long long)count);
+        free(dir);
+        free(saved);
+        free(idx);
+        free(num);
+    }
+    res.passed = res.max_rel <= opt.tol;
+    if (!res.passed) {
+        Tensor *x = inputs[res.worst_input];
+        fprintf(stderr,
+                "gradcheck %s FAILED: input %d '%s' %s, %s %lld: analytic %.12g, numeric %.12g, "
+                "rel err %.3e > tol %.1e\n",
+                label, res.worst_input, x->name ? x->name : "?", SHAPE(x),
+                res.worst_index >= 0 ? "element" : "random direction", (long long)res.worst_index,
+                res.analytic, res.numeric, res.max_rel, opt.tol);
+    }
+    for (int i = 0; i < n_inputs; i++) free(analytic[i]);
+    free(analytic);
+    for (int k = 0; k < p.n_out; k++) free(p.R[k]);
+    tape_free(&tp);
+    return res;
+}

@@ -1,0 +1,54 @@
+// gradcheck.h: check an op's (or a layer's) backward against central finite
+// differences. Part of the library, so users check their own ops with it.
+//
+// The function under test builds up to GRADCHECK_MAX_OUT outputs on the tape
+// from `inputs`. The checker contracts every output with a fixed random
+// tensor R_k, so the scalar checked is f(x) = sum_k <out_k(x), R_k>; its
+// analytic gradient comes from one backward (seeded with R_k), the numeric
+// one from (f(x + eps e_i) - f(x - eps e_i)) / (2 eps), in float64 when the
+// library is built in float64.
+//
+// Relative error of an element: |a - n| / max(|a|, |n|, floor), with
+// floor = floor_frac * max_i |n_i| over that input, so elements many orders
+// of magnitude below the input's largest gradient are compared on the
+// input's scale rather than on their own (where finite-difference rounding
+// dominates). Inputs larger than max_elems are checked on a random subset of
+// elements plus random directions: <grad, d> against (f(x+eps d)-f(x-eps d))/2eps.
+#ifndef AG_GRADCHECK_H
+#define AG_GRADCHECK_H
+
+#include "rng.h"
+#include "tape.h"
+
+#define GRADCHECK_MAX_OUT 4
+
+// Build outputs from inputs; write them to outs[], return how many.
+typedef int (*GradcheckFn)(Tape *tp, Tensor *const *inputs, int n_inputs, void *ctx, Tensor **outs);
+
+typedef struct GradcheckOptions {
+    double eps;          // finite-difference step
+    double tol;          // largest relative error that passes
+    double floor_frac;   // see above
+    int64_t max_elems;   // per input: all elements up to this many, else a random subset this big
+    int n_directions;    // random-direction checks per input
+    uint64_t seed;
+    bool verbose;        // print a line per input
+} GradcheckOptions;
+
+typedef struct GradcheckResult {
+    bool passed;
+    double max_rel;          // worst relative error seen
+    int worst_input;         // which input (-1 if none checked)
+    int64_t worst_index;     // flat element index, or -1 for a direction check
+    double analytic, numeric;// the two values at the worst element
+    int64_t n_checked;       // elements + directions checked
+} GradcheckResult;
+
+// eps 1e-6, tol 1e-6, floor 1e-3 in float64; eps 1e-2, tol 3e-2, floor 1e-2 in float32.
+GradcheckOptions gradcheck_defaults(void);
+// Checks every input with requires_grad; inputs without it are held fixed.
+// Prints the worst element (input, index, both values) when the check fails.
+GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *inputs, int n_inputs,
+                          void *ctx, const GradcheckOptions *opt);
+
+#endif

@@ -1,0 +1,66 @@
+// ops.h: the op builders. Each records itself on the tape (when a gradient
+// will be needed) and computes its forward at once. Shapes are checked on
+// entry; a mismatch stops with the op's name and the shapes involved.
+//
+// Broadcasting is by suffix only: in op_add/op_sub/op_mul, `b` either has
+// a's shape or a's trailing dimensions (e.g. a bias (D) added to (B, T, D)).
+#ifndef AG_OPS_H
+#define AG_OPS_H
+
+#include "tape.h"
+
+// ---- linear algebra (ops_matmul.c) ----
+// a: (..., M, K), or (..., K, M) when ta. b: (K, N), or (N, K) when tb; b is
+// either 2-D (shared by every leading index of a, e.g. a weight) or has the
+// same leading dimensions as a (batched). Returns (..., M, N).
+Tensor *op_matmul(Tape *tp, Tensor *a, Tensor *b, bool ta, bool tb);
+
+// ---- elementwise with suffix broadcasting (ops_elementwise.c) ----
+Tensor *op_add(Tape *tp, Tensor *a, Tensor *b);
+Tensor *op_sub(Tape *tp, Tensor *a, Tensor *b);
+Tensor *op_mul(Tape *tp, Tensor *a, Tensor *b);
+Tensor *op_scale(Tape *tp, Tensor *a, double s);
+
+// ---- unary activations (ops_unary.c) ----
+Tensor *op_silu(Tape *tp, Tensor *x);       // x * sigmoid(x)
+Tensor *op_sigmoid(Tape *tp, Tensor *x);
+Tensor *op_softplus(Tape *tp, Tensor *x);   // log(1 + e^x), computed stably
+Tensor *op_exp(Tape *tp, Tensor *x);
+Tensor *op_relu(Tape *tp, Tensor *x);       // derivative at exactly 0 taken as 0
+
+// ---- reductions (ops_reduce.c) ----
+Tensor *op_sum(Tape *tp, Tensor *x);        // -> (1)
+Tensor *op_mean(Tape *tp, Tensor *x);       // -> (1)
+
+// ---- shape (ops_shape.c) ----
+Tensor *op_reshape(Tape *tp, Tensor *x, int ndim, const int *shape); // same numel
+Tensor *op_transpose(Tape *tp, Tensor *x, int d0, int d1);           // swap two dims (copies)
+Tensor *op_slice(Tape *tp, Tensor *x, int dim, int start, int len);  // x[..., start:start+len, ...]
+Tensor *op_concat(Tape *tp, Tensor *const *xs, int n, int dim);      // n <= NODE_MAX_IN
+
+// ---- lookup and losses (ops_embed.c, ops_loss.c) ----
+// E: (V, D); ids: numel(shape) token ids in [0, V) (copied; take no gradient).
+// Returns (shape..., D).
+Tensor *op_embedding(Tape *tp, Tensor *E, const int *ids, int ndim, const int *shape);
+// Fused log-softmax + cross-entropy. logits: (..., V); targets: one per row
+// (copied), a negative target is ignored. Returns the mean over counted rows, (1).
+Tensor *op_cross_entropy(Tape *tp, Tensor *logits, const int *targets);
+// Softmax over the last dimension.
+Tensor *op_softmax(Tape *tp, Tensor *x);
+
+// ---- normalisation (ops_norm.c) ----
+// RMSNorm over the last dimension: x / sqrt(mean(x^2) + eps) * g; g: (last dim) or NULL.
+Tensor *op_rmsnorm(Tape *tp, Tensor *x, Tensor *g, double eps);
+// Per-head L2 normalisation: the last dimension is split into groups of
+// head_dim, each scaled to z / sqrt(sum z^2 + 1e-6).
+Tensor *op_l2norm_heads(Tape *tp, Tensor *x, int head_dim);
+
+// ---- position and time (ops_rope.c, ops_conv.c) ----
+// RoPE on x (B, T, H*head_dim): rotates interleaved pairs (2i, 2i+1) of each
+// head by angle (pos0 + t) * base^(-2i/head_dim).
+Tensor *op_rope(Tape *tp, Tensor *x, int head_dim, int pos0, double base);
+// Causal depthwise 1-D convolution over time, no bias. x: (B, T, C),
+// w: (C, W): y[t,c] = sum_{j<W} w[c,j] * x[t-W+1+j, c] (zeros before t=0).
+Tensor *op_conv1d_causal(Tape *tp, Tensor *x, Tensor *w);
+
+#endif

@@ -1,0 +1,91 @@
+// ops_elementwise.c: add, sub, mul with suffix broadcasting; scale.
+#include "ops.h"
+
+enum { EW_ADD, EW_SUB, EW_MUL };
+
+// b's numel divides a's; element i of a meets element i % nb of b.
+static void ew_forward(Node *n) {
+    const Tensor *a = n->in[0], *b = n->in[1];
+    real *o = n->out[0]->data;
+    const real *x = a->data, *y = b->data;
+    int64_t na = a->numel, nb = b->numel;
+    int kind = n->iarg[0];
+#pragma omp parallel for if (na > 65536) schedule(static)
+    for (int64_t r = 0; r < na / nb; r++) {
+        const real *xr = x + r * nb;
+        real *orow = o + r * nb;
+        switch (kind) {
+        case EW_ADD: for (int64_t j = 0; j < nb; j++) orow[j] = xr[j] + y[j]; break;
+        case EW_SUB: for (int64_t j = 0; j < nb; j++) orow[j] = xr[j] - y[j]; break;
+        default: for (int64_t j = 0; j < nb; j++) orow[j] = xr[j] * y[j]; break;
+        }
+    }
+}
+
+static void ew_backward(Node *n) {
+    const Tensor *a = n->in[0], *b = n->in[1];
+    const real *g = n->out[0]->grad;
+    real *da = NODE_GRAD_IN(n, 0), *db = NODE_GRAD_IN(n, 1);
+    int64_t na = a->numel, nb = b->numel, rows = na / nb;
+    int kind = n->iarg[0];
+    if (da) {
+#pragma omp parallel for if (na > 65536) schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < nb; j++) {
+                int64_t i = r * nb + j;
+                da[i] += kind == EW_MUL ? g[i] * b->data[j] : g[i];
+            }
+    }
+    if (db) {
+        // Reduce over the broadcast rows (sequential in r: deterministic).
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < nb; j++) {
+                int64_t i = r * nb + j;
+                db[j] += kind == EW_ADD ? g[i] : kind == EW_SUB ? -g[i] : g[i] * a->data[i];
+            }
+    }
+}
+
+static const OpDef OP_ADD = {"add", ew_forward, ew_backward};
+static const OpDef OP_SUB = {"sub", ew_forward, ew_backward};
+static const OpDef OP_MUL = {"mul", ew_forward, ew_backward};
+
+static Tensor *ew_build(Tape *tp, const OpDef *op, int kind, Tensor *a, Tensor *b) {
+    bool ok = b->ndim <= a->ndim;
+    for (int i = 0; ok && i < b->ndim; i++)
+        ok = b->shape[b->ndim - 1 - i] == a->shape[a->ndim - 1 - i];
+    ASSERT(ok, "%s: b %s must have a's shape %s or its trailing dimensions", op->name, SHAPE(b), SHAPE(a));
+    Tensor *o = tape_tensor(tp, a->ndim, a->shape);
+    Node *n = tape_op(tp, op, (Tensor *[]){a, b}, 2, &o, 1);
+    n->iarg[0] = kind;
+    ew_forward(n);
+    return o;
+}
+
+Tensor *op_add(Tape *tp, Tensor *a, Tensor *b) { return ew_build(tp, &OP_ADD, EW_ADD, a, b); }
+Tensor *op_sub(Tape *tp, Tensor *a, Tensor *b) { return ew_build(tp, &OP_SUB, EW_SUB, a, b); }
+Tensor *op_mul(Tape *tp, Tensor *a, Tensor *b) { return ew_build(tp, &OP_MUL, EW_MUL, a, b); }
+
+static void scale_forward(Node *n) {
+    real s = (real)n->farg[0];
+    const real *x = n->in[0]->data;
+    real *o = n->out[0]->data;
+    for (int64_t i = 0; i < n->in[0]->numel; i++) o[i] = s * x[i];
+}
+
+static void scale_backward(Node *n) {
+    real s = (real)n->farg[0];
+    real *dx = NODE_GRAD_IN(n, 0);
+    const real *g = n->out[0]->grad;
+    for (int64_t i = 0; i < n->in[0]->numel; i++) dx[i] += s * g[i];
+}
+
+static const OpDef OP_SCALE = {"scale", scale_forward, scale_backward};
+
+Tensor *op_scale(Tape *tp, Tensor *a, double s) {
+    Tensor *o = tape_tensor(tp, a->ndim, a->shape);
+    Node *n = tape_op(tp, &OP_SCALE, &a, 1, &o, 1);
+    n->farg[0] = s;
+    scale_forward(n);
+    return o;
+}

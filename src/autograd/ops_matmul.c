@@ -1,0 +1,89 @@
+// ops_matmul.c: batched matrix product with either operand transposed.
+#include "blas.h"
+#include "ops.h"
+
+// iarg: 0 ta, 1 tb, 2 M, 3 N, 4 K, 5 batches, 6 b batched
+static void matmul_forward(Node *n) {
+    Tensor *a = n->in[0], *b = n->in[1], *c = n->out[0];
+    bool ta = n->iarg[0], tb = n->iarg[1], bb = n->iarg[6];
+    int M = n->iarg[2], N = n->iarg[3], K = n->iarg[4], nb = n->iarg[5];
+    int lda = ta ? M : K, ldb = tb ? K : N;
+    if (!ta && !bb) {   // a weight shared by every row: one big product
+        gemm(false, tb, nb * M, N, K, 1, a->data, lda, b->data, ldb, 0, c->data, N);
+        return;
+    }
+    for (int i = 0; i < nb; i++)
+        gemm(ta, tb, M, N, K, 1, a->data + (int64_t)i * M * K, lda,
+             b->data + (bb ? (int64_t)i * K * N : 0), ldb, 0, c->data + (int64_t)i * M * N, N);
+}
+
+static void matmul_backward(Node *n) {
+    Tensor *a = n->in[0], *b = n->in[1], *c = n->out[0];
+    bool ta = n->iarg[0], tb = n->iarg[1], bb = n->iarg[6];
+    int M = n->iarg[2], N = n->iarg[3], K = n->iarg[4], nb = n->iarg[5];
+    int lda = ta ? M : K, ldb = tb ? K : N;
+    real *da = NODE_GRAD_IN(n, 0), *db = NODE_GRAD_IN(n, 1);
+    const real *dc = c->grad;
+    if (!ta && !bb) {   // flattened rows
+        int R = nb * M;
+        // d op(A) = dC op(B)^T ; A (R, K)
+        if (da) gemm(false, !tb, R, K, N, 1, dc, N, b->data, ldb, 1, da, lda);
+        // d op(B) = A^T dC  (K, N); stored (N, K) when tb: dB = dC^T A
+        if (db) {
+            if (!tb) gemm(true, false, K, N, R, 1, a->data, lda, dc, N, 1, db, ldb);
+            else gemm(true, false, N, K, R, 1, dc, N, a->data, lda, 1, db, ldb);
+        }
+        return;
+    }
+    for (int i = 0; i < nb; i++) {
+        const real *ai = a->data + (int64_t)i * M * K;
+        const real *bi = b->data + (bb ? (int64_t)i * K * N : 0);
+        const real *dci = dc + (int64_t)i * M * N;
+        if (da) {
+            real *dai = da + (int64_t)i * M * K;
+            if (!ta) gemm(false, !tb, M, K, N, 1, dci, N, bi, ldb, 1, dai, lda);   // dC op(B)^T
+            else gemm(tb, true, K, M, N, 1, bi, ldb, dci, N, 1, dai, lda);        // op(B) dC^T
+        }
+        if (db) {
+            real *dbi = db + (bb ? (int64_t)i * K * N : 0);
+            if (!tb) gemm(!ta, false, K, N, M, 1, ai, lda, dci, N, 1, dbi, ldb);  // op(A)^T dC
+            else gemm(true, ta, N, K, M, 1, dci, N, ai, lda, 1, dbi, ldb);        // dC^T op(A)
+        }
+    }
+}
+
+static const OpDef OP_MATMUL = {"matmul", matmul_forward, matmul_backward};
+
+Tensor *op_matmul(Tape *tp, Tensor *a, Tensor *b, bool ta, bool tb) {
+    ASSERT(a->ndim >= 2 && b->ndim >= 2, "matmul: operands need 2 or more dimensions, got a %s, b %s",
+           SHAPE(a), SHAPE(b));
+    int M = ta ? a->shape[a->ndim - 1] : a->shape[a->ndim - 2];
+    int Ka = ta ? a->shape[a->ndim - 2] : a->shape[a->ndim - 1];
+    int Kb = tb ? b->shape[b->ndim - 1] : b->shape[b->ndim - 2];
+    int N = tb ? b->shape[b->ndim - 2] : b->shape[b->ndim - 1];
+    ASSERT(Ka == Kb, "matmul: inner dimensions differ: a %s%s, b %s%s (%d vs %d)", SHAPE(a),
+           ta ? "^T" : "", SHAPE(b), tb ? "^T" : "", Ka, Kb);
+    bool batched_b = b->ndim > 2;
+    if (batched_b) {
+        ASSERT(b->ndim == a->ndim, "matmul: batched b %s needs the same leading dimensions as a %s",
+               SHAPE(b), SHAPE(a));
+        for (int i = 0; i < a->ndim - 2; i++)
+            ASSERT(a->shape[i] == b->shape[i], "matmul: leading dimensions differ: a %s, b %s", SHAPE(a),
+                   SHAPE(b));
+    }
+    int shape[TENSOR_MAX_DIMS];
+    for (int i = 0; i < a->ndim - 2; i++) shape[i] = a->shape[i];
+    shape[a->ndim - 2] = M;
+    shape[a->ndim - 1] = N;
+    Tensor *c = tape_tensor(tp, a->ndim, shape);
+    Node *n = tape_op(tp, &OP_MATMUL, (Tensor *[]){a, b}, 2, &c, 1);
+    n->iarg[0] = ta;
+    n->iarg[1] = tb;
+    n->iarg[2] = M;
+    n->iarg[3] = N;
+    n->iarg[4] = Ka;
+    n->iarg[5] = (int)(a->numel / ((int64_t)M * Ka));
+    n->iarg[6] = batched_b;
+    matmul_forward(n);
+    return c;
+}

@@ -1,0 +1,201 @@
+#include "tape.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+void tape_init(Tape *tp) {
+    arena_init(&tp->arena, (size_t)8 << 20);
+    tp->nodes = NULL;
+    tp->n_nodes = tp->cap_nodes = 0;
+    tp->no_grad_depth = 0;
+}
+
+void tape_free(Tape *tp) {
+    arena_free(&tp->arena);
+    free(tp->nodes);
+    tp->nodes = NULL;
+    tp->n_nodes = tp->cap_nodes = 0;
+}
+
+void tape_reset(Tape *tp) {
+    tp->n_nodes = 0;
+    arena_reset(&tp->arena);
+}
+
+void tape_no_grad_push(Tape *tp) { tp->no_grad_depth++; }
+void tape_no_grad_pop(Tape *tp) {
+    ASSERT(tp->no_grad_depth > 0, "tape_no_grad_pop without a matching push");
+    tp->no_grad_depth--;
+}
+
+void *tape_alloc(Tape *tp, size_t bytes) { return arena_alloc(&tp->arena, bytes); }
+
+static Tensor *tensor_in_arena(Tape *tp, int ndim, const int *shape) {
+    ASSERT(ndim >= 1 && ndim <= TENSOR_MAX_DIMS, "tensors have 1 to %d dimensions, asked for %d",
+           TENSOR_MAX_DIMS, ndim);
+    Tensor *t = arena_alloc(&tp->arena, sizeof *t);
+    memset(t, 0, sizeof *t);
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        ASSERT(shape[i] >= 0, "negative dimension %d at position %d", shape[i], i);
+        t->shape[i] = shape[i];
+    }
+    t->numel = shape_numel(ndim, shape);
+    return t;
+}
+
+Tensor *tape_tensor(Tape *tp, int ndim, const int *shape) {
+    Tensor *t = tensor_in_arena(tp, ndim, shape);
+    t->data = arena_alloc(&tp->arena, (size_t)t->numel * sizeof(real));
+    return t;
+}
+
+Tensor *tape_tensor_zeros(Tape *tp, int ndim, const int *shape) {
+    Tensor *t = tensor_in_arena(tp, ndim, shape);
+    t->data = arena_calloc(&tp->arena, (size_t)t->numel * sizeof(real));
+    return t;
+}
+
+Tensor *tape_tensor_copy(Tape *tp, int ndim, const int *shape, const real *src) {
+    Tensor *t = tape_tensor(tp, ndim, shape);
+    memcpy(t->data, src, (size_t)t->numel * sizeof(real));
+    return t;
+}
+
+Tensor *tape_tensorv(Tape *tp, int ndim, ...) {
+    int shape[TENSOR_MAX_DIMS] = {0};
+    va_list ap;
+    va_start(ap, ndim);
+    for (int i = 0; i < ndim && i < TENSOR_MAX_DIMS; i++) shape[i] = va_arg(ap, int);
+    va_end(ap);
+    return tape_tensor(tp, ndim, shape);
+}
+
+Node *tape_op(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *const *out, int n_out) {
+    ASSERT(n_in >= 0 && n_in <= NODE_MAX_IN, "op '%s': %d inputs, at most %d", op->name, n_in, NODE_MAX_IN);
+    ASSERT(n_out >= 1 && n_out <= NODE_MAX_OUT, "op '%s': %d outputs, 1 to %d", op->name, n_out, NODE_MAX_OUT);
+    bool needs = false;
+    for (int i = 0; i < n_in; i++) {
+        ASSERT(in[i] != NULL || i > 0, "op '%s': input %d is NULL", op->name, i);
+        if (in[i] && in[i]->requires_grad) needs = true;
+    }
+    bool rec = needs && tape_grad_enabled(tp);
+    Node *n = arena_alloc(&tp->arena, sizeof *n);
+    memset(n, 0, sizeof *n);
+    n->op = op;
+    n->tape = tp;
+    n->n_in = n_in;
+    n->n_out = n_out;
+    for (int i = 0; i < n_in; i++) n->in[i] = in[i];
+    for (int i = 0; i < n_out; i++) {
+        n->out[i] = out[i];
+        if (out[i]) {
+            out[i]->requires_grad = rec;
+            if (!out[i]->name) out[i]->name = op->name;
+        }
+    }
+    n->recorded = rec;
+    if (rec) {
+        if (tp->n_nodes == tp->cap_nodes) {
+            tp->cap_nodes = tp->cap_nodes ? 2 * tp->cap_nodes : 1024;
+            tp->nodes = xrealloc(tp->nodes, (size_t)tp->cap_nodes * sizeof *tp->nodes);
+        }
+        tp->nodes[tp->n_nodes++] = n;
+    }
+    return n;
+}
+
+Node *tape_run(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *const *out, int n_out) {
+    Node *n = tape_op(tp, op, in, n_in, out, n_out);
+    op->forward(n);
+    return n;
+}
+
+real *tensor_grad(Tape *tp, Tensor *t) {
+    if (!t || !t->requires_grad) return NULL;
+    if (!t->grad) t->grad = arena_calloc(&tp->arena, (size_t)t->numel * sizeof(real));
+    return t->grad;
+}
+
+static void run_backward(Tape *tp) {
+    for (int i = tp->n_nodes - 1; i >= 0; i--) {
+        Node *n = tp->nodes[i];
+        bool any = false;
+        for (int o = 0; o < n->n_out; o++)
+            if (n->out[o] && n->out[o]->grad) any = true;
+        if (!any) continue;   // nothing flows back through this node
+        n->op->backward(n);
+    }
+}
+
+static void check_backward_root(Tape *tp, Tensor *t, const char *what) {
+    ASSERT(t != NULL, "%s: the loss is NULL", what);
+    ASSERT(tape_grad_enabled(tp), "%s: called in no-grad mode (pop the no-grad scope first)", what);
+    ASSERT(t->requires_grad,
+           "%s: tensor '%s' %s does not depend on anything that requires a gradient: "
+           "was it built under no-grad, or are all parameters frozen?",
+           what, t->name ? t->name : "?", SHAPE(t));
+}
+
+void tape_backward(Tape *tp, Tensor *loss) {
+    check_backward_root(tp, loss, "tape_backward");
+    ASSERT(loss->numel == 1,
+           "tape_backward: the loss must be a scalar, got tensor '%s' of shape %s "
+           "(reduce it with op_sum or op_mean, or use tape_backward_from with a seed)",
+           loss->name ? loss->name : "?", SHAPE(loss));
+    real *g = tensor_grad(tp, loss);
+    g[0] += 1;
+    run_backward(tp);
+}
+
+void tape_backward_from(Tape *tp, Tensor *out, const real *seed) {
+    tape_backward_multi(tp, &out, &seed, 1);
+}
+
+void tape_backward_multi(Tape *tp, Tensor *const *outs, const real *const *seeds, int n) {
+    bool any = false;
+    for (int k = 0; k < n; k++) {
+        ASSERT(outs[k] != NULL, "tape_backward_multi: output %d is NULL", k);
+        ASSERT(tape_grad_enabled(tp), "tape_backward_multi: called in no-grad mode");
+        if (!outs[k]->requires_grad) continue;   // a constant output: its seed goes nowhere
+        any = true;
+        real *g = tensor_grad(tp, outs[k]);
+        for (int64_t i = 0; i < outs[k]->numel; i++) g[i] += seeds[k][i];
+    }
+    if (!any) check_backward_root(tp, outs[0], "tape_backward_multi");
+    run_backward(tp);
+}
+
+Tensor *tensor_new(int ndim, const int *shape, bool requires_grad) {
+    ASSERT(ndim >= 1 && ndim <= TENSOR_MAX_DIMS, "tensors have 1 to %d dimensions, asked for %d",
+           TENSOR_MAX_DIMS, ndim);
+    Tensor *t = xcalloc(1, sizeof *t);
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    t->numel = shape_numel(ndim, shape);
+    t->data = xaligned((size_t)t->numel * sizeof(real));
+    memset(t->data, 0, (size_t)t->numel * sizeof(real));
+    t->requires_grad = requires_grad;
+    if (requires_grad) {
+        t->grad = xaligned((size_t)t->numel * sizeof(real));
+        memset(t->grad, 0, (size_t)t->numel * sizeof(real));
+    }
+    return t;
+}
+
+Tensor *tensor_newv(bool requires_grad, int ndim, ...) {
+    int shape[TENSOR_MAX_DIMS] = {0};
+    va_list ap;
+    va_start(ap, ndim);
+    for (int i = 0; i < ndim && i < TENSOR_MAX_DIMS; i++) shape[i] = va_arg(ap, int);
+    va_end(ap);
+    return tensor_new(ndim, shape, requires_grad);
+}
+
+void tensor_free(Tensor *t) {
+    if (!t) return;
+    free(t->data);
+    free(t->grad);
+    free(t);
+}

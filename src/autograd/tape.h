@@ -1,0 +1,95 @@
+// tape.h: the tape-based autograd.
+//
+// Ops run eagerly: an op builder checks shapes, allocates its output from the
+// tape's arena, records a Node (only when some input requires a gradient and
+// the tape is not in no-grad mode) and runs the op's forward at once. The
+// tape is therefore in execution order, which is already a topological
+// order: tape_backward() is a reverse loop over it. Every op's backward ADDS
+// into the gradients of its inputs; parameter gradients are zeroed once,
+// centrally (params_zero_grad).
+//
+// Adding an op touches one place: define an OpDef {name, forward, backward}
+// next to its kernels and a builder that calls tape_op().
+#ifndef AG_TAPE_H
+#define AG_TAPE_H
+
+#include "arena.h"
+#include "tensor.h"
+
+#define NODE_MAX_IN 8
+#define NODE_MAX_OUT 2
+
+typedef struct Node Node;
+typedef struct Tape Tape;
+
+typedef struct OpDef {
+    const char *name;
+    void (*forward)(Node *n);   // fills n->out[] from n->in[]; may save state in n->saved
+    void (*backward)(Node *n);  // adds into the grads of inputs that require one
+} OpDef;
+
+struct Node {
+    const OpDef *op;
+    Tape *tape;
+    Tensor *in[NODE_MAX_IN];
+    int n_in;
+    Tensor *out[NODE_MAX_OUT];
+    int n_out;
+    int iarg[8];                // op-specific integer arguments
+    double farg[4];             // op-specific real arguments
+    const void *aux;            // op-specific read-only input (token ids, targets, ...), arena-owned
+    void *saved;                // op-specific state the backward needs, arena-owned
+    bool recorded;              // false: no backward will run, so forward need save nothing
+};
+
+struct Tape {
+    Arena arena;                // activations, saved state, activation grads
+    Node **nodes;               // (n_nodes) in execution order
+    int n_nodes, cap_nodes;
+    int no_grad_depth;          // > 0: record nothing
+};
+
+void tape_init(Tape *tp);
+void tape_free(Tape *tp);
+// Forget every node and release every activation (call after the backward).
+void tape_reset(Tape *tp);
+
+// No-grad mode nests: push/pop. Inside it nothing is recorded.
+void tape_no_grad_push(Tape *tp);
+void tape_no_grad_pop(Tape *tp);
+static inline bool tape_grad_enabled(const Tape *tp) { return tp->no_grad_depth == 0; }
+
+// Backward from a scalar loss (its gradient is seeded with 1).
+void tape_backward(Tape *tp, Tensor *loss);
+// Backward from any recorded tensor with an explicit seed gradient (numel values).
+void tape_backward_from(Tape *tp, Tensor *out, const real *seed);
+// Backward from several outputs at once (e.g. a mixer's output and final state).
+void tape_backward_multi(Tape *tp, Tensor *const *outs, const real *const *seeds, int n);
+
+// Arena allocation for activations and op state.
+void *tape_alloc(Tape *tp, size_t bytes);
+Tensor *tape_tensor(Tape *tp, int ndim, const int *shape);        // data uninitialised
+Tensor *tape_tensor_zeros(Tape *tp, int ndim, const int *shape);
+Tensor *tape_tensor_copy(Tape *tp, int ndim, const int *shape, const real *src);
+// Convenience: tape_tensorN(tp, ndim, d0, d1, ...).
+Tensor *tape_tensorv(Tape *tp, int ndim, ...);
+
+// For op builders: make a node for `op` over inputs in[] and outputs out[].
+// Sets each output's requires_grad and records the node when it will be
+// needed by the backward. The caller then runs op->forward(node).
+Node *tape_op(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *const *out, int n_out);
+// Record + forward in one call for builders with nothing to set in between.
+Node *tape_run(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *const *out, int n_out);
+
+// For backward functions: the gradient buffer of a tensor, allocated (zeroed)
+// on first use; NULL when the tensor takes no gradient.
+real *tensor_grad(Tape *tp, Tensor *t);
+#define NODE_GRAD_IN(n, i) tensor_grad((n)->tape, (n)->in[i])
+
+// Heap tensors owned by the caller (tests, gradcheck inputs, caches): data and
+// grad are allocated (grad zeroed) when requires_grad is true. Free with tensor_free.
+Tensor *tensor_new(int ndim, const int *shape, bool requires_grad);
+Tensor *tensor_newv(bool requires_grad, int ndim, ...);
+void tensor_free(Tensor *t);
+
+#endif

@@ -1,0 +1,75 @@
+#include "mixer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+// One line per mixer kind.
+static const MixerKind *const KINDS[] = {
+    NULL,
+};
+
+static const char *const FORM_NAMES[MIXER_FORM_COUNT] = {"chunked", "parallel", "recurrent"};
+
+const char *mixer_form_name(MixerForm f) { return f >= 0 && f < MIXER_FORM_COUNT ? FORM_NAMES[f] : "?"; }
+
+int mixer_form_parse(const char *s) {
+    for (int i = 0; i < MIXER_FORM_COUNT; i++)
+        if (strcmp(s, FORM_NAMES[i]) == 0) return i;
+    return -1;
+}
+
+MixerConfig mixer_config_default(int d_model, int n_heads, int d_k, int d_v) {
+    MixerConfig c;
+    memset(&c, 0, sizeof c);
+    c.d_model = d_model;
+    c.n_heads = n_heads;
+    c.d_k = d_k;
+    c.d_v = d_v;
+    c.chunk_size = 64;
+    c.conv_size = 4;
+    c.form = MIXER_FORM_CHUNKED;
+    c.rope_base = 10000.0;
+    c.norm_eps = 1e-6;
+    c.out_std = 0.02;
+    c.index_heads = 4;
+    c.index_dim = 32;
+    c.topk = 64;
+    return c;
+}
+
+const MixerKind *mixer_kind_find(const char *name) {
+    for (size_t i = 0; i < sizeof KINDS / sizeof KINDS[0]; i++)
+        if (KINDS[i] && strcmp(KINDS[i]->name, name) == 0) return KINDS[i];
+    return NULL;
+}
+
+const char *mixer_kind_names(void) {
+    static char buf[256];
+    buf[0] = 0;
+    for (size_t i = 0; i < sizeof KINDS / sizeof KINDS[0]; i++) {
+        if (!KINDS[i]) continue;
+        if (buf[0]) strncat(buf, ", ", sizeof buf - strlen(buf) - 1);
+        strncat(buf, KINDS[i]->name, sizeof buf - strlen(buf) - 1);
+    }
+    return buf;
+}
+
+Mixer *mixer_create(const char *kind, const MixerConfig *cfg, ParamStore *ps, const char *prefix) {
+    const MixerKind *k = mixer_kind_find(kind);
+    ASSERT(k, "unknown mixer '%s' (known: %s)", kind, mixer_kind_names());
+    ASSERT(cfg->d_model > 0 && cfg->n_heads > 0 && cfg->d_k > 0 && cfg->d_v > 0,
+           "mixer '%s': d_model %d, n_heads %d, d_k %d, d_v %d must all be positive", kind, cfg->d_model,
+           cfg->n_heads, cfg->d_k, cfg->d_v);
+    ASSERT(cfg->chunk_size > 0, "mixer '%s': chunk_size %d", kind, cfg->chunk_size);
+    Mixer *m = xcalloc(1, sizeof *m);
+    m->kind = k;
+    m->cfg = *cfg;
+    k->create(m, ps, prefix);
+    return m;
+}
+
+void mixer_destroy(Mixer *m) {
+    if (!m) return;
+    if (m->kind->destroy) m->kind->destroy(m);
+    free(m);
+}

@@ -1,0 +1,81 @@
+// mixer.h: the interface every token mixer implements (attn, linear, mamba,
+// gdn, attn_dsa), chosen by name so the LM can build any list of them.
+//
+// A mixer maps u = RMSNorm(x), shape (B, T, D), to (B, T, D). Recurrent
+// mixers (linear, mamba, gdn) take an optional initial state and return their
+// final state, both differentiable, shape (B, H, dk, dv): S[b,h,i,j] pairs
+// key dimension i with value dimension j, and o_t = S_t^T q_t.
+//
+// Decoding: step() takes u for ONE new position, shape (B, 1, D), on a tape
+// in no-grad mode, reads and advances the cache, and returns (B, 1, D). The
+// logits it leads to must equal the parallel forward's at the same position.
+//
+// Parameter names (the checkpoint's) are prefix + a short name: wq (D, H*dk),
+// wk (D, H*dk), wv (D, H*dv), wo (H*dv, D), wg (D, H*dv), conv_q / conv_k
+// (H*dk, W), conv_v (H*dv, W), out_norm (dv), w_dt (D, H), dt_bias (H),
+// A_log (H), D (H, dv), w_beta (D, H); the indexer's: wq_idx, wk_idx, ww_idx.
+// Weights are stored (in, out) row-major and applied on the right: y = u W.
+#ifndef MIXER_H
+#define MIXER_H
+
+#include "ops.h"
+#include "params.h"
+
+typedef enum {
+    MIXER_FORM_CHUNKED,    // training form of the linear family (default)
+    MIXER_FORM_PARALLEL,   // masked parallel O(T^2) form (linear only)
+    MIXER_FORM_RECURRENT,  // token by token (the reference / decoding form)
+    MIXER_FORM_COUNT
+} MixerForm;
+
+const char *mixer_form_name(MixerForm f);
+int mixer_form_parse(const char *s);   // -1 if unknown
+
+typedef struct MixerConfig {
+    int d_model;           // D
+    int n_heads;           // H
+    int d_k, d_v;          // head sizes
+    int chunk_size;        // C of the chunked forms (default 64); T need not be a multiple
+    int conv_size;         // short convolution width (default 4; 0 = no convolution and no SiLU)
+    MixerForm form;        // the form forward() uses
+    double rope_base;      // 10000
+    double norm_eps;       // output-stage RMSNorm eps (1e-6)
+    double out_std;        // init std of the output projection wo (the LM sets 1/sqrt(2 L fan_in))
+    int index_heads;       // attn_dsa: H_I
+    int index_dim;         // attn_dsa: d_I
+    int topk;              // attn_dsa: positions each query may attend to
+} MixerConfig;
+
+MixerConfig mixer_config_default(int d_model, int n_heads, int d_k, int d_v);
+
+typedef struct Mixer Mixer;
+
+typedef struct MixerKind {
+    const char *name;
+    bool recurrent;        // has a state S of shape (B, H, dk, dv)
+    // Register parameters under `prefix` (e.g. "layers.0.mixer.") and set m->impl.
+    void (*create)(Mixer *m, ParamStore *ps, const char *prefix);
+    // u: (B, T, D) -> (B, T, D). s_in: (B, H, dk, dv) or NULL (zeros); when
+    // s_out is non-NULL it receives the final state (recurrent kinds only).
+    Tensor *(*forward)(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out);
+    // Decode cache for B sequences of up to max_T positions.
+    void *(*cache_new)(const Mixer *m, int B, int max_T);
+    void (*cache_free)(void *cache);
+    // u: (B, 1, D) in no-grad mode -> (B, 1, D); advances the cache one position.
+    Tensor *(*step)(Tape *tp, Mixer *m, void *cache, Tensor *u);
+    void (*destroy)(Mixer *m);   // frees m->impl (parameters belong to the ParamStore)
+} MixerKind;
+
+struct Mixer {
+    const MixerKind *kind;
+    MixerConfig cfg;
+    void *impl;            // the kind's parameter tensors and settings
+};
+
+// The registry: every kind, in one table (mixer.c).
+const MixerKind *mixer_kind_find(const char *name);
+const char *mixer_kind_names(void);   // "attn, linear, ..." for error messages
+Mixer *mixer_create(const char *kind, const MixerConfig *cfg, ParamStore *ps, const char *prefix);
+void mixer_destroy(Mixer *m);
+
+#endif

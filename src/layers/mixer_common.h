@@ -1,0 +1,48 @@
+// mixer_common.h: the pieces the linear family (linear, mamba, gdn) shares.
+//
+//  - ShortConv: causal depthwise convolution of width W over time followed by
+//    SiLU (W = 0: identity, neither conv nor SiLU), with a decode-time cache
+//    holding the last W-1 inputs per channel.
+//  - OutGate: o' = RMSNorm_head(o) * SiLU(u Wg), the norm per head of size dv
+//    with one weight (dv) shared by all heads.
+//  - l2norm on q, k: op_l2norm_heads (ops.h).
+#ifndef MIXER_COMMON_H
+#define MIXER_COMMON_H
+
+#include "mixer.h"
+
+typedef struct ShortConv {
+    Tensor *w;        // (C, W) or NULL when W == 0
+    int channels;     // C
+    int width;        // W
+} ShortConv;
+
+typedef struct ShortConvCache {
+    real *buf;        // (B, W-1, C): the last W-1 inputs, oldest first
+    int B;
+} ShortConvCache;
+
+void shortconv_create(ShortConv *c, ParamStore *ps, const char *name, int channels, int width);
+// x: (B, T, C) -> SiLU(conv(x)), (B, T, C).
+Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x);
+void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B);
+void shortconv_cache_free(ShortConvCache *cc);
+// x: (B, 1, C) -> (B, 1, C), pushing x into the cache.
+Tensor *shortconv_step(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor *x);
+
+typedef struct OutGate {
+    Tensor *norm_w;   // (dv)
+    Tensor *wg;       // (D, H*dv)
+    int n_heads, d_v;
+    double eps;
+} OutGate;
+
+void outgate_create(OutGate *g, ParamStore *ps, const char *prefix, int d_model, int n_heads, int d_v,
+                    double eps);
+// o: (B, T, H*dv), u: (B, T, D) -> RMSNorm_head(o) * SiLU(u Wg), (B, T, H*dv). Works for T = 1.
+Tensor *outgate_forward(Tape *tp, const OutGate *g, Tensor *o, Tensor *u);
+
+// A dense weight (in, out) initialised N(0, std^2), registered as prefix+name.
+Tensor *param_linear(ParamStore *ps, const char *prefix, const char *name, int in, int out, double std);
+
+#endif

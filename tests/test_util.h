@@ -1,0 +1,52 @@
+// test_util.h: helpers shared by the Criterion tests.
+#ifndef TEST_UTIL_H
+#define TEST_UTIL_H
+
+#include <criterion/criterion.h>
+#include <setjmp.h>
+
+#include "gradcheck.h"
+#include "ops.h"
+#include "params.h"
+
+// Fill with N(0, std^2) / uniform values from a fixed seed.
+void fill_normal(Tensor *t, uint64_t seed, double std);
+void fill_uniform(Tensor *t, uint64_t seed, double lo, double hi);
+
+// Max relative difference between two arrays: max |a-b| / max(|a|,|b|, floor)
+// with floor = 1e-3 * max|a| (elements far below the array's scale are
+// compared on that scale).
+double max_rel_diff(const real *a, const real *b, int64_t n);
+
+// Assert a gradcheck passed; Criterion prints the label and the worst element.
+#define ASSERT_GRADCHECK(res, label)                                                                \
+    cr_assert((res).passed, "%s: gradcheck max rel err %.3e (input %d, element %lld: analytic %.12g, " \
+                            "numeric %.12g)",                                                        \
+              (label), (res).max_rel, (res).worst_input, (long long)(res).worst_index, (res).analytic, \
+              (res).numeric)
+
+// Catch an ASSERT failure inside the library: EXPECT_FAILURE(stmt) runs stmt
+// and yields true iff it failed; the message is then in ag_last_error().
+extern jmp_buf test_fail_jmp;
+void test_fail_handler(const char *msg);
+#define EXPECT_FAILURE(stmt)                                             \
+    ({                                                                   \
+        bool failed_ = false;                                            \
+        ag_set_fail_handler(test_fail_handler);                          \
+        if (setjmp(test_fail_jmp) == 0) {                                \
+            stmt;                                                        \
+        } else {                                                         \
+            failed_ = true;                                              \
+        }                                                                \
+        ag_set_fail_handler(NULL);                                       \
+        failed_;                                                         \
+    })
+
+// Tolerances of the two builds for "two forms of the same math agree".
+#ifdef AG_DOUBLE
+#define FORM_TOL 1e-10
+#else
+#define FORM_TOL 1e-4
+#endif
+
+#endif
