@@ -1,0 +1,194 @@
+// gdn_chunk.c: op_gdn's builder and the chunked (WY) forward of Gated DeltaNet.
+//
+// Inside a chunk of L <= C positions i = 0..L-1, Gamma_i = sum_{j<=i} g_j,
+// b_i = exp(Gamma_i), S0 the state entering the chunk (MODEL.md, `gdn`):
+//
+//   A    = beta_i exp(Gamma_i - Gamma_j) (k_i . k_j)  for j < i     (L x L)
+//   Tm   = (I + A)^-1                  forward substitution
+//   W    = Tm diag(beta b) K,   U = Tm diag(beta) V
+//   Delta = U - W S0                   the rows delta_i of the recurrence
+//   O    = diag(b) Q S0 + ((Q K^T) * [exp(Gamma_i - Gamma_j)]_{j<=i}) Delta
+//   S_C  = b_{L-1} S0 + (diag(exp(Gamma_{L-1} - Gamma_j)) K)^T Delta
+//
+// Every decay factor is exp of a non-positive difference of cumulative log
+// decays (never a ratio of exponentials), so g = 0 and g = -20 per step are
+// both exact and finite. The forward keeps only the state entering each chunk.
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+#include "gdn_kernel.h"
+
+GdnDims gdn_dims(const Node *n) {
+    GdnDims d;
+    d.B = n->iarg[GDN_ARG_B];
+    d.T = n->iarg[GDN_ARG_T];
+    d.H = n->iarg[GDN_ARG_H];
+    d.dk = n->iarg[GDN_ARG_DK];
+    d.dv = n->iarg[GDN_ARG_DV];
+    d.C = n->iarg[GDN_ARG_C];
+    d.NC = (d.T + d.C - 1) / d.C;
+    d.ldk = d.H * d.dk;
+    d.ldv = d.H * d.dv;
+    return d;
+}
+
+void gdn_chunk_alloc(GdnChunk *ws, int C, int dk, int dv) {
+    size_t LL = (size_t)C * C, nreal = 5 * LL + (size_t)C * (3 * dk + 3 * dv + dk + 1);
+    ws->dk = dk;
+    ws->dv = dv;
+    ws->L = 0;
+    ws->G = xmalloc(C * sizeof(double) + nreal * sizeof(real));
+    real *p = (real *)(ws->G + C);
+    ws->E = p, p += LL;
+    ws->KK = p, p += LL;
+    ws->A = p, p += LL;
+    ws->Tm = p, p += LL;
+    ws->P = p, p += LL;
+    ws->Xw = p, p += (size_t)C * dk;
+    ws->W = p, p += (size_t)C * dk;
+    ws->Kd = p, p += (size_t)C * dk;
+    ws->Xu = p, p += (size_t)C * dv;
+    ws->U = p, p += (size_t)C * dv;
+    ws->Dl = p, p += (size_t)C * dv;
+    ws->bet = p;
+}
+
+void gdn_chunk_free(GdnChunk *ws) {
+    free(ws->G);
+    ws->G = NULL;
+}
+
+void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const real *v, const real *beta,
+                       const real *g, int ldk, int ldv, int H, const real *S0) {
+    int dk = ws->dk, dv = ws->dv;
+    ws->L = L;
+    double *G = ws->G;
+    real *E = ws->E, *KK = ws->KK, *A = ws->A, *Tm = ws->Tm, *P = ws->P, *bet = ws->bet;
+    double acc = 0;
+    for (int i = 0; i < L; i++) {
+        acc += g[(int64_t)i * H];
+        G[i] = acc;
+        bet[i] = beta[(int64_t)i * H];
+    }
+    for (int i = 0; i < L; i++)
+        for (int j = 0; j < L; j++) E[i * L + j] = j <= i ? gdn_exp(G[i] - G[j]) : 0;
+
+    // A = strictly-lower (beta_i E_ij k_i.k_j).
+    gemm(false, true, L, L, dk, 1, k, ldk, k, ldk, 0, KK, L);
+    for (int i = 0; i < L; i++)
+        for (int j = 0; j < L; j++) A[i * L + j] = j < i ? bet[i] * E[i * L + j] * KK[i * L + j] : 0;
+
+    // Tm = (I + A)^-1 by forward substitution: row i = e_i - sum_{m<i} A_im Tm_m.
+    for (int i = 0; i < L; i++) {
+        real *ti = Tm + (size_t)i * L;
+        memset(ti, 0, (size_t)L * sizeof(real));
+        ti[i] = 1;
+        for (int m = 0; m < i; m++) {
+            real a = A[i * L + m];
+            const real *tm = Tm + (size_t)m * L;
+            for (int j = 0; j <= m; j++) ti[j] -= a * tm[j];
+        }
+    }
+
+    // W = Tm diag(beta b) K, U = Tm diag(beta) V, Delta = U - W S0.
+    for (int i = 0; i < L; i++) {
+        real sw = bet[i] * gdn_exp(G[i]), su = bet[i];
+        for (int c = 0; c < dk; c++) ws->Xw[i * dk + c] = sw * k[(int64_t)i * ldk + c];
+        for (int c = 0; c < dv; c++) ws->Xu[i * dv + c] = su * v[(int64_t)i * ldv + c];
+    }
+    gemm(false, false, L, dk, L, 1, Tm, L, ws->Xw, dk, 0, ws->W, dk);
+    gemm(false, false, L, dv, L, 1, Tm, L, ws->Xu, dv, 0, ws->U, dv);
+    memcpy(ws->Dl, ws->U, (size_t)L * dv * sizeof(real));
+    gemm(false, false, L, dv, dk, -1, ws->W, dk, S0, dv, 1, ws->Dl, dv);
+
+    // P = (Q K^T) * E (E is zero above the diagonal).
+    gemm(false, true, L, L, dk, 1, q, ldk, k, ldk, 0, P, L);
+    for (int i = 0; i < L * L; i++) P[i] *= E[i];
+
+    // Kd: the rows of K decayed to the end of the chunk.
+    for (int j = 0; j < L; j++) {
+        real e = gdn_exp(G[L - 1] - G[j]);
+        for (int c = 0; c < dk; c++) ws->Kd[j * dk + c] = e * k[(int64_t)j * ldk + c];
+    }
+}
+
+void gdn_chunk_forward(Node *n) {
+    GdnDims d = gdn_dims(n);
+    const real *q = n->in[GDN_IN_Q]->data, *k = n->in[GDN_IN_K]->data, *v = n->in[GDN_IN_V]->data;
+    const real *beta = n->in[GDN_IN_BETA]->data, *g = n->in[GDN_IN_G]->data;
+    const real *s0 = n->in[GDN_IN_S0] ? n->in[GDN_IN_S0]->data : NULL;
+    real *o = n->out[0]->data, *sT = n->out[1]->data;
+    real *saved = n->saved;   // (B, H, NC, dk, dv) or NULL
+    int64_t SS = (int64_t)d.dk * d.dv;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < d.B; b++)
+        for (int h = 0; h < d.H; h++) {
+            GdnChunk ws;
+            gdn_chunk_alloc(&ws, d.C, d.dk, d.dv);
+            real *S = sT + gdn_off_s(&d, b, h);   // the running state, (dk, dv)
+            if (s0) memcpy(S, s0 + gdn_off_s(&d, b, h), SS * sizeof(real));
+            else memset(S, 0, SS * sizeof(real));
+            for (int c = 0; c < d.NC; c++) {
+                int t0 = c * d.C, L = imin(d.C, d.T - t0);
+                if (saved) memcpy(saved + (((int64_t)b * d.H + h) * d.NC + c) * SS, S, SS * sizeof(real));
+                const real *qc = q + gdn_off_k(&d, b, t0, h), *kc = k + gdn_off_k(&d, b, t0, h);
+                gdn_chunk_prepare(&ws, L, qc, kc, v + gdn_off_v(&d, b, t0, h), beta + gdn_off_h(&d, b, t0, h),
+                                  g + gdn_off_h(&d, b, t0, h), d.ldk, d.ldv, d.H, S);
+                // O = diag(b) Q S0 + P Delta
+                real *oc = o + gdn_off_v(&d, b, t0, h);
+                gemm(false, false, L, d.dv, d.dk, 1, qc, d.ldk, S, d.dv, 0, oc, d.ldv);
+                for (int i = 0; i < L; i++) {
+                    real bi = gdn_exp(ws.G[i]);
+                    for (int j = 0; j < d.dv; j++) oc[(int64_t)i * d.ldv + j] *= bi;
+                }
+                gemm(false, false, L, d.dv, L, 1, ws.P, L, ws.Dl, d.dv, 1, oc, d.ldv);
+                // S_C = b_{L-1} S0 + Kd^T Delta
+                real bl = gdn_exp(ws.G[L - 1]);
+                for (int64_t i = 0; i < SS; i++) S[i] *= bl;
+                gemm(true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv);
+            }
+            gdn_chunk_free(&ws);
+        }
+}
+
+static const OpDef OP_GDN_CHUNKED = {"gdn_chunked", gdn_chunk_forward, gdn_chunk_backward};
+static const OpDef OP_GDN_RECURRENT = {"gdn_recurrent", gdn_naive_forward, gdn_naive_backward};
+
+Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0, int n_heads,
+               MixerForm form, int chunk, Tensor **s_out) {
+    ASSERT(form == MIXER_FORM_CHUNKED || form == MIXER_FORM_RECURRENT,
+           "gdn: form '%s' is not available (chunked or recurrent)", mixer_form_name(form));
+    ASSERT(chunk > 0, "gdn: chunk %d must be positive", chunk);
+    ASSERT(q->ndim == 3 && n_heads > 0 && q->shape[2] % n_heads == 0,
+           "gdn: q %s must be (B, T, H*dk) with H = %d", SHAPE(q), n_heads);
+    int B = q->shape[0], T = q->shape[1], H = n_heads, dk = q->shape[2] / H;
+    ASSERT(B > 0 && T > 0 && dk > 0, "gdn: q %s is empty", SHAPE(q));
+    ASSERT(tensor_same_shape(k, q), "gdn: k %s must have q's shape %s", SHAPE(k), SHAPE(q));
+    ASSERT(v->ndim == 3 && v->shape[0] == B && v->shape[1] == T && v->shape[2] % H == 0 && v->shape[2] > 0,
+           "gdn: v %s must be (B, T, H*dv) = (%d, %d, %d*dv)", SHAPE(v), B, T, H);
+    int dv = v->shape[2] / H;
+    ASSERT(beta->ndim == 3 && beta->shape[0] == B && beta->shape[1] == T && beta->shape[2] == H,
+           "gdn: beta %s must be (B, T, H) = (%d, %d, %d)", SHAPE(beta), B, T, H);
+    ASSERT(tensor_same_shape(g, beta), "gdn: g %s must be (B, T, H) like beta %s", SHAPE(g), SHAPE(beta));
+    if (s0)
+        ASSERT(s0->ndim == 4 && s0->shape[0] == B && s0->shape[1] == H && s0->shape[2] == dk && s0->shape[3] == dv,
+               "gdn: s0 %s must be (B, H, dk, dv) = (%d, %d, %d, %d)", SHAPE(s0), B, H, dk, dv);
+    Tensor *o = tape_tensorv(tp, 3, B, T, H * dv);
+    Tensor *sT = tape_tensorv(tp, 4, B, H, dk, dv);
+    const OpDef *op = form == MIXER_FORM_CHUNKED ? &OP_GDN_CHUNKED : &OP_GDN_RECURRENT;
+    Node *n = tape_op(tp, op, (Tensor *[]){q, k, v, beta, g, s0}, GDN_N_IN, (Tensor *[]){o, sT}, 2);
+    n->iarg[GDN_ARG_B] = B;
+    n->iarg[GDN_ARG_T] = T;
+    n->iarg[GDN_ARG_H] = H;
+    n->iarg[GDN_ARG_DK] = dk;
+    n->iarg[GDN_ARG_DV] = dv;
+    n->iarg[GDN_ARG_C] = chunk;
+    if (n->recorded) {
+        GdnDims d = gdn_dims(n);
+        n->saved = tape_alloc(tp, (size_t)B * H * d.NC * dk * dv * sizeof(real));
+    }
+    op->forward(n);
+    if (s_out) *s_out = sT;
+    return o;
+}

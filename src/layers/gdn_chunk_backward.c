@@ -1,0 +1,206 @@
+// gdn_chunk_backward.c: the backward of the chunked (WY) Gated DeltaNet.
+//
+// Chunks are visited in reverse. Each one reloads the state S0 that entered
+// it (saved by the forward), recomputes E, A, Tm, W, U, Delta and P with
+// gdn_chunk_prepare, and back-propagates through the lines of gdn_chunk.c in
+// reverse order, carrying dS (the gradient of the state leaving the chunk)
+// to the previous chunk. With Gamma the in-chunk cumulative log decay, every
+// decay factor's derivative lands on dGamma, and dg_m = sum_{i >= m} dGamma_i.
+//
+// The triangular solve: Tm = (I + A)^-1, W = Tm Xw, U = Tm Xu give
+//   dXw = Tm^T dW,  dXu = Tm^T dU,  dA = -(dXw W^T + dXu U^T) (strictly lower),
+// since dA = -Tm^T dTm Tm^T and dTm = dW Xw^T + dU Xu^T.
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+#include "gdn_kernel.h"
+
+static real dot(const real *a, const real *b, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return (real)s;
+}
+
+// Gradient buffers of one chunk beyond those in GdnChunk.
+typedef struct GdnChunkGrad {
+    double *dG;      // (L) dLoss/dGamma_i
+    double *dbeta;   // (L)
+    real *dDl;       // (L, dv) dDelta, then dU
+    real *dK;        // (L, dk) dK of the chunk, accumulated
+    real *dW;        // (L, dk) dKd first, then dW
+    real *dXw;       // (L, dk)
+    real *dXu;       // (L, dv)
+    real *Y;         // (L, dv) Q S0, then dY = diag(b) dO
+    real *dA;        // (L, L) dP -> dQK, then dA -> dKK
+    real *dS0;       // (dk, dv) gradient of the state entering the chunk
+} GdnChunkGrad;
+
+static void grad_alloc(GdnChunkGrad *gr, int C, int dk, int dv) {
+    size_t nreal = (size_t)C * (3 * dk + 3 * dv) + (size_t)C * C + (size_t)dk * dv;
+    gr->dG = xmalloc(2 * C * sizeof(double) + nreal * sizeof(real));
+    gr->dbeta = gr->dG + C;
+    real *p = (real *)(gr->dbeta + C);
+    gr->dDl = p, p += (size_t)C * dv;
+    gr->dXu = p, p += (size_t)C * dv;
+    gr->Y = p, p += (size_t)C * dv;
+    gr->dK = p, p += (size_t)C * dk;
+    gr->dW = p, p += (size_t)C * dk;
+    gr->dXw = p, p += (size_t)C * dk;
+    gr->dA = p, p += (size_t)C * C;
+    gr->dS0 = p;
+}
+
+// One chunk: given dS (the gradient of S_C) and dO (rows of stride ldv, or
+// NULL), add into dq, dk, dv, dbeta, dg (each may be NULL) and write the
+// gradient of the entering state into gr->dS0.
+static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0, const real *dS, const real *dO,
+                           const real *q, const real *k, const real *v, int ldk, int ldv, int H, real *dq,
+                           real *dk_out, real *dv_out, real *dbeta_out, real *dg_out) {
+    int L = ws->L, dk = ws->dk, dv = ws->dv;
+    int64_t SS = (int64_t)dk * dv;
+    const double *G = ws->G;
+    const real *E = ws->E, *P = ws->P, *bet = ws->bet;
+    double *dG = gr->dG, *dbeta = gr->dbeta;
+    real *dK = gr->dK, *dA = gr->dA, *dS0 = gr->dS0;
+    memset(dG, 0, L * sizeof(double));
+    memset(dbeta, 0, L * sizeof(double));
+    memset(dK, 0, (size_t)L * dk * sizeof(real));
+
+    // S_C = b_{L-1} S0 + Kd^T Delta.
+    real bl = gdn_exp(G[L - 1]);
+    for (int64_t i = 0; i < SS; i++) dS0[i] = bl * dS[i];
+    dG[L - 1] += bl * dot(dS, S0, (int)SS);
+    gemm(false, false, L, dv, dk, 1, ws->Kd, dk, dS, dv, 0, gr->dDl, dv);       // dDelta = Kd dS
+    real *dKd = gr->dW;
+    gemm(false, true, L, dk, dv, 1, ws->Dl, dv, dS, dv, 0, dKd, dk);             // dKd = Delta dS^T
+    for (int j = 0; j < L; j++) {
+        real e = gdn_exp(G[L - 1] - G[j]);
+        const real *kj = k + (int64_t)j * ldk;
+        for (int c = 0; c < dk; c++) dK[j * dk + c] += e * dKd[j * dk + c];
+        if (j == L - 1) continue;   // exp(Gamma_{L-1} - Gamma_{L-1}) = 1 has no derivative
+        double s = e * dot(dKd + j * dk, kj, dk);
+        dG[L - 1] += s;
+        dG[j] -= s;
+    }
+
+    // O = diag(b) Q S0 + P Delta.
+    if (dO) {
+        real *Y = gr->Y;
+        gemm(false, false, L, dv, dk, 1, q, ldk, S0, dv, 0, Y, dv);
+        for (int i = 0; i < L; i++) {
+            real bi = gdn_exp(G[i]);
+            const real *doi = dO + (int64_t)i * ldv;
+            dG[i] += bi * dot(doi, Y + i * dv, dv);
+            for (int c = 0; c < dv; c++) Y[i * dv + c] = bi * doi[c];   // now dY
+        }
+        if (dq) gemm(false, true, L, dk, dv, 1, Y, dv, S0, dv, 1, dq, ldk);    // dQ += dY S0^T
+        gemm(true, false, dk, dv, L, 1, q, ldk, Y, dv, 1, dS0, dv);              // dS0 += Q^T dY
+        real *dP = dA;
+        gemm(false, true, L, L, dv, 1, dO, ldv, ws->Dl, dv, 0, dP, L);          // dP = dO Delta^T
+        gemm(true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv);          // dDelta += P^T dO
+        for (int i = 0; i < L; i++)
+            for (int j = 0; j < L; j++) {
+                real dp = j <= i ? dP[i * L + j] : 0;
+                if (j < i) {
+                    double f = (double)dp * P[i * L + j];
+                    dG[i] += f;
+                    dG[j] -= f;
+                }
+                dP[i * L + j] = dp * E[i * L + j];   // now dQK
+            }
+        if (dq) gemm(false, false, L, dk, L, 1, dP, L, k, ldk, 1, dq, ldk);     // dQ += dQK K
+        gemm(true, false, L, dk, L, 1, dP, L, q, ldk, 1, dK, dk);                // dK += dQK^T Q
+    }
+
+    // Delta = U - W S0: dU = dDelta, dW = -dDelta S0^T, dS0 -= W^T dDelta.
+    gemm(false, true, L, dk, dv, -1, gr->dDl, dv, S0, dv, 0, gr->dW, dk);
+    gemm(true, false, dk, dv, L, -1, ws->W, dk, gr->dDl, dv, 1, dS0, dv);
+
+    // W = Tm Xw, U = Tm Xu, Tm = (I + A)^-1.
+    gemm(true, false, L, dk, L, 1, ws->Tm, L, gr->dW, dk, 0, gr->dXw, dk);
+    gemm(true, false, L, dv, L, 1, ws->Tm, L, gr->dDl, dv, 0, gr->dXu, dv);
+    gemm(false, true, L, L, dk, -1, gr->dXw, dk, ws->W, dk, 0, dA, L);
+    gemm(false, true, L, L, dv, -1, gr->dXu, dv, ws->U, dv, 1, dA, L);
+
+    // Xw_i = beta_i b_i k_i, Xu_i = beta_i v_i.
+    for (int i = 0; i < L; i++) {
+        real bi = gdn_exp(G[i]), sw = bet[i] * bi;
+        const real *ki = k + (int64_t)i * ldk, *vi = v + (int64_t)i * ldv;
+        const real *dxw = gr->dXw + i * dk, *dxu = gr->dXu + i * dv;
+        for (int c = 0; c < dk; c++) dK[i * dk + c] += sw * dxw[c];
+        double s = dot(dxw, ki, dk);
+        dbeta[i] += bi * s;
+        dG[i] += sw * s;
+        if (dv_out)
+            for (int c = 0; c < dv; c++) dv_out[(int64_t)i * ldv + c] += bet[i] * dxu[c];
+        dbeta[i] += dot(dxu, vi, dv);
+    }
+
+    // A_ij = beta_i E_ij KK_ij (j < i); KK = K K^T.
+    for (int i = 0; i < L; i++)
+        for (int j = 0; j < L; j++) {
+            real da = j < i ? dA[i * L + j] : 0;
+            if (j < i) {
+                real ek = E[i * L + j] * ws->KK[i * L + j];
+                dbeta[i] += (double)da * ek;
+                double a = (double)da * ws->A[i * L + j];
+                dG[i] += a;
+                dG[j] -= a;
+            }
+            dA[i * L + j] = da * bet[i] * E[i * L + j];   // now dKK
+        }
+    gemm(false, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk);   // dK += dKK K
+    gemm(true, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk);    // dK += dKK^T K
+
+    if (dk_out)
+        for (int i = 0; i < L; i++)
+            for (int c = 0; c < dk; c++) dk_out[(int64_t)i * ldk + c] += dK[i * dk + c];
+    if (dbeta_out)
+        for (int i = 0; i < L; i++) dbeta_out[(int64_t)i * H] += (real)dbeta[i];
+    if (dg_out) {
+        double acc = 0;   // dg_m = sum_{i >= m} dGamma_i
+        for (int i = L - 1; i >= 0; i--) {
+            acc += dG[i];
+            dg_out[(int64_t)i * H] += (real)acc;
+        }
+    }
+}
+
+void gdn_chunk_backward(Node *n) {
+    GdnDims d = gdn_dims(n);
+    const real *q = n->in[GDN_IN_Q]->data, *k = n->in[GDN_IN_K]->data, *v = n->in[GDN_IN_V]->data;
+    const real *beta = n->in[GDN_IN_BETA]->data, *g = n->in[GDN_IN_G]->data;
+    real *dq = NODE_GRAD_IN(n, GDN_IN_Q), *dk = NODE_GRAD_IN(n, GDN_IN_K), *dv = NODE_GRAD_IN(n, GDN_IN_V);
+    real *dbeta = NODE_GRAD_IN(n, GDN_IN_BETA), *dg = NODE_GRAD_IN(n, GDN_IN_G);
+    real *ds0 = NODE_GRAD_IN(n, GDN_IN_S0);
+    const real *dout = n->out[0]->grad, *dsT = n->out[1]->grad;   // either may be NULL
+    const real *saved = n->saved;
+    int64_t SS = (int64_t)d.dk * d.dv;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < d.B; b++)
+        for (int h = 0; h < d.H; h++) {
+            GdnChunk ws;
+            GdnChunkGrad gr;
+            gdn_chunk_alloc(&ws, d.C, d.dk, d.dv);
+            grad_alloc(&gr, d.C, d.dk, d.dv);
+            real *dS = xmalloc(SS * sizeof(real));   // gradient of the state leaving the chunk
+            if (dsT) memcpy(dS, dsT + gdn_off_s(&d, b, h), SS * sizeof(real));
+            else memset(dS, 0, SS * sizeof(real));
+            for (int c = d.NC - 1; c >= 0; c--) {
+                int t0 = c * d.C, L = imin(d.C, d.T - t0);
+                const real *S0 = saved + (((int64_t)b * d.H + h) * d.NC + c) * SS;
+                int64_t ok = gdn_off_k(&d, b, t0, h), ov = gdn_off_v(&d, b, t0, h), oh = gdn_off_h(&d, b, t0, h);
+                gdn_chunk_prepare(&ws, L, q + ok, k + ok, v + ov, beta + oh, g + oh, d.ldk, d.ldv, d.H, S0);
+                chunk_backward(&ws, &gr, S0, dS, dout ? dout + ov : NULL, q + ok, k + ok, v + ov, d.ldk, d.ldv, d.H,
+                               dq ? dq + ok : NULL, dk ? dk + ok : NULL, dv ? dv + ov : NULL,
+                               dbeta ? dbeta + oh : NULL, dg ? dg + oh : NULL);
+                memcpy(dS, gr.dS0, SS * sizeof(real));
+            }
+            if (ds0)
+                for (int64_t i = 0; i < SS; i++) ds0[gdn_off_s(&d, b, h) + i] += dS[i];
+            free(dS);
+            free(gr.dG);
+            gdn_chunk_free(&ws);
+        }
+}

@@ -1,0 +1,105 @@
+// gdn_kernel.h: the Gated DeltaNet mixing op, one fused node with a
+// hand-written backward (MODEL.md, section `gdn`).
+//
+// Per batch element b and head h, with q_t, k_t (dk), v_t (dv), beta_t in
+// (0, 1), g_t <= 0 (log decay, gamma_t = exp(g_t)) and S (dk x dv):
+//
+//   S_t   = gamma_t S_{t-1} + k_t delta_t^T,
+//   delta_t = beta_t (v_t - gamma_t S_{t-1}^T k_t),     o_t = S_t^T q_t.
+//
+// Two forms compute it:
+//  - MIXER_FORM_RECURRENT (gdn_naive.c): the line above, token by token,
+//    O(dk dv) per token; its backward is the reverse-time recurrence. This is
+//    the readable reference.
+//  - MIXER_FORM_CHUNKED (gdn_chunk.c, gdn_chunk_backward.c): the WY form per
+//    chunk of C positions, all matrix products plus one triangular solve.
+//
+// Both keep only the states entering each chunk of `chunk` positions for the
+// backward (the recurrent form replays a chunk forward before reversing it).
+#ifndef GDN_KERNEL_H
+#define GDN_KERNEL_H
+
+#include <math.h>
+
+#include "mixer.h"
+
+// q, k: (B, T, H*dk), L2-normalised per head, q already scaled by 1/sqrt(dk).
+// v: (B, T, H*dv). beta: (B, T, H) in (0, 1). g: (B, T, H), <= 0.
+// s0: (B, H, dk, dv) or NULL (zeros). Returns o (B, T, H*dv); when s_out is
+// non-NULL it receives the final state (B, H, dk, dv), the node's second
+// output, through which a gradient may flow back. chunk: C of the chunked
+// form (T need not be a multiple of it), the checkpoint interval of the
+// recurrent one. Gradients reach q, k, v, beta, g and s0.
+Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0, int n_heads,
+               MixerForm form, int chunk, Tensor **s_out);
+
+// ---- internal: shared by gdn_chunk.c, gdn_chunk_backward.c, gdn_naive.c ----
+
+// Node layout of op_gdn. in: q, k, v, beta, g, s0 (maybe NULL). out: o, S_T.
+// saved: (B, H, NC, dk, dv) the state entering each chunk, NC = ceil(T/C).
+enum { GDN_IN_Q, GDN_IN_K, GDN_IN_V, GDN_IN_BETA, GDN_IN_G, GDN_IN_S0, GDN_N_IN };
+enum { GDN_ARG_B, GDN_ARG_T, GDN_ARG_H, GDN_ARG_DK, GDN_ARG_DV, GDN_ARG_C };
+
+// The shapes of one op_gdn node and where head (b, h) starts in each array.
+typedef struct GdnDims {
+    int B, T, H, dk, dv, C, NC;
+    int ldk, ldv;              // H*dk, H*dv: the stride between positions
+} GdnDims;
+
+GdnDims gdn_dims(const Node *n);
+static inline int64_t gdn_off_k(const GdnDims *d, int b, int t, int h) {
+    return ((int64_t)b * d->T + t) * d->ldk + (int64_t)h * d->dk;
+}
+static inline int64_t gdn_off_v(const GdnDims *d, int b, int t, int h) {
+    return ((int64_t)b * d->T + t) * d->ldv + (int64_t)h * d->dv;
+}
+static inline int64_t gdn_off_h(const GdnDims *d, int b, int t, int h) {   // beta, g
+    return ((int64_t)b * d->T + t) * d->H + h;
+}
+static inline int64_t gdn_off_s(const GdnDims *d, int b, int h) {          // s0, S_T
+    return ((int64_t)b * d->H + h) * d->dk * d->dv;
+}
+
+// exp of a non-positive log decay difference, in the build's precision.
+static inline real gdn_exp(double x) {
+#ifdef AG_DOUBLE
+    return exp(x);
+#else
+    return expf((float)x);
+#endif
+}
+
+// Everything the WY form computes inside one chunk of L <= C positions
+// before its outputs, recomputed by the backward. All row-major, per head.
+typedef struct GdnChunk {
+    int L, dk, dv;
+    double *G;       // (L) Gamma_i = sum_{j<=i} g_j inside the chunk
+    real *E;         // (L, L) exp(Gamma_i - Gamma_j) for j <= i, 0 above
+    real *KK;        // (L, L) K K^T
+    real *A;         // (L, L) beta_i E_ij KK_ij for j < i, else 0
+    real *Tm;        // (L, L) (I + A)^-1, unit lower-triangular
+    real *Xw;        // (L, dk) diag(beta * b) K,  b_i = exp(Gamma_i)
+    real *Xu;        // (L, dv) diag(beta) V
+    real *W;         // (L, dk) Tm Xw
+    real *U;         // (L, dv) Tm Xu
+    real *Dl;        // (L, dv) Delta = U - W S0
+    real *P;         // (L, L) (Q K^T) * E, lower with the diagonal
+    real *Kd;        // (L, dk) diag(exp(Gamma_L - Gamma_j)) K: the rows that reach S_C
+    real *bet;       // (L) beta of the chunk, contiguous
+} GdnChunk;
+
+// Workspace for chunks of up to C positions: one allocation, free(ws->G).
+void gdn_chunk_alloc(GdnChunk *ws, int C, int dk, int dv);
+void gdn_chunk_free(GdnChunk *ws);
+// Fill ws for the chunk of L positions whose first rows are q, k (stride
+// ldk), v (stride ldv), beta, g (stride H), entering state S0 (dk x dv).
+void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const real *v, const real *beta,
+                       const real *g, int ldk, int ldv, int H, const real *S0);
+
+// The node functions of the two forms.
+void gdn_chunk_forward(Node *n);
+void gdn_chunk_backward(Node *n);
+void gdn_naive_forward(Node *n);
+void gdn_naive_backward(Node *n);
+
+#endif

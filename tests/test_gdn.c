@@ -1,0 +1,335 @@
+// Tests of the Gated DeltaNet op: gradient checks of both forms, the chunked
+// (WY) form against the recurrent reference over lengths, chunk sizes and
+// numerical regimes, the state carried across segments, and the delta rule.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gdn_kernel.h"
+#include "test_util.h"
+
+typedef enum { REG_PLAIN, REG_G_ZERO, REG_G_M20, REG_BETA_0, REG_BETA_1, REG_REPEAT, REG_REPEAT_HARD, REG_COUNT } Regime;
+static const char *const REG_NAMES[REG_COUNT] = {"plain",   "g=0",          "g~-20",           "beta~1e-4",
+                                                 "beta~1-1e-4", "repeated keys", "repeated keys, beta~1, g=0"};
+
+typedef struct GdnInputs {
+    Tensor *q, *k, *v, *beta, *g, *s0;   // s0 may be NULL
+    int B, T, H, dk, dv;
+} GdnInputs;
+
+// Normalise each head of (B, T, H*d) to unit length, then scale it.
+static void l2norm_rows(Tensor *x, int d, double scale) {
+    for (int64_t r = 0; r < x->numel / d; r++) {
+        real *z = x->data + r * d;
+        double s = 0;
+        for (int i = 0; i < d; i++) s += (double)z[i] * z[i];
+        s = scale / sqrt(s + 1e-6);
+        for (int i = 0; i < d; i++) z[i] = (real)(z[i] * s);
+    }
+}
+
+static GdnInputs make_inputs(int B, int T, int H, int dk, int dv, Regime reg, bool with_s0, uint64_t seed) {
+    GdnInputs in = {.B = B, .T = T, .H = H, .dk = dk, .dv = dv};
+    in.q = tensor_newv(true, 3, B, T, H * dk);
+    in.k = tensor_newv(true, 3, B, T, H * dk);
+    in.v = tensor_newv(true, 3, B, T, H * dv);
+    in.beta = tensor_newv(true, 3, B, T, H);
+    in.g = tensor_newv(true, 3, B, T, H);
+    in.s0 = with_s0 ? tensor_newv(true, 4, B, H, dk, dv) : NULL;
+    fill_normal(in.q, seed + 1, 1.0);
+    fill_normal(in.k, seed + 2, 1.0);
+    fill_normal(in.v, seed + 3, 1.0);
+    if (in.s0) fill_normal(in.s0, seed + 4, 0.5);
+    if (reg == REG_REPEAT || reg == REG_REPEAT_HARD) {
+        // Every third position writes the same key as position 0 (per batch, head),
+        // and positions 1, 2 share another one.
+        for (int b = 0; b < B; b++)
+            for (int t = 1; t < T; t++) {
+                int src = t % 3 == 0 ? 0 : t == 2 ? 1 : -1;
+                if (src < 0) continue;
+                memcpy(in.k->data + ((int64_t)b * T + t) * H * dk, in.k->data + ((int64_t)b * T + src) * H * dk,
+                       H * dk * sizeof(real));
+            }
+    }
+    l2norm_rows(in.q, dk, 1.0 / sqrt(dk));
+    l2norm_rows(in.k, dk, 1.0);
+    Rng r;
+    rng_seed(&r, seed + 5);
+    for (int64_t i = 0; i < in.beta->numel; i++) {
+        double u = rng_uniform(&r);
+        double bt = 1.0 / (1.0 + exp(-rng_normal(&r)));
+        double gt = -rng_range(&r, 0.01, 1.0);
+        switch (reg) {
+        case REG_G_ZERO: gt = 0; break;
+        case REG_G_M20: gt = -20 + u; break;
+        case REG_BETA_0: bt = 1e-4 * (0.5 + u); break;
+        case REG_BETA_1: bt = 1 - 1e-4 * (0.5 + u); break;
+        case REG_REPEAT_HARD: bt = 1 - 1e-4 * (0.5 + u), gt = 0; break;
+        default: break;
+        }
+        in.beta->data[i] = (real)bt;
+        in.g->data[i] = (real)gt;
+    }
+    return in;
+}
+
+static void free_inputs(GdnInputs *in) {
+    tensor_free(in->q);
+    tensor_free(in->k);
+    tensor_free(in->v);
+    tensor_free(in->beta);
+    tensor_free(in->g);
+    tensor_free(in->s0);
+}
+
+static void zero_grads(GdnInputs *in) {
+    Tensor *ts[] = {in->q, in->k, in->v, in->beta, in->g, in->s0};
+    for (int i = 0; i < 6; i++)
+        if (ts[i]) memset(ts[i]->grad, 0, ts[i]->numel * sizeof(real));
+}
+
+// ---- gradient checks ----
+
+typedef struct {
+    int H, chunk;
+    MixerForm form;
+} GdnCtx;
+
+static int f_gdn(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    GdnCtx *c = ctx;
+    out[0] = op_gdn(tp, in[0], in[1], in[2], in[3], in[4], n > 5 ? in[5] : NULL, c->H, c->form, c->chunk, &out[1]);
+    return 2;
+}
+
+static void gradcheck_form(MixerForm form, int T, int chunk, Regime reg, bool with_s0) {
+    GdnInputs in = make_inputs(2, T, 2, 4, 3, reg, with_s0, 100 + T);
+    GdnCtx c = {2, chunk, form};
+    Tensor *ts[] = {in.q, in.k, in.v, in.beta, in.g, in.s0};
+    char label[128];
+    snprintf(label, sizeof label, "gdn %s T=%d C=%d %s%s", mixer_form_name(form), T, chunk, REG_NAMES[reg],
+             with_s0 ? " +s0" : "");
+    GradcheckResult r = gradcheck(label, f_gdn, ts, with_s0 ? 6 : 5, &c, NULL);
+    ASSERT_GRADCHECK(r, label);
+    cr_assert_gt(r.n_checked, 0);
+    free_inputs(&in);
+}
+
+Test(gdn, gradcheck_chunked) {
+    gradcheck_form(MIXER_FORM_CHUNKED, 7, 3, REG_PLAIN, true);    // 3 chunks, the last partial
+    gradcheck_form(MIXER_FORM_CHUNKED, 5, 8, REG_PLAIN, true);    // one partial chunk
+    gradcheck_form(MIXER_FORM_CHUNKED, 6, 2, REG_REPEAT, false);  // no initial state
+    gradcheck_form(MIXER_FORM_CHUNKED, 6, 3, REG_G_ZERO, true);
+}
+
+Test(gdn, gradcheck_recurrent) {
+    gradcheck_form(MIXER_FORM_RECURRENT, 7, 3, REG_PLAIN, true);
+    gradcheck_form(MIXER_FORM_RECURRENT, 6, 4, REG_REPEAT, false);
+}
+
+// ---- chunked against recurrent ----
+
+typedef struct FormRun {
+    real *o, *sT, *grads[6];   // heap copies
+} FormRun;
+
+// Forward + backward of one form with fixed random seeds on o and S_T.
+static FormRun run_form(GdnInputs *in, MixerForm form, int chunk) {
+    Tape tp;
+    tape_init(&tp);
+    zero_grads(in);
+    Tensor *sT = NULL;
+    Tensor *o = op_gdn(&tp, in->q, in->k, in->v, in->beta, in->g, in->s0, in->H, form, chunk, &sT);
+    Tensor *ro = tensor_new(o->ndim, o->shape, false), *rs = tensor_new(sT->ndim, sT->shape, false);
+    fill_normal(ro, 7, 1.0);
+    fill_normal(rs, 8, 1.0);
+    tape_backward_multi(&tp, (Tensor *[]){o, sT}, (const real *[]){ro->data, rs->data}, 2);
+    FormRun fr;
+    fr.o = xmalloc(o->numel * sizeof(real));
+    fr.sT = xmalloc(sT->numel * sizeof(real));
+    memcpy(fr.o, o->data, o->numel * sizeof(real));
+    memcpy(fr.sT, sT->data, sT->numel * sizeof(real));
+    Tensor *ts[] = {in->q, in->k, in->v, in->beta, in->g, in->s0};
+    for (int i = 0; i < 6; i++) {
+        fr.grads[i] = NULL;
+        if (!ts[i]) continue;
+        fr.grads[i] = xmalloc(ts[i]->numel * sizeof(real));
+        memcpy(fr.grads[i], ts[i]->grad, ts[i]->numel * sizeof(real));
+    }
+    tensor_free(ro);
+    tensor_free(rs);
+    tape_free(&tp);
+    return fr;
+}
+
+static void free_run(FormRun *fr) {
+    free(fr->o);
+    free(fr->sT);
+    for (int i = 0; i < 6; i++) free(fr->grads[i]);
+}
+
+// The tolerance of chunked vs recurrent. FORM_TOL, except in float32 without
+// decay (g = 0): there the state sums the whole history, each form carries
+// 1-4 float32 ulps of the largest |o| (measured against the float64 build:
+// recurrent ~1.2e-7 max|o|, chunked C=64 ~3-4e-7 max|o|), and max_rel_diff
+// measures elements below 1e-3 max on that floor, where one ulp of the max
+// is already 1.2e-4 > FORM_TOL. Observed up to 4e-4; 1e-3 (~8 ulps of the max).
+static double forms_tol(Regime reg) {
+#ifdef AG_DOUBLE
+    (void)reg;
+    return FORM_TOL;
+#else
+    return reg == REG_G_ZERO || reg == REG_REPEAT_HARD ? 1e-3 : FORM_TOL;
+#endif
+}
+
+static void check_forms_agree(int T, int chunk, Regime reg) {
+    double tol = forms_tol(reg);
+    GdnInputs in = make_inputs(2, T, 2, 8, 8, reg, true, 1000 + T * 7 + reg);
+    FormRun a = run_form(&in, MIXER_FORM_RECURRENT, chunk), c = run_form(&in, MIXER_FORM_CHUNKED, chunk);
+    static const char *const names[6] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
+    Tensor *ts[] = {in.q, in.k, in.v, in.beta, in.g, in.s0};
+    double e = max_rel_diff(a.o, c.o, in.q->shape[0] * (int64_t)T * in.H * in.dv);
+    cr_assert_leq(e, tol, "T=%d C=%d %s: o differs by %.3e", T, chunk, REG_NAMES[reg], e);
+    e = max_rel_diff(a.sT, c.sT, in.s0->numel);
+    cr_assert_leq(e, tol, "T=%d C=%d %s: S_T differs by %.3e", T, chunk, REG_NAMES[reg], e);
+    for (int i = 0; i < 6; i++) {
+        e = max_rel_diff(a.grads[i], c.grads[i], ts[i]->numel);
+        cr_assert_leq(e, tol, "T=%d C=%d %s: %s differs by %.3e", T, chunk, REG_NAMES[reg], names[i], e);
+        bool finite = true;
+        for (int64_t j = 0; j < ts[i]->numel; j++) finite = finite && isfinite(c.grads[i][j]);
+        cr_assert(finite, "T=%d C=%d %s: %s not finite", T, chunk, REG_NAMES[reg], names[i]);
+    }
+    free_run(&a);
+    free_run(&c);
+    free_inputs(&in);
+}
+
+static void forms_agree_regime(Regime reg) {
+    static const int Ts[] = {1, 63, 64, 65, 300}, Cs[] = {16, 32, 64};
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 3; j++) check_forms_agree(Ts[i], Cs[j], reg);
+}
+
+Test(gdn, chunked_equals_recurrent_plain) { forms_agree_regime(REG_PLAIN); }
+Test(gdn, chunked_equals_recurrent_g_zero) { forms_agree_regime(REG_G_ZERO); }
+Test(gdn, chunked_equals_recurrent_g_minus20) { forms_agree_regime(REG_G_M20); }
+Test(gdn, chunked_equals_recurrent_beta_near_0) { forms_agree_regime(REG_BETA_0); }
+Test(gdn, chunked_equals_recurrent_beta_near_1) { forms_agree_regime(REG_BETA_1); }
+Test(gdn, chunked_equals_recurrent_repeated_keys) {
+    forms_agree_regime(REG_REPEAT);
+    forms_agree_regime(REG_REPEAT_HARD);
+}
+
+// ---- semantics ----
+
+// Writing the same key twice with beta = 1, g = 0 replaces the first value
+// (the delta rule), where plain linear attention would add them.
+Test(gdn, delta_rule_overwrites_a_repeated_key) {
+    for (int form = 0; form < 2; form++) {
+        MixerForm f = form ? MIXER_FORM_CHUNKED : MIXER_FORM_RECURRENT;
+        Tape tp;
+        tape_init(&tp);
+        int dk = 4, dv = 2;
+        Tensor *q = tensor_newv(false, 3, 1, 2, dk), *k = tensor_newv(false, 3, 1, 2, dk);
+        Tensor *v = tensor_newv(false, 3, 1, 2, dv), *beta = tensor_newv(false, 3, 1, 2, 1);
+        Tensor *g = tensor_newv(false, 3, 1, 2, 1);
+        for (int t = 0; t < 2; t++) q->data[t * dk + 1] = k->data[t * dk + 1] = 1, beta->data[t] = 1;
+        v->data[0] = 3, v->data[1] = -1, v->data[2] = 5, v->data[3] = 7;
+        Tensor *sT = NULL;
+        Tensor *o = op_gdn(&tp, q, k, v, beta, g, NULL, 1, f, 64, &sT);
+        cr_assert_float_eq(o->data[0], 3, 1e-6);
+        cr_assert_float_eq(o->data[1], -1, 1e-6);
+        cr_assert_float_eq(o->data[2], 5, 1e-6, "%s: o_1 = %g, want 5", mixer_form_name(f), o->data[2]);
+        cr_assert_float_eq(o->data[3], 7, 1e-6);
+        cr_assert_float_eq(sT->data[1 * dv + 0], 5, 1e-6);   // S = e_1 [5, 7]^T
+        cr_assert_float_eq(sT->data[0], 0, 1e-6);
+        Tensor *ts[] = {q, k, v, beta, g};
+        for (int i = 0; i < 5; i++) tensor_free(ts[i]);
+        tape_free(&tp);
+    }
+}
+
+// Positions [t0, t0+len) of x (B, T, F) as a new leaf tensor.
+static Tensor *time_slice(const Tensor *x, int t0, int len) {
+    int B = x->shape[0], T = x->shape[1], F = x->shape[2];
+    Tensor *y = tensor_newv(true, 3, B, len, F);
+    for (int b = 0; b < B; b++)
+        memcpy(y->data + (int64_t)b * len * F, x->data + ((int64_t)b * T + t0) * F, (size_t)len * F * sizeof(real));
+    return y;
+}
+
+// max_rel_diff of a (B, T, F) array against two segments (B, T1, F), (B, T-T1, F) of it.
+static double diff_two_segments(const real *whole, const Tensor *s1, const Tensor *s2, const real *d1,
+                                const real *d2) {
+    int B = s1->shape[0], T1 = s1->shape[1], T2 = s2->shape[1], F = s1->shape[2];
+    real *cat = xmalloc((size_t)B * (T1 + T2) * F * sizeof(real));
+    for (int b = 0; b < B; b++) {
+        memcpy(cat + (int64_t)b * (T1 + T2) * F, d1 + (int64_t)b * T1 * F, (size_t)T1 * F * sizeof(real));
+        memcpy(cat + ((int64_t)b * (T1 + T2) + T1) * F, d2 + (int64_t)b * T2 * F, (size_t)T2 * F * sizeof(real));
+    }
+    double e = max_rel_diff(whole, cat, (int64_t)B * (T1 + T2) * F);
+    free(cat);
+    return e;
+}
+
+// Two segments carrying the state equal one pass over the whole sequence,
+// forward and every gradient (including the one that flows through the
+// carried state into the first segment and s0).
+Test(gdn, state_carries_across_segments) {
+    int T = 50, T1 = 21, H = 2, dk = 8, dv = 8;
+    GdnInputs in = make_inputs(2, T, H, dk, dv, REG_PLAIN, true, 77);
+    FormRun whole = run_form(&in, MIXER_FORM_CHUNKED, 16);
+    zero_grads(&in);
+    Tensor *full[5] = {in.q, in.k, in.v, in.beta, in.g}, *seg[2][5];
+    for (int i = 0; i < 5; i++) {
+        seg[0][i] = time_slice(full[i], 0, T1);
+        seg[1][i] = time_slice(full[i], T1, T - T1);
+    }
+    Tape tp;
+    tape_init(&tp);
+    Tensor *s1 = NULL, *s2 = NULL;
+    Tensor *o1 = op_gdn(&tp, seg[0][0], seg[0][1], seg[0][2], seg[0][3], seg[0][4], in.s0, H, MIXER_FORM_CHUNKED,
+                        16, &s1);
+    Tensor *o2 =
+        op_gdn(&tp, seg[1][0], seg[1][1], seg[1][2], seg[1][3], seg[1][4], s1, H, MIXER_FORM_CHUNKED, 16, &s2);
+    // The seeds run_form used, split at T1.
+    Tensor *ro = tensor_newv(false, 3, 2, T, H * dv), *rs = tensor_new(s2->ndim, s2->shape, false);
+    fill_normal(ro, 7, 1.0);
+    fill_normal(rs, 8, 1.0);
+    Tensor *ro1 = time_slice(ro, 0, T1), *ro2 = time_slice(ro, T1, T - T1);
+    tape_backward_multi(&tp, (Tensor *[]){o1, o2, s2}, (const real *[]){ro1->data, ro2->data, rs->data}, 3);
+    cr_assert_leq(diff_two_segments(whole.o, o1, o2, o1->data, o2->data), FORM_TOL);
+    cr_assert_leq(max_rel_diff(s2->data, whole.sT, s2->numel), FORM_TOL);
+    for (int i = 0; i < 5; i++) {
+        double e = diff_two_segments(whole.grads[i], seg[0][i], seg[1][i], seg[0][i]->grad, seg[1][i]->grad);
+        cr_assert_leq(e, FORM_TOL, "input %d differs by %.3e", i, e);
+    }
+    double e = max_rel_diff(in.s0->grad, whole.grads[5], in.s0->numel);
+    cr_assert_leq(e, FORM_TOL, "ds0 differs by %.3e", e);
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 5; i++) tensor_free(seg[s][i]);
+    tensor_free(ro);
+    tensor_free(ro1);
+    tensor_free(ro2);
+    tensor_free(rs);
+    tape_free(&tp);
+    free_run(&whole);
+    free_inputs(&in);
+}
+
+Test(gdn, rejects_bad_shapes) {
+    Tape tp;
+    tape_init(&tp);
+    Tensor *q = tensor_newv(false, 3, 1, 4, 8), *v = tensor_newv(false, 3, 1, 4, 6);
+    Tensor *bt = tensor_newv(false, 3, 1, 4, 2), *bad = tensor_newv(false, 3, 1, 4, 3);
+    cr_assert(EXPECT_FAILURE(op_gdn(&tp, q, q, v, bad, bt, NULL, 2, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(strstr(ag_last_error(), "beta"), "message: %s", ag_last_error());
+    cr_assert(EXPECT_FAILURE(op_gdn(&tp, q, q, v, bt, bt, NULL, 3, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(EXPECT_FAILURE(op_gdn(&tp, q, q, v, bt, bt, NULL, 2, MIXER_FORM_PARALLEL, 4, NULL)));
+    cr_assert(!EXPECT_FAILURE(op_gdn(&tp, q, q, v, bt, bt, NULL, 2, MIXER_FORM_CHUNKED, 4, NULL)));
+    tensor_free(q);
+    tensor_free(v);
+    tensor_free(bt);
+    tensor_free(bad);
+    tape_free(&tp);
+}
