@@ -4,7 +4,9 @@
 #include <string.h>
 
 // One line per mixer kind.
+extern const MixerKind MIXER_GDN;   // gdn.c
 static const MixerKind *const KINDS[] = {
+    &MIXER_GDN,
     NULL,
 };
 

@@ -1,0 +1,164 @@
+// gdn.c: the Gated DeltaNet mixer (MODEL.md, `gdn`).
+//
+//   q, k, v = ShortConv(u Wq), ShortConv(u Wk), ShortConv(u Wv)   (conv + SiLU)
+//   q = L2norm_head(q) / sqrt(dk),   k = L2norm_head(k)
+//   beta = sigmoid(u w_beta),   g = -exp(A_log) * softplus(u w_dt + dt_bias)
+//   o = GatedDeltaNet(q, k, v, beta, g; S_init)        (op_gdn, gdn_kernel.h)
+//   out = OutGate(o, u) Wo
+//
+// Everything but op_gdn is composed from small ops. Decoding keeps, per
+// sequence, the state S per head and the three short-convolution caches:
+// constant memory and time per token.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gdn_kernel.h"
+#include "mixer_common.h"
+
+typedef struct Gdn {
+    Tensor *wq, *wk;        // (D, H*dk)
+    Tensor *wv;             // (D, H*dv)
+    Tensor *wo;             // (H*dv, D)
+    Tensor *w_beta, *w_dt;  // (D, H)
+    Tensor *dt_bias, *A_log;// (H)
+    ShortConv conv_q, conv_k, conv_v;
+    OutGate gate;
+} Gdn;
+
+typedef struct GdnCache {
+    ShortConvCache cq, ck, cv;
+    Tensor *S;              // (B, H, dk, dv) the state after the last token
+} GdnCache;
+
+// A_log = log(a), a uniform in [a0, a1] (Mamba-2: [1, 16]).
+static void init_A_log(real *x, int64_t n, Rng *r, double a0, double a1) {
+    for (int64_t i = 0; i < n; i++) x[i] = (real)log(rng_range(r, a0, a1));
+}
+
+// dt_bias = softplus^-1(dt0), dt0 log-uniform in [lo, hi] (Mamba-2: [1e-3, 1e-1]).
+// softplus^-1(y) = log(e^y - 1) = y + log(1 - e^-y).
+static void init_dt_bias(real *x, int64_t n, Rng *r, double lo, double hi) {
+    for (int64_t i = 0; i < n; i++) {
+        double dt0 = exp(rng_range(r, log(lo), log(hi)));
+        x[i] = (real)(dt0 + log(-expm1(-dt0)));
+    }
+}
+
+static Tensor *param_vec(ParamStore *ps, const char *prefix, const char *name, int n, ParamInit init) {
+    char full[256];
+    int len = snprintf(full, sizeof full, "%s%s", prefix, name);
+    ASSERT(len < (int)sizeof full, "gdn: parameter name '%s%s' too long", prefix, name);
+    return params_add(ps, full, 1, (int[]){n}, init, TENSOR_NO_DECAY);
+}
+
+static void gdn_create(Mixer *m, ParamStore *ps, const char *prefix) {
+    const MixerConfig *c = &m->cfg;
+    ASSERT(c->form == MIXER_FORM_CHUNKED || c->form == MIXER_FORM_RECURRENT,
+           "gdn: form '%s' is not available (chunked or recurrent)", mixer_form_name(c->form));
+    int D = c->d_model, H = c->n_heads, dk = c->d_k, dv = c->d_v;
+    double s_in = 1.0 / sqrt((double)D);
+    Gdn *g = xcalloc(1, sizeof *g);
+    char name[256];
+    g->wq = param_linear(ps, prefix, "wq", D, H * dk, s_in);
+    g->wk = param_linear(ps, prefix, "wk", D, H * dk, s_in);
+    g->wv = param_linear(ps, prefix, "wv", D, H * dv, s_in);
+    snprintf(name, sizeof name, "%sconv_q", prefix);
+    shortconv_create(&g->conv_q, ps, name, H * dk, c->conv_size);
+    snprintf(name, sizeof name, "%sconv_k", prefix);
+    shortconv_create(&g->conv_k, ps, name, H * dk, c->conv_size);
+    snprintf(name, sizeof name, "%sconv_v", prefix);
+    shortconv_create(&g->conv_v, ps, name, H * dv, c->conv_size);
+    g->w_beta = param_linear(ps, prefix, "w_beta", D, H, s_in);
+    g->w_dt = param_linear(ps, prefix, "w_dt", D, H, s_in);
+    g->dt_bias = param_vec(ps, prefix, "dt_bias", H, init_fn(init_dt_bias, 1e-3, 1e-1));
+    g->A_log = param_vec(ps, prefix, "A_log", H, init_fn(init_A_log, 1, 16));
+    outgate_create(&g->gate, ps, prefix, D, H, dv, c->norm_eps);
+    g->wo = param_linear(ps, prefix, "wo", H * dv, D, c->out_std);
+    m->impl = g;
+}
+
+static void gdn_destroy(Mixer *m) { free(m->impl); }
+
+// q, k, v, beta, g of positions u (B, T, D), the convolutions either over the
+// whole sequence (cache NULL) or one step through the cache.
+static void gdn_inputs(Tape *tp, const Mixer *m, GdnCache *cache, Tensor *u, Tensor **q, Tensor **k, Tensor **v,
+                       Tensor **beta, Tensor **g) {
+    const Gdn *p = m->impl;
+    int dk = m->cfg.d_k;
+    Tensor *xq = op_matmul(tp, u, p->wq, false, false);
+    Tensor *xk = op_matmul(tp, u, p->wk, false, false);
+    Tensor *xv = op_matmul(tp, u, p->wv, false, false);
+    if (cache) {
+        xq = shortconv_step(tp, &p->conv_q, &cache->cq, xq);
+        xk = shortconv_step(tp, &p->conv_k, &cache->ck, xk);
+        xv = shortconv_step(tp, &p->conv_v, &cache->cv, xv);
+    } else {
+        xq = shortconv_forward(tp, &p->conv_q, xq);
+        xk = shortconv_forward(tp, &p->conv_k, xk);
+        xv = shortconv_forward(tp, &p->conv_v, xv);
+    }
+    *q = op_scale(tp, op_l2norm_heads(tp, xq, dk), 1.0 / sqrt((double)dk));
+    *k = op_l2norm_heads(tp, xk, dk);
+    *v = xv;
+    *beta = op_sigmoid(tp, op_matmul(tp, u, p->w_beta, false, false));
+    Tensor *dt = op_softplus(tp, op_add(tp, op_matmul(tp, u, p->w_dt, false, false), p->dt_bias));
+    *g = op_scale(tp, op_mul(tp, dt, op_exp(tp, p->A_log)), -1.0);
+}
+
+static Tensor *gdn_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out) {
+    const Gdn *p = m->impl;
+    const MixerConfig *c = &m->cfg;
+    ASSERT(u->ndim == 3 && u->shape[2] == c->d_model, "gdn: u %s must be (B, T, %d)", SHAPE(u), c->d_model);
+    Tensor *q, *k, *v, *beta, *g;
+    gdn_inputs(tp, m, NULL, u, &q, &k, &v, &beta, &g);
+    Tensor *o = op_gdn(tp, q, k, v, beta, g, s_in, c->n_heads, c->form, c->chunk_size, s_out);
+    return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
+}
+
+static void *gdn_cache_new(const Mixer *m, int B, int max_T) {
+    (void)max_T;   // constant memory: nothing grows with the length
+    const Gdn *p = m->impl;
+    const MixerConfig *c = &m->cfg;
+    GdnCache *cache = xcalloc(1, sizeof *cache);
+    shortconv_cache_init(&cache->cq, &p->conv_q, B);
+    shortconv_cache_init(&cache->ck, &p->conv_k, B);
+    shortconv_cache_init(&cache->cv, &p->conv_v, B);
+    cache->S = tensor_newv(false, 4, B, c->n_heads, c->d_k, c->d_v);   // zeros
+    return cache;
+}
+
+static void gdn_cache_free(void *ptr) {
+    GdnCache *cache = ptr;
+    if (!cache) return;
+    shortconv_cache_free(&cache->cq);
+    shortconv_cache_free(&cache->ck);
+    shortconv_cache_free(&cache->cv);
+    tensor_free(cache->S);
+    free(cache);
+}
+
+static Tensor *gdn_step(Tape *tp, Mixer *m, void *ptr, Tensor *u) {
+    const Gdn *p = m->impl;
+    const MixerConfig *c = &m->cfg;
+    GdnCache *cache = ptr;
+    ASSERT(!tape_grad_enabled(tp), "gdn step: call it in no-grad mode (tape_no_grad_push)");
+    ASSERT(u->ndim == 3 && u->shape[0] == cache->S->shape[0] && u->shape[1] == 1 && u->shape[2] == c->d_model,
+           "gdn step: u %s must be (%d, 1, %d)", SHAPE(u), cache->S->shape[0], c->d_model);
+    Tensor *q, *k, *v, *beta, *g, *sT;
+    gdn_inputs(tp, m, cache, u, &q, &k, &v, &beta, &g);
+    Tensor *o = op_gdn(tp, q, k, v, beta, g, cache->S, c->n_heads, MIXER_FORM_RECURRENT, 1, &sT);
+    memcpy(cache->S->data, sT->data, (size_t)sT->numel * sizeof(real));
+    return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
+}
+
+const MixerKind MIXER_GDN = {
+    .name = "gdn",
+    .recurrent = true,
+    .create = gdn_create,
+    .forward = gdn_forward,
+    .cache_new = gdn_cache_new,
+    .cache_free = gdn_cache_free,
+    .step = gdn_step,
+    .destroy = gdn_destroy,
+};
