@@ -1,5 +1,7 @@
 // The INI config: defaults, every error kind with its message, overrides,
 // dump/parse round trip, finding bundled configs.
+#define _GNU_SOURCE   // nftw
+#include <ftw.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -41,7 +43,11 @@ static void expect_error(const char *text, int line, const char *rest) {
     config_free(&cfg);
 }
 
-TestSuite(config, .init = make_tmpdir);
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    return remove(path);
+}
+static void remove_tmpdir(void) { nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+TestSuite(config, .init = make_tmpdir, .fini = remove_tmpdir);
 
 Test(config, defaults) {
     TrainConfig cfg;
