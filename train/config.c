@@ -63,7 +63,7 @@ static const ConfigKey SCHEMA[] = {
     {"model", "form", KEY_ENUM, OFF(model, form), "chunked", 0, 0, "chunked|parallel|recurrent", "mode",
      "mixer implementation used for training"},
 
-    {"data", "corpus", KEY_STRING, OFF(data, corpus), "/usr/share/doc/bible-kjv/kjv.txt", 0, 0, NULL,
+    {"data", "corpus", KEY_STRING, OFF(data, corpus), "cache/kjv.txt", 0, 0, NULL,
      "path,file,files,dir", "a text file, a comma list of files, or a directory"},
     {"data", "cache_dir", KEY_STRING, OFF(data, cache_dir), "cache", 0, 0, NULL, "cache",
      "directory for token caches"},
