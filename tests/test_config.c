@@ -56,7 +56,7 @@ Test(config, defaults) {
     cr_assert_str_eq(cfg.model.layers.name[0], "attn");
     cr_assert_str_eq(cfg.model.layers.name[1], "gdn");
     cr_assert_eq(cfg.model.d_model, 128);
-    cr_assert_eq(cfg.model.form, FORM_CHUNKED);
+    cr_assert_eq(cfg.model.form, MIXER_FORM_CHUNKED);
     cr_assert(cfg.model.tied_embeddings);
     cr_assert_float_eq(cfg.train.lr, 1e-3, 1e-18);
     cr_assert_eq(cfg.train.optimizer, CFG_OPT_ADAMW);
@@ -94,7 +94,7 @@ Test(config, loads_values_and_keeps_text) {
     cr_assert_str_eq(cfg.model.layers.name[1], "mamba");
     cr_assert_str_eq(cfg.model.layers.name[2], "attn_dsa");
     cr_assert_eq(cfg.model.d_model, 64);
-    cr_assert_eq(cfg.model.form, FORM_RECURRENT);
+    cr_assert_eq(cfg.model.form, MIXER_FORM_RECURRENT);
     cr_assert(!cfg.model.tied_embeddings);
     cr_assert_float_eq(cfg.train.lr, 3e-4, 1e-18);
     cr_assert_eq(cfg.train.optimizer, CFG_OPT_SGD);
@@ -236,7 +236,7 @@ Test(config, dump_parse_round_trip) {
     cr_assert_str_eq(b.data.corpus, "/x/y z.txt");
     cr_assert_eq(b.finetune.mode, FT_SPARSE);
     cr_assert_eq(b.finetune.dsa_layers.n, 2);
-    cr_assert_eq(b.model.form, FORM_PARALLEL);
+    cr_assert_eq(b.model.form, MIXER_FORM_PARALLEL);
     cr_assert(!b.model.tied_embeddings);
     cr_assert_str_eq(b.model.layers.name[2], "mamba");
     cr_assert(strstr(text, "[finetune]\nmode = sparse\n"), "%s", text);

@@ -52,7 +52,7 @@ static const ConfigKey SCHEMA[] = {
      "output projection shares the embedding matrix"},
     {"model", "chunk_size", KEY_INT, OFF(model, chunk_size), "32", 1, 4096, NULL, "chunk",
      "chunk length C of the chunked forms"},
-    {"model", "conv_size", KEY_INT, OFF(model, conv_size), "4", 1, 64, NULL, "conv", "short convolution width"},
+    {"model", "conv_size", KEY_INT, OFF(model, conv_size), "4", 0, 64, NULL, "conv", "short convolution width (0 = no convolution)"},
     {"model", "norm_eps", KEY_FLOAT, OFF(model, norm_eps), "1e-6", 0, 1, NULL, "eps", "RMSNorm epsilon"},
     {"model", "rope_base", KEY_FLOAT, OFF(model, rope_base), "10000", 1, BIG, NULL, "rope_theta", "RoPE base"},
     {"model", "index_heads", KEY_INT, OFF(model, index_heads), "4", 1, 1024, NULL, NULL,
@@ -101,8 +101,8 @@ static const ConfigKey SCHEMA[] = {
     {"train", "log_every", KEY_INT, OFF(train, log_every), "10", 1, 2e9, NULL, "log_interval",
      "steps between log lines"},
     {"train", "seed", KEY_I64, OFF(train, seed), "1337", 0, 9.2e18, NULL, "random_seed", "random seed"},
-    {"train", "run_dir", KEY_STRING, OFF(train, run_dir), "runs/default", 0, 0, NULL, "out_dir,output_dir",
-     "directory for logs and checkpoints"},
+    {"train", "run_dir", KEY_STRING, OFF(train, run_dir), "", 0, 0, NULL, "out_dir,output_dir",
+     "directory for logs and checkpoints (\"\" = runs/<config name>)"},
     {"train", "threads", KEY_INT, OFF(train, threads), "0", 0, 4096, NULL, "num_threads,omp_threads",
      "OpenMP threads (0 = default)"},
 
@@ -661,8 +661,7 @@ char *config_dump_string(const TrainConfig *cfg) {
 }
 
 const char *config_form_name(MixerForm form) {
-    static const char *names[FORM_COUNT] = {"chunked", "parallel", "recurrent"};
-    return (form >= 0 && form < FORM_COUNT) ? names[form] : "?";
+    return mixer_form_name(form);
 }
 
 const char *config_finetune_name(FinetuneMode m) {

@@ -28,14 +28,14 @@
 #include <stdio.h>
 
 #include "common.h"
+#include "mixer.h"
 
 #define CONFIG_MAX_LAYERS 64   // longest [model] layers / [finetune] dsa_layers list
 #define CONFIG_NAME_MAX 16     // longest mixer name + 1
 #define CONFIG_STR_MAX 1024    // longest string value + 1 (paths)
 #define CONFIG_MAX_KEYS 64     // capacity for schema rows
 
-// [model] form: which implementation of the sequence mixers to run.
-typedef enum { FORM_CHUNKED, FORM_PARALLEL, FORM_RECURRENT, FORM_COUNT } MixerForm;
+// [model] form: which implementation of the sequence mixers to run (MixerForm, mixer.h).
 // [train] optimizer (same order as OptimKind in optim.h).
 typedef enum { CFG_OPT_ADAMW, CFG_OPT_SGD, CFG_OPT_COUNT } ConfigOptimizer;
 // [finetune] mode.
