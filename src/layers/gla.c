@@ -7,12 +7,17 @@
 #include "blas.h"
 #include "gla_internal.h"
 
-void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, int L, int dk, real *A) {
+void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, int L, int dk, real *A,
+                      real *D) {
     gemm(false, true, L, L, dk, 1, Q, ldq, K, ldk, 0, A, L);
     for (int i = 0; i < L; i++) {
-        real *row = A + (int64_t)i * L;
+        real *row = A + (int64_t)i * L, *drow = D ? D + (int64_t)i * L : NULL;
         if (G)
-            for (int j = 0; j <= i; j++) row[j] *= (real)exp(G[i] - G[j]);
+            for (int j = 0; j <= i; j++) {
+                real e = gla_exp(G[i] - G[j]);
+                row[j] *= e;
+                if (drow) drow[j] = e;
+            }
         for (int j = i + 1; j < L; j++) row[j] = 0;
     }
 }
@@ -43,11 +48,11 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
         const real *Q = x->q + (int64_t)t0 * ldk, *V = x->v + (int64_t)t0 * ldv;
         real *O = x->o + (int64_t)t0 * ldv;
         // O = ((Q K̃ᵀ) ⊙ M ⊙ decay) V  +  diag(exp(G)) Q S_in
-        gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A);
+        gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A, NULL);
         gemm(false, false, L, dv, L, 1, w->A, L, V, ldv, 0, O, ldv);
         if (nonzero) {
             for (int i = 0; i < L; i++) {
-                real e = G ? (real)exp(G[i]) : 1;
+                real e = G ? gla_exp(G[i]) : 1;
                 for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * Q[(int64_t)i * ldk + a];
             }
             gemm(false, false, L, dv, dk, 1, w->Xd, dk, S, dv, 1, O, ldv);
@@ -55,11 +60,11 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
         // S_out = exp(G_L) S_in + (diag(exp(G_L − G)) K̃)ᵀ V
         double gL = G ? G[L - 1] : 0;
         for (int i = 0; i < L; i++) {
-            real e = G ? (real)exp(gL - G[i]) : 1;
+            real e = G ? gla_exp(gL - G[i]) : 1;
             for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * K[(int64_t)i * ldkk + a];
         }
         if (nonzero && G)
-            for (int64_t e = 0; e < SZ; e++) S[e] *= (real)exp(gL);
+            for (real eL = gla_exp(gL), *e = S; e < S + SZ; e++) *e *= eL;
         gemm(true, false, dk, dv, L, 1, w->Xd, dk, V, ldv, nonzero ? 1 : 0, S, dv);
         nonzero = true;
     }
@@ -74,7 +79,7 @@ static void recurrent_head_forward(const GlaDims *d, const GlaHead *x, real *S, 
     else memset(S, 0, SZ * sizeof(real));
     for (int t = 0; t < d->T; t++) {
         if (saved && t % d->seg == 0) memcpy(saved + (t / d->seg) * SZ, S, SZ * sizeof(real));
-        real gam = x->g ? (real)exp((double)x->g[(int64_t)t * d->H]) : 1;
+        real gam = x->g ? gla_exp((double)x->g[(int64_t)t * d->H]) : 1;
         real beta = x->dt ? x->dt[(int64_t)t * d->H] : 1;
         const real *q = x->q + (int64_t)t * x->ldk, *k = x->k + (int64_t)t * x->ldk;
         const real *v = x->v + (int64_t)t * x->ldv;

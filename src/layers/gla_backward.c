@@ -33,7 +33,7 @@ typedef struct GlaGrad {
 } GlaGrad;
 
 typedef struct BwdScratch {
-    real *A, *dA;              // (seg, seg)
+    real *A, *dA, *D;          // (seg, seg) scores, their gradient, decay factors
     real *Ks, *Xd, *dKs, *tmp; // (seg, dk)
     double *G, *dG;            // (seg)
     real *Sbuf;                // (seg + 1, dk, dv) states of one segment (recurrent form)
@@ -70,7 +70,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         if (need_k) memset(w->dKs, 0, (size_t)L * dk * sizeof(real));
 
         if (dO) {   // the terms through O
-            gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A);
+            gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A, w->D);
             if (dV) gemm(true, false, L, dv, L, 1, w->A, L, dO, ldv, 1, dV, ldv);
             if (dq || need_k || need_g) {
                 real *dA = w->dA;   // becomes dP in place
@@ -84,7 +84,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                             dG[i] += z;
                             dG[j] -= z;
                         }
-                        if (G) r[j] *= (real)exp(G[i] - G[j]);
+                        if (G) r[j] *= w->D[(int64_t)i * L + j];
                     }
                     for (int j = i + 1; j < L; j++) r[j] = 0;
                 }
@@ -119,7 +119,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
             }
             if (dV) {
                 for (int i = 0; i < L; i++) {
-                    real e = G ? (real)exp(gL - G[i]) : 1;
+                    real e = G ? gla_exp(gL - G[i]) : 1;
                     for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * K[(int64_t)i * ldkk + a];
                 }
                 gemm(false, false, L, dv, dk, 1, w->Xd, dk, dS, dv, 1, dV, ldv);
@@ -128,10 +128,10 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         }
         // dS_in = exp(G_L) dS + (diag(exp(G)) Q)ᵀ dO
         if (G)
-            for (int64_t e = 0; e < SZ; e++) dS[e] *= (real)exp(gL);
+            for (real eL = gla_exp(gL), *e = dS; e < dS + SZ; e++) *e *= eL;
         if (dO) {
             for (int i = 0; i < L; i++) {
-                real e = G ? (real)exp(G[i]) : 1;
+                real e = G ? gla_exp(G[i]) : 1;
                 for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * Q[(int64_t)i * ldk + a];
             }
             gemm(true, false, dk, dv, L, 1, w->Xd, dk, dO, ldv, dS_nonzero ? 1 : 0, dS, dv);
@@ -172,7 +172,7 @@ static void recurrent_head_backward(const GlaDims *d, const GlaHead *x, const Gl
         memcpy(w->Sbuf, saved + c * SZ, SZ * sizeof(real));
         for (int i = 0; i < L; i++) {   // Sbuf[i+1] = state after token t0+i
             int64_t t = t0 + i;
-            real gam = x->g ? (real)exp((double)x->g[t * H]) : 1;
+            real gam = x->g ? gla_exp((double)x->g[t * H]) : 1;
             real beta = x->dt ? x->dt[t * H] : 1;
             const real *k = x->k + t * x->ldk, *v = x->v + t * x->ldv;
             const real *Sp = w->Sbuf + i * SZ;
@@ -182,7 +182,7 @@ static void recurrent_head_backward(const GlaDims *d, const GlaHead *x, const Gl
         }
         for (int i = L - 1; i >= 0; i--) {
             int64_t t = t0 + i;
-            real gam = x->g ? (real)exp((double)x->g[t * H]) : 1;
+            real gam = x->g ? gla_exp((double)x->g[t * H]) : 1;
             real beta = x->dt ? x->dt[t * H] : 1;
             const real *q = x->q + t * x->ldk, *k = x->k + t * x->ldk, *v = x->v + t * x->ldv;
             const real *St = w->Sbuf + (i + 1) * SZ, *Sp = w->Sbuf + i * SZ;
@@ -236,6 +236,7 @@ void gla_backward(Node *n) {
         } else {
             w.A = xmalloc((size_t)seg * seg * sizeof(real));
             w.dA = xmalloc((size_t)seg * seg * sizeof(real));
+            if (g) w.D = xmalloc((size_t)seg * seg * sizeof(real));
             w.Ks = xmalloc((size_t)seg * d.dk * sizeof(real));
             w.Xd = xmalloc((size_t)seg * d.dk * sizeof(real));
             w.dKs = xmalloc((size_t)seg * d.dk * sizeof(real));
@@ -263,6 +264,7 @@ void gla_backward(Node *n) {
         free(dS);
         free(w.A);
         free(w.dA);
+        free(w.D);
         free(w.Ks);
         free(w.Xd);
         free(w.dKs);

@@ -78,9 +78,22 @@ static inline int gla_keys(const GlaHead *x, int dk, int t0, int L, real *buf, c
     return dk;
 }
 
+// exp(x) of a non-positive difference of cumulative sums, taken in double and
+// evaluated in the build's precision (expf in float32: faster, as accurate
+// as the result can hold).
+static inline real gla_exp(double x) {
+#ifdef AG_DOUBLE
+    return exp(x);
+#else
+    return expf((float)x);
+#endif
+}
+
 // A = (Q K̃ᵀ) ⊙ M ⊙ [exp(G_i − G_j)] for one chunk of L positions, (L, L),
-// zero above the diagonal.
-void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, int L, int dk, real *A);
+// zero above the diagonal. G NULL: no decay. D: (L, L) receives the decay
+// factors exp(G_i − G_j) (lower triangle), or NULL.
+void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, int L, int dk, real *A,
+                      real *D);
 
 // The op's backward (gla_backward.c).
 void gla_backward(Node *n);
