@@ -108,7 +108,7 @@ static void gla_forward(Node *n) {
     n->saved = saved;
     real *S_all = n->out[1]->data;   // (B, H, dk, dv)
     int seg = d.seg;
-#pragma omp parallel
+#pragma omp parallel if (gla_parallel_worth(&d))
     {
         FwdScratch w = {0};
         if (d.form != MIXER_FORM_RECURRENT) {

@@ -226,7 +226,7 @@ void gla_backward(Node *n) {
     int64_t SZ = (int64_t)d.dk * d.dv;
     int seg = d.seg;
     bool rec = d.form == MIXER_FORM_RECURRENT;
-#pragma omp parallel
+#pragma omp parallel if (gla_parallel_worth(&d))
     {
         BwdScratch w = {0};
         real *dS = xmalloc((size_t)SZ * sizeof(real));

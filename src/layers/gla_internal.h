@@ -21,6 +21,12 @@ static inline GlaDims gla_dims_of(const int *iarg) {
     return (GlaDims){iarg[0], iarg[1], iarg[2], iarg[3], iarg[4], iarg[5], iarg[6], iarg[7]};
 }
 
+// Below this much work (B·H·T·dk·dv multiply-adds) a call runs on one thread:
+// waking a team costs more than it saves (decoding, small tests).
+static inline bool gla_parallel_worth(const GlaDims *d) {
+    return d->B * d->H > 1 && (int64_t)d->B * d->H * d->T * d->dk * d->dv >= (1 << 16);
+}
+
 // One head of one batch element, addressed in place: row t of q is
 // q + t*ldk (ldk = H*dk), g and dt step by H.
 typedef struct GlaHead {
