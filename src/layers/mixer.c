@@ -3,8 +3,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-// One line per mixer kind.
+// One line per mixer kind (each defined in its own file).
+extern const MixerKind MIXER_LINEAR;   // linear.c
+extern const MixerKind MIXER_MAMBA;    // mamba.c
+
 static const MixerKind *const KINDS[] = {
+    &MIXER_LINEAR,
+    &MIXER_MAMBA,
     NULL,
 };
 
