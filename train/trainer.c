@@ -27,7 +27,7 @@ static void default_run_dir(const TrainConfig *cfg, char *out, size_t n) {
     snprintf(name, sizeof name, "%s", base);
     char *dot = strrchr(name, '.');
     if (dot) *dot = 0;
-    snprintf(out, n, "runs/%s", name);
+    snprintf(out, n, "runs/%.255s", name);
 }
 
 Status trainer_setup(Trainer *t, const TrainerOptions *o) {
@@ -123,7 +123,7 @@ int trainer_run(Trainer *t, const TrainerOptions *o) {
     }
     char json[768];
     snprintf(json, sizeof json,
-             "{\"type\":\"start\",\"config\":\"%s\",\"params\":%lld,\"threads\":%d,\"precision\":\"%s\","
+             "{\"type\":\"start\",\"config\":\"%.300s\",\"params\":%lld,\"threads\":%d,\"precision\":\"%s\","
              "\"start_step\":%lld,\"machine\":\"%s\"}",
              t->config_path, (long long)params_count(&t->ps, false), t->threads, REAL_NAME, (long long)t->step,
              un.machine);
