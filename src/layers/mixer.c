@@ -3,9 +3,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-// One line per mixer kind.
-extern const MixerKind MIXER_GDN;   // gdn.c
+// One line per mixer kind (each defined in its own file).
+extern const MixerKind MIXER_LINEAR;   // linear.c
+extern const MixerKind MIXER_MAMBA;    // mamba.c
+extern const MixerKind MIXER_GDN;      // gdn.c
+
 static const MixerKind *const KINDS[] = {
+    &MIXER_LINEAR,
+    &MIXER_MAMBA,
     &MIXER_GDN,
     NULL,
 };

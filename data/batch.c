@@ -1,0 +1,65 @@
+#include "batch.h"
+
+#include <string.h>
+
+Status batcher_init(Batcher *b, const int *tokens, int64_t n, double val_fraction, int B, int T, uint64_t seed) {
+    ASSERT(B > 0 && T > 0, "batcher_init: B = %d, T = %d", B, T);
+    ASSERT(val_fraction >= 0 && val_fraction < 1, "batcher_init: val_fraction %g outside [0, 1)", val_fraction);
+    memset(b, 0, sizeof *b);
+    int64_t n_val = (int64_t)((double)n * val_fraction);
+    int64_t n_train = n - n_val;
+    if (n_train < (int64_t)T + 1)
+        return status_err("corpus of %lld tokens: the training split (%lld tokens) is shorter than one window "
+                          "of seq_len + 1 = %d tokens",
+                          (long long)n, (long long)n_train, T + 1);
+    if (val_fraction > 0 && n_val < (int64_t)T + 1)
+        return status_err("corpus of %lld tokens: the validation split (%lld tokens, val_fraction %g) is shorter "
+                          "than one window of seq_len + 1 = %d tokens",
+                          (long long)n, (long long)n_val, val_fraction, T + 1);
+    b->tokens = tokens;
+    b->n = n;
+    b->train_end = n_train;
+    b->B = B;
+    b->T = T;
+    rng_seed(&b->state.rng, seed);
+    return status_ok();
+}
+
+static void copy_window(const Batcher *b, int64_t start, int *x, int *y) {
+    memcpy(x, b->tokens + start, (size_t)b->T * sizeof *x);
+    memcpy(y, b->tokens + start + 1, (size_t)b->T * sizeof *y);
+}
+
+void batcher_train(Batcher *b, int *x, int *y) {
+    // Starts in [0, train_end - T - 1]: the window [start, start + T] stays in the split.
+    uint64_t n_starts = (uint64_t)(b->train_end - b->T);
+    for (int i = 0; i < b->B; i++) {
+        int64_t start = (int64_t)rng_below(&b->state.rng, n_starts);
+        copy_window(b, start, x + (size_t)i * b->T, y + (size_t)i * b->T);
+    }
+    b->state.batches++;
+}
+
+void batcher_val(const Batcher *b, int64_t index, int *x, int *y) {
+    int64_t n_val = b->n - b->train_end;
+    ASSERT(n_val >= b->T + 1, "batcher_val: no validation split (val_fraction = 0?)");
+    // Non-overlapping windows of T tokens (+1 target) from the split start, wrapping.
+    int64_t n_windows = (n_val - 1) / b->T;
+    for (int i = 0; i < b->B; i++) {
+        int64_t w = (index * b->B + i) % n_windows;
+        copy_window(b, b->train_end + w * b->T, x + (size_t)i * b->T, y + (size_t)i * b->T);
+    }
+}
+
+int64_t batcher_train_tokens(const Batcher *b) { return b->train_end; }
+int64_t batcher_val_tokens(const Batcher *b) { return b->n - b->train_end; }
+
+void sampler_state_pack(const SamplerState *s, uint64_t out[SAMPLER_STATE_WORDS]) {
+    for (int i = 0; i < 4; i++) out[i] = s->rng.s[i];
+    out[4] = (uint64_t)s->batches;
+}
+
+void sampler_state_unpack(SamplerState *s, const uint64_t in[SAMPLER_STATE_WORDS]) {
+    for (int i = 0; i < 4; i++) s->rng.s[i] = in[i];
+    s->batches = (int64_t)in[4];
+}

@@ -1,0 +1,49 @@
+// batch.h: training and validation batches of token windows.
+//
+// The tokens are split by position: the first (1 - val_fraction) of them
+// are the training split, the rest the validation split. A window holds
+// T + 1 consecutive tokens of one split; inputs are its first T tokens and
+// targets its last T (MODEL.md).
+//
+// Training windows start at uniformly random positions drawn from the
+// sampler's Rng; the SamplerState (Rng + batches drawn) is all that is
+// needed to replay the stream, and is saved in checkpoints.
+// Validation batch i is fixed: consecutive windows from the start of the
+// validation split, wrapping around, so every evaluation sees the same data.
+#ifndef DATA_BATCH_H
+#define DATA_BATCH_H
+
+#include "common.h"
+#include "rng.h"
+
+typedef struct SamplerState {
+    Rng rng;            // draws training window starts
+    int64_t batches;    // training batches drawn so far (the stream position)
+} SamplerState;
+
+#define SAMPLER_STATE_WORDS 5   // uint64 words of a packed SamplerState
+
+typedef struct Batcher {
+    const int *tokens;      // (n) all tokens; not owned
+    int64_t n;
+    int64_t train_end;      // training split = [0, train_end), validation = [train_end, n)
+    int B, T;
+    SamplerState state;
+} Batcher;
+
+// Errors (Status) if a split is too small to hold one window of T + 1 tokens
+// (the validation split only matters when val_fraction > 0).
+Status batcher_init(Batcher *b, const int *tokens, int64_t n, double val_fraction, int B, int T, uint64_t seed);
+// Next training batch: x, y (B, T) inputs and targets. Advances the state.
+void batcher_train(Batcher *b, int *x, int *y);
+// Validation batch `index` (0, 1, ...): x, y (B, T). Needs a validation split.
+void batcher_val(const Batcher *b, int64_t index, int *x, int *y);
+// Tokens in the training / validation split.
+int64_t batcher_train_tokens(const Batcher *b);
+int64_t batcher_val_tokens(const Batcher *b);
+
+// A SamplerState as SAMPLER_STATE_WORDS uint64 words (rng s[0..3], batches).
+void sampler_state_pack(const SamplerState *s, uint64_t out[SAMPLER_STATE_WORDS]);
+void sampler_state_unpack(SamplerState *s, const uint64_t in[SAMPLER_STATE_WORDS]);
+
+#endif

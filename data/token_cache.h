@@ -1,0 +1,33 @@
+// token_cache.h: tokens of a corpus, cached in an HDF5 file.
+//
+// The cache file <cache_dir>/tokens-<16 hex digits>.h5 (the digits hash the
+// corpus spec, so each corpus has its own file) holds
+//   /tokens                  uint8 (vocab <= 256) or int32, shape (n,)
+//   attribute corpus_hash    uint64, Corpus.hash of the bytes it was built from
+//   attribute format_version int32, TOKEN_CACHE_VERSION
+//   attribute vocab          int32
+// It is reused when corpus_hash and format_version match and rebuilt
+// otherwise. A build writes <file>.tmp.<pid> and renames it over the old file, so a
+// reader never sees a half-written cache.
+#ifndef DATA_TOKEN_CACHE_H
+#define DATA_TOKEN_CACHE_H
+
+#include "corpus.h"
+
+#define TOKEN_CACHE_VERSION 1
+
+typedef struct TokenData {
+    int *tokens;        // (n) token ids in [0, vocab)
+    int64_t n;
+    int vocab;
+} TokenData;
+
+// Load the corpus's tokens from the cache, building it first if it is
+// missing or stale. *built (may be NULL) says whether it was (re)built.
+// path_out (may be NULL, size CACHE_PATH_MAX) receives the cache file path.
+#define CACHE_PATH_MAX 1024
+Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Corpus *c, TokenData *out,
+                        bool *built, char *path_out);
+void token_data_free(TokenData *d);
+
+#endif

@@ -1,0 +1,178 @@
+// gla.c: op_gla, its forward kernels (chunked/parallel and recurrent) and the
+// op builder. The backward is in gla_backward.c. Math: gla.h.
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+#include "gla_internal.h"
+
+void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, int L, int dk, real *A,
+                      real *D) {
+    gemm(false, true, L, L, dk, 1, Q, ldq, K, ldk, 0, A, L);
+    for (int i = 0; i < L; i++) {
+        real *row = A + (int64_t)i * L, *drow = D ? D + (int64_t)i * L : NULL;
+        if (G)
+            for (int j = 0; j <= i; j++) {
+                real e = gla_exp(G[i] - G[j]);
+                row[j] *= e;
+                if (drow) drow[j] = e;
+            }
+        for (int j = i + 1; j < L; j++) row[j] = 0;
+    }
+}
+
+// Per-thread scratch of the forward, sized for chunks of up to `seg` positions.
+typedef struct FwdScratch {
+    real *A;      // (seg, seg) decayed masked scores
+    real *Ks;     // (seg, dk) keys scaled by dt
+    real *Xd;     // (seg, dk) decay-scaled queries or keys
+    double *G;    // (seg) chunk-local cumulative log decay
+} FwdScratch;
+
+// One head, chunk by chunk (PARALLEL: one chunk of T). S: (dk, dv) the running
+// state, ends as the final state. saved: (n_seg, dk, dv) chunk-entry states, or NULL.
+static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, real *saved, FwdScratch *w) {
+    int dk = d->dk, dv = d->dv, ldk = x->ldk, ldv = x->ldv;
+    int64_t SZ = (int64_t)dk * dv;
+    bool nonzero = x->s0 != NULL;   // S may be non-zero: the terms through it are needed
+    if (x->s0) memcpy(S, x->s0, SZ * sizeof(real));
+    else memset(S, 0, SZ * sizeof(real));
+    for (int c = 0; c < d->n_seg; c++) {
+        int t0 = c * d->seg, L = imin(d->seg, d->T - t0);
+        if (saved) memcpy(saved + c * SZ, S, SZ * sizeof(real));
+        gla_cumsum(w->G, x->g, d->H, t0, L);
+        const double *G = x->g ? w->G : NULL;
+        const real *K;
+        int ldkk = gla_keys(x, dk, t0, L, w->Ks, &K);
+        const real *Q = x->q + (int64_t)t0 * ldk, *V = x->v + (int64_t)t0 * ldv;
+        real *O = x->o + (int64_t)t0 * ldv;
+        // O = ((Q K̃ᵀ) ⊙ M ⊙ decay) V  +  diag(exp(G)) Q S_in
+        gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A, NULL);
+        gemm(false, false, L, dv, L, 1, w->A, L, V, ldv, 0, O, ldv);
+        if (nonzero) {
+            for (int i = 0; i < L; i++) {
+                real e = G ? gla_exp(G[i]) : 1;
+                for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * Q[(int64_t)i * ldk + a];
+            }
+            gemm(false, false, L, dv, dk, 1, w->Xd, dk, S, dv, 1, O, ldv);
+        }
+        // S_out = exp(G_L) S_in + (diag(exp(G_L − G)) K̃)ᵀ V
+        double gL = G ? G[L - 1] : 0;
+        for (int i = 0; i < L; i++) {
+            real e = G ? gla_exp(gL - G[i]) : 1;
+            for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * K[(int64_t)i * ldkk + a];
+        }
+        if (nonzero && G)
+            for (real eL = gla_exp(gL), *e = S; e < S + SZ; e++) *e *= eL;
+        gemm(true, false, dk, dv, L, 1, w->Xd, dk, V, ldv, nonzero ? 1 : 0, S, dv);
+        nonzero = true;
+    }
+}
+
+// One head, one token at a time: the reference. S as above; saved: the state
+// before every seg-th token, or NULL.
+static void recurrent_head_forward(const GlaDims *d, const GlaHead *x, real *S, real *saved) {
+    int dk = d->dk, dv = d->dv;
+    int64_t SZ = (int64_t)dk * dv;
+    if (x->s0) memcpy(S, x->s0, SZ * sizeof(real));
+    else memset(S, 0, SZ * sizeof(real));
+    for (int t = 0; t < d->T; t++) {
+        if (saved && t % d->seg == 0) memcpy(saved + (t / d->seg) * SZ, S, SZ * sizeof(real));
+        real gam = x->g ? gla_exp((double)x->g[(int64_t)t * d->H]) : 1;
+        real beta = x->dt ? x->dt[(int64_t)t * d->H] : 1;
+        const real *q = x->q + (int64_t)t * x->ldk, *k = x->k + (int64_t)t * x->ldk;
+        const real *v = x->v + (int64_t)t * x->ldv;
+        real *o = x->o + (int64_t)t * x->ldv;
+        for (int a = 0; a < dk; a++) {   // S = γ S + β k vᵀ
+            real kb = beta * k[a], *row = S + (int64_t)a * dv;
+            for (int j = 0; j < dv; j++) row[j] = gam * row[j] + kb * v[j];
+        }
+        for (int j = 0; j < dv; j++) o[j] = 0;   // o = Sᵀ q
+        for (int a = 0; a < dk; a++) {
+            const real *row = S + (int64_t)a * dv;
+            for (int j = 0; j < dv; j++) o[j] += q[a] * row[j];
+        }
+    }
+}
+
+static void gla_forward(Node *n) {
+    GlaDims d = gla_dims_of(n->iarg);
+    Tensor *const *in = n->in;
+    const real *g = in[GLA_IN_G] ? in[GLA_IN_G]->data : NULL;
+    const real *dt = in[GLA_IN_DT] ? in[GLA_IN_DT]->data : NULL;
+    const real *s0 = in[GLA_IN_S0] ? in[GLA_IN_S0]->data : NULL;
+    int64_t SZ = (int64_t)d.dk * d.dv;
+    real *saved = NULL;   // (B, H, n_seg, dk, dv)
+    if (n->recorded) saved = tape_alloc(n->tape, (size_t)d.B * d.H * d.n_seg * SZ * sizeof(real));
+    n->saved = saved;
+    real *S_all = n->out[1]->data;   // (B, H, dk, dv)
+    int seg = d.seg;
+#pragma omp parallel if (gla_parallel_worth(&d))
+    {
+        FwdScratch w = {0};
+        if (d.form != MIXER_FORM_RECURRENT) {
+            w.A = xmalloc((size_t)seg * seg * sizeof(real));
+            w.Ks = xmalloc((size_t)seg * d.dk * sizeof(real));
+            w.Xd = xmalloc((size_t)seg * d.dk * sizeof(real));
+            w.G = xmalloc((size_t)seg * sizeof(double));
+        }
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < d.B; b++)
+            for (int h = 0; h < d.H; h++) {
+                GlaHead x = gla_head(&d, b, h, in[GLA_IN_Q]->data, in[GLA_IN_K]->data, in[GLA_IN_V]->data, g,
+                                     dt, s0, n->out[0]->data);
+                int64_t bh = (int64_t)b * d.H + h;
+                real *sv = saved ? saved + bh * d.n_seg * SZ : NULL;
+                if (d.form == MIXER_FORM_RECURRENT) recurrent_head_forward(&d, &x, S_all + bh * SZ, sv);
+                else chunked_head_forward(&d, &x, S_all + bh * SZ, sv, &w);
+            }
+        free(w.A);
+        free(w.Ks);
+        free(w.Xd);
+        free(w.G);
+    }
+}
+
+static const OpDef OP_GLA = {"gla", gla_forward, gla_backward};
+
+static void check_bth(const char *what, const Tensor *t, int B, int T, int H, const Tensor *q) {
+    ASSERT(t->ndim == 3 && t->shape[0] == B && t->shape[1] == T && t->shape[2] == H,
+           "gla: %s must be (B, T, H) = (%d, %d, %d) for q %s, got %s", what, B, T, H, SHAPE(q), SHAPE(t));
+}
+
+Tensor *op_gla_dt(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *dt, Tensor *s0, int n_heads,
+                  MixerForm form, int chunk, Tensor **s_out) {
+    ASSERT(q && k && v, "gla: q, k and v are required");
+    ASSERT(q->ndim == 3, "gla: q must be (B, T, H*dk), got %s", SHAPE(q));
+    int B = q->shape[0], T = q->shape[1], H = n_heads;
+    ASSERT(H > 0 && q->shape[2] % H == 0, "gla: q %s: last dimension not a multiple of n_heads %d", SHAPE(q), H);
+    ASSERT(T > 0, "gla: empty sequence, q %s", SHAPE(q));
+    ASSERT(tensor_same_shape(q, k), "gla: q %s and k %s differ", SHAPE(q), SHAPE(k));
+    ASSERT(v->ndim == 3 && v->shape[0] == B && v->shape[1] == T && v->shape[2] % H == 0,
+           "gla: v must be (B, T, H*dv) = (%d, %d, %d*dv) for q %s, got %s", B, T, H, SHAPE(q), SHAPE(v));
+    int dk = q->shape[2] / H, dv = v->shape[2] / H;
+    if (g) check_bth("g", g, B, T, H, q);
+    if (dt) check_bth("dt", dt, B, T, H, q);
+    if (s0)
+        ASSERT(s0->ndim == 4 && s0->shape[0] == B && s0->shape[1] == H && s0->shape[2] == dk && s0->shape[3] == dv,
+               "gla: s0 must be (B, H, dk, dv) = (%d, %d, %d, %d), got %s", B, H, dk, dv, SHAPE(s0));
+    ASSERT(form >= 0 && form < MIXER_FORM_COUNT, "gla: unknown form %d", (int)form);
+    ASSERT(form == MIXER_FORM_PARALLEL || chunk > 0, "gla: form %s needs chunk > 0, got %d", mixer_form_name(form),
+           chunk);
+    int seg = form == MIXER_FORM_PARALLEL ? T : imin(chunk, T);
+    Tensor *o = tape_tensorv(tp, 3, B, T, H * dv);
+    Tensor *st = tape_tensorv(tp, 4, B, H, dk, dv);
+    Tensor *in[GLA_N_IN] = {q, k, v, g, dt, s0};
+    Node *n = tape_op(tp, &OP_GLA, in, GLA_N_IN, (Tensor *[]){o, st}, 2);
+    int iarg[8] = {B, T, H, dk, dv, form, seg, (T + seg - 1) / seg};
+    memcpy(n->iarg, iarg, sizeof iarg);
+    gla_forward(n);
+    if (s_out) *s_out = st;
+    return o;
+}
+
+Tensor *op_gla(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *s0, int n_heads, MixerForm form,
+               int chunk, Tensor **s_out) {
+    return op_gla_dt(tp, q, k, v, g, NULL, s0, n_heads, form, chunk, s_out);
+}

@@ -1,0 +1,277 @@
+// gla_backward.c: the backward of op_gla in its forms (math: gla.h).
+//
+// Per chunk of L positions with chunk-local cumulative log decay G (G_L its
+// last entry), entry state S_in, keys K̃ = diag(dt) K and
+//   A     = (Q K̃ᵀ) ⊙ M ⊙ [exp(G_i − G_j)]
+//   O     = A V + diag(exp(G)) Q S_in
+//   S_out = exp(G_L) S_in + (diag(exp(G_L − G)) K̃)ᵀ V
+// the gradients, given dO and dS = ∂/∂S_out, are
+//   dV    = Aᵀ dO + diag(exp(G_L − G)) K̃ dS
+//   dA    = (dO Vᵀ) ⊙ M,  dP = dA ⊙ [exp(G_i − G_j)]
+//   dQ    = dP K̃ + diag(exp(G)) dO S_inᵀ
+//   dK̃    = dPᵀ Q + diag(exp(G_L − G)) V dSᵀ
+//   dS_in = exp(G_L) dS + (diag(exp(G)) Q)ᵀ dO
+// and, with respect to the cumulative sums (Z = dA ⊙ A),
+//   dG_i  = Σ_j Z_ij − Σ_j Z_ji + exp(G_i) q_i·(S_in dO_i)
+//           − exp(G_L − G_i) k̃_i·(dS v_i)
+//   dG_L += exp(G_L) <dS, S_in> + Σ_i exp(G_L − G_i) k̃_i·(dS v_i)   (= <dS, S_out>)
+// then dg_i = Σ_{t ≥ i in the chunk} dG_t; dk = dt dK̃, ddt = k·dK̃.
+// Chunks are visited in reverse, dS_in of a chunk becoming dS of the previous.
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+#include "gla_internal.h"
+
+// The gradient buffers of one head (same offsets as GlaHead); NULL = not needed.
+typedef struct GlaGrad {
+    const real *dO;            // (T, dv), row stride ldv
+    real *dq, *dk;             // (T, dk), row stride ldk
+    real *dv;                  // (T, dv), row stride ldv
+    real *dg, *ddt;            // (T), stride H
+} GlaGrad;
+
+typedef struct BwdScratch {
+    real *A, *dA, *D;          // (seg, seg) scores, their gradient, decay factors
+    real *Ks, *Xd, *dKs, *tmp; // (seg, dk)
+    double *G, *dG;            // (seg)
+    real *Sbuf;                // (seg + 1, dk, dv) states of one segment (recurrent form)
+    real *dkt;                 // (dk)
+} BwdScratch;
+
+static double dot(const real *a, const real *b, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+// One head, chunks in reverse. dS: (dk, dv) in: gradient of the final state;
+// out: gradient of s0.
+static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaGrad *gr, const real *saved,
+                                  real *dS, bool dS_nonzero, BwdScratch *w) {
+    int dk = d->dk, dv = d->dv, ldk = x->ldk, ldv = x->ldv, H = d->H;
+    int64_t SZ = (int64_t)dk * dv;
+    bool need_k = gr->dk || gr->ddt, need_g = gr->dg != NULL;
+    for (int c = d->n_seg - 1; c >= 0; c--) {
+        int t0 = c * d->seg, L = imin(d->seg, d->T - t0);
+        const real *S_in = (c > 0 || x->s0) ? saved + c * SZ : NULL;   // NULL: zero
+        gla_cumsum(w->G, x->g, H, t0, L);
+        const double *G = x->g ? w->G : NULL;
+        double gL = G ? G[L - 1] : 0;
+        const real *K;
+        int ldkk = gla_keys(x, dk, t0, L, w->Ks, &K);
+        const real *Q = x->q + (int64_t)t0 * ldk, *V = x->v + (int64_t)t0 * ldv;
+        const real *dO = gr->dO ? gr->dO + (int64_t)t0 * ldv : NULL;
+        real *dq = gr->dq ? gr->dq + (int64_t)t0 * ldk : NULL;
+        real *dV = gr->dv ? gr->dv + (int64_t)t0 * ldv : NULL;
+        double *dG = w->dG;
+        for (int i = 0; i < L; i++) dG[i] = 0;
+        if (need_k) memset(w->dKs, 0, (size_t)L * dk * sizeof(real));
+
+        if (dO) {   // the terms through O
+            gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A, w->D);
+            if (dV) gemm(true, false, L, dv, L, 1, w->A, L, dO, ldv, 1, dV, ldv);
+            if (dq || need_k || need_g) {
+                real *dA = w->dA;   // becomes dP in place
+                gemm(false, true, L, L, dv, 1, dO, ldv, V, ldv, 0, dA, L);
+                for (int i = 0; i < L; i++) {
+                    real *r = dA + (int64_t)i * L;
+                    const real *a = w->A + (int64_t)i * L;
+                    for (int j = 0; j <= i; j++) {
+                        if (need_g && j < i) {   // j == i cancels: skip it, it is O(1) when the rest is tiny
+                            double z = (double)r[j] * a[j];
+                            dG[i] += z;
+                            dG[j] -= z;
+                        }
+                        if (G) r[j] *= w->D[(int64_t)i * L + j];
+                    }
+                    for (int j = i + 1; j < L; j++) r[j] = 0;
+                }
+                if (dq) gemm(false, false, L, dk, L, 1, dA, L, K, ldkk, 1, dq, ldk);
+                if (need_k) gemm(true, false, L, dk, L, 1, dA, L, Q, ldk, 0, w->dKs, dk);
+            }
+            if (S_in && (dq || need_g)) {   // o += exp(G) S_inᵀ q
+                gemm(false, true, L, dk, dv, 1, dO, ldv, S_in, dv, 0, w->tmp, dk);
+                for (int i = 0; i < L; i++) {
+                    double e = G ? exp(G[i]) : 1;
+                    const real *t = w->tmp + (int64_t)i * dk;
+                    if (dq)
+                        for (int a = 0; a < dk; a++) dq[(int64_t)i * ldk + a] += (real)e * t[a];
+                    if (need_g) dG[i] += e * dot(Q + (int64_t)i * ldk, t, dk);
+                }
+            }
+        }
+        if (dS_nonzero) {   // the terms through S_out
+            if (need_k || need_g) {
+                gemm(false, true, L, dk, dv, 1, V, ldv, dS, dv, 0, w->tmp, dk);   // rows dS v_i
+                for (int i = 0; i < L; i++) {
+                    double e = G ? exp(gL - G[i]) : 1;
+                    const real *t = w->tmp + (int64_t)i * dk;
+                    if (need_k)
+                        for (int a = 0; a < dk; a++) w->dKs[(int64_t)i * dk + a] += (real)e * t[a];
+                    if (need_g && i < L - 1) {   // i == L-1 cancels, as above
+                        double cst = e * dot(K + (int64_t)i * ldkk, t, dk);
+                        dG[i] -= cst;
+                        dG[L - 1] += cst;
+                    }
+                }
+            }
+            if (dV) {
+                for (int i = 0; i < L; i++) {
+                    real e = G ? gla_exp(gL - G[i]) : 1;
+                    for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * K[(int64_t)i * ldkk + a];
+                }
+                gemm(false, false, L, dv, dk, 1, w->Xd, dk, dS, dv, 1, dV, ldv);
+            }
+            if (need_g && S_in) dG[L - 1] += exp(gL) * dot(dS, S_in, (int)SZ);
+        }
+        // dS_in = exp(G_L) dS + (diag(exp(G)) Q)ᵀ dO
+        if (G)
+            for (real eL = gla_exp(gL), *e = dS; e < dS + SZ; e++) *e *= eL;
+        if (dO) {
+            for (int i = 0; i < L; i++) {
+                real e = G ? gla_exp(G[i]) : 1;
+                for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * Q[(int64_t)i * ldk + a];
+            }
+            gemm(true, false, dk, dv, L, 1, w->Xd, dk, dO, ldv, dS_nonzero ? 1 : 0, dS, dv);
+            dS_nonzero = true;
+        }
+        // dK̃ -> dk, ddt; dG -> dg (reverse cumulative sum inside the chunk)
+        if (need_k)
+            for (int i = 0; i < L; i++) {
+                int64_t t = t0 + i;
+                const real *dks = w->dKs + (int64_t)i * dk;
+                if (!x->dt) {
+                    for (int a = 0; a < dk; a++) gr->dk[t * ldk + a] += dks[a];
+                    continue;
+                }
+                real s = x->dt[t * H];
+                if (gr->dk)
+                    for (int a = 0; a < dk; a++) gr->dk[t * ldk + a] += s * dks[a];
+                if (gr->ddt) gr->ddt[t * H] += (real)dot(x->k + t * ldk, dks, dk);
+            }
+        if (need_g) {
+            double acc = 0;
+            for (int i = L - 1; i >= 0; i--) {
+                acc += dG[i];
+                gr->dg[(int64_t)(t0 + i) * H] += (real)acc;
+            }
+        }
+    }
+}
+
+// One head, token by token in reverse: the reference. The states of one
+// segment are recomputed from its saved entry state. dS as above.
+static void recurrent_head_backward(const GlaDims *d, const GlaHead *x, const GlaGrad *gr, const real *saved,
+                                    real *dS, BwdScratch *w) {
+    int dk = d->dk, dv = d->dv, H = d->H;
+    int64_t SZ = (int64_t)dk * dv;
+    for (int c = d->n_seg - 1; c >= 0; c--) {
+        int t0 = c * d->seg, L = imin(d->seg, d->T - t0);
+        memcpy(w->Sbuf, saved + c * SZ, SZ * sizeof(real));
+        for (int i = 0; i < L; i++) {   // Sbuf[i+1] = state after token t0+i
+            int64_t t = t0 + i;
+            real gam = x->g ? gla_exp((double)x->g[t * H]) : 1;
+            real beta = x->dt ? x->dt[t * H] : 1;
+            const real *k = x->k + t * x->ldk, *v = x->v + t * x->ldv;
+            const real *Sp = w->Sbuf + i * SZ;
+            real *Sn = w->Sbuf + (i + 1) * SZ;
+            for (int a = 0; a < dk; a++)
+                for (int j = 0; j < dv; j++) Sn[a * dv + j] = gam * Sp[a * dv + j] + beta * k[a] * v[j];
+        }
+        for (int i = L - 1; i >= 0; i--) {
+            int64_t t = t0 + i;
+            real gam = x->g ? gla_exp((double)x->g[t * H]) : 1;
+            real beta = x->dt ? x->dt[t * H] : 1;
+            const real *q = x->q + t * x->ldk, *k = x->k + t * x->ldk, *v = x->v + t * x->ldv;
+            const real *St = w->Sbuf + (i + 1) * SZ, *Sp = w->Sbuf + i * SZ;
+            if (gr->dO) {   // o_t = S_tᵀ q_t
+                const real *dO = gr->dO + t * x->ldv;
+                for (int a = 0; a < dk; a++)
+                    for (int j = 0; j < dv; j++) dS[a * dv + j] += q[a] * dO[j];
+                if (gr->dq)
+                    for (int a = 0; a < dk; a++) gr->dq[t * x->ldk + a] += (real)dot(St + a * dv, dO, dv);
+            }
+            // S_t = γ S_{t-1} + β k vᵀ
+            if (gr->dk || gr->ddt) {
+                for (int a = 0; a < dk; a++) w->dkt[a] = (real)dot(dS + a * dv, v, dv);   // ∂/∂(β k)
+                if (gr->dk)
+                    for (int a = 0; a < dk; a++) gr->dk[t * x->ldk + a] += beta * w->dkt[a];
+                if (gr->ddt) gr->ddt[t * H] += (real)dot(k, w->dkt, dk);
+            }
+            if (gr->dv)
+                for (int j = 0; j < dv; j++) {
+                    double s = 0;
+                    for (int a = 0; a < dk; a++) s += (double)dS[a * dv + j] * k[a];
+                    gr->dv[t * x->ldv + j] += beta * (real)s;
+                }
+            if (gr->dg) gr->dg[t * H] += gam * (real)dot(dS, Sp, (int)SZ);
+            for (int64_t e = 0; e < SZ; e++) dS[e] *= gam;
+        }
+    }
+}
+
+void gla_backward(Node *n) {
+    GlaDims d = gla_dims_of(n->iarg);
+    Tensor *const *in = n->in;
+    const real *g = in[GLA_IN_G] ? in[GLA_IN_G]->data : NULL;
+    const real *dt = in[GLA_IN_DT] ? in[GLA_IN_DT]->data : NULL;
+    const real *s0 = in[GLA_IN_S0] ? in[GLA_IN_S0]->data : NULL;
+    const real *dO = n->out[0]->grad, *dSf = n->out[1]->grad;
+    real *dq = NODE_GRAD_IN(n, GLA_IN_Q), *dk = NODE_GRAD_IN(n, GLA_IN_K), *dv = NODE_GRAD_IN(n, GLA_IN_V);
+    real *dg = NODE_GRAD_IN(n, GLA_IN_G), *ddt = NODE_GRAD_IN(n, GLA_IN_DT), *ds0 = NODE_GRAD_IN(n, GLA_IN_S0);
+    const real *saved = n->saved;
+    ASSERT(saved, "gla backward: no saved states (was the node recorded?)");
+    int64_t SZ = (int64_t)d.dk * d.dv;
+    int seg = d.seg;
+    bool rec = d.form == MIXER_FORM_RECURRENT;
+#pragma omp parallel if (gla_parallel_worth(&d))
+    {
+        BwdScratch w = {0};
+        real *dS = xmalloc((size_t)SZ * sizeof(real));
+        if (rec) {
+            w.Sbuf = xmalloc((size_t)(seg + 1) * SZ * sizeof(real));
+            w.dkt = xmalloc((size_t)d.dk * sizeof(real));
+        } else {
+            w.A = xmalloc((size_t)seg * seg * sizeof(real));
+            w.dA = xmalloc((size_t)seg * seg * sizeof(real));
+            if (g) w.D = xmalloc((size_t)seg * seg * sizeof(real));
+            w.Ks = xmalloc((size_t)seg * d.dk * sizeof(real));
+            w.Xd = xmalloc((size_t)seg * d.dk * sizeof(real));
+            w.dKs = xmalloc((size_t)seg * d.dk * sizeof(real));
+            w.tmp = xmalloc((size_t)seg * d.dk * sizeof(real));
+            w.G = xmalloc((size_t)seg * sizeof(double));
+            w.dG = xmalloc((size_t)seg * sizeof(double));
+        }
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < d.B; b++)
+            for (int h = 0; h < d.H; h++) {
+                GlaHead x = gla_head(&d, b, h, in[GLA_IN_Q]->data, in[GLA_IN_K]->data, in[GLA_IN_V]->data, g,
+                                     dt, s0, NULL);
+                GlaOffsets f = gla_offsets(&d, b, h);
+                GlaGrad gr = {dO ? dO + f.v : NULL,  dq ? dq + f.k : NULL,  dk ? dk + f.k : NULL,
+                              dv ? dv + f.v : NULL,  dg ? dg + f.g : NULL,  ddt ? ddt + f.g : NULL};
+                int64_t bh = (int64_t)b * d.H + h;
+                if (dSf) memcpy(dS, dSf + bh * SZ, SZ * sizeof(real));
+                else memset(dS, 0, SZ * sizeof(real));
+                const real *sv = saved + bh * d.n_seg * SZ;
+                if (rec) recurrent_head_backward(&d, &x, &gr, sv, dS, &w);
+                else chunked_head_backward(&d, &x, &gr, sv, dS, dSf != NULL, &w);
+                if (ds0)
+                    for (int64_t e = 0; e < SZ; e++) ds0[bh * SZ + e] += dS[e];
+            }
+        free(dS);
+        free(w.A);
+        free(w.dA);
+        free(w.D);
+        free(w.Ks);
+        free(w.Xd);
+        free(w.dKs);
+        free(w.tmp);
+        free(w.G);
+        free(w.dG);
+        free(w.Sbuf);
+        free(w.dkt);
+    }
+}

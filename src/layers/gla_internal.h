@@ -1,0 +1,107 @@
+// gla_internal.h: what gla.c (op, forward kernels) and gla_backward.c share.
+// Not a public interface: use gla.h.
+#ifndef GLA_INTERNAL_H
+#define GLA_INTERNAL_H
+
+#include <math.h>
+
+#include "gla.h"
+
+// Sizes of one op_gla call, kept in the node's iarg[].
+typedef struct GlaDims {
+    int B, T, H, dk, dv;
+    int form;      // MixerForm
+    int seg;       // positions per chunk (CHUNKED, RECURRENT checkpoints); T for PARALLEL
+    int n_seg;     // ceil(T / seg): saved states per (b, h)
+} GlaDims;
+
+enum { GLA_IN_Q, GLA_IN_K, GLA_IN_V, GLA_IN_G, GLA_IN_DT, GLA_IN_S0, GLA_N_IN };
+
+static inline GlaDims gla_dims_of(const int *iarg) {
+    return (GlaDims){iarg[0], iarg[1], iarg[2], iarg[3], iarg[4], iarg[5], iarg[6], iarg[7]};
+}
+
+// Below this much work (B·H·T·dk·dv multiply-adds) a call runs on one thread:
+// waking a team costs more than it saves (decoding, small tests).
+static inline bool gla_parallel_worth(const GlaDims *d) {
+    return d->B * d->H > 1 && (int64_t)d->B * d->H * d->T * d->dk * d->dv >= (1 << 16);
+}
+
+// One head of one batch element, addressed in place: row t of q is
+// q + t*ldk (ldk = H*dk), g and dt step by H.
+typedef struct GlaHead {
+    const real *q, *k;   // (T, dk) with row stride ldk
+    const real *v;       // (T, dv) with row stride ldv
+    const real *g, *dt;  // (T) with stride H, or NULL
+    const real *s0;      // (dk, dv) or NULL
+    real *o;             // (T, dv) with row stride ldv
+    int ldk, ldv, H;
+} GlaHead;
+
+// Element offsets of head h of batch element b in (B, T, H*dk), (B, T, H*dv),
+// (B, T, H) and (B, H, dk, dv) tensors.
+typedef struct GlaOffsets {
+    int64_t k, v, g, s;
+} GlaOffsets;
+
+static inline GlaOffsets gla_offsets(const GlaDims *d, int b, int h) {
+    return (GlaOffsets){(int64_t)b * d->T * d->H * d->dk + (int64_t)h * d->dk,
+                        (int64_t)b * d->T * d->H * d->dv + (int64_t)h * d->dv, (int64_t)b * d->T * d->H + h,
+                        ((int64_t)b * d->H + h) * d->dk * d->dv};
+}
+
+static inline GlaHead gla_head(const GlaDims *d, int b, int h, const real *q, const real *k, const real *v,
+                               const real *g, const real *dt, const real *s0, real *o) {
+    GlaOffsets f = gla_offsets(d, b, h);
+    return (GlaHead){q + f.k, k + f.k, v + f.v, g ? g + f.g : NULL, dt ? dt + f.g : NULL, s0 ? s0 + f.s : NULL,
+                     o ? o + f.v : NULL, d->H * d->dk, d->H * d->dv, d->H};
+}
+
+// Chunk-local inclusive cumulative log decay: G[i] = Σ_{j≤i} g[(t0+j)*H], in
+// double; all zeros when g is NULL.
+static inline void gla_cumsum(double *G, const real *g, int H, int t0, int L) {
+    double acc = 0;
+    for (int i = 0; i < L; i++) {
+        if (g) acc += (double)g[(int64_t)(t0 + i) * H];
+        G[i] = acc;
+    }
+}
+
+// The keys of one chunk as the kernels use them, K̃ = diag(dt) K: a pointer
+// into k itself (row stride ldk) when dt is NULL, else a scaled copy in buf
+// (row stride dk). Returns the row stride.
+static inline int gla_keys(const GlaHead *x, int dk, int t0, int L, real *buf, const real **K) {
+    if (!x->dt) {
+        *K = x->k + (int64_t)t0 * x->ldk;
+        return x->ldk;
+    }
+    for (int i = 0; i < L; i++) {
+        real s = x->dt[(int64_t)(t0 + i) * x->H];
+        const real *kr = x->k + (int64_t)(t0 + i) * x->ldk;
+        for (int c = 0; c < dk; c++) buf[(int64_t)i * dk + c] = s * kr[c];
+    }
+    *K = buf;
+    return dk;
+}
+
+// exp(x) of a non-positive difference of cumulative sums, taken in double and
+// evaluated in the build's precision (expf in float32: faster, as accurate
+// as the result can hold).
+static inline real gla_exp(double x) {
+#ifdef AG_DOUBLE
+    return exp(x);
+#else
+    return expf((float)x);
+#endif
+}
+
+// A = (Q K̃ᵀ) ⊙ M ⊙ [exp(G_i − G_j)] for one chunk of L positions, (L, L),
+// zero above the diagonal. G NULL: no decay. D: (L, L) receives the decay
+// factors exp(G_i − G_j) (lower triangle), or NULL.
+void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, int L, int dk, real *A,
+                      real *D);
+
+// The op's backward (gla_backward.c).
+void gla_backward(Node *n);
+
+#endif

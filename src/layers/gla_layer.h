@@ -1,0 +1,36 @@
+// gla_layer.h: the parts the `linear` and `mamba` mixers share around op_gla:
+// the q, k, v projections with their short convolutions, the output stage
+// (OutGate, then wo), and the decode cache (the state S per head plus the
+// convolutions' last inputs: constant memory and time per token).
+#ifndef GLA_LAYER_H
+#define GLA_LAYER_H
+
+#include "gla.h"
+#include "mixer_common.h"
+
+typedef struct GlaLayer {
+    Tensor *wq, *wk;                    // (D, H*dk)
+    Tensor *wv;                         // (D, H*dv)
+    Tensor *wo;                         // (H*dv, D), init std cfg->out_std
+    ShortConv conv_q, conv_k, conv_v;   // width cfg->conv_size (0: none)
+    OutGate gate;
+} GlaLayer;
+
+typedef struct GlaCache {
+    Tensor *S;                          // (B, H, dk, dv) the state after the last token
+    ShortConvCache cq, ck, cv;
+} GlaCache;
+
+// Registers prefix + wq, wk, wv, conv_q, conv_k, conv_v, out_norm, wg, wo.
+void gla_layer_create(GlaLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *cfg);
+// u: (B, T, D) -> q, k (B, T, H*dk), v (B, T, H*dv), each projected then
+// SiLU(conv(.)) (just projected when conv_size is 0). With a cache (decoding,
+// T = 1) the convolutions read and advance it.
+void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, Tensor **q, Tensor **k, Tensor **v);
+// o: (B, T, H*dv) -> OutGate(o, u) wo, (B, T, D).
+Tensor *gla_layer_out(Tape *tp, const GlaLayer *L, Tensor *o, Tensor *u);
+
+GlaCache *gla_cache_new(const GlaLayer *L, const MixerConfig *cfg, int B);
+void gla_cache_free(void *cache);
+
+#endif

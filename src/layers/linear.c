@@ -1,0 +1,48 @@
+// linear.c: the `linear` mixer (MODEL.md "linear"): plain linear attention.
+//   q, k, v = SiLU(conv(u W)); q, k L2-normalised per head, q scaled 1/sqrt(dk)
+//   S_t = S_{t-1} + k_t v_tᵀ,  o_t = S_tᵀ q_t   (op_gla with g = NULL)
+//   y = (RMSNorm_head(o) ⊙ SiLU(u Wg)) Wo
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gla_layer.h"
+
+static void linear_create(Mixer *m, ParamStore *ps, const char *prefix) {
+    GlaLayer *L = xcalloc(1, sizeof *L);
+    gla_layer_create(L, ps, prefix, &m->cfg);
+    m->impl = L;
+}
+
+static void linear_destroy(Mixer *m) { free(m->impl); }
+
+// From q, k, v (after the convolutions) to the layer's output.
+static Tensor *linear_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *q, Tensor *k, Tensor *v, Tensor *s_in,
+                          MixerForm form, Tensor **s_out) {
+    const MixerConfig *c = &m->cfg;
+    q = op_scale(tp, op_l2norm_heads(tp, q, c->d_k), 1.0 / sqrt(c->d_k));
+    k = op_l2norm_heads(tp, k, c->d_k);
+    Tensor *o = op_gla(tp, q, k, v, NULL, s_in, c->n_heads, form, c->chunk_size, s_out);
+    return gla_layer_out(tp, m->impl, o, u);
+}
+
+static Tensor *linear_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out) {
+    Tensor *q, *k, *v;
+    gla_layer_qkv(tp, m->impl, NULL, u, &q, &k, &v);
+    return linear_mix(tp, m, u, q, k, v, s_in, m->cfg.form, s_out);
+}
+
+static void *linear_cache_new(const Mixer *m, int B, int max_T) { return gla_cache_new(m->impl, &m->cfg, B); }
+
+static Tensor *linear_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
+    ASSERT(u->ndim == 3 && u->shape[1] == 1, "linear step: u must be (B, 1, D), got %s", SHAPE(u));
+    GlaCache *c = cache;
+    Tensor *q, *k, *v, *s;
+    gla_layer_qkv(tp, m->impl, c, u, &q, &k, &v);
+    Tensor *y = linear_mix(tp, m, u, q, k, v, c->S, MIXER_FORM_RECURRENT, &s);
+    memcpy(c->S->data, s->data, (size_t)s->numel * sizeof(real));
+    return y;
+}
+
+const MixerKind MIXER_LINEAR = {"linear",         true,            linear_create, linear_forward,
+                                linear_cache_new, gla_cache_free, linear_step,   linear_destroy};

@@ -1,0 +1,92 @@
+// mamba.c: the `mamba` mixer (MODEL.md "mamba"): gated linear attention with
+// a skip, Mamba-2 style.
+//   q, k, v = SiLU(conv(u W)); q scaled 1/sqrt(dk) (no L2 norm)
+//   dt_t = softplus(u_t w_dt + dt_bias),  g_t = −exp(A_log) dt_t  (per head)
+//   S_t = exp(g_t) S_{t-1} + dt_t k_t v_tᵀ,  o_t = S_tᵀ q_t + D ⊙ v_t
+//   y = (RMSNorm_head(o) ⊙ SiLU(u Wg)) Wo
+// The dt scaling of k is fused into the kernel (op_gla_dt).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gla_layer.h"
+
+typedef struct Mamba {
+    GlaLayer L;
+    Tensor *w_dt;      // (D, H)
+    Tensor *dt_bias;   // (H) softplus⁻¹(dt0), dt0 log-uniform in [1e-3, 1e-1]
+    Tensor *A_log;     // (H) log(a), a uniform in [1, 16]
+    Tensor *D;         // (H, dv) the skip, init 1
+} Mamba;
+
+// INIT_FN: A_log = log(uniform[a, b]).
+static void init_a_log(real *x, int64_t n, Rng *r, double a, double b) {
+    for (int64_t i = 0; i < n; i++) x[i] = (real)log(rng_range(r, a, b));
+}
+
+// INIT_FN: dt_bias = softplus⁻¹(dt0) = dt0 + log(1 − exp(−dt0)), dt0
+// log-uniform in [a, b].
+static void init_dt_bias(real *x, int64_t n, Rng *r, double a, double b) {
+    for (int64_t i = 0; i < n; i++) {
+        double dt0 = exp(rng_range(r, log(a), log(b)));
+        x[i] = (real)(dt0 + log(-expm1(-dt0)));
+    }
+}
+
+static void mamba_create(Mixer *m, ParamStore *ps, const char *prefix) {
+    const MixerConfig *c = &m->cfg;
+    Mamba *M = xcalloc(1, sizeof *M);
+    gla_layer_create(&M->L, ps, prefix, c);
+    int H = c->n_heads;
+    M->w_dt = param_linear(ps, prefix, "w_dt", c->d_model, H, 1.0 / sqrt(c->d_model));
+    char name[256];
+    snprintf(name, sizeof name, "%sdt_bias", prefix);
+    M->dt_bias = params_add(ps, name, 1, (int[]){H}, init_fn(init_dt_bias, 1e-3, 1e-1), TENSOR_NO_DECAY);
+    snprintf(name, sizeof name, "%sA_log", prefix);
+    M->A_log = params_add(ps, name, 1, (int[]){H}, init_fn(init_a_log, 1, 16), TENSOR_NO_DECAY);
+    snprintf(name, sizeof name, "%sD", prefix);
+    M->D = params_add(ps, name, 2, (int[]){H, c->d_v}, init_ones(), TENSOR_NO_DECAY);
+    m->impl = M;
+}
+
+static void mamba_destroy(Mixer *m) { free(m->impl); }
+
+static Tensor *mamba_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *q, Tensor *k, Tensor *v, Tensor *s_in,
+                         MixerForm form, Tensor **s_out) {
+    const MixerConfig *c = &m->cfg;
+    const Mamba *M = m->impl;
+    Tensor *dt = op_softplus(tp, op_add(tp, op_matmul(tp, u, M->w_dt, false, false), M->dt_bias));   // (B, T, H)
+    Tensor *g = op_mul(tp, dt, op_scale(tp, op_exp(tp, M->A_log), -1.0));                          // (B, T, H)
+    q = op_scale(tp, q, 1.0 / sqrt(c->d_k));
+    Tensor *o = op_gla_dt(tp, q, k, v, g, dt, s_in, c->n_heads, form, c->chunk_size, s_out);
+    Tensor *Dflat = op_reshape(tp, M->D, 1, (int[]){c->n_heads * c->d_v});
+    o = op_add(tp, o, op_mul(tp, v, Dflat));   // + D ⊙ v
+    return gla_layer_out(tp, &M->L, o, u);
+}
+
+static Tensor *mamba_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out) {
+    Mamba *M = m->impl;
+    Tensor *q, *k, *v;
+    gla_layer_qkv(tp, &M->L, NULL, u, &q, &k, &v);
+    return mamba_mix(tp, m, u, q, k, v, s_in, m->cfg.form, s_out);
+}
+
+static void *mamba_cache_new(const Mixer *m, int B, int max_T) {
+    const Mamba *M = m->impl;
+    return gla_cache_new(&M->L, &m->cfg, B);
+}
+
+static Tensor *mamba_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
+    ASSERT(u->ndim == 3 && u->shape[1] == 1, "mamba step: u must be (B, 1, D), got %s", SHAPE(u));
+    Mamba *M = m->impl;
+    GlaCache *c = cache;
+    Tensor *q, *k, *v, *s;
+    gla_layer_qkv(tp, &M->L, c, u, &q, &k, &v);
+    Tensor *y = mamba_mix(tp, m, u, q, k, v, c->S, MIXER_FORM_RECURRENT, &s);
+    memcpy(c->S->data, s->data, (size_t)s->numel * sizeof(real));
+    return y;
+}
+
+const MixerKind MIXER_MAMBA = {"mamba",         true,           mamba_create, mamba_forward,
+                               mamba_cache_new, gla_cache_free, mamba_step,   mamba_destroy};

@@ -1,0 +1,83 @@
+// adamw.c: Adam with decoupled weight decay over a ParamStore.
+#include "optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef AG_DOUBLE
+#define SQRT_REAL sqrt
+#else
+#define SQRT_REAL sqrtf
+#endif
+
+void adamw_init(Optimizer *opt, const ParamStore *ps, double beta1, double beta2, double eps,
+                double weight_decay) {
+    ASSERT(ps->finalized, "adamw_init before params_finalize");
+    ASSERT(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "adamw_init: betas (%g, %g) must be in [0, 1)",
+           beta1, beta2);
+    memset(opt, 0, sizeof *opt);
+    opt->kind = OPTIM_ADAMW;
+    opt->numel = ps->numel;
+    size_t bytes = (size_t)(ps->numel ? ps->numel : 1) * sizeof(real);
+    opt->m = xaligned(bytes);
+    opt->v = xaligned(bytes);
+    memset(opt->m, 0, bytes);
+    memset(opt->v, 0, bytes);
+    opt->beta1 = beta1;
+    opt->beta2 = beta2;
+    opt->eps = eps;
+    opt->weight_decay = weight_decay;
+}
+
+// One parameter's slice: p, g, m, v of length n.
+static void adamw_update(real *restrict p, const real *restrict g, real *restrict m, real *restrict v,
+                         int64_t n, real lr, real decay, real b1, real b2, real bc1, real bc2, real eps) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        real gi = g[i];
+        real pi = p[i] - lr * decay * p[i];
+        real mi = b1 * m[i] + (1 - b1) * gi;
+        real vi = b2 * v[i] + (1 - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi - lr * (mi / bc1) / (SQRT_REAL(vi / bc2) + eps);
+    }
+}
+
+void adamw_step(Optimizer *opt, ParamStore *ps, double lr) {
+    ASSERT(opt->kind == OPTIM_ADAMW, "adamw_step on a %s optimizer", optim_name(opt->kind));
+    ASSERT(opt->numel == ps->numel, "adamw_step: optimizer made for %lld elements, ParamStore has %lld",
+           (long long)opt->numel, (long long)ps->numel);
+    int64_t t = opt->step + 1;
+    real bc1 = (real)(1.0 - pow(opt->beta1, (double)t));
+    real bc2 = (real)(1.0 - pow(opt->beta2, (double)t));
+    for (int i = 0; i < ps->n; i++) {
+        Tensor *p = ps->params[i];
+        if (!p->grad || (p->flags & TENSOR_FROZEN)) continue;
+        int64_t off = ps->offsets[i];
+        real decay = (p->flags & TENSOR_NO_DECAY) ? 0 : (real)opt->weight_decay;
+        adamw_update(ps->data + off, ps->grad + off, opt->m + off, opt->v + off, p->numel, (real)lr, decay,
+                     (real)opt->beta1, (real)opt->beta2, bc1, bc2, (real)opt->eps);
+    }
+    opt->step = t;
+}
+
+void optim_step(Optimizer *opt, ParamStore *ps, double lr) {
+    switch (opt->kind) {
+    case OPTIM_ADAMW: adamw_step(opt, ps, lr); break;
+    case OPTIM_SGD: sgd_step(opt, ps, lr); break;
+    default: FAIL("optim_step: unknown optimizer kind %d", opt->kind);
+    }
+}
+
+void optim_free(Optimizer *opt) {
+    free(opt->m);
+    free(opt->v);
+    memset(opt, 0, sizeof *opt);
+}
+
+const char *optim_name(OptimKind kind) {
+    static const char *names[OPTIM_COUNT] = {"adamw", "sgd"};
+    return (kind >= 0 && kind < OPTIM_COUNT) ? names[kind] : "?";
+}

@@ -1,0 +1,42 @@
+// clip.c: gradient scaling and global-norm clipping over the grad block.
+#include "optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+// Partial sums over fixed-size chunks, added in chunk order: the norm is the
+// same for any thread count.
+#define CLIP_CHUNK 65536
+
+double optim_grad_norm(const ParamStore *ps) {
+    int64_t n = ps->numel;
+    int64_t nchunks = (n + CLIP_CHUNK - 1) / CLIP_CHUNK;
+    if (nchunks == 0) return 0;
+    double *part = xmalloc((size_t)nchunks * sizeof *part);
+    const real *g = ps->grad;
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+    for (int64_t c = 0; c < nchunks; c++) {
+        int64_t lo = c * CLIP_CHUNK, hi = lo + CLIP_CHUNK < n ? lo + CLIP_CHUNK : n;
+        double s = 0;
+        for (int64_t i = lo; i < hi; i++) s += (double)g[i] * (double)g[i];
+        part[c] = s;
+    }
+    double total = 0;
+    for (int64_t c = 0; c < nchunks; c++) total += part[c];
+    free(part);
+    return sqrt(total);
+}
+
+void optim_scale_grads(ParamStore *ps, double factor) {
+    real f = (real)factor;
+    real *g = ps->grad;
+    int64_t n = ps->numel;
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) g[i] *= f;
+}
+
+double optim_clip_grad_norm(ParamStore *ps, double max_norm) {
+    double norm = optim_grad_norm(ps);
+    if (max_norm > 0 && norm > max_norm) optim_scale_grads(ps, max_norm / (norm + 1e-6));
+    return norm;
+}

@@ -1,0 +1,42 @@
+// sgd.c: SGD with heavy-ball momentum over a ParamStore.
+#include "optim.h"
+
+#include <string.h>
+
+void sgd_init(Optimizer *opt, const ParamStore *ps, double momentum, double weight_decay) {
+    ASSERT(ps->finalized, "sgd_init before params_finalize");
+    ASSERT(momentum >= 0 && momentum < 1, "sgd_init: momentum %g must be in [0, 1)", momentum);
+    memset(opt, 0, sizeof *opt);
+    opt->kind = OPTIM_SGD;
+    opt->numel = ps->numel;
+    size_t bytes = (size_t)(ps->numel ? ps->numel : 1) * sizeof(real);
+    opt->m = xaligned(bytes);
+    memset(opt->m, 0, bytes);
+    opt->momentum = momentum;
+    opt->weight_decay = weight_decay;
+}
+
+static void sgd_update(real *restrict p, const real *restrict g, real *restrict m, int64_t n, real lr,
+                       real decay, real mu) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        real mi = mu * m[i] + g[i];
+        m[i] = mi;
+        p[i] = p[i] - lr * decay * p[i] - lr * mi;
+    }
+}
+
+void sgd_step(Optimizer *opt, ParamStore *ps, double lr) {
+    ASSERT(opt->kind == OPTIM_SGD, "sgd_step on a %s optimizer", optim_name(opt->kind));
+    ASSERT(opt->numel == ps->numel, "sgd_step: optimizer made for %lld elements, ParamStore has %lld",
+           (long long)opt->numel, (long long)ps->numel);
+    for (int i = 0; i < ps->n; i++) {
+        Tensor *p = ps->params[i];
+        if (!p->grad || (p->flags & TENSOR_FROZEN)) continue;
+        int64_t off = ps->offsets[i];
+        real decay = (p->flags & TENSOR_NO_DECAY) ? 0 : (real)opt->weight_decay;
+        sgd_update(ps->data + off, ps->grad + off, opt->m + off, p->numel, (real)lr, decay,
+                   (real)opt->momentum);
+    }
+    opt->step++;
+}

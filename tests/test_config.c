@@ -1,0 +1,288 @@
+// The INI config: defaults, every error kind with its message, overrides,
+// dump/parse round trip, finding bundled configs.
+#define _GNU_SOURCE   // nftw
+#include <ftw.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "test_util.h"
+
+// Write `text` to <tmpdir>/<name>; returns the path (static buffer per call site use).
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+static char tmpdir[64];
+static void make_tmpdir(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/cfgtestXXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir));
+}
+
+// Load `text` as <tmpdir>/x.ini over the defaults; returns the status.
+static Status load_text(TrainConfig *cfg, const char *text, char *path, size_t n) {
+    snprintf(path, n, "%s/x.ini", tmpdir);
+    write_file(path, text);
+    config_defaults(cfg, NULL);
+    return config_load_file(cfg, path);
+}
+
+// Expect loading `text` to fail with message "<path>:<line>: <rest>".
+static void expect_error(const char *text, int line, const char *rest) {
+    TrainConfig cfg;
+    char path[128], want[600];
+    Status st = load_text(&cfg, text, path, sizeof path);
+    cr_assert(!st.ok, "expected an error for:\n%s", text);
+    snprintf(want, sizeof want, "%s:%d: %s", path, line, rest);
+    cr_assert_str_eq(st.msg, want);
+    config_free(&cfg);
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    return remove(path);
+}
+static void remove_tmpdir(void) { nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+TestSuite(config, .init = make_tmpdir, .fini = remove_tmpdir);
+
+Test(config, defaults) {
+    TrainConfig cfg;
+    config_defaults(&cfg, NULL);
+    cr_assert_eq(cfg.model.layers.n, 2);
+    cr_assert_str_eq(cfg.model.layers.name[0], "attn");
+    cr_assert_str_eq(cfg.model.layers.name[1], "gdn");
+    cr_assert_eq(cfg.model.d_model, 128);
+    cr_assert_eq(cfg.model.form, MIXER_FORM_CHUNKED);
+    cr_assert(cfg.model.tied_embeddings);
+    cr_assert_float_eq(cfg.train.lr, 1e-3, 1e-18);
+    cr_assert_eq(cfg.train.optimizer, CFG_OPT_ADAMW);
+    cr_assert_eq(cfg.train.seed, 1337);
+    cr_assert_eq(cfg.finetune.mode, FT_NONE);
+    cr_assert_eq(cfg.finetune.dsa_layers.n, 0);
+    cr_assert_str_eq(cfg.finetune.init_from, "");
+    cr_assert_null(cfg.text);
+    cr_assert(config_validate(&cfg).ok);
+    config_free(&cfg);
+}
+
+Test(config, loads_values_and_keeps_text) {
+    const char *text = "; a comment\n"
+                       "# another\n"
+                       "[model]\n"
+                       "layers = attn, mamba ,attn_dsa\n"
+                       "d_model = 64   ; inline comment\n"
+                       "form = recurrent\n"
+                       "tied_embeddings = no\n"
+                       "[train]\n"
+                       "lr = 3e-4\n"
+                       "optimizer = sgd\n"
+                       "seed = 12345678901\n"
+                       "[data]\n"
+                       "corpus = a.txt,b.txt\n"
+                       "[finetune]\n"
+                       "mode = indexer\n"
+                       "dsa_layers = 2, 0\n";
+    TrainConfig cfg;
+    char path[128];
+    Status st = load_text(&cfg, text, path, sizeof path);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_eq(cfg.model.layers.n, 3);
+    cr_assert_str_eq(cfg.model.layers.name[1], "mamba");
+    cr_assert_str_eq(cfg.model.layers.name[2], "attn_dsa");
+    cr_assert_eq(cfg.model.d_model, 64);
+    cr_assert_eq(cfg.model.form, MIXER_FORM_RECURRENT);
+    cr_assert(!cfg.model.tied_embeddings);
+    cr_assert_float_eq(cfg.train.lr, 3e-4, 1e-18);
+    cr_assert_eq(cfg.train.optimizer, CFG_OPT_SGD);
+    cr_assert_eq(cfg.train.seed, 12345678901LL);
+    cr_assert_str_eq(cfg.data.corpus, "a.txt,b.txt");
+    cr_assert_eq(cfg.finetune.mode, FT_INDEXER);
+    cr_assert_eq(cfg.finetune.dsa_layers.n, 2);
+    cr_assert_eq(cfg.finetune.dsa_layers.v[0], 2);
+    cr_assert_eq(cfg.model.n_heads, 4, "untouched keys keep their defaults");
+    cr_assert_str_eq(cfg.text, text);
+    cr_assert_str_eq(cfg.source, path);
+    cr_assert(config_validate(&cfg).ok);
+    config_free(&cfg);
+}
+
+Test(config, unknown_key_suggests) {
+    expect_error("[train]\n\nsteps = 10\n\n\n\nlerning_rate = 0.1\n", 7,
+                 "[train] lerning_rate: unknown key (did you mean lr?)");
+    expect_error("[train]\nd_modle = 3\n", 2, "[train] d_modle: unknown key (did you mean [model] d_model?)");
+    expect_error("[model]\nseq_len = 3\n", 2, "[model] seq_len: unknown key (it belongs in [data])");
+    expect_error("[model]\nzzzz = 3\n", 2, "[model] zzzz: unknown key");
+}
+
+Test(config, unknown_section) {
+    expect_error("[trian]\nsteps = 1\n", 1, "[trian]: unknown section (did you mean [train]?)");
+    // A section with no keys is still reported, at its header.
+    expect_error("[model]\nd_model = 8\n[optimizer]\n", 3,
+                 "[optimizer]: unknown section (sections: [model] [data] [train] [finetune])");
+    expect_error("steps = 1\n", 1,
+                 "steps: key outside any section (put it under [model], [data], [train] or [finetune])");
+}
+
+Test(config, bad_values) {
+    expect_error("[model]\nd_model = 12.5\n", 2, "[model] d_model: '12.5' is not an integer");
+    expect_error("[model]\nd_model = 0\n", 2, "[model] d_model: 0 is out of range [1, 65536]");
+    expect_error("[train]\nlr = fast\n", 2, "[train] lr: 'fast' is not a finite number");
+    expect_error("[train]\nlr = nan\n", 2, "[train] lr: 'nan' is not a finite number");
+    expect_error("[train]\nlr =\n", 2, "[train] lr: '' is not a finite number");
+    expect_error("[train]\ngrad_clip = -1\n", 2, "[train] grad_clip: -1 is out of range (at least 0)");
+    expect_error("[model]\ntied_embeddings = maybe\n", 2,
+                 "[model] tied_embeddings: 'maybe' is not a bool (true/false, yes/no, on/off, 1/0)");
+    expect_error("[train]\noptimizer = adam\n", 2, "[train] optimizer: 'adam' is not one of adamw|sgd");
+    expect_error("[model]\nform = fast\n", 2, "[model] form: 'fast' is not one of chunked|parallel|recurrent");
+    expect_error("[model]\nlayers = attn,lstm\n", 2,
+                 "[model] layers: 'lstm' is not a known mixer (attn, linear, mamba, gdn, attn_dsa)");
+    expect_error("[model]\nlayers = attn,,gdn\n", 2, "[model] layers: empty item 2 in the list");
+    expect_error("[model]\nlayers =\n", 2, "[model] layers: needs at least 1 item(s)");
+    expect_error("[finetune]\ndsa_layers = 1,x\n", 2, "[finetune] dsa_layers: item 'x' is not an integer");
+    expect_error("[finetune]\ndsa_layers = -1\n", 2, "[finetune] dsa_layers: -1 is out of range [0, 63]");
+}
+
+Test(config, duplicate_key_and_syntax) {
+    expect_error("[train]\nlr = 0.1\nsteps = 3\nlr = 0.2\n", 4, "[train] lr: duplicate key (first set on line 2)");
+    // The same key in a section opened twice is still a duplicate.
+    expect_error("[train]\nlr = 0.1\n[model]\nd_model = 8\n[train]\nlr = 0.2\n", 6,
+                 "[train] lr: duplicate key (first set on line 2)");
+    expect_error("[train]\nlr 0.1\n", 2, "syntax error (expected [section] or key = value)");
+}
+
+Test(config, missing_file) {
+    TrainConfig cfg;
+    config_defaults(&cfg, NULL);
+    Status st = config_load_file(&cfg, "/nonexistent/dir/x.ini");
+    cr_assert(!st.ok);
+    cr_assert_str_eq(st.msg, "/nonexistent/dir/x.ini: cannot open config: No such file or directory");
+    config_free(&cfg);
+}
+
+Test(config, overrides) {
+    TrainConfig cfg;
+    char path[128];
+    Status st = load_text(&cfg, "[train]\nlr = 0.1\nsteps = 50\n", path, sizeof path);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert(config_set(&cfg, "train.lr=0.02").ok);
+    cr_assert(config_set(&cfg, " model.layers = gdn,gdn,linear").ok);
+    cr_assert_float_eq(cfg.train.lr, 0.02, 1e-18);
+    cr_assert_eq(cfg.train.steps, 50);
+    cr_assert_eq(cfg.model.layers.n, 3);
+    cr_assert(config_set(&cfg, "train.lr=0.03").ok, "a later --set overrides an earlier one");
+    cr_assert_float_eq(cfg.train.lr, 0.03, 1e-18);
+    st = config_set(&cfg, "train.lr=abc");
+    cr_assert_str_eq(st.msg, "--set train.lr=abc: [train] lr: 'abc' is not a finite number");
+    st = config_set(&cfg, "train.lerning_rate=1");
+    cr_assert_str_eq(st.msg, "--set train.lerning_rate=1: [train] lerning_rate: unknown key (did you mean lr?)");
+    st = config_set(&cfg, "trian.lr=1");
+    cr_assert_str_eq(st.msg, "--set trian.lr=1: [trian] lr: unknown section (did you mean [train]?)");
+    st = config_set(&cfg, "lr=1");
+    cr_assert_str_eq(st.msg, "--set lr=1: expected section.key=value");
+    st = config_set(&cfg, "train.steps=-3");
+    cr_assert_str_eq(st.msg, "--set train.steps=-3: [train] steps: -3 is out of range [0, 2e+09]");
+    cr_assert_float_eq(cfg.train.lr, 0.03, 1e-18, "a failed --set leaves the value alone");
+    config_free(&cfg);
+}
+
+static bool only_toy(const char *name) { return !strcmp(name, "toy") || !strcmp(name, "attn") || !strcmp(name, "gdn"); }
+
+Test(config, custom_mixer_checker) {
+    TrainConfig cfg;
+    config_defaults(&cfg, only_toy);
+    cr_assert(config_set(&cfg, "model.layers=toy,attn").ok);
+    Status st = config_set(&cfg, "model.layers=mamba");
+    cr_assert_str_eq(st.msg, "--set model.layers=mamba: [model] layers: 'mamba' is not a known mixer");
+    config_free(&cfg);
+}
+
+Test(config, cross_key_validation) {
+    TrainConfig cfg;
+    char path[128], want[300];
+    Status st = load_text(&cfg, "[model]\nlayers = attn,attn_dsa\n[finetune]\n\ndsa_layers = 1,2\n", path, sizeof path);
+    cr_assert(st.ok, "%s", st.msg);
+    st = config_validate(&cfg);
+    snprintf(want, sizeof want, "%s:5: [finetune] dsa_layers: layer 2 does not exist (the model has 2 layers)", path);
+    cr_assert_str_eq(st.msg, want);
+    cr_assert(config_set(&cfg, "finetune.dsa_layers=1").ok);
+    cr_assert(config_validate(&cfg).ok);
+    cr_assert(config_set(&cfg, "train.min_lr=0.5").ok);
+    st = config_validate(&cfg);
+    cr_assert_str_eq(st.msg, "--set: [train] min_lr: 0.5 is above lr = 0.001");
+    config_free(&cfg);
+}
+
+Test(config, dump_parse_round_trip) {
+    TrainConfig a, b;
+    config_defaults(&a, NULL);
+    const char *sets[] = {"model.layers=attn_dsa,linear,mamba", "model.norm_eps=1.2345678901234567e-7",
+                          "train.lr=0.1", "train.seed=987654321987", "data.corpus=/x/y z.txt",
+                          "finetune.mode=sparse", "finetune.dsa_layers=0,2", "model.tied_embeddings=false",
+                          "model.form=parallel", "finetune.init_from=runs/a/ckpt.h5"};
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) cr_assert(config_set(&a, sets[i]).ok, "%s", sets[i]);
+    char *text = config_dump_string(&a);
+    config_defaults(&b, NULL);
+    Status st = config_load_string(&b, text, "dump");
+    cr_assert(st.ok, "%s\n%s", st.msg, text);
+    char *text2 = config_dump_string(&b);
+    cr_assert_str_eq(text, text2);
+    cr_assert_eq(b.model.norm_eps, 1.2345678901234567e-7, "floats are dumped exactly");
+    cr_assert_eq(b.train.lr, 0.1);
+    cr_assert_eq(b.train.seed, 987654321987LL);
+    cr_assert_str_eq(b.data.corpus, "/x/y z.txt");
+    cr_assert_eq(b.finetune.mode, FT_SPARSE);
+    cr_assert_eq(b.finetune.dsa_layers.n, 2);
+    cr_assert_eq(b.model.form, MIXER_FORM_PARALLEL);
+    cr_assert(!b.model.tied_embeddings);
+    cr_assert_str_eq(b.model.layers.name[2], "mamba");
+    cr_assert(strstr(text, "[finetune]\nmode = sparse\n"), "%s", text);
+    free(text);
+    free(text2);
+    config_free(&a);
+    config_free(&b);
+}
+
+Test(config, help_lists_every_key) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    config_help(f);
+    fclose(f);
+    cr_assert(strstr(buf, "[train]"));
+    cr_assert(strstr(buf, "  lr "));
+    cr_assert(strstr(buf, "adamw|sgd"));
+    cr_assert(strstr(buf, "dsa_layers"));
+    cr_assert(strstr(buf, "peak learning rate"));
+    free(buf);
+}
+
+Test(config, find_bundled) {
+    char dir[160], path[CONFIG_STR_MAX];
+    snprintf(dir, sizeof dir, "%s/configs", tmpdir);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/tiny.ini", dir);
+    write_file(path, "[train]\nsteps = 1\n");
+    const char *dirs[] = {"/nonexistent", tmpdir};
+    char out[CONFIG_STR_MAX], want[CONFIG_STR_MAX];
+    Status st = config_find("tiny", dirs, 2, out, sizeof out);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_str_eq(out, path);
+    st = config_find("tiny.ini", dirs, 2, out, sizeof out);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_str_eq(out, path);
+    st = config_find(path, dirs, 0, out, sizeof out);   // an existing path is used as is
+    cr_assert(st.ok);
+    cr_assert_str_eq(out, path);
+    st = config_find("nope", dirs, 2, out, sizeof out);
+    snprintf(want, sizeof want,
+             "nope: config not found (tried /nonexistent/configs/nope, /nonexistent/configs/nope.ini, "
+             "%s/configs/nope, %s/configs/nope.ini)",
+             tmpdir, tmpdir);
+    cr_assert_str_eq(st.msg, want);
+    st = config_find("sub/nope.ini", dirs, 2, out, sizeof out);
+    cr_assert_str_eq(st.msg, "sub/nope.ini: config file not found");
+}

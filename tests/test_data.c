@@ -1,0 +1,248 @@
+// Tokenizer, corpus reading, the HDF5 token cache and batch sampling.
+#define _GNU_SOURCE   // nftw
+#include <ftw.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "batch.h"
+#include "corpus.h"
+#include "test_util.h"
+#include "token_cache.h"
+#include "tokenizer.h"
+
+static char tmpdir[64];
+static void make_tmpdir(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/datatestXXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir));
+}
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    return remove(path);
+}
+static void remove_tmpdir(void) { nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+TestSuite(data, .init = make_tmpdir, .fini = remove_tmpdir);
+
+// <tmpdir>/<name> into buf.
+static const char *tpath(char *buf, const char *name) {
+    snprintf(buf, 256, "%s/%s", tmpdir, name);
+    return buf;
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(data, tokenizer_round_trip) {
+    uint8_t bytes[300], back[300];
+    int tokens[300];
+    for (int i = 0; i < 300; i++) bytes[i] = (uint8_t)((i * 37 + 11) % 256);
+    cr_assert_eq(tokenizer_encode(bytes, 300, tokens), 300);
+    for (int i = 0; i < 300; i++) cr_assert(tokens[i] >= 0 && tokens[i] < TOKENIZER_VOCAB);
+    cr_assert_eq(tokenizer_decode(tokens, 300, back), 300);
+    cr_assert_eq(memcmp(bytes, back, 300), 0);
+    char buf[5];
+    cr_assert_str_eq(tokenizer_token_str('a', buf), "a");
+    cr_assert_str_eq(tokenizer_token_str('\n', buf), "\\n");
+    cr_assert_str_eq(tokenizer_token_str(200, buf), "\\xc8");
+    int bad = 256;
+    cr_assert(EXPECT_FAILURE(tokenizer_decode(&bad, 1, back)));
+}
+
+Test(data, corpus_file_list_and_directory) {
+    char a[256], b[256], d[256], p[400], spec[600];
+    write_file(tpath(a, "a.txt"), "hello ");
+    write_file(tpath(b, "b.txt"), "world");
+    Corpus c;
+    cr_assert(corpus_load(&c, a).ok);
+    cr_assert_eq(c.n, 6);
+    uint64_t h_a = c.hash;
+    corpus_free(&c);
+    snprintf(spec, sizeof spec, "%s, %s", b, a);   // a list keeps its order
+    Status st = corpus_load(&c, spec);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_eq(c.n, 11);
+    cr_assert_eq(memcmp(c.bytes, "worldhello ", 11), 0);
+    cr_assert_eq(c.n_files, 2);
+    cr_assert_neq(c.hash, h_a);
+    corpus_free(&c);
+    // A directory: regular files sorted by name; hidden files and subdirectories skipped.
+    tpath(d, "dir");
+    cr_assert_eq(mkdir(d, 0755), 0);
+    snprintf(p, sizeof p, "%s/2.txt", d), write_file(p, "two");
+    snprintf(p, sizeof p, "%s/1.txt", d), write_file(p, "one");
+    snprintf(p, sizeof p, "%s/.hidden", d), write_file(p, "no");
+    snprintf(p, sizeof p, "%s/sub", d), mkdir(p, 0755);
+    st = corpus_load(&c, d);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_eq(c.n, 6);
+    cr_assert_eq(memcmp(c.bytes, "onetwo", 6), 0);
+    uint64_t h1 = c.hash;
+    corpus_free(&c);
+    // The hash covers file names as well as bytes.
+    snprintf(p, sizeof p, "%s/1.txt", d), unlink(p);
+    snprintf(p, sizeof p, "%s/0.txt", d), write_file(p, "one");
+    cr_assert(corpus_load(&c, d).ok);
+    cr_assert_eq(memcmp(c.bytes, "onetwo", 6), 0);
+    cr_assert_neq(c.hash, h1);
+    corpus_free(&c);
+}
+
+Test(data, corpus_errors_name_the_path) {
+    char p[256], want[600], e[256], d[256];
+    Corpus c;
+    Status st = corpus_load(&c, tpath(p, "missing.txt"));
+    snprintf(want, sizeof want, "%s: cannot open corpus file: No such file or directory", p);
+    cr_assert_str_eq(st.msg, want);
+    write_file(tpath(e, "empty.txt"), "");
+    st = corpus_load(&c, e);
+    snprintf(want, sizeof want, "%s: corpus is empty (0 bytes)", e);
+    cr_assert_str_eq(st.msg, want);
+    tpath(d, "emptydir");
+    mkdir(d, 0755);
+    st = corpus_load(&c, d);
+    snprintf(want, sizeof want, "%s: corpus directory holds no regular files", d);
+    cr_assert_str_eq(st.msg, want);
+    char spec[600];
+    snprintf(spec, sizeof spec, "%s,%s", e, d);   // a directory inside a list is not readable as a file
+    st = corpus_load(&c, spec);
+    snprintf(want, sizeof want, "%s: corpus file is not a regular file", d);
+    cr_assert_str_eq(st.msg, want);
+    st = corpus_load(&c, " , ");
+    cr_assert_str_eq(st.msg, "' , ': corpus spec names no file");
+}
+
+Test(data, token_cache_reused_and_rebuilt) {
+    char f[256], cache[256], cpath[CACHE_PATH_MAX];
+    write_file(tpath(f, "text.txt"), "abcabcabd\n\xff");
+    tpath(cache, "cache/sub");   // created on demand
+    Corpus c;
+    TokenData td;
+    bool built = false;
+    cr_assert(corpus_load(&c, f).ok);
+    Status st = token_cache_load(cache, f, &c, &td, &built, cpath);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert(built, "first load builds the cache");
+    cr_assert_eq(td.n, 11);
+    cr_assert_eq(td.vocab, 256);
+    cr_assert_eq(td.tokens[10], 255);
+    struct stat s1;
+    cr_assert_eq(stat(cpath, &s1), 0);
+    token_data_free(&td);
+    // Same corpus: read back, not rebuilt (the file is not rewritten either).
+    st = token_cache_load(cache, f, &c, &td, &built, NULL);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert(!built, "an up-to-date cache must be reused");
+    cr_assert_eq(td.n, 11);
+    for (int64_t i = 0; i < c.n; i++) cr_assert_eq(td.tokens[i], c.bytes[i]);
+    struct stat s2;
+    stat(cpath, &s2);
+    cr_assert(s1.st_mtim.tv_sec == s2.st_mtim.tv_sec && s1.st_mtim.tv_nsec == s2.st_mtim.tv_nsec);
+    cr_assert_eq(s1.st_ino, s2.st_ino);
+    token_data_free(&td);
+    corpus_free(&c);
+    // Changed corpus: rebuilt in place with the new tokens.
+    write_file(f, "xyz");
+    cr_assert(corpus_load(&c, f).ok);
+    st = token_cache_load(cache, f, &c, &td, &built, NULL);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert(built, "a changed corpus must rebuild the cache");
+    cr_assert_eq(td.n, 3);
+    cr_assert_eq(td.tokens[0], 'x');
+    token_data_free(&td);
+    // A garbage cache file is rebuilt, not trusted.
+    write_file(cpath, "not hdf5");
+    st = token_cache_load(cache, f, &c, &td, &built, NULL);
+    cr_assert(st.ok && built, "%s", st.msg);
+    cr_assert_eq(td.tokens[2], 'z');
+    token_data_free(&td);
+    corpus_free(&c);
+}
+
+// tokens[i] = i, so a window's first input is its start position.
+static int *iota(int64_t n) {
+    int *t = malloc((size_t)n * sizeof *t);
+    for (int64_t i = 0; i < n; i++) t[i] = (int)i;
+    return t;
+}
+
+Test(data, windows_stay_inside_their_split) {
+    const int64_t n = 1000;
+    const int B = 4, T = 16;
+    int *tok = iota(n), x[4 * 16], y[4 * 16];
+    Batcher b;
+    Status st = batcher_init(&b, tok, n, 0.1, B, T, 5);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_eq(b.train_end, 900);
+    cr_assert_eq(batcher_val_tokens(&b), 100);
+    bool hit_last = false;
+    for (int k = 0; k < 300; k++) {
+        batcher_train(&b, x, y);
+        for (int i = 0; i < B; i++) {
+            int s = x[i * T];
+            cr_assert(s >= 0 && s + T < 900, "train window [%d, %d] leaves [0, 900)", s, s + T);
+            hit_last |= s + T == 899;
+            for (int t = 0; t < T; t++) {
+                cr_assert_eq(x[i * T + t], s + t);
+                cr_assert_eq(y[i * T + t], s + t + 1, "targets are inputs shifted by one");
+            }
+        }
+    }
+    cr_assert_eq(b.state.batches, 300);
+    cr_assert(hit_last, "the last window of the split is reachable");
+    for (int k = 0; k < 5; k++) {
+        batcher_val(&b, k, x, y);
+        for (int i = 0; i < B; i++) {
+            int s = x[i * T];
+            cr_assert(s >= 900 && y[i * T + T - 1] < 1000, "val window at %d", s);
+            cr_assert_eq((s - 900) % T, 0);
+        }
+    }
+    int x2[4 * 16], y2[4 * 16];
+    batcher_val(&b, 3, x, y);
+    batcher_val(&b, 3, x2, y2);
+    cr_assert_eq(memcmp(x, x2, sizeof x), 0, "validation batches are deterministic");
+    free(tok);
+}
+
+Test(data, batches_replay_from_saved_state) {
+    const int64_t n = 5000;
+    int *tok = iota(n);
+    int x[8 * 32], y[8 * 32], x2[8 * 32], y2[8 * 32];
+    Batcher a, b;
+    cr_assert(batcher_init(&a, tok, n, 0.05, 8, 32, 42).ok);
+    for (int k = 0; k < 7; k++) batcher_train(&a, x, y);
+    uint64_t words[SAMPLER_STATE_WORDS];
+    sampler_state_pack(&a.state, words);
+    cr_assert(batcher_init(&b, tok, n, 0.05, 8, 32, 999).ok);   // a different seed...
+    sampler_state_unpack(&b.state, words);                     // ...replaced by the saved state
+    cr_assert_eq(b.state.batches, 7);
+    for (int k = 0; k < 3; k++) {
+        batcher_train(&a, x, y);
+        batcher_train(&b, x2, y2);
+        cr_assert_eq(memcmp(x, x2, sizeof x), 0);
+        cr_assert_eq(memcmp(y, y2, sizeof y), 0);
+    }
+    // A fresh sampler with another seed draws different windows.
+    Batcher c;
+    cr_assert(batcher_init(&c, tok, n, 0.05, 8, 32, 999).ok);
+    batcher_train(&c, x2, y2);
+    cr_assert_neq(memcmp(x, x2, sizeof x), 0);
+    free(tok);
+}
+
+Test(data, split_too_small) {
+    int *tok = iota(100);
+    Batcher b;
+    Status st = batcher_init(&b, tok, 100, 0.1, 2, 16, 1);
+    cr_assert(!st.ok);
+    cr_assert(strstr(st.msg, "validation split (10 tokens"), "%s", st.msg);
+    st = batcher_init(&b, tok, 100, 0.0, 2, 100, 1);
+    cr_assert(strstr(st.msg, "training split (100 tokens) is shorter than one window of seq_len + 1 = 101"),
+              "%s", st.msg);
+    cr_assert(batcher_init(&b, tok, 100, 0.0, 2, 99, 1).ok);
+    free(tok);
+}

@@ -1,0 +1,362 @@
+// Tests of op_gla (src/layers/gla.h): gradient checks of every form, the
+// three forms against each other, the decay regimes g = 0 and g ≈ −20 per
+// step, state carried across segments, and a hand-computed case.
+#include <math.h>
+
+#include "gla.h"
+#include "test_util.h"
+
+enum { IN_Q, IN_K, IN_V, IN_G, IN_DT, IN_S0, N_IN };
+
+typedef struct GlaCase {
+    int B, T, H, dk, dv, chunk;
+    MixerForm form;
+    bool use_g, use_dt, use_s0;
+    double g_lo, g_hi;   // g uniform in [g_lo, g_hi]
+} GlaCase;
+
+static const MixerForm FORMS[] = {MIXER_FORM_PARALLEL, MIXER_FORM_CHUNKED, MIXER_FORM_RECURRENT};
+
+// The three decay regimes: moderate, none (g = 0) and strong (≈ −20 per step).
+typedef struct Regime {
+    const char *name;
+    double lo, hi;
+} Regime;
+static const Regime REGIMES[] = {{"mild", -0.7, -0.05}, {"zero", 0, 0}, {"strong", -21, -19}};
+
+static void inputs_make(Tensor **x, const GlaCase *c, uint64_t seed) {
+    int B = c->B, T = c->T, H = c->H;
+    x[IN_Q] = tensor_newv(true, 3, B, T, H * c->dk);
+    x[IN_K] = tensor_newv(true, 3, B, T, H * c->dk);
+    x[IN_V] = tensor_newv(true, 3, B, T, H * c->dv);
+    x[IN_G] = tensor_newv(c->use_g, 3, B, T, H);
+    x[IN_DT] = tensor_newv(c->use_dt, 3, B, T, H);
+    x[IN_S0] = tensor_newv(c->use_s0, 4, B, H, c->dk, c->dv);
+    fill_normal(x[IN_Q], seed + 1, 0.6);
+    fill_normal(x[IN_K], seed + 2, 0.6);
+    fill_normal(x[IN_V], seed + 3, 1.0);
+    fill_uniform(x[IN_G], seed + 4, c->g_lo, c->g_hi);
+    fill_uniform(x[IN_DT], seed + 5, 0.3, 1.5);
+    fill_normal(x[IN_S0], seed + 6, 0.5);
+}
+
+static void inputs_free(Tensor **x) {
+    for (int i = 0; i < N_IN; i++) tensor_free(x[i]);
+}
+
+static Tensor *run_gla(Tape *tp, Tensor *const *in, const GlaCase *c, Tensor **s_out) {
+    return op_gla_dt(tp, in[IN_Q], in[IN_K], in[IN_V], c->use_g ? in[IN_G] : NULL, c->use_dt ? in[IN_DT] : NULL,
+                     c->use_s0 ? in[IN_S0] : NULL, c->H, c->form, c->chunk, s_out);
+}
+
+static int f_gla(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    out[0] = run_gla(tp, in, ctx, &out[1]);
+    return 2;
+}
+
+// Gradcheck of one case w.r.t. q, k, v, g, dt, s0, seeded on o and the final state.
+static void check_case(GlaCase c, const char *label) {
+    Tensor *x[N_IN];
+    inputs_make(x, &c, 100);
+    bool strong = c.use_g && c.g_hi < -10;
+    if (!strong) {
+        GradcheckResult r = gradcheck(label, f_gla, x, N_IN, &c, NULL);
+        ASSERT_GRADCHECK(r, label);
+        cr_assert_gt(r.n_checked, 0);
+    } else {
+        // q, k, v, dt: O(1) gradients, checked as usual.
+        x[IN_G]->requires_grad = x[IN_S0]->requires_grad = false;
+        GradcheckResult r = gradcheck(label, f_gla, x, N_IN, &c, NULL);
+        ASSERT_GRADCHECK(r, label);
+#ifdef AG_DOUBLE
+        // g, s0: every path from them carries a factor exp(−20) or smaller, so
+        // their gradients are ~1e-9 and below while o is O(1). A step eps
+        // moves o by ~1e-9 eps, resolved only to o's rounding (~1e-16): at
+        // eps = 1e-6 that is ~10% noise on the largest of these gradients and
+        // more on the smaller ones. With eps = 1e-2 the noise is ~1e-13
+        // (1e-4 of the largest) and the truncation error ~eps²/6 (o is
+        // exponential in g, linear in s0); so compare every element on the
+        // scale of the input's largest gradient (floor_frac 1) at tol 1e-3.
+        // The tight check of these gradients is forms_agree (strong regime)
+        // against the recurrent form, which is checked here in the other
+        // regimes. float32 cannot resolve them at all.
+        x[IN_Q]->requires_grad = x[IN_K]->requires_grad = x[IN_V]->requires_grad = false;
+        x[IN_DT]->requires_grad = false;
+        x[IN_G]->requires_grad = x[IN_S0]->requires_grad = true;
+        GradcheckOptions o = gradcheck_defaults();
+        o.eps = 1e-2;
+        o.tol = 1e-3;
+        o.floor_frac = 1;
+        r = gradcheck(label, f_gla, x, N_IN, &c, &o);
+        ASSERT_GRADCHECK(r, label);
+        cr_assert_gt(r.n_checked, 0);
+#endif
+    }
+    inputs_free(x);
+}
+
+Test(gla, gradcheck_every_form_and_regime) {
+    // T = 11 with chunks of 4: the last chunk is partial.
+    for (size_t f = 0; f < 3; f++)
+        for (size_t r = 0; r < 3; r++) {
+            GlaCase c = {2, 11, 2, 3, 4, 4, FORMS[f], true, true, true, REGIMES[r].lo, REGIMES[r].hi};
+            char label[96];
+            snprintf(label, sizeof label, "gla %s g %s", mixer_form_name(FORMS[f]), REGIMES[r].name);
+            check_case(c, label);
+        }
+}
+
+Test(gla, gradcheck_without_g_dt_s0) {
+    // linear's call: no decay, no dt, zero initial state (s_out still seeded).
+    for (size_t f = 0; f < 3; f++) {
+        GlaCase c = {2, 11, 2, 3, 4, 4, FORMS[f], false, false, false, 0, 0};
+        char label[64];
+        snprintf(label, sizeof label, "gla %s plain", mixer_form_name(FORMS[f]));
+        check_case(c, label);
+    }
+}
+
+// Forward o, s_out and every gradient of one case, seeded with fixed random dO, dS.
+typedef struct Result {
+    real *all;      // o | s_out | dq | dk | dv | dg | ddt | ds0
+    int64_t n;
+} Result;
+
+static Result run_all(GlaCase c, Tensor **x) {
+    Tape tp;
+    tape_init(&tp);
+    for (int i = 0; i < N_IN; i++)
+        if (x[i]->grad) memset(x[i]->grad, 0, (size_t)x[i]->numel * sizeof(real));
+    Tensor *s;
+    Tensor *o = run_gla(&tp, x, &c, &s);
+    Tensor *dO = tensor_new(o->ndim, o->shape, false), *dS = tensor_new(s->ndim, s->shape, false);
+    fill_normal(dO, 7, 1.0);
+    fill_normal(dS, 8, 1.0);
+    tape_backward_multi(&tp, (Tensor *[]){o, s}, (const real *[]){dO->data, dS->data}, 2);
+    Result r = {0};
+    r.n = o->numel + s->numel;
+    for (int i = 0; i < N_IN; i++) r.n += x[i]->numel;
+    r.all = xcalloc((size_t)r.n, sizeof(real));
+    real *p = r.all;
+    memcpy(p, o->data, o->numel * sizeof(real)), p += o->numel;
+    memcpy(p, s->data, s->numel * sizeof(real)), p += s->numel;
+    for (int i = 0; i < N_IN; i++) {
+        if (x[i]->requires_grad) memcpy(p, x[i]->grad, x[i]->numel * sizeof(real));
+        p += x[i]->numel;
+    }
+    tensor_free(dO);
+    tensor_free(dS);
+    tape_free(&tp);
+    return r;
+}
+
+// Each part of the result compared on its own scale.
+static void assert_results_agree(const Result *a, const Result *b, GlaCase c, Tensor **x, const char *label) {
+    static const char *names[] = {"o", "s_out", "dq", "dk", "dv", "dg", "ddt", "ds0"};
+    int64_t sizes[8] = {x[IN_V]->numel, x[IN_S0]->numel};
+    for (int i = 0; i < N_IN; i++) sizes[2 + i] = x[i]->numel;
+    int64_t off = 0;
+    for (int p = 0; p < 8; p++) {
+        double d = max_rel_diff(a->all + off, b->all + off, sizes[p]);
+        cr_assert(d <= FORM_TOL, "%s: %s differs by %.3e (tolerance %.0e)", label, names[p], d, FORM_TOL);
+        for (int64_t e = 0; e < sizes[p]; e++)
+            cr_assert(isfinite(a->all[off + e]), "%s: %s[%lld] not finite", label, names[p], (long long)e);
+        off += sizes[p];
+    }
+}
+
+static void check_forms_agree(GlaCase c, const char *what) {
+    Tensor *x[N_IN];
+    inputs_make(x, &c, 200);
+    c.form = MIXER_FORM_RECURRENT;
+    Result ref = run_all(c, x);
+    for (int f = 0; f < 2; f++) {
+        c.form = FORMS[f];
+        Result r = run_all(c, x);
+        char label[128];
+        snprintf(label, sizeof label, "%s: %s vs recurrent (T %d, C %d)", what, mixer_form_name(c.form), c.T,
+                 c.chunk);
+        assert_results_agree(&r, &ref, c, x, label);
+        free(r.all);
+    }
+    free(ref.all);
+    inputs_free(x);
+}
+
+Test(gla, forms_agree_forward_and_every_gradient) {
+    int TC[][2] = {{37, 8}, {16, 4}, {3, 8}, {1, 4}, {20, 1}};   // partial, exact, T < C, T = 1, C = 1
+    for (size_t r = 0; r < 3; r++)
+        for (size_t i = 0; i < sizeof TC / sizeof TC[0]; i++) {
+            GlaCase c = {2, TC[i][0], 3, 5, 6, TC[i][1], 0, true, true, true, REGIMES[r].lo, REGIMES[r].hi};
+            check_forms_agree(c, REGIMES[r].name);
+        }
+    GlaCase plain = {2, 37, 3, 5, 6, 8, 0, false, false, false, 0, 0};
+    check_forms_agree(plain, "plain");
+}
+
+Test(gla, strong_decay_is_finite_and_exact) {
+    // −20 per step over chunks of 64: cumulative sums reach −1280 inside a
+    // chunk; a ratio of exponentials would overflow. With g = −20 exactly,
+    // o_t has only the current token and the previous one (e^−20) above
+    // double rounding: compare with that closed form.
+    GlaCase c = {1, 150, 2, 4, 4, 64, 0, true, false, false, -20, -20};
+    Tensor *x[N_IN];
+    inputs_make(x, &c, 300);
+    for (size_t f = 0; f < 3; f++) {
+        c.form = FORMS[f];
+        Tape tp;
+        tape_init(&tp);
+        Tensor *s;
+        Tensor *o = run_gla(&tp, x, &c, &s);
+        int Hk = c.H * c.dk, Hv = c.H * c.dv;
+        double worst = 0;
+        for (int t = 0; t < c.T; t++)
+            for (int h = 0; h < c.H; h++)
+                for (int j = 0; j < c.dv; j++) {
+                    double want = 0;
+                    for (int s2 = imax(0, t - 1); s2 <= t; s2++) {
+                        double qk = 0;
+                        for (int a = 0; a < c.dk; a++)
+                            qk += x[IN_Q]->data[t * Hk + h * c.dk + a] * x[IN_K]->data[s2 * Hk + h * c.dk + a];
+                        want += exp(-20.0 * (t - s2)) * qk * x[IN_V]->data[s2 * Hv + h * c.dv + j];
+                    }
+                    double got = o->data[t * Hv + h * c.dv + j];
+                    cr_assert(isfinite(got));
+                    worst = fmax(worst, fabs(got - want));
+                }
+        cr_assert(worst < 1e3 * REAL_EPS, "%s: |o - closed form| = %.3e", mixer_form_name(c.form), worst);
+        for (int64_t e = 0; e < s->numel; e++) cr_assert(isfinite(s->data[e]));
+        tape_free(&tp);
+    }
+    inputs_free(x);
+}
+
+Test(gla, hand_computed_two_steps) {
+    // H = 1, dk = dv = 1: S_0 = dt0 k0 v0, o_0 = q0 S_0; S_1 = γ1 S_0 + dt1 k1 v1, o_1 = q1 S_1.
+    real q[] = {2, 3}, k[] = {5, 7}, v[] = {11, 13}, g[] = {-0.5, -0.25}, dt[] = {0.5, 2};
+    double S0 = 0.5 * 5 * 11, S1 = exp(-0.25) * S0 + 2 * 7 * 13;
+    double want[] = {2 * S0, 3 * S1};
+    for (size_t f = 0; f < 3; f++) {
+        Tape tp;
+        tape_init(&tp);
+        Tensor *tq = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, q), *tk = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, k);
+        Tensor *tv = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, v), *tg = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, g);
+        Tensor *tdt = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, dt);
+        Tensor *s;
+        Tensor *o = op_gla_dt(&tp, tq, tk, tv, tg, tdt, NULL, 1, FORMS[f], 1, &s);
+        for (int t = 0; t < 2; t++) cr_assert_float_eq(o->data[t], want[t], 1e-4 * fabs(want[t]));
+        cr_assert_float_eq(s->data[0], S1, 1e-4 * S1);
+        tape_free(&tp);
+    }
+}
+
+// Copy time steps [t0, t0+len) of a (B, T, C) tensor into a new one.
+static Tensor *time_slice(const Tensor *x, int t0, int len) {
+    int B = x->shape[0], T = x->shape[1], C = x->shape[2];
+    Tensor *y = tensor_newv(x->requires_grad, 3, B, len, C);
+    for (int b = 0; b < B; b++)
+        memcpy(y->data + (int64_t)b * len * C, x->data + ((int64_t)b * T + t0) * C, (size_t)len * C * sizeof(real));
+    return y;
+}
+
+// Inverse of time_slice for a gradient: copy y's grad into x-shaped buf at t0.
+static void time_unslice(real *buf, const Tensor *x, const Tensor *y, int t0) {
+    int B = x->shape[0], T = x->shape[1], C = x->shape[2], len = y->shape[1];
+    for (int b = 0; b < B; b++)
+        memcpy(buf + ((int64_t)b * T + t0) * C, y->grad + (int64_t)b * len * C, (size_t)len * C * sizeof(real));
+}
+
+// Two segments, the first's final state fed as the second's initial state,
+// equal one long run: outputs, final state and every gradient.
+static void segments_vs_long(MixerForm form) {
+    GlaCase c = {2, 13, 2, 3, 4, 4, form, true, true, true, -0.8, -0.05};
+    Tensor *x[N_IN];
+    inputs_make(x, &c, 400);
+    int T1 = 6, T2 = c.T - T1;
+    Result whole = run_all(c, x);
+
+    Tape tp;
+    tape_init(&tp);
+    memset(x[IN_S0]->grad, 0, (size_t)x[IN_S0]->numel * sizeof(real));
+    Tensor *part[2][IN_S0];
+    for (int i = 0; i < IN_S0; i++) {   // q, k, v, g, dt cut along time
+        part[0][i] = time_slice(x[i], 0, T1);
+        part[1][i] = time_slice(x[i], T1, T2);
+    }
+    Tensor *s1, *s2;
+    Tensor *o1 = op_gla_dt(&tp, part[0][IN_Q], part[0][IN_K], part[0][IN_V], part[0][IN_G], part[0][IN_DT],
+                           x[IN_S0], c.H, form, c.chunk, &s1);
+    Tensor *o2 = op_gla_dt(&tp, part[1][IN_Q], part[1][IN_K], part[1][IN_V], part[1][IN_G], part[1][IN_DT], s1,
+                           c.H, form, c.chunk, &s2);
+    // The same dO as run_all, cut in two; the same dS on the final state.
+    Tensor *dO = tensor_new(3, (int[]){c.B, c.T, c.H * c.dv}, false), *dS = tensor_new(s2->ndim, s2->shape, false);
+    fill_normal(dO, 7, 1.0);
+    fill_normal(dS, 8, 1.0);
+    Tensor *dO1 = time_slice(dO, 0, T1), *dO2 = time_slice(dO, T1, T2);
+    tape_backward_multi(&tp, (Tensor *[]){o1, o2, s2}, (const real *[]){dO1->data, dO2->data, dS->data}, 3);
+
+    Result seg = {xcalloc((size_t)whole.n, sizeof(real)), whole.n};
+    real *p = seg.all;
+    o1->grad = o1->data, o2->grad = o2->data;   // reuse time_unslice to place the outputs
+    time_unslice(p, dO, o1, 0), time_unslice(p, dO, o2, T1), p += dO->numel;
+    memcpy(p, s2->data, s2->numel * sizeof(real)), p += s2->numel;
+    for (int i = 0; i < IN_S0; i++) {
+        time_unslice(p, x[i], part[0][i], 0);
+        time_unslice(p, x[i], part[1][i], T1);
+        p += x[i]->numel;
+    }
+    memcpy(p, x[IN_S0]->grad, x[IN_S0]->numel * sizeof(real));
+    char label[64];
+    snprintf(label, sizeof label, "segments vs long run, %s", mixer_form_name(form));
+    assert_results_agree(&seg, &whole, c, x, label);
+    free(seg.all);
+    free(whole.all);
+    tensor_free(dO), tensor_free(dO1), tensor_free(dO2), tensor_free(dS);
+    for (int i = 0; i < IN_S0; i++) tensor_free(part[0][i]), tensor_free(part[1][i]);
+    tape_free(&tp);
+    inputs_free(x);
+}
+
+Test(gla, state_carried_across_segments_equals_long_run) {
+    for (size_t f = 0; f < 3; f++) segments_vs_long(FORMS[f]);
+}
+
+Test(gla, only_state_output_seeded) {
+    // A gradient that enters only through s_out (o unused) still reaches every input.
+    GlaCase c = {1, 9, 2, 3, 3, 4, MIXER_FORM_CHUNKED, true, true, true, -0.5, -0.1};
+    Tensor *x[N_IN];
+    inputs_make(x, &c, 500);
+    for (size_t f = 0; f < 3; f++) {
+        c.form = FORMS[f];
+        Tape tp;
+        tape_init(&tp);
+        for (int i = 0; i < N_IN; i++) memset(x[i]->grad, 0, (size_t)x[i]->numel * sizeof(real));
+        Tensor *s;
+        run_gla(&tp, x, &c, &s);
+        tape_backward(&tp, op_sum(&tp, s));
+        // q only reaches o: its gradient stays zero; every other input moves S_T.
+        for (int i = 0; i < N_IN; i++) {
+            double mx = 0;
+            for (int64_t e = 0; e < x[i]->numel; e++) mx = fmax(mx, fabs(x[i]->grad[e]));
+            if (i == IN_Q) cr_assert_eq(mx, 0.0, "%s: dq should be 0", mixer_form_name(c.form));
+            else cr_assert_gt(mx, 0.0, "%s: input %d got no gradient", mixer_form_name(c.form), i);
+        }
+        tape_free(&tp);
+    }
+    inputs_free(x);
+}
+
+Test(gla, shape_mismatch_names_op_and_shapes) {
+    Tape tp;
+    tape_init(&tp);
+    Tensor *q = tensor_newv(false, 3, 1, 5, 8), *v = tensor_newv(false, 3, 1, 5, 8);
+    Tensor *g = tensor_newv(false, 3, 1, 5, 3);
+    cr_assert(EXPECT_FAILURE(op_gla(&tp, q, q, v, g, NULL, 2, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(strstr(ag_last_error(), "gla") && strstr(ag_last_error(), "(1, 5, 3)"), "got: %s", ag_last_error());
+    cr_assert(EXPECT_FAILURE(op_gla(&tp, q, q, v, NULL, NULL, 3, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(strstr(ag_last_error(), "n_heads 3"), "got: %s", ag_last_error());
+    tensor_free(q);
+    tensor_free(v);
+    tensor_free(g);
+    tape_free(&tp);
+}

@@ -1,0 +1,175 @@
+// Optimisers, clipping and the learning-rate schedule against hand-computed values.
+#include <math.h>
+
+#include "optim.h"
+#include "test_util.h"
+
+// Expected values are computed in double; float32 keeps ~7 digits of them.
+#ifdef AG_DOUBLE
+#define OPT_TOL 1e-12
+#else
+#define OPT_TOL 2e-6
+#endif
+
+// Three parameters: a (decays), b (TENSOR_NO_DECAY), c (frozen).
+typedef struct { ParamStore ps; Tensor *a, *b, *c; } Tiny;
+
+static void tiny_make(Tiny *t) {
+    params_init(&t->ps);
+    t->a = params_add(&t->ps, "a", 1, (int[]){2}, init_zeros(), 0);
+    t->b = params_add(&t->ps, "b", 1, (int[]){1}, init_zeros(), TENSOR_NO_DECAY);
+    t->c = params_add(&t->ps, "c", 1, (int[]){2}, init_zeros(), 0);
+    params_finalize(&t->ps, 1);
+    t->a->data[0] = 1.0, t->a->data[1] = -2.0;
+    t->b->data[0] = 3.0;
+    t->c->data[0] = 5.0, t->c->data[1] = -5.0;
+    params_set_frozen(&t->ps, t->c, true);
+}
+
+static void tiny_grads(Tiny *t, double a0, double a1, double b0) {
+    t->a->grad[0] = (real)a0, t->a->grad[1] = (real)a1;
+    t->b->grad[0] = (real)b0;
+}
+
+Test(optim, adamw_two_steps_match_hand_computation) {
+    Tiny t;
+    tiny_make(&t);
+    Optimizer opt;
+    adamw_init(&opt, &t.ps, 0.9, 0.999, 1e-8, 0.1);
+    // Step 1: m_hat = g, v_hat = g^2, so the Adam update is lr * g/(|g| + eps);
+    // a decays first by lr*wd: 1 - 0.01 - 0.1 = 0.89.
+    tiny_grads(&t, 0.5, -1.0, 2.0);
+    optim_step(&opt, &t.ps, 0.1);
+    cr_assert_float_eq(t.a->data[0], 0.890000002, OPT_TOL);
+    cr_assert_float_eq(t.a->data[1], -1.880000001, OPT_TOL);
+    cr_assert_float_eq(t.b->data[0], 2.9000000005, OPT_TOL);   // no decay: 3 - 0.1
+    tiny_grads(&t, 0.2, 0.4, -1.0);
+    optim_step(&opt, &t.ps, 0.1);
+    cr_assert_eq(opt.step, 2);
+    cr_assert_float_eq(t.a->data[0], 0.7912424838829282, OPT_TOL);
+    cr_assert_float_eq(t.a->data[1], -1.826639416652626, OPT_TOL);
+    cr_assert_float_eq(t.b->data[0], 2.8733662967024314, OPT_TOL);
+    int64_t ao = t.ps.offsets[0], bo = t.ps.offsets[1], co = t.ps.offsets[2];
+    cr_assert_float_eq(opt.m[ao], 0.065, OPT_TOL);
+    cr_assert_float_eq(opt.v[ao + 1], 0.001159, OPT_TOL);
+    cr_assert_float_eq(opt.m[bo], 0.08, OPT_TOL);
+    cr_assert_float_eq(opt.v[bo], 0.004996, OPT_TOL);
+    // The frozen parameter and its moments are untouched.
+    cr_assert_eq(t.c->data[0], 5.0);
+    cr_assert_eq(t.c->data[1], -5.0);
+    cr_assert_eq(opt.m[co], 0);
+    cr_assert_eq(opt.v[co + 1], 0);
+    optim_free(&opt);
+    params_free(&t.ps);
+}
+
+Test(optim, sgd_momentum_values) {
+    Tiny t;
+    tiny_make(&t);
+    Optimizer opt;
+    sgd_init(&opt, &t.ps, 0.9, 0.0);
+    tiny_grads(&t, 0.5, -1.0, 0);
+    optim_step(&opt, &t.ps, 0.1);
+    cr_assert_float_eq(t.a->data[0], 0.95, OPT_TOL);
+    cr_assert_float_eq(t.a->data[1], -1.9, OPT_TOL);
+    tiny_grads(&t, 0.2, 0.4, 0);
+    optim_step(&opt, &t.ps, 0.1);
+    // m = 0.9 * 0.5 + 0.2 = 0.65, m = 0.9 * -1 + 0.4 = -0.5
+    cr_assert_float_eq(opt.m[0], 0.65, OPT_TOL);
+    cr_assert_float_eq(opt.m[1], -0.5, OPT_TOL);
+    cr_assert_float_eq(t.a->data[0], 0.885, OPT_TOL);
+    cr_assert_float_eq(t.a->data[1], -1.85, OPT_TOL);
+    cr_assert_eq(t.b->data[0], 3.0);   // zero gradient, no momentum yet, no decay
+    cr_assert_eq(t.c->data[0], 5.0);
+    optim_free(&opt);
+    params_free(&t.ps);
+}
+
+Test(optim, sgd_weight_decay_spares_no_decay_params) {
+    Tiny t;
+    tiny_make(&t);
+    Optimizer opt;
+    sgd_init(&opt, &t.ps, 0.0, 0.5);
+    tiny_grads(&t, 0, 0, 0);
+    optim_step(&opt, &t.ps, 0.1);
+    cr_assert_float_eq(t.a->data[0], 0.95, OPT_TOL);   // 1 - 0.1 * 0.5 * 1
+    cr_assert_eq(t.b->data[0], 3.0);
+    cr_assert_eq(t.c->data[1], -5.0);
+    optim_free(&opt);
+    params_free(&t.ps);
+}
+
+Test(optim, clip_returns_preclip_norm_and_scales) {
+    Tiny t;
+    tiny_make(&t);
+    tiny_grads(&t, 3.0, 0.0, 4.0);   // norm 5
+    double n = optim_clip_grad_norm(&t.ps, 1.0);
+    cr_assert_float_eq(n, 5.0, 1e-12);
+    cr_assert_float_eq(optim_grad_norm(&t.ps), 1.0, 1e-6);
+    cr_assert_float_eq(t.a->grad[0], 0.6, 1e-6);
+    cr_assert_float_eq(t.b->grad[0], 0.8, 1e-6);
+    // Below the threshold, or with clipping off, gradients are unchanged.
+    tiny_grads(&t, 0.3, 0.0, 0.4);
+    cr_assert_float_eq(optim_clip_grad_norm(&t.ps, 1.0), 0.5, 1e-6);
+    cr_assert_float_eq(t.a->grad[0], 0.3, 1e-7);
+    tiny_grads(&t, 30, 0, 40);
+    cr_assert_float_eq(optim_clip_grad_norm(&t.ps, 0.0), 50.0, 1e-9);
+    cr_assert_eq(t.b->grad[0], 40);
+    optim_scale_grads(&t.ps, 0.25);
+    cr_assert_eq(t.b->grad[0], 10);
+    params_free(&t.ps);
+}
+
+Test(optim, grad_norm_over_many_chunks) {
+    // Larger than one summation chunk: 200001 gradients of 0.5 -> norm 0.5*sqrt(n).
+    ParamStore ps;
+    params_init(&ps);
+    params_add(&ps, "w", 1, (int[]){200001}, init_zeros(), 0);
+    params_finalize(&ps, 1);
+    for (int64_t i = 0; i < ps.numel; i++) ps.grad[i] = 0.5;
+    cr_assert_float_eq(optim_grad_norm(&ps), 0.5 * sqrt(200001.0), 1e-9);
+    params_free(&ps);
+}
+
+Test(optim, cosine_schedule_key_steps) {
+    const double lr = 1e-3, min_lr = 1e-4;
+    cr_assert_float_eq(lr_cosine(0, 10, 110, lr, min_lr), 1e-4, 1e-15);     // (0+1)/10 * lr
+    cr_assert_float_eq(lr_cosine(4, 10, 110, lr, min_lr), 5e-4, 1e-15);
+    cr_assert_float_eq(lr_cosine(9, 10, 110, lr, min_lr), 1e-3, 1e-15);     // warm-up reaches lr
+    cr_assert_float_eq(lr_cosine(10, 10, 110, lr, min_lr), 1e-3, 1e-15);    // decay starts at lr
+    cr_assert_float_eq(lr_cosine(60, 10, 110, lr, min_lr), 5.5e-4, 1e-15);  // halfway: mean
+    cr_assert_float_eq(lr_cosine(35, 10, 110, lr, min_lr), 1e-4 + 9e-4 * 0.5 * (1 + cos(M_PI / 4)), 1e-15);
+    cr_assert_float_eq(lr_cosine(110, 10, 110, lr, min_lr), 1e-4, 1e-15);
+    cr_assert_float_eq(lr_cosine(500, 10, 110, lr, min_lr), 1e-4, 1e-15);
+    cr_assert_float_eq(lr_cosine(0, 0, 100, lr, min_lr), 1e-3, 1e-15);      // no warm-up
+}
+
+// f(x) = 0.5 * sum_i k_i (x_i - c_i)^2: both optimisers find c.
+static double minimise_quadratic(OptimKind kind, int steps, double lr) {
+    ParamStore ps;
+    params_init(&ps);
+    Tensor *x = params_add(&ps, "x", 1, (int[]){8}, init_normal(2.0), 0);
+    params_finalize(&ps, 3);
+    double k[8], c[8];
+    for (int i = 0; i < 8; i++) k[i] = 0.5 + 0.25 * i, c[i] = (i % 3) - 1.0 + 0.1 * i;
+    Optimizer opt;
+    if (kind == OPTIM_ADAMW) adamw_init(&opt, &ps, 0.9, 0.99, 1e-8, 0.0);
+    else sgd_init(&opt, &ps, 0.9, 0.0);
+    for (int s = 0; s < steps; s++) {
+        params_zero_grad(&ps);
+        for (int i = 0; i < 8; i++) x->grad[i] = (real)(k[i] * (x->data[i] - c[i]));
+        optim_step(&opt, &ps, lr_cosine(s, 10, steps, lr, lr * 1e-3));
+    }
+    double err = 0;
+    for (int i = 0; i < 8; i++) err = fmax(err, fabs(x->data[i] - c[i]));
+    optim_free(&opt);
+    params_free(&ps);
+    return err;
+}
+
+Test(optim, quadratic_converges) {
+    double e_adam = minimise_quadratic(OPTIM_ADAMW, 400, 0.1);
+    double e_sgd = minimise_quadratic(OPTIM_SGD, 400, 0.1);
+    cr_assert_lt(e_adam, 1e-3, "AdamW max |x - c| = %g", e_adam);
+    cr_assert_lt(e_sgd, 1e-4, "SGD max |x - c| = %g", e_sgd);
+}

@@ -1,0 +1,141 @@
+// config.h: the training configuration, read from an INI file (libinih).
+//
+// One schema table (config.c, one row per key: section, key, type, default,
+// range or choices, help) drives parsing, validation, defaults, the --help
+// text and the dump of the effective config. Use:
+//
+//     TrainConfig cfg;
+//     config_defaults(&cfg, NULL);                  // NULL: fixed mixer list
+//     char path[CONFIG_STR_MAX];
+//     const char *dirs[] = {".", SOURCE_DIR};
+//     Status st = config_find(argv_cfg, dirs, 2, path, sizeof path);
+//     if (st.ok) st = config_load_file(&cfg, path);
+//     for each --set ARG: if (st.ok) st = config_set(&cfg, ARG);
+//     if (st.ok) st = config_validate(&cfg);
+//     if (!st.ok) { fprintf(stderr, "%s\n", st.msg); exit(2); }
+//     ...
+//     config_free(&cfg);
+//
+// Every error names where it happened, e.g.
+//   configs/x.ini:7: [train] lerning_rate: unknown key (did you mean lr?)
+//   --set train.lr=abc: [train] lr: 'abc' is not a number
+// Unknown sections and keys, bad values (type, range, enum choice, mixer
+// name), duplicate keys in a file and missing files are all errors: nothing
+// is silently defaulted.
+#ifndef TRAIN_CONFIG_H
+#define TRAIN_CONFIG_H
+
+#include <stdio.h>
+
+#include "common.h"
+#include "mixer.h"
+
+#define CONFIG_MAX_LAYERS 64   // longest [model] layers / [finetune] dsa_layers list
+#define CONFIG_NAME_MAX 16     // longest mixer name + 1
+#define CONFIG_STR_MAX 1024    // longest string value + 1 (paths)
+#define CONFIG_MAX_KEYS 64     // capacity for schema rows
+
+// [model] form: which implementation of the sequence mixers to run (MixerForm, mixer.h).
+// [train] optimizer (same order as OptimKind in optim.h).
+typedef enum { CFG_OPT_ADAMW, CFG_OPT_SGD, CFG_OPT_COUNT } ConfigOptimizer;
+// [finetune] mode.
+typedef enum { FT_NONE, FT_INDEXER, FT_SPARSE, FT_COUNT } FinetuneMode;
+
+typedef struct ConfigNames {   // a comma list of names, e.g. "attn,gdn,attn"
+    int n;
+    char name[CONFIG_MAX_LAYERS][CONFIG_NAME_MAX];
+} ConfigNames;
+
+typedef struct ConfigInts {    // a comma list of integers, e.g. "1,3"
+    int n;
+    int v[CONFIG_MAX_LAYERS];
+} ConfigInts;
+
+// Checks a mixer name of [model] layers; NULL uses the fixed list
+// attn, linear, mamba, gdn, attn_dsa.
+typedef bool (*MixerNameCheck)(const char *name);
+
+typedef struct TrainConfig {
+    struct {
+        ConfigNames layers;     // one mixer name per layer, input to output
+        int d_model;            // D
+        int n_heads;            // H
+        int d_k, d_v;           // per-head key/query and value sizes
+        int d_ff;               // MLP hidden width
+        bool tied_embeddings;   // output projection = embedding^T
+        int chunk_size;         // C, chunked forms
+        int conv_size;          // short convolution width w
+        double norm_eps;        // RMSNorm epsilon
+        double rope_base;       // RoPE base (MODEL.md fixes 10000)
+        int index_heads;        // H_I, DSA indexer heads
+        int index_dim;          // d_I, DSA indexer head size
+        int topk;               // DSA positions kept per query
+        MixerForm form;         // chunked | parallel | recurrent
+    } model;
+    struct {
+        char corpus[CONFIG_STR_MAX];     // a file, a comma list of files, or a directory
+        char cache_dir[CONFIG_STR_MAX];  // where token caches live
+        double val_fraction;             // last fraction of the tokens held out
+        int seq_len;                     // T
+        int batch_size;                  // B
+    } data;
+    struct {
+        int steps;                       // optimizer steps
+        ConfigOptimizer optimizer;       // adamw | sgd
+        double lr, min_lr;               // peak and final learning rate
+        int warmup_steps;
+        double weight_decay;
+        double beta1, beta2, adam_eps;   // AdamW
+        double momentum;                 // SGD
+        double grad_clip;                // global-norm clip; 0 = off
+        int accum_steps;                 // micro-batches per step
+        int eval_every, eval_batches;
+        int checkpoint_every, log_every;
+        int64_t seed;
+        char run_dir[CONFIG_STR_MAX];
+        int threads;                     // 0 = OpenMP default
+    } train;
+    struct {
+        FinetuneMode mode;               // none | indexer | sparse
+        char init_from[CONFIG_STR_MAX];  // checkpoint to start from ("" = none)
+        ConfigInts dsa_layers;           // layer indices; empty = every attn_dsa layer
+    } finetune;
+
+    // Bookkeeping (not config keys).
+    char *text;                  // raw text of the last file/string loaded (malloc'd) or NULL
+    char source[CONFIG_STR_MAX]; // its path (or the name given to config_load_string)
+    int origin[CONFIG_MAX_KEYS]; // per schema row: 0 default, >0 line in `source`, -1 --set
+    MixerNameCheck check_mixer;  // NULL = fixed list
+} TrainConfig;
+
+// Fill every key with its default. Must be called first; config_free later.
+void config_defaults(TrainConfig *cfg, MixerNameCheck check_mixer);
+void config_free(TrainConfig *cfg);
+// Read and parse an INI file over the current values; keeps its text.
+Status config_load_file(TrainConfig *cfg, const char *path);
+// Parse INI text (e.g. the config stored in a checkpoint); `source` names it
+// in error messages.
+Status config_load_string(TrainConfig *cfg, const char *text, const char *source);
+// Apply one override "section.key=value" with the same validation.
+Status config_set(TrainConfig *cfg, const char *assignment);
+// Cross-key checks (min_lr <= lr, dsa_layers inside the model, ...). Call
+// after the file and the overrides.
+Status config_validate(const TrainConfig *cfg);
+
+// Resolve a config name: `name` itself if it exists; otherwise, when it has
+// no '/', <dir>/configs/<name> and <dir>/configs/<name>.ini for each of the
+// `ndirs` base dirs in order. Writes the path found into out.
+Status config_find(const char *name, const char *const *dirs, int ndirs, char *out, size_t out_size);
+
+// Print the schema as --help text: one line per key with type, default,
+// range/choices and help.
+void config_help(FILE *f);
+// Write the effective config as INI text that config_load_string reads back
+// to the same values.
+void config_dump(const TrainConfig *cfg, FILE *f);
+char *config_dump_string(const TrainConfig *cfg);   // malloc'd, free()
+
+const char *config_form_name(MixerForm f);
+const char *config_finetune_name(FinetuneMode m);
+
+#endif
