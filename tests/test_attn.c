@@ -255,3 +255,153 @@ Test(attn_kernel, heads_must_divide_width) {
     tensor_free(q);
     tape_free(&tp);
 }
+
+// ---- the attn mixer ----
+
+#include "mixer.h"
+
+#ifdef AG_DOUBLE
+#define DECODE_TOL 1e-9   // MODEL.md, Decoding
+#else
+#define DECODE_TOL 1e-4
+#endif
+
+static const char *const PREFIX = "layers.0.mixer.";
+
+static Mixer *attn_mixer_new(ParamStore *ps, int D, int H, int dk, int dv, uint64_t seed) {
+    params_init(ps);
+    MixerConfig cfg = mixer_config_default(D, H, dk, dv);
+    cfg.out_std = 0.3;   // larger than the LM's default so the output is not tiny
+    Mixer *m = mixer_create("attn", &cfg, ps, PREFIX);
+    params_finalize(ps, seed);
+    return m;
+}
+
+static Tensor *param(ParamStore *ps, const char *name) {
+    char full[64];
+    snprintf(full, sizeof full, "%s%s", PREFIX, name);
+    Tensor *p = params_find(ps, full);
+    cr_assert_not_null(p, "parameter %s", full);
+    return p;
+}
+
+static int f_layer(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    Mixer *m = ctx;
+    out[0] = m->kind->forward(tp, m, in[0], NULL, NULL);
+    return 1;
+}
+
+Test(attn_layer, parameters_and_init) {
+    ParamStore ps;
+    Mixer *m = attn_mixer_new(&ps, 16, 2, 4, 6, 1);
+    cr_assert_eq(ps.n, 4);
+    int want[4][2] = {{16, 8}, {16, 8}, {16, 12}, {12, 16}};
+    const char *names[4] = {"wq", "wk", "wv", "wo"};
+    for (int i = 0; i < 4; i++) {
+        Tensor *p = param(&ps, names[i]);
+        cr_assert(p->ndim == 2 && p->shape[0] == want[i][0] && p->shape[1] == want[i][1], "%s %s", names[i],
+                  SHAPE(p));
+        double ss = 0;
+        for (int64_t j = 0; j < p->numel; j++) ss += (double)p->data[j] * p->data[j];
+        double std = sqrt(ss / p->numel), expect = i < 3 ? 0.25 : 0.3;   // 1/sqrt(D), out_std
+        cr_assert(std > 0.6 * expect && std < 1.4 * expect, "%s: std %.3f, expected about %.3f", names[i], std,
+                  expect);
+    }
+    cr_assert_not(m->kind->recurrent);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+Test(attn_layer, gradcheck_input_and_every_parameter) {
+    ParamStore ps;
+    Mixer *m = attn_mixer_new(&ps, 8, 2, 4, 3, 2);
+    Tensor *u = tensor_newv(true, 3, 2, 7, 8);
+    fill_normal(u, 3, 1.0);
+    Tensor *in[] = {u, param(&ps, "wq"), param(&ps, "wk"), param(&ps, "wv"), param(&ps, "wo")};
+    GradcheckResult r = gradcheck("attn layer", f_layer, in, 5, m, NULL);
+    ASSERT_GRADCHECK(r, "attn layer");
+    cr_assert_geq(r.n_checked, 2 * 7 * 8 + 2 * 8 * 8 + 8 * 6 + 6 * 8);
+    tensor_free(u);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+// Token-by-token decoding equals the parallel forward at every position.
+// T = 70 > the 64-query tile, so the forward runs two tiles.
+Test(attn_layer, decode_equals_parallel_forward) {
+    int B = 2, T = 70, D = 16;
+    ParamStore ps;
+    Mixer *m = attn_mixer_new(&ps, D, 2, 8, 4, 4);
+    Tensor *u = tensor_newv(false, 3, B, T, D);
+    fill_normal(u, 5, 1.0);
+    Tape tp;
+    tape_init(&tp);
+    tape_no_grad_push(&tp);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL);
+    void *cache = m->kind->cache_new(m, B, T);
+    Tape ts;
+    tape_init(&ts);
+    tape_no_grad_push(&ts);
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        Tensor *ut = tape_tensorv(&ts, 3, B, 1, D);
+        for (int b = 0; b < B; b++)
+            memcpy(ut->data + b * D, u->data + ((int64_t)b * T + t) * D, D * sizeof(real));
+        Tensor *yt = m->kind->step(&ts, m, cache, ut);
+        cr_assert(yt->ndim == 3 && yt->shape[0] == B && yt->shape[1] == 1 && yt->shape[2] == D);
+        for (int b = 0; b < B; b++) {
+            double d = max_rel_diff(yt->data + b * D, y->data + ((int64_t)b * T + t) * D, D);
+            worst = fmax(worst, d);
+            cr_assert_leq(d, DECODE_TOL, "position %d, batch %d: step vs forward rel diff %.3e", t, b, d);
+        }
+        tape_reset(&ts);
+    }
+    cr_assert(EXPECT_FAILURE(m->kind->step(&ts, m, cache, tape_tensorv(&ts, 3, B, 1, D))),
+              "a step past max_T must fail");
+    cr_assert(strstr(ag_last_error(), "full"), "got: %s", ag_last_error());
+    m->kind->cache_free(cache);
+    tape_free(&ts);
+    tape_free(&tp);
+    tensor_free(u);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+Test(attn_layer, single_position_is_value_projection) {
+    // T = 1: the only key is the token itself, so y = (u Wv) Wo, RoPE or not.
+    int B = 3, D = 8;
+    ParamStore ps;
+    Mixer *m = attn_mixer_new(&ps, D, 2, 4, 4, 6);
+    Tensor *u = tensor_newv(false, 3, B, 1, D);
+    fill_normal(u, 7, 1.0);
+    Tape tp;
+    tape_init(&tp);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL);
+    Tensor *want = op_matmul(&tp, op_matmul(&tp, u, param(&ps, "wv"), false, false), param(&ps, "wo"), false, false);
+    cr_assert(tensor_same_shape(y, want));
+    cr_assert_leq(max_rel_diff(y->data, want->data, y->numel), FORM_TOL);
+    tape_free(&tp);
+    tensor_free(u);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+Test(attn_layer, no_recurrent_state) {
+    ParamStore ps;
+    Mixer *m = attn_mixer_new(&ps, 8, 2, 4, 4, 8);
+    Tensor *u = tensor_newv(false, 3, 1, 3, 8), *s = tensor_newv(false, 4, 1, 2, 4, 4);
+    fill_normal(u, 9, 1.0);
+    Tape tp;
+    tape_init(&tp);
+    Tensor *s_out = u;   // must be overwritten with NULL
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, &s_out);
+    cr_assert_not_null(y);
+    cr_assert_null(s_out);
+    cr_assert(EXPECT_FAILURE(m->kind->forward(&tp, m, u, s, NULL)));
+    cr_assert(strstr(ag_last_error(), "s_in"), "got: %s", ag_last_error());
+    tape_free(&tp);
+    tensor_free(u);
+    tensor_free(s);
+    mixer_destroy(m);
+    params_free(&ps);
+}

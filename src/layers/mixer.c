@@ -3,8 +3,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-// One line per mixer kind.
+// One line per mixer kind (each defined in its own file).
+extern const MixerKind MIXER_ATTN;   // attn.c
+
 static const MixerKind *const KINDS[] = {
+    &MIXER_ATTN,
     NULL,
 };
 
