@@ -29,6 +29,11 @@ Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_head
                            int tile_q, int tile_k);
 // The O(T^2)-memory reference, same contract as op_attention.
 Tensor *op_attention_naive(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale);
+// The reference restricted to allowed positions: allow (B, T, T), row (b, t)
+// lets query t see key s <= t where allow != 0 (copied; at least one per row).
+// The brute-force form of sparse attention (dsa_kernel.h).
+Tensor *op_attention_naive_masked(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale,
+                                  const unsigned char *allow);
 
 // Decoding: one new query per sequence attends over the first n_keys cached
 // positions. q: (B, H*dk); kc: (B, max_T, H*dk); vc: (B, max_T, H*dv);

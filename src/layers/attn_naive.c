@@ -11,13 +11,16 @@
 //             dq_t += scale sum_s dS_ts k_s,   dk_s += scale sum_t dS_ts q_t
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attn_kernel.h"
 
-// iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv; farg[0] scale; saved: P (B, H, T, T).
+// iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv; farg[0] scale; aux: the mask (B, T, T) or
+// NULL; saved: P (B, H, T, T).
 static void naive_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1], H = n->iarg[2], dk = n->iarg[3], dv = n->iarg[4];
     double scale = n->farg[0];
+    const unsigned char *allow = n->aux;
     const real *q = n->in[0]->data, *k = n->in[1]->data, *v = n->in[2]->data;
     real *o = n->out[0]->data;
     real *P = n->saved;
@@ -28,6 +31,8 @@ static void naive_forward(Node *n) {
                 const real *qt = q + ((int64_t)b * T + t) * H * dk + h * dk;
                 double mx = -INFINITY;
                 for (int s = 0; s <= t; s++) {
+                    p[s] = -INFINITY;   // masked out: exp gives 0
+                    if (allow && !allow[((int64_t)b * T + t) * T + s]) continue;
                     const real *ks = k + ((int64_t)b * T + s) * H * dk + h * dk;
                     double dot = 0;
                     for (int i = 0; i < dk; i++) dot += (double)qt[i] * ks[i];
@@ -95,6 +100,11 @@ static void naive_backward(Node *n) {
 static const OpDef OP_ATTENTION_NAIVE = {"attention_naive", naive_forward, naive_backward};
 
 Tensor *op_attention_naive(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale) {
+    return op_attention_naive_masked(tp, q, k, v, n_heads, scale, NULL);
+}
+
+Tensor *op_attention_naive_masked(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale,
+                                  const unsigned char *allow) {
     ASSERT(q->ndim == 3 && tensor_same_shape(q, k) && v->ndim == 3 && v->shape[0] == q->shape[0] &&
                v->shape[1] == q->shape[1],
            "attention_naive: q %s, k %s, v %s", SHAPE(q), SHAPE(k), SHAPE(v));
@@ -109,6 +119,16 @@ Tensor *op_attention_naive(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_head
     n->iarg[3] = q->shape[2] / n_heads;
     n->iarg[4] = v->shape[2] / n_heads;
     n->farg[0] = scale;
+    if (allow) {
+        unsigned char *m = tape_alloc(tp, (size_t)B * T * T);
+        memcpy(m, allow, (size_t)B * T * T);
+        for (int64_t r = 0; r < (int64_t)B * T; r++) {
+            int t = (int)(r % T), any = 0;
+            for (int s = 0; s <= t; s++) any |= m[r * T + s];
+            ASSERT(any, "attention_naive: mask row (b %d, t %d) allows no position s <= t", (int)(r / T), t);
+        }
+        n->aux = m;
+    }
     if (n->recorded) n->saved = tape_alloc(tp, (size_t)B * n_heads * T * T * sizeof(real));
     naive_forward(n);
     return o;

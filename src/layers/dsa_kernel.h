@@ -1,0 +1,50 @@
+// dsa_kernel.h: the DeepSeek sparse-attention pieces (MODEL.md `attn_dsa`).
+//
+//   indexer scores  I_ts = sum_j w_tj ReLU(qI_tj . kI_s) / sqrt(d_I),  s <= t
+//   selection       Sel_t = the K positions s <= t with the largest I_ts
+//                   (all of them while t < K; ties go to the later position)
+//   sparse attention softmax over Sel_t only, O(T K d) forward and backward
+//   distillation    KL(p_t || softmax_{s<=t}(I_t)), p = head-averaged dense P
+//
+// The indexer scores are materialised, (B, T, T) with zeros above the
+// diagonal: the indexer is small (H_I x d_I) and the distillation loss needs
+// every row. Selections are int arrays (B, T, K) of positions in ascending
+// order, -1 past the end of rows with fewer than K candidates (t + 1 < K).
+#ifndef DSA_KERNEL_H
+#define DSA_KERNEL_H
+
+#include "tape.h"
+
+#define DSA_TILE 64   // query rows per block of the indexer kernel
+
+// (Scores are named Isc in code: I is a macro of <complex.h>, which cblas.h pulls in.)
+
+// qI: (B, T, HI*dI) (after RoPE), kI: (B, T, dI) (after RoPE, shared by the
+// index heads), w: (B, T, HI) -> I (B, T, T), I[b,t,s] = 0 for s > t.
+Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int index_heads);
+
+// sel (B, T, K) <- the top K positions of each row of I (B, T, T) among s <= t,
+// ascending; -1 padding when t + 1 < K. Ties: the later position wins.
+void dsa_topk(int *sel, const real *Isc, int B, int T, int K);
+
+// Causal softmax attention restricted to sel (B, T, K) (copied; every row
+// must hold at least one position, all <= t). q, k (B, T, H*dk), v (B, T, H*dv)
+// -> o (B, T, H*dv). Saves the per-row log-sum-exp (B, H, T) only.
+Tensor *op_sparse_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, const int *sel, int K, int n_heads,
+                            double scale);
+
+// Head-averaged dense attention, the distillation target (no autograd):
+// p (B, T, T) = (1/H) sum_h softmax_{s<=t}(scale q_t^h . k_s^h), 0 for s > t.
+// q, k: (B, T, H*dk) as the attention sees them (after RoPE).
+void dsa_attn_target(real *p, const real *q, const real *k, int B, int T, int H, int dk, double scale);
+
+// The distillation loss: mean over the B*T rows of
+// KL(p_t || softmax_{s<=t}(I_t)) = sum_{s<=t} p_ts (log p_ts - log softmax(I_t)_s).
+// I (B, T, T) takes the gradient; p (B, T, T) is a constant target (built in
+// no-grad mode; rows sum to 1). Returns (1).
+Tensor *op_dsa_kl(Tape *tp, Tensor *Isc, Tensor *p);
+
+// mean_t sum_{s in Sel_t} p_ts: the attention mass the selection keeps.
+double dsa_selected_mass(const real *p, const int *sel, int B, int T, int K);
+
+#endif
