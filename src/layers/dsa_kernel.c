@@ -114,6 +114,19 @@ Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int ind
     return Isc;
 }
 
+void dsa_index_row(real *scores, const real *qI, const real *w, const real *kI, int64_t ld, int n, int HI, int dI) {
+    double c = 1.0 / sqrt(dI);
+    for (int s = 0; s < n; s++) {
+        double acc = 0;
+        for (int j = 0; j < HI; j++) {
+            double z = 0;
+            for (int i = 0; i < dI; i++) z += (double)qI[j * dI + i] * kI[s * ld + i];
+            if (z > 0) acc += w[j] * z;
+        }
+        scores[s] = (real)(c * acc);
+    }
+}
+
 // ---- top-k selection ----
 
 // Is position a a better pick than b in row It? Larger score; on a tie, later.
@@ -135,26 +148,27 @@ static void sift_down(int *heap, int n, int i, const real *It) {
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
+void dsa_topk_row(int *row, const real *scores, int n, int K) {
+    if (n <= K) {   // every candidate is selected
+        for (int j = 0; j < K; j++) row[j] = j < n ? j : -1;
+        return;
+    }
+    for (int j = 0; j < K; j++) row[j] = j;   // a min-heap of the first K ...
+    for (int i = K / 2 - 1; i >= 0; i--) sift_down(row, K, i, scores);
+    for (int s = K; s < n; s++)               // ... then replace its worst when beaten
+        if (better(scores, s, row[0])) {
+            row[0] = s;
+            sift_down(row, K, 0, scores);
+        }
+    qsort(row, K, sizeof *row, cmp_int);
+}
+
 void dsa_topk(int *sel, const real *Isc, int B, int T, int K) {
     ASSERT(K >= 1, "dsa_topk: K = %d", K);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            int *row = sel + ((int64_t)b * T + t) * K;
-            const real *It = Isc + ((int64_t)b * T + t) * T;
-            if (t + 1 <= K) {   // every candidate is selected
-                for (int j = 0; j < K; j++) row[j] = j <= t ? j : -1;
-                continue;
-            }
-            for (int j = 0; j < K; j++) row[j] = j;   // a min-heap of the first K ...
-            for (int i = K / 2 - 1; i >= 0; i--) sift_down(row, K, i, It);
-            for (int s = K; s <= t; s++)              // ... then replace its worst when beaten
-                if (better(It, s, row[0])) {
-                    row[0] = s;
-                    sift_down(row, K, 0, It);
-                }
-            qsort(row, K, sizeof *row, cmp_int);
-        }
+        for (int t = 0; t < T; t++)
+            dsa_topk_row(sel + ((int64_t)b * T + t) * K, Isc + ((int64_t)b * T + t) * T, t + 1, K);
 }
 
 // ---- distillation target and loss ----

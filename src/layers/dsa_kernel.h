@@ -26,12 +26,24 @@ Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int ind
 // sel (B, T, K) <- the top K positions of each row of I (B, T, T) among s <= t,
 // ascending; -1 padding when t + 1 < K. Ties: the later position wins.
 void dsa_topk(int *sel, const real *Isc, int B, int T, int K);
+// One row: row (K) <- the top K of scores[0..n), ascending, -1 padded when n < K.
+void dsa_topk_row(int *row, const real *scores, int n, int K);
 
 // Causal softmax attention restricted to sel (B, T, K) (copied; every row
 // must hold at least one position, all <= t). q, k (B, T, H*dk), v (B, T, H*dv)
 // -> o (B, T, H*dv). Saves the per-row log-sum-exp (B, H, T) only.
 Tensor *op_sparse_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, const int *sel, int K, int n_heads,
                             double scale);
+
+// Decoding: one query per sequence over the cached positions in sel (B, K)
+// (-1 padded). q: (B, H*dk); kc, vc: (B, max_T, H*dk / H*dv); o: (B, H*dv).
+// The same arithmetic as op_sparse_attention's forward row.
+void dsa_sparse_decode(real *o, const real *q, const real *kc, const real *vc, int B, int max_T, const int *sel,
+                       int K, int H, int dk, int dv, double scale);
+
+// Decoding: one query's indexer scores over n cached keys.
+// qI (HI*dI), w (HI), kI: (n, dI) rows ld apart -> scores (n).
+void dsa_index_row(real *scores, const real *qI, const real *w, const real *kI, int64_t ld, int n, int HI, int dI);
 
 // Head-averaged dense attention, the distillation target (no autograd):
 // p (B, T, T) = (1/H) sum_h softmax_{s<=t}(scale q_t^h . k_s^h), 0 for s > t.

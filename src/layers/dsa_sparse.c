@@ -23,6 +23,29 @@ static inline double dot(const real *a, const real *b, int n) {
     return s;
 }
 
+// One query, one head, over the positions of sel (K, -1 padded): ot (dv) and
+// the row's log-sum-exp. kh, vh: the head's column base of position 0, rows
+// ldk / ldv apart (a (T, H*d) activation or a (max_T, H*d) cache).
+// Scratch: a (K), acc (dv).
+static double sparse_row(real *ot, const real *qt, const real *kh, const real *vh, int64_t ldk, int64_t ldv,
+                         const int *sel, int K, int dk, int dv, double scale, double *a, double *acc) {
+    double mx = -INFINITY;
+    for (int j = 0; j < K && sel[j] >= 0; j++) {
+        a[j] = scale * dot(qt, kh + sel[j] * ldk, dk);
+        mx = fmax(mx, a[j]);
+    }
+    double sum = 0;
+    memset(acc, 0, (size_t)dv * sizeof(double));
+    for (int j = 0; j < K && sel[j] >= 0; j++) {
+        double pj = exp(a[j] - mx);
+        sum += pj;
+        const real *vs = vh + sel[j] * ldv;
+        for (int i = 0; i < dv; i++) acc[i] += pj * vs[i];
+    }
+    for (int i = 0; i < dv; i++) ot[i] = (real)(acc[i] / sum);
+    return mx + log(sum);
+}
+
 // iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv, 5 K; farg[0] scale; aux: sel (B, T, K); saved: lse (B, H, T).
 static void sparse_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1], H = n->iarg[2], dk = n->iarg[3], dv = n->iarg[4], K = n->iarg[5];
@@ -36,31 +59,29 @@ static void sparse_forward(Node *n) {
         double *acc = xmalloc((size_t)dv * sizeof(double));
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
-            for (int t = 0; t < T; t++) {
-                const int *St = sel + ((int64_t)b * T + t) * K;
+            for (int t = 0; t < T; t++)
                 for (int h = 0; h < H; h++) {
-                    const real *qt = q + ((int64_t)b * T + t) * H * dk + h * dk;
-                    double mx = -INFINITY;
-                    for (int j = 0; j < K && St[j] >= 0; j++) {
-                        a[j] = scale * dot(qt, k + ((int64_t)b * T + St[j]) * H * dk + h * dk, dk);
-                        mx = fmax(mx, a[j]);
-                    }
-                    double sum = 0;
-                    memset(acc, 0, (size_t)dv * sizeof(double));
-                    for (int j = 0; j < K && St[j] >= 0; j++) {
-                        double pj = exp(a[j] - mx);
-                        sum += pj;
-                        const real *vs = v + ((int64_t)b * T + St[j]) * H * dv + h * dv;
-                        for (int i = 0; i < dv; i++) acc[i] += pj * vs[i];
-                    }
-                    real *ot = o + ((int64_t)b * T + t) * H * dv + h * dv;
-                    for (int i = 0; i < dv; i++) ot[i] = (real)(acc[i] / sum);
-                    if (lse) lse[((int64_t)b * H + h) * T + t] = (real)(mx + log(sum));
+                    int64_t row = (int64_t)b * T + t;
+                    double L = sparse_row(o + row * H * dv + h * dv, q + row * H * dk + h * dk,
+                                          k + (int64_t)b * T * H * dk + h * dk, v + (int64_t)b * T * H * dv + h * dv,
+                                          H * dk, H * dv, sel + row * K, K, dk, dv, scale, a, acc);
+                    if (lse) lse[((int64_t)b * H + h) * T + t] = (real)L;
                 }
-            }
         free(a);
         free(acc);
     }
+}
+
+void dsa_sparse_decode(real *o, const real *q, const real *kc, const real *vc, int B, int max_T, const int *sel,
+                       int K, int H, int dk, int dv, double scale) {
+    double *a = xmalloc((size_t)K * sizeof(double)), *acc = xmalloc((size_t)dv * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            sparse_row(o + (int64_t)b * H * dv + h * dv, q + (int64_t)b * H * dk + h * dk,
+                       kc + (int64_t)b * max_T * H * dk + h * dk, vc + (int64_t)b * max_T * H * dv + h * dv, H * dk,
+                       H * dv, sel + (int64_t)b * K, K, dk, dv, scale, a, acc);
+    free(a);
+    free(acc);
 }
 
 static void sparse_backward(Node *n) {

@@ -4,10 +4,12 @@
 #include <string.h>
 
 // One line per mixer kind (each defined in its own file).
-extern const MixerKind MIXER_ATTN;   // attn.c
+extern const MixerKind MIXER_ATTN;       // attn.c
+extern const MixerKind MIXER_ATTN_DSA;   // attn_dsa.c
 
 static const MixerKind *const KINDS[] = {
     &MIXER_ATTN,
+    &MIXER_ATTN_DSA,
     NULL,
 };
 
