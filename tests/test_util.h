@@ -31,7 +31,7 @@ extern jmp_buf test_fail_jmp;
 void test_fail_handler(const char *msg);
 #define EXPECT_FAILURE(stmt)                                             \
     ({                                                                   \
-        bool failed_ = false;                                            \
+        volatile bool failed_ = false;                                   \
         ag_set_fail_handler(test_fail_handler);                          \
         if (setjmp(test_fail_jmp) == 0) {                                \
             stmt;                                                        \

@@ -17,9 +17,9 @@ _Noreturn void ag_fail(const char *file, int line, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
     va_end(ap);
+    if (fail_handler) fail_handler(last_error);   // the handler owns the message (tests check it)
     fprintf(stderr, "error: %s\n", last_error);
     fflush(stderr);
-    if (fail_handler) fail_handler(last_error);
     abort();
 }
 

@@ -1,0 +1,140 @@
+// ops_loss.c: softmax over the last dimension and the fused log-softmax +
+// cross-entropy loss.
+//
+// Both are row loops (a row = the last dimension), parallel over rows when
+// the input is large; each row is stabilised by subtracting its maximum and
+// sums its exponentials in double.
+#include "ops.h"
+#include "ops_math.h"
+
+// ---- softmax ----
+
+// x, y: (rows, V)
+static void softmax_forward(Node *n) {
+    const Tensor *x = n->in[0];
+    int V = x->shape[x->ndim - 1];
+    int64_t rows = tensor_rows(x);
+    real *y = n->out[0]->data;
+#pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const real *xr = x->data + r * V;
+        real *yr = y + r * V;
+        real m = xr[0];
+        for (int j = 1; j < V; j++) m = xr[j] > m ? xr[j] : m;
+        double s = 0;
+        for (int j = 0; j < V; j++) {
+            yr[j] = r_exp(xr[j] - m);
+            s += yr[j];
+        }
+        real inv = (real)(1.0 / s);
+        for (int j = 0; j < V; j++) yr[j] *= inv;
+    }
+}
+
+// dx = y * (dy - <dy, y>) per row.
+static void softmax_backward(Node *n) {
+    real *dx = NODE_GRAD_IN(n, 0);
+    if (!dx) return;
+    const Tensor *yt = n->out[0];
+    int V = yt->shape[yt->ndim - 1];
+    int64_t rows = tensor_rows(yt);
+#pragma omp parallel for if (yt->numel > OPS_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const real *y = yt->data + r * V, *g = yt->grad + r * V;
+        double dot = 0;
+        for (int j = 0; j < V; j++) dot += (double)g[j] * y[j];
+        for (int j = 0; j < V; j++) dx[r * V + j] += y[j] * (g[j] - (real)dot);
+    }
+}
+
+static const OpDef OP_SOFTMAX = {"softmax", softmax_forward, softmax_backward};
+
+Tensor *op_softmax(Tape *tp, Tensor *x) {
+    ASSERT(x->shape[x->ndim - 1] > 0, "softmax: empty last dimension in %s", SHAPE(x));
+    Tensor *y = tape_tensor(tp, x->ndim, x->shape);
+    tape_run(tp, &OP_SOFTMAX, &x, 1, &y, 1);
+    return y;
+}
+
+// ---- cross-entropy ----
+
+typedef struct CeSaved {
+    real *lse;      // (rows) log-sum-exp of each row
+    int count;      // rows with a target >= 0
+} CeSaved;
+
+// aux: targets (rows). out: (1), the mean over counted rows of lse - x[target]
+// (0, with a zero gradient, when every target is ignored).
+static void ce_forward(Node *n) {
+    const Tensor *x = n->in[0];
+    const int *tg = n->aux;
+    int V = x->shape[x->ndim - 1];
+    int64_t rows = tensor_rows(x);
+    Tape *tp = n->tape;
+    double *loss = tape_alloc(tp, (size_t)(rows ? rows : 1) * sizeof(double));   // (rows)
+    real *lse = n->recorded ? tape_alloc(tp, (size_t)(rows ? rows : 1) * sizeof(real)) : NULL;
+#pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const real *xr = x->data + r * V;
+        real m = xr[0];
+        for (int j = 1; j < V; j++) m = xr[j] > m ? xr[j] : m;
+        double s = 0;
+        for (int j = 0; j < V; j++) s += r_exp(xr[j] - m);
+        double l = (double)m + log(s);
+        if (lse) lse[r] = (real)l;
+        loss[r] = tg[r] >= 0 ? l - (double)xr[tg[r]] : 0.0;
+    }
+    // The reduction in a fixed order: the same value for any thread count.
+    double sum = 0;
+    int count = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        sum += loss[r];
+        count += tg[r] >= 0;
+    }
+    n->out[0]->data[0] = (real)(count ? sum / count : 0.0);
+    if (n->recorded) {
+        CeSaved *sv = tape_alloc(tp, sizeof *sv);
+        sv->lse = lse;
+        sv->count = count;
+        n->saved = sv;
+    }
+}
+
+// dlogits = dloss * (softmax - onehot(target)) / count on counted rows.
+static void ce_backward(Node *n) {
+    real *dx = NODE_GRAD_IN(n, 0);
+    const CeSaved *sv = n->saved;
+    if (!dx || sv->count == 0) return;
+    const Tensor *x = n->in[0];
+    const int *tg = n->aux;
+    int V = x->shape[x->ndim - 1];
+    int64_t rows = tensor_rows(x);
+    real c = (real)(n->out[0]->grad[0] / sv->count);
+#pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        if (tg[r] < 0) continue;
+        const real *xr = x->data + r * V;
+        real *d = dx + r * V, l = sv->lse[r];
+        for (int j = 0; j < V; j++) d[j] += c * r_exp(xr[j] - l);
+        d[tg[r]] -= c;
+    }
+}
+
+static const OpDef OP_CROSS_ENTROPY = {"cross_entropy", ce_forward, ce_backward};
+
+Tensor *op_cross_entropy(Tape *tp, Tensor *logits, const int *targets) {
+    int V = logits->shape[logits->ndim - 1];
+    ASSERT(V > 0, "cross_entropy: empty class dimension in logits %s", SHAPE(logits));
+    int64_t rows = tensor_rows(logits);
+    int *copy = tape_alloc(tp, (size_t)(rows ? rows : 1) * sizeof(int));
+    for (int64_t r = 0; r < rows; r++) {
+        ASSERT(targets[r] < V, "cross_entropy: target %d at row %lld is outside [0, %d) of logits %s",
+               targets[r], (long long)r, V, SHAPE(logits));
+        copy[r] = targets[r];
+    }
+    Tensor *loss = tape_tensor(tp, 1, (int[]){1});
+    Node *n = tape_op(tp, &OP_CROSS_ENTROPY, &logits, 1, &loss, 1);
+    n->aux = copy;
+    ce_forward(n);
+    return loss;
+}

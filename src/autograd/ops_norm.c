@@ -1,0 +1,161 @@
+// ops_norm.c: RMSNorm over the last dimension and per-head L2 normalisation.
+//
+// Both scale each row (or head group) z by a factor r(z) = (c sum z^2 + eps)^-1/2
+// and save r per row for the backward (derived next to each kernel).
+#include <stdlib.h>
+
+#include "ops.h"
+#include "ops_math.h"
+
+// Columns of dg each thread owns when reducing over rows.
+#define NORM_COL_BLOCK 64
+
+// ---- RMSNorm ----
+
+typedef struct RmsSaved {
+    real *rinv;     // (rows) 1 / sqrt(mean(x^2) + eps)
+} RmsSaved;
+
+// in: x (rows, D), g (D) or NULL. farg[0]: eps.
+static void rmsnorm_forward(Node *n) {
+    const Tensor *x = n->in[0], *g = n->in[1];
+    int D = x->shape[x->ndim - 1];
+    int64_t rows = tensor_rows(x);
+    real *y = n->out[0]->data;
+    double eps = n->farg[0];
+    real *rinv = NULL;
+    if (n->recorded) {
+        RmsSaved *sv = tape_alloc(n->tape, sizeof *sv);
+        sv->rinv = rinv = tape_alloc(n->tape, (size_t)(rows ? rows : 1) * sizeof(real));
+        n->saved = sv;
+    }
+#pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const real *xr = x->data + r * D;
+        real *yr = y + r * D;
+        double ss = 0;
+        for (int j = 0; j < D; j++) ss += (double)xr[j] * xr[j];
+        real ri = (real)(1.0 / sqrt(ss / D + eps));
+        if (rinv) rinv[r] = ri;
+        if (g)
+            for (int j = 0; j < D; j++) yr[j] = xr[j] * ri * g->data[j];
+        else
+            for (int j = 0; j < D; j++) yr[j] = xr[j] * ri;
+    }
+}
+
+// With xh = x r and dxh = dy * g:  dx = r (dxh - xh * mean(dxh * xh)),
+// dg = sum over rows of dy * xh (rows visited in order per column band).
+static void rmsnorm_backward(Node *n) {
+    const Tensor *x = n->in[0], *gt = n->in[1];
+    const RmsSaved *sv = n->saved;
+    int D = x->shape[x->ndim - 1];
+    int64_t rows = tensor_rows(x);
+    const real *dy = n->out[0]->grad;
+    const real *g = gt ? gt->data : NULL;
+    real *dx = NODE_GRAD_IN(n, 0), *dg = NODE_GRAD_IN(n, 1);
+    if (dx) {
+#pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const real *xr = x->data + r * D, *dyr = dy + r * D;
+            real ri = sv->rinv[r];
+            double dot = 0;   // sum_j dxh_j xh_j
+            for (int j = 0; j < D; j++) dot += (double)dyr[j] * (g ? g[j] : 1) * xr[j] * ri;
+            real c = (real)(dot / D);
+            real *dxr = dx + r * D;
+            for (int j = 0; j < D; j++) dxr[j] += ri * (dyr[j] * (g ? g[j] : 1) - xr[j] * ri * c);
+        }
+    }
+    if (dg) {
+        int n_blocks = (D + NORM_COL_BLOCK - 1) / NORM_COL_BLOCK;
+#pragma omp parallel for if (x->numel > OPS_PAR_MIN && n_blocks > 1) schedule(static)
+        for (int cb = 0; cb < n_blocks; cb++) {
+            int j0 = cb * NORM_COL_BLOCK, j1 = imin(D, j0 + NORM_COL_BLOCK);
+            double acc[NORM_COL_BLOCK] = {0};
+            for (int64_t r = 0; r < rows; r++) {
+                const real *xr = x->data + r * D, *dyr = dy + r * D;
+                real ri = sv->rinv[r];
+                for (int j = j0; j < j1; j++) acc[j - j0] += (double)dyr[j] * xr[j] * ri;
+            }
+            for (int j = j0; j < j1; j++) dg[j] += (real)acc[j - j0];
+        }
+    }
+}
+
+static const OpDef OP_RMSNORM = {"rmsnorm", rmsnorm_forward, rmsnorm_backward};
+
+Tensor *op_rmsnorm(Tape *tp, Tensor *x, Tensor *g, double eps) {
+    int D = x->shape[x->ndim - 1];
+    ASSERT(D > 0, "rmsnorm: empty last dimension in %s", SHAPE(x));
+    ASSERT(eps >= 0, "rmsnorm: eps %g must be >= 0", eps);
+    if (g)
+        ASSERT(g->ndim == 1 && g->shape[0] == D, "rmsnorm: weight %s must be (%d), the last dimension of x %s",
+               SHAPE(g), D, SHAPE(x));
+    Tensor *y = tape_tensor(tp, x->ndim, x->shape);
+    Node *n = tape_op(tp, &OP_RMSNORM, (Tensor *[]){x, g}, 2, &y, 1);
+    n->farg[0] = eps;
+    rmsnorm_forward(n);
+    return y;
+}
+
+// ---- per-head L2 normalisation ----
+
+#define L2NORM_EPS 1e-6
+
+typedef struct L2Saved {
+    real *rinv;     // (groups) 1 / sqrt(sum z^2 + 1e-6)
+} L2Saved;
+
+// x, y: (groups, hd) with hd = iarg[0]
+static void l2norm_forward(Node *n) {
+    const Tensor *x = n->in[0];
+    int hd = n->iarg[0];
+    int64_t groups = x->numel / hd;
+    real *rinv = NULL;
+    if (n->recorded) {
+        L2Saved *sv = tape_alloc(n->tape, sizeof *sv);
+        sv->rinv = rinv = tape_alloc(n->tape, (size_t)(groups ? groups : 1) * sizeof(real));
+        n->saved = sv;
+    }
+#pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < groups; r++) {
+        const real *z = x->data + r * hd;
+        real *y = n->out[0]->data + r * hd;
+        double ss = 0;
+        for (int j = 0; j < hd; j++) ss += (double)z[j] * z[j];
+        real ri = (real)(1.0 / sqrt(ss + L2NORM_EPS));
+        if (rinv) rinv[r] = ri;
+        for (int j = 0; j < hd; j++) y[j] = z[j] * ri;
+    }
+}
+
+// dz = r (dy - y <dy, y>)
+static void l2norm_backward(Node *n) {
+    real *dx = NODE_GRAD_IN(n, 0);
+    if (!dx) return;
+    const L2Saved *sv = n->saved;
+    int hd = n->iarg[0];
+    int64_t groups = n->in[0]->numel / hd;
+    const real *Y = n->out[0]->data, *G = n->out[0]->grad;
+#pragma omp parallel for if (n->in[0]->numel > OPS_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < groups; r++) {
+        const real *y = Y + r * hd, *g = G + r * hd;
+        double dot = 0;
+        for (int j = 0; j < hd; j++) dot += (double)g[j] * y[j];
+        real ri = sv->rinv[r], c = (real)dot;
+        for (int j = 0; j < hd; j++) dx[r * hd + j] += ri * (g[j] - y[j] * c);
+    }
+}
+
+static const OpDef OP_L2NORM_HEADS = {"l2norm_heads", l2norm_forward, l2norm_backward};
+
+Tensor *op_l2norm_heads(Tape *tp, Tensor *x, int head_dim) {
+    int D = x->shape[x->ndim - 1];
+    ASSERT(head_dim > 0 && D % head_dim == 0,
+           "l2norm_heads: the last dimension of %s is not a multiple of head_dim %d", SHAPE(x), head_dim);
+    Tensor *y = tape_tensor(tp, x->ndim, x->shape);
+    Node *n = tape_op(tp, &OP_L2NORM_HEADS, &x, 1, &y, 1);
+    n->iarg[0] = head_dim;
+    l2norm_forward(n);
+    return y;
+}

@@ -1,0 +1,130 @@
+#include "lm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mixer_common.h"
+
+Status lm_parse_layers(LMConfig *cfg, const char *list) {
+    cfg->n_layers = 0;
+    const char *p = list;
+    while (*p) {
+        while (*p == ' ' || *p == ',') p++;
+        if (!*p) break;
+        const char *e = p;
+        while (*e && *e != ',' && *e != ' ') e++;
+        size_t len = (size_t)(e - p);
+        if (cfg->n_layers == LM_MAX_LAYERS) return status_err("more than %d layers", LM_MAX_LAYERS);
+        if (len >= sizeof cfg->layers[0]) return status_err("layer name '%.*s' is too long", (int)len, p);
+        char name[16];
+        memcpy(name, p, len);
+        name[len] = 0;
+        if (!mixer_kind_find(name))
+            return status_err("layer %d: unknown mixer '%s' (known: %s)", cfg->n_layers, name, mixer_kind_names());
+        memcpy(cfg->layers[cfg->n_layers++], name, len + 1);
+        p = e;
+    }
+    if (cfg->n_layers == 0) return status_err("no layers given");
+    return status_ok();
+}
+
+void lm_create(LM *lm, const LMConfig *cfg, ParamStore *ps) {
+    memset(lm, 0, sizeof *lm);
+    lm->cfg = *cfg;
+    int V = cfg->vocab_size, D = cfg->d_model, F = cfg->d_ff, L = cfg->n_layers;
+    ASSERT(V > 0 && D > 0 && F > 0 && L > 0 && L <= LM_MAX_LAYERS, "lm_create: V %d, D %d, F %d, L %d", V, D,
+           F, L);
+    double in_std = 1.0 / sqrt((double)D);
+    // Residual branches end in a projection scaled down by sqrt(2L) (GPT-2's recipe).
+    double res_scale = 1.0 / sqrt(2.0 * L);
+    lm->embed = params_add(ps, "embed", 2, (int[]){V, D}, init_normal(cfg->tied ? in_std : 1.0), 0);
+    MixerConfig mc = cfg->mixer;
+    mc.d_model = D;
+    mc.out_std = res_scale / sqrt((double)(mc.n_heads * mc.d_v));
+    char prefix[64];
+    for (int l = 0; l < L; l++) {
+        LMBlock *b = &lm->blocks[l];
+        snprintf(prefix, sizeof prefix, "layers.%d.norm1", l);
+        b->norm1 = params_add(ps, prefix, 1, (int[]){D}, init_ones(), TENSOR_NO_DECAY);
+        snprintf(prefix, sizeof prefix, "layers.%d.mixer.", l);
+        b->mixer = mixer_create(cfg->layers[l], &mc, ps, prefix);
+        snprintf(prefix, sizeof prefix, "layers.%d.norm2", l);
+        b->norm2 = params_add(ps, prefix, 1, (int[]){D}, init_ones(), TENSOR_NO_DECAY);
+        snprintf(prefix, sizeof prefix, "layers.%d.mlp.", l);
+        b->w1 = param_linear(ps, prefix, "w1", D, F, in_std);
+        b->w3 = param_linear(ps, prefix, "w3", D, F, in_std);
+        b->w2 = param_linear(ps, prefix, "w2", F, D, res_scale / sqrt((double)F));
+    }
+    lm->norm_f = params_add(ps, "norm_f", 1, (int[]){D}, init_ones(), TENSOR_NO_DECAY);
+    lm->lm_head = cfg->tied ? NULL : params_add(ps, "lm_head", 2, (int[]){D, V}, init_normal(in_std), 0);
+}
+
+void lm_destroy(LM *lm) {
+    for (int l = 0; l < lm->cfg.n_layers; l++) mixer_destroy(lm->blocks[l].mixer);
+    memset(lm, 0, sizeof *lm);
+}
+
+static Tensor *mlp_forward(Tape *tp, const LMBlock *b, Tensor *u) {
+    Tensor *a = op_silu(tp, op_matmul(tp, u, b->w1, false, false));
+    Tensor *c = op_matmul(tp, u, b->w3, false, false);
+    return op_matmul(tp, op_mul(tp, a, c), b->w2, false, false);
+}
+
+static Tensor *head_forward(Tape *tp, const LM *lm, Tensor *x) {
+    Tensor *h = op_rmsnorm(tp, x, lm->norm_f, lm->cfg.norm_eps);
+    return lm->lm_head ? op_matmul(tp, h, lm->lm_head, false, false) : op_matmul(tp, h, lm->embed, false, true);
+}
+
+Tensor *lm_forward(Tape *tp, LM *lm, const int *tokens, int B, int T, Tensor *const *states_in,
+                   Tensor **states_out) {
+    Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){B, T});
+    for (int l = 0; l < lm->cfg.n_layers; l++) {
+        LMBlock *b = &lm->blocks[l];
+        Tensor *u = op_rmsnorm(tp, x, b->norm1, lm->cfg.norm_eps);
+        Tensor *s_in = states_in ? states_in[l] : NULL;
+        Tensor **s_out = states_out && b->mixer->kind->recurrent ? &states_out[l] : NULL;
+        if (states_out && !b->mixer->kind->recurrent) states_out[l] = NULL;
+        Tensor *h = op_add(tp, x, b->mixer->kind->forward(tp, b->mixer, u, s_in, s_out));
+        x = op_add(tp, h, mlp_forward(tp, b, op_rmsnorm(tp, h, b->norm2, lm->cfg.norm_eps)));
+    }
+    return head_forward(tp, lm, x);
+}
+
+Tensor *lm_loss(Tape *tp, LM *lm, const int *tokens, const int *targets, int B, int T, Tensor **logits_out) {
+    Tensor *logits = lm_forward(tp, lm, tokens, B, T, NULL, NULL);
+    if (logits_out) *logits_out = logits;
+    return op_cross_entropy(tp, logits, targets);
+}
+
+LMCache *lm_cache_new(const LM *lm, int B, int max_T) {
+    LMCache *c = xcalloc(1, sizeof *c);
+    c->B = B;
+    c->max_T = max_T;
+    for (int l = 0; l < lm->cfg.n_layers; l++) {
+        const Mixer *m = lm->blocks[l].mixer;
+        c->mixer[l] = m->kind->cache_new(m, B, max_T);
+    }
+    return c;
+}
+
+void lm_cache_free(const LM *lm, LMCache *c) {
+    if (!c) return;
+    for (int l = 0; l < lm->cfg.n_layers; l++) lm->blocks[l].mixer->kind->cache_free(c->mixer[l]);
+    free(c);
+}
+
+Tensor *lm_step(Tape *tp, LM *lm, LMCache *c, const int *tokens) {
+    ASSERT(!tape_grad_enabled(tp), "lm_step: decode on a tape in no-grad mode (tape_no_grad_push)");
+    ASSERT(c->pos < c->max_T, "lm_step: the cache holds %d positions and is full", c->max_T);
+    Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){c->B, 1});
+    for (int l = 0; l < lm->cfg.n_layers; l++) {
+        LMBlock *b = &lm->blocks[l];
+        Tensor *u = op_rmsnorm(tp, x, b->norm1, lm->cfg.norm_eps);
+        Tensor *h = op_add(tp, x, b->mixer->kind->step(tp, b->mixer, c->mixer[l], u));
+        x = op_add(tp, h, mlp_forward(tp, b, op_rmsnorm(tp, h, b->norm2, lm->cfg.norm_eps)));
+    }
+    c->pos++;
+    return head_forward(tp, lm, x);
+}

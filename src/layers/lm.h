@@ -1,0 +1,69 @@
+// lm.h: the language model of MODEL.md.
+//
+//   x_0    = E[token]                                   E: (V, D)
+//   x_l+1  = h + MLP(RMSNorm(h)),  h = x_l + Mixer_l(RMSNorm(x_l))
+//   logits = RMSNorm(x_L) W_out    (W_out = E^T when embeddings are tied)
+//   MLP(u) = (SiLU(u W1) * (u W3)) W2                   W1, W3: (D, F), W2: (F, D)
+//
+// Parameter names: embed (V, D); layers.<l>.norm1 (D), layers.<l>.mixer.<...>,
+// layers.<l>.norm2 (D), layers.<l>.mlp.w1 / w3 (D, F), layers.<l>.mlp.w2 (F, D);
+// norm_f (D); lm_head (D, V) when untied.
+#ifndef LM_H
+#define LM_H
+
+#include "mixer.h"
+
+#define LM_MAX_LAYERS 64
+
+typedef struct LMConfig {
+    int vocab_size;                    // V
+    int d_model;                       // D
+    int n_layers;                      // L
+    char layers[LM_MAX_LAYERS][16];    // mixer kind of each layer
+    int d_ff;                          // F
+    bool tied;                         // W_out = E^T
+    double norm_eps;                   // RMSNorm eps
+    MixerConfig mixer;                 // settings every mixer shares (d_model is overwritten)
+} LMConfig;
+
+typedef struct LMBlock {
+    Tensor *norm1, *norm2;             // (D) each
+    Mixer *mixer;
+    Tensor *w1, *w3;                   // (D, F)
+    Tensor *w2;                        // (F, D)
+} LMBlock;
+
+typedef struct LM {
+    LMConfig cfg;
+    Tensor *embed;                     // (V, D)
+    Tensor *norm_f;                    // (D)
+    Tensor *lm_head;                   // (D, V), NULL when tied
+    LMBlock blocks[LM_MAX_LAYERS];
+} LM;
+
+// Parse "gdn,gdn,attn" into cfg->layers / n_layers. Returns a Status naming the bad entry.
+Status lm_parse_layers(LMConfig *cfg, const char *list);
+// Register every parameter in ps (the caller then calls params_finalize).
+void lm_create(LM *lm, const LMConfig *cfg, ParamStore *ps);
+void lm_destroy(LM *lm);
+
+// tokens: (B*T) ids. states_in / states_out: arrays of n_layers tensors
+// (B, H, dk, dv) (entries of non-recurrent layers are NULL), or NULL.
+// Returns logits (B, T, V).
+Tensor *lm_forward(Tape *tp, LM *lm, const int *tokens, int B, int T, Tensor *const *states_in,
+                   Tensor **states_out);
+// Mean cross-entropy of lm_forward's logits against targets (B*T ids). *logits_out (optional).
+Tensor *lm_loss(Tape *tp, LM *lm, const int *tokens, const int *targets, int B, int T, Tensor **logits_out);
+
+// Recurrent decoding: one cache per layer.
+typedef struct LMCache {
+    void *mixer[LM_MAX_LAYERS];
+    int B, max_T, pos;
+} LMCache;
+
+LMCache *lm_cache_new(const LM *lm, int B, int max_T);
+void lm_cache_free(const LM *lm, LMCache *c);
+// tokens: (B) ids at position c->pos; call on a tape in no-grad mode. Returns logits (B, 1, V).
+Tensor *lm_step(Tape *tp, LM *lm, LMCache *c, const int *tokens);
+
+#endif

@@ -1,0 +1,104 @@
+// mixer_common.c: the short convolution, the output gate and dense weights
+// shared by the linear family (linear, mamba, gdn). Everything here composes
+// ops, so the backward comes from the ops' own.
+#include "mixer_common.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---- short convolution ----
+
+void shortconv_create(ShortConv *c, ParamStore *ps, const char *name, int channels, int width) {
+    ASSERT(channels > 0 && width >= 0, "shortconv '%s': channels %d, width %d", name, channels, width);
+    c->channels = channels;
+    c->width = width;
+    c->w = NULL;
+    if (width == 0) return;
+    double a = 1.0 / sqrt((double)width);
+    c->w = params_add(ps, name, 2, (int[]){channels, width}, init_uniform(-a, a), 0);
+}
+
+static void shortconv_check(const ShortConv *c, const Tensor *x, const char *what) {
+    ASSERT(x->ndim == 3 && x->shape[2] == c->channels, "%s: x %s must be (B, T, %d)", what, SHAPE(x),
+           c->channels);
+}
+
+Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x) {
+    shortconv_check(c, x, "shortconv_forward");
+    if (c->width == 0) return x;
+    return op_silu(tp, op_conv1d_causal(tp, x, c->w));
+}
+
+void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B) {
+    ASSERT(B > 0, "shortconv_cache_init: B = %d", B);
+    cc->B = B;
+    cc->buf = NULL;
+    if (c->width > 1) cc->buf = xcalloc((size_t)B * (c->width - 1) * c->channels, sizeof(real));
+}
+
+void shortconv_cache_free(ShortConvCache *cc) {
+    free(cc->buf);
+    cc->buf = NULL;
+    cc->B = 0;
+}
+
+// The convolution runs over the window [cache, x] of W positions and its last
+// output is kept: the same products in the same order as the forward at that
+// position (cached zeros before the start add exact zeros).
+Tensor *shortconv_step(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor *x) {
+    shortconv_check(c, x, "shortconv_step");
+    ASSERT(x->shape[0] == cc->B && x->shape[1] == 1, "shortconv_step: x %s must be (%d, 1, %d)", SHAPE(x), cc->B,
+           c->channels);
+    int W = c->width, C = c->channels, B = cc->B;
+    if (W == 0) return x;
+    Tensor *win = x;   // (B, W, C)
+    if (W > 1) {
+        Tensor *prev = tape_tensor_copy(tp, 3, (int[]){B, W - 1, C}, cc->buf);
+        win = op_concat(tp, (Tensor *[]){prev, x}, 2, 1);
+        // Advance the cache: drop the oldest input, append x.
+        for (int b = 0; b < B; b++) {
+            real *buf = cc->buf + (int64_t)b * (W - 1) * C;
+            memmove(buf, buf + C, (size_t)(W - 2) * C * sizeof(real));
+            memcpy(buf + (int64_t)(W - 2) * C, x->data + (int64_t)b * C, (size_t)C * sizeof(real));
+        }
+    }
+    Tensor *y = op_conv1d_causal(tp, win, c->w);
+    return op_silu(tp, W > 1 ? op_slice(tp, y, 1, W - 1, 1) : y);
+}
+
+// ---- output gate ----
+
+Tensor *param_linear(ParamStore *ps, const char *prefix, const char *name, int in, int out, double std) {
+    char full[256];
+    int len = snprintf(full, sizeof full, "%s%s", prefix, name);
+    ASSERT(len < (int)sizeof full, "param_linear: name '%s%s' too long", prefix, name);
+    return params_add(ps, full, 2, (int[]){in, out}, init_normal(std), 0);
+}
+
+void outgate_create(OutGate *g, ParamStore *ps, const char *prefix, int d_model, int n_heads, int d_v,
+                    double eps) {
+    ASSERT(d_model > 0 && n_heads > 0 && d_v > 0 && eps >= 0, "outgate '%s': D %d, H %d, dv %d, eps %g", prefix,
+           d_model, n_heads, d_v, eps);
+    char name[256];
+    int len = snprintf(name, sizeof name, "%sout_norm", prefix);
+    ASSERT(len < (int)sizeof name, "outgate: prefix '%s' too long", prefix);
+    g->norm_w = params_add(ps, name, 1, (int[]){d_v}, init_ones(), TENSOR_NO_DECAY);
+    g->wg = param_linear(ps, prefix, "wg", d_model, n_heads * d_v, 1.0 / sqrt((double)d_model));
+    g->n_heads = n_heads;
+    g->d_v = d_v;
+    g->eps = eps;
+}
+
+Tensor *outgate_forward(Tape *tp, const OutGate *g, Tensor *o, Tensor *u) {
+    int H = g->n_heads, dv = g->d_v, D = g->wg->shape[0];
+    ASSERT(o->ndim == 3 && o->shape[2] == H * dv && u->ndim == 3 && u->shape[0] == o->shape[0] &&
+               u->shape[1] == o->shape[1] && u->shape[2] == D,
+           "outgate: o %s must be (B, T, %d) and u %s (B, T, %d)", SHAPE(o), H * dv, SHAPE(u), D);
+    int B = o->shape[0], T = o->shape[1];
+    // Per-head RMSNorm: view o as (B, T, H, dv) so the last dimension is a head.
+    Tensor *oh = op_reshape(tp, o, 4, (int[]){B, T, H, dv});
+    Tensor *on = op_reshape(tp, op_rmsnorm(tp, oh, g->norm_w, g->eps), 3, (int[]){B, T, H * dv});
+    Tensor *gate = op_silu(tp, op_matmul(tp, u, g->wg, false, false));
+    return op_mul(tp, on, gate);
+}

@@ -1,0 +1,162 @@
+// rmsnorm and l2norm_heads: gradients, values, errors, determinism of dg.
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+typedef struct {
+    double eps;
+    bool with_g;
+} RmsCtx;
+
+static int f_rmsnorm(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    RmsCtx *c = ctx;
+    out[0] = op_rmsnorm(tp, in[0], c->with_g ? in[1] : NULL, c->eps);
+    return 1;
+}
+
+Test(ops_norm, rmsnorm_gradcheck_with_and_without_weight) {
+    Tensor *x = tensor_newv(true, 4, 2, 3, 4, 6), *g = tensor_newv(true, 1, 6);
+    fill_normal(x, 1, 1.0);
+    fill_uniform(g, 2, 0.5, 1.5);
+    RmsCtx c = {1e-6, true};
+    GradcheckResult r = gradcheck("rmsnorm", f_rmsnorm, (Tensor *[]){x, g}, 2, &c, NULL);
+    ASSERT_GRADCHECK(r, "rmsnorm with g");
+    c.with_g = false;
+    c.eps = 0.1;   // a large eps so that the eps term matters in the gradient
+    r = gradcheck("rmsnorm", f_rmsnorm, &x, 1, &c, NULL);
+    ASSERT_GRADCHECK(r, "rmsnorm without g");
+    Tensor *x3 = tensor_newv(true, 3, 3, 7, 5), *g5 = tensor_newv(true, 1, 5);
+    fill_normal(x3, 3, 2.0);
+    fill_normal(g5, 4, 1.0);
+    c = (RmsCtx){1e-5, true};
+    r = gradcheck("rmsnorm", f_rmsnorm, (Tensor *[]){x3, g5}, 2, &c, NULL);
+    ASSERT_GRADCHECK(r, "rmsnorm 3-d");
+    tensor_free(x);
+    tensor_free(g);
+    tensor_free(x3);
+    tensor_free(g5);
+}
+
+Test(ops_norm, rmsnorm_values) {
+    Tape tp;
+    tape_init(&tp);
+    // Row (3, 4): mean square 12.5, rms 3.5355339; with g (1, 2) and eps 0.
+    Tensor *x = tensor_newv(false, 2, 2, 2), *g = tensor_newv(false, 1, 2);
+    real xv[] = {3, 4, 0, 0};
+    memcpy(x->data, xv, sizeof xv);
+    g->data[0] = 1;
+    g->data[1] = 2;
+    Tensor *y = op_rmsnorm(&tp, x, g, 0.0);
+    double rms = sqrt(12.5);
+    cr_assert_float_eq(y->data[0], 3 / rms, 1e-6);
+    cr_assert_float_eq(y->data[1], 8 / rms, 1e-6);
+    // A zero row with eps > 0 stays zero (no NaN).
+    y = op_rmsnorm(&tp, x, NULL, 1e-6);
+    cr_assert(y->data[2] == 0 && y->data[3] == 0);
+    // Without g, every row has mean square ~1.
+    Tensor *z = tensor_newv(false, 3, 2, 3, 8);
+    fill_normal(z, 5, 4.0);
+    y = op_rmsnorm(&tp, z, NULL, 1e-6);
+    for (int r = 0; r < 6; r++) {
+        double ms = 0;
+        for (int j = 0; j < 8; j++) ms += (double)y->data[r * 8 + j] * y->data[r * 8 + j];
+        cr_assert_float_eq(ms / 8, 1.0, 1e-5);
+    }
+    tensor_free(x);
+    tensor_free(g);
+    tensor_free(z);
+    tape_free(&tp);
+}
+
+typedef struct {
+    int hd;
+} L2Ctx;
+
+static int f_l2norm(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    out[0] = op_l2norm_heads(tp, in[0], ((L2Ctx *)ctx)->hd);
+    return 1;
+}
+
+Test(ops_norm, l2norm_heads_gradcheck) {
+    Tensor *x = tensor_newv(true, 3, 2, 5, 12);
+    fill_normal(x, 6, 1.0);
+    int hds[] = {4, 3, 12};
+    for (int k = 0; k < 3; k++) {
+        L2Ctx c = {hds[k]};
+        GradcheckResult r = gradcheck("l2norm_heads", f_l2norm, &x, 1, &c, NULL);
+        ASSERT_GRADCHECK(r, "l2norm_heads");
+    }
+    Tensor *x4 = tensor_newv(true, 4, 2, 3, 2, 8);
+    fill_normal(x4, 7, 1.0);
+    L2Ctx c = {4};
+    GradcheckResult r = gradcheck("l2norm_heads", f_l2norm, &x4, 1, &c, NULL);
+    ASSERT_GRADCHECK(r, "l2norm_heads 4-d");
+    tensor_free(x);
+    tensor_free(x4);
+}
+
+Test(ops_norm, l2norm_heads_values) {
+    Tape tp;
+    tape_init(&tp);
+    // Two heads of size 2: (3, 4) -> (3, 4) / sqrt(25 + 1e-6); (0, 2) -> (0, 2) / sqrt(4 + 1e-6).
+    Tensor *x = tensor_newv(false, 1, 4);
+    real xv[] = {3, 4, 0, 2};
+    memcpy(x->data, xv, sizeof xv);
+    Tensor *y = op_l2norm_heads(&tp, x, 2);
+    cr_assert_float_eq(y->data[0], 3 / sqrt(25 + 1e-6), 1e-7);
+    cr_assert_float_eq(y->data[1], 4 / sqrt(25 + 1e-6), 1e-7);
+    cr_assert_float_eq(y->data[2], 0, 0);
+    cr_assert_float_eq(y->data[3], 2 / sqrt(4 + 1e-6), 1e-7);
+    tensor_free(x);
+    tape_free(&tp);
+}
+
+Test(ops_norm, bad_shapes_name_the_op) {
+    Tape tp;
+    tape_init(&tp);
+    Tensor *x = tensor_newv(false, 3, 2, 3, 8), *g = tensor_newv(false, 1, 6);
+    cr_assert(EXPECT_FAILURE(op_rmsnorm(&tp, x, g, 1e-6)));
+    cr_assert(strstr(ag_last_error(), "rmsnorm") && strstr(ag_last_error(), "(6)") &&
+                  strstr(ag_last_error(), "(2, 3, 8)"),
+              "got: %s", ag_last_error());
+    cr_assert(EXPECT_FAILURE(op_l2norm_heads(&tp, x, 3)));
+    cr_assert(strstr(ag_last_error(), "l2norm_heads") && strstr(ag_last_error(), "(2, 3, 8)"), "got: %s",
+              ag_last_error());
+    tensor_free(x);
+    tensor_free(g);
+    tape_free(&tp);
+}
+
+// dg sums over all rows: the same bits with 1 and 2 threads.
+static void run_rms(int threads, Tensor *x, Tensor *g, real *dx, real *dg) {
+    omp_set_num_threads(threads);
+    Tape tp;
+    tape_init(&tp);
+    memset(x->grad, 0, (size_t)x->numel * sizeof(real));
+    memset(g->grad, 0, (size_t)g->numel * sizeof(real));
+    Tensor *y = op_rmsnorm(&tp, x, g, 1e-6);
+    tape_backward(&tp, op_sum(&tp, op_mul(&tp, y, y)));
+    memcpy(dx, x->grad, (size_t)x->numel * sizeof(real));
+    memcpy(dg, g->grad, (size_t)g->numel * sizeof(real));
+    tape_free(&tp);
+}
+
+Test(ops_norm, rmsnorm_backward_deterministic_across_thread_counts) {
+    int R = 300, D = 200;
+    Tensor *x = tensor_newv(true, 2, R, D), *g = tensor_newv(true, 1, D);
+    fill_normal(x, 8, 1.0);
+    fill_uniform(g, 9, 0.5, 1.5);
+    real *dx1 = xmalloc((size_t)R * D * sizeof(real)), *dx2 = xmalloc((size_t)R * D * sizeof(real));
+    real dg1[200], dg2[200];
+    run_rms(1, x, g, dx1, dg1);
+    run_rms(2, x, g, dx2, dg2);
+    cr_assert_eq(memcmp(dx1, dx2, (size_t)R * D * sizeof(real)), 0);
+    cr_assert_eq(memcmp(dg1, dg2, sizeof dg1), 0);
+    free(dx1);
+    free(dx2);
+    tensor_free(x);
+    tensor_free(g);
+}
