@@ -8,26 +8,20 @@
 // values; a step rotates the new q and k at the current absolute position,
 // appends k and v, and attends over the cache (attn_decode_forward), O(pos d).
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attn_kernel.h"
 #include "attn_layer.h"
-
-Tensor *attn_weight(ParamStore *ps, const char *prefix, const char *name, int in, int out, double std) {
-    char full[256];
-    snprintf(full, sizeof full, "%s%s", prefix, name);
-    return params_add(ps, full, 2, (int[]){in, out}, init_normal(std), 0);
-}
+#include "mixer_common.h"
 
 void attn_layer_create(AttnLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *c) {
     ASSERT(c->d_k % 2 == 0, "attn: RoPE rotates pairs, d_k %d must be even", c->d_k);
     double std = 1.0 / sqrt(c->d_model);
-    L->wq = attn_weight(ps, prefix, "wq", c->d_model, c->n_heads * c->d_k, std);
-    L->wk = attn_weight(ps, prefix, "wk", c->d_model, c->n_heads * c->d_k, std);
-    L->wv = attn_weight(ps, prefix, "wv", c->d_model, c->n_heads * c->d_v, std);
-    L->wo = attn_weight(ps, prefix, "wo", c->n_heads * c->d_v, c->d_model, c->out_std);
+    L->wq = param_linear(ps, prefix, "wq", c->d_model, c->n_heads * c->d_k, std);
+    L->wk = param_linear(ps, prefix, "wk", c->d_model, c->n_heads * c->d_k, std);
+    L->wv = param_linear(ps, prefix, "wv", c->d_model, c->n_heads * c->d_v, std);
+    L->wo = param_linear(ps, prefix, "wo", c->n_heads * c->d_v, c->d_model, c->out_std);
 }
 
 void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, int pos0, Tensor **q,

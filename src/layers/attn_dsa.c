@@ -16,6 +16,7 @@
 #include "attn_kernel.h"
 #include "attn_layer.h"
 #include "dsa_kernel.h"
+#include "mixer_common.h"
 
 typedef struct DsaLayer {
     AttnLayer attn;
@@ -42,9 +43,9 @@ static void dsa_create(Mixer *m, ParamStore *ps, const char *prefix) {
     DsaLayer *L = xcalloc(1, sizeof *L);
     attn_layer_create(&L->attn, ps, prefix, c);
     double std = 1.0 / sqrt(c->d_model);
-    L->wq_idx = attn_weight(ps, prefix, "wq_idx", c->d_model, c->index_heads * c->index_dim, std);
-    L->wk_idx = attn_weight(ps, prefix, "wk_idx", c->d_model, c->index_dim, std);
-    L->ww_idx = attn_weight(ps, prefix, "ww_idx", c->d_model, c->index_heads, std);
+    L->wq_idx = param_linear(ps, prefix, "wq_idx", c->d_model, c->index_heads * c->index_dim, std);
+    L->wk_idx = param_linear(ps, prefix, "wk_idx", c->d_model, c->index_dim, std);
+    L->ww_idx = param_linear(ps, prefix, "ww_idx", c->d_model, c->index_heads, std);
     m->impl = L;
 }
 

@@ -19,8 +19,6 @@ typedef struct KVCache {
     real *v;      // (B, max_T, H*dv)
 } KVCache;
 
-// A dense weight (in, out) ~ N(0, std^2) registered as prefix + name.
-Tensor *attn_weight(ParamStore *ps, const char *prefix, const char *name, int in, int out, double std);
 // wq, wk, wv ~ N(0, 1/D), wo ~ N(0, out_std^2).
 void attn_layer_create(AttnLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *c);
 // u (B, T, D) -> q = RoPE(u Wq), k = RoPE(u Wk) at absolute positions pos0.., v = u Wv.
