@@ -341,3 +341,24 @@ Test(dsa, selected_mass) {
     double m = dsa_selected_mass(p, sel, 1, T, K);
     cr_assert_float_eq(m, (1 + 1 + 0.8 + 0.7) / 4, 1e-6);
 }
+
+Test(dsa, fused_select_equals_scores_then_topk) {
+    // T = 150: three tiles, the last one partial.
+    int B = 2, T = 150, HI = 3, dI = 4, K = 10;
+    Tensor *qI = tensor_newv(false, 3, B, T, HI * dI), *kI = tensor_newv(false, 3, B, T, dI);
+    Tensor *w = tensor_newv(false, 3, B, T, HI);
+    fill_index_inputs(qI, kI, w, HI, 60, false);
+    Tape tp;
+    tape_init(&tp);
+    Tensor *Isc = op_dsa_index_scores(&tp, qI, kI, w, HI);
+    int *a = xmalloc((size_t)B * T * K * sizeof(int)), *b = xmalloc((size_t)B * T * K * sizeof(int));
+    dsa_topk(a, Isc->data, B, T, K);
+    dsa_index_select(b, qI->data, kI->data, w->data, B, T, HI, dI, K);
+    cr_assert_eq(memcmp(a, b, (size_t)B * T * K * sizeof(int)), 0);
+    tape_free(&tp);
+    free(a);
+    free(b);
+    tensor_free(qI);
+    tensor_free(kI);
+    tensor_free(w);
+}

@@ -81,13 +81,14 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor *
         Tensor *qI = op_rope(tp, op_matmul(tp, ub, L->wq_idx, false, false), c->index_dim, 0, c->rope_base);
         Tensor *kI = op_rope(tp, op_matmul(tp, ub, L->wk_idx, false, false), c->index_dim, 0, c->rope_base);
         Tensor *w = op_matmul(tp, ub, L->ww_idx, false, false);
-        Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads);
         int *sel = tape_alloc(tp, (size_t)B * T * K * sizeof(int));
-        dsa_topk(sel, Isc->data, B, T, K);
-        if (!L->distill) {
+        if (!L->distill) {   // scores and selection tile by tile: no (B, T, T) matrix
+            dsa_index_select(sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K);
             tape_no_grad_pop(tp);
             o = op_sparse_attention(tp, q, k, v, sel, K, H, scale);
-        } else {
+        } else {             // the KL needs every score and the dense target: O(T^2) memory
+            Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads);
+            dsa_topk(sel, Isc->data, B, T, K);
             o = op_attention(tp, q, k, v, H, scale);
             Tensor *p = tape_tensorv(tp, 3, B, T, T);   // the target: a constant
             dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale);

@@ -19,12 +19,30 @@
 
 // ---- indexer scores ----
 
+// Rows t0 .. t0+nq-1 of the scores of batch element b: I_t,s for s <= t,
+// written to out + i*ldo, zeros after s = t (ldo = T for the full matrix).
+// Z: scratch (nq*HI, t0+nq).
+static void index_tile(real *out, int64_t ldo, const real *qI, const real *kI, const real *w, int b, int t0, int nq,
+                       int T, int HI, int dI, real *Z) {
+    real c = (real)(1.0 / sqrt(dI));
+    int s_end = t0 + nq;
+    const real *Q = qI + ((int64_t)b * T + t0) * HI * dI, *K = kI + (int64_t)b * T * dI;
+    gemm(false, true, nq * HI, s_end, dI, 1, Q, dI, K, dI, 0, Z, s_end);
+    for (int i = 0; i < nq; i++) {
+        int t = t0 + i;
+        real *It = out + (int64_t)i * ldo;
+        memset(It, 0, (size_t)ldo * sizeof(real));
+        for (int j = 0; j < HI; j++) {
+            real wj = c * w[((int64_t)b * T + t) * HI + j];
+            const real *Zr = Z + ((int64_t)i * HI + j) * s_end;
+            for (int s = 0; s <= t; s++) It[s] += Zr[s] > 0 ? wj * Zr[s] : 0;
+        }
+    }
+}
+
 // iarg: 0 B, 1 T, 2 HI, 3 dI.
 static void index_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1], HI = n->iarg[2], dI = n->iarg[3];
-    const real *qI = n->in[0]->data, *kI = n->in[1]->data, *w = n->in[2]->data;
-    real *Isc = n->out[0]->data;
-    real c = (real)(1.0 / sqrt(dI));
     int n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
 #pragma omp parallel
     {
@@ -32,19 +50,9 @@ static void index_forward(Node *n) {
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
             for (int it = 0; it < n_tiles; it++) {
-                int t0 = it * DSA_TILE, nq = imin(DSA_TILE, T - t0), s_end = t0 + nq;
-                const real *Q = qI + ((int64_t)b * T + t0) * HI * dI, *K = kI + (int64_t)b * T * dI;
-                gemm(false, true, nq * HI, s_end, dI, 1, Q, dI, K, dI, 0, Z, s_end);
-                for (int i = 0; i < nq; i++) {
-                    int t = t0 + i;
-                    real *It = Isc + ((int64_t)b * T + t) * T;
-                    memset(It, 0, (size_t)T * sizeof(real));
-                    for (int j = 0; j < HI; j++) {
-                        real wj = c * w[((int64_t)b * T + t) * HI + j];
-                        const real *Zr = Z + ((int64_t)i * HI + j) * s_end;
-                        for (int s = 0; s <= t; s++) It[s] += Zr[s] > 0 ? wj * Zr[s] : 0;
-                    }
-                }
+                int t0 = it * DSA_TILE;
+                index_tile(n->out[0]->data + ((int64_t)b * T + t0) * T, T, n->in[0]->data, n->in[1]->data,
+                           n->in[2]->data, b, t0, imin(DSA_TILE, T - t0), T, HI, dI, Z);
             }
         free(Z);
     }
@@ -169,6 +177,27 @@ void dsa_topk(int *sel, const real *Isc, int B, int T, int K) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             dsa_topk_row(sel + ((int64_t)b * T + t) * K, Isc + ((int64_t)b * T + t) * T, t + 1, K);
+}
+
+void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
+                      int K) {
+    ASSERT(K >= 1, "dsa_index_select: K = %d", K);
+    int n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
+#pragma omp parallel
+    {
+        real *Z = xmalloc((size_t)DSA_TILE * HI * T * sizeof(real));
+        real *rows = xmalloc((size_t)DSA_TILE * T * sizeof(real));   // (nq, t0+nq) one tile of scores
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int it = 0; it < n_tiles; it++) {
+                int t0 = it * DSA_TILE, nq = imin(DSA_TILE, T - t0);
+                index_tile(rows, t0 + nq, qI, kI, w, b, t0, nq, T, HI, dI, Z);
+                for (int i = 0; i < nq; i++)
+                    dsa_topk_row(sel + ((int64_t)b * T + t0 + i) * K, rows + (int64_t)i * (t0 + nq), t0 + i + 1, K);
+            }
+        free(Z);
+        free(rows);
+    }
 }
 
 // ---- distillation target and loss ----

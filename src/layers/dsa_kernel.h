@@ -6,9 +6,10 @@
 //   sparse attention softmax over Sel_t only, O(T K d) forward and backward
 //   distillation    KL(p_t || softmax_{s<=t}(I_t)), p = head-averaged dense P
 //
-// The indexer scores are materialised, (B, T, T) with zeros above the
-// diagonal: the indexer is small (H_I x d_I) and the distillation loss needs
-// every row. Selections are int arrays (B, T, K) of positions in ascending
+// For training the indexer (distillation) the scores are materialised,
+// (B, T, T) with zeros above the diagonal, since the KL needs every row: O(T^2)
+// memory. Sparse inference uses dsa_index_select, which scores and selects
+// tile by tile in O(T) memory. Selections are int arrays (B, T, K) of positions in ascending
 // order, -1 past the end of rows with fewer than K candidates (t + 1 < K).
 #ifndef DSA_KERNEL_H
 #define DSA_KERNEL_H
@@ -26,6 +27,11 @@ Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int ind
 // sel (B, T, K) <- the top K positions of each row of I (B, T, T) among s <= t,
 // ascending; -1 padding when t + 1 < K. Ties: the later position wins.
 void dsa_topk(int *sel, const real *Isc, int B, int T, int K);
+// The scores and the selection fused, tile by tile, without the (B, T, T)
+// matrix (O(T) memory per thread); no autograd. Same values as
+// dsa_topk(op_dsa_index_scores(qI, kI, w)).
+void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
+                      int K);
 // One row: row (K) <- the top K of scores[0..n), ascending, -1 padded when n < K.
 void dsa_topk_row(int *row, const real *scores, int n, int K);
 
