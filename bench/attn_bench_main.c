@@ -5,7 +5,10 @@
 //
 // For T in 256, 1024, 4096, 16384 (B = tokens / T): the forward alone (no
 // grad), forward + backward, and one decoding step at a full cache (B
-// queries, each over T cached keys). GFLOP/s counts the causal half only:
+// queries, each over T cached keys). Then the DeepSeek sparse pieces:
+// op_sparse_attention forward + backward with K = 256 selected positions per
+// query (a sliding window here: the cost does not depend on which), and the
+// indexer's fused scoring + top-k (dsa_index_select, H_I = 4, d_I = 32). GFLOP/s counts the causal half only:
 // 2 T^2 d per head for the forward (QK^T and PV), 5 T^2 d for the backward.
 // The projections (u Wq, ...) are not included: their cost per token does not
 // depend on T. One run per figure after one warm-up: indicative, not a study.
@@ -17,6 +20,7 @@
 #include <time.h>
 
 #include "attn_kernel.h"
+#include "dsa_kernel.h"
 #include "rng.h"
 
 static double now(void) {
@@ -55,8 +59,9 @@ int main(int argc, char **argv) {
     cpu_name(cpu, sizeof cpu);
     printf("attn_bench: %s, %d OpenMP threads, %s, tokens per step %d, H %d, dk = dv = %d, tiles %d x %d\n",
            cpu, omp_get_max_threads(), REAL_NAME, tokens, H, d, ATTN_TILE_Q, ATTN_TILE_K);
-    printf("%7s %4s | %10s %8s | %10s %8s | %12s %10s\n", "T", "B", "fwd ms", "GFLOP/s", "fwd+bwd ms",
-           "GFLOP/s", "decode us", "tok/s");
+    printf("%7s %4s | %10s %8s | %10s %8s | %12s %10s | %14s %12s\n", "T", "B", "fwd ms", "GFLOP/s",
+           "fwd+bwd ms", "GFLOP/s", "decode us", "tok/s", "sparse f+b ms", "index ms");
+    const int K = 256, HI = 4, dI = 32;
     const int Ts[] = {256, 1024, 4096, 16384};
     double scale = 1.0 / sqrt(d);
     Rng rng;
@@ -101,8 +106,35 @@ int main(int argc, char **argv) {
         for (int s = 0; s < steps; s++) attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, H, d, d, scale);
         double dec = (now() - t0) / steps;
 
-        printf("%7d %4d | %10.1f %8.1f | %10.1f %8.1f | %12.1f %10.0f\n", T, B, 1e3 * fwd, flop_fwd / fwd / 1e9,
-               1e3 * fb, (flop_fwd + flop_bwd) / fb / 1e9, 1e6 * dec, B / dec);
+        // Sparse attention over K positions per query, forward + backward.
+        int *sel = xmalloc((size_t)B * T * K * sizeof(int));
+        for (int64_t r = 0; r < (int64_t)B * T; r++) {
+            int t = (int)(r % T), s0 = imax(0, t + 1 - K);
+            for (int j = 0; j < K; j++) sel[r * K + j] = s0 + j <= t ? s0 + j : -1;
+        }
+        t0 = now();
+        o = op_sparse_attention(&tp, q, k, v, sel, K, H, scale);
+        tape_backward_from(&tp, o, seed);
+        double sp = now() - t0;
+        tape_reset(&tp);
+
+        // The indexer: scores and top-K selection, tile by tile.
+        Tensor *qI = tensor_newv(false, 3, B, T, HI * dI), *kI = tensor_newv(false, 3, B, T, dI);
+        Tensor *wI = tensor_newv(false, 3, B, T, HI);
+        fill(qI, &rng);
+        fill(kI, &rng);
+        fill(wI, &rng);
+        t0 = now();
+        dsa_index_select(sel, qI->data, kI->data, wI->data, B, T, HI, dI, K);
+        double ix = now() - t0;
+
+        printf("%7d %4d | %10.1f %8.1f | %10.1f %8.1f | %12.1f %10.0f | %14.1f %12.1f\n", T, B, 1e3 * fwd,
+               flop_fwd / fwd / 1e9, 1e3 * fb, (flop_fwd + flop_bwd) / fb / 1e9, 1e6 * dec, B / dec, 1e3 * sp,
+               1e3 * ix);
+        free(sel);
+        tensor_free(qI);
+        tensor_free(kI);
+        tensor_free(wI);
         fflush(stdout);
         free(qrow);
         free(orow);
