@@ -362,3 +362,49 @@ Test(dsa, fused_select_equals_scores_then_topk) {
     tensor_free(kI);
     tensor_free(w);
 }
+
+#include <omp.h>
+
+// Gradients of the indexer and of the sparse attention with 1 and 2 threads.
+static void dsa_grads(Tensor *const *x, const int *sel, int K, real *out) {
+    Tape tp;
+    tape_init(&tp);
+    for (int i = 0; i < 6; i++) memset(x[i]->grad, 0, x[i]->numel * sizeof(real));
+    Tensor *Isc = op_dsa_index_scores(&tp, x[0], x[1], x[2], 2);
+    Tensor *o = op_sparse_attention(&tp, x[3], x[4], x[5], sel, K, 2, 0.5);
+    Tensor *l = op_add(&tp, op_mean(&tp, op_mul(&tp, Isc, Isc)), op_mean(&tp, op_mul(&tp, o, o)));
+    tape_backward(&tp, l);
+    for (int i = 0; i < 6; i++) {
+        memcpy(out, x[i]->grad, x[i]->numel * sizeof(real));
+        out += x[i]->numel;
+    }
+    tape_free(&tp);
+}
+
+Test(dsa, backward_same_for_any_thread_count) {
+    int B = 3, T = 70, K = 6;
+    Tensor *x[6] = {tensor_newv(true, 3, B, T, 6), tensor_newv(true, 3, B, T, 3), tensor_newv(true, 3, B, T, 2),
+                    tensor_newv(true, 3, B, T, 8), tensor_newv(true, 3, B, T, 8), tensor_newv(true, 3, B, T, 6)};
+    int64_t n = 0;
+    for (int i = 0; i < 6; i++) {
+        fill_normal(x[i], 70 + i, 1.0);
+        n += x[i]->numel;
+    }
+    Tensor *I = tensor_newv(false, 3, B, T, T);
+    fill_normal(I, 80, 1.0);
+    int *sel = xmalloc((size_t)B * T * K * sizeof(int));
+    dsa_topk(sel, I->data, B, T, K);
+    real *a = xmalloc(n * sizeof(real)), *b = xmalloc(n * sizeof(real));
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    dsa_grads(x, sel, K, a);
+    omp_set_num_threads(2);
+    dsa_grads(x, sel, K, b);
+    omp_set_num_threads(saved);
+    cr_assert_eq(memcmp(a, b, n * sizeof(real)), 0);
+    free(a);
+    free(b);
+    free(sel);
+    tensor_free(I);
+    for (int i = 0; i < 6; i++) tensor_free(x[i]);
+}
