@@ -212,6 +212,24 @@ Test(attn_kernel, only_requested_gradients) {
     qkv_free(&x);
 }
 
+Test(attn_kernel, keeps_only_output_and_lse) {
+    // A recorded forward at T = 512 takes from the tape only o and the lse
+    // (plus headers): far below one T x T matrix per head (2 MB here).
+    int B = 1, T = 512, H = 2, d = 8;
+    QKV x = qkv_new(B, T, H, d, d, 90, 1.0);
+    Tape tp;
+    tape_init(&tp);
+    size_t before = tp.arena.total_used;
+    Tensor *o = op_attention(&tp, x.q, x.k, x.v, H, 0.3);
+    size_t used = tp.arena.total_used - before;
+    size_t want = (size_t)o->numel * sizeof(real) + (size_t)B * H * T * sizeof(real);
+    cr_assert(used >= want && used < want + 4096, "arena grew by %zu bytes, o + lse = %zu", used, want);
+    tape_backward_from(&tp, o, x.v->data);   // the backward works from that alone
+    cr_assert_not_null(x.q->grad);
+    tape_free(&tp);
+    qkv_free(&x);
+}
+
 Test(attn_kernel, decode_kernel_equals_last_row) {
     // One query over a cache of n keys = the last row of the parallel forward.
     int B = 2, T = 19, H = 2, dk = 4, dv = 3;
