@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# The main job: until `train` lands, run the gradient-check demo.
+# The main job: get the corpus, train the default model, sample from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./build/gradcheck_demo
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+scripts/get_corpus.sh
+./build/train --config tiny_gdn.ini "$@"
+./build/generate --checkpoint runs/tiny_gdn/checkpoint.h5 --prompt "And God said" --max-tokens 300 --check

@@ -4,15 +4,13 @@
 #include <string.h>
 
 // One line per mixer kind (each defined in its own file).
-extern const MixerKind MIXER_LINEAR;   // linear.c
-extern const MixerKind MIXER_MAMBA;    // mamba.c
-extern const MixerKind MIXER_GDN;      // gdn.c
-
+extern const MixerKind MIXER_ATTN;       // attn.c
+extern const MixerKind MIXER_LINEAR;     // linear.c
+extern const MixerKind MIXER_MAMBA;      // mamba.c
+extern const MixerKind MIXER_GDN;        // gdn.c
+extern const MixerKind MIXER_ATTN_DSA;   // attn_dsa.c
 static const MixerKind *const KINDS[] = {
-    &MIXER_LINEAR,
-    &MIXER_MAMBA,
-    &MIXER_GDN,
-    NULL,
+    &MIXER_ATTN, &MIXER_LINEAR, &MIXER_MAMBA, &MIXER_GDN, &MIXER_ATTN_DSA,
 };
 
 static const char *const FORM_NAMES[MIXER_FORM_COUNT] = {"chunked", "parallel", "recurrent"};

@@ -1,0 +1,149 @@
+// attn_bench: timing of the causal softmax attention kernel (op_attention) at
+// growing sequence length with the number of tokens per step fixed.
+//
+//   attn_bench [tokens=16384] [H=4] [d=64]
+//
+// For T in 256, 1024, 4096, 16384 (B = tokens / T): the forward alone (no
+// grad), forward + backward, and one decoding step at a full cache (B
+// queries, each over T cached keys). Then the DeepSeek sparse pieces:
+// op_sparse_attention forward + backward with K = 256 selected positions per
+// query (a sliding window here: the cost does not depend on which), and the
+// indexer's fused scoring + top-k (dsa_index_select, H_I = 4, d_I = 32). GFLOP/s counts the causal half only:
+// 2 T^2 d per head for the forward (QK^T and PV), 5 T^2 d for the backward.
+// The projections (u Wq, ...) are not included: their cost per token does not
+// depend on T. One run per figure after one warm-up: indicative, not a study.
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attn_kernel.h"
+#include "dsa_kernel.h"
+#include "rng.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void cpu_name(char *buf, size_t n) {
+    snprintf(buf, n, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char *c = strchr(line, ':');
+            if (c) {
+                snprintf(buf, n, "%s", c + 2);
+                buf[strcspn(buf, "\n")] = 0;
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static void fill(Tensor *t, Rng *r) {
+    for (int64_t i = 0; i < t->numel; i++) t->data[i] = (real)rng_normal(r);
+}
+
+int main(int argc, char **argv) {
+    int tokens = argc > 1 ? atoi(argv[1]) : 16384;
+    int H = argc > 2 ? atoi(argv[2]) : 4;
+    int d = argc > 3 ? atoi(argv[3]) : 64;
+    char cpu[256];
+    cpu_name(cpu, sizeof cpu);
+    printf("attn_bench: %s, %d OpenMP threads, %s, tokens per step %d, H %d, dk = dv = %d, tiles %d x %d\n",
+           cpu, omp_get_max_threads(), REAL_NAME, tokens, H, d, ATTN_TILE_Q, ATTN_TILE_K);
+    printf("%7s %4s | %10s %8s | %10s %8s | %12s %10s | %14s %12s\n", "T", "B", "fwd ms", "GFLOP/s",
+           "fwd+bwd ms", "GFLOP/s", "decode us", "tok/s", "sparse f+b ms", "index ms");
+    const int K = 256, HI = 4, dI = 32;
+    const int Ts[] = {256, 1024, 4096, 16384};
+    double scale = 1.0 / sqrt(d);
+    Rng rng;
+    rng_seed(&rng, 1);
+    Tape tp;
+    tape_init(&tp);
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        int T = Ts[i], B = tokens / T;
+        if (B < 1) continue;
+        Tensor *q = tensor_newv(true, 3, B, T, H * d), *k = tensor_newv(true, 3, B, T, H * d);
+        Tensor *v = tensor_newv(true, 3, B, T, H * d);
+        fill(q, &rng);
+        fill(k, &rng);
+        fill(v, &rng);
+        real *seed = xmalloc((size_t)v->numel * sizeof(real));
+        for (int64_t j = 0; j < v->numel; j++) seed[j] = (real)rng_normal(&rng);
+        double flop_fwd = 2.0 * B * H * (double)T * T * d, flop_bwd = 2.5 * flop_fwd;
+
+        // Forward only (no saved state), after a warm-up.
+        tape_no_grad_push(&tp);
+        op_attention(&tp, q, k, v, H, scale);
+        tape_reset(&tp);
+        double t0 = now();
+        op_attention(&tp, q, k, v, H, scale);
+        double fwd = now() - t0;
+        tape_reset(&tp);
+        tape_no_grad_pop(&tp);
+
+        // Forward + backward.
+        t0 = now();
+        Tensor *o = op_attention(&tp, q, k, v, H, scale);
+        tape_backward_from(&tp, o, seed);
+        double fb = now() - t0;
+        tape_reset(&tp);
+
+        // Decoding: B queries over a full cache of T keys (the k, v above).
+        real *qrow = xmalloc((size_t)B * H * d * sizeof(real)), *orow = xmalloc((size_t)B * H * d * sizeof(real));
+        for (int64_t j = 0; j < (int64_t)B * H * d; j++) qrow[j] = (real)rng_normal(&rng);
+        int steps = 20;
+        attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, H, d, d, scale);
+        t0 = now();
+        for (int s = 0; s < steps; s++) attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, H, d, d, scale);
+        double dec = (now() - t0) / steps;
+
+        // Sparse attention over K positions per query, forward + backward.
+        int *sel = xmalloc((size_t)B * T * K * sizeof(int));
+        for (int64_t r = 0; r < (int64_t)B * T; r++) {
+            int t = (int)(r % T), s0 = imax(0, t + 1 - K);
+            for (int j = 0; j < K; j++) sel[r * K + j] = s0 + j <= t ? s0 + j : -1;
+        }
+        t0 = now();
+        o = op_sparse_attention(&tp, q, k, v, sel, K, H, scale);
+        tape_backward_from(&tp, o, seed);
+        double sp = now() - t0;
+        tape_reset(&tp);
+
+        // The indexer: scores and top-K selection, tile by tile.
+        Tensor *qI = tensor_newv(false, 3, B, T, HI * dI), *kI = tensor_newv(false, 3, B, T, dI);
+        Tensor *wI = tensor_newv(false, 3, B, T, HI);
+        fill(qI, &rng);
+        fill(kI, &rng);
+        fill(wI, &rng);
+        t0 = now();
+        dsa_index_select(sel, qI->data, kI->data, wI->data, B, T, HI, dI, K);
+        double ix = now() - t0;
+
+        printf("%7d %4d | %10.1f %8.1f | %10.1f %8.1f | %12.1f %10.0f | %14.1f %12.1f\n", T, B, 1e3 * fwd,
+               flop_fwd / fwd / 1e9, 1e3 * fb, (flop_fwd + flop_bwd) / fb / 1e9, 1e6 * dec, B / dec, 1e3 * sp,
+               1e3 * ix);
+        free(sel);
+        tensor_free(qI);
+        tensor_free(kI);
+        tensor_free(wI);
+        fflush(stdout);
+        free(qrow);
+        free(orow);
+        free(seed);
+        tensor_free(q);
+        tensor_free(k);
+        tensor_free(v);
+    }
+    tape_free(&tp);
+    printf("decode: one step for all B sequences at position T (cache full); tok/s = B / step time\n");
+    return 0;
+}

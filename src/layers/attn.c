@@ -1,0 +1,118 @@
+// attn.c: the `attn` mixer, causal softmax attention with RoPE (MODEL.md `attn`).
+//
+//   q = RoPE(u Wq), k = RoPE(u Wk), v = u Wv          (B, T, H*dk / H*dv)
+//   o = softmax_{s<=t}(q_t . k_s / sqrt(dk)) v        op_attention (attn_flash.c)
+//   y = o Wo                                          (B, T, D)
+//
+// No recurrent state. Decoding keeps a KV cache of the rotated keys and the
+// values; a step rotates the new q and k at the current absolute position,
+// appends k and v, and attends over the cache (attn_decode_forward), O(pos d).
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_kernel.h"
+#include "attn_layer.h"
+#include "mixer_common.h"
+
+void attn_layer_create(AttnLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *c) {
+    ASSERT(c->d_k % 2 == 0, "attn: RoPE rotates pairs, d_k %d must be even", c->d_k);
+    double std = 1.0 / sqrt(c->d_model);
+    L->wq = param_linear(ps, prefix, "wq", c->d_model, c->n_heads * c->d_k, std);
+    L->wk = param_linear(ps, prefix, "wk", c->d_model, c->n_heads * c->d_k, std);
+    L->wv = param_linear(ps, prefix, "wv", c->d_model, c->n_heads * c->d_v, std);
+    L->wo = param_linear(ps, prefix, "wo", c->n_heads * c->d_v, c->d_model, c->out_std);
+}
+
+void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, int pos0, Tensor **q,
+                    Tensor **k, Tensor **v) {
+    ASSERT(u->ndim == 3 && u->shape[2] == c->d_model, "attn: u %s must be (B, T, %d)", SHAPE(u), c->d_model);
+    *q = op_rope(tp, op_matmul(tp, u, L->wq, false, false), c->d_k, pos0, c->rope_base);
+    *k = op_rope(tp, op_matmul(tp, u, L->wk, false, false), c->d_k, pos0, c->rope_base);
+    *v = op_matmul(tp, u, L->wv, false, false);
+}
+
+void kvcache_init(KVCache *kc, const MixerConfig *c, int B, int max_T) {
+    ASSERT(B >= 1 && max_T >= 1, "attn cache: B %d, max_T %d", B, max_T);
+    kc->B = B;
+    kc->max_T = max_T;
+    kc->pos = 0;
+    kc->k = xmalloc((size_t)B * max_T * c->n_heads * c->d_k * sizeof(real));
+    kc->v = xmalloc((size_t)B * max_T * c->n_heads * c->d_v * sizeof(real));
+}
+
+void kvcache_free(KVCache *kc) {
+    free(kc->k);
+    free(kc->v);
+    kc->k = kc->v = NULL;
+}
+
+void kvcache_put(KVCache *kc, const Tensor *k, const Tensor *v) {
+    ASSERT(kc->pos < kc->max_T, "attn step: the KV cache is full (%d positions)", kc->max_T);
+    int64_t wk = k->shape[2], wv = v->shape[2];
+    for (int b = 0; b < kc->B; b++) {
+        memcpy(kc->k + ((int64_t)b * kc->max_T + kc->pos) * wk, k->data + b * wk, (size_t)wk * sizeof(real));
+        memcpy(kc->v + ((int64_t)b * kc->max_T + kc->pos) * wv, v->data + b * wv, (size_t)wv * sizeof(real));
+    }
+}
+
+// ---- the `attn` kind ----
+
+static void attn_create(Mixer *m, ParamStore *ps, const char *prefix) {
+    AttnLayer *L = xcalloc(1, sizeof *L);
+    attn_layer_create(L, ps, prefix, &m->cfg);
+    m->impl = L;
+}
+
+static void attn_destroy(Mixer *m) { free(m->impl); }
+
+static Tensor *attn_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out) {
+    const MixerConfig *c = &m->cfg;
+    const AttnLayer *L = m->impl;
+    ASSERT(s_in == NULL, "attn: has no recurrent state, s_in must be NULL (got %s)", SHAPE(s_in));
+    if (s_out) *s_out = NULL;
+    Tensor *q, *k, *v;
+    attn_layer_qkv(tp, L, c, u, 0, &q, &k, &v);
+    Tensor *o = op_attention(tp, q, k, v, c->n_heads, 1.0 / sqrt(c->d_k));
+    return op_matmul(tp, o, L->wo, false, false);
+}
+
+static void *attn_cache_new(const Mixer *m, int B, int max_T) {
+    KVCache *kc = xcalloc(1, sizeof *kc);
+    kvcache_init(kc, &m->cfg, B, max_T);
+    return kc;
+}
+
+static void attn_cache_free(void *cache) {
+    if (!cache) return;
+    kvcache_free(cache);
+    free(cache);
+}
+
+static Tensor *attn_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
+    const MixerConfig *c = &m->cfg;
+    KVCache *kc = cache;
+    ASSERT(u->ndim == 3 && u->shape[0] == kc->B && u->shape[1] == 1 && u->shape[2] == c->d_model,
+           "attn step: u %s must be (%d, 1, %d)", SHAPE(u), kc->B, c->d_model);
+    ASSERT(kc->pos < kc->max_T, "attn step: the KV cache is full (%d positions)", kc->max_T);
+    ASSERT(!tape_grad_enabled(tp), "attn step: decoding runs in no-grad mode (tape_no_grad_push first)");
+    Tensor *q, *k, *v;
+    attn_layer_qkv(tp, m->impl, c, u, kc->pos, &q, &k, &v);
+    kvcache_put(kc, k, v);
+    kc->pos++;
+    Tensor *o = tape_tensorv(tp, 3, kc->B, 1, c->n_heads * c->d_v);
+    attn_decode_forward(o->data, q->data, kc->k, kc->v, kc->B, kc->max_T, kc->pos, c->n_heads, c->d_k, c->d_v,
+                        1.0 / sqrt(c->d_k));
+    return op_matmul(tp, o, ((const AttnLayer *)m->impl)->wo, false, false);
+}
+
+const MixerKind MIXER_ATTN = {
+    .name = "attn",
+    .recurrent = false,
+    .create = attn_create,
+    .forward = attn_forward,
+    .cache_new = attn_cache_new,
+    .cache_free = attn_cache_free,
+    .step = attn_step,
+    .destroy = attn_destroy,
+};

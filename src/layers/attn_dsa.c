@@ -1,0 +1,177 @@
+// attn_dsa.c: the `attn_dsa` mixer, softmax attention restricted to the
+// positions a lightweight indexer picks (MODEL.md `attn_dsa`).
+//
+//   q, k, v, Wo as in `attn` (attn_layer.h)
+//   ū = stop_gradient(u);  qI = RoPE(ū WqI) (H_I x d_I),  kI = RoPE(ū WkI) (d_I),  w = ū WwI (H_I)
+//   I_ts = sum_j w_tj ReLU(qI_tj . kI_s) / sqrt(d_I)              op_dsa_index_scores
+//   Sel_t = top-k of I_t over s <= t (ties: later position)         dsa_topk
+//   o_t = softmax over Sel_t of q_t . k_s / sqrt(dk), times v       op_sparse_attention
+// With topk >= T every position is selected and the dense op_attention runs.
+// Decoding keeps the KV cache plus the indexer keys kI.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_dsa.h"
+#include "attn_kernel.h"
+#include "attn_layer.h"
+#include "dsa_kernel.h"
+#include "mixer_common.h"
+
+typedef struct DsaLayer {
+    AttnLayer attn;
+    Tensor *wq_idx;     // (D, HI*dI)
+    Tensor *wk_idx;     // (D, dI)
+    Tensor *ww_idx;     // (D, HI)
+    bool distill;
+    Tensor *last_kl;    // (1) on the last forward's tape, or NULL
+    double last_mass;
+} DsaLayer;
+
+typedef struct DsaCache {
+    KVCache kv;
+    real *kI;           // (B, max_T, dI) indexer keys after RoPE
+    real *scores;       // (max_T) one query's indexer scores
+    int *sel;           // (B, topk)
+} DsaCache;
+
+static void dsa_create(Mixer *m, ParamStore *ps, const char *prefix) {
+    const MixerConfig *c = &m->cfg;
+    ASSERT(c->index_heads > 0 && c->index_dim > 0 && c->index_dim % 2 == 0 && c->topk > 0,
+           "attn_dsa: index_heads %d, index_dim %d (even, for RoPE), topk %d must be positive", c->index_heads,
+           c->index_dim, c->topk);
+    DsaLayer *L = xcalloc(1, sizeof *L);
+    attn_layer_create(&L->attn, ps, prefix, c);
+    double std = 1.0 / sqrt(c->d_model);
+    L->wq_idx = param_linear(ps, prefix, "wq_idx", c->d_model, c->index_heads * c->index_dim, std);
+    L->wk_idx = param_linear(ps, prefix, "wk_idx", c->d_model, c->index_dim, std);
+    L->ww_idx = param_linear(ps, prefix, "ww_idx", c->d_model, c->index_heads, std);
+    m->impl = L;
+}
+
+static void dsa_destroy(Mixer *m) { free(m->impl); }
+
+// The same data, cut from the graph: the indexer never moves the main model.
+static Tensor *stop_gradient(Tape *tp, Tensor *u) {
+    Tensor *d = tape_alloc(tp, sizeof *d);
+    *d = *u;
+    d->requires_grad = false;
+    d->grad = NULL;
+    d->flags &= ~TENSOR_PARAM;
+    return d;
+}
+
+static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out) {
+    const MixerConfig *c = &m->cfg;
+    DsaLayer *L = m->impl;
+    ASSERT(s_in == NULL, "attn_dsa: has no recurrent state, s_in must be NULL (got %s)", SHAPE(s_in));
+    if (s_out) *s_out = NULL;
+    L->last_kl = NULL;
+    Tensor *q, *k, *v;
+    attn_layer_qkv(tp, &L->attn, c, u, 0, &q, &k, &v);
+    int B = u->shape[0], T = u->shape[1], H = c->n_heads, K = imin(c->topk, T);
+    double scale = 1.0 / sqrt(c->d_k);
+    Tensor *o;
+    if (c->topk >= T && !L->distill) {   // everything is selected: the dense kernel is the same math
+        o = op_attention(tp, q, k, v, H, scale);
+    } else {
+        // The indexer only needs a graph when its KL will be back-propagated.
+        if (!L->distill) tape_no_grad_push(tp);
+        Tensor *ub = stop_gradient(tp, u);
+        Tensor *qI = op_rope(tp, op_matmul(tp, ub, L->wq_idx, false, false), c->index_dim, 0, c->rope_base);
+        Tensor *kI = op_rope(tp, op_matmul(tp, ub, L->wk_idx, false, false), c->index_dim, 0, c->rope_base);
+        Tensor *w = op_matmul(tp, ub, L->ww_idx, false, false);
+        int *sel = tape_alloc(tp, (size_t)B * T * K * sizeof(int));
+        if (!L->distill) {   // scores and selection tile by tile: no (B, T, T) matrix
+            dsa_index_select(sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K);
+            tape_no_grad_pop(tp);
+            o = op_sparse_attention(tp, q, k, v, sel, K, H, scale);
+        } else {             // the KL needs every score and the dense target: O(T^2) memory
+            Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads);
+            dsa_topk(sel, Isc->data, B, T, K);
+            o = op_attention(tp, q, k, v, H, scale);
+            Tensor *p = tape_tensorv(tp, 3, B, T, T);   // the target: a constant
+            dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale);
+            L->last_kl = op_dsa_kl(tp, Isc, p);
+            L->last_mass = dsa_selected_mass(p->data, sel, B, T, K);
+        }
+    }
+    return op_matmul(tp, o, L->attn.wo, false, false);
+}
+
+static void *dsa_cache_new(const Mixer *m, int B, int max_T) {
+    const MixerConfig *c = &m->cfg;
+    DsaCache *dc = xcalloc(1, sizeof *dc);
+    kvcache_init(&dc->kv, c, B, max_T);
+    dc->kI = xmalloc((size_t)B * max_T * c->index_dim * sizeof(real));
+    dc->scores = xmalloc((size_t)max_T * sizeof(real));
+    dc->sel = xmalloc((size_t)B * c->topk * sizeof(int));
+    return dc;
+}
+
+static void dsa_cache_free(void *cache) {
+    DsaCache *dc = cache;
+    if (!dc) return;
+    kvcache_free(&dc->kv);
+    free(dc->kI);
+    free(dc->scores);
+    free(dc->sel);
+    free(dc);
+}
+
+static Tensor *dsa_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
+    const MixerConfig *c = &m->cfg;
+    const DsaLayer *L = m->impl;
+    DsaCache *dc = cache;
+    KVCache *kv = &dc->kv;
+    int B = kv->B, HI = c->index_heads, dI = c->index_dim, K = c->topk;
+    ASSERT(u->ndim == 3 && u->shape[0] == B && u->shape[1] == 1 && u->shape[2] == c->d_model,
+           "attn_dsa step: u %s must be (%d, 1, %d)", SHAPE(u), B, c->d_model);
+    ASSERT(kv->pos < kv->max_T, "attn_dsa step: the KV cache is full (%d positions)", kv->max_T);
+    ASSERT(!tape_grad_enabled(tp), "attn_dsa step: decoding runs in no-grad mode (tape_no_grad_push first)");
+    int pos = kv->pos;
+    Tensor *q, *k, *v;
+    attn_layer_qkv(tp, &L->attn, c, u, pos, &q, &k, &v);
+    kvcache_put(kv, k, v);
+    Tensor *qI = op_rope(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, c->rope_base);
+    Tensor *kI = op_rope(tp, op_matmul(tp, u, L->wk_idx, false, false), dI, pos, c->rope_base);
+    Tensor *w = op_matmul(tp, u, L->ww_idx, false, false);
+    for (int b = 0; b < B; b++)
+        memcpy(dc->kI + ((int64_t)b * kv->max_T + pos) * dI, kI->data + (int64_t)b * dI, (size_t)dI * sizeof(real));
+    kv->pos++;
+    for (int b = 0; b < B; b++) {
+        dsa_index_row(dc->scores, qI->data + (int64_t)b * HI * dI, w->data + (int64_t)b * HI,
+                      dc->kI + (int64_t)b * kv->max_T * dI, dI, kv->pos, HI, dI);
+        dsa_topk_row(dc->sel + (int64_t)b * K, dc->scores, kv->pos, K);
+    }
+    Tensor *o = tape_tensorv(tp, 3, B, 1, c->n_heads * c->d_v);
+    dsa_sparse_decode(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v,
+                      1.0 / sqrt(c->d_k));
+    return op_matmul(tp, o, L->attn.wo, false, false);
+}
+
+void attn_dsa_set_distill(Mixer *m, bool on) {
+    ASSERT(strcmp(m->kind->name, "attn_dsa") == 0, "attn_dsa_set_distill: mixer is '%s'", m->kind->name);
+    ((DsaLayer *)m->impl)->distill = on;
+}
+
+Tensor *attn_dsa_last_kl(const Mixer *m) {
+    ASSERT(strcmp(m->kind->name, "attn_dsa") == 0, "attn_dsa_last_kl: mixer is '%s'", m->kind->name);
+    return ((const DsaLayer *)m->impl)->last_kl;
+}
+
+double attn_dsa_last_mass(const Mixer *m) {
+    ASSERT(strcmp(m->kind->name, "attn_dsa") == 0, "attn_dsa_last_mass: mixer is '%s'", m->kind->name);
+    return ((const DsaLayer *)m->impl)->last_mass;
+}
+
+const MixerKind MIXER_ATTN_DSA = {
+    .name = "attn_dsa",
+    .recurrent = false,
+    .create = dsa_create,
+    .forward = dsa_forward,
+    .cache_new = dsa_cache_new,
+    .cache_free = dsa_cache_free,
+    .step = dsa_step,
+    .destroy = dsa_destroy,
+};

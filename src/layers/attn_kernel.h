@@ -1,0 +1,44 @@
+// attn_kernel.h: causal softmax attention as one fused op, plus its readable
+// reference and the one-query decoding kernel.
+//
+// Per batch element b and head h (MODEL.md, `attn`):
+//   P_ts = softmax_{s <= t}(scale * q_t . k_s),   o_t = sum_s P_ts v_s.
+// Layout: q, k (B, T, H*dk), v and o (B, T, H*dv), head h occupying columns
+// [h*d, (h+1)*d) of each row; kernels address a head with leading dimension
+// H*d instead of transposing.
+//
+// op_attention (attn_flash.c) is the FlashAttention-2 form: the forward walks
+// (query tile x key tile) blocks with an online softmax and keeps only each
+// row's log-sum-exp, lse (B, H, T); the backward recomputes P block by block
+// from lse. Memory is O(T) beyond the inputs; no T x T matrix exists.
+//
+// op_attention_naive (attn_naive.c) is the reference: plain loops, the full
+// P (B, H, T, T) saved for the backward. Use it only to test the fast one.
+#ifndef ATTN_KERNEL_H
+#define ATTN_KERNEL_H
+
+#include "tape.h"
+
+#define ATTN_TILE_Q 64   // queries per block (forward and backward)
+#define ATTN_TILE_K 64   // keys per block
+
+// q, k: (B, T, H*dk), v: (B, T, H*dv) -> o (B, T, H*dv), causal.
+Tensor *op_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale);
+// The same with explicit tile sizes (tests run several tiles per sequence at small T).
+Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale,
+                           int tile_q, int tile_k);
+// The O(T^2)-memory reference, same contract as op_attention.
+Tensor *op_attention_naive(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale);
+// The reference restricted to allowed positions: allow (B, T, T), row (b, t)
+// lets query t see key s <= t where allow != 0 (copied; at least one per row).
+// The brute-force form of sparse attention (dsa_kernel.h).
+Tensor *op_attention_naive_masked(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale,
+                                  const unsigned char *allow);
+
+// Decoding: one new query per sequence attends over the first n_keys cached
+// positions. q: (B, H*dk); kc: (B, max_T, H*dk); vc: (B, max_T, H*dv);
+// o: (B, H*dv). Cost O(n_keys * (dk + dv)) per head. No autograd.
+void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
+                         int n_keys, int H, int dk, int dv, double scale);
+
+#endif

@@ -1,0 +1,299 @@
+// dsa_kernel.c: the DeepSeek sparse-attention indexer: scores, top-k
+// selection, the distillation target and the KL loss (dsa_kernel.h). The
+// sparse attention over the selection is dsa_sparse.c.
+//
+// Indexer scores, per batch element, for a tile of nq queries:
+//   Z = Q_tile K^T      Q_tile (nq*HI, dI): the HI index heads of each query
+//                       are consecutive rows; K (s_end, dI)
+//   I_ts = c sum_j w_tj ReLU(Z_(t,j),s),  c = 1/sqrt(dI),  s <= t
+// Backward (Z recomputed per tile):
+//   dw_tj += c sum_s dI_ts ReLU(Z_(t,j),s)
+//   dZ_(t,j),s = c dI_ts w_tj [Z > 0]
+//   dQ_tile += dZ K,  dK += dZ^T Q_tile
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+#include "dsa_kernel.h"
+
+// ---- indexer scores ----
+
+// Rows t0 .. t0+nq-1 of the scores of batch element b: I_t,s for s <= t,
+// written to out + i*ldo, zeros after s = t (ldo = T for the full matrix).
+// Z: scratch (nq*HI, t0+nq).
+static void index_tile(real *out, int64_t ldo, const real *qI, const real *kI, const real *w, int b, int t0, int nq,
+                       int T, int HI, int dI, real *Z) {
+    real c = (real)(1.0 / sqrt(dI));
+    int s_end = t0 + nq;
+    const real *Q = qI + ((int64_t)b * T + t0) * HI * dI, *K = kI + (int64_t)b * T * dI;
+    gemm(false, true, nq * HI, s_end, dI, 1, Q, dI, K, dI, 0, Z, s_end);
+    for (int i = 0; i < nq; i++) {
+        int t = t0 + i;
+        real *It = out + (int64_t)i * ldo;
+        memset(It, 0, (size_t)ldo * sizeof(real));
+        for (int j = 0; j < HI; j++) {
+            real wj = c * w[((int64_t)b * T + t) * HI + j];
+            const real *Zr = Z + ((int64_t)i * HI + j) * s_end;
+            for (int s = 0; s <= t; s++) It[s] += Zr[s] > 0 ? wj * Zr[s] : 0;
+        }
+    }
+}
+
+// iarg: 0 B, 1 T, 2 HI, 3 dI.
+static void index_forward(Node *n) {
+    int B = n->iarg[0], T = n->iarg[1], HI = n->iarg[2], dI = n->iarg[3];
+    int n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
+#pragma omp parallel
+    {
+        real *Z = xmalloc((size_t)DSA_TILE * HI * T * sizeof(real));   // (nq*HI, s_end)
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int it = 0; it < n_tiles; it++) {
+                int t0 = it * DSA_TILE;
+                index_tile(n->out[0]->data + ((int64_t)b * T + t0) * T, T, n->in[0]->data, n->in[1]->data,
+                           n->in[2]->data, b, t0, imin(DSA_TILE, T - t0), T, HI, dI, Z);
+            }
+        free(Z);
+    }
+}
+
+static void index_backward(Node *n) {
+    int B = n->iarg[0], T = n->iarg[1], HI = n->iarg[2], dI = n->iarg[3];
+    real *gq = NODE_GRAD_IN(n, 0), *gk = NODE_GRAD_IN(n, 1), *gw = NODE_GRAD_IN(n, 2);
+    if (!gq && !gk && !gw) return;
+    const real *qI = n->in[0]->data, *kI = n->in[1]->data, *w = n->in[2]->data;
+    const real *dI_ = n->out[0]->grad;
+    real c = (real)(1.0 / sqrt(dI));
+    // One task per batch element: dK collects every query tile in a fixed order.
+#pragma omp parallel
+    {
+        real *Z = xmalloc((size_t)DSA_TILE * HI * T * sizeof(real));
+#pragma omp for schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int t0 = 0; t0 < T; t0 += DSA_TILE) {
+                int nq = imin(DSA_TILE, T - t0), s_end = t0 + nq;
+                const real *Q = qI + ((int64_t)b * T + t0) * HI * dI, *K = kI + (int64_t)b * T * dI;
+                gemm(false, true, nq * HI, s_end, dI, 1, Q, dI, K, dI, 0, Z, s_end);
+                for (int i = 0; i < nq; i++) {
+                    int t = t0 + i;
+                    const real *g = dI_ + ((int64_t)b * T + t) * T;
+                    for (int j = 0; j < HI; j++) {
+                        int64_t wi = ((int64_t)b * T + t) * HI + j;
+                        real *Zr = Z + ((int64_t)i * HI + j) * s_end;
+                        double dw = 0;
+                        real cw = c * w[wi];
+                        for (int s = 0; s <= t; s++) {
+                            real z = Zr[s];
+                            if (z > 0) dw += (double)g[s] * z;
+                            Zr[s] = z > 0 ? cw * g[s] : 0;   // dZ
+                        }
+                        for (int s = t + 1; s < s_end; s++) Zr[s] = 0;
+                        if (gw) gw[wi] += (real)(c * dw);
+                    }
+                }
+                if (gq)
+                    gemm(false, false, nq * HI, dI, s_end, 1, Z, s_end, K, dI, 1,
+                         gq + ((int64_t)b * T + t0) * HI * dI, dI);
+                if (gk) gemm(true, false, s_end, dI, nq * HI, 1, Z, s_end, Q, dI, 1, gk + (int64_t)b * T * dI, dI);
+            }
+        free(Z);
+    }
+}
+
+static const OpDef OP_DSA_INDEX = {"dsa_index_scores", index_forward, index_backward};
+
+Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int index_heads) {
+    ASSERT(qI->ndim == 3 && kI->ndim == 3 && w->ndim == 3, "dsa_index_scores: qI %s, kI %s, w %s must be 3-D",
+           SHAPE(qI), SHAPE(kI), SHAPE(w));
+    int B = qI->shape[0], T = qI->shape[1], HI = index_heads, dI = kI->shape[2];
+    ASSERT(HI > 0 && qI->shape[2] == HI * dI && kI->shape[0] == B && kI->shape[1] == T && w->shape[0] == B &&
+               w->shape[1] == T && w->shape[2] == HI,
+           "dsa_index_scores: with %d index heads, qI %s, kI %s, w %s must be (B, T, HI*dI), (B, T, dI), "
+           "(B, T, HI)",
+           HI, SHAPE(qI), SHAPE(kI), SHAPE(w));
+    Tensor *Isc = tape_tensorv(tp, 3, B, T, T);
+    Node *n = tape_op(tp, &OP_DSA_INDEX, (Tensor *[]){qI, kI, w}, 3, &Isc, 1);
+    n->iarg[0] = B;
+    n->iarg[1] = T;
+    n->iarg[2] = HI;
+    n->iarg[3] = dI;
+    index_forward(n);
+    return Isc;
+}
+
+void dsa_index_row(real *scores, const real *qI, const real *w, const real *kI, int64_t ld, int n, int HI, int dI) {
+    double c = 1.0 / sqrt(dI);
+    for (int s = 0; s < n; s++) {
+        double acc = 0;
+        for (int j = 0; j < HI; j++) {
+            double z = 0;
+            for (int i = 0; i < dI; i++) z += (double)qI[j * dI + i] * kI[s * ld + i];
+            if (z > 0) acc += w[j] * z;
+        }
+        scores[s] = (real)(c * acc);
+    }
+}
+
+// ---- top-k selection ----
+
+// Is position a a better pick than b in row It? Larger score; on a tie, later.
+static inline bool better(const real *It, int a, int b) { return It[a] > It[b] || (It[a] == It[b] && a > b); }
+
+// heap[0] is the worst of the kept positions.
+static void sift_down(int *heap, int n, int i, const real *It) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && better(It, heap[w], heap[l])) w = l;
+        if (r < n && better(It, heap[w], heap[r])) w = r;
+        if (w == i) return;
+        int tmp = heap[i];
+        heap[i] = heap[w];
+        heap[w] = tmp;
+        i = w;
+    }
+}
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+void dsa_topk_row(int *row, const real *scores, int n, int K) {
+    if (n <= K) {   // every candidate is selected
+        for (int j = 0; j < K; j++) row[j] = j < n ? j : -1;
+        return;
+    }
+    for (int j = 0; j < K; j++) row[j] = j;   // a min-heap of the first K ...
+    for (int i = K / 2 - 1; i >= 0; i--) sift_down(row, K, i, scores);
+    for (int s = K; s < n; s++)               // ... then replace its worst when beaten
+        if (better(scores, s, row[0])) {
+            row[0] = s;
+            sift_down(row, K, 0, scores);
+        }
+    qsort(row, K, sizeof *row, cmp_int);
+}
+
+void dsa_topk(int *sel, const real *Isc, int B, int T, int K) {
+    ASSERT(K >= 1, "dsa_topk: K = %d", K);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            dsa_topk_row(sel + ((int64_t)b * T + t) * K, Isc + ((int64_t)b * T + t) * T, t + 1, K);
+}
+
+void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
+                      int K) {
+    ASSERT(K >= 1, "dsa_index_select: K = %d", K);
+    int n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
+#pragma omp parallel
+    {
+        real *Z = xmalloc((size_t)DSA_TILE * HI * T * sizeof(real));
+        real *rows = xmalloc((size_t)DSA_TILE * T * sizeof(real));   // (nq, t0+nq) one tile of scores
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int it = 0; it < n_tiles; it++) {
+                int t0 = it * DSA_TILE, nq = imin(DSA_TILE, T - t0);
+                index_tile(rows, t0 + nq, qI, kI, w, b, t0, nq, T, HI, dI, Z);
+                for (int i = 0; i < nq; i++)
+                    dsa_topk_row(sel + ((int64_t)b * T + t0 + i) * K, rows + (int64_t)i * (t0 + nq), t0 + i + 1, K);
+            }
+        free(Z);
+        free(rows);
+    }
+}
+
+// ---- distillation target and loss ----
+
+void dsa_attn_target(real *p, const real *q, const real *k, int B, int T, int H, int dk, double scale) {
+    int ld = H * dk, n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
+#pragma omp parallel
+    {
+        real *S = xmalloc((size_t)DSA_TILE * T * sizeof(real));   // (nq, s_end)
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int it = 0; it < n_tiles; it++) {
+                int t0 = it * DSA_TILE, nq = imin(DSA_TILE, T - t0), s_end = t0 + nq;
+                real *P = p + ((int64_t)b * T + t0) * T;
+                memset(P, 0, (size_t)nq * T * sizeof(real));
+                for (int h = 0; h < H; h++) {
+                    gemm(false, true, nq, s_end, dk, (real)scale, q + ((int64_t)b * T + t0) * ld + h * dk, ld,
+                         k + (int64_t)b * T * ld + h * dk, ld, 0, S, s_end);
+                    for (int i = 0; i < nq; i++) {
+                        int t = t0 + i;
+                        real *Si = S + (int64_t)i * s_end;
+                        double mx = -INFINITY, sum = 0;
+                        for (int s = 0; s <= t; s++) mx = fmax(mx, Si[s]);
+                        for (int s = 0; s <= t; s++) sum += exp(Si[s] - mx);
+                        double inv = 1.0 / (sum * H);
+                        for (int s = 0; s <= t; s++) P[(int64_t)i * T + s] += (real)(exp(Si[s] - mx) * inv);
+                    }
+                }
+            }
+        free(S);
+    }
+}
+
+// iarg: 0 B, 1 T; saved: lse (B*T) of the rows of I over s <= t.
+static void kl_forward(Node *n) {
+    int B = n->iarg[0], T = n->iarg[1];
+    const real *Isc = n->in[0]->data, *p = n->in[1]->data;
+    double *row_loss = xmalloc((size_t)B * T * sizeof(double));
+    real *lse_saved = n->saved;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)B * T; r++) {
+        int t = (int)(r % T);
+        const real *Ir = Isc + r * T, *pr = p + r * T;
+        double mx = -INFINITY, sum = 0, kl = 0;
+        for (int s = 0; s <= t; s++) mx = fmax(mx, Ir[s]);
+        for (int s = 0; s <= t; s++) sum += exp(Ir[s] - mx);
+        double lse = mx + log(sum);
+        for (int s = 0; s <= t; s++)
+            if (pr[s] > 0) kl += pr[s] * (log((double)pr[s]) - (Ir[s] - lse));
+        row_loss[r] = kl;
+        if (lse_saved) lse_saved[r] = (real)lse;
+    }
+    double total = 0;   // fixed order: the same for any thread count
+    for (int64_t r = 0; r < (int64_t)B * T; r++) total += row_loss[r];
+    n->out[0]->data[0] = (real)(total / ((double)B * T));
+    free(row_loss);
+}
+
+static void kl_backward(Node *n) {
+    int B = n->iarg[0], T = n->iarg[1];
+    real *gI = NODE_GRAD_IN(n, 0);
+    if (!gI) return;
+    const real *Isc = n->in[0]->data, *p = n->in[1]->data, *lse = n->saved;
+    double g = n->out[0]->grad[0] / ((double)B * T);
+    // d/dI_ts sum_s' p_ts' (log p_ts' - I_ts' + lse_t) = softmax(I_t)_s sum_s' p_ts' - p_ts
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)B * T; r++) {
+        int t = (int)(r % T);
+        const real *Ir = Isc + r * T, *pr = p + r * T;
+        double mass = 0;
+        for (int s = 0; s <= t; s++) mass += pr[s];
+        for (int s = 0; s <= t; s++) gI[r * T + s] += (real)(g * (exp(Ir[s] - lse[r]) * mass - pr[s]));
+    }
+}
+
+static const OpDef OP_DSA_KL = {"dsa_kl", kl_forward, kl_backward};
+
+Tensor *op_dsa_kl(Tape *tp, Tensor *Isc, Tensor *p) {
+    ASSERT(Isc->ndim == 3 && Isc->shape[1] == Isc->shape[2] && tensor_same_shape(Isc, p),
+           "dsa_kl: Isc %s and p %s must both be (B, T, T)", SHAPE(Isc), SHAPE(p));
+    ASSERT(!p->requires_grad, "dsa_kl: the target p %s takes no gradient (build it in no-grad mode)", SHAPE(p));
+    Tensor *loss = tape_tensorv(tp, 1, 1);
+    Node *n = tape_op(tp, &OP_DSA_KL, (Tensor *[]){Isc, p}, 2, &loss, 1);
+    n->iarg[0] = Isc->shape[0];
+    n->iarg[1] = Isc->shape[1];
+    if (n->recorded) n->saved = tape_alloc(tp, (size_t)Isc->shape[0] * Isc->shape[1] * sizeof(real));
+    kl_forward(n);
+    return loss;
+}
+
+double dsa_selected_mass(const real *p, const int *sel, int B, int T, int K) {
+    double total = 0;
+    for (int64_t r = 0; r < (int64_t)B * T; r++)
+        for (int j = 0; j < K; j++) {
+            int s = sel[r * K + j];
+            if (s >= 0) total += p[r * T + s];
+        }
+    return total / ((double)B * T);
+}

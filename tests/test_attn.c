@@ -1,0 +1,425 @@
+// Causal softmax attention: the flash kernel against finite differences and
+// against the naive reference, at sequence lengths that are not multiples of
+// the tiles; then the `attn` mixer (gradients, decoding).
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "attn_kernel.h"
+#include "test_util.h"
+
+typedef struct {
+    int H;
+    double scale;
+    int tq, tk;     // tile sizes; 0 = the naive reference
+} AttnCtx;
+
+static int f_attn(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    AttnCtx *c = ctx;
+    out[0] = c->tq ? op_attention_tiled(tp, in[0], in[1], in[2], c->H, c->scale, c->tq, c->tk)
+                   : op_attention_naive(tp, in[0], in[1], in[2], c->H, c->scale);
+    return 1;
+}
+
+typedef struct {
+    Tensor *q, *k, *v;
+} QKV;
+
+static QKV qkv_new(int B, int T, int H, int dk, int dv, uint64_t seed, double qk_std) {
+    QKV x = {tensor_newv(true, 3, B, T, H * dk), tensor_newv(true, 3, B, T, H * dk),
+             tensor_newv(true, 3, B, T, H * dv)};
+    fill_normal(x.q, seed, qk_std);
+    fill_normal(x.k, seed + 1, qk_std);
+    fill_normal(x.v, seed + 2, 1.0);
+    return x;
+}
+
+static void qkv_free(QKV *x) {
+    tensor_free(x->q);
+    tensor_free(x->k);
+    tensor_free(x->v);
+}
+
+// Forward + backward seeded with a fixed random dO; copies o, dq, dk, dv out.
+typedef struct {
+    real *o, *dq, *dk, *dv;
+} AttnRun;
+
+static AttnRun attn_run(QKV *x, AttnCtx *c, uint64_t seed) {
+    Tape tp;
+    tape_init(&tp);
+    for (Tensor **t = &x->q; t <= &x->v; t++) memset((*t)->grad, 0, (size_t)(*t)->numel * sizeof(real));
+    Tensor *o;
+    f_attn(&tp, (Tensor *[]){x->q, x->k, x->v}, 3, c, &o);
+    Tensor *seedt = tensor_newv(false, 3, o->shape[0], o->shape[1], o->shape[2]);
+    fill_normal(seedt, seed, 1.0);
+    tape_backward_from(&tp, o, seedt->data);
+    AttnRun r;
+    r.o = xmalloc((size_t)o->numel * sizeof(real));
+    memcpy(r.o, o->data, (size_t)o->numel * sizeof(real));
+    real **dst[3] = {&r.dq, &r.dk, &r.dv};
+    Tensor *src[3] = {x->q, x->k, x->v};
+    for (int i = 0; i < 3; i++) {
+        *dst[i] = xmalloc((size_t)src[i]->numel * sizeof(real));
+        memcpy(*dst[i], src[i]->grad, (size_t)src[i]->numel * sizeof(real));
+    }
+    tensor_free(seedt);
+    tape_free(&tp);
+    return r;
+}
+
+static void attn_run_free(AttnRun *r) {
+    free(r->o);
+    free(r->dq);
+    free(r->dk);
+    free(r->dv);
+}
+
+Test(attn_kernel, flash_gradcheck_multi_tile) {
+    // T = 13 with tiles 4 x 4 (aligned), 4 x 3 and 5 x 2 (query and key
+    // tiles cut the diagonal at different places), and 16 x 16 (one tile).
+    int tiles[][2] = {{4, 4}, {4, 3}, {5, 2}, {16, 16}};
+    for (int i = 0; i < 4; i++) {
+        QKV x = qkv_new(2, 13, 2, 3, 4, 10 + i, 1.0);
+        AttnCtx c = {2, 0.7, tiles[i][0], tiles[i][1]};
+        GradcheckResult r = gradcheck("attention", f_attn, (Tensor *[]){x.q, x.k, x.v}, 3, &c, NULL);
+        ASSERT_GRADCHECK(r, "attention");
+        cr_assert_gt(r.n_checked, 3 * 2 * 13 * 6);
+        qkv_free(&x);
+    }
+}
+
+Test(attn_kernel, naive_gradcheck) {
+    QKV x = qkv_new(1, 9, 2, 3, 2, 20, 1.0);
+    AttnCtx c = {2, 0.5, 0, 0};
+    GradcheckResult r = gradcheck("attention_naive", f_attn, (Tensor *[]){x.q, x.k, x.v}, 3, &c, NULL);
+    ASSERT_GRADCHECK(r, "attention_naive");
+    qkv_free(&x);
+}
+
+static void check_flash_vs_naive(int B, int T, int H, int dk, int dv, int tq, int tk, double qk_std,
+                                 uint64_t seed, double tol) {
+    QKV x = qkv_new(B, T, H, dk, dv, seed, qk_std);
+    AttnCtx cf = {H, 1.0 / sqrt(dk), tq, tk}, cn = {H, 1.0 / sqrt(dk), 0, 0};
+    AttnRun f = attn_run(&x, &cf, seed + 7), n = attn_run(&x, &cn, seed + 7);
+    const char *what[4] = {"o", "dq", "dk", "dv"};
+    real *a[4] = {f.o, f.dq, f.dk, f.dv}, *b[4] = {n.o, n.dq, n.dk, n.dv};
+    int64_t len[4] = {x.v->numel, x.q->numel, x.k->numel, x.v->numel};
+    for (int i = 0; i < 4; i++) {
+        if (T == 1 && (i == 1 || i == 2)) continue;   // dq = dk = 0 up to rounding: nothing to compare
+        double d = max_rel_diff(a[i], b[i], len[i]);
+        cr_assert_leq(d, tol, "T=%d tiles %dx%d qk_std %g: %s flash vs naive rel diff %.3e", T, tq, tk,
+                      qk_std, what[i], d);
+    }
+    attn_run_free(&f);
+    attn_run_free(&n);
+    qkv_free(&x);
+}
+
+Test(attn_kernel, flash_equals_naive) {
+    check_flash_vs_naive(2, 13, 2, 3, 4, 4, 4, 1.0, 30, FORM_TOL);
+    check_flash_vs_naive(2, 13, 2, 3, 4, 3, 5, 1.0, 31, FORM_TOL);
+    check_flash_vs_naive(1, 150, 3, 8, 5, ATTN_TILE_Q, ATTN_TILE_K, 1.0, 32, FORM_TOL);   // default tiles, 3 of them
+    check_flash_vs_naive(1, 1, 2, 4, 4, ATTN_TILE_Q, ATTN_TILE_K, 1.0, 33, FORM_TOL);     // T = 1
+    // Sharp softmax (scores of order +-40, nearly one-hot rows): the online
+    // max keeps it finite. In float32 the scores themselves carry an absolute
+    // rounding error of ~1e-5 that moves P by that relative amount, and
+    // dS = P (dP - D) cancels where a row is nearly one-hot, which amplifies it
+    // in dq (measured 2e-4 against the double-accumulating reference): 1e-3 there.
+    check_flash_vs_naive(1, 40, 2, 8, 8, 8, 8, 6.0, 34, sizeof(real) == 4 ? 1e-3 : FORM_TOL);
+}
+
+Test(attn_kernel, rows_of_p_sum_to_one) {
+    // v = ones gives o = ones whatever the scores, for every row and tile cut.
+    QKV x = qkv_new(2, 21, 2, 4, 3, 40, 3.0);
+    for (int64_t i = 0; i < x.v->numel; i++) x.v->data[i] = 1;
+    Tape tp;
+    tape_init(&tp);
+    Tensor *o = op_attention_tiled(&tp, x.q, x.k, x.v, 2, 0.5, 4, 6);
+    double worst = 0;
+    for (int64_t i = 0; i < o->numel; i++) worst = fmax(worst, fabs(o->data[i] - 1.0));
+    cr_assert_leq(worst, 10 * REAL_EPS * 21, "max |o - 1| = %.3e", worst);
+    tape_free(&tp);
+    qkv_free(&x);
+}
+
+Test(attn_kernel, first_position_copies_v_and_t1) {
+    // Row 0 attends only to itself: o_0 = v_0, at any T (here T = 1 and T = 5).
+    for (int T = 1; T <= 5; T += 4) {
+        QKV x = qkv_new(2, T, 2, 3, 3, 50, 1.0);
+        Tape tp;
+        tape_init(&tp);
+        Tensor *o = op_attention_tiled(&tp, x.q, x.k, x.v, 2, 1.0, 2, 2);
+        for (int b = 0; b < 2; b++)
+            for (int j = 0; j < 6; j++)
+                cr_assert_float_eq(o->data[(int64_t)b * T * 6 + j], x.v->data[(int64_t)b * T * 6 + j], 1e-6);
+        if (T == 1) {   // dq = dk = 0 (a softmax over one key is constant), dv = dO
+            real seed[12];
+            for (int i = 0; i < 12; i++) seed[i] = (real)(i - 5);
+            tape_backward_from(&tp, o, seed);
+            for (int i = 0; i < 12; i++) {
+                cr_assert_float_eq(x.q->grad[i], 0, 1e-5);
+                cr_assert_float_eq(x.k->grad[i], 0, 1e-5);
+                cr_assert_float_eq(x.v->grad[i], seed[i], 1e-12);
+            }
+        }
+        tape_free(&tp);
+        qkv_free(&x);
+    }
+}
+
+Test(attn_kernel, backward_same_for_any_thread_count) {
+    QKV x = qkv_new(2, 37, 3, 4, 4, 60, 1.0);
+    AttnCtx c = {3, 0.5, 8, 8};
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    AttnRun a = attn_run(&x, &c, 61);
+    omp_set_num_threads(2);
+    AttnRun b = attn_run(&x, &c, 61);
+    omp_set_num_threads(saved);
+    cr_assert_eq(memcmp(a.o, b.o, (size_t)x.v->numel * sizeof(real)), 0);
+    cr_assert_eq(memcmp(a.dq, b.dq, (size_t)x.q->numel * sizeof(real)), 0);
+    cr_assert_eq(memcmp(a.dk, b.dk, (size_t)x.k->numel * sizeof(real)), 0);
+    cr_assert_eq(memcmp(a.dv, b.dv, (size_t)x.v->numel * sizeof(real)), 0);
+    attn_run_free(&a);
+    attn_run_free(&b);
+    qkv_free(&x);
+}
+
+Test(attn_kernel, only_requested_gradients) {
+    // k and v constants: only dq is produced, and it equals the full run's dq.
+    QKV x = qkv_new(1, 11, 2, 3, 3, 70, 1.0);
+    AttnCtx c = {2, 0.6, 4, 4};
+    AttnRun full = attn_run(&x, &c, 71);
+    Tensor *k = tensor_newv(false, 3, 1, 11, 6), *v = tensor_newv(false, 3, 1, 11, 6);
+    memcpy(k->data, x.k->data, 66 * sizeof(real));
+    memcpy(v->data, x.v->data, 66 * sizeof(real));
+    memset(x.q->grad, 0, 66 * sizeof(real));
+    Tape tp;
+    tape_init(&tp);
+    Tensor *o = op_attention_tiled(&tp, x.q, k, v, 2, 0.6, 4, 4);
+    Tensor *seedt = tensor_newv(false, 3, 1, 11, 6);
+    fill_normal(seedt, 71, 1.0);
+    tape_backward_from(&tp, o, seedt->data);
+    cr_assert_leq(max_rel_diff(x.q->grad, full.dq, 66), FORM_TOL);
+    cr_assert_null(k->grad);
+    cr_assert_null(v->grad);
+    tape_free(&tp);
+    tensor_free(seedt);
+    tensor_free(k);
+    tensor_free(v);
+    attn_run_free(&full);
+    qkv_free(&x);
+}
+
+Test(attn_kernel, keeps_only_output_and_lse) {
+    // A recorded forward at T = 512 takes from the tape only o and the lse
+    // (plus headers): far below one T x T matrix per head (2 MB here).
+    int B = 1, T = 512, H = 2, d = 8;
+    QKV x = qkv_new(B, T, H, d, d, 90, 1.0);
+    Tape tp;
+    tape_init(&tp);
+    size_t before = tp.arena.total_used;
+    Tensor *o = op_attention(&tp, x.q, x.k, x.v, H, 0.3);
+    size_t used = tp.arena.total_used - before;
+    size_t want = (size_t)o->numel * sizeof(real) + (size_t)B * H * T * sizeof(real);
+    cr_assert(used >= want && used < want + 4096, "arena grew by %zu bytes, o + lse = %zu", used, want);
+    tape_backward_from(&tp, o, x.v->data);   // the backward works from that alone
+    cr_assert_not_null(x.q->grad);
+    tape_free(&tp);
+    qkv_free(&x);
+}
+
+Test(attn_kernel, decode_kernel_equals_last_row) {
+    // One query over a cache of n keys = the last row of the parallel forward.
+    int B = 2, T = 19, H = 2, dk = 4, dv = 3;
+    QKV x = qkv_new(B, T, H, dk, dv, 80, 1.0);
+    Tape tp;
+    tape_init(&tp);
+    Tensor *o = op_attention(&tp, x.q, x.k, x.v, H, 0.5);
+    real got[2 * 2 * 3], qrow[2 * 2 * 4];
+    for (int n = 1; n <= T; n++) {
+        for (int b = 0; b < B; b++)
+            memcpy(qrow + b * H * dk, x.q->data + ((int64_t)b * T + n - 1) * H * dk, H * dk * sizeof(real));
+        attn_decode_forward(got, qrow, x.k->data, x.v->data, B, T, n, H, dk, dv, 0.5);
+        for (int b = 0; b < B; b++) {
+            const real *want = o->data + ((int64_t)b * T + n - 1) * H * dv;
+            double d = max_rel_diff(got + b * H * dv, want, H * dv);
+            cr_assert_leq(d, FORM_TOL, "n=%d b=%d: %.3e", n, b, d);
+        }
+    }
+    tape_free(&tp);
+    qkv_free(&x);
+}
+
+Test(attn_kernel, shape_errors_name_the_op) {
+    Tape tp;
+    tape_init(&tp);
+    Tensor *q = tensor_newv(false, 3, 1, 4, 6), *k = tensor_newv(false, 3, 1, 5, 6);
+    cr_assert(EXPECT_FAILURE(op_attention(&tp, q, k, q, 2, 1.0)));
+    cr_assert(strstr(ag_last_error(), "attention") && strstr(ag_last_error(), "(1, 5, 6)"), "got: %s",
+              ag_last_error());
+    tensor_free(q);
+    tensor_free(k);
+    tape_free(&tp);
+}
+
+Test(attn_kernel, heads_must_divide_width) {
+    Tape tp;
+    tape_init(&tp);
+    Tensor *q = tensor_newv(false, 3, 1, 4, 6);
+    cr_assert(EXPECT_FAILURE(op_attention(&tp, q, q, q, 4, 1.0)));
+    cr_assert(strstr(ag_last_error(), "heads"), "got: %s", ag_last_error());
+    tensor_free(q);
+    tape_free(&tp);
+}
+
+// ---- the attn mixer ----
+
+#include "mixer.h"
+
+#ifdef AG_DOUBLE
+#define DECODE_TOL 1e-9   // MODEL.md, Decoding
+#else
+#define DECODE_TOL 1e-4
+#endif
+
+static const char *const PREFIX = "layers.0.mixer.";
+
+static Mixer *attn_mixer_new(ParamStore *ps, int D, int H, int dk, int dv, uint64_t seed) {
+    params_init(ps);
+    MixerConfig cfg = mixer_config_default(D, H, dk, dv);
+    cfg.out_std = 0.3;   // larger than the LM's default so the output is not tiny
+    Mixer *m = mixer_create("attn", &cfg, ps, PREFIX);
+    params_finalize(ps, seed);
+    return m;
+}
+
+static Tensor *param(ParamStore *ps, const char *name) {
+    char full[64];
+    snprintf(full, sizeof full, "%s%s", PREFIX, name);
+    Tensor *p = params_find(ps, full);
+    cr_assert_not_null(p, "parameter %s", full);
+    return p;
+}
+
+static int f_layer(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    Mixer *m = ctx;
+    out[0] = m->kind->forward(tp, m, in[0], NULL, NULL);
+    return 1;
+}
+
+Test(attn_layer, parameters_and_init) {
+    ParamStore ps;
+    Mixer *m = attn_mixer_new(&ps, 16, 2, 4, 6, 1);
+    cr_assert_eq(ps.n, 4);
+    int want[4][2] = {{16, 8}, {16, 8}, {16, 12}, {12, 16}};
+    const char *names[4] = {"wq", "wk", "wv", "wo"};
+    for (int i = 0; i < 4; i++) {
+        Tensor *p = param(&ps, names[i]);
+        cr_assert(p->ndim == 2 && p->shape[0] == want[i][0] && p->shape[1] == want[i][1], "%s %s", names[i],
+                  SHAPE(p));
+        double ss = 0;
+        for (int64_t j = 0; j < p->numel; j++) ss += (double)p->data[j] * p->data[j];
+        double std = sqrt(ss / p->numel), expect = i < 3 ? 0.25 : 0.3;   // 1/sqrt(D), out_std
+        cr_assert(std > 0.6 * expect && std < 1.4 * expect, "%s: std %.3f, expected about %.3f", names[i], std,
+                  expect);
+    }
+    cr_assert_not(m->kind->recurrent);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+Test(attn_layer, gradcheck_input_and_every_parameter) {
+    ParamStore ps;
+    Mixer *m = attn_mixer_new(&ps, 8, 2, 4, 3, 2);
+    Tensor *u = tensor_newv(true, 3, 2, 7, 8);
+    fill_normal(u, 3, 1.0);
+    Tensor *in[] = {u, param(&ps, "wq"), param(&ps, "wk"), param(&ps, "wv"), param(&ps, "wo")};
+    GradcheckResult r = gradcheck("attn layer", f_layer, in, 5, m, NULL);
+    ASSERT_GRADCHECK(r, "attn layer");
+    cr_assert_geq(r.n_checked, 2 * 7 * 8 + 2 * 8 * 8 + 8 * 6 + 6 * 8);
+    tensor_free(u);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+// Token-by-token decoding equals the parallel forward at every position.
+// T = 70 > the 64-query tile, so the forward runs two tiles.
+Test(attn_layer, decode_equals_parallel_forward) {
+    int B = 2, T = 70, D = 16;
+    ParamStore ps;
+    Mixer *m = attn_mixer_new(&ps, D, 2, 8, 4, 4);
+    Tensor *u = tensor_newv(false, 3, B, T, D);
+    fill_normal(u, 5, 1.0);
+    Tape tp;
+    tape_init(&tp);
+    tape_no_grad_push(&tp);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL);
+    void *cache = m->kind->cache_new(m, B, T);
+    Tape ts;
+    tape_init(&ts);
+    tape_no_grad_push(&ts);
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        Tensor *ut = tape_tensorv(&ts, 3, B, 1, D);
+        for (int b = 0; b < B; b++)
+            memcpy(ut->data + b * D, u->data + ((int64_t)b * T + t) * D, D * sizeof(real));
+        Tensor *yt = m->kind->step(&ts, m, cache, ut);
+        cr_assert(yt->ndim == 3 && yt->shape[0] == B && yt->shape[1] == 1 && yt->shape[2] == D);
+        for (int b = 0; b < B; b++) {
+            double d = max_rel_diff(yt->data + b * D, y->data + ((int64_t)b * T + t) * D, D);
+            worst = fmax(worst, d);
+            cr_assert_leq(d, DECODE_TOL, "position %d, batch %d: step vs forward rel diff %.3e", t, b, d);
+        }
+        tape_reset(&ts);
+    }
+    cr_assert(EXPECT_FAILURE(m->kind->step(&ts, m, cache, tape_tensorv(&ts, 3, B, 1, D))),
+              "a step past max_T must fail");
+    cr_assert(strstr(ag_last_error(), "full"), "got: %s", ag_last_error());
+    m->kind->cache_free(cache);
+    tape_free(&ts);
+    tape_free(&tp);
+    tensor_free(u);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+Test(attn_layer, single_position_is_value_projection) {
+    // T = 1: the only key is the token itself, so y = (u Wv) Wo, RoPE or not.
+    int B = 3, D = 8;
+    ParamStore ps;
+    Mixer *m = attn_mixer_new(&ps, D, 2, 4, 4, 6);
+    Tensor *u = tensor_newv(false, 3, B, 1, D);
+    fill_normal(u, 7, 1.0);
+    Tape tp;
+    tape_init(&tp);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL);
+    Tensor *want = op_matmul(&tp, op_matmul(&tp, u, param(&ps, "wv"), false, false), param(&ps, "wo"), false, false);
+    cr_assert(tensor_same_shape(y, want));
+    cr_assert_leq(max_rel_diff(y->data, want->data, y->numel), FORM_TOL);
+    tape_free(&tp);
+    tensor_free(u);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+Test(attn_layer, no_recurrent_state) {
+    ParamStore ps;
+    Mixer *m = attn_mixer_new(&ps, 8, 2, 4, 4, 8);
+    Tensor *u = tensor_newv(false, 3, 1, 3, 8), *s = tensor_newv(false, 4, 1, 2, 4, 4);
+    fill_normal(u, 9, 1.0);
+    Tape tp;
+    tape_init(&tp);
+    Tensor *s_out = u;   // must be overwritten with NULL
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, &s_out);
+    cr_assert_not_null(y);
+    cr_assert_null(s_out);
+    cr_assert(EXPECT_FAILURE(m->kind->forward(&tp, m, u, s, NULL)));
+    cr_assert(strstr(ag_last_error(), "s_in"), "got: %s", ag_last_error());
+    tape_free(&tp);
+    tensor_free(u);
+    tensor_free(s);
+    mixer_destroy(m);
+    params_free(&ps);
+}

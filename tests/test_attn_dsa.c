@@ -1,0 +1,238 @@
+// The `attn_dsa` mixer: sparse forward, decoding, distillation gradients.
+#include <math.h>
+#include <string.h>
+
+#include "attn_dsa.h"
+#include "mixer.h"
+#include "test_util.h"
+
+#ifdef AG_DOUBLE
+#define DECODE_TOL 1e-9   // MODEL.md, Decoding
+#else
+#define DECODE_TOL 1e-4
+#endif
+
+static const char *const PREFIX = "layers.1.mixer.";
+
+static Mixer *dsa_new(const char *kind, ParamStore *ps, int D, int topk, uint64_t seed) {
+    params_init(ps);
+    MixerConfig cfg = mixer_config_default(D, 2, 4, 4);
+    cfg.out_std = 0.3;
+    cfg.index_heads = 2;
+    cfg.index_dim = 4;
+    cfg.topk = topk;
+    Mixer *m = mixer_create(kind, &cfg, ps, PREFIX);
+    params_finalize(ps, seed);
+    return m;
+}
+
+static Tensor *param(ParamStore *ps, const char *name) {
+    char full[64];
+    snprintf(full, sizeof full, "%s%s", PREFIX, name);
+    Tensor *p = params_find(ps, full);
+    cr_assert_not_null(p, "parameter %s", full);
+    return p;
+}
+
+// Decode token by token and compare with the parallel forward at every position.
+static void check_decode(Mixer *m, int B, int T, int D, uint64_t seed) {
+    Tensor *u = tensor_newv(false, 3, B, T, D);
+    fill_normal(u, seed, 1.0);
+    Tape tp, ts;
+    tape_init(&tp);
+    tape_init(&ts);
+    tape_no_grad_push(&tp);
+    tape_no_grad_push(&ts);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL);
+    void *cache = m->kind->cache_new(m, B, T);
+    for (int t = 0; t < T; t++) {
+        Tensor *ut = tape_tensorv(&ts, 3, B, 1, D);
+        for (int b = 0; b < B; b++) memcpy(ut->data + b * D, u->data + ((int64_t)b * T + t) * D, D * sizeof(real));
+        Tensor *yt = m->kind->step(&ts, m, cache, ut);
+        for (int b = 0; b < B; b++) {
+            double d = max_rel_diff(yt->data + b * D, y->data + ((int64_t)b * T + t) * D, D);
+            cr_assert_leq(d, DECODE_TOL, "topk %d, position %d, batch %d: step vs forward %.3e", m->cfg.topk, t, b, d);
+        }
+        tape_reset(&ts);
+    }
+    m->kind->cache_free(cache);
+    tape_free(&tp);
+    tape_free(&ts);
+    tensor_free(u);
+}
+
+Test(attn_dsa, decode_equals_parallel_forward) {
+    ParamStore ps;
+    Mixer *m = dsa_new("attn_dsa", &ps, 16, 8, 1);   // T = 40 > topk: the sparse path
+    check_decode(m, 2, 40, 16, 2);
+    mixer_destroy(m);
+    params_free(&ps);
+    m = dsa_new("attn_dsa", &ps, 16, 64, 3);          // topk >= T: dense forward, sparse decode
+    check_decode(m, 2, 20, 16, 4);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+Test(attn_dsa, topk_at_least_T_equals_attn) {
+    ParamStore pa, pd;
+    Mixer *a = dsa_new("attn", &pa, 16, 64, 5), *d = dsa_new("attn_dsa", &pd, 16, 64, 6);
+    const char *names[] = {"wq", "wk", "wv", "wo"};
+    for (int i = 0; i < 4; i++)
+        memcpy(param(&pd, names[i])->data, param(&pa, names[i])->data, param(&pa, names[i])->numel * sizeof(real));
+    Tensor *u = tensor_newv(false, 3, 2, 30, 16);
+    fill_normal(u, 7, 1.0);
+    Tape tp;
+    tape_init(&tp);
+    Tensor *ya = a->kind->forward(&tp, a, u, NULL, NULL), *yd = d->kind->forward(&tp, d, u, NULL, NULL);
+    cr_assert_leq(max_rel_diff(ya->data, yd->data, ya->numel), FORM_TOL);
+    // With topk = 30 = T the indexer runs in the sparse op and must give the same.
+    d->cfg.topk = 30;
+    Tensor *ys = d->kind->forward(&tp, d, u, NULL, NULL);
+    cr_assert_leq(max_rel_diff(ya->data, ys->data, ya->numel), FORM_TOL);
+    tape_free(&tp);
+    tensor_free(u);
+    mixer_destroy(a);
+    mixer_destroy(d);
+    params_free(&pa);
+    params_free(&pd);
+}
+
+static int f_layer(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    Mixer *m = ctx;
+    out[0] = m->kind->forward(tp, m, in[0], NULL, NULL);
+    return 1;
+}
+
+Test(attn_dsa, sparse_layer_gradcheck) {
+    // The selection is piecewise constant in u. The weights wq..wo do not move
+    // it, so they are checked in both precisions; u moves the indexer scores,
+    // and a float32 step (1e-2) could swap two nearly tied positions: u is
+    // checked in float64 only. The indexer weights get no gradient here.
+    ParamStore ps;
+    Mixer *m = dsa_new("attn_dsa", &ps, 8, 3, 8);
+    Tensor *u = tensor_newv(sizeof(real) == 8, 3, 2, 9, 8);
+    fill_normal(u, 9, 1.0);
+    Tensor *in[] = {u, param(&ps, "wq"), param(&ps, "wk"), param(&ps, "wv"), param(&ps, "wo")};
+    GradcheckResult r = gradcheck("attn_dsa layer", f_layer, in, 5, m, NULL);
+    ASSERT_GRADCHECK(r, "attn_dsa layer");
+    for (const char *nm[] = {"wq_idx", "wk_idx", "ww_idx"}, **p = nm; p < nm + 3; p++) {
+        Tensor *w = param(&ps, *p);
+        for (int64_t i = 0; i < w->numel; i++) cr_assert_eq(w->grad[i], 0, "%s", *p);
+    }
+    tensor_free(u);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+#ifdef AG_DOUBLE
+static int f_kl(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    Mixer *m = ctx;
+    m->kind->forward(tp, m, in[0], NULL, NULL);
+    out[0] = attn_dsa_last_kl(m);
+    return 1;
+}
+#endif
+
+Test(attn_dsa, distillation_moves_only_the_indexer) {
+    ParamStore ps;
+    Mixer *m = dsa_new("attn_dsa", &ps, 8, 3, 10);
+    attn_dsa_set_distill(m, true);
+    Tensor *u = tensor_newv(true, 3, 2, 9, 8);
+    fill_normal(u, 11, 1.0);
+    Tape tp;
+    tape_init(&tp);
+    params_zero_grad(&ps);
+    m->kind->forward(&tp, m, u, NULL, NULL);
+    Tensor *kl = attn_dsa_last_kl(m);
+    cr_assert_not_null(kl);
+    cr_assert_gt(kl->data[0], 0);
+    double mass = attn_dsa_last_mass(m);
+    cr_assert(mass > 0 && mass < 1, "kept mass %.4f", mass);
+    tape_backward(&tp, kl);
+    for (const char *nm[] = {"wq", "wk", "wv", "wo"}, **p = nm; p < nm + 4; p++) {
+        Tensor *w = param(&ps, *p);
+        for (int64_t i = 0; i < w->numel; i++) cr_assert_eq(w->grad[i], 0, "%s", *p);
+    }
+    for (int64_t i = 0; i < u->numel; i++) cr_assert_eq(u->grad[i], 0, "stop_gradient(u)");
+    for (const char *nm[] = {"wq_idx", "wk_idx", "ww_idx"}, **p = nm; p < nm + 3; p++) {
+        Tensor *w = param(&ps, *p);
+        double ss = 0;
+        for (int64_t i = 0; i < w->numel; i++) ss += (double)w->grad[i] * w->grad[i];
+        cr_assert_gt(ss, 0, "%s gets a gradient", *p);
+    }
+    tape_free(&tp);
+#ifdef AG_DOUBLE
+    // The KL's gradient to the indexer weights, through RoPE and the ReLU
+    // scores. Float64 only: a float32 step would cross the ReLU kinks (the
+    // kernel-level check in test_dsa.c covers float32 with kink-safe inputs).
+    u->requires_grad = false;
+    Tensor *in[] = {u, param(&ps, "wq_idx"), param(&ps, "wk_idx"), param(&ps, "ww_idx")};
+    GradcheckResult r = gradcheck("attn_dsa kl", f_kl, in, 4, m, NULL);
+    ASSERT_GRADCHECK(r, "attn_dsa kl");
+#endif
+    tensor_free(u);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+#include "lm.h"
+
+// max |a - b| / max |b|: the logits' difference relative to their scale. The
+// elementwise max_rel_diff floors at 1e-3 of the scale, where one float32
+// rounding of the largest logit (6e-8 of it) already reads as 6e-5 on a logit
+// near zero: measured up to 1.2e-4 for this two-layer model, i.e. 2 ulps.
+static double diff_to_scale(const real *a, const real *b, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)a[i] - b[i]));
+        den = fmax(den, fabs((double)b[i]));
+    }
+    return num / den;
+}
+
+Test(attn_dsa, lm_decode_equals_forward_logits) {
+    // A two-layer LM (attn, then attn_dsa with topk 5 < T): logits decoded
+    // token by token equal the parallel forward's at every position.
+    int B = 2, T = 24, V = 11, D = 16;
+    LMConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.vocab_size = V;
+    cfg.d_model = D;
+    cfg.d_ff = 32;
+    cfg.norm_eps = 1e-6;
+    cfg.mixer = mixer_config_default(D, 2, 8, 8);
+    cfg.mixer.index_heads = 2;
+    cfg.mixer.index_dim = 4;
+    cfg.mixer.topk = 5;
+    Status st = lm_parse_layers(&cfg, "attn,attn_dsa");
+    cr_assert(st.ok, "%s", st.msg);
+    ParamStore ps;
+    params_init(&ps);
+    LM lm;
+    lm_create(&lm, &cfg, &ps);
+    params_finalize(&ps, 12);
+    int tokens[2 * 24];
+    for (int i = 0; i < B * T; i++) tokens[i] = (i * 7 + 3) % V;
+    Tape tp;
+    tape_init(&tp);
+    tape_no_grad_push(&tp);
+    Tensor *logits = lm_forward(&tp, &lm, tokens, B, T, NULL, NULL);
+    LMCache *c = lm_cache_new(&lm, B, T);
+    Tape ts;
+    tape_init(&ts);
+    tape_no_grad_push(&ts);
+    for (int t = 0; t < T; t++) {
+        int tok[2] = {tokens[t], tokens[T + t]};
+        Tensor *lt = lm_step(&ts, &lm, c, tok);
+        for (int b = 0; b < B; b++) {
+            double d = diff_to_scale(lt->data + b * V, logits->data + ((int64_t)b * T + t) * V, V);
+            cr_assert_leq(d, DECODE_TOL, "position %d, batch %d: %.3e", t, b, d);
+        }
+        tape_reset(&ts);
+    }
+    lm_cache_free(&lm, c);
+    tape_free(&ts);
+    tape_free(&tp);
+    lm_destroy(&lm);
+    params_free(&ps);
+}

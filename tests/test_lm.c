@@ -1,0 +1,124 @@
+// The language model: gradients of the whole model, decode parity for every
+// mixer and for a hybrid of all of them, layer-list parsing.
+#include <math.h>
+#include <string.h>
+
+#include "lm.h"
+#include "test_util.h"
+
+static LMConfig tiny_config(const char *layers) {
+    LMConfig c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 11;
+    c.d_model = 8;
+    c.d_ff = 12;
+    c.tied = true;
+    c.norm_eps = 1e-6;
+    c.mixer = mixer_config_default(8, 2, 4, 4);
+    c.mixer.chunk_size = 4;
+    c.mixer.conv_size = 3;
+    c.mixer.index_heads = 2;
+    c.mixer.index_dim = 4;
+    c.mixer.topk = 3;
+    Status s = lm_parse_layers(&c, layers);
+    cr_assert(s.ok, "%s", s.msg);
+    return c;
+}
+
+typedef struct {
+    LM *lm;
+    const int *tokens, *targets;
+    int B, T;
+} LossCtx;
+
+static int f_lm_loss(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    LossCtx *c = ctx;
+    out[0] = lm_loss(tp, c->lm, c->tokens, c->targets, c->B, c->T, NULL);
+    return 1;
+}
+
+static void check_lm_gradients(const char *layers, bool tied) {
+    LMConfig cfg = tiny_config(layers);
+    cfg.tied = tied;
+    ParamStore ps;
+    params_init(&ps);
+    LM lm;
+    lm_create(&lm, &cfg, &ps);
+    params_finalize(&ps, 3);
+    int B = 2, T = 6;
+    int tokens[12], targets[12];
+    for (int i = 0; i < B * T; i++) tokens[i] = (i * 7 + 3) % 11, targets[i] = (i * 5 + 1) % 11;
+    LossCtx c = {&lm, tokens, targets, B, T};
+    GradcheckOptions o = gradcheck_defaults();
+    o.max_elems = 24;   // a random subset of each parameter, plus random directions over all of it
+    o.n_directions = 1;
+    GradcheckResult r = gradcheck(layers, f_lm_loss, ps.params, ps.n, &c, &o);
+    ASSERT_GRADCHECK(r, layers);
+    lm_destroy(&lm);
+    params_free(&ps);
+}
+
+Test(lm, gradcheck_every_parameter_hybrid, .timeout = 120) {
+    check_lm_gradients("gdn,attn,mamba,linear", true);
+    check_lm_gradients("attn", false);
+}
+
+// Decode parity: token-by-token logits equal the parallel forward's.
+static void check_decode(const char *layers) {
+    LMConfig cfg = tiny_config(layers);
+    ParamStore ps;
+    params_init(&ps);
+    LM lm;
+    lm_create(&lm, &cfg, &ps);
+    params_finalize(&ps, 5);
+    int B = 2, T = 9, V = cfg.vocab_size;
+    int tokens[18];
+    for (int i = 0; i < B * T; i++) tokens[i] = (i * 3 + 2) % V;
+    Tape tp;
+    tape_init(&tp);
+    tape_no_grad_push(&tp);
+    Tensor *logits = lm_forward(&tp, &lm, tokens, B, T, NULL, NULL);
+    real *par = xmalloc((size_t)logits->numel * sizeof(real));
+    memcpy(par, logits->data, (size_t)logits->numel * sizeof(real));
+    tape_reset(&tp);
+    LMCache *cache = lm_cache_new(&lm, B, T);
+    real *step = xmalloc((size_t)B * T * V * sizeof(real));
+    for (int t = 0; t < T; t++) {
+        int tok[2] = {tokens[t], tokens[T + t]};
+        Tensor *lg = lm_step(&tp, &lm, cache, tok);
+        for (int b = 0; b < B; b++) memcpy(step + ((size_t)b * T + t) * V, lg->data + (size_t)b * V, V * sizeof(real));
+        tape_reset(&tp);
+    }
+#ifdef AG_DOUBLE
+    double tol = 1e-9;   // MODEL.md, Decoding
+#else
+    double tol = 1e-4;
+#endif
+    double d = max_rel_diff(par, step, (int64_t)B * T * V);
+    cr_assert_leq(d, tol, "%s: decode vs parallel logits differ by %.3e", layers, d);
+    tape_no_grad_pop(&tp);
+    free(par);
+    free(step);
+    lm_cache_free(&lm, cache);
+    tape_free(&tp);
+    lm_destroy(&lm);
+    params_free(&ps);
+}
+
+Test(lm, decode_equals_parallel_every_mixer) {
+    const char *kinds[] = {"attn", "linear", "mamba", "gdn"};
+    for (int i = 0; i < 4; i++) check_decode(kinds[i]);
+    check_decode("gdn,attn,mamba,linear");
+}
+
+Test(lm, parse_layers_rejects_unknown_mixer) {
+    LMConfig c;
+    memset(&c, 0, sizeof c);
+    Status s = lm_parse_layers(&c, "gdn, attn,gdm");
+    cr_assert(!s.ok);
+    cr_assert(strstr(s.msg, "gdm") && strstr(s.msg, "layer 2"), "got: %s", s.msg);
+    s = lm_parse_layers(&c, "gdn,gdn,gdn,attn");
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(c.n_layers, 4);
+    cr_assert_str_eq(c.layers[3], "attn");
+}

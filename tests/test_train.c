@@ -1,0 +1,197 @@
+// The trainer end to end on tiny models: config errors, bit-exact resume,
+// overfitting one batch, dump-state, and `generate --check` on a hybrid of
+// every mixer.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+#include <hdf5_hl.h>
+
+#include "dump_state.h"
+#include "test_util.h"
+#include "trainer.h"
+
+// A scratch folder with a small corpus and a config; returns the folder.
+static char *scratch(const char *layers, int steps, const char *extra) {
+    static char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/attnlab_test_XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    char path[512];
+    snprintf(path, sizeof path, "%s/corpus.txt", dir);
+    FILE *f = fopen(path, "w");
+    Rng r;
+    rng_seed(&r, 9);
+    const char *words[] = {"the ", "light ", "and ", "darkness ", "was ", "good ", "evening ", "morning ", "day.\n"};
+    for (int i = 0; i < 4000; i++) fputs(words[rng_below(&r, 9)], f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/tiny.ini", dir);
+    f = fopen(path, "w");
+    fprintf(f,
+            "[model]\nlayers = %s\nd_model = 16\nn_heads = 2\nd_k = 8\nd_v = 8\nd_ff = 32\nchunk_size = 8\n"
+            "conv_size = 3\nindex_heads = 2\nindex_dim = 4\ntopk = 4\n"
+            "[data]\ncorpus = %s/corpus.txt\ncache_dir = %s/cache\nval_fraction = 0.1\nseq_len = 24\nbatch_size = 3\n"
+            "[train]\nsteps = %d\nlr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 2\neval_every = 0\neval_batches = 2\n"
+            "checkpoint_every = 0\nlog_every = 1\nrun_dir = %s/run\n%s",
+            layers, dir, dir, steps, dir, extra ? extra : "");
+    fclose(f);
+    return dir;
+}
+
+static TrainerOptions opts(const char *dir, bool resume) {
+    static char cfg[512];
+    snprintf(cfg, sizeof cfg, "%s/tiny.ini", dir);
+    TrainerOptions o = {0};
+    o.config = cfg;
+    o.resume = resume;
+    o.quiet = true;
+    return o;
+}
+
+Test(train, config_errors_name_file_line_key_and_write_nothing) {
+    char *dir = scratch("gdn", 2, "lerning_rate = 0.1\n");
+    static Trainer t;
+    TrainerOptions o = opts(dir, false);
+    Status s = trainer_setup(&t, &o);
+    cr_assert(!s.ok);
+    cr_assert(strstr(s.msg, "tiny.ini:") && strstr(s.msg, "lerning_rate") && strstr(s.msg, "unknown key"),
+              "got: %s", s.msg);
+    char run[600];
+    snprintf(run, sizeof run, "%s/run", dir);
+    struct stat st;
+    cr_assert(stat(run, &st) != 0, "a failed setup must write nothing");
+    // A bad value, through --set.
+    dir = scratch("gdn", 2, NULL);
+    o = opts(dir, false);
+    const char *sets[] = {"train.lr=fast"};
+    o.sets = sets;
+    o.n_sets = 1;
+    s = trainer_setup(&t, &o);
+    cr_assert(!s.ok);
+    cr_assert(strstr(s.msg, "--set") && strstr(s.msg, "lr") && strstr(s.msg, "fast"), "got: %s", s.msg);
+    // A missing file.
+    o = opts("/nonexistent_dir", false);
+    s = trainer_setup(&t, &o);
+    cr_assert(!s.ok);
+    cr_assert(strstr(s.msg, "/nonexistent_dir/tiny.ini"), "got: %s", s.msg);
+}
+
+Test(train, resume_is_bit_exact, .timeout = 120) {
+    const int N = 6;
+    char *dir = scratch("gdn,attn", N, NULL);
+    static Trainer a, b;
+    TrainerOptions o = opts(dir, false);
+    Status s = trainer_setup(&a, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(trainer_run(&a, &o), 0);
+    double straight[6];
+    memcpy(straight, a.losses, sizeof straight);
+    trainer_free(&a);
+    // Interrupted after 3 steps (as Ctrl-C would), then resumed.
+    o.stop_after = 3;
+    s = trainer_setup(&a, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(trainer_run(&a, &o), 130);
+    cr_assert_eq(a.step, 3);
+    trainer_free(&a);
+    TrainerOptions r = opts(dir, true);
+    s = trainer_setup(&b, &r);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(b.step, 3);
+    cr_assert_eq(trainer_run(&b, &r), 0);
+    for (int i = 3; i < N; i++)
+        cr_assert(memcmp(&b.losses[i], &straight[i], sizeof(double)) == 0,
+                  "step %d: resumed loss %.17g != uninterrupted %.17g", i + 1, b.losses[i], straight[i]);
+    cr_assert(straight[N - 1] < straight[0], "the loss should fall: %g -> %g", straight[0], straight[N - 1]);
+    trainer_free(&b);
+}
+
+Test(train, tiny_model_overfits_one_batch, .timeout = 120) {
+    // A one-window corpus split: train on the same batch every step.
+    char *dir = scratch("gdn,attn", 150, "lr = 1e-2\nmin_lr = 1e-2\nweight_decay = 0\n");
+    static Trainer t;
+    TrainerOptions o = opts(dir, false);
+    Status s = trainer_setup(&t, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    const TrainConfig *c = &t.cfg;
+    int n = c->data.batch_size * c->data.seq_len;
+    batcher_train(&t.bt, t.x, t.y);
+    double first = 0, last = 0;
+    Optimizer *opt = &t.opt;
+    for (int step = 0; step < 150; step++) {
+        params_zero_grad(&t.ps);
+        Tensor *loss = lm_loss(&t.tp, &t.lm, t.x, t.y, c->data.batch_size, c->data.seq_len, NULL);
+        if (step == 0) first = loss->data[0];
+        last = loss->data[0];
+        tape_backward(&t.tp, loss);
+        tape_reset(&t.tp);
+        optim_clip_grad_norm(&t.ps, 1.0);
+        optim_step(opt, &t.ps, 1e-2);
+    }
+    cr_assert(first > 2.0, "an untrained byte model starts near log(256)/some: %g", first);
+    cr_assert(last < 0.2 * first, "one batch of %d tokens should be memorised: %g -> %g", n, first, last);
+    trainer_free(&t);
+}
+
+Test(train, dump_state_holds_loss_logits_params_and_grads) {
+    char *dir = scratch("mamba,attn", 1, NULL);
+    static Trainer t;
+    TrainerOptions o = opts(dir, false);
+    Status s = trainer_setup(&t, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    batcher_train(&t.bt, t.x, t.y);
+    char path[600];
+    snprintf(path, sizeof path, "%s/state.h5", dir);
+    s = dump_state_write(path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size, t.cfg.data.seq_len);
+    cr_assert(s.ok, "%s", s.msg);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    cr_assert_geq(f, 0);
+    float loss;
+    cr_assert_geq(H5LTread_dataset_float(f, "/loss", &loss), 0);
+    cr_assert(loss > 1.0f && loss < 10.0f, "loss %g", loss);
+    // The dumped gradient of the embedding equals a fresh backward's.
+    Tensor *E = params_find(&t.ps, "embed");
+    float *g = malloc((size_t)E->numel * sizeof(float));
+    cr_assert_geq(H5LTread_dataset_float(f, "/grads/embed", g), 0);
+    double norm = 0;
+    for (int64_t i = 0; i < E->numel; i++) {
+        cr_assert_float_eq(g[i], (float)E->grad[i], 1e-6);
+        norm += g[i] * (double)g[i];
+    }
+    cr_assert_gt(norm, 0);
+    hsize_t dims[3];
+    cr_assert_geq(H5LTget_dataset_info(f, "/logits", dims, NULL, NULL), 0);
+    cr_assert_eq(dims[2], 256);
+    free(g);
+    H5Fclose(f);
+    trainer_free(&t);
+}
+
+Test(train, generate_check_parity_on_a_hybrid_of_every_mixer, .timeout = 120) {
+    char *dir = scratch("gdn,attn,mamba,linear,attn_dsa", 2, NULL);
+    static Trainer t;
+    TrainerOptions o = opts(dir, false);
+    Status s = trainer_setup(&t, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(trainer_run(&t, &o), 0);
+    trainer_free(&t);
+    cr_assert(access("./generate", X_OK) == 0, "run the tests from the build folder (./generate is needed)");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "./generate --checkpoint %s/run/checkpoint.h5 --prompt 'the light' --max-tokens 30 --check "
+             ">%s/gen.out 2>&1",
+             dir, dir);
+    int rc = system(cmd);
+    char out[2048] = {0};
+    snprintf(cmd, sizeof cmd, "%s/gen.out", dir);
+    FILE *f = fopen(cmd, "r");
+    if (f) {
+        size_t n = fread(out, 1, sizeof out - 1, f);
+        out[n] = 0;
+        fclose(f);
+    }
+    cr_assert_eq(rc, 0, "generate --check failed:\n%s", out);
+    cr_assert(strstr(out, "OK"), "got:\n%s", out);
+}
