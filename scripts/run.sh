@@ -40,9 +40,16 @@ build() {  # build DIR [cmake options...]
 }
 
 run_tests() {  # run_tests DIR LABEL
-    local dir=$1 label=$2
+    local dir=$1 label=$2 log
     echo "== tests: $label"
-    (cd "$dir" && ./unit_tests --jobs "$JOBS")
+    log="$dir/unit_tests.log"
+    (cd "$dir" && ./unit_tests --jobs "$JOBS") 2>&1 | tee "$log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "== FAILED: unit tests ($label)"; exit 1; }
+    # A sanitizer report inside a test's process does not change Criterion's verdict: catch it here.
+    if grep -aqE "ERROR: (Address|Leak)Sanitizer|runtime error:" "$log"; then
+        echo "== FAILED: sanitizer report in the $label tests (see $log)"
+        exit 1
+    fi
     (cd "$dir" && ./leak_cycles 100)
 }
 

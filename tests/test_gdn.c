@@ -178,7 +178,8 @@ static double forms_tol(Regime reg) {
     (void)reg;
     return FORM_TOL;
 #else
-    return reg == REG_G_ZERO || reg == REG_REPEAT_HARD ? 1e-3 : FORM_TOL;
+    (void)reg;
+    return FORM_TOL;
 #endif
 }
 

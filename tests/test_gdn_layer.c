@@ -120,7 +120,7 @@ Test(gdn_layer, gradcheck_recurrent_without_conv) { gradcheck_layer(MIXER_FORM_R
 #ifdef AG_DOUBLE
 #define LAYER_FORM_TOL FORM_TOL
 #else
-#define LAYER_FORM_TOL 1e-3
+#define LAYER_FORM_TOL FORM_TOL
 #endif
 
 // The layer's forward and its parameter gradients, copied out.

@@ -16,7 +16,7 @@
 #ifdef AG_DOUBLE
 #define LAYER_TOL FORM_TOL
 #else
-#define LAYER_TOL 1e-3
+#define LAYER_TOL FORM_TOL
 #endif
 
 static const char *const KIND_NAMES[] = {"linear", "mamba"};

@@ -101,16 +101,24 @@ Test(train, resume_is_bit_exact, .timeout = 120) {
     cr_assert(s.ok, "%s", s.msg);
     cr_assert_eq(b.step, 3);
     cr_assert_eq(trainer_run(&b, &r), 0);
-    for (int i = 3; i < N; i++)
+    for (int i = 3; i < N; i++) {
+#ifdef AG_DOUBLE
+        // Checkpoints hold float32 parameters (docs/checkpoint.md), so a float64
+        // run resumes from rounded weights: equal to float32 precision only.
+        cr_assert(fabs(b.losses[i] - straight[i]) <= 1e-6 * fabs(straight[i]),
+                  "step %d: resumed loss %.17g vs uninterrupted %.17g", i + 1, b.losses[i], straight[i]);
+#else
         cr_assert(memcmp(&b.losses[i], &straight[i], sizeof(double)) == 0,
                   "step %d: resumed loss %.17g != uninterrupted %.17g", i + 1, b.losses[i], straight[i]);
+#endif
+    }
     cr_assert(straight[N - 1] < straight[0], "the loss should fall: %g -> %g", straight[0], straight[N - 1]);
     trainer_free(&b);
 }
 
 Test(train, tiny_model_overfits_one_batch, .timeout = 120) {
     // A one-window corpus split: train on the same batch every step.
-    char *dir = scratch("gdn,attn", 150, "lr = 1e-2\nmin_lr = 1e-2\nweight_decay = 0\n");
+    char *dir = scratch("gdn,attn", 150, NULL);
     static Trainer t;
     TrainerOptions o = opts(dir, false);
     Status s = trainer_setup(&t, &o);
@@ -136,7 +144,7 @@ Test(train, tiny_model_overfits_one_batch, .timeout = 120) {
 }
 
 Test(train, dump_state_holds_loss_logits_params_and_grads) {
-    char *dir = scratch("mamba,attn", 1, NULL);
+    char *dir = scratch("mamba,attn", 2, NULL);
     static Trainer t;
     TrainerOptions o = opts(dir, false);
     Status s = trainer_setup(&t, &o);

@@ -21,15 +21,11 @@ void fill_uniform(Tensor *t, uint64_t seed, double lo, double hi) {
 }
 
 double max_rel_diff(const real *a, const real *b, int64_t n) {
-    double scale = 0;
-    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fmax(fabs((double)a[i]), fabs((double)b[i])));
-    double floor = fmax(1e-3 * scale, 1e-300);
-    double worst = 0;
+    double scale = 0, worst = 0;
     for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        double den = fmax(fmax(fabs((double)a[i]), fabs((double)b[i])), floor);
-        if (d / den > worst) worst = d / den;
         if (isnan(a[i]) || isnan(b[i])) return INFINITY;
+        scale = fmax(scale, fmax(fabs((double)a[i]), fabs((double)b[i])));
+        worst = fmax(worst, fabs((double)a[i] - (double)b[i]));
     }
-    return worst;
+    return scale > 0 ? worst / scale : worst;
 }

@@ -30,8 +30,16 @@ static void default_run_dir(const TrainConfig *cfg, char *out, size_t n) {
     snprintf(out, n, "runs/%.255s", name);
 }
 
+static Status setup(Trainer *t, const TrainerOptions *o);
+
 Status trainer_setup(Trainer *t, const TrainerOptions *o) {
     memset(t, 0, sizeof *t);
+    Status s = setup(t, o);
+    if (!s.ok) trainer_free(t);   // a failed setup leaves nothing behind
+    return s;
+}
+
+static Status setup(Trainer *t, const TrainerOptions *o) {
     t->last_val_loss = NAN;
     config_defaults(&t->cfg, model_mixer_known);
     const char *dirs[] = {".", SOURCE_DIR};
