@@ -1,5 +1,6 @@
 #include "tape.h"
 
+#include <omp.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,11 @@ void tape_no_grad_pop(Tape *tp) {
 }
 
 void *tape_alloc(Tape *tp, size_t bytes) { return arena_alloc(&tp->arena, bytes); }
+
+unsigned char *tape_thread_slots(Tape *tp, size_t bytes, size_t *stride) {
+    *stride = (bytes + 63) & ~(size_t)63;
+    return arena_alloc(&tp->arena, *stride * (size_t)omp_get_max_threads());
+}
 
 static Tensor *tensor_in_arena(Tape *tp, int ndim, const int *shape) {
     ASSERT(ndim >= 1 && ndim <= TENSOR_MAX_DIMS, "tensors have 1 to %d dimensions, asked for %d",

@@ -68,6 +68,10 @@ void tape_backward_multi(Tape *tp, Tensor *const *outs, const real *const *seeds
 
 // Arena allocation for activations and op state.
 void *tape_alloc(Tape *tp, size_t bytes);
+// Scratch for a parallel kernel: one slot of `bytes` per OpenMP thread, from
+// the arena (so a training step does no malloc). Thread i uses
+// base + i * (*stride), with i = omp_get_thread_num(); stride is 64-aligned.
+unsigned char *tape_thread_slots(Tape *tp, size_t bytes, size_t *stride);
 Tensor *tape_tensor(Tape *tp, int ndim, const int *shape);        // data uninitialised
 Tensor *tape_tensor_zeros(Tape *tp, int ndim, const int *shape);
 Tensor *tape_tensor_copy(Tape *tp, int ndim, const int *shape, const real *src);

@@ -16,6 +16,7 @@
 // only its own head's columns, so the gradients do not depend on the thread
 // count and no atomics are needed.
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,12 +95,15 @@ static void flash_forward(Node *n) {
     real *lse = n->saved;   // (B, H, T) or NULL when no backward will run
     int ldq = d.H * d.dk, ldv = d.H * d.dv;
     int n_tiles = (d.T + d.bq - 1) / d.bq;
+    size_t n_S = (size_t)d.bq * d.bk, n_acc = (size_t)d.bq * d.dv;
+    size_t stride;
+    unsigned char *slots =
+        tape_thread_slots(n->tape, 2 * d.bq * sizeof(double) + (n_S + n_acc) * sizeof(real), &stride);
 #pragma omp parallel
     {
-        real *S = xmalloc((size_t)d.bq * d.bk * sizeof(real));
-        real *acc = xmalloc((size_t)d.bq * d.dv * sizeof(real));
-        double *m = xmalloc((size_t)d.bq * sizeof(double));
-        double *l = xmalloc((size_t)d.bq * sizeof(double));
+        unsigned char *slot = slots + stride * (size_t)omp_get_thread_num();
+        double *m = (double *)slot, *l = m + d.bq;
+        real *S = (real *)(l + d.bq), *acc = S + n_S;
         // Later query tiles see more keys: hand tiles out dynamically. Each
         // task writes its own rows, so the result is the same for any schedule.
 #pragma omp for collapse(3) schedule(dynamic, 1)
@@ -112,10 +116,6 @@ static void flash_forward(Node *n) {
                                        v + row0 * ldv + h * d.dv, o + row0 * ldv + h * d.dv,
                                        lse ? lse + ((int64_t)b * d.H + h) * d.T : NULL, S, acc, m, l);
                 }
-        free(S);
-        free(acc);
-        free(m);
-        free(l);
     }
 }
 
@@ -169,11 +169,11 @@ static void flash_backward(Node *n) {
     const real *o = n->out[0]->data, *dO = n->out[0]->grad;
     const real *lse = n->saved;
     int ldq = d.H * d.dk, ldv = d.H * d.dv;
+    size_t n_S = (size_t)d.bq * d.bk, stride;
+    unsigned char *slots = tape_thread_slots(n->tape, (2 * n_S + (size_t)d.T) * sizeof(real), &stride);
 #pragma omp parallel
     {
-        real *S = xmalloc((size_t)d.bq * d.bk * sizeof(real));
-        real *dP = xmalloc((size_t)d.bq * d.bk * sizeof(real));
-        real *D = xmalloc((size_t)d.T * sizeof(real));
+        real *S = (real *)(slots + stride * (size_t)omp_get_thread_num()), *dP = S + n_S, *D = dP + n_S;
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < d.B; b++)
             for (int h = 0; h < d.H; h++) {
@@ -182,9 +182,6 @@ static void flash_backward(Node *n) {
                                     lse + ((int64_t)b * d.H + h) * d.T, dq ? dq + qo : NULL,
                                     dk ? dk + qo : NULL, dv ? dv + vo : NULL, S, dP, D);
             }
-        free(S);
-        free(dP);
-        free(D);
     }
 }
 

@@ -13,6 +13,7 @@
 // Every decay factor is exp of a non-positive difference of cumulative log
 // decays (never a ratio of exponentials), so g = 0 and g = -20 per step are
 // both exact and finite. The forward keeps only the state entering each chunk.
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,12 +34,18 @@ GdnDims gdn_dims(const Node *n) {
     return d;
 }
 
-void gdn_chunk_alloc(GdnChunk *ws, int C, int dk, int dv) {
-    size_t LL = (size_t)C * C, nreal = 5 * LL + (size_t)C * (3 * dk + 3 * dv + dk + 1);
+static size_t chunk_nreal(int C, int dk, int dv) {
+    return 5 * (size_t)C * C + (size_t)C * (3 * dk + 3 * dv + dk + 1);
+}
+
+size_t gdn_chunk_bytes(int C, int dk, int dv) { return C * sizeof(double) + chunk_nreal(C, dk, dv) * sizeof(real); }
+
+void gdn_chunk_bind(GdnChunk *ws, void *mem, int C, int dk, int dv) {
+    size_t LL = (size_t)C * C;
     ws->dk = dk;
     ws->dv = dv;
     ws->L = 0;
-    ws->G = xmalloc(C * sizeof(double) + nreal * sizeof(real));
+    ws->G = mem;
     real *p = (real *)(ws->G + C);
     ws->E = p, p += LL;
     ws->KK = p, p += LL;
@@ -54,10 +61,6 @@ void gdn_chunk_alloc(GdnChunk *ws, int C, int dk, int dv) {
     ws->bet = p;
 }
 
-void gdn_chunk_free(GdnChunk *ws) {
-    free(ws->G);
-    ws->G = NULL;
-}
 
 void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const real *v, const real *beta,
                        const real *g, int ldk, int ldv, int H, const real *S0) {
@@ -121,11 +124,13 @@ void gdn_chunk_forward(Node *n) {
     real *o = n->out[0]->data, *sT = n->out[1]->data;
     real *saved = n->saved;   // (B, H, NC, dk, dv) or NULL
     int64_t SS = (int64_t)d.dk * d.dv;
+    size_t stride;
+    unsigned char *slots = tape_thread_slots(n->tape, gdn_chunk_bytes(d.C, d.dk, d.dv), &stride);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < d.B; b++)
         for (int h = 0; h < d.H; h++) {
             GdnChunk ws;
-            gdn_chunk_alloc(&ws, d.C, d.dk, d.dv);
+            gdn_chunk_bind(&ws, slots + stride * (size_t)omp_get_thread_num(), d.C, d.dk, d.dv);
             real *S = sT + gdn_off_s(&d, b, h);   // the running state, (dk, dv)
             if (s0) memcpy(S, s0 + gdn_off_s(&d, b, h), SS * sizeof(real));
             else memset(S, 0, SS * sizeof(real));
@@ -148,7 +153,6 @@ void gdn_chunk_forward(Node *n) {
                 for (int64_t i = 0; i < SS; i++) S[i] *= bl;
                 gemm(true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv);
             }
-            gdn_chunk_free(&ws);
         }
 }
 

@@ -10,6 +10,7 @@
 // The triangular solve: Tm = (I + A)^-1, W = Tm Xw, U = Tm Xu give
 //   dXw = Tm^T dW,  dXu = Tm^T dU,  dA = -(dXw W^T + dXu U^T) (strictly lower),
 // since dA = -Tm^T dTm Tm^T and dTm = dW Xw^T + dU Xu^T.
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,9 +37,13 @@ typedef struct GdnChunkGrad {
     real *dS0;       // (dk, dv) gradient of the state entering the chunk
 } GdnChunkGrad;
 
-static void grad_alloc(GdnChunkGrad *gr, int C, int dk, int dv) {
+static size_t grad_bytes(int C, int dk, int dv) {
     size_t nreal = (size_t)C * (3 * dk + 3 * dv) + (size_t)C * C + (size_t)dk * dv;
-    gr->dG = xmalloc(2 * C * sizeof(double) + nreal * sizeof(real));
+    return 2 * C * sizeof(double) + nreal * sizeof(real);
+}
+
+static void grad_bind(GdnChunkGrad *gr, void *mem, int C, int dk, int dv) {
+    gr->dG = mem;
     gr->dbeta = gr->dG + C;
     real *p = (real *)(gr->dbeta + C);
     gr->dDl = p, p += (size_t)C * dv;
@@ -177,14 +182,20 @@ void gdn_chunk_backward(Node *n) {
     const real *dout = n->out[0]->grad, *dsT = n->out[1]->grad;   // either may be NULL
     const real *saved = n->saved;
     int64_t SS = (int64_t)d.dk * d.dv;
+    // Per thread: the chunk workspace, its gradients, and dS, one slot each.
+    size_t b_ws = (gdn_chunk_bytes(d.C, d.dk, d.dv) + 63) & ~(size_t)63;
+    size_t b_gr = (grad_bytes(d.C, d.dk, d.dv) + 63) & ~(size_t)63;
+    size_t stride;
+    unsigned char *slots = tape_thread_slots(n->tape, b_ws + b_gr + SS * sizeof(real), &stride);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < d.B; b++)
         for (int h = 0; h < d.H; h++) {
+            unsigned char *slot = slots + stride * (size_t)omp_get_thread_num();
             GdnChunk ws;
             GdnChunkGrad gr;
-            gdn_chunk_alloc(&ws, d.C, d.dk, d.dv);
-            grad_alloc(&gr, d.C, d.dk, d.dv);
-            real *dS = xmalloc(SS * sizeof(real));   // gradient of the state leaving the chunk
+            gdn_chunk_bind(&ws, slot, d.C, d.dk, d.dv);
+            grad_bind(&gr, slot + b_ws, d.C, d.dk, d.dv);
+            real *dS = (real *)(slot + b_ws + b_gr);   // gradient of the state leaving the chunk
             if (dsT) memcpy(dS, dsT + gdn_off_s(&d, b, h), SS * sizeof(real));
             else memset(dS, 0, SS * sizeof(real));
             for (int c = d.NC - 1; c >= 0; c--) {
@@ -199,8 +210,5 @@ void gdn_chunk_backward(Node *n) {
             }
             if (ds0)
                 for (int64_t i = 0; i < SS; i++) ds0[gdn_off_s(&d, b, h) + i] += dS[i];
-            free(dS);
-            free(gr.dG);
-            gdn_chunk_free(&ws);
         }
 }

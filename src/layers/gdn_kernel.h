@@ -89,8 +89,11 @@ typedef struct GdnChunk {
 } GdnChunk;
 
 // Workspace for chunks of up to C positions: one allocation, free(ws->G).
-void gdn_chunk_alloc(GdnChunk *ws, int C, int dk, int dv);
-void gdn_chunk_free(GdnChunk *ws);
+// Workspace of one chunk: gdn_chunk_bytes of memory (64-byte aligned), bound
+// to ws. The kernels take one slot per OpenMP thread from the tape's arena
+// (tape_thread_slots), so a training step does no malloc.
+size_t gdn_chunk_bytes(int C, int dk, int dv);
+void gdn_chunk_bind(GdnChunk *ws, void *mem, int C, int dk, int dv);
 // Fill ws for the chunk of L positions whose first rows are q, k (stride
 // ldk), v (stride ldv), beta, g (stride H), entering state S0 (dk x dv).
 void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const real *v, const real *beta,
