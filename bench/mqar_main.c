@@ -1,0 +1,168 @@
+// mqar: train 2-layer models of each mixer on multi-query associative recall
+// (data/mqar.h) at a few widths and report recall accuracy.
+//
+//   mqar [--mixers attn,gdn,mamba,linear] [--widths 32,64] [--pairs 16] [--seq 128]
+//        [--vocab 256] [--steps 1500] [--batch 32] [--lr 3e-3] [--seed 1] [--tsv FILE]
+//
+// Each model: embedding, 2 x (mixer + SwiGLU MLP), tied head; H = 2 heads of
+// size d_model / 2, so the recurrent state per layer is 2 x (d/2)^2 numbers.
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+
+#include "lm.h"
+#include "mqar.h"
+#include "optim.h"
+
+static int parse_list(const char *s, char out[][16], int max) {
+    int n = 0;
+    while (*s && n < max) {
+        const char *e = strchr(s, ',');
+        size_t len = e ? (size_t)(e - s) : strlen(s);
+        snprintf(out[n++], 16, "%.*s", (int)len, s);
+        s += len + (e ? 1 : 0);
+    }
+    return n;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Accuracy on scored positions of n_batches fresh batches.
+static double evaluate(LM *lm, const MqarSpec *s, int B, int n_batches, uint64_t seed) {
+    Tape tp;
+    tape_init(&tp);
+    tape_no_grad_push(&tp);
+    Rng r;
+    rng_seed(&r, seed);
+    int *x = xmalloc((size_t)B * s->T * sizeof(int)), *y = xmalloc((size_t)B * s->T * sizeof(int));
+    long right = 0, total = 0;
+    for (int i = 0; i < n_batches; i++) {
+        mqar_batch(s, &r, B, x, y);
+        Tensor *logits = lm_forward(&tp, lm, x, B, s->T, NULL, NULL);
+        int V = logits->shape[2];
+        for (int t = 0; t < B * s->T; t++) {
+            if (y[t] < 0) continue;
+            const real *row = logits->data + (int64_t)t * V;
+            int best = 0;
+            for (int j = 1; j < V; j++)
+                if (row[j] > row[best]) best = j;
+            right += best == y[t];
+            total++;
+        }
+        tape_reset(&tp);
+    }
+    tape_no_grad_pop(&tp);
+    tape_free(&tp);
+    free(x);
+    free(y);
+    return total ? (double)right / total : 0;
+}
+
+int main(int argc, char **argv) {
+    char mixers[8][16], widths_s[8][16];
+    int n_mixers = parse_list("attn,gdn,mamba,linear", mixers, 8);
+    int n_widths = parse_list("32,64", widths_s, 8);
+    MqarSpec spec = {256, 16, 128};
+    int steps = 1500, B = 32;
+    double lr = 3e-3;
+    uint64_t seed = 1;
+    const char *tsv = NULL;
+    for (int i = 1; i < argc; i++) {
+        bool has = i + 1 < argc;
+        if (!strcmp(argv[i], "--mixers") && has) n_mixers = parse_list(argv[++i], mixers, 8);
+        else if (!strcmp(argv[i], "--widths") && has) n_widths = parse_list(argv[++i], widths_s, 8);
+        else if (!strcmp(argv[i], "--pairs") && has) spec.n_pairs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seq") && has) spec.T = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--vocab") && has) spec.vocab = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && has) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && has) B = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--lr") && has) lr = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--seed") && has) seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--tsv") && has) tsv = argv[++i];
+        else {
+            fprintf(stderr, "mqar: unknown or incomplete argument '%s' (see the comment at the top of bench/mqar_main.c)\n",
+                    argv[i]);
+            return 2;
+        }
+    }
+    Status st = mqar_check(&spec);
+    if (!st.ok) {
+        fprintf(stderr, "%s\n", st.msg);
+        return 2;
+    }
+    for (int m = 0; m < n_mixers; m++)
+        if (!mixer_kind_find(mixers[m])) {
+            fprintf(stderr, "mqar: unknown mixer '%s' (known: %s)\n", mixers[m], mixer_kind_names());
+            return 2;
+        }
+    struct utsname un;
+    uname(&un);
+    printf("# MQAR: vocab %d, %d pairs, T %d; 2-layer models, %d steps of batch %d, AdamW lr %.0e; %s, %d threads, %s\n",
+           spec.vocab, spec.n_pairs, spec.T, steps, B, lr, un.machine, omp_get_max_threads(), REAL_NAME);
+    printf("%-8s %6s %10s %12s %10s %8s\n", "mixer", "width", "params", "state/layer", "accuracy", "time_s");
+    FILE *out = tsv ? fopen(tsv, "w") : NULL;
+    if (out) fprintf(out, "mixer\twidth\tparams\tstate\taccuracy\ttime_s\n");
+    int *x = xmalloc((size_t)B * spec.T * sizeof(int)), *y = xmalloc((size_t)B * spec.T * sizeof(int));
+    for (int m = 0; m < n_mixers; m++)
+        for (int w = 0; w < n_widths; w++) {
+            int D = atoi(widths_s[w]);
+            LMConfig c;
+            memset(&c, 0, sizeof c);
+            c.vocab_size = spec.vocab;
+            c.d_model = D;
+            c.d_ff = 2 * D;
+            c.tied = true;
+            c.norm_eps = 1e-6;
+            c.mixer = mixer_config_default(D, 2, D / 2, D / 2);
+            c.mixer.chunk_size = 32;
+            c.mixer.topk = 32;
+            char layers[64];
+            snprintf(layers, sizeof layers, "%s,%s", mixers[m], mixers[m]);
+            lm_parse_layers(&c, layers);
+            ParamStore ps;
+            params_init(&ps);
+            LM lm;
+            lm_create(&lm, &c, &ps);
+            params_finalize(&ps, seed);
+            Optimizer opt;
+            adamw_init(&opt, &ps, 0.9, 0.98, 1e-8, 0.1);
+            Tape tp;
+            tape_init(&tp);
+            Rng r;
+            rng_seed(&r, seed * 1000 + 7);
+            double t0 = now();
+            for (int step = 0; step < steps; step++) {
+                mqar_batch(&spec, &r, B, x, y);
+                params_zero_grad(&ps);
+                Tensor *loss = lm_loss(&tp, &lm, x, y, B, spec.T, NULL);
+                tape_backward(&tp, loss);
+                tape_reset(&tp);
+                optim_clip_grad_norm(&ps, 1.0);
+                optim_step(&opt, &ps, lr_cosine(step, steps / 10, steps, lr, lr / 10));
+            }
+            double secs = now() - t0;
+            double acc = evaluate(&lm, &spec, B, 16, seed + 99);
+            bool rec = lm.blocks[0].mixer->kind->recurrent;
+            long state = rec ? 2L * (D / 2) * (D / 2) : 2L * spec.T * D;   // attn: its KV cache at length T
+            printf("%-8s %6d %10lld %12ld %9.1f%% %8.1f\n", mixers[m], D, (long long)params_count(&ps, false), state,
+                   100 * acc, secs);
+            fflush(stdout);
+            if (out) fprintf(out, "%s\t%d\t%lld\t%ld\t%.4f\t%.1f\n", mixers[m], D, (long long)params_count(&ps, false),
+                             state, acc, secs);
+            tape_free(&tp);
+            optim_free(&opt);
+            lm_destroy(&lm);
+            params_free(&ps);
+        }
+    if (out) fclose(out);
+    free(x);
+    free(y);
+    return 0;
+}
