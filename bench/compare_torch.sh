@@ -37,6 +37,7 @@ field() {  # field NAME "RESULT ..." -> value
     sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"
 }
 
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 LOG=$(mktemp -d)
 trap 'rm -rf "$LOG"' EXIT
 rows=()
@@ -47,7 +48,7 @@ for cfg in "${CONFIGS[@]}"; do
     "$PY" bench/torch_ref/throughput.py "$cfg" --threads "$THREADS" --steps "$STEPS" >"$LOG/t_$name.txt"
     c=$(grep '^RESULT' "$LOG/c_$name.txt")
     t=$(grep '^RESULT' "$LOG/t_$name.txt")
-    rows+=("$name|$(field tokens_per_s "$c")|$(field tokens_per_s "$t")|$(field fwd_ms "$c")/$(field bwd_ms "$c")/$(field opt_ms "$c")|$(field fwd_ms "$t")/$(field bwd_ms "$t")/$(field opt_ms "$t")")
+    rows+=("$name|$(field tokens_per_s "$c")|$(field tokens_per_s "$t")|$(field tokens_per_cpu_s "$c")|$(field tokens_per_cpu_s "$t")|$(field fwd_ms "$c")/$(field bwd_ms "$c")/$(field opt_ms "$c")|$(field fwd_ms "$t")/$(field bwd_ms "$t")/$(field opt_ms "$t")")
 done
 
 echo
@@ -55,10 +56,17 @@ sed -n 's/^machine: /machine: /p; s/^cpu: /cpu: /p' "$LOG/c_$(basename "${CONFIG
 echo "threads: $THREADS (both sides)   steps timed: $STEPS (median)   torch $("$PY" -c 'import torch; print(torch.__version__)')"
 echo "C: float32, chunked forms (linear, mamba, gdn), flash attention; PyTorch: float32, chunked forms, scaled_dot_product_attention when available"
 echo
-printf '| %-12s | %10s | %10s | %7s | %-22s | %-22s |\n' config "C tok/s" "torch tok/s" "C/torch" "C fwd/bwd/opt ms" "torch fwd/bwd/opt ms"
-printf '| %-12s | %10s | %10s | %7s | %-22s | %-22s |\n' ------------ ---------- ---------- ------- ---------------------- ----------------------
+# tok/s: wall clock; tok/CPU-s: per second of CPU time of all threads (steadier on a shared machine).
+printf '| %-12s | %9s | %11s | %7s | %11s | %15s | %9s | %-21s | %-21s |\n' config "C tok/s" "torch tok/s" "C/torch" \
+    "C tok/CPU-s" "torch tok/CPU-s" "C/torch" "C fwd/bwd/opt ms" "torch fwd/bwd/opt ms"
+printf '| %-12s | %9s | %11s | %7s | %11s | %15s | %9s | %-21s | %-21s |\n' ------------ --------- ----------- ------- \
+    ----------- --------------- --------- --------------------- ---------------------
 for r in "${rows[@]}"; do
-    IFS='|' read -r name ct tt cp tp <<<"$r"
+    IFS='|' read -r name ct tt cc tc cp tp <<<"$r"
     ratio=$(awk -v a="$ct" -v b="$tt" 'BEGIN { printf "%.2f", a / b }')
-    printf '| %-12s | %10s | %10s | %7s | %-22s | %-22s |\n' "$name" "$ct" "$tt" "$ratio" "$cp" "$tp"
+    cratio=$(awk -v a="$cc" -v b="$tc" 'BEGIN { printf "%.2f", a / b }')
+    printf '| %-12s | %9s | %11s | %7s | %11s | %15s | %9s | %-21s | %-21s |\n' "$name" "$ct" "$tt" "$ratio" "$cc" "$tc" \
+        "$cratio" "$cp" "$tp"
 done
+echo
+echo "load average before/after: $LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg)"

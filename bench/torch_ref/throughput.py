@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Tokens/s of a training step of a config's LM in PyTorch on the CPU.
 
-    /usr/bin/python3 bench/torch_ref/throughput.py configs/tiny_gdn.ini --threads 2 [--steps 5] [--warmup 1]
+    /usr/bin/python3 bench/torch_ref/throughput.py configs/tiny_gdn.ini --threads 2 [--steps 5] [--warmup 2]
 
 The same work as bench/train_bench_main.c: forward, backward, gradient-norm
 clipping and AdamW (decoupled weight decay, none on norms, dt_bias, A_log, D),
@@ -10,6 +10,7 @@ forms: chunked GLA for linear and mamba, the chunked WY form for gdn (chunk
 from the config), F.scaled_dot_product_attention for attn when torch has it.
 Prints the time of each part (median over the timed steps) and, last:
   RESULT config=<name> B=.. T=.. threads=.. params=.. fwd_ms=.. bwd_ms=.. opt_ms=.. step_ms=.. tokens_per_s=..
+         cpu_ms=.. tokens_per_cpu_s=..     (CPU time of all threads per step)
 
 Needs python3-torch (Debian package).
 """
@@ -24,7 +25,7 @@ ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("config", help="an INI config (configs/tiny_gdn.ini)")
 ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: keep torch's default)")
 ap.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
-ap.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2, as train_bench)")
 ap.add_argument("--form", choices=("chunked", "recurrent"), default="chunked",
                 help="mixer forms (default chunked; recurrent is the slow reference)")
 ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
@@ -106,10 +107,10 @@ def main():
     print("threads: %d (torch.get_num_threads)   precision: %s   torch %s"
           % (torch.get_num_threads(), args.dtype, torch.__version__))
 
-    tf, tb, to, ts = [], [], [], []
+    tf, tb, to, ts, tc = [], [], [], [], []
     loss = None
     for it in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         opt.zero_grad(set_to_none=False)
         loss, _ = lm.loss(x, y)
         t1 = time.perf_counter()
@@ -118,25 +119,28 @@ def main():
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(lm.parameters(), clip)
         opt.step()
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
         if it >= args.warmup:
             tf.append(t1 - t0)
             tb.append(t2 - t1)
             to.append(t3 - t2)
             ts.append(t3 - t0)
+            tc.append(c3 - c0)
 
     def med(v):
         v = sorted(v)
         n = len(v)
         return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
-    mf, mb, mo, ms = med(tf), med(tb), med(to), med(ts)
+    mf, mb, mo, ms, mc = med(tf), med(tb), med(to), med(ts), med(tc)
     print("per step (median of %d after %d warm-up): forward %.1f ms, backward %.1f ms, clip+AdamW %.1f ms, "
-          "total %.1f ms = %.0f tokens/s   (last loss %.4f)"
-          % (args.steps, args.warmup, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, float(loss)))
+          "total %.1f ms = %.0f tokens/s; CPU time %.1f ms = %.0f tokens per CPU-second   (last loss %.4f)"
+          % (args.steps, args.warmup, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc, B * T / mc,
+             float(loss)))
     print("RESULT config=%s B=%d T=%d threads=%d params=%d fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
-          "tokens_per_s=%.0f" % (name, B, T, torch.get_num_threads(), nparams, 1e3 * mf, 1e3 * mb, 1e3 * mo,
-                                 1e3 * ms, B * T / ms))
+          "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f"
+          % (name, B, T, torch.get_num_threads(), nparams, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms,
+             1e3 * mc, B * T / mc))
 
 
 if __name__ == "__main__":
