@@ -8,7 +8,7 @@ Reads the dump (train/dump_state.h: /tokens, /targets, /logits, /loss,
 /params/<name>, /grads/<name>, attribute `config` = the [model] section),
 rebuilds the model of MODEL.md in float64 from the config, loads the C
 parameters by name, runs forward and backward, and prints the normwise relative
-difference max|ref - C| / max|ref| of the loss, the logits and every parameter
+difference max|ref - C| / max(max|ref|, max|C|) of the loss, the logits and every parameter
 gradient. Exits 1 if any exceeds --tol (default 1e-4, for a float32 C state).
 
 Needs python3-torch and python3-h5py (Debian packages).
@@ -27,11 +27,12 @@ from model import LM, model_config_from_ini  # noqa: E402
 
 
 def rel_diff(ref, other):
-    """max|ref - other| / max|ref| (0 when both are all zero)."""
+    """Normwise: max|ref - other| / max(max|ref|, max|other|), the project's measure
+    (tests/test_util.h max_rel_diff); 0 when both are all zero."""
     ref = np.asarray(ref, dtype=np.float64)
     other = np.asarray(other, dtype=np.float64)
     num = float(np.max(np.abs(ref - other))) if ref.size else 0.0
-    den = float(np.max(np.abs(ref))) if ref.size else 0.0
+    den = max(float(np.max(np.abs(ref))), float(np.max(np.abs(other)))) if ref.size else 0.0
     if den == 0.0:
         return 0.0 if num == 0.0 else float("inf")
     return num / den
