@@ -2,6 +2,7 @@
 
 #include <hdf5.h>
 #include <hdf5_hl.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 static herr_t put_reals(hid_t loc, const char *name, int ndim, const int *shape, const real *data, int64_t n) {
@@ -12,6 +13,27 @@ static herr_t put_reals(hid_t loc, const char *name, int ndim, const int *shape,
     herr_t e = H5LTmake_dataset_float(loc, name, ndim, dims, tmp);
     free(tmp);
     return e;
+}
+
+// The [model] section of the config as INI text that config_load_string
+// reads back (the LM's settings; vocabulary size = the embedding's rows).
+static char *model_ini(const LM *lm) {
+    const LMConfig *c = &lm->cfg;
+    const MixerConfig *m = &c->mixer;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    ASSERT(f, "dump_state: open_memstream failed");
+    fprintf(f, "[model]\nlayers = ");
+    for (int l = 0; l < c->n_layers; l++) fprintf(f, "%s%s", l ? "," : "", c->layers[l]);
+    fprintf(f,
+            "\nd_model = %d\nn_heads = %d\nd_k = %d\nd_v = %d\nd_ff = %d\ntied_embeddings = %s\n"
+            "chunk_size = %d\nconv_size = %d\nnorm_eps = %.17g\nrope_base = %.17g\nindex_heads = %d\n"
+            "index_dim = %d\ntopk = %d\nform = %s\n",
+            c->d_model, m->n_heads, m->d_k, m->d_v, c->d_ff, c->tied ? "true" : "false", m->chunk_size,
+            m->conv_size, c->norm_eps, m->rope_base, m->index_heads, m->index_dim, m->topk, mixer_form_name(m->form));
+    fclose(f);
+    return text;
 }
 
 Status dump_state_write(const char *path, Tape *tp, LM *lm, ParamStore *ps, const int *x, const int *y, int B,
@@ -40,6 +62,9 @@ Status dump_state_write(const char *path, Tape *tp, LM *lm, ParamStore *ps, cons
     }
     H5Gclose(gp);
     H5Gclose(gg);
+    char *ini = model_ini(lm);
+    e |= H5LTset_attribute_string(f, "/", "config", ini);
+    free(ini);
     H5Fclose(f);
     tape_reset(tp);
     if (e < 0) return status_err("writing '%s' failed", path);

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# bench/compare_torch.sh: tokens/s of a training step (forward + backward +
+# clip + AdamW, float32, random tokens) in C (build/train_bench) and in the
+# PyTorch reference (bench/torch_ref/throughput.py), config by config, with
+# the same thread count, and the ratio C / PyTorch.
+#
+#   bench/compare_torch.sh [-t THREADS] [-s STEPS] [CONFIG...]     default: every configs/tiny_*.ini
+#
+# Needs build/train_bench (cmake --build build) and /usr/bin/python3 with
+# python3-torch. THREADS defaults to nproc. Each side runs alone, one after
+# the other; run it on an otherwise idle machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+THREADS=$(nproc)
+STEPS=5
+while getopts "t:s:" opt; do
+    case $opt in
+        t) THREADS=$OPTARG ;;
+        s) STEPS=$OPTARG ;;
+        *) echo "usage: $0 [-t THREADS] [-s STEPS] [CONFIG...]" >&2; exit 2 ;;
+    esac
+done
+shift $((OPTIND - 1))
+CONFIGS=("$@")
+[ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(configs/tiny_*.ini)
+
+PY=${PYTHON:-/usr/bin/python3}
+[ -x build/train_bench ] || { echo "compare_torch: build/train_bench missing: cmake -S . -B build && cmake --build build" >&2; exit 1; }
+"$PY" -c 'import torch' 2>/dev/null || { echo "compare_torch: $PY cannot import torch: apt-get install python3-torch" >&2; exit 1; }
+
+# One thread count for every pool on both sides; idle OpenMP threads sleep.
+export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+
+field() {  # field NAME "RESULT ..." -> value
+    sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"
+}
+
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+LOG=$(mktemp -d)
+trap 'rm -rf "$LOG"' EXIT
+rows=()
+for cfg in "${CONFIGS[@]}"; do
+    name=$(basename "$cfg" .ini)
+    echo "== $name" >&2
+    ./build/train_bench --config "$cfg" --set train.threads="$THREADS" --steps "$STEPS" >"$LOG/c_$name.txt"
+    "$PY" bench/torch_ref/throughput.py "$cfg" --threads "$THREADS" --steps "$STEPS" >"$LOG/t_$name.txt"
+    c=$(grep '^RESULT' "$LOG/c_$name.txt")
+    t=$(grep '^RESULT' "$LOG/t_$name.txt")
+    rows+=("$name|$(field tokens_per_s "$c")|$(field tokens_per_s "$t")|$(field tokens_per_cpu_s "$c")|$(field tokens_per_cpu_s "$t")|$(field fwd_ms "$c")/$(field bwd_ms "$c")/$(field opt_ms "$c")|$(field fwd_ms "$t")/$(field bwd_ms "$t")/$(field opt_ms "$t")")
+done
+
+echo
+sed -n 's/^machine: /machine: /p; s/^cpu: /cpu: /p' "$LOG/c_$(basename "${CONFIGS[0]}" .ini).txt"
+echo "threads: $THREADS (both sides)   steps timed: $STEPS (median)   torch $("$PY" -c 'import torch; print(torch.__version__)')"
+echo "C: float32, chunked forms (linear, mamba, gdn), flash attention; PyTorch: float32, chunked forms, scaled_dot_product_attention when available"
+echo
+# tok/s: wall clock; tok/CPU-s: per second of CPU time of all threads (steadier on a shared machine).
+printf '| %-12s | %9s | %11s | %7s | %11s | %15s | %9s | %-21s | %-21s |\n' config "C tok/s" "torch tok/s" "C/torch" \
+    "C tok/CPU-s" "torch tok/CPU-s" "C/torch" "C fwd/bwd/opt ms" "torch fwd/bwd/opt ms"
+printf '| %-12s | %9s | %11s | %7s | %11s | %15s | %9s | %-21s | %-21s |\n' ------------ --------- ----------- ------- \
+    ----------- --------------- --------- --------------------- ---------------------
+for r in "${rows[@]}"; do
+    IFS='|' read -r name ct tt cc tc cp tp <<<"$r"
+    ratio=$(awk -v a="$ct" -v b="$tt" 'BEGIN { printf "%.2f", a / b }')
+    cratio=$(awk -v a="$cc" -v b="$tc" 'BEGIN { printf "%.2f", a / b }')
+    printf '| %-12s | %9s | %11s | %7s | %11s | %15s | %9s | %-21s | %-21s |\n' "$name" "$ct" "$tt" "$ratio" "$cc" "$tc" \
+        "$cratio" "$cp" "$tp"
+done
+echo
+echo "load average before/after: $LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg)"

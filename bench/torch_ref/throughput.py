@@ -1,0 +1,147 @@
+#!/usr/bin/python3
+"""Tokens/s of a training step of a config's LM in PyTorch on the CPU.
+
+    /usr/bin/python3 bench/torch_ref/throughput.py configs/tiny_gdn.ini --threads 2 [--steps 5] [--warmup 2]
+
+The same work as bench/train_bench_main.c: forward, backward, gradient-norm
+clipping and AdamW (decoupled weight decay, none on norms, dt_bias, A_log, D),
+float32, on random tokens, B and T from the config's [data] section. Fast
+forms: chunked GLA for linear and mamba, the chunked WY form for gdn (chunk
+from the config), F.scaled_dot_product_attention for attn when torch has it.
+Prints the time of each part (median over the timed steps) and, last:
+  RESULT config=<name> B=.. T=.. threads=.. params=.. fwd_ms=.. bwd_ms=.. opt_ms=.. step_ms=.. tokens_per_s=..
+         cpu_ms=.. tokens_per_cpu_s=..     (CPU time of all threads per step)
+
+Needs python3-torch (Debian package).
+"""
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+ap.add_argument("config", help="an INI config (configs/tiny_gdn.ini)")
+ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: keep torch's default)")
+ap.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
+ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2, as train_bench)")
+ap.add_argument("--form", choices=("chunked", "recurrent"), default="chunked",
+                help="mixer forms (default chunked; recurrent is the slow reference)")
+ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+ap.add_argument("--set", action="append", default=[], metavar="S.K=V", help="override a config key")
+args = ap.parse_args()
+
+# Thread pools are sized when torch loads: set every one of them first.
+if args.threads > 0:
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model import LM, model_config_from_ini, parse_ini  # noqa: E402
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def apply_sets(text, sets):
+    cp = parse_ini(text)
+    for s in sets:
+        key, value = s.split("=", 1)
+        sec, k = key.split(".", 1)
+        if not cp.has_section(sec):
+            cp.add_section(sec)
+        cp.set(sec, k, value)
+    return cp
+
+
+def main():
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:   # already set
+            pass
+    with open(args.config) as f:
+        text = f.read()
+    cp = apply_sets(text, args.set)
+    lines = []
+    for sec in cp.sections():
+        lines.append("[%s]" % sec)
+        lines += ["%s = %s" % kv for kv in cp.items(sec)]
+    cfg = model_config_from_ini("\n".join(lines))
+    data, train = cp["data"] if cp.has_section("data") else {}, cp["train"] if cp.has_section("train") else {}
+    B, T = int(data.get("batch_size", 16)), int(data.get("seq_len", 256))
+    lr = float(train.get("lr", 1e-3))
+    wd = float(train.get("weight_decay", 0.1))
+    betas = (float(train.get("beta1", 0.9)), float(train.get("beta2", 0.95)))
+    eps = float(train.get("adam_eps", 1e-8))
+    clip = float(train.get("grad_clip", 1.0))
+    dtype = torch.float32 if args.dtype == "float32" else torch.float64
+
+    lm = LM(cfg, dtype=dtype, seed=1337, form=args.form)
+    decay = [p for n, p in lm.params.items() if n not in lm.no_decay]
+    no_decay = [p for n, p in lm.params.items() if n in lm.no_decay]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=betas, eps=eps)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randint(0, cfg.vocab_size, (B, T), generator=gen)
+    y = torch.randint(0, cfg.vocab_size, (B, T), generator=gen)
+    nparams = sum(p.numel() for p in lm.parameters())
+
+    name = os.path.basename(args.config)
+    print("machine: %s %s %s" % (platform.system(), platform.release(), platform.machine()))
+    print("cpu: %s" % cpu_name())
+    print("config: %s   layers: %s   B %d, T %d, D %d, params %d, form %s, chunk %d"
+          % (name, ",".join(cfg.layers), B, T, cfg.d_model, nparams, args.form, cfg.chunk_size))
+    print("threads: %d (torch.get_num_threads)   precision: %s   torch %s"
+          % (torch.get_num_threads(), args.dtype, torch.__version__))
+
+    tf, tb, to, ts, tc = [], [], [], [], []
+    loss = None
+    for it in range(args.warmup + args.steps):
+        c0, t0 = time.process_time(), time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        loss, _ = lm.loss(x, y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(lm.parameters(), clip)
+        opt.step()
+        t3, c3 = time.perf_counter(), time.process_time()
+        if it >= args.warmup:
+            tf.append(t1 - t0)
+            tb.append(t2 - t1)
+            to.append(t3 - t2)
+            ts.append(t3 - t0)
+            tc.append(c3 - c0)
+
+    def med(v):
+        v = sorted(v)
+        n = len(v)
+        return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+    mf, mb, mo, ms, mc = med(tf), med(tb), med(to), med(ts), med(tc)
+    print("per step (median of %d after %d warm-up): forward %.1f ms, backward %.1f ms, clip+AdamW %.1f ms, "
+          "total %.1f ms = %.0f tokens/s; CPU time %.1f ms = %.0f tokens per CPU-second   (last loss %.4f)"
+          % (args.steps, args.warmup, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc, B * T / mc,
+             float(loss)))
+    print("RESULT config=%s B=%d T=%d threads=%d params=%d fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
+          "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f"
+          % (name, B, T, torch.get_num_threads(), nparams, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms,
+             1e3 * mc, B * T / mc))
+
+
+if __name__ == "__main__":
+    main()

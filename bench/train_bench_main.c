@@ -1,0 +1,179 @@
+// train_bench: tokens/s of a training step of the LM of a config, on random
+// tokens (no corpus, no logging, no checkpoints): forward, backward, gradient
+// clipping and AdamW, exactly the work of one `train` step.
+//
+//   train_bench --config tiny_gdn.ini [--set section.key=value ...] [--steps N] [--warmup W]
+//
+// The first step allocates the tape arena block by block and the second
+// consolidates it into one block (page faults both times): time from step 3 on.
+//
+// Threads: [train] threads (0 = OpenMP's default; OMP_NUM_THREADS). Prints the
+// machine, the thread count, the time of each part of the step (median over
+// the timed steps) and, last, one line for scripts:
+//   RESULT config=<name> B=.. T=.. threads=.. params=.. fwd_ms=.. bwd_ms=.. opt_ms=.. step_ms=.. tokens_per_s=..
+//          cpu_ms=.. tokens_per_cpu_s=..     (CPU time of all threads per step)
+// bench/compare_torch.sh runs it next to the PyTorch reference.
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+
+#include "model_setup.h"
+#include "optim.h"
+
+#ifndef SOURCE_DIR
+#define SOURCE_DIR "."
+#endif
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// CPU time of the whole process (every thread): on a shared machine it moves
+// less than the wall time, which includes waiting for a core.
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+static void print_machine(void) {
+    struct utsname u;
+    if (uname(&u) == 0) printf("machine: %s %s %s\n", u.sysname, u.release, u.machine);
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "model name", 10) == 0) {
+            char *c = strchr(line, ':');
+            printf("cpu: %s", c ? c + 2 : line);
+            break;
+        }
+    if (f) fclose(f);
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: train_bench --config FILE [--set section.key=value ...] [--steps N] [--warmup W]\n"
+               "  times N training steps (default 5) after W untimed ones (default 2) on random tokens\n");
+}
+
+int main(int argc, char **argv) {
+    const char *config = NULL;
+    int steps = 5, warmup = 2;   // the tape arena settles into one block during step 2
+    TrainConfig cfg;
+    config_defaults(&cfg, model_mixer_known);
+    const char **sets = calloc((size_t)argc, sizeof *sets);
+    int n_sets = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
+        else if (!strcmp(argv[i], "--set") && i + 1 < argc) sets[n_sets++] = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+        else {
+            usage(strcmp(argv[i], "--help") ? stderr : stdout);
+            return strcmp(argv[i], "--help") ? 2 : 0;
+        }
+    }
+    if (!config || steps < 1 || warmup < 0) {
+        usage(stderr);
+        return 2;
+    }
+    char path[CONFIG_STR_MAX];
+    const char *dirs[] = {".", SOURCE_DIR};
+    Status s = config_find(config, dirs, 2, path, sizeof path);
+    if (s.ok) s = config_load_file(&cfg, path);
+    for (int i = 0; s.ok && i < n_sets; i++) s = config_set(&cfg, sets[i]);
+    if (s.ok) s = config_validate(&cfg);
+    LM lm;
+    ParamStore ps;
+    if (s.ok) s = model_build(&cfg, &lm, &ps);
+    if (!s.ok) {
+        fprintf(stderr, "train_bench: %s\n", s.msg);
+        return 2;
+    }
+    int threads = model_set_threads(cfg.train.threads);
+    int B = cfg.data.batch_size, T = cfg.data.seq_len;
+    Optimizer opt;
+    adamw_init(&opt, &ps, cfg.train.beta1, cfg.train.beta2, cfg.train.adam_eps, cfg.train.weight_decay);
+    Tape tp;
+    tape_init(&tp);
+    int *x = xmalloc((size_t)B * T * sizeof(int)), *y = xmalloc((size_t)B * T * sizeof(int));
+    Rng r;
+    rng_seed(&r, 1);
+    for (int i = 0; i < B * T; i++) {
+        x[i] = (int)rng_below(&r, (uint64_t)lm.cfg.vocab_size);
+        y[i] = (int)rng_below(&r, (uint64_t)lm.cfg.vocab_size);
+    }
+
+    print_machine();
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    printf("config: %s   layers:", base);
+    for (int l = 0; l < lm.cfg.n_layers; l++) printf("%s%s", l ? "," : " ", lm.cfg.layers[l]);
+    printf("   B %d, T %d, D %d, params %lld, form %s, chunk %d\n", B, T, lm.cfg.d_model,
+           (long long)params_count(&ps, false), mixer_form_name(cfg.model.form), cfg.model.chunk_size);
+    printf("threads: %d (omp_get_max_threads)   precision: %s\n", threads, REAL_NAME);
+
+    double *tf = xmalloc((size_t)steps * sizeof(double)), *tb = xmalloc((size_t)steps * sizeof(double));
+    double *to = xmalloc((size_t)steps * sizeof(double)), *ts = xmalloc((size_t)steps * sizeof(double));
+    double *tc = xmalloc((size_t)steps * sizeof(double));
+    double last_loss = 0;
+    for (int it = 0; it < warmup + steps; it++) {
+        double c0 = cpu_now(), t0 = now();
+        params_zero_grad(&ps);
+        Tensor *loss = lm_loss(&tp, &lm, x, y, B, T, NULL);
+        double t1 = now();
+        tape_backward(&tp, loss);
+        last_loss = loss->data[0];
+        tape_reset(&tp);
+        double t2 = now();
+        optim_clip_grad_norm(&ps, cfg.train.grad_clip);
+        optim_step(&opt, &ps, cfg.train.lr);
+        double t3 = now(), c3 = cpu_now();
+        if (it >= warmup) {
+            int j = it - warmup;
+            tf[j] = t1 - t0;
+            tb[j] = t2 - t1;
+            to[j] = t3 - t2;
+            ts[j] = t3 - t0;
+            tc[j] = c3 - c0;
+        }
+    }
+    double mf = median(tf, steps), mb = median(tb, steps), mo = median(to, steps), ms = median(ts, steps);
+    double mc = median(tc, steps);
+    printf("per step (median of %d after %d warm-up): forward %.1f ms, backward %.1f ms, clip+AdamW %.1f ms, "
+           "total %.1f ms = %.0f tokens/s; CPU time %.1f ms = %.0f tokens per CPU-second   (last loss %.4f)\n",
+           steps, warmup, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc, B * T / mc, last_loss);
+    printf("RESULT config=%s B=%d T=%d threads=%d params=%lld fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
+           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f\n",
+           base, B, T, threads, (long long)params_count(&ps, false), 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms,
+           B * T / ms, 1e3 * mc, B * T / mc);
+
+    free(tf);
+    free(tb);
+    free(to);
+    free(ts);
+    free(tc);
+    free(x);
+    free(y);
+    free(sets);
+    tape_free(&tp);
+    optim_free(&opt);
+    lm_destroy(&lm);
+    params_free(&ps);
+    config_free(&cfg);
+    return 0;
+}
