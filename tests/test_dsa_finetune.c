@@ -323,7 +323,7 @@ Test(dsa_finetune, indexer_mode_keeps_the_model_bit_for_bit_and_lowers_the_kl, .
         const Tensor *p = t.ps.params[i];
         float *b = read_param(out, p->name, p->numel);
         if (is_indexer_name(p->name)) {   // trained
-            cr_assert(p->flags & TENSOR_FROZEN ? 0 : 1);
+            cr_assert(!(p->flags & TENSOR_FROZEN), "%s is trained", p->name);
         } else {
             float *a = read_param(in, p->name, p->numel);
             cr_assert(memcmp(a, b, (size_t)p->numel * sizeof(float)) == 0, "%s changed", p->name);
