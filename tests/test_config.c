@@ -85,6 +85,7 @@ Test(config, loads_values_and_keeps_text) {
                        "corpus = a.txt,b.txt\n"
                        "[finetune]\n"
                        "mode = indexer\n"
+                       "init_from = runs/a/checkpoint.h5\n"
                        "dsa_layers = 2, 0\n";
     TrainConfig cfg;
     char path[128];

@@ -111,7 +111,7 @@ static const ConfigKey SCHEMA[] = {
     {"finetune", "init_from", KEY_STRING, OFF(finetune, init_from), "", 0, 0, NULL, "checkpoint,init,resume",
      "checkpoint whose parameters start the run (\"\" = none)"},
     {"finetune", "dsa_layers", KEY_INTS, OFF(finetune, dsa_layers), "", 0, CONFIG_MAX_LAYERS - 1, NULL,
-     "layers", "layer indices fine-tuned with DSA (empty = every attn_dsa layer)"},
+     "layers", "attn layers that get a DSA indexer (empty = every attn layer)"},
 };
 #define N_KEYS ((int)(sizeof SCHEMA / sizeof SCHEMA[0]))
 _Static_assert(sizeof SCHEMA / sizeof SCHEMA[0] <= CONFIG_MAX_KEYS, "raise CONFIG_MAX_KEYS");
@@ -577,11 +577,18 @@ Status config_validate(const TrainConfig *cfg) {
     if (cfg->train.warmup_steps > cfg->train.steps)
         return status_err("%s: [train] warmup_steps: %d is more than steps = %d", WHERE("train", "warmup_steps"),
                           cfg->train.warmup_steps, cfg->train.steps);
+    if (cfg->finetune.mode != FT_NONE && !cfg->finetune.init_from[0])
+        return status_err("%s: [finetune] init_from: mode = %s needs a checkpoint to start from",
+                          WHERE("finetune", "mode"), config_finetune_name(cfg->finetune.mode));
     const ConfigInts *dl = &cfg->finetune.dsa_layers;
     for (int i = 0; i < dl->n; i++) {
         if (dl->v[i] >= cfg->model.layers.n)
             return status_err("%s: [finetune] dsa_layers: layer %d does not exist (the model has %d layers)",
                               WHERE("finetune", "dsa_layers"), dl->v[i], cfg->model.layers.n);
+        const char *kind = cfg->model.layers.name[dl->v[i]];
+        if (strcmp(kind, "attn") != 0 && strcmp(kind, "attn_dsa") != 0)
+            return status_err("%s: [finetune] dsa_layers: layer %d is '%s'; only attn layers get an indexer",
+                              WHERE("finetune", "dsa_layers"), dl->v[i], kind);
         for (int j = 0; j < i; j++)
             if (dl->v[j] == dl->v[i])
                 return status_err("%s: [finetune] dsa_layers: layer %d listed twice", WHERE("finetune", "dsa_layers"),

@@ -98,7 +98,7 @@ typedef struct TrainConfig {
     struct {
         FinetuneMode mode;               // none | indexer | sparse
         char init_from[CONFIG_STR_MAX];  // checkpoint to start from ("" = none)
-        ConfigInts dsa_layers;           // layer indices; empty = every attn_dsa layer
+        ConfigInts dsa_layers;           // attn layers that get an indexer; empty = every attn layer
     } finetune;
 
     // Bookkeeping (not config keys).

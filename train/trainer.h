@@ -5,6 +5,7 @@
 #define TRAINER_H
 
 #include "checkpoint.h"
+#include "dsa_eval.h"
 #include "model_setup.h"
 #include "optim.h"
 #include "runlog.h"
@@ -38,8 +39,29 @@ typedef struct Trainer {
     int *x, *y;                // (B*T) a batch
     double *losses;            // (cfg.train.steps) training loss of each step, NaN where not run
     double last_val_loss;
+    // [finetune] (mode != none): what came from init_from, and the DSA figures.
+    ParamsLoadReport init_report;   // parameters loaded from init_from; the missing ones are fresh indexers
+    DsaMode dsa_mode;               // the attn_dsa layers' mode while training
+    double last_kl;                 // the last step's KL term (NaN when there is none)
+    DsaEval last_dsa;               // the last evaluation's DSA figures (NaN when not run)
+    double decode_dense_tok_s, decode_sparse_tok_s;   // at the end, at a DSA_DECODE_CTX context
 } Trainer;
 
+// Context length and steps of the end-of-run decoding-speed measurement.
+#define DSA_DECODE_CTX 4096
+#define DSA_DECODE_STEPS 16
+
+// Fine-tuning ([finetune] mode = indexer | sparse; README "Sparse attention:
+// two-step recipe"): the [model] keys the config does not set come from the
+// config stored in init_from (the architecture must match the checkpoint's),
+// then the attn layers named by dsa_layers (all attn layers when empty)
+// become attn_dsa. Every parameter of init_from is loaded; only the indexer
+// weights may be missing (they start fresh, and are reported). mode = indexer
+// freezes everything but the indexers and minimises the distillation KL
+// (lm_distill_loss); mode = sparse trains every weight on the LM loss with
+// sparse attention plus the indexers' KL over the selected positions. The
+// effective config (with the attn_dsa layers) is what the checkpoint stores.
+//
 // Everything up to the first step: config, data, model, optimizer, resume.
 // Errors name the file, line and key (config) or the path (data, checkpoint).
 Status trainer_setup(Trainer *t, const TrainerOptions *o);

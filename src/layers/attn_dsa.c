@@ -8,6 +8,8 @@
 //   o_t = softmax over Sel_t of q_t . k_s / sqrt(dk), times v       op_sparse_attention
 // With topk >= T every position is selected and the dense op_attention runs.
 // Decoding keeps the KV cache plus the indexer keys kI.
+// Modes (attn_dsa.h): DSA_SPARSE as above; DSA_DISTILL dense attention plus
+// the KL over all s <= t; DSA_SPARSE_KL sparse attention plus the KL over Sel_t.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,7 @@
 #include "attn_kernel.h"
 #include "attn_layer.h"
 #include "dsa_kernel.h"
+#include "dsa_sel_kl.h"
 #include "mixer_common.h"
 
 typedef struct DsaLayer {
@@ -23,7 +26,7 @@ typedef struct DsaLayer {
     Tensor *wq_idx;     // (D, HI*dI)
     Tensor *wk_idx;     // (D, dI)
     Tensor *ww_idx;     // (D, HI)
-    bool distill;
+    DsaMode mode;
     Tensor *last_kl;    // (1) on the last forward's tape, or NULL
     double last_mass;
 } DsaLayer;
@@ -72,28 +75,32 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor *
     int B = u->shape[0], T = u->shape[1], H = c->n_heads, K = imin(c->topk, T);
     double scale = 1.0 / sqrt(c->d_k);
     Tensor *o;
-    if (c->topk >= T && !L->distill) {   // everything is selected: the dense kernel is the same math
+    if (L->mode == DSA_SPARSE && c->topk >= T) {   // everything is selected: the dense kernel is the same math
+        return op_matmul(tp, op_attention(tp, q, k, v, H, scale), L->attn.wo, false, false);
+    }
+    // The indexer only needs a graph when its KL will be back-propagated.
+    if (L->mode == DSA_SPARSE) tape_no_grad_push(tp);
+    Tensor *ub = stop_gradient(tp, u);
+    Tensor *qI = op_rope(tp, op_matmul(tp, ub, L->wq_idx, false, false), c->index_dim, 0, c->rope_base);
+    Tensor *kI = op_rope(tp, op_matmul(tp, ub, L->wk_idx, false, false), c->index_dim, 0, c->rope_base);
+    Tensor *w = op_matmul(tp, ub, L->ww_idx, false, false);
+    int *sel = tape_alloc(tp, (size_t)B * T * K * sizeof(int));
+    if (L->mode == DSA_DISTILL) {   // the KL needs every score and the dense target: O(T^2) memory
+        Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads);
+        dsa_topk(sel, Isc->data, B, T, K);
         o = op_attention(tp, q, k, v, H, scale);
-    } else {
-        // The indexer only needs a graph when its KL will be back-propagated.
-        if (!L->distill) tape_no_grad_push(tp);
-        Tensor *ub = stop_gradient(tp, u);
-        Tensor *qI = op_rope(tp, op_matmul(tp, ub, L->wq_idx, false, false), c->index_dim, 0, c->rope_base);
-        Tensor *kI = op_rope(tp, op_matmul(tp, ub, L->wk_idx, false, false), c->index_dim, 0, c->rope_base);
-        Tensor *w = op_matmul(tp, ub, L->ww_idx, false, false);
-        int *sel = tape_alloc(tp, (size_t)B * T * K * sizeof(int));
-        if (!L->distill) {   // scores and selection tile by tile: no (B, T, T) matrix
-            dsa_index_select(sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K);
-            tape_no_grad_pop(tp);
-            o = op_sparse_attention(tp, q, k, v, sel, K, H, scale);
-        } else {             // the KL needs every score and the dense target: O(T^2) memory
-            Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads);
-            dsa_topk(sel, Isc->data, B, T, K);
-            o = op_attention(tp, q, k, v, H, scale);
-            Tensor *p = tape_tensorv(tp, 3, B, T, T);   // the target: a constant
-            dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale);
-            L->last_kl = op_dsa_kl(tp, Isc, p);
-            L->last_mass = dsa_selected_mass(p->data, sel, B, T, K);
+        Tensor *p = tape_tensorv(tp, 3, B, T, T);   // the target: a constant
+        dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale);
+        L->last_kl = op_dsa_kl(tp, Isc, p);
+        L->last_mass = dsa_selected_mass(p->data, sel, B, T, K);
+    } else {   // scores and selection tile by tile: no (B, T, T) matrix
+        dsa_index_select(sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K);
+        if (L->mode == DSA_SPARSE) tape_no_grad_pop(tp);
+        o = op_sparse_attention(tp, q, k, v, sel, K, H, scale);
+        if (L->mode == DSA_SPARSE_KL) {   // the KL over the selection: O(T K) memory
+            Tensor *p = tape_tensorv(tp, 3, B, T, K);
+            dsa_sparse_target(p->data, q->data, k->data, sel, B, T, K, H, c->d_k, scale);
+            L->last_kl = op_dsa_sel_kl(tp, qI, kI, w, sel, K, p, c->index_heads);
         }
     }
     return op_matmul(tp, o, L->attn.wo, false, false);
@@ -133,36 +140,82 @@ static Tensor *dsa_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     Tensor *q, *k, *v;
     attn_layer_qkv(tp, &L->attn, c, u, pos, &q, &k, &v);
     kvcache_put(kv, k, v);
-    Tensor *qI = op_rope(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, c->rope_base);
     Tensor *kI = op_rope(tp, op_matmul(tp, u, L->wk_idx, false, false), dI, pos, c->rope_base);
-    Tensor *w = op_matmul(tp, u, L->ww_idx, false, false);
     for (int b = 0; b < B; b++)
         memcpy(dc->kI + ((int64_t)b * kv->max_T + pos) * dI, kI->data + (int64_t)b * dI, (size_t)dI * sizeof(real));
     kv->pos++;
+    Tensor *o = tape_tensorv(tp, 3, B, 1, c->n_heads * c->d_v);
+    if (L->mode == DSA_DISTILL) {   // the main model as trained: dense attention over the cache
+        attn_decode_forward(o->data, q->data, kv->k, kv->v, B, kv->max_T, kv->pos, c->n_heads, c->d_k, c->d_v,
+                            1.0 / sqrt(c->d_k));
+        return op_matmul(tp, o, L->attn.wo, false, false);
+    }
+    Tensor *qI = op_rope(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, c->rope_base);
+    Tensor *w = op_matmul(tp, u, L->ww_idx, false, false);
     for (int b = 0; b < B; b++) {
         dsa_index_row(dc->scores, qI->data + (int64_t)b * HI * dI, w->data + (int64_t)b * HI,
                       dc->kI + (int64_t)b * kv->max_T * dI, dI, kv->pos, HI, dI);
         dsa_topk_row(dc->sel + (int64_t)b * K, dc->scores, kv->pos, K);
     }
-    Tensor *o = tape_tensorv(tp, 3, B, 1, c->n_heads * c->d_v);
     dsa_sparse_decode(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v,
                       1.0 / sqrt(c->d_k));
     return op_matmul(tp, o, L->attn.wo, false, false);
 }
 
-void attn_dsa_set_distill(Mixer *m, bool on) {
-    ASSERT(strcmp(m->kind->name, "attn_dsa") == 0, "attn_dsa_set_distill: mixer is '%s'", m->kind->name);
-    ((DsaLayer *)m->impl)->distill = on;
+static DsaLayer *dsa_impl(const Mixer *m, const char *fn) {
+    ASSERT(strcmp(m->kind->name, "attn_dsa") == 0, "%s: mixer is '%s', not attn_dsa", fn, m->kind->name);
+    return m->impl;
 }
 
-Tensor *attn_dsa_last_kl(const Mixer *m) {
-    ASSERT(strcmp(m->kind->name, "attn_dsa") == 0, "attn_dsa_last_kl: mixer is '%s'", m->kind->name);
-    return ((const DsaLayer *)m->impl)->last_kl;
+void attn_dsa_set_mode(Mixer *m, DsaMode mode) {
+    ASSERT(mode >= 0 && mode < DSA_MODE_COUNT, "attn_dsa_set_mode: mode %d", (int)mode);
+    dsa_impl(m, "attn_dsa_set_mode")->mode = mode;
 }
 
-double attn_dsa_last_mass(const Mixer *m) {
-    ASSERT(strcmp(m->kind->name, "attn_dsa") == 0, "attn_dsa_last_mass: mixer is '%s'", m->kind->name);
-    return ((const DsaLayer *)m->impl)->last_mass;
+DsaMode attn_dsa_mode(const Mixer *m) { return dsa_impl(m, "attn_dsa_mode")->mode; }
+
+void attn_dsa_set_distill(Mixer *m, bool on) { attn_dsa_set_mode(m, on ? DSA_DISTILL : DSA_SPARSE); }
+
+Tensor *attn_dsa_last_kl(const Mixer *m) { return dsa_impl(m, "attn_dsa_last_kl")->last_kl; }
+
+double attn_dsa_last_mass(const Mixer *m) { return dsa_impl(m, "attn_dsa_last_mass")->last_mass; }
+
+void attn_dsa_indexer_params(const Mixer *m, Tensor *out[3]) {
+    const DsaLayer *L = dsa_impl(m, "attn_dsa_indexer_params");
+    out[0] = L->wq_idx;
+    out[1] = L->wk_idx;
+    out[2] = L->ww_idx;
+}
+
+// Copy rows of src (B, T0, d) into a cache (B, max_T, d) at positions pos...
+static void cache_rows(real *dst, const real *src, int B, int max_T, int pos, int T0, int d) {
+    for (int b = 0; b < B; b++)
+        memcpy(dst + ((int64_t)b * max_T + pos) * d, src + (int64_t)b * T0 * d, (size_t)T0 * d * sizeof(real));
+}
+
+void attn_cache_prefill(Tape *tp, const Mixer *m, void *cache, Tensor *u) {
+    const MixerConfig *c = &m->cfg;
+    bool dsa = strcmp(m->kind->name, "attn_dsa") == 0;
+    ASSERT(dsa || strcmp(m->kind->name, "attn") == 0, "attn_cache_prefill: mixer is '%s'", m->kind->name);
+    // Both caches start with a KVCache (attn's cache is one).
+    KVCache *kv = dsa ? &((DsaCache *)cache)->kv : cache;
+    int T0 = u->shape[1];
+    ASSERT(u->ndim == 3 && u->shape[0] == kv->B && u->shape[2] == c->d_model && kv->pos + T0 <= kv->max_T,
+           "attn_cache_prefill: u %s must be (%d, T0, %d) with T0 <= %d free positions", SHAPE(u), kv->B,
+           c->d_model, kv->max_T - kv->pos);
+    tape_no_grad_push(tp);
+    Tensor *q, *k, *v;
+    const AttnLayer *A = dsa ? &((const DsaLayer *)m->impl)->attn : m->impl;
+    attn_layer_qkv(tp, A, c, u, kv->pos, &q, &k, &v);
+    cache_rows(kv->k, k->data, kv->B, kv->max_T, kv->pos, T0, c->n_heads * c->d_k);
+    cache_rows(kv->v, v->data, kv->B, kv->max_T, kv->pos, T0, c->n_heads * c->d_v);
+    if (dsa) {
+        const DsaLayer *L = m->impl;
+        Tensor *kI = op_rope(tp, op_matmul(tp, u, L->wk_idx, false, false), c->index_dim, kv->pos, c->rope_base);
+        cache_rows(((DsaCache *)cache)->kI, kI->data, kv->B, kv->max_T, kv->pos, T0, c->index_dim);
+    }
+    tape_no_grad_pop(tp);
+    kv->pos += T0;
 }
 
 const MixerKind MIXER_ATTN_DSA = {

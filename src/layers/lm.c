@@ -77,19 +77,82 @@ static Tensor *head_forward(Tape *tp, const LM *lm, Tensor *x) {
     return lm->lm_head ? op_matmul(tp, h, lm->lm_head, false, false) : op_matmul(tp, h, lm->embed, false, true);
 }
 
-Tensor *lm_forward(Tape *tp, LM *lm, const int *tokens, int B, int T, Tensor *const *states_in,
-                   Tensor **states_out) {
-    Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){B, T});
-    for (int l = 0; l < lm->cfg.n_layers; l++) {
+static bool is_dsa(const Mixer *m) { return strcmp(m->kind->name, "attn_dsa") == 0; }
+
+// The mean of the KLs the attn_dsa layers recorded in this forward, or NULL.
+static Tensor *collect_kl(Tape *tp, const LM *lm, int n_layers) {
+    Tensor *sum = NULL;
+    int n = 0;
+    for (int l = 0; l < n_layers; l++) {
+        const Mixer *m = lm->blocks[l].mixer;
+        Tensor *kl = is_dsa(m) ? attn_dsa_last_kl(m) : NULL;
+        if (!kl) continue;
+        sum = sum ? op_add(tp, sum, kl) : kl;
+        n++;
+    }
+    return n > 1 ? op_scale(tp, sum, 1.0 / n) : sum;
+}
+
+// Blocks 0 .. n_layers-1 over x; the last one stops after its mixer when
+// `last_mixer_only` (nothing is returned then: the caller wants the KL).
+static Tensor *run_blocks(Tape *tp, LM *lm, Tensor *x, int n_layers, bool last_mixer_only, Tensor *const *states_in,
+                          Tensor **states_out) {
+    for (int l = 0; l < n_layers; l++) {
         LMBlock *b = &lm->blocks[l];
         Tensor *u = op_rmsnorm(tp, x, b->norm1, lm->cfg.norm_eps);
         Tensor *s_in = states_in ? states_in[l] : NULL;
         Tensor **s_out = states_out && b->mixer->kind->recurrent ? &states_out[l] : NULL;
         if (states_out && !b->mixer->kind->recurrent) states_out[l] = NULL;
-        Tensor *h = op_add(tp, x, b->mixer->kind->forward(tp, b->mixer, u, s_in, s_out));
+        Tensor *y = b->mixer->kind->forward(tp, b->mixer, u, s_in, s_out);
+        if (last_mixer_only && l == n_layers - 1) return NULL;
+        Tensor *h = op_add(tp, x, y);
         x = op_add(tp, h, mlp_forward(tp, b, op_rmsnorm(tp, h, b->norm2, lm->cfg.norm_eps)));
     }
+    return x;
+}
+
+Tensor *lm_forward(Tape *tp, LM *lm, const int *tokens, int B, int T, Tensor *const *states_in,
+                   Tensor **states_out) {
+    Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){B, T});
+    x = run_blocks(tp, lm, x, lm->cfg.n_layers, false, states_in, states_out);
+    lm->dsa_kl = collect_kl(tp, lm, lm->cfg.n_layers);
     return head_forward(tp, lm, x);
+}
+
+Tensor *lm_distill_loss(Tape *tp, LM *lm, const int *tokens, int B, int T) {
+    int last = -1;
+    for (int l = 0; l < lm->cfg.n_layers; l++)
+        if (is_dsa(lm->blocks[l].mixer)) {
+            attn_dsa_set_mode(lm->blocks[l].mixer, DSA_DISTILL);
+            last = l;
+        }
+    ASSERT(last >= 0, "lm_distill_loss: the model has no attn_dsa layer");
+    Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){B, T});
+    run_blocks(tp, lm, x, last + 1, true, NULL, NULL);
+    lm->dsa_kl = collect_kl(tp, lm, last + 1);
+    return lm->dsa_kl;
+}
+
+int lm_dsa_count(const LM *lm) {
+    int n = 0;
+    for (int l = 0; l < lm->cfg.n_layers; l++) n += is_dsa(lm->blocks[l].mixer);
+    return n;
+}
+
+void lm_set_dsa_mode(LM *lm, DsaMode mode) {
+    for (int l = 0; l < lm->cfg.n_layers; l++)
+        if (is_dsa(lm->blocks[l].mixer)) attn_dsa_set_mode(lm->blocks[l].mixer, mode);
+}
+
+double lm_dsa_mass(const LM *lm) {
+    double sum = 0;
+    int n = 0;
+    for (int l = 0; l < lm->cfg.n_layers; l++)
+        if (is_dsa(lm->blocks[l].mixer)) {
+            sum += attn_dsa_last_mass(lm->blocks[l].mixer);
+            n++;
+        }
+    return n ? sum / n : NAN;
 }
 
 Tensor *lm_loss(Tape *tp, LM *lm, const int *tokens, const int *targets, int B, int T, Tensor **logits_out) {

@@ -11,6 +11,7 @@
 #ifndef LM_H
 #define LM_H
 
+#include "attn_dsa.h"
 #include "mixer.h"
 
 #define LM_MAX_LAYERS 64
@@ -39,6 +40,10 @@ typedef struct LM {
     Tensor *norm_f;                    // (D)
     Tensor *lm_head;                   // (D, V), NULL when tied
     LMBlock blocks[LM_MAX_LAYERS];
+    // The distillation loss of the last forward: the mean over the attn_dsa
+    // layers of their KL (MODEL.md), (1) on that forward's tape; NULL when no
+    // layer recorded one (no attn_dsa layer, or all in DSA_SPARSE mode).
+    Tensor *dsa_kl;
 } LM;
 
 // Parse "gdn,gdn,attn" into cfg->layers / n_layers. Returns a Status naming the bad entry.
@@ -54,6 +59,20 @@ Tensor *lm_forward(Tape *tp, LM *lm, const int *tokens, int B, int T, Tensor *co
                    Tensor **states_out);
 // Mean cross-entropy of lm_forward's logits against targets (B*T ids). *logits_out (optional).
 Tensor *lm_loss(Tape *tp, LM *lm, const int *tokens, const int *targets, int B, int T, Tensor **logits_out);
+
+// DeepSeek sparse attention (attn_dsa layers; attn_dsa.h).
+// Number of attn_dsa layers.
+int lm_dsa_count(const LM *lm);
+// Put every attn_dsa layer in `mode`.
+void lm_set_dsa_mode(LM *lm, DsaMode mode);
+// Indexer-only training (stage 1): the layers in DSA_DISTILL mode, run only up
+// to the last attn_dsa layer's mixer (nothing after it affects the KL) and
+// return the mean KL (1) (= lm->dsa_kl). With the main model frozen the tape
+// records only the indexer branches.
+Tensor *lm_distill_loss(Tape *tp, LM *lm, const int *tokens, int B, int T);
+// Mean over attn_dsa layers of the kept attention mass of the last
+// DSA_DISTILL forward (attn_dsa_last_mass).
+double lm_dsa_mass(const LM *lm);
 
 // Recurrent decoding: one cache per layer.
 typedef struct LMCache {

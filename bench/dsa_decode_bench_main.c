@@ -1,0 +1,120 @@
+// dsa_decode_bench: decoding time per token against context length for one
+// mixer layer: dense `attn`, `attn_dsa` with topk 64 and 256, and `gdn`.
+//
+//   dsa_decode_bench [max_ctx=32768] [steps=32]
+//
+// One layer, d_model 256, H 4, dk = dv 64; the indexer has H_I 4 heads of
+// d_I 32. Batch 1. For each context n in 1k, 2k, ..., max_ctx the cache is
+// filled to n positions, then `steps` tokens are decoded (after 2 untimed
+// warm-up steps) and the mean time per token is printed.
+//
+// How the cache is filled: attn_cache_prefill (attn_dsa.h) writes the keys,
+// values and indexer keys of n random inputs in one parallel projection, as n
+// decode steps would, without computing their attention outputs (filling a
+// 32k cache token by token costs O(n^2) for attn). Decode time does not depend
+// on what the keys are, except the top-k's heap updates (a few percent at
+// most). gdn keeps an O(1) state: its cache is not filled (its time per token
+// does not depend on n; it is measured at every n as a check).
+//
+// Per token, attn reads n keys and values (O(n (dk + dv) H)); attn_dsa scores
+// n indexer keys (O(n H_I d_I), here half of attn's key reads) plus topk
+// selection, then attends to topk positions (O(topk (dk + dv) H)).
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+
+#include "attn_dsa.h"
+#include "mixer.h"
+#include "rng.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void cpu_name(char *buf, size_t n) {
+    snprintf(buf, n, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char *c = strchr(line, ':');
+            if (c) {
+                snprintf(buf, n, "%s", c + 2);
+                buf[strcspn(buf, "\n")] = 0;
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+enum { D = 256, H = 4, DK = 64, HI = 4, DI = 32, WARM = 2 };
+
+// Mean seconds per decoded token after a context of n positions.
+static double time_decode(const char *kind, int topk, int n, int steps, Rng *r) {
+    MixerConfig cfg = mixer_config_default(D, H, DK, DK);
+    cfg.index_heads = HI;
+    cfg.index_dim = DI;
+    cfg.topk = topk;
+    ParamStore ps;
+    params_init(&ps);
+    Mixer *m = mixer_create(kind, &cfg, &ps, "bench.");
+    params_finalize(&ps, 1);
+    void *cache = m->kind->cache_new(m, 1, n + WARM + steps);
+    Tape tp;
+    tape_init(&tp);
+    tape_no_grad_push(&tp);
+    if (strcmp(kind, "gdn") != 0) {
+        Tensor *u = tape_tensorv(&tp, 3, 1, n, D);
+        for (int64_t i = 0; i < u->numel; i++) u->data[i] = (real)rng_normal(r);
+        attn_cache_prefill(&tp, m, cache, u);
+        tape_reset(&tp);
+    }
+    Tensor *u = tensor_newv(false, 3, 1, 1, D);
+    double t0 = 0;
+    for (int i = 0; i < WARM + steps; i++) {
+        if (i == WARM) t0 = now();
+        for (int j = 0; j < D; j++) u->data[j] = (real)rng_normal(r);
+        m->kind->step(&tp, m, cache, u);
+        tape_reset(&tp);
+    }
+    double dt = (now() - t0) / steps;
+    tensor_free(u);
+    tape_free(&tp);
+    m->kind->cache_free(cache);
+    mixer_destroy(m);
+    params_free(&ps);
+    return dt;
+}
+
+int main(int argc, char **argv) {
+    int max_ctx = argc > 1 ? atoi(argv[1]) : 32768;
+    int steps = argc > 2 ? atoi(argv[2]) : 32;
+    char cpu[256];
+    cpu_name(cpu, sizeof cpu);
+    struct utsname un;
+    uname(&un);
+    printf("dsa_decode_bench: %s (%s), %d OpenMP threads, %s\n", cpu, un.machine, omp_get_max_threads(), REAL_NAME);
+    printf("one layer, d_model %d, H %d, dk = dv = %d, indexer H_I %d x d_I %d, batch 1, %d steps after %d warm-up\n",
+           D, H, DK, HI, DI, steps, WARM);
+    printf("time per decoded token (ms) after a context of n positions (cache prefilled, see the source)\n\n");
+    printf("%8s | %10s | %14s | %15s | %10s\n", "n", "attn", "attn_dsa k=64", "attn_dsa k=256", "gdn");
+    printf("---------+------------+----------------+-----------------+-----------\n");
+    Rng r;
+    rng_seed(&r, 7);
+    for (int n = 1024; n <= max_ctx; n *= 2) {
+        double a = time_decode("attn", 64, n, steps, &r);
+        double s64 = time_decode("attn_dsa", 64, n, steps, &r);
+        double s256 = time_decode("attn_dsa", 256, n, steps, &r);
+        double g = time_decode("gdn", 64, n, steps, &r);
+        printf("%8d | %10.4f | %14.4f | %15.4f | %10.4f\n", n, 1e3 * a, 1e3 * s64, 1e3 * s256, 1e3 * g);
+        fflush(stdout);
+    }
+    return 0;
+}

@@ -1,0 +1,34 @@
+// dsa_eval.h: how well the DeepSeek sparse-attention indexer stands in for
+// dense attention (MODEL.md `attn_dsa`): the KL, the attention mass the top-k
+// selection keeps, validation loss sparse versus dense, and decoding speed
+// dense versus sparse at a long context.
+#ifndef DSA_EVAL_H
+#define DSA_EVAL_H
+
+#include "batch.h"
+#include "lm.h"
+
+typedef struct DsaEval {
+    double kl;           // mean over batches of the distillation loss (mean per-layer KL, all s <= t)
+    double mass;         // mean over batches and layers of mean_t sum_{s in Sel_t} p_ts
+    double val_sparse;   // validation loss with the attn_dsa layers attending to their top-k
+    double val_dense;    // validation loss with dense attention (the main model as trained)
+} DsaEval;
+
+// Over the n_batches fixed validation batches (no-grad): one pass in
+// DSA_DISTILL mode (dense loss, KL, mass) and one in DSA_SPARSE mode. Leaves
+// the attn_dsa layers in `restore` mode.
+void dsa_eval_run(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, int *y, DsaMode restore,
+                  DsaEval *out);
+
+// Decoding tokens/s, one sequence, `steps` tokens after a context of ctx
+// positions, dense (DSA_DISTILL: every attn_dsa layer attends to the whole
+// cache) and sparse (DSA_SPARSE: top-k). The attention caches are filled with
+// the keys and values of random inputs (attn_cache_prefill: no attention is
+// computed; decode time does not depend on what the keys are, beyond the
+// top-k's heap updates); recurrent layers decode from their zero state.
+// Leaves the attn_dsa layers in `restore` mode.
+void dsa_eval_decode_speed(LM *lm, int ctx, int steps, uint64_t seed, DsaMode restore, double *dense_tok_s,
+                           double *sparse_tok_s);
+
+#endif
