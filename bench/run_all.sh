@@ -122,7 +122,7 @@ train_table() {
 decode_table() {
     awk -F'\t' '
         NR == 1 { next }
-        { if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1; how[$1] = $5 }
+        { if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1; how[$1] = $6 }
           if (!($2 in ps)) { ps[$2] = 1; pl[++np] = $2 }
           v[$1, $2] = sprintf("%.1f", $3) }
         END { printf "| mixer |"; for (i = 1; i <= np; i++) printf " P = %s |", pl[i]; print " cache reaches P |"
@@ -216,7 +216,8 @@ kernel figures are in \`gdn_bench\` and \`attn_bench\`.
   before the step and are not counted. The arena high-water alone is in
   \`docs/bench/train.tsv\` (column arena_mib).
 - **Decoding**: B = 1, one token at a time through \`MixerKind.step\`; at
-  context position P, the median time of the next 32 steps. attn's KV cache
+  context position P, the fastest of the next 32 steps (their median is in
+  \`docs/bench/decode.tsv\`). attn's KV cache
   is filled directly with random keys and values up to P (stepping there
   costs O(P^2); the values do not change the work of the next step); the
   other kinds step their way to P.
@@ -284,7 +285,7 @@ $(decode_table)
 
 \`bench/threads_bench.sh\`: the gdn layer, chunked training step at T = 1024
 (B*T = $THREADS_TOKENS; best and median of 3 timed steps) and one decoding step
-at P = 1024 (B = 1, median of 32), under \`OMP_WAIT_POLICY\` PASSIVE and
+at P = 1024 (B = 1, fastest of 32), under \`OMP_WAIT_POLICY\` PASSIVE and
 ACTIVE, on 1 and 2 threads. Two rounds with the four settings interleaved;
 each figure is the better round. Microseconds per token:
 

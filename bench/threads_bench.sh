@@ -4,7 +4,7 @@
 # threads:
 #   - one training step of the gdn layer, chunked, T = 1024, B*T = 16384
 #     (best and median of 3 timed steps);
-#   - one decoding step of the gdn layer at context 1024, B = 1 (median of 32).
+#   - one decoding step of the gdn layer at context 1024, B = 1 (fastest of 32).
 # Two rounds, the four settings interleaved, so that a change in the load of
 # the machine hits all of them alike; each figure is the better round.
 #
