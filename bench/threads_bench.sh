@@ -3,7 +3,7 @@
 # right one? The same measurements under PASSIVE and ACTIVE, on 1 and 2
 # threads:
 #   - one training step of the gdn layer, chunked, T = 1024, B*T = 16384
-#     (best and median of 3 timed steps);
+#     (best and median of 2 timed steps);
 #   - one decoding step of the gdn layer at context 1024, B = 1 (fastest of 32).
 # Two rounds, the four settings interleaved, so that a change in the load of
 # the machine hits all of them alike; each figure is the better round.
@@ -30,7 +30,7 @@ for round in 1 2; do
         set -- $s
         d=$tmp/$1-$2-$round
         mkdir -p "$d"
-        OMP_WAIT_POLICY=$1 OMP_NUM_THREADS=$2 "$BIN" -only gdn:chunked -T 1024 -pos 1024 -reps 3 -tokens "$TOKENS" -tsv "$d" \
+        OMP_WAIT_POLICY=$1 OMP_NUM_THREADS=$2 "$BIN" -only gdn:chunked -T 1024 -pos 1024 -reps 2 -tokens "$TOKENS" -tsv "$d" \
             >"$d/out.txt"
     done
 done
