@@ -163,7 +163,7 @@ static void cpu_model(char *buf, size_t n) {
 }
 
 // The commit of the working directory's repository, "+dirty" when it has
-// uncommitted changes to tracked files; "unknown" outside a repository.
+// uncommitted changes to tracked files outside docs/; "unknown" outside a repository.
 static void git_commit(char *buf, size_t n) {
     snprintf(buf, n, "unknown");
     FILE *p = popen("git rev-parse --short HEAD 2>/dev/null", "r");
@@ -172,7 +172,8 @@ static void git_commit(char *buf, size_t n) {
     bool got = fgets(line, sizeof line, p) != NULL;
     if (pclose(p) != 0 || !got) return;
     line[strcspn(line, "\n")] = 0;
-    p = popen("git status --porcelain --untracked-files=no 2>/dev/null", "r");
+    // docs/ is where run_all.sh writes this run's own results: not a change to the code.
+    p = popen("git status --porcelain --untracked-files=no -- . ':!docs' 2>/dev/null", "r");
     bool dirty = p && fgetc(p) != EOF;
     if (p) pclose(p);
     snprintf(buf, n, "%s%s", line, dirty ? "+dirty" : "");

@@ -47,6 +47,9 @@ SERIES_TRAIN=$(awk -F'\t' 'NR > 1 && !seen[$1 " " $2]++ {print $1 ":" $2}' "$DAT
 SERIES_DECODE=$(awk -F'\t' 'NR > 1 && !seen[$1]++ {print $1}' "$DATA/decode.tsv")
 TICS=$(awk -F'\t' 'NR > 1 && !seen[$3]++ {printf "%s%s", (n++ ? "," : ""), $3}' "$DATA/train.tsv")
 PTICS=$(awk -F'\t' 'NR > 1 && !seen[$2]++ {printf "%s%s", (n++ ? "," : ""), $2}' "$DATA/decode.tsv")
+# x ranges with a margin, so that the end points and their tic labels show.
+XRANGE=$(awk -F'\t' 'NR > 1 {if (lo == "" || $3 < lo) lo = $3; if ($3 > hi) hi = $3} END {print lo / 1.3 ":" hi * 1.3}' "$DATA/train.tsv")
+PRANGE=$(awk -F'\t' 'NR > 1 {if (lo == "" || $2 < lo) lo = $2; if ($2 > hi) hi = $2} END {print lo / 1.3 ":" hi * 1.3}' "$DATA/decode.tsv")
 gnuplot <<GP
 set terminal pngcairo size 1000,600 font "DejaVu Sans,11" noenhanced
 set datafile separator "\t"
@@ -56,6 +59,7 @@ set grid
 set key outside right top
 set xlabel "sequence length T (B*T fixed)"
 set xtics ($TICS)
+set xrange [$XRANGE]
 trainseries = "$(echo $SERIES_TRAIN)"
 decodeseries = "$(echo $SERIES_DECODE)"
 mixer(s) = strstrt(s, ":") ? s[1:strstrt(s, ":")-1] : s
@@ -95,6 +99,7 @@ set output "$IMG/decode.png"
 set title "Decoding one token (B = 1) vs context position"
 set xlabel "context position P"
 set xtics ($PTICS)
+set xrange [$PRANGE]
 set ylabel "microseconds / token (log)"
 plot for [s in decodeseries] "$DATA/decode.tsv" using 2:(strcol(1) eq s ? column(3) : NaN) every ::1 \
      with linespoints lw 2 pt 7 lc rgb colour(s) title s
