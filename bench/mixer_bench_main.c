@@ -1,12 +1,31 @@
-// mixer_bench: forward+backward time per token of the mixer kernels at
-// growing sequence length with B*T fixed, and decode time per token.
+// mixer_bench: every mixer and form at the LAYER level, through the MixerKind
+// interface (projections, convolutions, gates and output projection
+// included), on this machine.
 //
-//   mixer_bench [tokens]     (default 16384 tokens per measurement)
+//   mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]
+//               [-reps N] [-tsv DIR] [-no-train] [-no-decode]
 //
-// Rows come from two tables, TRAIN_ROWS and DECODE_ROWS: to add a kernel
-// (attn, gdn, ...) write one function with the BenchTrainFn / BenchDecodeFn
-// signature and add one line to a table. Every kernel sees the same inputs:
-// q, k (B, T, H*dk), v (B, T, H*dv), g (B, T, H) log decay, beta (B, T, H).
+// 1. train: one training step (forward, then backward seeded on the output,
+//    gradients into u and every parameter) per (mixer, form, T), with B*T
+//    fixed (-tokens, default 16384): microseconds per token, best of -reps
+//    timed steps after one cold step.
+// 2. memory: the cold step's tape-arena high-water and the growth of the
+//    process's peak resident set during it (arena + any heap the op
+//    allocates, e.g. per-thread scratch), measured by resetting VmHWM through
+//    /proc/self/clear_refs. Inputs and parameters exist before and are not
+//    counted.
+// 3. decode: one sequence (B = 1) stepped token by token; at each context
+//    position P the fastest of the next 32 steps (also their median and
+//    mean in the TSV). The recurrent kinds and
+//    attn_dsa reach P by stepping; attn's KV cache is filled directly with
+//    random keys and values up to P (stepping there is O(P^2); the values do
+//    not change the work of the next step).
+//
+// Layer: d_model 256, H 4, dk = dv 64, conv 4, chunk 64, attn_dsa top-k 64.
+// Rows come from two tables (TRAIN_ROWS, DECODE_ROWS); a cell is skipped
+// when it would need more than ~4 GiB or a step longer than ~60 s, and the
+// table says which. TSV files (train.tsv, decode.tsv) go to -tsv DIR.
+#include <malloc.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,38 +33,62 @@
 #include <sys/utsname.h>
 #include <time.h>
 
-#include "gla.h"
+#include "attn_layer.h"
+#include "mixer.h"
 
-enum { BENCH_H = 4, BENCH_DK = 64, BENCH_DV = 64, BENCH_CHUNK = 64 };
+enum { D_MODEL = 256, N_HEADS = 4, D_HEAD = 64, CONV = 4, CHUNK = 64, TOPK = 64 };
+enum { DECODE_WINDOW = 32, MAX_LIST = 16 };
+#define MAX_STEP_SECONDS 60.0
 
-typedef struct BenchInputs {
-    int B, T, H, dk, dv;
-    Tensor *q, *k;     // (B, T, H*dk)
-    Tensor *v;         // (B, T, H*dv)
-    Tensor *g;         // (B, T, H) per-step log decay in [-0.1, -0.001]
-    Tensor *beta;      // (B, T, H) in (0, 1)
-    Tensor *dO;        // (B, T, H*dv) the gradient seeded on the output
-} BenchInputs;
+typedef struct TrainRow {
+    const char *kind;      // mixer kind name
+    const char *label;     // form as shown: "flash", "parallel", ...
+    MixerForm form;        // the MixerConfig form
+    bool quadratic;        // step time grows as T^2 (per token as T) at fixed B*T
+    int max_T;             // skip longer sequences (0: no limit)
+    const char *why;       // why
+} TrainRow;
 
-// Build the op on the tape from `in` and run its backward (seeded with in->dO).
-typedef void (*BenchTrainFn)(Tape *tp, const BenchInputs *in, const void *arg);
-// Decode n_tokens tokens one at a time for B sequences (each step reads and
-// advances a state of the kernel's own making). Returns the seconds taken.
-typedef double (*BenchDecodeFn)(int B, int n_tokens, const void *arg);
+static const TrainRow TRAIN_ROWS[] = {
+    {"attn", "flash", MIXER_FORM_CHUNKED, true, 0, NULL},
+    {"linear", "parallel", MIXER_FORM_PARALLEL, true, 4096,
+     "T x T scratch per thread: 3 GiB per thread at T = 16384 (> 4 GiB on 2 threads)"},
+    {"linear", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
+    {"linear", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
+    {"mamba", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
+    {"mamba", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
+    {"gdn", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
+    {"gdn", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
+    {"attn_dsa", "sparse", MIXER_FORM_CHUNKED, false, 0, NULL},
+};
+enum { N_TRAIN_ROWS = sizeof TRAIN_ROWS / sizeof TRAIN_ROWS[0] };
 
-typedef struct BenchTrainRow {
-    const char *mixer, *form;
-    BenchTrainFn fn;
-    const void *arg;
-    int max_T;         // skip longer sequences (0: no limit)
-    const char *why;   // why they are skipped
-} BenchTrainRow;
+typedef struct DecodeRow {
+    const char *kind;
+    const char *how;       // how the cache reaches position P
+    bool prefill_kv;       // attn: write the KV cache directly instead of stepping
+} DecodeRow;
 
-typedef struct BenchDecodeRow {
-    const char *mixer;
-    BenchDecodeFn fn;
-    const void *arg;
-} BenchDecodeRow;
+static const DecodeRow DECODE_ROWS[] = {
+    {"attn", "KV cache filled directly", true},
+    {"linear", "stepped", false},
+    {"mamba", "stepped", false},
+    {"gdn", "stepped", false},
+    {"attn_dsa", "stepped", false},
+};
+enum { N_DECODE_ROWS = sizeof DECODE_ROWS / sizeof DECODE_ROWS[0] };
+
+typedef struct Options {
+    int tokens;                          // B*T of a training step
+    int Ts[MAX_LIST], nT;                // sequence lengths of the train table
+    int pos[MAX_LIST], npos;             // context positions of the decode table
+    const char *only;                    // "kind" or "kind:form", or NULL
+    int reps;                            // timed steps per cell (0: 2, or 1 when the cold step took > 3 s)
+    const char *tsv_dir;                 // NULL: no TSV
+    bool train, decode;
+} Options;
+
+// ---- clock, memory, machine ----
 
 static double now(void) {
     struct timespec ts;
@@ -53,162 +96,449 @@ static double now(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-// ---- gla (linear: no decay; mamba: decay g and dt = beta) ----
-
-typedef struct GlaArg {
-    MixerForm form;
-    bool gated;        // mamba-style: decay g and k scaled by beta
-} GlaArg;
-
-static void gla_train(Tape *tp, const BenchInputs *in, const void *arg) {
-    const GlaArg *a = arg;
-    Tensor *o = op_gla_dt(tp, in->q, in->k, in->v, a->gated ? in->g : NULL, a->gated ? in->beta : NULL, NULL,
-                          in->H, a->form, BENCH_CHUNK, NULL);
-    tape_backward_from(tp, o, in->dO->data);
+// CPU time of the whole process (all threads), seconds.
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-static double gla_decode(int B, int n_tokens, const void *arg) {
-    const GlaArg *a = arg;
-    int H = BENCH_H, dk = BENCH_DK, dv = BENCH_DV;
-    Tensor *q = tensor_newv(false, 3, B, 1, H * dk), *k = tensor_newv(false, 3, B, 1, H * dk);
-    Tensor *v = tensor_newv(false, 3, B, 1, H * dv), *g = tensor_newv(false, 3, B, 1, H);
-    Tensor *beta = tensor_newv(false, 3, B, 1, H), *S = tensor_newv(false, 4, B, H, dk, dv);
-    Rng r;
-    rng_seed(&r, 7);
-    Tape tp;
-    tape_init(&tp);
-    tape_no_grad_push(&tp);
-    // The same token every step: the values do not change the work.
-    for (int64_t i = 0; i < q->numel; i++) q->data[i] = (real)(0.1 * rng_normal(&r));
-    for (int64_t i = 0; i < k->numel; i++) k->data[i] = (real)(0.1 * rng_normal(&r));
-    for (int64_t i = 0; i < v->numel; i++) v->data[i] = (real)rng_normal(&r);
-    for (int64_t i = 0; i < g->numel; i++) g->data[i] = -0.05f, beta->data[i] = 0.5f;
-    double t0 = now();
-    for (int t = 0; t < n_tokens; t++) {
-        Tensor *s_out;
-        op_gla_dt(&tp, q, k, v, a->gated ? g : NULL, a->gated ? beta : NULL, S, H, MIXER_FORM_RECURRENT, 1, &s_out);
-        memcpy(S->data, s_out->data, (size_t)S->numel * sizeof(real));
-        tape_reset(&tp);
-    }
-    double secs = now() - t0;
-    tape_no_grad_pop(&tp);
-    tape_free(&tp);
-    Tensor *all[] = {q, k, v, g, beta, S};
-    for (int i = 0; i < 6; i++) tensor_free(all[i]);
-    return secs;
+// A field of /proc/self/status in KiB ("VmRSS", "VmHWM"), -1 if unreadable.
+static long proc_status_kib(const char *field) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long v = -1;
+    size_t n = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, field, n) == 0 && line[n] == ':') {
+            v = atol(line + n + 1);
+            break;
+        }
+    fclose(f);
+    return v;
 }
 
-static const GlaArg LIN_PAR = {MIXER_FORM_PARALLEL, false}, LIN_CHUNK = {MIXER_FORM_CHUNKED, false},
-                    LIN_REC = {MIXER_FORM_RECURRENT, false}, MAM_PAR = {MIXER_FORM_PARALLEL, true},
-                    MAM_CHUNK = {MIXER_FORM_CHUNKED, true}, MAM_REC = {MIXER_FORM_RECURRENT, true};
-
-// One line per kernel and form.
-static const BenchTrainRow TRAIN_ROWS[] = {
-    {"linear", "parallel", gla_train, &LIN_PAR, 4096, "T x T scores: 1 GiB per matrix per thread"},
-    {"linear", "chunked", gla_train, &LIN_CHUNK, 0, NULL},
-    {"linear", "recurrent", gla_train, &LIN_REC, 0, NULL},
-    {"mamba", "parallel", gla_train, &MAM_PAR, 4096, "T x T scores: 1 GiB per matrix per thread"},
-    {"mamba", "chunked", gla_train, &MAM_CHUNK, 0, NULL},
-    {"mamba", "recurrent", gla_train, &MAM_REC, 0, NULL},
-};
-
-static const BenchDecodeRow DECODE_ROWS[] = {
-    {"linear", gla_decode, &LIN_REC},
-    {"mamba", gla_decode, &MAM_REC},
-};
-
-static void inputs_make(BenchInputs *in, int B, int T) {
-    int H = BENCH_H, dk = BENCH_DK, dv = BENCH_DV;
-    *in = (BenchInputs){B, T, H, dk, dv, NULL, NULL, NULL, NULL, NULL, NULL};
-    in->q = tensor_newv(true, 3, B, T, H * dk);
-    in->k = tensor_newv(true, 3, B, T, H * dk);
-    in->v = tensor_newv(true, 3, B, T, H * dv);
-    in->g = tensor_newv(true, 3, B, T, H);
-    in->beta = tensor_newv(true, 3, B, T, H);
-    in->dO = tensor_newv(false, 3, B, T, H * dv);
-    Rng r;
-    rng_seed(&r, 1);
-    Tensor *normal[] = {in->q, in->k, in->v, in->dO};
-    for (int j = 0; j < 4; j++)
-        for (int64_t i = 0; i < normal[j]->numel; i++) normal[j]->data[i] = (real)(0.1 * rng_normal(&r));
-    for (int64_t i = 0; i < in->g->numel; i++) {
-        in->g->data[i] = (real)rng_range(&r, -0.1, -0.001);
-        in->beta->data[i] = (real)rng_range(&r, 0.1, 0.9);
-    }
+// While measuring memory, freed large blocks go back to the system at once,
+// so that the peak-RSS growth of a step counts its own allocations rather
+// than recycled ones; while timing, glibc keeps blocks of up to 32 MiB for
+// reuse, as its dynamic threshold does in a long-running program.
+static void malloc_measuring(bool on) {
+    mallopt(M_MMAP_THRESHOLD, on ? 256 * 1024 : 32 * 1024 * 1024);
+    mallopt(M_TRIM_THRESHOLD, on ? 256 * 1024 : 64 * 1024 * 1024);
 }
 
-static void inputs_free(BenchInputs *in) {
-    Tensor *all[] = {in->q, in->k, in->v, in->g, in->beta, in->dO};
-    for (int i = 0; i < 6; i++) tensor_free(all[i]);
+// Return freed memory to the system and restart the peak-RSS counter at the
+// current RSS. Returns the current RSS in KiB, or -1 when the counter cannot
+// be reset (then the RSS figures are not reported).
+static long rss_reset_peak(void) {
+    malloc_trim(0);
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return -1;
+    bool ok = fputs("5", f) >= 0;
+    ok = fclose(f) == 0 && ok;
+    return ok ? proc_status_kib("VmRSS") : -1;
 }
 
-static void print_machine(void) {
-    struct utsname u;
-    if (uname(&u) == 0) printf("machine: %s %s %s\n", u.sysname, u.release, u.machine);
+static void read_line(const char *path, char *buf, size_t n) {
+    snprintf(buf, n, "unknown");
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    if (fgets(buf, (int)n, f)) buf[strcspn(buf, "\n")] = 0;
+    fclose(f);
+}
+
+static void cpu_model(char *buf, size_t n) {
+    snprintf(buf, n, "unknown");
     FILE *f = fopen("/proc/cpuinfo", "r");
     char line[512];
     while (f && fgets(line, sizeof line, f))
         if (strncmp(line, "model name", 10) == 0) {
             char *c = strchr(line, ':');
-            printf("cpu: %s", c ? c + 2 : line);
+            snprintf(buf, n, "%.200s", c ? c + 2 : line);
+            buf[strcspn(buf, "\n")] = 0;
             break;
         }
     if (f) fclose(f);
-    printf("threads: %d (omp_get_max_threads)   precision: %s\n", omp_get_max_threads(), REAL_NAME);
 }
 
-int main(int argc, char **argv) {
-    int tokens = argc > 1 ? atoi(argv[1]) : 16384;
-    const int Ts[] = {256, 1024, 4096, 16384};
-    const int nT = sizeof Ts / sizeof Ts[0];
-    print_machine();
-    printf("H %d, dk %d, dv %d, chunk %d, B*T = %d tokens per measurement\n\n", BENCH_H, BENCH_DK, BENCH_DV,
-           BENCH_CHUNK, tokens);
-    printf("forward+backward, microseconds per token (best of 2)\n");
-    printf("%-8s %-10s", "mixer", "form");
-    for (int i = 0; i < nT; i++) printf(" %9s%-5d", "T=", Ts[i]);
-    printf("\n");
+// The commit of the working directory's repository, "+dirty" when it has
+// uncommitted changes to tracked files outside docs/; "unknown" outside a repository.
+static void git_commit(char *buf, size_t n) {
+    snprintf(buf, n, "unknown");
+    FILE *p = popen("git rev-parse --short HEAD 2>/dev/null", "r");
+    if (!p) return;
+    char line[64] = "";
+    bool got = fgets(line, sizeof line, p) != NULL;
+    if (pclose(p) != 0 || !got) return;
+    line[strcspn(line, "\n")] = 0;
+    // docs/ is where run_all.sh writes this run's own results: not a change to the code.
+    p = popen("git status --porcelain --untracked-files=no -- . ':!docs' 2>/dev/null", "r");
+    bool dirty = p && fgetc(p) != EOF;
+    if (p) pclose(p);
+    snprintf(buf, n, "%s%s", line, dirty ? "+dirty" : "");
+}
+
+static void print_header(const Options *o) {
+    char cpu[256], commit[80], load[128], date[64];
+    struct utsname u;
+    cpu_model(cpu, sizeof cpu);
+    git_commit(commit, sizeof commit);
+    read_line("/proc/loadavg", load, sizeof load);
+    time_t t = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", localtime(&t));
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    printf("# mixer_bench\n");
+    printf("cpu:       %s\n", cpu);
+    if (uname(&u) == 0) printf("uname:     %s %s %s\n", u.sysname, u.release, u.machine);
+    printf("threads:   %d (omp_get_max_threads), OMP_WAIT_POLICY=%s\n", omp_get_max_threads(), wait ? wait : "unset");
+    printf("date:      %s\n", date);
+    printf("commit:    %s\n", commit);
+    printf("loadavg:   %s (at start)\n", load);
+    printf("precision: %s\n", REAL_NAME);
+    printf("layer:     d_model %d, H %d, dk = dv %d, conv %d, chunk %d, attn_dsa top-k %d\n", D_MODEL, N_HEADS,
+           D_HEAD, CONV, CHUNK, TOPK);
+    printf("train:     B*T = %d tokens per step, best of %s timed steps after a cold one\n\n", o->tokens,
+           o->reps ? "-reps" : "2 (the cold one itself if it took > 5 s)");
+}
+
+// ---- the layer ----
+
+typedef struct Layer {
+    ParamStore ps;
+    Mixer *m;
+} Layer;
+
+static void layer_make(Layer *L, const char *kind, MixerForm form) {
+    MixerConfig c = mixer_config_default(D_MODEL, N_HEADS, D_HEAD, D_HEAD);
+    c.conv_size = CONV;
+    c.chunk_size = CHUNK;
+    c.topk = TOPK;
+    c.form = form;
+    params_init(&L->ps);
+    L->m = mixer_create(kind, &c, &L->ps, "mixer.");
+    params_finalize(&L->ps, 1);
+}
+
+static void layer_free(Layer *L) {
+    mixer_destroy(L->m);
+    params_free(&L->ps);
+}
+
+static void fill_normal(Tensor *t, Rng *r, double std) {
+    for (int64_t i = 0; i < t->numel; i++) t->data[i] = (real)(std * rng_normal(r));
+}
+
+// ---- 1 + 2: training step ----
+
+typedef struct TrainCell {
+    int T, B;
+    const char *skip;      // NULL: measured; else why not
+    double best, median;   // seconds per step (wall clock)
+    double best_cpu;       // CPU seconds of all threads in the best step
+    double cold;           // seconds of the cold step
+    double arena_mib;      // tape arena high-water of the cold step
+    double rss_mib;        // peak RSS growth during the cold step (-1: unknown)
+} TrainCell;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void train_step(Tape *tp, Layer *L, Tensor *u, const Tensor *dy) {
+    Tensor *y = L->m->kind->forward(tp, L->m, u, NULL, NULL);
+    tape_backward_from(tp, y, dy->data);
+}
+
+static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
+    Layer L;
+    layer_make(&L, row->kind, row->form);
+    Tensor *u = tensor_newv(true, 3, c->B, c->T, D_MODEL), *dy = tensor_newv(false, 3, c->B, c->T, D_MODEL);
+    Rng r;
+    rng_seed(&r, 2);
+    fill_normal(u, &r, 1.0);
+    fill_normal(dy, &r, 1.0);
     Tape tp;
     tape_init(&tp);
-    for (size_t r = 0; r < sizeof TRAIN_ROWS / sizeof TRAIN_ROWS[0]; r++) {
-        const BenchTrainRow *row = &TRAIN_ROWS[r];
-        printf("%-8s %-10s", row->mixer, row->form);
+
+    malloc_measuring(true);
+    long rss0 = rss_reset_peak();
+    double c0 = cpu_now(), t0 = now();
+    train_step(&tp, &L, u, dy);
+    c->cold = now() - t0;
+    double cold_cpu = cpu_now() - c0;
+    long hwm = proc_status_kib("VmHWM");
+    c->rss_mib = rss0 >= 0 && hwm >= 0 ? (hwm - rss0) / 1024.0 : -1;
+    c->arena_mib = tp.arena.high_water / 1048576.0;
+    tape_reset(&tp);
+    malloc_measuring(false);
+    // The reset replaced the arena's blocks by one fresh block of the
+    // high-water size; touch it once, as the first steps of a training loop
+    // do, so that the timed steps do not pay its page faults.
+    if (tp.arena.head) memset(tp.arena.head->mem, 0, tp.arena.head->cap);
+
+    // A step over 5 s is its own sample: the arena's page faults are a small
+    // part of it, and a second run would double the suite's longest cells.
+    int reps = o->reps ? o->reps : c->cold > 5.0 ? 0 : 2;
+    double times[64] = {0}, cpus[64] = {0};
+    if (reps > 64) reps = 64;
+    for (int i = 0; i < reps; i++) {
+        params_zero_grad(&L.ps);
+        c0 = cpu_now();
+        t0 = now();
+        train_step(&tp, &L, u, dy);
+        times[i] = now() - t0;
+        cpus[i] = cpu_now() - c0;
+        tape_reset(&tp);
+    }
+    if (reps == 0) times[0] = c->cold, cpus[0] = cold_cpu, reps = 1;
+    c->best = times[0], c->best_cpu = cpus[0];
+    for (int i = 1; i < reps; i++)
+        if (times[i] < c->best) c->best = times[i], c->best_cpu = cpus[i];
+    c->median = median(times, reps);
+    tape_free(&tp);
+    tensor_free(u);
+    tensor_free(dy);
+    layer_free(&L);
+}
+
+static bool row_selected(const Options *o, const char *kind, const char *label) {
+    if (!o->only) return true;
+    size_t n = strlen(kind);
+    if (strncmp(o->only, kind, n) != 0) return false;
+    return o->only[n] == 0 || (o->only[n] == ':' && (!label || strcmp(o->only + n + 1, label) == 0));
+}
+
+static void run_train(const Options *o, FILE *tsv) {
+    static TrainCell cells[N_TRAIN_ROWS][MAX_LIST];
+    printf("## 1. training step (forward + backward), microseconds per token, B*T = %d\n", o->tokens);
+    printf("%-9s %-10s", "mixer", "form");
+    for (int i = 0; i < o->nT; i++) printf("  %10s%-6d", "T=", o->Ts[i]);
+    printf("\n");
+    if (tsv)
+        fprintf(tsv, "mixer\tform\tT\tB\tus_per_token_best\tus_per_token_median\ttokens_per_s\tcold_s\t"
+                     "arena_mib\trss_mib\tstatus\tcpu_us_per_token\n");
+    for (int ri = 0; ri < N_TRAIN_ROWS; ri++) {
+        const TrainRow *row = &TRAIN_ROWS[ri];
+        if (!row_selected(o, row->kind, row->label)) continue;
+        printf("%-9s %-10s", row->kind, row->label);
         fflush(stdout);
-        for (int i = 0; i < nT; i++) {
-            int T = Ts[i], B = tokens / T;
-            if (B < 1 || (row->max_T && T > row->max_T)) {
-                printf(" %14s", "skipped");
-                continue;
+        double prev = 0;   // the previous measured step, seconds
+        for (int i = 0; i < o->nT; i++) {
+            TrainCell *c = &cells[ri][i];
+            *c = (TrainCell){.T = o->Ts[i], .B = o->tokens / o->Ts[i], .rss_mib = -1};
+            double est = prev * (row->quadratic && i > 0 ? (double)o->Ts[i] / o->Ts[i - 1] : 1.0);
+            if (c->B < 1)
+                c->skip = "T > tokens";
+            else if (row->max_T && c->T > row->max_T)
+                c->skip = "memory";
+            else if (est > MAX_STEP_SECONDS)
+                c->skip = "time";
+            if (c->skip) {
+                printf("  %16s", c->skip[0] == 'm' ? "skip: > 4 GiB" : c->skip[0] == 't' ? "skip: > 60 s" : "-");
+            } else {
+                train_cell(c, row, o);
+                prev = c->best;
+                printf("  %16.2f", 1e6 * c->best / ((double)c->B * c->T));
             }
-            BenchInputs in;
-            inputs_make(&in, B, T);
-            double best = 1e30;
-            for (int rep = 0; rep < 2; rep++) {
-                double t0 = now();
-                row->fn(&tp, &in, row->arg);
-                double dt = now() - t0;
-                tape_reset(&tp);
-                if (dt < best) best = dt;
-            }
-            printf(" %14.3f", 1e6 * best / ((double)B * T));
             fflush(stdout);
-            inputs_free(&in);
+            if (tsv) {
+                double tok = (double)c->B * c->T;
+                if (c->skip)
+                    fprintf(tsv, "%s\t%s\t%d\t%d\tNaN\tNaN\tNaN\tNaN\tNaN\tNaN\tskip:%s\tNaN\n", row->kind, row->label,
+                            c->T, c->B, c->skip);
+                else
+                    fprintf(tsv, "%s\t%s\t%d\t%d\t%.4f\t%.4f\t%.1f\t%.4f\t%.3f\t%.3f\tok\t%.4f\n", row->kind,
+                            row->label, c->T, c->B, 1e6 * c->best / tok, 1e6 * c->median / tok, tok / c->best,
+                            c->cold, c->arena_mib, c->rss_mib, 1e6 * c->best_cpu / tok);
+                fflush(tsv);
+            }
         }
         printf("\n");
     }
-    tape_free(&tp);
-    for (size_t r = 0; r < sizeof TRAIN_ROWS / sizeof TRAIN_ROWS[0]; r++)
-        if (TRAIN_ROWS[r].max_T)
-            printf("(%s %s skipped above T=%d: %s)\n", TRAIN_ROWS[r].mixer, TRAIN_ROWS[r].form, TRAIN_ROWS[r].max_T,
-                   TRAIN_ROWS[r].why);
+    for (int ri = 0; ri < N_TRAIN_ROWS; ri++)
+        if (TRAIN_ROWS[ri].max_T && row_selected(o, TRAIN_ROWS[ri].kind, TRAIN_ROWS[ri].label))
+            printf("(%s %s above T = %d: %s)\n", TRAIN_ROWS[ri].kind, TRAIN_ROWS[ri].label, TRAIN_ROWS[ri].max_T,
+                   TRAIN_ROWS[ri].why);
+    printf("(\"skip: > 60 s\": the step time extrapolated from the previous T exceeds %.0f s)\n\n", MAX_STEP_SECONDS);
 
-    printf("\ndecode (recurrent step, no grad), microseconds per token\n");
-    printf("%-8s %12s %12s\n", "mixer", "B=1", "B=16");
-    for (size_t r = 0; r < sizeof DECODE_ROWS / sizeof DECODE_ROWS[0]; r++) {
-        const BenchDecodeRow *row = &DECODE_ROWS[r];
-        int n = 2000;
-        double s1 = row->fn(1, n, row->arg), s16 = row->fn(16, n / 8, row->arg);
-        printf("%-8s %12.3f %12.3f\n", row->mixer, 1e6 * s1 / n, 1e6 * s16 / (16.0 * (n / 8)));
+    printf("## 1b. the same steps: CPU time of all threads, microseconds per token (less sensitive to load)\n");
+    printf("%-9s %-10s", "mixer", "form");
+    for (int i = 0; i < o->nT; i++) printf("  %10s%-6d", "T=", o->Ts[i]);
+    printf("\n");
+    for (int ri = 0; ri < N_TRAIN_ROWS; ri++) {
+        const TrainRow *row = &TRAIN_ROWS[ri];
+        if (!row_selected(o, row->kind, row->label)) continue;
+        printf("%-9s %-10s", row->kind, row->label);
+        for (int i = 0; i < o->nT; i++) {
+            const TrainCell *c = &cells[ri][i];
+            if (c->skip) printf("  %16s", "-");
+            else printf("  %16.2f", 1e6 * c->best_cpu / ((double)c->B * c->T));
+        }
+        printf("\n");
     }
+    printf("\n");
+
+    printf("## 2. memory of one training step, MiB: tape arena high-water / peak RSS growth (B*T = %d)\n",
+           o->tokens);
+    printf("%-9s %-10s", "mixer", "form");
+    for (int i = 0; i < o->nT; i++) printf("  %10s%-6d", "T=", o->Ts[i]);
+    printf("\n");
+    for (int ri = 0; ri < N_TRAIN_ROWS; ri++) {
+        const TrainRow *row = &TRAIN_ROWS[ri];
+        if (!row_selected(o, row->kind, row->label)) continue;
+        printf("%-9s %-10s", row->kind, row->label);
+        for (int i = 0; i < o->nT; i++) {
+            const TrainCell *c = &cells[ri][i];
+            if (c->skip)
+                printf("  %16s", "-");
+            else if (c->rss_mib < 0)
+                printf("  %9.1f /    ?", c->arena_mib);
+            else
+                printf("  %8.1f / %6.1f", c->arena_mib, c->rss_mib);
+        }
+        printf("\n");
+    }
+    printf("(RSS growth: arena + heap scratch of the kernels, pages touched during the cold step)\n\n");
+}
+
+// ---- 3: decoding ----
+
+// Random keys and values in the first P positions of attn's cache (B = 1).
+static void kv_prefill(KVCache *kc, int P, Rng *r) {
+    int64_t wk = (int64_t)N_HEADS * D_HEAD, wv = wk;
+    for (int64_t i = 0; i < (int64_t)P * wk; i++) kc->k[i] = (real)rng_normal(r);
+    for (int64_t i = 0; i < (int64_t)P * wv; i++) kc->v[i] = (real)rng_normal(r);
+    kc->pos = P;
+}
+
+static void run_decode(const Options *o, FILE *tsv) {
+    printf("## 3. decoding, B = 1: microseconds per token at context position P (fastest of %d steps)\n",
+           DECODE_WINDOW);
+    printf("%-9s", "mixer");
+    for (int i = 0; i < o->npos; i++) printf("  %8s%-6d", "P=", o->pos[i]);
+    printf("  %s\n", "cache reaches P by");
+    if (tsv) fprintf(tsv, "mixer\tpos\tus_per_token_best\tus_per_token_median\tus_per_token_mean\thow\n");
+    int max_pos = 0;
+    for (int i = 0; i < o->npos; i++) max_pos = imax(max_pos, o->pos[i]);
+    for (int ri = 0; ri < N_DECODE_ROWS; ri++) {
+        const DecodeRow *row = &DECODE_ROWS[ri];
+        if (!row_selected(o, row->kind, NULL)) continue;
+        printf("%-9s", row->kind);
+        fflush(stdout);
+        Layer L;
+        layer_make(&L, row->kind, MIXER_FORM_RECURRENT);
+        const MixerKind *k = L.m->kind;
+        void *cache = k->cache_new(L.m, 1, max_pos + DECODE_WINDOW + 1);
+        Tensor *u = tensor_newv(false, 3, 1, 1, D_MODEL);
+        Rng r;
+        rng_seed(&r, 3);
+        fill_normal(u, &r, 1.0);
+        Tape tp;
+        tape_init(&tp);
+        tape_no_grad_push(&tp);
+        int pos = 0;   // positions in the cache
+        double t_fill = 0;
+        for (int i = 0; i < o->npos; i++) {
+            int P = o->pos[i];
+            double t0 = now();
+            if (row->prefill_kv) {
+                kv_prefill(cache, P, &r);
+                pos = P;
+            }
+            for (; pos < P; pos++) {
+                k->step(&tp, L.m, cache, u);
+                tape_reset(&tp);
+            }
+            t_fill += now() - t0;
+            double w[DECODE_WINDOW], mean = 0;
+            for (int s = 0; s < DECODE_WINDOW; s++) {
+                t0 = now();
+                k->step(&tp, L.m, cache, u);
+                w[s] = now() - t0;
+                mean += w[s] / DECODE_WINDOW;
+                tape_reset(&tp);
+            }
+            pos += DECODE_WINDOW;
+            double med = median(w, DECODE_WINDOW);   // sorts w
+            printf("  %14.2f", 1e6 * w[0]);
+            fflush(stdout);
+            if (tsv)
+                fprintf(tsv, "%s\t%d\t%.4f\t%.4f\t%.4f\t%s\n", row->kind, P, 1e6 * w[0], 1e6 * med, 1e6 * mean,
+                        row->how);
+        }
+        printf("  %s (%.1f s)\n", row->how, t_fill);
+        tape_no_grad_pop(&tp);
+        tape_free(&tp);
+        tensor_free(u);
+        k->cache_free(cache);
+        layer_free(&L);
+    }
+    printf("\n");
+}
+
+// ---- command line ----
+
+static int parse_list(const char *s, int *out) {
+    int n = 0;
+    while (*s && n < MAX_LIST) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        ASSERT(end != s && v > 0, "mixer_bench: bad number list '%s'", s);
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]\n"
+                    "                   [-reps N] [-tsv DIR] [-no-train] [-no-decode]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    Options o = {.tokens = 16384, .train = true, .decode = true};
+    o.nT = parse_list("256,1024,4096,16384", o.Ts);
+    o.npos = parse_list("256,1024,4096,16384", o.pos);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "-no-train") == 0) o.train = false;
+        else if (strcmp(a, "-no-decode") == 0) o.decode = false;
+        else if (!v) usage();
+        else if (strcmp(a, "-tokens") == 0) o.tokens = atoi(v), i++;
+        else if (strcmp(a, "-T") == 0) o.nT = parse_list(v, o.Ts), i++;
+        else if (strcmp(a, "-pos") == 0) o.npos = parse_list(v, o.pos), i++;
+        else if (strcmp(a, "-only") == 0) o.only = v, i++;
+        else if (strcmp(a, "-reps") == 0) o.reps = atoi(v), i++;
+        else if (strcmp(a, "-tsv") == 0) o.tsv_dir = v, i++;
+        else usage();
+    }
+    ASSERT(o.tokens > 0 && o.reps >= 0, "mixer_bench: -tokens %d, -reps %d", o.tokens, o.reps);
+    malloc_measuring(false);
+    print_header(&o);
+
+    FILE *ftrain = NULL, *fdecode = NULL;
+    char path[1024];
+    if (o.tsv_dir) {
+        snprintf(path, sizeof path, "%s/train.tsv", o.tsv_dir);
+        if (o.train) ftrain = xfopen(path, "w");
+        snprintf(path, sizeof path, "%s/decode.tsv", o.tsv_dir);
+        if (o.decode) fdecode = xfopen(path, "w");
+    }
+    double t0 = now();
+    if (o.train) run_train(&o, ftrain);
+    if (o.decode) run_decode(&o, fdecode);
+    char load[128];
+    read_line("/proc/loadavg", load, sizeof load);
+    printf("loadavg: %s (at end), total %.0f s\n", load, now() - t0);
+    if (ftrain) fclose(ftrain);
+    if (fdecode) fclose(fdecode);
     return 0;
 }

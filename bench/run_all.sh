@@ -1,0 +1,325 @@
+#!/usr/bin/env bash
+# bench/run_all.sh: build (float32, build/), run the benchmark suite and write
+# docs/benchmarks.md, its data (docs/bench/*.tsv, the raw output) and plots
+# (docs/img/*.png, gnuplot).
+#
+#   bench/run_all.sh            full suite (about 5-10 minutes on 2 cores)
+#   bench/run_all.sh quick      small sizes, for checking the script itself
+#   bench/run_all.sh docs       only the plots and the document, from docs/bench/
+#
+# Idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE, measured against ACTIVE
+# in the "Threads" section). Other processes on the machine change the
+# figures: the load average is recorded at the start and end of each run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+MODE=${1:-full}
+BUILD=$ROOT/build
+DATA=$ROOT/docs/bench
+IMG=$ROOT/docs/img
+DOC=$ROOT/docs/benchmarks.md
+export OMP_WAIT_POLICY=PASSIVE
+
+mkdir -p "$DATA" "$IMG"
+if [ "$MODE" != docs ]; then
+    echo "== build (float32) in $BUILD"
+    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build "$BUILD" -j "$(nproc)" --target mixer_bench >/dev/null
+    start=$(date +%s)
+    ARGS=()
+    THREADS_TOKENS=16384
+    if [ "$MODE" = quick ]; then
+        ARGS=(-tokens 2048 -T 256,1024,2048 -pos 256,1024,2048)
+        THREADS_TOKENS=2048
+    fi
+    echo "== mixer_bench ${ARGS[*]:-}"
+    "$BUILD/mixer_bench" -tsv "$DATA" "${ARGS[@]}" | tee "$DATA/mixer_bench.txt"
+    echo "== threads_bench"
+    bench/threads_bench.sh "$BUILD" "$DATA/threads.tsv" "$THREADS_TOKENS" | tee "$DATA/threads.txt"
+    printf 'seconds\t%s\nthreads_tokens\t%s\n' "$(( $(date +%s) - start ))" "$THREADS_TOKENS" >"$DATA/run.tsv"
+fi
+elapsed=$(awk -F'\t' '$1 == "seconds" {print $2}' "$DATA/run.tsv")
+THREADS_TOKENS=$(awk -F'\t' '$1 == "threads_tokens" {print $2}' "$DATA/run.tsv")
+
+# ---- plots ----
+echo "== plots"
+SERIES_TRAIN=$(awk -F'\t' 'NR > 1 && !seen[$1 " " $2]++ {print $1 ":" $2}' "$DATA/train.tsv")
+SERIES_DECODE=$(awk -F'\t' 'NR > 1 && !seen[$1]++ {print $1}' "$DATA/decode.tsv")
+TICS=$(awk -F'\t' 'NR > 1 && !seen[$3]++ {printf "%s%s", (n++ ? "," : ""), $3}' "$DATA/train.tsv")
+PTICS=$(awk -F'\t' 'NR > 1 && !seen[$2]++ {printf "%s%s", (n++ ? "," : ""), $2}' "$DATA/decode.tsv")
+# x ranges with a margin, so that the end points and their tic labels show.
+XRANGE=$(awk -F'\t' 'NR > 1 {if (lo == "" || $3 < lo) lo = $3; if ($3 > hi) hi = $3} END {print lo / 1.3 ":" hi * 1.3}' "$DATA/train.tsv")
+PRANGE=$(awk -F'\t' 'NR > 1 {if (lo == "" || $2 < lo) lo = $2; if ($2 > hi) hi = $2} END {print lo / 1.3 ":" hi * 1.3}' "$DATA/decode.tsv")
+gnuplot <<GP
+set terminal pngcairo size 1000,600 font "DejaVu Sans,11" noenhanced
+set datafile separator "\t"
+set datafile missing "NaN"
+set logscale x 2
+set grid
+set key outside right top
+set xlabel "sequence length T (B*T fixed)"
+set xtics ($TICS)
+set xrange [$XRANGE]
+trainseries = "$(echo $SERIES_TRAIN)"
+decodeseries = "$(echo $SERIES_DECODE)"
+mixer(s) = strstrt(s, ":") ? s[1:strstrt(s, ":")-1] : s
+form(s) = s[strstrt(s, ":")+1:]
+# One colour per mixer, one dash pattern per form.
+colour(s) = mixer(s) eq "attn" ? "#000000" : mixer(s) eq "linear" ? "#1f77b4" : mixer(s) eq "mamba" ? "#2ca02c" : \
+            mixer(s) eq "gdn" ? "#d62728" : mixer(s) eq "attn_dsa" ? "#9467bd" : "#7f7f7f"
+dash(s) = form(s) eq "parallel" ? 2 : form(s) eq "recurrent" ? 3 : 1
+# The column c of the rows of train.tsv for series s, NaN elsewhere.
+pick(s, c) = (strcol(1) eq mixer(s) && strcol(2) eq form(s)) ? column(c) : NaN
+
+set output "$IMG/train_throughput.png"
+set title "Training step (forward + backward) of one layer: throughput vs T"
+set ylabel "tokens / s (log)"
+set logscale y
+plot for [s in trainseries] "$DATA/train.tsv" using 3:(pick(s, 7)) every ::1 \
+     with linespoints lw 2 pt 7 lc rgb colour(s) dt dash(s) title s
+
+set output "$IMG/train_us_per_token.png"
+set title "Training step of one layer: time per token vs T (wall clock, best step)"
+set ylabel "microseconds / token (log)"
+plot for [s in trainseries] "$DATA/train.tsv" using 3:(pick(s, 5)) every ::1 \
+     with linespoints lw 2 pt 7 lc rgb colour(s) dt dash(s) title s
+
+set output "$IMG/train_cpu_per_token.png"
+set title "Training step of one layer: CPU time (all threads) per token vs T"
+plot for [s in trainseries] "$DATA/train.tsv" using 3:(pick(s, 12)) every ::1 \
+     with linespoints lw 2 pt 7 lc rgb colour(s) dt dash(s) title s
+
+set output "$IMG/memory.png"
+set title "Memory of one training step (B*T fixed): peak RSS growth"
+set ylabel "MiB (log)"
+plot for [s in trainseries] "$DATA/train.tsv" using 3:(pick(s, 10)) every ::1 \
+     with linespoints lw 2 pt 7 lc rgb colour(s) dt dash(s) title s
+
+set output "$IMG/decode.png"
+set title "Decoding one token (B = 1) vs context position"
+set xlabel "context position P"
+set xtics ($PTICS)
+set xrange [$PRANGE]
+set ylabel "microseconds / token (log)"
+plot for [s in decodeseries] "$DATA/decode.tsv" using 2:(strcol(1) eq s ? column(3) : NaN) every ::1 \
+     with linespoints lw 2 pt 7 lc rgb colour(s) title s
+GP
+
+# ---- docs/benchmarks.md ----
+echo "== $DOC"
+hdr() { sed -n "s/^$1: *//p" "$DATA/mixer_bench.txt" | head -1 | sed 's/ (at start)$//'; }
+# Markdown table from train.tsv, column c, printf format f.
+train_table() {
+    awk -F'\t' -v c="$1" -v f="$2" '
+        NR == 1 { next }
+        { key = $1 " | " $2; if (!(key in seen)) { seen[key] = 1; order[++n] = key }
+          if (!($3 in ts)) { ts[$3] = 1; tl[++nt] = $3 }
+          if ($11 == "ok") s = sprintf(f, $c)
+          else if ($11 == "skip:memory") s = "skipped (> 4 GiB)"
+          else if ($11 == "skip:time") s = "skipped (> 60 s)"
+          else s = "-"
+          v[key, $3] = s }
+        END { printf "| mixer | form |"; for (i = 1; i <= nt; i++) printf " T = %s |", tl[i]; print ""
+              printf "| --- | --- |"; for (i = 1; i <= nt; i++) printf " ---: |"; print ""
+              for (j = 1; j <= n; j++) { printf "| %s |", order[j]
+                  for (i = 1; i <= nt; i++) printf " %s |", v[order[j], tl[i]]; print "" } }' "$DATA/train.tsv"
+}
+decode_table() {
+    awk -F'\t' '
+        NR == 1 { next }
+        { if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1; how[$1] = $6 }
+          if (!($2 in ps)) { ps[$2] = 1; pl[++np] = $2 }
+          v[$1, $2] = sprintf("%.1f", $3) }
+        END { printf "| mixer |"; for (i = 1; i <= np; i++) printf " P = %s |", pl[i]; print " cache reaches P |"
+              printf "| --- |"; for (i = 1; i <= np; i++) printf " ---: |"; print " --- |"
+              for (j = 1; j <= n; j++) { printf "| %s |", order[j]
+                  for (i = 1; i <= np; i++) printf " %s |", v[order[j], pl[i]]; print " " how[order[j]] " |" } }' \
+        "$DATA/decode.tsv"
+}
+# Figures for the claims: first / last measured value of a series and their ratio.
+tval() {  # tval MIXER FORM T -> us per token (best), or "NaN"
+    awk -F'\t' -v m="$1" -v f="$2" -v t="$3" 'NR > 1 && $1 == m && $2 == f && $3 == t {printf "%.1f\n", $5; found = 1}
+        END {if (!found) print "NaN"}' "$DATA/train.tsv"
+}
+tspread() {  # tspread MIXER FORM [COLUMN=5] -> max/min of us per token over the measured T
+    awk -F'\t' -v m="$1" -v f="$2" -v c="${3:-5}" 'NR > 1 && $1 == m && $2 == f && $11 == "ok" {
+        if (lo == "" || $c + 0 < lo) lo = $c + 0; if (hi == "" || $c + 0 > hi) hi = $c + 0 }
+        END {printf "%.2f", hi / lo}' "$DATA/train.tsv"
+}
+tgrowth() {  # tgrowth MIXER FORM -> "last/first" ratio and the T range it spans
+    awk -F'\t' -v m="$1" -v f="$2" 'NR > 1 && $1 == m && $2 == f && $11 == "ok" {
+        if (first == "") { first = $5; t0 = $3 } last = $5; t1 = $3 }
+        END {printf "%.1fx from T = %s to %s", last / first, t0, t1}' "$DATA/train.tsv"
+}
+dval() {  # dval MIXER P -> decode us per token
+    awk -F'\t' -v m="$1" -v p="$2" 'NR > 1 && $1 == m && $2 == p {printf "%.1f\n", $3}' "$DATA/decode.tsv"
+}
+dspread() {  # dspread MIXER -> max/min decode time over P
+    awk -F'\t' -v m="$1" 'NR > 1 && $1 == m { if (lo == "" || $3 + 0 < lo) lo = $3 + 0
+        if (hi == "" || $3 + 0 > hi) hi = $3 + 0 } END {printf "%.2f", hi / lo}' "$DATA/decode.tsv"
+}
+tgrow() {  # tgrow MIXER FORM -> last/first us per token, as a number
+    awk -F'\t' -v m="$1" -v f="$2" 'NR > 1 && $1 == m && $2 == f && $11 == "ok" { if (a == "") a = $5; b = $5 }
+        END {printf "%.2f", b / a}' "$DATA/train.tsv"
+}
+thr() {  # thr POLICY THREADS COLUMN -> a figure of threads.tsv
+    awk -F'\t' -v p="$1" -v n="$2" -v c="$3" 'NR > 1 && $1 == p && $2 == n {print $c}' "$DATA/threads.tsv"
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
+dratio() {  # dratio MIXER -> last/first decode time
+    awk -F'\t' -v m="$1" 'NR > 1 && $1 == m { if (first == "") first = $3; last = $3 }
+        END {printf "%.2f", last / first}' "$DATA/decode.tsv"
+}
+verdict() {  # verdict VALUE OP LIMIT -> "yes" / "no"
+    awk -v x="$1" -v op="$2" -v l="$3" 'BEGIN {ok = op == "<=" ? x <= l : x >= l; print ok ? "**yes**" : "**no**"}'
+}
+TFIRST=$(awk -F'\t' 'NR == 2 {print $3}' "$DATA/train.tsv")
+TLAST=$(awk -F'\t' 'NR > 1 {t = $3} END {print t}' "$DATA/train.tsv")
+PFIRST=$(awk -F'\t' 'NR == 2 {print $2}' "$DATA/decode.tsv")
+PLAST=$(awk -F'\t' 'NR > 1 {p = $2} END {print p}' "$DATA/decode.tsv")
+
+{
+cat <<EOF
+# Benchmarks
+
+Generated by \`bench/run_all.sh\` (do not edit by hand: re-run it). Raw output
+and data: [\`docs/bench/\`](bench/); plots: [\`docs/img/\`](img/).
+
+| | |
+| --- | --- |
+| CPU | $(hdr cpu) |
+| kernel | $(hdr uname) |
+| threads | $(hdr threads) |
+| date | $(hdr date) |
+| commit | $(hdr commit) |
+| load average | start: $(hdr loadavg); end: $(sed -n 's/^loadavg: \(.*\) (at end).*/\1/p' "$DATA/mixer_bench.txt" | tail -1) |
+| precision | $(hdr precision) |
+| layer | $(hdr layer) |
+| suite run time | ${elapsed} s |
+
+The machine is shared: the load average (1, 5, 15 minutes; 2 cores) says how
+many other runnable processes competed with the benchmark. With a load above
+2 every figure is slower than on an idle machine, and by a varying amount;
+timings are the best of 2 steps (one step when it takes over 5 s) to take
+out some of that noise, not all of it. The CPU time of all threads per step
+is much less sensitive to the load (a thread that waits sleeps and is not
+counted): it is the better measure of the work per token, and the claims
+below are checked on both.
+
+## What is measured
+
+One mixer **layer** as the LM uses it, built by \`mixer_create\` through the
+\`MixerKind\` interface: input u (B, T, 256) -> q, k, v projections (and
+short convolutions, gates, decay and beta projections where the kind has
+them) -> the mixing op -> output stage and projection -> (B, T, 256). So the
+per-token cost of the projections (constant in T) is included; the pure
+kernel figures are in \`gdn_bench\` and \`attn_bench\`.
+
+- **Training step**: forward, then backward seeded on the output (gradients
+  into u and every parameter). B*T = $(sed -n 's/^train: *B\*T = \([0-9]*\).*/\1/p' "$DATA/mixer_bench.txt") tokens per step at every T.
+- **Memory**: the growth of the process's peak resident set during the first
+  training step of each cell (VmHWM reset through \`/proc/self/clear_refs\`):
+  the tape arena (activations, saved state, activation gradients) plus any
+  heap the kernels allocate (per-thread scratch). Inputs and parameters exist
+  before the step and are not counted. The arena high-water alone is in
+  \`docs/bench/train.tsv\` (column arena_mib).
+- **Decoding**: B = 1, one token at a time through \`MixerKind.step\`; at
+  context position P, the fastest of the next 32 steps (their median is in
+  \`docs/bench/decode.tsv\`). attn's KV cache
+  is filled directly with random keys and values up to P (stepping there
+  costs O(P^2); the values do not change the work of the next step); the
+  other kinds step their way to P.
+
+## Training step: microseconds per token
+
+$(train_table 5 "%.1f")
+
+![throughput](img/train_throughput.png)
+
+![time per token](img/train_us_per_token.png)
+
+## Training step: CPU microseconds per token (all threads)
+
+$(train_table 12 "%.1f")
+
+![CPU time per token](img/train_cpu_per_token.png)
+
+## Memory of one training step: MiB (peak RSS growth)
+
+$(train_table 10 "%.0f")
+
+![memory](img/memory.png)
+
+## Decoding: microseconds per token (B = 1)
+
+$(decode_table)
+
+![decode](img/decode.png)
+
+## The claims, and what these figures say
+
+1. **Chunked linear, mamba and gdn cost the same per token from T = $TFIRST to
+   $TLAST (within 1.3x).** Spread (slowest / fastest per-token time over T),
+   wall clock: linear $(tspread linear chunked), mamba $(tspread mamba chunked), gdn $(tspread gdn chunked);
+   CPU time: linear $(tspread linear chunked 12), mamba $(tspread mamba chunked 12), gdn $(tspread gdn chunked 12).
+   Within 1.3x (wall / CPU): linear $(verdict "$(tspread linear chunked)" "<=" 1.3) / $(verdict "$(tspread linear chunked 12)" "<=" 1.3),
+   mamba $(verdict "$(tspread mamba chunked)" "<=" 1.3) / $(verdict "$(tspread mamba chunked 12)" "<=" 1.3),
+   gdn $(verdict "$(tspread gdn chunked)" "<=" 1.3) / $(verdict "$(tspread gdn chunked 12)" "<=" 1.3).
+   The recurrent training forms are flat too (wall spread: linear $(tspread linear recurrent),
+   mamba $(tspread mamba recurrent), gdn $(tspread gdn recurrent)) and slower per token. Memory per
+   step at fixed B*T is flat for all of them (O(T) per sequence: chunk-boundary states only).
+2. **The masked parallel form and softmax attention grow with T.** Per-token
+   time: linear parallel $(tgrowth linear parallel); attn $(tgrowth attn flash). The
+   attention core's cost per token is proportional to T, the projections' is
+   constant, so the ratio approaches 4x per 4x in T only once the core dominates.
+   The parallel form also needs T x T scratch per thread (its memory column
+   grows), so it stops at T = 4096. Grows (> 2x over the range): parallel
+   $(verdict "$(tgrow linear parallel)" ">=" 2), attn $(verdict "$(tgrow attn flash)" ">=" 2). attn's memory stays flat
+   (it keeps one log-sum-exp per row, never a T x T matrix).
+3. **Recurrent decoding costs the same per token at any context.** Spread of
+   the decoding time over P = $PFIRST..$PLAST: linear $(dspread linear), mamba $(dspread mamba), gdn $(dspread gdn)
+   (flat within 1.3x: linear $(verdict "$(dspread linear)" "<=" 1.3), mamba $(verdict "$(dspread mamba)" "<=" 1.3),
+   gdn $(verdict "$(dspread gdn)" "<=" 1.3)); attn, reading its whole KV cache, goes from
+   $(dval attn "$PFIRST") to $(dval attn "$PLAST") us/token. At B = 1 a recurrent step is dominated by
+   the five 256-wide projections (matrix-vector products), not by the 64 x 64
+   state update.
+4. **DeepSeek sparse attention is O(T k).** The attention itself reads k = 64
+   positions per query whatever T; the indexer that picks them scores every
+   earlier position with H_I d_I = 4 x 32 multiply-adds per pair (attention:
+   H (dk + dv) = 512 forward), so the layer is still O(T^2) overall, with a
+   quarter of attention's constant and no backward through the scores.
+   Training, per token: attn_dsa $(tgrowth attn_dsa sparse), against attn
+   $(tgrowth attn flash); at T = $TLAST attn_dsa takes $(tval attn_dsa sparse "$TLAST") us/token,
+   attn $(tval attn flash "$TLAST"). Decoding at P = $PLAST: attn_dsa $(dval attn_dsa "$PLAST") us/token
+   (x$(dratio attn_dsa) over P = $PFIRST), attn $(dval attn "$PLAST") (x$(dratio attn)). So: the
+   sparse attention part is O(T k) as claimed; the layer as a whole grows with
+   T through its indexer, more slowly than dense attention.
+
+## Threads
+
+\`bench/threads_bench.sh\`: the gdn layer, chunked training step at T = 1024
+(B*T = $THREADS_TOKENS; best and median of 2 timed steps) and one decoding step
+at P = 1024 (B = 1, fastest of 32), under \`OMP_WAIT_POLICY\` PASSIVE and
+ACTIVE, on 1 and 2 threads. Two rounds with the four settings interleaved;
+each figure is the better round. Microseconds per token:
+
+$(awk -F'\t' 'NR == 1 {print "| OMP_WAIT_POLICY | threads | train best | train median | decode |"; print "| --- | ---: | ---: | ---: | ---: |"; next}
+   {printf "| %s | %s | %.1f | %.1f | %.1f |\n", $1, $2, $3, $4, $5}' "$DATA/threads.tsv")
+
+$(sed -n 's/^loadavg at \(start\|end\): *\(.*\)/Load average at \1: \2./p' "$DATA/threads.txt")
+
+PASSIVE lets an idle OpenMP thread sleep (futex) at once, ACTIVE keeps it
+spinning; a spinning thread holds a core that another thread (of this
+process, or of another job on the machine) could use, a sleeping one must be
+woken at the next parallel region. Measured here, on 2 threads, ACTIVE takes
+$(ratio "$(thr ACTIVE 2 3)" "$(thr PASSIVE 2 3)")x the time of PASSIVE per training step (best step; median: $(ratio "$(thr ACTIVE 2 4)" "$(thr PASSIVE 2 4)")x)
+and $(ratio "$(thr ACTIVE 2 5)" "$(thr PASSIVE 2 5)")x per decoding step; on 1 thread $(ratio "$(thr ACTIVE 1 3)" "$(thr PASSIVE 1 3)")x (median $(ratio "$(thr ACTIVE 1 4)" "$(thr PASSIVE 1 4)")x) and
+$(ratio "$(thr ACTIVE 1 5)" "$(thr PASSIVE 1 5)")x. Two threads against one (PASSIVE): the training step takes
+$(ratio "$(thr PASSIVE 2 3)" "$(thr PASSIVE 1 3)")x the time of one thread (median $(ratio "$(thr PASSIVE 2 4)" "$(thr PASSIVE 1 4)")x), the decoding step
+$(ratio "$(thr PASSIVE 2 5)" "$(thr PASSIVE 1 5)")x. With the machine loaded by other jobs, single figures move by
+tens of percent between rounds; the medians are the steadier comparison. The
+scripts' choice, PASSIVE, is supported by this run for training when ACTIVE
+is no faster on 2 threads (median ratio >= 0.95): $(verdict "$(ratio "$(thr ACTIVE 2 4)" "$(thr PASSIVE 2 4)")" ">=" 0.95).
+EOF
+} >"$DOC"
+echo "== done: $DOC, $IMG/*.png (benchmarks ran ${elapsed} s)"
