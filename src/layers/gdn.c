@@ -31,20 +31,6 @@ typedef struct GdnCache {
     Tensor *S;              // (B, H, dk, dv) the state after the last token
 } GdnCache;
 
-// A_log = log(a), a uniform in [a0, a1] (Mamba-2: [1, 16]).
-static void init_A_log(real *x, int64_t n, Rng *r, double a0, double a1) {
-    for (int64_t i = 0; i < n; i++) x[i] = (real)log(rng_range(r, a0, a1));
-}
-
-// dt_bias = softplus^-1(dt0), dt0 log-uniform in [lo, hi] (Mamba-2: [1e-3, 1e-1]).
-// softplus^-1(y) = log(e^y - 1) = y + log(1 - e^-y).
-static void init_dt_bias(real *x, int64_t n, Rng *r, double lo, double hi) {
-    for (int64_t i = 0; i < n; i++) {
-        double dt0 = exp(rng_range(r, log(lo), log(hi)));
-        x[i] = (real)(dt0 + log(-expm1(-dt0)));
-    }
-}
-
 static Tensor *param_vec(ParamStore *ps, const char *prefix, const char *name, int n, ParamInit init) {
     char full[256];
     int len = snprintf(full, sizeof full, "%s%s", prefix, name);

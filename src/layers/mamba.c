@@ -20,20 +20,6 @@ typedef struct Mamba {
     Tensor *D;         // (H, dv) the skip, init 1
 } Mamba;
 
-// INIT_FN: A_log = log(uniform[a, b]).
-static void init_a_log(real *x, int64_t n, Rng *r, double a, double b) {
-    for (int64_t i = 0; i < n; i++) x[i] = (real)log(rng_range(r, a, b));
-}
-
-// INIT_FN: dt_bias = softplus⁻¹(dt0) = dt0 + log(1 − exp(−dt0)), dt0
-// log-uniform in [a, b].
-static void init_dt_bias(real *x, int64_t n, Rng *r, double a, double b) {
-    for (int64_t i = 0; i < n; i++) {
-        double dt0 = exp(rng_range(r, log(a), log(b)));
-        x[i] = (real)(dt0 + log(-expm1(-dt0)));
-    }
-}
-
 static void mamba_create(Mixer *m, ParamStore *ps, const char *prefix) {
     const MixerConfig *c = &m->cfg;
     Mamba *M = xcalloc(1, sizeof *M);
@@ -44,7 +30,7 @@ static void mamba_create(Mixer *m, ParamStore *ps, const char *prefix) {
     snprintf(name, sizeof name, "%sdt_bias", prefix);
     M->dt_bias = params_add(ps, name, 1, (int[]){H}, init_fn(init_dt_bias, 1e-3, 1e-1), TENSOR_NO_DECAY);
     snprintf(name, sizeof name, "%sA_log", prefix);
-    M->A_log = params_add(ps, name, 1, (int[]){H}, init_fn(init_a_log, 1, 16), TENSOR_NO_DECAY);
+    M->A_log = params_add(ps, name, 1, (int[]){H}, init_fn(init_A_log, 1, 16), TENSOR_NO_DECAY);
     snprintf(name, sizeof name, "%sD", prefix);
     M->D = params_add(ps, name, 2, (int[]){H, c->d_v}, init_ones(), TENSOR_NO_DECAY);
     m->impl = M;

@@ -102,3 +102,15 @@ Tensor *outgate_forward(Tape *tp, const OutGate *g, Tensor *o, Tensor *u) {
     Tensor *gate = op_silu(tp, op_matmul(tp, u, g->wg, false, false));
     return op_mul(tp, on, gate);
 }
+
+void init_A_log(real *x, int64_t n, Rng *r, double a0, double a1) {
+    for (int64_t i = 0; i < n; i++) x[i] = (real)log(rng_range(r, a0, a1));
+}
+
+// softplus^-1(y) = log(e^y - 1) = y + log(1 - e^-y), stable for small y.
+void init_dt_bias(real *x, int64_t n, Rng *r, double lo, double hi) {
+    for (int64_t i = 0; i < n; i++) {
+        double dt0 = exp(rng_range(r, log(lo), log(hi)));
+        x[i] = (real)(dt0 + log(-expm1(-dt0)));
+    }
+}

@@ -42,6 +42,12 @@ void outgate_create(OutGate *g, ParamStore *ps, const char *prefix, int d_model,
 // o: (B, T, H*dv), u: (B, T, D) -> RMSNorm_head(o) * SiLU(u Wg), (B, T, H*dv). Works for T = 1.
 Tensor *outgate_forward(Tape *tp, const OutGate *g, Tensor *o, Tensor *u);
 
+// Mamba-2 initialisation of the decay, shared by mamba and gdn (INIT_FN):
+// A_log = log(a), a uniform in [a0, a1] (Mamba-2: [1, 16]);
+// dt_bias = softplus^-1(dt0), dt0 log-uniform in [lo, hi] (Mamba-2: [1e-3, 1e-1]).
+void init_A_log(real *x, int64_t n, Rng *r, double a0, double a1);
+void init_dt_bias(real *x, int64_t n, Rng *r, double lo, double hi);
+
 // A dense weight (in, out) initialised N(0, std^2), registered as prefix+name.
 Tensor *param_linear(ParamStore *ps, const char *prefix, const char *name, int in, int out, double std);
 
