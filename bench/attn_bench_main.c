@@ -22,30 +22,7 @@
 #include "attn_kernel.h"
 #include "dsa_kernel.h"
 #include "rng.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static void cpu_name(char *buf, size_t n) {
-    snprintf(buf, n, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10) == 0) {
-            char *c = strchr(line, ':');
-            if (c) {
-                snprintf(buf, n, "%s", c + 2);
-                buf[strcspn(buf, "\n")] = 0;
-            }
-            break;
-        }
-    }
-    fclose(f);
-}
+#include "runlog.h"
 
 static void fill(Tensor *t, Rng *r) {
     for (int64_t i = 0; i < t->numel; i++) t->data[i] = (real)rng_normal(r);
@@ -56,7 +33,7 @@ int main(int argc, char **argv) {
     int H = argc > 2 ? atoi(argv[2]) : 4;
     int d = argc > 3 ? atoi(argv[3]) : 64;
     char cpu[256];
-    cpu_name(cpu, sizeof cpu);
+    runlog_cpu_name(cpu, sizeof cpu);
     printf("attn_bench: %s, %d OpenMP threads, %s, tokens per step %d, H %d, dk = dv = %d, tiles %d x %d\n",
            cpu, omp_get_max_threads(), REAL_NAME, tokens, H, d, ATTN_TILE_Q, ATTN_TILE_K);
     printf("%7s %4s | %10s %8s | %10s %8s | %12s %10s | %14s %12s\n", "T", "B", "fwd ms", "GFLOP/s",
@@ -84,17 +61,17 @@ int main(int argc, char **argv) {
         tape_no_grad_push(&tp);
         op_attention(&tp, q, k, v, H, scale);
         tape_reset(&tp);
-        double t0 = now();
+        double t0 = runlog_now();
         op_attention(&tp, q, k, v, H, scale);
-        double fwd = now() - t0;
+        double fwd = runlog_now() - t0;
         tape_reset(&tp);
         tape_no_grad_pop(&tp);
 
         // Forward + backward.
-        t0 = now();
+        t0 = runlog_now();
         Tensor *o = op_attention(&tp, q, k, v, H, scale);
         tape_backward_from(&tp, o, seed);
-        double fb = now() - t0;
+        double fb = runlog_now() - t0;
         tape_reset(&tp);
 
         // Decoding: B queries over a full cache of T keys (the k, v above).
@@ -102,9 +79,9 @@ int main(int argc, char **argv) {
         for (int64_t j = 0; j < (int64_t)B * H * d; j++) qrow[j] = (real)rng_normal(&rng);
         int steps = 20;
         attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, H, d, d, scale);
-        t0 = now();
+        t0 = runlog_now();
         for (int s = 0; s < steps; s++) attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, H, d, d, scale);
-        double dec = (now() - t0) / steps;
+        double dec = (runlog_now() - t0) / steps;
 
         // Sparse attention over K positions per query, forward + backward.
         int *sel = xmalloc((size_t)B * T * K * sizeof(int));
@@ -112,10 +89,10 @@ int main(int argc, char **argv) {
             int t = (int)(r % T), s0 = imax(0, t + 1 - K);
             for (int j = 0; j < K; j++) sel[r * K + j] = s0 + j <= t ? s0 + j : -1;
         }
-        t0 = now();
+        t0 = runlog_now();
         o = op_sparse_attention(&tp, q, k, v, sel, K, H, scale);
         tape_backward_from(&tp, o, seed);
-        double sp = now() - t0;
+        double sp = runlog_now() - t0;
         tape_reset(&tp);
 
         // The indexer: scores and top-K selection, tile by tile.
@@ -124,9 +101,9 @@ int main(int argc, char **argv) {
         fill(qI, &rng);
         fill(kI, &rng);
         fill(wI, &rng);
-        t0 = now();
+        t0 = runlog_now();
         dsa_index_select(sel, qI->data, kI->data, wI->data, B, T, HI, dI, K);
-        double ix = now() - t0;
+        double ix = runlog_now() - t0;
 
         printf("%7d %4d | %10.1f %8.1f | %10.1f %8.1f | %12.1f %10.0f | %14.1f %12.1f\n", T, B, 1e3 * fwd,
                flop_fwd / fwd / 1e9, 1e3 * fb, (flop_fwd + flop_bwd) / fb / 1e9, 1e6 * dec, B / dec, 1e3 * sp,

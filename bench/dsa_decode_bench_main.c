@@ -29,30 +29,7 @@
 #include "attn_dsa.h"
 #include "mixer.h"
 #include "rng.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static void cpu_name(char *buf, size_t n) {
-    snprintf(buf, n, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10) == 0) {
-            char *c = strchr(line, ':');
-            if (c) {
-                snprintf(buf, n, "%s", c + 2);
-                buf[strcspn(buf, "\n")] = 0;
-            }
-            break;
-        }
-    }
-    fclose(f);
-}
+#include "runlog.h"
 
 enum { D = 256, H = 4, DK = 64, HI = 4, DI = 32, WARM = 2 };
 
@@ -79,12 +56,12 @@ static double time_decode(const char *kind, int topk, int n, int steps, Rng *r) 
     Tensor *u = tensor_newv(false, 3, 1, 1, D);
     double t0 = 0;
     for (int i = 0; i < WARM + steps; i++) {
-        if (i == WARM) t0 = now();
+        if (i == WARM) t0 = runlog_now();
         for (int j = 0; j < D; j++) u->data[j] = (real)rng_normal(r);
         m->kind->step(&tp, m, cache, u);
         tape_reset(&tp);
     }
-    double dt = (now() - t0) / steps;
+    double dt = (runlog_now() - t0) / steps;
     tensor_free(u);
     tape_free(&tp);
     m->kind->cache_free(cache);
@@ -97,7 +74,7 @@ int main(int argc, char **argv) {
     int max_ctx = argc > 1 ? atoi(argv[1]) : 32768;
     int steps = argc > 2 ? atoi(argv[2]) : 32;
     char cpu[256];
-    cpu_name(cpu, sizeof cpu);
+    runlog_cpu_name(cpu, sizeof cpu);
     struct utsname un;
     uname(&un);
     printf("dsa_decode_bench: %s (%s), %d OpenMP threads, %s\n", cpu, un.machine, omp_get_max_threads(), REAL_NAME);

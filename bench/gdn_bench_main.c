@@ -18,14 +18,9 @@
 
 #include "blas.h"
 #include "gdn_kernel.h"
+#include "runlog.h"
 
 enum { H = 4, DK = 64, DV = 64 };
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 typedef struct Inputs {
     int B, T;
@@ -82,9 +77,9 @@ static double time_train(const Inputs *in, MixerForm form, int C, int reps) {
     for (int r = 0; r < reps; r++) {
         Tape tp;
         tape_init(&tp);
-        double t0 = now();
+        double t0 = runlog_now();
         train_step(&tp, in, form, C);
-        double dt = now() - t0;
+        double dt = runlog_now() - t0;
         tape_free(&tp);
         if (dt < best) best = dt;
     }
@@ -106,15 +101,9 @@ static double chunked_forward_flops(int T, int C) {
 }
 
 static void print_machine(void) {
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "model name", 10) == 0) {
-            char *c = strchr(line, ':');
-            printf("cpu: %s", c ? c + 2 : line);
-            break;
-        }
-    if (f) fclose(f);
+    char cpu[256];
+    runlog_cpu_name(cpu, sizeof cpu);
+    printf("cpu: %s\n", cpu);
     printf("threads: %d (omp_get_max_threads)   precision: %s\n", omp_get_max_threads(), REAL_NAME);
     printf("H %d, dk %d, dv %d\n\n", H, DK, DV);
 }
@@ -191,9 +180,9 @@ int main(int argc, char **argv) {
         tape_init(&tp);
         double best = 1e30;
         for (int r = 0; r < 3; r++) {
-            double t0 = now();
+            double t0 = runlog_now();
             op_gdn(&tp, in.q, in.k, in.v, in.beta, in.g, NULL, H, MIXER_FORM_CHUNKED, 64, NULL);
-            double dt = now() - t0;
+            double dt = runlog_now() - t0;
             tape_reset(&tp);
             if (dt < best) best = dt;
         }
@@ -210,9 +199,9 @@ int main(int argc, char **argv) {
         gemm(false, false, n, n, n, 1, a, n, b, n, 0, c, n);   // warm-up
         best = 1e30;
         for (int r = 0; r < 3; r++) {
-            double t0 = now();
+            double t0 = runlog_now();
             gemm(false, false, n, n, n, 1, a, n, b, n, 0, c, n);
-            double dt = now() - t0;
+            double dt = runlog_now() - t0;
             if (dt < best) best = dt;
         }
         printf("   gemm %d x %d x %d, all threads:      %.2f GFLOP/s\n", n, n, n, 2.0 * n * n * n / best * 1e-9);
@@ -221,9 +210,9 @@ int main(int argc, char **argv) {
         double secs = 0;
 #pragma omp parallel num_threads(1)
         {
-            double t0 = now();
+            double t0 = runlog_now();
             for (int r = 0; r < reps; r++) gemm(false, false, m, m, m, 1, a, n, b, n, 0, c, n);
-            secs = now() - t0;
+            secs = runlog_now() - t0;
         }
         printf("   gemm %d x %d x %d, one thread:          %.2f GFLOP/s (x %d threads = %.2f)\n", m, m, m,
                2.0 * m * m * m * reps / secs * 1e-9, omp_get_max_threads(),

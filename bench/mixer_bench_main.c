@@ -35,6 +35,7 @@
 
 #include "attn_layer.h"
 #include "mixer.h"
+#include "runlog.h"
 
 enum { D_MODEL = 256, N_HEADS = 4, D_HEAD = 64, CONV = 4, CHUNK = 64, TOPK = 64 };
 enum { DECODE_WINDOW = 32, MAX_LIST = 16 };
@@ -90,19 +91,6 @@ typedef struct Options {
 
 // ---- clock, memory, machine ----
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-// CPU time of the whole process (all threads), seconds.
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
 // A field of /proc/self/status in KiB ("VmRSS", "VmHWM"), -1 if unreadable.
 static long proc_status_kib(const char *field) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -148,20 +136,6 @@ static void read_line(const char *path, char *buf, size_t n) {
     fclose(f);
 }
 
-static void cpu_model(char *buf, size_t n) {
-    snprintf(buf, n, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "model name", 10) == 0) {
-            char *c = strchr(line, ':');
-            snprintf(buf, n, "%.200s", c ? c + 2 : line);
-            buf[strcspn(buf, "\n")] = 0;
-            break;
-        }
-    if (f) fclose(f);
-}
-
 // The commit of the working directory's repository, "+dirty" when it has
 // uncommitted changes to tracked files outside docs/; "unknown" outside a repository.
 static void git_commit(char *buf, size_t n) {
@@ -182,7 +156,7 @@ static void git_commit(char *buf, size_t n) {
 static void print_header(const Options *o) {
     char cpu[256], commit[80], load[128], date[64];
     struct utsname u;
-    cpu_model(cpu, sizeof cpu);
+    runlog_cpu_name(cpu, sizeof cpu);
     git_commit(commit, sizeof commit);
     read_line("/proc/loadavg", load, sizeof load);
     time_t t = time(NULL);
@@ -269,10 +243,10 @@ static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
 
     malloc_measuring(true);
     long rss0 = rss_reset_peak();
-    double c0 = cpu_now(), t0 = now();
+    double c0 = runlog_cpu_now(), t0 = runlog_now();
     train_step(&tp, &L, u, dy);
-    c->cold = now() - t0;
-    double cold_cpu = cpu_now() - c0;
+    c->cold = runlog_now() - t0;
+    double cold_cpu = runlog_cpu_now() - c0;
     long hwm = proc_status_kib("VmHWM");
     c->rss_mib = rss0 >= 0 && hwm >= 0 ? (hwm - rss0) / 1024.0 : -1;
     c->arena_mib = tp.arena.high_water / 1048576.0;
@@ -290,11 +264,11 @@ static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
     if (reps > 64) reps = 64;
     for (int i = 0; i < reps; i++) {
         params_zero_grad(&L.ps);
-        c0 = cpu_now();
-        t0 = now();
+        c0 = runlog_cpu_now();
+        t0 = runlog_now();
         train_step(&tp, &L, u, dy);
-        times[i] = now() - t0;
-        cpus[i] = cpu_now() - c0;
+        times[i] = runlog_now() - t0;
+        cpus[i] = runlog_cpu_now() - c0;
         tape_reset(&tp);
     }
     if (reps == 0) times[0] = c->cold, cpus[0] = cold_cpu, reps = 1;
@@ -447,7 +421,7 @@ static void run_decode(const Options *o, FILE *tsv) {
         double t_fill = 0;
         for (int i = 0; i < o->npos; i++) {
             int P = o->pos[i];
-            double t0 = now();
+            double t0 = runlog_now();
             if (row->prefill_kv) {
                 kv_prefill(cache, P, &r);
                 pos = P;
@@ -456,12 +430,12 @@ static void run_decode(const Options *o, FILE *tsv) {
                 k->step(&tp, L.m, cache, u);
                 tape_reset(&tp);
             }
-            t_fill += now() - t0;
+            t_fill += runlog_now() - t0;
             double w[DECODE_WINDOW], mean = 0;
             for (int s = 0; s < DECODE_WINDOW; s++) {
-                t0 = now();
+                t0 = runlog_now();
                 k->step(&tp, L.m, cache, u);
-                w[s] = now() - t0;
+                w[s] = runlog_now() - t0;
                 mean += w[s] / DECODE_WINDOW;
                 tape_reset(&tp);
             }
@@ -532,12 +506,12 @@ int main(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/decode.tsv", o.tsv_dir);
         if (o.decode) fdecode = xfopen(path, "w");
     }
-    double t0 = now();
+    double t0 = runlog_now();
     if (o.train) run_train(&o, ftrain);
     if (o.decode) run_decode(&o, fdecode);
     char load[128];
     read_line("/proc/loadavg", load, sizeof load);
-    printf("loadavg: %s (at end), total %.0f s\n", load, now() - t0);
+    printf("loadavg: %s (at end), total %.0f s\n", load, runlog_now() - t0);
     if (ftrain) fclose(ftrain);
     if (fdecode) fclose(fdecode);
     return 0;

@@ -16,6 +16,7 @@
 #include "lm.h"
 #include "mqar.h"
 #include "optim.h"
+#include "runlog.h"
 
 static int parse_list(const char *s, char out[][16], int max) {
     int n = 0;
@@ -26,12 +27,6 @@ static int parse_list(const char *s, char out[][16], int max) {
         s += len + (e ? 1 : 0);
     }
     return n;
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 // Accuracy on scored positions of n_batches fresh batches.
@@ -137,7 +132,7 @@ int main(int argc, char **argv) {
             tape_init(&tp);
             Rng r;
             rng_seed(&r, seed * 1000 + 7);
-            double t0 = now();
+            double t0 = runlog_now();
             for (int step = 0; step < steps; step++) {
                 mqar_batch(&spec, &r, B, x, y);
                 params_zero_grad(&ps);
@@ -147,7 +142,7 @@ int main(int argc, char **argv) {
                 optim_clip_grad_norm(&ps, 1.0);
                 optim_step(&opt, &ps, lr_cosine(step, steps / 10, steps, lr, lr / 10));
             }
-            double secs = now() - t0;
+            double secs = runlog_now() - t0;
             double acc = evaluate(&lm, &spec, B, 16, seed + 99);
             bool rec = lm.blocks[0].mixer->kind->recurrent;
             long state = rec ? 2L * (D / 2) * (D / 2) : 2L * spec.T * D;   // attn: its KV cache at length T

@@ -22,24 +22,11 @@
 
 #include "model_setup.h"
 #include "optim.h"
+#include "runlog.h"
 
 #ifndef SOURCE_DIR
 #define SOURCE_DIR "."
 #endif
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-// CPU time of the whole process (every thread): on a shared machine it moves
-// less than the wall time, which includes waiting for a core.
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -54,15 +41,9 @@ static double median(double *x, int n) {
 static void print_machine(void) {
     struct utsname u;
     if (uname(&u) == 0) printf("machine: %s %s %s\n", u.sysname, u.release, u.machine);
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "model name", 10) == 0) {
-            char *c = strchr(line, ':');
-            printf("cpu: %s", c ? c + 2 : line);
-            break;
-        }
-    if (f) fclose(f);
+    char cpu[256];
+    runlog_cpu_name(cpu, sizeof cpu);
+    printf("cpu: %s\n", cpu);
 }
 
 static void usage(FILE *f) {
@@ -132,17 +113,17 @@ int main(int argc, char **argv) {
     double *tc = xmalloc((size_t)steps * sizeof(double));
     double last_loss = 0;
     for (int it = 0; it < warmup + steps; it++) {
-        double c0 = cpu_now(), t0 = now();
+        double c0 = runlog_cpu_now(), t0 = runlog_now();
         params_zero_grad(&ps);
         Tensor *loss = lm_loss(&tp, &lm, x, y, B, T, NULL);
-        double t1 = now();
+        double t1 = runlog_now();
         tape_backward(&tp, loss);
         last_loss = loss->data[0];
         tape_reset(&tp);
-        double t2 = now();
+        double t2 = runlog_now();
         optim_clip_grad_norm(&ps, cfg.train.grad_clip);
         optim_step(&opt, &ps, cfg.train.lr);
-        double t3 = now(), c3 = cpu_now();
+        double t3 = runlog_now(), c3 = runlog_cpu_now();
         if (it >= warmup) {
             int j = it - warmup;
             tf[j] = t1 - t0;

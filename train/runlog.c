@@ -27,6 +27,29 @@ static Status mkdirs(const char *path) {
     return status_ok();
 }
 
+double runlog_cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void runlog_cpu_name(char *buf, size_t n) {
+    snprintf(buf, n, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) != 0) continue;
+        char *c = strchr(line, ':');
+        if (c) {
+            snprintf(buf, n, "%s", c + 2);
+            buf[strcspn(buf, "\n")] = 0;
+        }
+        break;
+    }
+    fclose(f);
+}
+
 Status runlog_open(RunLog *r, const char *dir, int total_steps, bool append) {
     memset(r, 0, sizeof *r);
     Status s = mkdirs(dir);

@@ -17,7 +17,10 @@ typedef struct RunLog {
     int total_steps;
 } RunLog;
 
-double runlog_now(void);   // monotonic seconds
+double runlog_now(void);       // monotonic seconds
+double runlog_cpu_now(void);   // CPU seconds of the whole process (every thread)
+// The CPU's model name from /proc/cpuinfo ("unknown CPU" if absent), for benchmark headers.
+void runlog_cpu_name(char *buf, size_t n);
 // append: keep existing files (a resumed run).
 Status runlog_open(RunLog *r, const char *dir, int total_steps, bool append);
 void runlog_close(RunLog *r);
