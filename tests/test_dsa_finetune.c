@@ -19,20 +19,11 @@
 // ---------------------------------------------------------------- scratch runs
 
 // A scratch folder with a corpus and base.ini (layers, steps); returns the folder.
-static char *scratch(const char *layers, int steps) {
-    static char dir[256];
-    snprintf(dir, sizeof dir, "/tmp/attnlab_dsaft_XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+static const char *scratch(const char *layers, int steps) {
+    const char *dir = test_scratch_corpus("dsaft");
     char path[512];
-    snprintf(path, sizeof path, "%s/corpus.txt", dir);
-    FILE *f = fopen(path, "w");
-    Rng r;
-    rng_seed(&r, 9);
-    const char *words[] = {"the ", "light ", "and ", "darkness ", "was ", "good ", "evening ", "morning ", "day.\n"};
-    for (int i = 0; i < 4000; i++) fputs(words[rng_below(&r, 9)], f);
-    fclose(f);
     snprintf(path, sizeof path, "%s/base.ini", dir);
-    f = fopen(path, "w");
+    FILE *f = fopen(path, "w");
     fprintf(f,
             "[model]\nlayers = %s\nd_model = 16\nn_heads = 2\nd_k = 8\nd_v = 8\nd_ff = 32\nchunk_size = 8\n"
             "conv_size = 3\n"
@@ -290,7 +281,7 @@ Test(dsa_finetune, selection_kl_equals_dense_kl_when_all_selected) {
 // ---------------------------------------------------------------- the trainer
 
 Test(dsa_finetune, indexer_mode_keeps_the_model_bit_for_bit_and_lowers_the_kl, .timeout = 120) {
-    char *dir = scratch("gdn,attn,attn", 3);
+    const char *dir = scratch("gdn,attn,attn", 3);
     train_base(dir);
     const char *cfg = ft_config(dir, "ft", "indexer", 40, NULL);
     static Trainer t;
@@ -346,7 +337,7 @@ Test(dsa_finetune, indexer_mode_keeps_the_model_bit_for_bit_and_lowers_the_kl, .
 }
 
 Test(dsa_finetune, sparse_mode_moves_every_weight, .timeout = 120) {
-    char *dir = scratch("attn,gdn,attn", 2);
+    const char *dir = scratch("attn,gdn,attn", 2);
     train_base(dir);
     // Only layer 2 gets an indexer; the stage starts straight from the dense model.
     const char *cfg = ft_config(dir, "sp", "sparse", 3, "dsa_layers = 2\n");
@@ -393,7 +384,7 @@ Test(dsa_finetune, sparse_mode_moves_every_weight, .timeout = 120) {
 }
 
 Test(dsa_finetune, topk_at_least_T_gives_sparse_equal_dense, .timeout = 60) {
-    char *dir = scratch("attn,gdn,attn", 1);
+    const char *dir = scratch("attn,gdn,attn", 1);
     train_base(dir);
     const char *cfg = ft_config(dir, "eq", "indexer", 1, NULL);
     static Trainer t;
@@ -428,7 +419,7 @@ static Status setup_with(const char *cfg, const char *set) {
 }
 
 Test(dsa_finetune, config_errors, .timeout = 60) {
-    char *dir = scratch("gdn,attn", 1);
+    const char *dir = scratch("gdn,attn", 1);
     train_base(dir);
     const char *cfg = ft_config(dir, "bad", "indexer", 1, NULL);
     Status s = setup_with(cfg, "finetune.init_from=");

@@ -15,20 +15,11 @@
 #include "trainer.h"
 
 // A scratch folder with a small corpus and a config; returns the folder.
-static char *scratch(const char *layers, int steps, const char *extra) {
-    static char dir[256];
-    snprintf(dir, sizeof dir, "/tmp/attnlab_test_XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+static const char *scratch(const char *layers, int steps, const char *extra) {
+    const char *dir = test_scratch_corpus("train");
     char path[512];
-    snprintf(path, sizeof path, "%s/corpus.txt", dir);
-    FILE *f = fopen(path, "w");
-    Rng r;
-    rng_seed(&r, 9);
-    const char *words[] = {"the ", "light ", "and ", "darkness ", "was ", "good ", "evening ", "morning ", "day.\n"};
-    for (int i = 0; i < 4000; i++) fputs(words[rng_below(&r, 9)], f);
-    fclose(f);
     snprintf(path, sizeof path, "%s/tiny.ini", dir);
-    f = fopen(path, "w");
+    FILE *f = fopen(path, "w");
     fprintf(f,
             "[model]\nlayers = %s\nd_model = 16\nn_heads = 2\nd_k = 8\nd_v = 8\nd_ff = 32\nchunk_size = 8\n"
             "conv_size = 3\nindex_heads = 2\nindex_dim = 4\ntopk = 4\n"
@@ -51,7 +42,7 @@ static TrainerOptions opts(const char *dir, bool resume) {
 }
 
 Test(train, config_errors_name_file_line_key_and_write_nothing) {
-    char *dir = scratch("gdn", 2, "lerning_rate = 0.1\n");
+    const char *dir = scratch("gdn", 2, "lerning_rate = 0.1\n");
     static Trainer t;
     TrainerOptions o = opts(dir, false);
     Status s = trainer_setup(&t, &o);
@@ -80,7 +71,7 @@ Test(train, config_errors_name_file_line_key_and_write_nothing) {
 
 Test(train, resume_is_bit_exact, .timeout = 120) {
     const int N = 6;
-    char *dir = scratch("gdn,attn", N, NULL);
+    const char *dir = scratch("gdn,attn", N, NULL);
     static Trainer a, b;
     TrainerOptions o = opts(dir, false);
     Status s = trainer_setup(&a, &o);
@@ -118,7 +109,7 @@ Test(train, resume_is_bit_exact, .timeout = 120) {
 
 Test(train, tiny_model_overfits_one_batch, .timeout = 120) {
     // A one-window corpus split: train on the same batch every step.
-    char *dir = scratch("gdn,attn", 150, NULL);
+    const char *dir = scratch("gdn,attn", 150, NULL);
     static Trainer t;
     TrainerOptions o = opts(dir, false);
     Status s = trainer_setup(&t, &o);
@@ -144,7 +135,7 @@ Test(train, tiny_model_overfits_one_batch, .timeout = 120) {
 }
 
 Test(train, dump_state_holds_loss_logits_params_and_grads) {
-    char *dir = scratch("mamba,attn", 2, NULL);
+    const char *dir = scratch("mamba,attn", 2, NULL);
     static Trainer t;
     TrainerOptions o = opts(dir, false);
     Status s = trainer_setup(&t, &o);
@@ -178,7 +169,7 @@ Test(train, dump_state_holds_loss_logits_params_and_grads) {
 }
 
 Test(train, generate_check_parity_on_a_hybrid_of_every_mixer, .timeout = 120) {
-    char *dir = scratch("gdn,attn,mamba,linear,attn_dsa", 2, NULL);
+    const char *dir = scratch("gdn,attn,mamba,linear,attn_dsa", 2, NULL);
     static Trainer t;
     TrainerOptions o = opts(dir, false);
     Status s = trainer_setup(&t, &o);

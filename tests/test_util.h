@@ -45,6 +45,10 @@ void test_fail_handler(const char *msg);
         failed_;                                                         \
     })
 
+// A fresh folder under /tmp holding corpus.txt, a small English-like text
+// (fixed seed) for tiny training runs. Returns the folder (static storage).
+const char *test_scratch_corpus(const char *tag);
+
 // Tolerances of the two builds for "two forms of the same math agree".
 #ifdef AG_DOUBLE
 #define FORM_TOL 1e-10
