@@ -194,3 +194,36 @@ Test(train, generate_check_parity_on_a_hybrid_of_every_mixer, .timeout = 120) {
     cr_assert_eq(rc, 0, "generate --check failed:\n%s", out);
     cr_assert(strstr(out, "OK"), "got:\n%s", out);
 }
+
+Test(train, nonfinite_loss_stops_and_keeps_the_last_checkpoint, .timeout = 120) {
+    const char *dir = scratch("gdn,attn", 2, NULL);
+    static Trainer a, b;
+    TrainerOptions o = opts(dir, false);
+    Status s = trainer_setup(&a, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(trainer_run(&a, &o), 0);   // a good checkpoint at step 2
+    real *good = xmalloc((size_t)a.ps.numel * sizeof(real));
+    memcpy(good, a.ps.data, (size_t)a.ps.numel * sizeof(real));
+    int64_t numel = a.ps.numel;
+    trainer_free(&a);
+    // Resume for two more steps with a poisoned weight: the first loss is NaN.
+    TrainerOptions r = opts(dir, true);
+    const char *sets[] = {"train.steps=4"};
+    r.sets = sets;
+    r.n_sets = 1;
+    s = trainer_setup(&b, &r);
+    cr_assert(s.ok, "%s", s.msg);
+    params_find(&b.ps, "embed")->data[0] = NAN;
+    cr_assert_eq(trainer_run(&b, &r), 3, "a non-finite loss stops the run with exit code 3");
+    cr_assert_eq(b.step, 2, "no step is taken on a NaN loss");
+    trainer_free(&b);
+    // The checkpoint on disk is still the good one.
+    s = trainer_setup(&b, &r);
+    cr_assert(s.ok, "the last good checkpoint must still load: %s", s.msg);
+    cr_assert_eq(b.step, 2);
+    cr_assert_eq(b.ps.numel, numel);
+    for (int64_t i = 0; i < numel; i++)   // checkpoints hold float32 (an identity in the float32 build)
+        cr_assert(b.ps.data[i] == (real)(float)good[i], "weight %lld of the checkpoint changed", (long long)i);
+    trainer_free(&b);
+    free(good);
+}
