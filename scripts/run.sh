@@ -46,8 +46,10 @@ run_tests() {  # run_tests DIR LABEL
     # LeakSanitizer's verdict on the unit tests is taken from the log below, not
     # from the exit code (exitcode=0), so a leak in Criterion's own runner does
     # not fail the run; leak_cycles keeps LeakSanitizer's exit code.
-    (cd "$dir" && LSAN_OPTIONS=exitcode=0 ./unit_tests --jobs "$JOBS") 2>&1 | tee "$log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "== FAILED: unit tests ($label)"; exit 1; }
+    if ! (cd "$dir" && LSAN_OPTIONS=exitcode=0 ./unit_tests --jobs "$JOBS") 2>&1 | tee "$log"; then
+        echo "== FAILED: unit tests ($label)"   # (inside `if`, set -e leaves this to us; pipefail gives the status)
+        exit 1
+    fi
     # A sanitizer report inside a test's process does not change Criterion's
     # verdict: catch it here. A leak counts when its stack reaches the
     # project's own code (Criterion's runner leaks 48 bytes of its own, which
