@@ -2,7 +2,7 @@
 // tokens (no corpus, no logging, no checkpoints): forward, backward, gradient
 // clipping and AdamW, exactly the work of one `train` step.
 //
-//   train_bench --config tiny_gdn.ini [--set section.key=value ...] [--steps N] [--warmup W]
+//   train_bench --config tiny_gdn.ini [--set section.key=value ...] [--steps N] [--warmup W] [--profile]
 //
 // The first step allocates the tape arena block by block and the second
 // consolidates it into one block (page faults both times): time from step 3 on.
@@ -47,13 +47,15 @@ static void print_machine(void) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: train_bench --config FILE [--set section.key=value ...] [--steps N] [--warmup W]\n"
-               "  times N training steps (default 5) after W untimed ones (default 2) on random tokens\n");
+    fprintf(f, "usage: train_bench --config FILE [--set section.key=value ...] [--steps N] [--warmup W] [--profile]\n"
+               "  times N training steps (default 5) after W untimed ones (default 2) on random tokens;\n"
+               "  --profile also prints the time of each op kind (forward, backward) per step\n");
 }
 
 int main(int argc, char **argv) {
     const char *config = NULL;
     int steps = 5, warmup = 2;   // the tape arena settles into one block during step 2
+    bool profile = false;
     TrainConfig cfg;
     config_defaults(&cfg, model_mixer_known);
     const char **sets = calloc((size_t)argc, sizeof *sets);
@@ -63,6 +65,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--set") && i + 1 < argc) sets[n_sets++] = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--profile")) profile = true;
         else {
             usage(strcmp(argv[i], "--help") ? stderr : stdout);
             return strcmp(argv[i], "--help") ? 2 : 0;
@@ -113,6 +116,7 @@ int main(int argc, char **argv) {
     double *tc = xmalloc((size_t)steps * sizeof(double));
     double last_loss = 0;
     for (int it = 0; it < warmup + steps; it++) {
+        if (profile && it == warmup) tape_profile(&tp, true);
         double c0 = runlog_cpu_now(), t0 = runlog_now();
         params_zero_grad(&ps);
         Tensor *loss = lm_loss(&tp, &lm, x, y, B, T, NULL);
@@ -143,6 +147,10 @@ int main(int argc, char **argv) {
            base, B, T, threads, (long long)params_count(&ps, false), 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms,
            B * T / ms, 1e3 * mc, B * T / mc);
 
+    if (profile) {
+        printf("op profile (per step, wall time; forward ops include their builders):\n");
+        tape_profile_print(&tp, stdout, steps);
+    }
     free(tf);
     free(tb);
     free(to);

@@ -4,15 +4,89 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#define PROF_MAX_OPS 96
+
+struct TapeProfile {
+    const OpDef *op[PROF_MAX_OPS];
+    double fwd[PROF_MAX_OPS], bwd[PROF_MAX_OPS];
+    long calls[PROF_MAX_OPS];
+    int n;
+    const OpDef *open;   // the forward op being charged, or NULL
+    double mark;         // when it started
+};
+
+static double prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int prof_slot(TapeProfile *p, const OpDef *op) {
+    for (int i = 0; i < p->n; i++)
+        if (p->op[i] == op) return i;
+    if (p->n == PROF_MAX_OPS) return PROF_MAX_OPS - 1;   // lumped into the last slot
+    p->op[p->n] = op;
+    return p->n++;
+}
+
+// Charge the open forward op up to now and open `next` (NULL: none).
+static void prof_switch(TapeProfile *p, const OpDef *next) {
+    double now = prof_now();
+    if (p->open) {
+        int i = prof_slot(p, p->open);
+        p->fwd[i] += now - p->mark;
+        p->calls[i]++;
+    }
+    p->open = next;
+    p->mark = now;
+}
+
+void tape_profile(Tape *tp, bool on) {
+    if (on && !tp->prof) tp->prof = xcalloc(1, sizeof *tp->prof);
+    if (!on) {
+        free(tp->prof);
+        tp->prof = NULL;
+    }
+}
+
+void tape_profile_print(const Tape *tp, FILE *f, int steps) {
+    const TapeProfile *p = tp->prof;
+    if (!p || steps < 1) return;
+    int order[PROF_MAX_OPS];
+    double total = 0;
+    for (int i = 0; i < p->n; i++) {
+        order[i] = i;
+        total += p->fwd[i] + p->bwd[i];
+    }
+    for (int i = 1; i < p->n; i++)   // insertion sort by total time, largest first
+        for (int j = i; j > 0; j--) {
+            int a = order[j - 1], b = order[j];
+            if (p->fwd[a] + p->bwd[a] >= p->fwd[b] + p->bwd[b]) break;
+            order[j - 1] = b;
+            order[j] = a;
+        }
+    fprintf(f, "%-20s %8s %10s %10s %10s %6s\n", "op", "calls", "fwd ms", "bwd ms", "total ms", "share");
+    for (int k = 0; k < p->n; k++) {
+        int i = order[k];
+        fprintf(f, "%-20s %8.1f %10.2f %10.2f %10.2f %5.1f%%\n", p->op[i]->name, (double)p->calls[i] / steps,
+                1e3 * p->fwd[i] / steps, 1e3 * p->bwd[i] / steps, 1e3 * (p->fwd[i] + p->bwd[i]) / steps,
+                total > 0 ? 100 * (p->fwd[i] + p->bwd[i]) / total : 0.0);
+    }
+    fprintf(f, "%-20s %8s %10s %10s %10.2f\n", "all ops", "", "", "", 1e3 * total / steps);
+}
 
 void tape_init(Tape *tp) {
     arena_init(&tp->arena, (size_t)8 << 20);
     tp->nodes = NULL;
     tp->n_nodes = tp->cap_nodes = 0;
     tp->no_grad_depth = 0;
+    tp->prof = NULL;
 }
 
 void tape_free(Tape *tp) {
+    tape_profile(tp, false);
     arena_free(&tp->arena);
     free(tp->nodes);
     tp->nodes = NULL;
@@ -20,6 +94,7 @@ void tape_free(Tape *tp) {
 }
 
 void tape_reset(Tape *tp) {
+    if (tp->prof) prof_switch(tp->prof, NULL);
     tp->n_nodes = 0;
     arena_reset(&tp->arena);
 }
@@ -87,6 +162,7 @@ Node *tape_op(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *co
         if (in[i] && in[i]->requires_grad) needs = true;
     }
     bool rec = needs && tape_grad_enabled(tp);
+    if (tp->prof) prof_switch(tp->prof, op);
     Node *n = arena_alloc(&tp->arena, sizeof *n);
     memset(n, 0, sizeof *n);
     n->op = op;
@@ -125,13 +201,17 @@ real *tensor_grad(Tape *tp, Tensor *t) {
 }
 
 static void run_backward(Tape *tp) {
+    TapeProfile *p = tp->prof;
+    if (p) prof_switch(p, NULL);
     for (int i = tp->n_nodes - 1; i >= 0; i--) {
         Node *n = tp->nodes[i];
         bool any = false;
         for (int o = 0; o < n->n_out; o++)
             if (n->out[o] && n->out[o]->grad) any = true;
         if (!any) continue;   // nothing flows back through this node
+        double t0 = p ? prof_now() : 0;
         n->op->backward(n);
+        if (p) p->bwd[prof_slot(p, n->op)] += prof_now() - t0;
     }
 }
 

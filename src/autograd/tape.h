@@ -21,6 +21,7 @@
 
 typedef struct Node Node;
 typedef struct Tape Tape;
+typedef struct TapeProfile TapeProfile;
 
 typedef struct OpDef {
     const char *name;
@@ -47,6 +48,7 @@ struct Tape {
     Node **nodes;               // (n_nodes) in execution order
     int n_nodes, cap_nodes;
     int no_grad_depth;          // > 0: record nothing
+    TapeProfile *prof;          // NULL unless tape_profile() turned it on
 };
 
 void tape_init(Tape *tp);
@@ -77,6 +79,14 @@ Tensor *tape_tensor_zeros(Tape *tp, int ndim, const int *shape);
 Tensor *tape_tensor_copy(Tape *tp, int ndim, const int *shape, const real *src);
 // Convenience: tape_tensorN(tp, ndim, d0, d1, ...).
 Tensor *tape_tensorv(Tape *tp, int ndim, ...);
+
+// Op profile (a developer's tool; off by default, no cost when off): wall
+// time per op kind, forward and backward. A forward op is charged the time
+// from its tape_op() to the next one (so its builder's work is included); a
+// backward is timed exactly. tape_profile_print() lists the ops by total
+// time, divided by `steps` (the number of forward/backward passes profiled).
+void tape_profile(Tape *tp, bool on);
+void tape_profile_print(const Tape *tp, FILE *f, int steps);
 
 // For op builders: make a node for `op` over inputs in[] and outputs out[].
 // Sets each output's requires_grad and records the node when it will be
