@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "blas_env.h"
 #include "blas.h"
 #include "gdn_kernel.h"
 #include "runlog.h"
@@ -104,7 +105,8 @@ static void print_machine(void) {
     char cpu[256];
     runlog_cpu_name(cpu, sizeof cpu);
     printf("cpu: %s\n", cpu);
-    printf("threads: %d (omp_get_max_threads)   precision: %s\n", omp_get_max_threads(), REAL_NAME);
+    printf("threads: %d (omp_get_max_threads)   precision: %s   OpenBLAS core: %s\n", omp_get_max_threads(),
+           REAL_NAME, blas_core_name());
     printf("H %d, dk %d, dv %d\n\n", H, DK, DV);
 }
 

@@ -33,6 +33,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include "blas_env.h"
 #include "attn_layer.h"
 #include "mixer.h"
 #include "runlog.h"
@@ -165,7 +166,8 @@ static void print_header(const Options *o) {
     printf("# mixer_bench\n");
     printf("cpu:       %s\n", cpu);
     if (uname(&u) == 0) printf("uname:     %s %s %s\n", u.sysname, u.release, u.machine);
-    printf("threads:   %d (omp_get_max_threads), OMP_WAIT_POLICY=%s\n", omp_get_max_threads(), wait ? wait : "unset");
+    printf("threads:   %d (omp_get_max_threads), OMP_WAIT_POLICY=%s, OpenBLAS core %s\n", omp_get_max_threads(),
+           wait ? wait : "unset", blas_core_name());
     printf("date:      %s\n", date);
     printf("commit:    %s\n", commit);
     printf("loadavg:   %s (at start)\n", load);

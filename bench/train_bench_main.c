@@ -20,6 +20,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include "blas_env.h"
 #include "model_setup.h"
 #include "optim.h"
 #include "runlog.h"
@@ -109,7 +110,8 @@ int main(int argc, char **argv) {
     for (int l = 0; l < lm.cfg.n_layers; l++) printf("%s%s", l ? "," : " ", lm.cfg.layers[l]);
     printf("   B %d, T %d, D %d, params %lld, form %s, chunk %d\n", B, T, lm.cfg.d_model,
            (long long)params_count(&ps, false), mixer_form_name(cfg.model.form), cfg.model.chunk_size);
-    printf("threads: %d (omp_get_max_threads)   precision: %s\n", threads, REAL_NAME);
+    printf("threads: %d (omp_get_max_threads)   precision: %s   OpenBLAS core: %s\n", threads, REAL_NAME,
+           blas_core_name());
 
     double *tf = xmalloc((size_t)steps * sizeof(double)), *tb = xmalloc((size_t)steps * sizeof(double));
     double *to = xmalloc((size_t)steps * sizeof(double)), *ts = xmalloc((size_t)steps * sizeof(double));
@@ -143,9 +145,9 @@ int main(int argc, char **argv) {
            "total %.1f ms = %.0f tokens/s; CPU time %.1f ms = %.0f tokens per CPU-second   (last loss %.4f)\n",
            steps, warmup, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc, B * T / mc, last_loss);
     printf("RESULT config=%s B=%d T=%d threads=%d params=%lld fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
-           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f\n",
+           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s\n",
            base, B, T, threads, (long long)params_count(&ps, false), 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms,
-           B * T / ms, 1e3 * mc, B * T / mc);
+           B * T / ms, 1e3 * mc, B * T / mc, blas_core_name());
 
     if (profile) {
         printf("op profile (per step, wall time; forward ops include their builders):\n");

@@ -1,3 +1,4 @@
+#include "blas_env.h"
 #include "trainer.h"
 
 #include <errno.h>
@@ -267,8 +268,8 @@ int trainer_run(Trainer *t, const TrainerOptions *o) {
     if (!o->quiet) {
         fprintf(stderr, "train: %s | layers", t->config_path);
         for (int l = 0; l < c->model.layers.n; l++) fprintf(stderr, "%s%s", l ? "," : " ", c->model.layers.name[l]);
-        fprintf(stderr, " | %lld parameters | %s | %d threads on %s\n", (long long)params_count(&t->ps, false),
-                REAL_NAME, t->threads, un.machine);
+        fprintf(stderr, " | %lld parameters | %s | %d threads on %s, OpenBLAS %s\n",
+                (long long)params_count(&t->ps, false), REAL_NAME, t->threads, un.machine, blas_core_name());
         fprintf(stderr, "train: corpus %lld tokens (cache %s: %s) | train %lld, validation %lld | B %d x T %d x accum %d\n",
                 (long long)t->tokens.n, t->cache_built ? "built" : "reused", t->cache_path,
                 (long long)batcher_train_tokens(&t->bt), (long long)batcher_val_tokens(&t->bt), B, T,
@@ -288,9 +289,9 @@ int trainer_run(Trainer *t, const TrainerOptions *o) {
     char json[768];
     snprintf(json, sizeof json,
              "{\"type\":\"start\",\"config\":\"%.300s\",\"params\":%lld,\"threads\":%d,\"precision\":\"%s\","
-             "\"start_step\":%lld,\"machine\":\"%s\"}",
+             "\"start_step\":%lld,\"machine\":\"%s\",\"openblas_core\":\"%s\"}",
              t->config_path, (long long)params_count(&t->ps, false), t->threads, REAL_NAME, (long long)t->step,
-             un.machine);
+             un.machine, blas_core_name());
     runlog_json(&rl, json);
 
     stop_requested = 0;
