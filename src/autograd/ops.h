@@ -23,6 +23,7 @@ Tensor *op_scale(Tape *tp, Tensor *a, double s);
 
 // ---- unary activations (ops_unary.c) ----
 Tensor *op_silu(Tape *tp, Tensor *x);       // x * sigmoid(x)
+Tensor *op_silu_mul(Tape *tp, Tensor *g, Tensor *x);   // silu(g) * x, one shape: op_mul(op_silu(g), x) fused
 Tensor *op_sigmoid(Tape *tp, Tensor *x);
 Tensor *op_softplus(Tape *tp, Tensor *x);   // log(1 + e^x), computed stably
 Tensor *op_exp(Tape *tp, Tensor *x);

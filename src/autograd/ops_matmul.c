@@ -22,16 +22,21 @@ static void matmul_backward(Node *n) {
     bool ta = n->iarg[0], tb = n->iarg[1], bb = n->iarg[6];
     int M = n->iarg[2], N = n->iarg[3], K = n->iarg[4], nb = n->iarg[5];
     int lda = ta ? M : K, ldb = tb ? K : N;
-    real *da = NODE_GRAD_IN(n, 0), *db = NODE_GRAD_IN(n, 1);
+    // A first contribution is written (beta 0), a later one added (beta 1).
+    // da before db: when a and b are one tensor, db then adds to da's write.
+    bool fa, fb;
+    real *da = NODE_GRAD_FRESH(n, 0, &fa);
+    real *db = NODE_GRAD_FRESH(n, 1, &fb);
+    real ba = fa ? 0 : 1, bb_ = fb ? 0 : 1;
     const real *dc = c->grad;
     if (!ta && !bb) {   // flattened rows
         int R = nb * M;
         // d op(A) = dC op(B)^T ; A (R, K)
-        if (da) gemm(false, !tb, R, K, N, 1, dc, N, b->data, ldb, 1, da, lda);
+        if (da) gemm(false, !tb, R, K, N, 1, dc, N, b->data, ldb, ba, da, lda);
         // d op(B) = A^T dC  (K, N); stored (N, K) when tb: dB = dC^T A
         if (db) {
-            if (!tb) gemm(true, false, K, N, R, 1, a->data, lda, dc, N, 1, db, ldb);
-            else gemm(true, false, N, K, R, 1, dc, N, a->data, lda, 1, db, ldb);
+            if (!tb) gemm(true, false, K, N, R, 1, a->data, lda, dc, N, bb_, db, ldb);
+            else gemm(true, false, N, K, R, 1, dc, N, a->data, lda, bb_, db, ldb);
         }
         return;
     }
@@ -41,13 +46,14 @@ static void matmul_backward(Node *n) {
         const real *dci = dc + (int64_t)i * M * N;
         if (da) {
             real *dai = da + (int64_t)i * M * K;
-            if (!ta) gemm(false, !tb, M, K, N, 1, dci, N, bi, ldb, 1, dai, lda);   // dC op(B)^T
-            else gemm(tb, true, K, M, N, 1, bi, ldb, dci, N, 1, dai, lda);        // op(B) dC^T
+            if (!ta) gemm(false, !tb, M, K, N, 1, dci, N, bi, ldb, ba, dai, lda);   // dC op(B)^T
+            else gemm(tb, true, K, M, N, 1, bi, ldb, dci, N, ba, dai, lda);        // op(B) dC^T
         }
         if (db) {
             real *dbi = db + (bb ? (int64_t)i * K * N : 0);
-            if (!tb) gemm(!ta, false, K, N, M, 1, ai, lda, dci, N, 1, dbi, ldb);  // op(A)^T dC
-            else gemm(true, ta, N, K, M, 1, dci, N, ai, lda, 1, dbi, ldb);        // dC^T op(A)
+            real beta = bb || i == 0 ? bb_ : 1;   // a shared b sums over the batches
+            if (!tb) gemm(!ta, false, K, N, M, 1, ai, lda, dci, N, beta, dbi, ldb);  // op(A)^T dC
+            else gemm(true, ta, N, K, M, 1, dci, N, ai, lda, beta, dbi, ldb);        // dC^T op(A)
         }
     }
 }

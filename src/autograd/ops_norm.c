@@ -8,7 +8,8 @@
 #include "ops_math.h"
 
 // Columns of dg each thread owns when reducing over rows.
-#define NORM_COL_BLOCK 64
+#define NORM_ROWS_PER_BLOCK 256   // rows per partial sum of the weight gradient
+#define NORM_MAX_BLOCKS 64
 
 // ---- RMSNorm ----
 
@@ -53,7 +54,8 @@ static void rmsnorm_backward(Node *n) {
     int64_t rows = tensor_rows(x);
     const real *dy = n->out[0]->grad;
     const real *g = gt ? gt->data : NULL;
-    real *dx = NODE_GRAD_IN(n, 0), *dg = NODE_GRAD_IN(n, 1);
+    bool fresh;
+    real *dx = NODE_GRAD_FRESH(n, 0, &fresh), *dg = NODE_GRAD_IN(n, 1);
     if (dx) {
 #pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
         for (int64_t r = 0; r < rows; r++) {
@@ -63,21 +65,31 @@ static void rmsnorm_backward(Node *n) {
             for (int j = 0; j < D; j++) dot += (double)dyr[j] * (g ? g[j] : 1) * xr[j] * ri;
             real c = (real)(dot / D);
             real *dxr = dx + r * D;
-            for (int j = 0; j < D; j++) dxr[j] += ri * (dyr[j] * (g ? g[j] : 1) - xr[j] * ri * c);
+            for (int j = 0; j < D; j++) dxr[j] = (fresh ? 0 : dxr[j]) + ri * (dyr[j] * (g ? g[j] : 1) - xr[j] * ri * c);
         }
     }
     if (dg) {
-        int n_blocks = (D + NORM_COL_BLOCK - 1) / NORM_COL_BLOCK;
-#pragma omp parallel for if (x->numel > OPS_PAR_MIN && n_blocks > 1) schedule(static)
-        for (int cb = 0; cb < n_blocks; cb++) {
-            int j0 = cb * NORM_COL_BLOCK, j1 = imin(D, j0 + NORM_COL_BLOCK);
-            double acc[NORM_COL_BLOCK] = {0};
-            for (int64_t r = 0; r < rows; r++) {
+        // sum over rows of dy x / rms: a fixed number of row blocks (not the
+        // thread count) each sum a partial row in double, then the partials
+        // are added in block order, so the result is the same on any threads.
+        int64_t nblk = rows / NORM_ROWS_PER_BLOCK;
+        nblk = nblk < 1 ? 1 : nblk > NORM_MAX_BLOCKS ? NORM_MAX_BLOCKS : nblk;
+        double *part = tape_alloc(n->tape, (size_t)(nblk * D) * sizeof(double));   // (nblk, D)
+#pragma omp parallel for if (x->numel > OPS_PAR_MIN && nblk > 1) schedule(static)
+        for (int64_t k = 0; k < nblk; k++) {
+            int64_t r0 = rows * k / nblk, r1 = rows * (k + 1) / nblk;
+            double *acc = part + k * D;
+            for (int j = 0; j < D; j++) acc[j] = 0;
+            for (int64_t r = r0; r < r1; r++) {
                 const real *xr = x->data + r * D, *dyr = dy + r * D;
                 real ri = sv->rinv[r];
-                for (int j = j0; j < j1; j++) acc[j - j0] += (double)dyr[j] * xr[j] * ri;
+                for (int j = 0; j < D; j++) acc[j] += (double)(dyr[j] * xr[j] * ri);
             }
-            for (int j = j0; j < j1; j++) dg[j] += (real)acc[j - j0];
+        }
+        for (int j = 0; j < D; j++) {
+            double s = 0;
+            for (int64_t k = 0; k < nblk; k++) s += part[k * D + j];
+            dg[j] += (real)s;
         }
     }
 }

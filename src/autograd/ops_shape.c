@@ -10,8 +10,13 @@ static void reshape_forward(Node *n) {
 }
 
 static void reshape_backward(Node *n) {
-    real *dx = NODE_GRAD_IN(n, 0);
+    bool fresh;
+    real *dx = NODE_GRAD_FRESH(n, 0, &fresh);
     const real *g = n->out[0]->grad;
+    if (fresh) {
+        memcpy(dx, g, (size_t)n->in[0]->numel * sizeof(real));
+        return;
+    }
     for (int64_t i = 0; i < n->in[0]->numel; i++) dx[i] += g[i];
 }
 

@@ -38,8 +38,11 @@ static void unary_forward(Node *n) {
 
 // The local derivatives: silu' = s (1 + x (1 - s)), sigmoid' = y (1 - y),
 // softplus' = sigmoid(x), exp' = y, relu' = [x > 0].
+// A fresh dx is written, not added to: (fresh ? 0 : dx[i]) + ... (the loops
+// are unswitched on `fresh` by the compiler).
 static void unary_backward(Node *n) {
-    real *dx = NODE_GRAD_IN(n, 0);
+    bool fresh;
+    real *dx = NODE_GRAD_FRESH(n, 0, &fresh);
     if (!dx) return;
     const real *x = n->in[0]->data, *y = n->out[0]->data, *g = n->out[0]->grad;
     int64_t N = n->in[0]->numel;
@@ -48,24 +51,24 @@ static void unary_backward(Node *n) {
 #pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
         for (int64_t i = 0; i < N; i++) {
             real s = r_sigmoid(x[i]);
-            dx[i] += g[i] * s * (1 + x[i] * (1 - s));
+            dx[i] = (fresh ? 0 : dx[i]) + g[i] * s * (1 + x[i] * (1 - s));
         }
         break;
     case UN_SIGMOID:
 #pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < N; i++) dx[i] += g[i] * y[i] * (1 - y[i]);
+        for (int64_t i = 0; i < N; i++) dx[i] = (fresh ? 0 : dx[i]) + g[i] * y[i] * (1 - y[i]);
         break;
     case UN_SOFTPLUS:
 #pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < N; i++) dx[i] += g[i] * r_sigmoid(x[i]);
+        for (int64_t i = 0; i < N; i++) dx[i] = (fresh ? 0 : dx[i]) + g[i] * r_sigmoid(x[i]);
         break;
     case UN_EXP:
 #pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < N; i++) dx[i] += g[i] * y[i];
+        for (int64_t i = 0; i < N; i++) dx[i] = (fresh ? 0 : dx[i]) + g[i] * y[i];
         break;
     default:
 #pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < N; i++) dx[i] += x[i] > 0 ? g[i] : 0;
+        for (int64_t i = 0; i < N; i++) dx[i] = (fresh ? 0 : dx[i]) + (x[i] > 0 ? g[i] : 0);
         break;
     }
 }
@@ -90,3 +93,55 @@ Tensor *op_sigmoid(Tape *tp, Tensor *x) { return unary_build(tp, &OP_SIGMOID, UN
 Tensor *op_softplus(Tape *tp, Tensor *x) { return unary_build(tp, &OP_SOFTPLUS, UN_SOFTPLUS, x); }
 Tensor *op_exp(Tape *tp, Tensor *x) { return unary_build(tp, &OP_EXP, UN_EXP, x); }
 Tensor *op_relu(Tape *tp, Tensor *x) { return unary_build(tp, &OP_RELU, UN_RELU, x); }
+
+// silu_mul: y = silu(g) * x, g and x of one shape (the SwiGLU product of the
+// MLP and the output gate of the linear-family mixers), in one pass instead
+// of silu then mul: no silu(g) activation is stored or re-read.
+//   dg = dy * x * silu'(g),  dx = dy * silu(g),  silu'(g) = s (1 + g (1 - s)), s = sigmoid(g).
+static void silu_mul_forward(Node *n) {
+    const real *g = n->in[0]->data, *x = n->in[1]->data;   // (numel) each
+    real *y = n->out[0]->data;                            // (numel)
+    int64_t N = n->in[0]->numel;
+#pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < N; i++) y[i] = g[i] * r_sigmoid(g[i]) * x[i];
+}
+
+static void silu_mul_backward(Node *n) {
+    const real *g = n->in[0]->data, *x = n->in[1]->data, *dy = n->out[0]->grad;
+    int64_t N = n->in[0]->numel;
+    bool fg, fx;
+    real *dg = NODE_GRAD_FRESH(n, 0, &fg);
+    real *dx = NODE_GRAD_FRESH(n, 1, &fx);
+    if (dg && dx && dg != dx) {   // the usual case, one pass
+#pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < N; i++) {
+            real s = r_sigmoid(g[i]);
+            dg[i] = (fg ? 0 : dg[i]) + dy[i] * x[i] * s * (1 + g[i] * (1 - s));
+            dx[i] = (fx ? 0 : dx[i]) + dy[i] * g[i] * s;
+        }
+        return;
+    }
+    if (dg) {
+#pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < N; i++) {
+            real s = r_sigmoid(g[i]);
+            dg[i] = (fg ? 0 : dg[i]) + dy[i] * x[i] * s * (1 + g[i] * (1 - s));
+        }
+    }
+    if (dx) {   // after dg: when g and x are one tensor this adds to dg's write
+#pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < N; i++) dx[i] = (fx ? 0 : dx[i]) + dy[i] * g[i] * r_sigmoid(g[i]);
+    }
+}
+
+static const OpDef OP_SILU_MUL = {"silu_mul", silu_mul_forward, silu_mul_backward};
+
+Tensor *op_silu_mul(Tape *tp, Tensor *g, Tensor *x) {
+    ASSERT(g != NULL && x != NULL && g->ndim == x->ndim && g->numel == x->numel,
+           "silu_mul: g %s and x %s must have one shape", g ? SHAPE(g) : "NULL", x ? SHAPE(x) : "NULL");
+    for (int i = 0; i < g->ndim; i++)
+        ASSERT(g->shape[i] == x->shape[i], "silu_mul: g %s and x %s must have one shape", SHAPE(g), SHAPE(x));
+    Tensor *y = tape_tensor(tp, g->ndim, g->shape);
+    tape_run(tp, &OP_SILU_MUL, (Tensor *[]){g, x}, 2, &y, 1);
+    return y;
+}

@@ -1,5 +1,6 @@
 #include "tape.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -112,6 +113,19 @@ unsigned char *tape_thread_slots(Tape *tp, size_t bytes, size_t *stride) {
     return arena_alloc(&tp->arena, *stride * (size_t)omp_get_max_threads());
 }
 
+// Float64 is the checking build: fill uninitialised arena buffers with NaN
+// so that reading one before writing it shows up in every test.
+#ifdef AG_DOUBLE
+static void poison(real *p, int64_t n) {
+    for (int64_t i = 0; i < n; i++) p[i] = NAN;
+}
+#else
+static void poison(real *p, int64_t n) {
+    (void)p;
+    (void)n;
+}
+#endif
+
 static Tensor *tensor_in_arena(Tape *tp, int ndim, const int *shape) {
     ASSERT(ndim >= 1 && ndim <= TENSOR_MAX_DIMS, "tensors have 1 to %d dimensions, asked for %d",
            TENSOR_MAX_DIMS, ndim);
@@ -129,6 +143,7 @@ static Tensor *tensor_in_arena(Tape *tp, int ndim, const int *shape) {
 Tensor *tape_tensor(Tape *tp, int ndim, const int *shape) {
     Tensor *t = tensor_in_arena(tp, ndim, shape);
     t->data = arena_alloc(&tp->arena, (size_t)t->numel * sizeof(real));
+    poison(t->data, t->numel);
     return t;
 }
 
@@ -192,6 +207,17 @@ Node *tape_run(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *c
     Node *n = tape_op(tp, op, in, n_in, out, n_out);
     op->forward(n);
     return n;
+}
+
+real *tensor_grad_fresh(Tape *tp, Tensor *t, bool *fresh) {
+    *fresh = false;
+    if (!t || !t->requires_grad) return NULL;
+    if (!t->grad) {
+        t->grad = arena_alloc(&tp->arena, (size_t)t->numel * sizeof(real));
+        poison(t->grad, t->numel);
+        *fresh = true;
+    }
+    return t->grad;
 }
 
 real *tensor_grad(Tape *tp, Tensor *t) {

@@ -99,6 +99,15 @@ Node *tape_run(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *c
 // on first use; NULL when the tensor takes no gradient.
 real *tensor_grad(Tape *tp, Tensor *t);
 #define NODE_GRAD_IN(n, i) tensor_grad((n)->tape, (n)->in[i])
+// The same, for hot backward functions that can WRITE their contribution
+// when they are the first: *fresh is set true when the buffer was just
+// allocated and is uninitialised (the caller must then write every element,
+// `=` instead of `+=`, or gemm with beta 0), false when it already holds
+// other contributions (add). This skips zeroing and re-reading activation
+// gradients, a tenth of a training step. In the float64 build fresh buffers
+// are filled with NaN, so a missed element fails every gradient test.
+real *tensor_grad_fresh(Tape *tp, Tensor *t, bool *fresh);
+#define NODE_GRAD_FRESH(n, i, fresh) tensor_grad_fresh((n)->tape, (n)->in[i], (fresh))
 
 // Heap tensors owned by the caller (tests, gradcheck inputs, caches): data and
 // grad are allocated (grad zeroed) when requires_grad is true. Free with tensor_free.

@@ -67,9 +67,9 @@ void lm_destroy(LM *lm) {
 }
 
 static Tensor *mlp_forward(Tape *tp, const LMBlock *b, Tensor *u) {
-    Tensor *a = op_silu(tp, op_matmul(tp, u, b->w1, false, false));
+    Tensor *a = op_matmul(tp, u, b->w1, false, false);
     Tensor *c = op_matmul(tp, u, b->w3, false, false);
-    return op_matmul(tp, op_mul(tp, a, c), b->w2, false, false);
+    return op_matmul(tp, op_silu_mul(tp, a, c), b->w2, false, false);   // silu(a) * c
 }
 
 static Tensor *head_forward(Tape *tp, const LM *lm, Tensor *x) {

@@ -99,8 +99,7 @@ Tensor *outgate_forward(Tape *tp, const OutGate *g, Tensor *o, Tensor *u) {
     // Per-head RMSNorm: view o as (B, T, H, dv) so the last dimension is a head.
     Tensor *oh = op_reshape(tp, o, 4, (int[]){B, T, H, dv});
     Tensor *on = op_reshape(tp, op_rmsnorm(tp, oh, g->norm_w, g->eps), 3, (int[]){B, T, H * dv});
-    Tensor *gate = op_silu(tp, op_matmul(tp, u, g->wg, false, false));
-    return op_mul(tp, on, gate);
+    return op_silu_mul(tp, op_matmul(tp, u, g->wg, false, false), on);   // on * silu(u Wg)
 }
 
 void init_A_log(real *x, int64_t n, Rng *r, double a0, double a1) {
