@@ -4,21 +4,28 @@
 # PyTorch reference (bench/torch_ref/throughput.py), config by config, with
 # the same thread count, and the ratio C / PyTorch.
 #
-#   bench/compare_torch.sh [-t THREADS] [-s STEPS] [CONFIG...]     default: every configs/tiny_*.ini
+#   bench/compare_torch.sh [-t THREADS] [-s STEPS] [-r ROUNDS] [CONFIG...]   default: every configs/tiny_*.ini
 #
 # Needs build/train_bench (cmake --build build) and /usr/bin/python3 with
 # python3-torch. THREADS defaults to nproc. Each side runs alone, one after
-# the other; run it on an otherwise idle machine.
+# the other, ROUNDS times (default 3) alternating C, PyTorch, C, PyTorch...;
+# each side's figure is its best round (the median step within a round), so
+# a burst of load from elsewhere on a shared machine hits both sides alike
+# rather than deciding the ratio. Run it on an otherwise idle machine. Both
+# sides inherit the same OpenBLAS settings (OPENBLAS_CORETYPE, thread counts);
+# the kernel set C ran is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 THREADS=$(nproc)
 STEPS=5
-while getopts "t:s:" opt; do
+ROUNDS=3
+while getopts "t:s:r:" opt; do
     case $opt in
         t) THREADS=$OPTARG ;;
         s) STEPS=$OPTARG ;;
-        *) echo "usage: $0 [-t THREADS] [-s STEPS] [CONFIG...]" >&2; exit 2 ;;
+        r) ROUNDS=$OPTARG ;;
+        *) echo "usage: $0 [-t THREADS] [-s STEPS] [-r ROUNDS] [CONFIG...]" >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -40,20 +47,31 @@ field() {  # field NAME "RESULT ..." -> value
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 LOG=$(mktemp -d)
 trap 'rm -rf "$LOG"' EXIT
+# best RESULT line of a file of RESULT lines: the one with the most tokens_per_s
+best() {
+    grep '^RESULT' "$1" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^tokens_per_s=/) { split($i, a, "="); v = a[2] }
+                                 if (v > best) { best = v; line = $0 } } END { print line }'
+}
+
 rows=()
 for cfg in "${CONFIGS[@]}"; do
     name=$(basename "$cfg" .ini)
     echo "== $name" >&2
-    ./build/train_bench --config "$cfg" --set train.threads="$THREADS" --steps "$STEPS" >"$LOG/c_$name.txt"
-    "$PY" bench/torch_ref/throughput.py "$cfg" --threads "$THREADS" --steps "$STEPS" >"$LOG/t_$name.txt"
-    c=$(grep '^RESULT' "$LOG/c_$name.txt")
-    t=$(grep '^RESULT' "$LOG/t_$name.txt")
+    : >"$LOG/c_$name.txt"
+    : >"$LOG/t_$name.txt"
+    for ((r = 0; r < ROUNDS; r++)); do
+        ./build/train_bench --config "$cfg" --set train.threads="$THREADS" --steps "$STEPS" >>"$LOG/c_$name.txt"
+        "$PY" bench/torch_ref/throughput.py "$cfg" --threads "$THREADS" --steps "$STEPS" >>"$LOG/t_$name.txt"
+    done
+    c=$(best "$LOG/c_$name.txt")
+    t=$(best "$LOG/t_$name.txt")
     rows+=("$name|$(field tokens_per_s "$c")|$(field tokens_per_s "$t")|$(field tokens_per_cpu_s "$c")|$(field tokens_per_cpu_s "$t")|$(field fwd_ms "$c")/$(field bwd_ms "$c")/$(field opt_ms "$c")|$(field fwd_ms "$t")/$(field bwd_ms "$t")/$(field opt_ms "$t")")
 done
 
 echo
-sed -n 's/^machine: /machine: /p; s/^cpu: /cpu: /p' "$LOG/c_$(basename "${CONFIGS[0]}" .ini).txt"
-echo "threads: $THREADS (both sides)   steps timed: $STEPS (median)   torch $("$PY" -c 'import torch; print(torch.__version__)')"
+sed -n 's/^machine: /machine: /p; s/^cpu: /cpu: /p' "$LOG/c_$(basename "${CONFIGS[0]}" .ini).txt" | head -2
+echo "threads: $THREADS (both sides)   steps timed: $STEPS (median), best of $ROUNDS alternating rounds   torch $("$PY" -c 'import torch; print(torch.__version__)')"
+echo "OpenBLAS kernels: $(sed -n 's/.*blas_core=\([^ ]*\).*/\1/p' "$LOG/c_$(basename "${CONFIGS[0]}" .ini).txt" | head -1) (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}), shared by both sides"
 echo "C: float32, chunked forms (linear, mamba, gdn), flash attention; PyTorch: float32, chunked forms, scaled_dot_product_attention when available"
 echo
 # tok/s: wall clock; tok/CPU-s: per second of CPU time of all threads (steadier on a shared machine).
