@@ -21,6 +21,8 @@
 
 #include <math.h>
 
+#include "ops_math.h"
+
 #include "mixer.h"
 
 // q, k: (B, T, H*dk), L2-normalised per head, q already scaled by 1/sqrt(dk).
@@ -61,11 +63,13 @@ static inline int64_t gdn_off_s(const GdnDims *d, int b, int h) {          // s0
 }
 
 // exp of a non-positive log decay difference, in the build's precision.
+// float32: the inline r_exp (ops_math.h), not libm's expf, so the loops over
+// a chunk's (L, L) decay matrix vectorise.
 static inline real gdn_exp(double x) {
 #ifdef AG_DOUBLE
     return exp(x);
 #else
-    return expf((float)x);
+    return r_exp((float)x);
 #endif
 }
 

@@ -5,6 +5,8 @@
 
 #include <math.h>
 
+#include "ops_math.h"
+
 #include "gla.h"
 
 // Sizes of one op_gla call, kept in the node's iarg[].
@@ -87,11 +89,13 @@ static inline int gla_keys(const GlaHead *x, int dk, int t0, int L, real *buf, c
 // exp(x) of a non-positive difference of cumulative sums, taken in double and
 // evaluated in the build's precision (expf in float32: faster, as accurate
 // as the result can hold).
+// float32: the inline r_exp (ops_math.h), not libm's expf, so the loops over
+// a chunk's (L, L) decay matrix vectorise.
 static inline real gla_exp(double x) {
 #ifdef AG_DOUBLE
     return exp(x);
 #else
-    return expf((float)x);
+    return r_exp((float)x);
 #endif
 }
 
