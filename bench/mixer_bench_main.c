@@ -15,7 +15,7 @@
 //    /proc/self/clear_refs. Inputs and parameters exist before and are not
 //    counted.
 // 3. decode: one sequence (B = 1) stepped token by token; at each context
-//    position P the fastest of the next 32 steps (also their median and
+//    position P the fastest of the next 64 steps (also their median and
 //    mean in the TSV). The recurrent kinds and
 //    attn_dsa reach P by stepping; attn's KV cache is filled directly with
 //    random keys and values up to P (stepping there is O(P^2); the values do
@@ -39,7 +39,7 @@
 #include "runlog.h"
 
 enum { D_MODEL = 256, N_HEADS = 4, D_HEAD = 64, CONV = 4, CHUNK = 64, TOPK = 64 };
-enum { DECODE_WINDOW = 32, MAX_LIST = 16 };
+enum { DECODE_WINDOW = 64, MAX_LIST = 16 };
 #define MAX_STEP_SECONDS 60.0
 
 typedef struct TrainRow {
@@ -482,7 +482,7 @@ static void usage(void) {
 int main(int argc, char **argv) {
     Options o = {.tokens = 16384, .train = true, .decode = true};
     o.nT = parse_list("256,1024,4096,16384", o.Ts);
-    o.npos = parse_list("256,1024,4096,16384", o.pos);
+    o.npos = parse_list("256,1024,4096,16384,32768", o.pos);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "-no-train") == 0) o.train = false;

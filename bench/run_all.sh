@@ -224,7 +224,7 @@ kernel figures are in \`gdn_bench\` and \`attn_bench\`.
   before the step and are not counted. The arena high-water alone is in
   \`docs/bench/train.tsv\` (column arena_mib).
 - **Decoding**: B = 1, one token at a time through \`MixerKind.step\`; at
-  context position P, the fastest of the next 32 steps (their median is in
+  context position P, the fastest of the next 64 steps (their median is in
   \`docs/bench/decode.tsv\`). attn's KV cache
   is filled directly with random keys and values up to P (stepping there
   costs O(P^2); the values do not change the work of the next step); the
