@@ -8,9 +8,9 @@
 
 #include "test_util.h"
 
-enum { F_MATMUL, F_MATMUL_T, F_MATMUL_BATCHED, F_MATMUL_BATCHED_TA, F_ADD, F_SUB, F_MUL, F_MUL_BCAST, F_SCALE, F_RESHAPE,
+enum { F_MATMUL_NARROW, F_MATMUL_WIDE, F_MATMUL, F_MATMUL_T, F_MATMUL_BATCHED, F_MATMUL_BATCHED_TA, F_ADD, F_SUB, F_MUL, F_MUL_BCAST, F_SCALE, F_RESHAPE,
        F_RMSNORM, F_SILU, F_SIGMOID, F_SOFTPLUS, F_EXP, F_SILU_MUL, F_COUNT };
-static const char *NAMES[F_COUNT] = {"matmul", "matmul_t", "matmul_batched", "matmul_batched_ta", "add", "sub", "mul", "mul_bcast",
+static const char *NAMES[F_COUNT] = {"matmul_narrow", "matmul_wide", "matmul", "matmul_t", "matmul_batched", "matmul_batched_ta", "add", "sub", "mul", "mul_bcast",
                                      "scale", "reshape", "rmsnorm", "silu", "sigmoid", "softplus", "exp",
                                      "silu_mul"};
 
@@ -19,7 +19,7 @@ typedef struct {
     bool shared;   // both operands are the same intermediate
 } FreshCtx;
 
-// in[0] (2, 3, 4), in[1] (2, 3, 4), in[2] (4): every op first sees
+// in[0] (2, 3, 4), in[1] (2, 3, 4), in[2] (4), in[3] (4, 3), in[4] (4, 12): every op first sees
 // intermediates h = 1.5 x (fresh gradient buffers), then the op under test.
 static int f_fresh(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
     (void)n;
@@ -29,6 +29,8 @@ static int f_fresh(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) 
     Tensor *w = op_scale(tp, in[2], 1.5);
     Tensor *y = NULL;
     switch (c->kind) {
+    case F_MATMUL_NARROW: y = op_matmul(tp, h0, in[3], false, false); break;   // N = 3: the narrow loops
+    case F_MATMUL_WIDE: y = op_matmul(tp, h0, in[4], false, false); break;     // N = 12: gemm
     case F_MATMUL: y = op_matmul(tp, op_reshape(tp, h0, 2, (int[]){6, 4}), op_reshape(tp, h1, 2, (int[]){6, 4}),
                                  true, false); break;   // (4, 4) = h0^T h1
     case F_MATMUL_T: y = op_matmul(tp, h0, op_reshape(tp, h1, 2, (int[]){6, 4}), false, true); break;
@@ -59,18 +61,23 @@ Test(grad_fresh, every_fresh_writing_op_gradchecks_on_intermediates) {
         for (int k = 0; k < F_COUNT; k++) {
             Tensor *a = tensor_newv(true, 3, 2, 3, 4), *b = tensor_newv(true, 3, 2, 3, 4);
             Tensor *w = tensor_newv(true, 1, 4);
+            Tensor *wn = tensor_newv(true, 2, 4, 3), *ww = tensor_newv(true, 2, 4, 12);
+            fill_normal(wn, 8, 1.0);
+            fill_normal(ww, 9, 1.0);
             fill_normal(a, 40 + k, 1.0);
             fill_normal(b, 80 + k, 1.0);
             fill_normal(w, 7, 1.0);
             FreshCtx c = {k, shared};
             char label[64];
             snprintf(label, sizeof label, "%s%s", NAMES[k], shared ? " (shared operand)" : "");
-            GradcheckResult r = gradcheck(label, f_fresh, (Tensor *[]){a, b, w}, 3, &c, NULL);
+            GradcheckResult r = gradcheck(label, f_fresh, (Tensor *[]){a, b, w, wn, ww}, 5, &c, NULL);
             ASSERT_GRADCHECK(r, label);
             cr_assert_gt(r.n_checked, 0, "%s: nothing checked", label);
             tensor_free(a);
             tensor_free(b);
             tensor_free(w);
+            tensor_free(wn);
+            tensor_free(ww);
         }
 }
 
