@@ -139,7 +139,10 @@ if [ "$DOCS_ONLY" = 0 ]; then
             "$steps" "$vl" "$bpb" "$params" "$tps" "$wall"
     done
 fi
-[ -s "$TSV" ] && [ "$(wc -l <"$TSV")" -gt 1 ] || { echo "linear_share: no results in $TSV: run the sweep first" >&2; exit 1; }
+if [ ! -s "$TSV" ] || [ "$(wc -l <"$TSV")" -le 1 ]; then
+    echo "linear_share: no results in $TSV: run the sweep first" >&2
+    exit 1
+fi
 
 # The rows in sweep order (config names not in NAMES after them), in a temp file.
 ORDERED=$(mktemp)
@@ -183,9 +186,10 @@ set bmargin
 set key top right
 colour(n) = n eq "all_attn" ? "#000000" : n eq "gdn_1to1" ? "#ff9896" : n eq "gdn_3to1" ? "#e377c2" : \
             n eq "gdn_7to1" ? "#9467bd" : n eq "all_gdn" ? "#d62728" : n eq "all_mamba" ? "#2ca02c" : "#1f77b4"
-names = "$(awk -F'\t' '{print $1}' "$ORDERED" | tr '\n' ' ')"
-plot for [n in names] "$CURVES" using 2:(strcol(1) eq n ? \$4 : NaN) every ::1 with linespoints lw 2 pt 7 ps 0.8 \
-     lc rgb colour(n) title n
+names = "$(cut -f1 "$ORDERED" | tr '\n' ' ')"
+labels = "$(cut -f2 "$ORDERED" | tr '\n' ' ')"
+plot for [i = 1:words(names)] "$CURVES" using 2:(strcol(1) eq word(names, i) ? \$4 : NaN) every ::1 \
+     with linespoints lw 2 pt 7 ps 0.8 lc rgb colour(word(names, i)) title word(labels, i)
 GP
 
 # ---- docs/linear_share.md ----
