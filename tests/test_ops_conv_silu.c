@@ -90,6 +90,10 @@ Test(ops_conv_silu, equals_silu_of_conv) {
     check_against_composed(3, 100, 40, 4, 1);   // dx only
     check_against_composed(3, 100, 40, 4, 2);   // dw only
     check_against_composed(5, 33, 17, 3, 3);
+    // Blocks longer than a tile (> 2048 rows): tiles split inside a block and
+    // the recomputed halo rows are used for dx.
+    check_against_composed(1, 2200, 4, 4, 3);
+    check_against_composed(2, 1500, 3, 2, 1);
 }
 
 // The direct definitions of both gradients of the bare convolution, in

@@ -30,7 +30,7 @@
 #define CONV_MAX_BLOCKS 32
 #define CONV_MIN_BLOCK_ROWS 64
 // Rows of gz the fused backward recomputes at once (plus W-1 rows of halo).
-#define CONV_TILE_ROWS 32
+#define CONV_TILE_ROWS 64
 
 // w (C, W) -> wt (W, C), from the tape's arena.
 static real *conv_wt(Tape *tp, const Tensor *w) {
@@ -87,13 +87,13 @@ static inline void conv_silu_grad_row(real *restrict gz, const real *restrict g,
     }
 }
 
-// Rows [a, a1) of dx (when dx) and their terms of the partial dw (when part,
-// (W, C)). gz holds rows [a, a1 + W - 1) (those that exist), row r at
-// gz + (r - a) * C.
-static void conv_backward_tile(real *dx, real *part, const real *gz, const real *X, const real *wt, int64_t a,
-                               int64_t a1, int T, int C, int W) {
+// Rows [a, a1) of one sequence, whose row a sits at time t0: their dx (when
+// dx) and their terms of the partial dw (when part, (W, C)). gz holds the
+// rows [a, a1 + W - 1) that belong to the sequence, row r at gz + (r - a) * C.
+static void conv_backward_rows(real *dx, real *part, const real *gz, const real *X, const real *wt, int64_t a,
+                               int64_t a1, int t0, int T, int C, int W) {
     for (int64_t r = a; r < a1; r++) {
-        int t = (int)(r % T);
+        int t = t0 + (int)(r - a);
         if (dx) {
             real *restrict d = dx + r * C;
             for (int j = imax(0, t + W - T); j < W; j++) {   // the outputs t + W-1-j < T this row fed
@@ -141,16 +141,21 @@ static void conv_backward(Node *n) {
         if (pk)
             for (size_t i = 0; i < wc; i++) pk[i] = 0;
         real *buf = silu ? (real *)(slots + (size_t)omp_get_thread_num() * stride) : NULL;   // (TILE+W-1, C)
-        for (int64_t a = r0; a < r1; a += CONV_TILE_ROWS) {
-            int64_t a1 = a + CONV_TILE_ROWS < r1 ? a + CONV_TILE_ROWS : r1;
+        // Tiles of at most CONV_TILE_ROWS rows, never across a sequence's end.
+        for (int64_t a = r0, a1; a < r1; a = a1) {
+            int t0 = (int)(a % T);
+            int64_t seq_end = a + (T - t0);
+            a1 = a + CONV_TILE_ROWS;
+            if (a1 > r1) a1 = r1;
+            if (a1 > seq_end) a1 = seq_end;
             const real *gz = G + a * C;
             if (silu) {
-                int64_t e = a1 + W - 1 < rows ? a1 + W - 1 : rows;   // the halo feeds dx only
+                int64_t e = a1 + W - 1 < seq_end ? a1 + W - 1 : seq_end;   // the halo feeds dx only
                 for (int64_t r = a; r < (dx ? e : a1); r++)
-                    conv_silu_grad_row(buf + (r - a) * C, G + r * C, X + r * C, wt, (int)(r % T), C, W);
+                    conv_silu_grad_row(buf + (r - a) * C, G + r * C, X + r * C, wt, t0 + (int)(r - a), C, W);
                 gz = buf;
             }
-            conv_backward_tile(dx, pk, gz, X, wt, a, a1, T, C, W);
+            conv_backward_rows(dx, pk, gz, X, wt, a, a1, t0, T, C, W);
         }
     }
     if (dw) {
