@@ -63,5 +63,8 @@ Tensor *op_rope(Tape *tp, Tensor *x, int head_dim, int pos0, double base);
 // Causal depthwise 1-D convolution over time, no bias. x: (B, T, C),
 // w: (C, W): y[t,c] = sum_{j<W} w[c,j] * x[t-W+1+j, c] (zeros before t=0).
 Tensor *op_conv1d_causal(Tape *tp, Tensor *x, Tensor *w);
+// silu(op_conv1d_causal(x, w)) as one op ("conv1d_silu"): saves nothing
+// beyond its inputs (the backward recomputes the convolution).
+Tensor *op_conv1d_causal_silu(Tape *tp, Tensor *x, Tensor *w);
 
 #endif

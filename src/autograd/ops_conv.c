@@ -1,89 +1,189 @@
-// ops_conv.c: causal depthwise 1-D convolution over time, no bias.
+// ops_conv.c: causal depthwise 1-D convolution over time, no bias, alone or
+// followed by SiLU as one op.
 //
-//   y[b,t,c] = sum_{j<W} w[c,j] * x[b, t-W+1+j, c]     (x = 0 before t = 0)
+//   z[b,t,c] = sum_{j<W} w[c,j] * x[b, t-W+1+j, c]     (x = 0 before t = 0)
+//   conv1d_causal: y = z          conv1d_silu: y = silu(z) = z sigmoid(z)
 //
-// The last weight column multiplies the current token. Every loop is a
-// gather (each output element is written by one thread), so no atomics; the
-// weight gradient's reduction over (B, T) runs in a fixed order per channel.
+// The last weight column multiplies the current token. Rows (b, t) are
+// flattened to r = b*T + t and every loop runs over channels innermost, so
+// each access is contiguous and vectorises; wt (W, C) is w transposed for that.
+//
+// Backward, with gz = dL/dz (dy itself, or dy * silu'(z)):
+//   dx[b,s,c] += sum_j w[c,j] gz[b, s+W-1-j, c]   (for s+W-1-j < T)
+//   dw[c,j]   += sum_{b,t} gz[b,t,c] x[b, t-W+1+j, c]
+// dx is a gather (each row written by one thread). dw is a reduction over all
+// rows: they are cut into blocks whose number depends on the row count alone,
+// never on the thread count; each block sums its rows into a partial (W, C)
+// in `real`, and the partials are added in block order in double. The result
+// is therefore the same for any number of threads.
+//
+// conv1d_silu saves nothing: its backward recomputes z from x and w (W
+// multiply-adds per element) a tile of rows at a time, into per-thread
+// scratch that stays in cache, instead of keeping z (or y) for the backward.
+#include <omp.h>
+
 #include "ops.h"
 #include "ops_math.h"
 
-// Channels of dw each thread owns in the weight-gradient reduction.
-#define CONV_COL_BLOCK 32
+// The dw reduction: at most CONV_MAX_BLOCKS row blocks of at least
+// CONV_MIN_BLOCK_ROWS rows (fewer blocks for short inputs).
+#define CONV_MAX_BLOCKS 32
+#define CONV_MIN_BLOCK_ROWS 64
+// Rows of gz the fused backward recomputes at once (plus W-1 rows of halo).
+#define CONV_TILE_ROWS 64
 
-// x, y: (B, T, C); w: (C, W). Loops run over channels innermost, so every
-// access is contiguous; wt (W, C) is w transposed for that.
-static void conv_forward(Node *n) {
-    const Tensor *x = n->in[0], *w = n->in[1];
-    int B = x->shape[0], T = x->shape[1], C = x->shape[2], W = w->shape[1];
-    real *wt = tape_alloc(n->tape, (size_t)W * C * sizeof(real));   // (W, C)
+// w (C, W) -> wt (W, C), from the tape's arena.
+static real *conv_wt(Tape *tp, const Tensor *w) {
+    int C = w->shape[0], W = w->shape[1];
+    real *wt = tape_alloc(tp, (size_t)W * C * sizeof(real));
     for (int c = 0; c < C; c++)
         for (int j = 0; j < W; j++) wt[(int64_t)j * C + c] = w->data[(int64_t)c * W + j];
-    real *Y = n->out[0]->data;
-#pragma omp parallel for collapse(2) if (x->numel * W > OPS_PAR_MIN) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            real *y = Y + ((int64_t)b * T + t) * C;
-            for (int c = 0; c < C; c++) y[c] = 0;
-            for (int j = imax(0, W - 1 - t); j < W; j++) {
-                const real *xs = x->data + ((int64_t)b * T + t - W + 1 + j) * C, *wj = wt + (int64_t)j * C;
-                for (int c = 0; c < C; c++) y[c] += wj[c] * xs[c];
-            }
-        }
+    return wt;
 }
 
-// dx[b,s,c] += sum_j w[c,j] dy[b, s+W-1-j, c]   (for s+W-1-j < T)
-// dw[c,j]   += sum_{b,t} dy[b,t,c] x[b, t-W+1+j, c]
+// z (C) = the convolution at one row: xr points at x's row (b, t), whose
+// earlier rows of the same sequence sit at xr - C, xr - 2C, ...
+static inline void conv_row(real *restrict z, const real *restrict xr, const real *restrict wt, int t, int C,
+                            int W) {
+    int j0 = imax(0, W - 1 - t);
+    const real *restrict x0 = xr + (int64_t)(j0 - W + 1) * C, *restrict w0 = wt + (int64_t)j0 * C;
+#pragma omp simd
+    for (int c = 0; c < C; c++) z[c] = w0[c] * x0[c];
+    for (int j = j0 + 1; j < W; j++) {
+        const real *restrict xs = xr + (int64_t)(j - W + 1) * C, *restrict wj = wt + (int64_t)j * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) z[c] += wj[c] * xs[c];
+    }
+}
+
+// iarg[0]: 1 to apply SiLU (conv1d_silu), 0 for the bare convolution.
+// x, y: (B, T, C); w: (C, W).
+static void conv_forward(Node *n) {
+    const Tensor *x = n->in[0], *w = n->in[1];
+    int T = x->shape[1], C = x->shape[2], W = w->shape[1];
+    int64_t rows = (int64_t)x->shape[0] * T;
+    bool silu = n->iarg[0];
+    const real *wt = conv_wt(n->tape, w), *X = x->data;
+    real *Y = n->out[0]->data;
+#pragma omp parallel for if (x->numel * W > OPS_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        real *restrict y = Y + r * C;
+        conv_row(y, X + r * C, wt, (int)(r % T), C, W);
+        if (silu) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) y[c] = y[c] * r_sigmoid(y[c]);
+        }
+    }
+}
+
+// gz (C) = g * silu'(z) at one row, z recomputed; silu' = s (1 + z (1 - s)).
+static inline void conv_silu_grad_row(real *restrict gz, const real *restrict g, const real *restrict xr,
+                                      const real *restrict wt, int t, int C, int W) {
+    conv_row(gz, xr, wt, t, C, W);
+#pragma omp simd
+    for (int c = 0; c < C; c++) {
+        real z = gz[c], s = r_sigmoid(z);
+        gz[c] = g[c] * s * (1 + z * (1 - s));
+    }
+}
+
+// Rows [a, a1) of one sequence, whose row a sits at time t0: their dx (when
+// dx) and their terms of the partial dw (when part, (W, C)). gz holds the
+// rows [a, a1 + W - 1) that belong to the sequence, row r at gz + (r - a) * C.
+static void conv_backward_rows(real *dx, real *part, const real *gz, const real *X, const real *wt, int64_t a,
+                               int64_t a1, int t0, int T, int C, int W) {
+    for (int64_t r = a; r < a1; r++) {
+        int t = t0 + (int)(r - a);
+        if (dx) {
+            real *restrict d = dx + r * C;
+            for (int j = imax(0, t + W - T); j < W; j++) {   // the outputs t + W-1-j < T this row fed
+                const real *restrict g = gz + (r - a + W - 1 - j) * C, *restrict wj = wt + (int64_t)j * C;
+#pragma omp simd
+                for (int c = 0; c < C; c++) d[c] += wj[c] * g[c];
+            }
+        }
+        if (part) {
+            const real *restrict g = gz + (r - a) * C;
+            for (int j = imax(0, W - 1 - t); j < W; j++) {
+                const real *restrict xs = X + (r - W + 1 + j) * C;
+                real *restrict pj = part + (int64_t)j * C;
+#pragma omp simd
+                for (int c = 0; c < C; c++) pj[c] += g[c] * xs[c];
+            }
+        }
+    }
+}
+
 static void conv_backward(Node *n) {
     const Tensor *x = n->in[0], *w = n->in[1];
-    int B = x->shape[0], T = x->shape[1], C = x->shape[2], W = w->shape[1];
-    const real *G = n->out[0]->grad;
+    int T = x->shape[1], C = x->shape[2], W = w->shape[1];
+    int64_t rows = (int64_t)x->shape[0] * T;
+    bool silu = n->iarg[0];
+    const real *G = n->out[0]->grad, *X = x->data;
     real *dx = NODE_GRAD_IN(n, 0), *dw = NODE_GRAD_IN(n, 1);
-    bool par = x->numel * W > OPS_PAR_MIN;
-    if (dx) {
-        real *wt = tape_alloc(n->tape, (size_t)W * C * sizeof(real));   // (W, C)
-        for (int c = 0; c < C; c++)
-            for (int j = 0; j < W; j++) wt[(int64_t)j * C + c] = w->data[(int64_t)c * W + j];
-#pragma omp parallel for collapse(2) if (par) schedule(static)
-        for (int b = 0; b < B; b++)
-            for (int s = 0; s < T; s++) {
-                real *d = dx + ((int64_t)b * T + s) * C;
-                for (int j = 0; j < W; j++) {
-                    int t = s + W - 1 - j;
-                    if (t >= T) continue;
-                    const real *g = G + ((int64_t)b * T + t) * C, *wj = wt + (int64_t)j * C;
-                    for (int c = 0; c < C; c++) d[c] += wj[c] * g[c];
-                }
+    if ((!dx && !dw) || rows == 0) return;
+    const real *wt = conv_wt(n->tape, w);
+
+    // Row blocks: a function of `rows` only (see the top of the file).
+    int64_t n_blocks = (rows + CONV_MIN_BLOCK_ROWS - 1) / CONV_MIN_BLOCK_ROWS;
+    if (n_blocks > CONV_MAX_BLOCKS) n_blocks = CONV_MAX_BLOCKS;
+    int64_t per = (rows + n_blocks - 1) / n_blocks;
+    n_blocks = (rows + per - 1) / per;
+    size_t wc = (size_t)W * C;
+    real *part = dw ? tape_alloc(n->tape, (size_t)n_blocks * wc * sizeof(real)) : NULL;   // (n_blocks, W, C)
+    size_t stride = 0;
+    unsigned char *slots =
+        silu ? tape_thread_slots(n->tape, (size_t)(CONV_TILE_ROWS + W - 1) * C * sizeof(real), &stride) : NULL;
+#pragma omp parallel for if (x->numel * W > OPS_PAR_MIN && n_blocks > 1) schedule(static)
+    for (int64_t k = 0; k < n_blocks; k++) {
+        int64_t r0 = k * per, r1 = r0 + per < rows ? r0 + per : rows;
+        real *pk = part ? part + k * wc : NULL;
+        if (pk)
+            for (size_t i = 0; i < wc; i++) pk[i] = 0;
+        real *buf = silu ? (real *)(slots + (size_t)omp_get_thread_num() * stride) : NULL;   // (TILE+W-1, C)
+        // Tiles of at most CONV_TILE_ROWS rows, never across a sequence's end.
+        for (int64_t a = r0, a1; a < r1; a = a1) {
+            int t0 = (int)(a % T);
+            int64_t seq_end = a + (T - t0);
+            a1 = a + CONV_TILE_ROWS;
+            if (a1 > r1) a1 = r1;
+            if (a1 > seq_end) a1 = seq_end;
+            const real *gz = G + a * C;
+            if (silu) {
+                int64_t e = a1 + W - 1 < seq_end ? a1 + W - 1 : seq_end;   // the halo feeds dx only
+                for (int64_t r = a; r < (dx ? e : a1); r++)
+                    conv_silu_grad_row(buf + (r - a) * C, G + r * C, X + r * C, wt, t0 + (int)(r - a), C, W);
+                gz = buf;
             }
+            conv_backward_rows(dx, pk, gz, X, wt, a, a1, t0, T, C, W);
+        }
     }
     if (dw) {
-        int n_blocks = (C + CONV_COL_BLOCK - 1) / CONV_COL_BLOCK;
-        double *acc_all = tape_alloc(n->tape, (size_t)W * C * sizeof(double));   // a (W, nc) block per band
-#pragma omp parallel for if (par && n_blocks > 1) schedule(static)
-        for (int cb = 0; cb < n_blocks; cb++) {
-            int c0 = cb * CONV_COL_BLOCK, c1 = imin(C, c0 + CONV_COL_BLOCK), nc = c1 - c0;
-            double *acc = acc_all + (int64_t)c0 * W;   // (W, nc)
-            for (int64_t i = 0; i < (int64_t)W * nc; i++) acc[i] = 0;
-            for (int b = 0; b < B; b++)
-                for (int t = 0; t < T; t++) {
-                    const real *g = G + ((int64_t)b * T + t) * C;
-                    for (int j = imax(0, W - 1 - t); j < W; j++) {
-                        const real *xs = x->data + ((int64_t)b * T + t - W + 1 + j) * C;
-                        for (int c = c0; c < c1; c++) acc[(int64_t)j * nc + c - c0] += (double)g[c] * xs[c];
-                    }
-                }
-            for (int c = c0; c < c1; c++)
-                for (int j = 0; j < W; j++) dw[(int64_t)c * W + j] += (real)acc[(int64_t)j * nc + c - c0];
+        double *acc = tape_alloc(n->tape, wc * sizeof(double));   // (W, C)
+        for (size_t i = 0; i < wc; i++) acc[i] = 0;
+        for (int64_t k = 0; k < n_blocks; k++) {
+            const real *pk = part + k * wc;
+#pragma omp simd
+            for (size_t i = 0; i < wc; i++) acc[i] += pk[i];
         }
+        for (int c = 0; c < C; c++)
+            for (int j = 0; j < W; j++) dw[(int64_t)c * W + j] += (real)acc[(int64_t)j * C + c];
     }
 }
 
 static const OpDef OP_CONV1D_CAUSAL = {"conv1d_causal", conv_forward, conv_backward};
+static const OpDef OP_CONV1D_SILU = {"conv1d_silu", conv_forward, conv_backward};
 
-Tensor *op_conv1d_causal(Tape *tp, Tensor *x, Tensor *w) {
+static Tensor *conv_build(Tape *tp, const OpDef *op, bool silu, Tensor *x, Tensor *w) {
     ASSERT(x->ndim == 3 && w->ndim == 2 && w->shape[0] == x->shape[2] && w->shape[1] >= 1,
-           "conv1d_causal: x %s must be (B, T, C) and w %s (C, W) with W >= 1", SHAPE(x), SHAPE(w));
+           "%s: x %s must be (B, T, C) and w %s (C, W) with W >= 1", op->name, SHAPE(x), SHAPE(w));
     Tensor *y = tape_tensor(tp, 3, x->shape);
-    tape_run(tp, &OP_CONV1D_CAUSAL, (Tensor *[]){x, w}, 2, &y, 1);
+    Node *n = tape_op(tp, op, (Tensor *[]){x, w}, 2, &y, 1);
+    n->iarg[0] = silu;
+    conv_forward(n);
     return y;
 }
+
+Tensor *op_conv1d_causal(Tape *tp, Tensor *x, Tensor *w) { return conv_build(tp, &OP_CONV1D_CAUSAL, false, x, w); }
+
+Tensor *op_conv1d_causal_silu(Tape *tp, Tensor *x, Tensor *w) { return conv_build(tp, &OP_CONV1D_SILU, true, x, w); }

@@ -27,7 +27,7 @@ static void shortconv_check(const ShortConv *c, const Tensor *x, const char *wha
 Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x) {
     shortconv_check(c, x, "shortconv_forward");
     if (c->width == 0) return x;
-    return op_silu(tp, op_conv1d_causal(tp, x, c->w));
+    return op_conv1d_causal_silu(tp, x, c->w);
 }
 
 void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B) {
@@ -43,9 +43,10 @@ void shortconv_cache_free(ShortConvCache *cc) {
     cc->B = 0;
 }
 
-// The convolution runs over the window [cache, x] of W positions and its last
-// output is kept: the same products in the same order as the forward at that
-// position (cached zeros before the start add exact zeros).
+// The convolution (with its SiLU) runs over the window [cache, x] of W
+// positions and its last output is kept: the same products in the same order
+// as the forward at that position (cached zeros before the start add exact
+// zeros).
 Tensor *shortconv_step(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor *x) {
     shortconv_check(c, x, "shortconv_step");
     ASSERT(x->shape[0] == cc->B && x->shape[1] == 1, "shortconv_step: x %s must be (%d, 1, %d)", SHAPE(x), cc->B,
@@ -63,8 +64,8 @@ Tensor *shortconv_step(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor 
             memcpy(buf + (int64_t)(W - 2) * C, x->data + (int64_t)b * C, (size_t)C * sizeof(real));
         }
     }
-    Tensor *y = op_conv1d_causal(tp, win, c->w);
-    return op_silu(tp, W > 1 ? op_slice(tp, y, 1, W - 1, 1) : y);
+    Tensor *y = op_conv1d_causal_silu(tp, win, c->w);
+    return W > 1 ? op_slice(tp, y, 1, W - 1, 1) : y;
 }
 
 // ---- output gate ----

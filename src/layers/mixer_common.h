@@ -23,7 +23,7 @@ typedef struct ShortConvCache {
 } ShortConvCache;
 
 void shortconv_create(ShortConv *c, ParamStore *ps, const char *name, int channels, int width);
-// x: (B, T, C) -> SiLU(conv(x)), (B, T, C).
+// x: (B, T, C) -> SiLU(conv(x)), (B, T, C), one fused op (op_conv1d_causal_silu).
 Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x);
 void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B);
 void shortconv_cache_free(ShortConvCache *cc);
