@@ -90,12 +90,16 @@ static inline void conv_silu_grad_row(real *restrict gz, const real *restrict g,
 // Rows [a, a1) of one sequence, whose row a sits at time t0: their dx (when
 // dx) and their terms of the partial dw (when part, (W, C)). gz holds the
 // rows [a, a1 + W - 1) that belong to the sequence, row r at gz + (r - a) * C.
-static void conv_backward_rows(real *dx, real *part, const real *gz, const real *X, const real *wt, int64_t a,
-                               int64_t a1, int t0, int T, int C, int W) {
+// A fresh dx (tensor_grad_fresh) is zeroed row by row here, in cache, rather
+// than by a separate pass over the whole buffer.
+static void conv_backward_rows(real *dx, bool dx_fresh, real *part, const real *gz, const real *X, const real *wt,
+                               int64_t a, int64_t a1, int t0, int T, int C, int W) {
     for (int64_t r = a; r < a1; r++) {
         int t = t0 + (int)(r - a);
         if (dx) {
             real *restrict d = dx + r * C;
+            if (dx_fresh)
+                for (int c = 0; c < C; c++) d[c] = 0;
             for (int j = imax(0, t + W - T); j < W; j++) {   // the outputs t + W-1-j < T this row fed
                 const real *restrict g = gz + (r - a + W - 1 - j) * C, *restrict wj = wt + (int64_t)j * C;
 #pragma omp simd
@@ -120,7 +124,8 @@ static void conv_backward(Node *n) {
     int64_t rows = (int64_t)x->shape[0] * T;
     bool silu = n->iarg[0];
     const real *G = n->out[0]->grad, *X = x->data;
-    real *dx = NODE_GRAD_IN(n, 0), *dw = NODE_GRAD_IN(n, 1);
+    bool dx_fresh;
+    real *dx = NODE_GRAD_FRESH(n, 0, &dx_fresh), *dw = NODE_GRAD_IN(n, 1);
     if ((!dx && !dw) || rows == 0) return;
     const real *wt = conv_wt(n->tape, w);
 
@@ -155,7 +160,7 @@ static void conv_backward(Node *n) {
                     conv_silu_grad_row(buf + (r - a) * C, G + r * C, X + r * C, wt, t0 + (int)(r - a), C, W);
                 gz = buf;
             }
-            conv_backward_rows(dx, pk, gz, X, wt, a, a1, t0, T, C, W);
+            conv_backward_rows(dx, dx_fresh, pk, gz, X, wt, a, a1, t0, T, C, W);
         }
     }
     if (dw) {
