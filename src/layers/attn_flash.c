@@ -22,12 +22,7 @@
 
 #include "attn_kernel.h"
 #include "blas.h"
-
-#ifdef AG_DOUBLE
-#define rexp exp
-#else
-#define rexp expf
-#endif
+#include "ops_math.h"
 
 typedef struct AttnDims {
     int B, T, H, dk, dv;
@@ -43,10 +38,11 @@ static AttnDims dims_of(const Node *n) {
 
 // One query tile of one head: o rows t0..t0+nq-1 and their lse.
 // q, k: head-h base pointers of batch b (row stride ldq); v, o: (row stride ldv).
-// Scratch: S (bq*bk), acc (bq*dv), m, l (bq).
+// Scratch: S (bq*bk), acc (bq*dv), m, l (bq). The running max and sum stay in
+// `real`: m is a max (exact), l a sum of at most T terms in [0, 1].
 static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q, const real *k,
-                               const real *v, real *o, real *lse, real *S, real *acc, double *m,
-                               double *l) {
+                               const real *v, real *o, real *lse, real *S, real *acc, real *m,
+                               real *l) {
     int ldq = d->H * d->dk, ldv = d->H * d->dv, bk = d->bk, dv = d->dv;
     for (int i = 0; i < nq; i++) m[i] = -INFINITY, l[i] = 0;
     memset(acc, 0, (size_t)nq * dv * sizeof(real));
@@ -62,29 +58,31 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
                 memset(Si, 0, (size_t)nk * sizeof(real));
                 continue;
             }
-            double mx = m[i];
-            for (int j = 0; j < nvalid; j++) mx = fmax(mx, (double)Si[j]);
-            double sum = 0;
+            real mx = m[i];
+#pragma omp simd reduction(max : mx)
+            for (int j = 0; j < nvalid; j++) mx = Si[j] > mx ? Si[j] : mx;
+            real sum = 0;
+#pragma omp simd reduction(+ : sum)
             for (int j = 0; j < nvalid; j++) {
-                Si[j] = rexp(Si[j] - (real)mx);
+                Si[j] = r_exp(Si[j] - mx);
                 sum += Si[j];
             }
             for (int j = nvalid; j < nk; j++) Si[j] = 0;
-            double alpha = exp(m[i] - mx);   // 0 on the first block (m = -inf)
+            real alpha = r_exp(m[i] - mx);   // 0 on the first block (m = -inf)
             l[i] = alpha * l[i] + sum;
             m[i] = mx;
             if (alpha != 1) {
                 real *Ai = acc + (int64_t)i * dv;
-                for (int j = 0; j < dv; j++) Ai[j] *= (real)alpha;
+                for (int j = 0; j < dv; j++) Ai[j] *= alpha;
             }
         }
         gemm(false, false, nq, dv, nk, 1, S, bk, v + (int64_t)s0 * ldv, ldv, 1, acc, dv);
     }
     for (int i = 0; i < nq; i++) {
-        real inv = (real)(1.0 / l[i]);
+        real inv = 1 / l[i];
         real *Oi = o + (int64_t)(t0 + i) * ldv;
         for (int j = 0; j < dv; j++) Oi[j] = acc[(int64_t)i * dv + j] * inv;
-        if (lse) lse[t0 + i] = (real)(m[i] + log(l[i]));
+        if (lse) lse[t0 + i] = m[i] + (real)log(l[i]);
     }
 }
 
@@ -98,12 +96,11 @@ static void flash_forward(Node *n) {
     size_t n_S = (size_t)d.bq * d.bk, n_acc = (size_t)d.bq * d.dv;
     size_t stride;
     unsigned char *slots =
-        tape_thread_slots(n->tape, 2 * d.bq * sizeof(double) + (n_S + n_acc) * sizeof(real), &stride);
+        tape_thread_slots(n->tape, (2 * d.bq + n_S + n_acc) * sizeof(real), &stride);
 #pragma omp parallel
     {
         unsigned char *slot = slots + stride * (size_t)omp_get_thread_num();
-        double *m = (double *)slot, *l = m + d.bq;
-        real *S = (real *)(l + d.bq), *acc = S + n_S;
+        real *m = (real *)slot, *l = m + d.bq, *S = l + d.bq, *acc = S + n_S;
         // Later query tiles see more keys: hand tiles out dynamically. Each
         // task writes its own rows, so the result is the same for any schedule.
 #pragma omp for collapse(3) schedule(dynamic, 1)
@@ -144,7 +141,8 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
                 real *Si = S + (int64_t)i * bk;
                 int nvalid = imax(0, imin(nk, t0 + i - s0 + 1));
                 real L = lse[t0 + i];
-                for (int j = 0; j < nvalid; j++) Si[j] = rexp(Si[j] - L);
+#pragma omp simd
+                for (int j = 0; j < nvalid; j++) Si[j] = r_exp(Si[j] - L);
                 for (int j = nvalid; j < nk; j++) Si[j] = 0;
             }
             if (dv) gemm(true, false, nk, d->dv, nq, 1, S, bk, dOi, ldv, 1, dv + (int64_t)s0 * ldv, ldv);
@@ -236,7 +234,7 @@ void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc,
                 for (int j = 1; j < n_keys; j++) mx = s[j] > mx ? s[j] : mx;
                 double sum = 0;
                 for (int j = 0; j < n_keys; j++) {
-                    s[j] = rexp(s[j] - mx);
+                    s[j] = r_exp(s[j] - mx);
                     sum += s[j];
                 }
                 gemm(false, false, 1, dv, n_keys, (real)(1.0 / sum), s, n_keys, V, ldv, 0,
