@@ -15,8 +15,18 @@
 // One task per (batch, head) visits the blocks in a fixed order and writes
 // only its own head's columns, so the gradients do not depend on the thread
 // count and no atomics are needed.
+//
+// The block products are small (64 x 64 x 32 in the tiny configs): a BLAS
+// call per block spent more time on its set-up (copying panels, zeroing C
+// before every beta = 0 product) than on the arithmetic. They go through
+// tile_mm below instead, a register-blocked loop nest over operands copied
+// ("packed") once per tile into aligned scratch, rows padded with zeros to
+// whole vectors. The forward also walks a query tile MR rows at a time, so a
+// row's scores go from the S product through the softmax into the P V product
+// while they are still in L1.
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,64 +34,180 @@
 #include "blas.h"
 #include "ops_math.h"
 
+// ---- Tile products ----
+// GCC/Clang vector types (one SIMD register each), so that the accumulators
+// of a register block are registers, which plain loops did not give (the
+// compiler kept them in memory; measured 3x slower at these sizes).
+#ifdef __AVX512F__
+#define VEC_BYTES 64
+#define MR 8   // rows per register block: 2 MR accumulators of the 32 vector registers
+#else
+#define VEC_BYTES 32
+#define MR 4   // 16 vector registers (AVX2, SSE)
+#endif
+#define VL ((int)(VEC_BYTES / sizeof(real)))   // reals per vector
+typedef real vreal __attribute__((vector_size(VEC_BYTES)));
+
+static inline int round_vl(int n) { return (n + VL - 1) / VL * VL; }
+
+// One register block: C (R x NV vectors) (+)= alpha sum_k A(r, k) B(k, :),
+// with A(r, k) = A[r lda + k ak]. R <= MR and NV <= 2 are constants at each
+// call, so the loops unroll and c[][] lives in registers.
+static inline __attribute__((always_inline)) void mm_block(const int R, const int NV, int K, real alpha,
+                                                           const real *A, int lda, int ak, const real *B,
+                                                           int ldb, real *C, int ldc, bool add) {
+    vreal c[MR][2];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) c[r][v] = (vreal){0};
+    for (int k = 0; k < K; k++) {
+        vreal b[2];
+        for (int v = 0; v < NV; v++) b[v] = *(const vreal *)(B + (int64_t)k * ldb + v * VL);
+        for (int r = 0; r < R; r++) {
+            real a = A[r * lda + k * ak];
+            for (int v = 0; v < NV; v++) c[r][v] += a * b[v];
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) {
+            vreal *cv = (vreal *)(C + (int64_t)r * ldc + v * VL);
+            *cv = add ? *cv + alpha * c[r][v] : alpha * c[r][v];
+        }
+}
+
+static inline __attribute__((always_inline)) void mm_rows(const int R, bool two, int K, real alpha,
+                                                          const real *A, int lda, int ak, const real *B,
+                                                          int ldb, real *C, int ldc, bool add) {
+    if (two) mm_block(R, 2, K, alpha, A, lda, ak, B, ldb, C, ldc, add);
+    else mm_block(R, 1, K, alpha, A, lda, ak, B, ldb, C, ldc, add);
+}
+
+// C (M x N) = alpha A B, or C += alpha A B when `add`. A (M x K) has element
+// (i, k) at A[i lda + k ak] (ak = 1: row-major; lda = 1: stored transposed);
+// B (K x N) has rows of stride ldb, C rows of stride ldc. N, ldb and ldc are
+// multiples of VL, and B and C are VEC_BYTES-aligned.
+static void tile_mm(int M, int N, int K, real alpha, const real *A, int lda, int ak, const real *B, int ldb,
+                    real *C, int ldc, bool add) {
+    for (int j = 0; j < N; j += 2 * VL) {
+        bool two = j + 2 * VL <= N;
+        const real *Bj = B + j;
+        real *Cj = C + j;
+        int i = 0;
+        for (; i + MR <= M; i += MR)
+            mm_rows(MR, two, K, alpha, A + i * lda, lda, ak, Bj, ldb, Cj + (int64_t)i * ldc, ldc, add);
+        if (MR > 4 && M - i >= 4) {
+            mm_rows(4, two, K, alpha, A + i * lda, lda, ak, Bj, ldb, Cj + (int64_t)i * ldc, ldc, add);
+            i += 4;
+        }
+        if (M - i >= 2) {
+            mm_rows(2, two, K, alpha, A + i * lda, lda, ak, Bj, ldb, Cj + (int64_t)i * ldc, ldc, add);
+            i += 2;
+        }
+        if (M - i >= 1) mm_rows(1, two, K, alpha, A + i * lda, lda, ak, Bj, ldb, Cj + (int64_t)i * ldc, ldc, add);
+    }
+}
+
+// dst (n x ldd) = the first w columns of n rows of src (row stride lds), the
+// rest of each row zero.
+static void pack_rows(real *dst, int ldd, const real *src, int lds, int n, int w) {
+    for (int i = 0; i < n; i++) {
+        memcpy(dst + (int64_t)i * ldd, src + (int64_t)i * lds, (size_t)w * sizeof(real));
+        memset(dst + (int64_t)i * ldd + w, 0, (size_t)(ldd - w) * sizeof(real));
+    }
+}
+
+// dst (w x ldd) = the transpose of w columns of n rows of src: dst[c][i] =
+// src[i][c], columns n .. round_vl(n)-1 zero.
+static void pack_transposed(real *dst, int ldd, const real *src, int lds, int n, int w) {
+    for (int c = 0; c < w; c++) {
+        real *row = dst + (int64_t)c * ldd;
+        for (int i = 0; i < n; i++) row[i] = src[(int64_t)i * lds + c];
+        for (int i = n; i < round_vl(n); i++) row[i] = 0;
+    }
+}
+
+// dst rows (row stride ldd) += the first w columns of n rows of src (row stride lds).
+static void add_rows(real *dst, int ldd, const real *src, int lds, int n, int w) {
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < w; c++) dst[(int64_t)i * ldd + c] += src[(int64_t)i * lds + c];
+}
+
+// ---- The op ----
+
 typedef struct AttnDims {
     int B, T, H, dk, dv;
-    int bq, bk;        // tile sizes
+    int bq, bk;           // tile sizes
+    int dkp, dvp, bkp;    // dk, dv, bk rounded up to whole vectors (packed row strides)
     real scale;
 } AttnDims;
 
 // iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv, 5 tile_q, 6 tile_k; farg[0] scale.
 static AttnDims dims_of(const Node *n) {
-    return (AttnDims){n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4],
-                      n->iarg[5], n->iarg[6], (real)n->farg[0]};
+    AttnDims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], n->iarg[5], n->iarg[6],
+                  0, 0, 0, (real)n->farg[0]};
+    d.dkp = round_vl(d.dk);
+    d.dvp = round_vl(d.dv);
+    d.bkp = round_vl(d.bk);
+    return d;
+}
+
+// Forward scratch (reals per thread): Kt (dk x bkp), Vp (bk x dvp), S (MR x bkp),
+// acc (bq x dvp), then m, l (bq each). Each piece is a whole number of vectors.
+static size_t forward_scratch(const AttnDims *d) {
+    return (size_t)d->dk * d->bkp + (size_t)d->bk * d->dvp + (size_t)MR * d->bkp + (size_t)d->bq * d->dvp +
+           2 * (size_t)d->bq;
 }
 
 // One query tile of one head: o rows t0..t0+nq-1 and their lse.
 // q, k: head-h base pointers of batch b (row stride ldq); v, o: (row stride ldv).
-// Scratch: S (bq*bk), acc (bq*dv), m, l (bq). The running max and sum stay in
-// `real`: m is a max (exact), l a sum of at most T terms in [0, 1].
+// The running max m and sum l stay in `real`: m is a max (exact), l a sum of
+// at most T terms in [0, 1].
 static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q, const real *k,
-                               const real *v, real *o, real *lse, real *S, real *acc, real *m,
-                               real *l) {
-    int ldq = d->H * d->dk, ldv = d->H * d->dv, bk = d->bk, dv = d->dv;
+                               const real *v, real *o, real *lse, real *scratch) {
+    int ldq = d->H * d->dk, ldv = d->H * d->dv, bkp = d->bkp, dvp = d->dvp;
+    real *Kt = scratch, *Vp = Kt + (size_t)d->dk * bkp, *S = Vp + (size_t)d->bk * dvp;
+    real *acc = S + (size_t)MR * bkp, *m = acc + (size_t)d->bq * dvp, *l = m + d->bq;
     for (int i = 0; i < nq; i++) m[i] = -INFINITY, l[i] = 0;
-    memset(acc, 0, (size_t)nq * dv * sizeof(real));
-    const real *Q = q + (int64_t)t0 * ldq;
+    memset(acc, 0, (size_t)nq * dvp * sizeof(real));
     int s_end = t0 + nq;   // keys 0 .. s_end-1 can be seen by some row of the tile
-    for (int s0 = 0; s0 < s_end; s0 += bk) {
-        int nk = imin(bk, s_end - s0);
-        gemm(false, true, nq, nk, d->dk, d->scale, Q, ldq, k + (int64_t)s0 * ldq, ldq, 0, S, bk);
-        for (int i = 0; i < nq; i++) {
-            real *Si = S + (int64_t)i * bk;
-            int nvalid = imin(nk, t0 + i - s0 + 1);   // keys s0 .. t in this block
-            if (nvalid <= 0) {                        // the whole block is in row i's future
-                memset(Si, 0, (size_t)nk * sizeof(real));
-                continue;
-            }
-            real mx = m[i];
+    for (int s0 = 0; s0 < s_end; s0 += d->bk) {
+        int nk = imin(d->bk, s_end - s0);
+        pack_transposed(Kt, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
+        pack_rows(Vp, dvp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
+        // MR rows at a time, from the first row that sees key s0 (t >= s0).
+        for (int i0 = imax(0, s0 - t0); i0 < nq; i0 += MR) {
+            int nr = imin(MR, nq - i0);
+            int kmax = imin(nk, t0 + i0 + nr - s0);   // keys s0 .. s0+kmax-1 seen by the block's last row
+            tile_mm(nr, round_vl(kmax), d->dk, d->scale, q + (int64_t)(t0 + i0) * ldq, ldq, 1, Kt, bkp, S, bkp,
+                    false);
+            for (int r = 0; r < nr; r++) {
+                int i = i0 + r;
+                real *Si = S + (int64_t)r * bkp;
+                int nvalid = imin(nk, t0 + i - s0 + 1);   // >= 1: keys s0 .. t of this block
+                real mx = m[i];
 #pragma omp simd reduction(max : mx)
-            for (int j = 0; j < nvalid; j++) mx = Si[j] > mx ? Si[j] : mx;
-            real sum = 0;
+                for (int j = 0; j < nvalid; j++) mx = Si[j] > mx ? Si[j] : mx;
+                real sum = 0;
 #pragma omp simd reduction(+ : sum)
-            for (int j = 0; j < nvalid; j++) {
-                Si[j] = r_exp(Si[j] - mx);
-                sum += Si[j];
+                for (int j = 0; j < kmax; j++) {
+                    Si[j] = j < nvalid ? r_exp(Si[j] - mx) : 0;
+                    sum += Si[j];
+                }
+                real alpha = r_exp(m[i] - mx);   // 0 on the first block (m = -inf)
+                l[i] = alpha * l[i] + sum;
+                m[i] = mx;
+                if (alpha != 1) {
+                    real *Ai = acc + (int64_t)i * dvp;
+#pragma omp simd
+                    for (int j = 0; j < dvp; j++) Ai[j] *= alpha;
+                }
             }
-            for (int j = nvalid; j < nk; j++) Si[j] = 0;
-            real alpha = r_exp(m[i] - mx);   // 0 on the first block (m = -inf)
-            l[i] = alpha * l[i] + sum;
-            m[i] = mx;
-            if (alpha != 1) {
-                real *Ai = acc + (int64_t)i * dv;
-                for (int j = 0; j < dv; j++) Ai[j] *= alpha;
-            }
+            tile_mm(nr, dvp, kmax, 1, S, bkp, 1, Vp, dvp, acc + (int64_t)i0 * dvp, dvp, true);
         }
-        gemm(false, false, nq, dv, nk, 1, S, bk, v + (int64_t)s0 * ldv, ldv, 1, acc, dv);
     }
     for (int i = 0; i < nq; i++) {
         real inv = 1 / l[i];
         real *Oi = o + (int64_t)(t0 + i) * ldv;
-        for (int j = 0; j < dv; j++) Oi[j] = acc[(int64_t)i * dv + j] * inv;
+        for (int j = 0; j < d->dv; j++) Oi[j] = acc[(int64_t)i * dvp + j] * inv;
         if (lse) lse[t0 + i] = m[i] + (real)log(l[i]);
     }
 }
@@ -93,14 +219,12 @@ static void flash_forward(Node *n) {
     real *lse = n->saved;   // (B, H, T) or NULL when no backward will run
     int ldq = d.H * d.dk, ldv = d.H * d.dv;
     int n_tiles = (d.T + d.bq - 1) / d.bq;
-    size_t n_S = (size_t)d.bq * d.bk, n_acc = (size_t)d.bq * d.dv;
     size_t stride;
-    unsigned char *slots =
-        tape_thread_slots(n->tape, (2 * d.bq + n_S + n_acc) * sizeof(real), &stride);
+    unsigned char *slots = tape_thread_slots(n->tape, forward_scratch(&d) * sizeof(real), &stride);
+    ASSERT((uintptr_t)slots % VEC_BYTES == 0 && stride % VEC_BYTES == 0, "attention: scratch not aligned");
 #pragma omp parallel
     {
-        unsigned char *slot = slots + stride * (size_t)omp_get_thread_num();
-        real *m = (real *)slot, *l = m + d.bq, *S = l + d.bq, *acc = S + n_S;
+        real *scratch = (real *)(slots + stride * (size_t)omp_get_thread_num());
         // Later query tiles see more keys: hand tiles out dynamically. Each
         // task writes its own rows, so the result is the same for any schedule.
 #pragma omp for collapse(3) schedule(dynamic, 1)
@@ -111,51 +235,94 @@ static void flash_forward(Node *n) {
                     int64_t row0 = (int64_t)b * d.T;
                     flash_forward_tile(&d, t0, nq, q + row0 * ldq + h * d.dk, k + row0 * ldq + h * d.dk,
                                        v + row0 * ldv + h * d.dv, o + row0 * ldv + h * d.dv,
-                                       lse ? lse + ((int64_t)b * d.H + h) * d.T : NULL, S, acc, m, l);
+                                       lse ? lse + ((int64_t)b * d.H + h) * d.T : NULL, scratch);
                 }
     }
 }
 
+// Backward scratch (reals per thread), each piece a whole number of vectors:
+//   per key tile:   Kt (dk x bkp), Vt (dv x bkp), Kp (bk x dkp), dKj (bk x dkp), dVj (bk x dvp)
+//   per query tile: Qp (bq x dkp), dOp (bq x dvp), P, dS (bq x bkp each), dQi (bq x dkp)
+//   per head:       D (T)
+typedef struct BwdScratch {
+    real *Kt, *Vt, *Kp, *dKj, *dVj, *Qp, *dOp, *P, *dS, *dQi, *D;
+} BwdScratch;
+
+static size_t backward_scratch(const AttnDims *d, real *base, BwdScratch *w) {
+    size_t sizes[11] = {(size_t)d->dk * d->bkp, (size_t)d->dv * d->bkp, (size_t)d->bk * d->dkp,
+                        (size_t)d->bk * d->dkp, (size_t)d->bk * d->dvp, (size_t)d->bq * d->dkp,
+                        (size_t)d->bq * d->dvp, (size_t)d->bq * d->bkp, (size_t)d->bq * d->bkp,
+                        (size_t)d->bq * d->dkp, (size_t)d->T};
+    real **ptr[11] = {&w->Kt, &w->Vt, &w->Kp, &w->dKj, &w->dVj, &w->Qp, &w->dOp, &w->P, &w->dS, &w->dQi, &w->D};
+    size_t off = 0;
+    for (int i = 0; i < 11; i++) {
+        if (base) *ptr[i] = base + off;
+        off += sizes[i];
+    }
+    return off;
+}
+
 // All blocks of one (batch, head). Pointers are the head's base in batch b;
 // gradient pointers may be NULL (that input takes no gradient).
-// Scratch: S, dP (bq*bk), D (T).
 static void flash_backward_head(const AttnDims *d, const real *q, const real *k, const real *v,
                                 const real *o, const real *dO, const real *lse, real *dq, real *dk,
-                                real *dv, real *S, real *dP, real *D) {
+                                real *dv, const BwdScratch *w) {
     int ldq = d->H * d->dk, ldv = d->H * d->dv, bq = d->bq, bk = d->bk, T = d->T;
+    int bkp = d->bkp, dkp = d->dkp, dvp = d->dvp;
     for (int t = 0; t < T; t++) {   // D_t = dO_t . O_t
         double s = 0;
         for (int j = 0; j < d->dv; j++) s += (double)dO[(int64_t)t * ldv + j] * o[(int64_t)t * ldv + j];
-        D[t] = (real)s;
+        w->D[t] = (real)s;
     }
     bool need_ds = dq || dk;
     for (int s0 = 0; s0 < T; s0 += bk) {
-        int nk = imin(bk, T - s0);
-        const real *Kj = k + (int64_t)s0 * ldq, *Vj = v + (int64_t)s0 * ldv;
+        int nk = imin(bk, T - s0), nkv = round_vl(nk);
+        pack_transposed(w->Kt, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
+        if (need_ds) pack_transposed(w->Vt, bkp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
+        if (dq) pack_rows(w->Kp, dkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
+        if (dk) memset(w->dKj, 0, (size_t)nk * dkp * sizeof(real));
+        if (dv) memset(w->dVj, 0, (size_t)nk * dvp * sizeof(real));
         // Query tiles that can see key s0 onwards: the one holding s0, and later ones.
         for (int t0 = (s0 / bq) * bq; t0 < T; t0 += bq) {
             int nq = imin(bq, T - t0);
+            int r0 = imax(0, s0 - t0);   // rows before r0 see none of these keys: P = dS = 0 there
             const real *Qi = q + (int64_t)t0 * ldq, *dOi = dO + (int64_t)t0 * ldv;
-            gemm(false, true, nq, nk, d->dk, d->scale, Qi, ldq, Kj, ldq, 0, S, bk);
-            for (int i = 0; i < nq; i++) {
-                real *Si = S + (int64_t)i * bk;
-                int nvalid = imax(0, imin(nk, t0 + i - s0 + 1));
-                real L = lse[t0 + i];
+            if (dk) pack_rows(w->Qp, dkp, Qi, ldq, nq, d->dk);
+            if (dv) pack_rows(w->dOp, dvp, dOi, ldv, nq, d->dv);
+            for (int i0 = r0; i0 < nq; i0 += MR) {
+                int nr = imin(MR, nq - i0);
+                int kmax = imin(nk, t0 + i0 + nr - s0);   // keys seen by the block's last row
+                real *P = w->P + (int64_t)i0 * bkp, *dS = w->dS + (int64_t)i0 * bkp;
+                tile_mm(nr, round_vl(kmax), d->dk, d->scale, Qi + (int64_t)i0 * ldq, ldq, 1, w->Kt, bkp, P, bkp,
+                        false);
+                for (int r = 0; r < nr; r++) {
+                    real *Pr = P + (int64_t)r * bkp, L = lse[t0 + i0 + r];
+                    int nvalid = imin(nk, t0 + i0 + r - s0 + 1);
 #pragma omp simd
-                for (int j = 0; j < nvalid; j++) Si[j] = r_exp(Si[j] - L);
-                for (int j = nvalid; j < nk; j++) Si[j] = 0;
+                    for (int j = 0; j < nkv; j++) Pr[j] = j < nvalid ? r_exp(Pr[j] - L) : 0;
+                }
+                if (!need_ds) continue;
+                tile_mm(nr, round_vl(kmax), d->dv, 1, dOi + (int64_t)i0 * ldv, ldv, 1, w->Vt, bkp, dS, bkp, false);
+                for (int r = 0; r < nr; r++) {
+                    real *Pr = P + (int64_t)r * bkp, *dSr = dS + (int64_t)r * bkp, Dt = w->D[t0 + i0 + r];
+#pragma omp simd
+                    for (int j = 0; j < nkv; j++) dSr[j] = j < kmax ? Pr[j] * (dSr[j] - Dt) : 0;
+                }
             }
-            if (dv) gemm(true, false, nk, d->dv, nq, 1, S, bk, dOi, ldv, 1, dv + (int64_t)s0 * ldv, ldv);
-            if (!need_ds) continue;
-            gemm(false, true, nq, nk, d->dv, 1, dOi, ldv, Vj, ldv, 0, dP, bk);
-            for (int i = 0; i < nq; i++) {
-                real *Pi = S + (int64_t)i * bk, *dPi = dP + (int64_t)i * bk;
-                real Dt = D[t0 + i];
-                for (int j = 0; j < nk; j++) dPi[j] = Pi[j] * (dPi[j] - Dt);   // dS
+            int nr = nq - r0;   // rows that see some key of the tile
+            if (dv)   // dV_j += P^T dO_i
+                tile_mm(nk, dvp, nr, 1, w->P + (int64_t)r0 * bkp, 1, bkp, w->dOp + (int64_t)r0 * dvp, dvp, w->dVj,
+                        dvp, true);
+            if (dk)   // dK_j += scale dS^T Q_i
+                tile_mm(nk, dkp, nr, d->scale, w->dS + (int64_t)r0 * bkp, 1, bkp, w->Qp + (int64_t)r0 * dkp, dkp,
+                        w->dKj, dkp, true);
+            if (dq) {   // dQ_i += scale dS K_j
+                tile_mm(nr, dkp, nk, d->scale, w->dS + (int64_t)r0 * bkp, bkp, 1, w->Kp, dkp, w->dQi, dkp, false);
+                add_rows(dq + (int64_t)(t0 + r0) * ldq, ldq, w->dQi, dkp, nr, d->dk);
             }
-            if (dq) gemm(false, false, nq, d->dk, nk, d->scale, dP, bk, Kj, ldq, 1, dq + (int64_t)t0 * ldq, ldq);
-            if (dk) gemm(true, false, nk, d->dk, nq, d->scale, dP, bk, Qi, ldq, 1, dk + (int64_t)s0 * ldq, ldq);
         }
+        if (dk) add_rows(dk + (int64_t)s0 * ldq, ldq, w->dKj, dkp, nk, d->dk);
+        if (dv) add_rows(dv + (int64_t)s0 * ldv, ldv, w->dVj, dvp, nk, d->dv);
     }
 }
 
@@ -167,18 +334,20 @@ static void flash_backward(Node *n) {
     const real *o = n->out[0]->data, *dO = n->out[0]->grad;
     const real *lse = n->saved;
     int ldq = d.H * d.dk, ldv = d.H * d.dv;
-    size_t n_S = (size_t)d.bq * d.bk, stride;
-    unsigned char *slots = tape_thread_slots(n->tape, (2 * n_S + (size_t)d.T) * sizeof(real), &stride);
+    size_t stride;
+    unsigned char *slots = tape_thread_slots(n->tape, backward_scratch(&d, NULL, NULL) * sizeof(real), &stride);
+    ASSERT((uintptr_t)slots % VEC_BYTES == 0 && stride % VEC_BYTES == 0, "attention: scratch not aligned");
 #pragma omp parallel
     {
-        real *S = (real *)(slots + stride * (size_t)omp_get_thread_num()), *dP = S + n_S, *D = dP + n_S;
+        BwdScratch w;
+        backward_scratch(&d, (real *)(slots + stride * (size_t)omp_get_thread_num()), &w);
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < d.B; b++)
             for (int h = 0; h < d.H; h++) {
                 int64_t qo = (int64_t)b * d.T * ldq + h * d.dk, vo = (int64_t)b * d.T * ldv + h * d.dv;
                 flash_backward_head(&d, q + qo, k + qo, v + vo, o + vo, dO + vo,
                                     lse + ((int64_t)b * d.H + h) * d.T, dq ? dq + qo : NULL,
-                                    dk ? dk + qo : NULL, dv ? dv + vo : NULL, S, dP, D);
+                                    dk ? dk + qo : NULL, dv ? dv + vo : NULL, &w);
             }
     }
 }
