@@ -116,12 +116,12 @@ static void pack_rows(real *dst, int ldd, const real *src, int lds, int n, int w
 }
 
 // dst (w x ldd) = the transpose of w columns of n rows of src: dst[c][i] =
-// src[i][c], columns n .. round_vl(n)-1 zero.
+// src[i][c], columns n .. ldd-1 zero.
 static void pack_transposed(real *dst, int ldd, const real *src, int lds, int n, int w) {
     for (int c = 0; c < w; c++) {
         real *row = dst + (int64_t)c * ldd;
         for (int i = 0; i < n; i++) row[i] = src[(int64_t)i * lds + c];
-        for (int i = n; i < round_vl(n); i++) row[i] = 0;
+        for (int i = n; i < ldd; i++) row[i] = 0;
     }
 }
 
@@ -150,11 +150,21 @@ static AttnDims dims_of(const Node *n) {
     return d;
 }
 
-// Forward scratch (reals per thread): Kt (dk x bkp), Vp (bk x dvp), S (MR x bkp),
-// acc (bq x dvp), then m, l (bq each). Each piece is a whole number of vectors.
+// The forward takes a query tile QB queries at a time, one query per vector
+// lane: the scores of the block are St (keys x QB queries), so the running
+// max and sum of each query are lane-wise (no reduction across a vector), and
+// St = K_j Q^T reads K_j in place, with only Q^T packed, once per query tile.
+#define QB (2 * VL)
+
+// Forward scratch (reals per thread), each piece a whole number of vectors:
+// Qt (dk x bqp), Vp (bk x dvp), St (bk x QB), acc (bq x dvp), m, l (bqp each),
+// with bqp = bq rounded up to QB.
+static int forward_bqp(const AttnDims *d) { return (d->bq + QB - 1) / QB * QB; }
+
 static size_t forward_scratch(const AttnDims *d) {
-    return (size_t)d->dk * d->bkp + (size_t)d->bk * d->dvp + (size_t)MR * d->bkp + (size_t)d->bq * d->dvp +
-           2 * (size_t)d->bq;
+    int bqp = forward_bqp(d);
+    return (size_t)d->dk * bqp + (size_t)d->bk * d->dvp + (size_t)d->bk * QB + (size_t)d->bq * d->dvp +
+           2 * (size_t)bqp;
 }
 
 // One query tile of one head: o rows t0..t0+nq-1 and their lse.
@@ -163,45 +173,55 @@ static size_t forward_scratch(const AttnDims *d) {
 // at most T terms in [0, 1].
 static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q, const real *k,
                                const real *v, real *o, real *lse, real *scratch) {
-    int ldq = d->H * d->dk, ldv = d->H * d->dv, bkp = d->bkp, dvp = d->dvp;
-    real *Kt = scratch, *Vp = Kt + (size_t)d->dk * bkp, *S = Vp + (size_t)d->bk * dvp;
-    real *acc = S + (size_t)MR * bkp, *m = acc + (size_t)d->bq * dvp, *l = m + d->bq;
-    for (int i = 0; i < nq; i++) m[i] = -INFINITY, l[i] = 0;
+    int ldq = d->H * d->dk, ldv = d->H * d->dv, dvp = d->dvp, bqp = forward_bqp(d);
+    real *Qt = scratch, *Vp = Qt + (size_t)d->dk * bqp, *St = Vp + (size_t)d->bk * dvp;
+    real *acc = St + (size_t)d->bk * QB, *m = acc + (size_t)d->bq * dvp, *l = m + bqp;
+    pack_transposed(Qt, bqp, q + (int64_t)t0 * ldq, ldq, nq, d->dk);
+    for (int i = 0; i < bqp; i++) m[i] = -INFINITY, l[i] = 0;
     memset(acc, 0, (size_t)nq * dvp * sizeof(real));
     int s_end = t0 + nq;   // keys 0 .. s_end-1 can be seen by some row of the tile
     for (int s0 = 0; s0 < s_end; s0 += d->bk) {
         int nk = imin(d->bk, s_end - s0);
-        pack_transposed(Kt, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
         pack_rows(Vp, dvp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
-        // MR rows at a time, from the first row that sees key s0 (t >= s0).
-        for (int i0 = imax(0, s0 - t0); i0 < nq; i0 += MR) {
-            int nr = imin(MR, nq - i0);
-            int kmax = imin(nk, t0 + i0 + nr - s0);   // keys s0 .. s0+kmax-1 seen by the block's last row
-            tile_mm(nr, round_vl(kmax), d->dk, d->scale, q + (int64_t)(t0 + i0) * ldq, ldq, 1, Kt, bkp, S, bkp,
-                    false);
-            for (int r = 0; r < nr; r++) {
-                int i = i0 + r;
-                real *Si = S + (int64_t)r * bkp;
-                int nvalid = imin(nk, t0 + i - s0 + 1);   // >= 1: keys s0 .. t of this block
-                real mx = m[i];
-#pragma omp simd reduction(max : mx)
-                for (int j = 0; j < nvalid; j++) mx = Si[j] > mx ? Si[j] : mx;
-                real sum = 0;
-#pragma omp simd reduction(+ : sum)
-                for (int j = 0; j < kmax; j++) {
-                    Si[j] = j < nvalid ? r_exp(Si[j] - mx) : 0;
-                    sum += Si[j];
-                }
-                real alpha = r_exp(m[i] - mx);   // 0 on the first block (m = -inf)
-                l[i] = alpha * l[i] + sum;
-                m[i] = mx;
-                if (alpha != 1) {
-                    real *Ai = acc + (int64_t)i * dvp;
+        // Query blocks from the one holding the first query that sees key s0.
+        for (int i0 = imax(0, s0 - t0) / QB * QB; i0 < nq; i0 += QB) {
+            int nr = imin(QB, nq - i0);
+            int kmax = imin(nk, t0 + i0 + nr - s0);   // keys s0 .. s0+kmax-1 seen by the block's last query
+            int lag = t0 + i0 - s0;                    // key j is seen by query i of the block iff j <= lag + i
+            tile_mm(kmax, QB, d->dk, d->scale, k + (int64_t)s0 * ldq, ldq, 1, Qt + i0, bqp, St, QB, false);
+            real *mb = m + i0, *lb = l + i0, mx[QB], sum[QB], alpha[QB];
 #pragma omp simd
-                    for (int j = 0; j < dvp; j++) Ai[j] *= alpha;
+            for (int i = 0; i < QB; i++) mx[i] = mb[i], sum[i] = 0;
+            for (int j = 0; j < kmax; j++) {
+                const real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+                for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && Sj[i] > mx[i] ? Sj[i] : mx[i];
+            }
+            for (int j = 0; j < kmax; j++) {
+                real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+                for (int i = 0; i < QB; i++) {
+                    Sj[i] = j <= lag + i ? r_exp(Sj[i] - mx[i]) : 0;
+                    sum[i] += Sj[i];
                 }
             }
-            tile_mm(nr, dvp, kmax, 1, S, bkp, 1, Vp, dvp, acc + (int64_t)i0 * dvp, dvp, true);
+            // alpha = exp(m - m'): 0 on a query's first keys (m = -inf); 1
+            // when the max did not move, also for a query that sees none of
+            // these keys yet (m = m' = -inf, where m - m' is not a number).
+#pragma omp simd
+            for (int i = 0; i < QB; i++) {
+                alpha[i] = mb[i] == mx[i] ? 1 : r_exp(mb[i] - mx[i]);
+                lb[i] = alpha[i] * lb[i] + sum[i];
+                mb[i] = mx[i];
+            }
+            for (int i = 0; i < nr; i++)
+                if (alpha[i] != 1) {
+                    real *Ai = acc + (int64_t)(i0 + i) * dvp;
+#pragma omp simd
+                    for (int j = 0; j < dvp; j++) Ai[j] *= alpha[i];
+                }
+            // acc += P V_j, P = St^T.
+            tile_mm(nr, dvp, kmax, 1, St, 1, QB, Vp, dvp, acc + (int64_t)i0 * dvp, dvp, true);
         }
     }
     for (int i = 0; i < nq; i++) {
