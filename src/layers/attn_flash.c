@@ -125,6 +125,12 @@ static void pack_transposed(real *dst, int ldd, const real *src, int lds, int n,
     }
 }
 
+// Whether rows of w reals at stride ld from p can be tile_mm's B or C as they
+// are: whole vectors, aligned.
+static bool in_place(const real *p, int ld, int w) {
+    return w % VL == 0 && ld % VL == 0 && (uintptr_t)p % VEC_BYTES == 0;
+}
+
 // dst rows (row stride ldd) += the first w columns of n rows of src (row stride lds).
 static void add_rows(real *dst, int ldd, const real *src, int lds, int n, int w) {
     for (int i = 0; i < n; i++)
@@ -179,10 +185,13 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
     pack_transposed(Qt, bqp, q + (int64_t)t0 * ldq, ldq, nq, d->dk);
     for (int i = 0; i < bqp; i++) m[i] = -INFINITY, l[i] = 0;
     memset(acc, 0, (size_t)nq * dvp * sizeof(real));
+    bool v_in = in_place(v, ldv, d->dv);   // V rows used where they are (else copied into Vp)
+    int ldvj = v_in ? ldv : dvp;
     int s_end = t0 + nq;   // keys 0 .. s_end-1 can be seen by some row of the tile
     for (int s0 = 0; s0 < s_end; s0 += d->bk) {
         int nk = imin(d->bk, s_end - s0);
-        pack_rows(Vp, dvp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
+        const real *Vj = v_in ? v + (int64_t)s0 * ldv : Vp;   // V_j rows, stride ldvj
+        if (!v_in) pack_rows(Vp, dvp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
         // Query blocks from the one holding the first query that sees key s0.
         for (int i0 = imax(0, s0 - t0) / QB * QB; i0 < nq; i0 += QB) {
             int nr = imin(QB, nq - i0);
@@ -221,7 +230,7 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
                     for (int j = 0; j < dvp; j++) Ai[j] *= alpha[i];
                 }
             // acc += P V_j, P = St^T.
-            tile_mm(nr, dvp, kmax, 1, St, 1, QB, Vp, dvp, acc + (int64_t)i0 * dvp, dvp, true);
+            tile_mm(nr, dvp, kmax, 1, St, 1, QB, Vj, ldvj, acc + (int64_t)i0 * dvp, dvp, true);
         }
     }
     for (int i = 0; i < nq; i++) {
@@ -283,32 +292,46 @@ static size_t backward_scratch(const AttnDims *d, real *base, BwdScratch *w) {
 }
 
 // All blocks of one (batch, head). Pointers are the head's base in batch b;
-// gradient pointers may be NULL (that input takes no gradient).
+// gradient pointers may be NULL (that input takes no gradient). Operands
+// that are whole aligned vectors (in_place) are used where they are: the
+// products read q, k, dO and add into dq, dk, dv directly; otherwise through
+// padded copies in scratch.
 static void flash_backward_head(const AttnDims *d, const real *q, const real *k, const real *v,
                                 const real *o, const real *dO, const real *lse, real *dq, real *dk,
                                 real *dv, const BwdScratch *w) {
     int ldq = d->H * d->dk, ldv = d->H * d->dv, bq = d->bq, bk = d->bk, T = d->T;
     int bkp = d->bkp, dkp = d->dkp, dvp = d->dvp;
     for (int t = 0; t < T; t++) {   // D_t = dO_t . O_t
+        const real *dOt = dO + (int64_t)t * ldv, *Ot = o + (int64_t)t * ldv;
         double s = 0;
-        for (int j = 0; j < d->dv; j++) s += (double)dO[(int64_t)t * ldv + j] * o[(int64_t)t * ldv + j];
+#pragma omp simd reduction(+ : s)
+        for (int j = 0; j < d->dv; j++) s += (double)dOt[j] * Ot[j];
         w->D[t] = (real)s;
     }
     bool need_ds = dq || dk;
+    bool q_in = in_place(q, ldq, d->dk), k_in = in_place(k, ldq, d->dk), dO_in = in_place(dO, ldv, d->dv);
+    bool dq_in = dq && in_place(dq, ldq, d->dk), dk_in = dk && in_place(dk, ldq, d->dk);
+    bool dv_in = dv && in_place(dv, ldv, d->dv);
     for (int s0 = 0; s0 < T; s0 += bk) {
         int nk = imin(bk, T - s0), nkv = round_vl(nk);
         pack_transposed(w->Kt, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
         if (need_ds) pack_transposed(w->Vt, bkp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
-        if (dq) pack_rows(w->Kp, dkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
-        if (dk) memset(w->dKj, 0, (size_t)nk * dkp * sizeof(real));
-        if (dv) memset(w->dVj, 0, (size_t)nk * dvp * sizeof(real));
+        const real *Kj = k_in ? k + (int64_t)s0 * ldq : w->Kp;   // K_j rows, stride ldk
+        int ldk = k_in ? ldq : dkp;
+        if (dq && !k_in) pack_rows(w->Kp, dkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
+        real *dKj = dk_in ? dk + (int64_t)s0 * ldq : w->dKj, *dVj = dv_in ? dv + (int64_t)s0 * ldv : w->dVj;
+        int lddk = dk_in ? ldq : dkp, lddv = dv_in ? ldv : dvp;
+        if (dk && !dk_in) memset(w->dKj, 0, (size_t)nk * dkp * sizeof(real));
+        if (dv && !dv_in) memset(w->dVj, 0, (size_t)nk * dvp * sizeof(real));
         // Query tiles that can see key s0 onwards: the one holding s0, and later ones.
         for (int t0 = (s0 / bq) * bq; t0 < T; t0 += bq) {
             int nq = imin(bq, T - t0);
             int r0 = imax(0, s0 - t0);   // rows before r0 see none of these keys: P = dS = 0 there
             const real *Qi = q + (int64_t)t0 * ldq, *dOi = dO + (int64_t)t0 * ldv;
-            if (dk) pack_rows(w->Qp, dkp, Qi, ldq, nq, d->dk);
-            if (dv) pack_rows(w->dOp, dvp, dOi, ldv, nq, d->dv);
+            const real *Qb = q_in ? Qi : w->Qp, *dOb = dO_in ? dOi : w->dOp;
+            int ldqb = q_in ? ldq : dkp, ldob = dO_in ? ldv : dvp;
+            if (dk && !q_in) pack_rows(w->Qp, dkp, Qi, ldq, nq, d->dk);
+            if (dv && !dO_in) pack_rows(w->dOp, dvp, dOi, ldv, nq, d->dv);
             for (int i0 = r0; i0 < nq; i0 += MR) {
                 int nr = imin(MR, nq - i0);
                 int kmax = imin(nk, t0 + i0 + nr - s0);   // keys seen by the block's last row
@@ -330,19 +353,20 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
                 }
             }
             int nr = nq - r0;   // rows that see some key of the tile
+            const real *P = w->P + (int64_t)r0 * bkp, *dS = w->dS + (int64_t)r0 * bkp;
             if (dv)   // dV_j += P^T dO_i
-                tile_mm(nk, dvp, nr, 1, w->P + (int64_t)r0 * bkp, 1, bkp, w->dOp + (int64_t)r0 * dvp, dvp, w->dVj,
-                        dvp, true);
+                tile_mm(nk, dvp, nr, 1, P, 1, bkp, dOb + (int64_t)r0 * ldob, ldob, dVj, lddv, true);
             if (dk)   // dK_j += scale dS^T Q_i
-                tile_mm(nk, dkp, nr, d->scale, w->dS + (int64_t)r0 * bkp, 1, bkp, w->Qp + (int64_t)r0 * dkp, dkp,
-                        w->dKj, dkp, true);
-            if (dq) {   // dQ_i += scale dS K_j
-                tile_mm(nr, dkp, nk, d->scale, w->dS + (int64_t)r0 * bkp, bkp, 1, w->Kp, dkp, w->dQi, dkp, false);
+                tile_mm(nk, dkp, nr, d->scale, dS, 1, bkp, Qb + (int64_t)r0 * ldqb, ldqb, dKj, lddk, true);
+            if (dq && dq_in)   // dQ_i += scale dS K_j
+                tile_mm(nr, dkp, nk, d->scale, dS, bkp, 1, Kj, ldk, dq + (int64_t)(t0 + r0) * ldq, ldq, true);
+            else if (dq) {
+                tile_mm(nr, dkp, nk, d->scale, dS, bkp, 1, Kj, ldk, w->dQi, dkp, false);
                 add_rows(dq + (int64_t)(t0 + r0) * ldq, ldq, w->dQi, dkp, nr, d->dk);
             }
         }
-        if (dk) add_rows(dk + (int64_t)s0 * ldq, ldq, w->dKj, dkp, nk, d->dk);
-        if (dv) add_rows(dv + (int64_t)s0 * ldv, ldv, w->dVj, dvp, nk, d->dv);
+        if (dk && !dk_in) add_rows(dk + (int64_t)s0 * ldq, ldq, w->dKj, dkp, nk, d->dk);
+        if (dv && !dv_in) add_rows(dv + (int64_t)s0 * ldv, ldv, w->dVj, dvp, nk, d->dv);
     }
 }
 
