@@ -85,25 +85,30 @@ static inline __attribute__((always_inline)) void mm_rows(const int R, bool two,
 // (i, k) at A[i lda + k ak] (ak = 1: row-major; lda = 1: stored transposed);
 // B (K x N) has rows of stride ldb, C rows of stride ldc. N, ldb and ldc are
 // multiples of VL, and B and C are VEC_BYTES-aligned.
-static void tile_mm(int M, int N, int K, real alpha, const real *A, int lda, int ak, const real *B, int ldb,
-                    real *C, int ldc, bool add) {
+// Band: A(i, k) is zero outside i + lo <= k <= i + hi (a causal mask), and
+// each block of rows skips the k where all its rows are zero.
+static void tile_mm_band(int M, int N, int K, int lo, int hi, real alpha, const real *A, int lda, int ak,
+                         const real *B, int ldb, real *C, int ldc, bool add) {
     for (int j = 0; j < N; j += 2 * VL) {
         bool two = j + 2 * VL <= N;
-        const real *Bj = B + j;
-        real *Cj = C + j;
-        int i = 0;
-        for (; i + MR <= M; i += MR)
-            mm_rows(MR, two, K, alpha, A + i * lda, lda, ak, Bj, ldb, Cj + (int64_t)i * ldc, ldc, add);
-        if (MR > 4 && M - i >= 4) {
-            mm_rows(4, two, K, alpha, A + i * lda, lda, ak, Bj, ldb, Cj + (int64_t)i * ldc, ldc, add);
-            i += 4;
+        for (int i = 0; i < M;) {
+            int R = M - i >= MR ? MR : M - i >= 4 ? 4 : M - i >= 2 ? 2 : 1;
+            int k0 = imax(0, i + lo), k1 = imin(K, i + R - 1 + hi + 1);
+            int nk = imax(0, k1 - k0);
+            const real *Ai = A + i * lda + k0 * ak, *Bk = B + (int64_t)k0 * ldb + j;
+            real *Ci = C + (int64_t)i * ldc + j;
+            if (R == MR) mm_rows(MR, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            else if (MR > 4 && R == 4) mm_rows(4, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            else if (R == 2) mm_rows(2, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            else mm_rows(1, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            i += R;
         }
-        if (M - i >= 2) {
-            mm_rows(2, two, K, alpha, A + i * lda, lda, ak, Bj, ldb, Cj + (int64_t)i * ldc, ldc, add);
-            i += 2;
-        }
-        if (M - i >= 1) mm_rows(1, two, K, alpha, A + i * lda, lda, ak, Bj, ldb, Cj + (int64_t)i * ldc, ldc, add);
     }
+}
+
+static void tile_mm(int M, int N, int K, real alpha, const real *A, int lda, int ak, const real *B, int ldb,
+                    real *C, int ldc, bool add) {
+    tile_mm_band(M, N, K, -M, K, alpha, A, lda, ak, B, ldb, C, ldc, add);
 }
 
 // dst (n x ldd) = the first w columns of n rows of src (row stride lds), the
@@ -230,7 +235,7 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
                     for (int j = 0; j < dvp; j++) Ai[j] *= alpha[i];
                 }
             // acc += P V_j, P = St^T.
-            tile_mm(nr, dvp, kmax, 1, St, 1, QB, Vj, ldvj, acc + (int64_t)i0 * dvp, dvp, true);
+            tile_mm_band(nr, dvp, kmax, -nr, lag, 1, St, 1, QB, Vj, ldvj, acc + (int64_t)i0 * dvp, dvp, true);
         }
     }
     for (int i = 0; i < nq; i++) {
@@ -352,16 +357,17 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
                     for (int j = 0; j < nkv; j++) dSr[j] = j < kmax ? Pr[j] * (dSr[j] - Dt) : 0;
                 }
             }
-            int nr = nq - r0;   // rows that see some key of the tile
+            // Row r0 + i sees key j of the tile iff j <= i + cut (0 <= cut < bq).
+            int nr = nq - r0, cut = t0 + r0 - s0;   // rows that see some key of the tile
             const real *P = w->P + (int64_t)r0 * bkp, *dS = w->dS + (int64_t)r0 * bkp;
             if (dv)   // dV_j += P^T dO_i
-                tile_mm(nk, dvp, nr, 1, P, 1, bkp, dOb + (int64_t)r0 * ldob, ldob, dVj, lddv, true);
+                tile_mm_band(nk, dvp, nr, -cut, nr, 1, P, 1, bkp, dOb + (int64_t)r0 * ldob, ldob, dVj, lddv, true);
             if (dk)   // dK_j += scale dS^T Q_i
-                tile_mm(nk, dkp, nr, d->scale, dS, 1, bkp, Qb + (int64_t)r0 * ldqb, ldqb, dKj, lddk, true);
+                tile_mm_band(nk, dkp, nr, -cut, nr, d->scale, dS, 1, bkp, Qb + (int64_t)r0 * ldqb, ldqb, dKj, lddk, true);
             if (dq && dq_in)   // dQ_i += scale dS K_j
-                tile_mm(nr, dkp, nk, d->scale, dS, bkp, 1, Kj, ldk, dq + (int64_t)(t0 + r0) * ldq, ldq, true);
+                tile_mm_band(nr, dkp, nk, -nr, cut, d->scale, dS, bkp, 1, Kj, ldk, dq + (int64_t)(t0 + r0) * ldq, ldq, true);
             else if (dq) {
-                tile_mm(nr, dkp, nk, d->scale, dS, bkp, 1, Kj, ldk, w->dQi, dkp, false);
+                tile_mm_band(nr, dkp, nk, -nr, cut, d->scale, dS, bkp, 1, Kj, ldk, w->dQi, dkp, false);
                 add_rows(dq + (int64_t)(t0 + r0) * ldq, ldq, w->dQi, dkp, nr, d->dk);
             }
         }
