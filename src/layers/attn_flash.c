@@ -206,12 +206,28 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
             real *mb = m + i0, *lb = l + i0, mx[QB], sum[QB], alpha[QB];
 #pragma omp simd
             for (int i = 0; i < QB; i++) mx[i] = mb[i], sum[i] = 0;
-            for (int j = 0; j < kmax; j++) {
+            // Keys j < jall are seen by every query of the block; the rest
+            // (the diagonal) by queries i >= j - lag only.
+            int jall = imax(0, imin(kmax, lag + 1));
+            for (int j = 0; j < jall; j++) {
+                const real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+                for (int i = 0; i < QB; i++) mx[i] = Sj[i] > mx[i] ? Sj[i] : mx[i];
+            }
+            for (int j = jall; j < kmax; j++) {
                 const real *Sj = St + (int64_t)j * QB;
 #pragma omp simd
                 for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && Sj[i] > mx[i] ? Sj[i] : mx[i];
             }
-            for (int j = 0; j < kmax; j++) {
+            for (int j = 0; j < jall; j++) {
+                real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+                for (int i = 0; i < QB; i++) {
+                    Sj[i] = r_exp(Sj[i] - mx[i]);
+                    sum[i] += Sj[i];
+                }
+            }
+            for (int j = jall; j < kmax; j++) {
                 real *Sj = St + (int64_t)j * QB;
 #pragma omp simd
                 for (int i = 0; i < QB; i++) {
