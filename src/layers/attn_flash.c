@@ -255,9 +255,8 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
         }
     }
     for (int i = 0; i < nq; i++) {
-        real inv = 1 / l[i];
-        real *Oi = o + (int64_t)(t0 + i) * ldv;
-        for (int j = 0; j < d->dv; j++) Oi[j] = acc[(int64_t)i * dvp + j] * inv;
+        real *Oi = o + (int64_t)(t0 + i) * ldv;   // a division: one rounding, not two (1/l, then a product)
+        for (int j = 0; j < d->dv; j++) Oi[j] = acc[(int64_t)i * dvp + j] / l[i];
         if (lse) lse[t0 + i] = m[i] + (real)log(l[i]);
     }
 }
@@ -298,18 +297,18 @@ typedef struct BwdScratch {
     real *Kt, *Vt, *Kp, *dKj, *dVj, *Qp, *dOp, *P, *dS, *dQi, *D;
 } BwdScratch;
 
+// The reals the scratch takes; with w, also points w's pieces into base.
 static size_t backward_scratch(const AttnDims *d, real *base, BwdScratch *w) {
     size_t sizes[11] = {(size_t)d->dk * d->bkp, (size_t)d->dv * d->bkp, (size_t)d->bk * d->dkp,
                         (size_t)d->bk * d->dkp, (size_t)d->bk * d->dvp, (size_t)d->bq * d->dkp,
                         (size_t)d->bq * d->dvp, (size_t)d->bq * d->bkp, (size_t)d->bq * d->bkp,
                         (size_t)d->bq * d->dkp, (size_t)d->T};
-    real **ptr[11] = {&w->Kt, &w->Vt, &w->Kp, &w->dKj, &w->dVj, &w->Qp, &w->dOp, &w->P, &w->dS, &w->dQi, &w->D};
-    size_t off = 0;
-    for (int i = 0; i < 11; i++) {
-        if (base) *ptr[i] = base + off;
-        off += sizes[i];
-    }
-    return off;
+    size_t off[12] = {0};
+    for (int i = 0; i < 11; i++) off[i + 1] = off[i] + sizes[i];
+    if (w)
+        *w = (BwdScratch){base + off[0], base + off[1], base + off[2], base + off[3], base + off[4], base + off[5],
+                          base + off[6], base + off[7], base + off[8], base + off[9], base + off[10]};
+    return off[11];
 }
 
 // All blocks of one (batch, head). Pointers are the head's base in batch b;
