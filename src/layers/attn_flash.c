@@ -19,11 +19,15 @@
 // The block products are small (64 x 64 x 32 in the tiny configs): a BLAS
 // call per block spent more time on its set-up (copying panels, zeroing C
 // before every beta = 0 product) than on the arithmetic. They go through
-// tile_mm below instead, a register-blocked loop nest over operands copied
-// ("packed") once per tile into aligned scratch, rows padded with zeros to
-// whole vectors. The forward also walks a query tile MR rows at a time, so a
-// row's scores go from the S product through the softmax into the P V product
-// while they are still in L1.
+// tile_mm below instead, a register-blocked loop nest. Its vector operands
+// (B and C) are rows of whole aligned vectors: the tensors themselves when a
+// head's rows are (d a multiple of the vector width), else copies padded with
+// zeros ("packed"); the broadcast operand A is read in place at any stride.
+// The forward scores QB queries at once, one per vector lane (St = K_j Q^T,
+// keys x queries), so the online max and sum are lane-wise; the backward
+// scores MR queries at a time with the keys along the lanes, against K_j^T
+// and V_j^T packed once per key tile. Diagonal blocks skip their masked half
+// (tile_mm_band). Scratch: one slot per thread from tape_thread_slots.
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -378,9 +382,11 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
             if (dv)   // dV_j += P^T dO_i
                 tile_mm_band(nk, dvp, nr, -cut, nr, 1, P, 1, bkp, dOb + (int64_t)r0 * ldob, ldob, dVj, lddv, true);
             if (dk)   // dK_j += scale dS^T Q_i
-                tile_mm_band(nk, dkp, nr, -cut, nr, d->scale, dS, 1, bkp, Qb + (int64_t)r0 * ldqb, ldqb, dKj, lddk, true);
+                tile_mm_band(nk, dkp, nr, -cut, nr, d->scale, dS, 1, bkp, Qb + (int64_t)r0 * ldqb, ldqb, dKj, lddk,
+                             true);
             if (dq && dq_in)   // dQ_i += scale dS K_j
-                tile_mm_band(nr, dkp, nk, -nr, cut, d->scale, dS, bkp, 1, Kj, ldk, dq + (int64_t)(t0 + r0) * ldq, ldq, true);
+                tile_mm_band(nr, dkp, nk, -nr, cut, d->scale, dS, bkp, 1, Kj, ldk, dq + (int64_t)(t0 + r0) * ldq,
+                             ldq, true);
             else if (dq) {
                 tile_mm_band(nr, dkp, nk, -nr, cut, d->scale, dS, bkp, 1, Kj, ldk, w->dQi, dkp, false);
                 add_rows(dq + (int64_t)(t0 + r0) * ldq, ldq, w->dQi, dkp, nr, d->dk);
