@@ -1,7 +1,7 @@
 // attn_bench: timing of the causal softmax attention kernel (op_attention) at
 // growing sequence length with the number of tokens per step fixed.
 //
-//   attn_bench [tokens=16384] [H=4] [d=64]
+//   attn_bench [tokens=16384] [H=4] [d=64] [reps=1] [max_T=16384]
 //
 // For T in 256, 1024, 4096, 16384 (B = tokens / T): the forward alone (no
 // grad), forward + backward, and one decoding step at a full cache (B
@@ -11,7 +11,10 @@
 // indexer's fused scoring + top-k (dsa_index_select, H_I = 4, d_I = 32). GFLOP/s counts the causal half only:
 // 2 T^2 d per head for the forward (QK^T and PV), 5 T^2 d for the backward.
 // The projections (u Wq, ...) are not included: their cost per token does not
-// depend on T. One run per figure after one warm-up: indicative, not a study.
+// depend on T. Each figure is the best of `reps` runs after one warm-up (the
+// best, not the mean: on a shared machine the noise only ever adds time).
+// max_T stops the sweep early (e.g. `attn_bench 4096 4 32 20 256` times the
+// tiny configs' attention, B 16, T 256, alone).
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -32,10 +35,12 @@ int main(int argc, char **argv) {
     int tokens = argc > 1 ? atoi(argv[1]) : 16384;
     int H = argc > 2 ? atoi(argv[2]) : 4;
     int d = argc > 3 ? atoi(argv[3]) : 64;
+    int reps = argc > 4 ? imax(1, atoi(argv[4])) : 1;
+    int max_T = argc > 5 ? atoi(argv[5]) : 16384;
     char cpu[256];
     runlog_cpu_name(cpu, sizeof cpu);
-    printf("attn_bench: %s, %d OpenMP threads, %s, tokens per step %d, H %d, dk = dv = %d, tiles %d x %d\n",
-           cpu, omp_get_max_threads(), REAL_NAME, tokens, H, d, ATTN_TILE_Q, ATTN_TILE_K);
+    printf("attn_bench: %s, %d OpenMP threads, %s, tokens per step %d, H %d, dk = dv = %d, tiles %d x %d, "
+           "best of %d\n", cpu, omp_get_max_threads(), REAL_NAME, tokens, H, d, ATTN_TILE_Q, ATTN_TILE_K, reps);
     printf("%7s %4s | %10s %8s | %10s %8s | %12s %10s | %14s %12s\n", "T", "B", "fwd ms", "GFLOP/s",
            "fwd+bwd ms", "GFLOP/s", "decode us", "tok/s", "sparse f+b ms", "index ms");
     const int K = 256, HI = 4, dI = 32;
@@ -47,7 +52,7 @@ int main(int argc, char **argv) {
     tape_init(&tp);
     for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
         int T = Ts[i], B = tokens / T;
-        if (B < 1) continue;
+        if (B < 1 || T > max_T) continue;
         Tensor *q = tensor_newv(true, 3, B, T, H * d), *k = tensor_newv(true, 3, B, T, H * d);
         Tensor *v = tensor_newv(true, 3, B, T, H * d);
         fill(q, &rng);
@@ -61,18 +66,25 @@ int main(int argc, char **argv) {
         tape_no_grad_push(&tp);
         op_attention(&tp, q, k, v, H, scale);
         tape_reset(&tp);
-        double t0 = runlog_now();
-        op_attention(&tp, q, k, v, H, scale);
-        double fwd = runlog_now() - t0;
-        tape_reset(&tp);
+        double fwd = INFINITY, t0;
+        for (int r = 0; r < reps; r++) {
+            t0 = runlog_now();
+            op_attention(&tp, q, k, v, H, scale);
+            fwd = fmin(fwd, runlog_now() - t0);
+            tape_reset(&tp);
+        }
         tape_no_grad_pop(&tp);
 
         // Forward + backward.
-        t0 = runlog_now();
-        Tensor *o = op_attention(&tp, q, k, v, H, scale);
-        tape_backward_from(&tp, o, seed);
-        double fb = runlog_now() - t0;
-        tape_reset(&tp);
+        double fb = INFINITY;
+        Tensor *o;
+        for (int r = 0; r < reps; r++) {
+            t0 = runlog_now();
+            o = op_attention(&tp, q, k, v, H, scale);
+            tape_backward_from(&tp, o, seed);
+            fb = fmin(fb, runlog_now() - t0);
+            tape_reset(&tp);
+        }
 
         // Decoding: B queries over a full cache of T keys (the k, v above).
         real *qrow = xmalloc((size_t)B * H * d * sizeof(real)), *orow = xmalloc((size_t)B * H * d * sizeof(real));

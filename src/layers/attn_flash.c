@@ -15,76 +15,253 @@
 // One task per (batch, head) visits the blocks in a fixed order and writes
 // only its own head's columns, so the gradients do not depend on the thread
 // count and no atomics are needed.
+//
+// The block products are small (64 x 64 x 32 in the tiny configs): a BLAS
+// call per block spent more time on its set-up (copying panels, zeroing C
+// before every beta = 0 product) than on the arithmetic. They go through
+// tile_mm below instead, a register-blocked loop nest. Its vector operands
+// (B and C) are rows of whole aligned vectors: the tensors themselves when a
+// head's rows are (d a multiple of the vector width), else copies padded with
+// zeros ("packed"); the broadcast operand A is read in place at any stride.
+// The forward scores QB queries at once, one per vector lane (St = K_j Q^T,
+// keys x queries), so the online max and sum are lane-wise; the backward
+// scores MR queries at a time with the keys along the lanes, against K_j^T
+// and V_j^T packed once per key tile. Diagonal blocks skip their masked half
+// (tile_mm_band). Scratch: one slot per thread from tape_thread_slots.
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attn_kernel.h"
 #include "blas.h"
+#include "ops_math.h"
 
-#ifdef AG_DOUBLE
-#define rexp exp
+// ---- Tile products ----
+// GCC/Clang vector types (one SIMD register each), so that the accumulators
+// of a register block are registers, which plain loops did not give (the
+// compiler kept them in memory; measured 3x slower at these sizes).
+#ifdef __AVX512F__
+#define VEC_BYTES 64
+#define MR 8   // rows per register block: 2 MR accumulators of the 32 vector registers
 #else
-#define rexp expf
+#define VEC_BYTES 32
+#define MR 4   // 16 vector registers (AVX2, SSE)
 #endif
+#define VL ((int)(VEC_BYTES / sizeof(real)))   // reals per vector
+typedef real vreal __attribute__((vector_size(VEC_BYTES)));
+
+static inline int round_vl(int n) { return (n + VL - 1) / VL * VL; }
+
+// One register block: C (R x NV vectors) (+)= alpha sum_k A(r, k) B(k, :),
+// with A(r, k) = A[r lda + k ak]. R <= MR and NV <= 2 are constants at each
+// call, so the loops unroll and c[][] lives in registers.
+static inline __attribute__((always_inline)) void mm_block(const int R, const int NV, int K, real alpha,
+                                                           const real *A, int lda, int ak, const real *B,
+                                                           int ldb, real *C, int ldc, bool add) {
+    vreal c[MR][2];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) c[r][v] = (vreal){0};
+    for (int k = 0; k < K; k++) {
+        vreal b[2];
+        for (int v = 0; v < NV; v++) b[v] = *(const vreal *)(B + (int64_t)k * ldb + v * VL);
+        for (int r = 0; r < R; r++) {
+            real a = A[r * lda + k * ak];
+            for (int v = 0; v < NV; v++) c[r][v] += a * b[v];
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) {
+            vreal *cv = (vreal *)(C + (int64_t)r * ldc + v * VL);
+            *cv = add ? *cv + alpha * c[r][v] : alpha * c[r][v];
+        }
+}
+
+static inline __attribute__((always_inline)) void mm_rows(const int R, bool two, int K, real alpha,
+                                                          const real *A, int lda, int ak, const real *B,
+                                                          int ldb, real *C, int ldc, bool add) {
+    if (two) mm_block(R, 2, K, alpha, A, lda, ak, B, ldb, C, ldc, add);
+    else mm_block(R, 1, K, alpha, A, lda, ak, B, ldb, C, ldc, add);
+}
+
+// C (M x N) = alpha A B, or C += alpha A B when `add`. A (M x K) has element
+// (i, k) at A[i lda + k ak] (ak = 1: row-major; lda = 1: stored transposed);
+// B (K x N) has rows of stride ldb, C rows of stride ldc. N, ldb and ldc are
+// multiples of VL, and B and C are VEC_BYTES-aligned.
+// Band: A(i, k) is zero outside i + lo <= k <= i + hi (a causal mask), and
+// each block of rows skips the k where all its rows are zero.
+static void tile_mm_band(int M, int N, int K, int lo, int hi, real alpha, const real *A, int lda, int ak,
+                         const real *B, int ldb, real *C, int ldc, bool add) {
+    for (int j = 0; j < N; j += 2 * VL) {
+        bool two = j + 2 * VL <= N;
+        for (int i = 0; i < M;) {
+            int R = M - i >= MR ? MR : M - i >= 4 ? 4 : M - i >= 2 ? 2 : 1;
+            int k0 = imax(0, i + lo), k1 = imin(K, i + R - 1 + hi + 1);
+            int nk = imax(0, k1 - k0);
+            const real *Ai = A + i * lda + k0 * ak, *Bk = B + (int64_t)k0 * ldb + j;
+            real *Ci = C + (int64_t)i * ldc + j;
+            if (R == MR) mm_rows(MR, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            else if (MR > 4 && R == 4) mm_rows(4, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            else if (R == 2) mm_rows(2, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            else mm_rows(1, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            i += R;
+        }
+    }
+}
+
+static void tile_mm(int M, int N, int K, real alpha, const real *A, int lda, int ak, const real *B, int ldb,
+                    real *C, int ldc, bool add) {
+    tile_mm_band(M, N, K, -M, K, alpha, A, lda, ak, B, ldb, C, ldc, add);
+}
+
+// dst (n x ldd) = the first w columns of n rows of src (row stride lds), the
+// rest of each row zero.
+static void pack_rows(real *dst, int ldd, const real *src, int lds, int n, int w) {
+    for (int i = 0; i < n; i++) {
+        memcpy(dst + (int64_t)i * ldd, src + (int64_t)i * lds, (size_t)w * sizeof(real));
+        memset(dst + (int64_t)i * ldd + w, 0, (size_t)(ldd - w) * sizeof(real));
+    }
+}
+
+// dst (w x ldd) = the transpose of w columns of n rows of src: dst[c][i] =
+// src[i][c], columns n .. ldd-1 zero.
+static void pack_transposed(real *dst, int ldd, const real *src, int lds, int n, int w) {
+    for (int c = 0; c < w; c++) {
+        real *row = dst + (int64_t)c * ldd;
+        for (int i = 0; i < n; i++) row[i] = src[(int64_t)i * lds + c];
+        for (int i = n; i < ldd; i++) row[i] = 0;
+    }
+}
+
+// Whether rows of w reals at stride ld from p can be tile_mm's B or C as they
+// are: whole vectors, aligned.
+static bool in_place(const real *p, int ld, int w) {
+    return w % VL == 0 && ld % VL == 0 && (uintptr_t)p % VEC_BYTES == 0;
+}
+
+// dst rows (row stride ldd) += the first w columns of n rows of src (row stride lds).
+static void add_rows(real *dst, int ldd, const real *src, int lds, int n, int w) {
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < w; c++) dst[(int64_t)i * ldd + c] += src[(int64_t)i * lds + c];
+}
+
+// ---- The op ----
 
 typedef struct AttnDims {
     int B, T, H, dk, dv;
-    int bq, bk;        // tile sizes
+    int bq, bk;           // tile sizes
+    int dkp, dvp, bkp;    // dk, dv, bk rounded up to whole vectors (packed row strides)
     real scale;
 } AttnDims;
 
 // iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv, 5 tile_q, 6 tile_k; farg[0] scale.
 static AttnDims dims_of(const Node *n) {
-    return (AttnDims){n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4],
-                      n->iarg[5], n->iarg[6], (real)n->farg[0]};
+    AttnDims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], n->iarg[5], n->iarg[6],
+                  0, 0, 0, (real)n->farg[0]};
+    d.dkp = round_vl(d.dk);
+    d.dvp = round_vl(d.dv);
+    d.bkp = round_vl(d.bk);
+    return d;
+}
+
+// The forward takes a query tile QB queries at a time, one query per vector
+// lane: the scores of the block are St (keys x QB queries), so the running
+// max and sum of each query are lane-wise (no reduction across a vector), and
+// St = K_j Q^T reads K_j in place, with only Q^T packed, once per query tile.
+#define QB (2 * VL)
+
+// Forward scratch (reals per thread), each piece a whole number of vectors:
+// Qt (dk x bqp), Vp (bk x dvp), St (bk x QB), acc (bq x dvp), m, l (bqp each),
+// with bqp = bq rounded up to QB.
+static int forward_bqp(const AttnDims *d) { return (d->bq + QB - 1) / QB * QB; }
+
+static size_t forward_scratch(const AttnDims *d) {
+    int bqp = forward_bqp(d);
+    return (size_t)d->dk * bqp + (size_t)d->bk * d->dvp + (size_t)d->bk * QB + (size_t)d->bq * d->dvp +
+           2 * (size_t)bqp;
 }
 
 // One query tile of one head: o rows t0..t0+nq-1 and their lse.
 // q, k: head-h base pointers of batch b (row stride ldq); v, o: (row stride ldv).
-// Scratch: S (bq*bk), acc (bq*dv), m, l (bq).
+// The running max m and sum l stay in `real`: m is a max (exact), l a sum of
+// at most T terms in [0, 1].
 static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q, const real *k,
-                               const real *v, real *o, real *lse, real *S, real *acc, double *m,
-                               double *l) {
-    int ldq = d->H * d->dk, ldv = d->H * d->dv, bk = d->bk, dv = d->dv;
-    for (int i = 0; i < nq; i++) m[i] = -INFINITY, l[i] = 0;
-    memset(acc, 0, (size_t)nq * dv * sizeof(real));
-    const real *Q = q + (int64_t)t0 * ldq;
+                               const real *v, real *o, real *lse, real *scratch) {
+    int ldq = d->H * d->dk, ldv = d->H * d->dv, dvp = d->dvp, bqp = forward_bqp(d);
+    real *Qt = scratch, *Vp = Qt + (size_t)d->dk * bqp, *St = Vp + (size_t)d->bk * dvp;
+    real *acc = St + (size_t)d->bk * QB, *m = acc + (size_t)d->bq * dvp, *l = m + bqp;
+    pack_transposed(Qt, bqp, q + (int64_t)t0 * ldq, ldq, nq, d->dk);
+    for (int i = 0; i < bqp; i++) m[i] = -INFINITY, l[i] = 0;
+    memset(acc, 0, (size_t)nq * dvp * sizeof(real));
+    bool v_in = in_place(v, ldv, d->dv);   // V rows used where they are (else copied into Vp)
+    int ldvj = v_in ? ldv : dvp;
     int s_end = t0 + nq;   // keys 0 .. s_end-1 can be seen by some row of the tile
-    for (int s0 = 0; s0 < s_end; s0 += bk) {
-        int nk = imin(bk, s_end - s0);
-        gemm(false, true, nq, nk, d->dk, d->scale, Q, ldq, k + (int64_t)s0 * ldq, ldq, 0, S, bk);
-        for (int i = 0; i < nq; i++) {
-            real *Si = S + (int64_t)i * bk;
-            int nvalid = imin(nk, t0 + i - s0 + 1);   // keys s0 .. t in this block
-            if (nvalid <= 0) {                        // the whole block is in row i's future
-                memset(Si, 0, (size_t)nk * sizeof(real));
-                continue;
+    for (int s0 = 0; s0 < s_end; s0 += d->bk) {
+        int nk = imin(d->bk, s_end - s0);
+        const real *Vj = v_in ? v + (int64_t)s0 * ldv : Vp;   // V_j rows, stride ldvj
+        if (!v_in) pack_rows(Vp, dvp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
+        // Query blocks from the one holding the first query that sees key s0.
+        for (int i0 = imax(0, s0 - t0) / QB * QB; i0 < nq; i0 += QB) {
+            int nr = imin(QB, nq - i0);
+            int kmax = imin(nk, t0 + i0 + nr - s0);   // keys s0 .. s0+kmax-1 seen by the block's last query
+            int lag = t0 + i0 - s0;                    // key j is seen by query i of the block iff j <= lag + i
+            tile_mm(kmax, QB, d->dk, d->scale, k + (int64_t)s0 * ldq, ldq, 1, Qt + i0, bqp, St, QB, false);
+            real *mb = m + i0, *lb = l + i0, mx[QB], sum[QB], alpha[QB];
+#pragma omp simd
+            for (int i = 0; i < QB; i++) mx[i] = mb[i], sum[i] = 0;
+            // Keys j < jall are seen by every query of the block; the rest
+            // (the diagonal) by queries i >= j - lag only.
+            int jall = imax(0, imin(kmax, lag + 1));
+            for (int j = 0; j < jall; j++) {
+                const real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+                for (int i = 0; i < QB; i++) mx[i] = Sj[i] > mx[i] ? Sj[i] : mx[i];
             }
-            double mx = m[i];
-            for (int j = 0; j < nvalid; j++) mx = fmax(mx, (double)Si[j]);
-            double sum = 0;
-            for (int j = 0; j < nvalid; j++) {
-                Si[j] = rexp(Si[j] - (real)mx);
-                sum += Si[j];
+            for (int j = jall; j < kmax; j++) {
+                const real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+                for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && Sj[i] > mx[i] ? Sj[i] : mx[i];
             }
-            for (int j = nvalid; j < nk; j++) Si[j] = 0;
-            double alpha = exp(m[i] - mx);   // 0 on the first block (m = -inf)
-            l[i] = alpha * l[i] + sum;
-            m[i] = mx;
-            if (alpha != 1) {
-                real *Ai = acc + (int64_t)i * dv;
-                for (int j = 0; j < dv; j++) Ai[j] *= (real)alpha;
+            for (int j = 0; j < jall; j++) {
+                real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+                for (int i = 0; i < QB; i++) {
+                    Sj[i] = r_exp(Sj[i] - mx[i]);
+                    sum[i] += Sj[i];
+                }
             }
+            for (int j = jall; j < kmax; j++) {
+                real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+                for (int i = 0; i < QB; i++) {
+                    Sj[i] = j <= lag + i ? r_exp(Sj[i] - mx[i]) : 0;
+                    sum[i] += Sj[i];
+                }
+            }
+            // alpha = exp(m - m'): 0 on a query's first keys (m = -inf); 1
+            // when the max did not move, also for a query that sees none of
+            // these keys yet (m = m' = -inf, where m - m' is not a number).
+#pragma omp simd
+            for (int i = 0; i < QB; i++) {
+                alpha[i] = mb[i] == mx[i] ? 1 : r_exp(mb[i] - mx[i]);
+                lb[i] = alpha[i] * lb[i] + sum[i];
+                mb[i] = mx[i];
+            }
+            for (int i = 0; i < nr; i++)
+                if (alpha[i] != 1) {
+                    real *Ai = acc + (int64_t)(i0 + i) * dvp;
+#pragma omp simd
+                    for (int j = 0; j < dvp; j++) Ai[j] *= alpha[i];
+                }
+            // acc += P V_j, P = St^T.
+            tile_mm_band(nr, dvp, kmax, -nr, lag, 1, St, 1, QB, Vj, ldvj, acc + (int64_t)i0 * dvp, dvp, true);
         }
-        gemm(false, false, nq, dv, nk, 1, S, bk, v + (int64_t)s0 * ldv, ldv, 1, acc, dv);
     }
     for (int i = 0; i < nq; i++) {
-        real inv = (real)(1.0 / l[i]);
-        real *Oi = o + (int64_t)(t0 + i) * ldv;
-        for (int j = 0; j < dv; j++) Oi[j] = acc[(int64_t)i * dv + j] * inv;
-        if (lse) lse[t0 + i] = (real)(m[i] + log(l[i]));
+        real *Oi = o + (int64_t)(t0 + i) * ldv;   // a division: one rounding, not two (1/l, then a product)
+        for (int j = 0; j < d->dv; j++) Oi[j] = acc[(int64_t)i * dvp + j] / l[i];
+        if (lse) lse[t0 + i] = m[i] + (real)log(l[i]);
     }
 }
 
@@ -95,15 +272,12 @@ static void flash_forward(Node *n) {
     real *lse = n->saved;   // (B, H, T) or NULL when no backward will run
     int ldq = d.H * d.dk, ldv = d.H * d.dv;
     int n_tiles = (d.T + d.bq - 1) / d.bq;
-    size_t n_S = (size_t)d.bq * d.bk, n_acc = (size_t)d.bq * d.dv;
     size_t stride;
-    unsigned char *slots =
-        tape_thread_slots(n->tape, 2 * d.bq * sizeof(double) + (n_S + n_acc) * sizeof(real), &stride);
+    unsigned char *slots = tape_thread_slots(n->tape, forward_scratch(&d) * sizeof(real), &stride);
+    ASSERT((uintptr_t)slots % VEC_BYTES == 0 && stride % VEC_BYTES == 0, "attention: scratch not aligned");
 #pragma omp parallel
     {
-        unsigned char *slot = slots + stride * (size_t)omp_get_thread_num();
-        double *m = (double *)slot, *l = m + d.bq;
-        real *S = (real *)(l + d.bq), *acc = S + n_S;
+        real *scratch = (real *)(slots + stride * (size_t)omp_get_thread_num());
         // Later query tiles see more keys: hand tiles out dynamically. Each
         // task writes its own rows, so the result is the same for any schedule.
 #pragma omp for collapse(3) schedule(dynamic, 1)
@@ -114,50 +288,112 @@ static void flash_forward(Node *n) {
                     int64_t row0 = (int64_t)b * d.T;
                     flash_forward_tile(&d, t0, nq, q + row0 * ldq + h * d.dk, k + row0 * ldq + h * d.dk,
                                        v + row0 * ldv + h * d.dv, o + row0 * ldv + h * d.dv,
-                                       lse ? lse + ((int64_t)b * d.H + h) * d.T : NULL, S, acc, m, l);
+                                       lse ? lse + ((int64_t)b * d.H + h) * d.T : NULL, scratch);
                 }
     }
 }
 
+// Backward scratch (reals per thread), each piece a whole number of vectors:
+//   per key tile:   Kt (dk x bkp), Vt (dv x bkp), Kp (bk x dkp), dKj (bk x dkp), dVj (bk x dvp)
+//   per query tile: Qp (bq x dkp), dOp (bq x dvp), P, dS (bq x bkp each), dQi (bq x dkp)
+//   per head:       D (T)
+typedef struct BwdScratch {
+    real *Kt, *Vt, *Kp, *dKj, *dVj, *Qp, *dOp, *P, *dS, *dQi, *D;
+} BwdScratch;
+
+// The reals the scratch takes; with w, also points w's pieces into base.
+static size_t backward_scratch(const AttnDims *d, real *base, BwdScratch *w) {
+    size_t sizes[11] = {(size_t)d->dk * d->bkp, (size_t)d->dv * d->bkp, (size_t)d->bk * d->dkp,
+                        (size_t)d->bk * d->dkp, (size_t)d->bk * d->dvp, (size_t)d->bq * d->dkp,
+                        (size_t)d->bq * d->dvp, (size_t)d->bq * d->bkp, (size_t)d->bq * d->bkp,
+                        (size_t)d->bq * d->dkp, (size_t)d->T};
+    size_t off[12] = {0};
+    for (int i = 0; i < 11; i++) off[i + 1] = off[i] + sizes[i];
+    if (w)
+        *w = (BwdScratch){base + off[0], base + off[1], base + off[2], base + off[3], base + off[4], base + off[5],
+                          base + off[6], base + off[7], base + off[8], base + off[9], base + off[10]};
+    return off[11];
+}
+
 // All blocks of one (batch, head). Pointers are the head's base in batch b;
-// gradient pointers may be NULL (that input takes no gradient).
-// Scratch: S, dP (bq*bk), D (T).
+// gradient pointers may be NULL (that input takes no gradient). Operands
+// that are whole aligned vectors (in_place) are used where they are: the
+// products read q, k, dO and add into dq, dk, dv directly; otherwise through
+// padded copies in scratch.
 static void flash_backward_head(const AttnDims *d, const real *q, const real *k, const real *v,
                                 const real *o, const real *dO, const real *lse, real *dq, real *dk,
-                                real *dv, real *S, real *dP, real *D) {
+                                real *dv, const BwdScratch *w) {
     int ldq = d->H * d->dk, ldv = d->H * d->dv, bq = d->bq, bk = d->bk, T = d->T;
+    int bkp = d->bkp, dkp = d->dkp, dvp = d->dvp;
     for (int t = 0; t < T; t++) {   // D_t = dO_t . O_t
+        const real *dOt = dO + (int64_t)t * ldv, *Ot = o + (int64_t)t * ldv;
         double s = 0;
-        for (int j = 0; j < d->dv; j++) s += (double)dO[(int64_t)t * ldv + j] * o[(int64_t)t * ldv + j];
-        D[t] = (real)s;
+#pragma omp simd reduction(+ : s)
+        for (int j = 0; j < d->dv; j++) s += (double)dOt[j] * Ot[j];
+        w->D[t] = (real)s;
     }
     bool need_ds = dq || dk;
+    bool q_in = in_place(q, ldq, d->dk), k_in = in_place(k, ldq, d->dk), dO_in = in_place(dO, ldv, d->dv);
+    bool dq_in = dq && in_place(dq, ldq, d->dk), dk_in = dk && in_place(dk, ldq, d->dk);
+    bool dv_in = dv && in_place(dv, ldv, d->dv);
     for (int s0 = 0; s0 < T; s0 += bk) {
-        int nk = imin(bk, T - s0);
-        const real *Kj = k + (int64_t)s0 * ldq, *Vj = v + (int64_t)s0 * ldv;
+        int nk = imin(bk, T - s0), nkv = round_vl(nk);
+        pack_transposed(w->Kt, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
+        if (need_ds) pack_transposed(w->Vt, bkp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
+        const real *Kj = k_in ? k + (int64_t)s0 * ldq : w->Kp;   // K_j rows, stride ldk
+        int ldk = k_in ? ldq : dkp;
+        if (dq && !k_in) pack_rows(w->Kp, dkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
+        real *dKj = dk_in ? dk + (int64_t)s0 * ldq : w->dKj, *dVj = dv_in ? dv + (int64_t)s0 * ldv : w->dVj;
+        int lddk = dk_in ? ldq : dkp, lddv = dv_in ? ldv : dvp;
+        if (dk && !dk_in) memset(w->dKj, 0, (size_t)nk * dkp * sizeof(real));
+        if (dv && !dv_in) memset(w->dVj, 0, (size_t)nk * dvp * sizeof(real));
         // Query tiles that can see key s0 onwards: the one holding s0, and later ones.
         for (int t0 = (s0 / bq) * bq; t0 < T; t0 += bq) {
             int nq = imin(bq, T - t0);
+            int r0 = imax(0, s0 - t0);   // rows before r0 see none of these keys: P = dS = 0 there
             const real *Qi = q + (int64_t)t0 * ldq, *dOi = dO + (int64_t)t0 * ldv;
-            gemm(false, true, nq, nk, d->dk, d->scale, Qi, ldq, Kj, ldq, 0, S, bk);
-            for (int i = 0; i < nq; i++) {
-                real *Si = S + (int64_t)i * bk;
-                int nvalid = imax(0, imin(nk, t0 + i - s0 + 1));
-                real L = lse[t0 + i];
-                for (int j = 0; j < nvalid; j++) Si[j] = rexp(Si[j] - L);
-                for (int j = nvalid; j < nk; j++) Si[j] = 0;
+            const real *Qb = q_in ? Qi : w->Qp, *dOb = dO_in ? dOi : w->dOp;
+            int ldqb = q_in ? ldq : dkp, ldob = dO_in ? ldv : dvp;
+            if (dk && !q_in) pack_rows(w->Qp, dkp, Qi, ldq, nq, d->dk);
+            if (dv && !dO_in) pack_rows(w->dOp, dvp, dOi, ldv, nq, d->dv);
+            for (int i0 = r0; i0 < nq; i0 += MR) {
+                int nr = imin(MR, nq - i0);
+                int kmax = imin(nk, t0 + i0 + nr - s0);   // keys seen by the block's last row
+                real *P = w->P + (int64_t)i0 * bkp, *dS = w->dS + (int64_t)i0 * bkp;
+                tile_mm(nr, round_vl(kmax), d->dk, d->scale, Qi + (int64_t)i0 * ldq, ldq, 1, w->Kt, bkp, P, bkp,
+                        false);
+                for (int r = 0; r < nr; r++) {
+                    real *Pr = P + (int64_t)r * bkp, L = lse[t0 + i0 + r];
+                    int nvalid = imin(nk, t0 + i0 + r - s0 + 1);
+#pragma omp simd
+                    for (int j = 0; j < nkv; j++) Pr[j] = j < nvalid ? r_exp(Pr[j] - L) : 0;
+                }
+                if (!need_ds) continue;
+                tile_mm(nr, round_vl(kmax), d->dv, 1, dOi + (int64_t)i0 * ldv, ldv, 1, w->Vt, bkp, dS, bkp, false);
+                for (int r = 0; r < nr; r++) {
+                    real *Pr = P + (int64_t)r * bkp, *dSr = dS + (int64_t)r * bkp, Dt = w->D[t0 + i0 + r];
+#pragma omp simd
+                    for (int j = 0; j < nkv; j++) dSr[j] = j < kmax ? Pr[j] * (dSr[j] - Dt) : 0;
+                }
             }
-            if (dv) gemm(true, false, nk, d->dv, nq, 1, S, bk, dOi, ldv, 1, dv + (int64_t)s0 * ldv, ldv);
-            if (!need_ds) continue;
-            gemm(false, true, nq, nk, d->dv, 1, dOi, ldv, Vj, ldv, 0, dP, bk);
-            for (int i = 0; i < nq; i++) {
-                real *Pi = S + (int64_t)i * bk, *dPi = dP + (int64_t)i * bk;
-                real Dt = D[t0 + i];
-                for (int j = 0; j < nk; j++) dPi[j] = Pi[j] * (dPi[j] - Dt);   // dS
+            // Row r0 + i sees key j of the tile iff j <= i + cut (0 <= cut < bq).
+            int nr = nq - r0, cut = t0 + r0 - s0;   // rows that see some key of the tile
+            const real *P = w->P + (int64_t)r0 * bkp, *dS = w->dS + (int64_t)r0 * bkp;
+            if (dv)   // dV_j += P^T dO_i
+                tile_mm_band(nk, dvp, nr, -cut, nr, 1, P, 1, bkp, dOb + (int64_t)r0 * ldob, ldob, dVj, lddv, true);
+            if (dk)   // dK_j += scale dS^T Q_i
+                tile_mm_band(nk, dkp, nr, -cut, nr, d->scale, dS, 1, bkp, Qb + (int64_t)r0 * ldqb, ldqb, dKj, lddk,
+                             true);
+            if (dq && dq_in)   // dQ_i += scale dS K_j
+                tile_mm_band(nr, dkp, nk, -nr, cut, d->scale, dS, bkp, 1, Kj, ldk, dq + (int64_t)(t0 + r0) * ldq,
+                             ldq, true);
+            else if (dq) {
+                tile_mm_band(nr, dkp, nk, -nr, cut, d->scale, dS, bkp, 1, Kj, ldk, w->dQi, dkp, false);
+                add_rows(dq + (int64_t)(t0 + r0) * ldq, ldq, w->dQi, dkp, nr, d->dk);
             }
-            if (dq) gemm(false, false, nq, d->dk, nk, d->scale, dP, bk, Kj, ldq, 1, dq + (int64_t)t0 * ldq, ldq);
-            if (dk) gemm(true, false, nk, d->dk, nq, d->scale, dP, bk, Qi, ldq, 1, dk + (int64_t)s0 * ldq, ldq);
         }
+        if (dk && !dk_in) add_rows(dk + (int64_t)s0 * ldq, ldq, w->dKj, dkp, nk, d->dk);
+        if (dv && !dv_in) add_rows(dv + (int64_t)s0 * ldv, ldv, w->dVj, dvp, nk, d->dv);
     }
 }
 
@@ -169,18 +405,20 @@ static void flash_backward(Node *n) {
     const real *o = n->out[0]->data, *dO = n->out[0]->grad;
     const real *lse = n->saved;
     int ldq = d.H * d.dk, ldv = d.H * d.dv;
-    size_t n_S = (size_t)d.bq * d.bk, stride;
-    unsigned char *slots = tape_thread_slots(n->tape, (2 * n_S + (size_t)d.T) * sizeof(real), &stride);
+    size_t stride;
+    unsigned char *slots = tape_thread_slots(n->tape, backward_scratch(&d, NULL, NULL) * sizeof(real), &stride);
+    ASSERT((uintptr_t)slots % VEC_BYTES == 0 && stride % VEC_BYTES == 0, "attention: scratch not aligned");
 #pragma omp parallel
     {
-        real *S = (real *)(slots + stride * (size_t)omp_get_thread_num()), *dP = S + n_S, *D = dP + n_S;
+        BwdScratch w;
+        backward_scratch(&d, (real *)(slots + stride * (size_t)omp_get_thread_num()), &w);
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < d.B; b++)
             for (int h = 0; h < d.H; h++) {
                 int64_t qo = (int64_t)b * d.T * ldq + h * d.dk, vo = (int64_t)b * d.T * ldv + h * d.dv;
                 flash_backward_head(&d, q + qo, k + qo, v + vo, o + vo, dO + vo,
                                     lse + ((int64_t)b * d.H + h) * d.T, dq ? dq + qo : NULL,
-                                    dk ? dk + qo : NULL, dv ? dv + vo : NULL, S, dP, D);
+                                    dk ? dk + qo : NULL, dv ? dv + vo : NULL, &w);
             }
     }
 }
@@ -236,7 +474,7 @@ void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc,
                 for (int j = 1; j < n_keys; j++) mx = s[j] > mx ? s[j] : mx;
                 double sum = 0;
                 for (int j = 0; j < n_keys; j++) {
-                    s[j] = rexp(s[j] - mx);
+                    s[j] = r_exp(s[j] - mx);
                     sum += s[j];
                 }
                 gemm(false, false, 1, dv, n_keys, (real)(1.0 / sum), s, n_keys, V, ldv, 0,

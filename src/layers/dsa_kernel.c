@@ -11,6 +11,7 @@
 //   dZ_(t,j),s = c dI_ts w_tj [Z > 0]
 //   dQ_tile += dZ K,  dK += dZ^T Q_tile
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,9 +45,11 @@ static void index_tile(real *out, int64_t ldo, const real *qI, const real *kI, c
 static void index_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1], HI = n->iarg[2], dI = n->iarg[3];
     int n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
+    size_t stride;   // per thread: Z (nq*HI, s_end)
+    unsigned char *slots = tape_thread_slots(n->tape, (size_t)DSA_TILE * HI * T * sizeof(real), &stride);
 #pragma omp parallel
     {
-        real *Z = xmalloc((size_t)DSA_TILE * HI * T * sizeof(real));   // (nq*HI, s_end)
+        real *Z = (real *)(slots + stride * (size_t)omp_get_thread_num());
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
             for (int it = 0; it < n_tiles; it++) {
@@ -54,7 +57,6 @@ static void index_forward(Node *n) {
                 index_tile(n->out[0]->data + ((int64_t)b * T + t0) * T, T, n->in[0]->data, n->in[1]->data,
                            n->in[2]->data, b, t0, imin(DSA_TILE, T - t0), T, HI, dI, Z);
             }
-        free(Z);
     }
 }
 
@@ -66,9 +68,11 @@ static void index_backward(Node *n) {
     const real *dI_ = n->out[0]->grad;
     real c = (real)(1.0 / sqrt(dI));
     // One task per batch element: dK collects every query tile in a fixed order.
+    size_t stride;   // per thread: Z (nq*HI, s_end), then dZ
+    unsigned char *slots = tape_thread_slots(n->tape, (size_t)DSA_TILE * HI * T * sizeof(real), &stride);
 #pragma omp parallel
     {
-        real *Z = xmalloc((size_t)DSA_TILE * HI * T * sizeof(real));
+        real *Z = (real *)(slots + stride * (size_t)omp_get_thread_num());
 #pragma omp for schedule(static)
         for (int b = 0; b < B; b++)
             for (int t0 = 0; t0 < T; t0 += DSA_TILE) {
@@ -97,7 +101,6 @@ static void index_backward(Node *n) {
                          gq + ((int64_t)b * T + t0) * HI * dI, dI);
                 if (gk) gemm(true, false, s_end, dI, nq * HI, 1, Z, s_end, Q, dI, 1, gk + (int64_t)b * T * dI, dI);
             }
-        free(Z);
     }
 }
 
@@ -235,7 +238,7 @@ void dsa_attn_target(real *p, const real *q, const real *k, int B, int T, int H,
 static void kl_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1];
     const real *Isc = n->in[0]->data, *p = n->in[1]->data;
-    double *row_loss = xmalloc((size_t)B * T * sizeof(double));
+    double *row_loss = tape_alloc(n->tape, (size_t)B * T * sizeof(double));
     real *lse_saved = n->saved;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < (int64_t)B * T; r++) {
@@ -253,7 +256,6 @@ static void kl_forward(Node *n) {
     double total = 0;   // fixed order: the same for any thread count
     for (int64_t r = 0; r < (int64_t)B * T; r++) total += row_loss[r];
     n->out[0]->data[0] = (real)(total / ((double)B * T));
-    free(row_loss);
 }
 
 static void kl_backward(Node *n) {

@@ -12,6 +12,7 @@
 // contributions from many queries (deterministic, no atomics). Saved: the
 // lse (B, H, T) and the selection.
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,10 +57,11 @@ static void sparse_forward(Node *n) {
     const int *sel = n->aux;
     const real *q = n->in[0]->data, *k = n->in[1]->data, *v = n->in[2]->data;
     real *o = n->out[0]->data, *lse = n->saved;
+    size_t stride;   // per thread: a (K) scores, then weights; acc (dv)
+    unsigned char *slots = tape_thread_slots(n->tape, ((size_t)K + dv) * sizeof(double), &stride);
 #pragma omp parallel
     {
-        double *a = xmalloc((size_t)K * sizeof(double));   // scores, then weights
-        double *acc = xmalloc((size_t)dv * sizeof(double));
+        double *a = (double *)(slots + stride * (size_t)omp_get_thread_num()), *acc = a + K;
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++)
@@ -70,8 +72,6 @@ static void sparse_forward(Node *n) {
                                           H * dk, H * dv, sel + row * K, K, dk, dv, scale, a, acc);
                     if (lse) lse[((int64_t)b * H + h) * T + t] = (real)L;
                 }
-        free(a);
-        free(acc);
     }
 }
 
