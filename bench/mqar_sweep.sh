@@ -6,8 +6,9 @@
 # mixer; a run stops once an accuracy check (every 250 steps, 4 batches)
 # reaches 99%. One thread, one run at a time.
 #
-#   bench/mqar_sweep.sh            all runs, then the plot (about 45 minutes
-#                                  on one core of the 2-core machine, under load)
+#   bench/mqar_sweep.sh            all 8 runs, then the plot: about 35 minutes
+#                                  (2-6 min a run on one thread of the 2-core
+#                                  machine with a load of 4-8; less when idle)
 #   bench/mqar_sweep.sh plot       only the plot, from docs/bench/mqar/
 #   MIXERS="attn gdn" LRS="1e-2" bench/mqar_sweep.sh    a subset (files of other
 #                                  runs are kept; the plot uses all of them)
@@ -30,10 +31,12 @@ if [ "${1:-}" != plot ]; then
     cmake --build "$BUILD" -j 2 --target mqar >/dev/null
     for m in $MIXERS; do
         for lr in $LRS; do
-            echo "== $m lr $lr (load: $(cut -d' ' -f1-3 /proc/loadavg))"
-            "$BUILD/mqar" --mixers "$m" --widths 32 --pairs 32 --seq 256 --vocab 256 --batch 16 \
-                --steps 3000 --lr "$lr" --eval-every 250 --stop-at 0.99 \
-                --tsv "$DATA/${m}_$lr.tsv" --curve "$DATA/${m}_$lr.curve.tsv" | tee "$DATA/${m}_$lr.txt"
+            {
+                echo "== $m lr $lr (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+                "$BUILD/mqar" --mixers "$m" --widths 32 --pairs 32 --seq 256 --vocab 256 --batch 16 \
+                    --steps 3000 --lr "$lr" --eval-every 250 --stop-at 0.99 \
+                    --tsv "$DATA/${m}_$lr.tsv" --curve "$DATA/${m}_$lr.curve.tsv"
+            } | tee "$DATA/${m}_$lr.txt"
         done
     done
 fi
