@@ -3,9 +3,19 @@
 //
 //   mqar [--mixers attn,gdn,mamba,linear] [--widths 32,64] [--pairs 16] [--seq 128]
 //        [--vocab 256] [--steps 1500] [--batch 32] [--lr 3e-3] [--seed 1] [--tsv FILE]
+//        [--eval-every N] [--stop-at ACC] [--curve FILE]
 //
 // Each model: embedding, 2 x (mixer + SwiGLU MLP), tied head; H = 2 heads of
 // size d_model / 2, so the recurrent state per layer is 2 x (d/2)^2 numbers.
+//
+// --lr takes a list (e.g. 1e-3,3e-3): every (mixer, width) is trained once
+// per learning rate, and a summary at the end names the best per (mixer,
+// width), as the Zoology paper reports. --eval-every N measures accuracy on 4
+// fresh batches every N steps (printed, and written to --curve FILE as
+// mixer, width, lr, step, mean training loss since the last point, accuracy);
+// --stop-at ACC ends a run as soon as such a measurement reaches ACC (e.g.
+// 0.99), so a solved run does not spend the rest of its budget. The final
+// accuracy is always measured on 16 other fresh batches.
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -66,9 +76,12 @@ int main(int argc, char **argv) {
     int n_widths = parse_list("32,64", widths_s, 8);
     MqarSpec spec = {256, 16, 128};
     int steps = 1500, B = 32;
-    double lr = 3e-3;
+    char lrs_s[8][16];
+    int n_lrs = parse_list("3e-3", lrs_s, 8);
+    int eval_every = 0;
+    double stop_at = 2;   // > 1: never
     uint64_t seed = 1;
-    const char *tsv = NULL;
+    const char *tsv = NULL, *curve = NULL;
     for (int i = 1; i < argc; i++) {
         bool has = i + 1 < argc;
         if (!strcmp(argv[i], "--mixers") && has) n_mixers = parse_list(argv[++i], mixers, 8);
@@ -78,7 +91,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--vocab") && has) spec.vocab = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && has) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && has) B = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--lr") && has) lr = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--lr") && has) n_lrs = parse_list(argv[++i], lrs_s, 8);
+        else if (!strcmp(argv[i], "--eval-every") && has) eval_every = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--stop-at") && has) stop_at = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--curve") && has) curve = argv[++i];
         else if (!strcmp(argv[i], "--seed") && has) seed = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--tsv") && has) tsv = argv[++i];
         else {
@@ -97,66 +113,114 @@ int main(int argc, char **argv) {
             fprintf(stderr, "mqar: unknown mixer '%s' (known: %s)\n", mixers[m], mixer_kind_names());
             return 2;
         }
+    double lrs[8];
+    for (int l = 0; l < n_lrs; l++) {
+        lrs[l] = atof(lrs_s[l]);
+        if (!(lrs[l] > 0)) {
+            fprintf(stderr, "mqar: learning rate '%s' is not a positive number\n", lrs_s[l]);
+            return 2;
+        }
+    }
     struct utsname un;
     uname(&un);
-    printf("# MQAR: vocab %d, %d pairs, T %d; 2-layer models, %d steps of batch %d, AdamW lr %.0e; %s, %d threads, %s\n",
-           spec.vocab, spec.n_pairs, spec.T, steps, B, lr, un.machine, omp_get_max_threads(), REAL_NAME);
-    printf("%-8s %6s %10s %12s %10s %8s\n", "mixer", "width", "params", "state/layer", "accuracy", "time_s");
+    printf("# MQAR: vocab %d, %d pairs, T %d; 2-layer models, %d steps of batch %d, AdamW lr", spec.vocab,
+           spec.n_pairs, spec.T, steps, B);
+    for (int l = 0; l < n_lrs; l++) printf("%s%.0e", l ? "," : " ", lrs[l]);
+    printf("; %s, %d threads, %s\n", un.machine, omp_get_max_threads(), REAL_NAME);
+    printf("%-8s %6s %10s %12s %8s %6s %10s %8s\n", "mixer", "width", "params", "state/layer", "lr", "steps", "accuracy",
+           "time_s");
     FILE *out = tsv ? fopen(tsv, "w") : NULL;
-    if (out) fprintf(out, "mixer\twidth\tparams\tstate\taccuracy\ttime_s\n");
+    FILE *cout = curve ? fopen(curve, "w") : NULL;
+    if ((tsv && !out) || (curve && !cout)) {
+        fprintf(stderr, "mqar: cannot write '%s'\n", tsv && !out ? tsv : curve);
+        return 2;
+    }
+    if (out) fprintf(out, "mixer\twidth\tparams\tstate\taccuracy\ttime_s\tlr\tsteps\n");
+    if (cout) fprintf(cout, "mixer\twidth\tlr\tstep\tloss\taccuracy\n");
+    double best_acc[8][8], best_lr[8][8];
     int *x = xmalloc((size_t)B * spec.T * sizeof(int)), *y = xmalloc((size_t)B * spec.T * sizeof(int));
     for (int m = 0; m < n_mixers; m++)
-        for (int w = 0; w < n_widths; w++) {
-            int D = atoi(widths_s[w]);
-            LMConfig c;
-            memset(&c, 0, sizeof c);
-            c.vocab_size = spec.vocab;
-            c.d_model = D;
-            c.d_ff = 2 * D;
-            c.tied = true;
-            c.norm_eps = 1e-6;
-            c.mixer = mixer_config_default(D, 2, D / 2, D / 2);
-            c.mixer.chunk_size = 32;
-            c.mixer.topk = 32;
-            char layers[64];
-            snprintf(layers, sizeof layers, "%s,%s", mixers[m], mixers[m]);
-            lm_parse_layers(&c, layers);
-            ParamStore ps;
-            params_init(&ps);
-            LM lm;
-            lm_create(&lm, &c, &ps);
-            params_finalize(&ps, seed);
-            Optimizer opt;
-            adamw_init(&opt, &ps, 0.9, 0.98, 1e-8, 0.1);
-            Tape tp;
-            tape_init(&tp);
-            Rng r;
-            rng_seed(&r, seed * 1000 + 7);
-            double t0 = runlog_now();
-            for (int step = 0; step < steps; step++) {
-                mqar_batch(&spec, &r, B, x, y);
-                params_zero_grad(&ps);
-                Tensor *loss = lm_loss(&tp, &lm, x, y, B, spec.T, NULL);
-                tape_backward(&tp, loss);
-                tape_reset(&tp);
-                optim_clip_grad_norm(&ps, 1.0);
-                optim_step(&opt, &ps, lr_cosine(step, steps / 10, steps, lr, lr / 10));
+        for (int w = 0; w < n_widths; w++)
+            for (int l = 0; l < n_lrs; l++) {
+                int D = atoi(widths_s[w]);
+                double lr = lrs[l];
+                LMConfig c;
+                memset(&c, 0, sizeof c);
+                c.vocab_size = spec.vocab;
+                c.d_model = D;
+                c.d_ff = 2 * D;
+                c.tied = true;
+                c.norm_eps = 1e-6;
+                c.mixer = mixer_config_default(D, 2, D / 2, D / 2);
+                c.mixer.chunk_size = 32;
+                c.mixer.topk = 32;
+                char layers[64];
+                snprintf(layers, sizeof layers, "%s,%s", mixers[m], mixers[m]);
+                lm_parse_layers(&c, layers);
+                ParamStore ps;
+                params_init(&ps);
+                LM lm;
+                lm_create(&lm, &c, &ps);
+                params_finalize(&ps, seed);
+                Optimizer opt;
+                adamw_init(&opt, &ps, 0.9, 0.98, 1e-8, 0.1);
+                Tape tp;
+                tape_init(&tp);
+                Rng r;
+                rng_seed(&r, seed * 1000 + 7);
+                double t0 = runlog_now(), eval_secs = 0, loss_sum = 0;
+                int step = 0, loss_n = 0;
+                while (step < steps) {
+                    mqar_batch(&spec, &r, B, x, y);
+                    params_zero_grad(&ps);
+                    Tensor *loss = lm_loss(&tp, &lm, x, y, B, spec.T, NULL);
+                    loss_sum += loss->data[0], loss_n++;
+                    tape_backward(&tp, loss);
+                    tape_reset(&tp);
+                    optim_clip_grad_norm(&ps, 1.0);
+                    optim_step(&opt, &ps, lr_cosine(step, steps / 10, steps, lr, lr / 10));
+                    step++;
+                    if (eval_every > 0 && (step % eval_every == 0 || step == steps)) {
+                        double e0 = runlog_now();
+                        double a = evaluate(&lm, &spec, B, 4, seed + 1000000 + (uint64_t)step);
+                        eval_secs += runlog_now() - e0;
+                        printf("  %s d%d lr %.0e step %5d: loss %.4f, accuracy %5.1f%%\n", mixers[m], D, lr, step,
+                               loss_sum / loss_n, 100 * a);
+                        fflush(stdout);
+                        if (cout) {
+                            fprintf(cout, "%s\t%d\t%g\t%d\t%.4f\t%.4f\n", mixers[m], D, lr, step, loss_sum / loss_n, a);
+                            fflush(cout);
+                        }
+                        loss_sum = 0, loss_n = 0;
+                        if (a >= stop_at) break;
+                    }
+                }
+                double secs = runlog_now() - t0 - eval_secs;   // training only
+                double acc = evaluate(&lm, &spec, B, 16, seed + 99);
+                bool rec = lm.blocks[0].mixer->kind->recurrent;
+                long state = rec ? 2L * (D / 2) * (D / 2) : 2L * spec.T * D;   // attn: its KV cache at length T
+                printf("%-8s %6d %10lld %12ld %8.0e %6d %9.1f%% %8.1f\n", mixers[m], D,
+                       (long long)params_count(&ps, false), state, lr, step, 100 * acc, secs);
+                fflush(stdout);
+                if (out) {
+                    fprintf(out, "%s\t%d\t%lld\t%ld\t%.4f\t%.1f\t%g\t%d\n", mixers[m], D,
+                            (long long)params_count(&ps, false), state, acc, secs, lr, step);
+                    fflush(out);
+                }
+                if (l == 0 || acc > best_acc[m][w]) best_acc[m][w] = acc, best_lr[m][w] = lr;
+                tape_free(&tp);
+                optim_free(&opt);
+                lm_destroy(&lm);
+                params_free(&ps);
             }
-            double secs = runlog_now() - t0;
-            double acc = evaluate(&lm, &spec, B, 16, seed + 99);
-            bool rec = lm.blocks[0].mixer->kind->recurrent;
-            long state = rec ? 2L * (D / 2) * (D / 2) : 2L * spec.T * D;   // attn: its KV cache at length T
-            printf("%-8s %6d %10lld %12ld %9.1f%% %8.1f\n", mixers[m], D, (long long)params_count(&ps, false), state,
-                   100 * acc, secs);
-            fflush(stdout);
-            if (out) fprintf(out, "%s\t%d\t%lld\t%ld\t%.4f\t%.1f\n", mixers[m], D, (long long)params_count(&ps, false),
-                             state, acc, secs);
-            tape_free(&tp);
-            optim_free(&opt);
-            lm_destroy(&lm);
-            params_free(&ps);
-        }
+    if (n_lrs > 1) {
+        printf("# best learning rate per mixer and width\n");
+        for (int m = 0; m < n_mixers; m++)
+            for (int w = 0; w < n_widths; w++)
+                printf("%-8s %6d %8.0e %9.1f%%\n", mixers[m], atoi(widths_s[w]), best_lr[m][w], 100 * best_acc[m][w]);
+    }
     if (out) fclose(out);
+    if (cout) fclose(cout);
     free(x);
     free(y);
     return 0;

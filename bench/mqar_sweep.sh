@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# bench/mqar_sweep.sh: the associative-recall runs of docs/mqar.md, section
+# "Capacity at equal state size": 2-layer models of each mixer at width 32
+# (recurrent state 2 x 16 x 16 = 512 numbers per layer), 32 key-value pairs,
+# T = 256, vocabulary 256, batch 16, up to 3000 steps, two learning rates per
+# mixer; a run stops once an accuracy check (every 250 steps, 4 batches)
+# reaches 99%. One thread, one run at a time.
+#
+#   bench/mqar_sweep.sh            all 8 runs, then the plot: about 35 minutes
+#                                  (2-6 min a run on one thread of the 2-core
+#                                  machine with a load of 4-8; less when idle)
+#   bench/mqar_sweep.sh plot       only the plot, from docs/bench/mqar/
+#   MIXERS="attn gdn" LRS="1e-2" bench/mqar_sweep.sh    a subset (files of other
+#                                  runs are kept; the plot uses all of them)
+#
+# Output: docs/bench/mqar/<mixer>_<lr>.{tsv,curve.tsv,txt} (final accuracy,
+# accuracy curve, raw output), docs/bench/mqar/all.tsv, docs/img/mqar_curves.png.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+BUILD=$ROOT/build
+DATA=$ROOT/docs/bench/mqar
+IMG=$ROOT/docs/img
+MIXERS=${MIXERS:-attn gdn mamba linear}
+LRS=${LRS:-3e-3 1e-2}
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+mkdir -p "$DATA" "$IMG"
+
+if [ "${1:-}" != plot ]; then
+    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build "$BUILD" -j 2 --target mqar >/dev/null
+    for m in $MIXERS; do
+        for lr in $LRS; do
+            {
+                echo "== $m lr $lr (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+                "$BUILD/mqar" --mixers "$m" --widths 32 --pairs 32 --seq 256 --vocab 256 --batch 16 \
+                    --steps 3000 --lr "$lr" --eval-every 250 --stop-at 0.99 \
+                    --tsv "$DATA/${m}_$lr.tsv" --curve "$DATA/${m}_$lr.curve.tsv"
+            } | tee "$DATA/${m}_$lr.txt"
+        done
+    done
+fi
+
+# all.tsv: every run's final line; curves.tsv: every accuracy check.
+first=1
+for f in "$DATA"/*_*.tsv; do
+    case $f in *.curve.tsv) continue ;; esac
+    if [ $first = 1 ]; then head -1 "$f"; first=0; fi
+    tail -n +2 "$f"
+done >"$DATA/all.tsv"
+first=1
+for f in "$DATA"/*.curve.tsv; do
+    if [ $first = 1 ]; then head -1 "$f"; first=0; fi
+    tail -n +2 "$f"
+done >"$DATA/curves.tsv"
+
+SERIES=$(awk -F'\t' 'NR > 1 && !seen[$1 ":" $3]++ {print $1 ":" $3}' "$DATA/curves.tsv")
+gnuplot <<GP
+set terminal pngcairo size 1000,600 font "DejaVu Sans,11" noenhanced
+set datafile separator "\t"
+set datafile missing "NaN"
+set grid
+set key outside right top
+set title "MQAR, 32 pairs, T = 256, width 32 (state 512 / layer): accuracy during training"
+set xlabel "training step (batch 16)"
+set ylabel "accuracy on 4 fresh batches (%)"
+set yrange [0:100]
+series = "$(echo $SERIES)"
+mixer(s) = s[1:strstrt(s, ":")-1]
+lr(s) = s[strstrt(s, ":")+1:]
+colour(s) = mixer(s) eq "attn" ? "#000000" : mixer(s) eq "linear" ? "#1f77b4" : mixer(s) eq "mamba" ? "#2ca02c" : \
+            mixer(s) eq "gdn" ? "#d62728" : "#7f7f7f"
+dash(s) = lr(s) + 0 > 0.005 ? 1 : 2
+pick(s) = (strcol(1) eq mixer(s) && strcol(3) eq lr(s)) ? 100 * column(6) : NaN
+set output "$IMG/mqar_curves.png"
+plot for [s in series] "$DATA/curves.tsv" using 4:(pick(s)) every ::1 \
+     with linespoints lw 2 pt 7 lc rgb colour(s) dt dash(s) title mixer(s) . " lr " . lr(s)
+GP
+echo "== done: $DATA/all.tsv, $IMG/mqar_curves.png"
+column -t -s $'\t' "$DATA/all.tsv"
