@@ -38,6 +38,41 @@ if [ "$MODE" != docs ]; then
     bench/threads_bench.sh "$BUILD" "$DATA/threads.tsv" "$THREADS_TOKENS" | tee "$DATA/threads.txt"
     printf 'seconds\t%s\nthreads_tokens\t%s\n' "$(( $(date +%s) - start ))" "$THREADS_TOKENS" >"$DATA/run.tsv"
 fi
+# The 3:1 hybrid (3 gdn layers, then 1 attn, as tiny_hybrid.ini): its layers
+# run one after another, so its cost per token and layer is the average
+# (3 gdn + 1 attn) / 4 of the measured gdn (chunked) and attn (flash) rows,
+# added here as derived rows "hybrid 3:1" (idempotent: old ones are dropped).
+derive_hybrid() {
+    local tmp
+    tmp=$(mktemp)
+    # train.tsv: mixer form T B best median tok/s cold_s arena_mib rss_mib status cpu
+    awk -F'\t' -v OFS='\t' '
+        function avg(x, y) { return (x == "" || y == "" || x !~ /^[0-9.]/ || y !~ /^[0-9.]/) ? "NaN" : sprintf("%.4f", (3 * x + y) / 4) }
+        NR == 1 { print; next }
+        $1 == "hybrid" { next }
+        { print }
+        $1 == "gdn" && $2 == "chunked" { n++; T[n] = $3; B[$3] = $4; for (c = 5; c <= 12; c++) g[$3, c] = $c }
+        $1 == "attn" && $2 == "flash" { for (c = 5; c <= 12; c++) a[$3, c] = $c; have[$3] = 1 }
+        END { for (i = 1; i <= n; i++) { t = T[i]; if (!have[t]) continue
+                  ok = g[t, 11] == "ok" && a[t, 11] == "ok"
+                  best = avg(g[t, 5], a[t, 5])
+                  print "hybrid", "3:1", t, B[t], best, avg(g[t, 6], a[t, 6]), (ok ? sprintf("%.1f", 1e6 / best) : "NaN"),
+                        avg(g[t, 8], a[t, 8]), avg(g[t, 9], a[t, 9]), avg(g[t, 10], a[t, 10]), (ok ? "ok" : "skipped"),
+                        avg(g[t, 12], a[t, 12]) } }' "$DATA/train.tsv" >"$tmp" && mv "$tmp" "$DATA/train.tsv"
+    tmp=$(mktemp)
+    # decode.tsv: mixer pos best median mean how
+    awk -F'\t' -v OFS='\t' '
+        NR == 1 { print; next }
+        $1 == "hybrid" { next }
+        { print }
+        $1 == "gdn" { n++; P[n] = $2; for (c = 3; c <= 5; c++) g[$2, c] = $c }
+        $1 == "attn" { for (c = 3; c <= 5; c++) a[$2, c] = $c; have[$2] = 1 }
+        END { for (i = 1; i <= n; i++) { p = P[i]; if (!have[p]) continue
+                  printf "hybrid\t%s", p
+                  for (c = 3; c <= 5; c++) printf "\t%.4f", (3 * g[p, c] + a[p, c]) / 4
+                  printf "\t3 gdn + 1 attn, averaged\n" } }' "$DATA/decode.tsv" >"$tmp" && mv "$tmp" "$DATA/decode.tsv"
+}
+derive_hybrid
 elapsed=$(awk -F'\t' '$1 == "seconds" {print $2}' "$DATA/run.tsv")
 THREADS_TOKENS=$(awk -F'\t' '$1 == "threads_tokens" {print $2}' "$DATA/run.tsv")
 
@@ -229,6 +264,12 @@ kernel figures are in \`gdn_bench\` and \`attn_bench\`.
   is filled directly with random keys and values up to P (stepping there
   costs O(P^2); the values do not change the work of the next step); the
   other kinds step their way to P.
+- **hybrid 3:1** (the mix of \`tiny_hybrid.ini\`: 3 gdn layers, then 1 attn)
+  is derived, not run: a stack's layers run one after another, so its cost
+  per token and layer is (3 x gdn chunked + 1 x attn flash) / 4 of the rows
+  measured above, for training time, memory and decoding alike. The whole
+  hybrid LM, measured end to end, is in the PyTorch comparison
+  ([\`torch_ref.md\`](torch_ref.md)) and the README's training table.
 
 ## Training step: microseconds per token
 
