@@ -1,5 +1,6 @@
 // ops_elementwise.c: add, sub, mul with suffix broadcasting; scale.
 #include "ops.h"
+#include "ops_math.h"
 
 enum { EW_ADD, EW_SUB, EW_MUL };
 
@@ -22,39 +23,38 @@ static void ew_forward(Node *n) {
     }
 }
 
-// A fresh gradient is written, not added to ((fresh ? 0 : d[i]) + ..., loops
-// unswitched by the compiler). da before db: when a and b are one tensor,
-// db adds to what da wrote.
+// A fresh gradient is written, not added to (GRAD_WRITE_LOOP). da before db:
+// when a and b are one tensor, db adds to what da wrote.
 static void ew_backward(Node *n) {
     const Tensor *a = n->in[0], *b = n->in[1];
     const real *g = n->out[0]->grad, *x = a->data, *y = b->data;
-    bool fa, fb;
-    real *da = NODE_GRAD_FRESH(n, 0, &fa);
-    real *db = NODE_GRAD_FRESH(n, 1, &fb);
+    bool fa_, fb_;
+    real *da = NODE_GRAD_FRESH(n, 0, &fa_);
+    real *db = NODE_GRAD_FRESH(n, 1, &fb_);
+    const bool fa = fa_, fb = fb_;   // by value into the parallel loops (unswitched, vectorised)
     int64_t na = a->numel, nb = b->numel, rows = na / nb;
     int kind = n->iarg[0];
     if (da) {
-        if (kind == EW_MUL) {
+        if (kind == EW_MUL && rows == 1) {
+            GRAD_WRITE_LOOP(fa, na, da, g[i] * y[i]);
+        } else if (kind == EW_MUL) {
 #pragma omp parallel for if (na > 65536) schedule(static)
             for (int64_t r = 0; r < rows; r++) {
                 const real *gr = g + r * nb;
                 real *dr = da + r * nb;
-                for (int64_t j = 0; j < nb; j++) dr[j] = (fa ? 0 : dr[j]) + gr[j] * y[j];
+                if (fa)
+                    for (int64_t j = 0; j < nb; j++) dr[j] = gr[j] * y[j];
+                else
+                    for (int64_t j = 0; j < nb; j++) dr[j] += gr[j] * y[j];
             }
         } else {
-#pragma omp parallel for if (na > 65536) schedule(static)
-            for (int64_t i = 0; i < na; i++) da[i] = (fa ? 0 : da[i]) + g[i];
+            GRAD_WRITE_LOOP(fa, na, da, g[i]);
         }
     }
     if (db && rows == 1) {   // same shapes: elementwise, in parallel
         real sg = kind == EW_SUB ? -1 : 1;
-        if (kind == EW_MUL) {
-#pragma omp parallel for if (na > 65536) schedule(static)
-            for (int64_t i = 0; i < na; i++) db[i] = (fb ? 0 : db[i]) + g[i] * x[i];
-        } else {
-#pragma omp parallel for if (na > 65536) schedule(static)
-            for (int64_t i = 0; i < na; i++) db[i] = (fb ? 0 : db[i]) + sg * g[i];
-        }
+        if (kind == EW_MUL) GRAD_WRITE_LOOP(fb, na, db, g[i] * x[i]);
+        else GRAD_WRITE_LOOP(fb, na, db, sg * g[i]);
     } else if (db) {
         if (fb)
             for (int64_t j = 0; j < nb; j++) db[j] = 0;
@@ -96,10 +96,11 @@ static void scale_forward(Node *n) {
 
 static void scale_backward(Node *n) {
     real s = (real)n->farg[0];
-    bool fresh;
-    real *dx = NODE_GRAD_FRESH(n, 0, &fresh);
+    bool fresh_;
+    real *dx = NODE_GRAD_FRESH(n, 0, &fresh_);
+    const bool fresh = fresh_;
     const real *g = n->out[0]->grad;
-    for (int64_t i = 0; i < n->in[0]->numel; i++) dx[i] = (fresh ? 0 : dx[i]) + s * g[i];
+    GRAD_WRITE_LOOP(fresh, n->in[0]->numel, dx, s * g[i]);
 }
 
 static const OpDef OP_SCALE = {"scale", scale_forward, scale_backward};

@@ -14,6 +14,23 @@
 // OpenMP fork costs more than the loop.
 #define OPS_PAR_MIN 32768
 
+// Backward loops that write a fresh gradient (tensor_grad_fresh) or add to
+// one: d[i] = e when `fresh`, else d[i] += e, for i in [0, n), in parallel
+// above OPS_PAR_MIN elements. Two loops rather than a test of `fresh` per
+// element: GCC does not vectorise the latter. `e` is an expression in i.
+#define GRAD_WRITE_LOOP(fresh, n, d, e)                                                \
+    do {                                                                               \
+        const int64_t gwl_n = (n);                                                     \
+        real *const gwl_d = (d);                                                       \
+        if (fresh) {                                                                   \
+            _Pragma("omp parallel for if (gwl_n > OPS_PAR_MIN) schedule(static)")      \
+            for (int64_t i = 0; i < gwl_n; i++) gwl_d[i] = (e);                        \
+        } else {                                                                       \
+            _Pragma("omp parallel for if (gwl_n > OPS_PAR_MIN) schedule(static)")      \
+            for (int64_t i = 0; i < gwl_n; i++) gwl_d[i] += (e);                       \
+        }                                                                              \
+    } while (0)
+
 #ifdef AG_DOUBLE
 static inline real r_exp(real x) { return exp(x); }
 static inline real r_log1p(real x) { return log1p(x); }
@@ -60,6 +77,12 @@ static inline real r_sqrt(real x) { return sqrtf(x); }
 // Branch-free (vectorisable): r_exp is clamped, so 1 + e^-x never overflows.
 static inline real r_sigmoid(real x) { return 1.0f / (1.0f + r_exp(-x)); }
 #endif
+
+// d silu / dx = s (1 + x (1 - s)), s = sigmoid(x).
+static inline real r_silu_grad(real x) {
+    real s = r_sigmoid(x);
+    return s * (1 + x * (1 - s));
+}
 
 // softplus(x) = log(1 + e^x) = max(x, 0) + log1p(e^-|x|), exact for large |x|.
 static inline real r_softplus(real x) {

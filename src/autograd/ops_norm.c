@@ -54,8 +54,9 @@ static void rmsnorm_backward(Node *n) {
     int64_t rows = tensor_rows(x);
     const real *dy = n->out[0]->grad;
     const real *g = gt ? gt->data : NULL;
-    bool fresh;
-    real *dx = NODE_GRAD_FRESH(n, 0, &fresh), *dg = NODE_GRAD_IN(n, 1);
+    bool fresh_;
+    real *dx = NODE_GRAD_FRESH(n, 0, &fresh_), *dg = NODE_GRAD_IN(n, 1);
+    const bool fresh = fresh_;   // by value into the parallel loop
     if (dx) {
 #pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
         for (int64_t r = 0; r < rows; r++) {
@@ -65,7 +66,10 @@ static void rmsnorm_backward(Node *n) {
             for (int j = 0; j < D; j++) dot += (double)dyr[j] * (g ? g[j] : 1) * xr[j] * ri;
             real c = (real)(dot / D);
             real *dxr = dx + r * D;
-            for (int j = 0; j < D; j++) dxr[j] = (fresh ? 0 : dxr[j]) + ri * (dyr[j] * (g ? g[j] : 1) - xr[j] * ri * c);
+            if (fresh)
+                for (int j = 0; j < D; j++) dxr[j] = ri * (dyr[j] * (g ? g[j] : 1) - xr[j] * ri * c);
+            else
+                for (int j = 0; j < D; j++) dxr[j] += ri * (dyr[j] * (g ? g[j] : 1) - xr[j] * ri * c);
         }
     }
     if (dg) {

@@ -38,8 +38,7 @@ static void unary_forward(Node *n) {
 
 // The local derivatives: silu' = s (1 + x (1 - s)), sigmoid' = y (1 - y),
 // softplus' = sigmoid(x), exp' = y, relu' = [x > 0].
-// A fresh dx is written, not added to: (fresh ? 0 : dx[i]) + ... (the loops
-// are unswitched on `fresh` by the compiler).
+// A fresh dx is written, not added to (GRAD_WRITE_LOOP).
 static void unary_backward(Node *n) {
     bool fresh;
     real *dx = NODE_GRAD_FRESH(n, 0, &fresh);
@@ -47,29 +46,11 @@ static void unary_backward(Node *n) {
     const real *x = n->in[0]->data, *y = n->out[0]->data, *g = n->out[0]->grad;
     int64_t N = n->in[0]->numel;
     switch (n->iarg[0]) {
-    case UN_SILU:
-#pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < N; i++) {
-            real s = r_sigmoid(x[i]);
-            dx[i] = (fresh ? 0 : dx[i]) + g[i] * s * (1 + x[i] * (1 - s));
-        }
-        break;
-    case UN_SIGMOID:
-#pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < N; i++) dx[i] = (fresh ? 0 : dx[i]) + g[i] * y[i] * (1 - y[i]);
-        break;
-    case UN_SOFTPLUS:
-#pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < N; i++) dx[i] = (fresh ? 0 : dx[i]) + g[i] * r_sigmoid(x[i]);
-        break;
-    case UN_EXP:
-#pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < N; i++) dx[i] = (fresh ? 0 : dx[i]) + g[i] * y[i];
-        break;
-    default:
-#pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < N; i++) dx[i] = (fresh ? 0 : dx[i]) + (x[i] > 0 ? g[i] : 0);
-        break;
+    case UN_SILU: GRAD_WRITE_LOOP(fresh, N, dx, g[i] * r_silu_grad(x[i])); break;
+    case UN_SIGMOID: GRAD_WRITE_LOOP(fresh, N, dx, g[i] * y[i] * (1 - y[i])); break;
+    case UN_SOFTPLUS: GRAD_WRITE_LOOP(fresh, N, dx, g[i] * r_sigmoid(x[i])); break;
+    case UN_EXP: GRAD_WRITE_LOOP(fresh, N, dx, g[i] * y[i]); break;
+    default: GRAD_WRITE_LOOP(fresh, N, dx, x[i] > 0 ? g[i] : 0); break;
     }
 }
 
@@ -111,27 +92,10 @@ static void silu_mul_backward(Node *n) {
     int64_t N = n->in[0]->numel;
     bool fg, fx;
     real *dg = NODE_GRAD_FRESH(n, 0, &fg);
+    if (dg) GRAD_WRITE_LOOP(fg, N, dg, dy[i] * x[i] * r_silu_grad(g[i]));
+    // After dg: when g and x are one tensor, dx's buffer is dg's and this adds.
     real *dx = NODE_GRAD_FRESH(n, 1, &fx);
-    if (dg && dx && dg != dx) {   // the usual case, one pass
-#pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < N; i++) {
-            real s = r_sigmoid(g[i]);
-            dg[i] = (fg ? 0 : dg[i]) + dy[i] * x[i] * s * (1 + g[i] * (1 - s));
-            dx[i] = (fx ? 0 : dx[i]) + dy[i] * g[i] * s;
-        }
-        return;
-    }
-    if (dg) {
-#pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < N; i++) {
-            real s = r_sigmoid(g[i]);
-            dg[i] = (fg ? 0 : dg[i]) + dy[i] * x[i] * s * (1 + g[i] * (1 - s));
-        }
-    }
-    if (dx) {   // after dg: when g and x are one tensor this adds to dg's write
-#pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < N; i++) dx[i] = (fx ? 0 : dx[i]) + dy[i] * g[i] * r_sigmoid(g[i]);
-    }
+    if (dx) GRAD_WRITE_LOOP(fx, N, dx, dy[i] * g[i] * r_sigmoid(g[i]));
 }
 
 static const OpDef OP_SILU_MUL = {"silu_mul", silu_mul_forward, silu_mul_backward};
