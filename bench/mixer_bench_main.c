@@ -3,7 +3,7 @@
 // included), on this machine.
 //
 //   mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]
-//               [-reps N] [-tsv DIR] [-no-train] [-no-decode]
+//               [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N (1; 0 = all)]
 //
 // 1. train: one training step (forward, then backward seeded on the output,
 //    gradients into u and every parameter) per (mixer, form, T), with B*T
@@ -88,6 +88,7 @@ typedef struct Options {
     int reps;                            // timed steps per cell (0: 2, or 1 when the cold step took > 3 s)
     const char *tsv_dir;                 // NULL: no TSV
     bool train, decode;
+    int decode_threads;                  // threads of the decode table (0: all)
 } Options;
 
 // ---- clock, memory, machine ----
@@ -395,8 +396,15 @@ static void kv_prefill(KVCache *kc, int P, Rng *r) {
 }
 
 static void run_decode(const Options *o, FILE *tsv) {
-    printf("## 3. decoding, B = 1: microseconds per token at context position P (fastest of %d steps)\n",
-           DECODE_WINDOW);
+    // One B = 1 step is ~0.1 ms of small products: on 2 threads the wake-up
+    // of the second thread at every parallel region costs as much as it
+    // saves and jitters from step to step, so the table runs on 1 thread by
+    // default, as `generate` does for small models (-decode-threads N).
+    int all_threads = omp_get_max_threads();
+    int threads = o->decode_threads > 0 ? o->decode_threads : all_threads;
+    omp_set_num_threads(threads);
+    printf("## 3. decoding, B = 1: microseconds per token at context position P (fastest of %d steps, %d thread%s)\n",
+           DECODE_WINDOW, threads, threads == 1 ? "" : "s");
     printf("%-9s", "mixer");
     for (int i = 0; i < o->npos; i++) printf("  %8s%-6d", "P=", o->pos[i]);
     printf("  %s\n", "cache reaches P by");
@@ -457,6 +465,7 @@ static void run_decode(const Options *o, FILE *tsv) {
         layer_free(&L);
     }
     printf("\n");
+    omp_set_num_threads(all_threads);
 }
 
 // ---- command line ----
@@ -475,12 +484,12 @@ static int parse_list(const char *s, int *out) {
 
 static void usage(void) {
     fprintf(stderr, "usage: mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]\n"
-                    "                   [-reps N] [-tsv DIR] [-no-train] [-no-decode]\n");
+                    "                   [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
-    Options o = {.tokens = 16384, .train = true, .decode = true};
+    Options o = {.tokens = 16384, .train = true, .decode = true, .decode_threads = 1};
     o.nT = parse_list("256,1024,4096,16384", o.Ts);
     o.npos = parse_list("256,1024,4096,16384,32768", o.pos);
     for (int i = 1; i < argc; i++) {
@@ -494,6 +503,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "-only") == 0) o.only = v, i++;
         else if (strcmp(a, "-reps") == 0) o.reps = atoi(v), i++;
         else if (strcmp(a, "-tsv") == 0) o.tsv_dir = v, i++;
+        else if (strcmp(a, "-decode-threads") == 0) o.decode_threads = atoi(v), i++;
         else usage();
     }
     ASSERT(o.tokens > 0 && o.reps >= 0, "mixer_bench: -tokens %d, -reps %d", o.tokens, o.reps);

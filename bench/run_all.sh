@@ -258,7 +258,10 @@ kernel figures are in \`gdn_bench\` and \`attn_bench\`.
   heap the kernels allocate (per-thread scratch). Inputs and parameters exist
   before the step and are not counted. The arena high-water alone is in
   \`docs/bench/train.tsv\` (column arena_mib).
-- **Decoding**: B = 1, one token at a time through \`MixerKind.step\`; at
+- **Decoding**: B = 1, one token at a time through \`MixerKind.step\`, on
+  one thread (as \`generate\` runs small models: a B = 1 step is too small
+  to gain from a second thread, whose wake-up at every parallel region only
+  adds jitter; \`mixer_bench -decode-threads N\` changes it); at
   context position P, the fastest of the next 64 steps (their median is in
   \`docs/bench/decode.tsv\`). attn's KV cache
   is filled directly with random keys and values up to P (stepping there
