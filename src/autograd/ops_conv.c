@@ -124,9 +124,8 @@ static void conv_backward(Node *n) {
     int64_t rows = (int64_t)x->shape[0] * T;
     bool silu = n->iarg[0];
     const real *G = n->out[0]->grad, *X = x->data;
-    bool dx_fresh_;
-    real *dx = NODE_GRAD_FRESH(n, 0, &dx_fresh_), *dw = NODE_GRAD_IN(n, 1);
-    const bool dx_fresh = dx_fresh_;
+    bool dx_fresh;
+    real *dx = NODE_GRAD_FRESH(n, 0, &dx_fresh), *dw = NODE_GRAD_IN(n, 1);
     if ((!dx && !dw) || rows == 0) return;
     const real *wt = conv_wt(n->tape, w);
 

@@ -28,10 +28,9 @@ static void ew_forward(Node *n) {
 static void ew_backward(Node *n) {
     const Tensor *a = n->in[0], *b = n->in[1];
     const real *g = n->out[0]->grad, *x = a->data, *y = b->data;
-    bool fa_, fb_;
-    real *da = NODE_GRAD_FRESH(n, 0, &fa_);
-    real *db = NODE_GRAD_FRESH(n, 1, &fb_);
-    const bool fa = fa_, fb = fb_;   // by value into the parallel loops (unswitched, vectorised)
+    bool fa, fb;
+    real *da = NODE_GRAD_FRESH(n, 0, &fa);
+    real *db = NODE_GRAD_FRESH(n, 1, &fb);
     int64_t na = a->numel, nb = b->numel, rows = na / nb;
     int kind = n->iarg[0];
     if (da) {
@@ -96,9 +95,8 @@ static void scale_forward(Node *n) {
 
 static void scale_backward(Node *n) {
     real s = (real)n->farg[0];
-    bool fresh_;
-    real *dx = NODE_GRAD_FRESH(n, 0, &fresh_);
-    const bool fresh = fresh_;
+    bool fresh;
+    real *dx = NODE_GRAD_FRESH(n, 0, &fresh);
     const real *g = n->out[0]->grad;
     GRAD_WRITE_LOOP(fresh, n->in[0]->numel, dx, s * g[i]);
 }

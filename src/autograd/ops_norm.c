@@ -54,9 +54,8 @@ static void rmsnorm_backward(Node *n) {
     int64_t rows = tensor_rows(x);
     const real *dy = n->out[0]->grad;
     const real *g = gt ? gt->data : NULL;
-    bool fresh_;
-    real *dx = NODE_GRAD_FRESH(n, 0, &fresh_), *dg = NODE_GRAD_IN(n, 1);
-    const bool fresh = fresh_;   // by value into the parallel loop
+    bool fresh;
+    real *dx = NODE_GRAD_FRESH(n, 0, &fresh), *dg = NODE_GRAD_IN(n, 1);
     if (dx) {
 #pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
         for (int64_t r = 0; r < rows; r++) {
