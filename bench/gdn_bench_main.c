@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "blas_env.h"
+#include "blas.h"
 #include "blas.h"
 #include "gdn_kernel.h"
 #include "runlog.h"

@@ -33,7 +33,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
-#include "blas_env.h"
+#include "blas.h"
 #include "attn_layer.h"
 #include "mixer.h"
 #include "runlog.h"

@@ -20,7 +20,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
-#include "blas_env.h"
+#include "blas.h"
 #include "model_setup.h"
 #include "optim.h"
 #include "runlog.h"

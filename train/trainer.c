@@ -1,4 +1,4 @@
-#include "blas_env.h"
+#include "blas.h"
 #include "trainer.h"
 
 #include <errno.h>

@@ -20,4 +20,14 @@ static inline void gemm(bool ta, bool tb, int M, int N, int K, real alpha, const
 #endif
 }
 
+// The kernel set OpenBLAS runs ("Haswell", "SkylakeX", ...), for the headers
+// of logs and benchmarks. OpenBLAS picks it once, when it loads, from
+// OPENBLAS_CORETYPE if set, else from the CPU; the environment pins Haswell
+// on this project's Zen 5 machines and the project keeps that choice
+// (docs/torch_ref.md has the AVX-512 figures).
+static inline const char *blas_core_name(void) {
+    const char *name = openblas_get_corename();
+    return name ? name : "?";
+}
+
 #endif
