@@ -2,13 +2,31 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+// Blocks of at least 2 MiB are aligned to 2 MiB and offered to the kernel as
+// transparent huge pages (THP in "madvise" mode, Debian's default): a
+// training step streams through hundreds of MiB of activations, and with
+// 4 KiB pages much of that time went to TLB misses and page faults.
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static void *block_mem(size_t cap) {
+    if (cap < HUGE_PAGE) return xaligned(cap);
+    size_t rounded = (cap + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    void *p = aligned_alloc(HUGE_PAGE, rounded);
+    if (!p) ag_fail(__FILE__, __LINE__, "out of memory allocating a %zu-byte arena block", cap);
+#ifdef MADV_HUGEPAGE
+    madvise(p, rounded, MADV_HUGEPAGE);   // advice only: a refusal changes nothing but speed
+#endif
+    return p;
+}
 
 static ArenaBlock *block_new(size_t cap) {
     ArenaBlock *b = xmalloc(sizeof *b);
     b->next = NULL;
     b->cap = cap;
     b->used = 0;
-    b->mem = xaligned(cap);
+    b->mem = block_mem(cap);
     return b;
 }
 
