@@ -32,24 +32,46 @@ typedef struct GlaGrad {
     real *dg, *ddt;            // (T), stride H
 } GlaGrad;
 
+// Whether each of dq, dk, dv (GlaGrad) is still uninitialised and must be
+// written (=) rather than added to; set by tensor_grad_fresh.
+typedef struct GlaFresh {
+    bool q, k, v;
+} GlaFresh;
+
 typedef struct BwdScratch {
     real *A, *dA, *D;          // (seg, seg) scores, their gradient, decay factors
     real *Ks, *Xd, *dKs, *tmp; // (seg, dk)
-    double *G, *dG;            // (seg)
+    real *dQc;                 // (seg, dk) one chunk's dq, summed here then stored once
+    real *dVc;                 // (seg, dv) one chunk's dv, likewise
+    double *G, *dG, *colZ;     // (seg)
     real *Sbuf;                // (seg + 1, dk, dv) states of one segment (recurrent form)
     real *dkt;                 // (dk)
 } BwdScratch;
 
+// In double, vectorised (the reduction order is fixed by the build, not the data).
 static double dot(const real *a, const real *b, int n) {
     double s = 0;
+#pragma omp simd reduction(+ : s)
     for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
     return s;
 }
 
+// dst row r (stride ld) = or += src row r (stride n), for L rows of n.
+static void store_rows(real *dst, int ld, const real *src, int L, int n, bool fresh) {
+    for (int i = 0; i < L; i++) {
+        real *d = dst + (int64_t)i * ld;
+        const real *x = src + (int64_t)i * n;
+        if (fresh)
+            for (int a = 0; a < n; a++) d[a] = x[a];
+        else
+            for (int a = 0; a < n; a++) d[a] += x[a];
+    }
+}
+
 // One head, chunks in reverse. dS: (dk, dv) in: gradient of the final state;
 // out: gradient of s0.
-static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaGrad *gr, const real *saved,
-                                  real *dS, bool dS_nonzero, BwdScratch *w) {
+static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaGrad *gr, GlaFresh fr,
+                                  const real *saved, real *dS, bool dS_nonzero, BwdScratch *w) {
     int dk = d->dk, dv = d->dv, ldk = x->ldk, ldv = x->ldv, H = d->H;
     int64_t SZ = (int64_t)dk * dv;
     bool need_k = gr->dk || gr->ddt, need_g = gr->dg != NULL;
@@ -63,32 +85,50 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         int ldkk = gla_keys(x, dk, t0, L, w->Ks, &K);
         const real *Q = x->q + (int64_t)t0 * ldk, *V = x->v + (int64_t)t0 * ldv;
         const real *dO = gr->dO ? gr->dO + (int64_t)t0 * ldv : NULL;
-        real *dq = gr->dq ? gr->dq + (int64_t)t0 * ldk : NULL;
-        real *dV = gr->dv ? gr->dv + (int64_t)t0 * ldv : NULL;
+        // dq and dv of the chunk are summed in the (L, d) scratch, in cache,
+        // and stored once at the end (written when fresh).
+        real *dq = gr->dq ? w->dQc : NULL;
+        real *dV = gr->dv ? w->dVc : NULL;
         double *dG = w->dG;
         for (int i = 0; i < L; i++) dG[i] = 0;
         if (need_k) memset(w->dKs, 0, (size_t)L * dk * sizeof(real));
+        if (dq) memset(dq, 0, (size_t)L * dk * sizeof(real));
+        if (dV) memset(dV, 0, (size_t)L * dv * sizeof(real));
 
         if (dO) {   // the terms through O
             gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A, w->D);
-            if (dV) gemm(true, false, L, dv, L, 1, w->A, L, dO, ldv, 1, dV, ldv);
+            if (dV) gemm(true, false, L, dv, L, 1, w->A, L, dO, ldv, 0, dV, dv);
             if (dq || need_k || need_g) {
                 real *dA = w->dA;   // becomes dP in place
                 gemm(false, true, L, L, dv, 1, dO, ldv, V, ldv, 0, dA, L);
+                // Z = dA ⊙ A: row sums into dG_i, column sums (colZ) out of
+                // dG_j; j == i cancels, so it is skipped (it is O(1) when the
+                // rest is tiny).
+                double *colZ = w->colZ;
+                if (need_g)
+                    for (int j = 0; j < L; j++) colZ[j] = 0;
                 for (int i = 0; i < L; i++) {
                     real *r = dA + (int64_t)i * L;
                     const real *a = w->A + (int64_t)i * L;
-                    for (int j = 0; j <= i; j++) {
-                        if (need_g && j < i) {   // j == i cancels: skip it, it is O(1) when the rest is tiny
+                    if (need_g) {
+                        double rs = 0;
+#pragma omp simd reduction(+ : rs)
+                        for (int j = 0; j < i; j++) {
                             double z = (double)r[j] * a[j];
-                            dG[i] += z;
-                            dG[j] -= z;
+                            rs += z;
+                            colZ[j] += z;
                         }
-                        if (G) r[j] *= w->D[(int64_t)i * L + j];
+                        dG[i] += rs;
+                    }
+                    if (G) {
+                        const real *dec = w->D + (int64_t)i * L;
+                        for (int j = 0; j <= i; j++) r[j] *= dec[j];
                     }
                     for (int j = i + 1; j < L; j++) r[j] = 0;
                 }
-                if (dq) gemm(false, false, L, dk, L, 1, dA, L, K, ldkk, 1, dq, ldk);
+                if (need_g)
+                    for (int j = 0; j < L; j++) dG[j] -= colZ[j];
+                if (dq) gemm(false, false, L, dk, L, 1, dA, L, K, ldkk, 0, dq, dk);
                 if (need_k) gemm(true, false, L, dk, L, 1, dA, L, Q, ldk, 0, w->dKs, dk);
             }
             if (S_in && (dq || need_g)) {   // o += exp(G) S_inᵀ q
@@ -97,7 +137,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                     double e = G ? exp(G[i]) : 1;
                     const real *t = w->tmp + (int64_t)i * dk;
                     if (dq)
-                        for (int a = 0; a < dk; a++) dq[(int64_t)i * ldk + a] += (real)e * t[a];
+                        for (int a = 0; a < dk; a++) dq[(int64_t)i * dk + a] += (real)e * t[a];
                     if (need_g) dG[i] += e * dot(Q + (int64_t)i * ldk, t, dk);
                 }
             }
@@ -122,7 +162,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                     real e = G ? gla_exp(gL - G[i]) : 1;
                     for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * K[(int64_t)i * ldkk + a];
                 }
-                gemm(false, false, L, dv, dk, 1, w->Xd, dk, dS, dv, 1, dV, ldv);
+                gemm(false, false, L, dv, dk, 1, w->Xd, dk, dS, dv, 1, dV, dv);
             }
             if (need_g && S_in) dG[L - 1] += exp(gL) * dot(dS, S_in, (int)SZ);
         }
@@ -137,20 +177,20 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
             gemm(true, false, dk, dv, L, 1, w->Xd, dk, dO, ldv, dS_nonzero ? 1 : 0, dS, dv);
             dS_nonzero = true;
         }
+        if (dq) store_rows(gr->dq + (int64_t)t0 * ldk, ldk, dq, L, dk, fr.q);
+        if (dV) store_rows(gr->dv + (int64_t)t0 * ldv, ldv, dV, L, dv, fr.v);
         // dK̃ -> dk, ddt; dG -> dg (reverse cumulative sum inside the chunk)
-        if (need_k)
-            for (int i = 0; i < L; i++) {
-                int64_t t = t0 + i;
-                const real *dks = w->dKs + (int64_t)i * dk;
-                if (!x->dt) {
-                    for (int a = 0; a < dk; a++) gr->dk[t * ldk + a] += dks[a];
-                    continue;
+        if (need_k) {
+            if (x->dt)
+                for (int i = 0; i < L; i++) {
+                    int64_t t = t0 + i;
+                    real *dks = w->dKs + (int64_t)i * dk;
+                    if (gr->ddt) gr->ddt[t * H] += (real)dot(x->k + t * ldk, dks, dk);
+                    real s = x->dt[t * H];
+                    for (int a = 0; a < dk; a++) dks[a] *= s;
                 }
-                real s = x->dt[t * H];
-                if (gr->dk)
-                    for (int a = 0; a < dk; a++) gr->dk[t * ldk + a] += s * dks[a];
-                if (gr->ddt) gr->ddt[t * H] += (real)dot(x->k + t * ldk, dks, dk);
-            }
+            if (gr->dk) store_rows(gr->dk + (int64_t)t0 * ldk, ldk, w->dKs, L, dk, fr.k);
+        }
         if (need_g) {
             double acc = 0;
             for (int i = L - 1; i >= 0; i--) {
@@ -219,7 +259,21 @@ void gla_backward(Node *n) {
     const real *dt = in[GLA_IN_DT] ? in[GLA_IN_DT]->data : NULL;
     const real *s0 = in[GLA_IN_S0] ? in[GLA_IN_S0]->data : NULL;
     const real *dO = n->out[0]->grad, *dSf = n->out[1]->grad;
-    real *dq = NODE_GRAD_IN(n, GLA_IN_Q), *dk = NODE_GRAD_IN(n, GLA_IN_K), *dv = NODE_GRAD_IN(n, GLA_IN_V);
+    // The chunked form stores every element of dq, dk and dv exactly once,
+    // so a fresh buffer is written instead of zeroed and added to (unless two
+    // of q, k, v are one tensor: then its contributions add).
+    bool distinct = in[GLA_IN_Q] != in[GLA_IN_K] && in[GLA_IN_Q] != in[GLA_IN_V] && in[GLA_IN_K] != in[GLA_IN_V];
+    GlaFresh fr = {false, false, false};
+    real *dq, *dk, *dv;
+    if (distinct && d.form != MIXER_FORM_RECURRENT) {
+        dq = NODE_GRAD_FRESH(n, GLA_IN_Q, &fr.q);
+        dk = NODE_GRAD_FRESH(n, GLA_IN_K, &fr.k);
+        dv = NODE_GRAD_FRESH(n, GLA_IN_V, &fr.v);
+    } else {
+        dq = NODE_GRAD_IN(n, GLA_IN_Q);
+        dk = NODE_GRAD_IN(n, GLA_IN_K);
+        dv = NODE_GRAD_IN(n, GLA_IN_V);
+    }
     real *dg = NODE_GRAD_IN(n, GLA_IN_G), *ddt = NODE_GRAD_IN(n, GLA_IN_DT), *ds0 = NODE_GRAD_IN(n, GLA_IN_S0);
     const real *saved = n->saved;
     ASSERT(saved, "gla backward: no saved states (was the node recorded?)");
@@ -241,8 +295,11 @@ void gla_backward(Node *n) {
             w.Xd = xmalloc((size_t)seg * d.dk * sizeof(real));
             w.dKs = xmalloc((size_t)seg * d.dk * sizeof(real));
             w.tmp = xmalloc((size_t)seg * d.dk * sizeof(real));
+            w.dQc = xmalloc((size_t)seg * d.dk * sizeof(real));
+            w.dVc = xmalloc((size_t)seg * d.dv * sizeof(real));
             w.G = xmalloc((size_t)seg * sizeof(double));
             w.dG = xmalloc((size_t)seg * sizeof(double));
+            w.colZ = xmalloc((size_t)seg * sizeof(double));
         }
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < d.B; b++)
@@ -257,7 +314,7 @@ void gla_backward(Node *n) {
                 else memset(dS, 0, SZ * sizeof(real));
                 const real *sv = saved + bh * d.n_seg * SZ;
                 if (rec) recurrent_head_backward(&d, &x, &gr, sv, dS, &w);
-                else chunked_head_backward(&d, &x, &gr, sv, dS, dSf != NULL, &w);
+                else chunked_head_backward(&d, &x, &gr, fr, sv, dS, dSf != NULL, &w);
                 if (ds0)
                     for (int64_t e = 0; e < SZ; e++) ds0[bh * SZ + e] += dS[e];
             }
@@ -269,8 +326,11 @@ void gla_backward(Node *n) {
         free(w.Xd);
         free(w.dKs);
         free(w.tmp);
+        free(w.dQc);
+        free(w.dVc);
         free(w.G);
         free(w.dG);
+        free(w.colZ);
         free(w.Sbuf);
         free(w.dkt);
     }
