@@ -71,6 +71,30 @@ Test(ops_norm, rmsnorm_values) {
     tape_free(&tp);
 }
 
+static int f_rmsnorm_groups(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    out[0] = op_rmsnorm_groups(tp, in[0], in[1], 4, ((RmsCtx *)ctx)->eps);
+    return 1;
+}
+
+// Per-group norm: the gradient, and the same values as reshaping the groups
+// into the last dimension and normalising that.
+Test(ops_norm, rmsnorm_groups_gradcheck_and_equals_reshaped) {
+    Tensor *x = tensor_newv(true, 3, 2, 5, 12), *g = tensor_newv(true, 1, 4);
+    fill_normal(x, 6, 1.5);
+    fill_uniform(g, 7, 0.5, 1.5);
+    RmsCtx c = {1e-5, true};
+    GradcheckResult r = gradcheck("rmsnorm_groups", f_rmsnorm_groups, (Tensor *[]){x, g}, 2, &c, NULL);
+    ASSERT_GRADCHECK(r, "rmsnorm groups of 4");
+    Tape tp;
+    tape_init(&tp);
+    Tensor *y = op_rmsnorm_groups(&tp, x, g, 4, 1e-5);
+    Tensor *yr = op_rmsnorm(&tp, op_reshape(&tp, x, 4, (int[]){2, 5, 3, 4}), g, 1e-5);
+    for (int64_t i = 0; i < x->numel; i++) cr_assert_float_eq(y->data[i], yr->data[i], 1e-12, "element %lld", (long long)i);
+    tape_free(&tp);
+    tensor_free(x);
+    tensor_free(g);
+}
+
 typedef struct {
     int hd;
 } L2Ctx;
@@ -122,6 +146,9 @@ Test(ops_norm, bad_shapes_name_the_op) {
     cr_assert(strstr(ag_last_error(), "rmsnorm") && strstr(ag_last_error(), "(6)") &&
                   strstr(ag_last_error(), "(2, 3, 8)"),
               "got: %s", ag_last_error());
+    cr_assert(EXPECT_FAILURE(op_rmsnorm_groups(&tp, x, NULL, 3, 1e-6)));
+    cr_assert(strstr(ag_last_error(), "group 3") && strstr(ag_last_error(), "(2, 3, 8)"), "got: %s",
+              ag_last_error());
     cr_assert(EXPECT_FAILURE(op_l2norm_heads(&tp, x, 3)));
     cr_assert(strstr(ag_last_error(), "l2norm_heads") && strstr(ag_last_error(), "(2, 3, 8)"), "got: %s",
               ag_last_error());

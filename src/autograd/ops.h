@@ -52,6 +52,9 @@ Tensor *op_softmax(Tape *tp, Tensor *x);
 // ---- normalisation (ops_norm.c) ----
 // RMSNorm over the last dimension: x / sqrt(mean(x^2) + eps) * g; g: (last dim) or NULL.
 Tensor *op_rmsnorm(Tape *tp, Tensor *x, Tensor *g, double eps);
+// The same per consecutive group of `group` entries of the last dimension
+// (a divisor of it), g: (group): a per-head norm without reshaping to heads.
+Tensor *op_rmsnorm_groups(Tape *tp, Tensor *x, Tensor *g, int group, double eps);
 // Per-head L2 normalisation: the last dimension is split into groups of
 // head_dim, each scaled to z / sqrt(sum z^2 + 1e-6).
 Tensor *op_l2norm_heads(Tape *tp, Tensor *x, int head_dim);

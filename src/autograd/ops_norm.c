@@ -17,11 +17,12 @@ typedef struct RmsSaved {
     real *rinv;     // (rows) 1 / sqrt(mean(x^2) + eps)
 } RmsSaved;
 
-// in: x (rows, D), g (D) or NULL. farg[0]: eps.
+// in: x viewed as (rows, D), D = iarg[0] (the last dimension or a divisor of
+// it: per-head norms), g (D) or NULL. farg[0]: eps.
 static void rmsnorm_forward(Node *n) {
     const Tensor *x = n->in[0], *g = n->in[1];
-    int D = x->shape[x->ndim - 1];
-    int64_t rows = tensor_rows(x);
+    int D = n->iarg[0];
+    int64_t rows = x->numel / D;
     real *y = n->out[0]->data;
     double eps = n->farg[0];
     real *rinv = NULL;
@@ -35,6 +36,7 @@ static void rmsnorm_forward(Node *n) {
         const real *xr = x->data + r * D;
         real *yr = y + r * D;
         double ss = 0;
+#pragma omp simd reduction(+ : ss)
         for (int j = 0; j < D; j++) ss += (double)xr[j] * xr[j];
         real ri = (real)(1.0 / sqrt(ss / D + eps));
         if (rinv) rinv[r] = ri;
@@ -50,8 +52,8 @@ static void rmsnorm_forward(Node *n) {
 static void rmsnorm_backward(Node *n) {
     const Tensor *x = n->in[0], *gt = n->in[1];
     const RmsSaved *sv = n->saved;
-    int D = x->shape[x->ndim - 1];
-    int64_t rows = tensor_rows(x);
+    int D = n->iarg[0];
+    int64_t rows = x->numel / D;
     const real *dy = n->out[0]->grad;
     const real *g = gt ? gt->data : NULL;
     bool fresh;
@@ -62,6 +64,7 @@ static void rmsnorm_backward(Node *n) {
             const real *xr = x->data + r * D, *dyr = dy + r * D;
             real ri = sv->rinv[r];
             double dot = 0;   // sum_j dxh_j xh_j
+#pragma omp simd reduction(+ : dot)
             for (int j = 0; j < D; j++) dot += (double)dyr[j] * (g ? g[j] : 1) * xr[j] * ri;
             real c = (real)(dot / D);
             real *dxr = dx + r * D;
@@ -99,18 +102,25 @@ static void rmsnorm_backward(Node *n) {
 
 static const OpDef OP_RMSNORM = {"rmsnorm", rmsnorm_forward, rmsnorm_backward};
 
-Tensor *op_rmsnorm(Tape *tp, Tensor *x, Tensor *g, double eps) {
+Tensor *op_rmsnorm_groups(Tape *tp, Tensor *x, Tensor *g, int group, double eps) {
     int D = x->shape[x->ndim - 1];
     ASSERT(D > 0, "rmsnorm: empty last dimension in %s", SHAPE(x));
+    ASSERT(group > 0 && D % group == 0, "rmsnorm: group %d does not divide the last dimension of %s", group,
+           SHAPE(x));
     ASSERT(eps >= 0, "rmsnorm: eps %g must be >= 0", eps);
     if (g)
-        ASSERT(g->ndim == 1 && g->shape[0] == D, "rmsnorm: weight %s must be (%d), the last dimension of x %s",
-               SHAPE(g), D, SHAPE(x));
+        ASSERT(g->ndim == 1 && g->shape[0] == group, "rmsnorm: weight %s must be (%d), the normalised size in x %s",
+               SHAPE(g), group, SHAPE(x));
     Tensor *y = tape_tensor(tp, x->ndim, x->shape);
     Node *n = tape_op(tp, &OP_RMSNORM, (Tensor *[]){x, g}, 2, &y, 1);
+    n->iarg[0] = group;
     n->farg[0] = eps;
     rmsnorm_forward(n);
     return y;
+}
+
+Tensor *op_rmsnorm(Tape *tp, Tensor *x, Tensor *g, double eps) {
+    return op_rmsnorm_groups(tp, x, g, x->shape[x->ndim - 1], eps);
 }
 
 // ---- per-head L2 normalisation ----
@@ -137,6 +147,7 @@ static void l2norm_forward(Node *n) {
         const real *z = x->data + r * hd;
         real *y = n->out[0]->data + r * hd;
         double ss = 0;
+#pragma omp simd reduction(+ : ss)
         for (int j = 0; j < hd; j++) ss += (double)z[j] * z[j];
         real ri = (real)(1.0 / sqrt(ss + L2NORM_EPS));
         if (rinv) rinv[r] = ri;
@@ -156,6 +167,7 @@ static void l2norm_backward(Node *n) {
     for (int64_t r = 0; r < groups; r++) {
         const real *y = Y + r * hd, *g = G + r * hd;
         double dot = 0;
+#pragma omp simd reduction(+ : dot)
         for (int j = 0; j < hd; j++) dot += (double)g[j] * y[j];
         real ri = sv->rinv[r], c = (real)dot;
         for (int j = 0; j < hd; j++) dx[r * hd + j] += ri * (g[j] - y[j] * c);

@@ -19,6 +19,7 @@
 
 static real dot(const real *a, const real *b, int n) {
     double s = 0;
+#pragma omp simd reduction(+ : s)
     for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
     return (real)s;
 }

@@ -96,10 +96,7 @@ Tensor *outgate_forward(Tape *tp, const OutGate *g, Tensor *o, Tensor *u) {
     ASSERT(o->ndim == 3 && o->shape[2] == H * dv && u->ndim == 3 && u->shape[0] == o->shape[0] &&
                u->shape[1] == o->shape[1] && u->shape[2] == D,
            "outgate: o %s must be (B, T, %d) and u %s (B, T, %d)", SHAPE(o), H * dv, SHAPE(u), D);
-    int B = o->shape[0], T = o->shape[1];
-    // Per-head RMSNorm: view o as (B, T, H, dv) so the last dimension is a head.
-    Tensor *oh = op_reshape(tp, o, 4, (int[]){B, T, H, dv});
-    Tensor *on = op_reshape(tp, op_rmsnorm(tp, oh, g->norm_w, g->eps), 3, (int[]){B, T, H * dv});
+    Tensor *on = op_rmsnorm_groups(tp, o, g->norm_w, dv, g->eps);   // per head
     return op_silu_mul(tp, op_matmul(tp, u, g->wg, false, false), on);   // on * silu(u Wg)
 }
 
