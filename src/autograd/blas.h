@@ -20,6 +20,21 @@ static inline void gemm(bool ta, bool tb, int M, int N, int K, real alpha, const
 #endif
 }
 
+// Products over many rows, split among the OpenMP threads by hand (blas.c
+// says why); both fall back to one gemm() call inside a parallel region or
+// on one thread, and neither result depends on the thread count.
+//
+// C (R, N) = A (R, K) op(B) + beta C: per-thread slabs of rows.
+void gemm_rows(bool tb, int R, int N, int K, const real *A, int lda, const real *B, int ldb, real beta, real *C,
+               int ldc);
+// C (M, N) = X^T Y + beta C with X (R, M), Y (R, N), beta 0 or 1 (a weight
+// gradient summed over R rows): a partial product per fixed block of rows,
+// summed in block order. part: gemm_sum_rows_scratch(M, N, R) elements of
+// scratch (0: the product is one gemm() call and part may be NULL).
+size_t gemm_sum_rows_scratch(int M, int N, int R);
+void gemm_sum_rows(int M, int N, int R, const real *X, int ldx, const real *Y, int ldy, real beta, real *C,
+                   int ldc, real *part);
+
 // The kernel set OpenBLAS runs ("Haswell", "SkylakeX", ...), for the headers
 // of logs and benchmarks. OpenBLAS picks it once, when it loads, from
 // OPENBLAS_CORETYPE if set, else from the CPU; the environment pins Haswell

@@ -1,78 +1,7 @@
 // ops_matmul.c: batched matrix product with either operand transposed.
-#include <omp.h>
-
 #include "blas.h"
 #include "ops.h"
 #include "ops_math.h"
-
-// ---- products over many rows (a layer's projections, forward and backward) ----
-//
-// A threaded OpenBLAS call first scales its whole output by beta (zeroes it
-// for beta 0) in one pass and only then runs its kernels over it. A step's
-// outputs are fresh arena memory of a few MiB each, so that pass and the
-// kernel's later read both go to memory: on the tiny configs' projections the
-// product ran at 113-145 GFLOP/s where the same product on a warm output runs
-// at 175-187 (bench/gemm_bench). Two fixes, both with a result that does not
-// depend on the thread count:
-//  - rows: each thread takes row slabs of at most SLAB_BYTES of output and
-//    runs a one-thread product per slab, whose beta pass leaves the slab in
-//    its cache for the kernel. Each output element is the same dot product as
-//    in one big call, so the slab size changes nothing but speed.
-//  - weight gradients X^T Y, summed over the rows: a partial product per
-//    fixed block of SUM_ROWS rows, then the partials added in block order.
-#define SLAB_BYTES (256 * 1024)
-#define SUM_ROWS 512
-#define SUM_MAX_BYTES ((size_t)32 << 20)   // larger partials: one OpenBLAS call instead
-
-static bool run_alone(void) { return omp_get_max_threads() < 2 || omp_in_parallel(); }
-
-// C (R, N) = A (R, K) op(B) + beta C.
-static void gemm_rows(bool tb, int R, int N, int K, const real *A, int lda, const real *B, int ldb, real beta,
-                      real *C, int ldc) {
-    int slab = imax(16, imin(1024, SLAB_BYTES / (int)sizeof(real) / imax(N, 1)));
-    int ns = (R + slab - 1) / slab;
-    if (ns < 2 || run_alone()) {
-        gemm(false, tb, R, N, K, 1, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-#pragma omp parallel for schedule(static)
-    for (int s = 0; s < ns; s++) {
-        int r0 = s * slab;
-        gemm(false, tb, imin(slab, R - r0), N, K, 1, A + (int64_t)r0 * lda, lda, B, ldb, beta,
-             C + (int64_t)r0 * ldc, ldc);
-    }
-}
-
-// C (M, N) = X^T Y + beta C, X (R, M), Y (R, N); beta is 0 or 1.
-static void gemm_sum_rows(int M, int N, int R, const real *X, int ldx, const real *Y, int ldy, real beta,
-                          real *C, int ldc, Tape *tp) {
-    int nb = (R + SUM_ROWS - 1) / SUM_ROWS;
-    size_t part_n = (size_t)M * N;
-    if (nb < 2 || (size_t)nb * part_n * sizeof(real) > SUM_MAX_BYTES) {
-        gemm(true, false, M, N, R, 1, X, ldx, Y, ldy, beta, C, ldc);
-        return;
-    }
-    real *part = tape_alloc(tp, (size_t)nb * part_n * sizeof(real));
-#pragma omp parallel for schedule(static) if (!run_alone())
-    for (int b = 0; b < nb; b++) {
-        int r0 = b * SUM_ROWS;
-        gemm(true, false, M, N, imin(SUM_ROWS, R - r0), 1, X + (int64_t)r0 * ldx, ldx, Y + (int64_t)r0 * ldy,
-             ldy, 0, part + b * part_n, N);
-    }
-#pragma omp parallel for schedule(static) if (!run_alone() && (int64_t)part_n * nb > OPS_PAR_MIN)
-    for (int i = 0; i < M; i++) {
-        real *c = C + (int64_t)i * ldc;
-        const real *p0 = part + (size_t)i * N;
-        if (beta == 0)
-            for (int j = 0; j < N; j++) c[j] = p0[j];
-        else
-            for (int j = 0; j < N; j++) c[j] += p0[j];
-        for (int b = 1; b < nb; b++) {
-            const real *pb = p0 + b * part_n;
-            for (int j = 0; j < N; j++) c[j] += pb[j];
-        }
-    }
-}
 
 // ---- narrow products: rows (R, K) times a weight (K, N) with N <= NARROW_N ----
 //
@@ -187,8 +116,10 @@ static void matmul_backward(Node *n) {
         if (da) gemm_rows(!tb, R, K, N, dc, N, b->data, ldb, ba, da, lda);
         // d op(B) = A^T dC  (K, N); stored (N, K) when tb: dB = dC^T A
         if (db) {
-            if (!tb) gemm_sum_rows(K, N, R, a->data, lda, dc, N, bb_, db, ldb, n->tape);
-            else gemm_sum_rows(N, K, R, dc, N, a->data, lda, bb_, db, ldb, n->tape);
+            size_t np = !tb ? gemm_sum_rows_scratch(K, N, R) : gemm_sum_rows_scratch(N, K, R);
+            real *part = np ? tape_alloc(n->tape, np * sizeof(real)) : NULL;
+            if (!tb) gemm_sum_rows(K, N, R, a->data, lda, dc, N, bb_, db, ldb, part);
+            else gemm_sum_rows(N, K, R, dc, N, a->data, lda, bb_, db, ldb, part);
         }
         return;
     }
