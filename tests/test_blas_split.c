@@ -1,0 +1,141 @@
+// The split products of blas.h (gemm_rows, gemm_sum_rows) and the matmul
+// paths that use them, at row counts large enough to split: values against a
+// direct loop in double, and the same result on 1 and 2 threads.
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+#include "test_util.h"
+
+#ifdef AG_DOUBLE
+#define SPLIT_TOL 1e-12
+#else
+#define SPLIT_TOL 1e-4
+#endif
+
+static real *randn(int64_t n, uint64_t seed) {
+    Tensor *t = tensor_newv(false, 1, (int)n);
+    fill_normal(t, seed, 1.0);
+    real *p = xmalloc((size_t)n * sizeof(real));
+    memcpy(p, t->data, (size_t)n * sizeof(real));
+    tensor_free(t);
+    return p;
+}
+
+static void assert_close(const real *got, const double *want, int64_t n, const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        cr_assert(fabs(got[i] - want[i]) <= SPLIT_TOL * (1 + fabs(want[i])), "%s[%lld]: %.10g, want %.10g", what,
+                  (long long)i, (double)got[i], want[i]);
+}
+
+// R is not a multiple of any slab or block, so the last ones are partial.
+enum { R = 2600, K = 24, N = 40 };
+
+Test(blas_split, gemm_rows_equals_direct_loop_and_any_thread_count) {
+    real *A = randn((int64_t)R * K, 1), *B = randn((int64_t)K * N, 2), *C0 = randn((int64_t)R * N, 3);
+    double *want = xmalloc((size_t)R * N * sizeof(double));
+    real *C = xmalloc((size_t)R * N * sizeof(real)), *C1 = xmalloc((size_t)R * N * sizeof(real));
+    int saved = omp_get_max_threads();
+    for (int tb = 0; tb < 2; tb++)
+        for (int beta = 0; beta < 2; beta++) {
+            // op(B) (K, N): B as stored is (K, N), or (N, K) when tb; the same numbers serve both.
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < N; j++) {
+                    double s = beta ? C0[(int64_t)r * N + j] : 0;
+                    for (int k = 0; k < K; k++) s += (double)A[(int64_t)r * K + k] * (tb ? B[j * K + k] : B[k * N + j]);
+                    want[(int64_t)r * N + j] = s;
+                }
+            real *out[2] = {C1, C};
+            for (int th = 1; th <= 2; th++) {
+                omp_set_num_threads(th);
+                memcpy(out[th - 1], C0, (size_t)R * N * sizeof(real));
+                gemm_rows(tb, R, N, K, A, K, B, tb ? K : N, beta, out[th - 1], N);
+            }
+            omp_set_num_threads(saved);
+            assert_close(C, want, (int64_t)R * N, tb ? "C (tb)" : "C");
+            for (int64_t i = 0; i < (int64_t)R * N; i++)
+                cr_assert(fabs(C[i] - C1[i]) <= SPLIT_TOL * (1 + fabs(C1[i])), "threads 1 vs 2 at %lld", (long long)i);
+        }
+    free(A), free(B), free(C0), free(C), free(C1), free(want);
+}
+
+Test(blas_split, gemm_sum_rows_equals_direct_loop_and_is_thread_independent) {
+    // C (K, N) = X^T Y + beta C, X (R, K), Y (R, N)
+    real *X = randn((int64_t)R * K, 4), *Y = randn((int64_t)R * N, 5), *C0 = randn((int64_t)K * N, 6);
+    size_t np = gemm_sum_rows_scratch(K, N, R);
+    cr_assert(np > 0, "R = %d rows should be split into blocks", R);
+    real *part = xmalloc(np * sizeof(real));
+    double *want = xmalloc((size_t)K * N * sizeof(double));
+    real *C[2] = {xmalloc((size_t)K * N * sizeof(real)), xmalloc((size_t)K * N * sizeof(real))};
+    int saved = omp_get_max_threads();
+    for (int beta = 0; beta < 2; beta++) {
+        for (int i = 0; i < K; i++)
+            for (int j = 0; j < N; j++) {
+                double s = beta ? C0[i * N + j] : 0;
+                for (int r = 0; r < R; r++) s += (double)X[(int64_t)r * K + i] * Y[(int64_t)r * N + j];
+                want[i * N + j] = s;
+            }
+        for (int th = 1; th <= 2; th++) {
+            omp_set_num_threads(th);
+            memcpy(C[th - 1], C0, (size_t)K * N * sizeof(real));
+            gemm_sum_rows(K, N, R, X, K, Y, N, beta, C[th - 1], N, part);
+        }
+        omp_set_num_threads(saved);
+        assert_close(C[1], want, (int64_t)K * N, "X^T Y");
+        // fixed blocks summed in a fixed order: bit for bit the same
+        cr_assert_eq(memcmp(C[0], C[1], (size_t)K * N * sizeof(real)), 0, "beta %d: 1 and 2 threads differ", beta);
+    }
+    // Too few rows to split: one gemm() call, no scratch.
+    cr_assert_eq(gemm_sum_rows_scratch(K, N, 300), 0);
+    free(X), free(Y), free(C0), free(part), free(want), free(C[0]), free(C[1]);
+}
+
+// Through op_matmul: the forward and both gradients, written fresh (an
+// intermediate a) and added to existing ones (leaf b, twice used), both
+// transposes of b.
+Test(blas_split, matmul_split_paths_equal_direct_loops) {
+    for (int tb = 0; tb < 2; tb++) {
+        Tape tp;
+        tape_init(&tp);
+        Tensor *x = tensor_newv(true, 3, 2, R / 2, K);
+        Tensor *b = tb ? tensor_newv(true, 2, N, K) : tensor_newv(true, 2, K, N);
+        fill_normal(x, 7, 1.0);
+        fill_normal(b, 8, 0.5);
+        Tensor *a = op_scale(&tp, x, 1.0);   // its gradient buffer is fresh when matmul's backward runs
+        Tensor *c = op_matmul(&tp, a, b, false, tb);
+        Tensor *c2 = op_matmul(&tp, a, b, false, tb);   // b's and a's gradients then add
+        real *seed = randn((int64_t)R * N, 9);
+        double *want = xmalloc((size_t)R * N * sizeof(double));
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < N; j++) {
+                double s = 0;
+                for (int k = 0; k < K; k++)
+                    s += (double)x->data[(int64_t)r * K + k] * (tb ? b->data[j * K + k] : b->data[k * N + j]);
+                want[(int64_t)r * N + j] = s;
+            }
+        assert_close(c->data, want, (int64_t)R * N, "forward");
+        tape_backward_multi(&tp, (Tensor *[]){c, c2}, (const real *[]){seed, seed}, 2);
+        // dx = 2 seed op(b)^T; db = 2 x^T seed (stored transposed when tb)
+        double *wx = xmalloc((size_t)R * K * sizeof(double)), *wb = xmalloc((size_t)K * N * sizeof(double));
+        for (int r = 0; r < R; r++)
+            for (int k = 0; k < K; k++) {
+                double s = 0;
+                for (int j = 0; j < N; j++) s += (double)seed[(int64_t)r * N + j] * (tb ? b->data[j * K + k] : b->data[k * N + j]);
+                wx[(int64_t)r * K + k] = 2 * s;
+            }
+        for (int k = 0; k < K; k++)
+            for (int j = 0; j < N; j++) {
+                double s = 0;
+                for (int r = 0; r < R; r++) s += (double)x->data[(int64_t)r * K + k] * seed[(int64_t)r * N + j];
+                wb[tb ? j * K + k : k * N + j] = 2 * s;
+            }
+        assert_close(x->grad, wx, (int64_t)R * K, "dx");
+        assert_close(b->grad, wb, (int64_t)K * N, "db");
+        free(seed), free(want), free(wx), free(wb);
+        tensor_free(x);
+        tensor_free(b);
+        tape_free(&tp);
+    }
+}
