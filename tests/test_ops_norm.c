@@ -96,6 +96,94 @@ Test(ops_norm, rmsnorm_groups_gradcheck_and_equals_reshaped) {
 }
 
 typedef struct {
+    int outs;   // 1: only the norm, 2: the norm and the sum
+    bool same;  // a and b one tensor
+} AddRmsCtx;
+
+static int f_add_rmsnorm(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    const AddRmsCtx *c = ctx;
+    Tensor *sum;
+    out[0] = op_add_rmsnorm(tp, in[0], c->same ? in[0] : in[1], in[2], 1e-5, &sum);
+    out[1] = sum;
+    return c->outs;
+}
+
+// Gradients through both outputs, through the norm alone, and with a and b
+// one tensor (its two contributions add).
+Test(ops_norm, add_rmsnorm_gradcheck) {
+    Tensor *a = tensor_newv(true, 3, 2, 5, 6), *b = tensor_newv(true, 3, 2, 5, 6), *g = tensor_newv(true, 1, 6);
+    fill_normal(a, 11, 1.0);
+    fill_normal(b, 12, 1.0);
+    fill_uniform(g, 13, 0.5, 1.5);
+    Tensor *in[] = {a, b, g};
+    AddRmsCtx c = {2, false};
+    GradcheckResult r = gradcheck("add_rmsnorm", f_add_rmsnorm, in, 3, &c, NULL);
+    ASSERT_GRADCHECK(r, "add_rmsnorm, both outputs");
+    c.outs = 1;
+    r = gradcheck("add_rmsnorm", f_add_rmsnorm, in, 3, &c, NULL);
+    ASSERT_GRADCHECK(r, "add_rmsnorm, norm only");
+    c = (AddRmsCtx){2, true};
+    r = gradcheck("add_rmsnorm", f_add_rmsnorm, (Tensor *[]){a, b, g}, 3, &c, NULL);
+    ASSERT_GRADCHECK(r, "add_rmsnorm, a == b");
+    tensor_free(a);
+    tensor_free(b);
+    tensor_free(g);
+}
+
+// One forward and backward of add + rmsnorm, fused or not, on intermediates
+// (their gradient buffers fresh, as in a model); out[]: y, h, da, db, dg,
+// each copied (n[] elements).
+static void add_norm_run(bool fused, Tensor *a0, Tensor *b0, Tensor *g, const real *sy, const real *sh,
+                         real *out[5], const int64_t n[5]) {
+    Tape tp;
+    tape_init(&tp);
+    memset(a0->grad, 0, (size_t)a0->numel * sizeof(real));
+    memset(b0->grad, 0, (size_t)b0->numel * sizeof(real));
+    memset(g->grad, 0, (size_t)g->numel * sizeof(real));
+    Tensor *a = op_scale(&tp, a0, 1.0), *b = op_scale(&tp, b0, 1.0), *y, *h;
+    if (fused) {
+        y = op_add_rmsnorm(&tp, a, b, g, 1e-5, &h);
+    } else {
+        h = op_add(&tp, a, b);
+        y = op_rmsnorm(&tp, h, g, 1e-5);
+    }
+    tape_backward_multi(&tp, (Tensor *[]){y, h}, (const real *[]){sy, sh}, 2);
+    const real *src[5] = {y->data, h->data, a0->grad, b0->grad, g->grad};
+    for (int k = 0; k < 5; k++) memcpy(out[k], src[k], (size_t)n[k] * sizeof(real));
+    tape_free(&tp);
+}
+
+Test(ops_norm, add_rmsnorm_equals_add_then_rmsnorm) {
+    Tensor *a0 = tensor_newv(true, 3, 3, 64, 40), *b0 = tensor_newv(true, 3, 3, 64, 40);
+    Tensor *g = tensor_newv(true, 1, 40);
+    fill_normal(a0, 14, 1.0);
+    fill_normal(b0, 15, 2.0);
+    fill_uniform(g, 16, 0.5, 1.5);
+    Tensor *sy = tensor_newv(false, 3, 3, 64, 40), *sh = tensor_newv(false, 3, 3, 64, 40);
+    fill_normal(sy, 17, 1.0);
+    fill_normal(sh, 18, 1.0);
+    int64_t N = a0->numel, n[5] = {N, N, N, N, 40};
+    real *got[2][5];
+    for (int f = 0; f < 2; f++) {
+        for (int k = 0; k < 5; k++) got[f][k] = xmalloc((size_t)n[k] * sizeof(real));
+        add_norm_run(f, a0, b0, g, sy->data, sh->data, got[f], n);
+    }
+    const char *name[5] = {"y", "h", "da", "db", "dg"};
+    for (int k = 0; k < 5; k++) {
+        for (int64_t i = 0; i < n[k]; i++)
+            cr_assert(fabs(got[1][k][i] - got[0][k][i]) <= FORM_TOL * (1 + fabs(got[0][k][i])), "%s[%lld]: %g vs %g",
+                      name[k], (long long)i, (double)got[1][k][i], (double)got[0][k][i]);
+        free(got[0][k]);
+        free(got[1][k]);
+    }
+    tensor_free(a0);
+    tensor_free(b0);
+    tensor_free(g);
+    tensor_free(sy);
+    tensor_free(sh);
+}
+
+typedef struct {
     int hd;
 } L2Ctx;
 

@@ -55,6 +55,10 @@ Tensor *op_rmsnorm(Tape *tp, Tensor *x, Tensor *g, double eps);
 // The same per consecutive group of `group` entries of the last dimension
 // (a divisor of it), g: (group): a per-head norm without reshaping to heads.
 Tensor *op_rmsnorm_groups(Tape *tp, Tensor *x, Tensor *g, int group, double eps);
+// A pre-norm block's residual add fused with the norm that reads it:
+// *sum = a + b (a and b of one shape) and the result RMSNorm(a + b) g, g:
+// (last dim). Both outputs take gradients.
+Tensor *op_add_rmsnorm(Tape *tp, Tensor *a, Tensor *b, Tensor *g, double eps, Tensor **sum);
 // Per-head L2 normalisation: the last dimension is split into groups of
 // head_dim, each scaled to z / sqrt(sum z^2 + 1e-6).
 Tensor *op_l2norm_heads(Tape *tp, Tensor *x, int head_dim);

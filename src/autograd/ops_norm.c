@@ -2,6 +2,7 @@
 //
 // Both scale each row (or head group) z by a factor r(z) = (c sum z^2 + eps)^-1/2
 // and save r per row for the backward (derived next to each kernel).
+#include <math.h>
 #include <stdlib.h>
 
 #include "ops.h"
@@ -47,6 +48,31 @@ static void rmsnorm_forward(Node *n) {
     }
 }
 
+// dg += sum over rows of dy x / rms: a fixed number of row blocks (not the
+// thread count) each sum a partial row in double, then the partials are
+// added in block order, so the result is the same on any threads.
+static void rms_dg(const real *x, const real *dy, const real *rinv, int64_t rows, int D, real *dg, Tape *tp) {
+    int64_t nblk = rows / NORM_ROWS_PER_BLOCK;
+    nblk = nblk < 1 ? 1 : nblk > NORM_MAX_BLOCKS ? NORM_MAX_BLOCKS : nblk;
+    double *part = tape_alloc(tp, (size_t)(nblk * D) * sizeof(double));   // (nblk, D)
+#pragma omp parallel for if (rows * D > OPS_PAR_MIN && nblk > 1) schedule(static)
+    for (int64_t k = 0; k < nblk; k++) {
+        int64_t r0 = rows * k / nblk, r1 = rows * (k + 1) / nblk;
+        double *acc = part + k * D;
+        for (int j = 0; j < D; j++) acc[j] = 0;
+        for (int64_t r = r0; r < r1; r++) {
+            const real *xr = x + r * D, *dyr = dy + r * D;
+            real ri = rinv[r];
+            for (int j = 0; j < D; j++) acc[j] += (double)(dyr[j] * xr[j] * ri);
+        }
+    }
+    for (int j = 0; j < D; j++) {
+        double s = 0;
+        for (int64_t k = 0; k < nblk; k++) s += part[k * D + j];
+        dg[j] += (real)s;
+    }
+}
+
 // With xh = x r and dxh = dy * g:  dx = r (dxh - xh * mean(dxh * xh)),
 // dg = sum over rows of dy * xh (rows visited in order per column band).
 static void rmsnorm_backward(Node *n) {
@@ -74,30 +100,7 @@ static void rmsnorm_backward(Node *n) {
                 for (int j = 0; j < D; j++) dxr[j] += ri * (dyr[j] * (g ? g[j] : 1) - xr[j] * ri * c);
         }
     }
-    if (dg) {
-        // sum over rows of dy x / rms: a fixed number of row blocks (not the
-        // thread count) each sum a partial row in double, then the partials
-        // are added in block order, so the result is the same on any threads.
-        int64_t nblk = rows / NORM_ROWS_PER_BLOCK;
-        nblk = nblk < 1 ? 1 : nblk > NORM_MAX_BLOCKS ? NORM_MAX_BLOCKS : nblk;
-        double *part = tape_alloc(n->tape, (size_t)(nblk * D) * sizeof(double));   // (nblk, D)
-#pragma omp parallel for if (x->numel > OPS_PAR_MIN && nblk > 1) schedule(static)
-        for (int64_t k = 0; k < nblk; k++) {
-            int64_t r0 = rows * k / nblk, r1 = rows * (k + 1) / nblk;
-            double *acc = part + k * D;
-            for (int j = 0; j < D; j++) acc[j] = 0;
-            for (int64_t r = r0; r < r1; r++) {
-                const real *xr = x->data + r * D, *dyr = dy + r * D;
-                real ri = sv->rinv[r];
-                for (int j = 0; j < D; j++) acc[j] += (double)(dyr[j] * xr[j] * ri);
-            }
-        }
-        for (int j = 0; j < D; j++) {
-            double s = 0;
-            for (int64_t k = 0; k < nblk; k++) s += part[k * D + j];
-            dg[j] += (real)s;
-        }
-    }
+    if (dg) rms_dg(x->data, dy, sv->rinv, rows, D, dg, n->tape);
 }
 
 static const OpDef OP_RMSNORM = {"rmsnorm", rmsnorm_forward, rmsnorm_backward};
@@ -121,6 +124,102 @@ Tensor *op_rmsnorm_groups(Tape *tp, Tensor *x, Tensor *g, int group, double eps)
 
 Tensor *op_rmsnorm(Tape *tp, Tensor *x, Tensor *g, double eps) {
     return op_rmsnorm_groups(tp, x, g, x->shape[x->ndim - 1], eps);
+}
+
+// ---- residual add + RMSNorm ----
+//
+// h = a + b and y = RMSNorm(h) g in one pass: a pre-norm block's residual
+// sum and the norm of the next sublayer. Backward: dh_total = dh + the norm's
+// dx (rmsnorm above, with x = h), then da = db = dh_total.
+
+static void add_rmsnorm_forward(Node *n) {
+    const Tensor *a = n->in[0], *b = n->in[1], *g = n->in[2];
+    int D = n->iarg[0];
+    int64_t rows = a->numel / D;
+    real *y = n->out[0]->data, *h = n->out[1]->data;
+    double eps = n->farg[0];
+    real *rinv = NULL;
+    if (n->recorded) {
+        RmsSaved *sv = tape_alloc(n->tape, sizeof *sv);
+        sv->rinv = rinv = tape_alloc(n->tape, (size_t)(rows ? rows : 1) * sizeof(real));
+        n->saved = sv;
+    }
+#pragma omp parallel for if (a->numel > OPS_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const real *ar = a->data + r * D, *br = b->data + r * D;
+        real *hr = h + r * D, *yr = y + r * D;
+        for (int j = 0; j < D; j++) hr[j] = ar[j] + br[j];
+        double ss = 0;
+#pragma omp simd reduction(+ : ss)
+        for (int j = 0; j < D; j++) ss += (double)hr[j] * hr[j];
+        real ri = (real)(1.0 / sqrt(ss / D + eps));
+        if (rinv) rinv[r] = ri;
+        for (int j = 0; j < D; j++) yr[j] = hr[j] * ri * g->data[j];
+    }
+}
+
+static void store_row(real *d, const real *t, int D, bool fresh) {
+    if (fresh)
+        for (int j = 0; j < D; j++) d[j] = t[j];
+    else
+        for (int j = 0; j < D; j++) d[j] += t[j];
+}
+
+static void add_rmsnorm_backward(Node *n) {
+    const Tensor *a = n->in[0];
+    const real *g = n->in[2]->data, *h = n->out[1]->data;
+    const RmsSaved *sv = n->saved;
+    int D = n->iarg[0];
+    int64_t rows = a->numel / D;
+    const real *dy = n->out[0]->grad, *dh = n->out[1]->grad;   // either may be NULL: no contribution
+    bool fa, fb;
+    real *da = NODE_GRAD_FRESH(n, 0, &fa);
+    real *db = NODE_GRAD_FRESH(n, 1, &fb);
+    real *dg = NODE_GRAD_IN(n, 2);
+    if (da || db) {
+#pragma omp parallel if (a->numel > OPS_PAR_MIN)
+        {
+            real *t = xmalloc((size_t)D * sizeof(real));   // one row of dh_total
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; r++) {
+                const real *hr = h + r * D;
+                for (int j = 0; j < D; j++) t[j] = dh ? dh[r * D + j] : 0;
+                if (dy) {
+                    const real *dyr = dy + r * D;
+                    real ri = sv->rinv[r];
+                    double dot = 0;
+#pragma omp simd reduction(+ : dot)
+                    for (int j = 0; j < D; j++) dot += (double)dyr[j] * g[j] * hr[j] * ri;
+                    real c = (real)(dot / D);
+                    for (int j = 0; j < D; j++) t[j] += ri * (dyr[j] * g[j] - hr[j] * ri * c);
+                }
+                if (da) store_row(da + r * D, t, D, fa);   // a == b: da was written, db adds to it
+                if (db) store_row(db + r * D, t, D, fb);
+            }
+            free(t);
+        }
+    }
+    if (dg && dy) rms_dg(h, dy, sv->rinv, rows, D, dg, n->tape);
+}
+
+static const OpDef OP_ADD_RMSNORM = {"add_rmsnorm", add_rmsnorm_forward, add_rmsnorm_backward};
+
+Tensor *op_add_rmsnorm(Tape *tp, Tensor *a, Tensor *b, Tensor *g, double eps, Tensor **sum) {
+    ASSERT(tensor_same_shape(a, b), "add_rmsnorm: a %s and b %s differ", SHAPE(a), SHAPE(b));
+    int D = a->shape[a->ndim - 1];
+    ASSERT(D > 0, "add_rmsnorm: empty last dimension in %s", SHAPE(a));
+    ASSERT(eps >= 0, "add_rmsnorm: eps %g must be >= 0", eps);
+    ASSERT(g && g->ndim == 1 && g->shape[0] == D,
+           "add_rmsnorm: weight %s must be (%d), the last dimension of a %s", g ? SHAPE(g) : "(none)", D,
+           SHAPE(a));
+    ASSERT(sum, "add_rmsnorm: the sum output pointer is required");
+    Tensor *y = tape_tensor(tp, a->ndim, a->shape), *h = tape_tensor(tp, a->ndim, a->shape);
+    Node *n = tape_op(tp, &OP_ADD_RMSNORM, (Tensor *[]){a, b, g}, 3, (Tensor *[]){y, h}, 2);
+    n->iarg[0] = D;
+    n->farg[0] = eps;
+    add_rmsnorm_forward(n);
+    *sum = h;
+    return y;
 }
 
 // ---- per-head L2 normalisation ----

@@ -72,9 +72,15 @@ static Tensor *mlp_forward(Tape *tp, const LMBlock *b, Tensor *u) {
     return op_matmul(tp, op_silu_mul(tp, a, c), b->w2, false, false);   // silu(a) * c
 }
 
-static Tensor *head_forward(Tape *tp, const LM *lm, Tensor *x) {
-    Tensor *h = op_rmsnorm(tp, x, lm->norm_f, lm->cfg.norm_eps);
+// Logits from the final normed residual stream h = RMSNorm(x) norm_f.
+static Tensor *head_forward(Tape *tp, const LM *lm, Tensor *h) {
     return lm->lm_head ? op_matmul(tp, h, lm->lm_head, false, false) : op_matmul(tp, h, lm->embed, false, true);
+}
+
+// The norm that reads the residual stream after block l: the next block's
+// first norm, or norm_f after the last block.
+static Tensor *norm_after(const LM *lm, int l) {
+    return l + 1 < lm->cfg.n_layers ? lm->blocks[l + 1].norm1 : lm->norm_f;
 }
 
 static bool is_dsa(const Mixer *m) { return strcmp(m->kind->name, "attn_dsa") == 0; }
@@ -93,30 +99,35 @@ static Tensor *collect_kl(Tape *tp, const LM *lm, int n_layers) {
     return n > 1 ? op_scale(tp, sum, 1.0 / n) : sum;
 }
 
-// Blocks 0 .. n_layers-1 over x; the last one stops after its mixer when
-// `last_mixer_only` (nothing is returned then: the caller wants the KL).
+// Blocks 0 .. n_layers-1 over x (pre-norm: h = x + mixer(norm1(x)), then
+// x' = h + mlp(norm2(h))). Each residual add is fused with the norm that
+// reads its sum (op_add_rmsnorm). Returns the stream after block n_layers-1
+// normed by norm_after(it); the last block stops after its mixer when
+// `last_mixer_only` (NULL is returned then: the caller wants the KL).
 static Tensor *run_blocks(Tape *tp, LM *lm, Tensor *x, int n_layers, bool last_mixer_only, Tensor *const *states_in,
                           Tensor **states_out) {
+    double eps = lm->cfg.norm_eps;
+    Tensor *u = op_rmsnorm(tp, x, lm->blocks[0].norm1, eps);
     for (int l = 0; l < n_layers; l++) {
         LMBlock *b = &lm->blocks[l];
-        Tensor *u = op_rmsnorm(tp, x, b->norm1, lm->cfg.norm_eps);
         Tensor *s_in = states_in ? states_in[l] : NULL;
         Tensor **s_out = states_out && b->mixer->kind->recurrent ? &states_out[l] : NULL;
         if (states_out && !b->mixer->kind->recurrent) states_out[l] = NULL;
         Tensor *y = b->mixer->kind->forward(tp, b->mixer, u, s_in, s_out);
         if (last_mixer_only && l == n_layers - 1) return NULL;
-        Tensor *h = op_add(tp, x, y);
-        x = op_add(tp, h, mlp_forward(tp, b, op_rmsnorm(tp, h, b->norm2, lm->cfg.norm_eps)));
+        Tensor *h;
+        Tensor *m = mlp_forward(tp, b, op_add_rmsnorm(tp, x, y, b->norm2, eps, &h));
+        u = op_add_rmsnorm(tp, h, m, norm_after(lm, l), eps, &x);
     }
-    return x;
+    return u;
 }
 
 Tensor *lm_forward(Tape *tp, LM *lm, const int *tokens, int B, int T, Tensor *const *states_in,
                    Tensor **states_out) {
     Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){B, T});
-    x = run_blocks(tp, lm, x, lm->cfg.n_layers, false, states_in, states_out);
+    Tensor *h = run_blocks(tp, lm, x, lm->cfg.n_layers, false, states_in, states_out);
     lm->dsa_kl = collect_kl(tp, lm, lm->cfg.n_layers);
-    return head_forward(tp, lm, x);
+    return head_forward(tp, lm, h);
 }
 
 Tensor *lm_distill_loss(Tape *tp, LM *lm, const int *tokens, int B, int T) {
@@ -181,13 +192,16 @@ void lm_cache_free(const LM *lm, LMCache *c) {
 Tensor *lm_step(Tape *tp, LM *lm, LMCache *c, const int *tokens) {
     ASSERT(!tape_grad_enabled(tp), "lm_step: decode on a tape in no-grad mode (tape_no_grad_push)");
     ASSERT(c->pos < c->max_T, "lm_step: the cache holds %d positions and is full", c->max_T);
+    double eps = lm->cfg.norm_eps;
     Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){c->B, 1});
-    for (int l = 0; l < lm->cfg.n_layers; l++) {
+    Tensor *u = op_rmsnorm(tp, x, lm->blocks[0].norm1, eps);
+    for (int l = 0; l < lm->cfg.n_layers; l++) {   // as run_blocks, one position
         LMBlock *b = &lm->blocks[l];
-        Tensor *u = op_rmsnorm(tp, x, b->norm1, lm->cfg.norm_eps);
-        Tensor *h = op_add(tp, x, b->mixer->kind->step(tp, b->mixer, c->mixer[l], u));
-        x = op_add(tp, h, mlp_forward(tp, b, op_rmsnorm(tp, h, b->norm2, lm->cfg.norm_eps)));
+        Tensor *y = b->mixer->kind->step(tp, b->mixer, c->mixer[l], u);
+        Tensor *h;
+        Tensor *m = mlp_forward(tp, b, op_add_rmsnorm(tp, x, y, b->norm2, eps, &h));
+        u = op_add_rmsnorm(tp, h, m, norm_after(lm, l), eps, &x);
     }
     c->pos++;
-    return head_forward(tp, lm, x);
+    return head_forward(tp, lm, u);
 }
