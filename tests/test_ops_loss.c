@@ -140,6 +140,34 @@ Test(ops_loss, cross_entropy_gradcheck_with_ignored_rows) {
     tensor_free(x4);
 }
 
+static int f_ce_of_intermediate(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    out[0] = op_cross_entropy(tp, op_scale(tp, in[0], 1.0), ((CeCtx *)ctx)->targets);
+    return 1;
+}
+
+// Logits made by another op, as in a model: the backward writes their
+// gradient buffer fresh (ignored rows included: zeros), and with every target
+// ignored the whole gradient is zero.
+Test(ops_loss, cross_entropy_gradient_of_intermediate_logits) {
+    Tensor *x = tensor_newv(true, 2, 6, 11);
+    fill_normal(x, 8, 2.0);
+    int tg[] = {4, -1, 10, 0, 7, -100};
+    CeCtx c = {tg};
+    GradcheckResult r = gradcheck("cross_entropy", f_ce_of_intermediate, &x, 1, &c, NULL);
+    ASSERT_GRADCHECK(r, "cross_entropy of an intermediate");
+    for (int j = 0; j < 11; j++) cr_assert(x->grad[11 + j] == 0 && x->grad[5 * 11 + j] == 0);
+    int none[] = {-1, -1, -1, -1, -1, -1};
+    Tape tp;
+    tape_init(&tp);
+    memset(x->grad, 0, 66 * sizeof(real));
+    Tensor *l = op_cross_entropy(&tp, op_scale(&tp, x, 1.0), none);
+    cr_assert(l->data[0] == 0);
+    tape_backward(&tp, l);
+    for (int i = 0; i < 66; i++) cr_assert(x->grad[i] == 0, "grad[%d] = %g", i, (double)x->grad[i]);
+    tape_free(&tp);
+    tensor_free(x);
+}
+
 Test(ops_loss, cross_entropy_values) {
     Tape tp;
     tape_init(&tp);

@@ -4,6 +4,8 @@
 // Both are row loops (a row = the last dimension), parallel over rows when
 // the input is large; each row is stabilised by subtracting its maximum and
 // sums its exponentials in double.
+#include <string.h>
+
 #include "ops.h"
 #include "ops_math.h"
 
@@ -77,8 +79,10 @@ static void ce_forward(Node *n) {
     for (int64_t r = 0; r < rows; r++) {
         const real *xr = x->data + r * V;
         real m = xr[0];
+#pragma omp simd reduction(max : m)
         for (int j = 1; j < V; j++) m = xr[j] > m ? xr[j] : m;
         double s = 0;
+#pragma omp simd reduction(+ : s)
         for (int j = 0; j < V; j++) s += r_exp(xr[j] - m);
         double l = (double)m + log(s);
         if (lse) lse[r] = (real)l;
@@ -102,20 +106,32 @@ static void ce_forward(Node *n) {
 
 // dlogits = dloss * (softmax - onehot(target)) / count on counted rows.
 static void ce_backward(Node *n) {
-    real *dx = NODE_GRAD_IN(n, 0);
+    bool fresh;
+    real *dx = NODE_GRAD_FRESH(n, 0, &fresh);
     const CeSaved *sv = n->saved;
-    if (!dx || sv->count == 0) return;
     const Tensor *x = n->in[0];
+    if (!dx) return;
+    if (sv->count == 0) {   // every target ignored: a zero gradient
+        if (fresh) memset(dx, 0, (size_t)x->numel * sizeof(real));
+        return;
+    }
     const int *tg = n->aux;
     int V = x->shape[x->ndim - 1];
     int64_t rows = tensor_rows(x);
     real c = (real)(n->out[0]->grad[0] / sv->count);
 #pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        if (tg[r] < 0) continue;
+        real *d = dx + r * V;
+        if (tg[r] < 0) {
+            if (fresh) memset(d, 0, (size_t)V * sizeof(real));
+            continue;
+        }
         const real *xr = x->data + r * V;
-        real *d = dx + r * V, l = sv->lse[r];
-        for (int j = 0; j < V; j++) d[j] += c * r_exp(xr[j] - l);
+        real l = sv->lse[r];
+        if (fresh)
+            for (int j = 0; j < V; j++) d[j] = c * r_exp(xr[j] - l);
+        else
+            for (int j = 0; j < V; j++) d[j] += c * r_exp(xr[j] - l);
         d[tg[r]] -= c;
     }
 }
