@@ -12,6 +12,9 @@
 #   bench/mqar_sweep.sh plot       only the plot, from docs/bench/mqar/
 #   MIXERS="attn gdn" LRS="1e-2" bench/mqar_sweep.sh    a subset (files of other
 #                                  runs are kept; the plot uses all of them)
+#   bench/mqar_sweep.sh attn-long  attention's reference point: width 64, lr
+#                                  3e-3, up to 8000 steps (its induction phase
+#                                  change came at ~6500): about 9 minutes
 #
 # Output: docs/bench/mqar/<mixer>_<lr>.{tsv,curve.tsv,txt} (final accuracy,
 # accuracy curve, raw output), docs/bench/mqar/all.tsv, docs/img/mqar_curves.png.
@@ -26,7 +29,16 @@ LRS=${LRS:-3e-3 1e-2}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 mkdir -p "$DATA" "$IMG"
 
-if [ "${1:-}" != plot ]; then
+if [ "${1:-}" = attn-long ]; then
+    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build "$BUILD" -j 2 --target mqar >/dev/null
+    {
+        echo "== attn width 64 lr 3e-3, up to 8000 steps (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+        "$BUILD/mqar" --mixers attn --widths 64 --pairs 32 --seq 256 --vocab 256 --batch 16 \
+            --steps 8000 --lr 3e-3 --eval-every 250 --stop-at 0.99 \
+            --tsv "$DATA/attn_w64_3e-3_long.tsv" --curve "$DATA/attn_w64_3e-3_long.curve.tsv"
+    } | tee "$DATA/attn_w64_3e-3_long.txt"
+elif [ "${1:-}" != plot ]; then
     cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build "$BUILD" -j 2 --target mqar >/dev/null
     for m in $MIXERS; do
@@ -54,27 +66,31 @@ for f in "$DATA"/*.curve.tsv; do
     tail -n +2 "$f"
 done >"$DATA/curves.tsv"
 
-SERIES=$(awk -F'\t' 'NR > 1 && !seen[$1 ":" $3]++ {print $1 ":" $3}' "$DATA/curves.tsv")
+# One line per run (curve file): colour by mixer, dashed at lr 3e-3, squares
+# for width 64.
+PLOTS=""
+for f in "$DATA"/*.curve.tsv; do
+    base=$(basename "$f" .curve.tsv)
+    read -r mixer width lr <<<"$(awk -F'\t' 'NR == 2 {print $1, $2, $3}' "$f")"
+    [ -n "$mixer" ] || continue
+    case $mixer in attn) c="#000000" ;; linear) c="#1f77b4" ;; mamba) c="#2ca02c" ;; gdn) c="#d62728" ;; *) c="#7f7f7f" ;; esac
+    dt=1; awk -v l="$lr" 'BEGIN {exit !(l < 0.005)}' && dt=2
+    pt=7; [ "$width" = 32 ] || pt=5
+    title="$mixer"; [ "$width" = 32 ] || title="$title width $width"; title="$title lr $lr"
+    case $base in *_long) title="$title (8000-step budget)" ;; esac
+    PLOTS="$PLOTS${PLOTS:+, }\"$f\" using 4:(100*\$6) every ::1 with linespoints lw 2 pt $pt lc rgb \"$c\" dt $dt title \"$title\""
+done
 gnuplot <<GP
-set terminal pngcairo size 1000,600 font "DejaVu Sans,11" noenhanced
+set terminal pngcairo size 1100,600 font "DejaVu Sans,11" noenhanced
 set datafile separator "\t"
-set datafile missing "NaN"
 set grid
 set key outside right top
-set title "MQAR, 32 pairs, T = 256, width 32 (state 512 / layer): accuracy during training"
+set title "MQAR, 32 pairs, T = 256 (width 32: recurrent state 512 / layer): accuracy during training"
 set xlabel "training step (batch 16)"
 set ylabel "accuracy on 4 fresh batches (%)"
 set yrange [0:100]
-series = "$(echo $SERIES)"
-mixer(s) = s[1:strstrt(s, ":")-1]
-lr(s) = s[strstrt(s, ":")+1:]
-colour(s) = mixer(s) eq "attn" ? "#000000" : mixer(s) eq "linear" ? "#1f77b4" : mixer(s) eq "mamba" ? "#2ca02c" : \
-            mixer(s) eq "gdn" ? "#d62728" : "#7f7f7f"
-dash(s) = lr(s) + 0 > 0.005 ? 1 : 2
-pick(s) = (strcol(1) eq mixer(s) && strcol(3) eq lr(s)) ? 100 * column(6) : NaN
 set output "$IMG/mqar_curves.png"
-plot for [s in series] "$DATA/curves.tsv" using 4:(pick(s)) every ::1 \
-     with linespoints lw 2 pt 7 lc rgb colour(s) dt dash(s) title mixer(s) . " lr " . lr(s)
+plot $PLOTS
 GP
 echo "== done: $DATA/all.tsv, $IMG/mqar_curves.png"
 column -t -s $'\t' "$DATA/all.tsv"
