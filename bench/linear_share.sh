@@ -17,6 +17,12 @@
 #   bench/linear_share.sh --only all_gdn     train only these configs (repeatable, or a comma
 #                                            list); the other rows are kept from the TSV
 #   bench/linear_share.sh --docs             only the plots and the document, from the TSVs
+#   bench/linear_share.sh --seed 2           the sweep with another seed (train.seed: weights
+#                                            and batch order); its rows go to
+#                                            docs/bench/linear_share_seeds.tsv (name, seed,
+#                                            val loss, bits/byte, ...) and the document gains a
+#                                            seed-spread table; the main table stays the
+#                                            configs' own seed
 #
 # Runs go to runs/share/<name>/ (checkpoint, metrics.jsonl, loss.png) with the
 # train output in runs/share/<name>.log. Idle OpenMP threads sleep
@@ -33,6 +39,7 @@ RUNS=runs/share
 DATA=$ROOT/docs/bench
 TSV=$DATA/linear_share.tsv
 CURVES=$DATA/linear_share_curves.tsv
+SEEDS_TSV=$DATA/linear_share_seeds.tsv
 IMG=$ROOT/docs/img
 DOC=$ROOT/docs/linear_share.md
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
@@ -50,6 +57,7 @@ label() {
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 STEPS=""
+SEED=""
 ONLY=()
 DOCS_ONLY=0
 while [ $# -gt 0 ]; do
@@ -60,6 +68,9 @@ while [ $# -gt 0 ]; do
         --only)  [ $# -ge 2 ] || { echo "linear_share: --only needs a config name" >&2; exit 2; }
                  IFS=, read -r -a more <<<"$2"; ONLY+=("${more[@]}"); shift 2 ;;
         --docs)  DOCS_ONLY=1; shift ;;
+        --seed)  [ $# -ge 2 ] || { echo "linear_share: --seed needs a number" >&2; exit 2; }
+                 SEED=$2; shift 2
+                 [[ $SEED =~ ^[0-9]+$ ]] || { echo "linear_share: --seed '$SEED' is not a non-negative integer" >&2; exit 2; } ;;
         -h|--help) usage; exit 0 ;;
         *) echo "linear_share: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -90,10 +101,18 @@ if [ "$DOCS_ONLY" = 0 ]; then
     [ -s "$TSV" ] || printf '%s\n' "$HEADER" >"$TSV"
     [ -s "$CURVES" ] || printf 'name\tstep\tval_loss\tval_bpb\n' >"$CURVES"
     cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
+    [ -z "$SEED" ] || [ -s "$SEEDS_TSV" ] || printf 'name\tseed\tsteps\tval_loss\tval_bpb\ttok_per_s\twall_s\tdate\tcommit\n' >"$SEEDS_TSV"
     for name in "${RUN_NAMES[@]}"; do
         cfg=configs/share/$name.ini
         cfg_steps=$(ini "$name" steps)
-        args=(--config "$cfg" --set "train.run_dir=$RUNS/$name")
+        if [ -n "$SEED" ]; then
+            run=$RUNS/seed$SEED/$name
+            mkdir -p "$RUNS/seed$SEED"
+            args=(--config "$cfg" --set "train.run_dir=$run" --set "train.seed=$SEED")
+        else
+            run=$RUNS/$name
+            args=(--config "$cfg" --set "train.run_dir=$run")
+        fi
         if [ -n "$STEPS" ]; then
             # keep the schedule's shape: the warm-up is the same fraction of the run
             warm=$(( ($(ini "$name" warmup_steps) * STEPS + cfg_steps / 2) / cfg_steps ))
@@ -102,16 +121,16 @@ if [ "$DOCS_ONLY" = 0 ]; then
         fi
         date=$(date -u '+%Y-%m-%d %H:%M:%S')
         load0=$(loadavg)
-        echo "== $name ($(ini "$name" layers)) ${STEPS:+steps $STEPS }| load $load0 | log $RUNS/$name.log"
+        echo "== $name ($(ini "$name" layers)) ${STEPS:+steps $STEPS }${SEED:+seed $SEED }| load $load0 | log $run.log"
         t0=$(date +%s.%N)
-        if ! "$BUILD/train" "${args[@]}" >"$RUNS/$name.log" 2>&1; then
-            echo "linear_share: $name failed, see $RUNS/$name.log:" >&2
-            tail -5 "$RUNS/$name.log" >&2
+        if ! "$BUILD/train" "${args[@]}" >"$run.log" 2>&1; then
+            echo "linear_share: $name failed, see $run.log:" >&2
+            tail -5 "$run.log" >&2
             exit 1
         fi
         wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
         load1=$(loadavg)
-        m=$RUNS/$name/metrics.jsonl
+        m=$run/metrics.jsonl
         num() { sed -n "s/.*\"$1\":\([-0-9.e+]*\).*/\1/p"; }   # num KEY < json lines -> values
         start=$(grep '"type":"start"' "$m" | tail -1)
         end=$(grep '"type":"end"' "$m" | tail -1)
@@ -127,6 +146,15 @@ if [ "$DOCS_ONLY" = 0 ]; then
         B=$(ini "$name" batch_size); T=$(ini "$name" seq_len)
         layers=$(ini "$name" layers)
         share=$(awk -v l="$layers" 'BEGIN {n = split(l, a, ","); k = 0; for (i = 1; i <= n; i++) k += (a[i] != "attn"); printf "%.4f", k / n}')
+        if [ -n "$SEED" ]; then   # another seed: its own table, keyed by (name, seed)
+            row="$name	$SEED	$steps	$vl	$bpb	$tps	$wall	$date	$(commit)"
+            { head -1 "$SEEDS_TSV"; awk -F'\t' -v n="$name" -v s="$SEED" 'NR > 1 && !($1 == n && $2 == s)' "$SEEDS_TSV"
+              printf '%s\n' "$row"; } >"$SEEDS_TSV.tmp"
+            mv "$SEEDS_TSV.tmp" "$SEEDS_TSV"
+            printf '   %s steps, seed %s: val %.4f nats/byte = %.4f bits/byte | %s tok/s | %s s\n' \
+                "$steps" "$SEED" "$vl" "$bpb" "$tps" "$wall"
+            continue
+        fi
         row="$name	$(label "$name")	$layers	$share	$params	$steps	$cfg_steps	$((steps * B * T))	$vl	$bpb	$tps	$wall	$threads	$precision	$date	$(commit)	$load0	$load1	${OPENBLAS_CORETYPE:-unset}	$cpu"
         { head -1 "$TSV"; awk -F'\t' -v n="$name" 'NR > 1 && $1 != n' "$TSV"; printf '%s\n' "$row"; } >"$TSV.tmp"
         mv "$TSV.tmp" "$TSV"
@@ -274,6 +302,70 @@ reading() {
     }'
 }
 
+# The seeds of linear_share_seeds.tsv run with the main table's step count.
+other_seeds() {
+    [ -s "$SEEDS_TSV" ] || return 0
+    awk -F'\t' -v steps="$(head -1 "$ORDERED" | cut -f6)" 'NR > 1 && $3 == steps {print $2}' "$SEEDS_TSV" |
+        sort -un | paste -sd' ' -
+}
+# Seed spread: every config's bits/byte at the configs' own seed (main table)
+# and at each seed of linear_share_seeds.tsv with the same step count.
+seed_spread() {
+    local seeds
+    seeds=$(other_seeds)
+    [ -n "$seeds" ] || return 0
+    echo "### Seed spread"
+    echo
+    echo "The same sweep with other seeds (\`--seed\`: other initial weights and batch order; the validation windows are the same):"
+    echo
+    printf '| config | seed %s |' "$(ini all_attn seed)"
+    for sd in $seeds; do printf ' seed %s |' "$sd"; done
+    echo ' mean | max - min |'
+    printf '| --- | ---: |'
+    for sd in $seeds; do printf ' ---: |'; done
+    echo ' ---: | ---: |'
+    awk -F'\t' -v seeds="$seeds" -v steps="$(head -1 "$ORDERED" | cut -f6)" '
+        FNR == NR { if (FNR > 1 && $3 == steps) v[$1, $2] = $5; next }
+        { n = split(seeds, sd, " "); line = sprintf("| %s | %.4f |", $2, $10); sum = $10; k = 1; lo = hi = $10
+          for (i = 1; i <= n; i++) {
+              if ((($1, sd[i]) in v)) { x = v[$1, sd[i]]; line = line sprintf(" %.4f |", x); sum += x; k++
+                                        if (x < lo) lo = x; if (x > hi) hi = x }
+              else line = line " - |"
+          }
+          printf "%s %.4f | %.4f |\n", line, sum / k, hi - lo }' "$SEEDS_TSV" "$ORDERED"
+    echo
+    awk -F'\t' -v steps="$(head -1 "$ORDERED" | cut -f6)" -v seeds="$seeds" '
+        FNR == NR { if (FNR > 1 && $3 == steps) v[$1, $2] = $5; next }
+        { b[$1] = $10 }
+        END {
+            split("all_attn gdn_1to1 gdn_3to1 gdn_7to1 all_gdn all_mamba all_linear", names, " ")
+            n = split(seeds, sd, " ")
+            # the largest spread within one config, and whether each seed ranks all-attn worst
+            # and all-mamba best among the seven
+            worst_attn = 1; best_mamba = 1
+            for (i = 0; i <= n; i++) {
+                for (j = 1; j <= 7; j++) { nm = names[j]; x[nm] = i == 0 ? b[nm] : ((nm, sd[i]) in v ? v[nm, sd[i]] : "") }
+                for (j = 1; j <= 7; j++) {
+                    nm = names[j]; if (x[nm] == "" || x["all_attn"] == "" || x["all_mamba"] == "") continue
+                    if (nm != "all_attn" && x[nm] >= x["all_attn"]) worst_attn = 0
+                    if (nm != "all_mamba" && x[nm] <= x["all_mamba"]) best_mamba = 0
+                }
+            }
+            printf "Across the %d seeds: all-attn is the worst of the seven at every seed: **%s**; all-mamba the best at every seed: **%s**. ",
+                   n + 1, worst_attn ? "yes" : "no", best_mamba ? "yes" : "no"
+            printf "Differences between configs smaller than their max - min above are within seed noise.\n"
+        }' "$SEEDS_TSV" "$ORDERED"
+}
+seed_caveat() {
+    local seeds
+    seeds=$(other_seeds)
+    if [ -n "$seeds" ]; then
+        echo "The seed spread above is from $(( $(wc -w <<<"$seeds") + 1 )) seeds only: a rough size of the noise, not an interval."
+    else
+        echo "One seed per config: the seed-to-seed spread is not measured (\`--seed\` runs it), so differences of a few thousandths of a bit per byte may be noise."
+    fi
+}
+
 {
 cat <<EOF
 # Quality against the linear share
@@ -369,9 +461,9 @@ What this run shows:
 
 $(reading)
 
-What it can and cannot say. One seed per config: the seed-to-seed spread is
-not measured, so differences of a few thousandths of a bit per byte may be
-noise. The scale is tiny ($(th "$(cut -f5 "$ORDERED" | sort -n | head -1)") to $(th "$(cut -f5 "$ORDERED" | sort -n | tail -1)") parameters, 8 layers of width
+$(seed_spread)
+
+What it can and cannot say. $(seed_caveat) The scale is tiny ($(th "$(cut -f5 "$ORDERED" | sort -n | head -1)") to $(th "$(cut -f5 "$ORDERED" | sort -n | tail -1)") parameters, 8 layers of width
 $(ini all_attn d_model)), the context short (T = $T bytes) and the budget
 short ($steps_list steps: see in the curves how far each run is from
 levelling off), so the figures say
