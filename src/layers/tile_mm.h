@@ -1,0 +1,126 @@
+// tile_mm.h: register-blocked products for the small blocks of the chunked
+// and tiled kernels (attention tiles, GLA chunks), where a BLAS call spends
+// more time on its set-up (copying panels, zeroing C before every beta = 0
+// product) than on the arithmetic: measured 3x slower at 64 x 64 x 32.
+//
+// tile_mm: C (M x N) (+)= alpha A B. Its vector operands (B and C) are rows of
+// whole aligned vectors (N, ldb, ldc multiples of VL, B and C VEC_BYTES-
+// aligned): the tensors themselves when a head's rows are (in_place), else
+// copies padded with zeros (pack_rows, pack_transposed); the broadcast operand
+// A is read in place at any stride, so either orientation of A is free.
+#ifndef AG_TILE_MM_H
+#define AG_TILE_MM_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "common.h"
+
+// GCC/Clang vector types (one SIMD register each), so that the accumulators
+// of a register block are registers, which plain loops did not give (the
+// compiler kept them in memory; measured 3x slower at these sizes).
+#ifdef __AVX512F__
+#define VEC_BYTES 64
+#define MR 8   // rows per register block: 2 MR accumulators of the 32 vector registers
+#else
+#define VEC_BYTES 32
+#define MR 4   // 16 vector registers (AVX2, SSE)
+#endif
+#define VL ((int)(VEC_BYTES / sizeof(real)))   // reals per vector
+typedef real vreal __attribute__((vector_size(VEC_BYTES)));
+
+static inline int round_vl(int n) { return (n + VL - 1) / VL * VL; }
+
+// One register block: C (R x NV vectors) (+)= alpha sum_k A(r, k) B(k, :),
+// with A(r, k) = A[r lda + k ak]. R <= MR and NV <= 2 are constants at each
+// call, so the loops unroll and c[][] lives in registers.
+static inline __attribute__((always_inline)) void mm_block(const int R, const int NV, int K, real alpha,
+                                                           const real *A, int lda, int ak, const real *B,
+                                                           int ldb, real *C, int ldc, bool add) {
+    vreal c[MR][2];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) c[r][v] = (vreal){0};
+    for (int k = 0; k < K; k++) {
+        vreal b[2];
+        for (int v = 0; v < NV; v++) b[v] = *(const vreal *)(B + (int64_t)k * ldb + v * VL);
+        for (int r = 0; r < R; r++) {
+            real a = A[r * lda + k * ak];
+            for (int v = 0; v < NV; v++) c[r][v] += a * b[v];
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) {
+            vreal *cv = (vreal *)(C + (int64_t)r * ldc + v * VL);
+            *cv = add ? *cv + alpha * c[r][v] : alpha * c[r][v];
+        }
+}
+
+static inline __attribute__((always_inline)) void mm_rows(const int R, bool two, int K, real alpha,
+                                                          const real *A, int lda, int ak, const real *B,
+                                                          int ldb, real *C, int ldc, bool add) {
+    if (two) mm_block(R, 2, K, alpha, A, lda, ak, B, ldb, C, ldc, add);
+    else mm_block(R, 1, K, alpha, A, lda, ak, B, ldb, C, ldc, add);
+}
+
+// C (M x N) = alpha A B, or C += alpha A B when `add`. A (M x K) has element
+// (i, k) at A[i lda + k ak] (ak = 1: row-major; lda = 1: stored transposed);
+// B (K x N) has rows of stride ldb, C rows of stride ldc. N, ldb and ldc are
+// multiples of VL, and B and C are VEC_BYTES-aligned.
+// Band: A(i, k) is zero outside i + lo <= k <= i + hi (a causal mask), and
+// each block of rows skips the k where all its rows are zero.
+static inline void tile_mm_band(int M, int N, int K, int lo, int hi, real alpha, const real *A, int lda, int ak,
+                         const real *B, int ldb, real *C, int ldc, bool add) {
+    for (int j = 0; j < N; j += 2 * VL) {
+        bool two = j + 2 * VL <= N;
+        for (int i = 0; i < M;) {
+            int R = M - i >= MR ? MR : M - i >= 4 ? 4 : M - i >= 2 ? 2 : 1;
+            int k0 = imax(0, i + lo), k1 = imin(K, i + R - 1 + hi + 1);
+            int nk = imax(0, k1 - k0);
+            const real *Ai = A + i * lda + k0 * ak, *Bk = B + (int64_t)k0 * ldb + j;
+            real *Ci = C + (int64_t)i * ldc + j;
+            if (R == MR) mm_rows(MR, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            else if (MR > 4 && R == 4) mm_rows(4, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            else if (R == 2) mm_rows(2, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            else mm_rows(1, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            i += R;
+        }
+    }
+}
+
+static inline void tile_mm(int M, int N, int K, real alpha, const real *A, int lda, int ak, const real *B, int ldb,
+                    real *C, int ldc, bool add) {
+    tile_mm_band(M, N, K, -M, K, alpha, A, lda, ak, B, ldb, C, ldc, add);
+}
+
+// dst (n x ldd) = the first w columns of n rows of src (row stride lds), the
+// rest of each row zero.
+static inline void pack_rows(real *dst, int ldd, const real *src, int lds, int n, int w) {
+    for (int i = 0; i < n; i++) {
+        memcpy(dst + (int64_t)i * ldd, src + (int64_t)i * lds, (size_t)w * sizeof(real));
+        memset(dst + (int64_t)i * ldd + w, 0, (size_t)(ldd - w) * sizeof(real));
+    }
+}
+
+// dst (w x ldd) = the transpose of w columns of n rows of src: dst[c][i] =
+// src[i][c], columns n .. ldd-1 zero.
+static inline void pack_transposed(real *dst, int ldd, const real *src, int lds, int n, int w) {
+    for (int c = 0; c < w; c++) {
+        real *row = dst + (int64_t)c * ldd;
+        for (int i = 0; i < n; i++) row[i] = src[(int64_t)i * lds + c];
+        for (int i = n; i < ldd; i++) row[i] = 0;
+    }
+}
+
+// Whether rows of w reals at stride ld from p can be tile_mm's B or C as they
+// are: whole vectors, aligned.
+static inline bool in_place(const real *p, int ld, int w) {
+    return w % VL == 0 && ld % VL == 0 && (uintptr_t)p % VEC_BYTES == 0;
+}
+
+// dst rows (row stride ldd) += the first w columns of n rows of src (row stride lds).
+static inline void add_rows(real *dst, int ldd, const real *src, int lds, int n, int w) {
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < w; c++) dst[(int64_t)i * ldd + c] += src[(int64_t)i * lds + c];
+}
+
+#endif
