@@ -54,19 +54,22 @@ static int f_gla(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
     return 2;
 }
 
-// Gradcheck of one case w.r.t. q, k, v, g, dt, s0, seeded on o and the final state.
-static void check_case(GlaCase c, const char *label) {
+// Gradcheck of one case w.r.t. q, k, v, g, dt, s0, seeded on o and the final
+// state, with the build's finite-difference step, or eps when eps > 0.
+static void check_case_eps(GlaCase c, const char *label, double eps) {
     Tensor *x[N_IN];
     inputs_make(x, &c, 100);
     bool strong = c.use_g && c.g_hi < -10;
+    GradcheckOptions opt = gradcheck_defaults();
+    if (eps > 0) opt.eps = eps;
     if (!strong) {
-        GradcheckResult r = gradcheck(label, f_gla, x, N_IN, &c, NULL);
+        GradcheckResult r = gradcheck(label, f_gla, x, N_IN, &c, &opt);
         ASSERT_GRADCHECK(r, label);
         cr_assert_gt(r.n_checked, 0);
     } else {
         // q, k, v, dt: O(1) gradients, checked as usual.
         x[IN_G]->requires_grad = x[IN_S0]->requires_grad = false;
-        GradcheckResult r = gradcheck(label, f_gla, x, N_IN, &c, NULL);
+        GradcheckResult r = gradcheck(label, f_gla, x, N_IN, &c, &opt);
         ASSERT_GRADCHECK(r, label);
 #ifdef AG_DOUBLE
         // g, s0: every path from them carries a factor exp(−20) or smaller, so
@@ -94,6 +97,8 @@ static void check_case(GlaCase c, const char *label) {
     }
     inputs_free(x);
 }
+
+static void check_case(GlaCase c, const char *label) { check_case_eps(c, label, 0); }
 
 Test(gla, gradcheck_every_form_and_regime) {
     // T = 11 with chunks of 4: the last chunk is partial.
@@ -192,6 +197,34 @@ Test(gla, forms_agree_forward_and_every_gradient) {
         }
     GlaCase plain = {2, 37, 3, 5, 6, 8, 0, false, false, false, 0, 0};
     check_forms_agree(plain, "plain");
+}
+
+// Head sizes and chunks of whole vectors (16 and 32 are multiples of the
+// vector width in both builds), so the chunks' products run through the
+// register-blocked tile_mm (chunk_mm), with a partial last chunk (T = 37)
+// falling back to gemm(): gradients and agreement with the recurrent form.
+// Finite-difference step 1e-4 in float64: these outputs are ~30x larger than
+// the small cases', and at the default 1e-6 the rounding of f alone gave s0's
+// gradient a 7e-6 relative error (8e-5 at 1e-7, 1e-6 at 1e-5, 1.4e-7 at 1e-4:
+// the error falls as 1/eps, so it is rounding, the same with gemm() alone;
+// k's in the strong regime likewise: 2.5e-6, 2e-7, 2e-8);
+// the truncation error at 1e-4 is ~1e-8. The tolerance stays 1e-6.
+#ifdef AG_DOUBLE
+#define TILE_EPS 1e-4
+#else
+#define TILE_EPS 0   // the float32 default
+#endif
+Test(gla, tile_products_gradcheck_and_forms_agree) {
+    for (size_t r = 0; r < 3; r++) {
+        GlaCase c = {1, 37, 2, 16, 32, 16, MIXER_FORM_CHUNKED, true, true, true, REGIMES[r].lo, REGIMES[r].hi};
+        char label[96];
+        snprintf(label, sizeof label, "tile-sized gla g %s", REGIMES[r].name);
+        check_case_eps(c, label, TILE_EPS);
+        check_forms_agree(c, label);
+    }
+    GlaCase plain = {2, 37, 2, 32, 16, 16, MIXER_FORM_CHUNKED, false, false, false, 0, 0};
+    check_case_eps(plain, "tile-sized gla plain", TILE_EPS);
+    check_forms_agree(plain, "tile-sized gla plain");
 }
 
 Test(gla, strong_decay_is_finite_and_exact) {

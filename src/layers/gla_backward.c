@@ -41,6 +41,7 @@ typedef struct GlaFresh {
 typedef struct BwdScratch {
     real *A, *dA, *D;          // (seg, seg) scores, their gradient, decay factors
     real *Ks, *Xd, *dKs, *tmp; // (seg, dk)
+    real *pack;                // a transposed operand of chunk_mm (gla_pack_elems)
     real *dQc;                 // (seg, dk) one chunk's dq, summed here then stored once
     real *dVc;                 // (seg, dv) one chunk's dv, likewise
     double *G, *dG, *colZ;     // (seg)
@@ -96,11 +97,11 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         if (dV) memset(dV, 0, (size_t)L * dv * sizeof(real));
 
         if (dO) {   // the terms through O
-            gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A, w->D);
-            if (dV) gemm(true, false, L, dv, L, 1, w->A, L, dO, ldv, 0, dV, dv);
+            gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A, w->D, w->pack);
+            if (dV) chunk_mm(true, false, L, dv, L, 1, w->A, L, dO, ldv, 0, dV, dv, 0, L, NULL);   // Aᵀ upper
             if (dq || need_k || need_g) {
                 real *dA = w->dA;   // becomes dP in place
-                gemm(false, true, L, L, dv, 1, dO, ldv, V, ldv, 0, dA, L);
+                chunk_mm(false, true, L, L, dv, 1, dO, ldv, V, ldv, 0, dA, L, NO_BAND(L, dv), w->pack);
                 // Z = dA ⊙ A: row sums into dG_i, column sums (colZ) out of
                 // dG_j; j == i cancels, so it is skipped (it is O(1) when the
                 // rest is tiny).
@@ -128,11 +129,11 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                 }
                 if (need_g)
                     for (int j = 0; j < L; j++) dG[j] -= colZ[j];
-                if (dq) gemm(false, false, L, dk, L, 1, dA, L, K, ldkk, 0, dq, dk);
-                if (need_k) gemm(true, false, L, dk, L, 1, dA, L, Q, ldk, 0, w->dKs, dk);
+                if (dq) chunk_mm(false, false, L, dk, L, 1, dA, L, K, ldkk, 0, dq, dk, -L, 0, NULL);   // dP lower
+                if (need_k) chunk_mm(true, false, L, dk, L, 1, dA, L, Q, ldk, 0, w->dKs, dk, 0, L, NULL);
             }
             if (S_in && (dq || need_g)) {   // o += exp(G) S_inᵀ q
-                gemm(false, true, L, dk, dv, 1, dO, ldv, S_in, dv, 0, w->tmp, dk);
+                chunk_mm(false, true, L, dk, dv, 1, dO, ldv, S_in, dv, 0, w->tmp, dk, NO_BAND(L, dv), w->pack);
                 for (int i = 0; i < L; i++) {
                     double e = G ? exp(G[i]) : 1;
                     const real *t = w->tmp + (int64_t)i * dk;
@@ -144,7 +145,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         }
         if (dS_nonzero) {   // the terms through S_out
             if (need_k || need_g) {
-                gemm(false, true, L, dk, dv, 1, V, ldv, dS, dv, 0, w->tmp, dk);   // rows dS v_i
+                chunk_mm(false, true, L, dk, dv, 1, V, ldv, dS, dv, 0, w->tmp, dk, NO_BAND(L, dv), w->pack);   // rows dS v_i
                 for (int i = 0; i < L; i++) {
                     double e = G ? exp(gL - G[i]) : 1;
                     const real *t = w->tmp + (int64_t)i * dk;
@@ -162,7 +163,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                     real e = G ? gla_exp(gL - G[i]) : 1;
                     for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * K[(int64_t)i * ldkk + a];
                 }
-                gemm(false, false, L, dv, dk, 1, w->Xd, dk, dS, dv, 1, dV, dv);
+                chunk_mm(false, false, L, dv, dk, 1, w->Xd, dk, dS, dv, 1, dV, dv, NO_BAND(L, dk), NULL);
             }
             if (need_g && S_in) dG[L - 1] += exp(gL) * dot(dS, S_in, (int)SZ);
         }
@@ -174,7 +175,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                 real e = G ? gla_exp(G[i]) : 1;
                 for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * Q[(int64_t)i * ldk + a];
             }
-            gemm(true, false, dk, dv, L, 1, w->Xd, dk, dO, ldv, dS_nonzero ? 1 : 0, dS, dv);
+            chunk_mm(true, false, dk, dv, L, 1, w->Xd, dk, dO, ldv, dS_nonzero ? 1 : 0, dS, dv, NO_BAND(dk, L), NULL);
             dS_nonzero = true;
         }
         if (dq) store_rows(gr->dq + (int64_t)t0 * ldk, ldk, dq, L, dk, fr.q);
@@ -283,20 +284,21 @@ void gla_backward(Node *n) {
 #pragma omp parallel if (gla_parallel_worth(&d))
     {
         BwdScratch w = {0};
-        real *dS = xmalloc((size_t)SZ * sizeof(real));
+        real *dS = xaligned((size_t)SZ * sizeof(real));
         if (rec) {
             w.Sbuf = xmalloc((size_t)(seg + 1) * SZ * sizeof(real));
             w.dkt = xmalloc((size_t)d.dk * sizeof(real));
         } else {
-            w.A = xmalloc((size_t)seg * seg * sizeof(real));
-            w.dA = xmalloc((size_t)seg * seg * sizeof(real));
-            if (g) w.D = xmalloc((size_t)seg * seg * sizeof(real));
-            w.Ks = xmalloc((size_t)seg * d.dk * sizeof(real));
-            w.Xd = xmalloc((size_t)seg * d.dk * sizeof(real));
-            w.dKs = xmalloc((size_t)seg * d.dk * sizeof(real));
-            w.tmp = xmalloc((size_t)seg * d.dk * sizeof(real));
-            w.dQc = xmalloc((size_t)seg * d.dk * sizeof(real));
-            w.dVc = xmalloc((size_t)seg * d.dv * sizeof(real));
+            w.A = xaligned((size_t)seg * seg * sizeof(real));
+            w.dA = xaligned((size_t)seg * seg * sizeof(real));
+            if (g) w.D = xaligned((size_t)seg * seg * sizeof(real));
+            w.Ks = xaligned((size_t)seg * d.dk * sizeof(real));
+            w.Xd = xaligned((size_t)seg * d.dk * sizeof(real));
+            w.dKs = xaligned((size_t)seg * d.dk * sizeof(real));
+            w.tmp = xaligned((size_t)seg * d.dk * sizeof(real));
+            w.pack = xaligned(gla_pack_elems(&d) * sizeof(real));
+            w.dQc = xaligned((size_t)seg * d.dk * sizeof(real));
+            w.dVc = xaligned((size_t)seg * d.dv * sizeof(real));
             w.G = xmalloc((size_t)seg * sizeof(double));
             w.dG = xmalloc((size_t)seg * sizeof(double));
             w.colZ = xmalloc((size_t)seg * sizeof(double));
@@ -326,6 +328,7 @@ void gla_backward(Node *n) {
         free(w.Xd);
         free(w.dKs);
         free(w.tmp);
+        free(w.pack);
         free(w.dQc);
         free(w.dVc);
         free(w.G);
