@@ -19,6 +19,7 @@
 
 #include "blas.h"
 #include "gdn_kernel.h"
+#include "tile_mm.h"
 
 GdnDims gdn_dims(const Node *n) {
     GdnDims d;
@@ -38,7 +39,15 @@ static size_t chunk_nreal(int C, int dk, int dv) {
     return 5 * (size_t)C * C + (size_t)C * (3 * dk + 3 * dv + dk + 1);
 }
 
-size_t gdn_chunk_bytes(int C, int dk, int dv) { return C * sizeof(double) + chunk_nreal(C, dk, dv) * sizeof(real); }
+static size_t pack_nreal(int C, int dk, int dv) {
+    size_t m = (size_t)imax(C, imax(dk, dv));
+    return m * m;
+}
+
+// + 64: the pack is aligned to a whole vector
+size_t gdn_chunk_bytes(int C, int dk, int dv) {
+    return C * sizeof(double) + (chunk_nreal(C, dk, dv) + pack_nreal(C, dk, dv)) * sizeof(real) + 64;
+}
 
 void gdn_chunk_bind(GdnChunk *ws, void *mem, int C, int dk, int dv) {
     size_t LL = (size_t)C * C;
@@ -58,7 +67,8 @@ void gdn_chunk_bind(GdnChunk *ws, void *mem, int C, int dk, int dv) {
     ws->Xu = p, p += (size_t)C * dv;
     ws->U = p, p += (size_t)C * dv;
     ws->Dl = p, p += (size_t)C * dv;
-    ws->bet = p;
+    ws->bet = p, p += C;
+    ws->pack = (real *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
 }
 
 
@@ -78,7 +88,7 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
         for (int j = 0; j < L; j++) E[i * L + j] = j <= i ? gdn_exp(G[i] - G[j]) : 0;
 
     // A = strictly-lower (beta_i E_ij k_i.k_j).
-    gemm(false, true, L, L, dk, 1, k, ldk, k, ldk, 0, KK, L);
+    tile_gemm(false, true, L, L, dk, 1, k, ldk, k, ldk, 0, KK, L, TILE_FULL(L, dk), ws->pack);
     for (int i = 0; i < L; i++)
         for (int j = 0; j < L; j++) A[i * L + j] = j < i ? bet[i] * E[i * L + j] * KK[i * L + j] : 0;
 
@@ -100,13 +110,13 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
         for (int c = 0; c < dk; c++) ws->Xw[i * dk + c] = sw * k[(int64_t)i * ldk + c];
         for (int c = 0; c < dv; c++) ws->Xu[i * dv + c] = su * v[(int64_t)i * ldv + c];
     }
-    gemm(false, false, L, dk, L, 1, Tm, L, ws->Xw, dk, 0, ws->W, dk);
-    gemm(false, false, L, dv, L, 1, Tm, L, ws->Xu, dv, 0, ws->U, dv);
+    tile_gemm(false, false, L, dk, L, 1, Tm, L, ws->Xw, dk, 0, ws->W, dk, -L, 0, NULL);   // Tm lower
+    tile_gemm(false, false, L, dv, L, 1, Tm, L, ws->Xu, dv, 0, ws->U, dv, -L, 0, NULL);
     memcpy(ws->Dl, ws->U, (size_t)L * dv * sizeof(real));
-    gemm(false, false, L, dv, dk, -1, ws->W, dk, S0, dv, 1, ws->Dl, dv);
+    tile_gemm(false, false, L, dv, dk, -1, ws->W, dk, S0, dv, 1, ws->Dl, dv, TILE_FULL(L, dk), NULL);
 
     // P = (Q K^T) * E (E is zero above the diagonal).
-    gemm(false, true, L, L, dk, 1, q, ldk, k, ldk, 0, P, L);
+    tile_gemm(false, true, L, L, dk, 1, q, ldk, k, ldk, 0, P, L, TILE_FULL(L, dk), ws->pack);
     for (int i = 0; i < L * L; i++) P[i] *= E[i];
 
     // Kd: the rows of K decayed to the end of the chunk.
@@ -142,16 +152,16 @@ void gdn_chunk_forward(Node *n) {
                                   g + gdn_off_h(&d, b, t0, h), d.ldk, d.ldv, d.H, S);
                 // O = diag(b) Q S0 + P Delta
                 real *oc = o + gdn_off_v(&d, b, t0, h);
-                gemm(false, false, L, d.dv, d.dk, 1, qc, d.ldk, S, d.dv, 0, oc, d.ldv);
+                tile_gemm(false, false, L, d.dv, d.dk, 1, qc, d.ldk, S, d.dv, 0, oc, d.ldv, TILE_FULL(L, d.dk), NULL);
                 for (int i = 0; i < L; i++) {
                     real bi = gdn_exp(ws.G[i]);
                     for (int j = 0; j < d.dv; j++) oc[(int64_t)i * d.ldv + j] *= bi;
                 }
-                gemm(false, false, L, d.dv, L, 1, ws.P, L, ws.Dl, d.dv, 1, oc, d.ldv);
+                tile_gemm(false, false, L, d.dv, L, 1, ws.P, L, ws.Dl, d.dv, 1, oc, d.ldv, -L, 0, NULL);   // P lower
                 // S_C = b_{L-1} S0 + Kd^T Delta
                 real bl = gdn_exp(ws.G[L - 1]);
                 for (int64_t i = 0; i < SS; i++) S[i] *= bl;
-                gemm(true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv);
+                tile_gemm(true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv, TILE_FULL(d.dk, L), NULL);
             }
         }
 }

@@ -16,6 +16,7 @@
 
 #include "blas.h"
 #include "gdn_kernel.h"
+#include "tile_mm.h"
 
 static real dot(const real *a, const real *b, int n) {
     double s = 0;
@@ -68,7 +69,7 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     const double *G = ws->G;
     const real *E = ws->E, *P = ws->P, *bet = ws->bet;
     double *dG = gr->dG, *dbeta = gr->dbeta;
-    real *dK = gr->dK, *dA = gr->dA, *dS0 = gr->dS0;
+    real *dK = gr->dK, *dA = gr->dA, *dS0 = gr->dS0, *pk = ws->pack;
     memset(dG, 0, L * sizeof(double));
     memset(dbeta, 0, L * sizeof(double));
     memset(dK, 0, (size_t)L * dk * sizeof(real));
@@ -77,9 +78,9 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     real bl = gdn_exp(G[L - 1]);
     for (int64_t i = 0; i < SS; i++) dS0[i] = bl * dS[i];
     dG[L - 1] += bl * dot(dS, S0, (int)SS);
-    gemm(false, false, L, dv, dk, 1, ws->Kd, dk, dS, dv, 0, gr->dDl, dv);       // dDelta = Kd dS
+    tile_gemm(false, false, L, dv, dk, 1, ws->Kd, dk, dS, dv, 0, gr->dDl, dv, TILE_FULL(L, dk), NULL);   // dDelta = Kd dS
     real *dKd = gr->dW;
-    gemm(false, true, L, dk, dv, 1, ws->Dl, dv, dS, dv, 0, dKd, dk);             // dKd = Delta dS^T
+    tile_gemm(false, true, L, dk, dv, 1, ws->Dl, dv, dS, dv, 0, dKd, dk, TILE_FULL(L, dv), pk);   // dKd = Delta dS^T
     for (int j = 0; j < L; j++) {
         real e = gdn_exp(G[L - 1] - G[j]);
         const real *kj = k + (int64_t)j * ldk;
@@ -93,18 +94,18 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     // O = diag(b) Q S0 + P Delta.
     if (dO) {
         real *Y = gr->Y;
-        gemm(false, false, L, dv, dk, 1, q, ldk, S0, dv, 0, Y, dv);
+        tile_gemm(false, false, L, dv, dk, 1, q, ldk, S0, dv, 0, Y, dv, TILE_FULL(L, dk), NULL);
         for (int i = 0; i < L; i++) {
             real bi = gdn_exp(G[i]);
             const real *doi = dO + (int64_t)i * ldv;
             dG[i] += bi * dot(doi, Y + i * dv, dv);
             for (int c = 0; c < dv; c++) Y[i * dv + c] = bi * doi[c];   // now dY
         }
-        if (dq) gemm(false, true, L, dk, dv, 1, Y, dv, S0, dv, 1, dq, ldk);    // dQ += dY S0^T
-        gemm(true, false, dk, dv, L, 1, q, ldk, Y, dv, 1, dS0, dv);              // dS0 += Q^T dY
+        if (dq) tile_gemm(false, true, L, dk, dv, 1, Y, dv, S0, dv, 1, dq, ldk, TILE_FULL(L, dv), pk);   // dQ += dY S0^T
+        tile_gemm(true, false, dk, dv, L, 1, q, ldk, Y, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);         // dS0 += Q^T dY
         real *dP = dA;
-        gemm(false, true, L, L, dv, 1, dO, ldv, ws->Dl, dv, 0, dP, L);          // dP = dO Delta^T
-        gemm(true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv);          // dDelta += P^T dO
+        tile_gemm(false, true, L, L, dv, 1, dO, ldv, ws->Dl, dv, 0, dP, L, TILE_FULL(L, dv), pk);   // dP = dO Delta^T
+        tile_gemm(true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);   // dDelta += P^T dO (P^T upper)
         for (int i = 0; i < L; i++)
             for (int j = 0; j < L; j++) {
                 real dp = j <= i ? dP[i * L + j] : 0;
@@ -115,19 +116,19 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
                 }
                 dP[i * L + j] = dp * E[i * L + j];   // now dQK
             }
-        if (dq) gemm(false, false, L, dk, L, 1, dP, L, k, ldk, 1, dq, ldk);     // dQ += dQK K
-        gemm(true, false, L, dk, L, 1, dP, L, q, ldk, 1, dK, dk);                // dK += dQK^T Q
+        if (dq) tile_gemm(false, false, L, dk, L, 1, dP, L, k, ldk, 1, dq, ldk, -L, 0, NULL);   // dQ += dQK K (lower)
+        tile_gemm(true, false, L, dk, L, 1, dP, L, q, ldk, 1, dK, dk, 0, L, NULL);               // dK += dQK^T Q
     }
 
     // Delta = U - W S0: dU = dDelta, dW = -dDelta S0^T, dS0 -= W^T dDelta.
-    gemm(false, true, L, dk, dv, -1, gr->dDl, dv, S0, dv, 0, gr->dW, dk);
-    gemm(true, false, dk, dv, L, -1, ws->W, dk, gr->dDl, dv, 1, dS0, dv);
+    tile_gemm(false, true, L, dk, dv, -1, gr->dDl, dv, S0, dv, 0, gr->dW, dk, TILE_FULL(L, dv), pk);
+    tile_gemm(true, false, dk, dv, L, -1, ws->W, dk, gr->dDl, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
 
     // W = Tm Xw, U = Tm Xu, Tm = (I + A)^-1.
-    gemm(true, false, L, dk, L, 1, ws->Tm, L, gr->dW, dk, 0, gr->dXw, dk);
-    gemm(true, false, L, dv, L, 1, ws->Tm, L, gr->dDl, dv, 0, gr->dXu, dv);
-    gemm(false, true, L, L, dk, -1, gr->dXw, dk, ws->W, dk, 0, dA, L);
-    gemm(false, true, L, L, dv, -1, gr->dXu, dv, ws->U, dv, 1, dA, L);
+    tile_gemm(true, false, L, dk, L, 1, ws->Tm, L, gr->dW, dk, 0, gr->dXw, dk, 0, L, NULL);   // Tm^T upper
+    tile_gemm(true, false, L, dv, L, 1, ws->Tm, L, gr->dDl, dv, 0, gr->dXu, dv, 0, L, NULL);
+    tile_gemm(false, true, L, L, dk, -1, gr->dXw, dk, ws->W, dk, 0, dA, L, TILE_FULL(L, dk), pk);
+    tile_gemm(false, true, L, L, dv, -1, gr->dXu, dv, ws->U, dv, 1, dA, L, TILE_FULL(L, dv), pk);
 
     // Xw_i = beta_i b_i k_i, Xu_i = beta_i v_i.
     for (int i = 0; i < L; i++) {
@@ -156,8 +157,8 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
             }
             dA[i * L + j] = da * bet[i] * E[i * L + j];   // now dKK
         }
-    gemm(false, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk);   // dK += dKK K
-    gemm(true, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk);    // dK += dKK^T K
+    tile_gemm(false, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk, -L, 0, NULL);   // dK += dKK K (lower)
+    tile_gemm(true, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk, 0, L, NULL);     // dK += dKK^T K
 
     if (dk_out)
         for (int i = 0; i < L; i++)

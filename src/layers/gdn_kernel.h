@@ -90,6 +90,7 @@ typedef struct GdnChunk {
     real *P;         // (L, L) (Q K^T) * E, lower with the diagonal
     real *Kd;        // (L, dk) diag(exp(Gamma_L - Gamma_j)) K: the rows that reach S_C
     real *bet;       // (L) beta of the chunk, contiguous
+    real *pack;      // (m, m), m = max(C, dk, dv): a transposed operand of tile_gemm
 } GdnChunk;
 
 // Workspace for chunks of up to C positions: one allocation, free(ws->G).

@@ -9,7 +9,7 @@
 
 void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, int L, int dk, real *A,
                       real *D, real *pack) {
-    chunk_mm(false, true, L, L, dk, 1, Q, ldq, K, ldk, 0, A, L, NO_BAND(L, dk), pack);
+    tile_gemm(false, true, L, L, dk, 1, Q, ldq, K, ldk, 0, A, L, TILE_FULL(L, dk), pack);
     for (int i = 0; i < L; i++) {
         real *row = A + (int64_t)i * L, *drow = D ? D + (int64_t)i * L : NULL;
         if (G)
@@ -27,7 +27,7 @@ typedef struct FwdScratch {
     real *A;      // (seg, seg) decayed masked scores
     real *Ks;     // (seg, dk) keys scaled by dt
     real *Xd;     // (seg, dk) decay-scaled queries or keys
-    real *pack;   // a transposed operand of chunk_mm (gla_pack_elems)
+    real *pack;   // a transposed operand of tile_gemm (gla_pack_elems)
     double *G;    // (seg) chunk-local cumulative log decay
 } FwdScratch;
 
@@ -50,13 +50,13 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
         real *O = x->o + (int64_t)t0 * ldv;
         // O = ((Q K̃ᵀ) ⊙ M ⊙ decay) V  +  diag(exp(G)) Q S_in
         gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A, NULL, w->pack);
-        chunk_mm(false, false, L, dv, L, 1, w->A, L, V, ldv, 0, O, ldv, -L, 0, NULL);   // A lower triangular
+        tile_gemm(false, false, L, dv, L, 1, w->A, L, V, ldv, 0, O, ldv, -L, 0, NULL);   // A lower triangular
         if (nonzero) {
             for (int i = 0; i < L; i++) {
                 real e = G ? gla_exp(G[i]) : 1;
                 for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * Q[(int64_t)i * ldk + a];
             }
-            chunk_mm(false, false, L, dv, dk, 1, w->Xd, dk, S, dv, 1, O, ldv, NO_BAND(L, dk), NULL);
+            tile_gemm(false, false, L, dv, dk, 1, w->Xd, dk, S, dv, 1, O, ldv, TILE_FULL(L, dk), NULL);
         }
         // S_out = exp(G_L) S_in + (diag(exp(G_L − G)) K̃)ᵀ V
         double gL = G ? G[L - 1] : 0;
@@ -66,7 +66,7 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
         }
         if (nonzero && G)
             for (real eL = gla_exp(gL), *e = S; e < S + SZ; e++) *e *= eL;
-        chunk_mm(true, false, dk, dv, L, 1, w->Xd, dk, V, ldv, nonzero ? 1 : 0, S, dv, NO_BAND(dk, L), NULL);
+        tile_gemm(true, false, dk, dv, L, 1, w->Xd, dk, V, ldv, nonzero ? 1 : 0, S, dv, TILE_FULL(dk, L), NULL);
         nonzero = true;
     }
 }

@@ -41,7 +41,7 @@ typedef struct GlaFresh {
 typedef struct BwdScratch {
     real *A, *dA, *D;          // (seg, seg) scores, their gradient, decay factors
     real *Ks, *Xd, *dKs, *tmp; // (seg, dk)
-    real *pack;                // a transposed operand of chunk_mm (gla_pack_elems)
+    real *pack;                // a transposed operand of tile_gemm (gla_pack_elems)
     real *dQc;                 // (seg, dk) one chunk's dq, summed here then stored once
     real *dVc;                 // (seg, dv) one chunk's dv, likewise
     double *G, *dG, *colZ;     // (seg)
@@ -98,10 +98,10 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
 
         if (dO) {   // the terms through O
             gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A, w->D, w->pack);
-            if (dV) chunk_mm(true, false, L, dv, L, 1, w->A, L, dO, ldv, 0, dV, dv, 0, L, NULL);   // Aᵀ upper
+            if (dV) tile_gemm(true, false, L, dv, L, 1, w->A, L, dO, ldv, 0, dV, dv, 0, L, NULL);   // Aᵀ upper
             if (dq || need_k || need_g) {
                 real *dA = w->dA;   // becomes dP in place
-                chunk_mm(false, true, L, L, dv, 1, dO, ldv, V, ldv, 0, dA, L, NO_BAND(L, dv), w->pack);
+                tile_gemm(false, true, L, L, dv, 1, dO, ldv, V, ldv, 0, dA, L, TILE_FULL(L, dv), w->pack);
                 // Z = dA ⊙ A: row sums into dG_i, column sums (colZ) out of
                 // dG_j; j == i cancels, so it is skipped (it is O(1) when the
                 // rest is tiny).
@@ -129,11 +129,11 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                 }
                 if (need_g)
                     for (int j = 0; j < L; j++) dG[j] -= colZ[j];
-                if (dq) chunk_mm(false, false, L, dk, L, 1, dA, L, K, ldkk, 0, dq, dk, -L, 0, NULL);   // dP lower
-                if (need_k) chunk_mm(true, false, L, dk, L, 1, dA, L, Q, ldk, 0, w->dKs, dk, 0, L, NULL);
+                if (dq) tile_gemm(false, false, L, dk, L, 1, dA, L, K, ldkk, 0, dq, dk, -L, 0, NULL);   // dP lower
+                if (need_k) tile_gemm(true, false, L, dk, L, 1, dA, L, Q, ldk, 0, w->dKs, dk, 0, L, NULL);
             }
             if (S_in && (dq || need_g)) {   // o += exp(G) S_inᵀ q
-                chunk_mm(false, true, L, dk, dv, 1, dO, ldv, S_in, dv, 0, w->tmp, dk, NO_BAND(L, dv), w->pack);
+                tile_gemm(false, true, L, dk, dv, 1, dO, ldv, S_in, dv, 0, w->tmp, dk, TILE_FULL(L, dv), w->pack);
                 for (int i = 0; i < L; i++) {
                     double e = G ? exp(G[i]) : 1;
                     const real *t = w->tmp + (int64_t)i * dk;
@@ -145,7 +145,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         }
         if (dS_nonzero) {   // the terms through S_out
             if (need_k || need_g) {
-                chunk_mm(false, true, L, dk, dv, 1, V, ldv, dS, dv, 0, w->tmp, dk, NO_BAND(L, dv), w->pack);   // rows dS v_i
+                tile_gemm(false, true, L, dk, dv, 1, V, ldv, dS, dv, 0, w->tmp, dk, TILE_FULL(L, dv), w->pack);   // rows dS v_i
                 for (int i = 0; i < L; i++) {
                     double e = G ? exp(gL - G[i]) : 1;
                     const real *t = w->tmp + (int64_t)i * dk;
@@ -163,7 +163,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                     real e = G ? gla_exp(gL - G[i]) : 1;
                     for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * K[(int64_t)i * ldkk + a];
                 }
-                chunk_mm(false, false, L, dv, dk, 1, w->Xd, dk, dS, dv, 1, dV, dv, NO_BAND(L, dk), NULL);
+                tile_gemm(false, false, L, dv, dk, 1, w->Xd, dk, dS, dv, 1, dV, dv, TILE_FULL(L, dk), NULL);
             }
             if (need_g && S_in) dG[L - 1] += exp(gL) * dot(dS, S_in, (int)SZ);
         }
@@ -175,7 +175,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                 real e = G ? gla_exp(G[i]) : 1;
                 for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * Q[(int64_t)i * ldk + a];
             }
-            chunk_mm(true, false, dk, dv, L, 1, w->Xd, dk, dO, ldv, dS_nonzero ? 1 : 0, dS, dv, NO_BAND(dk, L), NULL);
+            tile_gemm(true, false, dk, dv, L, 1, w->Xd, dk, dO, ldv, dS_nonzero ? 1 : 0, dS, dv, TILE_FULL(dk, L), NULL);
             dS_nonzero = true;
         }
         if (dq) store_rows(gr->dq + (int64_t)t0 * ldk, ldk, dq, L, dk, fr.q);

@@ -5,7 +5,6 @@
 
 #include <math.h>
 
-#include "blas.h"
 #include "ops_math.h"
 #include "tile_mm.h"
 
@@ -101,32 +100,7 @@ static inline real gla_exp(double x) {
 #endif
 }
 
-// One chunk's product C (M x N) = alpha op(A) op(B) + beta C, beta 0 or 1,
-// arguments as gemm(). op(A)(i, k) is zero outside i + lo <= k <= i + hi
-// (lo = -M, hi = K: no band; the causal masks: -M, 0 and 0, K), which the
-// register-blocked tile_mm skips. tile_mm runs when B's rows (after
-// transposing B into `pack`, (K x N) scratch, when tb) and C's are whole
-// aligned vectors (N a multiple of VL: head sizes 16, 32, 64, ...), else
-// gemm(), whose set-up costs more than the arithmetic at these sizes.
-static inline void chunk_mm(bool ta, bool tb, int M, int N, int K, real alpha, const real *A, int lda,
-                            const real *B, int ldb, real beta, real *C, int ldc, int lo, int hi, real *pack) {
-    bool b_ok = tb ? N % VL == 0 && pack && (uintptr_t)pack % VEC_BYTES == 0 : in_place(B, ldb, N);
-    if (M == 0 || N == 0) return;
-    if (!b_ok || !in_place(C, ldc, N)) {
-        gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    if (tb) {
-        pack_transposed(pack, N, B, ldb, N, K);   // pack[k][j] = B[j][k]
-        B = pack;
-        ldb = N;
-    }
-    // op(A)(i, k) = A[i lda + k] (row-major) or A[k lda + i] (stored transposed)
-    tile_mm_band(M, N, K, lo, hi, alpha, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, C, ldc, beta != 0);
-}
-#define NO_BAND(M, K) -(M), (K)
-
-// Elements of chunk_mm's `pack` scratch for any product of a chunk: the
+// Elements of tile_gemm's `pack` scratch for any product of a chunk: the
 // transposed operand is at most max(dk, dv, seg) on each side.
 static inline size_t gla_pack_elems(const GlaDims *d) {
     size_t m = (size_t)imax(imax(d->dk, d->dv), d->seg);
@@ -136,7 +110,7 @@ static inline size_t gla_pack_elems(const GlaDims *d) {
 // A = (Q K̃ᵀ) ⊙ M ⊙ [exp(G_i − G_j)] for one chunk of L positions, (L, L),
 // zero above the diagonal. G NULL: no decay. D: (L, L) receives the decay
 // factors exp(G_i − G_j) (lower triangle), or NULL.
-// pack: (dk x L) scratch for chunk_mm.
+// pack: (dk x L) scratch for tile_gemm.
 void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, int L, int dk, real *A,
                       real *D, real *pack);
 
