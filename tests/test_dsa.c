@@ -145,6 +145,35 @@ Test(dsa, topk_equals_sorting_on_random_rows) {
     tensor_free(Isc);
 }
 
+// The O(n) selection (bound, candidates, heap) against the heap over all
+// positions, on rows whose candidate sets differ in size: random, heavy ties,
+// all equal, ascending (every position beats the running heap), descending.
+Test(dsa, topk_row_equals_reference) {
+    int n_max = 400, Ks[] = {1, 3, 16, 17, 64};
+    real *x = xmalloc((size_t)n_max * sizeof(real));
+    int *cand = xmalloc((size_t)n_max * sizeof(int)), a[64], b[64];
+    Rng r;
+    rng_seed(&r, 21);
+    for (int kind = 0; kind < 5; kind++)
+        for (int n = 1; n <= n_max; n += 7)
+            for (int ki = 0; ki < 5; ki++) {
+                int K = Ks[ki];
+                for (int s = 0; s < n; s++) {
+                    double u = rng_normal(&r);
+                    x[s] = (real)(kind == 0   ? u
+                                  : kind == 1 ? floor(2 * u)   // a handful of values: ties everywhere
+                                  : kind == 2 ? 1.5
+                                  : kind == 3 ? s + 0.1 * u
+                                              : -s + 0.1 * u);
+                }
+                dsa_topk_row(a, x, n, K, cand);
+                dsa_topk_row_ref(b, x, n, K);
+                cr_assert_eq(memcmp(a, b, (size_t)K * sizeof(int)), 0, "kind %d, n %d, K %d", kind, n, K);
+            }
+    free(x);
+    free(cand);
+}
+
 typedef struct {
     const int *sel;
     int K, H;

@@ -159,7 +159,7 @@ static void sift_down(int *heap, int n, int i, const real *It) {
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
-void dsa_topk_row(int *row, const real *scores, int n, int K) {
+void dsa_topk_row_ref(int *row, const real *scores, int n, int K) {
     if (n <= K) {   // every candidate is selected
         for (int j = 0; j < K; j++) row[j] = j < n ? j : -1;
         return;
@@ -174,12 +174,70 @@ void dsa_topk_row(int *row, const real *scores, int n, int K) {
     qsort(row, K, sizeof *row, cmp_int);
 }
 
+#define TOPK_LANES 16   // lanes of the group-maximum pass (one AVX-512 vector of floats)
+
+// A lower bound of the K-th largest of x[0..n): split the positions into G >= K
+// groups (s mod G; only the first n / G * G positions, so none is empty) and
+// take the least of the group maxima: G distinct elements are >= it.
+// G = K rounded up to whole lane blocks; needs n >= G.
+static real topk_floor(const real *x, int n, int G) {
+    int full = n / G * G;
+    real m0 = INFINITY;
+    for (int l0 = 0; l0 < G; l0 += TOPK_LANES) {
+        real mx[TOPK_LANES];
+        for (int l = 0; l < TOPK_LANES; l++) mx[l] = x[l0 + l];
+        for (int s = G + l0; s < full; s += G)
+#pragma omp simd
+            for (int l = 0; l < TOPK_LANES; l++) mx[l] = x[s + l] > mx[l] ? x[s + l] : mx[l];
+        for (int l = 0; l < TOPK_LANES; l++) m0 = mx[l] < m0 ? mx[l] : m0;
+    }
+    return m0;
+}
+
+// The same selection as dsa_topk_row_ref (the top K under the order of
+// `better`, which is total, so the set is unique), found in O(n): the
+// positions scoring at least topk_floor() are the candidates (typically a few
+// times K), the heap runs over those only, and a last scan of the candidates
+// (ascending) keeps the ones not worse than the heap's worst: no sort.
+void dsa_topk_row(int *row, const real *scores, int n, int K, int *cand) {
+    if (n <= K) {
+        for (int j = 0; j < K; j++) row[j] = j < n ? j : -1;
+        return;
+    }
+    int G = (K + TOPK_LANES - 1) / TOPK_LANES * TOPK_LANES, c = 0;
+    if (n >= 2 * G) {
+        real m0 = topk_floor(scores, n, G);
+        for (int s = 0; s < n; s++) {   // branch-free: most positions fail the test
+            cand[c] = s;
+            c += scores[s] >= m0;
+        }
+    } else {
+        for (int s = 0; s < n; s++) cand[c++] = s;
+    }
+    for (int j = 0; j < K; j++) row[j] = cand[j];
+    for (int i = K / 2 - 1; i >= 0; i--) sift_down(row, K, i, scores);
+    for (int j = K; j < c; j++)
+        if (better(scores, cand[j], row[0])) {
+            row[0] = cand[j];
+            sift_down(row, K, 0, scores);
+        }
+    int worst = row[0], m = 0;
+    for (int j = 0; j < c; j++)
+        if (cand[j] == worst || better(scores, cand[j], worst)) row[m++] = cand[j];
+    ASSERT(m == K, "dsa_topk_row: kept %d of K = %d (NaN scores?)", m, K);
+}
+
 void dsa_topk(int *sel, const real *Isc, int B, int T, int K) {
     ASSERT(K >= 1, "dsa_topk: K = %d", K);
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            dsa_topk_row(sel + ((int64_t)b * T + t) * K, Isc + ((int64_t)b * T + t) * T, t + 1, K);
+#pragma omp parallel
+    {
+        int *cand = xmalloc((size_t)T * sizeof(int));
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                dsa_topk_row(sel + ((int64_t)b * T + t) * K, Isc + ((int64_t)b * T + t) * T, t + 1, K, cand);
+        free(cand);
+    }
 }
 
 void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
@@ -190,16 +248,19 @@ void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, i
     {
         real *Z = xmalloc((size_t)DSA_TILE * HI * T * sizeof(real));
         real *rows = xmalloc((size_t)DSA_TILE * T * sizeof(real));   // (nq, t0+nq) one tile of scores
+        int *cand = xmalloc((size_t)T * sizeof(int));
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
             for (int it = 0; it < n_tiles; it++) {
                 int t0 = it * DSA_TILE, nq = imin(DSA_TILE, T - t0);
                 index_tile(rows, t0 + nq, qI, kI, w, b, t0, nq, T, HI, dI, Z);
                 for (int i = 0; i < nq; i++)
-                    dsa_topk_row(sel + ((int64_t)b * T + t0 + i) * K, rows + (int64_t)i * (t0 + nq), t0 + i + 1, K);
+                    dsa_topk_row(sel + ((int64_t)b * T + t0 + i) * K, rows + (int64_t)i * (t0 + nq), t0 + i + 1, K,
+                                 cand);
             }
         free(Z);
         free(rows);
+        free(cand);
     }
 }
 

@@ -33,7 +33,11 @@ void dsa_topk(int *sel, const real *Isc, int B, int T, int K);
 void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
                       int K);
 // One row: row (K) <- the top K of scores[0..n), ascending, -1 padded when n < K.
-void dsa_topk_row(int *row, const real *scores, int n, int K);
+// cand: scratch of n ints. O(n): a bound on the K-th largest leaves a few
+// candidates, a heap picks among those.
+void dsa_topk_row(int *row, const real *scores, int n, int K, int *cand);
+// The readable reference: a min-heap of K over all n positions, then a sort.
+void dsa_topk_row_ref(int *row, const real *scores, int n, int K);
 
 // Causal softmax attention restricted to sel (B, T, K) (copied; every row
 // must hold at least one position, all <= t). q, k (B, T, H*dk), v (B, T, H*dv)
