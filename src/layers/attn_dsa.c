@@ -36,7 +36,7 @@ typedef struct DsaCache {
     real *kI;           // (B, max_T, dI) indexer keys after RoPE
     real *scores;       // (max_T) one query's indexer scores
     int *sel;           // (B, topk)
-    int *cand;          // (max_T) top-k scratch
+    void *cand;         // DSA_TOPK_WORK(max_T) bytes: top-k scratch
 } DsaCache;
 
 static void dsa_create(Mixer *m, ParamStore *ps, const char *prefix) {
@@ -114,7 +114,7 @@ static void *dsa_cache_new(const Mixer *m, int B, int max_T) {
     dc->kI = xmalloc((size_t)B * max_T * c->index_dim * sizeof(real));
     dc->scores = xmalloc((size_t)max_T * sizeof(real));
     dc->sel = xmalloc((size_t)B * c->topk * sizeof(int));
-    dc->cand = xmalloc((size_t)max_T * sizeof(int));
+    dc->cand = xmalloc(DSA_TOPK_WORK(max_T));
     return dc;
 }
 

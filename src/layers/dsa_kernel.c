@@ -11,6 +11,7 @@
 //   dZ_(t,j),s = c dI_ts w_tj [Z > 0]
 //   dQ_tile += dZ K,  dK += dZ^T Q_tile
 #include <math.h>
+#include <stdint.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,36 +195,63 @@ static real topk_floor(const real *x, int n, int G) {
     return m0;
 }
 
+// Scores as unsigned integers in the same order (for non-NaN x): flip a
+// negative number's bits, set a positive one's sign bit. -0 becomes +0 first,
+// so that the two zeros tie, as they do under `>`.
+#ifdef AG_DOUBLE
+typedef uint64_t rkey;
+#else
+typedef uint32_t rkey;
+#endif
+static inline rkey real_key(real x) {
+    x += 0;
+    rkey b, sign = (rkey)1 << (8 * sizeof(rkey) - 1);
+    memcpy(&b, &x, sizeof b);
+    return b & sign ? ~b : b | sign;
+}
+
 // The same selection as dsa_topk_row_ref (the top K under the order of
-// `better`, which is total, so the set is unique), found in O(n): the
-// positions scoring at least topk_floor() are the candidates (typically a few
-// times K), the heap runs over those only, and a last scan of the candidates
-// (ascending) keeps the ones not worse than the heap's worst: no sort.
-void dsa_topk_row(int *row, const real *scores, int n, int K, int *cand) {
+// `better`, which is total, so the set is unique), in O(n) and without
+// data-dependent branches on most positions:
+// 1. the positions scoring at least topk_floor() are the candidates (their
+//    keys kept alongside; typically a few times K);
+// 2. th = the K-th largest candidate key, built bit by bit from the top: a
+//    bit stays set when at least K keys are >= the value so far (a vector
+//    count per bit; stops early when exactly K are);
+// 3. one scan of the candidates (ascending) keeps every key > th and, of the
+//    keys == th, the latest K - #(> th): ties go to the later position.
+void dsa_topk_row(int *row, const real *scores, int n, int K, void *work) {
     if (n <= K) {
         for (int j = 0; j < K; j++) row[j] = j < n ? j : -1;
         return;
     }
+    rkey *key = work;
+    int *cand = (int *)(key + n);
     int G = (K + TOPK_LANES - 1) / TOPK_LANES * TOPK_LANES, c = 0;
-    if (n >= 2 * G) {
-        real m0 = topk_floor(scores, n, G);
-        for (int s = 0; s < n; s++) {   // branch-free: most positions fail the test
-            cand[c] = s;
-            c += scores[s] >= m0;
-        }
-    } else {
-        for (int s = 0; s < n; s++) cand[c++] = s;
+    real m0 = n >= 2 * G ? topk_floor(scores, n, G) : -INFINITY;
+    for (int s = 0; s < n; s++) {   // branch-free: most positions fail the test
+        cand[c] = s;
+        key[c] = real_key(scores[s]);
+        c += scores[s] >= m0;
     }
-    for (int j = 0; j < K; j++) row[j] = cand[j];
-    for (int i = K / 2 - 1; i >= 0; i--) sift_down(row, K, i, scores);
-    for (int j = K; j < c; j++)
-        if (better(scores, cand[j], row[0])) {
-            row[0] = cand[j];
-            sift_down(row, K, 0, scores);
-        }
-    int worst = row[0], m = 0;
+    rkey th = 0;
+    for (int bit = 8 * (int)sizeof(rkey) - 1; bit >= 0; bit--) {
+        rkey try = th | (rkey)1 << bit;
+        int cnt = 0;
+#pragma omp simd reduction(+ : cnt)
+        for (int j = 0; j < c; j++) cnt += key[j] >= try;
+        if (cnt >= K) th = try;
+        if (cnt == K) break;
+    }
+    int gt = 0, eq = 0;
+#pragma omp simd reduction(+ : gt, eq)
+    for (int j = 0; j < c; j++) {
+        gt += key[j] > th;
+        eq += key[j] == th;
+    }
+    int skip = eq - (K - gt), m = 0;   // the earliest ties that stay out
     for (int j = 0; j < c; j++)
-        if (cand[j] == worst || better(scores, cand[j], worst)) row[m++] = cand[j];
+        if (key[j] > th || (key[j] == th && skip-- <= 0)) row[m++] = cand[j];
     ASSERT(m == K, "dsa_topk_row: kept %d of K = %d (NaN scores?)", m, K);
 }
 
@@ -231,7 +259,7 @@ void dsa_topk(int *sel, const real *Isc, int B, int T, int K) {
     ASSERT(K >= 1, "dsa_topk: K = %d", K);
 #pragma omp parallel
     {
-        int *cand = xmalloc((size_t)T * sizeof(int));
+        void *cand = xmalloc(DSA_TOPK_WORK(T));
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++)
@@ -248,7 +276,7 @@ void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, i
     {
         real *Z = xmalloc((size_t)DSA_TILE * HI * T * sizeof(real));
         real *rows = xmalloc((size_t)DSA_TILE * T * sizeof(real));   // (nq, t0+nq) one tile of scores
-        int *cand = xmalloc((size_t)T * sizeof(int));
+        void *cand = xmalloc(DSA_TOPK_WORK(T));
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
             for (int it = 0; it < n_tiles; it++) {

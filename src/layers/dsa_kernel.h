@@ -33,9 +33,10 @@ void dsa_topk(int *sel, const real *Isc, int B, int T, int K);
 void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
                       int K);
 // One row: row (K) <- the top K of scores[0..n), ascending, -1 padded when n < K.
-// cand: scratch of n ints. O(n): a bound on the K-th largest leaves a few
-// candidates, a heap picks among those.
-void dsa_topk_row(int *row, const real *scores, int n, int K, int *cand);
+// work: scratch of DSA_TOPK_WORK(n) bytes. O(n): a bound on the K-th largest
+// leaves a few candidates, a bitwise search for the K-th among those.
+#define DSA_TOPK_WORK(n) ((size_t)(n) * (sizeof(int) + sizeof(real)))
+void dsa_topk_row(int *row, const real *scores, int n, int K, void *work);
 // The readable reference: a min-heap of K over all n positions, then a sort.
 void dsa_topk_row_ref(int *row, const real *scores, int n, int K);
 
