@@ -98,6 +98,29 @@ Test(dsa, index_scores_equal_reference_and_gradcheck) {
     tensor_free(w);
 }
 
+Test(dsa, index_scores_over_several_key_blocks) {
+    // T = 600: the forward's products take the keys in three blocks of
+    // DSA_KEY_BLOCK = 256 (the last partial), across query tiles of 64.
+    int B = 1, T = 600, HI = 3, dI = 4;
+    Tensor *qI = tensor_newv(false, 3, B, T, HI * dI), *kI = tensor_newv(false, 3, B, T, dI);
+    Tensor *w = tensor_newv(false, 3, B, T, HI);
+    fill_index_inputs(qI, kI, w, HI, 5, false);
+    Tape tp;
+    tape_init(&tp);
+    Tensor *Isc = op_dsa_index_scores(&tp, qI, kI, w, HI);
+    double *ref = xmalloc((size_t)B * T * T * sizeof(double));
+    index_scores_ref(ref, qI, kI, w, HI);
+    real *refr = xmalloc((size_t)B * T * T * sizeof(real));
+    for (int64_t i = 0; i < (int64_t)B * T * T; i++) refr[i] = (real)ref[i];
+    cr_assert_leq(max_rel_diff(Isc->data, refr, Isc->numel), FORM_TOL);
+    tape_free(&tp);
+    free(ref);
+    free(refr);
+    tensor_free(qI);
+    tensor_free(kI);
+    tensor_free(w);
+}
+
 Test(dsa, topk_picks_largest_ties_to_later) {
     int T = 6, K = 3;
     // Row t = 5 scores: 1 3 3 0 3 2 -> the three 3s at 1, 2, 4.
@@ -373,8 +396,8 @@ Test(dsa, selected_mass) {
 }
 
 Test(dsa, fused_select_equals_scores_then_topk) {
-    // T = 150: three tiles, the last one partial.
-    int B = 2, T = 150, HI = 3, dI = 4, K = 10;
+    // T = 300: five tiles, the last one partial; two key blocks.
+    int B = 2, T = 300, HI = 3, dI = 4, K = 10;
     Tensor *qI = tensor_newv(false, 3, B, T, HI * dI), *kI = tensor_newv(false, 3, B, T, dI);
     Tensor *w = tensor_newv(false, 3, B, T, HI);
     fill_index_inputs(qI, kI, w, HI, 60, false);

@@ -22,23 +22,37 @@
 // ---- indexer scores ----
 
 // Rows t0 .. t0+nq-1 of the scores of batch element b: I_t,s for s <= t,
-// written to out + i*ldo, zeros after s = t (ldo = T for the full matrix).
-// Z: scratch (nq*HI, t0+nq).
+// written to out + i*ldo, zeros after s = t up to ldo (ldo = T for the full
+// matrix). The keys go in blocks of DSA_KEY_BLOCK, so that Z stays in cache
+// between the product and the pass that reads it, and that pass writes each
+// score once: I = 0 + term_0 + term_1 + ..., the index heads in order.
+// Z: scratch (nq*HI, DSA_KEY_BLOCK).
 static void index_tile(real *out, int64_t ldo, const real *qI, const real *kI, const real *w, int b, int t0, int nq,
                        int T, int HI, int dI, real *Z) {
     real c = (real)(1.0 / sqrt(dI));
     int s_end = t0 + nq;
     const real *Q = qI + ((int64_t)b * T + t0) * HI * dI, *K = kI + (int64_t)b * T * dI;
-    gemm(false, true, nq * HI, s_end, dI, 1, Q, dI, K, dI, 0, Z, s_end);
+    for (int s0 = 0; s0 < s_end; s0 += DSA_KEY_BLOCK) {
+        int ns = imin(DSA_KEY_BLOCK, s_end - s0);
+        gemm(false, true, nq * HI, ns, dI, 1, Q, dI, K + (int64_t)s0 * dI, dI, 0, Z, ns);
+        for (int i = imax(0, s0 - t0); i < nq; i++) {   // rows t >= s0
+            int t = t0 + i, m = imin(ns, t + 1 - s0);
+            real *It = out + (int64_t)i * ldo + s0;
+            const real *wt = w + ((int64_t)b * T + t) * HI, *Zi = Z + (int64_t)i * HI * ns;
+#pragma omp simd
+            for (int s = 0; s < m; s++) {
+                real acc = 0;
+                for (int j = 0; j < HI; j++) {
+                    real z = Zi[(int64_t)j * ns + s];
+                    acc += z > 0 ? c * wt[j] * z : 0;
+                }
+                It[s] = acc;
+            }
+        }
+    }
     for (int i = 0; i < nq; i++) {
         int t = t0 + i;
-        real *It = out + (int64_t)i * ldo;
-        memset(It, 0, (size_t)ldo * sizeof(real));
-        for (int j = 0; j < HI; j++) {
-            real wj = c * w[((int64_t)b * T + t) * HI + j];
-            const real *Zr = Z + ((int64_t)i * HI + j) * s_end;
-            for (int s = 0; s <= t; s++) It[s] += Zr[s] > 0 ? wj * Zr[s] : 0;
-        }
+        memset(out + (int64_t)i * ldo + t + 1, 0, (size_t)(ldo - t - 1) * sizeof(real));
     }
 }
 
@@ -46,8 +60,8 @@ static void index_tile(real *out, int64_t ldo, const real *qI, const real *kI, c
 static void index_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1], HI = n->iarg[2], dI = n->iarg[3];
     int n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
-    size_t stride;   // per thread: Z (nq*HI, s_end)
-    unsigned char *slots = tape_thread_slots(n->tape, (size_t)DSA_TILE * HI * T * sizeof(real), &stride);
+    size_t stride;   // per thread: Z (nq*HI, DSA_KEY_BLOCK)
+    unsigned char *slots = tape_thread_slots(n->tape, (size_t)DSA_TILE * HI * DSA_KEY_BLOCK * sizeof(real), &stride);
 #pragma omp parallel
     {
         real *Z = (real *)(slots + stride * (size_t)omp_get_thread_num());
@@ -274,7 +288,7 @@ void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, i
     int n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
 #pragma omp parallel
     {
-        real *Z = xmalloc((size_t)DSA_TILE * HI * T * sizeof(real));
+        real *Z = xmalloc((size_t)DSA_TILE * HI * DSA_KEY_BLOCK * sizeof(real));
         real *rows = xmalloc((size_t)DSA_TILE * T * sizeof(real));   // (nq, t0+nq) one tile of scores
         void *cand = xmalloc(DSA_TOPK_WORK(T));
 #pragma omp for collapse(2) schedule(dynamic, 1)

@@ -16,7 +16,8 @@
 
 #include "tape.h"
 
-#define DSA_TILE 64   // query rows per block of the indexer kernel
+#define DSA_TILE 64         // query rows per block of the indexer kernel
+#define DSA_KEY_BLOCK 256   // keys per product of the indexer's forward (its scratch stays in cache)
 
 // (Scores are named Isc in code: I is a macro of <complex.h>, which cblas.h pulls in.)
 
