@@ -106,6 +106,17 @@ static double sparse_row(real *ot, const real *qt, const real *kh, const real *v
     return mx + log(sum);
 }
 
+// Ask for the head's slices of rows sel[0..K) of x (rows ld apart, d reals)
+// ahead of their use: the rows of a selection are scattered over the
+// sequence, and the backward's updates of dk and dv waited on their misses.
+static inline void prefetch_rows(const real *x, int64_t ld, const int *sel, int K, int d, bool write) {
+    for (int j = 0; j < K && sel[j] >= 0; j++)
+        for (int i = 0; i < d; i += 64 / (int)sizeof(real)) {
+            if (write) __builtin_prefetch(x + sel[j] * ld + i, 1);
+            else __builtin_prefetch(x + sel[j] * ld + i, 0);
+        }
+}
+
 // iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv, 5 K; farg[0] scale; aux: sel (B, T, K); saved: lse (B, H, T).
 static void sparse_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1], H = n->iarg[2], dk = n->iarg[3], dv = n->iarg[4], K = n->iarg[5];
@@ -120,7 +131,12 @@ static void sparse_forward(Node *n) {
         real *a = (real *)(slots + stride * (size_t)omp_get_thread_num()), *acc = a + K;
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
-            for (int t = 0; t < T; t++)
+            for (int t = 0; t < T; t++) {
+                if (t + 1 < T) {   // the next query's rows (all heads), while this one computes
+                    const int *next = sel + ((int64_t)b * T + t + 1) * K;
+                    prefetch_rows(k + (int64_t)b * T * H * dk, H * dk, next, K, H * dk, false);
+                    prefetch_rows(v + (int64_t)b * T * H * dv, H * dv, next, K, H * dv, false);
+                }
                 for (int h = 0; h < H; h++) {
                     int64_t row = (int64_t)b * T + t;
                     double L = sparse_row(o + row * H * dv + h * dv, q + row * H * dk + h * dk,
@@ -128,6 +144,7 @@ static void sparse_forward(Node *n) {
                                           H * dk, H * dv, sel + row * K, K, dk, dv, scale, a, acc);
                     if (lse) lse[((int64_t)b * H + h) * T + t] = (real)L;
                 }
+            }
     }
 }
 
@@ -211,6 +228,13 @@ static void sparse_backward(Node *n) {
                 int64_t kb = (int64_t)b * T * ldk + h * dk, vb = (int64_t)b * T * ldv + h * dv;
                 for (int t = 0; t < T; t++) {
                     int64_t qo = kb + t * ldk, vo = vb + t * ldv;
+                    if (t + 1 < T) {   // the next query's rows, while this one computes
+                        const int *next = sel + ((int64_t)b * T + t + 1) * K;
+                        prefetch_rows(k + kb, ldk, next, K, dk, false);
+                        prefetch_rows(v + vb, ldv, next, K, dv, false);
+                        if (gk) prefetch_rows(gk + kb, ldk, next, K, dk, true);
+                        if (gv) prefetch_rows(gv + vb, ldv, next, K, dv, true);
+                    }
                     sparse_backward_row(q + qo, dO + vo, o + vo, lse[((int64_t)b * H + h) * T + t], k + kb,
                                         v + vb, ldk, ldv, sel + ((int64_t)b * T + t) * K, K, dk, dv, scale,
                                         gq ? gq + qo : NULL, gk ? gk + kb : NULL, gv ? gv + vb : NULL, P, dS,
