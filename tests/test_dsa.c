@@ -296,6 +296,39 @@ Test(dsa, sparse_equals_masked_softmax) {
     check_sparse(1, 21);   // one key per query: o_t = v_s of the chosen s
 }
 
+// Head sizes of whole vectors plus a remainder (40), selections of every
+// length from 1 to K = 13 (the four-key blocks and their remainder): the
+// output and the three gradients against the masked dense reference.
+Test(dsa, sparse_equals_masked_at_wide_heads) {
+    int B = 1, T = 80, H = 2, dk = 40, dv = 40, K = 13;
+    Tensor *q = tensor_newv(true, 3, B, T, H * dk), *k = tensor_newv(true, 3, B, T, H * dk);
+    Tensor *v = tensor_newv(true, 3, B, T, H * dv), *Isc = tensor_newv(false, 3, B, T, T);
+    fill_normal(q, 31, 1.0);
+    fill_normal(k, 32, 1.0);
+    fill_normal(v, 33, 1.0);
+    fill_normal(Isc, 34, 1.0);
+    int *sel = xmalloc((size_t)B * T * K * sizeof(int));
+    dsa_topk(sel, Isc->data, B, T, K);
+    unsigned char *mask = xcalloc((size_t)B * T * T, 1);
+    for (int64_t r = 0; r < (int64_t)B * T; r++)
+        for (int j = 0; j < K && sel[r * K + j] >= 0; j++) mask[r * T + sel[r * K + j]] = 1;
+    Forms f = {sel, mask, K, H, 1.0 / sqrt(dk)};
+    int64_t n1, n2;
+    real *a = run_grads(o_sparse, &f, q, k, v, &n1);
+    real *b = run_grads(o_masked, &f, q, k, v, &n2);
+    cr_assert_eq(n1, n2);
+    double d = max_rel_diff(a, b, n1);
+    cr_assert_leq(d, FORM_TOL, "sparse vs masked: rel diff %.3e", d);
+    free(a);
+    free(b);
+    free(sel);
+    free(mask);
+    tensor_free(q);
+    tensor_free(k);
+    tensor_free(v);
+    tensor_free(Isc);
+}
+
 Test(dsa, target_is_head_mean_of_attention) {
     // Row sums are 1 and sum_s p_ts v_s with v = e_s picks the columns:
     // compare p against the naive attention's output with v = identity rows.
