@@ -4,6 +4,7 @@
 //
 //   mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]
 //               [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N (1; 0 = all)]
+//               [-profile]
 //
 // 1. train: one training step (forward, then backward seeded on the output,
 //    gradients into u and every parameter) per (mixer, form, T), with B*T
@@ -88,6 +89,7 @@ typedef struct Options {
     int reps;                            // timed steps per cell (0: 2, or 1 when the cold step took > 3 s)
     const char *tsv_dir;                 // NULL: no TSV
     bool train, decode;
+    bool profile;                        // print the tape's op profile of each cell's timed steps
     int decode_threads;                  // threads of the decode table (0: all)
 } Options;
 
@@ -259,6 +261,7 @@ static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
     // high-water size; touch it once, as the first steps of a training loop
     // do, so that the timed steps do not pay its page faults.
     if (tp.arena.head) memset(tp.arena.head->mem, 0, tp.arena.head->cap);
+    if (o->profile) tape_profile(&tp, true);
 
     // A step over 5 s is its own sample: the arena's page faults are a small
     // part of it, and a second run would double the suite's longest cells.
@@ -273,6 +276,10 @@ static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
         times[i] = runlog_now() - t0;
         cpus[i] = runlog_cpu_now() - c0;
         tape_reset(&tp);
+    }
+    if (o->profile && reps > 0) {
+        printf("\n# op profile: %s %s, T = %d, B = %d, mean of %d steps\n", row->kind, row->label, c->T, c->B, reps);
+        tape_profile_print(&tp, stdout, reps);
     }
     if (reps == 0) times[0] = c->cold, cpus[0] = cold_cpu, reps = 1;
     c->best = times[0], c->best_cpu = cpus[0];
@@ -484,7 +491,8 @@ static int parse_list(const char *s, int *out) {
 
 static void usage(void) {
     fprintf(stderr, "usage: mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]\n"
-                    "                   [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N]\n");
+                    "                   [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N]\n"
+                    "                   [-profile]\n");
     exit(2);
 }
 
@@ -496,6 +504,7 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "-no-train") == 0) o.train = false;
         else if (strcmp(a, "-no-decode") == 0) o.decode = false;
+        else if (strcmp(a, "-profile") == 0) o.profile = true;
         else if (!v) usage();
         else if (strcmp(a, "-tokens") == 0) o.tokens = atoi(v), i++;
         else if (strcmp(a, "-T") == 0) o.nT = parse_list(v, o.Ts), i++;

@@ -98,6 +98,29 @@ Test(dsa, index_scores_equal_reference_and_gradcheck) {
     tensor_free(w);
 }
 
+Test(dsa, index_scores_over_several_key_blocks) {
+    // T = 600: the forward's products take the keys in three blocks of
+    // DSA_KEY_BLOCK = 256 (the last partial), across query tiles of 64.
+    int B = 1, T = 600, HI = 3, dI = 4;
+    Tensor *qI = tensor_newv(false, 3, B, T, HI * dI), *kI = tensor_newv(false, 3, B, T, dI);
+    Tensor *w = tensor_newv(false, 3, B, T, HI);
+    fill_index_inputs(qI, kI, w, HI, 5, false);
+    Tape tp;
+    tape_init(&tp);
+    Tensor *Isc = op_dsa_index_scores(&tp, qI, kI, w, HI);
+    double *ref = xmalloc((size_t)B * T * T * sizeof(double));
+    index_scores_ref(ref, qI, kI, w, HI);
+    real *refr = xmalloc((size_t)B * T * T * sizeof(real));
+    for (int64_t i = 0; i < (int64_t)B * T * T; i++) refr[i] = (real)ref[i];
+    cr_assert_leq(max_rel_diff(Isc->data, refr, Isc->numel), FORM_TOL);
+    tape_free(&tp);
+    free(ref);
+    free(refr);
+    tensor_free(qI);
+    tensor_free(kI);
+    tensor_free(w);
+}
+
 Test(dsa, topk_picks_largest_ties_to_later) {
     int T = 6, K = 3;
     // Row t = 5 scores: 1 3 3 0 3 2 -> the three 3s at 1, 2, 4.
@@ -143,6 +166,36 @@ Test(dsa, topk_equals_sorting_on_random_rows) {
         }
     free(sel);
     tensor_free(Isc);
+}
+
+// The O(n) selection (bound, candidates, bitwise search) against the heap over all
+// positions, on rows whose candidate sets differ in size: random, heavy ties,
+// all equal, ascending (every position beats the running heap), descending.
+Test(dsa, topk_row_equals_reference) {
+    int n_max = 400, Ks[] = {1, 3, 16, 17, 64};
+    real *x = xmalloc((size_t)n_max * sizeof(real));
+    void *cand = xmalloc(DSA_TOPK_WORK(n_max));
+    int a[64], b[64];
+    Rng r;
+    rng_seed(&r, 21);
+    for (int kind = 0; kind < 5; kind++)
+        for (int n = 1; n <= n_max; n += 7)
+            for (int ki = 0; ki < 5; ki++) {
+                int K = Ks[ki];
+                for (int s = 0; s < n; s++) {
+                    double u = rng_normal(&r);
+                    x[s] = (real)(kind == 0   ? u
+                                  : kind == 1 ? floor(2 * u)   // a handful of values: ties everywhere
+                                  : kind == 2 ? (s % 2 ? 0.0 : -0.0)   // the two zeros tie
+                                  : kind == 3 ? s + 0.1 * u
+                                              : -s + 0.1 * u);
+                }
+                dsa_topk_row(a, x, n, K, cand);
+                dsa_topk_row_ref(b, x, n, K);
+                cr_assert_eq(memcmp(a, b, (size_t)K * sizeof(int)), 0, "kind %d, n %d, K %d", kind, n, K);
+            }
+    free(x);
+    free(cand);
 }
 
 typedef struct {
@@ -241,6 +294,39 @@ Test(dsa, sparse_with_topk_at_least_T_equals_dense) {
 Test(dsa, sparse_equals_masked_softmax) {
     check_sparse(5, 20);
     check_sparse(1, 21);   // one key per query: o_t = v_s of the chosen s
+}
+
+// Head sizes of whole vectors plus a remainder (40), selections of every
+// length from 1 to K = 13 (the four-key blocks and their remainder): the
+// output and the three gradients against the masked dense reference.
+Test(dsa, sparse_equals_masked_at_wide_heads) {
+    int B = 1, T = 80, H = 2, dk = 40, dv = 40, K = 13;
+    Tensor *q = tensor_newv(true, 3, B, T, H * dk), *k = tensor_newv(true, 3, B, T, H * dk);
+    Tensor *v = tensor_newv(true, 3, B, T, H * dv), *Isc = tensor_newv(false, 3, B, T, T);
+    fill_normal(q, 31, 1.0);
+    fill_normal(k, 32, 1.0);
+    fill_normal(v, 33, 1.0);
+    fill_normal(Isc, 34, 1.0);
+    int *sel = xmalloc((size_t)B * T * K * sizeof(int));
+    dsa_topk(sel, Isc->data, B, T, K);
+    unsigned char *mask = xcalloc((size_t)B * T * T, 1);
+    for (int64_t r = 0; r < (int64_t)B * T; r++)
+        for (int j = 0; j < K && sel[r * K + j] >= 0; j++) mask[r * T + sel[r * K + j]] = 1;
+    Forms f = {sel, mask, K, H, 1.0 / sqrt(dk)};
+    int64_t n1, n2;
+    real *a = run_grads(o_sparse, &f, q, k, v, &n1);
+    real *b = run_grads(o_masked, &f, q, k, v, &n2);
+    cr_assert_eq(n1, n2);
+    double d = max_rel_diff(a, b, n1);
+    cr_assert_leq(d, FORM_TOL, "sparse vs masked: rel diff %.3e", d);
+    free(a);
+    free(b);
+    free(sel);
+    free(mask);
+    tensor_free(q);
+    tensor_free(k);
+    tensor_free(v);
+    tensor_free(Isc);
 }
 
 Test(dsa, target_is_head_mean_of_attention) {
@@ -343,8 +429,8 @@ Test(dsa, selected_mass) {
 }
 
 Test(dsa, fused_select_equals_scores_then_topk) {
-    // T = 150: three tiles, the last one partial.
-    int B = 2, T = 150, HI = 3, dI = 4, K = 10;
+    // T = 300: five tiles, the last one partial; two key blocks.
+    int B = 2, T = 300, HI = 3, dI = 4, K = 10;
     Tensor *qI = tensor_newv(false, 3, B, T, HI * dI), *kI = tensor_newv(false, 3, B, T, dI);
     Tensor *w = tensor_newv(false, 3, B, T, HI);
     fill_index_inputs(qI, kI, w, HI, 60, false);

@@ -36,6 +36,7 @@ typedef struct DsaCache {
     real *kI;           // (B, max_T, dI) indexer keys after RoPE
     real *scores;       // (max_T) one query's indexer scores
     int *sel;           // (B, topk)
+    void *cand;         // DSA_TOPK_WORK(max_T) bytes: top-k scratch
 } DsaCache;
 
 static void dsa_create(Mixer *m, ParamStore *ps, const char *prefix) {
@@ -113,6 +114,7 @@ static void *dsa_cache_new(const Mixer *m, int B, int max_T) {
     dc->kI = xmalloc((size_t)B * max_T * c->index_dim * sizeof(real));
     dc->scores = xmalloc((size_t)max_T * sizeof(real));
     dc->sel = xmalloc((size_t)B * c->topk * sizeof(int));
+    dc->cand = xmalloc(DSA_TOPK_WORK(max_T));
     return dc;
 }
 
@@ -123,6 +125,7 @@ static void dsa_cache_free(void *cache) {
     free(dc->kI);
     free(dc->scores);
     free(dc->sel);
+    free(dc->cand);
     free(dc);
 }
 
@@ -155,7 +158,7 @@ static Tensor *dsa_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     for (int b = 0; b < B; b++) {
         dsa_index_row(dc->scores, qI->data + (int64_t)b * HI * dI, w->data + (int64_t)b * HI,
                       dc->kI + (int64_t)b * kv->max_T * dI, dI, kv->pos, HI, dI);
-        dsa_topk_row(dc->sel + (int64_t)b * K, dc->scores, kv->pos, K);
+        dsa_topk_row(dc->sel + (int64_t)b * K, dc->scores, kv->pos, K, dc->cand);
     }
     dsa_sparse_decode(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v,
                       1.0 / sqrt(c->d_k));

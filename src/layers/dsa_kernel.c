@@ -11,6 +11,7 @@
 //   dZ_(t,j),s = c dI_ts w_tj [Z > 0]
 //   dQ_tile += dZ K,  dK += dZ^T Q_tile
 #include <math.h>
+#include <stdint.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,23 +22,37 @@
 // ---- indexer scores ----
 
 // Rows t0 .. t0+nq-1 of the scores of batch element b: I_t,s for s <= t,
-// written to out + i*ldo, zeros after s = t (ldo = T for the full matrix).
-// Z: scratch (nq*HI, t0+nq).
+// written to out + i*ldo, zeros after s = t up to ldo (ldo = T for the full
+// matrix). The keys go in blocks of DSA_KEY_BLOCK, so that Z stays in cache
+// between the product and the pass that reads it, and that pass writes each
+// score once: I = 0 + term_0 + term_1 + ..., the index heads in order.
+// Z: scratch (nq*HI, DSA_KEY_BLOCK).
 static void index_tile(real *out, int64_t ldo, const real *qI, const real *kI, const real *w, int b, int t0, int nq,
                        int T, int HI, int dI, real *Z) {
     real c = (real)(1.0 / sqrt(dI));
     int s_end = t0 + nq;
     const real *Q = qI + ((int64_t)b * T + t0) * HI * dI, *K = kI + (int64_t)b * T * dI;
-    gemm(false, true, nq * HI, s_end, dI, 1, Q, dI, K, dI, 0, Z, s_end);
+    for (int s0 = 0; s0 < s_end; s0 += DSA_KEY_BLOCK) {
+        int ns = imin(DSA_KEY_BLOCK, s_end - s0);
+        gemm(false, true, nq * HI, ns, dI, 1, Q, dI, K + (int64_t)s0 * dI, dI, 0, Z, ns);
+        for (int i = imax(0, s0 - t0); i < nq; i++) {   // rows t >= s0
+            int t = t0 + i, m = imin(ns, t + 1 - s0);
+            real *It = out + (int64_t)i * ldo + s0;
+            const real *wt = w + ((int64_t)b * T + t) * HI, *Zi = Z + (int64_t)i * HI * ns;
+#pragma omp simd
+            for (int s = 0; s < m; s++) {
+                real acc = 0;
+                for (int j = 0; j < HI; j++) {
+                    real z = Zi[(int64_t)j * ns + s];
+                    acc += z > 0 ? c * wt[j] * z : 0;
+                }
+                It[s] = acc;
+            }
+        }
+    }
     for (int i = 0; i < nq; i++) {
         int t = t0 + i;
-        real *It = out + (int64_t)i * ldo;
-        memset(It, 0, (size_t)ldo * sizeof(real));
-        for (int j = 0; j < HI; j++) {
-            real wj = c * w[((int64_t)b * T + t) * HI + j];
-            const real *Zr = Z + ((int64_t)i * HI + j) * s_end;
-            for (int s = 0; s <= t; s++) It[s] += Zr[s] > 0 ? wj * Zr[s] : 0;
-        }
+        memset(out + (int64_t)i * ldo + t + 1, 0, (size_t)(ldo - t - 1) * sizeof(real));
     }
 }
 
@@ -45,8 +60,8 @@ static void index_tile(real *out, int64_t ldo, const real *qI, const real *kI, c
 static void index_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1], HI = n->iarg[2], dI = n->iarg[3];
     int n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
-    size_t stride;   // per thread: Z (nq*HI, s_end)
-    unsigned char *slots = tape_thread_slots(n->tape, (size_t)DSA_TILE * HI * T * sizeof(real), &stride);
+    size_t stride;   // per thread: Z (nq*HI, DSA_KEY_BLOCK)
+    unsigned char *slots = tape_thread_slots(n->tape, (size_t)DSA_TILE * HI * DSA_KEY_BLOCK * sizeof(real), &stride);
 #pragma omp parallel
     {
         real *Z = (real *)(slots + stride * (size_t)omp_get_thread_num());
@@ -159,7 +174,7 @@ static void sift_down(int *heap, int n, int i, const real *It) {
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
-void dsa_topk_row(int *row, const real *scores, int n, int K) {
+void dsa_topk_row_ref(int *row, const real *scores, int n, int K) {
     if (n <= K) {   // every candidate is selected
         for (int j = 0; j < K; j++) row[j] = j < n ? j : -1;
         return;
@@ -174,12 +189,97 @@ void dsa_topk_row(int *row, const real *scores, int n, int K) {
     qsort(row, K, sizeof *row, cmp_int);
 }
 
+#define TOPK_LANES 16   // lanes of the group-maximum pass (one AVX-512 vector of floats)
+
+// A lower bound of the K-th largest of x[0..n): split the positions into G >= K
+// groups (s mod G; only the first n / G * G positions, so none is empty) and
+// take the least of the group maxima: G distinct elements are >= it.
+// G = K rounded up to whole lane blocks; needs n >= G.
+static real topk_floor(const real *x, int n, int G) {
+    int full = n / G * G;
+    real m0 = INFINITY;
+    for (int l0 = 0; l0 < G; l0 += TOPK_LANES) {
+        real mx[TOPK_LANES];
+        for (int l = 0; l < TOPK_LANES; l++) mx[l] = x[l0 + l];
+        for (int s = G + l0; s < full; s += G)
+#pragma omp simd
+            for (int l = 0; l < TOPK_LANES; l++) mx[l] = x[s + l] > mx[l] ? x[s + l] : mx[l];
+        for (int l = 0; l < TOPK_LANES; l++) m0 = mx[l] < m0 ? mx[l] : m0;
+    }
+    return m0;
+}
+
+// Scores as unsigned integers in the same order (for non-NaN x): flip a
+// negative number's bits, set a positive one's sign bit. -0 becomes +0 first,
+// so that the two zeros tie, as they do under `>`.
+#ifdef AG_DOUBLE
+typedef uint64_t rkey;
+#else
+typedef uint32_t rkey;
+#endif
+static inline rkey real_key(real x) {
+    x += 0;
+    rkey b, sign = (rkey)1 << (8 * sizeof(rkey) - 1);
+    memcpy(&b, &x, sizeof b);
+    return b & sign ? ~b : b | sign;
+}
+
+// The same selection as dsa_topk_row_ref (the top K under the order of
+// `better`, which is total, so the set is unique), in O(n) and without
+// data-dependent branches on most positions:
+// 1. the positions scoring at least topk_floor() are the candidates (their
+//    keys kept alongside; typically a few times K);
+// 2. th = the K-th largest candidate key, built bit by bit from the top: a
+//    bit stays set when at least K keys are >= the value so far (a vector
+//    count per bit; stops early when exactly K are);
+// 3. one scan of the candidates (ascending) keeps every key > th and, of the
+//    keys == th, the latest K - #(> th): ties go to the later position.
+void dsa_topk_row(int *row, const real *scores, int n, int K, void *work) {
+    if (n <= K) {
+        for (int j = 0; j < K; j++) row[j] = j < n ? j : -1;
+        return;
+    }
+    rkey *key = work;
+    int *cand = (int *)(key + n);
+    int G = (K + TOPK_LANES - 1) / TOPK_LANES * TOPK_LANES, c = 0;
+    real m0 = n >= 2 * G ? topk_floor(scores, n, G) : -INFINITY;
+    for (int s = 0; s < n; s++) {   // branch-free: most positions fail the test
+        cand[c] = s;
+        key[c] = real_key(scores[s]);
+        c += scores[s] >= m0;
+    }
+    rkey th = 0;
+    for (int bit = 8 * (int)sizeof(rkey) - 1; bit >= 0; bit--) {
+        rkey try = th | (rkey)1 << bit;
+        int cnt = 0;
+#pragma omp simd reduction(+ : cnt)
+        for (int j = 0; j < c; j++) cnt += key[j] >= try;
+        if (cnt >= K) th = try;
+        if (cnt == K) break;
+    }
+    int gt = 0, eq = 0;
+#pragma omp simd reduction(+ : gt, eq)
+    for (int j = 0; j < c; j++) {
+        gt += key[j] > th;
+        eq += key[j] == th;
+    }
+    int skip = eq - (K - gt), m = 0;   // the earliest ties that stay out
+    for (int j = 0; j < c; j++)
+        if (key[j] > th || (key[j] == th && skip-- <= 0)) row[m++] = cand[j];
+    ASSERT(m == K, "dsa_topk_row: kept %d of K = %d (NaN scores?)", m, K);
+}
+
 void dsa_topk(int *sel, const real *Isc, int B, int T, int K) {
     ASSERT(K >= 1, "dsa_topk: K = %d", K);
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            dsa_topk_row(sel + ((int64_t)b * T + t) * K, Isc + ((int64_t)b * T + t) * T, t + 1, K);
+#pragma omp parallel
+    {
+        void *cand = xmalloc(DSA_TOPK_WORK(T));
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                dsa_topk_row(sel + ((int64_t)b * T + t) * K, Isc + ((int64_t)b * T + t) * T, t + 1, K, cand);
+        free(cand);
+    }
 }
 
 void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
@@ -188,18 +288,21 @@ void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, i
     int n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
 #pragma omp parallel
     {
-        real *Z = xmalloc((size_t)DSA_TILE * HI * T * sizeof(real));
+        real *Z = xmalloc((size_t)DSA_TILE * HI * DSA_KEY_BLOCK * sizeof(real));
         real *rows = xmalloc((size_t)DSA_TILE * T * sizeof(real));   // (nq, t0+nq) one tile of scores
+        void *cand = xmalloc(DSA_TOPK_WORK(T));
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
             for (int it = 0; it < n_tiles; it++) {
                 int t0 = it * DSA_TILE, nq = imin(DSA_TILE, T - t0);
                 index_tile(rows, t0 + nq, qI, kI, w, b, t0, nq, T, HI, dI, Z);
                 for (int i = 0; i < nq; i++)
-                    dsa_topk_row(sel + ((int64_t)b * T + t0 + i) * K, rows + (int64_t)i * (t0 + nq), t0 + i + 1, K);
+                    dsa_topk_row(sel + ((int64_t)b * T + t0 + i) * K, rows + (int64_t)i * (t0 + nq), t0 + i + 1, K,
+                                 cand);
             }
         free(Z);
         free(rows);
+        free(cand);
     }
 }
 

@@ -16,7 +16,8 @@
 
 #include "tape.h"
 
-#define DSA_TILE 64   // query rows per block of the indexer kernel
+#define DSA_TILE 64         // query rows per block of the indexer kernel
+#define DSA_KEY_BLOCK 256   // keys per product of the indexer's forward (its scratch stays in cache)
 
 // (Scores are named Isc in code: I is a macro of <complex.h>, which cblas.h pulls in.)
 
@@ -33,7 +34,12 @@ void dsa_topk(int *sel, const real *Isc, int B, int T, int K);
 void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
                       int K);
 // One row: row (K) <- the top K of scores[0..n), ascending, -1 padded when n < K.
-void dsa_topk_row(int *row, const real *scores, int n, int K);
+// work: scratch of DSA_TOPK_WORK(n) bytes. O(n): a bound on the K-th largest
+// leaves a few candidates, a bitwise search for the K-th among those.
+#define DSA_TOPK_WORK(n) ((size_t)(n) * (sizeof(int) + sizeof(real)))
+void dsa_topk_row(int *row, const real *scores, int n, int K, void *work);
+// The readable reference: a min-heap of K over all n positions, then a sort.
+void dsa_topk_row_ref(int *row, const real *scores, int n, int K);
 
 // Causal softmax attention restricted to sel (B, T, K) (copied; every row
 // must hold at least one position, all <= t). q, k (B, T, H*dk), v (B, T, H*dv)
