@@ -183,9 +183,9 @@ static double forms_tol(Regime reg) {
 #endif
 }
 
-static void check_forms_agree(int T, int chunk, Regime reg) {
+static void check_forms_agree_dims(int T, int chunk, Regime reg, int dk, int dv) {
     double tol = forms_tol(reg);
-    GdnInputs in = make_inputs(2, T, 2, 8, 8, reg, true, 1000 + T * 7 + reg);
+    GdnInputs in = make_inputs(2, T, 2, dk, dv, reg, true, 1000 + T * 7 + reg);
     FormRun a = run_form(&in, MIXER_FORM_RECURRENT, chunk), c = run_form(&in, MIXER_FORM_CHUNKED, chunk);
     static const char *const names[6] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
     Tensor *ts[] = {in.q, in.k, in.v, in.beta, in.g, in.s0};
@@ -205,6 +205,8 @@ static void check_forms_agree(int T, int chunk, Regime reg) {
     free_inputs(&in);
 }
 
+static void check_forms_agree(int T, int chunk, Regime reg) { check_forms_agree_dims(T, chunk, reg, 8, 8); }
+
 static void forms_agree_regime(Regime reg) {
     static const int Ts[] = {1, 63, 64, 65, 300}, Cs[] = {16, 32, 64};
     for (int i = 0; i < 5; i++)
@@ -219,6 +221,17 @@ Test(gdn, chunked_equals_recurrent_beta_near_1) { forms_agree_regime(REG_BETA_1)
 Test(gdn, chunked_equals_recurrent_repeated_keys) {
     forms_agree_regime(REG_REPEAT);
     forms_agree_regime(REG_REPEAT_HARD);
+}
+
+// Heads of whole vectors in both builds (16, 32): every chunk product with
+// N = dk or dv runs through tile_gemm's register-blocked path, which dk = 8
+// reaches only in float64; T = 100 leaves a partial last chunk.
+Test(gdn, chunked_equals_recurrent_tile_sized_heads) {
+    for (int r = 0; r < 3; r++) {
+        Regime reg = r == 0 ? REG_PLAIN : r == 1 ? REG_G_M20 : REG_REPEAT;
+        check_forms_agree_dims(100, 32, reg, 16, 32);
+        check_forms_agree_dims(100, 64, reg, 32, 16);
+    }
 }
 
 // ---- semantics ----

@@ -26,31 +26,6 @@
 #else
 #define VEC_BYTES 32
 #define MR 4   // 16 vector registers (AVX2, SSE)
-// A small block's product C (M x N) = alpha op(A) op(B) + beta C, beta 0 or 1,
-// arguments as gemm(). op(A)(i, k) is zero outside i + lo <= k <= i + hi
-// (TILE_FULL: no band; the causal masks: -M, 0 and, transposed, 0, K), which the
-// register-blocked tile_mm skips. tile_mm runs when B's rows (after
-// transposing B into `pack`, (K x N) scratch, when tb) and C's are whole
-// aligned vectors (N a multiple of VL: head sizes 16, 32, 64, ...), else
-// gemm(), whose set-up costs more than the arithmetic at these sizes.
-static inline void tile_gemm(bool ta, bool tb, int M, int N, int K, real alpha, const real *A, int lda,
-                             const real *B, int ldb, real beta, real *C, int ldc, int lo, int hi, real *pack) {
-    bool b_ok = tb ? N % VL == 0 && pack && (uintptr_t)pack % VEC_BYTES == 0 : in_place(B, ldb, N);
-    if (M == 0 || N == 0) return;
-    if (!b_ok || !in_place(C, ldc, N)) {
-        gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    if (tb) {
-        pack_transposed(pack, N, B, ldb, N, K);   // pack[k][j] = B[j][k]
-        B = pack;
-        ldb = N;
-    }
-    // op(A)(i, k) = A[i lda + k] (row-major) or A[k lda + i] (stored transposed)
-    tile_mm_band(M, N, K, lo, hi, alpha, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, C, ldc, beta != 0);
-}
-#define TILE_FULL(M, K) -(M), (K)   // lo, hi of a product without a band
-
 #endif
 #define VL ((int)(VEC_BYTES / sizeof(real)))   // reals per vector
 typedef real vreal __attribute__((vector_size(VEC_BYTES)));
