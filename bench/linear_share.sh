@@ -96,6 +96,7 @@ if [ "$DOCS_ONLY" = 0 ]; then
     echo "== build (float32) in $BUILD"
     cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build "$BUILD" -j "$(nproc)" --target train >/dev/null
+    built=$(commit)   # the tree the binary was built from (later commits do not change it)
     scripts/get_corpus.sh
     mkdir -p "$RUNS"
     [ -s "$TSV" ] || printf '%s\n' "$HEADER" >"$TSV"
@@ -147,7 +148,7 @@ if [ "$DOCS_ONLY" = 0 ]; then
         layers=$(ini "$name" layers)
         share=$(awk -v l="$layers" 'BEGIN {n = split(l, a, ","); k = 0; for (i = 1; i <= n; i++) k += (a[i] != "attn"); printf "%.4f", k / n}')
         if [ -n "$SEED" ]; then   # another seed: its own table, keyed by (name, seed)
-            row="$name	$SEED	$steps	$vl	$bpb	$tps	$wall	$date	$(commit)"
+            row="$name	$SEED	$steps	$vl	$bpb	$tps	$wall	$date	$built"
             { head -1 "$SEEDS_TSV"; awk -F'\t' -v n="$name" -v s="$SEED" 'NR > 1 && !($1 == n && $2 == s)' "$SEEDS_TSV"
               printf '%s\n' "$row"; } >"$SEEDS_TSV.tmp"
             mv "$SEEDS_TSV.tmp" "$SEEDS_TSV"
@@ -155,7 +156,7 @@ if [ "$DOCS_ONLY" = 0 ]; then
                 "$steps" "$SEED" "$vl" "$bpb" "$tps" "$wall"
             continue
         fi
-        row="$name	$(label "$name")	$layers	$share	$params	$steps	$cfg_steps	$((steps * B * T))	$vl	$bpb	$tps	$wall	$threads	$precision	$date	$(commit)	$load0	$load1	${OPENBLAS_CORETYPE:-unset}	$cpu"
+        row="$name	$(label "$name")	$layers	$share	$params	$steps	$cfg_steps	$((steps * B * T))	$vl	$bpb	$tps	$wall	$threads	$precision	$date	$built	$load0	$load1	${OPENBLAS_CORETYPE:-unset}	$cpu"
         { head -1 "$TSV"; awk -F'\t' -v n="$name" 'NR > 1 && $1 != n' "$TSV"; printf '%s\n' "$row"; } >"$TSV.tmp"
         mv "$TSV.tmp" "$TSV"
         { head -1 "$CURVES"; awk -F'\t' -v n="$name" 'NR > 1 && $1 != n' "$CURVES"
