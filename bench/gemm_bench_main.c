@@ -2,15 +2,15 @@
 // width 128, MLP width 384, vocabulary 256) as one threaded OpenBLAS call
 // against the split matmul uses (blas.h: gemm_rows, gemm_sum_rows).
 //
-//   gemm_bench [rounds]   (default 40 products per figure)
+//   gemm_bench [rounds]   (default 100 pairs of products per shape)
 //
 // Memory as in a training step: every product writes a different part of a
 // 512 MiB pool (each output is fresh memory); the activation input of a
 // forward product and the output gradient of a backward one were written just
 // before (by the op that made them: here a pass that writes them, untimed);
 // the forward activation a weight gradient reads was written long before.
-// Figures are GFLOP/s, the mean over the rounds, and the ratio split / one
-// call, measured in the same run.
+// Each round runs one call and then the split product; figures are GFLOP/s
+// of each side's median product, and their ratio.
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,35 +48,53 @@ static real *take_made(size_t n) {
     return p;
 }
 
-static double run(const Shape *s, bool split, int rounds, real *W, real *part) {
+// One product of shape s, one call or split, on fresh memory: its seconds.
+static double run_once(const Shape *s, bool split, real *W, real *part) {
     int R = s->R, Di = s->in, Do = s->out;
-    double t = 0;
-    for (int r = 0; r < rounds; r++) {
-        if (s->kind == FWD) {   // C (R, Do) = X (R, Di) W (Di, Do)
-            real *X = take_made((size_t)R * Di), *C = take((size_t)R * Do);
-            double t0 = runlog_now();
-            if (split) gemm_rows(false, R, Do, Di, X, Di, W, Do, 0, C, Do);
-            else gemm(false, false, R, Do, Di, 1, X, Di, W, Do, 0, C, Do);
-            t += runlog_now() - t0;
-        } else if (s->kind == DX) {   // dX (R, Di) = dY (R, Do) W^T, W (Di, Do)
-            real *dY = take_made((size_t)R * Do), *dX = take((size_t)R * Di);
-            double t0 = runlog_now();
-            if (split) gemm_rows(true, R, Di, Do, dY, Do, W, Do, 0, dX, Di);
-            else gemm(false, true, R, Di, Do, 1, dY, Do, W, Do, 0, dX, Di);
-            t += runlog_now() - t0;
-        } else {   // dW (Di, Do) = X^T dY
-            real *X = take((size_t)R * Di), *dY = take_made((size_t)R * Do), *dW = take((size_t)Di * Do);
-            double t0 = runlog_now();
-            if (split) gemm_sum_rows(Di, Do, R, X, Di, dY, Do, 0, dW, Do, part);
-            else gemm(true, false, Di, Do, R, 1, X, Di, dY, Do, 0, dW, Do);
-            t += runlog_now() - t0;
-        }
+    double t0;
+    if (s->kind == FWD) {   // C (R, Do) = X (R, Di) W (Di, Do)
+        real *X = take_made((size_t)R * Di), *C = take((size_t)R * Do);
+        t0 = runlog_now();
+        if (split) gemm_rows(false, R, Do, Di, X, Di, W, Do, 0, C, Do);
+        else gemm(false, false, R, Do, Di, 1, X, Di, W, Do, 0, C, Do);
+    } else if (s->kind == DX) {   // dX (R, Di) = dY (R, Do) W^T, W (Di, Do)
+        real *dY = take_made((size_t)R * Do), *dX = take((size_t)R * Di);
+        t0 = runlog_now();
+        if (split) gemm_rows(true, R, Di, Do, dY, Do, W, Do, 0, dX, Di);
+        else gemm(false, true, R, Di, Do, 1, dY, Do, W, Do, 0, dX, Di);
+    } else {   // dW (Di, Do) = X^T dY
+        real *X = take((size_t)R * Di), *dY = take_made((size_t)R * Do), *dW = take((size_t)Di * Do);
+        t0 = runlog_now();
+        if (split) gemm_sum_rows(Di, Do, R, X, Di, dY, Do, 0, dW, Do, part);
+        else gemm(true, false, Di, Do, R, 1, X, Di, dY, Do, 0, dW, Do);
     }
-    return 2.0 * R * Di * Do * rounds / t * 1e-9;
+    return runlog_now() - t0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// rounds pairs (one call, split) run back to back, so that load from
+// elsewhere hits both alike; GFLOP/s of each side's median product.
+static void run_pairs(const Shape *s, int rounds, real *W, real *part, double *gf_one, double *gf_split) {
+    double *t1 = xmalloc((size_t)rounds * sizeof(double)), *t2 = xmalloc((size_t)rounds * sizeof(double));
+    for (int r = 0; r < rounds; r++) {
+        t1[r] = run_once(s, false, W, part);
+        t2[r] = run_once(s, true, W, part);
+    }
+    qsort(t1, rounds, sizeof *t1, cmp_double);
+    qsort(t2, rounds, sizeof *t2, cmp_double);
+    double flop = 2.0 * s->R * s->in * s->out;
+    *gf_one = flop / t1[rounds / 2] * 1e-9;
+    *gf_split = flop / t2[rounds / 2] * 1e-9;
+    free(t1);
+    free(t2);
 }
 
 int main(int argc, char **argv) {
-    int rounds = argc > 1 ? atoi(argv[1]) : 40;
+    int rounds = argc > 1 ? atoi(argv[1]) : 100;
     if (rounds < 1) {
         fprintf(stderr, "gemm_bench: rounds must be a positive number, got '%s'\n", argv[1]);
         return 2;
@@ -85,8 +103,8 @@ int main(int argc, char **argv) {
     runlog_cpu_name(cpu, sizeof cpu);
     printf("cpu: %s\nthreads: %d (omp_get_max_threads)   precision: %s   OpenBLAS core: %s\n", cpu,
            omp_get_max_threads(), REAL_NAME, blas_core_name());
-    printf("GFLOP/s, mean of %d products each into fresh memory (one call: one threaded OpenBLAS call;\n"
-           "split: gemm_rows / gemm_sum_rows as matmul runs them)\n\n",
+    printf("GFLOP/s of the median of %d products each into fresh memory, the two kinds alternating\n"
+           "(one call: one threaded OpenBLAS call; split: gemm_rows / gemm_sum_rows as matmul runs them)\n\n",
            rounds);
     pool_n = POOL_BYTES / sizeof(real);
     pool = xaligned(POOL_BYTES);
@@ -105,9 +123,9 @@ int main(int argc, char **argv) {
     printf("| --- | --- | ---: | ---: | ---: |\n");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const Shape *s = &shapes[i];
-        run(s, false, 2, W, part);   // warm-up: OpenBLAS buffers, thread team
-        run(s, true, 2, W, part);
-        double a = run(s, false, rounds, W, part), b = run(s, true, rounds, W, part);
+        double a, b;
+        run_pairs(s, 2, W, part, &a, &b);   // warm-up: OpenBLAS buffers, thread team
+        run_pairs(s, rounds, W, part, &a, &b);
         printf("| %s | %d x %d x %d | %.1f | %.1f | %.2f |\n", s->name, s->R, s->in, s->out, a, b, b / a);
     }
     free(W);
