@@ -122,7 +122,8 @@ Test(blas_split, matmul_split_paths_equal_direct_loops) {
         for (int r = 0; r < R; r++)
             for (int k = 0; k < K; k++) {
                 double s = 0;
-                for (int j = 0; j < N; j++) s += (double)seed[(int64_t)r * N + j] * (tb ? b->data[j * K + k] : b->data[k * N + j]);
+                for (int j = 0; j < N; j++)
+                    s += (double)seed[(int64_t)r * N + j] * (tb ? b->data[j * K + k] : b->data[k * N + j]);
                 wx[(int64_t)r * K + k] = 2 * s;
             }
         for (int k = 0; k < K; k++)

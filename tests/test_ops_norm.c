@@ -89,7 +89,8 @@ Test(ops_norm, rmsnorm_groups_gradcheck_and_equals_reshaped) {
     tape_init(&tp);
     Tensor *y = op_rmsnorm_groups(&tp, x, g, 4, 1e-5);
     Tensor *yr = op_rmsnorm(&tp, op_reshape(&tp, x, 4, (int[]){2, 5, 3, 4}), g, 1e-5);
-    for (int64_t i = 0; i < x->numel; i++) cr_assert_float_eq(y->data[i], yr->data[i], 1e-12, "element %lld", (long long)i);
+    for (int64_t i = 0; i < x->numel; i++)
+        cr_assert_float_eq(y->data[i], yr->data[i], 1e-12, "element %lld", (long long)i);
     tape_free(&tp);
     tensor_free(x);
     tensor_free(g);

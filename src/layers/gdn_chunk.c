@@ -161,7 +161,8 @@ void gdn_chunk_forward(Node *n) {
                 // S_C = b_{L-1} S0 + Kd^T Delta
                 real bl = gdn_exp(ws.G[L - 1]);
                 for (int64_t i = 0; i < SS; i++) S[i] *= bl;
-                tile_gemm(true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv, TILE_FULL(d.dk, L), NULL);
+                tile_gemm(true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv, TILE_FULL(d.dk, L),
+                          NULL);
             }
         }
 }

@@ -78,7 +78,8 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     real bl = gdn_exp(G[L - 1]);
     for (int64_t i = 0; i < SS; i++) dS0[i] = bl * dS[i];
     dG[L - 1] += bl * dot(dS, S0, (int)SS);
-    tile_gemm(false, false, L, dv, dk, 1, ws->Kd, dk, dS, dv, 0, gr->dDl, dv, TILE_FULL(L, dk), NULL);   // dDelta = Kd dS
+    // dDelta = Kd dS
+    tile_gemm(false, false, L, dv, dk, 1, ws->Kd, dk, dS, dv, 0, gr->dDl, dv, TILE_FULL(L, dk), NULL);
     real *dKd = gr->dW;
     tile_gemm(false, true, L, dk, dv, 1, ws->Dl, dv, dS, dv, 0, dKd, dk, TILE_FULL(L, dv), pk);   // dKd = Delta dS^T
     for (int j = 0; j < L; j++) {
@@ -101,11 +102,14 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
             dG[i] += bi * dot(doi, Y + i * dv, dv);
             for (int c = 0; c < dv; c++) Y[i * dv + c] = bi * doi[c];   // now dY
         }
-        if (dq) tile_gemm(false, true, L, dk, dv, 1, Y, dv, S0, dv, 1, dq, ldk, TILE_FULL(L, dv), pk);   // dQ += dY S0^T
-        tile_gemm(true, false, dk, dv, L, 1, q, ldk, Y, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);         // dS0 += Q^T dY
+        // dQ += dY S0^T
+        if (dq) tile_gemm(false, true, L, dk, dv, 1, Y, dv, S0, dv, 1, dq, ldk, TILE_FULL(L, dv), pk);
+        // dS0 += Q^T dY
+        tile_gemm(true, false, dk, dv, L, 1, q, ldk, Y, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
         real *dP = dA;
         tile_gemm(false, true, L, L, dv, 1, dO, ldv, ws->Dl, dv, 0, dP, L, TILE_FULL(L, dv), pk);   // dP = dO Delta^T
-        tile_gemm(true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);   // dDelta += P^T dO (P^T upper)
+        // dDelta += P^T dO (P^T upper)
+        tile_gemm(true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
         for (int i = 0; i < L; i++)
             for (int j = 0; j < L; j++) {
                 real dp = j <= i ? dP[i * L + j] : 0;

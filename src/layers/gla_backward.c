@@ -145,7 +145,8 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         }
         if (dS_nonzero) {   // the terms through S_out
             if (need_k || need_g) {
-                tile_gemm(false, true, L, dk, dv, 1, V, ldv, dS, dv, 0, w->tmp, dk, TILE_FULL(L, dv), w->pack);   // rows dS v_i
+                // rows dS v_i
+                tile_gemm(false, true, L, dk, dv, 1, V, ldv, dS, dv, 0, w->tmp, dk, TILE_FULL(L, dv), w->pack);
                 for (int i = 0; i < L; i++) {
                     double e = G ? exp(gL - G[i]) : 1;
                     const real *t = w->tmp + (int64_t)i * dk;
@@ -175,7 +176,8 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                 real e = G ? gla_exp(G[i]) : 1;
                 for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * Q[(int64_t)i * ldk + a];
             }
-            tile_gemm(true, false, dk, dv, L, 1, w->Xd, dk, dO, ldv, dS_nonzero ? 1 : 0, dS, dv, TILE_FULL(dk, L), NULL);
+            tile_gemm(true, false, dk, dv, L, 1, w->Xd, dk, dO, ldv, dS_nonzero ? 1 : 0, dS, dv, TILE_FULL(dk, L),
+                      NULL);
             dS_nonzero = true;
         }
         if (dq) store_rows(gr->dq + (int64_t)t0 * ldk, ldk, dq, L, dk, fr.q);
