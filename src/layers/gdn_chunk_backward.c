@@ -29,6 +29,7 @@ static real dot(const real *a, const real *b, int n) {
 typedef struct GdnChunkGrad {
     double *dG;      // (L) dLoss/dGamma_i
     double *dbeta;   // (L)
+    double *colZ;    // (L) column sums of a chunk's (L, L) dG terms
     real *dDl;       // (L, dv) dDelta, then dU
     real *dK;        // (L, dk) dK of the chunk, accumulated
     real *dW;        // (L, dk) dKd first, then dW
@@ -41,13 +42,14 @@ typedef struct GdnChunkGrad {
 
 static size_t grad_bytes(int C, int dk, int dv) {
     size_t nreal = (size_t)C * (3 * dk + 3 * dv) + (size_t)C * C + (size_t)dk * dv;
-    return 2 * C * sizeof(double) + nreal * sizeof(real);
+    return 3 * C * sizeof(double) + nreal * sizeof(real);
 }
 
 static void grad_bind(GdnChunkGrad *gr, void *mem, int C, int dk, int dv) {
     gr->dG = mem;
     gr->dbeta = gr->dG + C;
-    real *p = (real *)(gr->dbeta + C);
+    gr->colZ = gr->dbeta + C;
+    real *p = (real *)(gr->colZ + C);
     gr->dDl = p, p += (size_t)C * dv;
     gr->dXu = p, p += (size_t)C * dv;
     gr->Y = p, p += (size_t)C * dv;
@@ -110,16 +112,26 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
         tile_gemm(false, true, L, L, dv, 1, dO, ldv, ws->Dl, dv, 0, dP, L, TILE_FULL(L, dv), pk);   // dP = dO Delta^T
         // dDelta += P^T dO (P^T upper)
         tile_gemm(true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
-        for (int i = 0; i < L; i++)
-            for (int j = 0; j < L; j++) {
-                real dp = j <= i ? dP[i * L + j] : 0;
-                if (j < i) {
-                    double f = (double)dp * P[i * L + j];
-                    dG[i] += f;
-                    dG[j] -= f;
-                }
-                dP[i * L + j] = dp * E[i * L + j];   // now dQK
+        // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j: row sums,
+        // and column sums in colZ (an update of dG_j inside the row loop
+        // would chain every iteration through memory).
+        double *colZ = gr->colZ;
+        memset(colZ, 0, L * sizeof(double));
+        for (int i = 0; i < L; i++) {
+            real *dpi = dP + i * L;
+            const real *Pi = P + i * L, *Ei = E + i * L;
+            double rs = 0;
+#pragma omp simd reduction(+ : rs)
+            for (int j = 0; j < i; j++) {
+                double f = (double)dpi[j] * Pi[j];
+                rs += f;
+                colZ[j] += f;
             }
+            dG[i] += rs;
+            for (int j = 0; j <= i; j++) dpi[j] *= Ei[j];   // now dQK
+            for (int j = i + 1; j < L; j++) dpi[j] = 0;
+        }
+        for (int j = 0; j < L; j++) dG[j] -= colZ[j];
         if (dq) tile_gemm(false, false, L, dk, L, 1, dP, L, k, ldk, 1, dq, ldk, -L, 0, NULL);   // dQ += dQK K (lower)
         tile_gemm(true, false, L, dk, L, 1, dP, L, q, ldk, 1, dK, dk, 0, L, NULL);               // dK += dQK^T Q
     }
@@ -149,18 +161,27 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     }
 
     // A_ij = beta_i E_ij KK_ij (j < i); KK = K K^T.
-    for (int i = 0; i < L; i++)
-        for (int j = 0; j < L; j++) {
-            real da = j < i ? dA[i * L + j] : 0;
-            if (j < i) {
-                real ek = E[i * L + j] * ws->KK[i * L + j];
-                dbeta[i] += (double)da * ek;
-                double a = (double)da * ws->A[i * L + j];
-                dG[i] += a;
-                dG[j] -= a;
-            }
-            dA[i * L + j] = da * bet[i] * E[i * L + j];   // now dKK
+    // As above: row sums into dbeta_i and dG_i, column sums out of dG_j.
+    double *colZ = gr->colZ;
+    memset(colZ, 0, L * sizeof(double));
+    for (int i = 0; i < L; i++) {
+        real *dai = dA + i * L;
+        const real *Ei = E + i * L, *KKi = ws->KK + i * L, *Ai = ws->A + i * L;
+        double rb = 0, rs = 0;
+#pragma omp simd reduction(+ : rb, rs)
+        for (int j = 0; j < i; j++) {
+            real ek = Ei[j] * KKi[j];
+            rb += (double)dai[j] * ek;
+            double a = (double)dai[j] * Ai[j];
+            rs += a;
+            colZ[j] += a;
         }
+        dbeta[i] += rb;
+        dG[i] += rs;
+        for (int j = 0; j < i; j++) dai[j] = dai[j] * bet[i] * Ei[j];   // now dKK
+        for (int j = i; j < L; j++) dai[j] = 0;
+    }
+    for (int j = 0; j < L; j++) dG[j] -= colZ[j];
     tile_gemm(false, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk, -L, 0, NULL);   // dK += dKK K (lower)
     tile_gemm(true, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk, 0, L, NULL);     // dK += dKK^T K
 
