@@ -31,6 +31,30 @@
         }                                                                              \
     } while (0)
 
+// The same for one row inside a loop that is already parallel: d = src
+// (fresh) or d += src, n elements.
+static inline void grad_store(real *d, const real *src, int64_t n, bool fresh) {
+    if (fresh)
+        for (int64_t i = 0; i < n; i++) d[i] = src[i];
+    else
+        for (int64_t i = 0; i < n; i++) d[i] += src[i];
+}
+
+// sum_{j<n} x_j y_j in double, each term also added to col[j]: one row's
+// total and its share of the column totals of a triangle of (L, L) terms, in
+// one vectorised pass (the chunk backwards' dG sums). Subtracting a column
+// total inside the row loop instead chains every step through memory.
+static inline double dot_into_cols(const real *x, const real *y, int n, double *col) {
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < n; j++) {
+        double z = (double)x[j] * y[j];
+        s += z;
+        col[j] += z;
+    }
+    return s;
+}
+
 #ifdef AG_DOUBLE
 static inline real r_exp(real x) { return exp(x); }
 static inline real r_log1p(real x) { return log1p(x); }

@@ -18,33 +18,54 @@ typedef struct RmsSaved {
     real *rinv;     // (rows) 1 / sqrt(mean(x^2) + eps)
 } RmsSaved;
 
+// The rinv array of a recorded node (n->saved), or NULL when not recorded.
+static real *rms_save(Node *n, int64_t rows) {
+    if (!n->recorded) return NULL;
+    RmsSaved *sv = tape_alloc(n->tape, sizeof *sv);
+    sv->rinv = tape_alloc(n->tape, (size_t)(rows ? rows : 1) * sizeof(real));
+    n->saved = sv;
+    return sv->rinv;
+}
+
+// One row of D: y = x r g (g NULL: 1), r = 1 / sqrt(mean(x^2) + eps); returns r.
+static inline real rms_row(real *y, const real *x, const real *g, int D, double eps) {
+    double ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (int j = 0; j < D; j++) ss += (double)x[j] * x[j];
+    real r = (real)(1.0 / sqrt(ss / D + eps));
+    if (g)
+        for (int j = 0; j < D; j++) y[j] = x[j] * r * g[j];
+    else
+        for (int j = 0; j < D; j++) y[j] = x[j] * r;
+    return r;
+}
+
+// One row's input gradient, with xh = x r and dxh = dy g (g NULL: 1):
+// d = r (dxh - xh mean(dxh xh)), written, or added when `add`.
+static inline void rms_row_grad(real *d, const real *x, const real *dy, const real *g, real r, int D, bool add) {
+    double dot = 0;   // sum_j dxh_j xh_j
+#pragma omp simd reduction(+ : dot)
+    for (int j = 0; j < D; j++) dot += (double)dy[j] * (g ? g[j] : 1) * x[j] * r;
+    real c = (real)(dot / D);
+    if (add)
+        for (int j = 0; j < D; j++) d[j] += r * (dy[j] * (g ? g[j] : 1) - x[j] * r * c);
+    else
+        for (int j = 0; j < D; j++) d[j] = r * (dy[j] * (g ? g[j] : 1) - x[j] * r * c);
+}
+
 // in: x viewed as (rows, D), D = iarg[0] (the last dimension or a divisor of
 // it: per-head norms), g (D) or NULL. farg[0]: eps.
 static void rmsnorm_forward(Node *n) {
     const Tensor *x = n->in[0], *g = n->in[1];
     int D = n->iarg[0];
     int64_t rows = x->numel / D;
-    real *y = n->out[0]->data;
+    real *y = n->out[0]->data, *rinv = rms_save(n, rows);
+    const real *gd = g ? g->data : NULL;
     double eps = n->farg[0];
-    real *rinv = NULL;
-    if (n->recorded) {
-        RmsSaved *sv = tape_alloc(n->tape, sizeof *sv);
-        sv->rinv = rinv = tape_alloc(n->tape, (size_t)(rows ? rows : 1) * sizeof(real));
-        n->saved = sv;
-    }
 #pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        const real *xr = x->data + r * D;
-        real *yr = y + r * D;
-        double ss = 0;
-#pragma omp simd reduction(+ : ss)
-        for (int j = 0; j < D; j++) ss += (double)xr[j] * xr[j];
-        real ri = (real)(1.0 / sqrt(ss / D + eps));
+        real ri = rms_row(y + r * D, x->data + r * D, gd, D, eps);
         if (rinv) rinv[r] = ri;
-        if (g)
-            for (int j = 0; j < D; j++) yr[j] = xr[j] * ri * g->data[j];
-        else
-            for (int j = 0; j < D; j++) yr[j] = xr[j] * ri;
     }
 }
 
@@ -86,19 +107,8 @@ static void rmsnorm_backward(Node *n) {
     real *dx = NODE_GRAD_FRESH(n, 0, &fresh), *dg = NODE_GRAD_IN(n, 1);
     if (dx) {
 #pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            const real *xr = x->data + r * D, *dyr = dy + r * D;
-            real ri = sv->rinv[r];
-            double dot = 0;   // sum_j dxh_j xh_j
-#pragma omp simd reduction(+ : dot)
-            for (int j = 0; j < D; j++) dot += (double)dyr[j] * (g ? g[j] : 1) * xr[j] * ri;
-            real c = (real)(dot / D);
-            real *dxr = dx + r * D;
-            if (fresh)
-                for (int j = 0; j < D; j++) dxr[j] = ri * (dyr[j] * (g ? g[j] : 1) - xr[j] * ri * c);
-            else
-                for (int j = 0; j < D; j++) dxr[j] += ri * (dyr[j] * (g ? g[j] : 1) - xr[j] * ri * c);
-        }
+        for (int64_t r = 0; r < rows; r++)
+            rms_row_grad(dx + r * D, x->data + r * D, dy + r * D, g, sv->rinv[r], D, !fresh);
     }
     if (dg) rms_dg(x->data, dy, sv->rinv, rows, D, dg, n->tape);
 }
@@ -136,33 +146,16 @@ static void add_rmsnorm_forward(Node *n) {
     const Tensor *a = n->in[0], *b = n->in[1], *g = n->in[2];
     int D = n->iarg[0];
     int64_t rows = a->numel / D;
-    real *y = n->out[0]->data, *h = n->out[1]->data;
+    real *y = n->out[0]->data, *h = n->out[1]->data, *rinv = rms_save(n, rows);
     double eps = n->farg[0];
-    real *rinv = NULL;
-    if (n->recorded) {
-        RmsSaved *sv = tape_alloc(n->tape, sizeof *sv);
-        sv->rinv = rinv = tape_alloc(n->tape, (size_t)(rows ? rows : 1) * sizeof(real));
-        n->saved = sv;
-    }
 #pragma omp parallel for if (a->numel > OPS_PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const real *ar = a->data + r * D, *br = b->data + r * D;
-        real *hr = h + r * D, *yr = y + r * D;
+        real *hr = h + r * D;
         for (int j = 0; j < D; j++) hr[j] = ar[j] + br[j];
-        double ss = 0;
-#pragma omp simd reduction(+ : ss)
-        for (int j = 0; j < D; j++) ss += (double)hr[j] * hr[j];
-        real ri = (real)(1.0 / sqrt(ss / D + eps));
+        real ri = rms_row(y + r * D, hr, g->data, D, eps);
         if (rinv) rinv[r] = ri;
-        for (int j = 0; j < D; j++) yr[j] = hr[j] * ri * g->data[j];
     }
-}
-
-static void store_row(real *d, const real *t, int D, bool fresh) {
-    if (fresh)
-        for (int j = 0; j < D; j++) d[j] = t[j];
-    else
-        for (int j = 0; j < D; j++) d[j] += t[j];
 }
 
 static void add_rmsnorm_backward(Node *n) {
@@ -182,19 +175,10 @@ static void add_rmsnorm_backward(Node *n) {
             real *t = xmalloc((size_t)D * sizeof(real));   // one row of dh_total
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < rows; r++) {
-                const real *hr = h + r * D;
                 for (int j = 0; j < D; j++) t[j] = dh ? dh[r * D + j] : 0;
-                if (dy) {
-                    const real *dyr = dy + r * D;
-                    real ri = sv->rinv[r];
-                    double dot = 0;
-#pragma omp simd reduction(+ : dot)
-                    for (int j = 0; j < D; j++) dot += (double)dyr[j] * g[j] * hr[j] * ri;
-                    real c = (real)(dot / D);
-                    for (int j = 0; j < D; j++) t[j] += ri * (dyr[j] * g[j] - hr[j] * ri * c);
-                }
-                if (da) store_row(da + r * D, t, D, fa);   // a == b: da was written, db adds to it
-                if (db) store_row(db + r * D, t, D, fb);
+                if (dy) rms_row_grad(t, h + r * D, dy + r * D, g, sv->rinv[r], D, true);
+                if (da) grad_store(da + r * D, t, D, fa);   // a == b: da was written, db adds to it
+                if (db) grad_store(db + r * D, t, D, fb);
             }
             free(t);
         }

@@ -113,21 +113,13 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
         // dDelta += P^T dO (P^T upper)
         tile_gemm(true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
         // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j: row sums,
-        // and column sums in colZ (an update of dG_j inside the row loop
-        // would chain every iteration through memory).
+        // and column sums in colZ.
         double *colZ = gr->colZ;
         memset(colZ, 0, L * sizeof(double));
         for (int i = 0; i < L; i++) {
             real *dpi = dP + i * L;
-            const real *Pi = P + i * L, *Ei = E + i * L;
-            double rs = 0;
-#pragma omp simd reduction(+ : rs)
-            for (int j = 0; j < i; j++) {
-                double f = (double)dpi[j] * Pi[j];
-                rs += f;
-                colZ[j] += f;
-            }
-            dG[i] += rs;
+            const real *Ei = E + i * L;
+            dG[i] += dot_into_cols(dpi, P + i * L, i, colZ);
             for (int j = 0; j <= i; j++) dpi[j] *= Ei[j];   // now dQK
             for (int j = i + 1; j < L; j++) dpi[j] = 0;
         }
@@ -166,18 +158,12 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     memset(colZ, 0, L * sizeof(double));
     for (int i = 0; i < L; i++) {
         real *dai = dA + i * L;
-        const real *Ei = E + i * L, *KKi = ws->KK + i * L, *Ai = ws->A + i * L;
-        double rb = 0, rs = 0;
-#pragma omp simd reduction(+ : rb, rs)
-        for (int j = 0; j < i; j++) {
-            real ek = Ei[j] * KKi[j];
-            rb += (double)dai[j] * ek;
-            double a = (double)dai[j] * Ai[j];
-            rs += a;
-            colZ[j] += a;
-        }
+        const real *Ei = E + i * L, *KKi = ws->KK + i * L;
+        double rb = 0;
+#pragma omp simd reduction(+ : rb)
+        for (int j = 0; j < i; j++) rb += (double)dai[j] * (Ei[j] * KKi[j]);
         dbeta[i] += rb;
-        dG[i] += rs;
+        dG[i] += dot_into_cols(dai, ws->A + i * L, i, colZ);
         for (int j = 0; j < i; j++) dai[j] = dai[j] * bet[i] * Ei[j];   // now dKK
         for (int j = i; j < L; j++) dai[j] = 0;
     }

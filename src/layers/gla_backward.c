@@ -59,14 +59,7 @@ static double dot(const real *a, const real *b, int n) {
 
 // dst row r (stride ld) = or += src row r (stride n), for L rows of n.
 static void store_rows(real *dst, int ld, const real *src, int L, int n, bool fresh) {
-    for (int i = 0; i < L; i++) {
-        real *d = dst + (int64_t)i * ld;
-        const real *x = src + (int64_t)i * n;
-        if (fresh)
-            for (int a = 0; a < n; a++) d[a] = x[a];
-        else
-            for (int a = 0; a < n; a++) d[a] += x[a];
-    }
+    for (int i = 0; i < L; i++) grad_store(dst + (int64_t)i * ld, src + (int64_t)i * n, n, fresh);
 }
 
 // One head, chunks in reverse. dS: (dk, dv) in: gradient of the final state;
@@ -111,16 +104,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                 for (int i = 0; i < L; i++) {
                     real *r = dA + (int64_t)i * L;
                     const real *a = w->A + (int64_t)i * L;
-                    if (need_g) {
-                        double rs = 0;
-#pragma omp simd reduction(+ : rs)
-                        for (int j = 0; j < i; j++) {
-                            double z = (double)r[j] * a[j];
-                            rs += z;
-                            colZ[j] += z;
-                        }
-                        dG[i] += rs;
-                    }
+                    if (need_g) dG[i] += dot_into_cols(r, a, i, colZ);
                     if (G) {
                         const real *dec = w->D + (int64_t)i * L;
                         for (int j = 0; j <= i; j++) r[j] *= dec[j];
