@@ -71,28 +71,34 @@ static int f_index(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) 
     return 1;
 }
 
+// op_dsa_index_scores against index_scores_ref (in double) on these inputs.
+static void assert_index_scores_equal_reference(Tensor *qI, Tensor *kI, Tensor *w, int HI) {
+    int64_t n = (int64_t)qI->shape[0] * qI->shape[1] * qI->shape[1];   // B T T
+    Tape tp;
+    tape_init(&tp);
+    Tensor *Isc = op_dsa_index_scores(&tp, qI, kI, w, HI);
+    double *ref = xmalloc((size_t)n * sizeof(double));
+    index_scores_ref(ref, qI, kI, w, HI);
+    real *refr = xmalloc((size_t)n * sizeof(real));
+    for (int64_t i = 0; i < n; i++) refr[i] = (real)ref[i];
+    cr_assert_leq(max_rel_diff(Isc->data, refr, Isc->numel), FORM_TOL);
+    tape_free(&tp);
+    free(ref);
+    free(refr);
+}
+
 Test(dsa, index_scores_equal_reference_and_gradcheck) {
     // T = 70: two query tiles of DSA_TILE = 64.
     int B = 2, T = 70, HI = 2, dI = 3;
     Tensor *qI = tensor_newv(true, 3, B, T, HI * dI), *kI = tensor_newv(true, 3, B, T, dI);
     Tensor *w = tensor_newv(true, 3, B, T, HI);
     fill_index_inputs(qI, kI, w, HI, 1, false);
-    Tape tp;
-    tape_init(&tp);
-    Tensor *Isc = op_dsa_index_scores(&tp, qI, kI, w, HI);
-    double *ref = xmalloc((size_t)B * T * T * sizeof(double));
-    index_scores_ref(ref, qI, kI, w, HI);
-    real *refr = xmalloc((size_t)B * T * T * sizeof(real));
-    for (int64_t i = 0; i < (int64_t)B * T * T; i++) refr[i] = (real)ref[i];
-    cr_assert_leq(max_rel_diff(Isc->data, refr, Isc->numel), FORM_TOL);
-    tape_free(&tp);
+    assert_index_scores_equal_reference(qI, kI, w, HI);
     fill_index_inputs(qI, kI, w, HI, 1, KINK_SAFE);
     IdxCtx c = {HI};
     GradcheckOptions o = gradcheck_fd_step();
     GradcheckResult r = gradcheck("dsa_index_scores", f_index, (Tensor *[]){qI, kI, w}, 3, &c, &o);
     ASSERT_GRADCHECK(r, "dsa_index_scores");
-    free(ref);
-    free(refr);
     tensor_free(qI);
     tensor_free(kI);
     tensor_free(w);
@@ -105,17 +111,7 @@ Test(dsa, index_scores_over_several_key_blocks) {
     Tensor *qI = tensor_newv(false, 3, B, T, HI * dI), *kI = tensor_newv(false, 3, B, T, dI);
     Tensor *w = tensor_newv(false, 3, B, T, HI);
     fill_index_inputs(qI, kI, w, HI, 5, false);
-    Tape tp;
-    tape_init(&tp);
-    Tensor *Isc = op_dsa_index_scores(&tp, qI, kI, w, HI);
-    double *ref = xmalloc((size_t)B * T * T * sizeof(double));
-    index_scores_ref(ref, qI, kI, w, HI);
-    real *refr = xmalloc((size_t)B * T * T * sizeof(real));
-    for (int64_t i = 0; i < (int64_t)B * T * T; i++) refr[i] = (real)ref[i];
-    cr_assert_leq(max_rel_diff(Isc->data, refr, Isc->numel), FORM_TOL);
-    tape_free(&tp);
-    free(ref);
-    free(refr);
+    assert_index_scores_equal_reference(qI, kI, w, HI);
     tensor_free(qI);
     tensor_free(kI);
     tensor_free(w);
