@@ -18,10 +18,9 @@ static void write_file(const char *path, const char *text) {
     fclose(f);
 }
 
-static char tmpdir[64];
+static char tmpdir[512];
 static void make_tmpdir(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/cfgtestXXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
+    snprintf(tmpdir, sizeof tmpdir, "%s", test_tmpdir("config"));
 }
 
 // Load `text` as <tmpdir>/x.ini over the defaults; returns the status.
@@ -35,7 +34,7 @@ static Status load_text(TrainConfig *cfg, const char *text, char *path, size_t n
 // Expect loading `text` to fail with message "<path>:<line>: <rest>".
 static void expect_error(const char *text, int line, const char *rest) {
     TrainConfig cfg;
-    char path[128], want[600];
+    char path[600], want[1400];
     Status st = load_text(&cfg, text, path, sizeof path);
     cr_assert(!st.ok, "expected an error for:\n%s", text);
     snprintf(want, sizeof want, "%s:%d: %s", path, line, rest);
@@ -88,7 +87,7 @@ Test(config, loads_values_and_keeps_text) {
                        "init_from = runs/a/checkpoint.h5\n"
                        "dsa_layers = 2, 0\n";
     TrainConfig cfg;
-    char path[128];
+    char path[600];
     Status st = load_text(&cfg, text, path, sizeof path);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert_eq(cfg.model.layers.n, 3);
@@ -166,7 +165,7 @@ Test(config, missing_file) {
 
 Test(config, overrides) {
     TrainConfig cfg;
-    char path[128];
+    char path[600];
     Status st = load_text(&cfg, "[train]\nlr = 0.1\nsteps = 50\n", path, sizeof path);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert(config_set(&cfg, "train.lr=0.02").ok);
@@ -203,7 +202,7 @@ Test(config, custom_mixer_checker) {
 
 Test(config, cross_key_validation) {
     TrainConfig cfg;
-    char path[128], want[300];
+    char path[600], want[1400];
     Status st = load_text(&cfg, "[model]\nlayers = attn,attn_dsa\n[finetune]\n\ndsa_layers = 1,2\n", path, sizeof path);
     cr_assert(st.ok, "%s", st.msg);
     st = config_validate(&cfg);
@@ -262,13 +261,13 @@ Test(config, help_lists_every_key) {
 }
 
 Test(config, find_bundled) {
-    char dir[160], path[CONFIG_STR_MAX];
+    char dir[600], path[CONFIG_STR_MAX];
     snprintf(dir, sizeof dir, "%s/configs", tmpdir);
     cr_assert_eq(mkdir(dir, 0755), 0);
     snprintf(path, sizeof path, "%s/tiny.ini", dir);
     write_file(path, "[train]\nsteps = 1\n");
     const char *dirs[] = {"/nonexistent", tmpdir};
-    char out[CONFIG_STR_MAX], want[CONFIG_STR_MAX];
+    char out[CONFIG_STR_MAX], want[CONFIG_STR_MAX + 1200];
     Status st = config_find("tiny", dirs, 2, out, sizeof out);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert_str_eq(out, path);

@@ -12,10 +12,9 @@
 #include "token_cache.h"
 #include "tokenizer.h"
 
-static char tmpdir[64];
+static char tmpdir[512];
 static void make_tmpdir(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/datatestXXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
+    snprintf(tmpdir, sizeof tmpdir, "%s", test_tmpdir("data"));
 }
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
     return remove(path);
@@ -25,7 +24,7 @@ TestSuite(data, .init = make_tmpdir, .fini = remove_tmpdir);
 
 // <tmpdir>/<name> into buf.
 static const char *tpath(char *buf, const char *name) {
-    snprintf(buf, 256, "%s/%s", tmpdir, name);
+    snprintf(buf, 600, "%s/%s", tmpdir, name);
     return buf;
 }
 
@@ -99,7 +98,7 @@ Test(data, corpus_errors_name_the_path) {
     cr_assert_str_eq(st.msg, want);
     write_file(tpath(e, "empty.txt"), "");
     st = corpus_load(&c, e);
-    snprintf(want, sizeof want, "%s: corpus is empty (0 bytes)", e);
+    snprintf(want, sizeof want, "%s: the corpus is empty (its files hold 0 bytes)", e);
     cr_assert_str_eq(st.msg, want);
     tpath(d, "emptydir");
     mkdir(d, 0755);
@@ -109,7 +108,7 @@ Test(data, corpus_errors_name_the_path) {
     char spec[600];
     snprintf(spec, sizeof spec, "%s,%s", e, d);   // a directory inside a list is not readable as a file
     st = corpus_load(&c, spec);
-    snprintf(want, sizeof want, "%s: corpus file is not a regular file", d);
+    snprintf(want, sizeof want, "%s: the corpus file is a directory, not a regular file", d);
     cr_assert_str_eq(st.msg, want);
     st = corpus_load(&c, " , ");
     cr_assert_str_eq(st.msg, "' , ': corpus spec names no file");

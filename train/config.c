@@ -13,6 +13,9 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "fileio.h"
+#include "model_setup.h"
+
 // ---------------------------------------------------------------- parsing
 
 typedef struct ParseCtx {
@@ -27,7 +30,7 @@ typedef struct ParseCtx {
 static void ctx_error(ParseCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void ctx_error(ParseCtx *c, const char *fmt, ...) {
     if (!c->st.ok) return;   // keep the first error
-    char what[400];
+    char what[900];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
@@ -61,6 +64,10 @@ static char *ctx_reader(char *str, int num, void *stream) {
     bool whole = (int)len < num - 1;
     if (c->line_start) {
         c->line++;
+        const char *cr = memchr(c->p, '\r', len);
+        if (cr && cr + 1 < c->p + len)   // a CR that does not end the line (CRLF is fine)
+            ctx_error(c, "carriage return inside a line: the file uses old Mac (CR) line endings or holds a "
+                         "stray CR; convert it to LF line endings");
         if (!whole) ctx_error(c, "line longer than %d characters", num - 2);
         check_header(c, c->p, len);
     }
@@ -97,7 +104,7 @@ static int ctx_handler(void *user, const char *section, const char *name, const 
         ctx_error(c, "[%s] %s: duplicate key (first set on line %d)", section, name, c->cfg->origin[row]);
         return 0;
     }
-    char err[300];
+    char err[700];
     if (!schema_set_value(c->cfg, k, value, err, sizeof err)) {
         ctx_error(c, "[%s] %s: %s", section, name, err);
         return 0;
@@ -111,6 +118,14 @@ Status config_load_string(TrainConfig *cfg, const char *text, const char *source
     for (int i = 0; i < CONFIG_N_KEYS; i++)
         if (cfg->origin[i] > 0) cfg->origin[i] = 0;
     ParseCtx c = {.cfg = cfg, .source = source, .p = text, .line = 0, .line_start = true, .st = status_ok()};
+    // Debian's libinih takes its options at run time: a line buffer long
+    // enough for any value this schema accepts (a path of CONFIG_STR_MAX - 1
+    // characters and its key), and no continuation lines (an indented line is
+    // a line of its own, so what config_dump writes is read back as written).
+    ini_use_stack = false;
+    ini_allow_realloc = false;
+    ini_max_line = CONFIG_LINE_MAX + 3;   // + CR, LF and NUL
+    ini_allow_multiline = false;
     int r = ini_parse_stream(ctx_reader, &c, ctx_handler, &c);
     if (c.st.ok && r > 0) {
         c.line = r;
@@ -127,26 +142,19 @@ Status config_load_string(TrainConfig *cfg, const char *text, const char *source
 }
 
 Status config_load_file(TrainConfig *cfg, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return status_err("%s: cannot open config: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = xmalloc(cap);
-    for (size_t got; (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
-        n += got;
-        if (n + 1 == cap) buf = xrealloc(buf, cap *= 2);
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    buf[n] = 0;
-    Status st;
-    if (bad) st = status_err("%s: cannot read config: %s", path, strerror(errno));
-    else if (strlen(buf) != n) st = status_err("%s: config contains a NUL byte (not a text file?)", path);
-    else st = config_load_string(cfg, buf, path);
+    uint8_t *buf;
+    int64_t n;
+    Status st = file_read_all(path, "config", CONFIG_TEXT_MAX, &buf, &n);
+    if (!st.ok) return st;
+    if ((int64_t)strlen((char *)buf) != n) st = status_err("%s: config contains a NUL byte (not a text file?)", path);
+    else st = config_load_string(cfg, (char *)buf, path);
     free(buf);
     return st;
 }
 
-Status config_set(TrainConfig *cfg, const char *assignment) {
+Status config_set(TrainConfig *cfg, const char *assignment) { return config_set_key(cfg, assignment, NULL); }
+
+Status config_set_key(TrainConfig *cfg, const char *assignment, int *key_index) {
     char buf[CONFIG_STR_MAX + 128];
     if (strlen(assignment) >= sizeof buf) return status_err("--set %.60s...: too long", assignment);
     snprintf(buf, sizeof buf, "%s", assignment);
@@ -166,10 +174,11 @@ Status config_set(TrainConfig *cfg, const char *assignment) {
         schema_key_hint(section, key, hint, sizeof hint);
         return status_err("--set %s: [%s] %s: unknown key%s", assignment, section, key, hint);
     }
-    char err[300];
+    char err[700];
     if (!schema_set_value(cfg, k, value, err, sizeof err))
         return status_err("--set %s: [%s] %s: %s", assignment, section, key, err);
     cfg->origin[k - CONFIG_SCHEMA] = -1;
+    if (key_index) *key_index = (int)(k - CONFIG_SCHEMA);
     return status_ok();
 }
 
@@ -200,16 +209,60 @@ static const char *origin_str(const TrainConfig *cfg, const char *section, const
 }
 #define WHERE(sec, key) origin_str(cfg, sec, key, (char[CONFIG_STR_MAX + 16]){0}, CONFIG_STR_MAX + 16)
 
+int config_warmup_steps(const TrainConfig *cfg) {
+    if (cfg->train.warmup_steps >= 0) return cfg->train.warmup_steps;
+    return (int)floor(cfg->train.warmup_fraction * cfg->train.steps + 0.5);
+}
+
+// Every value written out by config_dump must read back the same: write the
+// config, parse it into a fresh one and compare key by key.
+static Status check_round_trip(const TrainConfig *cfg) {
+    char *text = config_dump_string(cfg);
+    TrainConfig back;
+    config_defaults(&back, cfg->check_mixer);
+    Status s = config_load_string(&back, text, "(the config as written to config.ini)");
+    free(text);
+    for (int i = 0; s.ok && i < CONFIG_N_KEYS; i++) {
+        const ConfigKey *k = &CONFIG_SCHEMA[i];
+        char a[CONFIG_STR_MAX + 64], b[CONFIG_STR_MAX + 64];
+        schema_format_value(cfg, k, a, sizeof a);
+        schema_format_value(&back, k, b, sizeof b);
+        if (strcmp(a, b) != 0)
+            s = status_err("%s: [%s] %s: the value '%s' would not read back from config.ini as written (it reads "
+                           "'%s'; INI text treats ' ;' as a comment)",
+                           WHERE(k->section, k->key), k->section, k->key, a, b);
+    }
+    config_free(&back);
+    return s;
+}
+
 Status config_validate(const TrainConfig *cfg) {
     if (cfg->train.min_lr > cfg->train.lr)
         return status_err("%s: [train] min_lr: %g is above lr = %g", WHERE("train", "min_lr"), cfg->train.min_lr,
                           cfg->train.lr);
     if (cfg->train.warmup_steps > cfg->train.steps)
-        return status_err("%s: [train] warmup_steps: %d is more than steps = %d", WHERE("train", "warmup_steps"),
-                          cfg->train.warmup_steps, cfg->train.steps);
+        return status_err("%s: [train] warmup_steps: %d is more than steps = %d (or use warmup_fraction, which "
+                          "scales with steps)",
+                          WHERE("train", "warmup_steps"), cfg->train.warmup_steps, cfg->train.steps);
+    const ConfigKey *wf = schema_find("train", "warmup_fraction");
+    char def[32];
+    if (cfg->train.warmup_steps >= 0 && cfg->origin[wf - CONFIG_SCHEMA] != 0 &&
+        (schema_format_value(cfg, wf, def, sizeof def), strcmp(def, wf->def) != 0))
+        return status_err("%s: [train] warmup_fraction: set together with warmup_steps = %d (%s); set one of them",
+                          WHERE("train", "warmup_fraction"), cfg->train.warmup_steps, WHERE("train", "warmup_steps"));
     if (cfg->finetune.mode != FT_NONE && !cfg->finetune.init_from[0])
         return status_err("%s: [finetune] init_from: mode = %s needs a checkpoint to start from",
                           WHERE("finetune", "mode"), config_finetune_name(cfg->finetune.mode));
+    if (cfg->finetune.restore_optimizer && (cfg->finetune.mode != FT_NONE || !cfg->finetune.init_from[0]))
+        return status_err("%s: [finetune] restore_optimizer: only with mode = none and an init_from checkpoint "
+                          "(continuing a model's training with its optimizer state)",
+                          WHERE("finetune", "restore_optimizer"));
+    char why[600];
+    const char *key = model_check(cfg, why, sizeof why);
+    if (key) {
+        const char *sec = schema_find("model", key) ? "model" : "data";
+        return status_err("%s: [%s] %s: %s", WHERE(sec, key), sec, key, why);
+    }
     const ConfigInts *dl = &cfg->finetune.dsa_layers;
     for (int i = 0; i < dl->n; i++) {
         if (dl->v[i] >= cfg->model.layers.n)
@@ -224,29 +277,57 @@ Status config_validate(const TrainConfig *cfg) {
                 return status_err("%s: [finetune] dsa_layers: layer %d listed twice", WHERE("finetune", "dsa_layers"),
                                   dl->v[i]);
     }
-    return status_ok();
+    return check_round_trip(cfg);
+}
+
+int config_n_keys(void) { return CONFIG_N_KEYS; }
+
+ConfigKeyRef config_key_ref(int i) {
+    ASSERT(i >= 0 && i < CONFIG_N_KEYS, "config_key_ref(%d)", i);
+    const ConfigKey *k = &CONFIG_SCHEMA[i];
+    return (ConfigKeyRef){k->section, k->key, (k->flags & KEYF_RESUMABLE) != 0, (k->flags & KEYF_ARCH) != 0};
+}
+
+const char *config_key_where(const TrainConfig *cfg, int i, char *buf, size_t n) {
+    ConfigKeyRef r = config_key_ref(i);
+    return origin_str(cfg, r.section, r.key, buf, n);
+}
+
+void config_format_key(const TrainConfig *cfg, int i, char *out, size_t n) {
+    ASSERT(i >= 0 && i < CONFIG_N_KEYS, "config_format_key(%d)", i);
+    schema_format_value(cfg, &CONFIG_SCHEMA[i], out, n);
 }
 
 // ---------------------------------------------------------------- find, help, dump
 
-static bool is_file(const char *path) {
+// 1: a regular file, 0: nothing there, -1: something else (*mode says what).
+static int file_state(const char *path, mode_t *mode) {
     struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    if (stat(path, &sb) != 0) return 0;
+    *mode = sb.st_mode;
+    return S_ISREG(sb.st_mode) ? 1 : -1;
 }
 
 Status config_find(const char *name, const char *const *dirs, int ndirs, char *out, size_t out_size) {
-    if (is_file(name)) {
+    mode_t mode = 0;
+    int st = file_state(name, &mode);
+    if (st != 0 && (st < 0 || strlen(name) < out_size)) {
+        if (st < 0) return status_err("%s: is %s, not a config file", name, file_kind_name(mode));
         snprintf(out, out_size, "%s", name);
         return status_ok();
     }
     if (strchr(name, '/')) return status_err("%s: config file not found", name);
-    char tried[400] = "";
+    bool has_ext = strlen(name) > 4 && strcmp(name + strlen(name) - 4, ".ini") == 0;
+    char tried[600] = "";
     size_t used = 0;
     for (int d = 0; d < ndirs; d++)
-        for (int ext = 0; ext < 2; ext++) {
+        for (int ext = 0; ext < (has_ext ? 1 : 2); ext++) {
             char path[CONFIG_STR_MAX];
-            snprintf(path, sizeof path, "%s/configs/%s%s", dirs[d], name, ext ? ".ini" : "");
-            if (is_file(path)) {
+            if (snprintf(path, sizeof path, "%s/configs/%s%s", dirs[d], name, ext ? ".ini" : "") >= (int)sizeof path)
+                continue;
+            if ((st = file_state(path, &mode)) < 0)
+                return status_err("%s: is %s, not a config file", path, file_kind_name(mode));
+            if (st > 0 && strlen(path) < out_size) {
                 snprintf(out, out_size, "%s", path);
                 return status_ok();
             }

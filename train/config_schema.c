@@ -18,24 +18,24 @@ static const char *const TYPE_NAMES[KEY_COUNT] = {"int", "int", "float", "bool",
 
 const ConfigKey CONFIG_SCHEMA[] = {
     {"model", "layers", KEY_NAMES, OFF(model, layers), "attn,gdn", 1, CONFIG_MAX_LAYERS, NULL, "mixers",
-     "comma list of mixer names, one per layer (attn, linear, mamba, gdn, attn_dsa)"},
-    {"model", "d_model", KEY_INT, OFF(model, d_model), "128", 1, 1 << 16, NULL, "dim,width", "model width D"},
-    {"model", "n_heads", KEY_INT, OFF(model, n_heads), "4", 1, 1024, NULL, "heads", "heads H"},
-    {"model", "d_k", KEY_INT, OFF(model, d_k), "32", 1, 4096, NULL, "head_dim,dk", "key/query head size"},
-    {"model", "d_v", KEY_INT, OFF(model, d_v), "32", 1, 4096, NULL, "dv", "value head size"},
-    {"model", "d_ff", KEY_INT, OFF(model, d_ff), "512", 1, 1 << 20, NULL, "ffn_dim,hidden", "MLP hidden width"},
+     "comma list of mixer names, one per layer (attn, linear, mamba, gdn, attn_dsa)", KEYF_ARCH},
+    {"model", "d_model", KEY_INT, OFF(model, d_model), "128", 1, 1 << 16, NULL, "dim,width", "model width D", KEYF_ARCH},
+    {"model", "n_heads", KEY_INT, OFF(model, n_heads), "4", 1, 1024, NULL, "heads", "heads H", KEYF_ARCH},
+    {"model", "d_k", KEY_INT, OFF(model, d_k), "32", 1, 4096, NULL, "head_dim,dk", "key/query head size", KEYF_ARCH},
+    {"model", "d_v", KEY_INT, OFF(model, d_v), "32", 1, 4096, NULL, "dv", "value head size", KEYF_ARCH},
+    {"model", "d_ff", KEY_INT, OFF(model, d_ff), "512", 1, 1 << 20, NULL, "ffn_dim,hidden", "MLP hidden width", KEYF_ARCH},
     {"model", "tied_embeddings", KEY_BOOL, OFF(model, tied_embeddings), "true", 0, 0, NULL, "tie_embeddings",
-     "output projection shares the embedding matrix"},
+     "output projection shares the embedding matrix", KEYF_ARCH},
     {"model", "chunk_size", KEY_INT, OFF(model, chunk_size), "32", 1, 4096, NULL, "chunk",
      "chunk length C of the chunked forms"},
-    {"model", "conv_size", KEY_INT, OFF(model, conv_size), "4", 0, 64, NULL, "conv", "short convolution width (0 = no convolution)"},
-    {"model", "norm_eps", KEY_FLOAT, OFF(model, norm_eps), "1e-6", 0, 1, NULL, "eps", "RMSNorm epsilon"},
-    {"model", "rope_base", KEY_FLOAT, OFF(model, rope_base), "10000", 1, BIG, NULL, "rope_theta", "RoPE base"},
+    {"model", "conv_size", KEY_INT, OFF(model, conv_size), "4", 0, 64, NULL, "conv", "short convolution width (0 = no convolution)", KEYF_ARCH},
+    {"model", "norm_eps", KEY_FLOAT, OFF(model, norm_eps), "1e-6", 0, 1, NULL, "eps", "RMSNorm epsilon", KEYF_ARCH},
+    {"model", "rope_base", KEY_FLOAT, OFF(model, rope_base), "10000", 1, BIG, NULL, "rope_theta", "RoPE base", KEYF_ARCH},
     {"model", "index_heads", KEY_INT, OFF(model, index_heads), "4", 1, 1024, NULL, NULL,
-     "DSA indexer heads H_I"},
+     "DSA indexer heads H_I", KEYF_ARCH},
     {"model", "index_dim", KEY_INT, OFF(model, index_dim), "16", 1, 4096, NULL, NULL,
-     "DSA indexer head size d_I"},
-    {"model", "topk", KEY_INT, OFF(model, topk), "64", 1, 1 << 24, NULL, "top_k", "DSA positions kept per query"},
+     "DSA indexer head size d_I", KEYF_ARCH},
+    {"model", "topk", KEY_INT, OFF(model, topk), "64", 1, 1 << 24, NULL, "top_k", "DSA positions kept per query", KEYF_ARCH},
     {"model", "form", KEY_ENUM, OFF(model, form), "chunked", 0, 0, "chunked|parallel|recurrent", "mode",
      "mixer implementation used for training"},
 
@@ -50,14 +50,16 @@ const ConfigKey CONFIG_SCHEMA[] = {
     {"data", "batch_size", KEY_INT, OFF(data, batch_size), "16", 1, 1 << 16, NULL, "batch,B", "windows per batch B"},
 
     {"train", "steps", KEY_INT, OFF(train, steps), "2000", 0, 2e9, NULL, "max_steps,iters,iterations",
-     "optimizer steps"},
+     "optimizer steps", KEYF_RESUMABLE},
     {"train", "optimizer", KEY_ENUM, OFF(train, optimizer), "adamw", 0, 0, "adamw|sgd", "optim,opt", "optimizer"},
     {"train", "lr", KEY_FLOAT, OFF(train, lr), "1e-3", 0, 10, NULL, "learning_rate,max_lr",
      "peak learning rate (after warm-up)"},
     {"train", "min_lr", KEY_FLOAT, OFF(train, min_lr), "1e-4", 0, 10, NULL, "final_lr",
      "learning rate at the last step (cosine decay)"},
-    {"train", "warmup_steps", KEY_INT, OFF(train, warmup_steps), "100", 0, 2e9, NULL, "warmup",
-     "linear warm-up steps"},
+    {"train", "warmup_steps", KEY_INT, OFF(train, warmup_steps), "-1", -1, 2e9, NULL, "warmup",
+     "linear warm-up steps (-1: warmup_fraction of steps)"},
+    {"train", "warmup_fraction", KEY_FLOAT, OFF(train, warmup_fraction), "0.05", 0, 1, NULL, "warmup_ratio",
+     "linear warm-up as a fraction of steps, when warmup_steps = -1"},
     {"train", "weight_decay", KEY_FLOAT, OFF(train, weight_decay), "0.1", 0, 10, NULL, "wd",
      "decoupled weight decay (not on norm gains, biases, A_log, dt_bias, D)"},
     {"train", "beta1", KEY_FLOAT, OFF(train, beta1), "0.9", 0, 0.999999, NULL, NULL, "AdamW beta1"},
@@ -69,23 +71,27 @@ const ConfigKey CONFIG_SCHEMA[] = {
     {"train", "accum_steps", KEY_INT, OFF(train, accum_steps), "1", 1, 1 << 16, NULL,
      "grad_accum,gradient_accumulation_steps", "micro-batches accumulated per step"},
     {"train", "eval_every", KEY_INT, OFF(train, eval_every), "200", 0, 2e9, NULL, "eval_interval",
-     "steps between validation runs (0 = never)"},
+     "steps between validation runs (0 = never)", KEYF_RESUMABLE},
     {"train", "eval_batches", KEY_INT, OFF(train, eval_batches), "8", 1, 1 << 20, NULL, "eval_iters",
-     "validation batches per evaluation"},
+     "validation batches per evaluation", KEYF_RESUMABLE},
     {"train", "checkpoint_every", KEY_INT, OFF(train, checkpoint_every), "500", 0, 2e9, NULL,
-     "save_every,ckpt_every", "steps between checkpoints (0 = only at the end)"},
+     "save_every,ckpt_every", "steps between checkpoints (0 = only at the end)", KEYF_RESUMABLE},
     {"train", "log_every", KEY_INT, OFF(train, log_every), "10", 1, 2e9, NULL, "log_interval",
-     "steps between log lines"},
+     "steps between log lines", KEYF_RESUMABLE},
     {"train", "seed", KEY_I64, OFF(train, seed), "1337", 0, 9.2e18, NULL, "random_seed", "random seed"},
     {"train", "run_dir", KEY_STRING, OFF(train, run_dir), "", 0, 0, NULL, "out_dir,output_dir",
      "directory for logs and checkpoints (\"\" = runs/<config name>)"},
-    {"train", "threads", KEY_INT, OFF(train, threads), "0", 0, 4096, NULL, "num_threads,omp_threads",
-     "OpenMP threads (0 = default)"},
+    {"train", "threads", KEY_INT, OFF(train, threads), "0", 0, 1024, NULL, "num_threads,omp_threads",
+     "OpenMP threads (0 = OMP_NUM_THREADS, else every core)", KEYF_RESUMABLE},
 
     {"finetune", "mode", KEY_ENUM, OFF(finetune, mode), "none", 0, 0, "none|indexer|sparse", "finetune",
      "none, indexer (distil the DSA indexer, rest frozen) or sparse (train with sparse attention)"},
     {"finetune", "init_from", KEY_STRING, OFF(finetune, init_from), "", 0, 0, NULL, "checkpoint,init,resume",
-     "checkpoint whose parameters start the run (\"\" = none)"},
+     "checkpoint whose parameters start the run (\"\" = none); with mode = none the run continues "
+     "training that model (on this config's data)"},
+    {"finetune", "restore_optimizer", KEY_BOOL, OFF(finetune, restore_optimizer), "false", 0, 0, NULL,
+     "load_optimizer,resume_optimizer",
+     "with mode = none: also restore init_from's optimizer moments and step (else the optimizer starts fresh)"},
     {"finetune", "dsa_layers", KEY_INTS, OFF(finetune, dsa_layers), "", 0, CONFIG_MAX_LAYERS - 1, NULL,
      "layers", "attn layers that get a DSA indexer (empty = every attn layer)"},
 };
@@ -252,7 +258,15 @@ bool schema_set_value(TrainConfig *cfg, const ConfigKey *k, const char *value, c
         snprintf(err, n, "'%s' is not a bool (true/false, yes/no, on/off, 1/0)", v);
         return false;
     }
-    case KEY_STRING: snprintf((char *)dst, CONFIG_STR_MAX, "%s", v); return true;
+    case KEY_STRING:
+        for (const char *c = v; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+                snprintf(err, n, "contains the control character 0x%02x at offset %d (a value is one line of text)",
+                         (unsigned char)*c, (int)(c - v));
+                return false;
+            }
+        snprintf((char *)dst, CONFIG_STR_MAX, "%s", v);
+        return true;
     case KEY_ENUM: {
         char choices[256];
         snprintf(choices, sizeof choices, "%s", k->choices);
@@ -367,9 +381,11 @@ void config_help(FILE *f) {
         if (strcmp(section, k->section)) fprintf(f, "[%s]\n", section = k->section);
         char range[96] = "";
         if (k->type == KEY_ENUM) snprintf(range, sizeof range, " %s", k->choices);
-        else if (k->type == KEY_INT || k->type == KEY_I64 || k->type == KEY_FLOAT || k->type == KEY_INTS) {
+        else if (k->type == KEY_FLOAT) {
             if (k->max >= BIG) snprintf(range, sizeof range, " >= %g", k->min);
             else snprintf(range, sizeof range, " in [%g, %g]", k->min, k->max);
+        } else if (k->type == KEY_INT || k->type == KEY_I64 || k->type == KEY_INTS) {
+            snprintf(range, sizeof range, " in [%lld, %lld]", (long long)k->min, (long long)k->max);
         }
         fprintf(f, "  %-17s %-6s default %-10s%s\n      %s\n", k->key, TYPE_NAMES[k->type],
                 *k->def ? k->def : "\"\"", range, k->help);

@@ -25,7 +25,15 @@ typedef struct ConfigKey {
     const char *choices;    // KEY_ENUM: "a|b|c", in the order of the C enum
     const char *alias;      // other spellings people write; only used for "did you mean"
     const char *help;
+    unsigned flags;         // KEYF_*
 } ConfigKey;
+
+// A key `train --resume` may change with --set (how long and how verbosely
+// the run goes on); every other key must stay as the run was started.
+#define KEYF_RESUMABLE 1u
+// A [model] key that defines the function a trained model computes (shapes,
+// eps, RoPE base, ...), as opposed to how it is computed (form, chunk_size).
+#define KEYF_ARCH 2u
 
 extern const ConfigKey CONFIG_SCHEMA[];
 extern const int CONFIG_N_KEYS;
