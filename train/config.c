@@ -25,7 +25,18 @@ typedef struct ParseCtx {
     int line;             // 1-based line being parsed
     bool line_start;      // the reader is at the start of a line
     Status st;            // first error
+    char **long_values;   // values of lines too long for libinih, handed to it as LONG_VALUE_MARK + index
+    int n_long;
 } ParseCtx;
+
+// Debian's libinih reads lines of at most 200 bytes (its line buffer is fixed
+// at build time), while a value may be a path of CONFIG_STR_MAX - 1
+// characters. A longer "key = value" line is split here the way inih splits
+// one (first '=' or ':', surrounding blanks dropped, an inline comment starts
+// at a ';' after a blank), and inih gets "key = \x01<n>": control characters
+// are never valid in a value, so the mark cannot clash with one.
+#define LONG_VALUE_MARK '\x01'
+
 
 static void ctx_error(ParseCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void ctx_error(ParseCtx *c, const char *fmt, ...) {
@@ -56,6 +67,33 @@ static void check_header(ParseCtx *c, const char *line, size_t len) {
     }
 }
 
+static bool is_blank(char ch) { return ch == ' ' || ch == '\t' || ch == '\r'; }
+
+// A line too long for inih (len bytes at c->p, no newline): write the short
+// form inih parses into str (of num bytes) and keep the value.
+static void shorten_line(ParseCtx *c, char *str, int num, size_t len) {
+    const char *s = c->p, *end = s + len;
+    while (s < end && is_blank(*s)) s++;
+    const char *delim = s;
+    while (delim < end && *delim != '=' && *delim != ':') delim++;
+    if (s == end || *s == ';' || *s == '#' || *s == '[' || delim == end || delim - s > 64) {
+        if (s < end && (*s == ';' || *s == '#')) snprintf(str, (size_t)num, ";\n");   // a long comment
+        else ctx_error(c, "line longer than %d characters that is not key = value", CONFIG_LINE_MAX);
+        return;
+    }
+    const char *v = delim + 1, *ve = v;
+    while (ve < end && !(*ve == ';' && ve > delim + 1 && is_blank(ve[-1]))) ve++;   // an inline comment
+    while (v < ve && is_blank(*v)) v++;
+    while (ve > v && is_blank(ve[-1])) ve--;
+    c->long_values = xrealloc(c->long_values, (size_t)(c->n_long + 1) * sizeof *c->long_values);
+    char *val = xmalloc((size_t)(ve - v) + 1);
+    memcpy(val, v, (size_t)(ve - v));
+    val[ve - v] = 0;
+    c->long_values[c->n_long] = val;
+    snprintf(str, (size_t)num, "%.*s= %c%d\n", (int)(delim - s), s, LONG_VALUE_MARK, c->n_long);
+    c->n_long++;
+}
+
 // fgets-style reader over the text that counts lines for the handler.
 static char *ctx_reader(char *str, int num, void *stream) {
     ParseCtx *c = stream;
@@ -68,8 +106,17 @@ static char *ctx_reader(char *str, int num, void *stream) {
         if (cr && cr + 1 < c->p + len)   // a CR that does not end the line (CRLF is fine)
             ctx_error(c, "carriage return inside a line: the file uses old Mac (CR) line endings or holds a "
                          "stray CR; convert it to LF line endings");
-        if (!whole) ctx_error(c, "line longer than %d characters", num - 2);
+        if (len > CONFIG_LINE_MAX) ctx_error(c, "line longer than %d characters", CONFIG_LINE_MAX);
         check_header(c, c->p, len);
+        if (!whole) {
+            shorten_line(c, str, num, len);
+            c->p += len + (c->p[len] == '\n');
+            return str;
+        }
+        // Leading blanks dropped: inih would read an indented line as the
+        // continuation of the previous key's value.
+        while (len > 0 && (*c->p == ' ' || *c->p == '\t')) c->p++, len--;
+        whole = (int)len < num - 1;
     }
     size_t take = whole ? len + (c->p[len] == '\n') : (size_t)num - 1;
     memcpy(str, c->p, take);
@@ -82,6 +129,11 @@ static char *ctx_reader(char *str, int num, void *stream) {
 static int ctx_handler(void *user, const char *section, const char *name, const char *value) {
     ParseCtx *c = user;
     if (!c->st.ok) return 0;
+    if (value[0] == LONG_VALUE_MARK) {   // a long line's value (shorten_line)
+        int i = atoi(value + 1);
+        ASSERT(i >= 0 && i < c->n_long, "config: long value %d of %d", i, c->n_long);
+        value = c->long_values[i];
+    }
     if (!*section) {
         ctx_error(c, "%s: key outside any section (put it under [model], [data], [train] or [finetune])", name);
         return 0;
@@ -118,15 +170,9 @@ Status config_load_string(TrainConfig *cfg, const char *text, const char *source
     for (int i = 0; i < CONFIG_N_KEYS; i++)
         if (cfg->origin[i] > 0) cfg->origin[i] = 0;
     ParseCtx c = {.cfg = cfg, .source = source, .p = text, .line = 0, .line_start = true, .st = status_ok()};
-    // Debian's libinih takes its options at run time: a line buffer long
-    // enough for any value this schema accepts (a path of CONFIG_STR_MAX - 1
-    // characters and its key), and no continuation lines (an indented line is
-    // a line of its own, so what config_dump writes is read back as written).
-    ini_use_stack = false;
-    ini_allow_realloc = false;
-    ini_max_line = CONFIG_LINE_MAX + 3;   // + CR, LF and NUL
-    ini_allow_multiline = false;
     int r = ini_parse_stream(ctx_reader, &c, ctx_handler, &c);
+    for (int i = 0; i < c.n_long; i++) free(c.long_values[i]);
+    free(c.long_values);
     if (c.st.ok && r > 0) {
         c.line = r;
         ctx_error(&c, "syntax error (expected [section] or key = value)");
@@ -155,28 +201,30 @@ Status config_load_file(TrainConfig *cfg, const char *path) {
 Status config_set(TrainConfig *cfg, const char *assignment) { return config_set_key(cfg, assignment, NULL); }
 
 Status config_set_key(TrainConfig *cfg, const char *assignment, int *key_index) {
-    char buf[CONFIG_STR_MAX + 128];
-    if (strlen(assignment) >= sizeof buf) return status_err("--set %.60s...: too long", assignment);
+    char buf[CONFIG_STR_MAX + 128], shown[128];
+    // Messages quote the assignment, shortened: a long value must not push the reason out of the message.
+    snprintf(shown, sizeof shown, "%.100s%s", assignment, strlen(assignment) > 100 ? "..." : "");
+    if (strlen(assignment) >= sizeof buf) return status_err("--set %s: too long", shown);
     snprintf(buf, sizeof buf, "%s", assignment);
     char *eq = strchr(buf, '=');
     char *dot = eq ? memchr(buf, '.', (size_t)(eq - buf)) : NULL;
-    if (!eq || !dot) return status_err("--set %s: expected section.key=value", assignment);
+    if (!eq || !dot) return status_err("--set %s: expected section.key=value", shown);
     *eq = 0;
     *dot = 0;
     char *section = schema_trim(buf), *key = schema_trim(dot + 1), *value = eq + 1;
     char hint[96];
     if (!schema_section_known(section)) {
         schema_section_hint(section, hint, sizeof hint);
-        return status_err("--set %s: [%s] %s: unknown section%s", assignment, section, key, hint);
+        return status_err("--set %s: [%s] %s: unknown section%s", shown, section, key, hint);
     }
     const ConfigKey *k = schema_find(section, key);
     if (!k) {
         schema_key_hint(section, key, hint, sizeof hint);
-        return status_err("--set %s: [%s] %s: unknown key%s", assignment, section, key, hint);
+        return status_err("--set %s: [%s] %s: unknown key%s", shown, section, key, hint);
     }
     char err[700];
     if (!schema_set_value(cfg, k, value, err, sizeof err))
-        return status_err("--set %s: [%s] %s: %s", assignment, section, key, err);
+        return status_err("--set %s: [%s] %s: %s", shown, section, key, err);
     cfg->origin[k - CONFIG_SCHEMA] = -1;
     if (key_index) *key_index = (int)(k - CONFIG_SCHEMA);
     return status_ok();
