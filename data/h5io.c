@@ -1,6 +1,10 @@
 #include "h5io.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <hdf5_hl.h>
+#include <libgen.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -297,4 +301,55 @@ bool h5io_write_string(hid_t loc, const char *name, const char *text) {
     if (sp >= 0) H5Sclose(sp);
     if (st >= 0) H5Tclose(st);
     return ok;
+}
+
+hid_t h5io_create_memory(void) {
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0 || H5Pset_fapl_core(fapl, 1 << 20, 0) < 0) {   // grow by 1 MiB, no backing file
+        if (fapl >= 0) H5Pclose(fapl);
+        return -1;
+    }
+    hid_t f = H5Fcreate("in-memory.h5", H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
+    return f;
+}
+
+// fsync a file or directory by path.
+static bool sync_path(const char *path, bool dir) {
+    int fd = open(path, (dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool ok = fsync(fd) == 0;
+    close(fd);
+    return ok;
+}
+
+Status h5io_commit(hid_t f, const char *path, const char *tmp) {
+    ssize_t size = H5Fflush(f, H5F_SCOPE_GLOBAL) >= 0 ? H5Fget_file_image(f, NULL, 0) : -1;
+    void *image = size > 0 ? malloc((size_t)size) : NULL;
+    bool ok = image && H5Fget_file_image(f, image, (size_t)size) == size;
+    ok = H5Fclose(f) >= 0 && ok;
+    if (!ok) {
+        free(image);
+        return status_err("%s: building the file in memory failed", path);
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        Status s = status_err("%s: cannot create: %s", tmp, strerror(errno));
+        free(image);
+        return s;
+    }
+    int e = file_write_all(fd, image, (size_t)size);
+    free(image);
+    if (!e && fsync(fd) != 0) e = errno;
+    if (close(fd) != 0 && !e) e = errno;
+    if (!e && rename(tmp, path) != 0) e = errno;
+    if (e) {
+        unlink(tmp);
+        return status_err("%s: writing failed: %s; nothing was written", path, strerror(e));
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    sync_path(dirname(dir), true);   // make the rename durable; best effort
+    return status_ok();
 }

@@ -79,6 +79,14 @@ Status h5io_read_attr_string(const H5ioFile *hf, const char *obj, const char *at
 bool h5io_write(hid_t loc, const char *name, H5ioType type, int rank, const hsize_t *dims, const void *raw);
 bool h5io_write_string(hid_t loc, const char *name, const char *text);
 
+// Files are built in memory (HDF5's core driver) and written out by
+// h5io_commit in one checked write of the file image, so an I/O error (a full
+// disk) is ours to report and never leaves HDF5 holding a half-closed file.
+hid_t h5io_create_memory(void);
+// Write the in-memory file f to `tmp`, fsync it and rename it over `path`,
+// then close f. On any error f is closed, tmp removed and path untouched.
+Status h5io_commit(hid_t f, const char *path, const char *tmp);
+
 // CRC-32 of n bytes (zlib's polynomial), for callers that checksum their own data.
 uint32_t h5io_crc32(const void *data, size_t n);
 

@@ -71,9 +71,8 @@ static Status cache_read(const char *path, const Corpus *c, TokenData *out) {
 static Status cache_write(const char *path, const Corpus *c, const int *tokens, int vocab) {
     char tmp[CACHE_PATH_MAX + 24];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());   // per process: concurrent builds do not collide
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) return status_err("%s: cannot create token cache", tmp);
+    hid_t f = h5io_create_memory();
+    if (f < 0) return status_err("%s: cannot create the token cache in memory", path);
     hsize_t n = (hsize_t)c->n;
     bool ok;
     if (vocab <= 256) {
@@ -86,16 +85,12 @@ static Status cache_write(const char *path, const Corpus *c, const int *tokens, 
     }
     uint64_t meta[META_WORDS] = {TOKEN_CACHE_VERSION, (uint64_t)vocab, c->hash, (uint64_t)c->n};
     ok = ok && h5io_write(f, "/meta", H5IO_U64, 1, (hsize_t[]){META_WORDS}, meta);
-    if (H5Fclose(f) < 0 || !ok) {
-        unlink(tmp);
-        return status_err("%s: cannot write token cache (disk full?)", tmp);
+    if (!ok) {
+        H5Fclose(f);
+        return status_err("%s: building the token cache failed", path);
     }
-    if (rename(tmp, path) != 0) {
-        Status st = status_err("%s: cannot rename token cache into place: %s", path, strerror(errno));
-        unlink(tmp);
-        return st;
-    }
-    return status_ok();
+    Status s = h5io_commit(f, path, tmp);
+    return s.ok ? s : status_err("token cache %s", s.msg);
 }
 
 Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Corpus *c, TokenData *out,

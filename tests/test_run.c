@@ -15,26 +15,6 @@
 #include "test_util.h"
 #include "trainer.h"
 
-// <dir>/tiny.ini: a tiny model; `extra` lines are appended (later sections may repeat none of these keys).
-static const char *scratch(const char *tag, const char *layers, int steps, const char *run_dir, const char *extra) {
-    const char *dir = test_scratch_corpus(tag);
-    static char path[1400];
-    snprintf(path, sizeof path, "%s/tiny.ini", dir);
-    char rd[1100];
-    if (run_dir) snprintf(rd, sizeof rd, "%s", run_dir);
-    else snprintf(rd, sizeof rd, "%s/run", dir);
-    FILE *f = fopen(path, "w");
-    fprintf(f,
-            "[model]\nlayers = %s\nd_model = 16\nn_heads = 2\nd_k = 8\nd_v = 8\nd_ff = 32\nchunk_size = 8\n"
-            "conv_size = 3\n"
-            "[data]\ncorpus = %s/corpus.txt\ncache_dir = %s/cache\nval_fraction = 0.1\nseq_len = 24\nbatch_size = 3\n"
-            "[train]\nsteps = %d\nlr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 1\neval_every = 0\neval_batches = 2\n"
-            "checkpoint_every = 0\nlog_every = 1\nrun_dir = %s\n%s",
-            layers, dir, dir, steps, rd, extra ? extra : "");
-    fclose(f);
-    return path;
-}
-
 static TrainerOptions opts(const char *cfg, bool resume, const char **sets, int n_sets) {
     TrainerOptions o = {0};
     o.config = cfg;
@@ -53,21 +33,8 @@ static int run(Trainer *t, TrainerOptions o) {
     return code;
 }
 
-// Rebuild the model stored in a checkpoint, as generate does; returns the status.
-static Status rebuild(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps) {
-    char *text = NULL;
-    config_defaults(cfg, model_mixer_known);
-    Status s = checkpoint_read_config(ckpt, &text);
-    if (s.ok) s = config_load_string(cfg, text, ckpt);
-    free(text);
-    if (s.ok) s = config_validate(cfg);
-    if (s.ok) s = model_build(cfg, lm, ps, ckpt);
-    if (s.ok) s = checkpoint_load(ckpt, ps, NULL, NULL);
-    return s;
-}
-
 Test(run, every_set_is_stored_in_the_checkpoint_and_config_ini, .timeout = 60) {
-    const char *cfg = scratch("run_set", "gdn,attn", 2, NULL, NULL);
+    const char *cfg = test_tiny_config("run_set", "gdn,attn", 2, NULL, NULL);
     const char *sets[] = {"model.d_model=24", "model.rope_base=500", "model.d_ff=40"};
     static Trainer t;
     cr_assert_eq(run(&t, opts(cfg, false, sets, 3)), 0);
@@ -78,7 +45,7 @@ Test(run, every_set_is_stored_in_the_checkpoint_and_config_ini, .timeout = 60) {
     TrainConfig c;
     LM lm;
     ParamStore ps;
-    Status s = rebuild(ckpt, &c, &lm, &ps);   // generate's and init_from's way to the model
+    Status s = test_rebuild_checkpoint(ckpt, &c, &lm, &ps);   // generate's and init_from's way to the model
     cr_assert(s.ok, "the checkpoint must rebuild its own model: %s", s.msg);
     cr_assert_eq(c.model.d_model, 24);
     cr_assert_eq(c.model.d_ff, 40);
@@ -93,7 +60,7 @@ Test(run, every_set_is_stored_in_the_checkpoint_and_config_ini, .timeout = 60) {
 }
 
 Test(run, resume_keeps_the_runs_config, .timeout = 60) {
-    const char *cfg = scratch("run_resume", "gdn", 8, NULL, NULL);
+    const char *cfg = test_tiny_config("run_resume", "gdn", 8, NULL, NULL);
     const char *four[] = {"train.steps=4"};
     static Trainer t;
     TrainerOptions o = opts(cfg, false, four, 1);
@@ -131,7 +98,7 @@ Test(run, resume_keeps_the_runs_config, .timeout = 60) {
 }
 
 Test(run, one_writer_per_run_folder_and_no_silent_overwrite, .timeout = 60) {
-    const char *cfg = scratch("run_lock", "gdn", 2, NULL, NULL);
+    const char *cfg = test_tiny_config("run_lock", "gdn", 2, NULL, NULL);
     static Trainer a, b;
     Status s = trainer_setup(&a, &(TrainerOptions){.config = cfg, .quiet = true});
     cr_assert(s.ok, "%s", s.msg);
@@ -153,7 +120,7 @@ Test(run, one_writer_per_run_folder_and_no_silent_overwrite, .timeout = 60) {
 }
 
 Test(run, a_nonfinite_update_is_never_checkpointed, .timeout = 60) {
-    const char *cfg = scratch("run_nan", "gdn,attn", 6, NULL, "[train]\n");
+    const char *cfg = test_tiny_config("run_nan", "gdn,attn", 6, NULL, "[train]\n");
     const char *every[] = {"train.checkpoint_every=1"};
     static Trainer t;
     TrainerOptions o = opts(cfg, false, every, 1);
@@ -175,7 +142,7 @@ Test(run, a_nonfinite_update_is_never_checkpointed, .timeout = 60) {
 }
 
 Test(run, no_validation_split_trains_and_saves, .timeout = 60) {
-    const char *cfg = scratch("run_noval", "gdn", 3, NULL, NULL);
+    const char *cfg = test_tiny_config("run_noval", "gdn", 3, NULL, NULL);
     const char *sets[] = {"data.val_fraction=0", "train.eval_every=1"};
     static Trainer t;
     cr_assert_eq(run(&t, opts(cfg, false, sets, 2)), 0);
@@ -192,7 +159,7 @@ Test(run, no_validation_split_trains_and_saves, .timeout = 60) {
 }
 
 Test(run, huge_step_counts_allocate_nothing_up_front, .timeout = 60) {
-    const char *cfg = scratch("run_huge", "gdn", 2, NULL, NULL);
+    const char *cfg = test_tiny_config("run_huge", "gdn", 2, NULL, NULL);
     const char *sets[] = {"train.steps=2000000000"};
     static Trainer t;
     TrainerOptions o = opts(cfg, false, sets, 1);
@@ -204,7 +171,7 @@ Test(run, huge_step_counts_allocate_nothing_up_front, .timeout = 60) {
 }
 
 Test(run, init_from_continues_a_model_on_new_text, .timeout = 90) {
-    const char *base = scratch("run_base", "gdn,attn", 3, NULL, NULL);
+    const char *base = test_tiny_config("run_base", "gdn,attn", 3, NULL, NULL);
     static Trainer t;
     cr_assert_eq(run(&t, opts(base, false, NULL, 0)), 0);
     char ckpt[1500];
@@ -213,14 +180,14 @@ Test(run, init_from_continues_a_model_on_new_text, .timeout = 90) {
     ParamStore ref;
     LM lm;
     TrainConfig rc;
-    cr_assert(rebuild(ckpt, &rc, &lm, &ref).ok);
+    cr_assert(test_rebuild_checkpoint(ckpt, &rc, &lm, &ref).ok);
     Optimizer ref_opt;
     adamw_init(&ref_opt, &ref, 0.9, 0.95, 1e-8, 0.1);
     cr_assert(checkpoint_load(ckpt, &ref, &ref_opt, NULL).ok);
     // A new run: no [model] section; init_from gives it (and --set may not change it).
     char extra[1700];
     snprintf(extra, sizeof extra, "[finetune]\ninit_from = %s\n", ckpt);
-    const char *cfg = scratch("run_cont", "gdn,attn", 2, NULL, extra);
+    const char *cfg = test_tiny_config("run_cont", "gdn,attn", 2, NULL, extra);
     Status s = trainer_setup(&t, &(TrainerOptions){.config = cfg, .quiet = true});
     cr_assert(s.ok, "%s", s.msg);
     cr_assert_eq(t.init_report.n_loaded, ref.n);
@@ -251,7 +218,7 @@ Test(run, init_from_continues_a_model_on_new_text, .timeout = 90) {
 }
 
 Test(run, resume_cuts_the_logs_back_to_the_checkpoint, .timeout = 60) {
-    const char *cfg = scratch("run_trim", "gdn", 6, NULL, NULL);
+    const char *cfg = test_tiny_config("run_trim", "gdn", 6, NULL, NULL);
     static Trainer t;
     TrainerOptions o = opts(cfg, false, NULL, 0);
     o.stop_after = 3;
@@ -294,7 +261,7 @@ Test(run, long_paths_are_kept_whole_and_read_back, .timeout = 60) {
     char rd[1100];
     snprintf(rd, sizeof rd, "%s", dir);
     while (strlen(rd) < 700) strcat(rd, "/a-rather-long-folder-name-for-a-run-of-one-experiment-among-many");
-    const char *cfg = scratch("run_longcfg", "gdn", 1, rd, NULL);
+    const char *cfg = test_tiny_config("run_longcfg", "gdn", 1, rd, NULL);
     static Trainer t;
     cr_assert_eq(run(&t, opts(cfg, false, NULL, 0)), 0);
     char path[1400];
@@ -314,7 +281,7 @@ Test(run, hostile_paths_reach_no_shell_and_stay_valid_json, .timeout = 60) {
     const char *dir = test_tmpdir("run_shell");
     char rd[1100];
     snprintf(rd, sizeof rd, "%s/x'$(touch PWNED)`touch PWNED2`\"q", dir);
-    const char *plain = scratch("run_shellcfg", "gdn", 2, rd, NULL);
+    const char *plain = test_tiny_config("run_shellcfg", "gdn", 2, rd, NULL);
     char cfg[1400];   // the config's own path holds a quote too (it goes into metrics.jsonl)
     snprintf(cfg, sizeof cfg, "%s/c\"fg'$(touch PWNED3).ini", dir);
     char *text = test_read_file(plain);

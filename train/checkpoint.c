@@ -1,15 +1,11 @@
 // checkpoint.c: HDF5 checkpoints (format in checkpoint.h and docs/checkpoint.md).
 #include "checkpoint.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <hdf5.h>
 #include <hdf5_hl.h>
-#include <libgen.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "h5io.h"
 
@@ -77,45 +73,20 @@ static bool write_contents(hid_t f, const ParamStore *ps, const Optimizer *opt, 
     return ok && h5io_write_string(f, "/config", st->config_text ? st->config_text : "");
 }
 
-// fsync a file or directory by path.
-static bool sync_path(const char *path, bool dir) {
-    int fd = open(path, dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-    if (fd < 0) return false;
-    bool ok = fsync(fd) == 0;
-    close(fd);
-    return ok;
-}
-
 Status checkpoint_save(const char *path, const ParamStore *ps, const Optimizer *opt, const CheckpointState *st) {
     ASSERT(ps->finalized, "checkpoint_save before params_finalize");
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return status_err("%.200s...: checkpoint path too long", path);
-    errno = 0;
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) return status_err("%s: cannot create the checkpoint file: %s", tmp, errno ? strerror(errno) : "HDF5 error");
-    bool ok = write_contents(f, ps, opt, st);
-    ok = H5Fflush(f, H5F_SCOPE_GLOBAL) >= 0 && ok;
-    ok = H5Fclose(f) >= 0 && ok;
-    if (!ok) {
-        unlink(tmp);
-        return status_err("%s: writing the checkpoint failed (disk full?); it was removed", tmp);
+    hid_t f = h5io_create_memory();
+    if (f < 0) return status_err("%s: cannot create the checkpoint in memory", path);
+    if (!write_contents(f, ps, opt, st)) {
+        H5Fclose(f);
+        return status_err("%s: building the checkpoint failed", path);
     }
-    if (!sync_path(tmp, false)) {
-        Status s = status_err("%s: fsync failed: %s", tmp, strerror(errno));
-        unlink(tmp);
-        return s;
-    }
-    if (rename(tmp, path) != 0) {
-        Status s = status_err("%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-        unlink(tmp);
-        return s;
-    }
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    sync_path(dirname(dir), true);   // make the rename durable; best effort
-    return status_ok();
+    Status s = h5io_commit(f, path, tmp);
+    if (!s.ok) return status_err("checkpoint %s", s.msg);
+    return s;
 }
 
 // ---------------------------------------------------------------- reading

@@ -27,6 +27,7 @@ typedef struct ParseCtx {
     Status st;            // first error
     char **long_values;   // values of lines too long for libinih, handed to it as LONG_VALUE_MARK + index
     int n_long;
+    int long_line;        // the line shorten_line last rewrote (0: none)
 } ParseCtx;
 
 // Debian's libinih reads lines of at most 200 bytes (its line buffer is fixed
@@ -92,6 +93,7 @@ static void shorten_line(ParseCtx *c, char *str, int num, size_t len) {
     c->long_values[c->n_long] = val;
     snprintf(str, (size_t)num, "%.*s= %c%d\n", (int)(delim - s), s, LONG_VALUE_MARK, c->n_long);
     c->n_long++;
+    c->long_line = c->line;
 }
 
 // fgets-style reader over the text that counts lines for the handler.
@@ -129,7 +131,7 @@ static char *ctx_reader(char *str, int num, void *stream) {
 static int ctx_handler(void *user, const char *section, const char *name, const char *value) {
     ParseCtx *c = user;
     if (!c->st.ok) return 0;
-    if (value[0] == LONG_VALUE_MARK) {   // a long line's value (shorten_line)
+    if (c->long_line == c->line && value[0] == LONG_VALUE_MARK) {   // this line was rewritten by shorten_line
         int i = atoi(value + 1);
         ASSERT(i >= 0 && i < c->n_long, "config: long value %d of %d", i, c->n_long);
         value = c->long_values[i];

@@ -97,8 +97,10 @@ static void put_line(RunLog *r, int fd, const char *name, const char *fmt, ...) 
     if (n < 0) return;
     if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;   // a record never exceeds this; keep it one line
     line[n++] = '\n';
+    off_t before = lseek(fd, 0, SEEK_END);
     int e = file_write_all(fd, line, (size_t)n);
     if (e) {
+        if (before >= 0 && ftruncate(fd, before) != 0) {}   // no partial line left behind (a full disk takes part)
         r->err = e;
         snprintf(r->err_file, sizeof r->err_file, "%s", name);
         fprintf(stderr, "%strain: writing %s/%s failed: %s; no further records are logged (training goes on)\n",
@@ -199,6 +201,17 @@ static int run_in(const char *dir, char *const argv[]) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// Does the file end with a PNG's IEND chunk? (gnuplot exits 0 even when its
+// output was cut short by a full disk.)
+static bool png_complete(const char *path) {
+    static const unsigned char iend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+    unsigned char tail[12];
+    FILE *f = fopen(path, "rb");
+    bool ok = f && fseek(f, -12, SEEK_END) == 0 && fread(tail, 1, 12, f) == 12 && memcmp(tail, iend, 12) == 0;
+    if (f) fclose(f);
+    return ok;
+}
+
 bool runlog_plot(const RunLog *r, const RunLogPlot *p) {
     char script[1100];
     if (!path_join(script, sizeof script, r->dir, "loss.gp").ok) return false;
@@ -237,8 +250,7 @@ bool runlog_plot(const RunLog *r, const RunLogPlot *p) {
     path_join(tmp, sizeof tmp, r->dir, "loss.png.tmp");
     path_join(png, sizeof png, r->dir, "loss.png");
     int rc = wrote ? run_in(r->dir, (char *const[]){"gnuplot", "loss.gp", NULL}) : -1;
-    struct stat sb;
-    if (rc == 0 && stat(tmp, &sb) == 0 && sb.st_size > 0 && rename(tmp, png) == 0) return true;
+    if (rc == 0 && png_complete(tmp) && rename(tmp, png) == 0) return true;
     unlink(tmp);
     if (rc == 127) fprintf(stderr, "note: gnuplot not found, no loss plot (apt-get install gnuplot-nox)\n");
     else fprintf(stderr, "note: gnuplot failed (%s), no loss plot\n", wrote ? "see loss.gp" : "script not written");
