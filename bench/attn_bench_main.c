@@ -26,12 +26,14 @@
 #include "dsa_kernel.h"
 #include "rng.h"
 #include "runlog.h"
+#include "model_setup.h"
 
 static void fill(Tensor *t, Rng *r) {
     for (int64_t i = 0; i < t->numel; i++) t->data[i] = (real)rng_normal(r);
 }
 
 int main(int argc, char **argv) {
+    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     int tokens = argc > 1 ? atoi(argv[1]) : 16384;
     int H = argc > 2 ? atoi(argv[2]) : 4;
     int d = argc > 3 ? atoi(argv[3]) : 64;

@@ -30,6 +30,7 @@
 #include "mixer.h"
 #include "rng.h"
 #include "runlog.h"
+#include "model_setup.h"
 
 enum { D = 256, H = 4, DK = 64, HI = 4, DI = 32, WARM = 2 };
 
@@ -71,6 +72,7 @@ static double time_decode(const char *kind, int topk, int n, int steps, Rng *r) 
 }
 
 int main(int argc, char **argv) {
+    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     int max_ctx = argc > 1 ? atoi(argv[1]) : 32768;
     int steps = argc > 2 ? atoi(argv[2]) : 32;
     char cpu[256];

@@ -20,6 +20,7 @@
 #include "blas.h"
 #include "gdn_kernel.h"
 #include "runlog.h"
+#include "model_setup.h"
 
 enum { H = 4, DK = 64, DV = 64 };
 
@@ -111,6 +112,7 @@ static void print_machine(void) {
 }
 
 int main(int argc, char **argv) {
+    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     int tokens = argc > 1 ? atoi(argv[1]) : 16384;
     const int Ts[] = {256, 1024, 4096, 16384};
     const int nT = sizeof Ts / sizeof Ts[0];

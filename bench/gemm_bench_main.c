@@ -18,6 +18,7 @@
 
 #include "blas.h"
 #include "runlog.h"
+#include "model_setup.h"
 
 #define POOL_BYTES ((size_t)512 << 20)
 
@@ -94,6 +95,7 @@ static void run_pairs(const Shape *s, int rounds, real *W, real *part, double *g
 }
 
 int main(int argc, char **argv) {
+    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     int rounds = argc > 1 ? atoi(argv[1]) : 100;
     if (rounds < 1) {
         fprintf(stderr, "gemm_bench: rounds must be a positive number, got '%s'\n", argv[1]);

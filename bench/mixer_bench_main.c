@@ -38,6 +38,7 @@
 #include "attn_layer.h"
 #include "mixer.h"
 #include "runlog.h"
+#include "model_setup.h"
 
 enum { D_MODEL = 256, N_HEADS = 4, D_HEAD = 64, CONV = 4, CHUNK = 64, TOPK = 64 };
 enum { DECODE_WINDOW = 64, MAX_LIST = 16 };
@@ -497,6 +498,7 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
+    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     Options o = {.tokens = 16384, .train = true, .decode = true, .decode_threads = 1};
     o.nT = parse_list("256,1024,4096,16384", o.Ts);
     o.npos = parse_list("256,1024,4096,16384,32768", o.pos);

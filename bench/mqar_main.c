@@ -27,6 +27,7 @@
 #include "mqar.h"
 #include "optim.h"
 #include "runlog.h"
+#include "model_setup.h"
 
 static int parse_list(const char *s, char out[][16], int max) {
     int n = 0;
@@ -71,6 +72,7 @@ static double evaluate(LM *lm, const MqarSpec *s, int B, int n_batches, uint64_t
 }
 
 int main(int argc, char **argv) {
+    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     char mixers[8][16], widths_s[8][16];
     int n_mixers = parse_list("attn,gdn,mamba,linear", mixers, 8);
     int n_widths = parse_list("32,64", widths_s, 8);

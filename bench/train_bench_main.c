@@ -54,6 +54,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     const char *config = NULL;
     int steps = 5, warmup = 2;   // the tape arena settles into one block during step 2
     bool profile = false;

@@ -13,6 +13,8 @@
 
 #include "dsa_kernel.h"
 #include "dsa_sel_kl.h"
+#include "dump_state.h"
+#include "h5io.h"
 #include "test_util.h"
 #include "trainer.h"
 
@@ -467,4 +469,51 @@ Test(dsa_finetune, config_errors, .timeout = 60) {
     cr_assert_eq(c.finetune.mode, FT_INDEXER);
     cr_assert_str_eq(c.finetune.init_from, "runs/tiny_attn/checkpoint.h5");
     config_free(&c);
+}
+
+// --dump-state in indexer mode: the distillation loss and the indexers' gradients.
+Test(dsa_finetune, dump_state_in_indexer_mode, .timeout = 60) {
+    const char *dir = scratch("gdn,attn", 1);
+    train_base(dir);
+    const char *cfg = ft_config(dir, "dump", "indexer", 1, NULL);
+    static Trainer t;
+    TrainerOptions o = opts(cfg);
+    Status s = trainer_setup(&t, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    batcher_train(&t.bt, t.x, t.y);
+    char path[600];
+    snprintf(path, sizeof path, "%s/dump.h5", dir);
+    s = dump_state_write(path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size, t.cfg.data.seq_len, true);
+    cr_assert(s.ok, "%s", s.msg);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    double kl;
+    cr_assert_geq(H5LTread_dataset_double(f, "/loss", &kl), 0);
+    cr_assert(isfinite(kl) && kl > 0, "the KL: %g", kl);
+    char objective[16] = "";
+    H5LTget_attribute_string(f, "/", "objective", objective);
+    cr_assert_str_eq(objective, "distill");
+    cr_assert_gt(H5Lexists(f, "/grads/layers.1.mixer.wq_idx", H5P_DEFAULT), 0, "the indexer's gradient");
+    cr_assert_eq(H5Lexists(f, "/grads/embed", H5P_DEFAULT), 0, "frozen weights have no gradient");
+    cr_assert_eq(H5Lexists(f, "/logits", H5P_DEFAULT), 0);
+    H5Fclose(f);
+    trainer_free(&t);
+}
+
+// Fine-tuning from a checkpoint holding NaN weights is refused at load (it
+// used to train on and report a KL of 0).
+Test(dsa_finetune, nan_weights_in_init_from_are_refused, .timeout = 60) {
+    const char *dir = scratch("gdn,attn", 1);
+    train_base(dir);
+    char ckpt[600];
+    snprintf(ckpt, sizeof ckpt, "%s/base/checkpoint.h5", dir);
+    hid_t f = H5Fopen(ckpt, H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Ldelete(f, "/params/norm_f", H5P_DEFAULT);
+    float w[16];
+    for (int i = 0; i < 16; i++) w[i] = i == 5 ? NAN : 1.0f;
+    cr_assert(h5io_write(f, "/params/norm_f", H5IO_F32, 1, (hsize_t[]){16}, w));   // a valid checksum
+    H5Fclose(f);
+    static Trainer t;
+    TrainerOptions o = opts(ft_config(dir, "nan", "indexer", 1, NULL));
+    Status s = trainer_setup(&t, &o);
+    cr_assert(!s.ok && strstr(s.msg, "/params/norm_f: element 5 is nan (not a finite number)"), "%s", s.msg);
 }

@@ -40,6 +40,17 @@ Test(dump_state, config_attribute_rebuilds_the_same_model) {
     cr_assert_geq(H5LTget_attribute_info(f, "/", "config", dims, &cls, &size), 0);
     char *text = calloc(size + 1, 1);
     cr_assert_geq(H5LTget_attribute_string(f, "/", "config", text), 0);
+    // Reals in the build's precision, so a float64 reference can check a float64 build to 1e-9.
+    hid_t d = H5Dopen2(f, "/grads/embed", H5P_DEFAULT);
+    hid_t t = H5Dget_type(d);
+    cr_assert_eq(H5Tget_size(t), sizeof(real), "gradients stored as %zu-byte reals", H5Tget_size(t));
+    H5Tclose(t);
+    H5Dclose(d);
+    char precision[16] = "", objective[16] = "";
+    H5LTget_attribute_string(f, "/", "precision", precision);
+    H5LTget_attribute_string(f, "/", "objective", objective);
+    cr_assert_str_eq(precision, REAL_NAME);
+    cr_assert_str_eq(objective, "lm");
     H5Fclose(f);
     unlink(path);
 

@@ -307,6 +307,7 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const char *prompt, int
 }
 
 int main(int argc, char **argv) {
+    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     GenArgs a;
     int code = parse_args(argc, argv, &a);
     if (code) return code == 1 ? 0 : 2;

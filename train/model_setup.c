@@ -1,7 +1,9 @@
 #include "model_setup.h"
 
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "tokenizer.h"
@@ -101,6 +103,12 @@ Status model_build(const TrainConfig *tc, LM *lm, ParamStore *ps, const char *ck
     }
     params_finalize(ps, (uint64_t)tc->train.seed);
     return status_ok();
+}
+
+void model_init_process(char **argv) {
+    if (getenv("OMP_WAIT_POLICY")) return;
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    execv("/proc/self/exe", argv);   // returns only on failure: go on with libgomp's default
 }
 
 int model_set_threads(int threads) {

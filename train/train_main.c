@@ -8,6 +8,7 @@
 
 #include "dump_state.h"
 #include "trainer.h"
+#include "model_setup.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -61,6 +62,7 @@ static int parse_args(int argc, char **argv, TrainerOptions *o, const char **set
 }
 
 int main(int argc, char **argv) {
+    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     TrainerOptions o = {0};
     const char *dump_path = NULL;
     const char **sets = calloc((size_t)argc, sizeof *sets);

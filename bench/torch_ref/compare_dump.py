@@ -40,6 +40,11 @@ def rel_diff(ref, other):
 
 def read_dump(path, config_path=None):
     with h5py.File(path, "r") as f:
+        objective = f.attrs.get("objective", b"lm")
+        objective = objective.decode() if isinstance(objective, bytes) else str(objective)
+        if objective != "lm":
+            sys.exit("compare_dump: %s holds the '%s' objective (indexer fine-tuning); the reference "
+                     "implements the language-model loss only" % (path, objective))
         d = {
             "tokens": f["tokens"][()].astype(np.int64),
             "targets": f["targets"][()].astype(np.int64),
