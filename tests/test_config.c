@@ -81,7 +81,7 @@ Test(config, loads_values_and_keeps_text) {
                        "optimizer = sgd\n"
                        "seed = 12345678901\n"
                        "[data]\n"
-                       "corpus = a.txt,b.txt\n"
+                       "corpus = a.txt, /abs/b.txt\n"
                        "[finetune]\n"
                        "mode = indexer\n"
                        "init_from = runs/a/checkpoint.h5\n"
@@ -99,7 +99,13 @@ Test(config, loads_values_and_keeps_text) {
     cr_assert_float_eq(cfg.train.lr, 3e-4, 1e-18);
     cr_assert_eq(cfg.train.optimizer, CFG_OPT_SGD);
     cr_assert_eq(cfg.train.seed, 12345678901LL);
-    cr_assert_str_eq(cfg.data.corpus, "a.txt,b.txt");
+    // Relative paths in a file are relative to its folder; absolute ones stay.
+    char want[1400];
+    snprintf(want, sizeof want, "%s/a.txt,/abs/b.txt", tmpdir);
+    cr_assert_str_eq(cfg.data.corpus, want);
+    snprintf(want, sizeof want, "%s/runs/a/checkpoint.h5", tmpdir);
+    cr_assert_str_eq(cfg.finetune.init_from, want);
+    cr_assert_str_eq(cfg.data.cache_dir, "cache", "a default is not a path written in the file");
     cr_assert_eq(cfg.finetune.mode, FT_INDEXER);
     cr_assert_eq(cfg.finetune.dsa_layers.n, 2);
     cr_assert_eq(cfg.finetune.dsa_layers.v[0], 2);

@@ -467,7 +467,7 @@ Test(dsa_finetune, config_errors, .timeout = 60) {
     s = config_load_file(&c, path);
     cr_assert(s.ok, "%s", s.msg);
     cr_assert_eq(c.finetune.mode, FT_INDEXER);
-    cr_assert_str_eq(c.finetune.init_from, "runs/tiny_attn/checkpoint.h5");
+    cr_assert_str_eq(c.finetune.init_from, SOURCE_DIR "/configs/../runs/tiny_attn/checkpoint.h5");
     config_free(&c);
 }
 

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "fileio.h"
 #include "model_setup.h"
@@ -28,6 +29,7 @@ typedef struct ParseCtx {
     char **long_values;   // values of lines too long for libinih, handed to it as LONG_VALUE_MARK + index
     int n_long;
     int long_line;        // the line shorten_line last rewrote (0: none)
+    const char *base_dir; // absolute folder of the config file: relative paths in it are relative to it (NULL: as written)
 } ParseCtx;
 
 // Debian's libinih reads lines of at most 200 bytes (its line buffer is fixed
@@ -128,6 +130,32 @@ static char *ctx_reader(char *str, int num, void *stream) {
     return str;
 }
 
+// A relative path written in a config file names a file relative to that
+// file's folder (as in a Makefile or a docker-compose.yml), so a config works
+// from any directory; it is stored absolute. corpus is a comma list.
+static bool resolve_paths(TrainConfig *cfg, const ConfigKey *k, const char *base, char *err, size_t n) {
+    if (!(k->flags & KEYF_PATH) || !base) return true;
+    char *dst = (char *)cfg + k->offset;
+    char in[CONFIG_STR_MAX], out[CONFIG_STR_MAX];
+    snprintf(in, sizeof in, "%s", dst);
+    size_t used = 0;
+    out[0] = 0;
+    for (char *save = NULL, *item = strtok_r(in, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        item = schema_trim(item);
+        if (!*item) continue;
+        int len = snprintf(out + used, sizeof out - used, "%s%s%s%s", used ? "," : "", item[0] == '/' ? "" : base,
+                           item[0] == '/' ? "" : "/", item);
+        if (len < 0 || used + (size_t)len >= sizeof out) {
+            snprintf(err, n, "'%s' is longer than %d characters once made relative to the config's folder %s", dst,
+                     CONFIG_STR_MAX - 1, base);
+            return false;
+        }
+        used += (size_t)len;
+    }
+    snprintf(dst, CONFIG_STR_MAX, "%s", out);
+    return true;
+}
+
 static int ctx_handler(void *user, const char *section, const char *name, const char *value) {
     ParseCtx *c = user;
     if (!c->st.ok) return 0;
@@ -159,7 +187,7 @@ static int ctx_handler(void *user, const char *section, const char *name, const 
         return 0;
     }
     char err[700];
-    if (!schema_set_value(c->cfg, k, value, err, sizeof err)) {
+    if (!schema_set_value(c->cfg, k, value, err, sizeof err) || !resolve_paths(c->cfg, k, c->base_dir, err, sizeof err)) {
         ctx_error(c, "[%s] %s: %s", section, name, err);
         return 0;
     }
@@ -167,11 +195,12 @@ static int ctx_handler(void *user, const char *section, const char *name, const 
     return 1;
 }
 
-Status config_load_string(TrainConfig *cfg, const char *text, const char *source) {
+static Status load_text(TrainConfig *cfg, const char *text, const char *source, const char *base_dir) {
     // Lines set by an earlier file no longer count as duplicates.
     for (int i = 0; i < CONFIG_N_KEYS; i++)
         if (cfg->origin[i] > 0) cfg->origin[i] = 0;
-    ParseCtx c = {.cfg = cfg, .source = source, .p = text, .line = 0, .line_start = true, .st = status_ok()};
+    ParseCtx c = {.cfg = cfg, .source = source, .p = text, .line = 0, .line_start = true, .st = status_ok(),
+                  .base_dir = base_dir};
     int r = ini_parse_stream(ctx_reader, &c, ctx_handler, &c);
     for (int i = 0; i < c.n_long; i++) free(c.long_values[i]);
     free(c.long_values);
@@ -189,13 +218,26 @@ Status config_load_string(TrainConfig *cfg, const char *text, const char *source
     return status_ok();
 }
 
+Status config_load_string(TrainConfig *cfg, const char *text, const char *source) {
+    return load_text(cfg, text, source, NULL);
+}
+
 Status config_load_file(TrainConfig *cfg, const char *path) {
+    // The file's folder, absolute: relative paths in the file are relative to it.
+    char base[CONFIG_STR_MAX], cwd[CONFIG_STR_MAX] = "";
+    const char *slash = strrchr(path, '/');
+    int dir_len = slash ? (int)(slash - path) : 0;
+    if (path[0] != '/' && !getcwd(cwd, sizeof cwd))
+        return status_err("%s: cannot resolve the config's folder: %s", path, strerror(errno));
+    int len = path[0] == '/' ? snprintf(base, sizeof base, "%.*s", dir_len ? dir_len : 1, path)
+                             : snprintf(base, sizeof base, "%s%s%.*s", cwd, dir_len ? "/" : "", dir_len, path);
+    if (len < 0 || len >= (int)sizeof base) return status_err("%s: the config's folder path is too long", path);
     uint8_t *buf;
     int64_t n;
     Status st = file_read_all(path, "config", CONFIG_TEXT_MAX, &buf, &n);
     if (!st.ok) return st;
     if ((int64_t)strlen((char *)buf) != n) st = status_err("%s: config contains a NUL byte (not a text file?)", path);
-    else st = config_load_string(cfg, (char *)buf, path);
+    else st = load_text(cfg, (char *)buf, path, strcmp(base, "/") ? base : "");
     free(buf);
     return st;
 }

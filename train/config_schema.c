@@ -40,9 +40,11 @@ const ConfigKey CONFIG_SCHEMA[] = {
      "mixer implementation used for training"},
 
     {"data", "corpus", KEY_STRING, OFF(data, corpus), "cache/kjv.txt", 0, 0, NULL,
-     "path,file,files,dir", "a text file, a comma list of files, or a directory"},
+     "path,file,files,dir",
+     "a text file, a comma list of files, or a directory (relative paths in a config file: to its folder)",
+     KEYF_PATH},
     {"data", "cache_dir", KEY_STRING, OFF(data, cache_dir), "cache", 0, 0, NULL, "cache",
-     "directory for token caches"},
+     "directory for token caches", KEYF_PATH},
     {"data", "val_fraction", KEY_FLOAT, OFF(data, val_fraction), "0.05", 0, 0.9, NULL, "val_split,validation",
      "last fraction of the tokens held out for validation"},
     {"data", "seq_len", KEY_INT, OFF(data, seq_len), "256", 1, 1 << 20, NULL, "block_size,context,T",
@@ -80,7 +82,7 @@ const ConfigKey CONFIG_SCHEMA[] = {
      "steps between log lines", KEYF_RESUMABLE},
     {"train", "seed", KEY_I64, OFF(train, seed), "1337", 0, 9.2e18, NULL, "random_seed", "random seed"},
     {"train", "run_dir", KEY_STRING, OFF(train, run_dir), "", 0, 0, NULL, "out_dir,output_dir",
-     "directory for logs and checkpoints (\"\" = runs/<config name>)"},
+     "directory for logs and checkpoints (\"\" = runs/<config name> in the current directory)", KEYF_PATH},
     {"train", "threads", KEY_INT, OFF(train, threads), "0", 0, 1024, NULL, "num_threads,omp_threads",
      "OpenMP threads (0 = OMP_NUM_THREADS, else every core)", KEYF_RESUMABLE},
 
@@ -88,7 +90,7 @@ const ConfigKey CONFIG_SCHEMA[] = {
      "none, indexer (distil the DSA indexer, rest frozen) or sparse (train with sparse attention)"},
     {"finetune", "init_from", KEY_STRING, OFF(finetune, init_from), "", 0, 0, NULL, "checkpoint,init,resume",
      "checkpoint whose parameters start the run (\"\" = none); with mode = none the run continues "
-     "training that model (on this config's data)"},
+     "training that model (on this config's data)", KEYF_PATH},
     {"finetune", "restore_optimizer", KEY_BOOL, OFF(finetune, restore_optimizer), "false", 0, 0, NULL,
      "load_optimizer,resume_optimizer",
      "with mode = none: also restore init_from's optimizer moments and step (else the optimizer starts fresh)"},

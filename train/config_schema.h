@@ -34,6 +34,9 @@ typedef struct ConfigKey {
 // A [model] key that defines the function a trained model computes (shapes,
 // eps, RoPE base, ...), as opposed to how it is computed (form, chunk_size).
 #define KEYF_ARCH 2u
+// A path (corpus: a comma list of them): relative in a config file means
+// relative to that file's folder (resolved when the file is read).
+#define KEYF_PATH 4u
 
 extern const ConfigKey CONFIG_SCHEMA[];
 extern const int CONFIG_N_KEYS;

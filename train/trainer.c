@@ -88,6 +88,10 @@ static Status setup(Trainer *t, const TrainerOptions *o) {
 
     Corpus corpus;
     s = corpus_load(&corpus, c->data.corpus);
+    if (!s.ok && strstr(s.msg, "kjv.txt: cannot open") && strstr(s.msg, "No such file"))
+        return status_err("[data] corpus: %s (the bundled configs train on the King James Bible: run "
+                          "scripts/get_corpus.sh in the project folder; it needs Debian's bible-kjv package)",
+                          s.msg);
     if (!s.ok) return status_err("[data] corpus: %s", s.msg);
     s = token_cache_load(c->data.cache_dir, c->data.corpus, &corpus, &t->tokens, &t->cache_built, t->cache_path);
     corpus_free(&corpus);
