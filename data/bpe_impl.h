@@ -29,6 +29,9 @@ struct Bpe {
 // A hash of a byte string, for the rank table (and the trainer's tables).
 uint64_t bpe_bytes_hash(const uint8_t *p, int len);
 
+// Standard base64 of p[0..n) into out (room for (n + 2) / 3 * 4); returns its length.
+int bpe_base64_encode(const uint8_t *p, int n, char *out);
+
 // The rank of the token with these bytes, or -1.
 static inline int bpe_rank_of(const Bpe *b, const uint8_t *p, int len) {
     if (len > BPE_TOKEN_MAX) return -1;

@@ -72,7 +72,7 @@ static int b64_decode(const uint8_t *s, int n, uint8_t *out) {
     return o;
 }
 
-static int b64_encode(const uint8_t *p, int n, char *out) {
+int bpe_base64_encode(const uint8_t *p, int n, char *out) {
     int o = 0;
     for (int i = 0; i < n; i += 3) {
         uint32_t w = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
@@ -449,7 +449,7 @@ uint8_t *bpe_to_buffer(const Bpe *b, size_t *len) {
     }
     for (int id = 0; id < b->vocab; id++) {
         if (b->kind[id] != BPE_ID_RANK) continue;
-        o += (size_t)b64_encode(b->blob + b->off[id], b->len[id], out + o);
+        o += (size_t)bpe_base64_encode(b->blob + b->off[id], b->len[id], out + o);
         o += (size_t)snprintf(out + o, cap - o, " %d\n", id);
     }
     *len = o;
