@@ -378,6 +378,7 @@ Status bpe_train(const uint8_t *text, int64_t n, const BpeTrainOpts *o, uint8_t 
     while (t.n_tok < target && merge_best(&t, st))
         if (o->progress && (t.n_tok - 256) % imax(1, (target - 256) / 200) == 0)
             o->progress(o->progress_ctx, "merge", t.n_tok - 256, target - 256);
+    if (o->progress) o->progress(o->progress_ctx, "merge", t.n_tok - 256, target - 256);
     st->merges = t.n_tok - 256;
     st->vocab = t.n_tok + o->n_specials;
     // The ranks as a .tiktoken text, then through the loader: its checks and its canonical form.
