@@ -165,10 +165,7 @@ void bpe_split_begin(BpeSplitIter *it, const BpeSplit *s, const uint8_t *text, i
     // guard against catastrophic patterns, which a long run would hit.
     pcre2_set_match_limit(mc, UINT32_MAX);
     pcre2_set_depth_limit(mc, UINT32_MAX);
-    pcre2_jit_stack *js = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL);
-    if (js) pcre2_jit_stack_assign(mc, NULL, js);
-    it->match_ctx = mc;
-    it->jit_stack = js;
+    it->match_ctx = mc;   // the JIT's own 32 KB stack first; a larger one only if a match needs it
 }
 
 bool bpe_split_next(BpeSplitIter *it, int64_t *start, int64_t *end) {
@@ -176,6 +173,13 @@ bool bpe_split_next(BpeSplitIter *it, int64_t *start, int64_t *end) {
     if (it->match_start < 0) {   // find the next match from pos
         int rc = pcre2_match(it->split->code, it->text, (PCRE2_SIZE)it->n, (PCRE2_SIZE)it->pos, 0, it->match_data,
                              it->match_ctx);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !it->jit_stack) {
+            it->jit_stack = pcre2_jit_stack_create(256 * 1024, 64 * 1024 * 1024, NULL);
+            ASSERT(it->jit_stack, "bpe_split_next: cannot allocate a JIT stack");
+            pcre2_jit_stack_assign(it->match_ctx, NULL, it->jit_stack);
+            rc = pcre2_match(it->split->code, it->text, (PCRE2_SIZE)it->n, (PCRE2_SIZE)it->pos, 0, it->match_data,
+                             it->match_ctx);
+        }
         if (rc == PCRE2_ERROR_NOMATCH) {
             it->match_start = it->match_end = it->n;
         } else {
