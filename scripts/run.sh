@@ -12,7 +12,7 @@ ROOT=$(pwd)
 JOBS=$(nproc)
 
 PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libcriterion-dev
-          libinih-dev gnuplot-nox bible-kjv)
+          libinih-dev libpcre2-dev zlib1g-dev gnuplot-nox bible-kjv)
 
 install_packages() {
     local missing=()
