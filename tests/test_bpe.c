@@ -214,7 +214,34 @@ Test(bpe, stream_decoder_emits_whole_characters) {
     cr_assert(strstr(st.msg, "id 100256 is no token"), "%s", st.msg);
     // A byte that can never complete a character is not held back.
     cr_assert_eq(bpe_stream_push(&s, b, b->byte_rank[0xff], out, &st), 1);
+    cr_assert_eq(bpe_stream_push(&s, b, b->byte_rank[0xe0], out, &st), 0, "a lead byte waits");
+    cr_assert_eq(bpe_stream_push(&s, b, b->byte_rank[0x80], out, &st), 2, "E0 80 can never complete: out it goes");
+    cr_assert_eq(bpe_stream_push(&s, b, b->byte_rank[0xf4], out, &st), 0);
+    cr_assert_eq(bpe_stream_push(&s, b, b->byte_rank[0x90], out, &st), 2, "F4 90 would be above U+10FFFF");
     bpe_free(b);
+}
+
+// A piece that is a token is that token, even when no merges lead to it
+// (tiktoken looks the whole piece up first: npm tiktoken gives 256 32 120 121
+// 122 120 for "xyz xyzx" with these ranks).
+Test(bpe, whole_piece_before_merging) {
+    char *ranks = malloc(4096);
+    int o = 0;
+    for (int c = 0; c < 256; c++) {
+        uint8_t byte = (uint8_t)c;
+        char b64[8];
+        int l = bpe_base64_encode(&byte, 1, b64);
+        o += sprintf(ranks + o, "%.*s %d\n", l, b64, c);
+    }
+    o += sprintf(ranks + o, "eHl6 256\n");   // "xyz", and neither "xy" nor "yz"
+    Status st;
+    Bpe *b = bpe_from_tiktoken((const uint8_t *)ranks, (size_t)o, "xyz", "\\S+|\\s+", NULL, 0, &st);
+    cr_assert_not_null(b, "%s", st.msg);
+    int ids[8], want[6] = {256, 32, 120, 121, 122, 120};
+    cr_assert_eq(bpe_encode(b, (const uint8_t *)"xyz xyzx", 8, ids, 0), 6);
+    cr_assert_eq(memcmp(ids, want, sizeof want), 0);
+    bpe_free(b);
+    free(ranks);
 }
 
 Test(bpe, vocabulary_specials_and_bad_ids) {
