@@ -40,7 +40,8 @@ const char *bpe_pattern_named(const char *name) {
 }
 
 // Rewrite \s and \S (outside and inside character classes) as explicit
-// White_Space classes; everything else is copied. out: BPE_PATTERN_MAX * 8.
+// White_Space classes, and add to \p{L}, \p{N}, ... the characters of
+// Unicode 15 and 16 (bpe_unicode.c); everything else is copied.
 static Status translate(const char *p, char *out, size_t cap) {
     size_t o = 0;
     bool in_class = false;
@@ -63,6 +64,26 @@ static Status translate(const char *p, char *out, size_t cap) {
                 PUT("[^");
                 PUT(WHITE_SPACE);
                 PUT("]");
+            } else if ((e == 'p' || e == 'P') && p[i + 1] == '{' && strchr(p + i, '}') &&
+                       strchr(p + i, '}') - (p + i + 2) < 16) {
+                // \p{X}: add the characters tiktoken's Unicode has in X and PCRE2's lacks (bpe_unicode.c)
+                const char *name = p + i + 2, *close = strchr(name, '}');
+                char cls[16], prop[32];
+                snprintf(cls, sizeof cls, "%.*s", (int)(close - name), name);
+                snprintf(prop, sizeof prop, "\\p{%s}", cls);
+                const char *extra = bpe_unicode_extra(cls);
+                if (!extra || !*extra) {
+                    prop[1] = e;
+                    PUT(prop);
+                } else if (e == 'P' && in_class) {
+                    return status_err("\\P{%s} inside a character class is not supported (at offset %zu)", cls, i - 1);
+                } else {
+                    if (!in_class) PUT(e == 'P' ? "[^" : "[");
+                    PUT(prop);
+                    PUT(extra);
+                    if (!in_class) PUT("]");
+                }
+                i = (size_t)(close - p);
             } else {
                 one[1] = e;
                 PUT(one);
@@ -107,7 +128,7 @@ BpeSplit *bpe_split_new(const char *pattern, Status *st) {
         *st = status_err("split pattern: contains a line break (write \\n and \\r as escapes)");
         return NULL;
     }
-    size_t cap = (size_t)BPE_PATTERN_MAX * 8;   // each \s grows to ~90 bytes
+    size_t cap = (size_t)BPE_PATTERN_MAX * 16;   // \s grows to ~90 bytes, \p{L} to ~700
     char *tr = xmalloc(cap);
     *st = translate(pattern, tr, cap);
     if (!st->ok) {

@@ -5,7 +5,10 @@
 // the same syntax with one difference that matters here: its \s (with UCP)
 // also matches U+180E MONGOLIAN VOWEL SEPARATOR, which Rust's \s (Unicode
 // White_Space) does not. bpe_split_new therefore rewrites \s and \S into
-// explicit classes of the White_Space characters before compiling.
+// explicit classes of the White_Space characters before compiling. And
+// Debian 12's PCRE2 (10.42) has Unicode 14 tables where tiktoken has Unicode
+// 16: \p{L}, \p{N}, \p{M} and the letter subclasses get the characters
+// assigned since (bpe_unicode.c).
 //
 // The text is split into pieces that tile it, in order:
 //   - each match of the pattern, searched from the end of the previous piece;
@@ -23,6 +26,12 @@
 #include "common.h"
 
 #define BPE_PATTERN_MAX 4096   // bytes of a pattern, tiktoken syntax
+
+// The characters of Unicode 15 and 16 in general category class `cls` (L,
+// Lu, Ll, Lt, Lm, Lo, M, N) as the body of a PCRE2 class, or NULL for other
+// classes. PCRE2 10.42 has Unicode 14 tables, tiktoken's Rust regex Unicode
+// 16: bpe_split_new adds these to \p{cls} (bpe_unicode.c, generated).
+const char *bpe_unicode_extra(const char *cls);
 
 // tiktoken's split patterns by encoding name: "gpt2" and "r50k_base" (one
 // pattern), "cl100k_base", "o200k_base". NULL for any other name.

@@ -5,8 +5,9 @@
 // core built to WASM): tests/fixtures/bpe/make_fixtures.mjs wrote them for
 // text.txt.gz (353 KB, make_text.py: ~45 languages, a Unicode sweep, emoji,
 // code, numbers, whitespace, contractions), specials.txt (special tokens
-// allowed) and invalid.bin (invalid UTF-8; the rule is in data/bpe.h and the
-// script says how its ids were made).
+// allowed), invalid.bin (invalid UTF-8; the rule is in data/bpe.h and the
+// script says how its ids were made) and unicode_new.txt.gz (characters of
+// Unicode 15 and 16, which PCRE2 10.42 does not know: data/bpe_unicode.c).
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -88,6 +89,8 @@ static void check_encoding(const char *name) {
     check_fixture(b, "specials.txt", ids, BPE_ALLOW_SPECIAL);
     snprintf(ids, sizeof ids, "ids_invalid_%s.txt.gz", name);
     check_fixture(b, "invalid.bin", ids, 0);
+    snprintf(ids, sizeof ids, "ids_unicode_new_%s.txt.gz", name);
+    check_fixture(b, "unicode_new.txt.gz", ids, 0);
     bpe_free(b);
 }
 
