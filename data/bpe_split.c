@@ -29,8 +29,9 @@ static const char WHITE_SPACE[] = "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}
                                   "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
 
 struct BpeSplit {
-    char *pattern;       // tiktoken syntax, as given
-    pcre2_code *code;    // compiled from the translation, JIT'd where PCRE2 has a JIT
+    char *pattern;          // tiktoken syntax, as given
+    pcre2_code *code;       // compiled from the translation, JIT'd where PCRE2 has a JIT
+    pcre2_code *code_u14;   // the same without the Unicode 15-16 additions, or NULL if it is the same
 };
 
 const char *bpe_pattern_named(const char *name) {
@@ -42,7 +43,7 @@ const char *bpe_pattern_named(const char *name) {
 // Rewrite \s and \S (outside and inside character classes) as explicit
 // White_Space classes, and add to \p{L}, \p{N}, ... the characters of
 // Unicode 15 and 16 (bpe_unicode.c); everything else is copied.
-static Status translate(const char *p, char *out, size_t cap) {
+static Status translate(const char *p, char *out, size_t cap, bool add_new) {
     size_t o = 0;
     bool in_class = false;
 #define PUT(str)                                                       \
@@ -71,7 +72,7 @@ static Status translate(const char *p, char *out, size_t cap) {
                 char cls[16], prop[32];
                 snprintf(cls, sizeof cls, "%.*s", (int)(close - name), name);
                 snprintf(prop, sizeof prop, "\\p{%s}", cls);
-                const char *extra = bpe_unicode_extra(cls);
+                const char *extra = add_new ? bpe_unicode_extra(cls) : NULL;
                 if (!extra || !*extra) {
                     prop[1] = e;
                     PUT(prop);
@@ -118,19 +119,11 @@ static Status translate(const char *p, char *out, size_t cap) {
     return status_ok();
 }
 
-BpeSplit *bpe_split_new(const char *pattern, Status *st) {
-    size_t len = strnlen(pattern, BPE_PATTERN_MAX + 1);
-    if (len == 0 || len > BPE_PATTERN_MAX) {
-        *st = status_err("split pattern: %zu bytes, must be 1 to %d", len, BPE_PATTERN_MAX);
-        return NULL;
-    }
-    if (strchr(pattern, '\n') || strchr(pattern, '\r')) {
-        *st = status_err("split pattern: contains a line break (write \\n and \\r as escapes)");
-        return NULL;
-    }
+// Compile the translation of pattern; NULL and *st set on error.
+static pcre2_code *compile(const char *pattern, bool add_new, Status *st) {
     size_t cap = (size_t)BPE_PATTERN_MAX * 16;   // \s grows to ~90 bytes, \p{L} to ~700
     char *tr = xmalloc(cap);
-    *st = translate(pattern, tr, cap);
+    *st = translate(pattern, tr, cap, add_new);
     if (!st->ok) {
         Status e = *st;
         *st = status_err("split pattern: %s", e.msg);
@@ -156,9 +149,39 @@ BpeSplit *bpe_split_new(const char *pattern, Status *st) {
         return NULL;
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);   // without a JIT (an unsupported CPU) the interpreter runs
+    *st = status_ok();
+    return code;
+}
+
+BpeSplit *bpe_split_new(const char *pattern, Status *st) {
+    size_t len = strnlen(pattern, BPE_PATTERN_MAX + 1);
+    if (len == 0 || len > BPE_PATTERN_MAX) {
+        *st = status_err("split pattern: %zu bytes, must be 1 to %d", len, BPE_PATTERN_MAX);
+        return NULL;
+    }
+    if (strchr(pattern, '\n') || strchr(pattern, '\r')) {
+        *st = status_err("split pattern: contains a line break (write \\n and \\r as escapes)");
+        return NULL;
+    }
+    pcre2_code *code = compile(pattern, true, st);
+    if (!code) return NULL;
+    // The classes with the Unicode 15-16 additions are ~1.5x slower to match;
+    // a text holding none of those characters gets the same split from the
+    // pattern without them (every class answers alike for every character of
+    // the text), so bpe_split_begin picks that one when it can.
+    char *a = xmalloc((size_t)BPE_PATTERN_MAX * 16), *b = xmalloc((size_t)BPE_PATTERN_MAX * 16);
+    bool differ = translate(pattern, a, (size_t)BPE_PATTERN_MAX * 16, true).ok &&
+                  translate(pattern, b, (size_t)BPE_PATTERN_MAX * 16, false).ok && strcmp(a, b) != 0;
+    free(a), free(b);
+    pcre2_code *code_u14 = differ ? compile(pattern, false, st) : NULL;
+    if (differ && !code_u14) {
+        pcre2_code_free(code);
+        return NULL;
+    }
     BpeSplit *s = xcalloc(1, sizeof *s);
     s->pattern = strdup(pattern);
     s->code = code;
+    s->code_u14 = code_u14;
     *st = status_ok();
     return s;
 }
@@ -166,19 +189,36 @@ BpeSplit *bpe_split_new(const char *pattern, Status *st) {
 void bpe_split_free(BpeSplit *s) {
     if (!s) return;
     pcre2_code_free(s->code);
+    pcre2_code_free(s->code_u14);
     free(s->pattern);
     free(s);
 }
 
 const char *bpe_split_pattern(const BpeSplit *s) { return s->pattern; }
 
+// Whether text holds a character of Unicode 15-16 (bpe_unicode.c); all of
+// them are above U+0800, so only 3- and 4-byte sequences are decoded.
+static bool has_new_chars(const uint8_t *t, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (t[i] < 0xE0) continue;
+        uint32_t c;
+        if (t[i] < 0xF0 && i + 2 < n) c = (uint32_t)(t[i] & 0x0F) << 12 | (uint32_t)(t[i + 1] & 0x3F) << 6 | (t[i + 2] & 0x3F);
+        else if (i + 3 < n) c = (uint32_t)(t[i] & 0x07) << 18 | (uint32_t)(t[i + 1] & 0x3F) << 12 |
+                                (uint32_t)(t[i + 2] & 0x3F) << 6 | (t[i + 3] & 0x3F);
+        else continue;
+        if (bpe_unicode_is_new(c)) return true;   // (a malformed sequence may say yes: then the exact pattern runs)
+    }
+    return false;
+}
+
 void bpe_split_begin(BpeSplitIter *it, const BpeSplit *s, const uint8_t *text, int64_t n) {
     memset(it, 0, sizeof *it);
     it->split = s;
+    it->code = s->code_u14 && !has_new_chars(text, n) ? s->code_u14 : s->code;
     it->text = text;
     it->n = n;
     it->match_start = it->match_end = -1;
-    it->match_data = pcre2_match_data_create_from_pattern(s->code, NULL);
+    it->match_data = pcre2_match_data_create_from_pattern(it->code, NULL);
     pcre2_match_context *mc = pcre2_match_context_create(NULL);
     ASSERT(it->match_data && mc, "bpe_split_begin: out of memory");
     // The bundled patterns backtrack at most once over a run of whitespace
@@ -192,13 +232,13 @@ void bpe_split_begin(BpeSplitIter *it, const BpeSplit *s, const uint8_t *text, i
 bool bpe_split_next(BpeSplitIter *it, int64_t *start, int64_t *end) {
     if (it->pos >= it->n) return false;
     if (it->match_start < 0) {   // find the next match from pos
-        int rc = pcre2_match(it->split->code, it->text, (PCRE2_SIZE)it->n, (PCRE2_SIZE)it->pos, 0, it->match_data,
+        int rc = pcre2_match(it->code, it->text, (PCRE2_SIZE)it->n, (PCRE2_SIZE)it->pos, 0, it->match_data,
                              it->match_ctx);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !it->jit_stack) {
             it->jit_stack = pcre2_jit_stack_create(256 * 1024, 64 * 1024 * 1024, NULL);
             ASSERT(it->jit_stack, "bpe_split_next: cannot allocate a JIT stack");
             pcre2_jit_stack_assign(it->match_ctx, NULL, it->jit_stack);
-            rc = pcre2_match(it->split->code, it->text, (PCRE2_SIZE)it->n, (PCRE2_SIZE)it->pos, 0, it->match_data,
+            rc = pcre2_match(it->code, it->text, (PCRE2_SIZE)it->n, (PCRE2_SIZE)it->pos, 0, it->match_data,
                              it->match_ctx);
         }
         if (rc == PCRE2_ERROR_NOMATCH) {

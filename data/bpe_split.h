@@ -32,6 +32,7 @@
 // classes. PCRE2 10.42 has Unicode 14 tables, tiktoken's Rust regex Unicode
 // 16: bpe_split_new adds these to \p{cls} (bpe_unicode.c, generated).
 const char *bpe_unicode_extra(const char *cls);
+bool bpe_unicode_is_new(uint32_t c);   // one of those characters (any class)
 
 // tiktoken's split patterns by encoding name: "gpt2" and "r50k_base" (one
 // pattern), "cl100k_base", "o200k_base". NULL for any other name.
@@ -50,6 +51,7 @@ const char *bpe_split_pattern(const BpeSplit *s);   // as given (tiktoken syntax
 // data); several iterators may run over one BpeSplit at once.
 typedef struct BpeSplitIter {
     const BpeSplit *split;
+    const void *code;                            // the pcre2_code used for this text
     void *match_data, *match_ctx, *jit_stack;   // PCRE2 objects
     const uint8_t *text;
     int64_t n, pos;
