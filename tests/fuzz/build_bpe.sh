@@ -14,7 +14,7 @@ command -v clang >/dev/null || { echo "build_bpe.sh: clang not found (apt-get in
 mkdir -p build-fuzz
 clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -DSOURCE_DIR="\"$ROOT\"" -Isrc/autograd -Idata \
-    tests/fuzz/fuzz_bpe.c data/bpe.c data/bpe_load.c data/bpe_split.c data/corpus.c src/autograd/common.c \
+    tests/fuzz/fuzz_bpe.c data/bpe.c data/bpe_load.c data/bpe_split.c data/bpe_unicode.c data/corpus.c src/autograd/common.c \
     -lpcre2-8 -lz -o build-fuzz/fuzz_bpe
 echo "build_bpe.sh: built build-fuzz/fuzz_bpe"
 if [ "${1:-}" = run ]; then
