@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
     if (s.ok) s = config_validate(&cfg);
     LM lm;
     ParamStore ps;
-    if (s.ok) s = model_build(&cfg, &lm, &ps);
+    if (s.ok) s = model_build(&cfg, &lm, &ps, NULL);
     if (!s.ok) {
         fprintf(stderr, "train_bench: %s\n", s.msg);
         return 2;

@@ -1,5 +1,7 @@
 #include "corpus.h"
 
+#include "fileio.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -49,20 +51,15 @@ static Status add_dir(Corpus *c, const char *dir) {
 }
 
 static Status read_file(Corpus *c, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return status_err("%s: cannot open corpus file: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return status_err("%s: corpus file is not a regular file", path);
-    }
-    int64_t size = sb.st_size;
+    uint8_t *data;
+    int64_t size;
+    // Any regular file, read to its end (a /proc file reports size 0); a FIFO,
+    // device or directory is refused, never waited on.
+    Status s = file_read_all(path, "corpus file", CORPUS_MAX_BYTES - c->n, &data, &size);
+    if (!s.ok) return s;
     c->bytes = xrealloc(c->bytes, (size_t)(c->n + size + 1));
-    size_t got = fread(c->bytes + c->n, 1, (size_t)size, f);
-    int err = ferror(f) ? errno : 0;
-    fclose(f);
-    if (err || (int64_t)got != size)
-        return status_err("%s: cannot read corpus file: %s", path, err ? strerror(err) : "short read");
+    memcpy(c->bytes + c->n, data, (size_t)size);
+    free(data);
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     c->hash = fnv1a64(c->hash, base, strlen(base) + 1);
     c->hash = fnv1a64(c->hash, &size, sizeof size);
@@ -90,7 +87,7 @@ Status corpus_load(Corpus *c, const char *spec) {
         if (c->n_files == 0) st = status_err("'%s': corpus spec names no file", spec);
     }
     for (int i = 0; st.ok && i < c->n_files; i++) st = read_file(c, c->files[i]);
-    if (st.ok && c->n == 0) st = status_err("%s: corpus is empty (0 bytes)", spec);
+    if (st.ok && c->n == 0) st = status_err("%s: the corpus is empty (its files hold 0 bytes)", spec);
     if (!st.ok) corpus_free(c);
     return st;
 }

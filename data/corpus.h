@@ -20,8 +20,11 @@ typedef struct Corpus {
     uint64_t hash;     // FNV-1a 64 over each file's base name, length and bytes
 } Corpus;
 
-// Errors name the path: missing, unreadable, not a regular file, an empty
-// directory, or a corpus of 0 bytes.
+// Errors name the path: missing, unreadable, not a regular file (a FIFO is
+// refused without waiting on it), an empty directory, or a corpus of 0 bytes.
+// Files are read to their end, so a file whose size the system reports as 0
+// (under /proc) is read as it is.
+#define CORPUS_MAX_BYTES ((int64_t)1 << 40)
 Status corpus_load(Corpus *c, const char *spec);
 void corpus_free(Corpus *c);
 

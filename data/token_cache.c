@@ -2,18 +2,21 @@
 
 #include <errno.h>
 #include <hdf5.h>
-#include <hdf5_hl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "h5io.h"
 #include "tokenizer.h"
+
+#define META_WORDS 4   // version, vocab, corpus hash, n
 
 // mkdir -p
 static Status make_dirs(const char *dir) {
     char buf[CACHE_PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", dir);
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return status_err("cache directory path longer than %d characters", CACHE_PATH_MAX - 1);
     for (char *p = buf + 1;; p++) {
         if (*p == '/' || *p == 0) {
             char c = *p;
@@ -27,84 +30,84 @@ static Status make_dirs(const char *dir) {
     return status_ok();
 }
 
-// Read the attributes; true if the file is a valid cache for `hash`.
-static bool cache_matches(hid_t f, uint64_t hash, int64_t *n, int *vocab) {
-    uint64_t h = 0;
-    int version = 0;
-    if (H5LTget_attribute(f, "/tokens", "corpus_hash", H5T_NATIVE_UINT64, &h) < 0) return false;
-    if (H5LTget_attribute_int(f, "/tokens", "format_version", &version) < 0) return false;
-    if (H5LTget_attribute_int(f, "/tokens", "vocab", vocab) < 0) return false;
-    hsize_t dims[1];
-    int rank = 0;
-    if (H5LTget_dataset_ndims(f, "/tokens", &rank) < 0 || rank != 1) return false;
-    if (H5LTget_dataset_info(f, "/tokens", dims, NULL, NULL) < 0) return false;
-    *n = (int64_t)dims[0];
-    return h == hash && version == TOKEN_CACHE_VERSION;
+// Read a cache built from corpus c; an error (its message is the note) when
+// it cannot be used as it is.
+static Status cache_read(const char *path, const Corpus *c, TokenData *out) {
+    H5ioFile hf;
+    Status s = h5io_open(&hf, path, "token cache");
+    if (!s.ok) return s;
+    uint64_t meta[META_WORDS] = {0};
+    H5ioInfo info;
+    s = h5io_check(&hf, "/meta", 1u << H5IO_U64, 1, (hsize_t[]){META_WORDS}, META_WORDS, &info);
+    if (s.ok) s = h5io_read(&hf, "/meta", &info, meta);
+    if (s.ok && (meta[0] != TOKEN_CACHE_VERSION || meta[1] != TOKENIZER_VOCAB))
+        s = status_err("%s: format %llu with a vocabulary of %llu, this build uses format %d, vocabulary %d", path,
+                       (unsigned long long)meta[0], (unsigned long long)meta[1], TOKEN_CACHE_VERSION, TOKENIZER_VOCAB);
+    if (s.ok && (meta[2] != c->hash || (int64_t)meta[3] != c->n))
+        s = status_err("%s: built from other text (the corpus changed since)", path);
+    unsigned types = TOKENIZER_VOCAB <= 256 ? 1u << H5IO_U8 : 1u << H5IO_I32;
+    if (s.ok) s = h5io_check(&hf, "/tokens", types, 1, (hsize_t[]){(hsize_t)c->n}, c->n, &info);
+    if (s.ok) {
+        void *raw = xmalloc((size_t)(c->n ? c->n : 1) * info.elem_size);
+        s = h5io_read(&hf, "/tokens", &info, raw);
+        out->tokens = xmalloc((size_t)(c->n ? c->n : 1) * sizeof *out->tokens);
+        for (int64_t i = 0; s.ok && i < c->n; i++) {
+            int id = info.type == H5IO_U8 ? ((const uint8_t *)raw)[i] : ((const int32_t *)raw)[i];
+            if (id < 0 || id >= TOKENIZER_VOCAB)
+                s = status_err("%s: /tokens: token %lld is %d, outside [0, %d)", path, (long long)i, id, TOKENIZER_VOCAB);
+            out->tokens[i] = id;
+        }
+        free(raw);
+        if (!s.ok) token_data_free(out);
+    }
+    h5io_close(&hf);
+    if (s.ok) {
+        out->n = c->n;
+        out->vocab = TOKENIZER_VOCAB;
+    }
+    return s;
 }
 
 static Status cache_write(const char *path, const Corpus *c, const int *tokens, int vocab) {
     char tmp[CACHE_PATH_MAX + 24];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());   // per process: concurrent builds do not collide
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) return status_err("%s: cannot create token cache", tmp);
-    hsize_t dims[1] = {(hsize_t)c->n};
-    herr_t e;
+    hid_t f = h5io_create_memory();
+    if (f < 0) return status_err("%s: cannot create the token cache in memory", path);
+    hsize_t n = (hsize_t)c->n;
+    bool ok;
     if (vocab <= 256) {
-        uint8_t *b = xmalloc((size_t)c->n);
+        uint8_t *b = xmalloc((size_t)(c->n ? c->n : 1));
         for (int64_t i = 0; i < c->n; i++) b[i] = (uint8_t)tokens[i];
-        e = H5LTmake_dataset(f, "/tokens", 1, dims, H5T_STD_U8LE, b);
+        ok = h5io_write(f, "/tokens", H5IO_U8, 1, &n, b);
         free(b);
     } else {
-        e = H5LTmake_dataset(f, "/tokens", 1, dims, H5T_NATIVE_INT, tokens);
+        ok = h5io_write(f, "/tokens", H5IO_I32, 1, &n, tokens);
     }
-    int version = TOKEN_CACHE_VERSION;
-    if (e >= 0) e = H5LTset_attribute_int(f, "/tokens", "format_version", &version, 1);
-    if (e >= 0) e = H5LTset_attribute_int(f, "/tokens", "vocab", &vocab, 1);
-    if (e >= 0) e = H5LTset_attribute_ulong(f, "/tokens", "corpus_hash", (const unsigned long *)&c->hash, 1);
-    if (H5Fclose(f) < 0 || e < 0) {
-        unlink(tmp);
-        return status_err("%s: cannot write token cache", tmp);
+    uint64_t meta[META_WORDS] = {TOKEN_CACHE_VERSION, (uint64_t)vocab, c->hash, (uint64_t)c->n};
+    ok = ok && h5io_write(f, "/meta", H5IO_U64, 1, (hsize_t[]){META_WORDS}, meta);
+    if (!ok) {
+        H5Fclose(f);
+        return status_err("%s: building the token cache failed", path);
     }
-    if (rename(tmp, path) != 0) {
-        Status st = status_err("%s: cannot rename token cache into place: %s", path, strerror(errno));
-        unlink(tmp);
-        return st;
-    }
-    return status_ok();
+    Status s = h5io_commit(f, path, tmp);
+    return s.ok ? s : status_err("token cache %s", s.msg);
 }
 
 Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Corpus *c, TokenData *out,
                         bool *built, char *path_out) {
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     memset(out, 0, sizeof *out);
     if (built) *built = false;
     Status st = make_dirs(cache_dir);
     if (!st.ok) return st;
     char path[CACHE_PATH_MAX];
     uint64_t key = fnv1a64(FNV1A_INIT, corpus_spec, strlen(corpus_spec));
-    snprintf(path, sizeof path, "%s/tokens-%016llx.h5", cache_dir, (unsigned long long)key);
+    if (snprintf(path, sizeof path, "%s/tokens-%016llx.h5", cache_dir, (unsigned long long)key) >= (int)sizeof path)
+        return status_err("%s: cache directory path too long", cache_dir);
     if (path_out) snprintf(path_out, CACHE_PATH_MAX, "%s", path);
-
-    int64_t n = 0;
-    int vocab = 0;
-    bool fresh = false;
-    hid_t f = access(path, F_OK) == 0 ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
-    if (f >= 0) {
-        fresh = cache_matches(f, c->hash, &n, &vocab) && n == c->n && vocab == TOKENIZER_VOCAB;
-        if (fresh) {
-            out->tokens = xmalloc((size_t)(n ? n : 1) * sizeof *out->tokens);
-            if (H5LTread_dataset(f, "/tokens", H5T_NATIVE_INT, out->tokens) < 0) {
-                free(out->tokens);
-                out->tokens = NULL;
-                fresh = false;   // unreadable: rebuild
-            }
-        }
-        H5Fclose(f);
-    }
-    if (fresh) {
-        out->n = n;
-        out->vocab = vocab;
-        return status_ok();
+    if (access(path, F_OK) == 0) {
+        st = cache_read(path, c, out);
+        if (st.ok) return st;
+        snprintf(out->note, sizeof out->note, "rebuilt: %.280s", st.msg);
     }
     // (Re)build from the corpus bytes.
     out->tokens = xmalloc((size_t)(c->n ? c->n : 1) * sizeof *out->tokens);

@@ -2,24 +2,28 @@
 //
 // The cache file <cache_dir>/tokens-<16 hex digits>.h5 (the digits hash the
 // corpus spec, so each corpus has its own file) holds
-//   /tokens                  uint8 (vocab <= 256) or int32, shape (n,)
-//   attribute corpus_hash    uint64, Corpus.hash of the bytes it was built from
-//   attribute format_version int32, TOKEN_CACHE_VERSION
-//   attribute vocab          int32
-// It is reused when corpus_hash and format_version match and rebuilt
-// otherwise. A build writes <file>.tmp.<pid> and renames it over the old file, so a
+//   /tokens   uint8 (vocab <= 256) or int32, shape (n,)
+//   /meta     uint64 (4): TOKEN_CACHE_VERSION, vocab, Corpus.hash of the
+//             bytes it was built from (names, sizes and contents), n
+// each with a CRC-32 attribute (h5io.h). The cache is read as hostile input:
+// it is reused only when every dataset passes h5io's checks and checksums,
+// the version, vocabulary, corpus hash and count match, and every id is in
+// [0, vocab); otherwise it is rebuilt from the corpus and TokenData.note
+// says why (a tampered or stale cache is never used, and never aborts).
+// A build writes <file>.tmp.<pid> and renames it over the old file, so a
 // reader never sees a half-written cache.
 #ifndef DATA_TOKEN_CACHE_H
 #define DATA_TOKEN_CACHE_H
 
 #include "corpus.h"
 
-#define TOKEN_CACHE_VERSION 1
+#define TOKEN_CACHE_VERSION 2
 
 typedef struct TokenData {
     int *tokens;        // (n) token ids in [0, vocab)
     int64_t n;
     int vocab;
+    char note[300];     // why the cache was rebuilt ("" when reused or new)
 } TokenData;
 
 // Load the corpus's tokens from the cache, building it first if it is

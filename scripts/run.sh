@@ -13,10 +13,12 @@ JOBS=$(nproc)
 
 PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libcriterion-dev
           libinih-dev libpcre2-dev zlib1g-dev gnuplot-nox bible-kjv)
+# The test command also builds the libFuzzer targets (clang) for a short smoke run.
+TEST_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev)
 
-install_packages() {
+install_packages() {  # install_packages [extra packages...]
     local missing=()
-    for p in "${PACKAGES[@]}"; do
+    for p in "${PACKAGES[@]}" "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     if [ ${#missing[@]} -gt 0 ]; then
@@ -70,7 +72,7 @@ main)
     "$ROOT/scripts/main_job.sh"
     ;;
 test)
-    install_packages
+    install_packages "${TEST_PACKAGES[@]}"
     start=$(date +%s)
     build build-f32
     build build-f64 -DAG_DOUBLE=ON
@@ -79,6 +81,8 @@ test)
     run_tests build-f64 float64
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         run_tests build-asan "float64 + ASan/UBSan/LSan"
+    echo "== fuzz smoke (each target on its seed corpus)"
+    tests/fuzz/run.sh 12 || { echo "== FAILED: fuzzing"; exit 1; }
     echo "== all test builds passed in $(( $(date +%s) - start )) s"
     ;;
 build)

@@ -6,20 +6,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <hdf5.h>
+#include <hdf5_hl.h>
+#include <math.h>
+
 #include "checkpoint.h"
+#include "h5io.h"
 #include "test_util.h"
 
-static char tmpdir[64];
+static char tmpdir[512];
 static void make_tmpdir(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ckpttestXXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
+    snprintf(tmpdir, sizeof tmpdir, "%s", test_tmpdir("checkpoint"));
 }
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) { return remove(path); }
 static void remove_tmpdir(void) { nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
 TestSuite(checkpoint, .init = make_tmpdir, .fini = remove_tmpdir);
 
 static const char *tpath(char *buf, const char *name) {
-    snprintf(buf, 256, "%s/%s", tmpdir, name);
+    snprintf(buf, 600, "%s/%s", tmpdir, name);
     return buf;
 }
 
@@ -60,7 +64,7 @@ static void save_reference(const char *path, ParamStore *ps, Optimizer *opt, Che
 }
 
 Test(checkpoint, round_trip_is_exact) {
-    char path[256];
+    char path[600];
     ParamStore a, b;
     Optimizer oa, ob;
     CheckpointState sa, sb;
@@ -115,7 +119,7 @@ static long file_size(const char *p) {
 }
 
 Test(checkpoint, interrupted_write_keeps_previous) {
-    char path[256], other[256], tmp[300];
+    char path[600], other[600], tmp[700];
     ParamStore a, b, c;
     Optimizer oa, ob, oc;
     CheckpointState sa;
@@ -162,7 +166,7 @@ static void expect_msg(Status s, const char *want) {
 }
 
 Test(checkpoint, errors_name_file_and_dataset) {
-    char path[256], want[600], bad[256];
+    char path[600], want[1400], bad[600];
     ParamStore a;
     Optimizer oa;
     CheckpointState sa;
@@ -173,7 +177,7 @@ Test(checkpoint, errors_name_file_and_dataset) {
     FILE *f = fopen(tpath(bad, "text.h5"), "w");
     fputs("this is not HDF5\n", f);
     fclose(f);
-    expect_msg(load_variant(bad, 0), (snprintf(want, sizeof want, "%s: not an HDF5 file", bad), want));
+    expect_msg(load_variant(bad, 0), (snprintf(want, sizeof want, "%s: not an HDF5 file (not a checkpoint, or truncated)", bad), want));
     copy_prefix(path, tpath(bad, "trunc.h5"), file_size(path) / 3);
     Status s = load_variant(bad, 0);
     cr_assert(!s.ok && strstr(s.msg, bad), "truncated file: %s", s.msg);
@@ -199,7 +203,7 @@ Test(checkpoint, errors_name_file_and_dataset) {
     sgd_init(&sgd, &b, 0.9, 0);
     expect_msg(checkpoint_load(path, &b, &sgd, NULL),
                (snprintf(want, sizeof want, "%s: /optim: state of optimizer 'adamw', the run uses 'sgd'", path), want));
-    char noopt[256];
+    char noopt[600];
     cr_assert(checkpoint_save(tpath(noopt, "noopt.h5"), &b, NULL, NULL).ok);
     expect_msg(checkpoint_load(noopt, &b, &sgd, NULL),
                (snprintf(want, sizeof want, "%s: /optim: missing (saved without optimizer state)", noopt), want));
@@ -210,7 +214,7 @@ Test(checkpoint, errors_name_file_and_dataset) {
 }
 
 Test(checkpoint, load_params_by_name_reports_missing) {
-    char path[256];
+    char path[600];
     ParamStore a, b;
     Optimizer oa;
     CheckpointState sa;
@@ -237,4 +241,251 @@ Test(checkpoint, load_params_by_name_reports_missing) {
     params_free(&c);
     optim_free(&oa);
     params_free(&a), params_free(&b);
+}
+
+// ---------------------------------------------------------------- hostile files
+//
+// Each case edits a valid checkpoint the way an attacker or a corrupting disk
+// could (with valid checksums where the point is to reach a later check), and
+// expects a clear error naming the file and the dataset, with nothing of the
+// model changed. Under ASan any out-of-bounds access fails the run.
+
+typedef void (*Edit)(hid_t f);
+
+// Copy the reference checkpoint to <name>, apply `edit` through HDF5, return its path.
+static const char *crafted(const char *name, Edit edit) {
+    static char path[600];
+    char ref[600];
+    ParamStore a;
+    Optimizer oa;
+    CheckpointState sa;
+    save_reference(tpath(ref, "ref.h5"), &a, &oa, &sa);
+    optim_free(&oa);
+    params_free(&a);
+    copy_prefix(ref, tpath(path, name), -1);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    cr_assert_geq(f, 0);
+    edit(f);
+    cr_assert_geq(H5Fclose(f), 0);
+    return path;
+}
+
+// The full load a --resume does (parameters, AdamW, state); the model must not change on failure.
+static Status load_all(const char *path) {
+    ParamStore ps;
+    Optimizer opt;
+    make_model(&ps, 3, 0);
+    adamw_init(&opt, &ps, 0.9, 0.95, 1e-8, 0.1);
+    real before = ps.data[2];
+    CheckpointState st = {0};
+    Status s = checkpoint_load(path, &ps, &opt, &st);
+    if (!s.ok) cr_assert_eq(ps.data[2], before, "a failed load must change nothing");
+    if (s.ok) free(st.config_text);
+    optim_free(&opt);
+    params_free(&ps);
+    return s;
+}
+
+static void expect_load_error(const char *path, const char *part) {
+    Status s = load_all(path);
+    cr_assert(!s.ok, "expected an error containing '%s'", part);
+    cr_assert(strstr(s.msg, path) && strstr(s.msg, part), "got: %s (wanted '%s')", s.msg, part);
+}
+
+static void relink(hid_t f, const char *name) { cr_assert_geq(H5Ldelete(f, name, H5P_DEFAULT), 0); }
+
+static void config_as_string_array(hid_t f) {
+    relink(f, "/config");
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, 8);
+    hsize_t n = 3;
+    hid_t sp = H5Screate_simple(1, &n, NULL);
+    hid_t d = H5Dcreate2(f, "/config", t, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    char data[24] = "[model]\0d_model\0= 99999";
+    H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+    H5Dclose(d), H5Sclose(sp), H5Tclose(t);
+}
+static void version_two_elements(hid_t f) {
+    relink(f, "/format_version");
+    int32_t v[2] = {2, 2};
+    cr_assert(h5io_write(f, "/format_version", H5IO_I32, 1, (hsize_t[]){2}, v));
+}
+static void version_2e62_elements(hid_t f) {   // a huge dataspace in a few bytes (chunked, never written)
+    relink(f, "/format_version");
+    hsize_t n = (hsize_t)1 << 62, chunk = 1024;
+    hid_t sp = H5Screate_simple(1, &n, NULL);
+    hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(pl, 1, &chunk);
+    hid_t d = H5Dcreate2(f, "/format_version", H5T_STD_I32LE, sp, H5P_DEFAULT, pl, H5P_DEFAULT);
+    cr_assert_geq(d, 0);
+    H5Dclose(d), H5Pclose(pl), H5Sclose(sp);
+}
+static void step_negative(hid_t f) {
+    relink(f, "/state/step");
+    int64_t v = -5;
+    cr_assert(h5io_write(f, "/state/step", H5IO_I64, 1, (hsize_t[]){1}, &v));
+}
+static void step_2e62(hid_t f) {
+    relink(f, "/state/step");
+    int64_t v = (int64_t)1 << 62;
+    cr_assert(h5io_write(f, "/state/step", H5IO_I64, 1, (hsize_t[]){1}, &v));
+}
+static void long_optim_kind(hid_t f) {
+    H5Adelete_by_name(f, "/optim", "kind", H5P_DEFAULT);
+    char kind[101];
+    memset(kind, 'a', 100);
+    kind[100] = 0;
+    cr_assert_geq(H5LTset_attribute_string(f, "/optim", "kind", kind), 0);
+}
+static void weight_as_int32(hid_t f) {
+    relink(f, "/params/embed");
+    int32_t w[35] = {0};
+    cr_assert(h5io_write(f, "/params/embed", H5IO_I32, 2, (hsize_t[]){7, 5}, w));
+}
+static void weight_nan(hid_t f) {
+    relink(f, "/params/layers.0.norm.w");
+    float w[5] = {1, 1, NAN, 1, 1};
+    cr_assert(h5io_write(f, "/params/layers.0.norm.w", H5IO_F32, 1, (hsize_t[]){5}, w));
+}
+static void negative_second_moment(hid_t f) {
+    hsize_t n = 35 + 30 + 5 + 3;
+    float *v = calloc(n, sizeof *v);
+    v[40] = -1;
+    relink(f, "/optim/v");
+    cr_assert(h5io_write(f, "/optim/v", H5IO_F32, 1, &n, v));
+    free(v);
+}
+static void external_link(hid_t f) {
+    relink(f, "/params/embed");
+    cr_assert_geq(H5Lcreate_external("/etc/other.h5", "/x", f, "/params/embed", H5P_DEFAULT, H5P_DEFAULT), 0);
+}
+static void soft_link(hid_t f) {
+    relink(f, "/params/embed");
+    cr_assert_geq(H5Lcreate_soft("/params/layers.0.mixer.wq", f, "/params/embed", H5P_DEFAULT, H5P_DEFAULT), 0);
+}
+static void never_written(hid_t f) {
+    relink(f, "/params/embed");
+    hsize_t dims[2] = {7, 5};
+    hid_t sp = H5Screate_simple(2, dims, NULL);
+    hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_alloc_time(pl, H5D_ALLOC_TIME_LATE);
+    hid_t d = H5Dcreate2(f, "/params/embed", H5T_IEEE_F32LE, sp, H5P_DEFAULT, pl, H5P_DEFAULT);
+    uint32_t crc = 0;   // even with a checksum attribute, it holds no data
+    H5LTset_attribute_uint(f, "/params/embed", "crc32", &crc, 1);
+    H5Dclose(d), H5Pclose(pl), H5Sclose(sp);
+}
+static void compressed(hid_t f) {
+    relink(f, "/params/embed");
+    hsize_t dims[2] = {7, 5};
+    hid_t sp = H5Screate_simple(2, dims, NULL);
+    hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(pl, 2, dims);
+    H5Pset_deflate(pl, 6);
+    hid_t d = H5Dcreate2(f, "/params/embed", H5T_IEEE_F32LE, sp, H5P_DEFAULT, pl, H5P_DEFAULT);
+    float w[35] = {0};
+    H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w);
+    H5Dclose(d), H5Pclose(pl), H5Sclose(sp);
+}
+static void no_checksum(hid_t f) { H5Adelete_by_name(f, "/params/embed", "crc32", H5P_DEFAULT); }
+static void group_for_dataset(hid_t f) {
+    relink(f, "/state/step");
+    hid_t g = H5Gcreate2(f, "/state/step", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Gclose(g);
+}
+static void zero_sampler(hid_t f) {
+    relink(f, "/state/sampler");
+    uint64_t w[5] = {0};
+    cr_assert(h5io_write(f, "/state/sampler", H5IO_U64, 1, (hsize_t[]){5}, w));
+}
+static void version_one(hid_t f) {
+    relink(f, "/format_version");
+    int32_t v = 1;
+    cr_assert(h5io_write(f, "/format_version", H5IO_I32, 1, (hsize_t[]){1}, &v));
+}
+
+Test(checkpoint, hostile_structures_are_refused) {
+    expect_load_error(crafted("strarr.h5", config_as_string_array), "/config: a string dataset must be a single");
+    char *text = NULL;
+    Status s = checkpoint_read_config(crafted("strarr2.h5", config_as_string_array), &text);
+    cr_assert(!s.ok && text == NULL && strstr(s.msg, "/config"), "%s", s.msg);
+    expect_load_error(crafted("v2.h5", version_two_elements), "/format_version: shape (2) in the file, (1) expected");
+    expect_load_error(crafted("v62.h5", version_2e62_elements), "/format_version: shape (4611686018427387904) in the file, (1) expected");
+    expect_load_error(crafted("v1.h5", version_one), "/format_version: 1, this build reads version 2");
+    expect_load_error(crafted("stepneg.h5", step_negative), "/state/step: -5 is not a step count");
+    expect_load_error(crafted("step62.h5", step_2e62), "/state/step: 4611686018427387904 is not a step count");
+    expect_load_error(crafted("kind.h5", long_optim_kind), "/optim: attribute 'kind' is 101 bytes long, at most 31");
+    expect_load_error(crafted("int.h5", weight_as_int32), "/params/embed: stored as int32, expected float32");
+    expect_load_error(crafted("nan.h5", weight_nan), "/params/layers.0.norm.w: element 2 is nan (not a finite number)");
+    expect_load_error(crafted("negv.h5", negative_second_moment), "/optim/v: element 40 is -1 (a second moment");
+    expect_load_error(crafted("ext.h5", external_link), "/params/embed: an external link");
+    expect_load_error(crafted("soft.h5", soft_link), "/params/embed: a soft link");
+    expect_load_error(crafted("unwritten.h5", never_written), "/params/embed: never written");
+    expect_load_error(crafted("deflate.h5", compressed), "/params/embed: stored with filters (compression)");
+    expect_load_error(crafted("nocrc.h5", no_checksum), "/params/embed: no crc32 checksum attribute");
+    expect_load_error(crafted("group.h5", group_for_dataset), "/state/step: not a dataset");
+    expect_load_error(crafted("zero.h5", zero_sampler), "/state/sampler: not a sampler state");
+}
+
+// Flip one bit of the stored bytes of `name` in a copy of the reference checkpoint.
+static const char *flipped(const char *copy, const char *name, long byte) {
+    static char path[600];
+    char ref[600];
+    ParamStore a;
+    Optimizer oa;
+    CheckpointState sa;
+    save_reference(tpath(ref, "ref.h5"), &a, &oa, &sa);
+    optim_free(&oa);
+    params_free(&a);
+    copy_prefix(ref, tpath(path, copy), -1);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+    haddr_t off = H5Dget_offset(d);
+    H5Dclose(d);
+    H5Fclose(f);
+    cr_assert_neq(off, HADDR_UNDEF);
+    FILE *fp = fopen(path, "r+b");
+    fseek(fp, (long)off + byte, SEEK_SET);
+    int c = fgetc(fp);
+    fseek(fp, (long)off + byte, SEEK_SET);
+    fputc(c ^ 0x10, fp);
+    fclose(fp);
+    return path;
+}
+
+Test(checkpoint, flipped_bits_are_caught_by_the_checksums) {
+    expect_load_error(flipped("flip_w.h5", "/params/layers.0.mixer.wq", 13), "/params/layers.0.mixer.wq: checksum mismatch");
+    expect_load_error(flipped("flip_m.h5", "/optim/m", 7), "/optim/m: checksum mismatch");
+    expect_load_error(flipped("flip_s.h5", "/state/sampler", 3), "/state/sampler: checksum mismatch");
+    char *text = NULL;
+    Status s = checkpoint_read_config(flipped("flip_c.h5", "/config", 2), &text);
+    cr_assert(!s.ok && strstr(s.msg, "/config: checksum mismatch"), "%s", s.msg);
+}
+
+Test(checkpoint, check_params_before_the_model_is_allocated) {
+    char path[600];
+    ParamStore a;
+    Optimizer oa;
+    CheckpointState sa;
+    save_reference(tpath(path, "ref.h5"), &a, &oa, &sa);
+    // Registered, not finalised: shapes only.
+    ParamStore big;
+    params_init(&big);
+    params_add(&big, "embed", 2, (int[]){70000, 5000}, init_zeros(), 0);
+    Status s = checkpoint_check_params(path, &big, NULL);
+    cr_assert(!s.ok && strstr(s.msg, "/params/embed: shape (7, 5) in the file, (70000, 5000) in the model"), "%s",
+              s.msg);
+    cr_assert_null(big.data, "nothing allocated");
+    params_free(&big);
+    ParamStore same;
+    params_init(&same);
+    params_add(&same, "embed", 2, (int[]){7, 5}, init_zeros(), 0);
+    params_add(&same, "layers.0.mixer.wq", 2, (int[]){5, 6}, init_zeros(), 0);
+    params_add(&same, "layers.0.norm.w", 1, (int[]){5}, init_zeros(), 0);
+    params_add(&same, "layers.0.mixer.A_log", 1, (int[]){3}, init_zeros(), 0);
+    s = checkpoint_check_params(path, &same, NULL);
+    cr_assert(s.ok, "%s", s.msg);
+    params_free(&same);
+    optim_free(&oa);
+    params_free(&a);
 }

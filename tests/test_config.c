@@ -18,10 +18,9 @@ static void write_file(const char *path, const char *text) {
     fclose(f);
 }
 
-static char tmpdir[64];
+static char tmpdir[512];
 static void make_tmpdir(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/cfgtestXXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
+    snprintf(tmpdir, sizeof tmpdir, "%s", test_tmpdir("config"));
 }
 
 // Load `text` as <tmpdir>/x.ini over the defaults; returns the status.
@@ -35,7 +34,7 @@ static Status load_text(TrainConfig *cfg, const char *text, char *path, size_t n
 // Expect loading `text` to fail with message "<path>:<line>: <rest>".
 static void expect_error(const char *text, int line, const char *rest) {
     TrainConfig cfg;
-    char path[128], want[600];
+    char path[600], want[1400];
     Status st = load_text(&cfg, text, path, sizeof path);
     cr_assert(!st.ok, "expected an error for:\n%s", text);
     snprintf(want, sizeof want, "%s:%d: %s", path, line, rest);
@@ -88,7 +87,7 @@ Test(config, loads_values_and_keeps_text) {
                        "init_from = runs/a/checkpoint.h5\n"
                        "dsa_layers = 2, 0\n";
     TrainConfig cfg;
-    char path[128];
+    char path[600];
     Status st = load_text(&cfg, text, path, sizeof path);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert_eq(cfg.model.layers.n, 3);
@@ -166,7 +165,7 @@ Test(config, missing_file) {
 
 Test(config, overrides) {
     TrainConfig cfg;
-    char path[128];
+    char path[600];
     Status st = load_text(&cfg, "[train]\nlr = 0.1\nsteps = 50\n", path, sizeof path);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert(config_set(&cfg, "train.lr=0.02").ok);
@@ -203,7 +202,7 @@ Test(config, custom_mixer_checker) {
 
 Test(config, cross_key_validation) {
     TrainConfig cfg;
-    char path[128], want[300];
+    char path[600], want[1400];
     Status st = load_text(&cfg, "[model]\nlayers = attn,attn_dsa\n[finetune]\n\ndsa_layers = 1,2\n", path, sizeof path);
     cr_assert(st.ok, "%s", st.msg);
     st = config_validate(&cfg);
@@ -262,13 +261,13 @@ Test(config, help_lists_every_key) {
 }
 
 Test(config, find_bundled) {
-    char dir[160], path[CONFIG_STR_MAX];
+    char dir[600], path[CONFIG_STR_MAX];
     snprintf(dir, sizeof dir, "%s/configs", tmpdir);
     cr_assert_eq(mkdir(dir, 0755), 0);
     snprintf(path, sizeof path, "%s/tiny.ini", dir);
     write_file(path, "[train]\nsteps = 1\n");
     const char *dirs[] = {"/nonexistent", tmpdir};
-    char out[CONFIG_STR_MAX], want[CONFIG_STR_MAX];
+    char out[CONFIG_STR_MAX], want[CONFIG_STR_MAX + 1200];
     Status st = config_find("tiny", dirs, 2, out, sizeof out);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert_str_eq(out, path);
@@ -286,4 +285,176 @@ Test(config, find_bundled) {
     cr_assert_str_eq(st.msg, want);
     st = config_find("sub/nope.ini", dirs, 2, out, sizeof out);
     cr_assert_str_eq(st.msg, "sub/nope.ini: config file not found");
+}
+
+// Every constraint a layer asserts is a validation error naming where the key was set.
+Test(config, layer_constraints_are_validation_errors) {
+    TrainConfig cfg;
+    char path[600], want[1400];
+    const struct {
+        const char *text;
+        int line;
+        const char *rest;
+    } cases[] = {
+        {"[model]\nlayers = gdn,attn\nd_k = 31\n", 3,
+         "[model] d_k: layer 1: attention's RoPE rotates pairs of dimensions: d_k = 31 must be even"},
+        {"[model]\nlayers = attn_dsa\nindex_dim = 15\n", 3,
+         "[model] index_dim: layer 0: the DSA indexer's RoPE rotates pairs of dimensions: index_dim = 15 must be even"},
+        {"[model]\nlayers = gdn\nform = parallel\n", 3,
+         "[model] form: layer 0: gdn has no 'parallel' form (it has: chunked, recurrent)"},
+        {"[model]\nlayers = attn,attn\nform = recurrent\n", 3,
+         "[model] form: form = recurrent has no effect: none of the layers (attn...) has training forms to choose "
+         "between (only linear, mamba and gdn do); remove the key"},
+        {"[model]\nlayers = gdn\nd_model = 65536\nd_ff = 1048576\n", 3,
+         "[model] d_model: a weight of 65536 x 1048576 elements is more than this build's 2147483647 per tensor"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        Status st = load_text(&cfg, cases[i].text, path, sizeof path);
+        cr_assert(st.ok, "%s", st.msg);
+        st = config_validate(&cfg);
+        snprintf(want, sizeof want, "%s:%d: %s", path, cases[i].line, cases[i].rest);
+        cr_assert_str_eq(st.msg, want);
+        config_free(&cfg);
+    }
+    // The same checks for a config stored in a checkpoint, and for --set.
+    config_defaults(&cfg, NULL);
+    Status st = config_load_string(&cfg, "[model]\nlayers = attn\nd_k = 7\n", "run/checkpoint.h5");
+    cr_assert(st.ok);
+    st = config_validate(&cfg);
+    cr_assert(strstr(st.msg, "run/checkpoint.h5:3: [model] d_k:"), "%s", st.msg);
+    config_free(&cfg);
+    config_defaults(&cfg, NULL);
+    cr_assert(config_set(&cfg, "model.layers=gdn,gdn").ok && config_set(&cfg, "model.form=parallel").ok);
+    st = config_validate(&cfg);
+    cr_assert_str_eq(st.msg, "--set: [model] form: layer 0: gdn has no 'parallel' form (it has: chunked, recurrent)");
+    config_free(&cfg);
+}
+
+Test(config, warmup_follows_steps_unless_written) {
+    TrainConfig cfg;
+    config_defaults(&cfg, NULL);
+    cr_assert(config_set(&cfg, "train.steps=30").ok);
+    cr_assert(config_validate(&cfg).ok, "a short run with the default warm-up is fine");
+    cr_assert_eq(config_warmup_steps(&cfg), 2, "0.05 x 30 = 1.5, rounded");
+    cr_assert(config_set(&cfg, "train.warmup_fraction=0.5").ok);
+    cr_assert_eq(config_warmup_steps(&cfg), 15);
+    cr_assert(config_set(&cfg, "train.warmup_steps=20").ok);
+    Status st = config_validate(&cfg);
+    cr_assert(strstr(st.msg, "--set: [train] warmup_fraction: set together with warmup_steps = 20"), "%s", st.msg);
+    cr_assert(config_set(&cfg, "train.warmup_steps=40").ok);
+    cr_assert(config_set(&cfg, "train.warmup_fraction=0.05").ok);   // back to the default: no contradiction
+    st = config_validate(&cfg);
+    cr_assert_str_eq(st.msg, "--set: [train] warmup_steps: 40 is more than steps = 30 (or use warmup_fraction, which "
+                             "scales with steps)");
+    cr_assert(config_set(&cfg, "train.warmup_steps=7").ok);
+    cr_assert(config_validate(&cfg).ok);
+    cr_assert_eq(config_warmup_steps(&cfg), 7);
+    config_free(&cfg);
+}
+
+// What config.ini and a checkpoint's /config hold must read back as written:
+// a value that cannot is refused when it is set, whatever bytes it holds.
+Test(config, values_round_trip_or_are_refused) {
+    TrainConfig cfg;
+    config_defaults(&cfg, NULL);
+    Status st = config_set(&cfg, "train.run_dir=runs/a\n[model]\nd_model = 4");
+    cr_assert(strstr(st.msg, "[train] run_dir: contains the control character 0x0a at offset 6"), "%s", st.msg);
+    cr_assert(config_set(&cfg, "train.run_dir=runs/a ;x").ok);   // accepted as a value ...
+    st = config_validate(&cfg);                                  // ... but it would not read back
+    cr_assert(strstr(st.msg, "[train] run_dir: the value 'runs/a ;x' would not read back from config.ini as "
+                             "written (it reads 'runs/a'"),
+              "%s", st.msg);
+    cr_assert(config_set(&cfg, "train.run_dir=a;x#y=z").ok);   // no blank before ';': not a comment
+    cr_assert(config_validate(&cfg).ok);
+    cr_assert(config_set(&cfg, "train.run_dir=;x").ok);   // written "run_dir = ;x": a comment after the blank
+    cr_assert(!config_validate(&cfg).ok);
+    config_free(&cfg);
+    // A random walk over awkward characters: each value is refused, or reads back identically.
+    Rng r;
+    rng_seed(&r, 77);
+    const char alphabet[] = " \t;#=:[]\"'\\$`()/.,x\x01\x7f\xc3\xa9";
+    int accepted = 0;
+    for (int trial = 0; trial < 3000; trial++) {
+        char value[40], set[80];
+        int n = 1 + (int)rng_below(&r, 30);
+        for (int i = 0; i < n; i++) value[i] = alphabet[rng_below(&r, sizeof alphabet - 1)];
+        value[n] = 0;
+        snprintf(set, sizeof set, "data.corpus=%s", value);
+        config_defaults(&cfg, NULL);
+        if (config_set(&cfg, set).ok && config_validate(&cfg).ok) {
+            accepted++;
+            char *text = config_dump_string(&cfg);
+            TrainConfig back;
+            config_defaults(&back, NULL);
+            Status s = config_load_string(&back, text, "dump");
+            cr_assert(s.ok, "'%s': %s", value, s.msg);
+            cr_assert_str_eq(back.data.corpus, cfg.data.corpus, "value '%s'", value);
+            free(text);
+            config_free(&back);
+        }
+        config_free(&cfg);
+    }
+    cr_assert(accepted > 300 && accepted < 3000, "both kinds occur: %d accepted", accepted);
+}
+
+Test(config, long_values_read_back) {
+    TrainConfig cfg, back;
+    config_defaults(&cfg, NULL);
+    char set[CONFIG_STR_MAX + 64], value[CONFIG_STR_MAX + 8];
+    for (int i = 0; i < CONFIG_STR_MAX - 1; i++) value[i] = "abcdefgh/"[i % 9];
+    value[CONFIG_STR_MAX - 1] = 0;
+    snprintf(set, sizeof set, "finetune.init_from=%s", value);
+    cr_assert(config_set(&cfg, set).ok);
+    char *text = config_dump_string(&cfg);
+    config_defaults(&back, NULL);
+    Status st = config_load_string(&back, text, "dump");
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_str_eq(back.finetune.init_from, value);
+    free(text);
+    config_free(&back);
+    // One character more does not fit, and says so; a long line with an inline comment parses like a short one.
+    value[CONFIG_STR_MAX - 1] = 'z';
+    value[CONFIG_STR_MAX] = 0;
+    snprintf(set, sizeof set, "finetune.init_from=%s", value);
+    st = config_set(&cfg, set);
+    cr_assert(strstr(st.msg, "value is longer than 1023 characters"), "%s", st.msg);
+    char ini[2 * CONFIG_STR_MAX];
+    value[300] = 0;
+    snprintf(ini, sizeof ini, "[data]\n  corpus =   %s   ; where the text is\n", value);
+    config_defaults(&back, NULL);
+    st = config_load_string(&back, ini, "x.ini");
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_str_eq(back.data.corpus, value);
+    config_free(&back);
+    config_free(&cfg);
+}
+
+Test(config, special_files_and_line_endings_say_what_is_wrong, .timeout = 10) {
+    char fifo[600], dir[600], cr[600], out[CONFIG_STR_MAX];
+    snprintf(fifo, sizeof fifo, "%s/fifo.ini", tmpdir);
+    cr_assert_eq(mkfifo(fifo, 0644), 0);
+    Status st = config_find(fifo, NULL, 0, out, sizeof out);
+    cr_assert(strstr(st.msg, "fifo.ini: is a FIFO (named pipe), not a config file"), "%s", st.msg);
+    TrainConfig cfg;
+    config_defaults(&cfg, NULL);
+    st = config_load_file(&cfg, fifo);   // must not wait for a writer
+    cr_assert(strstr(st.msg, "the config is a FIFO (named pipe), not a regular file"), "%s", st.msg);
+    snprintf(dir, sizeof dir, "%s/dir.ini", tmpdir);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    st = config_find(dir, NULL, 0, out, sizeof out);
+    cr_assert(strstr(st.msg, "dir.ini: is a directory, not a config file"), "%s", st.msg);
+    st = config_find("/dev/null", NULL, 0, out, sizeof out);
+    cr_assert_str_eq(st.msg, "/dev/null: is a character device, not a config file");
+    snprintf(cr, sizeof cr, "%s/mac.ini", tmpdir);
+    write_file(cr, "[train]\rlr = 0.1\rsteps = 3\r");
+    st = config_load_file(&cfg, cr);
+    cr_assert(strstr(st.msg, "mac.ini:1: carriage return inside a line: the file uses old Mac (CR) line endings"),
+              "%s", st.msg);
+    write_file(cr, "[train]\r\nlr = 0.1\r\n   steps = 3\r\n");   // CRLF and an indented key are fine
+    st = config_load_file(&cfg, cr);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_eq(cfg.train.steps, 3);
+    st = config_find("nosuch.ini", (const char *[]){tmpdir}, 1, out, sizeof out);
+    cr_assert_null(strstr(st.msg, ".ini.ini"), "%s", st.msg);
+    config_free(&cfg);
 }

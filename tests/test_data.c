@@ -6,16 +6,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <hdf5.h>
+
 #include "batch.h"
 #include "corpus.h"
+#include "h5io.h"
 #include "test_util.h"
 #include "token_cache.h"
 #include "tokenizer.h"
 
-static char tmpdir[64];
+static char tmpdir[512];
 static void make_tmpdir(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/datatestXXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
+    snprintf(tmpdir, sizeof tmpdir, "%s", test_tmpdir("data"));
 }
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
     return remove(path);
@@ -25,7 +27,7 @@ TestSuite(data, .init = make_tmpdir, .fini = remove_tmpdir);
 
 // <tmpdir>/<name> into buf.
 static const char *tpath(char *buf, const char *name) {
-    snprintf(buf, 256, "%s/%s", tmpdir, name);
+    snprintf(buf, 600, "%s/%s", tmpdir, name);
     return buf;
 }
 
@@ -99,7 +101,7 @@ Test(data, corpus_errors_name_the_path) {
     cr_assert_str_eq(st.msg, want);
     write_file(tpath(e, "empty.txt"), "");
     st = corpus_load(&c, e);
-    snprintf(want, sizeof want, "%s: corpus is empty (0 bytes)", e);
+    snprintf(want, sizeof want, "%s: the corpus is empty (its files hold 0 bytes)", e);
     cr_assert_str_eq(st.msg, want);
     tpath(d, "emptydir");
     mkdir(d, 0755);
@@ -109,7 +111,7 @@ Test(data, corpus_errors_name_the_path) {
     char spec[600];
     snprintf(spec, sizeof spec, "%s,%s", e, d);   // a directory inside a list is not readable as a file
     st = corpus_load(&c, spec);
-    snprintf(want, sizeof want, "%s: corpus file is not a regular file", d);
+    snprintf(want, sizeof want, "%s: the corpus file is a directory, not a regular file", d);
     cr_assert_str_eq(st.msg, want);
     st = corpus_load(&c, " , ");
     cr_assert_str_eq(st.msg, "' , ': corpus spec names no file");
@@ -245,4 +247,87 @@ Test(data, split_too_small) {
               "%s", st.msg);
     cr_assert(batcher_init(&b, tok, 100, 0.0, 2, 99, 1).ok);
     free(tok);
+}
+
+Test(data, special_files_as_corpus, .timeout = 10) {
+    char fifo[600], want[1400];
+    cr_assert_eq(mkfifo(tpath(fifo, "fifo.txt"), 0644), 0);
+    Corpus c;
+    Status st = corpus_load(&c, fifo);   // refused at once, never waited on
+    snprintf(want, sizeof want, "%s: the corpus file is a FIFO (named pipe), not a regular file", fifo);
+    cr_assert_str_eq(st.msg, want);
+    st = corpus_load(&c, "/dev/zero,/dev/null");
+    cr_assert_str_eq(st.msg, "/dev/zero: the corpus file is a character device, not a regular file");
+    // A /proc file reports size 0 but has content: it is read to its end.
+    st = corpus_load(&c, "/proc/self/status");
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_gt(c.n, 10);
+    cr_assert(memmem(c.bytes, (size_t)c.n, "Name:", 5), "the real content was read");
+    corpus_free(&c);
+}
+
+// Build a cache for `text`; then apply `edit` to the file and load again:
+// the cache must be rebuilt (tokens equal to the corpus) with a note containing `why`.
+static void expect_rebuilt(const char *tag, void (*edit)(const char *cache_file), const char *why) {
+    char f[600], cache[600], cpath[CACHE_PATH_MAX];
+    write_file(tpath(f, tag), "the light and the darkness\n");
+    snprintf(cache, sizeof cache, "%s/cache_%s", tmpdir, tag);
+    Corpus c;
+    TokenData td;
+    bool built = false;
+    cr_assert(corpus_load(&c, f).ok);
+    cr_assert(token_cache_load(cache, f, &c, &td, &built, cpath).ok);
+    token_data_free(&td);
+    edit(cpath);
+    Status st = token_cache_load(cache, f, &c, &td, &built, NULL);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert(built, "a bad cache is rebuilt (%s)", why);
+    cr_assert(strstr(td.note, why), "note: %s (wanted '%s')", td.note, why);
+    cr_assert_eq(td.n, c.n);
+    for (int64_t i = 0; i < c.n; i++) cr_assert_eq(td.tokens[i], c.bytes[i]);
+    token_data_free(&td);
+    st = token_cache_load(cache, f, &c, &td, &built, NULL);   // and the rebuilt one is reused
+    cr_assert(st.ok && !built && !td.note[0], "%s %s", st.msg, td.note);
+    token_data_free(&td);
+    corpus_free(&c);
+}
+
+static void flip_a_token(const char *p) {   // one bit of the stored tokens (the checksum no longer matches)
+    hid_t f = H5Fopen(p, H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "/tokens", H5P_DEFAULT);
+    haddr_t off = H5Dget_offset(d);
+    H5Dclose(d), H5Fclose(f);
+    FILE *fp = fopen(p, "r+b");
+    fseek(fp, (long)off + 4, SEEK_SET);
+    int ch = fgetc(fp);
+    fseek(fp, (long)off + 4, SEEK_SET);
+    fputc(ch ^ 1, fp);
+    fclose(fp);
+}
+static void tokens_as_int32(const char *p) {   // ids widened (with a valid checksum) to reach the id check
+    hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Ldelete(f, "/tokens", H5P_DEFAULT);
+    int32_t ids[27];
+    for (int i = 0; i < 27; i++) ids[i] = 300 + i;
+    cr_assert(h5io_write(f, "/tokens", H5IO_I32, 1, (hsize_t[]){27}, ids));
+    H5Fclose(f);
+}
+static void garbage(const char *p) {
+    FILE *fp = fopen(p, "w");
+    fputs("not an HDF5 file", fp);
+    fclose(fp);
+}
+static void stale_format(const char *p) {
+    hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Ldelete(f, "/meta", H5P_DEFAULT);
+    uint64_t meta[4] = {1, 256, 0, 27};
+    cr_assert(h5io_write(f, "/meta", H5IO_U64, 1, (hsize_t[]){4}, meta));
+    H5Fclose(f);
+}
+
+Test(data, tampered_token_caches_are_rebuilt) {
+    expect_rebuilt("flip.txt", flip_a_token, "/tokens: checksum mismatch");
+    expect_rebuilt("int.txt", tokens_as_int32, "/tokens: stored as int32, expected uint8");
+    expect_rebuilt("junk.txt", garbage, "not an HDF5 file");
+    expect_rebuilt("old.txt", stale_format, "format 1 with a vocabulary of 256");
 }

@@ -297,8 +297,8 @@ Test(dsa_finetune, indexer_mode_keeps_the_model_bit_for_bit_and_lowers_the_kl, .
     cr_assert(strstr(t.init_report.missing, "layers.1.mixer.wq_idx"), "%s", t.init_report.missing);
     cr_assert_eq(trainer_run(&t, &o), 0);
     // The KL falls: the mean of the last 5 steps well under the first step's.
-    double first = t.losses[0], last = 0;
-    for (int i = 35; i < 40; i++) last += t.losses[i] / 5;
+    double first = trainer_loss(&t, 0), last = 0;
+    for (int i = 35; i < 40; i++) last += trainer_loss(&t, i) / 5;
     cr_assert(last < 0.8 * first, "KL %.4f -> %.4f", first, last);
     cr_assert(isfinite(t.last_dsa.kl) && t.last_dsa.mass > 0 && t.last_dsa.mass <= 1 + 1e-12,
               "kl %g mass %g", t.last_dsa.kl, t.last_dsa.mass);
@@ -368,6 +368,11 @@ Test(dsa_finetune, sparse_mode_moves_every_weight, .timeout = 120) {
     // The indexer weights moved too: rebuild the fresh ones (same seed) and compare.
     static Trainer f;
     o.stop_after = 0;
+    char fresh_dir[600];   // a fresh run folder: setup refuses one holding a run
+    snprintf(fresh_dir, sizeof fresh_dir, "train.run_dir=%s/sp_fresh", dir);
+    const char *fresh_set[] = {fresh_dir};
+    o.sets = fresh_set;
+    o.n_sets = 1;
     s = trainer_setup(&f, &o);
     cr_assert(s.ok, "%s", s.msg);
     for (const char *nm[] = {"wq_idx", "wk_idx", "ww_idx"}, **p = nm; p < nm + 3; p++) {
@@ -432,12 +437,25 @@ Test(dsa_finetune, config_errors, .timeout = 60) {
     s = setup_with(cfg, "finetune.dsa_layers=5");
     cr_assert(!s.ok && strstr(s.msg, "layer 5 does not exist"), "%s", s.msg);
     s = setup_with(cfg, "model.d_model=32");   // not the checkpoint's architecture
-    cr_assert(!s.ok && strstr(s.msg, "init_from") && strstr(s.msg, "shape"), "%s", s.msg);
+    cr_assert(!s.ok && strstr(s.msg, "--set: [model] d_model: 32 here, but 16 in the model of") &&
+                  strstr(s.msg, "(init_from)"),
+              "%s", s.msg);
+    s = setup_with(cfg, "model.rope_base=500");   // not a shape, but the function the model computes
+    cr_assert(!s.ok && strstr(s.msg, "[model] rope_base: 500 here, but 10000 in the model of"), "%s", s.msg);
     s = setup_with(cfg, "model.layers=gdn,attn,attn");
-    cr_assert(!s.ok && strstr(s.msg, "lacks parameters"), "%s", s.msg);
-    s = setup_with(cfg, "model.layers=gdn,gdn");
-    cr_assert(!s.ok && strstr(s.msg, "no attn layer"), "%s", s.msg);
+    cr_assert(!s.ok && strstr(s.msg, "[model] layers: gdn,attn,attn here, but gdn,attn in the model"), "%s", s.msg);
+    s = setup_with(cfg, "model.layers=gdn,attn");   // repeating the checkpoint's value is fine
+    cr_assert(s.ok, "%s", s.msg);
+    s = setup_with(cfg, "model.chunk_size=4");      // how the model is computed may change
+    cr_assert(s.ok, "%s", s.msg);
+    s = setup_with(cfg, "model.index_dim=5");       // the new indexers' constraints are checked
+    cr_assert(!s.ok && strstr(s.msg, "[model] index_dim") && strstr(s.msg, "must be even"), "%s", s.msg);
     cr_assert(setup_with(cfg, NULL).ok);
+    // A model without attention layers has nothing to give an indexer.
+    const char *gdir = scratch("gdn,gdn", 1);
+    train_base(gdir);
+    s = setup_with(ft_config(gdir, "bad", "indexer", 1, NULL), NULL);
+    cr_assert(!s.ok && strstr(s.msg, "no attn layer"), "%s", s.msg);
     // The bundled config parses and points at tiny_attn.ini's checkpoint.
     TrainConfig c;
     config_defaults(&c, NULL);

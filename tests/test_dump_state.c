@@ -21,17 +21,15 @@ Test(dump_state, config_attribute_rebuilds_the_same_model) {
     cr_assert(s.ok, "%s", s.msg);
     LM lm;
     ParamStore ps;
-    s = model_build(&cfg, &lm, &ps);
+    s = model_build(&cfg, &lm, &ps, NULL);
     cr_assert(s.ok, "%s", s.msg);
     int B = 2, T = 7, x[14], y[14];
     for (int i = 0; i < B * T; i++) x[i] = (i * 37) % 256, y[i] = (i * 11 + 3) % 256;
-    char path[] = "/tmp/attnlab_dump_XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    close(fd);
+    char path[600];
+    snprintf(path, sizeof path, "%s/dump.h5", test_tmpdir("dump"));
     Tape tp;
     tape_init(&tp);
-    s = dump_state_write(path, &tp, &lm, &ps, x, y, B, T);
+    s = dump_state_write(path, &tp, &lm, &ps, x, y, B, T, false);
     cr_assert(s.ok, "%s", s.msg);
 
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);

@@ -1,7 +1,20 @@
+#define _GNU_SOURCE   // nftw's FTW_DEPTH with FTW_PHYS
 #include "test_util.h"
 
+#include "checkpoint.h"
+#include "model_setup.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <libgen.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 jmp_buf test_fail_jmp;
 void test_fail_handler(const char *msg) {
@@ -31,11 +44,240 @@ double max_rel_diff(const real *a, const real *b, int64_t n) {
     return scale > 0 ? worst / scale : worst;
 }
 
+// ---------------------------------------------------------------- scratch folders
+
+// Every scratch folder of a run of unit_tests lives under one root, made
+// before the first test and removed after the last by the runner process
+// (whatever the tests did, crashes included).
+#define TMP_ENV "ATTNLAB_TEST_TMP"
+static char tmp_root[256];
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+void test_remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+ReportHook(PRE_ALL)(struct criterion_test_set *set) {
+    (void)set;
+    const char *base = getenv("TMPDIR");
+    snprintf(tmp_root, sizeof tmp_root, "%s/attnlab-tests-XXXXXX", base && *base ? base : "/tmp");
+    if (mkdtemp(tmp_root)) setenv(TMP_ENV, tmp_root, 1);
+    else tmp_root[0] = 0;
+}
+
+ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
+    (void)stats;
+    if (tmp_root[0]) test_remove_tree(tmp_root);
+}
+
+const char *test_tmpdir(const char *tag) {
+    static char dir[512];
+    const char *root = getenv(TMP_ENV);
+    snprintf(dir, sizeof dir, "%s/%s_XXXXXX", root && *root ? root : "/tmp", tag);
+    cr_assert_not_null(mkdtemp(dir), "mkdtemp %s: %s", dir, strerror(errno));
+    return dir;
+}
+
+// ---------------------------------------------------------------- programs
+
+const char *test_program(const char *name) {
+    static char path[1024];
+    char exe[1024];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    cr_assert(n > 0, "readlink /proc/self/exe");
+    exe[n] = 0;
+    snprintf(path, sizeof path, "%s/%s", dirname(exe), name);
+    cr_assert(access(path, X_OK) == 0, "the program %s is not built", path);
+    return path;
+}
+
+int test_spawn(char *const argv[], const char *in_path, const char *out_path, const char *err_path, double timeout_s,
+               pid_t *pid_out) {
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        const char *paths[3] = {in_path ? in_path : "/dev/null", out_path ? out_path : "/dev/null",
+                                err_path ? err_path : "/dev/null"};
+        for (int fd = 0; fd < 3; fd++) {
+            int f = open(paths[fd], fd == 0 ? O_RDONLY : O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            if (f < 0 || dup2(f, fd) < 0) _exit(125);
+            close(f);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    if (pid_out) {   // the caller waits (test_wait)
+        *pid_out = pid;
+        return 0;
+    }
+    return test_wait(pid, timeout_s);
+}
+
+int test_wait(pid_t pid, double timeout_s) {
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int status;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) > timeout_s) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return TEST_TIMED_OUT;
+        }
+        usleep(2000);
+    }
+}
+
+char *test_read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (size_t got; (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += got;
+        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
+    }
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+void test_write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+// ---------------------------------------------------------------- JSON
+
+// A strict JSON syntax check (RFC 8259) of one value; *p advances past it.
+static bool json_value(const char **p, int depth);
+
+static void json_ws(const char **p) {
+    while (**p == ' ' || **p == '\t' || **p == '\n' || **p == '\r') (*p)++;
+}
+
+static bool json_string(const char **p) {
+    if (**p != '"') return false;
+    for ((*p)++; **p != '"'; (*p)++) {
+        unsigned char c = (unsigned char)**p;
+        if (c < 0x20) return false;   // includes the NUL at the end of the text
+        if (c == '\\') {
+            (*p)++;
+            if (**p == 'u') {
+                for (int i = 1; i <= 4; i++)
+                    if (!strchr("0123456789abcdefABCDEF", (*p)[i]) || !(*p)[i]) return false;
+                *p += 4;
+            } else if (!**p || !strchr("\"\\/bfnrt", **p)) {
+                return false;
+            }
+        }
+    }
+    (*p)++;
+    return true;
+}
+
+static bool json_number(const char **p) {
+    const char *s = *p;
+    if (*s == '-') s++;
+    if (*s == '0') s++;
+    else if (*s >= '1' && *s <= '9') while (*s >= '0' && *s <= '9') s++;
+    else return false;
+    if (*s == '.') {
+        s++;
+        if (!(*s >= '0' && *s <= '9')) return false;
+        while (*s >= '0' && *s <= '9') s++;
+    }
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        if (*s == '+' || *s == '-') s++;
+        if (!(*s >= '0' && *s <= '9')) return false;
+        while (*s >= '0' && *s <= '9') s++;
+    }
+    *p = s;
+    return true;
+}
+
+static bool json_value(const char **p, int depth) {
+    if (depth > 64) return false;
+    json_ws(p);
+    char c = **p;
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        (*p)++;
+        json_ws(p);
+        if (**p == close) {
+            (*p)++;
+            return true;
+        }
+        for (;;) {
+            if (c == '{') {
+                json_ws(p);
+                if (!json_string(p)) return false;
+                json_ws(p);
+                if (**p != ':') return false;
+                (*p)++;
+            }
+            if (!json_value(p, depth + 1)) return false;
+            json_ws(p);
+            if (**p == ',') {
+                (*p)++;
+                continue;
+            }
+            if (**p != close) return false;
+            (*p)++;
+            return true;
+        }
+    }
+    if (c == '"') return json_string(p);
+    for (const char *lit[] = {"true", "false", "null"}, **l = lit; l < lit + 3; l++)
+        if (strncmp(*p, *l, strlen(*l)) == 0) {
+            *p += strlen(*l);
+            return true;
+        }
+    return json_number(p);
+}
+
+bool test_json_valid(const char *text) {
+    const char *p = text;
+    if (!json_value(&p, 0)) return false;
+    json_ws(&p);
+    return *p == 0;
+}
+
+int test_jsonl_check(const char *path, char *bad_line, size_t n) {
+    char *text = test_read_file(path);
+    if (!text) return -1;
+    int records = 0;
+    char *save = NULL;
+    size_t len = strlen(text);
+    if (len && text[len - 1] != '\n') {
+        snprintf(bad_line, n, "(the file does not end with a newline)");
+        free(text);
+        return -1;
+    }
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (!test_json_valid(line)) {
+            snprintf(bad_line, n, "%s", line);
+            free(text);
+            return -1;
+        }
+        records++;
+    }
+    free(text);
+    return records;
+}
+
 const char *test_scratch_corpus(const char *tag) {
-    static char dir[256];
-    snprintf(dir, sizeof dir, "/tmp/attnlab_%s_XXXXXX", tag);
-    cr_assert_not_null(mkdtemp(dir));
-    char path[512];
+    static char dir[512];
+    snprintf(dir, sizeof dir, "%s", test_tmpdir(tag));
+    char path[600];
     snprintf(path, sizeof path, "%s/corpus.txt", dir);
     FILE *f = fopen(path, "w");
     cr_assert_not_null(f);
@@ -45,4 +287,38 @@ const char *test_scratch_corpus(const char *tag) {
     for (int i = 0; i < 4000; i++) fputs(words[rng_below(&r, 9)], f);
     fclose(f);
     return dir;
+}
+
+const char *test_tiny_config(const char *tag, const char *layers, int steps, const char *run_dir, const char *extra) {
+    const char *dir = test_scratch_corpus(tag);
+    static char path[1400];
+    snprintf(path, sizeof path, "%s/tiny.ini", dir);
+    char rd[1100];
+    if (run_dir) snprintf(rd, sizeof rd, "%s", run_dir);
+    else snprintf(rd, sizeof rd, "%s/run", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f,
+            "[model]\nlayers = %s\nd_model = 16\nn_heads = 2\nd_k = 8\nd_v = 8\nd_ff = 32\nchunk_size = 8\n"
+            "conv_size = 3\n"
+            "[data]\ncorpus = %s/corpus.txt\ncache_dir = %s/cache\nval_fraction = 0.1\nseq_len = 24\nbatch_size = 3\n"
+            "[train]\nsteps = %d\nlr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 1\neval_every = 0\neval_batches = 2\n"
+            "checkpoint_every = 0\nlog_every = 1\nrun_dir = %s\n%s",
+            layers, dir, dir, steps, rd, extra ? extra : "");
+    fclose(f);
+    return path;
+}
+
+Status test_rebuild_checkpoint(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps) {
+    char *text = NULL;
+    config_defaults(cfg, model_mixer_known);
+    params_init(ps);
+    memset(lm, 0, sizeof *lm);
+    Status s = checkpoint_read_config(ckpt, &text);
+    if (s.ok) s = config_load_string(cfg, text, ckpt);
+    free(text);
+    if (s.ok) s = config_validate(cfg);
+    if (s.ok) s = model_build(cfg, lm, ps, ckpt);
+    if (s.ok) s = checkpoint_load(ckpt, ps, NULL, NULL);
+    return s;
 }

@@ -4,8 +4,11 @@
 
 #include <criterion/criterion.h>
 #include <setjmp.h>
+#include <sys/types.h>
 
+#include "config.h"
 #include "gradcheck.h"
+#include "lm.h"
 #include "ops.h"
 #include "params.h"
 
@@ -45,9 +48,45 @@ void test_fail_handler(const char *msg);
         failed_;                                                         \
     })
 
-// A fresh folder under /tmp holding corpus.txt, a small English-like text
-// (fixed seed) for tiny training runs. Returns the folder (static storage).
+// A fresh folder holding corpus.txt, a small English-like text (fixed seed)
+// for tiny training runs. Returns the folder (static storage).
 const char *test_scratch_corpus(const char *tag);
+
+// A fresh empty folder (static storage, overwritten by the next call). Every
+// one lives under a root that unit_tests makes at its start and removes at
+// its end, so no test leaves anything in /tmp, even when it fails or crashes.
+const char *test_tmpdir(const char *tag);
+void test_remove_tree(const char *path);
+
+// The path of a program built next to unit_tests (train, generate, ...).
+const char *test_program(const char *name);
+// Run argv (argv[0] a path) with stdin/stdout/stderr from/to the given files
+// (NULL: /dev/null). With pid_out NULL: wait at most timeout_s and return the
+// exit code, -signal, or TEST_TIMED_OUT (the child is killed); else return 0
+// at once with the child's pid, for test_wait.
+#define TEST_TIMED_OUT (-1000)
+int test_spawn(char *const argv[], const char *in_path, const char *out_path, const char *err_path, double timeout_s,
+               pid_t *pid_out);
+int test_wait(pid_t pid, double timeout_s);
+// A whole file as a NUL-terminated string (malloc'd), NULL if unreadable.
+char *test_read_file(const char *path);
+void test_write_file(const char *path, const char *text);
+
+// <scratch>/tiny.ini: a tiny model (d_model 16) of `layers` on a scratch
+// corpus, `steps` steps, no evaluations or checkpoints on the way; run_dir
+// NULL: <scratch>/run. `extra` is appended (e.g. a [finetune] section).
+// Returns the path (static storage).
+const char *test_tiny_config(const char *tag, const char *layers, int steps, const char *run_dir, const char *extra);
+// Rebuild the model stored in a checkpoint, as generate does (its config,
+// checked; then its parameters). On failure lm/ps may be partly built:
+// lm_destroy and params_free are safe either way, as is config_free.
+Status test_rebuild_checkpoint(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps);
+
+// Is text one valid JSON value (strict RFC 8259 syntax)?
+bool test_json_valid(const char *text);
+// Check a JSON-lines file: every line valid JSON and the last one complete.
+// Returns the number of records, or -1 with the first bad line in bad_line.
+int test_jsonl_check(const char *path, char *bad_line, size_t n);
 
 // Tolerances of the two builds for "two forms of the same math agree".
 #ifdef AG_DOUBLE

@@ -1,46 +1,41 @@
 // checkpoint.c: HDF5 checkpoints (format in checkpoint.h and docs/checkpoint.md).
 #include "checkpoint.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <hdf5.h>
 #include <hdf5_hl.h>
-#include <libgen.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#ifdef AG_DOUBLE
-#define H5T_NATIVE_REAL H5T_NATIVE_DOUBLE
-#else
-#define H5T_NATIVE_REAL H5T_NATIVE_FLOAT
-#endif
+#include "h5io.h"
+
+#define F32 (1u << H5IO_F32)
 
 // ---------------------------------------------------------------- writing
 
-// A float32 dataset of `rank` dims from real data (HDF5 converts in a float64 build).
+// A float32 dataset of `rank` dims from real data (converted in a float64 build).
 static bool write_real(hid_t loc, const char *name, int rank, const hsize_t *dims, const real *data) {
-    hid_t space = H5Screate_simple(rank, dims, NULL);
-    hid_t d = H5Dcreate2(loc, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    bool ok = space >= 0 && d >= 0 && H5Dwrite(d, H5T_NATIVE_REAL, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0;
-    if (d >= 0) H5Dclose(d);
-    if (space >= 0) H5Sclose(space);
+    int64_t n = 1;
+    for (int k = 0; k < rank; k++) n *= (int64_t)dims[k];
+#ifdef AG_DOUBLE
+    float *tmp = xmalloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) tmp[i] = (float)data[i];
+    bool ok = h5io_write(loc, name, H5IO_F32, rank, dims, tmp);
+    free(tmp);
     return ok;
+#else
+    (void)n;
+    return h5io_write(loc, name, H5IO_F32, rank, dims, data);
+#endif
 }
 
 static bool write_i64(hid_t loc, const char *name, int64_t x) {
-    hsize_t one = 1;
-    return H5LTmake_dataset(loc, name, 1, &one, H5T_STD_I64LE, &x) >= 0;
-}
-
-static bool write_u64s(hid_t loc, const char *name, const uint64_t *x, hsize_t n) {
-    return H5LTmake_dataset(loc, name, 1, &n, H5T_STD_U64LE, x) >= 0;
+    return h5io_write(loc, name, H5IO_I64, 1, (hsize_t[]){1}, &x);
 }
 
 static bool write_contents(hid_t f, const ParamStore *ps, const Optimizer *opt, const CheckpointState *st) {
-    int version = CHECKPOINT_VERSION;
-    hsize_t one = 1;
-    if (H5LTmake_dataset(f, "/format_version", 1, &one, H5T_STD_I32LE, &version) < 0) return false;
+    int32_t version = CHECKPOINT_VERSION;
+    if (!h5io_write(f, "/format_version", H5IO_I32, 1, (hsize_t[]){1}, &version)) return false;
     hid_t g = H5Gcreate2(f, "/params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (g < 0) return false;
     bool ok = true;
@@ -71,269 +66,305 @@ static bool write_contents(hid_t f, const ParamStore *ps, const Optimizer *opt, 
     if (g < 0) return false;
     uint64_t words[SAMPLER_STATE_WORDS];
     sampler_state_pack(&st->sampler, words);
-    ok = write_i64(g, "step", st->step) && write_u64s(g, "sampler", words, SAMPLER_STATE_WORDS) &&
-         write_u64s(g, "model_rng", st->model_rng.s, 4);
+    ok = write_i64(g, "step", st->step) &&
+         h5io_write(g, "sampler", H5IO_U64, 1, (hsize_t[]){SAMPLER_STATE_WORDS}, words) &&
+         h5io_write(g, "model_rng", H5IO_U64, 1, (hsize_t[]){4}, st->model_rng.s);
     H5Gclose(g);
-    return ok && H5LTmake_dataset_string(f, "/config", st->config_text ? st->config_text : "") >= 0;
-}
-
-// fsync a file or directory by path.
-static bool sync_path(const char *path, bool dir) {
-    int fd = open(path, dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-    if (fd < 0) return false;
-    bool ok = fsync(fd) == 0;
-    close(fd);
-    return ok;
+    return ok && h5io_write_string(f, "/config", st->config_text ? st->config_text : "");
 }
 
 Status checkpoint_save(const char *path, const ParamStore *ps, const Optimizer *opt, const CheckpointState *st) {
     ASSERT(ps->finalized, "checkpoint_save before params_finalize");
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) return status_err("%s: cannot create checkpoint file: %s", tmp, strerror(errno));
-    bool ok = write_contents(f, ps, opt, st);
-    ok = H5Fflush(f, H5F_SCOPE_GLOBAL) >= 0 && ok;
-    ok = H5Fclose(f) >= 0 && ok;
-    if (!ok) {
-        unlink(tmp);
-        return status_err("%s: writing the checkpoint failed (disk full?)", tmp);
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return status_err("%.200s...: checkpoint path too long", path);
+    hid_t f = h5io_create_memory();
+    if (f < 0) return status_err("%s: cannot create the checkpoint in memory", path);
+    if (!write_contents(f, ps, opt, st)) {
+        H5Fclose(f);
+        return status_err("%s: building the checkpoint failed", path);
     }
-    if (!sync_path(tmp, false)) {
-        Status s = status_err("%s: fsync failed: %s", tmp, strerror(errno));
-        unlink(tmp);
-        return s;
-    }
-    if (rename(tmp, path) != 0) {
-        Status s = status_err("%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-        unlink(tmp);
-        return s;
-    }
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    sync_path(dirname(dir), true);   // make the rename durable; best effort
-    return status_ok();
+    Status s = h5io_commit(f, path, tmp);
+    if (!s.ok) return status_err("checkpoint %s", s.msg);
+    return s;
 }
 
 // ---------------------------------------------------------------- reading
 
-static Status open_checkpoint(const char *path, hid_t *f) {
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    if (access(path, R_OK) != 0) return status_err("%s: cannot open checkpoint: %s", path, strerror(errno));
-#if H5_VERSION_GE(1, 12, 0)
-    htri_t is_hdf5 = H5Fis_accessible(path, H5P_DEFAULT);
-#else
-    htri_t is_hdf5 = H5Fis_hdf5(path);
-#endif
-    if (is_hdf5 <= 0) return status_err("%s: not an HDF5 file", path);
-    *f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (*f < 0) return status_err("%s: cannot open as HDF5 (truncated or corrupt?)", path);
-    int version = 0;
-    if (H5Lexists(*f, "format_version", H5P_DEFAULT) <= 0 ||
-        H5LTread_dataset(*f, "/format_version", H5T_NATIVE_INT, &version) < 0) {
-        H5Fclose(*f);
-        return status_err("%s: /format_version: missing (not a checkpoint?)", path);
-    }
-    if (version != CHECKPOINT_VERSION) {
-        H5Fclose(*f);
-        return status_err("%s: /format_version: %d, this build reads version %d", path, version, CHECKPOINT_VERSION);
-    }
+static Status open_checkpoint(H5ioFile *hf, const char *path) {
+    Status s = h5io_open(hf, path, "checkpoint");
+    if (!s.ok) return s;
+    H5ioInfo in;
+    int32_t version = 0;
+    if (!h5io_exists(hf, "/format_version", NULL)) s = status_err("%s: /format_version: missing (not a checkpoint?)", path);
+    if (s.ok) s = h5io_check(hf, "/format_version", 1u << H5IO_I32, 1, (hsize_t[]){1}, 1, &in);
+    if (s.ok) s = h5io_read(hf, "/format_version", &in, &version);
+    if (s.ok && version != CHECKPOINT_VERSION)
+        s = status_err("%s: /format_version: %d, this build reads version %d%s", path, version, CHECKPOINT_VERSION,
+                       version == 1 ? " (version 1 checkpoints carry no checksums; retrain, or load it with the "
+                                      "build that wrote it)"
+                                    : "");
+    if (!s.ok) h5io_close(hf);
+    return s;
+}
+
+static Status param_path(const Tensor *p, char *out, size_t n) {
+    if (snprintf(out, n, "/params/%s", p->name) >= (int)n) return status_err("parameter name '%s' too long", p->name);
     return status_ok();
 }
 
-// Does /group/name exist? (group checked first: H5Lexists needs every parent.)
-static bool exists(hid_t f, const char *group, const char *name) {
-    if (H5Lexists(f, group, H5P_DEFAULT) <= 0) return false;
-    char full[1024];
-    snprintf(full, sizeof full, "%s/%s", group, name);
-    return H5Lexists(f, full, H5P_DEFAULT) > 0;
-}
-
-static const char *dims_str(int rank, const hsize_t *d, char *buf, size_t n) {
-    size_t u = (size_t)snprintf(buf, n, "(");
-    for (int k = 0; k < rank && u < n; k++) u += (size_t)snprintf(buf + u, n - u, "%s%llu", k ? ", " : "", (unsigned long long)d[k]);
-    if (u < n) snprintf(buf + u, n - u, ")");
-    return buf;
-}
-
-// Check that float dataset `full` exists with the expected shape.
-static Status check_dataset(hid_t f, const char *path, const char *group, const char *name, int rank,
-                            const hsize_t *want) {
-    char full[1024];
-    snprintf(full, sizeof full, "%s/%s", group, name);
-    if (!exists(f, group, name)) return status_err("%s: %s: missing", path, full);
-    int frank = -1;
-    hsize_t dims[8];
-    H5T_class_t cls;
-    size_t size;
-    if (H5LTget_dataset_ndims(f, full, &frank) < 0 || frank > 8 || H5LTget_dataset_info(f, full, dims, &cls, &size) < 0)
-        return status_err("%s: %s: unreadable (corrupt file?)", path, full);
-    if (cls != H5T_FLOAT && cls != H5T_INTEGER) return status_err("%s: %s: not a numeric dataset", path, full);
-    bool same = frank == rank;
-    for (int k = 0; same && k < rank; k++) same = dims[k] == want[k];
-    if (!same) {
-        char a[96], b[96];
-        return status_err("%s: %s: shape %s in the file, %s in the model", path, full, dims_str(frank, dims, a, sizeof a),
-                          dims_str(rank, want, b, sizeof b));
-    }
-    return status_ok();
-}
-
-static Status read_into(hid_t f, const char *path, const char *full, hid_t memtype, void *buf) {
-    hid_t d = H5Dopen2(f, full, H5P_DEFAULT);
-    herr_t e = d >= 0 ? H5Dread(d, memtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) : -1;
-    if (d >= 0) H5Dclose(d);
-    return e < 0 ? status_err("%s: %s: read failed (truncated or corrupt file?)", path, full) : status_ok();
-}
-
-static Status check_param(hid_t f, const char *path, const Tensor *p) {
+static Status check_param(const H5ioFile *hf, const Tensor *p, H5ioInfo *info) {
+    char full[600];
+    Status s = param_path(p, full, sizeof full);
+    if (!s.ok) return s;
     hsize_t dims[TENSOR_MAX_DIMS];
     for (int k = 0; k < p->ndim; k++) dims[k] = (hsize_t)p->shape[k];
-    return check_dataset(f, path, "/params", p->name, p->ndim, dims);
+    s = h5io_check(hf, full, F32, p->ndim, dims, p->numel, info);
+    char *e = s.ok ? NULL : strstr(s.msg, " in the file, ");
+    if (e && (e = strstr(e, " expected")))   // a shape mismatch: say which side is which
+        snprintf(e, sizeof s.msg - (size_t)(e - s.msg), " in the model");
+    return s;
 }
 
-static Status read_param(hid_t f, const char *path, const Tensor *p) {
-    char full[1024];
-    snprintf(full, sizeof full, "/params/%s", p->name);
-    return read_into(f, path, full, H5T_NATIVE_REAL, p->data);
+static void list_add(char *out, size_t n, int *count, const char *name) {
+    size_t used = strlen(out);
+    if (used + strlen(name) + 6 < n) snprintf(out + used, n - used, "%s%s", *count ? ", " : "", name);
+    else if (used + 4 < n && !strstr(out, "...")) strcat(out, "...");
+    (*count)++;
 }
 
 // Names of the datasets in /params that ps lacks, as a comma list; returns the count.
-static int unused_params(hid_t f, const ParamStore *ps, char *out, size_t n) {
+static int unused_params(const H5ioFile *hf, const ParamStore *ps, char *out, size_t n) {
     out[0] = 0;
-    hid_t g = H5Gopen2(f, "/params", H5P_DEFAULT);
+    if (!h5io_exists(hf, "/params", NULL)) return 0;
+    hid_t g = H5Gopen2(hf->f, "/params", H5P_DEFAULT);
     if (g < 0) return 0;
     H5G_info_t info;
     int count = 0;
-    size_t used = 0;
     if (H5Gget_info(g, &info) >= 0)
         for (hsize_t i = 0; i < info.nlinks; i++) {
             char name[512];
-            if (H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) < 0) continue;
-            if (params_find(ps, name)) continue;
-            if (used < n) used += (size_t)snprintf(out + used, n - used, "%s%s", count ? ", " : "", name);
-            count++;
+            ssize_t len = H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
+            if (len < 0) continue;
+            if (len < (ssize_t)sizeof name && params_find(ps, name)) continue;
+            list_add(out, n, &count, name);
         }
     H5Gclose(g);
-    if (used >= n && n > 4) strcpy(out + n - 4, "...");
     return count;
 }
 
-static Status read_state(hid_t f, const char *path, CheckpointState *st) {
-    hsize_t one = 1, sw = SAMPLER_STATE_WORDS, rw = 4;
-    Status s = check_dataset(f, path, "/state", "step", 1, &one);
-    if (s.ok) s = check_dataset(f, path, "/state", "sampler", 1, &sw);
-    if (s.ok) s = check_dataset(f, path, "/state", "model_rng", 1, &rw);
+static Status check_params(const H5ioFile *hf, const ParamStore *ps, ParamsLoadReport *rep) {
+    if (rep) memset(rep, 0, sizeof *rep);
+    Status s = status_ok();
+    for (int i = 0; s.ok && i < ps->n; i++) {
+        const Tensor *p = ps->params[i];
+        char full[600];
+        s = param_path(p, full, sizeof full);
+        if (s.ok && rep && !h5io_exists(hf, full, &s)) {
+            if (s.ok) list_add(rep->missing, sizeof rep->missing, &rep->n_missing, p->name);
+            continue;
+        }
+        H5ioInfo info;
+        if (s.ok) s = check_param(hf, p, &info);
+    }
     if (!s.ok) return s;
-    char *text = NULL;
-    s = checkpoint_read_config(path, &text);   // reopens by path; small
+    char unused[1024];
+    int n_unused = unused_params(hf, ps, unused, sizeof unused);
+    if (rep) {
+        rep->n_unused = n_unused;
+        snprintf(rep->unused, sizeof rep->unused, "%s", unused);
+    } else if (n_unused) {
+        return status_err("%s: /params: %d parameter(s) the model lacks: %s (a different model config?)", hf->path,
+                          n_unused, unused);
+    }
+    return status_ok();
+}
+
+Status checkpoint_check_params(const char *path, const ParamStore *ps, ParamsLoadReport *rep) {
+    H5ioFile hf;
+    Status s = open_checkpoint(&hf, path);
     if (!s.ok) return s;
-    uint64_t words[SAMPLER_STATE_WORDS];
-    CheckpointState tmp = {0};
-    s = read_into(f, path, "/state/step", H5T_NATIVE_INT64, &tmp.step);
-    if (s.ok) s = read_into(f, path, "/state/sampler", H5T_NATIVE_UINT64, words);
-    if (s.ok) s = read_into(f, path, "/state/model_rng", H5T_NATIVE_UINT64, tmp.model_rng.s);
+    s = check_params(&hf, ps, rep);
+    h5io_close(&hf);
+    return s;
+}
+
+// Read a float32 dataset checked as n elements into dst (converted to real),
+// then check every value: finite, and >= 0 when nonneg.
+static Status read_reals(const H5ioFile *hf, const char *name, int64_t n, real *dst, bool nonneg) {
+    H5ioInfo info;   // the caller checked the shape; this gives the info for reading
+    Status s = h5io_check(hf, name, F32, -1, NULL, n, &info);
+    if (!s.ok) return s;
+    if (info.numel != n)
+        return status_err("%s: %s: %lld elements, %lld expected", hf->path, name, (long long)info.numel, (long long)n);
+    float *raw = sizeof(real) == sizeof(float) ? (float *)dst : xmalloc((size_t)(n ? n : 1) * sizeof(float));
+    s = h5io_read(hf, name, &info, raw);
+    for (int64_t i = 0; s.ok && i < n; i++) {
+        float x = raw[i];
+        if (!isfinite(x) || (nonneg && x < 0))
+            s = status_err("%s: %s: element %lld is %g (%s)", hf->path, name, (long long)i, (double)x,
+                           isfinite(x) ? "a second moment must not be negative" : "not a finite number");
+        else if ((void *)raw != (void *)dst)
+            dst[i] = (real)x;
+    }
+    if ((void *)raw != (void *)dst) free(raw);
+    return s;
+}
+
+// Read a small integer dataset of exactly n elements (its type among `types`).
+static Status read_ints(const H5ioFile *hf, const char *name, unsigned types, int n, void *out) {
+    H5ioInfo info;
+    Status s = h5io_check(hf, name, types, 1, (hsize_t[]){(hsize_t)n}, n, &info);
+    return s.ok ? h5io_read(hf, name, &info, out) : s;
+}
+
+static bool all_zero(const uint64_t *w, int n) {
+    for (int i = 0; i < n; i++)
+        if (w[i]) return false;
+    return true;
+}
+
+static Status read_config(const H5ioFile *hf, char **text) {
+    *text = NULL;
+    H5ioInfo info;
+    Status s = h5io_check(hf, "/config", 1u << H5IO_STRING, 0, NULL, CHECKPOINT_CONFIG_MAX, &info);
+    if (!s.ok) return s;
+    char *buf = xmalloc(info.elem_size + 1);
+    s = h5io_read(hf, "/config", &info, buf);
+    buf[info.elem_size] = 0;
+    size_t len = strlen(buf);
+    for (size_t i = len; s.ok && i < info.elem_size; i++)
+        if (buf[i]) s = status_err("%s: /config: holds a NUL byte inside the text", hf->path);
     if (!s.ok) {
-        free(text);
+        free(buf);
         return s;
     }
+    *text = buf;
+    return s;
+}
+
+static Status read_state(const H5ioFile *hf, CheckpointState *st) {
+    uint64_t words[SAMPLER_STATE_WORDS];
+    CheckpointState tmp = {0};
+    Status s = read_ints(hf, "/state/step", 1u << H5IO_I64, 1, &tmp.step);
+    if (s.ok) s = read_ints(hf, "/state/sampler", 1u << H5IO_U64, SAMPLER_STATE_WORDS, words);
+    if (s.ok) s = read_ints(hf, "/state/model_rng", 1u << H5IO_U64, 4, tmp.model_rng.s);
+    if (!s.ok) return s;
+    if (tmp.step < 0 || tmp.step > CHECKPOINT_STEP_MAX)
+        return status_err("%s: /state/step: %lld is not a step count", hf->path, (long long)tmp.step);
+    if (all_zero(words, 4) || (int64_t)words[4] < 0)
+        return status_err("%s: /state/sampler: not a sampler state (zero generator or negative count)", hf->path);
+    if (all_zero(tmp.model_rng.s, 4)) return status_err("%s: /state/model_rng: an all-zero generator state", hf->path);
     sampler_state_unpack(&tmp.sampler, words);
-    tmp.config_text = text;
-    *st = tmp;
+    s = read_config(hf, &tmp.config_text);
+    if (s.ok) *st = tmp;
+    return s;
+}
+
+// Read every parameter of ps the file holds into `stage` (ps->numel reals, at
+// ps's offsets); present[i] says which.
+static Status read_params(const H5ioFile *hf, const ParamStore *ps, real *stage, bool *present) {
+    Status s = status_ok();
+    for (int i = 0; s.ok && i < ps->n; i++) {
+        const Tensor *p = ps->params[i];
+        char full[600];
+        s = param_path(p, full, sizeof full);
+        present[i] = s.ok && h5io_exists(hf, full, NULL);
+        if (present[i]) s = read_reals(hf, full, p->numel, stage + ps->offsets[i], false);
+    }
+    return s;
+}
+
+static Status check_optim(const H5ioFile *hf, const ParamStore *ps, const Optimizer *opt) {
+    char kind[32];
+    if (!h5io_exists(hf, "/optim", NULL)) return status_err("%s: /optim: missing (saved without optimizer state)", hf->path);
+    Status s = h5io_read_attr_string(hf, "/optim", "kind", kind, sizeof kind);
+    if (s.ok && strcmp(kind, optim_name(opt->kind)) != 0)
+        s = status_err("%s: /optim: state of optimizer '%s', the run uses '%s'", hf->path, kind, optim_name(opt->kind));
+    H5ioInfo info;
+    hsize_t n = (hsize_t)ps->numel;
+    if (s.ok) s = h5io_check(hf, "/optim/m", F32, 1, &n, ps->numel, &info);
+    if (s.ok && opt->v) s = h5io_check(hf, "/optim/v", F32, 1, &n, ps->numel, &info);
+    if (s.ok) s = h5io_check(hf, "/optim/step", 1u << H5IO_I64, 1, (hsize_t[]){1}, 1, &info);
     return s;
 }
 
 Status checkpoint_load(const char *path, ParamStore *ps, Optimizer *opt, CheckpointState *st) {
     ASSERT(ps->finalized, "checkpoint_load before params_finalize");
-    hid_t f;
-    Status s = open_checkpoint(path, &f);
+    H5ioFile hf;
+    Status s = open_checkpoint(&hf, path);
     if (!s.ok) return s;
-    // 1. Check everything.
-    for (int i = 0; s.ok && i < ps->n; i++) s = check_param(f, path, ps->params[i]);
-    char unused[1024];
-    int n_unused = s.ok ? unused_params(f, ps, unused, sizeof unused) : 0;
-    if (s.ok && n_unused)
-        s = status_err("%s: /params: %d parameter(s) the model lacks: %s (a different model config?)", path, n_unused,
-                       unused);
-    if (s.ok && opt) {
-        char kind[32] = "";
-        hsize_t n = (hsize_t)ps->numel, one = 1;
-        if (H5Lexists(f, "optim", H5P_DEFAULT) <= 0)
-            s = status_err("%s: /optim: missing (saved without optimizer state)", path);
-        else if (H5LTget_attribute_string(f, "/optim", "kind", kind) < 0 || strcmp(kind, optim_name(opt->kind)))
-            s = status_err("%s: /optim: state of optimizer '%s', the run uses '%s'", path, kind, optim_name(opt->kind));
-        if (s.ok) s = check_dataset(f, path, "/optim", "m", 1, &n);
-        if (s.ok && opt->v) s = check_dataset(f, path, "/optim", "v", 1, &n);
-        if (s.ok) s = check_dataset(f, path, "/optim", "step", 1, &one);
-    }
-    // 2. Read the state first (it allocates), then overwrite parameters and moments.
+    // 1. Check every dataset's metadata, then read and check every value into
+    //    staging memory: the gradient block for the parameters (it is zeroed
+    //    after), temporary blocks for the moments.
+    s = check_params(&hf, ps, NULL);
+    if (s.ok && opt) s = check_optim(&hf, ps, opt);
     CheckpointState tmp = {0};
-    if (s.ok && st) s = read_state(f, path, &tmp);
-    for (int i = 0; s.ok && i < ps->n; i++) s = read_param(f, path, ps->params[i]);
+    if (s.ok && st) s = read_state(&hf, &tmp);
+    bool *present = xcalloc((size_t)(ps->n ? ps->n : 1), sizeof *present);
+    if (s.ok) s = read_params(&hf, ps, ps->grad, present);
+    real *m = NULL, *v = NULL;
+    int64_t opt_step = 0;
     if (s.ok && opt) {
-        s = read_into(f, path, "/optim/m", H5T_NATIVE_REAL, opt->m);
-        if (s.ok && opt->v) s = read_into(f, path, "/optim/v", H5T_NATIVE_REAL, opt->v);
-        if (s.ok) s = read_into(f, path, "/optim/step", H5T_NATIVE_INT64, &opt->step);
+        m = xmalloc((size_t)(ps->numel ? ps->numel : 1) * sizeof(real));
+        s = read_reals(&hf, "/optim/m", ps->numel, m, false);
+        if (s.ok && opt->v) {
+            v = xmalloc((size_t)(ps->numel ? ps->numel : 1) * sizeof(real));
+            s = read_reals(&hf, "/optim/v", ps->numel, v, true);
+        }
+        if (s.ok) s = read_ints(&hf, "/optim/step", 1u << H5IO_I64, 1, &opt_step);
+        if (s.ok && (opt_step < 0 || opt_step > CHECKPOINT_STEP_MAX))
+            s = status_err("%s: /optim/step: %lld is not a step count", path, (long long)opt_step);
     }
-    if (st) {
-        if (s.ok) *st = tmp;
-        else if (tmp.config_text) free(tmp.config_text);
+    // 2. Everything checked: change the model.
+    if (s.ok) {
+        memcpy(ps->data, ps->grad, (size_t)ps->numel * sizeof(real));
+        if (opt) {
+            memcpy(opt->m, m, (size_t)ps->numel * sizeof(real));
+            if (opt->v) memcpy(opt->v, v, (size_t)ps->numel * sizeof(real));
+            opt->step = opt_step;
+        }
+        if (st) *st = tmp;
+    } else {
+        free(tmp.config_text);
     }
-    H5Fclose(f);
+    params_zero_grad(ps);
+    free(present);
+    free(m);
+    free(v);
+    h5io_close(&hf);
     return s;
 }
 
 Status checkpoint_load_params(const char *path, ParamStore *ps, ParamsLoadReport *rep) {
     ASSERT(ps->finalized, "checkpoint_load_params before params_finalize");
-    memset(rep, 0, sizeof *rep);
-    hid_t f;
-    Status s = open_checkpoint(path, &f);
-    if (!s.ok) return s;
-    size_t used = 0;
+    H5ioFile hf;
+    Status s = open_checkpoint(&hf, path);
+    if (!s.ok) {
+        memset(rep, 0, sizeof *rep);
+        return s;
+    }
+    s = check_params(&hf, ps, rep);
+    bool *present = xcalloc((size_t)(ps->n ? ps->n : 1), sizeof *present);
+    if (s.ok) s = read_params(&hf, ps, ps->grad, present);
     for (int i = 0; s.ok && i < ps->n; i++) {
+        if (!present[i]) continue;
         const Tensor *p = ps->params[i];
-        if (!exists(f, "/params", p->name)) {
-            if (used < sizeof rep->missing)
-                used += (size_t)snprintf(rep->missing + used, sizeof rep->missing - used, "%s%s",
-                                         rep->n_missing ? ", " : "", p->name);
-            rep->n_missing++;
-            continue;
-        }
-        s = check_param(f, path, p);
+        memcpy(ps->data + ps->offsets[i], ps->grad + ps->offsets[i], (size_t)p->numel * sizeof(real));
+        rep->n_loaded++;
     }
-    if (used >= sizeof rep->missing) strcpy(rep->missing + sizeof rep->missing - 4, "...");
-    if (s.ok) rep->n_unused = unused_params(f, ps, rep->unused, sizeof rep->unused);
-    for (int i = 0; s.ok && i < ps->n; i++) {
-        if (!exists(f, "/params", ps->params[i]->name)) continue;
-        s = read_param(f, path, ps->params[i]);
-        rep->n_loaded += s.ok;
-    }
-    H5Fclose(f);
+    params_zero_grad(ps);
+    free(present);
+    h5io_close(&hf);
     return s;
 }
 
 Status checkpoint_read_config(const char *path, char **text) {
     *text = NULL;
-    hid_t f;
-    Status s = open_checkpoint(path, &f);
+    H5ioFile hf;
+    Status s = open_checkpoint(&hf, path);
     if (!s.ok) return s;
-    H5T_class_t cls;
-    size_t size = 0;
-    hsize_t dims[1] = {0};
-    if (H5Lexists(f, "config", H5P_DEFAULT) <= 0) s = status_err("%s: /config: missing", path);
-    else if (H5LTget_dataset_info(f, "/config", dims, &cls, &size) < 0 || cls != H5T_STRING)
-        s = status_err("%s: /config: not a string", path);
-    if (s.ok) {
-        char *buf = xmalloc(size + 1);
-        if (H5LTread_dataset_string(f, "/config", buf) < 0) {
-            free(buf);
-            s = status_err("%s: /config: read failed", path);
-        } else {
-            buf[size] = 0;
-            *text = buf;
-        }
-    }
-    H5Fclose(f);
+    s = read_config(&hf, text);
+    h5io_close(&hf);
     return s;
 }

@@ -11,11 +11,18 @@
 //   /state/step          int64 (1)   training steps completed
 //   /state/sampler       uint64 (5)  SamplerState: rng s[0..3], batches drawn
 //   /state/model_rng     uint64 (4)  the model's Rng (e.g. generation)
-//   /config              string      the config text the run was started with
+//   /config              string      the run's effective config (INI text, config_dump)
+// Every dataset carries a "crc32" attribute over its stored bytes (h5io.h).
 // Writing goes to "<path>.tmp", which is flushed, fsync'd and renamed over
 // <path>: a crash mid-write leaves the previous checkpoint intact.
 // Values are stored as float32 in either build; a float64 build converts on
 // load (and loses nothing it saved from float32 training).
+//
+// Loading treats the file as hostile (h5io.h): every dataset's link, type,
+// shape, storage and checksum is checked against the model before anything
+// is allocated from it or read, and every value is checked (parameters and
+// moments finite, second moments non-negative, counters in range) before
+// anything in the model is changed.
 #ifndef TRAIN_CHECKPOINT_H
 #define TRAIN_CHECKPOINT_H
 
@@ -23,7 +30,9 @@
 #include "optim.h"
 #include "params.h"
 
-#define CHECKPOINT_VERSION 1
+#define CHECKPOINT_VERSION 2          // 2: checksums (1 had none and is not read)
+#define CHECKPOINT_CONFIG_MAX (1 << 20)   // longest /config text, bytes
+#define CHECKPOINT_STEP_MAX ((int64_t)1 << 53)
 
 typedef struct CheckpointState {
     int64_t step;              // training steps completed
@@ -35,6 +44,15 @@ typedef struct CheckpointState {
 // Save everything. opt may be NULL (no /optim group); st may be NULL (zero
 // state, empty config).
 Status checkpoint_save(const char *path, const ParamStore *ps, const Optimizer *opt, const CheckpointState *st);
+
+// Check the file's /params against ps's parameters (names, shapes, types,
+// storage, checksum attributes) without reading any values. ps may be
+// registered but not yet finalised, so a model is allocated only once its
+// checkpoint is known to hold it. rep NULL: every parameter must be in the
+// file and the file must hold no other; otherwise the missing and unused
+// ones are listed in *rep (n_loaded is left 0).
+typedef struct ParamsLoadReport ParamsLoadReport;
+Status checkpoint_check_params(const char *path, const ParamStore *ps, ParamsLoadReport *rep);
 
 // Restore a run: every parameter of ps (by name, shape checked), the
 // optimizer (if opt != NULL: it must be initialised with the same kind and
@@ -48,15 +66,15 @@ Status checkpoint_load(const char *path, ParamStore *ps, Optimizer *opt, Checkpo
 // Model parameters missing from the file keep their values and are listed
 // in the report; file parameters the model lacks are listed as unused.
 // A shape mismatch is an error.
-typedef struct ParamsLoadReport {
+struct ParamsLoadReport {
     int n_loaded, n_missing, n_unused;
     char missing[1024];        // comma list of model parameters not in the file (truncated with "...")
     char unused[1024];         // comma list of file parameters not in the model
-} ParamsLoadReport;
+};
 Status checkpoint_load_params(const char *path, ParamStore *ps, ParamsLoadReport *report);
 
-// Read only the stored config text (to rebuild the model before loading).
-// *text is malloc'd; free() it.
+// Read only the stored config text (to rebuild the model before loading),
+// at most CHECKPOINT_CONFIG_MAX bytes. *text is malloc'd; free() it.
 Status checkpoint_read_config(const char *path, char **text);
 
 #endif

@@ -1,5 +1,7 @@
-// config.c: the schema table and the INI parser built on it (libinih).
-#include "config.h"
+// config.c: the INI parser (libinih) over the key schema (config_schema.c),
+// cross-key validation, finding bundled configs, and the dump of the
+// effective config.
+#include "config_schema.h"
 
 #include <errno.h>
 #include <ini.h>
@@ -11,377 +13,8 @@
 #include <strings.h>
 #include <sys/stat.h>
 
-typedef enum {
-    KEY_INT,      // int
-    KEY_I64,      // int64_t
-    KEY_FLOAT,    // double
-    KEY_BOOL,     // bool: true/false, yes/no, on/off, 1/0
-    KEY_STRING,   // char[CONFIG_STR_MAX]
-    KEY_ENUM,     // int index into `choices`
-    KEY_NAMES,    // ConfigNames: comma list of mixer names
-    KEY_INTS,     // ConfigInts: comma list of integers (each in [min, max])
-    KEY_COUNT
-} KeyType;
-
-static const char *const TYPE_NAMES[KEY_COUNT] = {"int", "int", "float", "bool", "string", "enum",
-                                                   "list", "list"};
-
-typedef struct ConfigKey {
-    const char *section, *key;
-    KeyType type;
-    size_t offset;          // into TrainConfig
-    const char *def;        // default, as text (parsed by the same code as a file value)
-    double min, max;        // numbers, and items of KEY_INTS; KEY_NAMES: min items
-    const char *choices;    // KEY_ENUM: "a|b|c", in the order of the C enum
-    const char *alias;      // other spellings people write; only used for "did you mean"
-    const char *help;
-} ConfigKey;
-
-#define OFF(sec, field) offsetof(TrainConfig, sec.field)
-#define BIG 1e300
-
-static const ConfigKey SCHEMA[] = {
-    {"model", "layers", KEY_NAMES, OFF(model, layers), "attn,gdn", 1, CONFIG_MAX_LAYERS, NULL, "mixers",
-     "comma list of mixer names, one per layer (attn, linear, mamba, gdn, attn_dsa)"},
-    {"model", "d_model", KEY_INT, OFF(model, d_model), "128", 1, 1 << 16, NULL, "dim,width", "model width D"},
-    {"model", "n_heads", KEY_INT, OFF(model, n_heads), "4", 1, 1024, NULL, "heads", "heads H"},
-    {"model", "d_k", KEY_INT, OFF(model, d_k), "32", 1, 4096, NULL, "head_dim,dk", "key/query head size"},
-    {"model", "d_v", KEY_INT, OFF(model, d_v), "32", 1, 4096, NULL, "dv", "value head size"},
-    {"model", "d_ff", KEY_INT, OFF(model, d_ff), "512", 1, 1 << 20, NULL, "ffn_dim,hidden", "MLP hidden width"},
-    {"model", "tied_embeddings", KEY_BOOL, OFF(model, tied_embeddings), "true", 0, 0, NULL, "tie_embeddings",
-     "output projection shares the embedding matrix"},
-    {"model", "chunk_size", KEY_INT, OFF(model, chunk_size), "32", 1, 4096, NULL, "chunk",
-     "chunk length C of the chunked forms"},
-    {"model", "conv_size", KEY_INT, OFF(model, conv_size), "4", 0, 64, NULL, "conv", "short convolution width (0 = no convolution)"},
-    {"model", "norm_eps", KEY_FLOAT, OFF(model, norm_eps), "1e-6", 0, 1, NULL, "eps", "RMSNorm epsilon"},
-    {"model", "rope_base", KEY_FLOAT, OFF(model, rope_base), "10000", 1, BIG, NULL, "rope_theta", "RoPE base"},
-    {"model", "index_heads", KEY_INT, OFF(model, index_heads), "4", 1, 1024, NULL, NULL,
-     "DSA indexer heads H_I"},
-    {"model", "index_dim", KEY_INT, OFF(model, index_dim), "16", 1, 4096, NULL, NULL,
-     "DSA indexer head size d_I"},
-    {"model", "topk", KEY_INT, OFF(model, topk), "64", 1, 1 << 24, NULL, "top_k", "DSA positions kept per query"},
-    {"model", "form", KEY_ENUM, OFF(model, form), "chunked", 0, 0, "chunked|parallel|recurrent", "mode",
-     "mixer implementation used for training"},
-
-    {"data", "corpus", KEY_STRING, OFF(data, corpus), "cache/kjv.txt", 0, 0, NULL,
-     "path,file,files,dir", "a text file, a comma list of files, or a directory"},
-    {"data", "cache_dir", KEY_STRING, OFF(data, cache_dir), "cache", 0, 0, NULL, "cache",
-     "directory for token caches"},
-    {"data", "val_fraction", KEY_FLOAT, OFF(data, val_fraction), "0.05", 0, 0.9, NULL, "val_split,validation",
-     "last fraction of the tokens held out for validation"},
-    {"data", "seq_len", KEY_INT, OFF(data, seq_len), "256", 1, 1 << 20, NULL, "block_size,context,T",
-     "training window length T"},
-    {"data", "batch_size", KEY_INT, OFF(data, batch_size), "16", 1, 1 << 16, NULL, "batch,B", "windows per batch B"},
-
-    {"train", "steps", KEY_INT, OFF(train, steps), "2000", 0, 2e9, NULL, "max_steps,iters,iterations",
-     "optimizer steps"},
-    {"train", "optimizer", KEY_ENUM, OFF(train, optimizer), "adamw", 0, 0, "adamw|sgd", "optim,opt", "optimizer"},
-    {"train", "lr", KEY_FLOAT, OFF(train, lr), "1e-3", 0, 10, NULL, "learning_rate,max_lr",
-     "peak learning rate (after warm-up)"},
-    {"train", "min_lr", KEY_FLOAT, OFF(train, min_lr), "1e-4", 0, 10, NULL, "final_lr",
-     "learning rate at the last step (cosine decay)"},
-    {"train", "warmup_steps", KEY_INT, OFF(train, warmup_steps), "100", 0, 2e9, NULL, "warmup",
-     "linear warm-up steps"},
-    {"train", "weight_decay", KEY_FLOAT, OFF(train, weight_decay), "0.1", 0, 10, NULL, "wd",
-     "decoupled weight decay (not on norm gains, biases, A_log, dt_bias, D)"},
-    {"train", "beta1", KEY_FLOAT, OFF(train, beta1), "0.9", 0, 0.999999, NULL, NULL, "AdamW beta1"},
-    {"train", "beta2", KEY_FLOAT, OFF(train, beta2), "0.95", 0, 0.999999, NULL, NULL, "AdamW beta2"},
-    {"train", "adam_eps", KEY_FLOAT, OFF(train, adam_eps), "1e-8", 0, 1, NULL, "eps,epsilon", "AdamW epsilon"},
-    {"train", "momentum", KEY_FLOAT, OFF(train, momentum), "0.9", 0, 0.999999, NULL, NULL, "SGD momentum"},
-    {"train", "grad_clip", KEY_FLOAT, OFF(train, grad_clip), "1.0", 0, BIG, NULL, "clip,max_grad_norm",
-     "global gradient-norm clip (0 = off)"},
-    {"train", "accum_steps", KEY_INT, OFF(train, accum_steps), "1", 1, 1 << 16, NULL,
-     "grad_accum,gradient_accumulation_steps", "micro-batches accumulated per step"},
-    {"train", "eval_every", KEY_INT, OFF(train, eval_every), "200", 0, 2e9, NULL, "eval_interval",
-     "steps between validation runs (0 = never)"},
-    {"train", "eval_batches", KEY_INT, OFF(train, eval_batches), "8", 1, 1 << 20, NULL, "eval_iters",
-     "validation batches per evaluation"},
-    {"train", "checkpoint_every", KEY_INT, OFF(train, checkpoint_every), "500", 0, 2e9, NULL,
-     "save_every,ckpt_every", "steps between checkpoints (0 = only at the end)"},
-    {"train", "log_every", KEY_INT, OFF(train, log_every), "10", 1, 2e9, NULL, "log_interval",
-     "steps between log lines"},
-    {"train", "seed", KEY_I64, OFF(train, seed), "1337", 0, 9.2e18, NULL, "random_seed", "random seed"},
-    {"train", "run_dir", KEY_STRING, OFF(train, run_dir), "", 0, 0, NULL, "out_dir,output_dir",
-     "directory for logs and checkpoints (\"\" = runs/<config name>)"},
-    {"train", "threads", KEY_INT, OFF(train, threads), "0", 0, 4096, NULL, "num_threads,omp_threads",
-     "OpenMP threads (0 = default)"},
-
-    {"finetune", "mode", KEY_ENUM, OFF(finetune, mode), "none", 0, 0, "none|indexer|sparse", "finetune",
-     "none, indexer (distil the DSA indexer, rest frozen) or sparse (train with sparse attention)"},
-    {"finetune", "init_from", KEY_STRING, OFF(finetune, init_from), "", 0, 0, NULL, "checkpoint,init,resume",
-     "checkpoint whose parameters start the run (\"\" = none)"},
-    {"finetune", "dsa_layers", KEY_INTS, OFF(finetune, dsa_layers), "", 0, CONFIG_MAX_LAYERS - 1, NULL,
-     "layers", "attn layers that get a DSA indexer (empty = every attn layer)"},
-};
-#define N_KEYS ((int)(sizeof SCHEMA / sizeof SCHEMA[0]))
-_Static_assert(sizeof SCHEMA / sizeof SCHEMA[0] <= CONFIG_MAX_KEYS, "raise CONFIG_MAX_KEYS");
-
-static const char *const SECTIONS[] = {"model", "data", "train", "finetune"};
-#define N_SECTIONS 4
-
-static const char *const FIXED_MIXERS[] = {"attn", "linear", "mamba", "gdn", "attn_dsa"};
-
-// ---------------------------------------------------------------- lookup
-
-static const ConfigKey *key_find(const char *section, const char *key) {
-    for (int i = 0; i < N_KEYS; i++)
-        if (!strcmp(SCHEMA[i].section, section) && !strcmp(SCHEMA[i].key, key)) return &SCHEMA[i];
-    return NULL;
-}
-
-static bool section_known(const char *s) {
-    for (int i = 0; i < N_SECTIONS; i++)
-        if (!strcmp(SECTIONS[i], s)) return true;
-    return false;
-}
-
-static int edit_distance(const char *a, const char *b) {
-    int la = (int)strlen(a), lb = (int)strlen(b);
-    if (la > 63 || lb > 63) return 99;
-    int d[64][64];
-    for (int i = 0; i <= la; i++) d[i][0] = i;
-    for (int j = 0; j <= lb; j++) d[0][j] = j;
-    for (int i = 1; i <= la; i++)
-        for (int j = 1; j <= lb; j++) {
-            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
-            d[i][j] = imin(sub, imin(del, ins));
-        }
-    return d[la][lb];
-}
-
-static bool close_enough(const char *typed, const char *name) {
-    int d = edit_distance(typed, name);
-    int len = (int)strlen(name);
-    return d <= imax(1, imin(3, len / 3)) || (d <= 2 && len >= 4);
-}
-
-// Does `typed` look like `name` or one of the comma-separated aliases?
-static bool resembles(const char *typed, const char *name, const char *aliases) {
-    if (close_enough(typed, name)) return true;
-    if (!aliases) return false;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", aliases);
-    for (char *save = NULL, *a = strtok_r(buf, ",", &save); a; a = strtok_r(NULL, ",", &save))
-        if (close_enough(typed, a)) return true;
-    return false;
-}
-
-// A hint for an unknown key, e.g. " (did you mean lr?)" or " (it belongs in [data])".
-static void key_hint(const char *section, const char *key, char *out, size_t n) {
-    out[0] = 0;
-    for (int i = 0; i < N_KEYS; i++)
-        if (!strcmp(SCHEMA[i].section, section) && resembles(key, SCHEMA[i].key, SCHEMA[i].alias)) {
-            snprintf(out, n, " (did you mean %s?)", SCHEMA[i].key);
-            return;
-        }
-    for (int i = 0; i < N_KEYS; i++)
-        if (!strcmp(SCHEMA[i].key, key)) {
-            snprintf(out, n, " (it belongs in [%s])", SCHEMA[i].section);
-            return;
-        }
-    for (int i = 0; i < N_KEYS; i++)
-        if (resembles(key, SCHEMA[i].key, SCHEMA[i].alias)) {
-            snprintf(out, n, " (did you mean [%s] %s?)", SCHEMA[i].section, SCHEMA[i].key);
-            return;
-        }
-}
-
-static void section_hint(const char *section, char *out, size_t n) {
-    out[0] = 0;
-    for (int i = 0; i < N_SECTIONS; i++)
-        if (close_enough(section, SECTIONS[i])) {
-            snprintf(out, n, " (did you mean [%s]?)", SECTIONS[i]);
-            return;
-        }
-    snprintf(out, n, " (sections: [model] [data] [train] [finetune])");
-}
-
-// ---------------------------------------------------------------- values
-
-static bool mixer_known(const TrainConfig *cfg, const char *name) {
-    if (cfg->check_mixer) return cfg->check_mixer(name);
-    for (size_t i = 0; i < sizeof FIXED_MIXERS / sizeof FIXED_MIXERS[0]; i++)
-        if (!strcmp(FIXED_MIXERS[i], name)) return true;
-    return false;
-}
-
-static char *trim(char *s) {
-    while (*s == ' ' || *s == '\t') s++;
-    char *e = s + strlen(s);
-    while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r' || e[-1] == '\n')) *--e = 0;
-    return s;
-}
-
-static bool parse_i64(const char *v, int64_t *out) {
-    if (!*v) return false;
-    errno = 0;
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (errno || *end) return false;
-    *out = x;
-    return true;
-}
-
-static bool in_range(const ConfigKey *k, double x, char *err, size_t n) {
-    if (x < k->min || x > k->max) {
-        if (k->max >= BIG) snprintf(err, n, "%.17g is out of range (at least %g)", x, k->min);
-        else snprintf(err, n, "%.17g is out of range [%g, %g]", x, k->min, k->max);
-        return false;
-    }
-    return true;
-}
-
-// Parse `value` for key k into cfg. On failure write the reason into err.
-static bool set_value(TrainConfig *cfg, const ConfigKey *k, const char *value, char *err, size_t n) {
-    void *dst = (char *)cfg + k->offset;
-    char buf[CONFIG_STR_MAX];
-    if (strlen(value) >= sizeof buf) {
-        snprintf(err, n, "value is longer than %d characters", CONFIG_STR_MAX - 1);
-        return false;
-    }
-    snprintf(buf, sizeof buf, "%s", value);
-    char *v = trim(buf);
-    switch (k->type) {
-    case KEY_INT:
-    case KEY_I64: {
-        int64_t x;
-        if (!parse_i64(v, &x)) {
-            snprintf(err, n, "'%s' is not an integer", v);
-            return false;
-        }
-        if (!in_range(k, (double)x, err, n)) return false;
-        if (k->type == KEY_INT) *(int *)dst = (int)x;
-        else *(int64_t *)dst = x;
-        return true;
-    }
-    case KEY_FLOAT: {
-        char *end;
-        errno = 0;
-        double x = *v ? strtod(v, &end) : 0;
-        if (!*v || *end || errno == ERANGE || !isfinite(x)) {
-            snprintf(err, n, "'%s' is not a finite number", v);
-            return false;
-        }
-        if (!in_range(k, x, err, n)) return false;
-        *(double *)dst = x;
-        return true;
-    }
-    case KEY_BOOL: {
-        static const char *yes[] = {"true", "yes", "on", "1"}, *no[] = {"false", "no", "off", "0"};
-        for (int i = 0; i < 4; i++) {
-            if (!strcasecmp(v, yes[i])) return *(bool *)dst = true, true;
-            if (!strcasecmp(v, no[i])) return *(bool *)dst = false, true;
-        }
-        snprintf(err, n, "'%s' is not a bool (true/false, yes/no, on/off, 1/0)", v);
-        return false;
-    }
-    case KEY_STRING: snprintf((char *)dst, CONFIG_STR_MAX, "%s", v); return true;
-    case KEY_ENUM: {
-        char choices[256];
-        snprintf(choices, sizeof choices, "%s", k->choices);
-        int idx = 0;
-        for (char *save = NULL, *c = strtok_r(choices, "|", &save); c; c = strtok_r(NULL, "|", &save), idx++)
-            if (!strcmp(c, v)) return *(int *)dst = idx, true;
-        snprintf(err, n, "'%s' is not one of %s", v, k->choices);
-        return false;
-    }
-    case KEY_NAMES:
-    case KEY_INTS: {
-        ConfigNames names = {0};
-        ConfigInts ints = {0};
-        int count = 0;
-        if (*v) {
-            for (char *p = v;;) {
-                char *comma = strchr(p, ',');
-                if (comma) *comma = 0;
-                char *item = trim(p);
-                if (count == CONFIG_MAX_LAYERS) {
-                    snprintf(err, n, "more than %d items", CONFIG_MAX_LAYERS);
-                    return false;
-                }
-                if (!*item) {
-                    snprintf(err, n, "empty item %d in the list", count + 1);
-                    return false;
-                }
-                if (k->type == KEY_NAMES) {
-                    if (strlen(item) >= CONFIG_NAME_MAX || !mixer_known(cfg, item)) {
-                        if (cfg->check_mixer) snprintf(err, n, "'%s' is not a known mixer", item);
-                        else snprintf(err, n, "'%s' is not a known mixer (attn, linear, mamba, gdn, attn_dsa)", item);
-                        return false;
-                    }
-                    snprintf(names.name[count], CONFIG_NAME_MAX, "%s", item);
-                } else {
-                    int64_t x;
-                    if (!parse_i64(item, &x)) {
-                        snprintf(err, n, "item '%s' is not an integer", item);
-                        return false;
-                    }
-                    if (!in_range(k, (double)x, err, n)) return false;
-                    ints.v[count] = (int)x;
-                }
-                count++;
-                if (!comma) break;
-                p = comma + 1;
-            }
-        }
-        if (k->type == KEY_NAMES) {
-            if (count < (int)k->min) {
-                snprintf(err, n, "needs at least %d item(s)", (int)k->min);
-                return false;
-            }
-            names.n = count;
-            *(ConfigNames *)dst = names;
-        } else {
-            ints.n = count;
-            *(ConfigInts *)dst = ints;
-        }
-        return true;
-    }
-    default: FAIL("config: key [%s] %s has unknown type %d", k->section, k->key, k->type);
-    }
-}
-
-// Shortest text that reads back as exactly x.
-static void format_double(double x, char *out, size_t n) {
-    for (int prec = 6; prec <= 17; prec++) {
-        snprintf(out, n, "%.*g", prec, x);
-        if (strtod(out, NULL) == x) return;
-    }
-}
-
-static void format_value(const TrainConfig *cfg, const ConfigKey *k, char *out, size_t n) {
-    const void *src = (const char *)cfg + k->offset;
-    out[0] = 0;
-    switch (k->type) {
-    case KEY_INT: snprintf(out, n, "%d", *(const int *)src); break;
-    case KEY_I64: snprintf(out, n, "%lld", (long long)*(const int64_t *)src); break;
-    case KEY_FLOAT: format_double(*(const double *)src, out, n); break;
-    case KEY_BOOL: snprintf(out, n, "%s", *(const bool *)src ? "true" : "false"); break;
-    case KEY_STRING: snprintf(out, n, "%s", (const char *)src); break;
-    case KEY_ENUM: {
-        int idx = *(const int *)src;
-        const char *c = k->choices;
-        for (int i = 0; i < idx && c; i++) c = strchr(c, '|') ? strchr(c, '|') + 1 : NULL;
-        size_t len = c ? strcspn(c, "|") : 1;
-        snprintf(out, n, "%.*s", (int)len, c ? c : "?");
-        break;
-    }
-    case KEY_NAMES:
-    case KEY_INTS: {
-        size_t used = 0;
-        int count = k->type == KEY_NAMES ? ((const ConfigNames *)src)->n : ((const ConfigInts *)src)->n;
-        for (int i = 0; i < count && used < n; i++) {
-            if (k->type == KEY_NAMES)
-                used += snprintf(out + used, n - used, "%s%s", i ? "," : "", ((const ConfigNames *)src)->name[i]);
-            else
-                used += snprintf(out + used, n - used, "%s%d", i ? "," : "", ((const ConfigInts *)src)->v[i]);
-        }
-        break;
-    }
-    default: FAIL("config: key [%s] %s has unknown type %d", k->section, k->key, k->type);
-    }
-}
+#include "fileio.h"
+#include "model_setup.h"
 
 // ---------------------------------------------------------------- parsing
 
@@ -392,12 +25,24 @@ typedef struct ParseCtx {
     int line;             // 1-based line being parsed
     bool line_start;      // the reader is at the start of a line
     Status st;            // first error
+    char **long_values;   // values of lines too long for libinih, handed to it as LONG_VALUE_MARK + index
+    int n_long;
+    int long_line;        // the line shorten_line last rewrote (0: none)
 } ParseCtx;
+
+// Debian's libinih reads lines of at most 200 bytes (its line buffer is fixed
+// at build time), while a value may be a path of CONFIG_STR_MAX - 1
+// characters. A longer "key = value" line is split here the way inih splits
+// one (first '=' or ':', surrounding blanks dropped, an inline comment starts
+// at a ';' after a blank), and inih gets "key = \x01<n>": control characters
+// are never valid in a value, so the mark cannot clash with one.
+#define LONG_VALUE_MARK '\x01'
+
 
 static void ctx_error(ParseCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void ctx_error(ParseCtx *c, const char *fmt, ...) {
     if (!c->st.ok) return;   // keep the first error
-    char what[400];
+    char what[900];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
@@ -415,12 +60,40 @@ static void check_header(ParseCtx *c, const char *line, size_t len) {
     if (!close) return;   // inih reports the syntax error
     char name[128];
     snprintf(name, sizeof name, "%.*s", (int)(close - line - i - 1), line + i + 1);
-    char *s = trim(name);
-    if (!section_known(s)) {
+    char *s = schema_trim(name);
+    if (!schema_section_known(s)) {
         char hint[96];
-        section_hint(s, hint, sizeof hint);
+        schema_section_hint(s, hint, sizeof hint);
         ctx_error(c, "[%s]: unknown section%s", s, hint);
     }
+}
+
+static bool is_blank(char ch) { return ch == ' ' || ch == '\t' || ch == '\r'; }
+
+// A line too long for inih (len bytes at c->p, no newline): write the short
+// form inih parses into str (of num bytes) and keep the value.
+static void shorten_line(ParseCtx *c, char *str, int num, size_t len) {
+    const char *s = c->p, *end = s + len;
+    while (s < end && is_blank(*s)) s++;
+    const char *delim = s;
+    while (delim < end && *delim != '=' && *delim != ':') delim++;
+    if (s == end || *s == ';' || *s == '#' || *s == '[' || delim == end || delim - s > 64) {
+        if (s < end && (*s == ';' || *s == '#')) snprintf(str, (size_t)num, ";\n");   // a long comment
+        else ctx_error(c, "line longer than %d characters that is not key = value", CONFIG_LINE_MAX);
+        return;
+    }
+    const char *v = delim + 1, *ve = v;
+    while (ve < end && !(*ve == ';' && ve > delim + 1 && is_blank(ve[-1]))) ve++;   // an inline comment
+    while (v < ve && is_blank(*v)) v++;
+    while (ve > v && is_blank(ve[-1])) ve--;
+    c->long_values = xrealloc(c->long_values, (size_t)(c->n_long + 1) * sizeof *c->long_values);
+    char *val = xmalloc((size_t)(ve - v) + 1);
+    memcpy(val, v, (size_t)(ve - v));
+    val[ve - v] = 0;
+    c->long_values[c->n_long] = val;
+    snprintf(str, (size_t)num, "%.*s= %c%d\n", (int)(delim - s), s, LONG_VALUE_MARK, c->n_long);
+    c->n_long++;
+    c->long_line = c->line;
 }
 
 // fgets-style reader over the text that counts lines for the handler.
@@ -431,8 +104,21 @@ static char *ctx_reader(char *str, int num, void *stream) {
     bool whole = (int)len < num - 1;
     if (c->line_start) {
         c->line++;
-        if (!whole) ctx_error(c, "line longer than %d characters", num - 2);
+        const char *cr = memchr(c->p, '\r', len);
+        if (cr && cr + 1 < c->p + len)   // a CR that does not end the line (CRLF is fine)
+            ctx_error(c, "carriage return inside a line: the file uses old Mac (CR) line endings or holds a "
+                         "stray CR; convert it to LF line endings");
+        if (len > CONFIG_LINE_MAX) ctx_error(c, "line longer than %d characters", CONFIG_LINE_MAX);
         check_header(c, c->p, len);
+        if (!whole) {
+            shorten_line(c, str, num, len);
+            c->p += len + (c->p[len] == '\n');
+            return str;
+        }
+        // Leading blanks dropped: inih would read an indented line as the
+        // continuation of the previous key's value.
+        while (len > 0 && (*c->p == ' ' || *c->p == '\t')) c->p++, len--;
+        whole = (int)len < num - 1;
     }
     size_t take = whole ? len + (c->p[len] == '\n') : (size_t)num - 1;
     memcpy(str, c->p, take);
@@ -445,30 +131,35 @@ static char *ctx_reader(char *str, int num, void *stream) {
 static int ctx_handler(void *user, const char *section, const char *name, const char *value) {
     ParseCtx *c = user;
     if (!c->st.ok) return 0;
+    if (c->long_line == c->line && value[0] == LONG_VALUE_MARK) {   // this line was rewritten by shorten_line
+        int i = atoi(value + 1);
+        ASSERT(i >= 0 && i < c->n_long, "config: long value %d of %d", i, c->n_long);
+        value = c->long_values[i];
+    }
     if (!*section) {
         ctx_error(c, "%s: key outside any section (put it under [model], [data], [train] or [finetune])", name);
         return 0;
     }
-    if (!section_known(section)) {
+    if (!schema_section_known(section)) {
         char hint[96];
-        section_hint(section, hint, sizeof hint);
+        schema_section_hint(section, hint, sizeof hint);
         ctx_error(c, "[%s] %s: unknown section%s", section, name, hint);
         return 0;
     }
-    const ConfigKey *k = key_find(section, name);
+    const ConfigKey *k = schema_find(section, name);
     if (!k) {
         char hint[96];
-        key_hint(section, name, hint, sizeof hint);
+        schema_key_hint(section, name, hint, sizeof hint);
         ctx_error(c, "[%s] %s: unknown key%s", section, name, hint);
         return 0;
     }
-    int row = (int)(k - SCHEMA);
+    int row = (int)(k - CONFIG_SCHEMA);
     if (c->cfg->origin[row] > 0) {
         ctx_error(c, "[%s] %s: duplicate key (first set on line %d)", section, name, c->cfg->origin[row]);
         return 0;
     }
-    char err[300];
-    if (!set_value(c->cfg, k, value, err, sizeof err)) {
+    char err[700];
+    if (!schema_set_value(c->cfg, k, value, err, sizeof err)) {
         ctx_error(c, "[%s] %s: %s", section, name, err);
         return 0;
     }
@@ -478,10 +169,12 @@ static int ctx_handler(void *user, const char *section, const char *name, const 
 
 Status config_load_string(TrainConfig *cfg, const char *text, const char *source) {
     // Lines set by an earlier file no longer count as duplicates.
-    for (int i = 0; i < N_KEYS; i++)
+    for (int i = 0; i < CONFIG_N_KEYS; i++)
         if (cfg->origin[i] > 0) cfg->origin[i] = 0;
     ParseCtx c = {.cfg = cfg, .source = source, .p = text, .line = 0, .line_start = true, .st = status_ok()};
     int r = ini_parse_stream(ctx_reader, &c, ctx_handler, &c);
+    for (int i = 0; i < c.n_long; i++) free(c.long_values[i]);
+    free(c.long_values);
     if (c.st.ok && r > 0) {
         c.line = r;
         ctx_error(&c, "syntax error (expected [section] or key = value)");
@@ -497,61 +190,57 @@ Status config_load_string(TrainConfig *cfg, const char *text, const char *source
 }
 
 Status config_load_file(TrainConfig *cfg, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return status_err("%s: cannot open config: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = xmalloc(cap);
-    for (size_t got; (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
-        n += got;
-        if (n + 1 == cap) buf = xrealloc(buf, cap *= 2);
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    buf[n] = 0;
-    Status st;
-    if (bad) st = status_err("%s: cannot read config: %s", path, strerror(errno));
-    else if (strlen(buf) != n) st = status_err("%s: config contains a NUL byte (not a text file?)", path);
-    else st = config_load_string(cfg, buf, path);
+    uint8_t *buf;
+    int64_t n;
+    Status st = file_read_all(path, "config", CONFIG_TEXT_MAX, &buf, &n);
+    if (!st.ok) return st;
+    if ((int64_t)strlen((char *)buf) != n) st = status_err("%s: config contains a NUL byte (not a text file?)", path);
+    else st = config_load_string(cfg, (char *)buf, path);
     free(buf);
     return st;
 }
 
-Status config_set(TrainConfig *cfg, const char *assignment) {
-    char buf[CONFIG_STR_MAX + 128];
-    if (strlen(assignment) >= sizeof buf) return status_err("--set %.60s...: too long", assignment);
+Status config_set(TrainConfig *cfg, const char *assignment) { return config_set_key(cfg, assignment, NULL); }
+
+Status config_set_key(TrainConfig *cfg, const char *assignment, int *key_index) {
+    char buf[CONFIG_STR_MAX + 128], shown[128];
+    // Messages quote the assignment, shortened: a long value must not push the reason out of the message.
+    snprintf(shown, sizeof shown, "%.100s%s", assignment, strlen(assignment) > 100 ? "..." : "");
+    if (strlen(assignment) >= sizeof buf) return status_err("--set %s: too long", shown);
     snprintf(buf, sizeof buf, "%s", assignment);
     char *eq = strchr(buf, '=');
     char *dot = eq ? memchr(buf, '.', (size_t)(eq - buf)) : NULL;
-    if (!eq || !dot) return status_err("--set %s: expected section.key=value", assignment);
+    if (!eq || !dot) return status_err("--set %s: expected section.key=value", shown);
     *eq = 0;
     *dot = 0;
-    char *section = trim(buf), *key = trim(dot + 1), *value = eq + 1;
+    char *section = schema_trim(buf), *key = schema_trim(dot + 1), *value = eq + 1;
     char hint[96];
-    if (!section_known(section)) {
-        section_hint(section, hint, sizeof hint);
-        return status_err("--set %s: [%s] %s: unknown section%s", assignment, section, key, hint);
+    if (!schema_section_known(section)) {
+        schema_section_hint(section, hint, sizeof hint);
+        return status_err("--set %s: [%s] %s: unknown section%s", shown, section, key, hint);
     }
-    const ConfigKey *k = key_find(section, key);
+    const ConfigKey *k = schema_find(section, key);
     if (!k) {
-        key_hint(section, key, hint, sizeof hint);
-        return status_err("--set %s: [%s] %s: unknown key%s", assignment, section, key, hint);
+        schema_key_hint(section, key, hint, sizeof hint);
+        return status_err("--set %s: [%s] %s: unknown key%s", shown, section, key, hint);
     }
-    char err[300];
-    if (!set_value(cfg, k, value, err, sizeof err))
-        return status_err("--set %s: [%s] %s: %s", assignment, section, key, err);
-    cfg->origin[k - SCHEMA] = -1;
+    char err[700];
+    if (!schema_set_value(cfg, k, value, err, sizeof err))
+        return status_err("--set %s: [%s] %s: %s", shown, section, key, err);
+    cfg->origin[k - CONFIG_SCHEMA] = -1;
+    if (key_index) *key_index = (int)(k - CONFIG_SCHEMA);
     return status_ok();
 }
 
 void config_defaults(TrainConfig *cfg, MixerNameCheck check_mixer) {
     memset(cfg, 0, sizeof *cfg);
     cfg->check_mixer = check_mixer;
-    for (int i = 0; i < N_KEYS; i++) {
+    for (int i = 0; i < CONFIG_N_KEYS; i++) {
         char err[300];
         // The layers default uses fixed names; a custom checker may reject them
         // only if it does not know attn/gdn, which is a programming error.
-        ASSERT(set_value(cfg, &SCHEMA[i], SCHEMA[i].def, err, sizeof err), "config default [%s] %s: %s",
-               SCHEMA[i].section, SCHEMA[i].key, err);
+        ASSERT(schema_set_value(cfg, &CONFIG_SCHEMA[i], CONFIG_SCHEMA[i].def, err, sizeof err), "config default [%s] %s: %s",
+               CONFIG_SCHEMA[i].section, CONFIG_SCHEMA[i].key, err);
     }
 }
 
@@ -563,23 +252,67 @@ void config_free(TrainConfig *cfg) {
 // Where a key was set, for cross-key messages: "x.ini:7", "--set" or "default".
 static const char *origin_str(const TrainConfig *cfg, const char *section, const char *key, char *buf,
                               size_t n) {
-    int o = cfg->origin[key_find(section, key) - SCHEMA];
+    int o = cfg->origin[schema_find(section, key) - CONFIG_SCHEMA];
     if (o > 0) snprintf(buf, n, "%s:%d", cfg->source, o);
     else snprintf(buf, n, "%s", o < 0 ? "--set" : "default");
     return buf;
 }
 #define WHERE(sec, key) origin_str(cfg, sec, key, (char[CONFIG_STR_MAX + 16]){0}, CONFIG_STR_MAX + 16)
 
+int config_warmup_steps(const TrainConfig *cfg) {
+    if (cfg->train.warmup_steps >= 0) return cfg->train.warmup_steps;
+    return (int)floor(cfg->train.warmup_fraction * cfg->train.steps + 0.5);
+}
+
+// Every value written out by config_dump must read back the same: write the
+// config, parse it into a fresh one and compare key by key.
+static Status check_round_trip(const TrainConfig *cfg) {
+    char *text = config_dump_string(cfg);
+    TrainConfig back;
+    config_defaults(&back, cfg->check_mixer);
+    Status s = config_load_string(&back, text, "(the config as written to config.ini)");
+    free(text);
+    for (int i = 0; s.ok && i < CONFIG_N_KEYS; i++) {
+        const ConfigKey *k = &CONFIG_SCHEMA[i];
+        char a[CONFIG_STR_MAX + 64], b[CONFIG_STR_MAX + 64];
+        schema_format_value(cfg, k, a, sizeof a);
+        schema_format_value(&back, k, b, sizeof b);
+        if (strcmp(a, b) != 0)
+            s = status_err("%s: [%s] %s: the value '%s' would not read back from config.ini as written (it reads "
+                           "'%s'; INI text treats ' ;' as a comment)",
+                           WHERE(k->section, k->key), k->section, k->key, a, b);
+    }
+    config_free(&back);
+    return s;
+}
+
 Status config_validate(const TrainConfig *cfg) {
     if (cfg->train.min_lr > cfg->train.lr)
         return status_err("%s: [train] min_lr: %g is above lr = %g", WHERE("train", "min_lr"), cfg->train.min_lr,
                           cfg->train.lr);
     if (cfg->train.warmup_steps > cfg->train.steps)
-        return status_err("%s: [train] warmup_steps: %d is more than steps = %d", WHERE("train", "warmup_steps"),
-                          cfg->train.warmup_steps, cfg->train.steps);
+        return status_err("%s: [train] warmup_steps: %d is more than steps = %d (or use warmup_fraction, which "
+                          "scales with steps)",
+                          WHERE("train", "warmup_steps"), cfg->train.warmup_steps, cfg->train.steps);
+    const ConfigKey *wf = schema_find("train", "warmup_fraction");
+    char def[32];
+    if (cfg->train.warmup_steps >= 0 && cfg->origin[wf - CONFIG_SCHEMA] != 0 &&
+        (schema_format_value(cfg, wf, def, sizeof def), strcmp(def, wf->def) != 0))
+        return status_err("%s: [train] warmup_fraction: set together with warmup_steps = %d (%s); set one of them",
+                          WHERE("train", "warmup_fraction"), cfg->train.warmup_steps, WHERE("train", "warmup_steps"));
     if (cfg->finetune.mode != FT_NONE && !cfg->finetune.init_from[0])
         return status_err("%s: [finetune] init_from: mode = %s needs a checkpoint to start from",
                           WHERE("finetune", "mode"), config_finetune_name(cfg->finetune.mode));
+    if (cfg->finetune.restore_optimizer && (cfg->finetune.mode != FT_NONE || !cfg->finetune.init_from[0]))
+        return status_err("%s: [finetune] restore_optimizer: only with mode = none and an init_from checkpoint "
+                          "(continuing a model's training with its optimizer state)",
+                          WHERE("finetune", "restore_optimizer"));
+    char why[600];
+    const char *key = model_check(cfg, why, sizeof why);
+    if (key) {
+        const char *sec = schema_find("model", key) ? "model" : "data";
+        return status_err("%s: [%s] %s: %s", WHERE(sec, key), sec, key, why);
+    }
     const ConfigInts *dl = &cfg->finetune.dsa_layers;
     for (int i = 0; i < dl->n; i++) {
         if (dl->v[i] >= cfg->model.layers.n)
@@ -594,29 +327,57 @@ Status config_validate(const TrainConfig *cfg) {
                 return status_err("%s: [finetune] dsa_layers: layer %d listed twice", WHERE("finetune", "dsa_layers"),
                                   dl->v[i]);
     }
-    return status_ok();
+    return check_round_trip(cfg);
+}
+
+int config_n_keys(void) { return CONFIG_N_KEYS; }
+
+ConfigKeyRef config_key_ref(int i) {
+    ASSERT(i >= 0 && i < CONFIG_N_KEYS, "config_key_ref(%d)", i);
+    const ConfigKey *k = &CONFIG_SCHEMA[i];
+    return (ConfigKeyRef){k->section, k->key, (k->flags & KEYF_RESUMABLE) != 0, (k->flags & KEYF_ARCH) != 0};
+}
+
+const char *config_key_where(const TrainConfig *cfg, int i, char *buf, size_t n) {
+    ConfigKeyRef r = config_key_ref(i);
+    return origin_str(cfg, r.section, r.key, buf, n);
+}
+
+void config_format_key(const TrainConfig *cfg, int i, char *out, size_t n) {
+    ASSERT(i >= 0 && i < CONFIG_N_KEYS, "config_format_key(%d)", i);
+    schema_format_value(cfg, &CONFIG_SCHEMA[i], out, n);
 }
 
 // ---------------------------------------------------------------- find, help, dump
 
-static bool is_file(const char *path) {
+// 1: a regular file, 0: nothing there, -1: something else (*mode says what).
+static int file_state(const char *path, mode_t *mode) {
     struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    if (stat(path, &sb) != 0) return 0;
+    *mode = sb.st_mode;
+    return S_ISREG(sb.st_mode) ? 1 : -1;
 }
 
 Status config_find(const char *name, const char *const *dirs, int ndirs, char *out, size_t out_size) {
-    if (is_file(name)) {
+    mode_t mode = 0;
+    int st = file_state(name, &mode);
+    if (st != 0 && (st < 0 || strlen(name) < out_size)) {
+        if (st < 0) return status_err("%s: is %s, not a config file", name, file_kind_name(mode));
         snprintf(out, out_size, "%s", name);
         return status_ok();
     }
     if (strchr(name, '/')) return status_err("%s: config file not found", name);
-    char tried[400] = "";
+    bool has_ext = strlen(name) > 4 && strcmp(name + strlen(name) - 4, ".ini") == 0;
+    char tried[600] = "";
     size_t used = 0;
     for (int d = 0; d < ndirs; d++)
-        for (int ext = 0; ext < 2; ext++) {
+        for (int ext = 0; ext < (has_ext ? 1 : 2); ext++) {
             char path[CONFIG_STR_MAX];
-            snprintf(path, sizeof path, "%s/configs/%s%s", dirs[d], name, ext ? ".ini" : "");
-            if (is_file(path)) {
+            if (snprintf(path, sizeof path, "%s/configs/%s%s", dirs[d], name, ext ? ".ini" : "") >= (int)sizeof path)
+                continue;
+            if ((st = file_state(path, &mode)) < 0)
+                return status_err("%s: is %s, not a config file", path, file_kind_name(mode));
+            if (st > 0 && strlen(path) < out_size) {
                 snprintf(out, out_size, "%s", path);
                 return status_ok();
             }
@@ -626,33 +387,17 @@ Status config_find(const char *name, const char *const *dirs, int ndirs, char *o
     return status_err("%s: config not found (tried %s)", name, used ? tried : "no directories");
 }
 
-void config_help(FILE *f) {
-    fprintf(f, "Config keys (set in the INI file or with --set section.key=value):\n");
-    const char *section = "";
-    for (int i = 0; i < N_KEYS; i++) {
-        const ConfigKey *k = &SCHEMA[i];
-        if (strcmp(section, k->section)) fprintf(f, "[%s]\n", section = k->section);
-        char range[96] = "";
-        if (k->type == KEY_ENUM) snprintf(range, sizeof range, " %s", k->choices);
-        else if (k->type == KEY_INT || k->type == KEY_I64 || k->type == KEY_FLOAT || k->type == KEY_INTS) {
-            if (k->max >= BIG) snprintf(range, sizeof range, " >= %g", k->min);
-            else snprintf(range, sizeof range, " in [%g, %g]", k->min, k->max);
-        }
-        fprintf(f, "  %-17s %-6s default %-10s%s\n      %s\n", k->key, TYPE_NAMES[k->type],
-                *k->def ? k->def : "\"\"", range, k->help);
-    }
-}
 
 void config_dump(const TrainConfig *cfg, FILE *f) {
     const char *section = "";
-    for (int i = 0; i < N_KEYS; i++) {
-        const ConfigKey *k = &SCHEMA[i];
+    for (int i = 0; i < CONFIG_N_KEYS; i++) {
+        const ConfigKey *k = &CONFIG_SCHEMA[i];
         if (strcmp(section, k->section)) {
             fprintf(f, "%s[%s]\n", *section ? "\n" : "", k->section);
             section = k->section;
         }
         char v[CONFIG_STR_MAX + 64];
-        format_value(cfg, k, v, sizeof v);
+        schema_format_value(cfg, k, v, sizeof v);
         fprintf(f, "%s = %s\n", k->key, v);
     }
 }
@@ -667,11 +412,3 @@ char *config_dump_string(const TrainConfig *cfg) {
     return buf;
 }
 
-const char *config_form_name(MixerForm form) {
-    return mixer_form_name(form);
-}
-
-const char *config_finetune_name(FinetuneMode m) {
-    static const char *names[FT_COUNT] = {"none", "indexer", "sparse"};
-    return (m >= 0 && m < FT_COUNT) ? names[m] : "?";
-}

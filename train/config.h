@@ -34,6 +34,8 @@
 #define CONFIG_NAME_MAX 16     // longest mixer name + 1
 #define CONFIG_STR_MAX 1024    // longest string value + 1 (paths)
 #define CONFIG_MAX_KEYS 64     // capacity for schema rows
+#define CONFIG_LINE_MAX (CONFIG_STR_MAX + 64)   // longest line of INI text (a key and the longest value)
+#define CONFIG_TEXT_MAX (1 << 20)               // longest config file
 
 // [model] form: which implementation of the sequence mixers to run (MixerForm, mixer.h).
 // [train] optimizer (same order as OptimKind in optim.h).
@@ -83,7 +85,8 @@ typedef struct TrainConfig {
         int steps;                       // optimizer steps
         ConfigOptimizer optimizer;       // adamw | sgd
         double lr, min_lr;               // peak and final learning rate
-        int warmup_steps;
+        int warmup_steps;                // -1: warmup_fraction x steps
+        double warmup_fraction;
         double weight_decay;
         double beta1, beta2, adam_eps;   // AdamW
         double momentum;                 // SGD
@@ -99,6 +102,7 @@ typedef struct TrainConfig {
         FinetuneMode mode;               // none | indexer | sparse
         char init_from[CONFIG_STR_MAX];  // checkpoint to start from ("" = none)
         ConfigInts dsa_layers;           // attn layers that get an indexer; empty = every attn layer
+        bool restore_optimizer;          // mode = none: init_from's optimizer state too
     } finetune;
 
     // Bookkeeping (not config keys).
@@ -118,9 +122,31 @@ Status config_load_file(TrainConfig *cfg, const char *path);
 Status config_load_string(TrainConfig *cfg, const char *text, const char *source);
 // Apply one override "section.key=value" with the same validation.
 Status config_set(TrainConfig *cfg, const char *assignment);
-// Cross-key checks (min_lr <= lr, dsa_layers inside the model, ...). Call
-// after the file and the overrides.
+// The same; *key_index (may be NULL) receives the key's index (config_key_ref).
+Status config_set_key(TrainConfig *cfg, const char *assignment, int *key_index);
+// Cross-key checks (min_lr <= lr, dsa_layers inside the model, ...), every
+// constraint the layers assert (model_check), and that every value survives
+// being written by config_dump and read back. Call after the file and the
+// overrides; errors name where the key was set (file:line, --set, default).
 Status config_validate(const TrainConfig *cfg);
+
+// The warm-up steps a run uses: warmup_steps, or warmup_fraction x steps.
+int config_warmup_steps(const TrainConfig *cfg);
+
+// The keys one by one (e.g. to compare two configs): i in [0, config_n_keys()).
+typedef struct ConfigKeyRef {
+    const char *section, *key;
+    bool resumable;      // train --resume may change it with --set
+    bool arch;           // [model]: defines the trained function (a checkpoint's must be kept)
+} ConfigKeyRef;
+int config_n_keys(void);
+ConfigKeyRef config_key_ref(int i);
+// Key i's value as config_dump writes it.
+void config_format_key(const TrainConfig *cfg, int i, char *out, size_t n);
+// Where key i was set: "x.ini:7", "--set" or "default" (written into buf).
+const char *config_key_where(const TrainConfig *cfg, int i, char *buf, size_t n);
+// Was key i set by the file or --set (not left at its default)?
+#define config_key_explicit(cfg, i) ((cfg)->origin[i] != 0)
 
 // Resolve a config name: `name` itself if it exists; otherwise, when it has
 // no '/', <dir>/configs/<name> and <dir>/configs/<name>.ini for each of the

@@ -5,14 +5,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static herr_t put_reals(hid_t loc, const char *name, int ndim, const int *shape, const real *data, int64_t n) {
+// Reals in the build's precision (float64 in the float64 build), so an
+// independent float64 reference can check them to 1e-9 and below.
+static herr_t put_reals(hid_t loc, const char *name, int ndim, const int *shape, const real *data) {
     hsize_t dims[TENSOR_MAX_DIMS];
     for (int i = 0; i < ndim; i++) dims[i] = (hsize_t)shape[i];
-    float *tmp = xmalloc((size_t)(n ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++) tmp[i] = (float)data[i];
-    herr_t e = H5LTmake_dataset_float(loc, name, ndim, dims, tmp);
-    free(tmp);
-    return e;
+#ifdef AG_DOUBLE
+    return H5LTmake_dataset_double(loc, name, ndim, dims, data);
+#else
+    return H5LTmake_dataset_float(loc, name, ndim, dims, data);
+#endif
 }
 
 // The [model] section of the config as INI text that config_load_string
@@ -37,35 +39,39 @@ static char *model_ini(const LM *lm) {
 }
 
 Status dump_state_write(const char *path, Tape *tp, LM *lm, ParamStore *ps, const int *x, const int *y, int B,
-                        int T) {
+                        int T, bool distill) {
     params_zero_grad(ps);
     Tensor *logits = NULL;
-    Tensor *loss = lm_loss(tp, lm, x, y, B, T, &logits);
+    Tensor *loss = distill ? lm_distill_loss(tp, lm, x, B, T) : lm_loss(tp, lm, x, y, B, T, &logits);
     tape_backward(tp, loss);
 
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) return status_err("cannot create '%s'", path);
+    if (f < 0) {
+        tape_reset(tp);
+        return status_err("cannot create '%s'", path);
+    }
     hsize_t bt[2] = {(hsize_t)B, (hsize_t)T};
     herr_t e = 0;
     e |= H5LTmake_dataset_int(f, "/tokens", 2, bt, x);
     e |= H5LTmake_dataset_int(f, "/targets", 2, bt, y);
-    e |= put_reals(f, "/logits", 3, logits->shape, logits->data, logits->numel);
-    e |= put_reals(f, "/loss", 1, (int[]){1}, loss->data, 1);
+    if (logits) e |= put_reals(f, "/logits", 3, logits->shape, logits->data);
+    e |= put_reals(f, "/loss", 1, (int[]){1}, loss->data);
     hid_t gp = H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     hid_t gg = H5Gcreate2(f, "grads", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     for (int i = 0; i < ps->n; i++) {
         Tensor *p = ps->params[i];
-        e |= put_reals(gp, p->name, p->ndim, p->shape, p->data, p->numel);
-        const real *g = ps->grad + ps->offsets[i];
-        e |= put_reals(gg, p->name, p->ndim, p->shape, g, p->numel);
+        e |= put_reals(gp, p->name, p->ndim, p->shape, p->data);
+        if (p->requires_grad) e |= put_reals(gg, p->name, p->ndim, p->shape, ps->grad + ps->offsets[i]);
     }
     H5Gclose(gp);
     H5Gclose(gg);
     char *ini = model_ini(lm);
     e |= H5LTset_attribute_string(f, "/", "config", ini);
+    e |= H5LTset_attribute_string(f, "/", "objective", distill ? "distill" : "lm");
+    e |= H5LTset_attribute_string(f, "/", "precision", REAL_NAME);
     free(ini);
-    H5Fclose(f);
+    e |= H5Fclose(f) < 0 ? -1 : 0;
     tape_reset(tp);
     if (e < 0) return status_err("writing '%s' failed", path);
     return status_ok();

@@ -2,29 +2,91 @@
 // for linear/mamba/gdn, a KV cache for attn. Tokens are printed as they come.
 //
 //   generate --checkpoint runs/tiny_gdn/checkpoint.h5 --prompt "In the beginning"
-//            --max-tokens 200 [--temperature 0.8] [--top-k 40] [--seed 1] [--check]
+//            [--max-tokens 200] [--temperature 0.8] [--top-k 40] [--seed 1] [--check]
 //
+// The model is rebuilt from the config stored in the checkpoint: no config
+// file is needed. The text goes to stdout (the prompt, then the sample) and
+// everything else to stderr, so `generate ... > out.txt` keeps only text.
 // --check also runs the parallel forward over the whole sequence and verifies
 // that the token-by-token logits equal it at every position.
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "checkpoint.h"
+#include "fileio.h"
 #include "model_setup.h"
 #include "runlog.h"
 #include "tokenizer.h"
 
+#define MAX_TOKENS_LIMIT (1 << 20)   // sampled tokens
+#define PROMPT_LIMIT (1 << 20)       // prompt bytes
+#define CHECK_LIMIT (1 << 16)        // positions the parallel forward of --check may cover
+
 static void usage(FILE *f) {
-    fprintf(f, "usage: generate --checkpoint FILE --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]\n"
-               "                [--seed S] [--check]\n"
-               "  --max-tokens N     tokens to sample (default 200)\n"
-               "  --temperature T    softmax temperature; 0 = greedy (default 0.8)\n"
-               "  --top-k K          sample among the K most likely tokens; 0 = all (default 40)\n"
-               "  --seed S           sampling seed (default 1)\n"
-               "  --threads N        threads for decoding (default: 1 below 10M parameters, where one token's\n"
-               "                     work is too small to share, else all cores)\n"
-               "  --check            verify token-by-token logits against the parallel forward\n");
+    fprintf(f,
+            "usage: generate --checkpoint FILE [--prompt TEXT | --prompt-file FILE] [options]\n"
+            "  --checkpoint FILE    a checkpoint written by train (the model is rebuilt from its stored config)\n"
+            "  --prompt TEXT        the text to continue; \"\" (or no prompt) samples unconditionally,\n"
+            "                       starting from a newline as a document start (not printed)\n"
+            "  --prompt-file FILE   read the prompt from FILE; '-' reads standard input\n"
+            "  --max-tokens N       tokens to sample, 0..%d (default 200)\n"
+            "  --temperature T      softmax temperature >= 0; 0 = greedy (default 0.8)\n"
+            "  --top-k K            sample among the K most likely tokens; 0 = all (default 40)\n"
+            "  --seed S             sampling seed, 0..2^64-1 (default 1)\n"
+            "  --threads N          threads for decoding, 1..%d (default: 1 below 10M parameters, where one\n"
+            "                       token's work is too small to share, else all cores)\n"
+            "  --no-echo            print only the sampled text, not the prompt\n"
+            "  --check              verify token-by-token logits against the parallel forward (at most %d\n"
+            "                       positions in all)\n"
+            "The text goes to standard output, statistics and errors to standard error.\n",
+            MAX_TOKENS_LIMIT, MODEL_MAX_THREADS, CHECK_LIMIT);
+}
+
+// Strict number arguments: the whole text, within [lo, hi].
+static bool parse_int(const char *opt, const char *v, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || errno) {
+        fprintf(stderr, "generate: %s: '%s' is not an integer\n", opt, v);
+        return false;
+    }
+    if (x < lo || x > hi) {
+        fprintf(stderr, "generate: %s: %lld is out of range [%lld, %lld]\n", opt, x, lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static bool parse_u64(const char *opt, const char *v, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!*v || *end || errno || v[0] == '-') {
+        fprintf(stderr, "generate: %s: '%s' is not an integer in [0, 2^64)\n", opt, v);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static bool parse_real(const char *opt, const char *v, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (!*v || *end || errno || !isfinite(x)) {
+        fprintf(stderr, "generate: %s: '%s' is not a finite number\n", opt, v);
+        return false;
+    }
+    if (x < lo || x > hi) {
+        fprintf(stderr, "generate: %s: %g is out of range [%g, %g]\n", opt, x, lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
 }
 
 // Sample from logits (V) with temperature and top-k.
@@ -56,89 +118,150 @@ static int sample(const real *logits, int V, double temperature, int top_k, Rng 
     return order[K - 1];
 }
 
-int main(int argc, char **argv) {
-    const char *ckpt = NULL, *prompt = NULL;
-    int max_tokens = 200, top_k = 40;
-    double temperature = 0.8;
-    uint64_t seed = 1;
-    bool check = false;
-    int threads_arg = -1;
+// Read a whole stream (the prompt from standard input), at most `max` bytes.
+static bool read_stream(FILE *f, int64_t max, char **out, int64_t *n) {
+    size_t cap = 4096, len = 0;
+    char *buf = xmalloc(cap);
+    for (size_t got; (got = fread(buf + len, 1, cap - len, f)) > 0;) {
+        len += got;
+        if ((int64_t)len > max) {
+            free(buf);
+            fprintf(stderr, "generate: the prompt is longer than %lld bytes\n", (long long)max);
+            return false;
+        }
+        if (len == cap) buf = xrealloc(buf, cap *= 2);
+    }
+    *out = buf;
+    *n = (int64_t)len;
+    return true;
+}
+
+typedef struct GenArgs {
+    const char *ckpt, *prompt, *prompt_file;
+    long long max_tokens, top_k, threads;
+    double temperature;
+    uint64_t seed;
+    bool check, echo;
+} GenArgs;
+
+// 0: parsed; 1: --help shown; 2: bad arguments (reported).
+static int parse_args(int argc, char **argv, GenArgs *a) {
+    *a = (GenArgs){.max_tokens = 200, .top_k = 40, .threads = -1, .temperature = 0.8, .seed = 1, .echo = true};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+        const char *o = argv[i];
         bool has = i + 1 < argc;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        bool ok = true;
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
             usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--checkpoint") && has) ckpt = argv[++i];
-        else if (!strcmp(a, "--prompt") && has) prompt = argv[++i];
-        else if (!strcmp(a, "--max-tokens") && has) max_tokens = atoi(argv[++i]);
-        else if (!strcmp(a, "--temperature") && has) temperature = atof(argv[++i]);
-        else if (!strcmp(a, "--top-k") && has) top_k = atoi(argv[++i]);
-        else if (!strcmp(a, "--seed") && has) seed = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(a, "--threads") && has) threads_arg = atoi(argv[++i]);
-        else if (!strcmp(a, "--check")) check = true;
+            return 1;
+        } else if (!strcmp(o, "--check")) a->check = true;
+        else if (!strcmp(o, "--no-echo")) a->echo = false;
+        else if (!has) {
+            fprintf(stderr, "generate: unknown or incomplete argument '%s' (see generate --help)\n", o);
+            return 2;
+        } else if (!strcmp(o, "--checkpoint")) a->ckpt = argv[++i];
+        else if (!strcmp(o, "--prompt")) a->prompt = argv[++i];
+        else if (!strcmp(o, "--prompt-file")) a->prompt_file = argv[++i];
+        else if (!strcmp(o, "--max-tokens")) ok = parse_int(o, argv[++i], 0, MAX_TOKENS_LIMIT, &a->max_tokens);
+        else if (!strcmp(o, "--top-k")) ok = parse_int(o, argv[++i], 0, INT32_MAX, &a->top_k);
+        else if (!strcmp(o, "--threads")) ok = parse_int(o, argv[++i], 1, MODEL_MAX_THREADS, &a->threads);
+        else if (!strcmp(o, "--temperature")) ok = parse_real(o, argv[++i], 0, 1e6, &a->temperature);
+        else if (!strcmp(o, "--seed")) ok = parse_u64(o, argv[++i], &a->seed);
         else {
-            fprintf(stderr, "generate: unknown or incomplete argument '%s'\n", a);
-            usage(stderr);
+            fprintf(stderr, "generate: unknown argument '%s' (see generate --help)\n", o);
             return 2;
         }
+        if (!ok) return 2;
     }
-    if (!ckpt || !prompt || max_tokens < 0) {
-        usage(stderr);
+    if (!a->ckpt) {
+        fprintf(stderr, "generate: --checkpoint FILE is required (see generate --help)\n");
         return 2;
     }
+    if (a->prompt && a->prompt_file) {
+        fprintf(stderr, "generate: give --prompt or --prompt-file, not both\n");
+        return 2;
+    }
+    return 0;
+}
+
+// The prompt's bytes (malloc'd): the argument, a file, or standard input.
+static bool load_prompt(const GenArgs *a, char **text, int64_t *n) {
+    if (a->prompt_file && !strcmp(a->prompt_file, "-")) return read_stream(stdin, PROMPT_LIMIT, text, n);
+    if (a->prompt_file) {
+        uint8_t *d;
+        Status s = file_read_all(a->prompt_file, "prompt file", PROMPT_LIMIT, &d, n);
+        if (!s.ok) fprintf(stderr, "generate: %s\n", s.msg);
+        *text = (char *)d;
+        return s.ok;
+    }
+    const char *p = a->prompt ? a->prompt : "";
+    *n = (int64_t)strlen(p);
+    if (*n > PROMPT_LIMIT) {
+        fprintf(stderr, "generate: the prompt is longer than %d bytes\n", PROMPT_LIMIT);
+        return false;
+    }
+    *text = xmalloc((size_t)*n + 1);
+    memcpy(*text, p, (size_t)*n + 1);
+    return true;
+}
+
+// Rebuild the model stored in ckpt: its config, checked, then its parameters.
+static Status load_model(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps) {
     char *text = NULL;
+    config_defaults(cfg, model_mixer_known);
     Status s = checkpoint_read_config(ckpt, &text);
-    if (!s.ok) {
-        fprintf(stderr, "generate: %s\n", s.msg);
-        return 2;
-    }
-    TrainConfig cfg;
-    config_defaults(&cfg, model_mixer_known);
-    s = config_load_string(&cfg, text, ckpt);
+    if (s.ok) s = config_load_string(cfg, text, ckpt);
     free(text);
-    LM lm;
-    ParamStore ps;
-    if (s.ok) s = model_build(&cfg, &lm, &ps);
-    if (s.ok) s = checkpoint_load(ckpt, &ps, NULL, NULL);
+    if (s.ok) s = config_validate(cfg);
+    if (!s.ok) return s;
+    s = model_build(cfg, lm, ps, ckpt);   // the datasets are checked before the model is allocated
+    if (!s.ok) return s;
+    s = checkpoint_load(ckpt, ps, NULL, NULL);
     if (!s.ok) {
-        fprintf(stderr, "generate: %s\n", s.msg);
-        return 2;
+        lm_destroy(lm);
+        params_free(ps);
     }
+    return s;
+}
+
+// Decode prompt then sample; --check compares with the parallel forward. Returns the exit code.
+static int run(const GenArgs *a, LM *lm, ParamStore *ps, const char *prompt, int64_t n_prompt) {
     // Decoding one sequence is a chain of small products: below ~10M parameters
     // waking a second thread per op costs more than it saves (measured: 880
     // tokens/s on 1 thread vs 450 on 2 for tiny_gdn).
-    if (threads_arg < 0) threads_arg = params_count(&ps, false) < 10000000 ? 1 : 0;
-    int threads = model_set_threads(threads_arg);
-    int V = lm.cfg.vocab_size;
-    int n_prompt = (int)strlen(prompt);
-    if (n_prompt == 0) {
-        fprintf(stderr, "generate: the prompt is empty\n");
+    long long req = a->threads > 0 ? a->threads : params_count(ps, false) < 10000000 ? 1 : 0;
+    int threads = model_set_threads((int)req);
+    int V = lm->cfg.vocab_size;
+    // An empty prompt: condition on a newline, the start of a line of text.
+    bool unconditional = n_prompt == 0;
+    int64_t n_in = unconditional ? 1 : n_prompt;
+    int64_t total = n_in + a->max_tokens;
+    if (a->check && total > CHECK_LIMIT) {
+        fprintf(stderr, "generate: --check covers at most %d positions (prompt + max-tokens = %lld)\n", CHECK_LIMIT,
+                (long long)total);
         return 2;
     }
-    int total = n_prompt + max_tokens;
     int *tokens = xmalloc((size_t)total * sizeof(int));
-    tokenizer_encode((const uint8_t *)prompt, n_prompt, tokens);
-    real *step_logits = check ? xmalloc((size_t)total * V * sizeof(real)) : NULL;
+    if (unconditional) tokens[0] = '\n';
+    else tokenizer_encode((const uint8_t *)prompt, n_prompt, tokens);
+    real *step_logits = a->check ? xmalloc((size_t)total * V * sizeof(real)) : NULL;
     double *probs = xmalloc((size_t)V * sizeof(double));
     int *order = xmalloc((size_t)V * sizeof(int));
     Rng rng;
-    rng_seed(&rng, seed);
-
+    rng_seed(&rng, a->seed);
     Tape tp;
     tape_init(&tp);
     tape_no_grad_push(&tp);
-    LMCache *cache = lm_cache_new(&lm, 1, total);
-    fwrite(prompt, 1, (size_t)n_prompt, stdout);
+    LMCache *cache = lm_cache_new(lm, 1, (int)total);
+    if (a->echo && !unconditional) fwrite(prompt, 1, (size_t)n_prompt, stdout);
     fflush(stdout);
     double t0 = runlog_now(), t_gen = 0;
-    int n = 0;   // tokens fed so far
-    for (; n < total; n++) {
-        if (n == n_prompt) t_gen = runlog_now();
-        Tensor *lg = lm_step(&tp, &lm, cache, &tokens[n]);
+    for (int64_t n = 0; n < total; n++) {
+        if (n == n_in) t_gen = runlog_now();
+        Tensor *lg = lm_step(&tp, lm, cache, &tokens[n]);
         if (step_logits) memcpy(step_logits + (size_t)n * V, lg->data, (size_t)V * sizeof(real));
-        if (n + 1 >= n_prompt && n + 1 < total) {
-            int next = sample(lg->data, V, temperature, top_k, &rng, probs, order);
+        if (n + 1 >= n_in && n + 1 < total) {
+            int next = sample(lg->data, V, a->temperature, (int)a->top_k, &rng, probs, order);
             tokens[n + 1] = next;
             unsigned char byte = (unsigned char)next;
             fwrite(&byte, 1, 1, stdout);
@@ -148,12 +271,14 @@ int main(int argc, char **argv) {
     }
     double t_end = runlog_now();
     printf("\n");
+    fflush(stdout);
     double gen_s = t_gen > 0 ? t_end - t_gen : 0;
-    fprintf(stderr, "generate: %d prompt + %d sampled tokens in %.2f s; decoding %.1f tokens/s (%d threads)\n",
-            n_prompt, max_tokens, t_end - t0, gen_s > 0 ? (total - n_prompt) / gen_s : 0.0, threads);
+    fprintf(stderr, "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (%d thread%s)\n",
+            (long long)n_prompt, a->max_tokens, t_end - t0, gen_s > 0 ? (double)(total - n_in) / gen_s : 0.0, threads,
+            threads == 1 ? "" : "s");
     int code = 0;
-    if (check) {
-        Tensor *par = lm_forward(&tp, &lm, tokens, 1, total, NULL, NULL);
+    if (a->check) {
+        Tensor *par = lm_forward(&tp, lm, tokens, 1, (int)total, NULL, NULL);
         // Normwise relative difference: max |a - b| / max |a| (docs/MODEL.md, project notes).
         double worst = 0, scale = 0;
         for (int64_t i = 0; i < par->numel; i++) {
@@ -166,20 +291,42 @@ int main(int argc, char **argv) {
 #else
         double tol = 1e-4;
 #endif
-        fprintf(stderr, "generate --check: %d positions, max relative difference token-by-token vs parallel %.3e "
+        fprintf(stderr, "generate --check: %lld positions, max relative difference token-by-token vs parallel %.3e "
                         "(tolerance %.0e): %s\n",
-                total, worst, tol, worst <= tol ? "OK" : "MISMATCH");
+                (long long)total, worst, tol, worst <= tol ? "OK" : "MISMATCH");
         code = worst <= tol ? 0 : 1;
     }
     tape_no_grad_pop(&tp);
-    lm_cache_free(&lm, cache);
+    lm_cache_free(lm, cache);
     tape_free(&tp);
-    lm_destroy(&lm);
-    params_free(&ps);
-    config_free(&cfg);
     free(tokens);
     free(step_logits);
     free(probs);
     free(order);
+    return code;
+}
+
+int main(int argc, char **argv) {
+    GenArgs a;
+    int code = parse_args(argc, argv, &a);
+    if (code) return code == 1 ? 0 : 2;
+    char *prompt = NULL;
+    int64_t n_prompt = 0;
+    if (!load_prompt(&a, &prompt, &n_prompt)) return 2;
+    TrainConfig cfg;
+    LM lm;
+    ParamStore ps;
+    Status s = load_model(a.ckpt, &cfg, &lm, &ps);
+    if (!s.ok) {
+        fprintf(stderr, "generate: %s\n", s.msg);
+        config_free(&cfg);
+        free(prompt);
+        return 2;
+    }
+    code = run(&a, &lm, &ps, prompt, n_prompt);
+    lm_destroy(&lm);
+    params_free(&ps);
+    config_free(&cfg);
+    free(prompt);
     return code;
 }

@@ -9,9 +9,18 @@
 
 // Fill an LMConfig from the [model] section (vocabulary: the byte tokenizer's).
 Status model_config_from_train(const TrainConfig *tc, LMConfig *lc);
-// Build the LM and finalize its parameters from the config's seed.
-Status model_build(const TrainConfig *tc, LM *lm, ParamStore *ps);
-// OpenMP (and with it OpenBLAS's OpenMP build) thread count; 0 keeps the default.
+// Every constraint the layers would assert, for config validation: returns
+// the [model] or [data] key at fault and writes why, or NULL when the model
+// can be built (each layer's mixer_config_check; the form applies to some
+// layer; every tensor of a step within int32 elements).
+const char *model_check(const TrainConfig *tc, char *why, size_t n);
+// Build the LM and finalize its parameters from the config's seed. ckpt
+// non-NULL: first check that this checkpoint holds exactly the model's
+// parameters (checkpoint_check_params), before anything is allocated.
+Status model_build(const TrainConfig *tc, LM *lm, ParamStore *ps, const char *ckpt);
+// OpenMP (and with it OpenBLAS's OpenMP build) thread count; 0 keeps the
+// default. At most MODEL_MAX_THREADS (the config's and generate's limit).
+#define MODEL_MAX_THREADS 1024
 int model_set_threads(int threads);
 // Is this a known mixer name? (for config validation)
 bool model_mixer_known(const char *name);

@@ -1,30 +1,22 @@
 #include "runlog.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "fileio.h"
 
 double runlog_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static Status mkdirs(const char *path) {
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return status_err("cannot create '%s': %s", buf, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return status_err("cannot create '%s': %s", buf, strerror(errno));
-    return status_ok();
 }
 
 double runlog_cpu_now(void) {
@@ -50,19 +42,36 @@ void runlog_cpu_name(char *buf, size_t n) {
     fclose(f);
 }
 
+static int open_log(const char *dir, const char *name, bool append, char *path, size_t n, Status *s) {
+    *s = path_join(path, n, dir, name);
+    if (!s->ok) return -1;
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0644);
+    if (fd < 0) *s = status_err("cannot write '%s': %s", path, strerror(errno));
+    return fd;
+}
+
 Status runlog_open(RunLog *r, const char *dir, int total_steps, bool append) {
     memset(r, 0, sizeof *r);
-    Status s = mkdirs(dir);
-    if (!s.ok) return s;
-    snprintf(r->dir, sizeof r->dir, "%s", dir);
-    char path[600];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    r->jsonl = fopen(path, append ? "a" : "w");
-    if (!r->jsonl) return status_err("cannot write '%s': %s", path, strerror(errno));
-    snprintf(path, sizeof path, "%s/loss.tsv", dir);
-    r->tsv = fopen(path, append ? "a" : "w");
-    if (!r->tsv) return status_err("cannot write '%s': %s", path, strerror(errno));
-    if (!append) fprintf(r->tsv, "# step\ttrain_loss\tval_loss\n");
+    r->jsonl = r->tsv = -1;
+    if (snprintf(r->dir, sizeof r->dir, "%s", dir) >= (int)sizeof r->dir)
+        return status_err("run folder path too long: %.100s...", dir);
+    char path[1100];
+    Status s;
+    r->jsonl = open_log(dir, "metrics.jsonl", append, path, sizeof path, &s);
+    if (s.ok) r->tsv = open_log(dir, "loss.tsv", append, path, sizeof path, &s);
+    if (!s.ok) {
+        runlog_close(r);
+        return s;
+    }
+    struct stat sb;
+    if (fstat(r->tsv, &sb) == 0 && sb.st_size == 0) {
+        const char *hdr = "# step\ttrain_loss\tval_loss\n";
+        int e = file_write_all(r->tsv, hdr, strlen(hdr));
+        if (e) {
+            runlog_close(r);
+            return status_err("cannot write '%s': %s", path, strerror(e));
+        }
+    }
     r->tty = isatty(fileno(stderr));
     r->t_start = runlog_now();
     r->total_steps = total_steps;
@@ -70,10 +79,58 @@ Status runlog_open(RunLog *r, const char *dir, int total_steps, bool append) {
 }
 
 void runlog_close(RunLog *r) {
-    if (r->tty) fputc('\n', stderr);
-    if (r->jsonl) fclose(r->jsonl);
-    if (r->tsv) fclose(r->tsv);
-    r->jsonl = r->tsv = NULL;
+    if (r->tty && r->jsonl >= 0) fputc('\n', stderr);
+    if (r->jsonl >= 0) close(r->jsonl);
+    if (r->tsv >= 0) close(r->tsv);
+    r->jsonl = r->tsv = -1;
+}
+
+// Append one whole line (a record) to fd; after the first failure, nothing more is written.
+static void put_line(RunLog *r, int fd, const char *name, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void put_line(RunLog *r, int fd, const char *name, const char *fmt, ...) {
+    if (r->err || fd < 0) return;
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;   // a record never exceeds this; keep it one line
+    line[n++] = '\n';
+    off_t before = lseek(fd, 0, SEEK_END);
+    int e = file_write_all(fd, line, (size_t)n);
+    if (e) {
+        if (before >= 0 && ftruncate(fd, before) != 0) {}   // no partial line left behind (a full disk takes part)
+        r->err = e;
+        snprintf(r->err_file, sizeof r->err_file, "%s", name);
+        fprintf(stderr, "%strain: writing %s/%s failed: %s; no further records are logged (training goes on)\n",
+                r->tty ? "\n" : "", r->dir, name, strerror(e));
+    }
+}
+
+const char *runlog_error(const RunLog *r, char *buf, size_t n) {
+    if (!r->err) return NULL;
+    snprintf(buf, n, "%s: %s", r->err_file, strerror(r->err));
+    return buf;
+}
+
+const char *runlog_json_str(const char *s, char *out, size_t n) {
+    size_t u = 0;
+    if (n < 3) return "\"\"";
+    out[u++] = '"';
+    for (const unsigned char *c = (const unsigned char *)s; *c && u + 8 < n; c++) {
+        if (*c == '"' || *c == '\\') {
+            out[u++] = '\\';
+            out[u++] = (char)*c;
+        } else if (*c < 0x20 || *c == 0x7f) {
+            u += (size_t)snprintf(out + u, n - u, "\\u%04x", *c);
+        } else {
+            out[u++] = (char)*c;   // UTF-8 passes through; invalid bytes are the reader's concern
+        }
+    }
+    out[u++] = '"';
+    out[u] = 0;
+    return out;
 }
 
 static void fmt_eta(double s, char *buf, size_t n) {
@@ -88,62 +145,114 @@ static void fmt_eta(double s, char *buf, size_t n) {
 
 void runlog_train(RunLog *r, int step, double loss, double lr, double grad_norm, double tok_per_s,
                   double eta_s, bool print) {
-    fprintf(r->jsonl,
-            "{\"type\":\"train\",\"step\":%d,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.5f,\"tok_per_s\":%.1f,"
-            "\"elapsed_s\":%.2f}\n",
-            step, loss, lr, grad_norm, tok_per_s, runlog_now() - r->t_start);
-    fprintf(r->tsv, "%d\t%.6f\tNaN\n", step, loss);
+    put_line(r, r->jsonl, "metrics.jsonl",
+             "{\"type\":\"train\",\"step\":%d,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.5f,\"tok_per_s\":%.1f,"
+             "\"elapsed_s\":%.2f}",
+             step, loss, lr, grad_norm, tok_per_s, runlog_now() - r->t_start);
+    put_line(r, r->tsv, "loss.tsv", "%d\t%.6f\tNaN", step, loss);
     if (!print) return;
     char eta[32];
     fmt_eta(eta_s, eta, sizeof eta);
     fprintf(stderr, "%sstep %6d/%d | loss %.4f | lr %.2e | gnorm %6.3f | %8.0f tok/s | ETA %s%s",
             r->tty ? "\r" : "", step, r->total_steps, loss, lr, grad_norm, tok_per_s, eta, r->tty ? "   " : "\n");
     fflush(stderr);
-    fflush(r->jsonl);
-    fflush(r->tsv);
 }
 
 void runlog_eval(RunLog *r, int step, double val_loss, double extra_kl, double extra_mass) {
     double bpb = val_loss / log(2.0);
-    fprintf(r->jsonl, "{\"type\":\"eval\",\"step\":%d,\"val_loss\":%.6f,\"val_bpb\":%.6f", step, val_loss, bpb);
-    if (!isnan(extra_kl)) fprintf(r->jsonl, ",\"kl\":%.6f", extra_kl);
-    if (!isnan(extra_mass)) fprintf(r->jsonl, ",\"topk_mass\":%.6f", extra_mass);
-    fprintf(r->jsonl, "}\n");
-    fprintf(r->tsv, "%d\tNaN\t%.6f\n", step, val_loss);
+    char extra[128] = "";
+    if (!isnan(extra_kl)) snprintf(extra, sizeof extra, ",\"kl\":%.6f", extra_kl);
+    if (!isnan(extra_mass)) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ",\"topk_mass\":%.6f", extra_mass);
+    put_line(r, r->jsonl, "metrics.jsonl", "{\"type\":\"eval\",\"step\":%d,\"val_loss\":%.6f,\"val_bpb\":%.6f%s}", step,
+             val_loss, bpb, extra);
+    put_line(r, r->tsv, "loss.tsv", "%d\tNaN\t%.6f", step, val_loss);
     fprintf(stderr, "%sstep %6d | val loss %.4f | val bits/byte %.4f\n", r->tty ? "\n" : "", step, val_loss, bpb);
-    fflush(r->jsonl);
-    fflush(r->tsv);
 }
 
-void runlog_json(RunLog *r, const char *json_object) {
-    fprintf(r->jsonl, "%s\n", json_object);
-    fflush(r->jsonl);
+void runlog_json(RunLog *r, const char *json_object) { put_line(r, r->jsonl, "metrics.jsonl", "%s", json_object); }
+
+// A gnuplot single-quoted string: '' stands for ', and nothing else is special.
+static void gp_str(FILE *f, const char *s) {
+    fputc('\'', f);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '\'') fputs("''", f);
+        else fputc(*c < 0x20 ? '?' : *c, f);
+    }
+    fputc('\'', f);
 }
 
-bool runlog_plot(const RunLog *r, const char *title) {
-    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
-        fprintf(stderr, "note: gnuplot not found, no loss plot (apt-get install gnuplot-nox)\n");
+// Run `argv` with the working directory `dir`, its output to /dev/null; returns its exit status (-1: not run).
+static int run_in(const char *dir, char *const argv[]) {
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0) {
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        if (chdir(dir) != 0) _exit(126);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Does the file end with a PNG's IEND chunk? (gnuplot exits 0 even when its
+// output was cut short by a full disk.)
+static bool png_complete(const char *path) {
+    static const unsigned char iend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+    unsigned char tail[12];
+    FILE *f = fopen(path, "rb");
+    bool ok = f && fseek(f, -12, SEEK_END) == 0 && fread(tail, 1, 12, f) == 12 && memcmp(tail, iend, 12) == 0;
+    if (f) fclose(f);
+    return ok;
+}
+
+bool runlog_plot(const RunLog *r, const RunLogPlot *p) {
+    char script[1100];
+    if (!path_join(script, sizeof script, r->dir, "loss.gp").ok) return false;
+    FILE *f = fopen(script, "w");
+    if (!f) {
+        fprintf(stderr, "note: cannot write %s (%s): no loss plot\n", script, strerror(errno));
         return false;
     }
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd,
-             "gnuplot -e \"set terminal pngcairo size 900,540 noenhanced; set output '%s/loss.png'; "
-             "set title '%s'; set xlabel 'step'; set ylabel 'loss (nats/byte)'; set grid; set key top right; "
-             "set datafile missing 'NaN'; "
-             "plot '%s/loss.tsv' using 1:2 with lines lw 1 lc rgb '#4477aa' title 'train', "
-             "'' using 1:3 with linespoints lw 2 pt 7 ps 0.6 lc rgb '#cc3311' title 'validation'\" 2>/dev/null",
-             r->dir, title, r->dir);
-    if (system(cmd) != 0) {
-        snprintf(cmd, sizeof cmd,   // gnuplot-nox may lack cairo: fall back to the png terminal
-                 "gnuplot -e \"set terminal png size 900,540; set output '%s/loss.png'; set title '%s' noenhanced; "
-                 "set xlabel 'step'; set ylabel 'loss (nats/byte)'; set grid; set datafile missing 'NaN'; "
-                 "plot '%s/loss.tsv' using 1:2 with lines title 'train', '' using 1:3 with linespoints pt 7 "
-                 "title 'validation'\"",
-                 r->dir, title, r->dir);
-        if (system(cmd) != 0) {
-            fprintf(stderr, "note: gnuplot failed, no loss plot\n");
-            return false;
-        }
+    // Relative paths: gnuplot runs inside the run folder, so no path is quoted.
+    fputs("set terminal pngcairo size 900,540 noenhanced\nset output 'loss.png.tmp'\n", f);
+    fputs("set grid\nset datafile missing 'NaN'\nset key top right\n", f);
+    if (p->separate) {
+        fputs("set multiplot layout 2,1 title ", f);
+        gp_str(f, p->title);
+        fputs("\nset xlabel 'step'\nset ylabel ", f);
+        gp_str(f, p->train_label);
+        fputs("\nplot 'loss.tsv' using 1:2 with lines lw 1 lc rgb '#4477aa' title ", f);
+        gp_str(f, p->train_label);
+        fputs("\nset ylabel ", f);
+        gp_str(f, p->val_label);
+        fputs("\nplot 'loss.tsv' using 1:3 with linespoints lw 2 pt 7 ps 0.6 lc rgb '#cc3311' title ", f);
+        gp_str(f, p->val_label);
+        fputs("\nunset multiplot\n", f);
+    } else {
+        fputs("set title ", f);
+        gp_str(f, p->title);
+        fputs("\nset xlabel 'step'\nset ylabel ", f);
+        gp_str(f, p->train_label);
+        fputs("\nplot 'loss.tsv' using 1:2 with lines lw 1 lc rgb '#4477aa' title 'train', "
+              "'' using 1:3 with linespoints lw 2 pt 7 ps 0.6 lc rgb '#cc3311' title 'validation'\n",
+              f);
     }
-    return true;
+    bool wrote = !ferror(f);
+    wrote = fclose(f) == 0 && wrote;
+    char tmp[1100], png[1100];
+    path_join(tmp, sizeof tmp, r->dir, "loss.png.tmp");
+    path_join(png, sizeof png, r->dir, "loss.png");
+    int rc = wrote ? run_in(r->dir, (char *const[]){"gnuplot", "loss.gp", NULL}) : -1;
+    if (rc == 0 && png_complete(tmp) && rename(tmp, png) == 0) return true;
+    unlink(tmp);
+    if (rc == 127) fprintf(stderr, "note: gnuplot not found, no loss plot (apt-get install gnuplot-nox)\n");
+    else fprintf(stderr, "note: gnuplot failed (%s), no loss plot\n", wrote ? "see loss.gp" : "script not written");
+    return false;
 }

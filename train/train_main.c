@@ -1,6 +1,6 @@
 // train: train a small hybrid language model from an INI config.
 //
-//   train --config tiny_gdn.ini [--set section.key=value ...] [--resume]
+//   train --config tiny_gdn.ini [--set section.key=value ...] [--resume | --overwrite]
 //   train --config tiny_gdn.ini --dump-state state.h5
 //   train --help
 #include <stdlib.h>
@@ -11,55 +11,76 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: train --config FILE [--set section.key=value ...] [--resume] [--dump-state FILE]\n"
+            "usage: train --config FILE [--set section.key=value ...] [--resume | --overwrite] [--dump-state FILE]\n"
             "\n"
             "  --config FILE        an INI file; a bare name such as tiny_gdn.ini is looked up in configs/\n"
             "  --set S.K=V          override one key after the file (repeatable)\n"
-            "  --resume             continue from <run_dir>/checkpoint.h5, bit for bit as if never stopped\n"
+            "  --resume             continue the run in <run_dir> from its checkpoint.h5, bit for bit as if\n"
+            "                       never stopped; the run keeps its stored config (only resumable keys such\n"
+            "                       as train.steps may be changed with --set)\n"
+            "  --overwrite          start afresh in a run_dir that holds a previous run (deletes its\n"
+            "                       checkpoint and logs); without it such a run_dir is refused\n"
             "  --dump-state FILE    one forward and backward on the first training batch; write tokens,\n"
             "                       targets, logits, loss, every parameter and gradient to FILE (HDF5)\n"
             "  --help               this text and every config key\n"
             "\n"
-            "Ctrl-C saves a checkpoint and exits; --resume continues from it.\n\nConfig keys:\n");
+            "Ctrl-C (or SIGTERM) saves a checkpoint and exits; --resume continues from it.\n\n");
     config_help(f);
+}
+
+// 0: parsed; 1: --help shown; 2: bad arguments (reported).
+static int parse_args(int argc, char **argv, TrainerOptions *o, const char **sets, const char **dump_path) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 1;
+        } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+            o->config = argv[++i];
+        } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
+            sets[o->n_sets++] = argv[++i];
+        } else if (!strcmp(argv[i], "--resume")) {
+            o->resume = true;
+        } else if (!strcmp(argv[i], "--overwrite")) {
+            o->overwrite = true;
+        } else if (!strcmp(argv[i], "--dump-state") && i + 1 < argc) {
+            *dump_path = argv[++i];
+        } else {
+            fprintf(stderr, "train: unknown or incomplete argument '%s' (see train --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!o->config) {
+        fprintf(stderr, "train: --config FILE is required (see train --help)\n");
+        return 2;
+    }
+    if (o->resume && o->overwrite) {
+        fprintf(stderr, "train: --resume continues the run in run_dir, --overwrite replaces it: give one\n");
+        return 2;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv) {
     TrainerOptions o = {0};
     const char *dump_path = NULL;
     const char **sets = calloc((size_t)argc, sizeof *sets);
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
-            o.config = argv[++i];
-        } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
-            sets[o.n_sets++] = argv[++i];
-        } else if (!strcmp(argv[i], "--resume")) {
-            o.resume = true;
-        } else if (!strcmp(argv[i], "--dump-state") && i + 1 < argc) {
-            dump_path = argv[++i];
-        } else {
-            fprintf(stderr, "train: unknown or incomplete argument '%s' (see train --help)\n", argv[i]);
-            return 2;
-        }
-    }
+    int code = parse_args(argc, argv, &o, sets, &dump_path);
     o.sets = sets;
-    if (!o.config) {
-        fprintf(stderr, "train: --config FILE is required (see train --help)\n");
-        return 2;
+    if (code) {
+        free(sets);
+        return code == 1 ? 0 : 2;
     }
     static Trainer t;
     Status s = trainer_setup(&t, &o);
     if (!s.ok) {
         fprintf(stderr, "train: %s\n", s.msg);
+        free(sets);
         return 2;
     }
-    int code;
     if (dump_path) {
         batcher_train(&t.bt, t.x, t.y);
-        s = dump_state_write(dump_path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size, t.cfg.data.seq_len);
+        s = dump_state_write(dump_path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size, t.cfg.data.seq_len,
+                             t.cfg.finetune.mode == FT_INDEXER);
         if (s.ok) printf("train: wrote the state of one forward and backward to %s\n", dump_path);
         else fprintf(stderr, "train: --dump-state: %s\n", s.msg);
         code = s.ok ? 0 : 1;

@@ -1,4 +1,3 @@
-#include "blas.h"
 #include "trainer.h"
 
 #include <errno.h>
@@ -9,77 +8,17 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include "blas.h"
 #include "corpus.h"
+#include "run_config.h"
 
 #ifndef SOURCE_DIR
 #define SOURCE_DIR "."
 #endif
 
 static volatile sig_atomic_t stop_requested = 0;
-void trainer_request_stop(void) { stop_requested = 1; }
-
-static void default_run_dir(const TrainConfig *cfg, char *out, size_t n) {
-    if (cfg->train.run_dir[0]) {
-        snprintf(out, n, "%s", cfg->train.run_dir);
-        return;
-    }
-    const char *base = strrchr(cfg->source, '/');
-    base = base ? base + 1 : cfg->source;
-    char name[CONFIG_STR_MAX];
-    snprintf(name, sizeof name, "%s", base);
-    char *dot = strrchr(name, '.');
-    if (dot) *dot = 0;
-    snprintf(out, n, "runs/%.255s", name);
-}
-
 static Status setup(Trainer *t, const TrainerOptions *o);
-
-// Load the config: the file, then the --set overrides.
-static Status load_config(TrainConfig *cfg, const char *path, const TrainerOptions *o) {
-    Status s = config_load_file(cfg, path);
-    for (int i = 0; s.ok && i < o->n_sets; i++) s = config_set(cfg, o->sets[i]);
-    return s;
-}
-
-// [finetune]: reload the config over the [model] section stored in init_from.
-static Status finetune_config(Trainer *t, const TrainerOptions *o) {
-    const char *ck = t->cfg.finetune.init_from;
-    if (access(ck, R_OK) != 0)
-        return status_err("[finetune] init_from: cannot read the checkpoint %s (%s): train the model first, "
-                          "e.g. train --config tiny_attn.ini, or point init_from at its checkpoint.h5",
-                          ck, strerror(errno));
-    char *text = NULL;
-    Status s = checkpoint_read_config(ck, &text);
-    if (!s.ok) return status_err("[finetune] init_from: %s", s.msg);
-    TrainConfig base;
-    config_defaults(&base, model_mixer_known);
-    s = config_load_string(&base, text, ck);
-    free(text);
-    if (!s.ok) {
-        config_free(&base);
-        return status_err("[finetune] init_from: the config stored in the checkpoint: %s", s.msg);
-    }
-    config_free(&t->cfg);
-    config_defaults(&t->cfg, model_mixer_known);
-    t->cfg.model = base.model;   // the checkpoint's architecture; the file's [model] keys override it
-    config_free(&base);
-    return load_config(&t->cfg, t->config_path, o);
-}
-
-// The attn layers named by dsa_layers (every attn layer when empty) become attn_dsa.
-static Status finetune_layers(TrainConfig *c) {
-    ConfigNames *ln = &c->model.layers;
-    const ConfigInts *dl = &c->finetune.dsa_layers;
-    for (int l = 0; l < ln->n; l++) {
-        bool chosen = dl->n == 0;
-        for (int i = 0; i < dl->n; i++) chosen |= dl->v[i] == l;
-        if (chosen && strcmp(ln->name[l], "attn") == 0) snprintf(ln->name[l], sizeof ln->name[l], "attn_dsa");
-    }
-    for (int l = 0; l < ln->n; l++)
-        if (strcmp(ln->name[l], "attn_dsa") == 0) return status_ok();
-    return status_err("[finetune] mode = %s: the model (layers from %s) has no attn layer to give an indexer",
-                      config_finetune_name(c->finetune.mode), c->finetune.init_from);
-}
+void trainer_request_stop(void) { stop_requested = 1; }
 
 // Is p one of an attn_dsa layer's indexer weights?
 static bool is_indexer_param(const LM *lm, const Tensor *p) {
@@ -94,8 +33,9 @@ static bool is_indexer_param(const LM *lm, const Tensor *p) {
     return false;
 }
 
-// Load init_from's parameters; only indexer weights may be missing.
-static Status finetune_load(Trainer *t) {
+// Load init_from's parameters; in fine-tuning only indexer weights may be
+// missing, when continuing (mode = none) none may.
+static Status init_from_load(Trainer *t) {
     const char *ck = t->cfg.finetune.init_from;
     ParamsLoadReport *r = &t->init_report;
     Status s = checkpoint_load_params(ck, &t->ps, r);
@@ -106,16 +46,22 @@ static Status finetune_load(Trainer *t) {
                           ck, r->unused);
     int fresh = 0;
     for (int i = 0; i < t->ps.n; i++) fresh += is_indexer_param(&t->lm, t->ps.params[i]);
-    // Every non-indexer parameter must have been loaded.
+    if (t->cfg.finetune.mode == FT_NONE) fresh = 0;
     if (r->n_loaded < t->ps.n - fresh)
         return status_err("[finetune] init_from: %s lacks parameters of the model (%s): the [model] section "
                           "differs from the checkpoint's",
                           ck, r->missing);
+    if (t->cfg.finetune.restore_optimizer) {
+        // Parameters again (cheap) and the moments; the run's own step and data state start fresh.
+        s = checkpoint_load(ck, &t->ps, &t->opt, NULL);
+        if (!s.ok) return status_err("[finetune] restore_optimizer: %s", s.msg);
+    }
     return status_ok();
 }
 
 Status trainer_setup(Trainer *t, const TrainerOptions *o) {
     memset(t, 0, sizeof *t);
+    t->rd.lock_fd = -1;
     Status s = setup(t, o);
     if (!s.ok) trainer_free(t);   // a failed setup leaves nothing behind
     return s;
@@ -126,20 +72,18 @@ static Status setup(Trainer *t, const TrainerOptions *o) {
     t->last_kl = NAN;
     t->last_dsa = (DsaEval){NAN, NAN, NAN, NAN};
     t->decode_dense_tok_s = t->decode_sparse_tok_s = NAN;
+    t->saved_step = -1;
     config_defaults(&t->cfg, model_mixer_known);
     const char *dirs[] = {".", SOURCE_DIR};
     Status s = config_find(o->config, dirs, 2, t->config_path, sizeof t->config_path);
-    if (s.ok) s = load_config(&t->cfg, t->config_path, o);
-    bool ft = s.ok && t->cfg.finetune.mode != FT_NONE;
-    if (ft && t->cfg.finetune.init_from[0]) s = finetune_config(t, o);
-    if (s.ok) s = config_validate(&t->cfg);
-    if (s.ok && ft) s = finetune_layers(&t->cfg);
+    RunConfigArgs args = {t->config_path, o->sets, o->n_sets, o->resume};
+    if (s.ok) s = run_config_load(&t->cfg, &args, t->run_dir, sizeof t->run_dir, t->notes, sizeof t->notes);
     if (!s.ok) return s;
-    if (ft) {   // the checkpoint keeps the effective config: generate rebuilds attn_dsa layers from it
-        free(t->cfg.text);
-        t->cfg.text = config_dump_string(&t->cfg);
-    }
+    // The run's effective config: what config.ini and every checkpoint hold.
+    free(t->cfg.text);
+    t->cfg.text = config_dump_string(&t->cfg);
     const TrainConfig *c = &t->cfg;
+    bool ft = c->finetune.mode != FT_NONE;
     t->threads = model_set_threads(c->train.threads);
 
     Corpus corpus;
@@ -151,49 +95,74 @@ static Status setup(Trainer *t, const TrainerOptions *o) {
     s = batcher_init(&t->bt, t->tokens.tokens, t->tokens.n, c->data.val_fraction, c->data.batch_size,
                      c->data.seq_len, (uint64_t)c->train.seed);
     if (!s.ok) return status_err("[data]: %s", s.msg);
+    t->has_val = batcher_val_tokens(&t->bt) > 0;
 
-    s = model_build(c, &t->lm, &t->ps);
-    if (!s.ok) return s;
+    if (snprintf(t->ckpt, sizeof t->ckpt, "%s/checkpoint.h5", t->run_dir) >= (int)sizeof t->ckpt)
+        return status_err("[train] run_dir: path too long");
+    // A checkpoint to load is checked against the model before it is allocated.
+    const char *check = o->resume ? t->ckpt : (c->finetune.init_from[0] && !ft) ? c->finetune.init_from : NULL;
+    s = model_build(c, &t->lm, &t->ps, check);
+    if (!s.ok) return status_err("%s%s", o->resume ? "--resume: " : check ? "[finetune] init_from: " : "", s.msg);
     t->dsa_mode = c->finetune.mode == FT_INDEXER  ? DSA_DISTILL
                   : c->finetune.mode == FT_SPARSE ? DSA_SPARSE_KL
                                                   : DSA_SPARSE;
     lm_set_dsa_mode(&t->lm, t->dsa_mode);
-    if (ft && !o->resume) {
-        s = finetune_load(t);
-        if (!s.ok) return s;
-    }
     if (c->finetune.mode == FT_INDEXER)   // only the indexers move
         for (int i = 0; i < t->ps.n; i++)
             if (!is_indexer_param(&t->lm, t->ps.params[i])) params_set_frozen(&t->ps, t->ps.params[i], true);
     rng_seed(&t->model_rng, (uint64_t)c->train.seed ^ 0x5eedull);
     if (c->train.optimizer == CFG_OPT_SGD) sgd_init(&t->opt, &t->ps, c->train.momentum, c->train.weight_decay);
     else adamw_init(&t->opt, &t->ps, c->train.beta1, c->train.beta2, c->train.adam_eps, c->train.weight_decay);
+    if (c->finetune.init_from[0] && !o->resume) {
+        s = init_from_load(t);
+        if (!s.ok) return s;
+    }
     tape_init(&t->tp);
     size_t bt = (size_t)c->data.batch_size * c->data.seq_len;
     t->x = xmalloc(bt * sizeof(int));
     t->y = xmalloc(bt * sizeof(int));
-    t->losses = xmalloc((size_t)(c->train.steps > 0 ? c->train.steps : 1) * sizeof(double));
-    for (int i = 0; i < c->train.steps; i++) t->losses[i] = NAN;
 
-    default_run_dir(c, t->run_dir, sizeof t->run_dir);
-    snprintf(t->ckpt, sizeof t->ckpt, "%s/checkpoint.h5", t->run_dir);
     if (o->resume) {
         CheckpointState st = {0};
         s = checkpoint_load(t->ckpt, &t->ps, &t->opt, &st);
         if (!s.ok) return status_err("--resume: %s", s.msg);
-        t->step = st.step;
+        free(st.config_text);
+        if (st.step > c->train.steps)
+            return status_err("--resume: %s is at step %lld, past [train] steps = %d: nothing to resume (raise it "
+                              "with --set train.steps=N to train on)",
+                              t->ckpt, (long long)st.step, c->train.steps);
+        t->step = t->saved_step = st.step;
         t->bt.state = st.sampler;
         t->model_rng = st.model_rng;
-        if (st.config_text && t->cfg.text && strcmp(st.config_text, t->cfg.text) != 0)
-            fprintf(stderr, "train: note: %s differs from the config stored in %s\n", t->config_path, t->ckpt);
-        free(st.config_text);
     }
-    return status_ok();
+    t->first_step = t->step;
+    // Last: the run folder (locked, and refused when it holds another run).
+    s = run_dir_open(&t->rd, t->run_dir, o->resume ? RUN_RESUME : RUN_FRESH, o->overwrite);
+    if (s.ok && o->resume) s = run_dir_trim_logs(&t->rd, t->step);
+    return s;
 }
 
+double trainer_loss(const Trainer *t, int64_t step) {
+    int64_t i = step - t->first_step;
+    return (i >= 0 && i < t->n_losses) ? t->losses[i] : NAN;
+}
+
+static void record_loss(Trainer *t, double loss) {
+    if (t->n_losses == t->cap_losses) {
+        t->cap_losses = t->cap_losses ? 2 * t->cap_losses : 1024;
+        t->losses = xrealloc(t->losses, (size_t)t->cap_losses * sizeof *t->losses);
+    }
+    t->losses[t->n_losses++] = loss;
+}
+
+// Save, unless the state holds a non-finite value; records saved_step.
 static Status save_checkpoint(Trainer *t) {
+    const Tensor *bad = optim_nonfinite_param(&t->ps, &t->opt);
+    if (bad) return status_err("parameter '%s' (or its optimizer state) is not finite: not saved", bad->name);
     CheckpointState st = {t->step, t->bt.state, t->model_rng, t->cfg.text};
-    return checkpoint_save(t->ckpt, &t->ps, &t->opt, &st);
+    Status s = checkpoint_save(t->ckpt, &t->ps, &t->opt, &st);
+    if (s.ok) t->saved_step = t->step;
+    return s;
 }
 
 // One micro-batch: forward, backward; returns the loss to report (the KL in
@@ -217,9 +186,11 @@ static double train_micro_batch(Trainer *t, int B, int T) {
     return v;
 }
 
-// Validation: the loss, plus the DSA figures when the model has attn_dsa layers.
+// Validation: the loss, plus the DSA figures when the model has attn_dsa
+// layers. Nothing without a validation split (val_fraction = 0).
 static void evaluate(Trainer *t, RunLog *rl, int step, bool quiet) {
     const TrainConfig *c = &t->cfg;
+    if (!t->has_val) return;
     if (lm_dsa_count(&t->lm) == 0) {
         t->last_val_loss = model_eval_loss(&t->tp, &t->lm, &t->bt, c->train.eval_batches, t->x, t->y);
         runlog_eval(rl, step, t->last_val_loss, NAN, NAN);
@@ -237,14 +208,119 @@ static void evaluate(Trainer *t, RunLog *rl, int step, bool quiet) {
     runlog_json(rl, json);
     if (!quiet)
         fprintf(stderr, "step %6d | DSA: KL %.4f | top-%d keeps %.2f%% of the attention | val loss sparse %.4f, "
-                    "dense %.4f\n",
-            step, e->kl, c->model.topk, 100 * e->mass, e->val_sparse, e->val_dense);
+                        "dense %.4f\n",
+                step, e->kl, c->model.topk, 100 * e->mass, e->val_sparse, e->val_dense);
 }
 
-static void sigint_handler(int sig) {
+static void stop_handler(int sig) {
     (void)sig;
     if (stop_requested) _exit(130);   // a second Ctrl-C leaves at once
     stop_requested = 1;
+}
+
+static void print_start(const Trainer *t, const TrainerOptions *o, const struct utsname *un) {
+    const TrainConfig *c = &t->cfg;
+    if (t->notes[0]) fprintf(stderr, "%s", t->notes);
+    fprintf(stderr, "train: %s | layers", t->config_path);
+    for (int l = 0; l < c->model.layers.n; l++) fprintf(stderr, "%s%s", l ? "," : " ", c->model.layers.name[l]);
+    fprintf(stderr, " | %lld parameters | %s | %d thread%s on %s, OpenBLAS %s\n", (long long)params_count(&t->ps, false),
+            REAL_NAME, t->threads, t->threads == 1 ? "" : "s", un->machine, blas_core_name());
+    fprintf(stderr, "train: corpus %lld tokens (cache %s: %s) | train %lld, validation %lld | B %d x T %d x accum %d\n",
+            (long long)t->tokens.n, t->cache_built ? "built" : "reused", t->cache_path,
+            (long long)batcher_train_tokens(&t->bt), (long long)batcher_val_tokens(&t->bt), c->data.batch_size,
+            c->data.seq_len, c->train.accum_steps);
+    if (t->tokens.note[0]) fprintf(stderr, "train: token cache: %s\n", t->tokens.note);
+    if (!t->has_val) fprintf(stderr, "train: val_fraction = 0: no validation split, no evaluations\n");
+    if (o->resume) fprintf(stderr, "train: resumed from %s at step %lld\n", t->ckpt, (long long)t->step);
+    if (c->finetune.init_from[0] && !o->resume) {
+        const ParamsLoadReport *r = &t->init_report;
+        if (c->finetune.mode == FT_NONE)
+            fprintf(stderr, "train: continuing the model of %s (%d parameters loaded, optimizer %s)\n",
+                    c->finetune.init_from, r->n_loaded, c->finetune.restore_optimizer ? "restored" : "fresh");
+        else
+            fprintf(stderr, "train: finetune %s from %s: %d parameters loaded; fresh: %s\n",
+                    config_finetune_name(c->finetune.mode), c->finetune.init_from, r->n_loaded,
+                    r->n_missing ? r->missing : "none");
+    }
+    if (c->finetune.mode == FT_INDEXER)
+        fprintf(stderr, "train: training the indexers only (%lld weights) on the distillation KL; the rest is "
+                        "frozen\n",
+                (long long)params_count(&t->ps, true));
+}
+
+static void log_start(const Trainer *t, RunLog *rl, const struct utsname *un) {
+    char cfg[700], mach[200], core[100], json[1200];
+    snprintf(json, sizeof json,
+             "{\"type\":\"start\",\"config\":%s,\"params\":%lld,\"threads\":%d,\"precision\":\"%s\","
+             "\"start_step\":%lld,\"machine\":%s,\"openblas_core\":%s}",
+             runlog_json_str(t->config_path, cfg, sizeof cfg), (long long)params_count(&t->ps, false), t->threads,
+             REAL_NAME, (long long)t->step, runlog_json_str(un->machine, mach, sizeof mach),
+             runlog_json_str(blas_core_name(), core, sizeof core));
+    runlog_json(rl, json);
+}
+
+// The end of a finished run: final evaluation, DSA decode speed, checkpoint,
+// the end record, the plot and what was written. Returns the exit code.
+static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
+    const TrainConfig *c = &t->cfg;
+    char json[512];
+    evaluate(t, rl, (int)t->step, o->quiet);
+    if (lm_dsa_count(&t->lm) > 0) {
+        dsa_eval_decode_speed(&t->lm, DSA_DECODE_CTX, DSA_DECODE_STEPS, (uint64_t)c->train.seed, t->dsa_mode,
+                              &t->decode_dense_tok_s, &t->decode_sparse_tok_s);
+        snprintf(json, sizeof json,
+                 "{\"type\":\"dsa_decode\",\"context\":%d,\"steps\":%d,\"dense_tok_per_s\":%.1f,"
+                 "\"sparse_tok_per_s\":%.1f,\"topk\":%d}",
+                 DSA_DECODE_CTX, DSA_DECODE_STEPS, t->decode_dense_tok_s, t->decode_sparse_tok_s, c->model.topk);
+        runlog_json(rl, json);
+        if (!o->quiet)
+            fprintf(stderr, "train: decoding after %d positions: dense %.0f tokens/s, sparse (top-%d) %.0f tokens/s\n",
+                    DSA_DECODE_CTX, t->decode_dense_tok_s, c->model.topk, t->decode_sparse_tok_s);
+    }
+    int code = 0;
+    Status s = save_checkpoint(t);
+    if (!s.ok) {
+        fprintf(stderr, "train: the final checkpoint was not written: %s\n", s.msg);
+        code = 1;
+    }
+    double bpb = t->last_val_loss / log(2.0);
+    char val[96] = "\"val_loss\":null,\"val_bpb\":null";
+    if (t->has_val) snprintf(val, sizeof val, "\"val_loss\":%.6f,\"val_bpb\":%.6f", t->last_val_loss, bpb);
+    snprintf(json, sizeof json, "{\"type\":\"end\",\"step\":%lld,%s,\"elapsed_s\":%.1f}", (long long)t->step, val,
+             runlog_now() - rl->t_start);
+    runlog_json(rl, json);
+    bool plotted = false;
+    if (!o->quiet) {
+        const char *base = strrchr(t->config_path, '/');
+        bool kl = c->finetune.mode == FT_INDEXER;
+        RunLogPlot p = {base ? base + 1 : t->config_path, kl ? "distillation KL (nats)" : "loss (nats/byte)",
+                        kl ? "validation LM loss (nats/byte)" : "validation", kl};
+        plotted = runlog_plot(rl, &p);
+    }
+    char err[200];
+    const char *log_err = runlog_error(rl, err, sizeof err);
+    if (log_err) code = code ? code : 1;
+    if (!o->quiet) {
+        fprintf(stderr, "train: done: %lld steps", (long long)t->step);
+        if (t->has_val) fprintf(stderr, ", validation %.4f nats/byte = %.4f bits/byte", t->last_val_loss, bpb);
+        fprintf(stderr, "; in %s:", t->run_dir);
+        if (t->saved_step == t->step) fprintf(stderr, " checkpoint.h5");
+        else if (t->saved_step >= 0) fprintf(stderr, " checkpoint.h5 (of step %lld only)", (long long)t->saved_step);
+        else fprintf(stderr, " no checkpoint");
+        fprintf(stderr, ", metrics.jsonl%s%s\n", log_err ? " (incomplete)" : "", plotted ? ", loss.png" : "");
+        if (log_err) fprintf(stderr, "train: logging failed: %s\n", log_err);
+    }
+    return code;
+}
+
+// The stop message when training cannot go on from a non-finite value.
+static int stop_nonfinite(const Trainer *t, const char *what) {
+    fprintf(stderr, "\ntrain: %s at step %lld: stopping. ", what, (long long)t->step + 1);
+    if (t->saved_step >= 0)
+        fprintf(stderr, "The last good checkpoint (%s, step %lld) is kept.\n", t->ckpt, (long long)t->saved_step);
+    else
+        fprintf(stderr, "No checkpoint was written by this run.\n");
+    return 3;
 }
 
 int trainer_run(Trainer *t, const TrainerOptions *o) {
@@ -252,51 +328,25 @@ int trainer_run(Trainer *t, const TrainerOptions *o) {
     int B = c->data.batch_size, T = c->data.seq_len;
     RunLog rl;
     Status s = runlog_open(&rl, t->run_dir, c->train.steps, o->resume);
+    if (s.ok) s = run_dir_write_file(&t->rd, "config.ini", t->cfg.text);
     if (!s.ok) {
+        runlog_close(&rl);
         fprintf(stderr, "train: run folder: %s\n", s.msg);
         return 2;
     }
-    char cpath[CONFIG_STR_MAX + 32];
-    snprintf(cpath, sizeof cpath, "%s/config.ini", t->run_dir);
-    FILE *f = fopen(cpath, "w");
-    if (f) {
-        config_dump(c, f);
-        fclose(f);
-    }
     struct utsname un;
     uname(&un);
-    if (!o->quiet) {
-        fprintf(stderr, "train: %s | layers", t->config_path);
-        for (int l = 0; l < c->model.layers.n; l++) fprintf(stderr, "%s%s", l ? "," : " ", c->model.layers.name[l]);
-        fprintf(stderr, " | %lld parameters | %s | %d threads on %s, OpenBLAS %s\n",
-                (long long)params_count(&t->ps, false), REAL_NAME, t->threads, un.machine, blas_core_name());
-        fprintf(stderr, "train: corpus %lld tokens (cache %s: %s) | train %lld, validation %lld | B %d x T %d x accum %d\n",
-                (long long)t->tokens.n, t->cache_built ? "built" : "reused", t->cache_path,
-                (long long)batcher_train_tokens(&t->bt), (long long)batcher_val_tokens(&t->bt), B, T,
-                c->train.accum_steps);
-        if (o->resume) fprintf(stderr, "train: resumed from %s at step %lld\n", t->ckpt, (long long)t->step);
-        if (c->finetune.mode != FT_NONE && !o->resume) {
-            const ParamsLoadReport *r = &t->init_report;
-            fprintf(stderr, "train: finetune %s from %s: %d parameters loaded; fresh: %s\n",
-                    config_finetune_name(c->finetune.mode), c->finetune.init_from, r->n_loaded,
-                    r->n_missing ? r->missing : "none");
-        }
-        if (c->finetune.mode == FT_INDEXER)
-            fprintf(stderr, "train: training the indexers only (%lld weights) on the distillation KL; the rest is "
-                            "frozen\n",
-                    (long long)params_count(&t->ps, true));
-    }
-    char json[768];
-    snprintf(json, sizeof json,
-             "{\"type\":\"start\",\"config\":\"%.300s\",\"params\":%lld,\"threads\":%d,\"precision\":\"%s\","
-             "\"start_step\":%lld,\"machine\":\"%s\",\"openblas_core\":\"%s\"}",
-             t->config_path, (long long)params_count(&t->ps, false), t->threads, REAL_NAME, (long long)t->step,
-             un.machine, blas_core_name());
-    runlog_json(&rl, json);
+    if (!o->quiet) print_start(t, o, &un);
+    log_start(t, &rl, &un);
 
     stop_requested = 0;
-    void (*old_handler)(int) = signal(SIGINT, sigint_handler);
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = stop_handler;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
     double tok_per_step = (double)B * T * c->train.accum_steps;
+    int warmup = config_warmup_steps(c);
     double ema = 0;
     int exit_code = 0, run_steps = 0;
     while (t->step < c->train.steps) {
@@ -309,16 +359,27 @@ int trainer_run(Trainer *t, const TrainerOptions *o) {
         }
         double loss = loss_sum / c->train.accum_steps;
         if (!isfinite(loss)) {
-            fprintf(stderr, "\ntrain: the loss is %g at step %lld: stopping; the last good checkpoint (%s) is kept\n",
-                    loss, (long long)t->step + 1, t->ckpt);
-            exit_code = 3;
+            char what[64];
+            snprintf(what, sizeof what, "the loss is %g", loss);
+            exit_code = stop_nonfinite(t, what);
             break;
         }
         if (c->train.accum_steps > 1) optim_scale_grads(&t->ps, 1.0 / c->train.accum_steps);
         double gnorm = optim_clip_grad_norm(&t->ps, c->train.grad_clip);
-        double lr = lr_cosine(t->step, c->train.warmup_steps, c->train.steps, c->train.lr, c->train.min_lr);
+        if (!isfinite(gnorm)) {
+            exit_code = stop_nonfinite(t, "the gradient norm is not finite");
+            break;
+        }
+        double lr = lr_cosine(t->step, warmup, c->train.steps, c->train.lr, c->train.min_lr);
         optim_step(&t->opt, &t->ps, lr);
-        t->losses[t->step] = loss;
+        const Tensor *bad = optim_nonfinite_param(&t->ps, &t->opt);
+        if (bad) {
+            char what[300];
+            snprintf(what, sizeof what, "the update made parameter '%s' (or its optimizer state) non-finite", bad->name);
+            exit_code = stop_nonfinite(t, what);
+            break;
+        }
+        record_loss(t, loss);
         t->step++;
         run_steps++;
         double dt = runlog_now() - t0;
@@ -331,49 +392,24 @@ int trainer_run(Trainer *t, const TrainerOptions *o) {
         if (o->stop_after > 0 && run_steps == o->stop_after) stop_requested = 1;
         if ((c->train.checkpoint_every > 0 && done % c->train.checkpoint_every == 0) || stop_requested) {
             s = save_checkpoint(t);
-            if (!s.ok) fprintf(stderr, "\ntrain: checkpoint not written: %s\n", s.msg);
+            if (!s.ok) fprintf(stderr, "\ntrain: checkpoint of step %d not written: %s\n", done, s.msg);
         }
         if (stop_requested) {
-            if (!o->quiet)
-                fprintf(stderr, "\ntrain: interrupted: checkpoint at step %d in %s; continue with --resume\n", done,
-                        t->ckpt);
+            if (!o->quiet) {
+                if (t->saved_step == done)
+                    fprintf(stderr, "\ntrain: interrupted: checkpoint at step %d in %s; continue with --resume\n",
+                            done, t->ckpt);
+                else
+                    fprintf(stderr, "\ntrain: interrupted at step %d; the checkpoint could not be written%s\n", done,
+                            t->saved_step >= 0 ? " (the one on disk is older)" : "");
+            }
             exit_code = 130;
             break;
         }
     }
-    signal(SIGINT, old_handler);
-    if (exit_code == 0) {
-        evaluate(t, &rl, (int)t->step, o->quiet);
-        if (lm_dsa_count(&t->lm) > 0) {
-            dsa_eval_decode_speed(&t->lm, DSA_DECODE_CTX, DSA_DECODE_STEPS, (uint64_t)c->train.seed, t->dsa_mode,
-                                  &t->decode_dense_tok_s, &t->decode_sparse_tok_s);
-            snprintf(json, sizeof json,
-                     "{\"type\":\"dsa_decode\",\"context\":%d,\"steps\":%d,\"dense_tok_per_s\":%.1f,"
-                     "\"sparse_tok_per_s\":%.1f,\"topk\":%d}",
-                     DSA_DECODE_CTX, DSA_DECODE_STEPS, t->decode_dense_tok_s, t->decode_sparse_tok_s, c->model.topk);
-            runlog_json(&rl, json);
-            if (!o->quiet)
-                fprintf(stderr, "train: decoding after %d positions: dense %.0f tokens/s, sparse (top-%d) %.0f "
-                                "tokens/s\n",
-                        DSA_DECODE_CTX, t->decode_dense_tok_s, c->model.topk, t->decode_sparse_tok_s);
-        }
-        s = save_checkpoint(t);
-        if (!s.ok) {
-            fprintf(stderr, "train: final checkpoint not written: %s\n", s.msg);
-            exit_code = 1;
-        }
-        snprintf(json, sizeof json,
-                 "{\"type\":\"end\",\"step\":%lld,\"val_loss\":%.6f,\"val_bpb\":%.6f,\"elapsed_s\":%.1f}",
-                 (long long)t->step, t->last_val_loss, t->last_val_loss / log(2.0), runlog_now() - rl.t_start);
-        runlog_json(&rl, json);
-        if (!o->quiet) {
-            const char *base = strrchr(t->config_path, '/');
-            runlog_plot(&rl, base ? base + 1 : t->config_path);
-            fprintf(stderr, "train: done: %lld steps, validation %.4f nats/byte = %.4f bits/byte; in %s: "
-                            "checkpoint.h5, metrics.jsonl, loss.png\n",
-                    (long long)t->step, t->last_val_loss, t->last_val_loss / log(2.0), t->run_dir);
-        }
-    }
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (exit_code == 0) exit_code = finish(t, &rl, o);
     runlog_close(&rl);
     return exit_code;
 }
@@ -388,5 +424,7 @@ void trainer_free(Trainer *t) {
     params_free(&t->ps);
     token_data_free(&t->tokens);
     config_free(&t->cfg);
+    run_dir_close(&t->rd);
     memset(t, 0, sizeof *t);
+    t->rd.lock_fd = -1;
 }

@@ -8,6 +8,7 @@
 #include "dsa_eval.h"
 #include "model_setup.h"
 #include "optim.h"
+#include "run_dir.h"
 #include "runlog.h"
 #include "token_cache.h"
 
@@ -16,6 +17,7 @@ typedef struct TrainerOptions {
     const char *const *sets;   // "section.key=value" overrides
     int n_sets;
     bool resume;               // continue from <run_dir>/checkpoint.h5
+    bool overwrite;            // a fresh run may replace a previous run in run_dir
     bool quiet;                // no progress lines (tests)
     int stop_after;            // > 0: behave as if interrupted after this many steps of this run (tests)
 } TrainerOptions;
@@ -34,10 +36,16 @@ typedef struct Trainer {
     Rng model_rng;
     char run_dir[CONFIG_STR_MAX];
     char ckpt[CONFIG_STR_MAX + 32];
+    RunDir rd;                 // the run folder, locked while the trainer lives
+    char notes[2048];          // what setup wants the user to know (resume differences), one per line
     int64_t step;              // steps completed
+    int64_t first_step;        // the step this process started at (0, or the resumed checkpoint's)
+    int64_t saved_step;        // step of the last checkpoint written or loaded (-1: none)
     int threads;
     int *x, *y;                // (B*T) a batch
-    double *losses;            // (cfg.train.steps) training loss of each step, NaN where not run
+    double *losses;            // (n_losses) training loss of steps first_step, first_step + 1, ...
+    int64_t n_losses, cap_losses;
+    bool has_val;              // a validation split exists (val_fraction > 0)
     double last_val_loss;
     // [finetune] (mode != none): what came from init_from, and the DSA figures.
     ParamsLoadReport init_report;   // parameters loaded from init_from; the missing ones are fresh indexers
@@ -51,7 +59,12 @@ typedef struct Trainer {
 #define DSA_DECODE_CTX 4096
 #define DSA_DECODE_STEPS 16
 
-// Fine-tuning ([finetune] mode = indexer | sparse; README "Sparse attention:
+// Fine-tuning and continued training: run_config.h says how the config is
+// assembled from init_from's. mode = none with init_from loads every
+// parameter (they must all be there) and, with restore_optimizer, the
+// optimizer state; the step count starts at 0 on this config's data.
+//
+// Indexer fine-tuning ([finetune] mode = indexer | sparse; README "Sparse attention:
 // two-step recipe"): the [model] keys the config does not set come from the
 // config stored in init_from (the architecture must match the checkpoint's),
 // then the attn layers named by dsa_layers (all attn layers when empty)
@@ -62,12 +75,18 @@ typedef struct Trainer {
 // sparse attention plus the indexers' KL over the selected positions. The
 // effective config (with the attn_dsa layers) is what the checkpoint stores.
 //
-// Everything up to the first step: config, data, model, optimizer, resume.
-// Errors name the file, line and key (config) or the path (data, checkpoint).
+// Everything up to the first step: config, data, model, optimizer, resume,
+// and the run folder (locked; a previous run there is refused unless
+// resume or overwrite). Errors name the file, line and key (config) or the
+// path (data, checkpoint); a failed setup writes nothing.
 Status trainer_setup(Trainer *t, const TrainerOptions *o);
 // Train to cfg.train.steps (or until interrupted). Returns the exit code:
-// 0 done, 3 non-finite loss (last good checkpoint kept), 130 interrupted.
+// 0 done, 1 the final checkpoint could not be written, 3 a non-finite loss,
+// gradient or parameter (the last good checkpoint is kept and none is written
+// from the bad state), 130 interrupted (SIGINT or SIGTERM: checkpoint saved).
 int trainer_run(Trainer *t, const TrainerOptions *o);
+// The training loss of step `step` (0-based) if this process ran it, else NaN.
+double trainer_loss(const Trainer *t, int64_t step);
 void trainer_free(Trainer *t);
 // Ask a running trainer to save a checkpoint and stop after the current step (signal-safe).
 void trainer_request_stop(void);

@@ -50,7 +50,7 @@ FILE *ag_fopen(const char *path, const char *mode, const char *file, int line);
 // leave a message here instead of aborting.
 typedef struct Status {
     int ok;            // 1 on success
-    char msg[512];     // what went wrong, and where
+    char msg[1024];    // what went wrong, and where
 } Status;
 Status status_ok(void);
 Status status_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

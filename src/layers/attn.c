@@ -15,8 +15,15 @@
 #include "attn_layer.h"
 #include "mixer_common.h"
 
+const char *attn_layer_check(const MixerConfig *c, char *why, size_t n) {
+    if (c->d_k % 2 != 0) {
+        snprintf(why, n, "attention's RoPE rotates pairs of dimensions: d_k = %d must be even", c->d_k);
+        return "d_k";
+    }
+    return NULL;
+}
+
 void attn_layer_create(AttnLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *c) {
-    ASSERT(c->d_k % 2 == 0, "attn: RoPE rotates pairs, d_k %d must be even", c->d_k);
     double std = 1.0 / sqrt(c->d_model);
     L->wq = param_linear(ps, prefix, "wq", c->d_model, c->n_heads * c->d_k, std);
     L->wk = param_linear(ps, prefix, "wk", c->d_model, c->n_heads * c->d_k, std);
@@ -115,4 +122,5 @@ const MixerKind MIXER_ATTN = {
     .cache_free = attn_cache_free,
     .step = attn_step,
     .destroy = attn_destroy,
+    .check = attn_layer_check,
 };

@@ -39,11 +39,26 @@ typedef struct DsaCache {
     void *cand;         // DSA_TOPK_WORK(max_T) bytes: top-k scratch
 } DsaCache;
 
+static const char *dsa_check(const MixerConfig *c, char *why, size_t n) {
+    const char *key = attn_layer_check(c, why, n);
+    if (key) return key;
+    const struct { const char *key; int value; } pos[] = {
+        {"index_heads", c->index_heads}, {"index_dim", c->index_dim}, {"topk", c->topk}};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (pos[i].value <= 0) {
+            snprintf(why, n, "attn_dsa: %s = %d must be positive", pos[i].key, pos[i].value);
+            return pos[i].key;
+        }
+    if (c->index_dim % 2 != 0) {
+        snprintf(why, n, "the DSA indexer's RoPE rotates pairs of dimensions: index_dim = %d must be even",
+                 c->index_dim);
+        return "index_dim";
+    }
+    return NULL;
+}
+
 static void dsa_create(Mixer *m, ParamStore *ps, const char *prefix) {
     const MixerConfig *c = &m->cfg;
-    ASSERT(c->index_heads > 0 && c->index_dim > 0 && c->index_dim % 2 == 0 && c->topk > 0,
-           "attn_dsa: index_heads %d, index_dim %d (even, for RoPE), topk %d must be positive", c->index_heads,
-           c->index_dim, c->topk);
     DsaLayer *L = xcalloc(1, sizeof *L);
     attn_layer_create(&L->attn, ps, prefix, c);
     double std = 1.0 / sqrt(c->d_model);
@@ -230,4 +245,5 @@ const MixerKind MIXER_ATTN_DSA = {
     .cache_free = dsa_cache_free,
     .step = dsa_step,
     .destroy = dsa_destroy,
+    .check = dsa_check,
 };

@@ -20,6 +20,8 @@ typedef struct KVCache {
 } KVCache;
 
 // wq, wk, wv ~ N(0, 1/D), wo ~ N(0, out_std^2).
+// Constraints of the attention projections (d_k even for RoPE); MixerKind.check.
+const char *attn_layer_check(const MixerConfig *c, char *why, size_t n);
 void attn_layer_create(AttnLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *c);
 // u (B, T, D) -> q = RoPE(u Wq), k = RoPE(u Wk) at absolute positions pos0.., v = u Wv.
 void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, int pos0, Tensor **q,

@@ -40,8 +40,6 @@ static Tensor *param_vec(ParamStore *ps, const char *prefix, const char *name, i
 
 static void gdn_create(Mixer *m, ParamStore *ps, const char *prefix) {
     const MixerConfig *c = &m->cfg;
-    ASSERT(c->form == MIXER_FORM_CHUNKED || c->form == MIXER_FORM_RECURRENT,
-           "gdn: form '%s' is not available (chunked or recurrent)", mixer_form_name(c->form));
     int D = c->d_model, H = c->n_heads, dk = c->d_k, dv = c->d_v;
     double s_in = 1.0 / sqrt((double)D);
     Gdn *g = xcalloc(1, sizeof *g);
@@ -147,4 +145,5 @@ const MixerKind MIXER_GDN = {
     .cache_free = gdn_cache_free,
     .step = gdn_step,
     .destroy = gdn_destroy,
+    .forms = MIXER_FORMS_LINEAR_FAMILY,
 };

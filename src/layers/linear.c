@@ -45,4 +45,5 @@ static Tensor *linear_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
 }
 
 const MixerKind MIXER_LINEAR = {"linear",         true,            linear_create, linear_forward,
-                                linear_cache_new, gla_cache_free, linear_step,   linear_destroy};
+                                linear_cache_new, gla_cache_free, linear_step,   linear_destroy,
+                                MIXER_FORMS_LINEAR_FAMILY | (1u << MIXER_FORM_PARALLEL)};

@@ -75,4 +75,5 @@ static Tensor *mamba_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
 }
 
 const MixerKind MIXER_MAMBA = {"mamba",         true,           mamba_create, mamba_forward,
-                               mamba_cache_new, gla_cache_free, mamba_step,   mamba_destroy};
+                               mamba_cache_new, gla_cache_free, mamba_step,   mamba_destroy,
+                               MIXER_FORMS_LINEAR_FAMILY | (1u << MIXER_FORM_PARALLEL)};

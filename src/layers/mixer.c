@@ -59,13 +59,45 @@ const char *mixer_kind_names(void) {
     return buf;
 }
 
+const char *mixer_config_check(const char *kind, const MixerConfig *c, char *why, size_t n) {
+    const MixerKind *k = mixer_kind_find(kind);
+    if (!k) {
+        snprintf(why, n, "unknown mixer '%s' (known: %s)", kind, mixer_kind_names());
+        return "layers";
+    }
+    const struct { const char *key; int value; } dims[] = {
+        {"d_model", c->d_model}, {"n_heads", c->n_heads}, {"d_k", c->d_k}, {"d_v", c->d_v},
+        {"chunk_size", c->chunk_size}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].value <= 0) {
+            snprintf(why, n, "%s: %s = %d must be positive", kind, dims[i].key, dims[i].value);
+            return dims[i].key;
+        }
+    if (c->conv_size < 0) {
+        snprintf(why, n, "%s: conv_size = %d must be 0 or more", kind, c->conv_size);
+        return "conv_size";
+    }
+    if (c->form < 0 || c->form >= MIXER_FORM_COUNT) {
+        snprintf(why, n, "%s: unknown form %d", kind, (int)c->form);
+        return "form";
+    }
+    if (k->forms && !(k->forms & (1u << c->form))) {
+        char list[64] = "";
+        for (int f = 0; f < MIXER_FORM_COUNT; f++)
+            if (k->forms & (1u << f))
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? ", " : "",
+                         mixer_form_name((MixerForm)f));
+        snprintf(why, n, "%s has no '%s' form (it has: %s)", kind, mixer_form_name(c->form), list);
+        return "form";
+    }
+    return k->check ? k->check(c, why, n) : NULL;
+}
+
 Mixer *mixer_create(const char *kind, const MixerConfig *cfg, ParamStore *ps, const char *prefix) {
     const MixerKind *k = mixer_kind_find(kind);
-    ASSERT(k, "unknown mixer '%s' (known: %s)", kind, mixer_kind_names());
-    ASSERT(cfg->d_model > 0 && cfg->n_heads > 0 && cfg->d_k > 0 && cfg->d_v > 0,
-           "mixer '%s': d_model %d, n_heads %d, d_k %d, d_v %d must all be positive", kind, cfg->d_model,
-           cfg->n_heads, cfg->d_k, cfg->d_v);
-    ASSERT(cfg->chunk_size > 0, "mixer '%s': chunk_size %d", kind, cfg->chunk_size);
+    char why[256];
+    const char *key = mixer_config_check(kind, cfg, why, sizeof why);
+    ASSERT(!key, "mixer_create: [model] %s: %s", key, why);
     Mixer *m = xcalloc(1, sizeof *m);
     m->kind = k;
     m->cfg = *cfg;

@@ -64,6 +64,13 @@ typedef struct MixerKind {
     // u: (B, 1, D) in no-grad mode -> (B, 1, D); advances the cache one position.
     Tensor *(*step)(Tape *tp, Mixer *m, void *cache, Tensor *u);
     void (*destroy)(Mixer *m);   // frees m->impl (parameters belong to the ParamStore)
+    // Training forms this kind implements (bits 1 << MixerForm); 0: the kind
+    // has one training form of its own and ignores MixerConfig.form.
+    unsigned forms;
+    // Constraints of this kind beyond those every mixer has (NULL: none).
+    // Returns the config key at fault ("d_k", "index_dim", ...) and writes
+    // why into `why`, or NULL when the config is fine.
+    const char *(*check)(const MixerConfig *c, char *why, size_t n);
 } MixerKind;
 
 struct Mixer {
@@ -71,6 +78,13 @@ struct Mixer {
     MixerConfig cfg;
     void *impl;            // the kind's parameter tensors and settings
 };
+
+#define MIXER_FORMS_LINEAR_FAMILY ((1u << MIXER_FORM_CHUNKED) | (1u << MIXER_FORM_RECURRENT))
+
+// Every constraint mixer_create asserts, as a recoverable error, so that a
+// config can be checked before a model is built: returns the key at fault
+// ("d_k", "form", ...) and writes why, or NULL when `kind` accepts c.
+const char *mixer_config_check(const char *kind, const MixerConfig *c, char *why, size_t n);
 
 // The registry: every kind, in one table (mixer.c).
 const MixerKind *mixer_kind_find(const char *name);

@@ -40,3 +40,22 @@ double optim_clip_grad_norm(ParamStore *ps, double max_norm) {
     if (max_norm > 0 && norm > max_norm) optim_scale_grads(ps, max_norm / (norm + 1e-6));
     return norm;
 }
+
+// Finite check of one block; a NaN or inf anywhere makes the sum non-finite
+// (x - x is 0 for every finite x), so the loop vectorises and exits once.
+static bool all_finite(const real *x, int64_t n) {
+    real acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < n; i++) acc += x[i] - x[i];
+    return acc == 0;
+}
+
+const Tensor *optim_nonfinite_param(const ParamStore *ps, const Optimizer *opt) {
+    for (int i = 0; i < ps->n; i++) {
+        int64_t off = ps->offsets[i], n = ps->params[i]->numel;
+        if (!all_finite(ps->data + off, n)) return ps->params[i];
+        if (opt && opt->m && !all_finite(opt->m + off, n)) return ps->params[i];
+        if (opt && opt->v && !all_finite(opt->v + off, n)) return ps->params[i];
+    }
+    return NULL;
+}

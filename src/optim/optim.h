@@ -64,6 +64,10 @@ double optim_grad_norm(const ParamStore *ps);
 // max_norm / (norm + 1e-6). Returns the norm before clipping.
 double optim_clip_grad_norm(ParamStore *ps, double max_norm);
 
+// The first parameter whose value, or (opt non-NULL) optimizer moment, is
+// NaN or infinite; NULL when every one is finite. O(numel), vectorised.
+const Tensor *optim_nonfinite_param(const ParamStore *ps, const Optimizer *opt);
+
 // Learning rate at 0-based step `step` of `total`:
 //   step <  warmup:  lr * (step + 1) / warmup          (linear warm-up, reaches lr)
 //   warmup <= step:  min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2,

@@ -1,0 +1,39 @@
+// fuzz_token_cache: the token-cache loader on structure-aware edits of a
+// valid cache (fuzz_util.h). Invariant: token_cache_load always ends with the
+// corpus's own tokens, whether it reused the cache or rebuilt it.
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz_util.h"
+#include "token_cache.h"
+
+static Corpus corpus;
+static char cache_path[CACHE_PATH_MAX];
+static uint8_t *base_image;
+static size_t base_size;
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char dir[512], spec[512];
+    snprintf(dir, sizeof dir, "%s", fuzz_path("cache"));
+    snprintf(spec, sizeof spec, "%s", fuzz_path("corpus.txt"));
+    if (!base_image) {
+        static const char text[] = "In the beginning God created the heaven and the earth.\n\xff\x00\x01";
+        fuzz_write_file(spec, text, sizeof text - 1);
+        if (!corpus_load(&corpus, spec).ok) abort();
+        TokenData td;
+        if (!token_cache_load(dir, spec, &corpus, &td, NULL, cache_path).ok) abort();
+        token_data_free(&td);
+        base_image = fuzz_read_file(cache_path, &base_size);
+    }
+    fuzz_write_file(cache_path, base_image, base_size);
+    FuzzBytes b = {data, size};
+    static const char *const targets[] = {"/tokens", "/meta"};
+    fuzz_edit_hdf5(cache_path, &b, targets, 2);
+    TokenData td;
+    Status s = token_cache_load(dir, spec, &corpus, &td, NULL, NULL);
+    if (!s.ok || td.n != corpus.n) abort();
+    for (int64_t i = 0; i < td.n; i++)
+        if (td.tokens[i] != corpus.bytes[i]) abort();
+    token_data_free(&td);
+    return 0;
+}

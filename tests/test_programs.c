@@ -1,0 +1,289 @@
+// The programs as users run them, as separate processes: generate's
+// arguments, train's exit codes (no leak on an error exit under ASan),
+// a full disk, and the fault test: train killed with SIGKILL at random
+// moments always leaves a loadable checkpoint and whole JSON lines; SIGTERM
+// saves like Ctrl-C.
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "test_util.h"
+#include "trainer.h"
+
+// Train a tiny model in-process and return its checkpoint's path.
+static const char *trained_checkpoint(const char *tag, const char *layers) {
+    const char *cfg = test_tiny_config(tag, layers, 2, NULL, NULL);
+    static Trainer t;
+    TrainerOptions o = {.config = cfg, .quiet = true};
+    Status s = trainer_setup(&t, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(trainer_run(&t, &o), 0);
+    static char ckpt[1500];
+    snprintf(ckpt, sizeof ckpt, "%s", t.ckpt);
+    trainer_free(&t);
+    return ckpt;
+}
+
+// Run generate with the given arguments; returns its exit code, stdout and stderr in *out / *err (malloc'd).
+static int generate(const char *dir, char *const args[], char **out, char **err) {
+    char *argv[32] = {(char *)test_program("generate")};
+    int n = 1;
+    for (; args[n - 1]; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    char o[1500], e[1500];
+    snprintf(o, sizeof o, "%s/gen.out", dir);
+    snprintf(e, sizeof e, "%s/gen.err", dir);
+    int code = test_spawn(argv, NULL, o, e, 60, NULL);
+    *out = test_read_file(o);
+    *err = test_read_file(e);
+    return code;
+}
+
+Test(programs, generate_checks_its_arguments, .timeout = 120) {
+    const char *ckpt = trained_checkpoint("gen_args", "gdn");
+    char dir[1500];
+    snprintf(dir, sizeof dir, "%s", ckpt);
+    *strrchr(dir, '/') = 0;
+    const struct {
+        const char *opt, *value, *why;
+    } bad[] = {
+        {"--threads", "100000", "generate: --threads: 100000 is out of range [1, 1024]"},
+        {"--max-tokens", "2147483647", "generate: --max-tokens: 2147483647 is out of range [0, 1048576]"},
+        {"--max-tokens", "abc", "generate: --max-tokens: 'abc' is not an integer"},
+        {"--max-tokens", "-1", "generate: --max-tokens: -1 is out of range"},
+        {"--temperature", "nan", "generate: --temperature: 'nan' is not a finite number"},
+        {"--temperature", "-1", "generate: --temperature: -1 is out of range [0, 1e+06]"},
+        {"--top-k", "1e3", "generate: --top-k: '1e3' is not an integer"},
+        {"--seed", "-3", "generate: --seed: '-3' is not an integer in [0, 2^64)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *out, *err;
+        int code = generate(dir, (char *[]){"--checkpoint", (char *)ckpt, (char *)bad[i].opt, (char *)bad[i].value,
+                                            NULL},
+                            &out, &err);
+        cr_assert_eq(code, 2, "%s %s: exit %d\n%s", bad[i].opt, bad[i].value, code, err);
+        cr_assert(strstr(err, bad[i].why), "%s %s:\n%s", bad[i].opt, bad[i].value, err);
+        cr_assert_str_eq(out, "", "nothing on stdout on an argument error");
+        free(out), free(err);
+    }
+    // An empty prompt samples unconditionally; the text alone goes to stdout.
+    char *out, *err;
+    int code = generate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--prompt", "", "--max-tokens", "20", "--seed",
+                                        "18446744073709551615", NULL},
+                        &out, &err);
+    cr_assert_eq(code, 0, "%s", err);
+    cr_assert_eq(strlen(out), 21, "20 sampled bytes and a newline: '%s'", out);
+    cr_assert(strstr(err, "decoding") && !strstr(out, "decoding"), "statistics on stderr only");
+    free(out), free(err);
+    // A prompt from a file, echoed, then the sample; --check passes.
+    char pf[1600];
+    snprintf(pf, sizeof pf, "%s/prompt.txt", dir);
+    test_write_file(pf, "the light and");
+    code = generate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--prompt-file", pf, "--max-tokens", "5", "--check",
+                                    NULL},
+                    &out, &err);
+    cr_assert_eq(code, 0, "%s", err);
+    cr_assert(strncmp(out, "the light and", 13) == 0 && strlen(out) == 13 + 5 + 1, "'%s'", out);
+    cr_assert(strstr(err, "OK"), "%s", err);
+    free(out), free(err);
+    code = generate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--prompt", "x", "--prompt-file", pf, NULL}, &out,
+                    &err);
+    cr_assert(code == 2 && strstr(err, "not both"), "%s", err);
+    free(out), free(err);
+    code = generate(dir, (char *[]){"--checkpoint", "/nonexistent.h5", NULL}, &out, &err);
+    cr_assert(code == 2 && strstr(err, "/nonexistent.h5: cannot open checkpoint"), "%s", err);
+    free(out), free(err);
+}
+
+Test(programs, train_error_exits_are_clean, .timeout = 60) {
+    const char *cfg = test_tiny_config("train_exit", "gdn", 2, NULL, "lerning_rate = 1\n");
+    char dir[1500], err[1600];
+    snprintf(dir, sizeof dir, "%s", cfg);
+    *strrchr(dir, '/') = 0;
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    // Exit code 2 (under ASan a leak would make it 23), the message names file, line and key.
+    int code = test_spawn((char *[]){(char *)test_program("train"), "--config", (char *)cfg, NULL}, NULL, NULL, err,
+                          60, NULL);
+    char *text = test_read_file(err);
+    cr_assert_eq(code, 2, "%s", text);
+    cr_assert(strstr(text, "tiny.ini:") && strstr(text, "lerning_rate") && strstr(text, "did you mean lr?"), "%s",
+              text);
+    free(text);
+    const char *good = test_tiny_config("train_exit2", "gdn", 2, NULL, NULL);
+    code = test_spawn((char *[]){(char *)test_program("train"), "--config", (char *)good, "--set", "train.lr", NULL},
+                      NULL, NULL, err, 60, NULL);
+    text = test_read_file(err);
+    cr_assert(code == 2 && strstr(text, "expected section.key=value"), "%d %s", code, text);
+    free(text);
+    code = test_spawn((char *[]){(char *)test_program("train"), "--config", (char *)cfg, "--resume", "--overwrite",
+                                 NULL},
+                      NULL, NULL, err, 60, NULL);
+    cr_assert_eq(code, 2);
+}
+
+// Run train with file writes limited to `limit` bytes per file (RLIMIT_FSIZE,
+// SIGXFSZ ignored: writes past it fail with EFBIG as on a full disk). Its
+// stderr comes back through a pipe (a file would be limited too), into err.
+static int train_with_fsize_limit(const char *cfg, rlim_t limit, char **err) {
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {limit, limit};
+        setrlimit(RLIMIT_FSIZE, &rl);
+        dup2(fds[1], 2);
+        close(fds[0]);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        execl(test_program("train"), "train", "--config", cfg, "--overwrite", "--set", "train.checkpoint_every=1",
+              "--set", "train.steps=12", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (ssize_t got; (got = read(fds[0], buf + n, cap - n - 1)) > 0;) {
+        n += (size_t)got;
+        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = 0;
+    close(fds[0]);
+    *err = buf;
+    return test_wait(pid, 60);
+}
+
+Test(programs, a_full_disk_is_reported_and_nothing_false_is_said, .timeout = 120) {
+    const char *cfg = test_tiny_config("disk_full", "gdn", 4, NULL, NULL);
+    char dir[1500], err[1600], run[1600], p[1700];
+    snprintf(dir, sizeof dir, "%s", cfg);
+    *strrchr(dir, '/') = 0;
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    snprintf(run, sizeof run, "%s/run", dir);
+    // Build the token cache first (it is written under the limit too otherwise).
+    cr_assert_eq(test_spawn((char *[]){(char *)test_program("train"), "--config", (char *)cfg, "--set",
+                                       "train.steps=1", NULL},
+                            NULL, NULL, NULL, 60, NULL),
+                 0);
+    // 1. Checkpoints (tens of KB) cannot be written, logs can.
+    char *text;
+    int code = train_with_fsize_limit(cfg, 8000, &text);
+    cr_assert_eq(code, 1, "exit %d\n%s", code, text);
+    cr_assert(strstr(text, "checkpoint of step 1 not written") && strstr(text, "the final checkpoint was not written"),
+              "%s", text);
+    cr_assert_null(strstr(text, "loss.png"), "a truncated plot is not claimed:\n%s", text);
+    cr_assert(strstr(text, "no checkpoint"), "the final message says no checkpoint was written:\n%s", text);
+    cr_assert_null(strstr(text, "checkpoint.h5,"), "%s", text);
+    free(text);
+    snprintf(p, sizeof p, "%s/checkpoint.h5.tmp", run);
+    cr_assert_neq(access(p, F_OK), 0, "no .tmp left behind");
+    snprintf(p, sizeof p, "%s/checkpoint.h5", run);
+    cr_assert_neq(access(p, F_OK), 0);
+    // 2. The logs fill up: reported once, training and checkpoints go on, whole lines only.
+    code = train_with_fsize_limit(cfg, 900, &text);
+    cr_assert_eq(code, 1, "exit %d\n%s", code, text);
+    char *first = strstr(text, "/metrics.jsonl failed: File too large; no further records are logged");
+    cr_assert(first, "%s", text);
+    cr_assert_null(strstr(first + 20, "metrics.jsonl failed"), "reported once:\n%s", text);
+    cr_assert(strstr(text, "metrics.jsonl (incomplete)") && strstr(text, "logging failed"), "%s", text);
+    free(text);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", run);
+    char bad[512];
+    cr_assert_gt(test_jsonl_check(p, bad, sizeof bad), 0, "%s", bad);
+}
+
+// Whole JSON lines, and a checkpoint (if any) that loads into the model its config describes.
+static void check_run_folder(const char *run, int round) {
+    char p[1700], bad[512];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", run);
+    if (access(p, F_OK) == 0) cr_assert_geq(test_jsonl_check(p, bad, sizeof bad), 0, "round %d: %s", round, bad);
+    snprintf(p, sizeof p, "%s/checkpoint.h5", run);
+    if (access(p, F_OK) != 0) return;
+    TrainConfig c;
+    LM lm;
+    ParamStore ps;
+    Status s = test_rebuild_checkpoint(p, &c, &lm, &ps);
+    cr_assert(s.ok, "round %d: the checkpoint must load: %s", round, s.msg);
+    lm_destroy(&lm);
+    params_free(&ps);
+    config_free(&c);
+}
+
+Test(programs, sigkill_at_random_moments_loses_nothing, .timeout = 300) {
+    const char *cfg = test_tiny_config("sigkill", "gdn,attn", 100000, NULL, NULL);
+    char dir[1500], run[1600], ckpt[1700];
+    snprintf(dir, sizeof dir, "%s", cfg);
+    *strrchr(dir, '/') = 0;
+    snprintf(run, sizeof run, "%s/run", dir);
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint.h5", run);
+    Rng r;
+    rng_seed(&r, 2024);
+    int with_checkpoint = 0;
+    for (int round = 0; round < 24; round++) {
+        bool resume = access(ckpt, F_OK) == 0;
+        pid_t pid;
+        test_spawn((char *[]){(char *)test_program("train"), "--config", (char *)cfg,
+                              resume ? "--resume" : "--overwrite", "--set", "train.checkpoint_every=1", NULL},
+                   NULL, NULL, NULL, 0, &pid);
+        usleep((useconds_t)(20000 + rng_below(&r, 400000)));   // 20-420 ms: start-up, steps, saves
+        kill(pid, SIGKILL);
+        int code = test_wait(pid, 30);
+        cr_assert(code == -SIGKILL || code == 0, "round %d: train exited %d before the kill", round, code);
+        check_run_folder(run, round);
+        with_checkpoint += access(ckpt, F_OK) == 0;
+    }
+    cr_assert_gt(with_checkpoint, 12, "most rounds got far enough to checkpoint (%d of 24)", with_checkpoint);
+}
+
+Test(programs, sigterm_saves_like_ctrl_c, .timeout = 120) {
+    const char *cfg = test_tiny_config("sigterm", "gdn", 100000, NULL, NULL);
+    char dir[1500], run[1600], err[1600], ckpt[1700];
+    snprintf(dir, sizeof dir, "%s", cfg);
+    *strrchr(dir, '/') = 0;
+    snprintf(run, sizeof run, "%s/run", dir);
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint.h5", run);
+    pid_t pid;
+    test_spawn((char *[]){(char *)test_program("train"), "--config", (char *)cfg, NULL}, NULL, NULL, err, 0, &pid);
+    char metrics[1700];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    for (int i = 0; i < 3000; i++) {   // until a few steps are logged
+        char *text = test_read_file(metrics);
+        int steps = 0;
+        for (const char *q = text; q && (q = strstr(q, "\"type\":\"train\"")); q++) steps++;
+        free(text);
+        if (steps >= 3) break;
+        usleep(10000);
+    }
+    kill(pid, SIGTERM);
+    int code = test_wait(pid, 60);
+    char *text = test_read_file(err);
+    cr_assert_eq(code, 130, "%s", text);
+    cr_assert(strstr(text, "interrupted: checkpoint at step") && strstr(text, "continue with --resume"), "%s", text);
+    free(text);
+    TrainConfig c;
+    LM lm;
+    ParamStore ps;
+    Status s = test_rebuild_checkpoint(ckpt, &c, &lm, &ps);
+    cr_assert(s.ok, "%s", s.msg);
+    lm_destroy(&lm);
+    params_free(&ps);
+    config_free(&c);
+    // And the run resumes from it.
+    code = test_spawn((char *[]){(char *)test_program("train"), "--config", (char *)cfg, "--resume", "--set",
+                                 "train.steps=1", NULL},
+                      NULL, NULL, err, 60, NULL);
+    text = test_read_file(err);
+    cr_assert(code == 2 && strstr(text, "past [train] steps = 1"), "a checkpoint past step 1 exists: %d %s", code,
+              text);
+    free(text);
+}
