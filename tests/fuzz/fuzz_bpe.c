@@ -1,5 +1,5 @@
 // fuzz_bpe.c: libFuzzer target for the BPE tokenizer-file loader and the
-// encoder/decoder (data/bpe*.c). Build and run: tests/fuzz/build_bpe.sh.
+// encoder/decoder (data/bpe*.c). Build and run: tests/fuzz/run.sh 60 bpe.
 //
 // The first byte picks what the rest is:
 //   0: a tokenizer file in our format (bpe_from_buffer; gzip'd or not)
