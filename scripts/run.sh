@@ -12,7 +12,7 @@ ROOT=$(pwd)
 JOBS=$(nproc)
 
 PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libcriterion-dev
-          libinih-dev zlib1g-dev gnuplot-nox bible-kjv)
+          libinih-dev libpcre2-dev zlib1g-dev gnuplot-nox bible-kjv)
 # The test command also builds the libFuzzer targets (clang) for a short smoke run.
 TEST_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev)
 
