@@ -97,6 +97,8 @@ typedef struct TrainConfig {
         int64_t seed;
         char run_dir[CONFIG_STR_MAX];
         int threads;                     // 0 = OpenMP default
+        int gemm;                        // GemmBackend (blas.h): auto | openblas | onednn
+        int precision;                   // GemmPrecision (blas.h): fp32 | bf16
     } train;
     struct {
         FinetuneMode mode;               // none | indexer | sparse

@@ -85,6 +85,10 @@ const ConfigKey CONFIG_SCHEMA[] = {
      "directory for logs and checkpoints (\"\" = runs/<config name> in the current directory)", KEYF_PATH},
     {"train", "threads", KEY_INT, OFF(train, threads), "0", 0, 1024, NULL, "num_threads,omp_threads",
      "OpenMP threads (0 = OMP_NUM_THREADS, else every core)", KEYF_RESUMABLE},
+    {"train", "gemm", KEY_ENUM, OFF(train, gemm), "auto", 0, 0, "auto|openblas|onednn", "blas,backend",
+     "matrix product backend (auto: oneDNN where OpenBLAS's kernels lag the CPU, else the faster)", KEYF_RESUMABLE},
+    {"train", "precision", KEY_ENUM, OFF(train, precision), "fp32", 0, 0, "fp32|bf16", "dtype,amp",
+     "dense layers' products: fp32, or bf16 with fp32 sums (float32 build, AVX512_BF16 CPU)", KEYF_RESUMABLE},
 
     {"finetune", "mode", KEY_ENUM, OFF(finetune, mode), "none", 0, 0, "none|indexer|sparse", "finetune",
      "none, indexer (distil the DSA indexer, rest frozen) or sparse (train with sparse attention)"},

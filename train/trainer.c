@@ -85,6 +85,7 @@ static Status setup(Trainer *t, const TrainerOptions *o) {
     const TrainConfig *c = &t->cfg;
     bool ft = c->finetune.mode != FT_NONE;
     t->threads = model_set_threads(c->train.threads);
+    if (!(s = model_set_products(c)).ok) return s;   // [train] gemm, precision: after the threads
 
     Corpus corpus;
     s = corpus_load(&corpus, c->data.corpus);
@@ -227,8 +228,8 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
     if (t->notes[0]) fprintf(stderr, "%s", t->notes);
     fprintf(stderr, "train: %s | layers", t->config_path);
     for (int l = 0; l < c->model.layers.n; l++) fprintf(stderr, "%s%s", l ? "," : " ", c->model.layers.name[l]);
-    fprintf(stderr, " | %lld parameters | %s | %d thread%s on %s, OpenBLAS %s\n", (long long)params_count(&t->ps, false),
-            REAL_NAME, t->threads, t->threads == 1 ? "" : "s", un->machine, blas_core_name());
+    fprintf(stderr, " | %lld parameters | %s | %d thread%s on %s, GEMM %s\n", (long long)params_count(&t->ps, false),
+            REAL_NAME, t->threads, t->threads == 1 ? "" : "s", un->machine, blas_describe());
     fprintf(stderr, "train: corpus %lld tokens (cache %s: %s) | train %lld, validation %lld | B %d x T %d x accum %d\n",
             (long long)t->tokens.n, t->cache_built ? "built" : "reused", t->cache_path,
             (long long)batcher_train_tokens(&t->bt), (long long)batcher_val_tokens(&t->bt), c->data.batch_size,
@@ -256,10 +257,11 @@ static void log_start(const Trainer *t, RunLog *rl, const struct utsname *un) {
     char cfg[700], mach[200], core[100], json[1200];
     snprintf(json, sizeof json,
              "{\"type\":\"start\",\"config\":%s,\"params\":%lld,\"threads\":%d,\"precision\":\"%s\","
-             "\"start_step\":%lld,\"machine\":%s,\"openblas_core\":%s}",
+             "\"start_step\":%lld,\"machine\":%s,\"openblas_core\":%s,\"gemm\":\"%s\",\"products\":\"%s\"}",
              runlog_json_str(t->config_path, cfg, sizeof cfg), (long long)params_count(&t->ps, false), t->threads,
              REAL_NAME, (long long)t->step, runlog_json_str(un->machine, mach, sizeof mach),
-             runlog_json_str(blas_core_name(), core, sizeof core));
+             runlog_json_str(blas_core_name(), core, sizeof core), blas_backend_name(blas_backend),
+             blas_precision_name(blas_precision));
     runlog_json(rl, json);
 }
 
