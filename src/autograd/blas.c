@@ -13,6 +13,7 @@
 // activations slab by slab into a per-thread buffer that stays in cache, then
 // a bf16 product with float32 sums (oneDNN). Rounding whole operands first
 // would add a pass over memory as long as the product itself at these sizes.
+#include <immintrin.h>
 #include <omp.h>
 #include <stdlib.h>
 
@@ -107,10 +108,30 @@ static bf16 *bf16_scratch(int slot, size_t n) {
     return bf16_buf[slot].p;
 }
 
+// bf16_from_rows with AVX512_BF16's conversion instruction (vcvtneps2bf16),
+// 1.5-2x as fast (0.08 against 0.13-0.16 ns per element, rows of 256-704
+// read from L3): the bf16 products only run on CPUs that have it. It rounds
+// as bf16_from_rows does, except that it flushes subnormal inputs to zero,
+// which changes no product: the bf16 dot-product instruction treats subnormal
+// inputs as zero anyway.
+__attribute__((target("avx512bf16,avx512vl,avx512bw,avx512f"))) static void
+bf16_from_rows_avx512(bf16 *dst, int64_t ldd, const float *src, int64_t lds, int n, int w) {
+    __mmask16 tail = (__mmask16)((1u << (w % 16)) - 1);
+    for (int i = 0; i < n; i++) {
+        const float *s = src + i * lds;
+        bf16 *d = dst + i * ldd;
+        int j = 0;
+        for (; j + 16 <= w; j += 16)
+            _mm256_storeu_si256((__m256i *)(d + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + j)));
+        if (j < w)
+            _mm256_mask_storeu_epi16(d + j, tail, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(tail, s + j)));
+    }
+}
+
 // src (rows x cols, stride ld) rounded to bf16 into a slot, packed (stride cols).
 static const bf16 *bf16_pack(int slot, const float *src, int rows, int cols, int ld) {
     bf16 *h = bf16_scratch(slot, (size_t)rows * cols);
-    bf16_from_rows(h, cols, src, ld, rows, cols);
+    bf16_from_rows_avx512(h, cols, src, ld, rows, cols);
     return h;
 }
 
