@@ -6,7 +6,15 @@
 // the kernels' later read of the output both go to memory. On the tiny
 // configs' projections, with memory used as in a training step, the splits
 // below run 1.04-1.18x faster than one call (bench/gemm_bench prints both).
-// Neither split changes the result with the thread count.
+// Neither split changes the result with the thread count. (gemm_rows on one
+// thread is one call over every row: with OpenBLAS each output element is
+// the same dot product either way; oneDNN may block the sum differently for
+// another row count, so there it agrees to rounding. gemm_sum_rows's fixed
+// blocks make it bit for bit on both backends.)
+//
+// oneDNN (float32) needs no split for its own sake: it does not make that
+// beta pass, and one call measured alike per CPU-second. The splits stay for
+// both backends, so that the thread-count rules above hold for both.
 //
 // With blas_precision bf16 (float32 builds) the same splits round their
 // operands to bf16 where they are used: a weight once per product, rows of
@@ -34,8 +42,8 @@ static bool run_alone(void) { return omp_get_max_threads() < 2 || omp_in_paralle
 
 static void rows_real(bool tb, int R, int N, int K, const real *A, int lda, const real *B, int ldb, real beta,
                       real *C, int ldc) {
-    // Each output element is the same dot product as in one big call, so the
-    // slab size changes nothing but speed.
+    // Each output element is the same dot product as in one big call (OpenBLAS),
+    // so the slab size changes nothing but speed.
     int slab = imax(16, imin(1024, SLAB_BYTES / (int)sizeof(real) / imax(N, 1)));
     int ns = (R + slab - 1) / slab;
     if (ns < 2 || run_alone()) {
