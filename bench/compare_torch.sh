@@ -5,7 +5,7 @@
 # thread count, and the ratios C / PyTorch.
 #
 #   bench/compare_torch.sh [-t THREADS] [-s STEPS] [-r ROUNDS] [-w WIDTHS] [-T LENGTHS]
-#                          [-c C_VARIANTS] [-a] [CONFIG...]        default: every configs/tiny_*.ini
+#                          [-c C_VARIANTS] [-a] [-W WARMUP] [CONFIG...]   default: every configs/tiny_*.ini
 #
 #   -w WIDTHS      d_model of the bench-only variants, comma list of 128, 256, 512 (default 128):
 #                    128: the bundled configs as they are (H 4, d_k = d_v = 32, d_ff 384)
@@ -15,6 +15,8 @@
 #   -c C_VARIANTS  the C runs, comma list of gemm:precision (default auto:fp32,auto:bf16;
 #                  e.g. openblas:fp32 for the products on OpenBLAS, as before oneDNN)
 #   -a             also PyTorch with bf16 autocast (throughput.py --amp bf16)
+#   -W WARMUP      PyTorch's untimed steps before the timed ones (default 2; C always
+#                  runs 2: its tape arena settles into one block during step 2)
 #
 # Needs build/train_bench (cmake --build build) and /usr/bin/python3 with
 # python3-torch. THREADS defaults to nproc. Every run of a cell (each C
@@ -35,7 +37,8 @@ WIDTHS=128
 LENGTHS=256
 CVARS=auto:fp32,auto:bf16
 AMP=0
-while getopts "t:s:r:w:T:c:a" opt; do
+WARMUP=2
+while getopts "t:s:r:w:T:c:aW:" opt; do
     case $opt in
         t) THREADS=$OPTARG ;;
         s) STEPS=$OPTARG ;;
@@ -44,7 +47,8 @@ while getopts "t:s:r:w:T:c:a" opt; do
         T) LENGTHS=$OPTARG ;;
         c) CVARS=$OPTARG ;;
         a) AMP=1 ;;
-        *) echo "usage: $0 [-t THREADS] [-s STEPS] [-r ROUNDS] [-w WIDTHS] [-T LENGTHS] [-c GEMM:PREC,...] [-a] [CONFIG...]" >&2
+        W) WARMUP=$OPTARG ;;
+        *) echo "usage: $0 [-t THREADS] [-s STEPS] [-r ROUNDS] [-w WIDTHS] [-T LENGTHS] [-c GEMM:PREC,...] [-a] [-W WARMUP] [CONFIG...]" >&2
            exit 2 ;;
     esac
 done
@@ -105,9 +109,11 @@ for cfg in "${CONFIGS[@]}"; do
                         --set train.gemm="$gemm" --set train.precision="$prec" --steps "$STEPS" >>"$LOG/c${i}_$cell.txt"
                 done
                 "$PY" bench/torch_ref/throughput.py "$cfg" "${sets[@]}" --threads "$THREADS" --steps "$STEPS" \
-                    >>"$LOG/t_$cell.txt"
-                [ "$AMP" = 1 ] && "$PY" bench/torch_ref/throughput.py "$cfg" "${sets[@]}" --threads "$THREADS" \
-                    --steps "$STEPS" --amp bf16 >>"$LOG/a_$cell.txt"
+                    --warmup "$WARMUP" >>"$LOG/t_$cell.txt"
+                if [ "$AMP" = 1 ]; then
+                    "$PY" bench/torch_ref/throughput.py "$cfg" "${sets[@]}" --threads "$THREADS" --steps "$STEPS" \
+                        --warmup "$WARMUP" --amp bf16 >>"$LOG/a_$cell.txt"
+                fi
             done
             [ -n "$first" ] || first="$cell"
             t=$(best "$LOG/t_$cell.txt")
@@ -124,7 +130,7 @@ done
 
 echo
 sed -n 's/^machine: /machine: /p; s/^cpu: /cpu: /p' "$LOG/c0_$first.txt" | head -2
-echo "threads: $THREADS (both sides)   steps timed: $STEPS (median), best of $ROUNDS alternating rounds   torch $("$PY" -c 'import torch; print(torch.__version__)')"
+echo "threads: $THREADS (both sides)   steps timed: $STEPS (median) after 2 (C) / $WARMUP (PyTorch), best of $ROUNDS alternating rounds   torch $("$PY" -c 'import torch; print(torch.__version__)')"
 echo "OpenBLAS kernels: $(sed -n 's/.*blas_core=\([^ ]*\).*/\1/p' "$LOG/c0_$first.txt" | head -1) (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}), shared by both sides"
 for ((i = 0; i < ${#CLIST[@]}; i++)); do
     echo "C ${CLIST[$i]}: GEMM $(sed -n 's/^GEMM: //p' "$LOG/c${i}_$first.txt" | head -1)"
