@@ -4,6 +4,7 @@
 # side (docs/img/bf16_curves.png) and the final validation loss and bits/byte.
 #
 #   bench/bf16_curves.sh [STEPS]      (default: the configs' own, 600)
+#   PLOT_ONLY=1 bench/bf16_curves.sh  (redo the plot and table from the runs)
 #
 # Runs go to runs/<config> (float32; the checkpoints generate_bench.sh
 # decodes) and runs/<config>_bf16. Same seed, data order and everything else:
@@ -17,9 +18,10 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 scripts/get_corpus.sh
 steps=${1:-}
 NAMES=(tiny_gdn tiny_hybrid tiny_attn tiny_mamba tiny_linear)
-LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 mkdir -p runs docs/img docs/bench
+[ -n "${PLOT_ONLY:-}" ] || cut -d' ' -f1-3 /proc/loadavg >runs/bf16_curves.load0
 for name in "${NAMES[@]}"; do
+    [ -n "${PLOT_ONLY:-}" ] && break
     for prec in fp32 bf16; do
         dir=runs/$name
         [ "$prec" = bf16 ] && dir=runs/${name}_bf16
@@ -46,16 +48,26 @@ tsv=docs/bench/bf16_curves.tsv
         done
     done
 } >"$tsv"
+# The difference of the two runs' losses, each a moving mean over 50 steps.
+diffs=docs/bench/bf16_curves_diff.tsv
+awk -F'\t' 'NR > 1 { key = $1 "\t" $3; v[$2, key] = $4; keys[key] = 1 }
+             END { for (k in keys) if ((("fp32", k) in v) && (("bf16", k) in v)) print k "\t" v["bf16", k] - v["fp32", k] }' "$tsv" |
+    sort -t$'\t' -k1,1 -k2,2n |
+    awk -F'\t' '{ if ($1 != cur) { cur = $1; n = 0; s = 0; delete w }
+                  n++; w[n] = $3; s += $3; if (n > 50) s -= w[n - 50]
+                  if (n >= 50) print $1 "\t" $2 "\t" s / 50 }' >"$diffs"
 plot=""
-i=0
 for name in "${NAMES[@]}"; do
-    i=$((i + 1))
-    plot="${plot}set title '$name'; plot '< grep -P \"^$name\\tfp32\" $tsv' u 3:4 w l lw 2 t 'fp32', '< grep -P \"^$name\\tbf16\" $tsv' u 3:4 w l lw 1 dt 2 t 'bf16'; "
+    plot="${plot}set title '$name'; plot '< grep -P \"^$name\\tfp32\" $tsv' u 3:4 w l lw 1.5 lc rgb '#1f77b4' t 'fp32', '< grep -P \"^$name\\tbf16\" $tsv' u 3:4 w l lw 1 lc rgb '#d62728' t 'bf16'; "
 done
-gnuplot -e "set terminal pngcairo size 1500,900 font ',10'; set output 'docs/img/bf16_curves.png';
+dplot="set title 'bf16 - fp32 (50-step moving means)'; set yrange [-0.05:0.05]; set ylabel 'loss difference'; plot "
+for name in "${NAMES[@]}"; do
+    dplot="${dplot}'< grep -P \"^$name\\t\" $diffs' u 2:3 w l lw 1.5 t '$name', "
+done
+gnuplot -e "set terminal pngcairo size 1500,900 font ',10' noenhanced; set output 'docs/img/bf16_curves.png';
             set multiplot layout 2,3 title 'training loss (nats/byte), float32 vs bf16 products, same seed and data';
-            set xlabel 'step'; set ylabel 'loss'; set yrange [1:3.5]; set key top right; set grid;
-            $plot unset multiplot" 2>/dev/null || echo "bf16_curves: gnuplot failed (apt-get install gnuplot-nox)" >&2
+            set xlabel 'step'; set ylabel 'loss'; set yrange [1:2.5]; set key top right; set grid;
+            $plot ${dplot%, }; unset multiplot" 2>/dev/null || echo "bf16_curves: gnuplot failed (apt-get install gnuplot-nox)" >&2
 
 printf '| config | val loss fp32 | val loss bf16 | val bits/byte fp32 | val bits/byte bf16 | bf16 - fp32 (bits/byte) | tokens/s fp32 | tokens/s bf16 | wall fp32 | wall bf16 |\n'
 printf '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n'
@@ -78,4 +90,5 @@ for name in "${NAMES[@]}"; do
 done
 echo
 echo "machine: $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; $(grep -m1 -o 'GEMM [^|]*' runs/${NAMES[0]}_bf16.log || true)"
-echo "load average before/after: $LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg)"
+[ -n "${PLOT_ONLY:-}" ] || cut -d' ' -f1-3 /proc/loadavg >runs/bf16_curves.load1
+echo "load average before/after the training runs: $(cat runs/bf16_curves.load0 2>/dev/null || echo ?) / $(cat runs/bf16_curves.load1 2>/dev/null || echo ?)"
