@@ -27,6 +27,9 @@
 # inherit the same OpenBLAS settings (OPENBLAS_CORETYPE, thread counts); the
 # kernel set and the backend C ran are printed. The width and length variants
 # are made with --set on both sides (nothing is written to configs/).
+# C/torch is the ratio of tokens/s; "per CPU-s" the ratio of tokens per
+# CPU-second (all threads), which a loaded machine moves less.
+# COMPARE_LOG=DIR keeps every run's output in DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,8 +88,13 @@ field() {  # field NAME "RESULT ..." -> value
 }
 
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
-LOG=$(mktemp -d)
-trap 'rm -rf "$LOG"' EXIT
+if [ -n "${COMPARE_LOG:-}" ]; then  # keep every run's output there
+    LOG=$COMPARE_LOG
+    mkdir -p "$LOG"
+else
+    LOG=$(mktemp -d)
+    trap 'rm -rf "$LOG"' EXIT
+fi
 # best RESULT line of a file of RESULT lines: the one with the most tokens_per_s
 best() {
     grep '^RESULT' "$1" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^tokens_per_s=/) { split($i, a, "="); v = a[2] }
@@ -117,11 +125,11 @@ for cfg in "${CONFIGS[@]}"; do
             done
             [ -n "$first" ] || first="$cell"
             t=$(best "$LOG/t_$cell.txt")
-            row="$name|$w|$T|$(field tokens_per_s "$t")"
+            row="$name|$w|$T|$(field tokens_per_s "$t")|$(field tokens_per_cpu_s "$t")"
             if [ "$AMP" = 1 ]; then row="$row|$(field tokens_per_s "$(best "$LOG/a_$cell.txt")")"; fi
             for ((i = 0; i < ${#CLIST[@]}; i++)); do
                 c=$(best "$LOG/c${i}_$cell.txt")
-                row="$row|$(field tokens_per_s "$c")|$(field gemm "$c"):$(field products "$c")"
+                row="$row|$(field tokens_per_s "$c")|$(field tokens_per_cpu_s "$c")"
             done
             rows+=("$row")
         done
@@ -143,8 +151,8 @@ hdr="| config | d_model | T | torch tok/s |"
 sep="| --- | ---: | ---: | ---: |"
 [ "$AMP" = 1 ] && { hdr="$hdr torch bf16 tok/s |"; sep="$sep ---: |"; }
 for c in "${CLIST[@]}"; do
-    hdr="$hdr C $c tok/s | C/torch |"
-    sep="$sep ---: | ---: |"
+    hdr="$hdr C $c tok/s | C/torch | C/torch per CPU-s |"
+    sep="$sep ---: | ---: | ---: |"
     [ "$AMP" = 1 ] && { hdr="$hdr C/torch bf16 |"; sep="$sep ---: |"; }
 done
 echo "$hdr"
@@ -152,12 +160,13 @@ echo "$sep"
 for r in "${rows[@]}"; do
     IFS='|' read -r -a f <<<"$r"
     line="| ${f[0]} | ${f[1]} | ${f[2]} | ${f[3]} |"
-    k=4
-    [ "$AMP" = 1 ] && { amp=${f[4]}; line="$line $amp |"; k=5; }
-    tt=${f[3]}
+    k=5
+    [ "$AMP" = 1 ] && { amp=${f[5]}; line="$line $amp |"; k=6; }
+    tt=${f[3]} tc=${f[4]}
     for ((i = 0; i < ${#CLIST[@]}; i++)); do
-        ct=${f[$k]}
+        ct=${f[$k]} cc=${f[$((k + 1))]}
         line="$line $ct | $(awk -v a="$ct" -v b="$tt" 'BEGIN { printf "**%.2f**", a / b }') |"
+        line="$line $(awk -v a="$cc" -v b="$tc" 'BEGIN { printf "%.2f", a / b }') |"
         [ "$AMP" = 1 ] && line="$line $(awk -v a="$ct" -v b="$amp" 'BEGIN { printf "%.2f", a / b }') |"
         k=$((k + 2))
     done
