@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "attn_kernel.h"
 #include "dsa_kernel.h"
 #include "rng.h"
@@ -33,6 +34,7 @@ static void fill(Tensor *t, Rng *r) {
 }
 
 int main(int argc, char **argv) {
+    if (bench_help(argc, argv, "usage: attn_bench [TOKENS [HEADS [HEAD_DIM [REPS [MAX_T]]]]]\n  flash attention forward and forward+backward, decoding and sparse attention at T = 256 ... MAX_T\n  (default 16384), TOKENS = B x T per step (default 16384), HEADS (4), HEAD_DIM (64), best of REPS (1)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     int tokens = argc > 1 ? atoi(argv[1]) : 16384;
     int H = argc > 2 ? atoi(argv[2]) : 4;

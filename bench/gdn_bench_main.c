@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "blas.h"
 #include "blas.h"
 #include "gdn_kernel.h"
@@ -112,6 +113,7 @@ static void print_machine(void) {
 }
 
 int main(int argc, char **argv) {
+    if (bench_help(argc, argv, "usage: gdn_bench [TOKENS]\n  Gated DeltaNet: time per token of the chunked and recurrent forms against T, and the chunk-size sweep,\n  with TOKENS = B x T per step (default 16384)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     int tokens = argc > 1 ? atoi(argv[1]) : 16384;
     const int Ts[] = {256, 1024, 4096, 16384};

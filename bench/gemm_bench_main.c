@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "blas.h"
 #include "runlog.h"
 #include "model_setup.h"
@@ -95,6 +96,7 @@ static void run_pairs(const Shape *s, int rounds, real *W, real *part, double *g
 }
 
 int main(int argc, char **argv) {
+    if (bench_help(argc, argv, "usage: gemm_bench [ROUNDS]\n  the tiny configs projection products: one threaded OpenBLAS call against the split products matmul\n  runs; GFLOP/s of the median of ROUNDS alternating pairs (default 100)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     int rounds = argc > 1 ? atoi(argv[1]) : 100;
     if (rounds < 1) {

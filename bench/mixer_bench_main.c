@@ -34,6 +34,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "blas.h"
 #include "attn_layer.h"
 #include "mixer.h"
@@ -490,14 +491,20 @@ static int parse_list(const char *s, int *out) {
     return n;
 }
 
+#define USAGE                                                                                          \
+    "usage: mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]\n"       \
+    "                   [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N]\n"           \
+    "                   [-profile]\n"                                                                  \
+    "  every mixer and form at the layer level: training time and memory against T, decoding against\n" \
+    "  the context length\n"
+
 static void usage(void) {
-    fprintf(stderr, "usage: mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]\n"
-                    "                   [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N]\n"
-                    "                   [-profile]\n");
+    fputs(USAGE, stderr);
     exit(2);
 }
 
 int main(int argc, char **argv) {
+    if (bench_help(argc, argv, USAGE)) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     Options o = {.tokens = 16384, .train = true, .decode = true, .decode_threads = 1};
     o.nT = parse_list("256,1024,4096,16384", o.Ts);

@@ -23,6 +23,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "lm.h"
 #include "mqar.h"
 #include "optim.h"
@@ -72,6 +73,7 @@ static double evaluate(LM *lm, const MqarSpec *s, int B, int n_batches, uint64_t
 }
 
 int main(int argc, char **argv) {
+    if (bench_help(argc, argv, "usage: mqar [--mixers attn,gdn,mamba,linear] [--widths 32,64] [--pairs 16] [--seq 128] [--vocab 256]\n            [--steps 1500] [--batch 32] [--lr 3e-3[,1e-3...]] [--seed 1] [--tsv FILE] [--eval-every N]\n            [--stop-at ACC] [--curve FILE]\n  multi-query associative recall: trains 2-layer models of each mixer and width, prints accuracy\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     char mixers[8][16], widths_s[8][16];
     int n_mixers = parse_list("attn,gdn,mamba,linear", mixers, 8);
