@@ -88,6 +88,10 @@ const char *mixer_config_check(const char *kind, const MixerConfig *c, char *why
 
 // The registry: every kind, in one table (mixer.c).
 const MixerKind *mixer_kind_find(const char *name);
+// Add a kind defined outside the library (examples/custom_mixer.c): its name
+// can then appear in [model] layers like a built-in one. k must outlive its
+// use; a name already taken is an error.
+void mixer_kind_register(const MixerKind *k);
 const char *mixer_kind_names(void);   // "attn, linear, ..." for error messages
 Mixer *mixer_create(const char *kind, const MixerConfig *cfg, ParamStore *ps, const char *prefix);
 void mixer_destroy(Mixer *m);
