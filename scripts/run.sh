@@ -13,8 +13,11 @@ JOBS=$(nproc)
 
 PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libcriterion-dev
           libinih-dev libpcre2-dev zlib1g-dev gnuplot-nox bible-kjv)
-# The test command also builds the libFuzzer targets (clang) for a short smoke run.
-TEST_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev)
+# The test command also builds the libFuzzer targets (clang) for a short smoke
+# run, and checks the PyTorch loader of checkpoints (python3-torch, python3-h5py).
+TEST_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev python3-torch python3-h5py)
+# The user programs, linked into bin/ after `scripts/run.sh main|build`.
+PROGRAMS=(train generate evaluate export_model tokenize)
 
 install_packages() {  # install_packages [extra packages...]
     local missing=()
@@ -39,6 +42,11 @@ build() {  # build DIR [cmake options...]
     shift
     cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
     cmake --build "$dir" -j "$JOBS" >/dev/null
+}
+
+link_programs() {  # bin/train -> build/train, ...: the README's commands work from the project folder
+    mkdir -p "$ROOT/bin"
+    for p in "${PROGRAMS[@]}"; do ln -sf "../build/$p" "$ROOT/bin/$p"; done
 }
 
 run_tests() {  # run_tests DIR LABEL
@@ -69,6 +77,7 @@ case "${1:-}" in
 main)
     install_packages
     build build
+    link_programs
     "$ROOT/scripts/main_job.sh"
     ;;
 test)
@@ -81,6 +90,10 @@ test)
     run_tests build-f64 float64
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         run_tests build-asan "float64 + ASan/UBSan/LSan"
+    echo "== from outside: install, examples, export, the PyTorch loader"
+    for dir in build-f32 build-f64; do
+        tests/test_outside.sh "$dir" || { echo "== FAILED: tests/test_outside.sh $dir"; exit 1; }
+    done
     echo "== fuzz smoke (each target on its seed corpus)"
     tests/fuzz/run.sh 12 || { echo "== FAILED: fuzzing"; exit 1; }
     echo "== all test builds passed in $(( $(date +%s) - start )) s"
@@ -88,6 +101,7 @@ test)
 build)
     install_packages
     build build
+    link_programs
     ;;
 *)
     echo "usage: scripts/run.sh main|test|build" >&2

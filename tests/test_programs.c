@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "model_setup.h"
 #include "test_util.h"
 #include "trainer.h"
 
@@ -213,7 +214,7 @@ static int64_t check_run_folder(const char *run, int round) {
     TrainConfig c;
     LM lm;
     ParamStore ps;
-    Status s = test_rebuild_checkpoint(p, &c, &lm, &ps);
+    Status s = model_load_checkpoint(p, &c, &lm, &ps);
     cr_assert(s.ok, "round %d: the checkpoint must load: %s", round, s.msg);
     CheckpointState st = {0};
     s = checkpoint_load(p, &ps, NULL, &st);
@@ -298,7 +299,7 @@ Test(programs, sigterm_saves_like_ctrl_c, .timeout = 120) {
     TrainConfig c;
     LM lm;
     ParamStore ps;
-    Status s = test_rebuild_checkpoint(ckpt, &c, &lm, &ps);
+    Status s = model_load_checkpoint(ckpt, &c, &lm, &ps);
     cr_assert(s.ok, "%s", s.msg);
     lm_destroy(&lm);
     params_free(&ps);

@@ -45,7 +45,7 @@ Test(run, every_set_is_stored_in_the_checkpoint_and_config_ini, .timeout = 60) {
     TrainConfig c;
     LM lm;
     ParamStore ps;
-    Status s = test_rebuild_checkpoint(ckpt, &c, &lm, &ps);   // generate's and init_from's way to the model
+    Status s = model_load_checkpoint(ckpt, &c, &lm, &ps);   // generate's and init_from's way to the model
     cr_assert(s.ok, "the checkpoint must rebuild its own model: %s", s.msg);
     cr_assert_eq(c.model.d_model, 24);
     cr_assert_eq(c.model.d_ff, 40);
@@ -180,7 +180,7 @@ Test(run, init_from_continues_a_model_on_new_text, .timeout = 90) {
     ParamStore ref;
     LM lm;
     TrainConfig rc;
-    cr_assert(test_rebuild_checkpoint(ckpt, &rc, &lm, &ref).ok);
+    cr_assert(model_load_checkpoint(ckpt, &rc, &lm, &ref).ok);
     Optimizer ref_opt;
     adamw_init(&ref_opt, &ref, 0.9, 0.95, 1e-8, 0.1);
     cr_assert(checkpoint_load(ckpt, &ref, &ref_opt, NULL).ok);

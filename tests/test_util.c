@@ -308,17 +308,3 @@ const char *test_tiny_config(const char *tag, const char *layers, int steps, con
     fclose(f);
     return path;
 }
-
-Status test_rebuild_checkpoint(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps) {
-    char *text = NULL;
-    config_defaults(cfg, model_mixer_known);
-    params_init(ps);
-    memset(lm, 0, sizeof *lm);
-    Status s = checkpoint_read_config(ckpt, &text);
-    if (s.ok) s = config_load_string(cfg, text, ckpt);
-    free(text);
-    if (s.ok) s = config_validate(cfg);
-    if (s.ok) s = model_build(cfg, lm, ps, ckpt);
-    if (s.ok) s = checkpoint_load(ckpt, ps, NULL, NULL);
-    return s;
-}

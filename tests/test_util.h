@@ -77,10 +77,6 @@ void test_write_file(const char *path, const char *text);
 // NULL: <scratch>/run. `extra` is appended (e.g. a [finetune] section).
 // Returns the path (static storage).
 const char *test_tiny_config(const char *tag, const char *layers, int steps, const char *run_dir, const char *extra);
-// Rebuild the model stored in a checkpoint, as generate does (its config,
-// checked; then its parameters). On failure lm/ps may be partly built:
-// lm_destroy and params_free are safe either way, as is config_free.
-Status test_rebuild_checkpoint(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps);
 
 // Is text one valid JSON value (strict RFC 8259 syntax)?
 bool test_json_valid(const char *text);

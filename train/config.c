@@ -392,6 +392,15 @@ void config_format_key(const TrainConfig *cfg, int i, char *out, size_t n) {
 
 // ---------------------------------------------------------------- find, help, dump
 
+#ifndef SOURCE_DIR
+#define SOURCE_DIR "."
+#endif
+#ifndef ATTNLAB_DATA_DIR
+#define ATTNLAB_DATA_DIR "/usr/local/share/attnlab"
+#endif
+const char *const CONFIG_SEARCH_DIRS[] = {".", SOURCE_DIR, ATTNLAB_DATA_DIR};
+const int CONFIG_N_SEARCH_DIRS = 3;
+
 // 1: a regular file, 0: nothing there, -1: something else (*mode says what).
 static int file_state(const char *path, mode_t *mode) {
     struct stat sb;

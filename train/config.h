@@ -148,6 +148,11 @@ const char *config_key_where(const TrainConfig *cfg, int i, char *buf, size_t n)
 // Was key i set by the file or --set (not left at its default)?
 #define config_key_explicit(cfg, i) ((cfg)->origin[i] != 0)
 
+// Where bundled configs are looked up by name (with config_find): the
+// current directory, the source tree, and the install prefix's share/attnlab.
+extern const char *const CONFIG_SEARCH_DIRS[];
+extern const int CONFIG_N_SEARCH_DIRS;
+
 // Resolve a config name: `name` itself if it exists; otherwise, when it has
 // no '/', <dir>/configs/<name> and <dir>/configs/<name>.ini for each of the
 // `ndirs` base dirs in order. Writes the path found into out.

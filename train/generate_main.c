@@ -205,25 +205,6 @@ static bool load_prompt(const GenArgs *a, char **text, int64_t *n) {
     return true;
 }
 
-// Rebuild the model stored in ckpt: its config, checked, then its parameters.
-static Status load_model(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps) {
-    char *text = NULL;
-    config_defaults(cfg, model_mixer_known);
-    Status s = checkpoint_read_config(ckpt, &text);
-    if (s.ok) s = config_load_string(cfg, text, ckpt);
-    free(text);
-    if (s.ok) s = config_validate(cfg);
-    if (!s.ok) return s;
-    s = model_build(cfg, lm, ps, ckpt);   // the datasets are checked before the model is allocated
-    if (!s.ok) return s;
-    s = checkpoint_load(ckpt, ps, NULL, NULL);
-    if (!s.ok) {
-        lm_destroy(lm);
-        params_free(ps);
-    }
-    return s;
-}
-
 // Decode prompt then sample; --check compares with the parallel forward. Returns the exit code.
 static int run(const GenArgs *a, LM *lm, ParamStore *ps, const char *prompt, int64_t n_prompt) {
     // Decoding one sequence is a chain of small products: below ~10M parameters
@@ -317,7 +298,7 @@ int main(int argc, char **argv) {
     TrainConfig cfg;
     LM lm;
     ParamStore ps;
-    Status s = load_model(a.ckpt, &cfg, &lm, &ps);
+    Status s = model_load_checkpoint(a.ckpt, &cfg, &lm, &ps);
     if (!s.ok) {
         fprintf(stderr, "generate: %s\n", s.msg);
         config_free(&cfg);

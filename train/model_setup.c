@@ -105,6 +105,25 @@ Status model_build(const TrainConfig *tc, LM *lm, ParamStore *ps, const char *ck
     return status_ok();
 }
 
+Status model_load_checkpoint(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps) {
+    char *text = NULL;
+    config_defaults(cfg, model_mixer_known);
+    memset(lm, 0, sizeof *lm);
+    params_init(ps);
+    Status s = checkpoint_read_config(ckpt, &text);
+    if (s.ok) s = config_load_string(cfg, text, ckpt);
+    free(text);
+    if (s.ok) s = config_validate(cfg);
+    if (s.ok) s = model_build(cfg, lm, ps, ckpt);
+    if (!s.ok) return s;
+    s = checkpoint_load(ckpt, ps, NULL, NULL);
+    if (!s.ok) {
+        lm_destroy(lm);
+        params_free(ps);
+    }
+    return s;
+}
+
 void model_init_process(char **argv) {
     if (getenv("OMP_WAIT_POLICY")) return;
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);

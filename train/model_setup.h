@@ -25,6 +25,12 @@ Status model_build(const TrainConfig *tc, LM *lm, ParamStore *ps, const char *ck
 // sets OMP_WAIT_POLICY=PASSIVE and re-executes the program, so it is fast
 // however it is started; a value the user set is kept.
 void model_init_process(char **argv);
+// The model a checkpoint holds, as generate, evaluate and export rebuild it:
+// its stored config (validated), the model built only once the file's
+// parameter datasets are known to match it (model_build), then its values.
+// cfg is config_defaults'ed here. On failure lm and ps hold nothing (and
+// config_free(cfg) is still due).
+Status model_load_checkpoint(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps);
 // OpenMP (and with it OpenBLAS's OpenMP build) thread count; 0 keeps the
 // default. At most MODEL_MAX_THREADS (the config's and generate's limit).
 #define MODEL_MAX_THREADS 1024

@@ -74,8 +74,7 @@ static Status setup(Trainer *t, const TrainerOptions *o) {
     t->decode_dense_tok_s = t->decode_sparse_tok_s = NAN;
     t->saved_step = -1;
     config_defaults(&t->cfg, model_mixer_known);
-    const char *dirs[] = {".", SOURCE_DIR};
-    Status s = config_find(o->config, dirs, 2, t->config_path, sizeof t->config_path);
+    Status s = config_find(o->config, CONFIG_SEARCH_DIRS, CONFIG_N_SEARCH_DIRS, t->config_path, sizeof t->config_path);
     RunConfigArgs args = {t->config_path, o->sets, o->n_sets, o->resume};
     if (s.ok) s = run_config_load(&t->cfg, &args, t->run_dir, sizeof t->run_dir, t->notes, sizeof t->notes);
     if (!s.ok) return s;
@@ -273,13 +272,16 @@ static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
         dsa_eval_decode_speed(&t->lm, DSA_DECODE_CTX, DSA_DECODE_STEPS, (uint64_t)c->train.seed, t->dsa_mode,
                               &t->decode_dense_tok_s, &t->decode_sparse_tok_s);
         snprintf(json, sizeof json,
-                 "{\"type\":\"dsa_decode\",\"context\":%d,\"steps\":%d,\"dense_tok_per_s\":%.1f,"
-                 "\"sparse_tok_per_s\":%.1f,\"topk\":%d}",
-                 DSA_DECODE_CTX, DSA_DECODE_STEPS, t->decode_dense_tok_s, t->decode_sparse_tok_s, c->model.topk);
+                 "{\"type\":\"dsa_decode\",\"context\":%d,\"rounds\":%d,\"steps_per_round\":%d,"
+                 "\"dense_tok_per_s\":%.1f,\"sparse_tok_per_s\":%.1f,\"topk\":%d}",
+                 DSA_DECODE_CTX, DSA_DECODE_ROUNDS, DSA_DECODE_STEPS, t->decode_dense_tok_s, t->decode_sparse_tok_s,
+                 c->model.topk);
         runlog_json(rl, json);
         if (!o->quiet)
-            fprintf(stderr, "train: decoding after %d positions: dense %.0f tokens/s, sparse (top-%d) %.0f tokens/s\n",
-                    DSA_DECODE_CTX, t->decode_dense_tok_s, c->model.topk, t->decode_sparse_tok_s);
+            fprintf(stderr, "train: decoding after %d positions (median of %d rounds of %d tokens): dense %.0f "
+                            "tokens/s, sparse (top-%d) %.0f tokens/s\n",
+                    DSA_DECODE_CTX, DSA_DECODE_ROUNDS, DSA_DECODE_STEPS, t->decode_dense_tok_s, c->model.topk,
+                    t->decode_sparse_tok_s);
     }
     int code = 0;
     Status s = save_checkpoint(t);

@@ -57,7 +57,7 @@ typedef struct Trainer {
 
 // Context length and steps of the end-of-run decoding-speed measurement.
 #define DSA_DECODE_CTX 4096
-#define DSA_DECODE_STEPS 16
+#define DSA_DECODE_STEPS 32   // per round (dsa_eval_decode_speed)
 
 // Fine-tuning and continued training: run_config.h says how the config is
 // assembled from init_from's. mode = none with init_from loads every
