@@ -313,3 +313,84 @@ Test(programs, sigterm_saves_like_ctrl_c, .timeout = 120) {
               text);
     free(text);
 }
+
+// evaluate's JSON figure `key` from its stdout.
+static double json_number(const char *text, const char *key) {
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = strstr(text, k);
+    cr_assert(p, "no %s in: %s", key, text);
+    return strtod(p + strlen(k), NULL);
+}
+
+static char *evaluate(const char *dir, char *const args[]) {
+    char *argv[16] = {(char *)test_program("evaluate")};
+    int n = 1;
+    for (; args[n - 1]; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    char o[1500];
+    snprintf(o, sizeof o, "%s/eval.out", dir);
+    int code = test_spawn(argv, NULL, o, NULL, 120, NULL);
+    char *out = test_read_file(o);
+    cr_assert_eq(code, 0, "evaluate failed: %s", out);
+    return out;
+}
+
+Test(programs, evaluate_scores_every_token_once, .timeout = 120) {
+    const char *ckpt = trained_checkpoint("evaluate", "gdn,attn");
+    char dir[1500], text[1600];
+    snprintf(dir, sizeof dir, "%s", ckpt);
+    *strrchr(dir, '/') = 0;
+    snprintf(text, sizeof text, "%s/../corpus.txt", dir);
+    char probe[1600];
+    snprintf(probe, sizeof probe, "%s/probe.txt", dir);
+    char *all = test_read_file(text);
+    all[700] = 0;
+    test_write_file(probe, all);
+    free(all);
+    // One window over the whole text and the decoder's stream see the same context.
+    char *w = evaluate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--window", "699", "--json", NULL});
+    char *s = evaluate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--stream", "--json", NULL});
+    double lw = json_number(w, "loss"), ls = json_number(s, "loss");
+    cr_assert_eq(json_number(w, "tokens_scored"), 699);
+    cr_assert_eq(json_number(s, "tokens_scored"), 699);
+    cr_assert(fabs(lw - ls) <= 1e-5 * lw, "window %.8f vs stream %.8f", lw, ls);
+    cr_assert(fabs(json_number(w, "bits_per_byte") - lw / log(2.0)) < 1e-5);
+    free(w), free(s);
+    // Non-overlapping windows of 100 (the last one shifted to end with the text): the same sum as
+    // lm_loss over those windows, each target once.
+    char *o = evaluate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--window", "100", "--stride",
+                                       "100", "--json", NULL});
+    cr_assert_eq(json_number(o, "tokens_scored"), 699);
+    double got = json_number(o, "loss");
+    free(o);
+    TrainConfig c;
+    LM lm;
+    ParamStore ps;
+    cr_assert(model_load_checkpoint(ckpt, &c, &lm, &ps).ok);
+    char *bytes = test_read_file(probe);
+    Tape tp;
+    tape_init(&tp);
+    tape_no_grad_push(&tp);
+    double sum = 0;
+    int x[100], y[100];
+    for (int start = 0, scored = 0; scored < 699; start += 100) {
+        int s0 = start + 100 > 699 ? 599 : start;
+        int count = 0;
+        for (int t = 0; t < 100; t++) {
+            x[t] = (unsigned char)bytes[s0 + t];
+            y[t] = s0 + t + 1 > scored ? (unsigned char)bytes[s0 + t + 1] : -1;
+            count += y[t] >= 0;
+        }
+        sum += lm_loss(&tp, &lm, x, y, 1, 100, NULL)->data[0] * count;
+        scored = s0 + 100;
+        tape_reset(&tp);
+    }
+    tape_no_grad_pop(&tp);
+    cr_assert(fabs(got - sum / 699) <= 1e-5 * got, "evaluate %.8f vs windows by hand %.8f", got, sum / 699);
+    tape_free(&tp);
+    free(bytes);
+    lm_destroy(&lm);
+    params_free(&ps);
+    config_free(&c);
+}
