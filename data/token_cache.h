@@ -1,10 +1,11 @@
 // token_cache.h: tokens of a corpus, cached in an HDF5 file.
 //
 // The cache file <cache_dir>/tokens-<16 hex digits>.h5 (the digits hash the
-// corpus spec, so each corpus has its own file) holds
+// corpus spec and the tokenizer, so each pair has its own file) holds
 //   /tokens   uint8 (vocab <= 256) or int32, shape (n,)
-//   /meta     uint64 (4): TOKEN_CACHE_VERSION, vocab, Corpus.hash of the
-//             bytes it was built from (names, sizes and contents), n
+//   /meta     uint64 (5): TOKEN_CACHE_VERSION, vocab, Corpus.hash of the
+//             bytes it was built from (names, sizes and contents), n, and the
+//             tokenizer's hash
 // each with a CRC-32 attribute (h5io.h). The cache is read as hostile input:
 // it is reused only when every dataset passes h5io's checks and checksums,
 // the version, vocabulary, corpus hash and count match, and every id is in
@@ -16,8 +17,9 @@
 #define DATA_TOKEN_CACHE_H
 
 #include "corpus.h"
+#include "tokenizer.h"
 
-#define TOKEN_CACHE_VERSION 2
+#define TOKEN_CACHE_VERSION 3
 
 typedef struct TokenData {
     int *tokens;        // (n) token ids in [0, vocab)
@@ -30,8 +32,8 @@ typedef struct TokenData {
 // missing or stale. *built (may be NULL) says whether it was (re)built.
 // path_out (may be NULL, size CACHE_PATH_MAX) receives the cache file path.
 #define CACHE_PATH_MAX 1024
-Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Corpus *c, TokenData *out,
-                        bool *built, char *path_out);
+Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Corpus *c, const Tokenizer *tok,
+                        TokenData *out, bool *built, char *path_out);
 void token_data_free(TokenData *d);
 
 #endif

@@ -94,7 +94,9 @@ def load(path, dtype=torch.float32, form="chunked"):
         config = meta.get("attnlab_config")
         if config is None:
             raise ValueError("%s: no attnlab_config in the safetensors metadata (not written by export_model?)" % path)
-    cfg = model_config_from_ini(config)
+    if "embed" not in tensors:
+        raise ValueError("%s: no 'embed' tensor (not an attnlab model?)" % path)
+    cfg = model_config_from_ini(config, vocab_size=int(tensors["embed"].shape[0]))   # 256 bytes, or a BPE's ids
     lm = LM(cfg, dtype=dtype, form=form)
     lm.load(tensors)
     for p in lm.params.values():
@@ -113,6 +115,8 @@ def main(argv):
     a = ap.parse_args(argv)
     lm = load(a.file, dtype=torch.float64 if a.float64 else torch.float32)
     text = open(a.text_file, "rb").read() if a.text_file else a.text.encode("utf-8")
+    if lm.cfg.vocab_size != 256:
+        sys.exit("%s: a BPE model: encode the text with bin/tokenize encode and pass ids to lm.forward" % a.file)
     tokens = torch.tensor([list(text)], dtype=torch.long)
     with torch.no_grad():
         logits = lm.forward(tokens)[0]

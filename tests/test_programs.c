@@ -214,7 +214,7 @@ static int64_t check_run_folder(const char *run, int round) {
     TrainConfig c;
     LM lm;
     ParamStore ps;
-    Status s = model_load_checkpoint(p, &c, &lm, &ps);
+    Status s = model_load_checkpoint(p, &c, &lm, &ps, NULL);
     cr_assert(s.ok, "round %d: the checkpoint must load: %s", round, s.msg);
     CheckpointState st = {0};
     s = checkpoint_load(p, &ps, NULL, &st);
@@ -299,7 +299,7 @@ Test(programs, sigterm_saves_like_ctrl_c, .timeout = 120) {
     TrainConfig c;
     LM lm;
     ParamStore ps;
-    Status s = model_load_checkpoint(ckpt, &c, &lm, &ps);
+    Status s = model_load_checkpoint(ckpt, &c, &lm, &ps, NULL);
     cr_assert(s.ok, "%s", s.msg);
     lm_destroy(&lm);
     params_free(&ps);
@@ -367,7 +367,7 @@ Test(programs, evaluate_scores_every_token_once, .timeout = 120) {
     TrainConfig c;
     LM lm;
     ParamStore ps;
-    cr_assert(model_load_checkpoint(ckpt, &c, &lm, &ps).ok);
+    cr_assert(model_load_checkpoint(ckpt, &c, &lm, &ps, NULL).ok);
     char *bytes = test_read_file(probe);
     Tape tp;
     tape_init(&tp);

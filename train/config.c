@@ -16,6 +16,7 @@
 
 #include "fileio.h"
 #include "model_setup.h"
+#include "tokenizer.h"
 
 // ---------------------------------------------------------------- parsing
 
@@ -136,6 +137,7 @@ static char *ctx_reader(char *str, int num, void *stream) {
 static bool resolve_paths(TrainConfig *cfg, const ConfigKey *k, const char *base, char *err, size_t n) {
     if (!(k->flags & KEYF_PATH) || !base) return true;
     char *dst = (char *)cfg + k->offset;
+    if (dst == cfg->data.tokenizer && tokenizer_spec_is_named(dst, NULL)) return true;   // a name, not a file
     char in[CONFIG_STR_MAX], out[CONFIG_STR_MAX];
     snprintf(in, sizeof in, "%s", dst);
     size_t used = 0;

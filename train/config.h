@@ -77,6 +77,7 @@ typedef struct TrainConfig {
     struct {
         char corpus[CONFIG_STR_MAX];     // a file, a comma list of files, or a directory
         char cache_dir[CONFIG_STR_MAX];  // where token caches live
+        char tokenizer[CONFIG_STR_MAX];  // byte | tiktoken name | bpe:N | a file (tokenizer.h)
         double val_fraction;             // last fraction of the tokens held out
         int seq_len;                     // T
         int batch_size;                  // B
@@ -110,6 +111,7 @@ typedef struct TrainConfig {
     char source[CONFIG_STR_MAX]; // its path (or the name given to config_load_string)
     int origin[CONFIG_MAX_KEYS]; // per schema row: 0 default, >0 line in `source`, -1 --set
     MixerNameCheck check_mixer;  // NULL = fixed list
+    int vocab_size;              // the tokenizer's, once a program knows it (0: the byte tokenizer's 256)
 } TrainConfig;
 
 // Fill every key with its default. Must be called first; config_free later.

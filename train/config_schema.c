@@ -45,6 +45,9 @@ const ConfigKey CONFIG_SCHEMA[] = {
      KEYF_PATH},
     {"data", "cache_dir", KEY_STRING, OFF(data, cache_dir), "cache", 0, 0, NULL, "cache",
      "directory for token caches", KEYF_PATH},
+    {"data", "tokenizer", KEY_STRING, OFF(data, tokenizer), "byte", 0, 0, NULL, "vocab,encoding",
+     "byte, a tiktoken encoding (gpt2, r50k_base, cl100k_base, o200k_base), bpe:N (a BPE of N ids trained on "
+     "the corpus), or a tokenizer file", KEYF_PATH},
     {"data", "val_fraction", KEY_FLOAT, OFF(data, val_fraction), "0.05", 0, 0.9, NULL, "val_split,validation",
      "last fraction of the tokens held out for validation"},
     {"data", "seq_len", KEY_INT, OFF(data, seq_len), "256", 1, 1 << 20, NULL, "block_size,context,T",

@@ -61,6 +61,7 @@ static bool parse_int(const char *opt, const char *v, long long lo, long long hi
 typedef struct Score {
     double nll;          // sum of -log p(token) over scored tokens (nats)
     int64_t tokens;      // tokens scored
+    int64_t bytes;       // bytes of text those tokens stand for
 } Score;
 
 // Write a (rows, cols) array of reals as a NumPy .npy file (format 1.0), in
@@ -88,9 +89,9 @@ static Status write_npy(const char *path, const real *x, int rows, int cols) {
 
 // Windows of T advancing by S; targets already scored are ignored (-1).
 // logits_path: write the first window's logits there.
-static Score score_windows(LM *lm, const int *tok, int64_t n, int T, int S, int B, const char *logits_path,
-                           Status *st) {
-    Score sc = {0, 0};
+static Score score_windows(LM *lm, const Tokenizer *tk, const int *tok, int64_t n, int T, int S, int B,
+                           const char *logits_path, Status *st) {
+    Score sc = {0, 0, 0};
     if (n < 2) return sc;
     if (T > n - 1) T = (int)(n - 1);
     int *x = xmalloc((size_t)B * T * sizeof(int)), *y = xmalloc((size_t)B * T * sizeof(int));
@@ -107,6 +108,7 @@ static Score score_windows(LM *lm, const int *tok, int64_t n, int T, int S, int 
                 x[b * T + t] = tok[s + t];
                 y[b * T + t] = target > scored_to ? tok[target] : -1;
                 counted += target > scored_to;
+                if (target > scored_to) sc.bytes += tokenizer_token_len(tk, tok[target]);
             }
             scored_to = s + T;
         }
@@ -125,8 +127,8 @@ static Score score_windows(LM *lm, const int *tok, int64_t n, int T, int S, int 
 }
 
 // The whole text as one sequence through the decoder.
-static Score score_stream(LM *lm, const int *tok, int64_t n) {
-    Score sc = {0, 0};
+static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n) {
+    Score sc = {0, 0, 0};
     if (n < 2 || n > INT32_MAX) return sc;
     Tape tp;
     tape_init(&tp);
@@ -140,6 +142,7 @@ static Score score_stream(LM *lm, const int *tok, int64_t n) {
         for (int v = 0; v < V; v++) z += exp((double)lg[v] - mx);
         sc.nll += mx + log(z) - (double)lg[tok[i + 1]];
         sc.tokens++;
+        sc.bytes += tokenizer_token_len(tk, tok[i + 1]);
         tape_reset(&tp);
     }
     lm_cache_free(lm, cache);
@@ -182,7 +185,8 @@ int main(int argc, char **argv) {
     TrainConfig cfg;
     LM lm;
     ParamStore ps;
-    Status s = model_load_checkpoint(ckpt, &cfg, &lm, &ps);
+    Tokenizer tok;
+    Status s = model_load_checkpoint(ckpt, &cfg, &lm, &ps, &tok);
     Corpus corpus = {0};
     if (s.ok) s = corpus_load(&corpus, text);
     if (!s.ok) {
@@ -198,11 +202,12 @@ int main(int argc, char **argv) {
     }
     if (!threads && stream && params_count(&ps, false) < 10000000) threads = 1;   // as generate
     int nthreads = model_set_threads((int)threads);
-    int *tok = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
-    int64_t n = tokenizer_encode(corpus.bytes, corpus.n, tok);
+    int *ids = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
+    int64_t n = tokenizer_encode(&tok, corpus.bytes, corpus.n, ids);
     double t0 = runlog_now();
     Status ws = status_ok();
-    Score sc = stream ? score_stream(&lm, tok, n) : score_windows(&lm, tok, n, T, S, (int)batch, logits_path, &ws);
+    Score sc = stream ? score_stream(&lm, &tok, ids, n)
+                      : score_windows(&lm, &tok, ids, n, T, S, (int)batch, logits_path, &ws);
     if (!ws.ok) fprintf(stderr, "evaluate: --logits: %s\n", ws.msg);
     double secs = runlog_now() - t0;
     int code = ws.ok ? 0 : 1;
@@ -212,15 +217,16 @@ int main(int argc, char **argv) {
         code = 2;
     } else {
         double loss = sc.nll / (double)sc.tokens;
-        double bpb = sc.nll / log(2.0) / (double)sc.tokens;   // byte tokenizer: a token is a byte
+        double bpb = sc.nll / log(2.0) / (double)sc.bytes;   // per byte of the text the scored tokens stand for
         char mode[64];
         if (stream) snprintf(mode, sizeof mode, "stream");
         else snprintf(mode, sizeof mode, "windows of %d, stride %d", T > n - 1 ? (int)(n - 1) : T, S);
         if (json) {
             char tj[1100], mj[100];
-            printf("{\"text\":%s,\"bytes\":%lld,\"tokens_scored\":%lld,\"loss\":%.6f,\"bits_per_byte\":%.6f,"
+            printf("{\"text\":%s,\"bytes\":%lld,\"tokens_scored\":%lld,\"bytes_scored\":%lld,\"loss\":%.6f,\"bits_per_byte\":%.6f,"
                    "\"perplexity\":%.4f,\"mode\":%s,\"seconds\":%.2f}\n",
-                   runlog_json_str(text, tj, sizeof tj), (long long)corpus.n, (long long)sc.tokens, loss, bpb,
+                   runlog_json_str(text, tj, sizeof tj), (long long)corpus.n, (long long)sc.tokens,
+                   (long long)sc.bytes, loss, bpb,
                    exp(loss), runlog_json_str(mode, mj, sizeof mj), secs);
         } else {
             printf("evaluate: %s: %lld bytes, %lld tokens scored | loss %.4f nats/token | %.4f bits/byte | "
@@ -229,7 +235,8 @@ int main(int argc, char **argv) {
                    nthreads == 1 ? "" : "s");
         }
     }
-    free(tok);
+    free(ids);
+    tokenizer_free(&tok);
     corpus_free(&corpus);
     lm_destroy(&lm);
     params_free(&ps);

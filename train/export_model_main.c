@@ -14,7 +14,9 @@
 // registration order. Names and shapes are the checkpoint's
 // (docs/checkpoint.md): "layers.0.mixer.wq" is (d_model, H*d_k), applied as
 // u W. Beside it, config.json (or --config-json PATH) describes the model in
-// JSON. Both files are written whole or not at all.
+// JSON, and a BPE model's tokenizer file goes to tokenizer.bpe (named in
+// config.json's "tokenizer"; "byte" for the byte tokenizer). Every file is
+// written whole or not at all.
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -101,16 +103,16 @@ static Status write_safetensors(const char *path, const ParamStore *ps, const ch
     return s;
 }
 
-static Status write_config_json(const char *path, const TrainConfig *c) {
+static Status write_config_json(const char *path, const TrainConfig *c, const Tokenizer *tok, const char *tok_file) {
     Buf b = {0};
     put(&b, "{\n  \"architectures\": [\"AttnlabLM\"],\n  \"model_type\": \"attnlab\",\n  \"layers\": [");
     for (int l = 0; l < c->model.layers.n; l++) put(&b, "%s\"%s\"", l ? ", " : "", c->model.layers.name[l]);
     put(&b,
-        "],\n  \"vocab_size\": %d,\n  \"tokenizer\": \"byte\",\n  \"d_model\": %d,\n  \"n_heads\": %d,\n"
+        "],\n  \"vocab_size\": %d,\n  \"tokenizer\": \"%s\",\n  \"d_model\": %d,\n  \"n_heads\": %d,\n"
         "  \"d_k\": %d,\n  \"d_v\": %d,\n  \"d_ff\": %d,\n  \"tied_embeddings\": %s,\n  \"conv_size\": %d,\n"
         "  \"chunk_size\": %d,\n  \"norm_eps\": %.17g,\n  \"rope_base\": %.17g,\n  \"index_heads\": %d,\n"
         "  \"index_dim\": %d,\n  \"topk\": %d,\n  \"torch_dtype\": \"float32\"\n}\n",
-        TOKENIZER_VOCAB, c->model.d_model, c->model.n_heads, c->model.d_k, c->model.d_v, c->model.d_ff,
+        tok->vocab, tok->bpe ? tok_file : "byte", c->model.d_model, c->model.n_heads, c->model.d_k, c->model.d_v, c->model.d_ff,
         c->model.tied_embeddings ? "true" : "false", c->model.conv_size, c->model.chunk_size, c->model.norm_eps,
         c->model.rope_base, c->model.index_heads, c->model.index_dim, c->model.topk);
     Status s = write_whole(path, b.p, b.n, NULL, 0);
@@ -144,12 +146,17 @@ int main(int argc, char **argv) {
         snprintf(json_path, sizeof json_path, "%.*sconfig.json", slash ? (int)(slash - out + 1) : 0, out);
         cfg_json = json_path;
     }
+    char tok_path[4200];
+    const char *slash = strrchr(cfg_json, '/');
+    snprintf(tok_path, sizeof tok_path, "%.*stokenizer.bpe", slash ? (int)(slash - cfg_json + 1) : 0, cfg_json);
     TrainConfig cfg;
     LM lm;
     ParamStore ps;
-    Status s = model_load_checkpoint(ckpt, &cfg, &lm, &ps);
+    Tokenizer tok;
+    Status s = model_load_checkpoint(ckpt, &cfg, &lm, &ps, &tok);
     if (s.ok) s = write_safetensors(out, &ps, cfg.text ? cfg.text : "");
-    if (s.ok) s = write_config_json(cfg_json, &cfg);
+    if (s.ok) s = write_config_json(cfg_json, &cfg, &tok, "tokenizer.bpe");
+    if (s.ok && tok.bpe) s = bpe_save(tok.bpe, tok_path);
     if (s.ok)
         fprintf(stderr, "export_model: %lld parameters in %d tensors -> %s, %s\n", (long long)ps.numel, ps.n, out,
                 cfg_json);
@@ -158,6 +165,7 @@ int main(int argc, char **argv) {
     if (ps.finalized) {
         lm_destroy(&lm);
         params_free(&ps);
+        tokenizer_free(&tok);
     }
     config_free(&cfg);
     return s.ok ? 0 : 1;

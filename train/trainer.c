@@ -59,6 +59,48 @@ static Status init_from_load(Trainer *t) {
     return status_ok();
 }
 
+// The run's tokenizer: the checkpoint's when resuming or starting from
+// init_from (the model's vocabulary is fixed there: a [data] tokenizer the
+// config sets must be that one), else [data] tokenizer; bpe:N is trained on
+// the corpus's training split once and kept in cache_dir.
+static Status setup_tokenizer(Trainer *t, const Corpus *corpus, const TrainerOptions *o) {
+    const TrainConfig *c = &t->cfg;
+    const char *from = o->resume ? t->ckpt : c->finetune.init_from[0] ? c->finetune.init_from : NULL;
+    const char *spec = c->data.tokenizer;
+    int train_vocab = 0;
+    tokenizer_spec_is_named(spec, &train_vocab);
+    if (from) {
+        Status s = checkpoint_read_tokenizer(from, &t->tok);
+        if (!s.ok) return status_err("%s%s", o->resume ? "--resume: " : "[finetune] init_from: ", s.msg);
+        if (o->resume || !strcmp(spec, "byte")) return status_ok();   // (byte: the default, not a choice)
+        Tokenizer mine;
+        s = train_vocab ? status_err("[data] tokenizer = %s: the model of %s has its tokenizer already", spec, from)
+                        : tokenizer_open(&mine, spec);
+        bool same = s.ok && mine.hash == t->tok.hash;
+        if (s.ok) tokenizer_free(&mine);
+        if (s.ok && !same)
+            s = status_err("[data] tokenizer = %s: not the tokenizer the model of %s was trained with", spec, from);
+        return s;
+    }
+    if (!train_vocab) {
+        Status s = tokenizer_open(&t->tok, spec);
+        return s.ok ? s : status_err("[data] tokenizer: %s", s.msg);
+    }
+    // bpe:N: the training split's text (the validation split is not seen), cached by corpus and size.
+    char path[CONFIG_STR_MAX + 64];
+    if (snprintf(path, sizeof path, "%s/tokenizer-%016llx-%d.bpe", c->data.cache_dir,
+                 (unsigned long long)corpus->hash, train_vocab) >= (int)sizeof path)
+        return status_err("[data] cache_dir: path too long");
+    if (access(path, F_OK) == 0 && tokenizer_open(&t->tok, path).ok) return status_ok();
+    int64_t n_train = corpus->n - (int64_t)((double)corpus->n * c->data.val_fraction);
+    Status s = tokenizer_train(&t->tok, corpus->bytes, n_train, train_vocab);
+    if (!s.ok) return status_err("[data] tokenizer = %s: %s", spec, s.msg);
+    s = bpe_save(t->tok.bpe, path);
+    if (!s.ok) fprintf(stderr, "train: note: the trained tokenizer could not be kept (%s); it is in the checkpoints\n",
+                       s.msg);
+    return status_ok();
+}
+
 Status trainer_setup(Trainer *t, const TrainerOptions *o) {
     memset(t, 0, sizeof *t);
     t->rd.lock_fd = -1;
@@ -73,6 +115,7 @@ static Status setup(Trainer *t, const TrainerOptions *o) {
     t->last_dsa = (DsaEval){NAN, NAN, NAN, NAN};
     t->decode_dense_tok_s = t->decode_sparse_tok_s = NAN;
     t->saved_step = -1;
+    tokenizer_bytes(&t->tok);
     config_defaults(&t->cfg, model_mixer_known);
     Status s = config_find(o->config, CONFIG_SEARCH_DIRS, CONFIG_N_SEARCH_DIRS, t->config_path, sizeof t->config_path);
     RunConfigArgs args = {t->config_path, o->sets, o->n_sets, o->resume};
@@ -84,6 +127,8 @@ static Status setup(Trainer *t, const TrainerOptions *o) {
     const TrainConfig *c = &t->cfg;
     bool ft = c->finetune.mode != FT_NONE;
     t->threads = model_set_threads(c->train.threads);
+    if (snprintf(t->ckpt, sizeof t->ckpt, "%s/checkpoint.h5", t->run_dir) >= (int)sizeof t->ckpt)
+        return status_err("[train] run_dir: path too long");
 
     Corpus corpus;
     s = corpus_load(&corpus, c->data.corpus);
@@ -92,16 +137,20 @@ static Status setup(Trainer *t, const TrainerOptions *o) {
                           "scripts/get_corpus.sh in the project folder; it needs Debian's bible-kjv package)",
                           s.msg);
     if (!s.ok) return status_err("[data] corpus: %s", s.msg);
-    s = token_cache_load(c->data.cache_dir, c->data.corpus, &corpus, &t->tokens, &t->cache_built, t->cache_path);
+    s = setup_tokenizer(t, &corpus, o);
+    if (s.ok) {
+        s = token_cache_load(c->data.cache_dir, c->data.corpus, &corpus, &t->tok, &t->tokens, &t->cache_built,
+                             t->cache_path);
+        if (!s.ok) s = status_err("token cache: %s", s.msg);
+    }
     corpus_free(&corpus);
-    if (!s.ok) return status_err("token cache: %s", s.msg);
+    if (!s.ok) return s;
+    t->cfg.vocab_size = t->tok.vocab;
+    t->tok_buf = tokenizer_to_buffer(&t->tok, &t->tok_len);
     s = batcher_init(&t->bt, t->tokens.tokens, t->tokens.n, c->data.val_fraction, c->data.batch_size,
                      c->data.seq_len, (uint64_t)c->train.seed);
     if (!s.ok) return status_err("[data]: %s", s.msg);
     t->has_val = batcher_val_tokens(&t->bt) > 0;
-
-    if (snprintf(t->ckpt, sizeof t->ckpt, "%s/checkpoint.h5", t->run_dir) >= (int)sizeof t->ckpt)
-        return status_err("[train] run_dir: path too long");
     // A checkpoint to load is checked against the model before it is allocated.
     const char *check = o->resume ? t->ckpt : (c->finetune.init_from[0] && !ft) ? c->finetune.init_from : NULL;
     s = model_build(c, &t->lm, &t->ps, check);
@@ -124,6 +173,8 @@ static Status setup(Trainer *t, const TrainerOptions *o) {
     size_t bt = (size_t)c->data.batch_size * c->data.seq_len;
     t->x = xmalloc(bt * sizeof(int));
     t->y = xmalloc(bt * sizeof(int));
+    t->val_bytes_per_token =
+        t->has_val ? model_val_bytes_per_token(&t->bt, &t->tok, c->train.eval_batches, t->x, t->y) : 1.0;
 
     if (o->resume) {
         CheckpointState st = {0};
@@ -162,7 +213,7 @@ static void record_loss(Trainer *t, double loss) {
 static Status save_checkpoint(Trainer *t) {
     const Tensor *bad = optim_nonfinite_param(&t->ps, &t->opt);
     if (bad) return status_err("parameter '%s' (or its optimizer state) is not finite: not saved", bad->name);
-    CheckpointState st = {t->step, t->bt.state, t->model_rng, t->cfg.text};
+    CheckpointState st = {t->step, t->bt.state, t->model_rng, t->cfg.text, t->tok_buf, t->tok_len};
     Status s = checkpoint_save(t->ckpt, &t->ps, &t->opt, &st);
     if (s.ok) t->saved_step = t->step;
     return s;
@@ -196,13 +247,13 @@ static void evaluate(Trainer *t, RunLog *rl, int step, bool quiet) {
     if (!t->has_val) return;
     if (lm_dsa_count(&t->lm) == 0) {
         t->last_val_loss = model_eval_loss(&t->tp, &t->lm, &t->bt, c->train.eval_batches, t->x, t->y);
-        runlog_eval(rl, step, t->last_val_loss, NAN, NAN);
+        runlog_eval(rl, step, t->last_val_loss, t->val_bytes_per_token, NAN, NAN);
         return;
     }
     DsaEval *e = &t->last_dsa;
     dsa_eval_run(&t->tp, &t->lm, &t->bt, c->train.eval_batches, t->x, t->y, t->dsa_mode, e);
     t->last_val_loss = e->val_sparse;   // the model as it would be deployed
-    runlog_eval(rl, step, e->val_sparse, e->kl, e->mass);
+    runlog_eval(rl, step, e->val_sparse, t->val_bytes_per_token, e->kl, e->mass);
     char json[256];
     snprintf(json, sizeof json,
              "{\"type\":\"dsa_eval\",\"step\":%d,\"kl\":%.6f,\"topk_mass\":%.6f,\"val_loss_sparse\":%.6f,"
@@ -228,8 +279,10 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
     for (int l = 0; l < c->model.layers.n; l++) fprintf(stderr, "%s%s", l ? "," : " ", c->model.layers.name[l]);
     fprintf(stderr, " | %lld parameters | %s | %d thread%s on %s, OpenBLAS %s\n", (long long)params_count(&t->ps, false),
             REAL_NAME, t->threads, t->threads == 1 ? "" : "s", un->machine, blas_core_name());
-    fprintf(stderr, "train: corpus %lld tokens (cache %s: %s) | train %lld, validation %lld | B %d x T %d x accum %d\n",
-            (long long)t->tokens.n, t->cache_built ? "built" : "reused", t->cache_path,
+    char tk[64];
+    fprintf(stderr, "train: corpus %lld tokens (%s; cache %s: %s) | train %lld, validation %lld | B %d x T %d x accum %d\n",
+            (long long)t->tokens.n, tokenizer_describe(&t->tok, tk, sizeof tk), t->cache_built ? "built" : "reused",
+            t->cache_path,
             (long long)batcher_train_tokens(&t->bt), (long long)batcher_val_tokens(&t->bt), c->data.batch_size,
             c->data.seq_len, c->train.accum_steps);
     if (t->tokens.note[0]) fprintf(stderr, "train: token cache: %s\n", t->tokens.note);
@@ -289,7 +342,7 @@ static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
         fprintf(stderr, "train: the final checkpoint was not written: %s\n", s.msg);
         code = 1;
     }
-    double bpb = t->last_val_loss / log(2.0);
+    double bpb = t->last_val_loss / log(2.0) / t->val_bytes_per_token;
     char val[96] = "\"val_loss\":null,\"val_bpb\":null";
     if (t->has_val) snprintf(val, sizeof val, "\"val_loss\":%.6f,\"val_bpb\":%.6f", t->last_val_loss, bpb);
     snprintf(json, sizeof json, "{\"type\":\"end\",\"step\":%lld,%s,\"elapsed_s\":%.1f}", (long long)t->step, val,
@@ -308,7 +361,10 @@ static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
     if (log_err) code = code ? code : 1;
     if (!o->quiet) {
         fprintf(stderr, "train: done: %lld steps", (long long)t->step);
-        if (t->has_val) fprintf(stderr, ", validation %.4f nats/byte = %.4f bits/byte", t->last_val_loss, bpb);
+        if (t->has_val && !t->tok.bpe)
+            fprintf(stderr, ", validation %.4f nats/byte = %.4f bits/byte", t->last_val_loss, bpb);
+        else if (t->has_val)
+            fprintf(stderr, ", validation %.4f nats/token = %.4f bits/byte", t->last_val_loss, bpb);
         fprintf(stderr, "; in %s:", t->run_dir);
         if (t->saved_step == t->step) fprintf(stderr, " checkpoint.h5");
         else if (t->saved_step >= 0) fprintf(stderr, " checkpoint.h5 (of step %lld only)", (long long)t->saved_step);
@@ -429,6 +485,8 @@ void trainer_free(Trainer *t) {
     lm_destroy(&t->lm);
     params_free(&t->ps);
     token_data_free(&t->tokens);
+    tokenizer_free(&t->tok);
+    free(t->tok_buf);
     config_free(&t->cfg);
     run_dir_close(&t->rd);
     memset(t, 0, sizeof *t);

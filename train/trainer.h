@@ -30,6 +30,10 @@ typedef struct Trainer {
     Optimizer opt;
     Batcher bt;
     TokenData tokens;
+    Tokenizer tok;             // the run's tokenizer ([data] tokenizer, or the checkpoint's)
+    uint8_t *tok_buf;          // its stored form for checkpoints (NULL: bytes)
+    size_t tok_len;
+    double val_bytes_per_token;   // of the validation batches: loss / ln 2 / this = bits per byte
     bool cache_built;          // the token cache was (re)built, not reused
     char cache_path[CACHE_PATH_MAX];
     Tape tp;

@@ -73,7 +73,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     TrainConfig cfg;
     LM lm;
     ParamStore ps;
-    if (model_load_checkpoint(path, &cfg, &lm, &ps).ok) {
+    if (model_load_checkpoint(path, &cfg, &lm, &ps, NULL).ok) {
         require_finite(&ps, NULL);
         lm_destroy(&lm);
         params_free(&ps);
