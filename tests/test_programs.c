@@ -52,8 +52,7 @@ static int generate(const char *dir, char *const args[], char **out, char **err)
 Test(programs, generate_checks_its_arguments, .timeout = 120) {
     const char *ckpt = trained_checkpoint("gen_args", "gdn");
     char dir[1500];
-    snprintf(dir, sizeof dir, "%s", ckpt);
-    *strrchr(dir, '/') = 0;
+    snprintf(dir, sizeof dir, "%s", test_dir_of(ckpt));
     const struct {
         const char *opt, *value, *why;
     } bad[] = {
@@ -108,8 +107,7 @@ Test(programs, generate_checks_its_arguments, .timeout = 120) {
 Test(programs, train_error_exits_are_clean, .timeout = 60) {
     const char *cfg = test_tiny_config("train_exit", "gdn", 2, NULL, "lerning_rate = 1\n");
     char dir[1500], err[1600];
-    snprintf(dir, sizeof dir, "%s", cfg);
-    *strrchr(dir, '/') = 0;
+    snprintf(dir, sizeof dir, "%s", test_dir_of(cfg));
     snprintf(err, sizeof err, "%s/err.txt", dir);
     // Exit code 2 (under ASan a leak would make it 23), the message names file, line and key.
     int code = test_spawn((char *[]){(char *)test_program("train"), "--config", (char *)cfg, NULL}, NULL, NULL, err,
@@ -167,8 +165,7 @@ static int train_with_fsize_limit(const char *cfg, rlim_t limit, char **err) {
 Test(programs, a_full_disk_is_reported_and_nothing_false_is_said, .timeout = 120) {
     const char *cfg = test_tiny_config("disk_full", "gdn", 4, NULL, NULL);
     char dir[1500], err[1600], run[1600], p[1700];
-    snprintf(dir, sizeof dir, "%s", cfg);
-    *strrchr(dir, '/') = 0;
+    snprintf(dir, sizeof dir, "%s", test_dir_of(cfg));
     snprintf(err, sizeof err, "%s/err.txt", dir);
     snprintf(run, sizeof run, "%s/run", dir);
     // Build the token cache first (it is written under the limit too otherwise).
@@ -229,8 +226,7 @@ static int64_t check_run_folder(const char *run, int round) {
 Test(programs, sigkill_at_random_moments_loses_nothing, .timeout = 300) {
     const char *cfg = test_tiny_config("sigkill", "gdn,attn", 100000, NULL, NULL);
     char dir[1500], run[1600], ckpt[1700];
-    snprintf(dir, sizeof dir, "%s", cfg);
-    *strrchr(dir, '/') = 0;
+    snprintf(dir, sizeof dir, "%s", test_dir_of(cfg));
     snprintf(run, sizeof run, "%s/run", dir);
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint.h5", run);
     Rng r;
@@ -273,8 +269,7 @@ Test(programs, sigkill_at_random_moments_loses_nothing, .timeout = 300) {
 Test(programs, sigterm_saves_like_ctrl_c, .timeout = 120) {
     const char *cfg = test_tiny_config("sigterm", "gdn", 100000, NULL, NULL);
     char dir[1500], run[1600], err[1600], ckpt[1700];
-    snprintf(dir, sizeof dir, "%s", cfg);
-    *strrchr(dir, '/') = 0;
+    snprintf(dir, sizeof dir, "%s", test_dir_of(cfg));
     snprintf(run, sizeof run, "%s/run", dir);
     snprintf(err, sizeof err, "%s/err.txt", dir);
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint.h5", run);
@@ -339,8 +334,7 @@ static char *evaluate(const char *dir, char *const args[]) {
 Test(programs, evaluate_scores_every_token_once, .timeout = 120) {
     const char *ckpt = trained_checkpoint("evaluate", "gdn,attn");
     char dir[1500], text[1600];
-    snprintf(dir, sizeof dir, "%s", ckpt);
-    *strrchr(dir, '/') = 0;
+    snprintf(dir, sizeof dir, "%s", test_dir_of(ckpt));
     snprintf(text, sizeof text, "%s/../corpus.txt", dir);
     char probe[1600];
     snprintf(probe, sizeof probe, "%s/probe.txt", dir);

@@ -72,6 +72,9 @@ int test_wait(pid_t pid, double timeout_s);
 char *test_read_file(const char *path);
 void test_write_file(const char *path, const char *text);
 
+// test_dir_of(path): the folder of a path (static storage).
+const char *test_dir_of(const char *path);
+
 // <scratch>/tiny.ini: a tiny model (d_model 16) of `layers` on a scratch
 // corpus, `steps` steps, no evaluations or checkpoints on the way; run_dir
 // NULL: <scratch>/run. `extra` is appended (e.g. a [finetune] section).
