@@ -56,10 +56,18 @@ run_tests() {  # run_tests DIR LABEL
     # LeakSanitizer's verdict on the unit tests is taken from the log below, not
     # from the exit code (exitcode=0), so a leak in Criterion's own runner does
     # not fail the run; leak_cycles keeps LeakSanitizer's exit code.
-    if ! (cd "$dir" && LSAN_OPTIONS=exitcode=0 ./unit_tests --jobs "$JOBS") 2>&1 | tee "$log"; then
+    # A TMPDIR of their own: the tests must leave nothing behind in it.
+    local tmp
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/attnlab-run-XXXXXX")
+    if ! (cd "$dir" && TMPDIR=$tmp LSAN_OPTIONS=exitcode=0 ./unit_tests --jobs "$JOBS") 2>&1 | tee "$log"; then
         echo "== FAILED: unit tests ($label)"   # (inside `if`, set -e leaves this to us; pipefail gives the status)
         exit 1
     fi
+    if [ -n "$(ls -A "$tmp")" ]; then
+        echo "== FAILED: the $label tests left files in their TMPDIR: $(ls -A "$tmp" | head -5 | tr '\n' ' ')"
+        exit 1
+    fi
+    rmdir "$tmp"
     # A sanitizer report inside a test's process does not change Criterion's
     # verdict: catch it here. A leak counts when its stack reaches the
     # project's own code (Criterion's runner leaks 48 bytes of its own, which
