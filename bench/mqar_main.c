@@ -130,7 +130,7 @@ int main(int argc, char **argv) {
     printf("# MQAR: vocab %d, %d pairs, T %d; 2-layer models, %d steps of batch %d, AdamW lr", spec.vocab,
            spec.n_pairs, spec.T, steps, B);
     for (int l = 0; l < n_lrs; l++) printf("%s%.0e", l ? "," : " ", lrs[l]);
-    printf("; %s, %d threads, %s\n", un.machine, omp_get_max_threads(), REAL_NAME);
+    printf("; %s, %d thread%s, %s\n", un.machine, omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s", REAL_NAME);
     printf("%-8s %6s %10s %12s %8s %6s %10s %8s\n", "mixer", "width", "params", "state/layer", "lr", "steps", "accuracy",
            "time_s");
     FILE *out = tsv ? fopen(tsv, "w") : NULL;

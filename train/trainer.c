@@ -360,7 +360,7 @@ static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
     const char *log_err = runlog_error(rl, err, sizeof err);
     if (log_err) code = code ? code : 1;
     if (!o->quiet) {
-        fprintf(stderr, "train: done: %lld steps", (long long)t->step);
+        fprintf(stderr, "train: done: %lld step%s", (long long)t->step, t->step == 1 ? "" : "s");
         if (t->has_val && !t->tok.bpe)
             fprintf(stderr, ", validation %.4f nats/byte = %.4f bits/byte", t->last_val_loss, bpb);
         else if (t->has_val)
