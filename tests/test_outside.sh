@@ -6,7 +6,8 @@
 #  2. examples/ built against the installed library both ways (pkg-config and
 #     find_package) and run (a custom op's gradcheck, a custom mixer's LM
 #     that learns);
-#  3. a tiny model of every reference mixer trained, exported with
+#  3. the README's example error messages equal what train prints;
+#  4. a tiny model of every reference mixer trained, exported with
 #     export_model (safetensors checked against the format's specification),
 #     and loaded by python/attnlab_torch.py from the checkpoint and from the
 #     export: its logits equal the C model's (evaluate --logits), to 1e-4
@@ -38,7 +39,15 @@ cmake --build "$TMP/examples" >/dev/null
 "$TMP/examples/custom_mixer"
 echo "outside ($precision): installed programs, examples built with pkg-config and find_package: OK"
 
-# 3. export and the PyTorch loader
+# 3. The README's example messages are what the programs print (a "$ bin/train ..." line, then its output).
+while IFS=$'\t' read -r cmd want; do
+    read -ra args <<<"${cmd#bin/train }"
+    got=$(cd "$ROOT" && "$BUILD/train" "${args[@]}" 2>&1 >/dev/null | head -1 || true)
+    [ "$got" = "$want" ] || { echo "README example '$cmd' prints: $got (the README says: $want)"; exit 1; }
+done < <(awk '/^\$ bin\/train / {cmd = substr($0, 3); getline out; print cmd "\t" out}' "$ROOT/README.md")
+echo "outside ($precision): the README's example messages: OK"
+
+# 4. export and the PyTorch loader
 python_text() {   # deterministic English-like text
     $PY -c "
 import random
