@@ -80,9 +80,9 @@ static void gdn_inputs(Tape *tp, const Mixer *m, GdnCache *cache, Tensor *u, Ten
         xk = shortconv_step(tp, &p->conv_k, &cache->ck, xk);
         xv = shortconv_step(tp, &p->conv_v, &cache->cv, xv);
     } else {
-        xq = shortconv_forward(tp, &p->conv_q, xq);
-        xk = shortconv_forward(tp, &p->conv_k, xk);
-        xv = shortconv_forward(tp, &p->conv_v, xv);
+        xq = shortconv_forward(tp, &p->conv_q, xq, NULL);
+        xk = shortconv_forward(tp, &p->conv_k, xk, NULL);
+        xv = shortconv_forward(tp, &p->conv_v, xv, NULL);
     }
     *q = op_scale(tp, op_l2norm_heads(tp, xq, dk), 1.0 / sqrt((double)dk));
     *k = op_l2norm_heads(tp, xk, dk);

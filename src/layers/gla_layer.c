@@ -24,7 +24,7 @@ void gla_layer_create(GlaLayer *L, ParamStore *ps, const char *prefix, const Mix
 }
 
 static Tensor *conv(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor *x) {
-    return cc ? shortconv_step(tp, c, cc, x) : shortconv_forward(tp, c, x);
+    return cc ? shortconv_step(tp, c, cc, x) : shortconv_forward(tp, c, x, NULL);
 }
 
 void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, Tensor **q, Tensor **k, Tensor **v) {

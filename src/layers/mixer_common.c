@@ -24,10 +24,10 @@ static void shortconv_check(const ShortConv *c, const Tensor *x, const char *wha
            c->channels);
 }
 
-Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x) {
+Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x, const int *doc_start) {
     shortconv_check(c, x, "shortconv_forward");
     if (c->width == 0) return x;
-    return op_conv1d_causal_silu(tp, x, c->w);
+    return op_conv1d_causal_silu(tp, x, c->w, doc_start);
 }
 
 void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B) {
@@ -35,6 +35,12 @@ void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B) {
     cc->B = B;
     cc->buf = NULL;
     if (c->width > 1) cc->buf = xcalloc((size_t)B * (c->width - 1) * c->channels, sizeof(real));
+}
+
+void shortconv_cache_reset(ShortConvCache *cc, const ShortConv *c, int b) {
+    ASSERT(b >= 0 && b < cc->B, "shortconv_cache_reset: row %d of %d", b, cc->B);
+    if (cc->buf) memset(cc->buf + (int64_t)b * (c->width - 1) * c->channels, 0,
+                        (size_t)(c->width - 1) * c->channels * sizeof(real));
 }
 
 void shortconv_cache_free(ShortConvCache *cc) {
@@ -64,7 +70,7 @@ Tensor *shortconv_step(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor 
             memcpy(buf + (int64_t)(W - 2) * C, x->data + (int64_t)b * C, (size_t)C * sizeof(real));
         }
     }
-    Tensor *y = op_conv1d_causal_silu(tp, win, c->w);
+    Tensor *y = op_conv1d_causal_silu(tp, win, c->w, NULL);
     return W > 1 ? op_slice(tp, y, 1, W - 1, 1) : y;
 }
 

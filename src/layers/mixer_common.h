@@ -24,9 +24,12 @@ typedef struct ShortConvCache {
 
 void shortconv_create(ShortConv *c, ParamStore *ps, const char *name, int channels, int width);
 // x: (B, T, C) -> SiLU(conv(x)), (B, T, C), one fused op (op_conv1d_causal_silu).
-Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x);
+// doc_start (B, T) or NULL (docs.h): no position reads an input of an earlier document.
+Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x, const int *doc_start);
 void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B);
 void shortconv_cache_free(ShortConvCache *cc);
+// Forget row b's cached inputs: its next step starts a new document.
+void shortconv_cache_reset(ShortConvCache *cc, const ShortConv *c, int b);
 // x: (B, 1, C) -> (B, 1, C), pushing x into the cache.
 Tensor *shortconv_step(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor *x);
 
