@@ -109,11 +109,11 @@ void docs_check_packed(const DocsFn *f, Tensor *const *in, const int *doc_start,
             memcpy(s0 + ((int64_t)b * T + s) * step0, o[0]->data, (size_t)o[0]->numel * sizeof(real));
             if (last) memcpy(s1 + b * row1, o[1]->data, (size_t)row1 * sizeof(real));
             for (int i = 0; i < n; i++) {
-                if (!sub[i] || !sg[i] || f->kind[i] == DOCS_SHARED) continue;
-                if (f->kind[i] == DOCS_SEQ) {
+                if (!sub[i] || f->kind[i] == DOCS_SHARED) continue;
+                if (sg[i] && f->kind[i] == DOCS_SEQ) {
                     int64_t step = in[i]->numel / ((int64_t)B * T);
                     memcpy(sg[i] + ((int64_t)b * T + s) * step, sub[i]->grad, (size_t)sub[i]->numel * sizeof(real));
-                } else {
+                } else if (sg[i]) {
                     memcpy(sg[i] + b * sub[i]->numel, sub[i]->grad, (size_t)sub[i]->numel * sizeof(real));
                 }
                 tensor_free(sub[i]);

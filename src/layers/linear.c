@@ -22,7 +22,7 @@ static Tensor *linear_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *q, Tensor
     const MixerConfig *c = &m->cfg;
     q = op_scale(tp, op_l2norm_heads(tp, q, c->d_k), 1.0 / sqrt(c->d_k));
     k = op_l2norm_heads(tp, k, c->d_k);
-    Tensor *o = op_gla(tp, q, k, v, NULL, s_in, c->n_heads, form, c->chunk_size, s_out);
+    Tensor *o = op_gla(tp, q, k, v, NULL, s_in, NULL, c->n_heads, form, c->chunk_size, s_out);
     return gla_layer_out(tp, m->impl, o, u);
 }
 

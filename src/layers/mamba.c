@@ -45,7 +45,7 @@ static Tensor *mamba_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *q, Tensor 
     Tensor *dt = op_softplus(tp, op_add(tp, op_matmul(tp, u, M->w_dt, false, false), M->dt_bias));   // (B, T, H)
     Tensor *g = op_mul(tp, dt, op_scale(tp, op_exp(tp, M->A_log), -1.0));                          // (B, T, H)
     q = op_scale(tp, q, 1.0 / sqrt(c->d_k));
-    Tensor *o = op_gla_dt(tp, q, k, v, g, dt, s_in, c->n_heads, form, c->chunk_size, s_out);
+    Tensor *o = op_gla_dt(tp, q, k, v, g, dt, s_in, NULL, c->n_heads, form, c->chunk_size, s_out);
     Tensor *Dflat = op_reshape(tp, M->D, 1, (int[]){c->n_heads * c->d_v});
     o = op_add(tp, o, op_mul(tp, v, Dflat));   // + D ⊙ v
     return gla_layer_out(tp, &M->L, o, u);
