@@ -98,7 +98,7 @@ static Tensor *gdn_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor *
     ASSERT(u->ndim == 3 && u->shape[2] == c->d_model, "gdn: u %s must be (B, T, %d)", SHAPE(u), c->d_model);
     Tensor *q, *k, *v, *beta, *g;
     gdn_inputs(tp, m, NULL, u, &q, &k, &v, &beta, &g);
-    Tensor *o = op_gdn(tp, q, k, v, beta, g, s_in, c->n_heads, c->form, c->chunk_size, s_out);
+    Tensor *o = op_gdn(tp, q, k, v, beta, g, s_in, NULL, c->n_heads, c->form, c->chunk_size, s_out);
     return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
 }
 
@@ -133,7 +133,7 @@ static Tensor *gdn_step(Tape *tp, Mixer *m, void *ptr, Tensor *u) {
            "gdn step: u %s must be (%d, 1, %d)", SHAPE(u), cache->S->shape[0], c->d_model);
     Tensor *q, *k, *v, *beta, *g, *sT;
     gdn_inputs(tp, m, cache, u, &q, &k, &v, &beta, &g);
-    Tensor *o = op_gdn(tp, q, k, v, beta, g, cache->S, c->n_heads, MIXER_FORM_RECURRENT, 1, &sT);
+    Tensor *o = op_gdn(tp, q, k, v, beta, g, cache->S, NULL, c->n_heads, MIXER_FORM_RECURRENT, 1, &sT);
     memcpy(cache->S->data, sT->data, (size_t)sT->numel * sizeof(real));
     return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
 }
