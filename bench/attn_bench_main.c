@@ -64,12 +64,12 @@ int main(int argc, char **argv) {
 
         // Forward only (no saved state), after a warm-up.
         tape_no_grad_push(&tp);
-        op_attention(&tp, q, k, v, H, scale);
+        op_attention(&tp, q, k, v, H, scale, NULL);
         tape_reset(&tp);
         double fwd = INFINITY, t0;
         for (int r = 0; r < reps; r++) {
             t0 = runlog_now();
-            op_attention(&tp, q, k, v, H, scale);
+            op_attention(&tp, q, k, v, H, scale, NULL);
             fwd = fmin(fwd, runlog_now() - t0);
             tape_reset(&tp);
         }
@@ -80,7 +80,7 @@ int main(int argc, char **argv) {
         Tensor *o;
         for (int r = 0; r < reps; r++) {
             t0 = runlog_now();
-            o = op_attention(&tp, q, k, v, H, scale);
+            o = op_attention(&tp, q, k, v, H, scale, NULL);
             tape_backward_from(&tp, o, seed);
             fb = fmin(fb, runlog_now() - t0);
             tape_reset(&tp);

@@ -240,7 +240,7 @@ static Tensor *o_sparse(Tape *tp, Tensor *q, Tensor *k, Tensor *v, void *c) {
 }
 static Tensor *o_dense(Tape *tp, Tensor *q, Tensor *k, Tensor *v, void *c) {
     Forms *f = c;
-    return op_attention_tiled(tp, q, k, v, f->H, f->scale, 8, 8);
+    return op_attention_tiled(tp, q, k, v, f->H, f->scale, NULL, 8, 8);
 }
 static Tensor *o_masked(Tape *tp, Tensor *q, Tensor *k, Tensor *v, void *c) {
     Forms *f = c;

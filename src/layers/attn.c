@@ -73,7 +73,7 @@ static Tensor *attn_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor 
     if (s_out) *s_out = NULL;
     Tensor *q, *k, *v;
     attn_layer_qkv(tp, L, c, u, 0, &q, &k, &v);
-    Tensor *o = op_attention(tp, q, k, v, c->n_heads, 1.0 / sqrt(c->d_k));
+    Tensor *o = op_attention(tp, q, k, v, c->n_heads, 1.0 / sqrt(c->d_k), NULL);
     return op_matmul(tp, o, L->wo, false, false);
 }
 

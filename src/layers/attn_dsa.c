@@ -77,7 +77,7 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor *
     double scale = 1.0 / sqrt(c->d_k);
     Tensor *o;
     if (L->mode == DSA_SPARSE && c->topk >= T) {   // everything is selected: the dense kernel is the same math
-        return op_matmul(tp, op_attention(tp, q, k, v, H, scale), L->attn.wo, false, false);
+        return op_matmul(tp, op_attention(tp, q, k, v, H, scale, NULL), L->attn.wo, false, false);
     }
     // The indexer only needs a graph when its KL will be back-propagated.
     if (L->mode == DSA_SPARSE) tape_no_grad_push(tp);
@@ -89,7 +89,7 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor *
     if (L->mode == DSA_DISTILL) {   // the KL needs every score and the dense target: O(T^2) memory
         Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads);
         dsa_topk(sel, Isc->data, B, T, K);
-        o = op_attention(tp, q, k, v, H, scale);
+        o = op_attention(tp, q, k, v, H, scale, NULL);
         Tensor *p = tape_tensorv(tp, 3, B, T, T);   // the target: a constant
         dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale);
         L->last_kl = op_dsa_kl(tp, Isc, p);

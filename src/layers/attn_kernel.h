@@ -14,6 +14,11 @@
 //
 // op_attention_naive (attn_naive.c) is the reference: plain loops, the full
 // P (B, H, T, T) saved for the backward. Use it only to test the fast one.
+//
+// Documents (docs.h): with doc_start, query t attends to the keys of its own
+// document only, s in [lo(t), t] (block-diagonal causal), lo(t) the position
+// where t's document begins; each document is then computed as a sequence of
+// its own (up to rounding: the tiles cut it elsewhere).
 #ifndef ATTN_KERNEL_H
 #define ATTN_KERNEL_H
 
@@ -23,10 +28,11 @@
 #define ATTN_TILE_K 64   // keys per block
 
 // q, k: (B, T, H*dk), v: (B, T, H*dv) -> o (B, T, H*dv), causal.
-Tensor *op_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale);
+// doc_start: (B, T) or NULL (docs.h).
+Tensor *op_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale, const int *doc_start);
 // The same with explicit tile sizes (tests run several tiles per sequence at small T).
 Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale,
-                           int tile_q, int tile_k);
+                           const int *doc_start, int tile_q, int tile_k);
 // The O(T^2)-memory reference, same contract as op_attention.
 Tensor *op_attention_naive(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale);
 // The reference restricted to allowed positions: allow (B, T, T), row (b, t)
