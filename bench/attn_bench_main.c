@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
         fill(kI, &rng);
         fill(wI, &rng);
         t0 = runlog_now();
-        dsa_index_select(sel, qI->data, kI->data, wI->data, B, T, HI, dI, K);
+        dsa_index_select(sel, qI->data, kI->data, wI->data, B, T, HI, dI, K, NULL);
         double ix = runlog_now() - t0;
 
         printf("%7d %4d | %10.1f %8.1f | %10.1f %8.1f | %12.1f %10.0f | %14.1f %12.1f\n", T, B, 1e3 * fwd,

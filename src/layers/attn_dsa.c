@@ -87,15 +87,15 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor *
     Tensor *w = op_matmul(tp, ub, L->ww_idx, false, false);
     int *sel = tape_alloc(tp, (size_t)B * T * K * sizeof(int));
     if (L->mode == DSA_DISTILL) {   // the KL needs every score and the dense target: O(T^2) memory
-        Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads);
-        dsa_topk(sel, Isc->data, B, T, K);
+        Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads, NULL);
+        dsa_topk(sel, Isc->data, B, T, K, NULL);
         o = op_attention(tp, q, k, v, H, scale, NULL);
         Tensor *p = tape_tensorv(tp, 3, B, T, T);   // the target: a constant
-        dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale);
-        L->last_kl = op_dsa_kl(tp, Isc, p);
+        dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale, NULL);
+        L->last_kl = op_dsa_kl(tp, Isc, p, NULL);
         L->last_mass = dsa_selected_mass(p->data, sel, B, T, K);
     } else {   // scores and selection tile by tile: no (B, T, T) matrix
-        dsa_index_select(sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K);
+        dsa_index_select(sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K, NULL);
         if (L->mode == DSA_SPARSE) tape_no_grad_pop(tp);
         o = op_sparse_attention(tp, q, k, v, sel, K, H, scale);
         if (L->mode == DSA_SPARSE_KL) {   // the KL over the selection: O(T K) memory
