@@ -90,9 +90,10 @@ int main(int argc, char **argv) {
         real *qrow = xmalloc((size_t)B * H * d * sizeof(real)), *orow = xmalloc((size_t)B * H * d * sizeof(real));
         for (int64_t j = 0; j < (int64_t)B * H * d; j++) qrow[j] = (real)rng_normal(&rng);
         int steps = 20;
-        attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, H, d, d, scale);
+        attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, NULL, H, d, d, scale);
         t0 = runlog_now();
-        for (int s = 0; s < steps; s++) attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, H, d, d, scale);
+        for (int s = 0; s < steps; s++)
+            attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, NULL, H, d, d, scale);
         double dec = (runlog_now() - t0) / steps;
 
         // Sparse attention over K positions per query, forward + backward.

@@ -231,7 +231,7 @@ static double median(double *v, int n) {
 }
 
 static void train_step(Tape *tp, Layer *L, Tensor *u, const Tensor *dy) {
-    Tensor *y = L->m->kind->forward(tp, L->m, u, NULL, NULL);
+    Tensor *y = L->m->kind->forward(tp, L->m, u, NULL, NULL, NULL);
     tape_backward_from(tp, y, dy->data);
 }
 

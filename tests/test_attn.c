@@ -255,7 +255,7 @@ Test(attn_kernel, decode_kernel_equals_last_row) {
     for (int n = 1; n <= T; n++) {
         for (int b = 0; b < B; b++)
             memcpy(qrow + b * H * dk, x.q->data + ((int64_t)b * T + n - 1) * H * dk, H * dk * sizeof(real));
-        attn_decode_forward(got, qrow, x.k->data, x.v->data, B, T, n, H, dk, dv, 0.5);
+        attn_decode_forward(got, qrow, x.k->data, x.v->data, B, T, n, NULL, H, dk, dv, 0.5);
         for (int b = 0; b < B; b++) {
             const real *want = o->data + ((int64_t)b * T + n - 1) * H * dv;
             double d = max_rel_diff(got + b * H * dv, want, H * dv);
@@ -319,7 +319,7 @@ static Tensor *param(ParamStore *ps, const char *name) {
 
 static int f_layer(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
     Mixer *m = ctx;
-    out[0] = m->kind->forward(tp, m, in[0], NULL, NULL);
+    out[0] = m->kind->forward(tp, m, in[0], NULL, NULL, NULL);
     return 1;
 }
 
@@ -369,7 +369,7 @@ Test(attn_layer, decode_equals_parallel_forward) {
     Tape tp;
     tape_init(&tp);
     tape_no_grad_push(&tp);
-    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, NULL);
     void *cache = m->kind->cache_new(m, B, T);
     Tape ts;
     tape_init(&ts);
@@ -408,7 +408,7 @@ Test(attn_layer, single_position_is_value_projection) {
     fill_normal(u, 7, 1.0);
     Tape tp;
     tape_init(&tp);
-    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, NULL);
     Tensor *want = op_matmul(&tp, op_matmul(&tp, u, param(&ps, "wv"), false, false), param(&ps, "wo"), false, false);
     cr_assert(tensor_same_shape(y, want));
     cr_assert_leq(max_rel_diff(y->data, want->data, y->numel), FORM_TOL);
@@ -426,10 +426,10 @@ Test(attn_layer, no_recurrent_state) {
     Tape tp;
     tape_init(&tp);
     Tensor *s_out = u;   // must be overwritten with NULL
-    Tensor *y = m->kind->forward(&tp, m, u, NULL, &s_out);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, &s_out);
     cr_assert_not_null(y);
     cr_assert_null(s_out);
-    cr_assert(EXPECT_FAILURE(m->kind->forward(&tp, m, u, s, NULL)));
+    cr_assert(EXPECT_FAILURE(m->kind->forward(&tp, m, u, NULL, s, NULL)));
     cr_assert(strstr(ag_last_error(), "s_in"), "got: %s", ag_last_error());
     tape_free(&tp);
     tensor_free(u);

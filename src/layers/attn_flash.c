@@ -388,8 +388,11 @@ Tensor *op_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, dou
 }
 
 void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
-                         int n_keys, int H, int dk, int dv, double scale) {
+                         int n_keys, const int *key0, int H, int dk, int dv, double scale) {
     ASSERT(n_keys >= 1 && n_keys <= max_T, "attn_decode_forward: %d keys in a cache of %d", n_keys, max_T);
+    for (int b = 0; key0 && b < B; b++)
+        ASSERT(key0[b] >= 0 && key0[b] < n_keys, "attn_decode_forward: row %d starts at key %d of %d", b, key0[b],
+               n_keys);
     int ldq = H * dk, ldv = H * dv;
 #pragma omp parallel
     {
@@ -397,19 +400,18 @@ void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc,
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++) {
-                const real *K = kc + (int64_t)b * max_T * ldq + h * dk;
-                const real *V = vc + (int64_t)b * max_T * ldv + h * dv;
-                gemm(false, true, 1, n_keys, dk, (real)scale, q + (int64_t)b * ldq + h * dk, ldq, K, ldq, 0, s,
-                     n_keys);
+                int s0 = key0 ? key0[b] : 0, n = n_keys - s0;   // the keys of row b's document
+                const real *K = kc + ((int64_t)b * max_T + s0) * ldq + h * dk;
+                const real *V = vc + ((int64_t)b * max_T + s0) * ldv + h * dv;
+                gemm(false, true, 1, n, dk, (real)scale, q + (int64_t)b * ldq + h * dk, ldq, K, ldq, 0, s, n);
                 real mx = s[0];
-                for (int j = 1; j < n_keys; j++) mx = s[j] > mx ? s[j] : mx;
+                for (int j = 1; j < n; j++) mx = s[j] > mx ? s[j] : mx;
                 double sum = 0;
-                for (int j = 0; j < n_keys; j++) {
+                for (int j = 0; j < n; j++) {
                     s[j] = r_exp(s[j] - mx);
                     sum += s[j];
                 }
-                gemm(false, false, 1, dv, n_keys, (real)(1.0 / sum), s, n_keys, V, ldv, 0,
-                     o + (int64_t)b * ldv + h * dv, ldv);
+                gemm(false, false, 1, dv, n, (real)(1.0 / sum), s, n, V, ldv, 0, o + (int64_t)b * ldv + h * dv, ldv);
             }
         free(s);
     }

@@ -42,9 +42,10 @@ Tensor *op_attention_naive_masked(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int
                                   const unsigned char *allow);
 
 // Decoding: one new query per sequence attends over the first n_keys cached
-// positions. q: (B, H*dk); kc: (B, max_T, H*dk); vc: (B, max_T, H*dv);
+// positions, from key0[b] on in row b (key0 (B): where its document begins,
+// < n_keys; NULL: 0). q: (B, H*dk); kc: (B, max_T, H*dk); vc: (B, max_T, H*dv);
 // o: (B, H*dv). Cost O(n_keys * (dk + dv)) per head. No autograd.
 void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
-                         int n_keys, int H, int dk, int dv, double scale);
+                         int n_keys, const int *key0, int H, int dk, int dv, double scale);
 
 #endif

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 void gla_layer_create(GlaLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *cfg) {
     int D = cfg->d_model, Hk = cfg->n_heads * cfg->d_k, Hv = cfg->n_heads * cfg->d_v;
@@ -23,14 +24,16 @@ void gla_layer_create(GlaLayer *L, ParamStore *ps, const char *prefix, const Mix
     L->wo = param_linear(ps, prefix, "wo", Hv, D, cfg->out_std);
 }
 
-static Tensor *conv(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor *x) {
-    return cc ? shortconv_step(tp, c, cc, x) : shortconv_forward(tp, c, x, NULL);
+static Tensor *conv(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor *x, const int *doc_start) {
+    return cc ? shortconv_step(tp, c, cc, x) : shortconv_forward(tp, c, x, doc_start);
 }
 
-void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, Tensor **q, Tensor **k, Tensor **v) {
-    *q = conv(tp, &L->conv_q, cache ? &cache->cq : NULL, op_matmul(tp, u, L->wq, false, false));
-    *k = conv(tp, &L->conv_k, cache ? &cache->ck : NULL, op_matmul(tp, u, L->wk, false, false));
-    *v = conv(tp, &L->conv_v, cache ? &cache->cv : NULL, op_matmul(tp, u, L->wv, false, false));
+void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, const int *doc_start, Tensor **q,
+                   Tensor **k, Tensor **v) {
+    ASSERT(!(cache && doc_start), "gla_layer_qkv: documents in decoding are cache resets (gla_cache_reset)");
+    *q = conv(tp, &L->conv_q, cache ? &cache->cq : NULL, op_matmul(tp, u, L->wq, false, false), doc_start);
+    *k = conv(tp, &L->conv_k, cache ? &cache->ck : NULL, op_matmul(tp, u, L->wk, false, false), doc_start);
+    *v = conv(tp, &L->conv_v, cache ? &cache->cv : NULL, op_matmul(tp, u, L->wv, false, false), doc_start);
 }
 
 Tensor *gla_layer_out(Tape *tp, const GlaLayer *L, Tensor *o, Tensor *u) {
@@ -44,6 +47,16 @@ GlaCache *gla_cache_new(const GlaLayer *L, const MixerConfig *cfg, int B) {
     shortconv_cache_init(&c->ck, &L->conv_k, B);
     shortconv_cache_init(&c->cv, &L->conv_v, B);
     return c;
+}
+
+void gla_cache_reset(const GlaLayer *L, GlaCache *c, int b) {
+    Tensor *S = c->S;
+    ASSERT(b >= 0 && b < S->shape[0], "gla_cache_reset: row %d of %d", b, S->shape[0]);
+    int64_t row = S->numel / S->shape[0];
+    memset(S->data + b * row, 0, (size_t)row * sizeof(real));
+    shortconv_cache_reset(&c->cq, &L->conv_q, b);
+    shortconv_cache_reset(&c->ck, &L->conv_k, b);
+    shortconv_cache_reset(&c->cv, &L->conv_v, b);
 }
 
 void gla_cache_free(void *cache) {

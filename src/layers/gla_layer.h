@@ -25,12 +25,16 @@ typedef struct GlaCache {
 void gla_layer_create(GlaLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *cfg);
 // u: (B, T, D) -> q, k (B, T, H*dk), v (B, T, H*dv), each projected then
 // SiLU(conv(.)) (just projected when conv_size is 0). With a cache (decoding,
-// T = 1) the convolutions read and advance it.
-void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, Tensor **q, Tensor **k, Tensor **v);
+// T = 1) the convolutions read and advance it. doc_start: (B, T) or NULL
+// (docs.h), without a cache only.
+void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, const int *doc_start, Tensor **q,
+                   Tensor **k, Tensor **v);
 // o: (B, T, H*dv) -> OutGate(o, u) wo, (B, T, D).
 Tensor *gla_layer_out(Tape *tp, const GlaLayer *L, Tensor *o, Tensor *u);
 
 GlaCache *gla_cache_new(const GlaLayer *L, const MixerConfig *cfg, int B);
 void gla_cache_free(void *cache);
+// Row b starts a new document: its state and convolution inputs are zeroed.
+void gla_cache_reset(const GlaLayer *L, GlaCache *c, int b);
 
 #endif
