@@ -93,7 +93,11 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
     // E_ij = exp(Gamma_i - Gamma_j) inside row i's document (j >= db[i]), else 0.
     for (int i = 0; i < L; i++) {
         int j0 = db ? imax(db[i], 0) : 0;
-        for (int j = 0; j < L; j++) E[i * L + j] = j <= i && j >= j0 ? gdn_exp(G[i] - G[j]) : 0;
+        real *Ei = E + (size_t)i * L;
+        double Gi = G[i];
+        for (int j = 0; j < j0; j++) Ei[j] = 0;
+        for (int j = j0; j <= i; j++) Ei[j] = gdn_exp(Gi - G[j]);
+        for (int j = i + 1; j < L; j++) Ei[j] = 0;
     }
     // The factors through S0 (0 for rows whose document begins in the chunk)
     // and to the end of the chunk (0 before its last document).
