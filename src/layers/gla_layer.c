@@ -36,6 +36,30 @@ void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, cons
     *v = conv(tp, &L->conv_v, cache ? &cache->cv : NULL, op_matmul(tp, u, L->wv, false, false), doc_start);
 }
 
+void gla_layer_qkv_carry(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, const int *doc_start, Tensor **q,
+                         Tensor **k, Tensor **v) {
+    *q = shortconv_forward_carry(tp, &L->conv_q, op_matmul(tp, u, L->wq, false, false), doc_start, &cache->cq);
+    *k = shortconv_forward_carry(tp, &L->conv_k, op_matmul(tp, u, L->wk, false, false), doc_start, &cache->ck);
+    *v = shortconv_forward_carry(tp, &L->conv_v, op_matmul(tp, u, L->wv, false, false), doc_start, &cache->cv);
+}
+
+Tensor *gla_cache_state_in(Tape *tp, const GlaCache *cache, const Tensor *u) {
+    const Tensor *S = cache->S;
+    ASSERT(u->ndim == 3 && u->shape[0] == S->shape[0], "carried window: u %s, the cache holds %d rows", SHAPE(u),
+           S->shape[0]);
+    return tape_tensor_copy(tp, 4, S->shape, S->data);
+}
+
+int gla_cache_buffers(const GlaLayer *L, GlaCache *c, real **bufs, int64_t *sizes) {
+    bufs[0] = c->S->data;
+    sizes[0] = c->S->numel;
+    int n = 1;
+    n += shortconv_cache_buffer(&L->conv_q, &c->cq, bufs + n, sizes + n);
+    n += shortconv_cache_buffer(&L->conv_k, &c->ck, bufs + n, sizes + n);
+    n += shortconv_cache_buffer(&L->conv_v, &c->cv, bufs + n, sizes + n);
+    return n;
+}
+
 Tensor *gla_layer_out(Tape *tp, const GlaLayer *L, Tensor *o, Tensor *u) {
     return op_matmul(tp, outgate_forward(tp, &L->gate, o, u), L->wo, false, false);
 }

@@ -32,6 +32,15 @@ void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, cons
 // o: (B, T, H*dv) -> OutGate(o, u) wo, (B, T, D).
 Tensor *gla_layer_out(Tape *tp, const GlaLayer *L, Tensor *o, Tensor *u);
 
+// The same for a window that continues the streams in cache (carried state):
+// the convolutions read and then update its inputs (shortconv_forward_carry).
+void gla_layer_qkv_carry(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, const int *doc_start, Tensor **q,
+                         Tensor **k, Tensor **v);
+// cache->S as a constant on tp (the initial state of a carried window), checked against u's B.
+Tensor *gla_cache_state_in(Tape *tp, const GlaCache *cache, const Tensor *u);
+// The buffers of the carried state: S, then the q, k, v convolution inputs (MixerKind.cache_state).
+int gla_cache_buffers(const GlaLayer *L, GlaCache *c, real **bufs, int64_t *sizes);
+
 GlaCache *gla_cache_new(const GlaLayer *L, const MixerConfig *cfg, int B);
 void gla_cache_free(void *cache);
 // Row b starts a new document: its state and convolution inputs are zeroed.

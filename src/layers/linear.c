@@ -46,6 +46,19 @@ static Tensor *linear_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
 
 static void linear_cache_reset(const Mixer *m, void *cache, int b) { gla_cache_reset(m->impl, cache, b); }
 
+static Tensor *linear_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, void *cache) {
+    GlaCache *c = cache;
+    Tensor *q, *k, *v, *s, *s_in = gla_cache_state_in(tp, c, u);
+    gla_layer_qkv_carry(tp, m->impl, c, u, doc_start, &q, &k, &v);
+    Tensor *y = linear_mix(tp, m, u, q, k, v, doc_start, s_in, m->cfg.form, &s);
+    memcpy(c->S->data, s->data, (size_t)s->numel * sizeof(real));
+    return y;
+}
+
+static int linear_cache_state(const Mixer *m, void *cache, real **bufs, int64_t *sizes) {
+    return gla_cache_buffers(m->impl, cache, bufs, sizes);
+}
+
 const MixerKind MIXER_LINEAR = {
     .name = "linear",
     .recurrent = true,
@@ -55,5 +68,7 @@ const MixerKind MIXER_LINEAR = {
     .cache_free = gla_cache_free,
     .step = linear_step,
     .cache_reset = linear_cache_reset,
+    .forward_carry = linear_forward_carry,
+    .cache_state = linear_cache_state,
     .destroy = linear_destroy,
 };

@@ -106,7 +106,7 @@ static Tensor *collect_kl(Tape *tp, const LM *lm, int n_layers) {
 // normed by norm_after(it); the last block stops after its mixer when
 // `last_mixer_only` (NULL is returned then: the caller wants the KL).
 static Tensor *run_blocks(Tape *tp, LM *lm, Tensor *x, int n_layers, bool last_mixer_only, const int *doc_start,
-                          Tensor *const *states_in, Tensor **states_out) {
+                          Tensor *const *states_in, Tensor **states_out, LMCache *carry) {
     double eps = lm->cfg.norm_eps;
     Tensor *u = op_rmsnorm(tp, x, lm->blocks[0].norm1, eps);
     for (int l = 0; l < n_layers; l++) {
@@ -114,7 +114,9 @@ static Tensor *run_blocks(Tape *tp, LM *lm, Tensor *x, int n_layers, bool last_m
         Tensor *s_in = states_in ? states_in[l] : NULL;
         Tensor **s_out = states_out && b->mixer->kind->recurrent ? &states_out[l] : NULL;
         if (states_out && !b->mixer->kind->recurrent) states_out[l] = NULL;
-        Tensor *y = b->mixer->kind->forward(tp, b->mixer, u, doc_start, s_in, s_out);
+        const MixerKind *k = b->mixer->kind;
+        Tensor *y = carry && k->forward_carry ? k->forward_carry(tp, b->mixer, u, doc_start, carry->mixer[l])
+                                              : k->forward(tp, b->mixer, u, doc_start, s_in, s_out);
         if (last_mixer_only && l == n_layers - 1) return NULL;
         Tensor *h;
         Tensor *m = mlp_forward(tp, b, op_add_rmsnorm(tp, x, y, b->norm2, eps, &h));
@@ -123,8 +125,9 @@ static Tensor *run_blocks(Tape *tp, LM *lm, Tensor *x, int n_layers, bool last_m
     return u;
 }
 
-Tensor *lm_forward_docs(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T,
-                        Tensor *const *states_in, Tensor **states_out) {
+// lm_forward_docs and lm_forward_carry.
+static Tensor *forward_all(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T,
+                           Tensor *const *states_in, Tensor **states_out, LMCache *carry) {
     Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){B, T});
     // One copy for every layer (the caller's array may change later); NULL when nothing is flagged.
     const int *docs = NULL;
@@ -133,9 +136,41 @@ Tensor *lm_forward_docs(Tape *tp, LM *lm, const int *tokens, const int *doc_star
         memcpy(copy, doc_start, (size_t)B * T * sizeof(int));
         docs = copy;
     }
-    Tensor *h = run_blocks(tp, lm, x, lm->cfg.n_layers, false, docs, states_in, states_out);
+    Tensor *h = run_blocks(tp, lm, x, lm->cfg.n_layers, false, docs, states_in, states_out, carry);
     lm->dsa_kl = collect_kl(tp, lm, lm->cfg.n_layers);
     return head_forward(tp, lm, h);
+}
+
+Tensor *lm_forward_docs(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T,
+                        Tensor *const *states_in, Tensor **states_out) {
+    return forward_all(tp, lm, tokens, doc_start, B, T, states_in, states_out, NULL);
+}
+
+Tensor *lm_forward_carry(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T, LMCache *carry) {
+    ASSERT(carry && carry->B == B, "lm_forward_carry: the carry holds %d rows, the window %d", carry ? carry->B : 0, B);
+    return forward_all(tp, lm, tokens, doc_start, B, T, NULL, NULL, carry);
+}
+
+Tensor *lm_loss_carry(Tape *tp, LM *lm, const int *tokens, const int *targets, const int *doc_start, int B, int T,
+                      LMCache *carry, Tensor **logits_out) {
+    Tensor *logits = lm_forward_carry(tp, lm, tokens, doc_start, B, T, carry);
+    if (logits_out) *logits_out = logits;
+    return op_cross_entropy(tp, logits, targets);
+}
+
+int lm_carry_buffers(const LM *lm, LMCache *carry, real **bufs, int64_t *sizes, int max) {
+    int n = 0;
+    for (int l = 0; l < lm->cfg.n_layers; l++) {
+        const Mixer *m = lm->blocks[l].mixer;
+        if (!m->kind->cache_state) continue;
+        real *b[4];
+        int64_t s[4];
+        int k = m->kind->cache_state(m, carry->mixer[l], b, s);
+        ASSERT(n + k <= max, "lm_carry_buffers: more than %d buffers", max);
+        for (int i = 0; i < k; i++) bufs[n + i] = b[i], sizes[n + i] = s[i];
+        n += k;
+    }
+    return n;
 }
 
 Tensor *lm_forward(Tape *tp, LM *lm, const int *tokens, int B, int T, Tensor *const *states_in,
@@ -152,7 +187,7 @@ Tensor *lm_distill_loss(Tape *tp, LM *lm, const int *tokens, int B, int T) {
         }
     ASSERT(last >= 0, "lm_distill_loss: the model has no attn_dsa layer");
     Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){B, T});
-    run_blocks(tp, lm, x, last + 1, true, NULL, NULL, NULL);
+    run_blocks(tp, lm, x, last + 1, true, NULL, NULL, NULL, NULL);
     lm->dsa_kl = collect_kl(tp, lm, last + 1);
     return lm->dsa_kl;
 }

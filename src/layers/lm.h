@@ -103,4 +103,24 @@ Tensor *lm_step(Tape *tp, LM *lm, LMCache *c, const int *tokens);
 // that follow equal lm_forward_docs's with a flag at that position.
 void lm_cache_reset_row(const LM *lm, LMCache *c, int b);
 
+// State carried across windows (truncated backpropagation through time):
+// each row reads one contiguous stream, window after window. carry is an
+// LMCache (lm_cache_new(lm, B, 1) is enough): the recurrent layers (linear,
+// mamba, gdn) start from its states (S and the short convolutions' last
+// inputs), read as constants (detached: no gradient reaches the previous
+// window), and leave their final states in it (MixerKind.forward_carry).
+// Attention layers keep their within-window behaviour (their caches are not
+// used). Consecutive windows of an all-recurrent model then compute what one
+// window over the whole stream computes. A doc_start flag (a flag at t = 0
+// too) starts a row afresh, as does lm_cache_reset_row between windows (at
+// the end of a row's stream); the carry can also continue as a decoding
+// cache. Returns logits (B, T, V).
+Tensor *lm_forward_carry(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T, LMCache *carry);
+Tensor *lm_loss_carry(Tape *tp, LM *lm, const int *tokens, const int *targets, const int *doc_start, int B, int T,
+                      LMCache *carry, Tensor **logits_out);
+// The buffers of the carried state, for checkpoints: up to max pointers and
+// element counts (4 per recurrent layer: S, then the q, k, v convolution
+// inputs when conv_size > 1), in layer order; returns how many.
+int lm_carry_buffers(const LM *lm, LMCache *carry, real **bufs, int64_t *sizes, int max);
+
 #endif

@@ -79,6 +79,21 @@ static void mamba_cache_reset(const Mixer *m, void *cache, int b) {
     gla_cache_reset(&M->L, cache, b);
 }
 
+static Tensor *mamba_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, void *cache) {
+    Mamba *M = m->impl;
+    GlaCache *c = cache;
+    Tensor *q, *k, *v, *s, *s_in = gla_cache_state_in(tp, c, u);
+    gla_layer_qkv_carry(tp, &M->L, c, u, doc_start, &q, &k, &v);
+    Tensor *y = mamba_mix(tp, m, u, q, k, v, doc_start, s_in, m->cfg.form, &s);
+    memcpy(c->S->data, s->data, (size_t)s->numel * sizeof(real));
+    return y;
+}
+
+static int mamba_cache_state(const Mixer *m, void *cache, real **bufs, int64_t *sizes) {
+    const Mamba *M = m->impl;
+    return gla_cache_buffers(&M->L, cache, bufs, sizes);
+}
+
 const MixerKind MIXER_MAMBA = {
     .name = "mamba",
     .recurrent = true,
@@ -88,5 +103,7 @@ const MixerKind MIXER_MAMBA = {
     .cache_free = gla_cache_free,
     .step = mamba_step,
     .cache_reset = mamba_cache_reset,
+    .forward_carry = mamba_forward_carry,
+    .cache_state = mamba_cache_state,
     .destroy = mamba_destroy,
 };

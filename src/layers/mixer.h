@@ -78,6 +78,20 @@ typedef struct MixerKind {
     Tensor *(*step)(Tape *tp, Mixer *m, void *cache, Tensor *u);
     // Row b (0 <= b < B) of the cache starts a new document at its next step.
     void (*cache_reset)(const Mixer *m, void *cache, int b);
+    // Recurrent kinds (NULL for the attention kinds, which keep their
+    // within-window behaviour): a window u (B, T, D) that continues the
+    // streams held in a decode cache (cache_new(m, B, any max_T)). The cache's
+    // state and short-convolution inputs are the window's initial state, read
+    // as constants (detached: no gradient reaches them; truncated
+    // backpropagation through time), and receive its final ones, so that
+    // consecutive windows compute what one pass over the whole stream
+    // computes, and decoding may continue from them. A doc_start flag at t = 0
+    // starts the row afresh (cache_reset does so between windows).
+    Tensor *(*forward_carry)(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, void *cache);
+    // The buffers that hold a recurrent cache's carried state (for
+    // checkpoints): writes up to 4 pointers and element counts, returns how
+    // many. NULL for the attention kinds.
+    int (*cache_state)(const Mixer *m, void *cache, real **bufs, int64_t *sizes);
     void (*destroy)(Mixer *m);   // frees m->impl (parameters belong to the ParamStore)
 } MixerKind;
 
