@@ -70,7 +70,7 @@ static void inputs_free(Inputs *in) {
 
 // One training step of the op: forward, then backward seeded on o.
 static void train_step(Tape *tp, const Inputs *in, MixerForm form, int C) {
-    Tensor *o = op_gdn(tp, in->q, in->k, in->v, in->beta, in->g, NULL, H, form, C, NULL);
+    Tensor *o = op_gdn(tp, in->q, in->k, in->v, in->beta, in->g, NULL, NULL, H, form, C, NULL);
     tape_backward_from(tp, o, in->dO->data);
 }
 
@@ -187,7 +187,7 @@ int main(int argc, char **argv) {
         double best = 1e30;
         for (int r = 0; r < 3; r++) {
             double t0 = runlog_now();
-            op_gdn(&tp, in.q, in.k, in.v, in.beta, in.g, NULL, H, MIXER_FORM_CHUNKED, 64, NULL);
+            op_gdn(&tp, in.q, in.k, in.v, in.beta, in.g, NULL, NULL, H, MIXER_FORM_CHUNKED, 64, NULL);
             double dt = runlog_now() - t0;
             tape_reset(&tp);
             if (dt < best) best = dt;

@@ -30,11 +30,13 @@ static void convmix_create(Mixer *m, ParamStore *ps, const char *prefix) {
     m->impl = c;
 }
 
-static Tensor *convmix_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out) {
+// doc_start (B, T) or NULL: where packed documents begin; the convolution
+// does not read across a boundary.
+static Tensor *convmix_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out) {
     (void)s_in, (void)s_out;   // no recurrent state
     ConvMix *c = m->impl;
     Tensor *v = op_matmul(tp, u, c->wv, false, false);
-    return op_matmul(tp, shortconv_forward(tp, &c->conv, v), c->wo, false, false);
+    return op_matmul(tp, shortconv_forward(tp, &c->conv, v, doc_start), c->wo, false, false);
 }
 
 static void *convmix_cache_new(const Mixer *m, int B, int max_T) {
@@ -47,6 +49,11 @@ static void *convmix_cache_new(const Mixer *m, int B, int max_T) {
 static void convmix_cache_free(void *cache) {
     shortconv_cache_free(cache);
     free(cache);
+}
+
+// Row b's next token starts a new document: forget its last inputs.
+static void convmix_cache_reset(const Mixer *m, void *cache, int b) {
+    shortconv_cache_reset(cache, &((const ConvMix *)m->impl)->conv, b);
 }
 
 static Tensor *convmix_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
@@ -63,6 +70,7 @@ static const MixerKind CONVMIX = {.name = "convmix",
                                   .cache_new = convmix_cache_new,
                                   .cache_free = convmix_cache_free,
                                   .step = convmix_step,
+                                  .cache_reset = convmix_cache_reset,
                                   .destroy = convmix_destroy};
 
 int main(void) {

@@ -56,8 +56,8 @@ const MixerKind *mixer_kind_find(const char *name) {
 }
 
 void mixer_kind_register(const MixerKind *k) {
-    ASSERT(k && k->name && k->create && k->forward && k->cache_new && k->cache_free && k->step,
-           "mixer_kind_register: a kind needs a name, create, forward, cache_new, cache_free and step");
+    ASSERT(k && k->name && k->create && k->forward && k->cache_new && k->cache_free && k->step && k->cache_reset,
+           "mixer_kind_register: a kind needs a name, create, forward, cache_new, cache_free, step and cache_reset");
     ASSERT(strlen(k->name) < 16, "mixer_kind_register: name '%s' is longer than 15 characters", k->name);
     ASSERT(!mixer_kind_find(k->name), "mixer_kind_register: a mixer named '%s' exists already", k->name);
     ASSERT(n_extra_kinds < MAX_EXTRA_KINDS, "mixer_kind_register: more than %d added kinds", MAX_EXTRA_KINDS);
