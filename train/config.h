@@ -98,6 +98,8 @@ typedef struct TrainConfig {
         int64_t seed;
         char run_dir[CONFIG_STR_MAX];
         int threads;                     // 0 = OpenMP default
+        int zero;                        // under MPI: 1 shards the optimizer state across ranks (ZeRO-1)
+        double dist_timeout;             // under MPI: seconds a collective may wait before the job is ended
     } train;
     struct {
         FinetuneMode mode;               // none | indexer | sparse

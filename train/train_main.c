@@ -2,10 +2,12 @@
 //
 //   train --config tiny_gdn.ini [--set section.key=value ...] [--resume | --overwrite]
 //   train --config tiny_gdn.ini --dump-state state.h5
+//   mpirun -np 4 train --config tiny_gdn.ini   # data parallel (README "Many processes (MPI)")
 //   train --help
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist.h"
 #include "dump_state.h"
 #include "trainer.h"
 #include "model_setup.h"
@@ -25,7 +27,9 @@ static void usage(FILE *f) {
             "                       targets, logits, loss, every parameter and gradient to FILE (HDF5)\n"
             "  --help               this text and every config key\n"
             "\n"
-            "Ctrl-C (or SIGTERM) saves a checkpoint and exits; --resume continues from it.\n\n");
+            "Ctrl-C (or SIGTERM) saves a checkpoint and exits; --resume continues from it.\n"
+            "Under mpirun (mpirun -np N train ...) the ranks share every batch and average their gradients;\n"
+            "rank 0 writes the checkpoints and logs.\n\n");
     config_help(f);
 }
 
@@ -61,8 +65,7 @@ static int parse_args(int argc, char **argv, TrainerOptions *o, const char **set
     return 0;
 }
 
-int main(int argc, char **argv) {
-    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
+static int run(int argc, char **argv) {
     TrainerOptions o = {0};
     const char *dump_path = NULL;
     const char **sets = calloc((size_t)argc, sizeof *sets);
@@ -75,21 +78,41 @@ int main(int argc, char **argv) {
     static Trainer t;
     Status s = trainer_setup(&t, &o);
     if (!s.ok) {
-        fprintf(stderr, "train: %s\n", s.msg);
+        if (dist_rank() == 0) fprintf(stderr, "train: %s\n", s.msg);   // (other ranks printed their own)
         free(sets);
         return 2;
     }
-    if (dump_path) {
-        batcher_train(&t.bt, t.x, t.y);
-        s = dump_state_write(dump_path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size, t.cfg.data.seq_len,
-                             t.cfg.finetune.mode == FT_INDEXER);
-        if (s.ok) printf("train: wrote the state of one forward and backward to %s\n", dump_path);
-        else fprintf(stderr, "train: --dump-state: %s\n", s.msg);
-        code = s.ok ? 0 : 1;
+    if (dump_path) {   // rank 0 alone, on the whole first batch
+        code = 0;
+        if (t.rank == 0) {
+            batcher_set_share(&t.bt, 0, t.cfg.data.batch_size);
+            batcher_train(&t.bt, t.x, t.y);
+            s = dump_state_write(dump_path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size,
+                                 t.cfg.data.seq_len, t.cfg.finetune.mode == FT_INDEXER);
+            if (s.ok) printf("train: wrote the state of one forward and backward to %s\n", dump_path);
+            else fprintf(stderr, "train: --dump-state: %s\n", s.msg);
+            code = s.ok ? 0 : 1;
+        }
+        dist_barrier("--dump-state");
     } else {
         code = trainer_run(&t, &o);
     }
     trainer_free(&t);
     free(sets);
+    return code;
+}
+
+int main(int argc, char **argv) {
+    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it (may re-execute: before MPI)
+    dist_init(&argc, &argv);    // MPI only when mpirun started this process
+    if (dist_rank() != 0) {     // one --help or usage message, not one per rank
+        for (int i = 1; i < argc; i++)
+            if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+                dist_finalize();
+                return 0;
+            }
+    }
+    int code = run(argc, argv);
+    dist_finalize();
     return code;
 }
