@@ -152,9 +152,9 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
         fprintf(stderr, "%d thread%s on %s, OpenBLAS %s\n", t->threads, t->threads == 1 ? "" : "s", un->machine,
                 blas_core_name());
     char tk[64];
-    fprintf(stderr, "train: corpus %lld tokens (%s; cache %s: %s) | train %lld, validation %lld | B %d x T %d x accum %d\n",
+    fprintf(stderr, "train: corpus %lld tokens (%s; cache %s%s: %s) | train %lld, validation %lld | B %d x T %d x accum %d\n",
             (long long)t->tokens.n, tokenizer_describe(&t->tok, tk, sizeof tk), t->cache_built ? "built" : "reused",
-            t->cache_path,
+            t->tokens.mapped ? ", mapped" : "", t->cache_path,
             (long long)batcher_train_tokens(&t->bt), (long long)batcher_val_tokens(&t->bt), c->data.batch_size,
             c->data.seq_len, c->train.accum_steps);
     if (t->tokens.note[0]) fprintf(stderr, "train: token cache: %s\n", t->tokens.note);
