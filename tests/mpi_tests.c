@@ -8,8 +8,8 @@
 // step. What is checked: repeat runs are bit-identical; 2 and 3 ranks equal
 // one process with the whole batch to float32 rounding; ZeRO-1 equals plain
 // data parallel; a checkpoint resumes on another number of ranks and the
-// losses go on as if never stopped; SIGINT and SIGTERM to mpirun save a
-// checkpoint that resumes; a rank killed with SIGKILL ends the job at once and
+// losses go on as if never stopped; SIGINT, SIGTERM and SIGUSR1 to mpirun
+// save a checkpoint that resumes; a rank killed with SIGKILL ends the job at once and
 // a stopped (hung) one within the watchdog's timeout, with a message, leaving
 // a loadable checkpoint; the collectives also run over TCP.
 #include <math.h>
@@ -280,24 +280,28 @@ static double seconds_since(const struct timespec *t0) {
     return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
 }
 
-Test(mpi, sigint_and_sigterm_to_mpirun_save_and_resume, .timeout = 300) {
+// mpirun answers SIGINT and SIGTERM by sending SIGTERM to every rank and
+// SIGKILL odls_base_sigkill_timeout seconds later (1 by default: raised here
+// so that a loaded machine cannot turn the test into a race); it forwards
+// SIGUSR1 without ending the job.
+Test(mpi, sigint_sigterm_sigusr1_to_mpirun_save_and_resume, .timeout = 300) {
     setup_config("mpi_signal");
-    const char *forever[] = {"--set", "train.steps=1000000", "--set", "train.eval_every=0", "--set",
-                             "train.checkpoint_every=0", NULL};
-    const char *resume[] = {"--resume", "--set", "train.steps=1000000", "--set", "train.eval_every=0", "--set",
-                            "train.checkpoint_every=0", NULL};
+    const int sigs[] = {SIGINT, SIGTERM, SIGUSR1};
     int64_t last = 0;
-    for (int round = 0; round < 2; round++) {
+    for (int round = 0; round < 3; round++) {
+        const char *args[] = {"--mca", "odls_base_sigkill_timeout", "3", round ? "--resume" : "--overwrite", "--set",
+                              "train.steps=1000000", "--set", "train.eval_every=0", "--set",
+                              "train.checkpoint_every=0", NULL};
         Run r;
         pid_t pid;
-        start(&r, "sig", 2, round ? resume : forever, 0, &pid);
+        start(&r, "sig", 2, args, 0, &pid);
         wait_steps(&r, (int)last + 3);
-        kill(pid, round ? SIGTERM : SIGINT);
+        kill(pid, sigs[round]);
         int code = test_wait(pid, 60);
         char *text = test_read_file(r.err);
         cr_assert_neq(code, TEST_TIMED_OUT, "%s", text);
         cr_assert(strstr(text, "interrupted: checkpoint at step") && strstr(text, "continue with --resume"),
-                  "round %d (exit %d):\n%s", round, code, text);
+                  "%s (exit %d):\n%s", strsignal(sigs[round]), code, text);
         free(text);
         Model m;
         load(&r, &m);

@@ -6,6 +6,7 @@
 //   train --help
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dist.h"
 #include "dump_state.h"
@@ -113,6 +114,12 @@ int main(int argc, char **argv) {
             }
     }
     int code = run(argc, argv);
+    if (code == 130 && dist_size() > 1) {
+        // Interrupted under mpirun, which is ending the job (Ctrl-C or SIGTERM reach it first): the
+        // checkpoint is saved; leave now, as MPI_Finalize would wait for a job that is being torn down.
+        fflush(NULL);
+        _exit(code);
+    }
     dist_finalize();
     return code;
 }

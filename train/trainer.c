@@ -353,11 +353,12 @@ int trainer_run(Trainer *t, const TrainerOptions *opts) {
     log_start(t, &rl, &un);
 
     stop_requested = 0;
-    struct sigaction sa = {0}, old_int, old_term;
+    struct sigaction sa = {0}, old_int, old_term, old_usr1;
     sa.sa_handler = stop_handler;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGUSR1, &sa, &old_usr1);   // what mpirun forwards to the ranks without ending the job
     double tok_per_step = (double)B * T * c->train.accum_steps;   // the global batch
     int warmup = config_warmup_steps(c);
     double ema = 0;
@@ -402,6 +403,7 @@ int trainer_run(Trainer *t, const TrainerOptions *opts) {
     }
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGUSR1, &old_usr1, NULL);
     if (exit_code == 0) exit_code = finish(t, &rl, o);
     runlog_close(&rl);
     return exit_code;
