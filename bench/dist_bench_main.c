@@ -11,13 +11,16 @@
 // and waited for, as a step would without any overlap (and, with ZeRO-1, the
 // all-gather of the parameters). Rank 0 prints one line for scripts:
 //   RESULT config=.. params=.. ranks=.. threads=.. zero=.. tokens_per_s=.. step_ms=..
-//          comm_ms=.. exposed_ms=.. hidden=.. allgather_ms=.. bytes=.. buckets=..
+//          comm_ms=.. exposed_ms=.. hidden=.. waited_ms=.. allgather_ms=.. bytes=.. buckets=..
 //          opt_state_mb=.. rss_mb=.. load=..
 // tokens_per_s and step_ms: medians over the steps after the first 2 (the
 // global batch); comm_ms: the reduction alone, median of K; exposed_ms: what a
-// step waited for the reduction after its backward (mean); hidden = 1 -
-// exposed / comm; opt_state_mb: this rank's AdamW moments; rss_mb: the mean
-// resident memory of a rank; load: the 1-minute load average at the end.
+// step waited for the reduction after its backward on the rank that finished
+// its backward last (the least wait of the ranks, median over the steps);
+// hidden = 1 - exposed / comm; waited_ms: the mean wait of rank 0 (which
+// includes waiting for a slower rank); opt_state_mb: this rank's AdamW
+// moments; rss_mb: the mean resident memory of a rank; load: the 1-minute
+// load average at the end.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +122,15 @@ int main(int argc, char **argv) {
     }
     int code = trainer_run(&t, &o);
     DistStats run = dist_grads_stats(t.dg);
+    // Each step's wait after the backward on the rank that finished its backward last (the least
+    // wait of the ranks): the communication left over, without waiting for a slower rank.
+    const double *w;
+    int n_waits = dist_grads_waits(t.dg, &w);
+    double *least = calloc((size_t)(n_waits + 1), sizeof *least);
+    for (int i = 0; i < n_waits; i++) least[i] = w[i];
+    dist_min(least, n_waits, "bench");
+    double exposed = n_waits > 2 ? 1e3 * median(least + 2, n_waits - 2) : 0;   // (after the first 2 steps)
+    free(least);
     // The reduction alone: every bucket at once (an empty tape: nothing to wait for), K times.
     double *comm = calloc((size_t)reps, sizeof *comm), *gather = calloc((size_t)reps, sizeof *gather);
     Tape empty;
@@ -141,16 +153,16 @@ int main(int argc, char **argv) {
         int n = step_speeds(run_dir, 3, speeds, 4096);
         double tps = median(speeds, n);
         double gb = (double)t.cfg.data.batch_size * t.cfg.data.seq_len * t.cfg.train.accum_steps;
-        double c_ms = median(comm, reps), exposed = run.steps ? 1e3 * run.wait_s / run.steps : 0;
+        double c_ms = median(comm, reps), waited = run.steps ? 1e3 * run.wait_s / run.steps : 0;
         double opt_mb = (double)(t.opt.hi - t.opt.lo) * sizeof(real) * (t.opt.v ? 2 : 1) / (1 << 20);
         double load[1] = {0};
         getloadavg(load, 1);
         const char *base = strrchr(t.config_path, '/');
         printf("RESULT config=%s params=%lld ranks=%d threads=%d zero=%d tokens_per_s=%.0f step_ms=%.1f comm_ms=%.2f "
-               "exposed_ms=%.2f hidden=%.2f allgather_ms=%.2f bytes=%lld buckets=%d opt_state_mb=%.2f rss_mb=%.1f "
-               "load=%.2f\n",
+               "exposed_ms=%.2f hidden=%.2f waited_ms=%.2f allgather_ms=%.2f bytes=%lld buckets=%d "
+               "opt_state_mb=%.2f rss_mb=%.1f load=%.2f\n",
                base ? base + 1 : t.config_path, (long long)params_count(&t.ps, true), t.ranks, t.threads, t.ranks > 1 ? t.cfg.train.zero : 0, tps,
-               tps > 0 ? 1e3 * gb / tps : 0, c_ms, exposed, c_ms > 0 ? 1 - exposed / c_ms : 1,
+               tps > 0 ? 1e3 * gb / tps : 0, c_ms, exposed, c_ms > 0 ? 1 - exposed / c_ms : 1, waited,
                median(gather, reps), (long long)run.bytes, run.n_buckets, opt_mb, v[0] / t.ranks, load[0]);
         char cmd[700];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", run_dir);

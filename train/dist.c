@@ -126,6 +126,13 @@ void dist_sum(double *v, int n, const char *what) {
     dist_wait_all(1, &r, g_timeout, what);
 }
 
+void dist_min(double *v, int n, const char *what) {
+    if (g_size == 1) return;
+    MPI_Request r;
+    dist_check(MPI_Iallreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD, &r), what);
+    dist_wait_all(1, &r, g_timeout, what);
+}
+
 void dist_bcast(void *buf, size_t bytes, const char *what) {
     if (g_size == 1) return;
     ASSERT(bytes < (size_t)1 << 31, "dist_bcast: %zu bytes", bytes);
@@ -169,6 +176,7 @@ _Noreturn void dist_abort(int code, const char *fmt, ...) {
 }
 void dist_barrier(const char *what) { (void)what; }
 void dist_sum(double *v, int n, const char *what) { (void)v, (void)n, (void)what; }
+void dist_min(double *v, int n, const char *what) { (void)v, (void)n, (void)what; }
 void dist_bcast(void *buf, size_t bytes, const char *what) { (void)buf, (void)bytes, (void)what; }
 Status dist_agree(Status s, const char *prog) {
     (void)prog;

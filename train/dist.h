@@ -55,6 +55,8 @@ void dist_set_timeout(double seconds);
 void dist_barrier(const char *what);
 // In-place sum over ranks of n doubles (with the timeout).
 void dist_sum(double *v, int n, const char *what);
+// In-place minimum over ranks of n doubles (with the timeout).
+void dist_min(double *v, int n, const char *what);
 // Broadcast bytes from rank 0 (with the timeout).
 void dist_bcast(void *buf, size_t bytes, const char *what);
 // Ends the whole job: prints "train: rank R: <message>" and calls MPI_Abort
@@ -82,7 +84,9 @@ typedef struct DistGrads DistGrads;
 
 typedef struct DistStats {
     int64_t steps;            // reductions completed
-    double wait_s;            // time blocked in dist_grads_wait after the backward (not hidden)
+    double wait_s;            // time blocked in dist_grads_wait after the backward (not hidden, or waiting
+                              // for a slower rank: the rank that finishes its backward last waits only
+                              // for the communication; dist_grads_waits gives each step's wait)
     double comm_s;            // time from the first bucket's start to the last one's completion
     int64_t bytes;            // bytes reduced per step (the trainable gradient)
     int n_buckets;
@@ -114,5 +118,8 @@ void dist_gather_moments(DistGrads *g, const Optimizer *opt, real *m_full, real 
 // Do all ranks hold the same parameters? (a CRC of the block, compared).
 bool dist_params_agree(const DistGrads *g);
 DistStats dist_grads_stats(const DistGrads *g);
+// Each reduction's wait after the backward, in seconds (the first DIST_MAX_WAITS); returns how many.
+#define DIST_MAX_WAITS 65536
+int dist_grads_waits(const DistGrads *g, const double **waits);
 
 #endif

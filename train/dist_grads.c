@@ -35,6 +35,7 @@ struct DistGrads {
     int running;              // buckets started and not yet seen complete
     double t_first, t_last;   // this step: first start, last completion seen
     DistStats st;
+    double *waits;            // (DIST_MAX_WAITS) each step's wait_s
 };
 
 // The parameter a tape tensor is, or -1 (another ParamStore's, a frozen one, not a parameter).
@@ -110,6 +111,7 @@ DistGrads *dist_grads_new(ParamStore *ps, bool zero, size_t bucket_bytes) {
     int64_t own = g->slice[g->rank + 1] - g->slice[g->rank];
     g->recv = xaligned((size_t)((zero ? own : ps->numel) + 1) * sizeof(real));
     g->first_use = xmalloc((size_t)(ps->n ? ps->n : 1) * sizeof(int));
+    g->waits = xmalloc(DIST_MAX_WAITS * sizeof *g->waits);
     return g;
 }
 
@@ -125,6 +127,7 @@ void dist_grads_free(DistGrads *g) {
     free(g->slice_displs);
     free(g->recv);
     free(g->first_use);
+    free(g->waits);
     free(g);
 }
 
@@ -251,6 +254,7 @@ void dist_grads_wait(DistGrads *g) {
     free(reqs);
     double t1 = dist_now();
     g->st.wait_s += t1 - t0;
+    if (g->st.steps < DIST_MAX_WAITS) g->waits[g->st.steps] = t1 - t0;
     if (g->t_first > 0) g->st.comm_s += g->t_last - g->t_first;
     g->st.steps++;
 }
@@ -295,6 +299,11 @@ bool dist_params_agree(const DistGrads *g) {
 
 DistStats dist_grads_stats(const DistGrads *g) { return g ? g->st : (DistStats){0}; }
 
+int dist_grads_waits(const DistGrads *g, const double **waits) {
+    *waits = g ? g->waits : NULL;
+    return g ? (int)(g->st.steps < DIST_MAX_WAITS ? g->st.steps : DIST_MAX_WAITS) : 0;
+}
+
 #else   // no MPI: a single process, nothing to reduce
 
 DistGrads *dist_grads_new(ParamStore *ps, bool zero, size_t bucket_bytes) {
@@ -321,6 +330,11 @@ bool dist_params_agree(const DistGrads *g) {
 DistStats dist_grads_stats(const DistGrads *g) {
     (void)g;
     return (DistStats){0};
+}
+int dist_grads_waits(const DistGrads *g, const double **waits) {
+    (void)g;
+    *waits = NULL;
+    return 0;
 }
 
 #endif

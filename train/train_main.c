@@ -34,11 +34,12 @@ static void usage(FILE *f) {
     config_help(f);
 }
 
-// 0: parsed; 1: --help shown; 2: bad arguments (reported).
+// 0: parsed; 1: --help shown; 2: bad arguments (reported by rank 0).
 static int parse_args(int argc, char **argv, TrainerOptions *o, const char **sets, const char **dump_path) {
+    FILE *err = dist_rank() == 0 ? stderr : NULL;   // one message, not one per rank
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
+            if (err) usage(stdout);
             return 1;
         } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
             o->config = argv[++i];
@@ -51,16 +52,16 @@ static int parse_args(int argc, char **argv, TrainerOptions *o, const char **set
         } else if (!strcmp(argv[i], "--dump-state") && i + 1 < argc) {
             *dump_path = argv[++i];
         } else {
-            fprintf(stderr, "train: unknown or incomplete argument '%s' (see train --help)\n", argv[i]);
+            if (err) fprintf(err, "train: unknown or incomplete argument '%s' (see train --help)\n", argv[i]);
             return 2;
         }
     }
     if (!o->config) {
-        fprintf(stderr, "train: --config FILE is required (see train --help)\n");
+        if (err) fprintf(err, "train: --config FILE is required (see train --help)\n");
         return 2;
     }
     if (o->resume && o->overwrite) {
-        fprintf(stderr, "train: --resume continues the run in run_dir, --overwrite replaces it: give one\n");
+        if (err) fprintf(err, "train: --resume continues the run in run_dir, --overwrite replaces it: give one\n");
         return 2;
     }
     return 0;
@@ -106,13 +107,6 @@ static int run(int argc, char **argv) {
 int main(int argc, char **argv) {
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it (may re-execute: before MPI)
     dist_init(&argc, &argv);    // MPI only when mpirun started this process
-    if (dist_rank() != 0) {     // one --help or usage message, not one per rank
-        for (int i = 1; i < argc; i++)
-            if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-                dist_finalize();
-                return 0;
-            }
-    }
     int code = run(argc, argv);
     if (code == 130 && dist_size() > 1) {
         // Interrupted under mpirun, which is ending the job (Ctrl-C or SIGTERM reach it first): the
