@@ -6,7 +6,9 @@
 # For tiny_gdn and tiny_hybrid: 1 rank x 2 threads, 2 ranks x 1 thread, and
 # 2 ranks x 1 thread with ZeRO-1 (build/dist_bench: tokens/s of the real
 # training step, the reduction alone, what a step waited for it after the
-# backward). Every bundled tiny config also once as 1 rank x 1 thread (the
+# backward: the least wait of the ranks, i.e. of the one that finished its
+# backward last; rank 0's own wait also holds waiting for a slower rank).
+# Every bundled tiny config also once as 1 rank x 1 thread (the
 # compute time per step of one core, for bench/dist_model.py). The layouts
 # of a round run one after the other and the rounds repeat, so that a change
 # in the machine's load hits all of them alike; the summary takes the median
@@ -65,8 +67,8 @@ echo "wrote $OUT"
 python3 - "$OUT" <<'PY'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter='\t'))
-print("| config | layout | tokens/s | step ms | reduction alone ms | waited after backward ms | hidden | all-gather ms | optimizer state MB/rank | load |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("| config | layout | tokens/s | step ms | reduction alone ms | left after the backward ms | hidden | rank 0 waited ms | all-gather ms | optimizer state MB/rank | load |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for cfg in ("tiny_gdn.ini", "tiny_hybrid.ini"):
     for lay in ("1x2", "2x1", "2x1z"):
         rs = [r for r in rows if r["config"] == cfg and r["layout"] == lay]
@@ -77,8 +79,9 @@ for cfg in ("tiny_gdn.ini", "tiny_hybrid.ini"):
         hidden = "" if lay == "1x2" else "%.0f%%" % (100 * max(0.0, med("hidden")))
         comm = "" if lay == "1x2" else "%.1f" % med("comm_ms")
         wait = "" if lay == "1x2" else "%.1f" % med("exposed_ms")
+        waited = "" if lay == "1x2" else "%.1f" % med("waited_ms")
         gath = "%.1f" % med("allgather_ms") if lay == "2x1z" else ""
-        print("| %s | %s | %.0f | %.0f | %s | %s | %s | %s | %.2f | %.1f |" % (
-            cfg[:-4], name, med("tokens_per_s"), med("step_ms"), comm, wait, hidden, gath, med("opt_state_mb"),
-            med("load")))
+        print("| %s | %s | %.0f | %.0f | %s | %s | %s | %s | %s | %.2f | %.1f |" % (
+            cfg[:-4], name, med("tokens_per_s"), med("step_ms"), comm, wait, hidden, waited, gath,
+            med("opt_state_mb"), med("load")))
 PY

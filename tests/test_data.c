@@ -100,6 +100,7 @@ Test(data, bpe_tokenizer_and_its_cache) {
     Tokenizer back;
     cr_assert(tokenizer_from_buffer(&back, buf, n, "stored").ok);
     cr_assert_eq(back.hash, bpe.hash);
+    tokenizer_free(&back);
     Status st = tokenizer_from_buffer(&back, buf, n / 2, "half");   // a cut file is an error, not a tokenizer
     cr_assert(!st.ok && strstr(st.msg, "half"), "%s", st.msg);
     free(buf);
