@@ -5,9 +5,9 @@
 #
 # For tiny_gdn and tiny_hybrid: 1 rank x 2 threads, 2 ranks x 1 thread, and
 # 2 ranks x 1 thread with ZeRO-1 (build/dist_bench: tokens/s of the real
-# training step, the reduction alone, what a step waited for it after the
-# backward: the least wait of the ranks, i.e. of the one that finished its
-# backward last; rank 0's own wait also holds waiting for a slower rank).
+# training step, the reduction alone, its time left after the backward: from
+# the end of the last rank's backward to the last rank's reduced gradient;
+# rank 0's own wait also holds waiting for a slower rank).
 # Every bundled tiny config also once as 1 rank x 1 thread (the
 # compute time per step of one core, for bench/dist_model.py). The layouts
 # of a round run one after the other and the rounds repeat, so that a change

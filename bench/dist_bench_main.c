@@ -14,13 +14,15 @@
 //          comm_ms=.. exposed_ms=.. hidden=.. waited_ms=.. allgather_ms=.. bytes=.. buckets=..
 //          opt_state_mb=.. rss_mb=.. load=..
 // tokens_per_s and step_ms: medians over the steps after the first 2 (the
-// global batch); comm_ms: the reduction alone, median of K; exposed_ms: what a
-// step waited for the reduction after its backward on the rank that finished
-// its backward last (the least wait of the ranks, median over the steps);
-// hidden = 1 - exposed / comm; waited_ms: the mean wait of rank 0 (which
-// includes waiting for a slower rank); opt_state_mb: this rank's AdamW
+// global batch); comm_ms: the reduction alone, median of K; exposed_ms: the
+// reduction's time after the backward, from the end of the last rank's
+// backward to the last rank's reduced gradient (median over the steps; the
+// ranks of one machine share the clock); hidden = 1 - exposed / comm;
+// waited_ms: the mean wait of rank 0 (which includes waiting for a slower
+// rank); opt_state_mb: this rank's AdamW
 // moments; rss_mb: the mean resident memory of a rank; load: the 1-minute
 // load average at the end.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,15 +124,16 @@ int main(int argc, char **argv) {
     }
     int code = trainer_run(&t, &o);
     DistStats run = dist_grads_stats(t.dg);
-    // Each step's wait after the backward on the rank that finished its backward last (the least
-    // wait of the ranks): the communication left over, without waiting for a slower rank.
-    const double *w;
-    int n_waits = dist_grads_waits(t.dg, &w);
-    double *least = calloc((size_t)(n_waits + 1), sizeof *least);
-    for (int i = 0; i < n_waits; i++) least[i] = w[i];
-    dist_min(least, n_waits, "bench");
-    double exposed = n_waits > 2 ? 1e3 * median(least + 2, n_waits - 2) : 0;   // (after the first 2 steps)
-    free(least);
+    // Each step's communication left after the backward: from the moment the last rank ended its
+    // backward to the moment the last rank had the reduced gradient (one clock on one machine).
+    const double *bwd, *done;
+    int n = dist_grads_times(t.dg, &bwd, &done);
+    double *late = calloc((size_t)(2 * n + 1), sizeof *late);
+    for (int i = 0; i < n; i++) late[i] = -bwd[i], late[n + i] = -done[i];   // max = -min(-x)
+    dist_min(late, 2 * n, "bench");
+    for (int i = 0; i < n; i++) late[i] = fmax(0, late[i] - late[n + i]);
+    double exposed = n > 2 ? 1e3 * median(late + 2, n - 2) : 0;   // (after the first 2 steps)
+    free(late);
     // The reduction alone: every bucket at once (an empty tape: nothing to wait for), K times.
     double *comm = calloc((size_t)reps, sizeof *comm), *gather = calloc((size_t)reps, sizeof *gather);
     Tape empty;

@@ -84,20 +84,28 @@ typedef struct DistGrads DistGrads;
 
 typedef struct DistStats {
     int64_t steps;            // reductions completed
-    double wait_s;            // time blocked in dist_grads_wait after the backward (not hidden, or waiting
-                              // for a slower rank: the rank that finishes its backward last waits only
-                              // for the communication; dist_grads_waits gives each step's wait)
+    double wait_s;            // time blocked in dist_grads_wait after the backward: the communication
+                              // not hidden, and waiting for a slower rank (dist_grads_times tells them apart)
     double comm_s;            // time from the first bucket's start to the last one's completion
     int64_t bytes;            // bytes reduced per step (the trainable gradient)
     int n_buckets;
+    int64_t started_in_backward;   // buckets started by the backward's hook (over all steps), not after it
 } DistStats;
 
-// Buckets of ~bucket_bytes over ps's trainable parameters (frozen ones are
-// not reduced). zero: ZeRO-1 (reduce-scatter into this rank's slice). NULL
-// when size is 1: every dist_grads_* call accepts NULL and does nothing.
+// Buckets of at most bucket_bytes over ps's trainable parameters (frozen
+// ones are not reduced); 0: DIST_BUCKETS buckets of the trainable gradient,
+// each between DIST_BUCKET_MIN and DIST_BUCKET_MAX bytes. zero: ZeRO-1
+// (reduce-scatter into this rank's slice). NULL when size is 1: every
+// dist_grads_* call accepts NULL and does nothing.
+//
+// Small buckets end the backward with less left to reduce (the parameters
+// the forward reads first complete last, and only their bucket is then still
+// to go); each bucket costs a collective's latency.
 DistGrads *dist_grads_new(ParamStore *ps, bool zero, size_t bucket_bytes);
 void dist_grads_free(DistGrads *g);
-#define DIST_BUCKET_BYTES ((size_t)1 << 20)
+#define DIST_BUCKETS 16
+#define DIST_BUCKET_MIN ((size_t)256 << 10)
+#define DIST_BUCKET_MAX ((size_t)16 << 20)
 // This rank's slice [*lo, *hi) of the flat block (ZeRO-1 shards the optimizer
 // over it; the gradient norm sums over it in both modes).
 void dist_grads_slice(const DistGrads *g, int64_t *lo, int64_t *hi);
@@ -118,8 +126,12 @@ void dist_gather_moments(DistGrads *g, const Optimizer *opt, real *m_full, real 
 // Do all ranks hold the same parameters? (a CRC of the block, compared).
 bool dist_params_agree(const DistGrads *g);
 DistStats dist_grads_stats(const DistGrads *g);
-// Each reduction's wait after the backward, in seconds (the first DIST_MAX_WAITS); returns how many.
+// When each reduction's backward ended (dist_grads_flush) and when the
+// reduction was complete here (dist_grads_wait), in seconds of
+// CLOCK_MONOTONIC, which the ranks of one machine share: the communication
+// left after the backward is max over ranks of done - max over ranks of
+// bwd_end. The first DIST_MAX_WAITS steps; returns how many.
 #define DIST_MAX_WAITS 65536
-int dist_grads_waits(const DistGrads *g, const double **waits);
+int dist_grads_times(const DistGrads *g, const double **bwd_end, const double **done);
 
 #endif

@@ -35,7 +35,7 @@ struct DistGrads {
     int running;              // buckets started and not yet seen complete
     double t_first, t_last;   // this step: first start, last completion seen
     DistStats st;
-    double *waits;            // (DIST_MAX_WAITS) each step's wait_s
+    double *bwd_end, *done;   // (DIST_MAX_WAITS) each step's end of the backward, end of the reduction
 };
 
 // The parameter a tape tensor is, or -1 (another ParamStore's, a frozen one, not a parameter).
@@ -74,6 +74,12 @@ DistGrads *dist_grads_new(ParamStore *ps, bool zero, size_t bucket_bytes) {
     }
     // Buckets: trainable parameters from the last registered to the first;
     // a bucket closes at bucket_bytes or where a frozen parameter breaks the run.
+    if (bucket_bytes == 0) {
+        bucket_bytes = (size_t)params_count(ps, true) * sizeof(real) / DIST_BUCKETS;
+        bucket_bytes = bucket_bytes < DIST_BUCKET_MIN   ? DIST_BUCKET_MIN
+                       : bucket_bytes > DIST_BUCKET_MAX ? DIST_BUCKET_MAX
+                                                        : bucket_bytes;
+    }
     size_t cap_elems = bucket_bytes / sizeof(real);
     g->b = xcalloc((size_t)(ps->n ? ps->n : 1), sizeof *g->b);
     Bucket *cur = NULL;
@@ -111,7 +117,8 @@ DistGrads *dist_grads_new(ParamStore *ps, bool zero, size_t bucket_bytes) {
     int64_t own = g->slice[g->rank + 1] - g->slice[g->rank];
     g->recv = xaligned((size_t)((zero ? own : ps->numel) + 1) * sizeof(real));
     g->first_use = xmalloc((size_t)(ps->n ? ps->n : 1) * sizeof(int));
-    g->waits = xmalloc(DIST_MAX_WAITS * sizeof *g->waits);
+    g->bwd_end = xmalloc(DIST_MAX_WAITS * sizeof *g->bwd_end);
+    g->done = xmalloc(DIST_MAX_WAITS * sizeof *g->done);
     return g;
 }
 
@@ -127,7 +134,8 @@ void dist_grads_free(DistGrads *g) {
     free(g->slice_displs);
     free(g->recv);
     free(g->first_use);
-    free(g->waits);
+    free(g->bwd_end);
+    free(g->done);
     free(g);
 }
 
@@ -198,7 +206,10 @@ static void poll_buckets(DistGrads *g) {
 
 static void after_node(void *ctx, int i) {
     DistGrads *g = ctx;
-    while (g->next < g->nb && g->b[g->next].ready >= i) start_bucket(g, &g->b[g->next++]);
+    while (g->next < g->nb && g->b[g->next].ready >= i) {
+        start_bucket(g, &g->b[g->next++]);
+        g->st.started_in_backward++;
+    }
     if (g->running) poll_buckets(g);
 }
 
@@ -231,6 +242,7 @@ void dist_grads_arm(DistGrads *g, Tape *tp, double weight) {
 
 void dist_grads_flush(DistGrads *g) {
     if (!g) return;
+    if (g->tp && g->st.steps < DIST_MAX_WAITS) g->bwd_end[g->st.steps] = dist_now();
     while (g->next < g->nb) start_bucket(g, &g->b[g->next++]);
     if (g->tp) {
         g->tp->after_node = NULL;
@@ -254,7 +266,7 @@ void dist_grads_wait(DistGrads *g) {
     free(reqs);
     double t1 = dist_now();
     g->st.wait_s += t1 - t0;
-    if (g->st.steps < DIST_MAX_WAITS) g->waits[g->st.steps] = t1 - t0;
+    if (g->st.steps < DIST_MAX_WAITS) g->done[g->st.steps] = t1;
     if (g->t_first > 0) g->st.comm_s += g->t_last - g->t_first;
     g->st.steps++;
 }
@@ -299,8 +311,9 @@ bool dist_params_agree(const DistGrads *g) {
 
 DistStats dist_grads_stats(const DistGrads *g) { return g ? g->st : (DistStats){0}; }
 
-int dist_grads_waits(const DistGrads *g, const double **waits) {
-    *waits = g ? g->waits : NULL;
+int dist_grads_times(const DistGrads *g, const double **bwd_end, const double **done) {
+    *bwd_end = g ? g->bwd_end : NULL;
+    *done = g ? g->done : NULL;
     return g ? (int)(g->st.steps < DIST_MAX_WAITS ? g->st.steps : DIST_MAX_WAITS) : 0;
 }
 
@@ -331,9 +344,9 @@ DistStats dist_grads_stats(const DistGrads *g) {
     (void)g;
     return (DistStats){0};
 }
-int dist_grads_waits(const DistGrads *g, const double **waits) {
+int dist_grads_times(const DistGrads *g, const double **bwd_end, const double **done) {
     (void)g;
-    *waits = NULL;
+    *bwd_end = *done = NULL;
     return 0;
 }
 

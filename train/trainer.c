@@ -221,8 +221,10 @@ static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
     char comm[200] = "";
     if (ds.steps > 0)
         snprintf(comm, sizeof comm, ",\"ranks\":%d,\"reduced_bytes_per_step\":%lld,\"buckets\":%d,"
-                 "\"comm_wait_ms_per_step\":%.3f,\"comm_span_ms_per_step\":%.3f",
-                 t->ranks, (long long)ds.bytes, ds.n_buckets, 1e3 * ds.wait_s / ds.steps, 1e3 * ds.comm_s / ds.steps);
+                 "\"buckets_started_in_backward\":%.3f,\"comm_wait_ms_per_step\":%.3f,\"comm_span_ms_per_step\":%.3f",
+                 t->ranks, (long long)ds.bytes, ds.n_buckets,
+                 (double)ds.started_in_backward / ((double)ds.steps * (ds.n_buckets ? ds.n_buckets : 1)),
+                 1e3 * ds.wait_s / ds.steps, 1e3 * ds.comm_s / ds.steps);
     snprintf(json, sizeof json, "{\"type\":\"end\",\"step\":%lld,%s,\"elapsed_s\":%.1f%s}", (long long)t->step,
              val, runlog_now() - rl->t_start, comm);
     runlog_json(rl, json);

@@ -177,7 +177,7 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
             if (!is_indexer_param(&t->lm, t->ps.params[i])) params_set_frozen(&t->ps, t->ps.params[i], true);
     rng_seed(&t->model_rng, (uint64_t)c->train.seed ^ 0x5eedull);
     // The gradient reduction over the trainable parameters (NULL in one process), and this rank's slice.
-    t->dg = dist_grads_new(&t->ps, c->train.zero == 1, DIST_BUCKET_BYTES);
+    t->dg = dist_grads_new(&t->ps, c->train.zero == 1, (size_t)c->train.dist_bucket_kb << 10);
     dist_grads_slice(t->dg, &t->slice_lo, &t->slice_hi);
     if (t->slice_hi > t->ps.numel) t->slice_hi = t->ps.numel;
     if (c->train.optimizer == CFG_OPT_SGD) sgd_init(&t->opt, &t->ps, c->train.momentum, c->train.weight_decay);
