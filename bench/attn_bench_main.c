@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "blas.h"
+#include "bench_util.h"
 #include "attn_kernel.h"
 #include "dsa_kernel.h"
 #include "rng.h"
@@ -34,6 +35,7 @@ static void fill(Tensor *t, Rng *r) {
 }
 
 int main(int argc, char **argv) {
+    if (bench_help(argc, argv, "usage: attn_bench [TOKENS [HEADS [HEAD_DIM [REPS [MAX_T]]]]]\n  flash attention forward and forward+backward, decoding and sparse attention at T = 256 ... MAX_T\n  (default 16384), TOKENS = B x T per step (default 16384), HEADS (4), HEAD_DIM (64), best of REPS (1)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     blas_select_from_env();     // ATTNLAB_GEMM=auto|openblas|onednn (default auto)
     int tokens = argc > 1 ? atoi(argv[1]) : 16384;
@@ -69,12 +71,12 @@ int main(int argc, char **argv) {
 
         // Forward only (no saved state), after a warm-up.
         tape_no_grad_push(&tp);
-        op_attention(&tp, q, k, v, H, scale);
+        op_attention(&tp, q, k, v, H, scale, NULL);
         tape_reset(&tp);
         double fwd = INFINITY, t0;
         for (int r = 0; r < reps; r++) {
             t0 = runlog_now();
-            op_attention(&tp, q, k, v, H, scale);
+            op_attention(&tp, q, k, v, H, scale, NULL);
             fwd = fmin(fwd, runlog_now() - t0);
             tape_reset(&tp);
         }
@@ -85,7 +87,7 @@ int main(int argc, char **argv) {
         Tensor *o;
         for (int r = 0; r < reps; r++) {
             t0 = runlog_now();
-            o = op_attention(&tp, q, k, v, H, scale);
+            o = op_attention(&tp, q, k, v, H, scale, NULL);
             tape_backward_from(&tp, o, seed);
             fb = fmin(fb, runlog_now() - t0);
             tape_reset(&tp);
@@ -95,9 +97,10 @@ int main(int argc, char **argv) {
         real *qrow = xmalloc((size_t)B * H * d * sizeof(real)), *orow = xmalloc((size_t)B * H * d * sizeof(real));
         for (int64_t j = 0; j < (int64_t)B * H * d; j++) qrow[j] = (real)rng_normal(&rng);
         int steps = 20;
-        attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, H, d, d, scale);
+        attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, NULL, H, d, d, scale);
         t0 = runlog_now();
-        for (int s = 0; s < steps; s++) attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, H, d, d, scale);
+        for (int s = 0; s < steps; s++)
+            attn_decode_forward(orow, qrow, k->data, v->data, B, T, T, NULL, H, d, d, scale);
         double dec = (runlog_now() - t0) / steps;
 
         // Sparse attention over K positions per query, forward + backward.
@@ -119,7 +122,7 @@ int main(int argc, char **argv) {
         fill(kI, &rng);
         fill(wI, &rng);
         t0 = runlog_now();
-        dsa_index_select(sel, qI->data, kI->data, wI->data, B, T, HI, dI, K);
+        dsa_index_select(sel, qI->data, kI->data, wI->data, B, T, HI, dI, K, NULL);
         double ix = runlog_now() - t0;
 
         printf("%7d %4d | %10.1f %8.1f | %10.1f %8.1f | %12.1f %10.0f | %14.1f %12.1f\n", T, B, 1e3 * fwd,

@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "blas.h"
+#include "bench_util.h"
 #include "attn_dsa.h"
 #include "mixer.h"
 #include "rng.h"
@@ -73,6 +74,7 @@ static double time_decode(const char *kind, int topk, int n, int steps, Rng *r) 
 }
 
 int main(int argc, char **argv) {
+    if (bench_help(argc, argv, "usage: dsa_decode_bench [MAX_CONTEXT [STEPS]]\n  time per decoded token of one layer (attn, attn_dsa top-64 and top-256, gdn) after contexts of\n  1024, 2048, ... up to MAX_CONTEXT positions (default 32768), STEPS timed steps each (default 32)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     blas_select_from_env();     // ATTNLAB_GEMM=auto|openblas|onednn (default auto)
     int max_ctx = argc > 1 ? atoi(argv[1]) : 32768;

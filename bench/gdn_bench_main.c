@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "blas.h"
 #include "gdn_kernel.h"
 #include "runlog.h"
@@ -68,7 +69,7 @@ static void inputs_free(Inputs *in) {
 
 // One training step of the op: forward, then backward seeded on o.
 static void train_step(Tape *tp, const Inputs *in, MixerForm form, int C) {
-    Tensor *o = op_gdn(tp, in->q, in->k, in->v, in->beta, in->g, NULL, H, form, C, NULL);
+    Tensor *o = op_gdn(tp, in->q, in->k, in->v, in->beta, in->g, NULL, NULL, H, form, C, NULL);
     tape_backward_from(tp, o, in->dO->data);
 }
 
@@ -111,6 +112,7 @@ static void print_machine(void) {
 }
 
 int main(int argc, char **argv) {
+    if (bench_help(argc, argv, "usage: gdn_bench [TOKENS]\n  Gated DeltaNet: time per token of the chunked and recurrent forms against T, and the chunk-size sweep,\n  with TOKENS = B x T per step (default 16384)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     blas_select_from_env();     // ATTNLAB_GEMM=auto|openblas|onednn (default auto)
     int tokens = argc > 1 ? atoi(argv[1]) : 16384;
@@ -185,7 +187,7 @@ int main(int argc, char **argv) {
         double best = 1e30;
         for (int r = 0; r < 3; r++) {
             double t0 = runlog_now();
-            op_gdn(&tp, in.q, in.k, in.v, in.beta, in.g, NULL, H, MIXER_FORM_CHUNKED, 64, NULL);
+            op_gdn(&tp, in.q, in.k, in.v, in.beta, in.g, NULL, NULL, H, MIXER_FORM_CHUNKED, 64, NULL);
             double dt = runlog_now() - t0;
             tape_reset(&tp);
             if (dt < best) best = dt;

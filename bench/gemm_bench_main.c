@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "blas.h"
 #include "model_setup.h"
 #include "runlog.h"
@@ -147,6 +148,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    if (bench_help(argc, argv, "usage: gemm_bench [ROUNDS]\n  the tiny configs projection products: one threaded OpenBLAS call against the split products matmul\n  runs; GFLOP/s of the median of ROUNDS alternating pairs (default 100)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     int rounds = 50, width = 0;
     for (int i = 1; i < argc; i++) {

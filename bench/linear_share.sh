@@ -114,12 +114,9 @@ if [ "$DOCS_ONLY" = 0 ]; then
             run=$RUNS/$name
             args=(--config "$cfg" --set "train.run_dir=$run")
         fi
-        if [ -n "$STEPS" ]; then
-            # keep the schedule's shape: the warm-up is the same fraction of the run
-            warm=$(( ($(ini "$name" warmup_steps) * STEPS + cfg_steps / 2) / cfg_steps ))
-            [ "$warm" -ge 1 ] || warm=1
-            args+=(--set "train.steps=$STEPS" --set "train.warmup_steps=$warm")
-        fi
+        args+=(--overwrite)
+        # the configs' warm-up is a fraction of the steps, so the schedule keeps its shape
+        [ -z "$STEPS" ] || args+=(--set "train.steps=$STEPS")
         date=$(date -u '+%Y-%m-%d %H:%M:%S')
         load0=$(loadavg)
         echo "== $name ($(ini "$name" layers)) ${STEPS:+steps $STEPS }${SEED:+seed $SEED }| load $load0 | log $run.log"

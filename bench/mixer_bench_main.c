@@ -4,11 +4,14 @@
 //
 //   mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]
 //               [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N (1; 0 = all)]
-//               [-profile]
+//               [-profile] [-docs L]
 //
 // 1. train: one training step (forward, then backward seeded on the output,
 //    gradients into u and every parameter) per (mixer, form, T), with B*T
 //    fixed (-tokens, default 16384): microseconds per token, best of -reps
+//    (-docs L: every row packs documents of random lengths, uniform in
+//    [1, 2L-1], mean L, fixed seed, passed as doc_start: the cost of the
+//    document boundaries (docs.h))
 //    timed steps after one cold step.
 // 2. memory: the cold step's tape-arena high-water and the growth of the
 //    process's peak resident set during it (arena + any heap the op
@@ -34,6 +37,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "attn_layer.h"
 #include "blas.h"
 #include "mixer.h"
@@ -92,6 +96,7 @@ typedef struct Options {
     bool train, decode;
     bool profile;                        // print the tape's op profile of each cell's timed steps
     int decode_threads;                  // threads of the decode table (0: all)
+    int doc_len;                         // -docs: mean document length of the train table (0: no documents)
 } Options;
 
 // ---- clock, memory, machine ----
@@ -179,8 +184,12 @@ static void print_header(const Options *o) {
     printf("precision: %s\n", REAL_NAME);
     printf("layer:     d_model %d, H %d, dk = dv %d, conv %d, chunk %d, attn_dsa top-k %d\n", D_MODEL, N_HEADS,
            D_HEAD, CONV, CHUNK, TOPK);
-    printf("train:     B*T = %d tokens per step, best of %s timed steps after a cold one\n\n", o->tokens,
+    printf("train:     B*T = %d tokens per step, best of %s timed steps after a cold one\n", o->tokens,
            o->reps ? "-reps" : "2 (the cold one itself if it took > 5 s)");
+    if (o->doc_len > 0)
+        printf("documents: packed in every row, lengths uniform in [1, %d] (mean %d), passed as doc_start\n",
+               2 * o->doc_len - 1, o->doc_len);
+    printf("\n");
 }
 
 // ---- the layer ----
@@ -232,9 +241,20 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static void train_step(Tape *tp, Layer *L, Tensor *u, const Tensor *dy) {
-    Tensor *y = L->m->kind->forward(tp, L->m, u, NULL, NULL);
+static void train_step(Tape *tp, Layer *L, Tensor *u, const int *doc_start, const Tensor *dy) {
+    Tensor *y = L->m->kind->forward(tp, L->m, u, doc_start, NULL, NULL);
     tape_backward_from(tp, y, dy->data);
+}
+
+// doc_start (B, T) of documents with lengths uniform in [1, 2 len - 1]; NULL when len is 0.
+static int *make_docs(int B, int T, int len) {
+    if (len <= 0) return NULL;
+    int *d = xcalloc((size_t)B * T, sizeof(int));
+    Rng r;
+    rng_seed(&r, 3);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t += 1 + (int)rng_below(&r, (uint64_t)(2 * len - 1))) d[(int64_t)b * T + t] = 1;
+    return d;
 }
 
 static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
@@ -245,13 +265,14 @@ static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
     rng_seed(&r, 2);
     fill_normal(u, &r, 1.0);
     fill_normal(dy, &r, 1.0);
+    int *docs = make_docs(c->B, c->T, o->doc_len);
     Tape tp;
     tape_init(&tp);
 
     malloc_measuring(true);
     long rss0 = rss_reset_peak();
     double c0 = runlog_cpu_now(), t0 = runlog_now();
-    train_step(&tp, &L, u, dy);
+    train_step(&tp, &L, u, docs, dy);
     c->cold = runlog_now() - t0;
     double cold_cpu = runlog_cpu_now() - c0;
     long hwm = proc_status_kib("VmHWM");
@@ -274,7 +295,7 @@ static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
         params_zero_grad(&L.ps);
         c0 = runlog_cpu_now();
         t0 = runlog_now();
-        train_step(&tp, &L, u, dy);
+        train_step(&tp, &L, u, docs, dy);
         times[i] = runlog_now() - t0;
         cpus[i] = runlog_cpu_now() - c0;
         tape_reset(&tp);
@@ -291,6 +312,7 @@ static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
     tape_free(&tp);
     tensor_free(u);
     tensor_free(dy);
+    free(docs);
     layer_free(&L);
 }
 
@@ -491,14 +513,20 @@ static int parse_list(const char *s, int *out) {
     return n;
 }
 
+#define USAGE                                                                                          \
+    "usage: mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]\n"       \
+    "                   [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N]\n"           \
+    "                   [-profile] [-docs L]\n"                                                         \
+    "  every mixer and form at the layer level: training time and memory against T, decoding against\n" \
+    "  the context length; -docs L packs documents of mean length L into each row\n"
+
 static void usage(void) {
-    fprintf(stderr, "usage: mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]\n"
-                    "                   [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N]\n"
-                    "                   [-profile]\n");
+    fputs(USAGE, stderr);
     exit(2);
 }
 
 int main(int argc, char **argv) {
+    if (bench_help(argc, argv, USAGE)) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     blas_select_from_env();     // ATTNLAB_GEMM=auto|openblas|onednn (default auto)
     Options o = {.tokens = 16384, .train = true, .decode = true, .decode_threads = 1};
@@ -517,9 +545,11 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "-reps") == 0) o.reps = atoi(v), i++;
         else if (strcmp(a, "-tsv") == 0) o.tsv_dir = v, i++;
         else if (strcmp(a, "-decode-threads") == 0) o.decode_threads = atoi(v), i++;
+        else if (strcmp(a, "-docs") == 0) o.doc_len = atoi(v), i++;
         else usage();
     }
-    ASSERT(o.tokens > 0 && o.reps >= 0, "mixer_bench: -tokens %d, -reps %d", o.tokens, o.reps);
+    ASSERT(o.tokens > 0 && o.reps >= 0 && o.doc_len >= 0, "mixer_bench: -tokens %d, -reps %d, -docs %d", o.tokens,
+           o.reps, o.doc_len);
     malloc_measuring(false);
     print_header(&o);
 

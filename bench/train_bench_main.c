@@ -80,8 +80,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     char path[CONFIG_STR_MAX];
-    const char *dirs[] = {".", SOURCE_DIR};
-    Status s = config_find(config, dirs, 2, path, sizeof path);
+    Status s = config_find(config, CONFIG_SEARCH_DIRS, CONFIG_N_SEARCH_DIRS, path, sizeof path);
     if (s.ok) s = config_load_file(&cfg, path);
     for (int i = 0; s.ok && i < n_sets; i++) s = config_set(&cfg, sets[i]);
     if (s.ok) s = config_validate(&cfg);

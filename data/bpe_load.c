@@ -13,6 +13,9 @@
 #include "bpe_impl.h"
 #include "corpus.h"   // fnv1a64
 
+#ifndef ATTNLAB_DATA_DIR
+#define ATTNLAB_DATA_DIR "/usr/local/share/attnlab"
+#endif
 #ifndef SOURCE_DIR
 #define SOURCE_DIR "."
 #endif
@@ -417,9 +420,12 @@ Bpe *bpe_load(const char *path, Status *st) {
 Bpe *bpe_from_name(const char *name, Status *st) {
     for (size_t i = 0; i < sizeof NAMED / sizeof NAMED[0]; i++) {
         if (strcmp(NAMED[i].name, name) != 0) continue;
+        // ATTNLAB_BPE_DIR, else the source tree's data/bpe, else the installed share/attnlab/bpe.
         const char *dir = getenv("ATTNLAB_BPE_DIR");
         char path[4096];
         snprintf(path, sizeof path, "%s/%s.tiktoken.gz", dir && *dir ? dir : SOURCE_DIR "/data/bpe", NAMED[i].file);
+        if (!(dir && *dir) && access(path, R_OK) != 0)
+            snprintf(path, sizeof path, "%s/bpe/%s.tiktoken.gz", ATTNLAB_DATA_DIR, NAMED[i].file);
         size_t n;
         uint8_t *buf = read_file(path, &n, st);
         if (!buf) return NULL;

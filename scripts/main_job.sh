@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 scripts/get_corpus.sh
-./build/train --config tiny_gdn.ini "$@"
-./build/generate --checkpoint runs/tiny_gdn/checkpoint.h5 --prompt "And God said" --max-tokens 300 --check
+bin/train --config tiny_gdn.ini --overwrite "$@"   # a fresh run each time
+bin/generate --checkpoint runs/tiny_gdn/checkpoint.h5 --prompt "And God said" --max-tokens 300 --check

@@ -4,7 +4,8 @@
 #   scripts/run.sh main   install packages, build (float32), train the default
 #                         model on the default corpus, then sample from it
 #   scripts/run.sh test   install packages, build float32, float64 and
-#                         ASan+UBSan (float64), run every test in each
+#                         ASan+UBSan (float64), run every test in each (and,
+#                         in float32, training under mpirun: tests/mpi_tests.c)
 #   scripts/run.sh build  build float32 into build/ only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,9 +15,12 @@ JOBS=$(nproc)
 # libdnnl-dev: oneDNN, the second product backend and the bf16 products (optional
 # for a build by hand: without it every product runs on OpenBLAS).
 PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev libdnnl-dev libhdf5-dev libcriterion-dev
-          libinih-dev libpcre2-dev zlib1g-dev gnuplot-nox bible-kjv)
-# The test command also builds the libFuzzer targets (clang) for a short smoke run.
-TEST_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev)
+          libinih-dev libpcre2-dev zlib1g-dev gnuplot-nox bible-kjv libopenmpi-dev openmpi-bin)
+# The test command also builds the libFuzzer targets (clang) for a short smoke
+# run, and checks the PyTorch loader of checkpoints (python3-torch, python3-h5py).
+TEST_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev python3-torch python3-h5py)
+# The user programs, linked into bin/ after `scripts/run.sh main|build`.
+PROGRAMS=(train generate evaluate export_model tokenize)
 
 install_packages() {  # install_packages [extra packages...]
     local missing=()
@@ -43,6 +47,11 @@ build() {  # build DIR [cmake options...]
     cmake --build "$dir" -j "$JOBS" >/dev/null
 }
 
+link_programs() {  # bin/train -> build/train, ...: the README's commands work from the project folder
+    mkdir -p "$ROOT/bin"
+    for p in "${PROGRAMS[@]}"; do ln -sf "../build/$p" "$ROOT/bin/$p"; done
+}
+
 run_tests() {  # run_tests DIR LABEL
     local dir=$1 label=$2 log
     echo "== tests: $label"
@@ -50,10 +59,18 @@ run_tests() {  # run_tests DIR LABEL
     # LeakSanitizer's verdict on the unit tests is taken from the log below, not
     # from the exit code (exitcode=0), so a leak in Criterion's own runner does
     # not fail the run; leak_cycles keeps LeakSanitizer's exit code.
-    if ! (cd "$dir" && LSAN_OPTIONS=exitcode=0 ./unit_tests --jobs "$JOBS") 2>&1 | tee "$log"; then
+    # A TMPDIR of their own: the tests must leave nothing behind in it.
+    local tmp
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/attnlab-run-XXXXXX")
+    if ! (cd "$dir" && TMPDIR=$tmp LSAN_OPTIONS=exitcode=0 ./unit_tests --jobs "$JOBS") 2>&1 | tee "$log"; then
         echo "== FAILED: unit tests ($label)"   # (inside `if`, set -e leaves this to us; pipefail gives the status)
         exit 1
     fi
+    if [ -n "$(ls -A "$tmp")" ]; then
+        echo "== FAILED: the $label tests left files in their TMPDIR: $(ls -A "$tmp" | head -5 | tr '\n' ' ')"
+        exit 1
+    fi
+    rmdir "$tmp"
     # A sanitizer report inside a test's process does not change Criterion's
     # verdict: catch it here. A leak counts when its stack reaches the
     # project's own code (Criterion's runner leaks 48 bytes of its own, which
@@ -71,6 +88,7 @@ case "${1:-}" in
 main)
     install_packages
     build build
+    link_programs
     "$ROOT/scripts/main_job.sh"
     ;;
 test)
@@ -80,9 +98,15 @@ test)
     build build-f64 -DAG_DOUBLE=ON
     build build-asan -DAG_DOUBLE=ON -DAG_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
     run_tests build-f32 float32
+    echo "== tests: training under mpirun (float32)"
+    (cd build-f32 && ./mpi_tests --jobs 1) || { echo "== FAILED: mpi_tests (float32)"; exit 1; }
     run_tests build-f64 float64
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         run_tests build-asan "float64 + ASan/UBSan/LSan"
+    echo "== from outside: install, examples, export, the PyTorch loader"
+    for dir in build-f32 build-f64; do
+        tests/test_outside.sh "$dir" || { echo "== FAILED: tests/test_outside.sh $dir"; exit 1; }
+    done
     echo "== fuzz smoke (each target on its seed corpus)"
     tests/fuzz/run.sh 12 || { echo "== FAILED: fuzzing"; exit 1; }
     echo "== all test builds passed in $(( $(date +%s) - start )) s"
@@ -90,6 +114,7 @@ test)
 build)
     install_packages
     build build
+    link_programs
     ;;
 *)
     echo "usage: scripts/run.sh main|test|build" >&2

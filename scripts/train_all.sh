@@ -6,14 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 scripts/get_corpus.sh
+[ -x bin/train ] || scripts/run.sh build
 steps=${1:-}
 printf '| config | layers | parameters | steps | val loss (nats/byte) | val bits/byte | train tokens/s | wall time |\n'
 printf '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n'
 for name in tiny_gdn tiny_hybrid tiny_attn tiny_mamba tiny_linear; do
-    args=(--config "$name.ini" --set "train.run_dir=runs/$name")
+    args=(--config "$name.ini" --set "train.run_dir=runs/$name" --overwrite)
     [ -n "$steps" ] && args+=(--set "train.steps=$steps")
     start=$(date +%s)
-    ./build/train "${args[@]}" > "runs/$name.log" 2>&1 || { echo "train_all: $name failed, see runs/$name.log" >&2; exit 1; }
+    bin/train "${args[@]}" > "runs/$name.log" 2>&1 || { echo "train_all: $name failed, see runs/$name.log" >&2; exit 1; }
     secs=$(( $(date +%s) - start ))
     m=runs/$name/metrics.jsonl
     layers=$(grep '^layers' "configs/$name.ini" | sed 's/.*= *//')

@@ -29,7 +29,7 @@ int main(int argc, char **argv) {
         Tensor *h = op_rmsnorm(&tp, x, g, 1e-6);
         h = op_matmul(&tp, h, w, false, false);
         h = op_rope(&tp, h, HD, c % 3, 10000.0);
-        h = op_silu(&tp, op_conv1d_causal(&tp, h, cw));
+        h = op_silu(&tp, op_conv1d_causal(&tp, h, cw, NULL));
         h = op_add(&tp, x, h);
         Tensor *logits = op_matmul(&tp, h, wout, false, false);        // (B, T, V)
         Tensor *loss = op_cross_entropy(&tp, logits, targets);

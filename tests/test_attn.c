@@ -16,7 +16,7 @@ typedef struct {
 
 static int f_attn(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
     AttnCtx *c = ctx;
-    out[0] = c->tq ? op_attention_tiled(tp, in[0], in[1], in[2], c->H, c->scale, c->tq, c->tk)
+    out[0] = c->tq ? op_attention_tiled(tp, in[0], in[1], in[2], c->H, c->scale, NULL, c->tq, c->tk)
                    : op_attention_naive(tp, in[0], in[1], in[2], c->H, c->scale);
     return 1;
 }
@@ -144,7 +144,7 @@ Test(attn_kernel, rows_of_p_sum_to_one) {
     for (int64_t i = 0; i < x.v->numel; i++) x.v->data[i] = 1;
     Tape tp;
     tape_init(&tp);
-    Tensor *o = op_attention_tiled(&tp, x.q, x.k, x.v, 2, 0.5, 4, 6);
+    Tensor *o = op_attention_tiled(&tp, x.q, x.k, x.v, 2, 0.5, NULL, 4, 6);
     double worst = 0;
     for (int64_t i = 0; i < o->numel; i++) worst = fmax(worst, fabs(o->data[i] - 1.0));
     cr_assert_leq(worst, 10 * REAL_EPS * 21, "max |o - 1| = %.3e", worst);
@@ -158,7 +158,7 @@ Test(attn_kernel, first_position_copies_v_and_t1) {
         QKV x = qkv_new(2, T, 2, 3, 3, 50, 1.0);
         Tape tp;
         tape_init(&tp);
-        Tensor *o = op_attention_tiled(&tp, x.q, x.k, x.v, 2, 1.0, 2, 2);
+        Tensor *o = op_attention_tiled(&tp, x.q, x.k, x.v, 2, 1.0, NULL, 2, 2);
         for (int b = 0; b < 2; b++)
             for (int j = 0; j < 6; j++)
                 cr_assert_float_eq(o->data[(int64_t)b * T * 6 + j], x.v->data[(int64_t)b * T * 6 + j], 1e-6);
@@ -206,7 +206,7 @@ Test(attn_kernel, only_requested_gradients) {
     memset(x.q->grad, 0, 66 * sizeof(real));
     Tape tp;
     tape_init(&tp);
-    Tensor *o = op_attention_tiled(&tp, x.q, k, v, 2, 0.6, 4, 4);
+    Tensor *o = op_attention_tiled(&tp, x.q, k, v, 2, 0.6, NULL, 4, 4);
     Tensor *seedt = tensor_newv(false, 3, 1, 11, 6);
     fill_normal(seedt, 71, 1.0);
     tape_backward_from(&tp, o, seedt->data);
@@ -231,7 +231,7 @@ Test(attn_kernel, keeps_only_output_and_lse) {
     Tape tp;
     tape_init(&tp);
     size_t before = tp.arena.total_used;
-    Tensor *o = op_attention(&tp, x.q, x.k, x.v, H, 0.3);
+    Tensor *o = op_attention(&tp, x.q, x.k, x.v, H, 0.3, NULL);
     size_t used = tp.arena.total_used - before;
     size_t want = (size_t)o->numel * sizeof(real) + (size_t)B * H * T * sizeof(real);
     size_t scratch = (size_t)omp_get_max_threads() *
@@ -250,12 +250,12 @@ Test(attn_kernel, decode_kernel_equals_last_row) {
     QKV x = qkv_new(B, T, H, dk, dv, 80, 1.0);
     Tape tp;
     tape_init(&tp);
-    Tensor *o = op_attention(&tp, x.q, x.k, x.v, H, 0.5);
+    Tensor *o = op_attention(&tp, x.q, x.k, x.v, H, 0.5, NULL);
     real got[2 * 2 * 3], qrow[2 * 2 * 4];
     for (int n = 1; n <= T; n++) {
         for (int b = 0; b < B; b++)
             memcpy(qrow + b * H * dk, x.q->data + ((int64_t)b * T + n - 1) * H * dk, H * dk * sizeof(real));
-        attn_decode_forward(got, qrow, x.k->data, x.v->data, B, T, n, H, dk, dv, 0.5);
+        attn_decode_forward(got, qrow, x.k->data, x.v->data, B, T, n, NULL, H, dk, dv, 0.5);
         for (int b = 0; b < B; b++) {
             const real *want = o->data + ((int64_t)b * T + n - 1) * H * dv;
             double d = max_rel_diff(got + b * H * dv, want, H * dv);
@@ -270,7 +270,7 @@ Test(attn_kernel, shape_errors_name_the_op) {
     Tape tp;
     tape_init(&tp);
     Tensor *q = tensor_newv(false, 3, 1, 4, 6), *k = tensor_newv(false, 3, 1, 5, 6);
-    cr_assert(EXPECT_FAILURE(op_attention(&tp, q, k, q, 2, 1.0)));
+    cr_assert(EXPECT_FAILURE(op_attention(&tp, q, k, q, 2, 1.0, NULL)));
     cr_assert(strstr(ag_last_error(), "attention") && strstr(ag_last_error(), "(1, 5, 6)"), "got: %s",
               ag_last_error());
     tensor_free(q);
@@ -282,7 +282,7 @@ Test(attn_kernel, heads_must_divide_width) {
     Tape tp;
     tape_init(&tp);
     Tensor *q = tensor_newv(false, 3, 1, 4, 6);
-    cr_assert(EXPECT_FAILURE(op_attention(&tp, q, q, q, 4, 1.0)));
+    cr_assert(EXPECT_FAILURE(op_attention(&tp, q, q, q, 4, 1.0, NULL)));
     cr_assert(strstr(ag_last_error(), "heads"), "got: %s", ag_last_error());
     tensor_free(q);
     tape_free(&tp);
@@ -319,7 +319,7 @@ static Tensor *param(ParamStore *ps, const char *name) {
 
 static int f_layer(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
     Mixer *m = ctx;
-    out[0] = m->kind->forward(tp, m, in[0], NULL, NULL);
+    out[0] = m->kind->forward(tp, m, in[0], NULL, NULL, NULL);
     return 1;
 }
 
@@ -369,7 +369,7 @@ Test(attn_layer, decode_equals_parallel_forward) {
     Tape tp;
     tape_init(&tp);
     tape_no_grad_push(&tp);
-    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, NULL);
     void *cache = m->kind->cache_new(m, B, T);
     Tape ts;
     tape_init(&ts);
@@ -408,7 +408,7 @@ Test(attn_layer, single_position_is_value_projection) {
     fill_normal(u, 7, 1.0);
     Tape tp;
     tape_init(&tp);
-    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, NULL);
     Tensor *want = op_matmul(&tp, op_matmul(&tp, u, param(&ps, "wv"), false, false), param(&ps, "wo"), false, false);
     cr_assert(tensor_same_shape(y, want));
     cr_assert_leq(max_rel_diff(y->data, want->data, y->numel), FORM_TOL);
@@ -426,10 +426,10 @@ Test(attn_layer, no_recurrent_state) {
     Tape tp;
     tape_init(&tp);
     Tensor *s_out = u;   // must be overwritten with NULL
-    Tensor *y = m->kind->forward(&tp, m, u, NULL, &s_out);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, &s_out);
     cr_assert_not_null(y);
     cr_assert_null(s_out);
-    cr_assert(EXPECT_FAILURE(m->kind->forward(&tp, m, u, s, NULL)));
+    cr_assert(EXPECT_FAILURE(m->kind->forward(&tp, m, u, NULL, s, NULL)));
     cr_assert(strstr(ag_last_error(), "s_in"), "got: %s", ag_last_error());
     tape_free(&tp);
     tensor_free(u);

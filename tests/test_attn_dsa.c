@@ -43,7 +43,7 @@ static void check_decode(Mixer *m, int B, int T, int D, uint64_t seed) {
     tape_init(&ts);
     tape_no_grad_push(&tp);
     tape_no_grad_push(&ts);
-    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, NULL);
     void *cache = m->kind->cache_new(m, B, T);
     for (int t = 0; t < T; t++) {
         Tensor *ut = tape_tensorv(&ts, 3, B, 1, D);
@@ -83,11 +83,11 @@ Test(attn_dsa, topk_at_least_T_equals_attn) {
     fill_normal(u, 7, 1.0);
     Tape tp;
     tape_init(&tp);
-    Tensor *ya = a->kind->forward(&tp, a, u, NULL, NULL), *yd = d->kind->forward(&tp, d, u, NULL, NULL);
+    Tensor *ya = a->kind->forward(&tp, a, u, NULL, NULL, NULL), *yd = d->kind->forward(&tp, d, u, NULL, NULL, NULL);
     cr_assert_leq(max_rel_diff(ya->data, yd->data, ya->numel), FORM_TOL);
     // With topk = 30 = T the indexer runs in the sparse op and must give the same.
     d->cfg.topk = 30;
-    Tensor *ys = d->kind->forward(&tp, d, u, NULL, NULL);
+    Tensor *ys = d->kind->forward(&tp, d, u, NULL, NULL, NULL);
     cr_assert_leq(max_rel_diff(ya->data, ys->data, ya->numel), FORM_TOL);
     tape_free(&tp);
     tensor_free(u);
@@ -99,7 +99,7 @@ Test(attn_dsa, topk_at_least_T_equals_attn) {
 
 static int f_layer(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
     Mixer *m = ctx;
-    out[0] = m->kind->forward(tp, m, in[0], NULL, NULL);
+    out[0] = m->kind->forward(tp, m, in[0], NULL, NULL, NULL);
     return 1;
 }
 
@@ -127,7 +127,7 @@ Test(attn_dsa, sparse_layer_gradcheck) {
 #ifdef AG_DOUBLE
 static int f_kl(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
     Mixer *m = ctx;
-    m->kind->forward(tp, m, in[0], NULL, NULL);
+    m->kind->forward(tp, m, in[0], NULL, NULL, NULL);
     out[0] = attn_dsa_last_kl(m);
     return 1;
 }
@@ -142,7 +142,7 @@ Test(attn_dsa, distillation_moves_only_the_indexer) {
     Tape tp;
     tape_init(&tp);
     params_zero_grad(&ps);
-    m->kind->forward(&tp, m, u, NULL, NULL);
+    m->kind->forward(&tp, m, u, NULL, NULL, NULL);
     Tensor *kl = attn_dsa_last_kl(m);
     cr_assert_not_null(kl);
     cr_assert_gt(kl->data[0], 0);

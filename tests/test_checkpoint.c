@@ -252,8 +252,8 @@ Test(checkpoint, load_params_by_name_reports_missing) {
 
 typedef void (*Edit)(hid_t f);
 
-// Copy the reference checkpoint to <name>, apply `edit` through HDF5, return its path.
-static const char *crafted(const char *name, Edit edit) {
+// A copy of the reference checkpoint at <tmpdir>/<name>; returns its path (static storage).
+static const char *reference_copy(const char *name) {
     static char path[600];
     char ref[600];
     ParamStore a;
@@ -263,6 +263,12 @@ static const char *crafted(const char *name, Edit edit) {
     optim_free(&oa);
     params_free(&a);
     copy_prefix(ref, tpath(path, name), -1);
+    return path;
+}
+
+// A copy of the reference checkpoint with `edit` applied through HDF5; returns its path.
+static const char *crafted(const char *name, Edit edit) {
+    const char *path = reference_copy(name);
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
     cr_assert_geq(f, 0);
@@ -429,15 +435,7 @@ Test(checkpoint, hostile_structures_are_refused) {
 
 // Flip one bit of the stored bytes of `name` in a copy of the reference checkpoint.
 static const char *flipped(const char *copy, const char *name, long byte) {
-    static char path[600];
-    char ref[600];
-    ParamStore a;
-    Optimizer oa;
-    CheckpointState sa;
-    save_reference(tpath(ref, "ref.h5"), &a, &oa, &sa);
-    optim_free(&oa);
-    params_free(&a);
-    copy_prefix(ref, tpath(path, copy), -1);
+    const char *path = reference_copy(copy);
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
     haddr_t off = H5Dget_offset(d);

@@ -39,19 +39,73 @@ static void write_file(const char *path, const char *text) {
 }
 
 Test(data, tokenizer_round_trip) {
-    uint8_t bytes[300], back[300];
+    uint8_t bytes[300];
     int tokens[300];
     for (int i = 0; i < 300; i++) bytes[i] = (uint8_t)((i * 37 + 11) % 256);
-    cr_assert_eq(tokenizer_encode(bytes, 300, tokens), 300);
-    for (int i = 0; i < 300; i++) cr_assert(tokens[i] >= 0 && tokens[i] < TOKENIZER_VOCAB);
-    cr_assert_eq(tokenizer_decode(tokens, 300, back), 300);
-    cr_assert_eq(memcmp(bytes, back, 300), 0);
-    char buf[5];
-    cr_assert_str_eq(tokenizer_token_str('a', buf), "a");
-    cr_assert_str_eq(tokenizer_token_str('\n', buf), "\\n");
-    cr_assert_str_eq(tokenizer_token_str(200, buf), "\\xc8");
-    int bad = 256;
-    cr_assert(EXPECT_FAILURE(tokenizer_decode(&bad, 1, back)));
+    Tokenizer t;
+    tokenizer_bytes(&t);
+    cr_assert_eq(t.vocab, 256);
+    cr_assert_eq(tokenizer_encode(&t, bytes, 300, tokens), 300);
+    uint8_t out[TOKENIZER_STREAM_OUT_MAX];
+    TokenizerStream ts = {0};
+    for (int i = 0; i < 300; i++) {
+        cr_assert_eq(tokens[i], bytes[i]);
+        cr_assert_eq(tokenizer_token_len(&t, tokens[i]), 1);
+        cr_assert_eq(tokenizer_stream_push(&t, &ts, tokens[i], out), 1);
+        cr_assert_eq(out[0], bytes[i]);
+    }
+    cr_assert_eq(tokenizer_token_len(&t, 256), 0, "an id that is no token");
+    size_t n;
+    cr_assert_null(tokenizer_to_buffer(&t, &n), "the byte tokenizer stores nothing");
+    cr_assert_eq(n, 0);
+    int v;
+    cr_assert(tokenizer_spec_is_named("byte", &v) && v == 0);
+    cr_assert(tokenizer_spec_is_named("cl100k_base", &v) && v == 0);
+    cr_assert(tokenizer_spec_is_named("bpe:4096", &v) && v == 4096);
+    cr_assert(!tokenizer_spec_is_named("bpe:x", &v) && !tokenizer_spec_is_named("my.tok", &v));
+}
+
+// A BPE trained on a corpus: its token cache is keyed by the tokenizer (a byte
+// cache of the same corpus is another file), stores fewer tokens than bytes,
+// and the stored tokenizer reads back as itself.
+Test(data, bpe_tokenizer_and_its_cache) {
+    char f[600], cache[600], cpath[CACHE_PATH_MAX], bpath[CACHE_PATH_MAX];
+    char text[3000] = "";
+    for (int i = 0; i < 60; i++) strcat(text, "the light and the darkness. ");
+    write_file(tpath(f, "bpe.txt"), text);
+    tpath(cache, "bpe_cache");
+    Corpus c;
+    cr_assert(corpus_load(&c, f).ok);
+    Tokenizer bpe, bytes;
+    cr_assert(tokenizer_train(&bpe, c.bytes, c.n, 300).ok);
+    cr_assert(bpe.vocab > 256 && bpe.vocab <= 300, "%d ids (fewer when the text runs out of pairs)", bpe.vocab);
+    cr_assert_eq(bpe.eot, bpe.vocab - 1, "the end-of-text special comes last");
+    tokenizer_bytes(&bytes);
+    TokenData a, b;
+    bool built;
+    cr_assert(token_cache_load(cache, f, &c, &bpe, &a, &built, cpath).ok && built);
+    cr_assert(token_cache_load(cache, f, &c, &bytes, &b, &built, bpath).ok && built);
+    cr_assert_str_neq(cpath, bpath, "one cache file per tokenizer");
+    cr_assert_lt(a.n, c.n / 2, "BPE tokens stand for several bytes: %lld of %lld", (long long)a.n, (long long)c.n);
+    cr_assert_eq(b.n, c.n);
+    int64_t covered = 0;
+    for (int64_t i = 0; i < a.n; i++) covered += tokenizer_token_len(&bpe, a.tokens[i]);
+    cr_assert_eq(covered, c.n, "the tokens spell the corpus");
+    token_data_free(&a);
+    cr_assert(token_cache_load(cache, f, &c, &bpe, &a, &built, NULL).ok && !built, "reused");
+    token_data_free(&a);
+    token_data_free(&b);
+    size_t n;
+    uint8_t *buf = tokenizer_to_buffer(&bpe, &n);
+    Tokenizer back;
+    cr_assert(tokenizer_from_buffer(&back, buf, n, "stored").ok);
+    cr_assert_eq(back.hash, bpe.hash);
+    tokenizer_free(&back);
+    Status st = tokenizer_from_buffer(&back, buf, n / 2, "half");   // a cut file is an error, not a tokenizer
+    cr_assert(!st.ok && strstr(st.msg, "half"), "%s", st.msg);
+    free(buf);
+    tokenizer_free(&bpe);
+    corpus_free(&c);
 }
 
 Test(data, corpus_file_list_and_directory) {
@@ -118,6 +172,8 @@ Test(data, corpus_errors_name_the_path) {
 }
 
 Test(data, token_cache_reused_and_rebuilt) {
+    Tokenizer byte_tok;
+    tokenizer_bytes(&byte_tok);
     char f[256], cache[256], cpath[CACHE_PATH_MAX];
     write_file(tpath(f, "text.txt"), "abcabcabd\n\xff");
     tpath(cache, "cache/sub");   // created on demand
@@ -125,7 +181,7 @@ Test(data, token_cache_reused_and_rebuilt) {
     TokenData td;
     bool built = false;
     cr_assert(corpus_load(&c, f).ok);
-    Status st = token_cache_load(cache, f, &c, &td, &built, cpath);
+    Status st = token_cache_load(cache, f, &c, &byte_tok, &td, &built, cpath);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert(built, "first load builds the cache");
     cr_assert_eq(td.n, 11);
@@ -135,7 +191,7 @@ Test(data, token_cache_reused_and_rebuilt) {
     cr_assert_eq(stat(cpath, &s1), 0);
     token_data_free(&td);
     // Same corpus: read back, not rebuilt (the file is not rewritten either).
-    st = token_cache_load(cache, f, &c, &td, &built, NULL);
+    st = token_cache_load(cache, f, &c, &byte_tok, &td, &built, NULL);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert(!built, "an up-to-date cache must be reused");
     cr_assert_eq(td.n, 11);
@@ -149,7 +205,7 @@ Test(data, token_cache_reused_and_rebuilt) {
     // Changed corpus: rebuilt in place with the new tokens.
     write_file(f, "xyz");
     cr_assert(corpus_load(&c, f).ok);
-    st = token_cache_load(cache, f, &c, &td, &built, NULL);
+    st = token_cache_load(cache, f, &c, &byte_tok, &td, &built, NULL);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert(built, "a changed corpus must rebuild the cache");
     cr_assert_eq(td.n, 3);
@@ -157,7 +213,7 @@ Test(data, token_cache_reused_and_rebuilt) {
     token_data_free(&td);
     // A garbage cache file is rebuilt, not trusted.
     write_file(cpath, "not hdf5");
-    st = token_cache_load(cache, f, &c, &td, &built, NULL);
+    st = token_cache_load(cache, f, &c, &byte_tok, &td, &built, NULL);
     cr_assert(st.ok && built, "%s", st.msg);
     cr_assert_eq(td.tokens[2], 'z');
     token_data_free(&td);
@@ -269,6 +325,8 @@ Test(data, special_files_as_corpus, .timeout = 10) {
 // Build a cache for `text`; then apply `edit` to the file and load again:
 // the cache must be rebuilt (tokens equal to the corpus) with a note containing `why`.
 static void expect_rebuilt(const char *tag, void (*edit)(const char *cache_file), const char *why) {
+    Tokenizer byte_tok;
+    tokenizer_bytes(&byte_tok);
     char f[600], cache[600], cpath[CACHE_PATH_MAX];
     write_file(tpath(f, tag), "the light and the darkness\n");
     snprintf(cache, sizeof cache, "%s/cache_%s", tmpdir, tag);
@@ -276,17 +334,17 @@ static void expect_rebuilt(const char *tag, void (*edit)(const char *cache_file)
     TokenData td;
     bool built = false;
     cr_assert(corpus_load(&c, f).ok);
-    cr_assert(token_cache_load(cache, f, &c, &td, &built, cpath).ok);
+    cr_assert(token_cache_load(cache, f, &c, &byte_tok, &td, &built, cpath).ok);
     token_data_free(&td);
     edit(cpath);
-    Status st = token_cache_load(cache, f, &c, &td, &built, NULL);
+    Status st = token_cache_load(cache, f, &c, &byte_tok, &td, &built, NULL);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert(built, "a bad cache is rebuilt (%s)", why);
     cr_assert(strstr(td.note, why), "note: %s (wanted '%s')", td.note, why);
     cr_assert_eq(td.n, c.n);
     for (int64_t i = 0; i < c.n; i++) cr_assert_eq(td.tokens[i], c.bytes[i]);
     token_data_free(&td);
-    st = token_cache_load(cache, f, &c, &td, &built, NULL);   // and the rebuilt one is reused
+    st = token_cache_load(cache, f, &c, &byte_tok, &td, &built, NULL);   // and the rebuilt one is reused
     cr_assert(st.ok && !built && !td.note[0], "%s %s", st.msg, td.note);
     token_data_free(&td);
     corpus_free(&c);
@@ -304,7 +362,7 @@ static void flip_a_token(const char *p) {   // one bit of the stored tokens (the
     fputc(ch ^ 1, fp);
     fclose(fp);
 }
-static void tokens_as_int32(const char *p) {   // ids widened (with a valid checksum) to reach the id check
+static void tokens_out_of_range(const char *p) {   // ids out of range (with a valid checksum) to reach the id check
     hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
     H5Ldelete(f, "/tokens", H5P_DEFAULT);
     int32_t ids[27];
@@ -320,14 +378,14 @@ static void garbage(const char *p) {
 static void stale_format(const char *p) {
     hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
     H5Ldelete(f, "/meta", H5P_DEFAULT);
-    uint64_t meta[4] = {1, 256, 0, 27};
-    cr_assert(h5io_write(f, "/meta", H5IO_U64, 1, (hsize_t[]){4}, meta));
+    uint64_t meta[5] = {1, 256, 0, 27, 0};
+    cr_assert(h5io_write(f, "/meta", H5IO_U64, 1, (hsize_t[]){5}, meta));
     H5Fclose(f);
 }
 
 Test(data, tampered_token_caches_are_rebuilt) {
     expect_rebuilt("flip.txt", flip_a_token, "/tokens: checksum mismatch");
-    expect_rebuilt("int.txt", tokens_as_int32, "/tokens: stored as int32, expected uint8");
+    expect_rebuilt("int.txt", tokens_out_of_range, "/tokens: token 0 is 300, outside [0, 256)");
     expect_rebuilt("junk.txt", garbage, "not an HDF5 file");
-    expect_rebuilt("old.txt", stale_format, "format 1 with a vocabulary of 256");
+    expect_rebuilt("old.txt", stale_format, "format 1 with a vocabulary of 256 ids");
 }

@@ -67,7 +67,7 @@ typedef struct {
 } IdxCtx;
 
 static int f_index(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
-    out[0] = op_dsa_index_scores(tp, in[0], in[1], in[2], ((IdxCtx *)ctx)->HI);
+    out[0] = op_dsa_index_scores(tp, in[0], in[1], in[2], ((IdxCtx *)ctx)->HI, NULL);
     return 1;
 }
 
@@ -76,7 +76,7 @@ static void assert_index_scores_equal_reference(Tensor *qI, Tensor *kI, Tensor *
     int64_t n = (int64_t)qI->shape[0] * qI->shape[1] * qI->shape[1];   // B T T
     Tape tp;
     tape_init(&tp);
-    Tensor *Isc = op_dsa_index_scores(&tp, qI, kI, w, HI);
+    Tensor *Isc = op_dsa_index_scores(&tp, qI, kI, w, HI, NULL);
     double *ref = xmalloc((size_t)n * sizeof(double));
     index_scores_ref(ref, qI, kI, w, HI);
     real *refr = xmalloc((size_t)n * sizeof(real));
@@ -128,7 +128,7 @@ Test(dsa, topk_picks_largest_ties_to_later) {
     memcpy(Isc + 4 * T, r4, sizeof r4);
     memcpy(Isc + 3 * T, r3, sizeof r3);
     int sel[6 * 3];
-    dsa_topk(sel, Isc, 1, T, K);
+    dsa_topk(sel, Isc, 1, T, K, NULL);
     int want[6][3] = {{0, -1, -1}, {0, 1, -1}, {0, 1, 2}, {1, 2, 3}, {0, 3, 4}, {1, 2, 4}};
     for (int t = 0; t < T; t++)
         for (int j = 0; j < K; j++)
@@ -142,7 +142,7 @@ Test(dsa, topk_equals_sorting_on_random_rows) {
     fill_normal(Isc, 4, 1.0);
     for (int64_t i = 0; i < Isc->numel; i += 3) Isc->data[i] = (real)0.5;   // plenty of ties
     int *sel = xmalloc((size_t)B * T * K * sizeof(int));
-    dsa_topk(sel, Isc->data, B, T, K);
+    dsa_topk(sel, Isc->data, B, T, K, NULL);
     for (int b = 0; b < B; b++)
         for (int t = K; t < T; t++) {
             const real *It = Isc->data + ((int64_t)b * T + t) * T;
@@ -240,7 +240,7 @@ static Tensor *o_sparse(Tape *tp, Tensor *q, Tensor *k, Tensor *v, void *c) {
 }
 static Tensor *o_dense(Tape *tp, Tensor *q, Tensor *k, Tensor *v, void *c) {
     Forms *f = c;
-    return op_attention_tiled(tp, q, k, v, f->H, f->scale, 8, 8);
+    return op_attention_tiled(tp, q, k, v, f->H, f->scale, NULL, 8, 8);
 }
 static Tensor *o_masked(Tape *tp, Tensor *q, Tensor *k, Tensor *v, void *c) {
     Forms *f = c;
@@ -257,7 +257,7 @@ static void check_sparse(int topk, uint64_t seed) {
     fill_normal(Isc, seed + 3, 1.0);
     int K = topk;
     int *sel = xmalloc((size_t)B * T * K * sizeof(int));
-    dsa_topk(sel, Isc->data, B, T, K);
+    dsa_topk(sel, Isc->data, B, T, K, NULL);
     unsigned char *mask = xcalloc((size_t)B * T * T, 1);
     for (int64_t r = 0; r < (int64_t)B * T; r++)
         for (int j = 0; j < K && sel[r * K + j] >= 0; j++) mask[r * T + sel[r * K + j]] = 1;
@@ -304,7 +304,7 @@ Test(dsa, sparse_equals_masked_at_wide_heads) {
     fill_normal(v, 33, 1.0);
     fill_normal(Isc, 34, 1.0);
     int *sel = xmalloc((size_t)B * T * K * sizeof(int));
-    dsa_topk(sel, Isc->data, B, T, K);
+    dsa_topk(sel, Isc->data, B, T, K, NULL);
     unsigned char *mask = xcalloc((size_t)B * T * T, 1);
     for (int64_t r = 0; r < (int64_t)B * T; r++)
         for (int j = 0; j < K && sel[r * K + j] >= 0; j++) mask[r * T + sel[r * K + j]] = 1;
@@ -337,7 +337,7 @@ Test(dsa, target_is_head_mean_of_attention) {
     for (int s = 0; s < T; s++)
         for (int h = 0; h < H; h++) v->data[(int64_t)s * H * T + h * T + s] = 1;   // v_s^h = e_s
     real *p = xmalloc((size_t)B * T * T * sizeof(real));
-    dsa_attn_target(p, q->data, k->data, B, T, H, dk, 0.5);
+    dsa_attn_target(p, q->data, k->data, B, T, H, dk, 0.5, NULL);
     Tape tp;
     tape_init(&tp);
     Tensor *o = op_attention_naive(&tp, q, k, v, H, 0.5);   // o_t^h = P^h_t,.
@@ -365,7 +365,7 @@ typedef struct {
 
 static int f_kl(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
     KlCtx *c = ctx;
-    out[0] = op_dsa_kl(tp, op_dsa_index_scores(tp, in[0], in[1], in[2], c->HI), c->p);
+    out[0] = op_dsa_kl(tp, op_dsa_index_scores(tp, in[0], in[1], in[2], c->HI, NULL), c->p, NULL);
     return 1;
 }
 
@@ -376,7 +376,7 @@ Test(dsa, kl_gradcheck_through_the_indexer) {
     fill_normal(q, 40, 1.0);
     fill_normal(k, 41, 1.0);
     Tensor *p = tensor_newv(false, 3, B, T, T);
-    dsa_attn_target(p->data, q->data, k->data, B, T, H, dk, 0.5);
+    dsa_attn_target(p->data, q->data, k->data, B, T, H, dk, 0.5, NULL);
     Tensor *qI = tensor_newv(true, 3, B, T, HI * dI), *kI = tensor_newv(true, 3, B, T, dI);
     Tensor *w = tensor_newv(true, 3, B, T, HI);
     fill_index_inputs(qI, kI, w, HI, 42, KINK_SAFE);
@@ -402,13 +402,13 @@ Test(dsa, kl_is_zero_at_the_target_and_positive_elsewhere) {
     }
     Tape tp;
     tape_init(&tp);
-    Tensor *loss = op_dsa_kl(&tp, Isc, p);
+    Tensor *loss = op_dsa_kl(&tp, Isc, p, NULL);
     cr_assert_float_eq(loss->data[0], 0, 1e2 * REAL_EPS);
     tape_backward(&tp, loss);
     for (int64_t i = 0; i < Isc->numel; i++) cr_assert_float_eq(Isc->grad[i], 0, 1e2 * REAL_EPS);
     tape_reset(&tp);
     Isc->data[3 * T + 1] += 1;   // move one score: KL > 0
-    loss = op_dsa_kl(&tp, Isc, p);
+    loss = op_dsa_kl(&tp, Isc, p, NULL);
     cr_assert_gt(loss->data[0], 1e-3);
     tape_free(&tp);
     tensor_free(Isc);
@@ -419,7 +419,7 @@ Test(dsa, selected_mass) {
     int T = 4, K = 2;
     real p[16] = {1, 0, 0, 0, 0.5, 0.5, 0, 0, 0.2, 0.3, 0.5, 0, 0.1, 0.2, 0.3, 0.4};
     int sel[8];
-    dsa_topk(sel, p, 1, T, K);   // select by p itself: keeps the top two of each row
+    dsa_topk(sel, p, 1, T, K, NULL);   // select by p itself: keeps the top two of each row
     double m = dsa_selected_mass(p, sel, 1, T, K);
     cr_assert_float_eq(m, (1 + 1 + 0.8 + 0.7) / 4, 1e-6);
 }
@@ -432,10 +432,10 @@ Test(dsa, fused_select_equals_scores_then_topk) {
     fill_index_inputs(qI, kI, w, HI, 60, false);
     Tape tp;
     tape_init(&tp);
-    Tensor *Isc = op_dsa_index_scores(&tp, qI, kI, w, HI);
+    Tensor *Isc = op_dsa_index_scores(&tp, qI, kI, w, HI, NULL);
     int *a = xmalloc((size_t)B * T * K * sizeof(int)), *b = xmalloc((size_t)B * T * K * sizeof(int));
-    dsa_topk(a, Isc->data, B, T, K);
-    dsa_index_select(b, qI->data, kI->data, w->data, B, T, HI, dI, K);
+    dsa_topk(a, Isc->data, B, T, K, NULL);
+    dsa_index_select(b, qI->data, kI->data, w->data, B, T, HI, dI, K, NULL);
     cr_assert_eq(memcmp(a, b, (size_t)B * T * K * sizeof(int)), 0);
     tape_free(&tp);
     free(a);
@@ -452,7 +452,7 @@ static void dsa_grads(Tensor *const *x, const int *sel, int K, real *out) {
     Tape tp;
     tape_init(&tp);
     for (int i = 0; i < 6; i++) memset(x[i]->grad, 0, x[i]->numel * sizeof(real));
-    Tensor *Isc = op_dsa_index_scores(&tp, x[0], x[1], x[2], 2);
+    Tensor *Isc = op_dsa_index_scores(&tp, x[0], x[1], x[2], 2, NULL);
     Tensor *o = op_sparse_attention(&tp, x[3], x[4], x[5], sel, K, 2, 0.5);
     Tensor *l = op_add(&tp, op_mean(&tp, op_mul(&tp, Isc, Isc)), op_mean(&tp, op_mul(&tp, o, o)));
     tape_backward(&tp, l);
@@ -475,7 +475,7 @@ Test(dsa, backward_same_for_any_thread_count) {
     Tensor *I = tensor_newv(false, 3, B, T, T);
     fill_normal(I, 80, 1.0);
     int *sel = xmalloc((size_t)B * T * K * sizeof(int));
-    dsa_topk(sel, I->data, B, T, K);
+    dsa_topk(sel, I->data, B, T, K, NULL);
     real *a = xmalloc(n * sizeof(real)), *b = xmalloc(n * sizeof(real));
     int saved = omp_get_max_threads();
     omp_set_num_threads(1);

@@ -259,7 +259,7 @@ Test(dsa_finetune, selection_kl_equals_dense_kl_when_all_selected) {
         for (int j = 0; j < T; j++) sel[r * T + j] = j <= r % T ? j : -1;
     Tensor *ps = tape_tensorv(&tp, 3, B, T, T), *pd = tape_tensorv(&tp, 3, B, T, T);
     dsa_sparse_target(ps->data, q->data, k->data, sel, B, T, T, H, dk, 0.5);
-    dsa_attn_target(pd->data, q->data, k->data, B, T, H, dk, 0.5);
+    dsa_attn_target(pd->data, q->data, k->data, B, T, H, dk, 0.5, NULL);
     cr_assert_leq(max_rel_diff(ps->data, pd->data, ps->numel), FORM_TOL);
     Tensor *ls = op_dsa_sel_kl(&tp, qI, kI, w, sel, T, ps, HI);
     double kl_sel = ls->data[0];
@@ -269,8 +269,8 @@ Test(dsa_finetune, selection_kl_equals_dense_kl_when_all_selected) {
     memset(qI->grad, 0, (size_t)qI->numel * sizeof(real));
     tape_reset(&tp);
     pd = tape_tensorv(&tp, 3, B, T, T);
-    dsa_attn_target(pd->data, q->data, k->data, B, T, H, dk, 0.5);
-    Tensor *ld = op_dsa_kl(&tp, op_dsa_index_scores(&tp, qI, kI, w, HI), pd);
+    dsa_attn_target(pd->data, q->data, k->data, B, T, H, dk, 0.5, NULL);
+    Tensor *ld = op_dsa_kl(&tp, op_dsa_index_scores(&tp, qI, kI, w, HI, NULL), pd, NULL);
     cr_assert_leq(fabs(kl_sel - ld->data[0]), FORM_TOL * fabs(ld->data[0]), "%.12g vs %.12g", kl_sel, ld->data[0]);
     tape_backward(&tp, ld);
     cr_assert_leq(max_rel_diff(g1, qI->grad, qI->numel), FORM_TOL);

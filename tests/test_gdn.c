@@ -97,7 +97,8 @@ typedef struct {
 
 static int f_gdn(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
     GdnCtx *c = ctx;
-    out[0] = op_gdn(tp, in[0], in[1], in[2], in[3], in[4], n > 5 ? in[5] : NULL, c->H, c->form, c->chunk, &out[1]);
+    out[0] = op_gdn(tp, in[0], in[1], in[2], in[3], in[4], n > 5 ? in[5] : NULL, NULL, c->H, c->form, c->chunk,
+                    &out[1]);
     return 2;
 }
 
@@ -138,7 +139,7 @@ static FormRun run_form(GdnInputs *in, MixerForm form, int chunk) {
     tape_init(&tp);
     zero_grads(in);
     Tensor *sT = NULL;
-    Tensor *o = op_gdn(&tp, in->q, in->k, in->v, in->beta, in->g, in->s0, in->H, form, chunk, &sT);
+    Tensor *o = op_gdn(&tp, in->q, in->k, in->v, in->beta, in->g, in->s0, NULL, in->H, form, chunk, &sT);
     Tensor *ro = tensor_new(o->ndim, o->shape, false), *rs = tensor_new(sT->ndim, sT->shape, false);
     fill_normal(ro, 7, 1.0);
     fill_normal(rs, 8, 1.0);
@@ -250,7 +251,7 @@ Test(gdn, delta_rule_overwrites_a_repeated_key) {
         for (int t = 0; t < 2; t++) q->data[t * dk + 1] = k->data[t * dk + 1] = 1, beta->data[t] = 1;
         v->data[0] = 3, v->data[1] = -1, v->data[2] = 5, v->data[3] = 7;
         Tensor *sT = NULL;
-        Tensor *o = op_gdn(&tp, q, k, v, beta, g, NULL, 1, f, 64, &sT);
+        Tensor *o = op_gdn(&tp, q, k, v, beta, g, NULL, NULL, 1, f, 64, &sT);
         cr_assert_float_eq(o->data[0], 3, 1e-6);
         cr_assert_float_eq(o->data[1], -1, 1e-6);
         cr_assert_float_eq(o->data[2], 5, 1e-6, "%s: o_1 = %g, want 5", mixer_form_name(f), o->data[2]);
@@ -302,10 +303,10 @@ Test(gdn, state_carries_across_segments) {
     Tape tp;
     tape_init(&tp);
     Tensor *s1 = NULL, *s2 = NULL;
-    Tensor *o1 = op_gdn(&tp, seg[0][0], seg[0][1], seg[0][2], seg[0][3], seg[0][4], in.s0, H, MIXER_FORM_CHUNKED,
+    Tensor *o1 = op_gdn(&tp, seg[0][0], seg[0][1], seg[0][2], seg[0][3], seg[0][4], in.s0, NULL, H, MIXER_FORM_CHUNKED,
                         16, &s1);
     Tensor *o2 =
-        op_gdn(&tp, seg[1][0], seg[1][1], seg[1][2], seg[1][3], seg[1][4], s1, H, MIXER_FORM_CHUNKED, 16, &s2);
+        op_gdn(&tp, seg[1][0], seg[1][1], seg[1][2], seg[1][3], seg[1][4], s1, NULL, H, MIXER_FORM_CHUNKED, 16, &s2);
     // The seeds run_form used, split at T1.
     Tensor *ro = tensor_newv(false, 3, 2, T, H * dv), *rs = tensor_new(s2->ndim, s2->shape, false);
     fill_normal(ro, 7, 1.0);
@@ -336,11 +337,11 @@ Test(gdn, rejects_bad_shapes) {
     tape_init(&tp);
     Tensor *q = tensor_newv(false, 3, 1, 4, 8), *v = tensor_newv(false, 3, 1, 4, 6);
     Tensor *bt = tensor_newv(false, 3, 1, 4, 2), *bad = tensor_newv(false, 3, 1, 4, 3);
-    cr_assert(EXPECT_FAILURE(op_gdn(&tp, q, q, v, bad, bt, NULL, 2, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(EXPECT_FAILURE(op_gdn(&tp, q, q, v, bad, bt, NULL, NULL, 2, MIXER_FORM_CHUNKED, 4, NULL)));
     cr_assert(strstr(ag_last_error(), "beta"), "message: %s", ag_last_error());
-    cr_assert(EXPECT_FAILURE(op_gdn(&tp, q, q, v, bt, bt, NULL, 3, MIXER_FORM_CHUNKED, 4, NULL)));
-    cr_assert(EXPECT_FAILURE(op_gdn(&tp, q, q, v, bt, bt, NULL, 2, MIXER_FORM_PARALLEL, 4, NULL)));
-    cr_assert(!EXPECT_FAILURE(op_gdn(&tp, q, q, v, bt, bt, NULL, 2, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(EXPECT_FAILURE(op_gdn(&tp, q, q, v, bt, bt, NULL, NULL, 3, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(EXPECT_FAILURE(op_gdn(&tp, q, q, v, bt, bt, NULL, NULL, 2, MIXER_FORM_PARALLEL, 4, NULL)));
+    cr_assert(!EXPECT_FAILURE(op_gdn(&tp, q, q, v, bt, bt, NULL, NULL, 2, MIXER_FORM_CHUNKED, 4, NULL)));
     tensor_free(q);
     tensor_free(v);
     tensor_free(bt);

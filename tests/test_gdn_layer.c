@@ -61,7 +61,7 @@ Test(gdn_layer, parameters_names_and_init) {
 
 static int f_layer(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
     Mixer *m = ctx;
-    out[0] = m->kind->forward(tp, m, in[0], in[1], &out[1]);
+    out[0] = m->kind->forward(tp, m, in[0], NULL, in[1], &out[1]);
     return 2;
 }
 
@@ -133,7 +133,7 @@ static LayerRun run_layer(Mixer *m, ParamStore *ps, Tensor *u) {
     tape_init(&tp);
     params_zero_grad(ps);
     Tensor *sT = NULL;
-    Tensor *y = m->kind->forward(&tp, m, u, NULL, &sT);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, &sT);
     Tensor *r = tensor_new(y->ndim, y->shape, false);
     fill_normal(r, 5, 1.0);
     tape_backward_from(&tp, y, r->data);
@@ -195,7 +195,7 @@ static void check_decode(int conv) {
     tape_init(&tp);
     tape_no_grad_push(&tp);
     Tensor *sT = NULL;
-    Tensor *y = m->kind->forward(&tp, m, u, NULL, &sT);
+    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, &sT);
     void *cache = m->kind->cache_new(m, B, T);
     Tensor *ut = tensor_newv(false, 3, B, 1, D);
     real *yt_full = xmalloc((size_t)B * D * sizeof(real));

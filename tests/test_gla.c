@@ -46,7 +46,7 @@ static void inputs_free(Tensor **x) {
 
 static Tensor *run_gla(Tape *tp, Tensor *const *in, const GlaCase *c, Tensor **s_out) {
     return op_gla_dt(tp, in[IN_Q], in[IN_K], in[IN_V], c->use_g ? in[IN_G] : NULL, c->use_dt ? in[IN_DT] : NULL,
-                     c->use_s0 ? in[IN_S0] : NULL, c->H, c->form, c->chunk, s_out);
+                     c->use_s0 ? in[IN_S0] : NULL, NULL, c->H, c->form, c->chunk, s_out);
 }
 
 static int f_gla(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
@@ -276,7 +276,7 @@ Test(gla, hand_computed_two_steps) {
         Tensor *tv = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, v), *tg = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, g);
         Tensor *tdt = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, dt);
         Tensor *s;
-        Tensor *o = op_gla_dt(&tp, tq, tk, tv, tg, tdt, NULL, 1, FORMS[f], 1, &s);
+        Tensor *o = op_gla_dt(&tp, tq, tk, tv, tg, tdt, NULL, NULL, 1, FORMS[f], 1, &s);
         for (int t = 0; t < 2; t++) cr_assert_float_eq(o->data[t], want[t], 1e-4 * fabs(want[t]));
         cr_assert_float_eq(s->data[0], S1, 1e-4 * S1);
         tape_free(&tp);
@@ -318,9 +318,9 @@ static void segments_vs_long(MixerForm form) {
     }
     Tensor *s1, *s2;
     Tensor *o1 = op_gla_dt(&tp, part[0][IN_Q], part[0][IN_K], part[0][IN_V], part[0][IN_G], part[0][IN_DT],
-                           x[IN_S0], c.H, form, c.chunk, &s1);
+                           x[IN_S0], NULL, c.H, form, c.chunk, &s1);
     Tensor *o2 = op_gla_dt(&tp, part[1][IN_Q], part[1][IN_K], part[1][IN_V], part[1][IN_G], part[1][IN_DT], s1,
-                           c.H, form, c.chunk, &s2);
+                           NULL, c.H, form, c.chunk, &s2);
     // The same dO as run_all, cut in two; the same dS on the final state.
     Tensor *dO = tensor_new(3, (int[]){c.B, c.T, c.H * c.dv}, false), *dS = tensor_new(s2->ndim, s2->shape, false);
     fill_normal(dO, 7, 1.0);
@@ -384,9 +384,9 @@ Test(gla, shape_mismatch_names_op_and_shapes) {
     tape_init(&tp);
     Tensor *q = tensor_newv(false, 3, 1, 5, 8), *v = tensor_newv(false, 3, 1, 5, 8);
     Tensor *g = tensor_newv(false, 3, 1, 5, 3);
-    cr_assert(EXPECT_FAILURE(op_gla(&tp, q, q, v, g, NULL, 2, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(EXPECT_FAILURE(op_gla(&tp, q, q, v, g, NULL, NULL, 2, MIXER_FORM_CHUNKED, 4, NULL)));
     cr_assert(strstr(ag_last_error(), "gla") && strstr(ag_last_error(), "(1, 5, 3)"), "got: %s", ag_last_error());
-    cr_assert(EXPECT_FAILURE(op_gla(&tp, q, q, v, NULL, NULL, 3, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(EXPECT_FAILURE(op_gla(&tp, q, q, v, NULL, NULL, NULL, 3, MIXER_FORM_CHUNKED, 4, NULL)));
     cr_assert(strstr(ag_last_error(), "n_heads 3"), "got: %s", ag_last_error());
     tensor_free(q);
     tensor_free(v);

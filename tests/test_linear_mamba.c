@@ -54,7 +54,7 @@ static void layer_free(Layer *L) {
 
 static int f_layer(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
     Mixer *m = ctx;
-    out[0] = m->kind->forward(tp, m, in[0], in[1], &out[1]);
+    out[0] = m->kind->forward(tp, m, in[0], NULL, in[1], &out[1]);
     return 2;
 }
 
@@ -123,7 +123,7 @@ static void check_decode(const char *kind, MixerForm form, int conv_size) {
     fill_normal(u, 32, 1.0);
     Tape tp;
     tape_init(&tp);
-    Tensor *y = L.m->kind->forward(&tp, L.m, u, NULL, NULL);
+    Tensor *y = L.m->kind->forward(&tp, L.m, u, NULL, NULL, NULL);
     void *cache = L.m->kind->cache_new(L.m, B, T);
     Tape ts;
     tape_init(&ts);
@@ -180,9 +180,9 @@ Test(linear_mamba, state_carried_across_segments_equals_long_run) {
         Tape tp;
         tape_init(&tp);
         Tensor *sa, *s1, *s2;
-        Tensor *y = L.m->kind->forward(&tp, L.m, u, NULL, &sa);
-        Tensor *y1 = L.m->kind->forward(&tp, L.m, u1, NULL, &s1);
-        Tensor *y2 = L.m->kind->forward(&tp, L.m, u2, s1, &s2);
+        Tensor *y = L.m->kind->forward(&tp, L.m, u, NULL, NULL, &sa);
+        Tensor *y1 = L.m->kind->forward(&tp, L.m, u1, NULL, NULL, &s1);
+        Tensor *y2 = L.m->kind->forward(&tp, L.m, u2, NULL, s1, &s2);
         double d = max_rel_diff(sa->data, s2->data, sa->numel);
         cr_assert(d <= FORM_TOL, "%s: final state differs by %.3e", KIND_NAMES[kind], d);
         for (int b = 0; b < B; b++) {

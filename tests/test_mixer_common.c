@@ -38,7 +38,7 @@ static void check_step_equals_forward(int B, int T, int C, int W) {
     tape_no_grad_push(&tp);
     Tensor *x = tensor_newv(false, 3, B, T, C);
     fill_normal(x, 12, 1.0);
-    Tensor *full = shortconv_forward(&tp, &c, x);
+    Tensor *full = shortconv_forward(&tp, &c, x, NULL);
     ShortConvCache cc;
     shortconv_cache_init(&cc, &c, B);
     for (int t = 0; t < T; t++) {
@@ -75,7 +75,7 @@ Test(mixer_common, shortconv_forward_is_silu_of_the_conv) {
     tape_init(&tp);
     Tensor *x = tensor_newv(false, 3, 1, 3, 3);
     fill_normal(x, 6, 1.0);
-    Tensor *y = shortconv_forward(&tp, &c, x);
+    Tensor *y = shortconv_forward(&tp, &c, x, NULL);
     for (int t = 0; t < 3; t++)
         for (int ch = 0; ch < 3; ch++) {
             double z = wv[ch * 2 + 1] * x->data[t * 3 + ch] + (t ? wv[ch * 2] * x->data[(t - 1) * 3 + ch] : 0);
@@ -88,7 +88,7 @@ Test(mixer_common, shortconv_forward_is_silu_of_the_conv) {
 }
 
 static int f_shortconv(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
-    out[0] = shortconv_forward(tp, ctx, in[0]);
+    out[0] = shortconv_forward(tp, ctx, in[0], NULL);
     return 1;
 }
 
@@ -208,7 +208,7 @@ Test(mixer_common, bad_shapes_are_reported) {
     cr_assert(strstr(ag_last_error(), "outgate") && strstr(ag_last_error(), "(2, 3, 7)") &&
                   strstr(ag_last_error(), "(2, 3, 6)"),
               "got: %s", ag_last_error());
-    cr_assert(EXPECT_FAILURE(shortconv_forward(&tp, &c, u)));
+    cr_assert(EXPECT_FAILURE(shortconv_forward(&tp, &c, u, NULL)));
     cr_assert(strstr(ag_last_error(), "shortconv") && strstr(ag_last_error(), "(2, 3, 6)"), "got: %s",
               ag_last_error());
     tensor_free(o);

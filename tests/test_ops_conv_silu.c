@@ -9,12 +9,12 @@
 #include "test_util.h"
 
 static int f_conv_silu(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
-    out[0] = op_conv1d_causal_silu(tp, in[0], in[1]);
+    out[0] = op_conv1d_causal_silu(tp, in[0], in[1], NULL);
     return 1;
 }
 
 static Tensor *conv_silu_composed(Tape *tp, Tensor *x, Tensor *w) {
-    return op_silu(tp, op_conv1d_causal(tp, x, w));
+    return op_silu(tp, op_conv1d_causal(tp, x, w, NULL));
 }
 
 Test(ops_conv_silu, gradcheck_widths_and_lengths) {
@@ -51,7 +51,7 @@ static void check_against_composed(int B, int T, int C, int W, int need) {
         tape_init(&tp);
         if (x->grad) memset(x->grad, 0, (size_t)x->numel * sizeof(real));
         if (w->grad) memset(w->grad, 0, (size_t)w->numel * sizeof(real));
-        Tensor *out = form ? op_conv1d_causal_silu(&tp, x, w) : conv_silu_composed(&tp, x, w);
+        Tensor *out = form ? op_conv1d_causal_silu(&tp, x, w, NULL) : conv_silu_composed(&tp, x, w);
         y[form] = xmalloc((size_t)x->numel * sizeof(real));
         memcpy(y[form], out->data, (size_t)x->numel * sizeof(real));
         tape_backward_from(&tp, out, seed->data);
@@ -126,7 +126,7 @@ Test(ops_conv_silu, conv_backward_matches_direct_loop) {
         fill_normal(g, 800 + k, 1.0);
         Tape tp;
         tape_init(&tp);
-        tape_backward_from(&tp, op_conv1d_causal(&tp, x, w), g->data);
+        tape_backward_from(&tp, op_conv1d_causal(&tp, x, w, NULL), g->data);
         double *dx = xmalloc((size_t)x->numel * sizeof(double)), *dw = xmalloc((size_t)w->numel * sizeof(double));
         conv_backward_direct(dx, dw, g->data, x, w);
         real *dxr = xmalloc((size_t)x->numel * sizeof(real)), *dwr = xmalloc((size_t)w->numel * sizeof(real));
@@ -151,7 +151,7 @@ static void run_fused(int threads, Tensor *x, Tensor *w, const real *seed, real 
     tape_init(&tp);
     memset(x->grad, 0, (size_t)x->numel * sizeof(real));
     memset(w->grad, 0, (size_t)w->numel * sizeof(real));
-    Tensor *out = op_conv1d_causal_silu(&tp, x, w);
+    Tensor *out = op_conv1d_causal_silu(&tp, x, w, NULL);
     memcpy(y, out->data, (size_t)x->numel * sizeof(real));
     tape_backward_from(&tp, out, seed);
     memcpy(dx, x->grad, (size_t)x->numel * sizeof(real));
@@ -192,7 +192,7 @@ Test(ops_conv_silu, one_node_and_no_saved_state) {
     Tensor *x = tensor_newv(true, 3, 2, 5, 3), *w = tensor_newv(true, 2, 3, 4);
     fill_normal(x, 1, 1.0);
     fill_normal(w, 2, 1.0);
-    op_conv1d_causal_silu(&tp, x, w);
+    op_conv1d_causal_silu(&tp, x, w, NULL);
     cr_assert_eq(tp.n_nodes, 1);
     cr_assert_str_eq(tp.nodes[0]->op->name, "conv1d_silu");
     cr_assert_null(tp.nodes[0]->saved);
@@ -205,11 +205,11 @@ Test(ops_conv_silu, bad_shapes_name_the_op) {
     Tape tp;
     tape_init(&tp);
     Tensor *x = tensor_newv(false, 3, 2, 7, 5), *w = tensor_newv(false, 2, 4, 3), *w0 = tensor_newv(false, 2, 5, 0);
-    cr_assert(EXPECT_FAILURE(op_conv1d_causal_silu(&tp, x, w)));
+    cr_assert(EXPECT_FAILURE(op_conv1d_causal_silu(&tp, x, w, NULL)));
     cr_assert(strstr(ag_last_error(), "conv1d_silu") && strstr(ag_last_error(), "(2, 7, 5)") &&
                   strstr(ag_last_error(), "(4, 3)"),
               "got: %s", ag_last_error());
-    cr_assert(EXPECT_FAILURE(op_conv1d_causal_silu(&tp, x, w0)));
+    cr_assert(EXPECT_FAILURE(op_conv1d_causal_silu(&tp, x, w0, NULL)));
     cr_assert(strstr(ag_last_error(), "conv1d_silu") && strstr(ag_last_error(), "W >= 1"), "got: %s",
               ag_last_error());
     tensor_free(x);

@@ -98,7 +98,7 @@ Test(ops_rope, bad_shapes_name_the_op) {
 // ---- causal depthwise convolution ----
 
 static int f_conv(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
-    out[0] = op_conv1d_causal(tp, in[0], in[1]);
+    out[0] = op_conv1d_causal(tp, in[0], in[1], NULL);
     return 1;
 }
 
@@ -141,7 +141,7 @@ Test(ops_conv, forward_matches_direct_loop) {
         Tensor *w = tensor_newv(false, 2, cfg[k][2], cfg[k][3]);
         fill_normal(x, 30 + k, 1.0);
         fill_normal(w, 40 + k, 1.0);
-        Tensor *y = op_conv1d_causal(&tp, x, w);
+        Tensor *y = op_conv1d_causal(&tp, x, w, NULL);
         real *want = xmalloc((size_t)x->numel * sizeof(real));
         conv_direct(want, x, w);
         cr_assert_leq(max_rel_diff(y->data, want, x->numel), FORM_TOL, "config %d", k);
@@ -154,7 +154,7 @@ Test(ops_conv, forward_matches_direct_loop) {
     Tensor *x = tensor_newv(false, 3, 1, 3, 1), *w = tensor_newv(false, 2, 1, 2);
     x->data[0] = 1, x->data[1] = 10, x->data[2] = 100;
     w->data[0] = 2, w->data[1] = 3;
-    Tensor *y = op_conv1d_causal(&tp, x, w);
+    Tensor *y = op_conv1d_causal(&tp, x, w, NULL);
     cr_assert(y->data[0] == 3 && y->data[1] == 32 && y->data[2] == 320);
     tensor_free(x);
     tensor_free(w);
@@ -167,7 +167,7 @@ static void run_conv(int threads, Tensor *x, Tensor *w, real *dx, real *dw) {
     tape_init(&tp);
     memset(x->grad, 0, (size_t)x->numel * sizeof(real));
     memset(w->grad, 0, (size_t)w->numel * sizeof(real));
-    Tensor *y = op_conv1d_causal(&tp, x, w);
+    Tensor *y = op_conv1d_causal(&tp, x, w, NULL);
     tape_backward(&tp, op_sum(&tp, op_mul(&tp, y, y)));
     memcpy(dx, x->grad, (size_t)x->numel * sizeof(real));
     memcpy(dw, w->grad, (size_t)w->numel * sizeof(real));
@@ -197,7 +197,7 @@ Test(ops_conv, bad_shapes_name_the_op) {
     Tape tp;
     tape_init(&tp);
     Tensor *x = tensor_newv(false, 3, 2, 7, 5), *w = tensor_newv(false, 2, 4, 3);
-    cr_assert(EXPECT_FAILURE(op_conv1d_causal(&tp, x, w)));
+    cr_assert(EXPECT_FAILURE(op_conv1d_causal(&tp, x, w, NULL)));
     cr_assert(strstr(ag_last_error(), "conv1d_causal") && strstr(ag_last_error(), "(2, 7, 5)") &&
                   strstr(ag_last_error(), "(4, 3)"),
               "got: %s", ag_last_error());

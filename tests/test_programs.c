@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "model_setup.h"
 #include "test_util.h"
 #include "trainer.h"
 
@@ -51,8 +52,7 @@ static int generate(const char *dir, char *const args[], char **out, char **err)
 Test(programs, generate_checks_its_arguments, .timeout = 120) {
     const char *ckpt = trained_checkpoint("gen_args", "gdn");
     char dir[1500];
-    snprintf(dir, sizeof dir, "%s", ckpt);
-    *strrchr(dir, '/') = 0;
+    snprintf(dir, sizeof dir, "%s", test_dir_of(ckpt));
     const struct {
         const char *opt, *value, *why;
     } bad[] = {
@@ -107,8 +107,7 @@ Test(programs, generate_checks_its_arguments, .timeout = 120) {
 Test(programs, train_error_exits_are_clean, .timeout = 60) {
     const char *cfg = test_tiny_config("train_exit", "gdn", 2, NULL, "lerning_rate = 1\n");
     char dir[1500], err[1600];
-    snprintf(dir, sizeof dir, "%s", cfg);
-    *strrchr(dir, '/') = 0;
+    snprintf(dir, sizeof dir, "%s", test_dir_of(cfg));
     snprintf(err, sizeof err, "%s/err.txt", dir);
     // Exit code 2 (under ASan a leak would make it 23), the message names file, line and key.
     int code = test_spawn((char *[]){(char *)test_program("train"), "--config", (char *)cfg, NULL}, NULL, NULL, err,
@@ -166,8 +165,7 @@ static int train_with_fsize_limit(const char *cfg, rlim_t limit, char **err) {
 Test(programs, a_full_disk_is_reported_and_nothing_false_is_said, .timeout = 120) {
     const char *cfg = test_tiny_config("disk_full", "gdn", 4, NULL, NULL);
     char dir[1500], err[1600], run[1600], p[1700];
-    snprintf(dir, sizeof dir, "%s", cfg);
-    *strrchr(dir, '/') = 0;
+    snprintf(dir, sizeof dir, "%s", test_dir_of(cfg));
     snprintf(err, sizeof err, "%s/err.txt", dir);
     snprintf(run, sizeof run, "%s/run", dir);
     // Build the token cache first (it is written under the limit too otherwise).
@@ -189,8 +187,12 @@ Test(programs, a_full_disk_is_reported_and_nothing_false_is_said, .timeout = 120
     cr_assert_neq(access(p, F_OK), 0, "no .tmp left behind");
     snprintf(p, sizeof p, "%s/checkpoint.h5", run);
     cr_assert_neq(access(p, F_OK), 0);
-    // 2. The logs fill up: reported once, training and checkpoints go on, whole lines only.
-    code = train_with_fsize_limit(cfg, 900, &text);
+    // 2. The logs fill up: reported once, training and checkpoints go on, whole lines only. The
+    //    limit leaves room for config.ini (its size depends on the scratch folder's path).
+    struct stat ini;
+    snprintf(p, sizeof p, "%s/config.ini", run);
+    cr_assert_eq(stat(p, &ini), 0);
+    code = train_with_fsize_limit(cfg, (rlim_t)ini.st_size + 400, &text);
     cr_assert_eq(code, 1, "exit %d\n%s", code, text);
     char *first = strstr(text, "/metrics.jsonl failed: File too large; no further records are logged");
     cr_assert(first, "%s", text);
@@ -213,7 +215,7 @@ static int64_t check_run_folder(const char *run, int round) {
     TrainConfig c;
     LM lm;
     ParamStore ps;
-    Status s = test_rebuild_checkpoint(p, &c, &lm, &ps);
+    Status s = model_load_checkpoint(p, &c, &lm, &ps, NULL);
     cr_assert(s.ok, "round %d: the checkpoint must load: %s", round, s.msg);
     CheckpointState st = {0};
     s = checkpoint_load(p, &ps, NULL, &st);
@@ -228,8 +230,7 @@ static int64_t check_run_folder(const char *run, int round) {
 Test(programs, sigkill_at_random_moments_loses_nothing, .timeout = 300) {
     const char *cfg = test_tiny_config("sigkill", "gdn,attn", 100000, NULL, NULL);
     char dir[1500], run[1600], ckpt[1700];
-    snprintf(dir, sizeof dir, "%s", cfg);
-    *strrchr(dir, '/') = 0;
+    snprintf(dir, sizeof dir, "%s", test_dir_of(cfg));
     snprintf(run, sizeof run, "%s/run", dir);
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint.h5", run);
     Rng r;
@@ -272,8 +273,7 @@ Test(programs, sigkill_at_random_moments_loses_nothing, .timeout = 300) {
 Test(programs, sigterm_saves_like_ctrl_c, .timeout = 120) {
     const char *cfg = test_tiny_config("sigterm", "gdn", 100000, NULL, NULL);
     char dir[1500], run[1600], err[1600], ckpt[1700];
-    snprintf(dir, sizeof dir, "%s", cfg);
-    *strrchr(dir, '/') = 0;
+    snprintf(dir, sizeof dir, "%s", test_dir_of(cfg));
     snprintf(run, sizeof run, "%s/run", dir);
     snprintf(err, sizeof err, "%s/err.txt", dir);
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint.h5", run);
@@ -298,7 +298,7 @@ Test(programs, sigterm_saves_like_ctrl_c, .timeout = 120) {
     TrainConfig c;
     LM lm;
     ParamStore ps;
-    Status s = test_rebuild_checkpoint(ckpt, &c, &lm, &ps);
+    Status s = model_load_checkpoint(ckpt, &c, &lm, &ps, NULL);
     cr_assert(s.ok, "%s", s.msg);
     lm_destroy(&lm);
     params_free(&ps);
@@ -311,4 +311,84 @@ Test(programs, sigterm_saves_like_ctrl_c, .timeout = 120) {
     cr_assert(code == 2 && strstr(text, "past [train] steps = 1"), "a checkpoint past step 1 exists: %d %s", code,
               text);
     free(text);
+}
+
+// evaluate's JSON figure `key` from its stdout.
+static double json_number(const char *text, const char *key) {
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = strstr(text, k);
+    cr_assert(p, "no %s in: %s", key, text);
+    return strtod(p + strlen(k), NULL);
+}
+
+static char *evaluate(const char *dir, char *const args[]) {
+    char *argv[16] = {(char *)test_program("evaluate")};
+    int n = 1;
+    for (; args[n - 1]; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    char o[1500];
+    snprintf(o, sizeof o, "%s/eval.out", dir);
+    int code = test_spawn(argv, NULL, o, NULL, 120, NULL);
+    char *out = test_read_file(o);
+    cr_assert_eq(code, 0, "evaluate failed: %s", out);
+    return out;
+}
+
+Test(programs, evaluate_scores_every_token_once, .timeout = 120) {
+    const char *ckpt = trained_checkpoint("evaluate", "gdn,attn");
+    char dir[1500], text[1600];
+    snprintf(dir, sizeof dir, "%s", test_dir_of(ckpt));
+    snprintf(text, sizeof text, "%s/../corpus.txt", dir);
+    char probe[1600];
+    snprintf(probe, sizeof probe, "%s/probe.txt", dir);
+    char *all = test_read_file(text);
+    all[700] = 0;
+    test_write_file(probe, all);
+    free(all);
+    // One window over the whole text and the decoder's stream see the same context.
+    char *w = evaluate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--window", "699", "--json", NULL});
+    char *s = evaluate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--stream", "--json", NULL});
+    double lw = json_number(w, "loss"), ls = json_number(s, "loss");
+    cr_assert_eq(json_number(w, "tokens_scored"), 699);
+    cr_assert_eq(json_number(s, "tokens_scored"), 699);
+    cr_assert(fabs(lw - ls) <= 1e-5 * lw, "window %.8f vs stream %.8f", lw, ls);
+    cr_assert(fabs(json_number(w, "bits_per_byte") - lw / log(2.0)) < 1e-5);
+    free(w), free(s);
+    // Non-overlapping windows of 100 (the last one shifted to end with the text): the same sum as
+    // lm_loss over those windows, each target once.
+    char *o = evaluate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--window", "100", "--stride",
+                                       "100", "--json", NULL});
+    cr_assert_eq(json_number(o, "tokens_scored"), 699);
+    double got = json_number(o, "loss");
+    free(o);
+    TrainConfig c;
+    LM lm;
+    ParamStore ps;
+    cr_assert(model_load_checkpoint(ckpt, &c, &lm, &ps, NULL).ok);
+    char *bytes = test_read_file(probe);
+    Tape tp;
+    tape_init(&tp);
+    tape_no_grad_push(&tp);
+    double sum = 0;
+    int x[100], y[100];
+    for (int start = 0, scored = 0; scored < 699; start += 100) {
+        int s0 = start + 100 > 699 ? 599 : start;
+        int count = 0;
+        for (int t = 0; t < 100; t++) {
+            x[t] = (unsigned char)bytes[s0 + t];
+            y[t] = s0 + t + 1 > scored ? (unsigned char)bytes[s0 + t + 1] : -1;
+            count += y[t] >= 0;
+        }
+        sum += lm_loss(&tp, &lm, x, y, 1, 100, NULL)->data[0] * count;
+        scored = s0 + 100;
+        tape_reset(&tp);
+    }
+    tape_no_grad_pop(&tp);
+    cr_assert(fabs(got - sum / 699) <= 1e-5 * got, "evaluate %.8f vs windows by hand %.8f", got, sum / 699);
+    tape_free(&tp);
+    free(bytes);
+    lm_destroy(&lm);
+    params_free(&ps);
+    config_free(&c);
 }

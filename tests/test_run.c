@@ -10,7 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <hdf5.h>
+
 #include "checkpoint.h"
+#include "h5io.h"
 #include "model_setup.h"
 #include "test_util.h"
 #include "trainer.h"
@@ -45,7 +48,7 @@ Test(run, every_set_is_stored_in_the_checkpoint_and_config_ini, .timeout = 60) {
     TrainConfig c;
     LM lm;
     ParamStore ps;
-    Status s = test_rebuild_checkpoint(ckpt, &c, &lm, &ps);   // generate's and init_from's way to the model
+    Status s = model_load_checkpoint(ckpt, &c, &lm, &ps, NULL);   // generate's and init_from's way to the model
     cr_assert(s.ok, "the checkpoint must rebuild its own model: %s", s.msg);
     cr_assert_eq(c.model.d_model, 24);
     cr_assert_eq(c.model.d_ff, 40);
@@ -180,7 +183,7 @@ Test(run, init_from_continues_a_model_on_new_text, .timeout = 90) {
     ParamStore ref;
     LM lm;
     TrainConfig rc;
-    cr_assert(test_rebuild_checkpoint(ckpt, &rc, &lm, &ref).ok);
+    cr_assert(model_load_checkpoint(ckpt, &rc, &lm, &ref, NULL).ok);
     Optimizer ref_opt;
     adamw_init(&ref_opt, &ref, 0.9, 0.95, 1e-8, 0.1);
     cr_assert(checkpoint_load(ckpt, &ref, &ref_opt, NULL).ok);
@@ -304,4 +307,64 @@ Test(run, hostile_paths_reach_no_shell_and_stay_valid_json, .timeout = 60) {
     snprintf(p, sizeof p, "%s/metrics.jsonl", rd);
     char bad[512];
     cr_assert_gt(test_jsonl_check(p, bad, sizeof bad), 0, "%s", bad);
+}
+
+// A run on a BPE trained on its corpus: the checkpoint keeps the tokenizer,
+// the model is rebuilt with its vocabulary, a resume and a continued run use
+// it, and a checkpoint whose stored tokenizer is damaged is refused.
+Test(run, a_bpe_run_keeps_its_tokenizer, .timeout = 120) {
+    const char *cfg = test_tiny_config("run_bpe", "gdn,attn", 4, NULL, NULL);
+    const char *sets[] = {"data.tokenizer=bpe:300"};
+    static Trainer t;
+    TrainerOptions o = opts(cfg, false, sets, 1);
+    o.stop_after = 2;
+    cr_assert_eq(run(&t, o), 130);
+    int vocab = t.tok.vocab;
+    uint64_t hash = t.tok.hash;
+    cr_assert(t.tok.bpe && vocab > 256 && vocab <= 300, "vocabulary %d", vocab);
+    cr_assert_eq(params_find(&t.ps, "embed")->shape[0], vocab, "the embedding has a row per id");
+    cr_assert_lt(t.tokens.n, 20000, "fewer tokens than bytes (%lld)", (long long)t.tokens.n);
+    char ckpt[1500];
+    snprintf(ckpt, sizeof ckpt, "%s", t.ckpt);
+    trainer_free(&t);
+    TrainConfig c;
+    LM lm;
+    ParamStore ps;
+    Tokenizer tok;
+    Status s = model_load_checkpoint(ckpt, &c, &lm, &ps, &tok);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(tok.hash, hash, "the checkpoint holds the run's tokenizer");
+    cr_assert_eq(lm.cfg.vocab_size, vocab);
+    tokenizer_free(&tok);
+    lm_destroy(&lm);
+    params_free(&ps);
+    config_free(&c);
+    // Resume: the checkpoint's tokenizer, whatever the cache holds.
+    TrainerOptions r = opts(cfg, true, NULL, 0);
+    cr_assert_eq(run(&t, r), 0);
+    cr_assert_eq(t.tok.hash, hash);
+    cr_assert_eq(t.step, 4);
+    trainer_free(&t);
+    // Continue on the same text: init_from brings its tokenizer; another one is refused.
+    char from[1600], rd[1600];
+    snprintf(from, sizeof from, "finetune.init_from=%s", ckpt);
+    snprintf(rd, sizeof rd, "train.run_dir=%s_more", ckpt);
+    const char *cont[] = {from, rd};
+    cr_assert_eq(run(&t, opts(cfg, false, cont, 2)), 0);
+    cr_assert_eq(t.tok.hash, hash);
+    trainer_free(&t);
+    const char *other[] = {from, rd, "data.tokenizer=gpt2"};
+    TrainerOptions oo = opts(cfg, false, other, 3);
+    oo.overwrite = true;
+    s = trainer_setup(&t, &oo);
+    cr_assert(!s.ok && strstr(s.msg, "not the tokenizer the model of"), "%s", s.msg);
+    // A stored tokenizer that is not a tokenizer file (with a valid checksum).
+    hid_t f = H5Fopen(ckpt, H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Ldelete(f, "/tokenizer", H5P_DEFAULT);
+    const char junk[] = "#attnlab-bpe 1\nnot a rank line\n";
+    cr_assert(h5io_write(f, "/tokenizer", H5IO_U8, 1, (hsize_t[]){sizeof junk - 1}, junk));
+    H5Fclose(f);
+    s = model_load_checkpoint(ckpt, &c, &lm, &ps, NULL);
+    cr_assert(!s.ok && strstr(s.msg, "/tokenizer"), "%s", s.msg);
+    config_free(&c);
 }

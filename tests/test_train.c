@@ -14,21 +14,9 @@
 #include "test_util.h"
 #include "trainer.h"
 
-// A scratch folder with a small corpus and a config; returns the folder.
+// A scratch folder with a small corpus and tiny.ini (test_tiny_config); returns the folder.
 static const char *scratch(const char *layers, int steps, const char *extra) {
-    const char *dir = test_scratch_corpus("train");
-    char path[512];
-    snprintf(path, sizeof path, "%s/tiny.ini", dir);
-    FILE *f = fopen(path, "w");
-    fprintf(f,
-            "[model]\nlayers = %s\nd_model = 16\nn_heads = 2\nd_k = 8\nd_v = 8\nd_ff = 32\nchunk_size = 8\n"
-            "conv_size = 3\nindex_heads = 2\nindex_dim = 4\ntopk = 4\n"
-            "[data]\ncorpus = %s/corpus.txt\ncache_dir = %s/cache\nval_fraction = 0.1\nseq_len = 24\nbatch_size = 3\n"
-            "[train]\nsteps = %d\nlr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 2\neval_every = 0\neval_batches = 2\n"
-            "checkpoint_every = 0\nlog_every = 1\nrun_dir = %s/run\n%s",
-            layers, dir, dir, steps, dir, extra ? extra : "");
-    fclose(f);
-    return dir;
+    return test_dir_of(test_tiny_config("train", layers, steps, NULL, extra));
 }
 
 static TrainerOptions opts(const char *dir, bool resume) {

@@ -290,6 +290,14 @@ const char *test_scratch_corpus(const char *tag) {
     return dir;
 }
 
+const char *test_dir_of(const char *path) {
+    static char dir[1500];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    return dir;
+}
+
 const char *test_tiny_config(const char *tag, const char *layers, int steps, const char *run_dir, const char *extra) {
     const char *dir = test_scratch_corpus(tag);
     static char path[1400];
@@ -301,27 +309,13 @@ const char *test_tiny_config(const char *tag, const char *layers, int steps, con
     cr_assert_not_null(f);
     fprintf(f,
             "[model]\nlayers = %s\nd_model = 16\nn_heads = 2\nd_k = 8\nd_v = 8\nd_ff = 32\nchunk_size = 8\n"
-            "conv_size = 3\n"
+            "conv_size = 3\nindex_heads = 2\nindex_dim = 4\ntopk = 4\n"
             "[data]\ncorpus = %s/corpus.txt\ncache_dir = %s/cache\nval_fraction = 0.1\nseq_len = 24\nbatch_size = 3\n"
             "[train]\nsteps = %d\nlr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 1\neval_every = 0\neval_batches = 2\n"
             "checkpoint_every = 0\nlog_every = 1\nrun_dir = %s\n%s",
             layers, dir, dir, steps, rd, extra ? extra : "");
     fclose(f);
     return path;
-}
-
-Status test_rebuild_checkpoint(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps) {
-    char *text = NULL;
-    config_defaults(cfg, model_mixer_known);
-    params_init(ps);
-    memset(lm, 0, sizeof *lm);
-    Status s = checkpoint_read_config(ckpt, &text);
-    if (s.ok) s = config_load_string(cfg, text, ckpt);
-    free(text);
-    if (s.ok) s = config_validate(cfg);
-    if (s.ok) s = model_build(cfg, lm, ps, ckpt);
-    if (s.ok) s = checkpoint_load(ckpt, ps, NULL, NULL);
-    return s;
 }
 
 int test_n_backends(void) {

@@ -72,15 +72,14 @@ int test_wait(pid_t pid, double timeout_s);
 char *test_read_file(const char *path);
 void test_write_file(const char *path, const char *text);
 
+// test_dir_of(path): the folder of a path (static storage).
+const char *test_dir_of(const char *path);
+
 // <scratch>/tiny.ini: a tiny model (d_model 16) of `layers` on a scratch
 // corpus, `steps` steps, no evaluations or checkpoints on the way; run_dir
 // NULL: <scratch>/run. `extra` is appended (e.g. a [finetune] section).
 // Returns the path (static storage).
 const char *test_tiny_config(const char *tag, const char *layers, int steps, const char *run_dir, const char *extra);
-// Rebuild the model stored in a checkpoint, as generate does (its config,
-// checked; then its parameters). On failure lm/ps may be partly built:
-// lm_destroy and params_free are safe either way, as is config_free.
-Status test_rebuild_checkpoint(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps);
 
 // Is text one valid JSON value (strict RFC 8259 syntax)?
 bool test_json_valid(const char *text);

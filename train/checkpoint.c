@@ -51,6 +51,9 @@ static bool write_contents(hid_t f, const ParamStore *ps, const Optimizer *opt, 
     if (opt) {
         ASSERT(opt->numel == ps->numel, "checkpoint_save: optimizer has %lld elements, ParamStore %lld",
                (long long)opt->numel, (long long)ps->numel);
+        ASSERT(opt->lo == 0 && opt->hi == ps->numel,
+               "checkpoint_save: a sharded optimizer ([%lld, %lld) of %lld): gather the shards first",
+               (long long)opt->lo, (long long)opt->hi, (long long)ps->numel);
         g = H5Gcreate2(f, "/optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         if (g < 0) return false;
         hsize_t n = (hsize_t)ps->numel;
@@ -70,6 +73,8 @@ static bool write_contents(hid_t f, const ParamStore *ps, const Optimizer *opt, 
          h5io_write(g, "sampler", H5IO_U64, 1, (hsize_t[]){SAMPLER_STATE_WORDS}, words) &&
          h5io_write(g, "model_rng", H5IO_U64, 1, (hsize_t[]){4}, st->model_rng.s);
     H5Gclose(g);
+    if (ok && st->tokenizer_len)
+        ok = h5io_write(f, "/tokenizer", H5IO_U8, 1, (hsize_t[]){(hsize_t)st->tokenizer_len}, st->tokenizer);
     return ok && h5io_write_string(f, "/config", st->config_text ? st->config_text : "");
 }
 
@@ -319,9 +324,10 @@ Status checkpoint_load(const char *path, ParamStore *ps, Optimizer *opt, Checkpo
     // 2. Everything checked: change the model.
     if (s.ok) {
         memcpy(ps->data, ps->grad, (size_t)ps->numel * sizeof(real));
-        if (opt) {
-            memcpy(opt->m, m, (size_t)ps->numel * sizeof(real));
-            if (opt->v) memcpy(opt->v, v, (size_t)ps->numel * sizeof(real));
+        if (opt) {   // a sharded optimizer keeps its slice
+            size_t bytes = (size_t)(opt->hi - opt->lo) * sizeof(real);
+            memcpy(opt->m, m + opt->lo, bytes);
+            if (opt->v) memcpy(opt->v, v + opt->lo, bytes);
             opt->step = opt_step;
         }
         if (st) *st = tmp;
@@ -355,6 +361,25 @@ Status checkpoint_load_params(const char *path, ParamStore *ps, ParamsLoadReport
     }
     params_zero_grad(ps);
     free(present);
+    h5io_close(&hf);
+    return s;
+}
+
+Status checkpoint_read_tokenizer(const char *path, Tokenizer *t) {
+    tokenizer_bytes(t);
+    H5ioFile hf;
+    Status s = open_checkpoint(&hf, path);
+    if (!s.ok) return s;
+    if (h5io_exists(&hf, "/tokenizer", &s)) {
+        H5ioInfo info;
+        s = h5io_check(&hf, "/tokenizer", 1u << H5IO_U8, 1, NULL, BPE_FILE_MAX, &info);
+        uint8_t *buf = s.ok ? xmalloc((size_t)info.numel + 1) : NULL;
+        if (s.ok) s = h5io_read(&hf, "/tokenizer", &info, buf);
+        char what[600];
+        snprintf(what, sizeof what, "%s: /tokenizer", path);
+        if (s.ok) s = tokenizer_from_buffer(t, buf, (size_t)info.numel, what);
+        free(buf);
+    }
     h5io_close(&hf);
     return s;
 }

@@ -12,6 +12,7 @@
 //   /state/sampler       uint64 (5)  SamplerState: rng s[0..3], batches drawn
 //   /state/model_rng     uint64 (4)  the model's Rng (e.g. generation)
 //   /config              string      the run's effective config (INI text, config_dump)
+//   /tokenizer           uint8 (n)   the tokenizer file (tokenizer.h; absent: bytes)
 // Every dataset carries a "crc32" attribute over its stored bytes (h5io.h).
 // Writing goes to "<path>.tmp", which is flushed, fsync'd and renamed over
 // <path>: a crash mid-write leaves the previous checkpoint intact.
@@ -27,6 +28,7 @@
 #define TRAIN_CHECKPOINT_H
 
 #include "batch.h"
+#include "tokenizer.h"
 #include "optim.h"
 #include "params.h"
 
@@ -39,10 +41,12 @@ typedef struct CheckpointState {
     SamplerState sampler;      // data sampler (Rng + position)
     Rng model_rng;             // the model's / generator's Rng
     char *config_text;         // save: text to store (NULL = ""); load: malloc'd copy, free() it
+    const uint8_t *tokenizer;  // save only: tokenizer_to_buffer's bytes (NULL: the byte tokenizer)
+    size_t tokenizer_len;
 } CheckpointState;
 
 // Save everything. opt may be NULL (no /optim group); st may be NULL (zero
-// state, empty config).
+// state, empty config). A sharded optimizer must be gathered first.
 Status checkpoint_save(const char *path, const ParamStore *ps, const Optimizer *opt, const CheckpointState *st);
 
 // Check the file's /params against ps's parameters (names, shapes, types,
@@ -56,7 +60,8 @@ Status checkpoint_check_params(const char *path, const ParamStore *ps, ParamsLoa
 
 // Restore a run: every parameter of ps (by name, shape checked), the
 // optimizer (if opt != NULL: it must be initialised with the same kind and
-// ParamStore), and the state (if st != NULL). Every check is done before
+// ParamStore; a sharded one, optim_set_shard, takes its slice of the stored
+// moments), and the state (if st != NULL). Every check is done before
 // anything is modified. Errors name the file and the dataset, e.g.
 //   run/ckpt.h5: /params/layers.0.mixer.wq: shape (64, 32) in the file, (64, 64) in the model
 // A parameter in the file that the model lacks is also an error (wrong config?).
@@ -72,6 +77,10 @@ struct ParamsLoadReport {
     char unused[1024];         // comma list of file parameters not in the model
 };
 Status checkpoint_load_params(const char *path, ParamStore *ps, ParamsLoadReport *report);
+
+// The tokenizer the checkpoint's model was trained with (the byte tokenizer
+// when it stores none); the stored file is checked as hostile input.
+Status checkpoint_read_tokenizer(const char *path, Tokenizer *t);
 
 // Read only the stored config text (to rebuild the model before loading),
 // at most CHECKPOINT_CONFIG_MAX bytes. *text is malloc'd; free() it.

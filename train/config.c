@@ -16,6 +16,7 @@
 
 #include "fileio.h"
 #include "model_setup.h"
+#include "tokenizer.h"
 
 // ---------------------------------------------------------------- parsing
 
@@ -136,6 +137,7 @@ static char *ctx_reader(char *str, int num, void *stream) {
 static bool resolve_paths(TrainConfig *cfg, const ConfigKey *k, const char *base, char *err, size_t n) {
     if (!(k->flags & KEYF_PATH) || !base) return true;
     char *dst = (char *)cfg + k->offset;
+    if (dst == cfg->data.tokenizer && tokenizer_spec_is_named(dst, NULL)) return true;   // a name, not a file
     char in[CONFIG_STR_MAX], out[CONFIG_STR_MAX];
     snprintf(in, sizeof in, "%s", dst);
     size_t used = 0;
@@ -391,6 +393,15 @@ void config_format_key(const TrainConfig *cfg, int i, char *out, size_t n) {
 }
 
 // ---------------------------------------------------------------- find, help, dump
+
+#ifndef SOURCE_DIR
+#define SOURCE_DIR "."
+#endif
+#ifndef ATTNLAB_DATA_DIR
+#define ATTNLAB_DATA_DIR "/usr/local/share/attnlab"
+#endif
+const char *const CONFIG_SEARCH_DIRS[] = {".", SOURCE_DIR, ATTNLAB_DATA_DIR};
+const int CONFIG_N_SEARCH_DIRS = 3;
 
 // 1: a regular file, 0: nothing there, -1: something else (*mode says what).
 static int file_state(const char *path, mode_t *mode) {

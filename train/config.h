@@ -77,6 +77,7 @@ typedef struct TrainConfig {
     struct {
         char corpus[CONFIG_STR_MAX];     // a file, a comma list of files, or a directory
         char cache_dir[CONFIG_STR_MAX];  // where token caches live
+        char tokenizer[CONFIG_STR_MAX];  // byte | tiktoken name | bpe:N | a file (tokenizer.h)
         double val_fraction;             // last fraction of the tokens held out
         int seq_len;                     // T
         int batch_size;                  // B
@@ -99,6 +100,9 @@ typedef struct TrainConfig {
         int threads;                     // 0 = OpenMP default
         int gemm;                        // GemmBackend (blas.h): auto | openblas | onednn
         int precision;                   // GemmPrecision (blas.h): fp32 | bf16
+        int zero;                        // under MPI: 1 shards the optimizer state across ranks (ZeRO-1)
+        double dist_timeout;             // under MPI: seconds a collective may wait before the job is ended
+        int dist_bucket_kb;              // under MPI: gradient bucket size (0: 1/16 of the gradient, 256 KiB-16 MiB)
     } train;
     struct {
         FinetuneMode mode;               // none | indexer | sparse
@@ -112,6 +116,7 @@ typedef struct TrainConfig {
     char source[CONFIG_STR_MAX]; // its path (or the name given to config_load_string)
     int origin[CONFIG_MAX_KEYS]; // per schema row: 0 default, >0 line in `source`, -1 --set
     MixerNameCheck check_mixer;  // NULL = fixed list
+    int vocab_size;              // the tokenizer's, once a program knows it (0: the byte tokenizer's 256)
 } TrainConfig;
 
 // Fill every key with its default. Must be called first; config_free later.
@@ -149,6 +154,11 @@ void config_format_key(const TrainConfig *cfg, int i, char *out, size_t n);
 const char *config_key_where(const TrainConfig *cfg, int i, char *buf, size_t n);
 // Was key i set by the file or --set (not left at its default)?
 #define config_key_explicit(cfg, i) ((cfg)->origin[i] != 0)
+
+// Where bundled configs are looked up by name (with config_find): the
+// current directory, the source tree, and the install prefix's share/attnlab.
+extern const char *const CONFIG_SEARCH_DIRS[];
+extern const int CONFIG_N_SEARCH_DIRS;
 
 // Resolve a config name: `name` itself if it exists; otherwise, when it has
 // no '/', <dir>/configs/<name> and <dir>/configs/<name>.ini for each of the

@@ -45,6 +45,9 @@ const ConfigKey CONFIG_SCHEMA[] = {
      KEYF_PATH},
     {"data", "cache_dir", KEY_STRING, OFF(data, cache_dir), "cache", 0, 0, NULL, "cache",
      "directory for token caches", KEYF_PATH},
+    {"data", "tokenizer", KEY_STRING, OFF(data, tokenizer), "byte", 0, 0, NULL, "vocab,encoding",
+     "byte, a tiktoken encoding (gpt2, r50k_base, cl100k_base, o200k_base), bpe:N (a BPE of N ids trained on "
+     "the corpus), or a tokenizer file", KEYF_PATH},
     {"data", "val_fraction", KEY_FLOAT, OFF(data, val_fraction), "0.05", 0, 0.9, NULL, "val_split,validation",
      "last fraction of the tokens held out for validation"},
     {"data", "seq_len", KEY_INT, OFF(data, seq_len), "256", 1, 1 << 20, NULL, "block_size,context,T",
@@ -89,6 +92,12 @@ const ConfigKey CONFIG_SCHEMA[] = {
      "matrix product backend (auto: oneDNN where OpenBLAS's kernels lag the CPU, else the faster)", KEYF_RESUMABLE},
     {"train", "precision", KEY_ENUM, OFF(train, precision), "fp32", 0, 0, "fp32|bf16", "dtype,amp",
      "dense layers' products: fp32, or bf16 with fp32 sums (float32 build, AVX512_BF16 CPU)", KEYF_RESUMABLE},
+    {"train", "zero", KEY_INT, OFF(train, zero), "0", 0, 1, NULL, "zero_stage",
+     "under mpirun: 1 shards the optimizer state across the ranks (ZeRO-1)", KEYF_RESUMABLE},
+    {"train", "dist_timeout", KEY_FLOAT, OFF(train, dist_timeout), "300", 1, 1e6, NULL, "mpi_timeout",
+     "under mpirun: seconds a rank waits for the others before it ends the job", KEYF_RESUMABLE},
+    {"train", "dist_bucket_kb", KEY_INT, OFF(train, dist_bucket_kb), "0", 0, 1 << 20, NULL, "bucket_kb",
+     "under mpirun: KiB of gradient reduced per collective (0: 1/16 of it, 256 KiB to 16 MiB)", KEYF_RESUMABLE},
 
     {"finetune", "mode", KEY_ENUM, OFF(finetune, mode), "none", 0, 0, "none|indexer|sparse", "finetune",
      "none, indexer (distil the DSA indexer, rest frozen) or sparse (train with sparse attention)"},

@@ -21,13 +21,15 @@ typedef struct DsaEval {
 void dsa_eval_run(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, int *y, DsaMode restore,
                   DsaEval *out);
 
-// Decoding tokens/s, one sequence, `steps` tokens after a context of ctx
-// positions, dense (DSA_DISTILL: every attn_dsa layer attends to the whole
-// cache) and sparse (DSA_SPARSE: top-k). The attention caches are filled with
-// the keys and values of random inputs (attn_cache_prefill: no attention is
-// computed; decode time does not depend on what the keys are, beyond the
-// top-k's heap updates); recurrent layers decode from their zero state.
-// Leaves the attn_dsa layers in `restore` mode.
+// Decoding tokens/s, one sequence after a context of ctx positions, dense
+// (DSA_DISTILL: every attn_dsa layer attends to the whole cache) and sparse
+// (DSA_SPARSE: top-k): the medians of DSA_DECODE_ROUNDS rounds of `steps`
+// tokens each, dense and sparse rounds alternating after a warm-up. The
+// attention caches are filled with the keys and values of random inputs
+// (attn_cache_prefill: no attention is computed; decode time does not depend
+// on what the keys are, beyond the top-k's bookkeeping); recurrent layers
+// decode from their zero state. Leaves the attn_dsa layers in `restore` mode.
+#define DSA_DECODE_ROUNDS 7
 void dsa_eval_decode_speed(LM *lm, int ctx, int steps, uint64_t seed, DsaMode restore, double *dense_tok_s,
                            double *sparse_tok_s);
 

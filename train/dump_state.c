@@ -70,6 +70,7 @@ Status dump_state_write(const char *path, Tape *tp, LM *lm, ParamStore *ps, cons
     e |= H5LTset_attribute_string(f, "/", "config", ini);
     e |= H5LTset_attribute_string(f, "/", "objective", distill ? "distill" : "lm");
     e |= H5LTset_attribute_string(f, "/", "precision", REAL_NAME);
+    e |= H5LTset_attribute_int(f, "/", "vocab_size", &lm->cfg.vocab_size, 1);
     free(ini);
     e |= H5Fclose(f) < 0 ? -1 : 0;
     tape_reset(tp);

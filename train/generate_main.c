@@ -206,27 +206,8 @@ static bool load_prompt(const GenArgs *a, char **text, int64_t *n) {
     return true;
 }
 
-// Rebuild the model stored in ckpt: its config, checked, then its parameters.
-static Status load_model(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps) {
-    char *text = NULL;
-    config_defaults(cfg, model_mixer_known);
-    Status s = checkpoint_read_config(ckpt, &text);
-    if (s.ok) s = config_load_string(cfg, text, ckpt);
-    free(text);
-    if (s.ok) s = config_validate(cfg);
-    if (!s.ok) return s;
-    s = model_build(cfg, lm, ps, ckpt);   // the datasets are checked before the model is allocated
-    if (!s.ok) return s;
-    s = checkpoint_load(ckpt, ps, NULL, NULL);
-    if (!s.ok) {
-        lm_destroy(lm);
-        params_free(ps);
-    }
-    return s;
-}
-
 // Decode prompt then sample; --check compares with the parallel forward. Returns the exit code.
-static int run(const GenArgs *a, LM *lm, ParamStore *ps, const char *prompt, int64_t n_prompt) {
+static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, const char *prompt, int64_t n_prompt) {
     // Decoding one sequence is a chain of small products: below ~10M parameters
     // waking a second thread per op costs more than it saves (measured: 880
     // tokens/s on 1 thread vs 450 on 2 for tiny_gdn).
@@ -234,18 +215,24 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const char *prompt, int
     int threads = model_set_threads((int)req);
     blas_select_from_env();   // float32 products on ATTNLAB_GEMM's backend (default auto)
     int V = lm->cfg.vocab_size;
-    // An empty prompt: condition on a newline, the start of a line of text.
+    // The prompt's tokens. An empty prompt conditions on a document start: the
+    // tokenizer's end-of-text token, or a newline (the start of a line of text).
     bool unconditional = n_prompt == 0;
-    int64_t n_in = unconditional ? 1 : n_prompt;
+    int *prompt_ids = xmalloc((size_t)(n_prompt ? n_prompt : 1) * sizeof(int));
+    int64_t n_in = tokenizer_encode(tk, (const uint8_t *)prompt, n_prompt, prompt_ids);
+    if (unconditional) n_in = tk->eot >= 0 ? (prompt_ids[0] = tk->eot, 1) : tokenizer_encode(tk, (const uint8_t *)"\n", 1, prompt_ids);
     int64_t total = n_in + a->max_tokens;
     if (a->check && total > CHECK_LIMIT) {
         fprintf(stderr, "generate: --check covers at most %d positions (prompt + max-tokens = %lld)\n", CHECK_LIMIT,
                 (long long)total);
+        free(prompt_ids);
         return 2;
     }
     int *tokens = xmalloc((size_t)total * sizeof(int));
-    if (unconditional) tokens[0] = '\n';
-    else tokenizer_encode((const uint8_t *)prompt, n_prompt, tokens);
+    memcpy(tokens, prompt_ids, (size_t)n_in * sizeof(int));
+    free(prompt_ids);
+    TokenizerStream ts = {0};
+    uint8_t piece[TOKENIZER_STREAM_OUT_MAX];
     real *step_logits = a->check ? xmalloc((size_t)total * V * sizeof(real)) : NULL;
     double *probs = xmalloc((size_t)V * sizeof(double));
     int *order = xmalloc((size_t)V * sizeof(int));
@@ -265,18 +252,18 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const char *prompt, int
         if (n + 1 >= n_in && n + 1 < total) {
             int next = sample(lg->data, V, a->temperature, (int)a->top_k, &rng, probs, order);
             tokens[n + 1] = next;
-            unsigned char byte = (unsigned char)next;
-            fwrite(&byte, 1, 1, stdout);
+            fwrite(piece, 1, (size_t)tokenizer_stream_push(tk, &ts, next, piece), stdout);   // whole characters
             fflush(stdout);
         }
         tape_reset(&tp);
     }
     double t_end = runlog_now();
+    fwrite(piece, 1, (size_t)tokenizer_stream_flush(tk, &ts, piece), stdout);
     printf("\n");
     fflush(stdout);
     double gen_s = t_gen > 0 ? t_end - t_gen : 0;
     fprintf(stderr, "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (%d thread%s, GEMM %s)\n",
-            (long long)n_prompt, a->max_tokens, t_end - t0, gen_s > 0 ? (double)(total - n_in) / gen_s : 0.0, threads,
+            (long long)n_in, a->max_tokens, t_end - t0, gen_s > 0 ? (double)(total - n_in) / gen_s : 0.0, threads,
             threads == 1 ? "" : "s", blas_backend_name(blas_backend));
     int code = 0;
     if (a->check) {
@@ -319,14 +306,16 @@ int main(int argc, char **argv) {
     TrainConfig cfg;
     LM lm;
     ParamStore ps;
-    Status s = load_model(a.ckpt, &cfg, &lm, &ps);
+    Tokenizer tok;
+    Status s = model_load_checkpoint(a.ckpt, &cfg, &lm, &ps, &tok);
     if (!s.ok) {
         fprintf(stderr, "generate: %s\n", s.msg);
         config_free(&cfg);
         free(prompt);
         return 2;
     }
-    code = run(&a, &lm, &ps, prompt, n_prompt);
+    code = run(&a, &lm, &ps, &tok, prompt, n_prompt);
+    tokenizer_free(&tok);
     lm_destroy(&lm);
     params_free(&ps);
     config_free(&cfg);

@@ -13,7 +13,7 @@ bool model_mixer_known(const char *name) { return mixer_kind_find(name) != NULL;
 
 Status model_config_from_train(const TrainConfig *tc, LMConfig *lc) {
     memset(lc, 0, sizeof *lc);
-    lc->vocab_size = TOKENIZER_VOCAB;
+    lc->vocab_size = tc->vocab_size > 0 ? tc->vocab_size : TOKENIZER_BYTE_VOCAB;
     lc->d_model = tc->model.d_model;
     lc->d_ff = tc->model.d_ff;
     lc->tied = tc->model.tied_embeddings;
@@ -106,6 +106,41 @@ Status model_build(const TrainConfig *tc, LM *lm, ParamStore *ps, const char *ck
     return status_ok();
 }
 
+Status model_load_checkpoint(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps, Tokenizer *tok) {
+    char *text = NULL;
+    config_defaults(cfg, model_mixer_known);
+    memset(lm, 0, sizeof *lm);
+    params_init(ps);
+    Tokenizer own;
+    if (!tok) tok = &own;
+    Status s = checkpoint_read_tokenizer(ckpt, tok);   // the vocabulary: the embedding's rows
+    if (s.ok) s = checkpoint_read_config(ckpt, &text);
+    if (s.ok) s = config_load_string(cfg, text, ckpt);
+    free(text);
+    cfg->vocab_size = tok->vocab;
+    if (s.ok) s = config_validate(cfg);
+    if (s.ok) s = model_build(cfg, lm, ps, ckpt);
+    if (s.ok) s = checkpoint_load(ckpt, ps, NULL, NULL);
+    if (!s.ok && ps->finalized) {
+        lm_destroy(lm);
+        params_free(ps);
+    }
+    if (!s.ok || tok == &own) tokenizer_free(tok);
+    return s;
+}
+
+double model_val_bytes_per_token(const Batcher *bt, const Tokenizer *tok, int n_batches, int *x, int *y) {
+    int64_t bytes = 0, count = 0;
+    for (int i = 0; i < n_batches; i++) {
+        batcher_val(bt, i, x, y);
+        for (int64_t j = 0; j < (int64_t)batcher_share(bt) * bt->T; j++) {
+            bytes += tokenizer_token_len(tok, y[j]);
+            count++;
+        }
+    }
+    return count ? (double)bytes / (double)count : 1.0;
+}
+
 void model_init_process(char **argv) {
     if (getenv("OMP_WAIT_POLICY")) return;
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
@@ -129,7 +164,7 @@ double model_eval_loss(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *
     tape_no_grad_push(tp);
     for (int i = 0; i < n_batches; i++) {
         batcher_val(bt, i, x, y);
-        Tensor *loss = lm_loss(tp, lm, x, y, bt->B, bt->T, NULL);
+        Tensor *loss = lm_loss(tp, lm, x, y, batcher_share(bt), bt->T, NULL);
         total += loss->data[0];
         tape_reset(tp);
     }

@@ -6,6 +6,7 @@
 #include "batch.h"
 #include "config.h"
 #include "lm.h"
+#include "tokenizer.h"
 
 // Fill an LMConfig from the [model] section (vocabulary: the byte tokenizer's).
 Status model_config_from_train(const TrainConfig *tc, LMConfig *lc);
@@ -25,6 +26,16 @@ Status model_build(const TrainConfig *tc, LM *lm, ParamStore *ps, const char *ck
 // sets OMP_WAIT_POLICY=PASSIVE and re-executes the program, so it is fast
 // however it is started; a value the user set is kept.
 void model_init_process(char **argv);
+// The model a checkpoint holds, as generate, evaluate and export rebuild it:
+// its stored config (validated), the model built only once the file's
+// parameter datasets are known to match it (model_build), then its values.
+// cfg is config_defaults'ed here. tok (may be NULL) receives the checkpoint's
+// tokenizer (tokenizer_free it). On failure lm, ps and tok hold nothing (and
+// config_free(cfg) is still due).
+Status model_load_checkpoint(const char *ckpt, TrainConfig *cfg, LM *lm, ParamStore *ps, Tokenizer *tok);
+// Mean bytes per target token of the n_batches validation batches (the
+// factor from a loss per token to bits per byte: bpb = loss / ln 2 / this).
+double model_val_bytes_per_token(const Batcher *bt, const Tokenizer *tok, int n_batches, int *x, int *y);
 // OpenMP (and with it OpenBLAS's OpenMP build) thread count; 0 keeps the
 // default. At most MODEL_MAX_THREADS (the config's and generate's limit).
 #define MODEL_MAX_THREADS 1024

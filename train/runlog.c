@@ -158,8 +158,8 @@ void runlog_train(RunLog *r, int step, double loss, double lr, double grad_norm,
     fflush(stderr);
 }
 
-void runlog_eval(RunLog *r, int step, double val_loss, double extra_kl, double extra_mass) {
-    double bpb = val_loss / log(2.0);
+void runlog_eval(RunLog *r, int step, double val_loss, double bytes_per_token, double extra_kl, double extra_mass) {
+    double bpb = val_loss / log(2.0) / bytes_per_token;
     char extra[128] = "";
     if (!isnan(extra_kl)) snprintf(extra, sizeof extra, ",\"kl\":%.6f", extra_kl);
     if (!isnan(extra_mass)) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ",\"topk_mass\":%.6f", extra_mass);

@@ -36,8 +36,9 @@ void runlog_close(RunLog *r);
 // One training step: progress line (step, loss, lr, grad norm, tokens/s, ETA) + a JSON line.
 void runlog_train(RunLog *r, int step, double loss, double lr, double grad_norm, double tok_per_s,
                   double eta_s, bool print);
-// Validation: loss and bits per byte (loss / ln 2 for a byte-level tokenizer).
-void runlog_eval(RunLog *r, int step, double val_loss, double extra_kl, double extra_mass);
+// Validation: loss per token and bits per byte of the text (loss / ln 2 /
+// bytes_per_token: 1 for the byte tokenizer).
+void runlog_eval(RunLog *r, int step, double val_loss, double bytes_per_token, double extra_kl, double extra_mass);
 // Free-form JSON object line, e.g. the run's start and end records.
 void runlog_json(RunLog *r, const char *json_object);
 // s as a JSON string literal, quotes included, escaped (truncated to fit n).

@@ -5,6 +5,7 @@
 #define TRAINER_H
 
 #include "checkpoint.h"
+#include "dist.h"
 #include "dsa_eval.h"
 #include "model_setup.h"
 #include "optim.h"
@@ -30,6 +31,10 @@ typedef struct Trainer {
     Optimizer opt;
     Batcher bt;
     TokenData tokens;
+    Tokenizer tok;             // the run's tokenizer ([data] tokenizer, or the checkpoint's)
+    uint8_t *tok_buf;          // its stored form for checkpoints (NULL: bytes)
+    size_t tok_len;
+    double val_bytes_per_token;   // of the validation batches: loss / ln 2 / this = bits per byte
     bool cache_built;          // the token cache was (re)built, not reused
     char cache_path[CACHE_PATH_MAX];
     Tape tp;
@@ -53,11 +58,18 @@ typedef struct Trainer {
     double last_kl;                 // the last step's KL term (NaN when there is none)
     DsaEval last_dsa;               // the last evaluation's DSA figures (NaN when not run)
     double decode_dense_tok_s, decode_sparse_tok_s;   // at the end, at a DSA_DECODE_CTX context
+    // Data parallel (dist.h; README "Many processes (MPI)"): rank `rank` of
+    // `ranks` takes windows [bt.lo, bt.hi) of every batch; its gradients and
+    // losses count with weight (bt.hi - bt.lo) / batch_size, so N ranks train
+    // as one process with the whole batch would, up to rounding.
+    int rank, ranks;
+    DistGrads *dg;                  // the gradient reduction (NULL in a single process)
+    int64_t slice_lo, slice_hi;     // the flat elements whose gradient norm this rank sums (ZeRO-1: updates)
 } Trainer;
 
 // Context length and steps of the end-of-run decoding-speed measurement.
 #define DSA_DECODE_CTX 4096
-#define DSA_DECODE_STEPS 16
+#define DSA_DECODE_STEPS 32   // per round (dsa_eval_decode_speed)
 
 // Fine-tuning and continued training: run_config.h says how the config is
 // assembled from init_from's. mode = none with init_from loads every
@@ -80,6 +92,11 @@ typedef struct Trainer {
 // resume or overwrite). Errors name the file, line and key (config) or the
 // path (data, checkpoint); a failed setup writes nothing.
 Status trainer_setup(Trainer *t, const TrainerOptions *o);
+// Under MPI every rank calls trainer_setup, trainer_run and trainer_free;
+// rank 0 alone writes the checkpoints and logs and prints (other ranks print
+// only their own errors, prefixed with their rank). trainer_setup's error is
+// to be printed by rank 0 only (dist_agree).
+//
 // Train to cfg.train.steps (or until interrupted). Returns the exit code:
 // 0 done, 1 the final checkpoint could not be written, 3 a non-finite loss,
 // gradient or parameter (the last good checkpoint is kept and none is written

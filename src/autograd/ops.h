@@ -68,14 +68,20 @@ Tensor *op_add_rmsnorm(Tape *tp, Tensor *a, Tensor *b, Tensor *g, double eps, Te
 Tensor *op_l2norm_heads(Tape *tp, Tensor *x, int head_dim);
 
 // ---- position and time (ops_rope.c, ops_conv.c) ----
+// doc_start (B, T) or NULL: document boundaries inside the rows (docs.h).
 // RoPE on x (B, T, H*head_dim): rotates interleaved pairs (2i, 2i+1) of each
 // head by angle (pos0 + t) * base^(-2i/head_dim).
 Tensor *op_rope(Tape *tp, Tensor *x, int head_dim, int pos0, double base);
+// The same at explicit positions: pos (B, T) (copied), row (b, t) rotated by
+// pos[b*T + t] * base^(-2i/head_dim) (positions restarting in each document,
+// docs_positions; or per-row decoding positions).
+Tensor *op_rope_pos(Tape *tp, Tensor *x, int head_dim, const int *pos, double base);
 // Causal depthwise 1-D convolution over time, no bias. x: (B, T, C),
-// w: (C, W): y[t,c] = sum_{j<W} w[c,j] * x[t-W+1+j, c] (zeros before t=0).
-Tensor *op_conv1d_causal(Tape *tp, Tensor *x, Tensor *w);
+// w: (C, W): y[t,c] = sum_{j<W} w[c,j] * x[t-W+1+j, c] (zeros before t=0,
+// and before the start of t's document).
+Tensor *op_conv1d_causal(Tape *tp, Tensor *x, Tensor *w, const int *doc_start);
 // silu(op_conv1d_causal(x, w)) as one op ("conv1d_silu"): saves nothing
 // beyond its inputs (the backward recomputes the convolution).
-Tensor *op_conv1d_causal_silu(Tape *tp, Tensor *x, Tensor *w);
+Tensor *op_conv1d_causal_silu(Tape *tp, Tensor *x, Tensor *w, const int *doc_start);
 
 #endif

@@ -20,8 +20,16 @@
 // conv1d_silu saves nothing: its backward recomputes z from x and w (W
 // multiply-adds per element) a tile of rows at a time, into per-thread
 // scratch that stays in cache, instead of keeping z (or y) for the backward.
+//
+// Documents (docs.h): a position reads only inputs of its own document, as
+// if its document were a sequence of its own: row (b, t) of a document that
+// begins at f is computed as position t - f of a fresh sequence (x = 0
+// before f), and the dx of row s sums the outputs t < end(s) of its
+// document only. Forward and dx are then the same operations, in the same
+// order, as on the documents cut into separate rows.
 #include <omp.h>
 
+#include "docs.h"
 #include "ops.h"
 #include "ops_math.h"
 
@@ -56,19 +64,24 @@ static inline void conv_row(real *restrict z, const real *restrict xr, const rea
     }
 }
 
+// The position of row r inside its document (docs.h; first may be NULL).
+static inline int conv_pos(const int *first, int64_t r, int T) { return (int)(r % T) - docs_begin(first, r); }
+
 // iarg[0]: 1 to apply SiLU (conv1d_silu), 0 for the bare convolution.
+// aux: first (B*T) of the documents (docs.h), or NULL.
 // x, y: (B, T, C); w: (C, W).
 static void conv_forward(Node *n) {
     const Tensor *x = n->in[0], *w = n->in[1];
     int T = x->shape[1], C = x->shape[2], W = w->shape[1];
     int64_t rows = (int64_t)x->shape[0] * T;
     bool silu = n->iarg[0];
+    const int *first = n->aux;
     const real *wt = conv_wt(n->tape, w), *X = x->data;
     real *Y = n->out[0]->data;
 #pragma omp parallel for if (x->numel * W > OPS_PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         real *restrict y = Y + r * C;
-        conv_row(y, X + r * C, wt, (int)(r % T), C, W);
+        conv_row(y, X + r * C, wt, conv_pos(first, r, T), C, W);
         if (silu) {
 #pragma omp simd
             for (int c = 0; c < C; c++) y[c] = y[c] * r_sigmoid(y[c]);
@@ -90,17 +103,18 @@ static inline void conv_silu_grad_row(real *restrict gz, const real *restrict g,
 // Rows [a, a1) of one sequence, whose row a sits at time t0: their dx (when
 // dx) and their terms of the partial dw (when part, (W, C)). gz holds the
 // rows [a, a1 + W - 1) that belong to the sequence, row r at gz + (r - a) * C.
+// first, end: the documents (docs.h), or NULL.
 // A fresh dx (tensor_grad_fresh) is zeroed row by row here, in cache, rather
 // than by a separate pass over the whole buffer.
 static void conv_backward_rows(real *dx, bool dx_fresh, real *part, const real *gz, const real *X, const real *wt,
-                               int64_t a, int64_t a1, int t0, int T, int C, int W) {
+                               const int *first, const int *end, int64_t a, int64_t a1, int t0, int T, int C, int W) {
     for (int64_t r = a; r < a1; r++) {
-        int t = t0 + (int)(r - a);
+        int t = t0 + (int)(r - a), te = end ? end[r] : T;
         if (dx) {
             real *restrict d = dx + r * C;
             if (dx_fresh)
                 for (int c = 0; c < C; c++) d[c] = 0;
-            for (int j = imax(0, t + W - T); j < W; j++) {   // the outputs t + W-1-j < T this row fed
+            for (int j = imax(0, t + W - te); j < W; j++) {   // the outputs t + W-1-j < te this row fed
                 const real *restrict g = gz + (r - a + W - 1 - j) * C, *restrict wj = wt + (int64_t)j * C;
 #pragma omp simd
                 for (int c = 0; c < C; c++) d[c] += wj[c] * g[c];
@@ -108,7 +122,7 @@ static void conv_backward_rows(real *dx, bool dx_fresh, real *part, const real *
         }
         if (part) {
             const real *restrict g = gz + (r - a) * C;
-            for (int j = imax(0, W - 1 - t); j < W; j++) {
+            for (int j = imax(0, W - 1 - (t - docs_begin(first, r))); j < W; j++) {
                 const real *restrict xs = X + (r - W + 1 + j) * C;
                 real *restrict pj = part + (int64_t)j * C;
 #pragma omp simd
@@ -123,11 +137,13 @@ static void conv_backward(Node *n) {
     int T = x->shape[1], C = x->shape[2], W = w->shape[1];
     int64_t rows = (int64_t)x->shape[0] * T;
     bool silu = n->iarg[0];
+    const int *first = n->aux;
     const real *G = n->out[0]->grad, *X = x->data;
     bool dx_fresh;
     real *dx = NODE_GRAD_FRESH(n, 0, &dx_fresh), *dw = NODE_GRAD_IN(n, 1);
     if ((!dx && !dw) || rows == 0) return;
     const real *wt = conv_wt(n->tape, w);
+    const int *end = first && dx ? docs_end(n->tape, first, x->shape[0], T) : NULL;
 
     // Row blocks: a function of `rows` only (see the top of the file).
     int64_t n_blocks = (rows + CONV_MIN_BLOCK_ROWS - 1) / CONV_MIN_BLOCK_ROWS;
@@ -157,10 +173,10 @@ static void conv_backward(Node *n) {
             if (silu) {
                 int64_t e = a1 + W - 1 < seq_end ? a1 + W - 1 : seq_end;   // the halo feeds dx only
                 for (int64_t r = a; r < (dx ? e : a1); r++)
-                    conv_silu_grad_row(buf + (r - a) * C, G + r * C, X + r * C, wt, t0 + (int)(r - a), C, W);
+                    conv_silu_grad_row(buf + (r - a) * C, G + r * C, X + r * C, wt, conv_pos(first, r, T), C, W);
                 gz = buf;
             }
-            conv_backward_rows(dx, dx_fresh, pk, gz, X, wt, a, a1, t0, T, C, W);
+            conv_backward_rows(dx, dx_fresh, pk, gz, X, wt, first, end, a, a1, t0, T, C, W);
         }
     }
     if (dw) {
@@ -179,16 +195,21 @@ static void conv_backward(Node *n) {
 static const OpDef OP_CONV1D_CAUSAL = {"conv1d_causal", conv_forward, conv_backward};
 static const OpDef OP_CONV1D_SILU = {"conv1d_silu", conv_forward, conv_backward};
 
-static Tensor *conv_build(Tape *tp, const OpDef *op, bool silu, Tensor *x, Tensor *w) {
+static Tensor *conv_build(Tape *tp, const OpDef *op, bool silu, Tensor *x, Tensor *w, const int *doc_start) {
     ASSERT(x->ndim == 3 && w->ndim == 2 && w->shape[0] == x->shape[2] && w->shape[1] >= 1,
            "%s: x %s must be (B, T, C) and w %s (C, W) with W >= 1", op->name, SHAPE(x), SHAPE(w));
     Tensor *y = tape_tensor(tp, 3, x->shape);
     Node *n = tape_op(tp, op, (Tensor *[]){x, w}, 2, &y, 1);
     n->iarg[0] = silu;
+    n->aux = docs_first(tp, doc_start, x->shape[0], x->shape[1]);
     conv_forward(n);
     return y;
 }
 
-Tensor *op_conv1d_causal(Tape *tp, Tensor *x, Tensor *w) { return conv_build(tp, &OP_CONV1D_CAUSAL, false, x, w); }
+Tensor *op_conv1d_causal(Tape *tp, Tensor *x, Tensor *w, const int *doc_start) {
+    return conv_build(tp, &OP_CONV1D_CAUSAL, false, x, w, doc_start);
+}
 
-Tensor *op_conv1d_causal_silu(Tape *tp, Tensor *x, Tensor *w) { return conv_build(tp, &OP_CONV1D_SILU, true, x, w); }
+Tensor *op_conv1d_causal_silu(Tape *tp, Tensor *x, Tensor *w, const int *doc_start) {
+    return conv_build(tp, &OP_CONV1D_SILU, true, x, w, doc_start);
+}

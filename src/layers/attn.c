@@ -7,12 +7,20 @@
 // No recurrent state. Decoding keeps a KV cache of the rotated keys and the
 // values; a step rotates the new q and k at the current absolute position,
 // appends k and v, and attends over the cache (attn_decode_forward), O(pos d).
+//
+// Documents (docs.h): the forward attends within each document
+// (op_attention's block-diagonal mask) and RoPE positions restart at every
+// document start, so a packed row computes exactly what its documents
+// compute as rows of their own. In decoding, kvcache_reset(b) starts a new
+// document in row b: later steps attend from that slot on, at positions
+// counted from it.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attn_kernel.h"
 #include "attn_layer.h"
+#include "docs.h"
 #include "mixer_common.h"
 
 const char *attn_layer_check(const MixerConfig *c, char *why, size_t n) {
@@ -31,12 +39,25 @@ void attn_layer_create(AttnLayer *L, ParamStore *ps, const char *prefix, const M
     L->wo = param_linear(ps, prefix, "wo", c->n_heads * c->d_v, c->d_model, c->out_std);
 }
 
-void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, int pos0, Tensor **q,
-                    Tensor **k, Tensor **v) {
+// RoPE at pos (B, T) or, when NULL, at pos0 + t.
+static Tensor *rope_at(Tape *tp, Tensor *x, int hd, int pos0, const int *pos, double base) {
+    return pos ? op_rope_pos(tp, x, hd, pos, base) : op_rope(tp, x, hd, pos0, base);
+}
+
+void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, int pos0, const int *pos,
+                    Tensor **q, Tensor **k, Tensor **v) {
     ASSERT(u->ndim == 3 && u->shape[2] == c->d_model, "attn: u %s must be (B, T, %d)", SHAPE(u), c->d_model);
-    *q = op_rope(tp, op_matmul(tp, u, L->wq, false, false), c->d_k, pos0, c->rope_base);
-    *k = op_rope(tp, op_matmul(tp, u, L->wk, false, false), c->d_k, pos0, c->rope_base);
+    *q = rope_at(tp, op_matmul(tp, u, L->wq, false, false), c->d_k, pos0, pos, c->rope_base);
+    *k = rope_at(tp, op_matmul(tp, u, L->wk, false, false), c->d_k, pos0, pos, c->rope_base);
     *v = op_matmul(tp, u, L->wv, false, false);
+}
+
+int *attn_doc_positions(Tape *tp, const int *doc_start, int B, int T) {
+    const int *first = docs_first(tp, doc_start, B, T);
+    if (!first) return NULL;
+    int *pos = tape_alloc(tp, (size_t)B * T * sizeof(int));
+    docs_positions(pos, first, B, T);
+    return pos;
 }
 
 void kvcache_init(KVCache *kc, const MixerConfig *c, int B, int max_T) {
@@ -44,6 +65,7 @@ void kvcache_init(KVCache *kc, const MixerConfig *c, int B, int max_T) {
     kc->B = B;
     kc->max_T = max_T;
     kc->pos = 0;
+    kc->start = xcalloc((size_t)B, sizeof(int));
     kc->k = xmalloc((size_t)B * max_T * c->n_heads * c->d_k * sizeof(real));
     kc->v = xmalloc((size_t)B * max_T * c->n_heads * c->d_v * sizeof(real));
 }
@@ -51,7 +73,24 @@ void kvcache_init(KVCache *kc, const MixerConfig *c, int B, int max_T) {
 void kvcache_free(KVCache *kc) {
     free(kc->k);
     free(kc->v);
+    free(kc->start);
     kc->k = kc->v = NULL;
+    kc->start = NULL;
+}
+
+void kvcache_reset(KVCache *kc, int b) {
+    ASSERT(b >= 0 && b < kc->B, "attn cache reset: row %d of %d", b, kc->B);
+    kc->start[b] = kc->pos;
+}
+
+int *kvcache_positions(Tape *tp, const KVCache *kc, int T0) {
+    bool any = false;
+    for (int b = 0; b < kc->B; b++) any |= kc->start[b] != 0;
+    if (!any) return NULL;
+    int *pos = tape_alloc(tp, (size_t)kc->B * T0 * sizeof(int));
+    for (int b = 0; b < kc->B; b++)
+        for (int t = 0; t < T0; t++) pos[b * T0 + t] = kc->pos + t - kc->start[b];
+    return pos;
 }
 
 void kvcache_put(KVCache *kc, const Tensor *k, const Tensor *v) {
@@ -73,14 +112,15 @@ static void attn_create(Mixer *m, ParamStore *ps, const char *prefix) {
 
 static void attn_destroy(Mixer *m) { free(m->impl); }
 
-static Tensor *attn_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out) {
+static Tensor *attn_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out) {
     const MixerConfig *c = &m->cfg;
     const AttnLayer *L = m->impl;
     ASSERT(s_in == NULL, "attn: has no recurrent state, s_in must be NULL (got %s)", SHAPE(s_in));
+    ASSERT(u->ndim == 3, "attn: u %s must be (B, T, D)", SHAPE(u));
     if (s_out) *s_out = NULL;
     Tensor *q, *k, *v;
-    attn_layer_qkv(tp, L, c, u, 0, &q, &k, &v);
-    Tensor *o = op_attention(tp, q, k, v, c->n_heads, 1.0 / sqrt(c->d_k));
+    attn_layer_qkv(tp, L, c, u, 0, attn_doc_positions(tp, doc_start, u->shape[0], u->shape[1]), &q, &k, &v);
+    Tensor *o = op_attention(tp, q, k, v, c->n_heads, 1.0 / sqrt(c->d_k), doc_start);
     return op_matmul(tp, o, L->wo, false, false);
 }
 
@@ -104,14 +144,16 @@ static Tensor *attn_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     ASSERT(kc->pos < kc->max_T, "attn step: the KV cache is full (%d positions)", kc->max_T);
     ASSERT(!tape_grad_enabled(tp), "attn step: decoding runs in no-grad mode (tape_no_grad_push first)");
     Tensor *q, *k, *v;
-    attn_layer_qkv(tp, m->impl, c, u, kc->pos, &q, &k, &v);
+    attn_layer_qkv(tp, m->impl, c, u, kc->pos, kvcache_positions(tp, kc, 1), &q, &k, &v);
     kvcache_put(kc, k, v);
     kc->pos++;
     Tensor *o = tape_tensorv(tp, 3, kc->B, 1, c->n_heads * c->d_v);
-    attn_decode_forward(o->data, q->data, kc->k, kc->v, kc->B, kc->max_T, kc->pos, c->n_heads, c->d_k, c->d_v,
-                        1.0 / sqrt(c->d_k));
+    attn_decode_forward(o->data, q->data, kc->k, kc->v, kc->B, kc->max_T, kc->pos, kc->start, c->n_heads, c->d_k,
+                        c->d_v, 1.0 / sqrt(c->d_k));
     return op_matmul(tp, o, ((const AttnLayer *)m->impl)->wo, false, false);
 }
+
+static void attn_cache_reset(const Mixer *m, void *cache, int b) { kvcache_reset(cache, b); }
 
 const MixerKind MIXER_ATTN = {
     .name = "attn",
@@ -121,6 +163,7 @@ const MixerKind MIXER_ATTN = {
     .cache_new = attn_cache_new,
     .cache_free = attn_cache_free,
     .step = attn_step,
+    .cache_reset = attn_cache_reset,
     .destroy = attn_destroy,
     .check = attn_layer_check,
 };

@@ -10,6 +10,10 @@
 // Decoding keeps the KV cache plus the indexer keys kI.
 // Modes (attn_dsa.h): DSA_SPARSE as above; DSA_DISTILL dense attention plus
 // the KL over all s <= t; DSA_SPARSE_KL sparse attention plus the KL over Sel_t.
+// Documents (docs.h): the attention, the indexer's candidates (and so Sel_t),
+// the target and the KL stay inside each document, s in [lo(t), t], with RoPE
+// positions (of q, k, qI, kI) restarting at every document, as in `attn`.
+// In decoding, a reset row indexes and attends from its document's first slot.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,37 +84,45 @@ static Tensor *stop_gradient(Tape *tp, Tensor *u) {
     return d;
 }
 
-static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out) {
+// RoPE at pos (B, T) or, when NULL, at pos0 + t.
+static Tensor *rope_at(Tape *tp, Tensor *x, int hd, int pos0, const int *pos, double base) {
+    return pos ? op_rope_pos(tp, x, hd, pos, base) : op_rope(tp, x, hd, pos0, base);
+}
+
+static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out) {
     const MixerConfig *c = &m->cfg;
     DsaLayer *L = m->impl;
     ASSERT(s_in == NULL, "attn_dsa: has no recurrent state, s_in must be NULL (got %s)", SHAPE(s_in));
+    ASSERT(u->ndim == 3, "attn_dsa: u %s must be (B, T, D)", SHAPE(u));
     if (s_out) *s_out = NULL;
     L->last_kl = NULL;
-    Tensor *q, *k, *v;
-    attn_layer_qkv(tp, &L->attn, c, u, 0, &q, &k, &v);
     int B = u->shape[0], T = u->shape[1], H = c->n_heads, K = imin(c->topk, T);
+    const int *pos = attn_doc_positions(tp, doc_start, B, T);   // NULL: no boundary
+    if (!pos) doc_start = NULL;
+    Tensor *q, *k, *v;
+    attn_layer_qkv(tp, &L->attn, c, u, 0, pos, &q, &k, &v);
     double scale = 1.0 / sqrt(c->d_k);
     Tensor *o;
     if (L->mode == DSA_SPARSE && c->topk >= T) {   // everything is selected: the dense kernel is the same math
-        return op_matmul(tp, op_attention(tp, q, k, v, H, scale), L->attn.wo, false, false);
+        return op_matmul(tp, op_attention(tp, q, k, v, H, scale, doc_start), L->attn.wo, false, false);
     }
     // The indexer only needs a graph when its KL will be back-propagated.
     if (L->mode == DSA_SPARSE) tape_no_grad_push(tp);
     Tensor *ub = stop_gradient(tp, u);
-    Tensor *qI = op_rope(tp, op_matmul(tp, ub, L->wq_idx, false, false), c->index_dim, 0, c->rope_base);
-    Tensor *kI = op_rope(tp, op_matmul(tp, ub, L->wk_idx, false, false), c->index_dim, 0, c->rope_base);
+    Tensor *qI = rope_at(tp, op_matmul(tp, ub, L->wq_idx, false, false), c->index_dim, 0, pos, c->rope_base);
+    Tensor *kI = rope_at(tp, op_matmul(tp, ub, L->wk_idx, false, false), c->index_dim, 0, pos, c->rope_base);
     Tensor *w = op_matmul(tp, ub, L->ww_idx, false, false);
     int *sel = tape_alloc(tp, (size_t)B * T * K * sizeof(int));
     if (L->mode == DSA_DISTILL) {   // the KL needs every score and the dense target: O(T^2) memory
-        Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads);
-        dsa_topk(sel, Isc->data, B, T, K);
-        o = op_attention(tp, q, k, v, H, scale);
+        Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads, doc_start);
+        dsa_topk(sel, Isc->data, B, T, K, doc_start);
+        o = op_attention(tp, q, k, v, H, scale, doc_start);
         Tensor *p = tape_tensorv(tp, 3, B, T, T);   // the target: a constant
-        dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale);
-        L->last_kl = op_dsa_kl(tp, Isc, p);
+        dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale, doc_start);
+        L->last_kl = op_dsa_kl(tp, Isc, p, doc_start);
         L->last_mass = dsa_selected_mass(p->data, sel, B, T, K);
     } else {   // scores and selection tile by tile: no (B, T, T) matrix
-        dsa_index_select(sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K);
+        dsa_index_select(sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K, doc_start);
         if (L->mode == DSA_SPARSE) tape_no_grad_pop(tp);
         o = op_sparse_attention(tp, q, k, v, sel, K, H, scale);
         if (L->mode == DSA_SPARSE_KL) {   // the KL over the selection: O(T K) memory
@@ -155,30 +167,34 @@ static Tensor *dsa_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     ASSERT(kv->pos < kv->max_T, "attn_dsa step: the KV cache is full (%d positions)", kv->max_T);
     ASSERT(!tape_grad_enabled(tp), "attn_dsa step: decoding runs in no-grad mode (tape_no_grad_push first)");
     int pos = kv->pos;
+    const int *rp = kvcache_positions(tp, kv, 1);   // RoPE positions of reset rows (NULL: pos)
     Tensor *q, *k, *v;
-    attn_layer_qkv(tp, &L->attn, c, u, pos, &q, &k, &v);
+    attn_layer_qkv(tp, &L->attn, c, u, pos, rp, &q, &k, &v);
     kvcache_put(kv, k, v);
-    Tensor *kI = op_rope(tp, op_matmul(tp, u, L->wk_idx, false, false), dI, pos, c->rope_base);
+    Tensor *kI = rope_at(tp, op_matmul(tp, u, L->wk_idx, false, false), dI, pos, rp, c->rope_base);
     for (int b = 0; b < B; b++)
         memcpy(dc->kI + ((int64_t)b * kv->max_T + pos) * dI, kI->data + (int64_t)b * dI, (size_t)dI * sizeof(real));
     kv->pos++;
     Tensor *o = tape_tensorv(tp, 3, B, 1, c->n_heads * c->d_v);
     if (L->mode == DSA_DISTILL) {   // the main model as trained: dense attention over the cache
-        attn_decode_forward(o->data, q->data, kv->k, kv->v, B, kv->max_T, kv->pos, c->n_heads, c->d_k, c->d_v,
-                            1.0 / sqrt(c->d_k));
+        attn_decode_forward(o->data, q->data, kv->k, kv->v, B, kv->max_T, kv->pos, kv->start, c->n_heads, c->d_k,
+                            c->d_v, 1.0 / sqrt(c->d_k));
         return op_matmul(tp, o, L->attn.wo, false, false);
     }
-    Tensor *qI = op_rope(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, c->rope_base);
+    Tensor *qI = rope_at(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, rp, c->rope_base);
     Tensor *w = op_matmul(tp, u, L->ww_idx, false, false);
-    for (int b = 0; b < B; b++) {
-        dsa_index_row(dc->scores, qI->data + (int64_t)b * HI * dI, w->data + (int64_t)b * HI,
-                      dc->kI + (int64_t)b * kv->max_T * dI, dI, kv->pos, HI, dI);
-        dsa_topk_row(dc->sel + (int64_t)b * K, dc->scores, kv->pos, K, dc->cand);
+    for (int b = 0; b < B; b++) {   // the keys of row b's document: slots start[b] .. pos
+        int s0 = kv->start[b];
+        dsa_index_row(dc->scores + s0, qI->data + (int64_t)b * HI * dI, w->data + (int64_t)b * HI,
+                      dc->kI + ((int64_t)b * kv->max_T + s0) * dI, dI, kv->pos - s0, HI, dI);
+        dsa_topk_from(dc->sel + (int64_t)b * K, dc->scores, s0, kv->pos, K, dc->cand);
     }
     dsa_sparse_decode(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v,
                       1.0 / sqrt(c->d_k));
     return op_matmul(tp, o, L->attn.wo, false, false);
 }
+
+static void dsa_cache_reset(const Mixer *m, void *cache, int b) { kvcache_reset(&((DsaCache *)cache)->kv, b); }
 
 static DsaLayer *dsa_impl(const Mixer *m, const char *fn) {
     ASSERT(strcmp(m->kind->name, "attn_dsa") == 0, "%s: mixer is '%s', not attn_dsa", fn, m->kind->name);
@@ -224,12 +240,13 @@ void attn_cache_prefill(Tape *tp, const Mixer *m, void *cache, Tensor *u) {
     tape_no_grad_push(tp);
     Tensor *q, *k, *v;
     const AttnLayer *A = dsa ? &((const DsaLayer *)m->impl)->attn : m->impl;
-    attn_layer_qkv(tp, A, c, u, kv->pos, &q, &k, &v);
+    const int *rp = kvcache_positions(tp, kv, T0);
+    attn_layer_qkv(tp, A, c, u, kv->pos, rp, &q, &k, &v);
     cache_rows(kv->k, k->data, kv->B, kv->max_T, kv->pos, T0, c->n_heads * c->d_k);
     cache_rows(kv->v, v->data, kv->B, kv->max_T, kv->pos, T0, c->n_heads * c->d_v);
     if (dsa) {
         const DsaLayer *L = m->impl;
-        Tensor *kI = op_rope(tp, op_matmul(tp, u, L->wk_idx, false, false), c->index_dim, kv->pos, c->rope_base);
+        Tensor *kI = rope_at(tp, op_matmul(tp, u, L->wk_idx, false, false), c->index_dim, kv->pos, rp, c->rope_base);
         cache_rows(((DsaCache *)cache)->kI, kI->data, kv->B, kv->max_T, kv->pos, T0, c->index_dim);
     }
     tape_no_grad_pop(tp);
@@ -244,6 +261,7 @@ const MixerKind MIXER_ATTN_DSA = {
     .cache_new = dsa_cache_new,
     .cache_free = dsa_cache_free,
     .step = dsa_step,
+    .cache_reset = dsa_cache_reset,
     .destroy = dsa_destroy,
     .check = dsa_check,
 };

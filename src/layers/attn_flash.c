@@ -23,6 +23,14 @@
 // scores MR queries at a time with the keys along the lanes, against K_j^T
 // and V_j^T packed once per key tile. Diagonal blocks skip their masked half
 // (tile_mm_band). Scratch: one slot per thread from tape_thread_slots.
+//
+// Documents (docs.h): query t sees the keys lo(t) <= s <= t, lo(t) the start
+// of its document (block-diagonal causal). Key tiles wholly before a query
+// tile's documents and query tiles wholly after a key tile's documents are
+// skipped; inside a block that a boundary cuts, the scores across it are
+// masked to weight 0 without an exp (a query that has seen no key yet keeps
+// m = -inf, alpha = 1 as above); blocks that no boundary cuts run the code
+// without documents.
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -31,6 +39,7 @@
 
 #include "attn_kernel.h"
 #include "blas.h"
+#include "docs.h"
 #include "ops_math.h"
 #include "tile_mm.h"
 
@@ -72,10 +81,11 @@ static size_t forward_scratch(const AttnDims *d) {
 
 // One query tile of one head: o rows t0..t0+nq-1 and their lse.
 // q, k: head-h base pointers of batch b (row stride ldq); v, o: (row stride ldv).
+// first: the row's (T) document index (docs.h), or NULL.
 // The running max m and sum l stay in `real`: m is a max (exact), l a sum of
 // at most T terms in [0, 1].
 static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q, const real *k,
-                               const real *v, real *o, real *lse, real *scratch) {
+                               const real *v, real *o, real *lse, const int *first, real *scratch) {
     int ldq = d->H * d->dk, ldv = d->H * d->dv, dvp = d->dvp, bqp = forward_bqp(d);
     real *Qt = scratch, *Vp = Qt + (size_t)d->dk * bqp, *St = Vp + (size_t)d->bk * dvp;
     real *acc = St + (size_t)d->bk * QB, *m = acc + (size_t)d->bq * dvp, *l = m + bqp;
@@ -85,7 +95,8 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
     bool v_in = in_place(v, ldv, d->dv);   // V rows used where they are (else copied into Vp)
     int ldvj = v_in ? ldv : dvp;
     int s_end = t0 + nq;   // keys 0 .. s_end-1 can be seen by some row of the tile
-    for (int s0 = 0; s0 < s_end; s0 += d->bk) {
+    int s_lo = docs_begin(first, t0) / d->bk * d->bk;   // the key tile holding the first key the tile sees
+    for (int s0 = s_lo; s0 < s_end; s0 += d->bk) {
         int nk = imin(d->bk, s_end - s0);
         const real *Vj = v_in ? v + (int64_t)s0 * ldv : Vp;   // V_j rows, stride ldvj
         if (!v_in) pack_rows(Vp, dvp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
@@ -94,19 +105,33 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
             int nr = imin(QB, nq - i0);
             int kmax = imin(nk, t0 + i0 + nr - s0);   // keys s0 .. s0+kmax-1 seen by the block's last query
             int lag = t0 + i0 - s0;                    // key j is seen by query i of the block iff j <= lag + i
+            // Documents: query i sees key j only if j >= lo[i]; cut: some query's document begins after s0.
+            int lo[QB];
+            bool cut = first && docs_begin(first, t0 + i0 + nr - 1) > s0;
+            if (cut) {
+                if (docs_begin(first, t0 + i0) >= s0 + kmax) continue;   // every query's document begins later
+                for (int i = 0; i < QB; i++) lo[i] = docs_begin(first, t0 + i0 + imin(i, nr - 1)) - s0;
+            }
             tile_mm(kmax, QB, d->dk, d->scale, k + (int64_t)s0 * ldq, ldq, 1, Qt + i0, bqp, St, QB, false);
             real *mb = m + i0, *lb = l + i0, mx[QB], sum[QB], alpha[QB];
 #pragma omp simd
             for (int i = 0; i < QB; i++) mx[i] = mb[i], sum[i] = 0;
             // Keys j < jall are seen by every query of the block; the rest
-            // (the diagonal) by queries i >= j - lag only.
-            int jall = imax(0, imin(kmax, lag + 1));
+            // (the diagonal) by queries i >= j - lag only. A block that a
+            // document boundary cuts tests both bounds on every key.
+            int jall = cut ? 0 : imax(0, imin(kmax, lag + 1));
             for (int j = 0; j < jall; j++) {
                 const real *Sj = St + (int64_t)j * QB;
 #pragma omp simd
                 for (int i = 0; i < QB; i++) mx[i] = Sj[i] > mx[i] ? Sj[i] : mx[i];
             }
-            for (int j = jall; j < kmax; j++) {
+            if (cut)
+                for (int j = 0; j < kmax; j++) {
+                    const real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+                    for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && j >= lo[i] && Sj[i] > mx[i] ? Sj[i] : mx[i];
+                }
+            for (int j = jall; j < kmax && !cut; j++) {
                 const real *Sj = St + (int64_t)j * QB;
 #pragma omp simd
                 for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && Sj[i] > mx[i] ? Sj[i] : mx[i];
@@ -119,7 +144,16 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
                     sum[i] += Sj[i];
                 }
             }
-            for (int j = jall; j < kmax; j++) {
+            if (cut)
+                for (int j = 0; j < kmax; j++) {
+                    real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+                    for (int i = 0; i < QB; i++) {
+                        Sj[i] = j <= lag + i && j >= lo[i] ? r_exp(Sj[i] - mx[i]) : 0;
+                        sum[i] += Sj[i];
+                    }
+                }
+            for (int j = jall; j < kmax && !cut; j++) {
                 real *Sj = St + (int64_t)j * QB;
 #pragma omp simd
                 for (int i = 0; i < QB; i++) {
@@ -156,6 +190,7 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
 static void flash_forward(Node *n) {
     AttnDims d = dims_of(n);
     const real *q = n->in[0]->data, *k = n->in[1]->data, *v = n->in[2]->data;
+    const int *first = n->aux;
     real *o = n->out[0]->data;
     real *lse = n->saved;   // (B, H, T) or NULL when no backward will run
     int ldq = d.H * d.dk, ldv = d.H * d.dv;
@@ -176,7 +211,8 @@ static void flash_forward(Node *n) {
                     int64_t row0 = (int64_t)b * d.T;
                     flash_forward_tile(&d, t0, nq, q + row0 * ldq + h * d.dk, k + row0 * ldq + h * d.dk,
                                        v + row0 * ldv + h * d.dv, o + row0 * ldv + h * d.dv,
-                                       lse ? lse + ((int64_t)b * d.H + h) * d.T : NULL, scratch);
+                                       lse ? lse + ((int64_t)b * d.H + h) * d.T : NULL, first ? first + row0 : NULL,
+                                       scratch);
                 }
     }
 }
@@ -204,13 +240,14 @@ static size_t backward_scratch(const AttnDims *d, real *base, BwdScratch *w) {
 }
 
 // All blocks of one (batch, head). Pointers are the head's base in batch b;
-// gradient pointers may be NULL (that input takes no gradient). Operands
+// gradient pointers may be NULL (that input takes no gradient). first, end:
+// the row's (T) documents (docs.h), or NULL. Operands
 // that are whole aligned vectors (in_place) are used where they are: the
 // products read q, k, dO and add into dq, dk, dv directly; otherwise through
 // padded copies in scratch.
 static void flash_backward_head(const AttnDims *d, const real *q, const real *k, const real *v,
                                 const real *o, const real *dO, const real *lse, real *dq, real *dk,
-                                real *dv, const BwdScratch *w) {
+                                real *dv, const int *first, const int *end, const BwdScratch *w) {
     int ldq = d->H * d->dk, ldv = d->H * d->dv, bq = d->bq, bk = d->bk, T = d->T;
     int bkp = d->bkp, dkp = d->dkp, dvp = d->dvp;
     for (int t = 0; t < T; t++) {   // D_t = dO_t . O_t
@@ -235,8 +272,10 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
         int lddk = dk_in ? ldq : dkp, lddv = dv_in ? ldv : dvp;
         if (dk && !dk_in) memset(w->dKj, 0, (size_t)nk * dkp * sizeof(real));
         if (dv && !dv_in) memset(w->dVj, 0, (size_t)nk * dvp * sizeof(real));
-        // Query tiles that can see key s0 onwards: the one holding s0, and later ones.
-        for (int t0 = (s0 / bq) * bq; t0 < T; t0 += bq) {
+        // Query tiles that can see key s0 onwards: the one holding s0, and
+        // later ones up to the end of the tile's last key's document.
+        int t_end = end ? end[s0 + nk - 1] : T;
+        for (int t0 = (s0 / bq) * bq; t0 < t_end; t0 += bq) {
             int nq = imin(bq, T - t0);
             int r0 = imax(0, s0 - t0);   // rows before r0 see none of these keys: P = dS = 0 there
             const real *Qi = q + (int64_t)t0 * ldq, *dOi = dO + (int64_t)t0 * ldv;
@@ -253,8 +292,9 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
                 for (int r = 0; r < nr; r++) {
                     real *Pr = P + (int64_t)r * bkp, L = lse[t0 + i0 + r];
                     int nvalid = imin(nk, t0 + i0 + r - s0 + 1);
+                    int jlo = docs_begin(first, t0 + i0 + r) - s0;   // keys before it: another document
 #pragma omp simd
-                    for (int j = 0; j < nkv; j++) Pr[j] = j < nvalid ? r_exp(Pr[j] - L) : 0;
+                    for (int j = 0; j < nkv; j++) Pr[j] = j < nvalid && j >= jlo ? r_exp(Pr[j] - L) : 0;
                 }
                 if (!need_ds) continue;
                 tile_mm(nr, round_vl(kmax), d->dv, 1, dOi + (int64_t)i0 * ldv, ldv, 1, w->Vt, bkp, dS, bkp, false);
@@ -292,6 +332,7 @@ static void flash_backward(Node *n) {
     const real *q = n->in[0]->data, *k = n->in[1]->data, *v = n->in[2]->data;
     const real *o = n->out[0]->data, *dO = n->out[0]->grad;
     const real *lse = n->saved;
+    const int *first = n->aux, *end = first ? docs_end(n->tape, first, d.B, d.T) : NULL;
     int ldq = d.H * d.dk, ldv = d.H * d.dv;
     size_t stride;
     unsigned char *slots = tape_thread_slots(n->tape, backward_scratch(&d, NULL, NULL) * sizeof(real), &stride);
@@ -306,7 +347,8 @@ static void flash_backward(Node *n) {
                 int64_t qo = (int64_t)b * d.T * ldq + h * d.dk, vo = (int64_t)b * d.T * ldv + h * d.dv;
                 flash_backward_head(&d, q + qo, k + qo, v + vo, o + vo, dO + vo,
                                     lse + ((int64_t)b * d.H + h) * d.T, dq ? dq + qo : NULL,
-                                    dk ? dk + qo : NULL, dv ? dv + vo : NULL, &w);
+                                    dk ? dk + qo : NULL, dv ? dv + vo : NULL, first ? first + (int64_t)b * d.T : NULL,
+                                    end ? end + (int64_t)b * d.T : NULL, &w);
             }
     }
 }
@@ -314,7 +356,7 @@ static void flash_backward(Node *n) {
 static const OpDef OP_ATTENTION = {"attention", flash_forward, flash_backward};
 
 Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale,
-                           int tile_q, int tile_k) {
+                           const int *doc_start, int tile_q, int tile_k) {
     ASSERT(q->ndim == 3 && k->ndim == 3 && v->ndim == 3,
            "attention: q %s, k %s, v %s must be (B, T, H*d)", SHAPE(q), SHAPE(k), SHAPE(v));
     ASSERT(tensor_same_shape(q, k), "attention: q %s and k %s must have the same shape", SHAPE(q), SHAPE(k));
@@ -335,18 +377,22 @@ Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_head
     n->iarg[5] = tile_q;
     n->iarg[6] = tile_k;
     n->farg[0] = scale;
+    n->aux = docs_first(tp, doc_start, B, T);
     if (n->recorded) n->saved = tape_alloc(tp, (size_t)B * n_heads * T * sizeof(real));
     flash_forward(n);
     return o;
 }
 
-Tensor *op_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale) {
-    return op_attention_tiled(tp, q, k, v, n_heads, scale, ATTN_TILE_Q, ATTN_TILE_K);
+Tensor *op_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale, const int *doc_start) {
+    return op_attention_tiled(tp, q, k, v, n_heads, scale, doc_start, ATTN_TILE_Q, ATTN_TILE_K);
 }
 
 void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
-                         int n_keys, int H, int dk, int dv, double scale) {
+                         int n_keys, const int *key0, int H, int dk, int dv, double scale) {
     ASSERT(n_keys >= 1 && n_keys <= max_T, "attn_decode_forward: %d keys in a cache of %d", n_keys, max_T);
+    for (int b = 0; key0 && b < B; b++)
+        ASSERT(key0[b] >= 0 && key0[b] < n_keys, "attn_decode_forward: row %d starts at key %d of %d", b, key0[b],
+               n_keys);
     int ldq = H * dk, ldv = H * dv;
 #pragma omp parallel
     {
@@ -354,19 +400,18 @@ void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc,
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++) {
-                const real *K = kc + (int64_t)b * max_T * ldq + h * dk;
-                const real *V = vc + (int64_t)b * max_T * ldv + h * dv;
-                gemm(false, true, 1, n_keys, dk, (real)scale, q + (int64_t)b * ldq + h * dk, ldq, K, ldq, 0, s,
-                     n_keys);
+                int s0 = key0 ? key0[b] : 0, n = n_keys - s0;   // the keys of row b's document
+                const real *K = kc + ((int64_t)b * max_T + s0) * ldq + h * dk;
+                const real *V = vc + ((int64_t)b * max_T + s0) * ldv + h * dv;
+                gemm(false, true, 1, n, dk, (real)scale, q + (int64_t)b * ldq + h * dk, ldq, K, ldq, 0, s, n);
                 real mx = s[0];
-                for (int j = 1; j < n_keys; j++) mx = s[j] > mx ? s[j] : mx;
+                for (int j = 1; j < n; j++) mx = s[j] > mx ? s[j] : mx;
                 double sum = 0;
-                for (int j = 0; j < n_keys; j++) {
+                for (int j = 0; j < n; j++) {
                     s[j] = r_exp(s[j] - mx);
                     sum += s[j];
                 }
-                gemm(false, false, 1, dv, n_keys, (real)(1.0 / sum), s, n_keys, V, ldv, 0,
-                     o + (int64_t)b * ldv + h * dv, ldv);
+                gemm(false, false, 1, dv, n, (real)(1.0 / sum), s, n, V, ldv, 0, o + (int64_t)b * ldv + h * dv, ldv);
             }
         free(s);
     }

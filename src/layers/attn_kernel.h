@@ -14,6 +14,11 @@
 //
 // op_attention_naive (attn_naive.c) is the reference: plain loops, the full
 // P (B, H, T, T) saved for the backward. Use it only to test the fast one.
+//
+// Documents (docs.h): with doc_start, query t attends to the keys of its own
+// document only, s in [lo(t), t] (block-diagonal causal), lo(t) the position
+// where t's document begins; each document is then computed as a sequence of
+// its own (up to rounding: the tiles cut it elsewhere).
 #ifndef ATTN_KERNEL_H
 #define ATTN_KERNEL_H
 
@@ -23,10 +28,11 @@
 #define ATTN_TILE_K 64   // keys per block
 
 // q, k: (B, T, H*dk), v: (B, T, H*dv) -> o (B, T, H*dv), causal.
-Tensor *op_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale);
+// doc_start: (B, T) or NULL (docs.h).
+Tensor *op_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale, const int *doc_start);
 // The same with explicit tile sizes (tests run several tiles per sequence at small T).
 Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale,
-                           int tile_q, int tile_k);
+                           const int *doc_start, int tile_q, int tile_k);
 // The O(T^2)-memory reference, same contract as op_attention.
 Tensor *op_attention_naive(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale);
 // The reference restricted to allowed positions: allow (B, T, T), row (b, t)
@@ -36,9 +42,10 @@ Tensor *op_attention_naive_masked(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int
                                   const unsigned char *allow);
 
 // Decoding: one new query per sequence attends over the first n_keys cached
-// positions. q: (B, H*dk); kc: (B, max_T, H*dk); vc: (B, max_T, H*dv);
+// positions, from key0[b] on in row b (key0 (B): where its document begins,
+// < n_keys; NULL: 0). q: (B, H*dk); kc: (B, max_T, H*dk); vc: (B, max_T, H*dv);
 // o: (B, H*dv). Cost O(n_keys * (dk + dv)) per head. No autograd.
 void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
-                         int n_keys, int H, int dk, int dv, double scale);
+                         int n_keys, const int *key0, int H, int dk, int dv, double scale);
 
 #endif

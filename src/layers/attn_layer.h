@@ -14,7 +14,8 @@ typedef struct AttnLayer {
 
 typedef struct KVCache {
     int B, max_T;
-    int pos;      // positions cached so far = the absolute position of the next token
+    int pos;      // positions cached so far = the cache slot of the next token
+    int *start;   // (B) the slot where each row's current document begins (0 until a reset)
     real *k;      // (B, max_T, H*dk) keys after RoPE
     real *v;      // (B, max_T, H*dv)
 } KVCache;
@@ -23,13 +24,24 @@ typedef struct KVCache {
 // Constraints of the attention projections (d_k even for RoPE); MixerKind.check.
 const char *attn_layer_check(const MixerConfig *c, char *why, size_t n);
 void attn_layer_create(AttnLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *c);
-// u (B, T, D) -> q = RoPE(u Wq), k = RoPE(u Wk) at absolute positions pos0.., v = u Wv.
-void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, int pos0, Tensor **q,
-                    Tensor **k, Tensor **v);
+// u (B, T, D) -> q = RoPE(u Wq), k = RoPE(u Wk), v = u Wv; RoPE at positions
+// pos (B, T) (docs_positions, kvcache_positions), or pos0 + t when pos is NULL.
+void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, int pos0, const int *pos,
+                    Tensor **q, Tensor **k, Tensor **v);
+// The RoPE positions of a forward with documents: t - (the start of t's
+// document), on tp's arena; NULL when doc_start flags nothing (positions t).
+// MODEL.md's project notes: positions restart at every document.
+int *attn_doc_positions(Tape *tp, const int *doc_start, int B, int T);
 
 void kvcache_init(KVCache *kc, const MixerConfig *c, int B, int max_T);
 void kvcache_free(KVCache *kc);
 // Store k (B, 1, H*dk), v (B, 1, H*dv) at position kc->pos (does not advance it).
 void kvcache_put(KVCache *kc, const Tensor *k, const Tensor *v);
+// Row b's next token begins a new document: it and the tokens after it
+// attend from slot kc->pos on, at RoPE positions counted from there.
+void kvcache_reset(KVCache *kc, int b);
+// The RoPE positions (B, T0) of T0 tokens from slot kc->pos on (pos + t -
+// start[b]), on tp's arena; NULL when no row was reset (positions pos + t).
+int *kvcache_positions(Tape *tp, const KVCache *kc, int T0);
 
 #endif

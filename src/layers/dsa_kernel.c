@@ -10,6 +10,13 @@
 //   dw_tj += c sum_s dI_ts ReLU(Z_(t,j),s)
 //   dZ_(t,j),s = c dI_ts w_tj [Z > 0]
 //   dQ_tile += dZ K,  dK += dZ^T Q_tile
+//
+// Documents (docs.h): every row's candidates are the positions s in
+// [lo(t), t] of its own document (lo(t) its start) instead of [0, t]: the
+// scores outside are zeros that nothing reads (the KL's softmax and the
+// top-k run over [lo(t), t]), and key blocks before a tile's documents are
+// not scored. A row with fewer than K candidates selects them all, -1
+// padded, as the first rows of a sequence do.
 #include <math.h>
 #include <stdint.h>
 #include <omp.h>
@@ -17,6 +24,7 @@
 #include <string.h>
 
 #include "blas.h"
+#include "docs.h"
 #include "dsa_kernel.h"
 
 // ---- indexer scores ----
@@ -26,13 +34,17 @@
 // matrix). The keys go in blocks of DSA_KEY_BLOCK, so that Z stays in cache
 // between the product and the pass that reads it, and that pass writes each
 // score once: I = 0 + term_0 + term_1 + ..., the index heads in order.
+// first: the documents (docs.h, (B, T)) or NULL: then only s in [lo(t), t]
+// is scored, and the entries before lo(t) are zeroed when `full` (else left
+// as they are: the caller reads [lo(t), t] only).
 // Z: scratch (nq*HI, DSA_KEY_BLOCK).
-static void index_tile(real *out, int64_t ldo, const real *qI, const real *kI, const real *w, int b, int t0, int nq,
-                       int T, int HI, int dI, real *Z) {
+static void index_tile(real *out, int64_t ldo, const real *qI, const real *kI, const real *w, const int *first,
+                       bool full, int b, int t0, int nq, int T, int HI, int dI, real *Z) {
     real c = (real)(1.0 / sqrt(dI));
     int s_end = t0 + nq;
-    const real *Q = qI + ((int64_t)b * T + t0) * HI * dI, *K = kI + (int64_t)b * T * dI;
-    for (int s0 = 0; s0 < s_end; s0 += DSA_KEY_BLOCK) {
+    int64_t r0 = (int64_t)b * T + t0;
+    const real *Q = qI + r0 * HI * dI, *K = kI + (int64_t)b * T * dI;
+    for (int s0 = docs_begin(first, r0) / DSA_KEY_BLOCK * DSA_KEY_BLOCK; s0 < s_end; s0 += DSA_KEY_BLOCK) {
         int ns = imin(DSA_KEY_BLOCK, s_end - s0);
         gemm(false, true, nq * HI, ns, dI, 1, Q, dI, K + (int64_t)s0 * dI, dI, 0, Z, ns);
         for (int i = imax(0, s0 - t0); i < nq; i++) {   // rows t >= s0
@@ -53,10 +65,11 @@ static void index_tile(real *out, int64_t ldo, const real *qI, const real *kI, c
     for (int i = 0; i < nq; i++) {
         int t = t0 + i;
         memset(out + (int64_t)i * ldo + t + 1, 0, (size_t)(ldo - t - 1) * sizeof(real));
+        if (full && first) memset(out + (int64_t)i * ldo, 0, (size_t)docs_begin(first, r0 + i) * sizeof(real));
     }
 }
 
-// iarg: 0 B, 1 T, 2 HI, 3 dI.
+// iarg: 0 B, 1 T, 2 HI, 3 dI. aux: first (B, T) of the documents, or NULL.
 static void index_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1], HI = n->iarg[2], dI = n->iarg[3];
     int n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
@@ -70,7 +83,7 @@ static void index_forward(Node *n) {
             for (int it = 0; it < n_tiles; it++) {
                 int t0 = it * DSA_TILE;
                 index_tile(n->out[0]->data + ((int64_t)b * T + t0) * T, T, n->in[0]->data, n->in[1]->data,
-                           n->in[2]->data, b, t0, imin(DSA_TILE, T - t0), T, HI, dI, Z);
+                           n->in[2]->data, n->aux, true, b, t0, imin(DSA_TILE, T - t0), T, HI, dI, Z);
             }
     }
 }
@@ -81,6 +94,7 @@ static void index_backward(Node *n) {
     if (!gq && !gk && !gw) return;
     const real *qI = n->in[0]->data, *kI = n->in[1]->data, *w = n->in[2]->data;
     const real *dI_ = n->out[0]->grad;
+    const int *first = n->aux;
     real c = (real)(1.0 / sqrt(dI));
     // One task per batch element: dK collects every query tile in a fixed order.
     size_t stride;   // per thread: Z (nq*HI, s_end), then dZ
@@ -95,14 +109,15 @@ static void index_backward(Node *n) {
                 const real *Q = qI + ((int64_t)b * T + t0) * HI * dI, *K = kI + (int64_t)b * T * dI;
                 gemm(false, true, nq * HI, s_end, dI, 1, Q, dI, K, dI, 0, Z, s_end);
                 for (int i = 0; i < nq; i++) {
-                    int t = t0 + i;
+                    int t = t0 + i, lo = docs_begin(first, (int64_t)b * T + t);
                     const real *g = dI_ + ((int64_t)b * T + t) * T;
                     for (int j = 0; j < HI; j++) {
                         int64_t wi = ((int64_t)b * T + t) * HI + j;
                         real *Zr = Z + ((int64_t)i * HI + j) * s_end;
                         double dw = 0;
                         real cw = c * w[wi];
-                        for (int s = 0; s <= t; s++) {
+                        for (int s = 0; s < lo; s++) Zr[s] = 0;   // another document's keys
+                        for (int s = lo; s <= t; s++) {
                             real z = Zr[s];
                             if (z > 0) dw += (double)g[s] * z;
                             Zr[s] = z > 0 ? cw * g[s] : 0;   // dZ
@@ -121,7 +136,7 @@ static void index_backward(Node *n) {
 
 static const OpDef OP_DSA_INDEX = {"dsa_index_scores", index_forward, index_backward};
 
-Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int index_heads) {
+Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int index_heads, const int *doc_start) {
     ASSERT(qI->ndim == 3 && kI->ndim == 3 && w->ndim == 3, "dsa_index_scores: qI %s, kI %s, w %s must be 3-D",
            SHAPE(qI), SHAPE(kI), SHAPE(w));
     int B = qI->shape[0], T = qI->shape[1], HI = index_heads, dI = kI->shape[2];
@@ -136,6 +151,7 @@ Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int ind
     n->iarg[1] = T;
     n->iarg[2] = HI;
     n->iarg[3] = dI;
+    n->aux = docs_first(tp, doc_start, B, T);
     index_forward(n);
     return Isc;
 }
@@ -269,23 +285,43 @@ void dsa_topk_row(int *row, const real *scores, int n, int K, void *work) {
     ASSERT(m == K, "dsa_topk_row: kept %d of K = %d (NaN scores?)", m, K);
 }
 
-void dsa_topk(int *sel, const real *Isc, int B, int T, int K) {
+void dsa_topk_from(int *row, const real *scores, int lo, int n, int K, void *work) {
+    dsa_topk_row(row, scores + lo, n - lo, K, work);
+    if (lo)
+        for (int j = 0; j < K && row[j] >= 0; j++) row[j] += lo;
+}
+
+// first (B*T) of doc_start, malloc'd, or NULL (no flag).
+static int *first_of(const int *doc_start, int B, int T) {
+    if (!doc_start) return NULL;
+    int *first = xmalloc((size_t)imax(B * T, 1) * sizeof(int));
+    if (docs_first_fill(first, doc_start, B, T)) return first;
+    free(first);
+    return NULL;
+}
+
+void dsa_topk(int *sel, const real *Isc, int B, int T, int K, const int *doc_start) {
     ASSERT(K >= 1, "dsa_topk: K = %d", K);
+    int *first = first_of(doc_start, B, T);
 #pragma omp parallel
     {
         void *cand = xmalloc(DSA_TOPK_WORK(T));
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
-            for (int t = 0; t < T; t++)
-                dsa_topk_row(sel + ((int64_t)b * T + t) * K, Isc + ((int64_t)b * T + t) * T, t + 1, K, cand);
+            for (int t = 0; t < T; t++) {
+                int64_t r = (int64_t)b * T + t;
+                dsa_topk_from(sel + r * K, Isc + r * T, docs_begin(first, r), t + 1, K, cand);
+            }
         free(cand);
     }
+    free(first);
 }
 
 void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
-                      int K) {
+                      int K, const int *doc_start) {
     ASSERT(K >= 1, "dsa_index_select: K = %d", K);
     int n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
+    int *first = first_of(doc_start, B, T);
 #pragma omp parallel
     {
         real *Z = xmalloc((size_t)DSA_TILE * HI * DSA_KEY_BLOCK * sizeof(real));
@@ -295,21 +331,26 @@ void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, i
         for (int b = 0; b < B; b++)
             for (int it = 0; it < n_tiles; it++) {
                 int t0 = it * DSA_TILE, nq = imin(DSA_TILE, T - t0);
-                index_tile(rows, t0 + nq, qI, kI, w, b, t0, nq, T, HI, dI, Z);
-                for (int i = 0; i < nq; i++)
-                    dsa_topk_row(sel + ((int64_t)b * T + t0 + i) * K, rows + (int64_t)i * (t0 + nq), t0 + i + 1, K,
-                                 cand);
+                index_tile(rows, t0 + nq, qI, kI, w, first, false, b, t0, nq, T, HI, dI, Z);
+                for (int i = 0; i < nq; i++) {
+                    int64_t r = (int64_t)b * T + t0 + i;
+                    dsa_topk_from(sel + r * K, rows + (int64_t)i * (t0 + nq), docs_begin(first, r), t0 + i + 1, K,
+                                  cand);
+                }
             }
         free(Z);
         free(rows);
         free(cand);
     }
+    free(first);
 }
 
 // ---- distillation target and loss ----
 
-void dsa_attn_target(real *p, const real *q, const real *k, int B, int T, int H, int dk, double scale) {
+void dsa_attn_target(real *p, const real *q, const real *k, int B, int T, int H, int dk, double scale,
+                     const int *doc_start) {
     int ld = H * dk, n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
+    int *first = first_of(doc_start, B, T);
 #pragma omp parallel
     {
         real *S = xmalloc((size_t)DSA_TILE * T * sizeof(real));   // (nq, s_end)
@@ -323,35 +364,38 @@ void dsa_attn_target(real *p, const real *q, const real *k, int B, int T, int H,
                     gemm(false, true, nq, s_end, dk, (real)scale, q + ((int64_t)b * T + t0) * ld + h * dk, ld,
                          k + (int64_t)b * T * ld + h * dk, ld, 0, S, s_end);
                     for (int i = 0; i < nq; i++) {
-                        int t = t0 + i;
+                        int t = t0 + i, lo = docs_begin(first, (int64_t)b * T + t);
                         real *Si = S + (int64_t)i * s_end;
                         double mx = -INFINITY, sum = 0;
-                        for (int s = 0; s <= t; s++) mx = fmax(mx, Si[s]);
-                        for (int s = 0; s <= t; s++) sum += exp(Si[s] - mx);
+                        for (int s = lo; s <= t; s++) mx = fmax(mx, Si[s]);
+                        for (int s = lo; s <= t; s++) sum += exp(Si[s] - mx);
                         double inv = 1.0 / (sum * H);
-                        for (int s = 0; s <= t; s++) P[(int64_t)i * T + s] += (real)(exp(Si[s] - mx) * inv);
+                        for (int s = lo; s <= t; s++) P[(int64_t)i * T + s] += (real)(exp(Si[s] - mx) * inv);
                     }
                 }
             }
         free(S);
     }
+    free(first);
 }
 
-// iarg: 0 B, 1 T; saved: lse (B*T) of the rows of I over s <= t.
+// iarg: 0 B, 1 T; saved: lse (B*T) of the rows of I over s <= t (s >= lo(t)
+// with documents); aux: first (B, T) or NULL.
 static void kl_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1];
     const real *Isc = n->in[0]->data, *p = n->in[1]->data;
+    const int *first = n->aux;
     double *row_loss = tape_alloc(n->tape, (size_t)B * T * sizeof(double));
     real *lse_saved = n->saved;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < (int64_t)B * T; r++) {
-        int t = (int)(r % T);
+        int t = (int)(r % T), lo = docs_begin(first, r);
         const real *Ir = Isc + r * T, *pr = p + r * T;
         double mx = -INFINITY, sum = 0, kl = 0;
-        for (int s = 0; s <= t; s++) mx = fmax(mx, Ir[s]);
-        for (int s = 0; s <= t; s++) sum += exp(Ir[s] - mx);
+        for (int s = lo; s <= t; s++) mx = fmax(mx, Ir[s]);
+        for (int s = lo; s <= t; s++) sum += exp(Ir[s] - mx);
         double lse = mx + log(sum);
-        for (int s = 0; s <= t; s++)
+        for (int s = lo; s <= t; s++)
             if (pr[s] > 0) kl += pr[s] * (log((double)pr[s]) - (Ir[s] - lse));
         row_loss[r] = kl;
         if (lse_saved) lse_saved[r] = (real)lse;
@@ -366,21 +410,22 @@ static void kl_backward(Node *n) {
     real *gI = NODE_GRAD_IN(n, 0);
     if (!gI) return;
     const real *Isc = n->in[0]->data, *p = n->in[1]->data, *lse = n->saved;
+    const int *first = n->aux;
     double g = n->out[0]->grad[0] / ((double)B * T);
     // d/dI_ts sum_s' p_ts' (log p_ts' - I_ts' + lse_t) = softmax(I_t)_s sum_s' p_ts' - p_ts
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < (int64_t)B * T; r++) {
-        int t = (int)(r % T);
+        int t = (int)(r % T), lo = docs_begin(first, r);
         const real *Ir = Isc + r * T, *pr = p + r * T;
         double mass = 0;
-        for (int s = 0; s <= t; s++) mass += pr[s];
-        for (int s = 0; s <= t; s++) gI[r * T + s] += (real)(g * (exp(Ir[s] - lse[r]) * mass - pr[s]));
+        for (int s = lo; s <= t; s++) mass += pr[s];
+        for (int s = lo; s <= t; s++) gI[r * T + s] += (real)(g * (exp(Ir[s] - lse[r]) * mass - pr[s]));
     }
 }
 
 static const OpDef OP_DSA_KL = {"dsa_kl", kl_forward, kl_backward};
 
-Tensor *op_dsa_kl(Tape *tp, Tensor *Isc, Tensor *p) {
+Tensor *op_dsa_kl(Tape *tp, Tensor *Isc, Tensor *p, const int *doc_start) {
     ASSERT(Isc->ndim == 3 && Isc->shape[1] == Isc->shape[2] && tensor_same_shape(Isc, p),
            "dsa_kl: Isc %s and p %s must both be (B, T, T)", SHAPE(Isc), SHAPE(p));
     ASSERT(!p->requires_grad, "dsa_kl: the target p %s takes no gradient (build it in no-grad mode)", SHAPE(p));
@@ -388,6 +433,7 @@ Tensor *op_dsa_kl(Tape *tp, Tensor *Isc, Tensor *p) {
     Node *n = tape_op(tp, &OP_DSA_KL, (Tensor *[]){Isc, p}, 2, &loss, 1);
     n->iarg[0] = Isc->shape[0];
     n->iarg[1] = Isc->shape[1];
+    n->aux = docs_first(tp, doc_start, Isc->shape[0], Isc->shape[1]);
     if (n->recorded) n->saved = tape_alloc(tp, (size_t)Isc->shape[0] * Isc->shape[1] * sizeof(real));
     kl_forward(n);
     return loss;

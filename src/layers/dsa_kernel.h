@@ -11,6 +11,13 @@
 // memory. Sparse inference uses dsa_index_select, which scores and selects
 // tile by tile in O(T) memory. Selections are int arrays (B, T, K) of positions in ascending
 // order, -1 past the end of rows with fewer than K candidates (t + 1 < K).
+//
+// Documents (docs.h): with doc_start (B, T), a row's candidates are the
+// positions of its own document, s in [lo(t), t] (lo(t) where it begins),
+// wherever this header says s <= t: the scores outside are 0 and never
+// read, the selection, the target and the KL's softmax run over [lo(t), t],
+// and a row with fewer than K candidates (t + 1 - lo(t) < K) selects them
+// all, -1 padded. NULL: no boundary.
 #ifndef DSA_KERNEL_H
 #define DSA_KERNEL_H
 
@@ -23,21 +30,24 @@
 
 // qI: (B, T, HI*dI) (after RoPE), kI: (B, T, dI) (after RoPE, shared by the
 // index heads), w: (B, T, HI) -> I (B, T, T), I[b,t,s] = 0 for s > t.
-Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int index_heads);
+Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int index_heads, const int *doc_start);
 
 // sel (B, T, K) <- the top K positions of each row of I (B, T, T) among s <= t,
 // ascending; -1 padding when t + 1 < K. Ties: the later position wins.
-void dsa_topk(int *sel, const real *Isc, int B, int T, int K);
+void dsa_topk(int *sel, const real *Isc, int B, int T, int K, const int *doc_start);
 // The scores and the selection fused, tile by tile, without the (B, T, T)
 // matrix (O(T) memory per thread); no autograd. Same values as
 // dsa_topk(op_dsa_index_scores(qI, kI, w)).
 void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
-                      int K);
+                      int K, const int *doc_start);
 // One row: row (K) <- the top K of scores[0..n), ascending, -1 padded when n < K.
 // work: scratch of DSA_TOPK_WORK(n) bytes. O(n): a bound on the K-th largest
 // leaves a few candidates, a bitwise search for the K-th among those.
 #define DSA_TOPK_WORK(n) ((size_t)(n) * (sizeof(int) + sizeof(real)))
 void dsa_topk_row(int *row, const real *scores, int n, int K, void *work);
+// The same among positions lo .. n-1 of scores (a row's own document), the
+// selected positions counted from 0 (scores[0]); work: DSA_TOPK_WORK(n - lo).
+void dsa_topk_from(int *row, const real *scores, int lo, int n, int K, void *work);
 // The readable reference: a min-heap of K over all n positions, then a sort.
 void dsa_topk_row_ref(int *row, const real *scores, int n, int K);
 
@@ -60,13 +70,14 @@ void dsa_index_row(real *scores, const real *qI, const real *w, const real *kI, 
 // Head-averaged dense attention, the distillation target (no autograd):
 // p (B, T, T) = (1/H) sum_h softmax_{s<=t}(scale q_t^h . k_s^h), 0 for s > t.
 // q, k: (B, T, H*dk) as the attention sees them (after RoPE).
-void dsa_attn_target(real *p, const real *q, const real *k, int B, int T, int H, int dk, double scale);
+void dsa_attn_target(real *p, const real *q, const real *k, int B, int T, int H, int dk, double scale,
+                     const int *doc_start);
 
 // The distillation loss: mean over the B*T rows of
 // KL(p_t || softmax_{s<=t}(I_t)) = sum_{s<=t} p_ts (log p_ts - log softmax(I_t)_s).
 // I (B, T, T) takes the gradient; p (B, T, T) is a constant target (built in
 // no-grad mode; rows sum to 1). Returns (1).
-Tensor *op_dsa_kl(Tape *tp, Tensor *Isc, Tensor *p);
+Tensor *op_dsa_kl(Tape *tp, Tensor *Isc, Tensor *p, const int *doc_start);
 
 // mean_t sum_{s in Sel_t} p_ts: the attention mass the selection keeps.
 double dsa_selected_mass(const real *p, const int *sel, int B, int T, int K);

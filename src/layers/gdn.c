@@ -65,22 +65,27 @@ static void gdn_create(Mixer *m, ParamStore *ps, const char *prefix) {
 static void gdn_destroy(Mixer *m) { free(m->impl); }
 
 // q, k, v, beta, g of positions u (B, T, D), the convolutions either over the
-// whole sequence (cache NULL) or one step through the cache.
-static void gdn_inputs(Tape *tp, const Mixer *m, GdnCache *cache, Tensor *u, Tensor **q, Tensor **k, Tensor **v,
-                       Tensor **beta, Tensor **g) {
+// whole sequence (cache NULL; doc_start (B, T) or NULL), one step through the
+// cache, or (carry) a window continuing the streams in the cache.
+static void gdn_inputs(Tape *tp, const Mixer *m, GdnCache *cache, bool carry, Tensor *u, const int *doc_start,
+                       Tensor **q, Tensor **k, Tensor **v, Tensor **beta, Tensor **g) {
     const Gdn *p = m->impl;
     int dk = m->cfg.d_k;
     Tensor *xq = op_matmul(tp, u, p->wq, false, false);
     Tensor *xk = op_matmul(tp, u, p->wk, false, false);
     Tensor *xv = op_matmul(tp, u, p->wv, false, false);
-    if (cache) {
+    if (carry) {
+        xq = shortconv_forward_carry(tp, &p->conv_q, xq, doc_start, &cache->cq);
+        xk = shortconv_forward_carry(tp, &p->conv_k, xk, doc_start, &cache->ck);
+        xv = shortconv_forward_carry(tp, &p->conv_v, xv, doc_start, &cache->cv);
+    } else if (cache) {
         xq = shortconv_step(tp, &p->conv_q, &cache->cq, xq);
         xk = shortconv_step(tp, &p->conv_k, &cache->ck, xk);
         xv = shortconv_step(tp, &p->conv_v, &cache->cv, xv);
     } else {
-        xq = shortconv_forward(tp, &p->conv_q, xq);
-        xk = shortconv_forward(tp, &p->conv_k, xk);
-        xv = shortconv_forward(tp, &p->conv_v, xv);
+        xq = shortconv_forward(tp, &p->conv_q, xq, doc_start);
+        xk = shortconv_forward(tp, &p->conv_k, xk, doc_start);
+        xv = shortconv_forward(tp, &p->conv_v, xv, doc_start);
     }
     *q = op_scale(tp, op_l2norm_heads(tp, xq, dk), 1.0 / sqrt((double)dk));
     *k = op_l2norm_heads(tp, xk, dk);
@@ -90,13 +95,13 @@ static void gdn_inputs(Tape *tp, const Mixer *m, GdnCache *cache, Tensor *u, Ten
     *g = op_scale(tp, op_mul(tp, dt, op_exp(tp, p->A_log)), -1.0);
 }
 
-static Tensor *gdn_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out) {
+static Tensor *gdn_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out) {
     const Gdn *p = m->impl;
     const MixerConfig *c = &m->cfg;
     ASSERT(u->ndim == 3 && u->shape[2] == c->d_model, "gdn: u %s must be (B, T, %d)", SHAPE(u), c->d_model);
     Tensor *q, *k, *v, *beta, *g;
-    gdn_inputs(tp, m, NULL, u, &q, &k, &v, &beta, &g);
-    Tensor *o = op_gdn(tp, q, k, v, beta, g, s_in, c->n_heads, c->form, c->chunk_size, s_out);
+    gdn_inputs(tp, m, NULL, false, u, doc_start, &q, &k, &v, &beta, &g);
+    Tensor *o = op_gdn(tp, q, k, v, beta, g, s_in, doc_start, c->n_heads, c->form, c->chunk_size, s_out);
     return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
 }
 
@@ -130,10 +135,48 @@ static Tensor *gdn_step(Tape *tp, Mixer *m, void *ptr, Tensor *u) {
     ASSERT(u->ndim == 3 && u->shape[0] == cache->S->shape[0] && u->shape[1] == 1 && u->shape[2] == c->d_model,
            "gdn step: u %s must be (%d, 1, %d)", SHAPE(u), cache->S->shape[0], c->d_model);
     Tensor *q, *k, *v, *beta, *g, *sT;
-    gdn_inputs(tp, m, cache, u, &q, &k, &v, &beta, &g);
-    Tensor *o = op_gdn(tp, q, k, v, beta, g, cache->S, c->n_heads, MIXER_FORM_RECURRENT, 1, &sT);
+    gdn_inputs(tp, m, cache, false, u, NULL, &q, &k, &v, &beta, &g);
+    Tensor *o = op_gdn(tp, q, k, v, beta, g, cache->S, NULL, c->n_heads, MIXER_FORM_RECURRENT, 1, &sT);
     memcpy(cache->S->data, sT->data, (size_t)sT->numel * sizeof(real));
     return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
+}
+
+static void gdn_cache_reset(const Mixer *m, void *ptr, int b) {
+    const Gdn *p = m->impl;
+    GdnCache *cache = ptr;
+    Tensor *S = cache->S;
+    ASSERT(b >= 0 && b < S->shape[0], "gdn cache_reset: row %d of %d", b, S->shape[0]);
+    int64_t row = S->numel / S->shape[0];
+    memset(S->data + b * row, 0, (size_t)row * sizeof(real));
+    shortconv_cache_reset(&cache->cq, &p->conv_q, b);
+    shortconv_cache_reset(&cache->ck, &p->conv_k, b);
+    shortconv_cache_reset(&cache->cv, &p->conv_v, b);
+}
+
+static Tensor *gdn_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, void *ptr) {
+    const Gdn *p = m->impl;
+    const MixerConfig *c = &m->cfg;
+    GdnCache *cache = ptr;
+    Tensor *S = cache->S;
+    ASSERT(u->ndim == 3 && u->shape[0] == S->shape[0] && u->shape[2] == c->d_model,
+           "gdn carried window: u %s must be (%d, T, %d)", SHAPE(u), S->shape[0], c->d_model);
+    Tensor *q, *k, *v, *beta, *g, *sT, *s_in = tape_tensor_copy(tp, 4, S->shape, S->data);
+    gdn_inputs(tp, m, cache, true, u, doc_start, &q, &k, &v, &beta, &g);
+    Tensor *o = op_gdn(tp, q, k, v, beta, g, s_in, doc_start, c->n_heads, c->form, c->chunk_size, &sT);
+    memcpy(S->data, sT->data, (size_t)sT->numel * sizeof(real));
+    return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
+}
+
+static int gdn_cache_state(const Mixer *m, void *ptr, real **bufs, int64_t *sizes) {
+    const Gdn *p = m->impl;
+    GdnCache *cache = ptr;
+    bufs[0] = cache->S->data;
+    sizes[0] = cache->S->numel;
+    int n = 1;
+    n += shortconv_cache_buffer(&p->conv_q, &cache->cq, bufs + n, sizes + n);
+    n += shortconv_cache_buffer(&p->conv_k, &cache->ck, bufs + n, sizes + n);
+    n += shortconv_cache_buffer(&p->conv_v, &cache->cv, bufs + n, sizes + n);
+    return n;
 }
 
 const MixerKind MIXER_GDN = {
@@ -144,6 +187,9 @@ const MixerKind MIXER_GDN = {
     .cache_new = gdn_cache_new,
     .cache_free = gdn_cache_free,
     .step = gdn_step,
+    .cache_reset = gdn_cache_reset,
+    .forward_carry = gdn_forward_carry,
+    .cache_state = gdn_cache_state,
     .destroy = gdn_destroy,
     .forms = MIXER_FORMS_LINEAR_FAMILY,
 };

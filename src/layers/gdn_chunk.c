@@ -13,11 +13,14 @@
 // Every decay factor is exp of a non-positive difference of cumulative log
 // decays (never a ratio of exponentials), so g = 0 and g = -20 per step are
 // both exact and finite. The forward keeps only the state entering each chunk.
+// Documents mask E, b and the rows reaching S_C (gdn_kernel.h): the decay
+// factors of gdn_chunk_prepare (E, bm, ek, bl) are the only ones used.
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "blas.h"
+#include "docs.h"
 #include "gdn_kernel.h"
 #include "tile_mm.h"
 
@@ -35,8 +38,8 @@ GdnDims gdn_dims(const Node *n) {
     return d;
 }
 
-static size_t chunk_nreal(int C, int dk, int dv) {
-    return 5 * (size_t)C * C + (size_t)C * (3 * dk + 3 * dv + dk + 1);
+static size_t chunk_nreal(int C, int dk, int dv) {   // (db takes C reals' room: sizeof(int) <= sizeof(real))
+    return 5 * (size_t)C * C + (size_t)C * (3 * dk + 3 * dv + dk + 4);
 }
 
 static size_t pack_nreal(int C, int dk, int dv) {
@@ -68,12 +71,15 @@ void gdn_chunk_bind(GdnChunk *ws, void *mem, int C, int dk, int dv) {
     ws->U = p, p += (size_t)C * dv;
     ws->Dl = p, p += (size_t)C * dv;
     ws->bet = p, p += C;
+    ws->bm = p, p += C;
+    ws->ek = p, p += C;
+    ws->db = (int *)p, p += C;
     ws->pack = (real *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
 }
 
 
 void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const real *v, const real *beta,
-                       const real *g, int ldk, int ldv, int H, const real *S0) {
+                       const real *g, int ldk, int ldv, int H, const real *S0, const int *db) {
     int dk = ws->dk, dv = ws->dv;
     ws->L = L;
     double *G = ws->G;
@@ -84,8 +90,23 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
         G[i] = acc;
         bet[i] = beta[(int64_t)i * H];
     }
-    for (int i = 0; i < L; i++)
-        for (int j = 0; j < L; j++) E[i * L + j] = j <= i ? gdn_exp(G[i] - G[j]) : 0;
+    // E_ij = exp(Gamma_i - Gamma_j) inside row i's document (j >= db[i]), else 0.
+    for (int i = 0; i < L; i++) {
+        int j0 = db ? imax(db[i], 0) : 0;
+        real *Ei = E + (size_t)i * L;
+        double Gi = G[i];
+        for (int j = 0; j < j0; j++) Ei[j] = 0;
+        for (int j = j0; j <= i; j++) Ei[j] = gdn_exp(Gi - G[j]);
+        for (int j = i + 1; j < L; j++) Ei[j] = 0;
+    }
+    // The factors through S0 (0 for rows whose document begins in the chunk)
+    // and to the end of the chunk (0 before its last document).
+    int jL = db ? imax(db[L - 1], 0) : 0;
+    for (int i = 0; i < L; i++) {
+        ws->bm[i] = db && db[i] >= 0 ? 0 : gdn_exp(G[i]);
+        ws->ek[i] = i < jL ? 0 : gdn_exp(G[L - 1] - G[i]);
+    }
+    ws->bl = ws->bm[L - 1];
 
     // A = strictly-lower (beta_i E_ij k_i.k_j).
     tile_gemm(false, true, L, L, dk, 1, k, ldk, k, ldk, 0, KK, L, TILE_FULL(L, dk), ws->pack);
@@ -106,7 +127,7 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
 
     // W = Tm diag(beta b) K, U = Tm diag(beta) V, Delta = U - W S0.
     for (int i = 0; i < L; i++) {
-        real sw = bet[i] * gdn_exp(G[i]), su = bet[i];
+        real sw = bet[i] * ws->bm[i], su = bet[i];
         for (int c = 0; c < dk; c++) ws->Xw[i * dk + c] = sw * k[(int64_t)i * ldk + c];
         for (int c = 0; c < dv; c++) ws->Xu[i * dv + c] = su * v[(int64_t)i * ldv + c];
     }
@@ -121,7 +142,7 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
 
     // Kd: the rows of K decayed to the end of the chunk.
     for (int j = 0; j < L; j++) {
-        real e = gdn_exp(G[L - 1] - G[j]);
+        real e = ws->ek[j];
         for (int c = 0; c < dk; c++) ws->Kd[j * dk + c] = e * k[(int64_t)j * ldk + c];
     }
 }
@@ -131,6 +152,7 @@ void gdn_chunk_forward(Node *n) {
     const real *q = n->in[GDN_IN_Q]->data, *k = n->in[GDN_IN_K]->data, *v = n->in[GDN_IN_V]->data;
     const real *beta = n->in[GDN_IN_BETA]->data, *g = n->in[GDN_IN_G]->data;
     const real *s0 = n->in[GDN_IN_S0] ? n->in[GDN_IN_S0]->data : NULL;
+    const int *first = n->aux;
     real *o = n->out[0]->data, *sT = n->out[1]->data;
     real *saved = n->saved;   // (B, H, NC, dk, dv) or NULL
     int64_t SS = (int64_t)d.dk * d.dv;
@@ -148,18 +170,19 @@ void gdn_chunk_forward(Node *n) {
                 int t0 = c * d.C, L = imin(d.C, d.T - t0);
                 if (saved) memcpy(saved + (((int64_t)b * d.H + h) * d.NC + c) * SS, S, SS * sizeof(real));
                 const real *qc = q + gdn_off_k(&d, b, t0, h), *kc = k + gdn_off_k(&d, b, t0, h);
+                const int *db = gdn_chunk_docs(ws.db, first, &d, b, t0, L);
                 gdn_chunk_prepare(&ws, L, qc, kc, v + gdn_off_v(&d, b, t0, h), beta + gdn_off_h(&d, b, t0, h),
-                                  g + gdn_off_h(&d, b, t0, h), d.ldk, d.ldv, d.H, S);
+                                  g + gdn_off_h(&d, b, t0, h), d.ldk, d.ldv, d.H, S, db);
                 // O = diag(b) Q S0 + P Delta
                 real *oc = o + gdn_off_v(&d, b, t0, h);
                 tile_gemm(false, false, L, d.dv, d.dk, 1, qc, d.ldk, S, d.dv, 0, oc, d.ldv, TILE_FULL(L, d.dk), NULL);
                 for (int i = 0; i < L; i++) {
-                    real bi = gdn_exp(ws.G[i]);
+                    real bi = ws.bm[i];
                     for (int j = 0; j < d.dv; j++) oc[(int64_t)i * d.ldv + j] *= bi;
                 }
                 tile_gemm(false, false, L, d.dv, L, 1, ws.P, L, ws.Dl, d.dv, 1, oc, d.ldv, -L, 0, NULL);   // P lower
                 // S_C = b_{L-1} S0 + Kd^T Delta
-                real bl = gdn_exp(ws.G[L - 1]);
+                real bl = ws.bl;
                 for (int64_t i = 0; i < SS; i++) S[i] *= bl;
                 tile_gemm(true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv, TILE_FULL(d.dk, L),
                           NULL);
@@ -170,8 +193,8 @@ void gdn_chunk_forward(Node *n) {
 static const OpDef OP_GDN_CHUNKED = {"gdn_chunked", gdn_chunk_forward, gdn_chunk_backward};
 static const OpDef OP_GDN_RECURRENT = {"gdn_recurrent", gdn_naive_forward, gdn_naive_backward};
 
-Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0, int n_heads,
-               MixerForm form, int chunk, Tensor **s_out) {
+Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0, const int *doc_start,
+               int n_heads, MixerForm form, int chunk, Tensor **s_out) {
     ASSERT(form == MIXER_FORM_CHUNKED || form == MIXER_FORM_RECURRENT,
            "gdn: form '%s' is not available (chunked or recurrent)", mixer_form_name(form));
     ASSERT(chunk > 0, "gdn: chunk %d must be positive", chunk);
@@ -199,6 +222,7 @@ Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *
     n->iarg[GDN_ARG_DK] = dk;
     n->iarg[GDN_ARG_DV] = dv;
     n->iarg[GDN_ARG_C] = chunk;
+    n->aux = docs_first(tp, doc_start, B, T);
     if (n->recorded) {
         GdnDims d = gdn_dims(n);
         n->saved = tape_alloc(tp, (size_t)B * H * d.NC * dk * dv * sizeof(real));

@@ -10,6 +10,8 @@
 // The triangular solve: Tm = (I + A)^-1, W = Tm Xw, U = Tm Xu give
 //   dXw = Tm^T dW,  dXu = Tm^T dU,  dA = -(dXw W^T + dXu U^T) (strictly lower),
 // since dA = -Tm^T dTm Tm^T and dTm = dW Xw^T + dU Xu^T.
+// Documents: the decay factors are read from the chunk's masked E, bm, ek
+// and bl (gdn_kernel.h), so every term across a boundary has a zero factor.
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,7 +70,6 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
                            real *dk_out, real *dv_out, real *dbeta_out, real *dg_out) {
     int L = ws->L, dk = ws->dk, dv = ws->dv;
     int64_t SS = (int64_t)dk * dv;
-    const double *G = ws->G;
     const real *E = ws->E, *P = ws->P, *bet = ws->bet;
     double *dG = gr->dG, *dbeta = gr->dbeta;
     real *dK = gr->dK, *dA = gr->dA, *dS0 = gr->dS0, *pk = ws->pack;
@@ -77,7 +78,7 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     memset(dK, 0, (size_t)L * dk * sizeof(real));
 
     // S_C = b_{L-1} S0 + Kd^T Delta.
-    real bl = gdn_exp(G[L - 1]);
+    real bl = ws->bl;
     for (int64_t i = 0; i < SS; i++) dS0[i] = bl * dS[i];
     dG[L - 1] += bl * dot(dS, S0, (int)SS);
     // dDelta = Kd dS
@@ -85,7 +86,7 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     real *dKd = gr->dW;
     tile_gemm(false, true, L, dk, dv, 1, ws->Dl, dv, dS, dv, 0, dKd, dk, TILE_FULL(L, dv), pk);   // dKd = Delta dS^T
     for (int j = 0; j < L; j++) {
-        real e = gdn_exp(G[L - 1] - G[j]);
+        real e = ws->ek[j];
         const real *kj = k + (int64_t)j * ldk;
         for (int c = 0; c < dk; c++) dK[j * dk + c] += e * dKd[j * dk + c];
         if (j == L - 1) continue;   // exp(Gamma_{L-1} - Gamma_{L-1}) = 1 has no derivative
@@ -99,7 +100,7 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
         real *Y = gr->Y;
         tile_gemm(false, false, L, dv, dk, 1, q, ldk, S0, dv, 0, Y, dv, TILE_FULL(L, dk), NULL);
         for (int i = 0; i < L; i++) {
-            real bi = gdn_exp(G[i]);
+            real bi = ws->bm[i];
             const real *doi = dO + (int64_t)i * ldv;
             dG[i] += bi * dot(doi, Y + i * dv, dv);
             for (int c = 0; c < dv; c++) Y[i * dv + c] = bi * doi[c];   // now dY
@@ -140,7 +141,7 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
 
     // Xw_i = beta_i b_i k_i, Xu_i = beta_i v_i.
     for (int i = 0; i < L; i++) {
-        real bi = gdn_exp(G[i]), sw = bet[i] * bi;
+        real bi = ws->bm[i], sw = bet[i] * bi;
         const real *ki = k + (int64_t)i * ldk, *vi = v + (int64_t)i * ldv;
         const real *dxw = gr->dXw + i * dk, *dxu = gr->dXu + i * dv;
         for (int c = 0; c < dk; c++) dK[i * dk + c] += sw * dxw[c];
@@ -194,6 +195,7 @@ void gdn_chunk_backward(Node *n) {
     real *ds0 = NODE_GRAD_IN(n, GDN_IN_S0);
     const real *dout = n->out[0]->grad, *dsT = n->out[1]->grad;   // either may be NULL
     const real *saved = n->saved;
+    const int *first = n->aux;
     int64_t SS = (int64_t)d.dk * d.dv;
     // Per thread: the chunk workspace, its gradients, and dS, one slot each.
     size_t b_ws = (gdn_chunk_bytes(d.C, d.dk, d.dv) + 63) & ~(size_t)63;
@@ -215,7 +217,8 @@ void gdn_chunk_backward(Node *n) {
                 int t0 = c * d.C, L = imin(d.C, d.T - t0);
                 const real *S0 = saved + (((int64_t)b * d.H + h) * d.NC + c) * SS;
                 int64_t ok = gdn_off_k(&d, b, t0, h), ov = gdn_off_v(&d, b, t0, h), oh = gdn_off_h(&d, b, t0, h);
-                gdn_chunk_prepare(&ws, L, q + ok, k + ok, v + ov, beta + oh, g + oh, d.ldk, d.ldv, d.H, S0);
+                const int *db = gdn_chunk_docs(ws.db, first, &d, b, t0, L);
+                gdn_chunk_prepare(&ws, L, q + ok, k + ok, v + ov, beta + oh, g + oh, d.ldk, d.ldv, d.H, S0, db);
                 chunk_backward(&ws, &gr, S0, dS, dout ? dout + ov : NULL, q + ok, k + ok, v + ov, d.ldk, d.ldv, d.H,
                                dq ? dq + ok : NULL, dk ? dk + ok : NULL, dv ? dv + ov : NULL,
                                dbeta ? dbeta + oh : NULL, dg ? dg + oh : NULL);

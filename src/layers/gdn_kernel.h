@@ -16,6 +16,18 @@
 //
 // Both keep only the states entering each chunk of `chunk` positions for the
 // backward (the recurrent form replays a chunk forward before reversing it).
+//
+// Documents (docs.h): at a position where a document begins the state
+// restarts, S_t = k_t delta_t^T with delta_t = beta_t v_t (as if gamma_t = 0:
+// the recurrent form sets exactly that). In the WY form of a chunk, with
+// db[i] the chunk position where row i's document begins (-1: before the
+// chunk), gamma_i S_{i-1} = m_i b_i S0 + sum_{db[i] <= j < i} E_ij k_j delta_j^T,
+// m_i = [db[i] < 0], so the chunk equations hold with
+//   E_ij = exp(Gamma_i - Gamma_j) for db[i] <= j <= i, else 0   (A and P masked)
+//   b_i  -> m_i b_i in the terms through S0 (W, O's first term)
+//   S_C  = m_{L-1} b_{L-1} S0 + sum_{j >= db[L-1]} exp(Gamma_{L-1} - Gamma_j) k_j delta_j^T.
+// The masked factors are zeros, their exp never taken.
+
 #ifndef GDN_KERNEL_H
 #define GDN_KERNEL_H
 
@@ -27,18 +39,20 @@
 
 // q, k: (B, T, H*dk), L2-normalised per head, q already scaled by 1/sqrt(dk).
 // v: (B, T, H*dv). beta: (B, T, H) in (0, 1). g: (B, T, H), <= 0.
-// s0: (B, H, dk, dv) or NULL (zeros). Returns o (B, T, H*dv); when s_out is
+// s0: (B, H, dk, dv) or NULL (zeros). doc_start: (B, T) or NULL (docs.h).
+// Returns o (B, T, H*dv); when s_out is
 // non-NULL it receives the final state (B, H, dk, dv), the node's second
 // output, through which a gradient may flow back. chunk: C of the chunked
 // form (T need not be a multiple of it), the checkpoint interval of the
 // recurrent one. Gradients reach q, k, v, beta, g and s0.
-Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0, int n_heads,
-               MixerForm form, int chunk, Tensor **s_out);
+Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0, const int *doc_start,
+               int n_heads, MixerForm form, int chunk, Tensor **s_out);
 
 // ---- internal: shared by gdn_chunk.c, gdn_chunk_backward.c, gdn_naive.c ----
 
 // Node layout of op_gdn. in: q, k, v, beta, g, s0 (maybe NULL). out: o, S_T.
 // saved: (B, H, NC, dk, dv) the state entering each chunk, NC = ceil(T/C).
+// aux: first (B, T) of the documents (docs.h), or NULL.
 enum { GDN_IN_Q, GDN_IN_K, GDN_IN_V, GDN_IN_BETA, GDN_IN_G, GDN_IN_S0, GDN_N_IN };
 enum { GDN_ARG_B, GDN_ARG_T, GDN_ARG_H, GDN_ARG_DK, GDN_ARG_DV, GDN_ARG_C };
 
@@ -60,6 +74,15 @@ static inline int64_t gdn_off_h(const GdnDims *d, int b, int t, int h) {   // be
 }
 static inline int64_t gdn_off_s(const GdnDims *d, int b, int h) {          // s0, S_T
     return ((int64_t)b * d->H + h) * d->dk * d->dv;
+}
+
+// The documents of the chunk [t0, t0+L) of row b: db (L) as in the header
+// comment; returns db, or NULL when first is NULL (no boundary).
+static inline const int *gdn_chunk_docs(int *db, const int *first, const GdnDims *d, int b, int t0, int L) {
+    if (!first) return NULL;
+    const int *f = first + (int64_t)b * d->T + t0;
+    for (int i = 0; i < L; i++) db[i] = f[i] >= t0 ? f[i] - t0 : -1;
+    return db;
 }
 
 // exp of a non-positive log decay difference, in the build's precision.
@@ -88,8 +111,12 @@ typedef struct GdnChunk {
     real *U;         // (L, dv) Tm Xu
     real *Dl;        // (L, dv) Delta = U - W S0
     real *P;         // (L, L) (Q K^T) * E, lower with the diagonal
-    real *Kd;        // (L, dk) diag(exp(Gamma_L - Gamma_j)) K: the rows that reach S_C
+    real *Kd;        // (L, dk) diag(ek) K: the rows that reach S_C
     real *bet;       // (L) beta of the chunk, contiguous
+    real *bm;        // (L) m_i b_i: exp(Gamma_i), 0 for rows that do not read S0 (documents)
+    real *ek;        // (L) exp(Gamma_{L-1} - Gamma_j), 0 before the chunk's last document
+    real bl;         // m_{L-1} b_{L-1}: the factor of S0 in S_C
+    int *db;         // (C) the chunk's documents (gdn_chunk_docs)
     real *pack;      // (m, m), m = max(C, dk, dv): a transposed operand of tile_gemm
 } GdnChunk;
 
@@ -100,9 +127,10 @@ typedef struct GdnChunk {
 size_t gdn_chunk_bytes(int C, int dk, int dv);
 void gdn_chunk_bind(GdnChunk *ws, void *mem, int C, int dk, int dv);
 // Fill ws for the chunk of L positions whose first rows are q, k (stride
-// ldk), v (stride ldv), beta, g (stride H), entering state S0 (dk x dv).
+// ldk), v (stride ldv), beta, g (stride H), entering state S0 (dk x dv);
+// db (L): its documents (gdn_chunk_docs), or NULL.
 void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const real *v, const real *beta,
-                       const real *g, int ldk, int ldv, int H, const real *S0);
+                       const real *g, int ldk, int ldv, int H, const real *S0, const int *db);
 
 // The node functions of the two forms.
 void gdn_chunk_forward(Node *n);

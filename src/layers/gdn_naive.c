@@ -11,15 +11,21 @@
 //   dg = gamma <dS', S_{t-1}>,  dS_{t-1} = gamma dS'.
 // The forward saves the state every `chunk` tokens; the backward replays each
 // stretch forward (keeping its states) and then walks it in reverse.
+// Documents: gamma = 0 at a position where a document begins (the state
+// before it is not read), in the forward, the replay and the backward.
 #include <stdlib.h>
 #include <string.h>
 
 #include "gdn_kernel.h"
 
+// gamma_t: 0 where a document begins at t (first: the node's (B, T) or NULL).
+static inline real naive_gamma(const int *first, const GdnDims *d, int b, int t, real g) {
+    return first && first[(int64_t)b * d->T + t] == t ? 0 : gdn_exp(g);
+}
+
 // One token: S (dk, dv) holds S_{t-1} on entry, S_t on return; o may be NULL.
-static void naive_step(real *S, int dk, int dv, const real *q, const real *k, const real *v, real beta, real g,
+static void naive_step(real *S, int dk, int dv, const real *q, const real *k, const real *v, real beta, real gamma,
                        real *o, real *delta) {
-    real gamma = gdn_exp(g);
     for (int i = 0; i < dk * dv; i++) S[i] *= gamma;
     for (int j = 0; j < dv; j++) {
         double p = 0;
@@ -41,6 +47,7 @@ void gdn_naive_forward(Node *n) {
     const real *q = n->in[GDN_IN_Q]->data, *k = n->in[GDN_IN_K]->data, *v = n->in[GDN_IN_V]->data;
     const real *beta = n->in[GDN_IN_BETA]->data, *g = n->in[GDN_IN_G]->data;
     const real *s0 = n->in[GDN_IN_S0] ? n->in[GDN_IN_S0]->data : NULL;
+    const int *first = n->aux;
     real *o = n->out[0]->data, *sT = n->out[1]->data, *saved = n->saved;
     int64_t SS = (int64_t)d.dk * d.dv;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -54,8 +61,8 @@ void gdn_naive_forward(Node *n) {
                 if (saved && t % d.C == 0)
                     memcpy(saved + (((int64_t)b * d.H + h) * d.NC + t / d.C) * SS, S, SS * sizeof(real));
                 int64_t ok = gdn_off_k(&d, b, t, h), oh = gdn_off_h(&d, b, t, h);
-                naive_step(S, d.dk, d.dv, q + ok, k + ok, v + gdn_off_v(&d, b, t, h), beta[oh], g[oh],
-                           o + gdn_off_v(&d, b, t, h), delta);
+                naive_step(S, d.dk, d.dv, q + ok, k + ok, v + gdn_off_v(&d, b, t, h), beta[oh],
+                           naive_gamma(first, &d, b, t, g[oh]), o + gdn_off_v(&d, b, t, h), delta);
             }
             free(delta);
         }
@@ -70,6 +77,7 @@ void gdn_naive_backward(Node *n) {
     real *ds0 = NODE_GRAD_IN(n, GDN_IN_S0);
     const real *dout = n->out[0]->grad, *dsT = n->out[1]->grad;
     const real *saved = n->saved;
+    const int *first = n->aux;
     int64_t SS = (int64_t)d.dk * d.dv;
     int dK = d.dk, dV = d.dv;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -91,14 +99,14 @@ void gdn_naive_backward(Node *n) {
                     int64_t ok = gdn_off_k(&d, b, t, h), oh = gdn_off_h(&d, b, t, h);
                     memcpy(states + s * SS, Sp, SS * sizeof(real));
                     if (s + 1 < L)
-                        naive_step(Sp, dK, dV, q + ok, k + ok, v + gdn_off_v(&d, b, t, h), beta[oh], g[oh], NULL,
-                                   delta);
+                        naive_step(Sp, dK, dV, q + ok, k + ok, v + gdn_off_v(&d, b, t, h), beta[oh],
+                                   naive_gamma(first, &d, b, t, g[oh]), NULL, delta);
                 }
                 for (int s = L - 1; s >= 0; s--) {
                     int t = t0 + s;
                     int64_t ok = gdn_off_k(&d, b, t, h), ov = gdn_off_v(&d, b, t, h), oh = gdn_off_h(&d, b, t, h);
                     const real *S = states + s * SS, *qt = q + ok, *kt = k + ok, *vt = v + ov;
-                    real bt = beta[oh], gamma = gdn_exp(g[oh]);
+                    real bt = beta[oh], gamma = naive_gamma(first, &d, b, t, g[oh]);
                     // Recompute S' = gamma S, p, delta; S_t = S' + k delta^T is used as Sp + k delta^T.
                     for (int64_t i = 0; i < SS; i++) Sp[i] = gamma * S[i];
                     for (int j = 0; j < dV; j++) {

@@ -5,15 +5,21 @@
 #include <string.h>
 
 #include "blas.h"
+#include "docs.h"
 #include "gla_internal.h"
 
-void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, int L, int dk, real *A,
-                      real *D, real *pack) {
+void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, const int *db, int L, int dk,
+                      real *A, real *D, real *pack) {
     tile_gemm(false, true, L, L, dk, 1, Q, ldq, K, ldk, 0, A, L, TILE_FULL(L, dk), pack);
     for (int i = 0; i < L; i++) {
         real *row = A + (int64_t)i * L, *drow = D ? D + (int64_t)i * L : NULL;
+        int j0 = db ? imax(db[i], 0) : 0;   // earlier rows belong to another document
+        for (int j = 0; j < j0; j++) {
+            row[j] = 0;
+            if (drow) drow[j] = 0;
+        }
         if (G)
-            for (int j = 0; j <= i; j++) {
+            for (int j = j0; j <= i; j++) {
                 real e = gla_exp(G[i] - G[j]);
                 row[j] *= e;
                 if (drow) drow[j] = e;
@@ -29,10 +35,15 @@ typedef struct FwdScratch {
     real *Xd;     // (seg, dk) decay-scaled queries or keys
     real *pack;   // a transposed operand of tile_gemm (gla_pack_elems)
     double *G;    // (seg) chunk-local cumulative log decay
+    int *db;      // (seg) the chunk's documents (gla_chunk_docs)
 } FwdScratch;
 
 // One head, chunk by chunk (PARALLEL: one chunk of T). S: (dk, dv) the running
 // state, ends as the final state. saved: (n_seg, dk, dv) chunk-entry states, or NULL.
+// Documents (x->first): row i of a chunk reads S_in only while its document
+// began before the chunk (db[i] < 0), the rows j >= db[i] of the chunk, and
+// S_out holds only the chunk's last document: every term across a boundary
+// is a zero factor, never an exp.
 static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, real *saved, FwdScratch *w) {
     int dk = d->dk, dv = d->dv, ldk = x->ldk, ldv = x->ldv;
     int64_t SZ = (int64_t)dk * dv;
@@ -44,29 +55,36 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
         if (saved) memcpy(saved + c * SZ, S, SZ * sizeof(real));
         gla_cumsum(w->G, x->g, d->H, t0, L);
         const double *G = x->g ? w->G : NULL;
+        const int *db = NULL;
+        if (x->first) {
+            gla_chunk_docs(w->db, x->first, t0, L);
+            db = w->db;
+        }
         const real *K;
         int ldkk = gla_keys(x, dk, t0, L, w->Ks, &K);
         const real *Q = x->q + (int64_t)t0 * ldk, *V = x->v + (int64_t)t0 * ldv;
         real *O = x->o + (int64_t)t0 * ldv;
         // O = ((Q K̃ᵀ) ⊙ M ⊙ decay) V  +  diag(exp(G)) Q S_in
-        gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A, NULL, w->pack);
+        gla_chunk_scores(Q, ldk, K, ldkk, G, db, L, dk, w->A, NULL, w->pack);
         tile_gemm(false, false, L, dv, L, 1, w->A, L, V, ldv, 0, O, ldv, -L, 0, NULL);   // A lower triangular
-        if (nonzero) {
+        if (nonzero && (!db || db[0] < 0)) {   // (db[0] >= 0: a document begins at t0, no row reads S_in)
             for (int i = 0; i < L; i++) {
-                real e = G ? gla_exp(G[i]) : 1;
+                real e = db && db[i] >= 0 ? 0 : G ? gla_exp(G[i]) : 1;
                 for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * Q[(int64_t)i * ldk + a];
             }
             tile_gemm(false, false, L, dv, dk, 1, w->Xd, dk, S, dv, 1, O, ldv, TILE_FULL(L, dk), NULL);
         }
-        // S_out = exp(G_L) S_in + (diag(exp(G_L − G)) K̃)ᵀ V
+        // S_out = exp(G_L) S_in + (diag(exp(G_L − G)) K̃)ᵀ V, over the last document only
         double gL = G ? G[L - 1] : 0;
+        int j0 = db ? imax(db[L - 1], 0) : 0;
         for (int i = 0; i < L; i++) {
-            real e = G ? gla_exp(gL - G[i]) : 1;
+            real e = i < j0 ? 0 : G ? gla_exp(gL - G[i]) : 1;
             for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * K[(int64_t)i * ldkk + a];
         }
-        if (nonzero && G)
+        bool keep = nonzero && (!db || db[L - 1] < 0);   // S_in reaches S_out
+        if (keep && G)
             for (real eL = gla_exp(gL), *e = S; e < S + SZ; e++) *e *= eL;
-        tile_gemm(true, false, dk, dv, L, 1, w->Xd, dk, V, ldv, nonzero ? 1 : 0, S, dv, TILE_FULL(dk, L), NULL);
+        tile_gemm(true, false, dk, dv, L, 1, w->Xd, dk, V, ldv, keep ? 1 : 0, S, dv, TILE_FULL(dk, L), NULL);
         nonzero = true;
     }
 }
@@ -80,7 +98,8 @@ static void recurrent_head_forward(const GlaDims *d, const GlaHead *x, real *S, 
     else memset(S, 0, SZ * sizeof(real));
     for (int t = 0; t < d->T; t++) {
         if (saved && t % d->seg == 0) memcpy(saved + (t / d->seg) * SZ, S, SZ * sizeof(real));
-        real gam = x->g ? gla_exp((double)x->g[(int64_t)t * d->H]) : 1;
+        // A document starting at t: the state before it is not read (γ = 0).
+        real gam = gla_restarts(x, t) ? 0 : x->g ? gla_exp((double)x->g[(int64_t)t * d->H]) : 1;
         real beta = x->dt ? x->dt[(int64_t)t * d->H] : 1;
         const real *q = x->q + (int64_t)t * x->ldk, *k = x->k + (int64_t)t * x->ldk;
         const real *v = x->v + (int64_t)t * x->ldv;
@@ -103,6 +122,7 @@ static void gla_forward(Node *n) {
     const real *g = in[GLA_IN_G] ? in[GLA_IN_G]->data : NULL;
     const real *dt = in[GLA_IN_DT] ? in[GLA_IN_DT]->data : NULL;
     const real *s0 = in[GLA_IN_S0] ? in[GLA_IN_S0]->data : NULL;
+    const int *first = n->aux;
     int64_t SZ = (int64_t)d.dk * d.dv;
     real *saved = NULL;   // (B, H, n_seg, dk, dv)
     if (n->recorded) saved = tape_alloc(n->tape, (size_t)d.B * d.H * d.n_seg * SZ * sizeof(real));
@@ -118,12 +138,13 @@ static void gla_forward(Node *n) {
             w.Xd = xaligned((size_t)seg * d.dk * sizeof(real));
             w.pack = xaligned(gla_pack_elems(&d) * sizeof(real));
             w.G = xmalloc((size_t)seg * sizeof(double));
+            w.db = xmalloc((size_t)seg * sizeof(int));
         }
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < d.B; b++)
             for (int h = 0; h < d.H; h++) {
                 GlaHead x = gla_head(&d, b, h, in[GLA_IN_Q]->data, in[GLA_IN_K]->data, in[GLA_IN_V]->data, g,
-                                     dt, s0, n->out[0]->data);
+                                     dt, s0, n->out[0]->data, first);
                 int64_t bh = (int64_t)b * d.H + h;
                 real *sv = saved ? saved + bh * d.n_seg * SZ : NULL;
                 if (d.form == MIXER_FORM_RECURRENT) recurrent_head_forward(&d, &x, S_all + bh * SZ, sv);
@@ -134,6 +155,7 @@ static void gla_forward(Node *n) {
         free(w.Xd);
         free(w.pack);
         free(w.G);
+        free(w.db);
     }
 }
 
@@ -144,8 +166,8 @@ static void check_bth(const char *what, const Tensor *t, int B, int T, int H, co
            "gla: %s must be (B, T, H) = (%d, %d, %d) for q %s, got %s", what, B, T, H, SHAPE(q), SHAPE(t));
 }
 
-Tensor *op_gla_dt(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *dt, Tensor *s0, int n_heads,
-                  MixerForm form, int chunk, Tensor **s_out) {
+Tensor *op_gla_dt(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *dt, Tensor *s0, const int *doc_start,
+                  int n_heads, MixerForm form, int chunk, Tensor **s_out) {
     ASSERT(q && k && v, "gla: q, k and v are required");
     ASSERT(q->ndim == 3, "gla: q must be (B, T, H*dk), got %s", SHAPE(q));
     int B = q->shape[0], T = q->shape[1], H = n_heads;
@@ -170,12 +192,13 @@ Tensor *op_gla_dt(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *
     Node *n = tape_op(tp, &OP_GLA, in, GLA_N_IN, (Tensor *[]){o, st}, 2);
     int iarg[8] = {B, T, H, dk, dv, form, seg, (T + seg - 1) / seg};
     memcpy(n->iarg, iarg, sizeof iarg);
+    n->aux = docs_first(tp, doc_start, B, T);
     gla_forward(n);
     if (s_out) *s_out = st;
     return o;
 }
 
-Tensor *op_gla(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *s0, int n_heads, MixerForm form,
-               int chunk, Tensor **s_out) {
-    return op_gla_dt(tp, q, k, v, g, NULL, s0, n_heads, form, chunk, s_out);
+Tensor *op_gla(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *s0, const int *doc_start, int n_heads,
+               MixerForm form, int chunk, Tensor **s_out) {
+    return op_gla_dt(tp, q, k, v, g, NULL, s0, doc_start, n_heads, form, chunk, s_out);
 }

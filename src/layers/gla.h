@@ -29,22 +29,37 @@
 //    its backward recomputes the states of one such segment at a time.
 //
 // Gradients flow to q, k, v, g, dt, s0 and in from both outputs.
+//
+// Documents (docs.h): at a position t where a document begins, the state
+// restarts from zero, S_t = β_t k_t v_tᵀ (as if γ_t = 0), so that
+//
+//   o_t = Σ_{f≤s≤t} exp(G_t − G_s) β_s (q_t·k_s) v_s + [f < 0] exp(G_t) s0ᵀ q_t
+//
+// with f = first(t) the start of t's document (−1: it began before the
+// window and reads s0), and the final state holds the last document only.
+// The recurrent form sets γ_t = 0 at each start. The masked forms mask: in a
+// chunk, row i reads rows j ≥ db[i] (gla_chunk_docs), the entering state only
+// while db[i] < 0, and the state leaving the chunk collects the rows of its
+// last document; the masked entries are set to zero, their exp never taken
+// (every exp stays that of a non-positive difference inside one document).
+// g at a document's first position multiplies nothing: its gradient is 0.
 #ifndef GLA_H
 #define GLA_H
 
 #include "mixer.h"
 
 // q, k: (B, T, H*dk); v: (B, T, H*dv); g: (B, T, H) per-step log decay (≤ 0)
-// or NULL (no decay); s0: (B, H, dk, dv) or NULL (zeros). Returns o (B, T, H*dv);
+// or NULL (no decay); s0: (B, H, dk, dv) or NULL (zeros); doc_start: (B, T)
+// or NULL (docs.h). Returns o (B, T, H*dv);
 // when s_out is non-NULL it receives the final state (B, H, dk, dv), a second
 // output of the same node (a gradient seeded on it flows back).
-Tensor *op_gla(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *s0, int n_heads, MixerForm form,
-               int chunk, Tensor **s_out);
+Tensor *op_gla(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *s0, const int *doc_start, int n_heads,
+               MixerForm form, int chunk, Tensor **s_out);
 
 // As op_gla with a per-step scale of the write: S_t = γ_t S_{t-1} + dt_t k_t v_tᵀ.
 // dt: (B, T, H) or NULL (= 1). Mamba's dt scaling of k, fused so that the
 // caller needs no (B, T, H) -> (B, T, H*dk) broadcast.
-Tensor *op_gla_dt(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *dt, Tensor *s0, int n_heads,
-                  MixerForm form, int chunk, Tensor **s_out);
+Tensor *op_gla_dt(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *dt, Tensor *s0, const int *doc_start,
+                  int n_heads, MixerForm form, int chunk, Tensor **s_out);
 
 #endif

@@ -17,6 +17,11 @@
 //   dG_L += exp(G_L) <dS, S_in> + Σ_i exp(G_L − G_i) k̃_i·(dS v_i)   (= <dS, S_out>)
 // then dg_i = Σ_{t ≥ i in the chunk} dG_t; dk = dt dK̃, ddt = k·dK̃.
 // Chunks are visited in reverse, dS_in of a chunk becoming dS of the previous.
+// Documents (gla.h): the masked factors of the forward (entries of A and D
+// across a boundary, exp(G) of the rows that do not read S_in, exp(G_L − G)
+// of the rows before the chunk's last document, exp(G_L) when a document
+// begins in the chunk) are zeros here too, so every term through them
+// vanishes and dS_in only collects the rows that read S_in.
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +50,7 @@ typedef struct BwdScratch {
     real *dQc;                 // (seg, dk) one chunk's dq, summed here then stored once
     real *dVc;                 // (seg, dv) one chunk's dv, likewise
     double *G, *dG, *colZ;     // (seg)
+    int *db;                   // (seg) the chunk's documents (gla_chunk_docs)
     real *Sbuf;                // (seg + 1, dk, dv) states of one segment (recurrent form)
     real *dkt;                 // (dk)
 } BwdScratch;
@@ -75,6 +81,14 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         gla_cumsum(w->G, x->g, H, t0, L);
         const double *G = x->g ? w->G : NULL;
         double gL = G ? G[L - 1] : 0;
+        const int *db = NULL;
+        if (x->first) {
+            gla_chunk_docs(w->db, x->first, t0, L);
+            db = w->db;
+            if (db[0] >= 0) S_in = NULL;   // a document begins at t0: no row reads S_in
+        }
+        int j0 = db ? imax(db[L - 1], 0) : 0;       // the rows of the chunk's last document reach S_out
+        bool keep = !db || db[L - 1] < 0;           // S_in reaches S_out
         const real *K;
         int ldkk = gla_keys(x, dk, t0, L, w->Ks, &K);
         const real *Q = x->q + (int64_t)t0 * ldk, *V = x->v + (int64_t)t0 * ldv;
@@ -90,7 +104,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         if (dV) memset(dV, 0, (size_t)L * dv * sizeof(real));
 
         if (dO) {   // the terms through O
-            gla_chunk_scores(Q, ldk, K, ldkk, G, L, dk, w->A, w->D, w->pack);
+            gla_chunk_scores(Q, ldk, K, ldkk, G, db, L, dk, w->A, w->D, w->pack);
             if (dV) tile_gemm(true, false, L, dv, L, 1, w->A, L, dO, ldv, 0, dV, dv, 0, L, NULL);   // Aᵀ upper
             if (dq || need_k || need_g) {
                 real *dA = w->dA;   // becomes dP in place
@@ -105,9 +119,11 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                     real *r = dA + (int64_t)i * L;
                     const real *a = w->A + (int64_t)i * L;
                     if (need_g) dG[i] += dot_into_cols(r, a, i, colZ);
-                    if (G) {
+                    if (G) {   // (D is 0 across a boundary)
                         const real *dec = w->D + (int64_t)i * L;
                         for (int j = 0; j <= i; j++) r[j] *= dec[j];
+                    } else if (db) {
+                        for (int j = 0; j < db[i]; j++) r[j] = 0;
                     }
                     for (int j = i + 1; j < L; j++) r[j] = 0;
                 }
@@ -119,6 +135,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
             if (S_in && (dq || need_g)) {   // o += exp(G) S_inᵀ q
                 tile_gemm(false, true, L, dk, dv, 1, dO, ldv, S_in, dv, 0, w->tmp, dk, TILE_FULL(L, dv), w->pack);
                 for (int i = 0; i < L; i++) {
+                    if (db && db[i] >= 0) continue;   // row i does not read S_in
                     double e = G ? exp(G[i]) : 1;
                     const real *t = w->tmp + (int64_t)i * dk;
                     if (dq)
@@ -131,7 +148,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
             if (need_k || need_g) {
                 // rows dS v_i
                 tile_gemm(false, true, L, dk, dv, 1, V, ldv, dS, dv, 0, w->tmp, dk, TILE_FULL(L, dv), w->pack);
-                for (int i = 0; i < L; i++) {
+                for (int i = j0; i < L; i++) {
                     double e = G ? exp(gL - G[i]) : 1;
                     const real *t = w->tmp + (int64_t)i * dk;
                     if (need_k)
@@ -145,19 +162,23 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
             }
             if (dV) {
                 for (int i = 0; i < L; i++) {
-                    real e = G ? gla_exp(gL - G[i]) : 1;
+                    real e = i < j0 ? 0 : G ? gla_exp(gL - G[i]) : 1;
                     for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * K[(int64_t)i * ldkk + a];
                 }
                 tile_gemm(false, false, L, dv, dk, 1, w->Xd, dk, dS, dv, 1, dV, dv, TILE_FULL(L, dk), NULL);
             }
-            if (need_g && S_in) dG[L - 1] += exp(gL) * dot(dS, S_in, (int)SZ);
+            if (need_g && S_in && keep) dG[L - 1] += exp(gL) * dot(dS, S_in, (int)SZ);
         }
-        // dS_in = exp(G_L) dS + (diag(exp(G)) Q)ᵀ dO
-        if (G)
+        // dS_in = exp(G_L) dS + (diag(exp(G)) Q)ᵀ dO, each term over the rows that read S_in
+        if (!keep) {
+            memset(dS, 0, SZ * sizeof(real));
+            dS_nonzero = false;
+        } else if (G) {
             for (real eL = gla_exp(gL), *e = dS; e < dS + SZ; e++) *e *= eL;
-        if (dO) {
+        }
+        if (dO && (!db || db[0] < 0)) {
             for (int i = 0; i < L; i++) {
-                real e = G ? gla_exp(G[i]) : 1;
+                real e = db && db[i] >= 0 ? 0 : G ? gla_exp(G[i]) : 1;
                 for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * Q[(int64_t)i * ldk + a];
             }
             tile_gemm(true, false, dk, dv, L, 1, w->Xd, dk, dO, ldv, dS_nonzero ? 1 : 0, dS, dv, TILE_FULL(dk, L),
@@ -199,7 +220,7 @@ static void recurrent_head_backward(const GlaDims *d, const GlaHead *x, const Gl
         memcpy(w->Sbuf, saved + c * SZ, SZ * sizeof(real));
         for (int i = 0; i < L; i++) {   // Sbuf[i+1] = state after token t0+i
             int64_t t = t0 + i;
-            real gam = x->g ? gla_exp((double)x->g[t * H]) : 1;
+            real gam = gla_restarts(x, t) ? 0 : x->g ? gla_exp((double)x->g[t * H]) : 1;
             real beta = x->dt ? x->dt[t * H] : 1;
             const real *k = x->k + t * x->ldk, *v = x->v + t * x->ldv;
             const real *Sp = w->Sbuf + i * SZ;
@@ -209,7 +230,7 @@ static void recurrent_head_backward(const GlaDims *d, const GlaHead *x, const Gl
         }
         for (int i = L - 1; i >= 0; i--) {
             int64_t t = t0 + i;
-            real gam = x->g ? gla_exp((double)x->g[t * H]) : 1;
+            real gam = gla_restarts(x, t) ? 0 : x->g ? gla_exp((double)x->g[t * H]) : 1;
             real beta = x->dt ? x->dt[t * H] : 1;
             const real *q = x->q + t * x->ldk, *k = x->k + t * x->ldk, *v = x->v + t * x->ldv;
             const real *St = w->Sbuf + (i + 1) * SZ, *Sp = w->Sbuf + i * SZ;
@@ -245,6 +266,7 @@ void gla_backward(Node *n) {
     const real *g = in[GLA_IN_G] ? in[GLA_IN_G]->data : NULL;
     const real *dt = in[GLA_IN_DT] ? in[GLA_IN_DT]->data : NULL;
     const real *s0 = in[GLA_IN_S0] ? in[GLA_IN_S0]->data : NULL;
+    const int *first = n->aux;
     const real *dO = n->out[0]->grad, *dSf = n->out[1]->grad;
     // The chunked form stores every element of dq, dk and dv exactly once,
     // so a fresh buffer is written instead of zeroed and added to (unless two
@@ -288,12 +310,13 @@ void gla_backward(Node *n) {
             w.G = xmalloc((size_t)seg * sizeof(double));
             w.dG = xmalloc((size_t)seg * sizeof(double));
             w.colZ = xmalloc((size_t)seg * sizeof(double));
+            w.db = xmalloc((size_t)seg * sizeof(int));
         }
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < d.B; b++)
             for (int h = 0; h < d.H; h++) {
                 GlaHead x = gla_head(&d, b, h, in[GLA_IN_Q]->data, in[GLA_IN_K]->data, in[GLA_IN_V]->data, g,
-                                     dt, s0, NULL);
+                                     dt, s0, NULL, first);
                 GlaOffsets f = gla_offsets(&d, b, h);
                 GlaGrad gr = {dO ? dO + f.v : NULL,  dq ? dq + f.k : NULL,  dk ? dk + f.k : NULL,
                               dv ? dv + f.v : NULL,  dg ? dg + f.g : NULL,  ddt ? ddt + f.g : NULL};
@@ -320,6 +343,7 @@ void gla_backward(Node *n) {
         free(w.G);
         free(w.dG);
         free(w.colZ);
+        free(w.db);
         free(w.Sbuf);
         free(w.dkt);
     }

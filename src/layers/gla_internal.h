@@ -38,6 +38,7 @@ typedef struct GlaHead {
     const real *g, *dt;  // (T) with stride H, or NULL
     const real *s0;      // (dk, dv) or NULL
     real *o;             // (T, dv) with row stride ldv
+    const int *first;    // (T) the row's document index (docs.h), or NULL: no boundary
     int ldk, ldv, H;
 } GlaHead;
 
@@ -54,11 +55,23 @@ static inline GlaOffsets gla_offsets(const GlaDims *d, int b, int h) {
 }
 
 static inline GlaHead gla_head(const GlaDims *d, int b, int h, const real *q, const real *k, const real *v,
-                               const real *g, const real *dt, const real *s0, real *o) {
+                               const real *g, const real *dt, const real *s0, real *o, const int *first) {
     GlaOffsets f = gla_offsets(d, b, h);
-    return (GlaHead){q + f.k, k + f.k, v + f.v, g ? g + f.g : NULL, dt ? dt + f.g : NULL, s0 ? s0 + f.s : NULL,
-                     o ? o + f.v : NULL, d->H * d->dk, d->H * d->dv, d->H};
+    return (GlaHead){q + f.k,  k + f.k, v + f.v, g ? g + f.g : NULL, dt ? dt + f.g : NULL, s0 ? s0 + f.s : NULL,
+                     o ? o + f.v : NULL, first ? first + (int64_t)b * d->T : NULL, d->H * d->dk, d->H * d->dv, d->H};
 }
+
+// Documents inside one chunk [t0, t0+L) of a row (docs.h): db[i] = the chunk
+// position where row i's document begins, or -1 when it began before the
+// chunk. Row i then reads the rows j in [max(db[i], 0), i] of the chunk, and
+// the state entering the chunk only when db[i] < 0. first: the row's (T).
+static inline void gla_chunk_docs(int *db, const int *first, int t0, int L) {
+    for (int i = 0; i < L; i++) db[i] = first[t0 + i] >= t0 ? first[t0 + i] - t0 : -1;
+}
+
+// Whether the recurrence restarts at position t (a document begins there:
+// the state before it is not read).
+static inline bool gla_restarts(const GlaHead *x, int64_t t) { return x->first && x->first[t] == t; }
 
 // Chunk-local inclusive cumulative log decay: G[i] = Σ_{j≤i} g[(t0+j)*H], in
 // double; all zeros when g is NULL.
@@ -109,10 +122,12 @@ static inline size_t gla_pack_elems(const GlaDims *d) {
 
 // A = (Q K̃ᵀ) ⊙ M ⊙ [exp(G_i − G_j)] for one chunk of L positions, (L, L),
 // zero above the diagonal. G NULL: no decay. D: (L, L) receives the decay
-// factors exp(G_i − G_j) (lower triangle), or NULL.
+// factors exp(G_i − G_j) (lower triangle), or NULL. db (L) or NULL: the
+// chunk's documents (gla_chunk_docs); entries j < db[i] are zero in A and D
+// (M is then the block-diagonal causal mask), and their exp is not taken.
 // pack: (dk x L) scratch for tile_gemm.
-void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, int L, int dk, real *A,
-                      real *D, real *pack);
+void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, const int *db, int L, int dk,
+                      real *A, real *D, real *pack);
 
 // The op's backward (gla_backward.c).
 void gla_backward(Node *n);

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 void gla_layer_create(GlaLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *cfg) {
     int D = cfg->d_model, Hk = cfg->n_heads * cfg->d_k, Hv = cfg->n_heads * cfg->d_v;
@@ -23,14 +24,40 @@ void gla_layer_create(GlaLayer *L, ParamStore *ps, const char *prefix, const Mix
     L->wo = param_linear(ps, prefix, "wo", Hv, D, cfg->out_std);
 }
 
-static Tensor *conv(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor *x) {
-    return cc ? shortconv_step(tp, c, cc, x) : shortconv_forward(tp, c, x);
+static Tensor *conv(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor *x, const int *doc_start) {
+    return cc ? shortconv_step(tp, c, cc, x) : shortconv_forward(tp, c, x, doc_start);
 }
 
-void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, Tensor **q, Tensor **k, Tensor **v) {
-    *q = conv(tp, &L->conv_q, cache ? &cache->cq : NULL, op_matmul(tp, u, L->wq, false, false));
-    *k = conv(tp, &L->conv_k, cache ? &cache->ck : NULL, op_matmul(tp, u, L->wk, false, false));
-    *v = conv(tp, &L->conv_v, cache ? &cache->cv : NULL, op_matmul(tp, u, L->wv, false, false));
+void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, const int *doc_start, Tensor **q,
+                   Tensor **k, Tensor **v) {
+    ASSERT(!(cache && doc_start), "gla_layer_qkv: documents in decoding are cache resets (gla_cache_reset)");
+    *q = conv(tp, &L->conv_q, cache ? &cache->cq : NULL, op_matmul(tp, u, L->wq, false, false), doc_start);
+    *k = conv(tp, &L->conv_k, cache ? &cache->ck : NULL, op_matmul(tp, u, L->wk, false, false), doc_start);
+    *v = conv(tp, &L->conv_v, cache ? &cache->cv : NULL, op_matmul(tp, u, L->wv, false, false), doc_start);
+}
+
+void gla_layer_qkv_carry(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, const int *doc_start, Tensor **q,
+                         Tensor **k, Tensor **v) {
+    *q = shortconv_forward_carry(tp, &L->conv_q, op_matmul(tp, u, L->wq, false, false), doc_start, &cache->cq);
+    *k = shortconv_forward_carry(tp, &L->conv_k, op_matmul(tp, u, L->wk, false, false), doc_start, &cache->ck);
+    *v = shortconv_forward_carry(tp, &L->conv_v, op_matmul(tp, u, L->wv, false, false), doc_start, &cache->cv);
+}
+
+Tensor *gla_cache_state_in(Tape *tp, const GlaCache *cache, const Tensor *u) {
+    const Tensor *S = cache->S;
+    ASSERT(u->ndim == 3 && u->shape[0] == S->shape[0], "carried window: u %s, the cache holds %d rows", SHAPE(u),
+           S->shape[0]);
+    return tape_tensor_copy(tp, 4, S->shape, S->data);
+}
+
+int gla_cache_buffers(const GlaLayer *L, GlaCache *c, real **bufs, int64_t *sizes) {
+    bufs[0] = c->S->data;
+    sizes[0] = c->S->numel;
+    int n = 1;
+    n += shortconv_cache_buffer(&L->conv_q, &c->cq, bufs + n, sizes + n);
+    n += shortconv_cache_buffer(&L->conv_k, &c->ck, bufs + n, sizes + n);
+    n += shortconv_cache_buffer(&L->conv_v, &c->cv, bufs + n, sizes + n);
+    return n;
 }
 
 Tensor *gla_layer_out(Tape *tp, const GlaLayer *L, Tensor *o, Tensor *u) {
@@ -44,6 +71,16 @@ GlaCache *gla_cache_new(const GlaLayer *L, const MixerConfig *cfg, int B) {
     shortconv_cache_init(&c->ck, &L->conv_k, B);
     shortconv_cache_init(&c->cv, &L->conv_v, B);
     return c;
+}
+
+void gla_cache_reset(const GlaLayer *L, GlaCache *c, int b) {
+    Tensor *S = c->S;
+    ASSERT(b >= 0 && b < S->shape[0], "gla_cache_reset: row %d of %d", b, S->shape[0]);
+    int64_t row = S->numel / S->shape[0];
+    memset(S->data + b * row, 0, (size_t)row * sizeof(real));
+    shortconv_cache_reset(&c->cq, &L->conv_q, b);
+    shortconv_cache_reset(&c->ck, &L->conv_k, b);
+    shortconv_cache_reset(&c->cv, &L->conv_v, b);
 }
 
 void gla_cache_free(void *cache) {

@@ -25,12 +25,25 @@ typedef struct GlaCache {
 void gla_layer_create(GlaLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *cfg);
 // u: (B, T, D) -> q, k (B, T, H*dk), v (B, T, H*dv), each projected then
 // SiLU(conv(.)) (just projected when conv_size is 0). With a cache (decoding,
-// T = 1) the convolutions read and advance it.
-void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, Tensor **q, Tensor **k, Tensor **v);
+// T = 1) the convolutions read and advance it. doc_start: (B, T) or NULL
+// (docs.h), without a cache only.
+void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, const int *doc_start, Tensor **q,
+                   Tensor **k, Tensor **v);
 // o: (B, T, H*dv) -> OutGate(o, u) wo, (B, T, D).
 Tensor *gla_layer_out(Tape *tp, const GlaLayer *L, Tensor *o, Tensor *u);
 
+// The same for a window that continues the streams in cache (carried state):
+// the convolutions read and then update its inputs (shortconv_forward_carry).
+void gla_layer_qkv_carry(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, const int *doc_start, Tensor **q,
+                         Tensor **k, Tensor **v);
+// cache->S as a constant on tp (the initial state of a carried window), checked against u's B.
+Tensor *gla_cache_state_in(Tape *tp, const GlaCache *cache, const Tensor *u);
+// The buffers of the carried state: S, then the q, k, v convolution inputs (MixerKind.cache_state).
+int gla_cache_buffers(const GlaLayer *L, GlaCache *c, real **bufs, int64_t *sizes);
+
 GlaCache *gla_cache_new(const GlaLayer *L, const MixerConfig *cfg, int B);
 void gla_cache_free(void *cache);
+// Row b starts a new document: its state and convolution inputs are zeroed.
+void gla_cache_reset(const GlaLayer *L, GlaCache *c, int b);
 
 #endif

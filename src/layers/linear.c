@@ -17,19 +17,19 @@ static void linear_create(Mixer *m, ParamStore *ps, const char *prefix) {
 static void linear_destroy(Mixer *m) { free(m->impl); }
 
 // From q, k, v (after the convolutions) to the layer's output.
-static Tensor *linear_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *q, Tensor *k, Tensor *v, Tensor *s_in,
-                          MixerForm form, Tensor **s_out) {
+static Tensor *linear_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *q, Tensor *k, Tensor *v, const int *doc_start,
+                          Tensor *s_in, MixerForm form, Tensor **s_out) {
     const MixerConfig *c = &m->cfg;
     q = op_scale(tp, op_l2norm_heads(tp, q, c->d_k), 1.0 / sqrt(c->d_k));
     k = op_l2norm_heads(tp, k, c->d_k);
-    Tensor *o = op_gla(tp, q, k, v, NULL, s_in, c->n_heads, form, c->chunk_size, s_out);
+    Tensor *o = op_gla(tp, q, k, v, NULL, s_in, doc_start, c->n_heads, form, c->chunk_size, s_out);
     return gla_layer_out(tp, m->impl, o, u);
 }
 
-static Tensor *linear_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out) {
+static Tensor *linear_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out) {
     Tensor *q, *k, *v;
-    gla_layer_qkv(tp, m->impl, NULL, u, &q, &k, &v);
-    return linear_mix(tp, m, u, q, k, v, s_in, m->cfg.form, s_out);
+    gla_layer_qkv(tp, m->impl, NULL, u, doc_start, &q, &k, &v);
+    return linear_mix(tp, m, u, q, k, v, doc_start, s_in, m->cfg.form, s_out);
 }
 
 static void *linear_cache_new(const Mixer *m, int B, int max_T) { return gla_cache_new(m->impl, &m->cfg, B); }
@@ -38,12 +38,38 @@ static Tensor *linear_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     ASSERT(u->ndim == 3 && u->shape[1] == 1, "linear step: u must be (B, 1, D), got %s", SHAPE(u));
     GlaCache *c = cache;
     Tensor *q, *k, *v, *s;
-    gla_layer_qkv(tp, m->impl, c, u, &q, &k, &v);
-    Tensor *y = linear_mix(tp, m, u, q, k, v, c->S, MIXER_FORM_RECURRENT, &s);
+    gla_layer_qkv(tp, m->impl, c, u, NULL, &q, &k, &v);
+    Tensor *y = linear_mix(tp, m, u, q, k, v, NULL, c->S, MIXER_FORM_RECURRENT, &s);
     memcpy(c->S->data, s->data, (size_t)s->numel * sizeof(real));
     return y;
 }
 
-const MixerKind MIXER_LINEAR = {"linear",         true,            linear_create, linear_forward,
-                                linear_cache_new, gla_cache_free, linear_step,   linear_destroy,
-                                MIXER_FORMS_LINEAR_FAMILY | (1u << MIXER_FORM_PARALLEL)};
+static void linear_cache_reset(const Mixer *m, void *cache, int b) { gla_cache_reset(m->impl, cache, b); }
+
+static Tensor *linear_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, void *cache) {
+    GlaCache *c = cache;
+    Tensor *q, *k, *v, *s, *s_in = gla_cache_state_in(tp, c, u);
+    gla_layer_qkv_carry(tp, m->impl, c, u, doc_start, &q, &k, &v);
+    Tensor *y = linear_mix(tp, m, u, q, k, v, doc_start, s_in, m->cfg.form, &s);
+    memcpy(c->S->data, s->data, (size_t)s->numel * sizeof(real));
+    return y;
+}
+
+static int linear_cache_state(const Mixer *m, void *cache, real **bufs, int64_t *sizes) {
+    return gla_cache_buffers(m->impl, cache, bufs, sizes);
+}
+
+const MixerKind MIXER_LINEAR = {
+    .name = "linear",
+    .recurrent = true,
+    .create = linear_create,
+    .forward = linear_forward,
+    .cache_new = linear_cache_new,
+    .cache_free = gla_cache_free,
+    .step = linear_step,
+    .cache_reset = linear_cache_reset,
+    .forward_carry = linear_forward_carry,
+    .cache_state = linear_cache_state,
+    .destroy = linear_destroy,
+    .forms = MIXER_FORMS_LINEAR_FAMILY | (1u << MIXER_FORM_PARALLEL),
+};

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "docs.h"
 #include "mixer_common.h"
 
 Status lm_parse_layers(LMConfig *cfg, const char *list) {
@@ -104,8 +105,8 @@ static Tensor *collect_kl(Tape *tp, const LM *lm, int n_layers) {
 // reads its sum (op_add_rmsnorm). Returns the stream after block n_layers-1
 // normed by norm_after(it); the last block stops after its mixer when
 // `last_mixer_only` (NULL is returned then: the caller wants the KL).
-static Tensor *run_blocks(Tape *tp, LM *lm, Tensor *x, int n_layers, bool last_mixer_only, Tensor *const *states_in,
-                          Tensor **states_out) {
+static Tensor *run_blocks(Tape *tp, LM *lm, Tensor *x, int n_layers, bool last_mixer_only, const int *doc_start,
+                          Tensor *const *states_in, Tensor **states_out, LMCache *carry) {
     double eps = lm->cfg.norm_eps;
     Tensor *u = op_rmsnorm(tp, x, lm->blocks[0].norm1, eps);
     for (int l = 0; l < n_layers; l++) {
@@ -113,7 +114,9 @@ static Tensor *run_blocks(Tape *tp, LM *lm, Tensor *x, int n_layers, bool last_m
         Tensor *s_in = states_in ? states_in[l] : NULL;
         Tensor **s_out = states_out && b->mixer->kind->recurrent ? &states_out[l] : NULL;
         if (states_out && !b->mixer->kind->recurrent) states_out[l] = NULL;
-        Tensor *y = b->mixer->kind->forward(tp, b->mixer, u, s_in, s_out);
+        const MixerKind *k = b->mixer->kind;
+        Tensor *y = carry && k->forward_carry ? k->forward_carry(tp, b->mixer, u, doc_start, carry->mixer[l])
+                                              : k->forward(tp, b->mixer, u, doc_start, s_in, s_out);
         if (last_mixer_only && l == n_layers - 1) return NULL;
         Tensor *h;
         Tensor *m = mlp_forward(tp, b, op_add_rmsnorm(tp, x, y, b->norm2, eps, &h));
@@ -122,12 +125,57 @@ static Tensor *run_blocks(Tape *tp, LM *lm, Tensor *x, int n_layers, bool last_m
     return u;
 }
 
-Tensor *lm_forward(Tape *tp, LM *lm, const int *tokens, int B, int T, Tensor *const *states_in,
-                   Tensor **states_out) {
+// lm_forward_docs and lm_forward_carry.
+static Tensor *forward_all(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T,
+                           Tensor *const *states_in, Tensor **states_out, LMCache *carry) {
     Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){B, T});
-    Tensor *h = run_blocks(tp, lm, x, lm->cfg.n_layers, false, states_in, states_out);
+    // One copy for every layer (the caller's array may change later); NULL when nothing is flagged.
+    const int *docs = NULL;
+    if (doc_start && docs_first(tp, doc_start, B, T)) {
+        int *copy = tape_alloc(tp, (size_t)B * T * sizeof(int));
+        memcpy(copy, doc_start, (size_t)B * T * sizeof(int));
+        docs = copy;
+    }
+    Tensor *h = run_blocks(tp, lm, x, lm->cfg.n_layers, false, docs, states_in, states_out, carry);
     lm->dsa_kl = collect_kl(tp, lm, lm->cfg.n_layers);
     return head_forward(tp, lm, h);
+}
+
+Tensor *lm_forward_docs(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T,
+                        Tensor *const *states_in, Tensor **states_out) {
+    return forward_all(tp, lm, tokens, doc_start, B, T, states_in, states_out, NULL);
+}
+
+Tensor *lm_forward_carry(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T, LMCache *carry) {
+    ASSERT(carry && carry->B == B, "lm_forward_carry: the carry holds %d rows, the window %d", carry ? carry->B : 0, B);
+    return forward_all(tp, lm, tokens, doc_start, B, T, NULL, NULL, carry);
+}
+
+Tensor *lm_loss_carry(Tape *tp, LM *lm, const int *tokens, const int *targets, const int *doc_start, int B, int T,
+                      LMCache *carry, Tensor **logits_out) {
+    Tensor *logits = lm_forward_carry(tp, lm, tokens, doc_start, B, T, carry);
+    if (logits_out) *logits_out = logits;
+    return op_cross_entropy(tp, logits, targets);
+}
+
+int lm_carry_buffers(const LM *lm, LMCache *carry, real **bufs, int64_t *sizes, int max) {
+    int n = 0;
+    for (int l = 0; l < lm->cfg.n_layers; l++) {
+        const Mixer *m = lm->blocks[l].mixer;
+        if (!m->kind->cache_state) continue;
+        real *b[4];
+        int64_t s[4];
+        int k = m->kind->cache_state(m, carry->mixer[l], b, s);
+        ASSERT(n + k <= max, "lm_carry_buffers: more than %d buffers", max);
+        for (int i = 0; i < k; i++) bufs[n + i] = b[i], sizes[n + i] = s[i];
+        n += k;
+    }
+    return n;
+}
+
+Tensor *lm_forward(Tape *tp, LM *lm, const int *tokens, int B, int T, Tensor *const *states_in,
+                   Tensor **states_out) {
+    return lm_forward_docs(tp, lm, tokens, NULL, B, T, states_in, states_out);
 }
 
 Tensor *lm_distill_loss(Tape *tp, LM *lm, const int *tokens, int B, int T) {
@@ -139,7 +187,7 @@ Tensor *lm_distill_loss(Tape *tp, LM *lm, const int *tokens, int B, int T) {
         }
     ASSERT(last >= 0, "lm_distill_loss: the model has no attn_dsa layer");
     Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){B, T});
-    run_blocks(tp, lm, x, last + 1, true, NULL, NULL);
+    run_blocks(tp, lm, x, last + 1, true, NULL, NULL, NULL, NULL);
     lm->dsa_kl = collect_kl(tp, lm, last + 1);
     return lm->dsa_kl;
 }
@@ -166,10 +214,15 @@ double lm_dsa_mass(const LM *lm) {
     return n ? sum / n : NAN;
 }
 
-Tensor *lm_loss(Tape *tp, LM *lm, const int *tokens, const int *targets, int B, int T, Tensor **logits_out) {
-    Tensor *logits = lm_forward(tp, lm, tokens, B, T, NULL, NULL);
+Tensor *lm_loss_docs(Tape *tp, LM *lm, const int *tokens, const int *targets, const int *doc_start, int B, int T,
+                     Tensor **logits_out) {
+    Tensor *logits = lm_forward_docs(tp, lm, tokens, doc_start, B, T, NULL, NULL);
     if (logits_out) *logits_out = logits;
     return op_cross_entropy(tp, logits, targets);
+}
+
+Tensor *lm_loss(Tape *tp, LM *lm, const int *tokens, const int *targets, int B, int T, Tensor **logits_out) {
+    return lm_loss_docs(tp, lm, tokens, targets, NULL, B, T, logits_out);
 }
 
 LMCache *lm_cache_new(const LM *lm, int B, int max_T) {
@@ -187,6 +240,14 @@ void lm_cache_free(const LM *lm, LMCache *c) {
     if (!c) return;
     for (int l = 0; l < lm->cfg.n_layers; l++) lm->blocks[l].mixer->kind->cache_free(c->mixer[l]);
     free(c);
+}
+
+void lm_cache_reset_row(const LM *lm, LMCache *c, int b) {
+    ASSERT(b >= 0 && b < c->B, "lm_cache_reset_row: row %d of %d", b, c->B);
+    for (int l = 0; l < lm->cfg.n_layers; l++) {
+        const Mixer *m = lm->blocks[l].mixer;
+        m->kind->cache_reset(m, c->mixer[l], b);
+    }
 }
 
 Tensor *lm_step(Tape *tp, LM *lm, LMCache *c, const int *tokens) {

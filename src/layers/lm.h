@@ -60,6 +60,20 @@ Tensor *lm_forward(Tape *tp, LM *lm, const int *tokens, int B, int T, Tensor *co
 // Mean cross-entropy of lm_forward's logits against targets (B*T ids). *logits_out (optional).
 Tensor *lm_loss(Tape *tp, LM *lm, const int *tokens, const int *targets, int B, int T, Tensor **logits_out);
 
+// Packed documents (docs.h, mixer.h): doc_start (B*T), nonzero where a
+// document begins in a row (a flag at t = 0 also means states_in is not read
+// for that row); NULL or no flag = lm_forward / lm_loss exactly. Every layer
+// starts fresh at a flag: attention and the DSA indexer stay inside the
+// document (RoPE positions restart there), recurrent states and short
+// convolutions restart from zero. The logits of a packed row equal those of
+// its documents run as separate rows. The targets are the caller's: the one
+// at a document's last position (the next document's first token) counts
+// unless it is set negative (ignored by op_cross_entropy).
+Tensor *lm_forward_docs(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T,
+                        Tensor *const *states_in, Tensor **states_out);
+Tensor *lm_loss_docs(Tape *tp, LM *lm, const int *tokens, const int *targets, const int *doc_start, int B, int T,
+                     Tensor **logits_out);
+
 // DeepSeek sparse attention (attn_dsa layers; attn_dsa.h).
 // Number of attn_dsa layers.
 int lm_dsa_count(const LM *lm);
@@ -84,5 +98,29 @@ LMCache *lm_cache_new(const LM *lm, int B, int max_T);
 void lm_cache_free(const LM *lm, LMCache *c);
 // tokens: (B) ids at position c->pos; call on a tape in no-grad mode. Returns logits (B, 1, V).
 Tensor *lm_step(Tape *tp, LM *lm, LMCache *c, const int *tokens);
+// Row b's next token begins a new document (a doc_start flag in decoding):
+// every layer forgets row b's history (MixerKind.cache_reset). The logits
+// that follow equal lm_forward_docs's with a flag at that position.
+void lm_cache_reset_row(const LM *lm, LMCache *c, int b);
+
+// State carried across windows (truncated backpropagation through time):
+// each row reads one contiguous stream, window after window. carry is an
+// LMCache (lm_cache_new(lm, B, 1) is enough): the recurrent layers (linear,
+// mamba, gdn) start from its states (S and the short convolutions' last
+// inputs), read as constants (detached: no gradient reaches the previous
+// window), and leave their final states in it (MixerKind.forward_carry).
+// Attention layers keep their within-window behaviour (their caches are not
+// used). Consecutive windows of an all-recurrent model then compute what one
+// window over the whole stream computes. A doc_start flag (a flag at t = 0
+// too) starts a row afresh, as does lm_cache_reset_row between windows (at
+// the end of a row's stream); the carry can also continue as a decoding
+// cache. Returns logits (B, T, V).
+Tensor *lm_forward_carry(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T, LMCache *carry);
+Tensor *lm_loss_carry(Tape *tp, LM *lm, const int *tokens, const int *targets, const int *doc_start, int B, int T,
+                      LMCache *carry, Tensor **logits_out);
+// The buffers of the carried state, for checkpoints: up to max pointers and
+// element counts (4 per recurrent layer: S, then the q, k, v convolution
+// inputs when conv_size > 1), in layer order; returns how many.
+int lm_carry_buffers(const LM *lm, LMCache *carry, real **bufs, int64_t *sizes, int max);
 
 #endif

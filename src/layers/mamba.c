@@ -38,24 +38,24 @@ static void mamba_create(Mixer *m, ParamStore *ps, const char *prefix) {
 
 static void mamba_destroy(Mixer *m) { free(m->impl); }
 
-static Tensor *mamba_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *q, Tensor *k, Tensor *v, Tensor *s_in,
-                         MixerForm form, Tensor **s_out) {
+static Tensor *mamba_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *q, Tensor *k, Tensor *v, const int *doc_start,
+                         Tensor *s_in, MixerForm form, Tensor **s_out) {
     const MixerConfig *c = &m->cfg;
     const Mamba *M = m->impl;
     Tensor *dt = op_softplus(tp, op_add(tp, op_matmul(tp, u, M->w_dt, false, false), M->dt_bias));   // (B, T, H)
     Tensor *g = op_mul(tp, dt, op_scale(tp, op_exp(tp, M->A_log), -1.0));                          // (B, T, H)
     q = op_scale(tp, q, 1.0 / sqrt(c->d_k));
-    Tensor *o = op_gla_dt(tp, q, k, v, g, dt, s_in, c->n_heads, form, c->chunk_size, s_out);
+    Tensor *o = op_gla_dt(tp, q, k, v, g, dt, s_in, doc_start, c->n_heads, form, c->chunk_size, s_out);
     Tensor *Dflat = op_reshape(tp, M->D, 1, (int[]){c->n_heads * c->d_v});
     o = op_add(tp, o, op_mul(tp, v, Dflat));   // + D ⊙ v
     return gla_layer_out(tp, &M->L, o, u);
 }
 
-static Tensor *mamba_forward(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out) {
+static Tensor *mamba_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out) {
     Mamba *M = m->impl;
     Tensor *q, *k, *v;
-    gla_layer_qkv(tp, &M->L, NULL, u, &q, &k, &v);
-    return mamba_mix(tp, m, u, q, k, v, s_in, m->cfg.form, s_out);
+    gla_layer_qkv(tp, &M->L, NULL, u, doc_start, &q, &k, &v);
+    return mamba_mix(tp, m, u, q, k, v, doc_start, s_in, m->cfg.form, s_out);
 }
 
 static void *mamba_cache_new(const Mixer *m, int B, int max_T) {
@@ -68,12 +68,43 @@ static Tensor *mamba_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     Mamba *M = m->impl;
     GlaCache *c = cache;
     Tensor *q, *k, *v, *s;
-    gla_layer_qkv(tp, &M->L, c, u, &q, &k, &v);
-    Tensor *y = mamba_mix(tp, m, u, q, k, v, c->S, MIXER_FORM_RECURRENT, &s);
+    gla_layer_qkv(tp, &M->L, c, u, NULL, &q, &k, &v);
+    Tensor *y = mamba_mix(tp, m, u, q, k, v, NULL, c->S, MIXER_FORM_RECURRENT, &s);
     memcpy(c->S->data, s->data, (size_t)s->numel * sizeof(real));
     return y;
 }
 
-const MixerKind MIXER_MAMBA = {"mamba",         true,           mamba_create, mamba_forward,
-                               mamba_cache_new, gla_cache_free, mamba_step,   mamba_destroy,
-                               MIXER_FORMS_LINEAR_FAMILY | (1u << MIXER_FORM_PARALLEL)};
+static void mamba_cache_reset(const Mixer *m, void *cache, int b) {
+    const Mamba *M = m->impl;
+    gla_cache_reset(&M->L, cache, b);
+}
+
+static Tensor *mamba_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, void *cache) {
+    Mamba *M = m->impl;
+    GlaCache *c = cache;
+    Tensor *q, *k, *v, *s, *s_in = gla_cache_state_in(tp, c, u);
+    gla_layer_qkv_carry(tp, &M->L, c, u, doc_start, &q, &k, &v);
+    Tensor *y = mamba_mix(tp, m, u, q, k, v, doc_start, s_in, m->cfg.form, &s);
+    memcpy(c->S->data, s->data, (size_t)s->numel * sizeof(real));
+    return y;
+}
+
+static int mamba_cache_state(const Mixer *m, void *cache, real **bufs, int64_t *sizes) {
+    const Mamba *M = m->impl;
+    return gla_cache_buffers(&M->L, cache, bufs, sizes);
+}
+
+const MixerKind MIXER_MAMBA = {
+    .name = "mamba",
+    .recurrent = true,
+    .create = mamba_create,
+    .forward = mamba_forward,
+    .cache_new = mamba_cache_new,
+    .cache_free = gla_cache_free,
+    .step = mamba_step,
+    .cache_reset = mamba_cache_reset,
+    .forward_carry = mamba_forward_carry,
+    .cache_state = mamba_cache_state,
+    .destroy = mamba_destroy,
+    .forms = MIXER_FORMS_LINEAR_FAMILY | (1u << MIXER_FORM_PARALLEL),
+};

@@ -42,19 +42,37 @@ MixerConfig mixer_config_default(int d_model, int n_heads, int d_k, int d_v) {
     return c;
 }
 
+// Kinds defined outside the library (mixer_kind_register).
+#define MAX_EXTRA_KINDS 16
+static const MixerKind *extra_kinds[MAX_EXTRA_KINDS];
+static int n_extra_kinds;
+
 const MixerKind *mixer_kind_find(const char *name) {
     for (size_t i = 0; i < sizeof KINDS / sizeof KINDS[0]; i++)
         if (KINDS[i] && strcmp(KINDS[i]->name, name) == 0) return KINDS[i];
+    for (int i = 0; i < n_extra_kinds; i++)
+        if (strcmp(extra_kinds[i]->name, name) == 0) return extra_kinds[i];
     return NULL;
 }
 
+void mixer_kind_register(const MixerKind *k) {
+    ASSERT(k && k->name && k->create && k->forward && k->cache_new && k->cache_free && k->step && k->cache_reset,
+           "mixer_kind_register: a kind needs a name, create, forward, cache_new, cache_free, step and cache_reset");
+    ASSERT(strlen(k->name) < 16, "mixer_kind_register: name '%s' is longer than 15 characters", k->name);
+    ASSERT(!mixer_kind_find(k->name), "mixer_kind_register: a mixer named '%s' exists already", k->name);
+    ASSERT(n_extra_kinds < MAX_EXTRA_KINDS, "mixer_kind_register: more than %d added kinds", MAX_EXTRA_KINDS);
+    extra_kinds[n_extra_kinds++] = k;
+}
+
 const char *mixer_kind_names(void) {
-    static char buf[256];
+    static char buf[512];
     buf[0] = 0;
-    for (size_t i = 0; i < sizeof KINDS / sizeof KINDS[0]; i++) {
-        if (!KINDS[i]) continue;
+    int n = (int)(sizeof KINDS / sizeof KINDS[0]);
+    for (int i = 0; i < n + n_extra_kinds; i++) {
+        const MixerKind *k = i < n ? KINDS[i] : extra_kinds[i - n];
+        if (!k) continue;
         if (buf[0]) strncat(buf, ", ", sizeof buf - strlen(buf) - 1);
-        strncat(buf, KINDS[i]->name, sizeof buf - strlen(buf) - 1);
+        strncat(buf, k->name, sizeof buf - strlen(buf) - 1);
     }
     return buf;
 }

@@ -6,9 +6,21 @@
 // final state, both differentiable, shape (B, H, dk, dv): S[b,h,i,j] pairs
 // key dimension i with value dimension j, and o_t = S_t^T q_t.
 //
+// Documents (docs.h): forward() takes doc_start (B, T), nonzero where a new
+// document begins in a row, or NULL (none: one document per row, at no
+// cost). From such a position on the mixer starts fresh: `attn` and
+// `attn_dsa` attend (and the indexer selects) within the document only,
+// with RoPE positions counted from its start; `linear`, `mamba` and `gdn`
+// restart their state from zero and their short convolution reads no
+// input before the start. A flag at t = 0 means s_in is not read for that
+// row. A packed row computes what its documents would as separate rows.
+//
 // Decoding: step() takes u for ONE new position, shape (B, 1, D), on a tape
 // in no-grad mode, reads and advances the cache, and returns (B, 1, D). The
 // logits it leads to must equal the parallel forward's at the same position.
+// cache_reset(b) makes row b's next token the start of a new document (the
+// decoding form of a doc_start flag): its state, convolution inputs, or the
+// keys its attention may read, are forgotten.
 //
 // Parameter names (the checkpoint's) are prefix + a short name: wq (D, H*dk),
 // wk (D, H*dk), wv (D, H*dv), wo (H*dv, D), wg (D, H*dv), conv_q / conv_k
@@ -55,14 +67,31 @@ typedef struct MixerKind {
     bool recurrent;        // has a state S of shape (B, H, dk, dv)
     // Register parameters under `prefix` (e.g. "layers.0.mixer.") and set m->impl.
     void (*create)(Mixer *m, ParamStore *ps, const char *prefix);
-    // u: (B, T, D) -> (B, T, D). s_in: (B, H, dk, dv) or NULL (zeros); when
-    // s_out is non-NULL it receives the final state (recurrent kinds only).
-    Tensor *(*forward)(Tape *tp, Mixer *m, Tensor *u, Tensor *s_in, Tensor **s_out);
+    // u: (B, T, D) -> (B, T, D). doc_start: (B, T) or NULL. s_in: (B, H, dk,
+    // dv) or NULL (zeros); when s_out is non-NULL it receives the final state
+    // (recurrent kinds only; that of each row's last document).
+    Tensor *(*forward)(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out);
     // Decode cache for B sequences of up to max_T positions.
     void *(*cache_new)(const Mixer *m, int B, int max_T);
     void (*cache_free)(void *cache);
     // u: (B, 1, D) in no-grad mode -> (B, 1, D); advances the cache one position.
     Tensor *(*step)(Tape *tp, Mixer *m, void *cache, Tensor *u);
+    // Row b (0 <= b < B) of the cache starts a new document at its next step.
+    void (*cache_reset)(const Mixer *m, void *cache, int b);
+    // Recurrent kinds (NULL for the attention kinds, which keep their
+    // within-window behaviour): a window u (B, T, D) that continues the
+    // streams held in a decode cache (cache_new(m, B, any max_T)). The cache's
+    // state and short-convolution inputs are the window's initial state, read
+    // as constants (detached: no gradient reaches them; truncated
+    // backpropagation through time), and receive its final ones, so that
+    // consecutive windows compute what one pass over the whole stream
+    // computes, and decoding may continue from them. A doc_start flag at t = 0
+    // starts the row afresh (cache_reset does so between windows).
+    Tensor *(*forward_carry)(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, void *cache);
+    // The buffers that hold a recurrent cache's carried state (for
+    // checkpoints): writes up to 4 pointers and element counts, returns how
+    // many. NULL for the attention kinds.
+    int (*cache_state)(const Mixer *m, void *cache, real **bufs, int64_t *sizes);
     void (*destroy)(Mixer *m);   // frees m->impl (parameters belong to the ParamStore)
     // Training forms this kind implements (bits 1 << MixerForm); 0: the kind
     // has one training form of its own and ignores MixerConfig.form.
@@ -88,6 +117,10 @@ const char *mixer_config_check(const char *kind, const MixerConfig *c, char *why
 
 // The registry: every kind, in one table (mixer.c).
 const MixerKind *mixer_kind_find(const char *name);
+// Add a kind defined outside the library (examples/custom_mixer.c): its name
+// can then appear in [model] layers like a built-in one. k must outlive its
+// use; a name already taken is an error.
+void mixer_kind_register(const MixerKind *k);
 const char *mixer_kind_names(void);   // "attn, linear, ..." for error messages
 Mixer *mixer_create(const char *kind, const MixerConfig *cfg, ParamStore *ps, const char *prefix);
 void mixer_destroy(Mixer *m);

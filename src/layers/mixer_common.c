@@ -24,10 +24,10 @@ static void shortconv_check(const ShortConv *c, const Tensor *x, const char *wha
            c->channels);
 }
 
-Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x) {
+Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x, const int *doc_start) {
     shortconv_check(c, x, "shortconv_forward");
     if (c->width == 0) return x;
-    return op_conv1d_causal_silu(tp, x, c->w);
+    return op_conv1d_causal_silu(tp, x, c->w, doc_start);
 }
 
 void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B) {
@@ -35,6 +35,54 @@ void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B) {
     cc->B = B;
     cc->buf = NULL;
     if (c->width > 1) cc->buf = xcalloc((size_t)B * (c->width - 1) * c->channels, sizeof(real));
+}
+
+void shortconv_cache_reset(ShortConvCache *cc, const ShortConv *c, int b) {
+    ASSERT(b >= 0 && b < cc->B, "shortconv_cache_reset: row %d of %d", b, cc->B);
+    if (cc->buf) memset(cc->buf + (int64_t)b * (c->width - 1) * c->channels, 0,
+                        (size_t)(c->width - 1) * c->channels * sizeof(real));
+}
+
+// The window is run as the sequence [tail, x] (doc_start shifted by W-1, the
+// tail's positions unflagged), so each position reads exactly the inputs a
+// single pass over the whole stream would, and the first W-1 outputs are
+// dropped.
+Tensor *shortconv_forward_carry(Tape *tp, const ShortConv *c, Tensor *x, const int *doc_start, ShortConvCache *cc) {
+    shortconv_check(c, x, "shortconv_forward_carry");
+    int P = c->width - 1, B = x->shape[0], T = x->shape[1], C = c->channels;
+    if (P <= 0) return shortconv_forward(tp, c, x, doc_start);   // no history to carry
+    ASSERT(cc->B == B && cc->buf, "shortconv_forward_carry: the carried state holds %d rows, x %s", cc->B, SHAPE(x));
+    Tensor *prev = tape_tensor_copy(tp, 3, (int[]){B, P, C}, cc->buf);
+    Tensor *xx = op_concat(tp, (Tensor *[]){prev, x}, 2, 1);   // (B, P + T, C)
+    int *ds = NULL;
+    if (doc_start) {
+        ds = tape_alloc(tp, (size_t)B * (P + T) * sizeof(int));
+        for (int b = 0; b < B; b++) {
+            memset(ds + (int64_t)b * (P + T), 0, (size_t)P * sizeof(int));
+            memcpy(ds + (int64_t)b * (P + T) + P, doc_start + (int64_t)b * T, (size_t)T * sizeof(int));
+        }
+    }
+    Tensor *y = op_slice(tp, shortconv_forward(tp, c, xx, ds), 1, P, T);
+    for (int b = 0; b < B; b++) {   // the new tail: the last P rows of [tail, x] in the last document
+        int begin = 0;                // the first of them in it
+        for (int t = T - 1; ds && t >= imax(0, T - P); t--)
+            if (ds[(int64_t)b * (P + T) + P + t]) {
+                begin = t + P - T;
+                break;
+            }
+        real *dst = cc->buf + (int64_t)b * P * C;
+        memset(dst, 0, (size_t)begin * C * sizeof(real));
+        memcpy(dst + (int64_t)begin * C, xx->data + ((int64_t)b * (P + T) + T + begin) * C,
+               (size_t)(P - begin) * C * sizeof(real));
+    }
+    return y;
+}
+
+int shortconv_cache_buffer(const ShortConv *c, ShortConvCache *cc, real **buf, int64_t *size) {
+    if (!cc->buf) return 0;
+    *buf = cc->buf;
+    *size = (int64_t)cc->B * (c->width - 1) * c->channels;
+    return 1;
 }
 
 void shortconv_cache_free(ShortConvCache *cc) {
@@ -64,7 +112,7 @@ Tensor *shortconv_step(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor 
             memcpy(buf + (int64_t)(W - 2) * C, x->data + (int64_t)b * C, (size_t)C * sizeof(real));
         }
     }
-    Tensor *y = op_conv1d_causal_silu(tp, win, c->w);
+    Tensor *y = op_conv1d_causal_silu(tp, win, c->w, NULL);
     return W > 1 ? op_slice(tp, y, 1, W - 1, 1) : y;
 }
 

@@ -24,9 +24,22 @@ typedef struct ShortConvCache {
 
 void shortconv_create(ShortConv *c, ParamStore *ps, const char *name, int channels, int width);
 // x: (B, T, C) -> SiLU(conv(x)), (B, T, C), one fused op (op_conv1d_causal_silu).
-Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x);
+// doc_start (B, T) or NULL (docs.h): no position reads an input of an earlier document.
+Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x, const int *doc_start);
 void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B);
 void shortconv_cache_free(ShortConvCache *cc);
+// Forget row b's cached inputs: its next step starts a new document.
+void shortconv_cache_reset(ShortConvCache *cc, const ShortConv *c, int b);
+// shortconv_forward over a window that continues a stream (carried state):
+// cc->buf (B, W-1, C), the inputs before position 0, oldest first (zeros:
+// none), is read by the positions whose document began before the window
+// (no doc_start flag in [0, t]) as a constant (no gradient reaches it), and
+// then receives the stream's last W-1 inputs after this window, zeros before
+// the start of its last document: what the next window, or decoding, reads.
+Tensor *shortconv_forward_carry(Tape *tp, const ShortConv *c, Tensor *x, const int *doc_start, ShortConvCache *cc);
+// The cache's buffer and its element count (B (W-1) C); returns 0 (nothing
+// written) when the width keeps no inputs, else 1.
+int shortconv_cache_buffer(const ShortConv *c, ShortConvCache *cc, real **buf, int64_t *size);
 // x: (B, 1, C) -> (B, 1, C), pushing x into the cache.
 Tensor *shortconv_step(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor *x);
 

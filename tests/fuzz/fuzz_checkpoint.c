@@ -70,34 +70,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_edit_hdf5(path, &b, targets, n_targets);
 
     // 1. generate: the model is whatever the stored config says.
-    char *text = NULL;
     TrainConfig cfg;
-    config_defaults(&cfg, model_mixer_known);
-    Status s = checkpoint_read_config(path, &text);
-    if (s.ok) s = config_load_string(&cfg, text, path);
-    free(text);
-    if (s.ok) s = config_validate(&cfg);
-    if (s.ok) {
-        LM lm;
-        ParamStore ps;
-        s = model_build(&cfg, &lm, &ps, path);
-        if (s.ok) {
-            if (checkpoint_load(path, &ps, NULL, NULL).ok) require_finite(&ps, NULL);
-            lm_destroy(&lm);
-            params_free(&ps);
-        }
+    LM lm;
+    ParamStore ps;
+    if (model_load_checkpoint(path, &cfg, &lm, &ps, NULL).ok) {
+        require_finite(&ps, NULL);
+        lm_destroy(&lm);
+        params_free(&ps);
     }
     config_free(&cfg);
 
     // 2. --resume and 3. init_from, into the known model.
-    LM lm;
-    ParamStore ps;
     build_model(&cfg, &lm, &ps);
     Optimizer opt;
     adamw_init(&opt, &ps, 0.9, 0.95, 1e-8, 0.1);
     real first = ps.data[0];
     CheckpointState st = {0};
-    s = checkpoint_load(path, &ps, &opt, &st);
+    Status s = checkpoint_load(path, &ps, &opt, &st);
     if (s.ok) {
         require_finite(&ps, &opt);
         if (st.step < 0 || !st.config_text) abort();

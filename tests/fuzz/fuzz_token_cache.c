@@ -8,6 +8,7 @@
 #include "token_cache.h"
 
 static Corpus corpus;
+static Tokenizer bytes_tok;
 static char cache_path[CACHE_PATH_MAX];
 static uint8_t *base_image;
 static size_t base_size;
@@ -20,8 +21,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         static const char text[] = "In the beginning God created the heaven and the earth.\n\xff\x00\x01";
         fuzz_write_file(spec, text, sizeof text - 1);
         if (!corpus_load(&corpus, spec).ok) abort();
+        tokenizer_bytes(&bytes_tok);
         TokenData td;
-        if (!token_cache_load(dir, spec, &corpus, &td, NULL, cache_path).ok) abort();
+        if (!token_cache_load(dir, spec, &corpus, &bytes_tok, &td, NULL, cache_path).ok) abort();
         token_data_free(&td);
         base_image = fuzz_read_file(cache_path, &base_size);
     }
@@ -30,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static const char *const targets[] = {"/tokens", "/meta"};
     fuzz_edit_hdf5(cache_path, &b, targets, 2);
     TokenData td;
-    Status s = token_cache_load(dir, spec, &corpus, &td, NULL, NULL);
+    Status s = token_cache_load(dir, spec, &corpus, &bytes_tok, &td, NULL, NULL);
     if (!s.ok || td.n != corpus.n) abort();
     for (int64_t i = 0; i < td.n; i++)
         if (td.tokens[i] != corpus.bytes[i]) abort();

@@ -31,7 +31,7 @@ for t in "${TARGETS[@]}"; do
     corpus=$BUILD/corpus/$t
     mkdir -p "$corpus"
     log=$BUILD/fuzz_$t.log
-    if "$BUILD/tests/fuzz/fuzz_$t" -max_total_time="$SECONDS_EACH" -timeout=20 -rss_limit_mb=2048 \
+    if "$BUILD/tests/fuzz/fuzz_$t" -max_total_time="$SECONDS_EACH" -timeout=${FUZZ_TIMEOUT:-60} -rss_limit_mb=2048 \
         -artifact_prefix="$BUILD/artifacts/$t-" -print_final_stats=1 "$corpus" "$ROOT/tests/fuzz/seeds/$t" >"$log" 2>&1; then
         runs=$(grep -a "stat::number_of_executed_units" "$log" | awk '{print $2}')
         echo "fuzz $t: ${runs:-?} executions in ${SECONDS_EACH} s, no crash, leak, hang or OOM"

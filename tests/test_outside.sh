@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# tests/test_outside.sh BUILD_DIR: the project as seen from outside it, for one
+# build (float32 or float64):
+#  1. `cmake --install` into a scratch prefix; the installed train and
+#     generate answer --help;
+#  2. examples/ built against the installed library both ways (pkg-config and
+#     find_package) and run (a custom op's gradcheck, a custom mixer's LM
+#     that learns);
+#  3. the README's example error messages equal what train prints;
+#  4. a tiny model of every reference mixer trained, exported with
+#     export_model (safetensors checked against the format's specification),
+#     and loaded by python/attnlab_torch.py from the checkpoint and from the
+#     export: its logits equal the C model's (evaluate --logits), to 1e-4
+#     normwise in float32 and 1e-9 in float64.
+set -euo pipefail
+BUILD=$(cd "$1" && pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/attnlab-outside-XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+PY=/usr/bin/python3
+precision=$(grep -q "AG_DOUBLE:BOOL=ON" "$BUILD/CMakeCache.txt" && echo float64 || echo float32)
+tol=$([ "$precision" = float64 ] && echo 1e-9 || echo 1e-4)
+
+# 1. install
+cmake --install "$BUILD" --prefix "$TMP/prefix" >/dev/null
+"$TMP/prefix/bin/train" --help >/dev/null
+"$TMP/prefix/bin/generate" --help >/dev/null
+export PKG_CONFIG_PATH="$TMP/prefix/lib/pkgconfig"
+
+# 2. examples, both ways
+for ex in custom_op custom_mixer; do
+    # shellcheck disable=SC2046
+    cc -O2 "$ROOT/examples/$ex.c" $(pkg-config --cflags --libs attnlab) -o "$TMP/$ex"
+    "$TMP/$ex"
+done
+cmake -S "$ROOT/examples" -B "$TMP/examples" -DCMAKE_PREFIX_PATH="$TMP/prefix" >/dev/null
+cmake --build "$TMP/examples" >/dev/null
+"$TMP/examples/custom_op"
+"$TMP/examples/custom_mixer"
+echo "outside ($precision): installed programs, examples built with pkg-config and find_package: OK"
+
+# 3. The README's example messages are what the programs print (a "$ bin/train ..." line, then its output).
+while IFS=$'\t' read -r cmd want; do
+    read -ra args <<<"${cmd#bin/train }"
+    got=$(cd "$ROOT" && "$BUILD/train" "${args[@]}" 2>&1 >/dev/null | head -1 || true)
+    [ "$got" = "$want" ] || { echo "README example '$cmd' prints: $got (the README says: $want)"; exit 1; }
+done < <(awk '/^\$ bin\/train / {cmd = substr($0, 3); getline out; print cmd "\t" out}' "$ROOT/README.md")
+echo "outside ($precision): the README's example messages: OK"
+
+# 4. export and the PyTorch loader
+python_text() {   # deterministic English-like text
+    $PY -c "
+import random
+r = random.Random(5)
+w = 'the light and darkness was good evening morning day of god earth heaven'.split()
+print(' '.join(r.choice(w) for _ in range(6000)))"
+}
+python_text >"$TMP/corpus.txt"
+cat >"$TMP/tiny.ini" <<INI
+[model]
+layers = attn,linear,mamba,gdn
+d_model = 32
+n_heads = 2
+d_k = 16
+d_v = 16
+d_ff = 64
+chunk_size = 8
+[data]
+corpus = corpus.txt
+cache_dir = cache
+seq_len = 48
+batch_size = 4
+val_fraction = 0.05
+[train]
+steps = 4
+eval_every = 0
+run_dir = run
+INI
+"$BUILD/train" --config "$TMP/tiny.ini" >/dev/null 2>&1
+"$BUILD/export_model" --checkpoint "$TMP/run/checkpoint.h5" --out "$TMP/model.safetensors" 2>/dev/null
+head -c 200 "$TMP/corpus.txt" >"$TMP/probe.txt"
+"$BUILD/evaluate" --checkpoint "$TMP/run/checkpoint.h5" --text "$TMP/probe.txt" --window 199 --logits "$TMP/c.npy" >/dev/null
+$PY - "$ROOT/python" "$TMP" "$tol" "$precision" <<'PYEOF'
+import json, struct, sys
+import numpy as np
+import torch
+sys.path.insert(0, sys.argv[1])
+import attnlab_torch
+tmp, tol, precision = sys.argv[2], float(sys.argv[3]), sys.argv[4]
+# The safetensors file against the format's specification.
+data = open(tmp + "/model.safetensors", "rb").read()
+(n,) = struct.unpack("<Q", data[:8])
+assert (8 + n) % 8 == 0, "data not 8-byte aligned"
+header = json.loads(data[8:8 + n])
+meta = header.pop("__metadata__")
+assert meta["format"] == "pt" and "[model]" in meta["attnlab_config"]
+end = 0
+for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+    b, e = info["data_offsets"]
+    assert info["dtype"] == "F32" and b == end and e - b == 4 * int(np.prod(info["shape"])), name
+    end = e
+assert 8 + n + end == len(data), "trailing or missing bytes"
+cfg = json.load(open(tmp + "/config.json"))
+assert cfg["layers"] == ["attn", "linear", "mamba", "gdn"] and cfg["vocab_size"] == 256
+# Logits of the C model against the PyTorch reference loaded from both files.
+c = np.load(tmp + "/c.npy").astype(np.float64)
+tokens = torch.tensor([list(open(tmp + "/probe.txt", "rb").read())[:c.shape[0]]])
+dtype = torch.float64 if precision == "float64" else torch.float32
+for f in ("run/checkpoint.h5", "model.safetensors"):
+    for form in ("chunked", "recurrent"):
+        lm = attnlab_torch.load(tmp + "/" + f, dtype=dtype, form=form)
+        with torch.no_grad():
+            ref = lm.forward(tokens)[0].double().numpy()
+        err = np.abs(ref - c).max() / np.abs(ref).max()
+        print("outside (%s): PyTorch from %s (%s form) vs C logits: %.2e (tolerance %g)" % (precision, f, form, err, tol))
+        assert err <= tol, "the PyTorch reference disagrees with the C model"
+PYEOF
