@@ -14,7 +14,7 @@
 #define META_WORDS 6   // version, vocab, corpus hash, n, tokenizer hash, documents
 
 // mkdir -p
-static Status make_dirs(const char *dir) {
+Status token_cache_make_dir(const char *dir) {
     char buf[CACHE_PATH_MAX];
     if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
         return status_err("cache directory path longer than %d characters", CACHE_PATH_MAX - 1);
@@ -122,7 +122,7 @@ Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Co
                         const DocSpec *docs, TokenData *out, bool *built, char *path_out) {
     memset(out, 0, sizeof *out);
     if (built) *built = false;
-    Status st = make_dirs(cache_dir);
+    Status st = token_cache_make_dir(cache_dir);
     if (!st.ok) return st;
     char path[CACHE_PATH_MAX];
     uint64_t key = fnv1a64(FNV1A_INIT, corpus_spec, strlen(corpus_spec));

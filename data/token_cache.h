@@ -53,5 +53,7 @@ typedef struct TokenData {
 Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Corpus *c, const Tokenizer *tok,
                         const DocSpec *docs, TokenData *out, bool *built, char *path_out);
 void token_data_free(TokenData *d);
+// Create the cache directory and its parents (mkdir -p).
+Status token_cache_make_dir(const char *dir);
 
 #endif

@@ -94,7 +94,8 @@ static Status setup_tokenizer(Trainer *t, const Corpus *corpus, const TrainerOpt
     int64_t n_train = corpus->n - (int64_t)((double)corpus->n * c->data.val_fraction);
     Status s = tokenizer_train(&t->tok, corpus->bytes, n_train, train_vocab);
     if (!s.ok) return status_err("[data] tokenizer = %s: %s", spec, s.msg);
-    s = bpe_save(t->tok.bpe, path);
+    s = token_cache_make_dir(c->data.cache_dir);   // (a new run's cache folder does not exist yet)
+    if (s.ok) s = bpe_save(t->tok.bpe, path);
     if (!s.ok) fprintf(stderr, "train: note: the trained tokenizer could not be kept (%s); it is in the checkpoints\n",
                        s.msg);
     return status_ok();
