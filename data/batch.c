@@ -21,6 +21,8 @@ Status batcher_init(Batcher *b, const int *tokens, int64_t n, double val_fractio
     b->train_end = n_train;
     b->B = B;
     b->T = T;
+    b->lo = 0;
+    b->hi = B;
     rng_seed(&b->state.rng, seed);
     return status_ok();
 }
@@ -30,12 +32,18 @@ static void copy_window(const Batcher *b, int64_t start, int *x, int *y) {
     memcpy(y, b->tokens + start + 1, (size_t)b->T * sizeof *y);
 }
 
+void batcher_set_share(Batcher *b, int lo, int hi) {
+    ASSERT(0 <= lo && lo < hi && hi <= b->B, "batcher_set_share: windows [%d, %d) of a batch of %d", lo, hi, b->B);
+    b->lo = lo;
+    b->hi = hi;
+}
+
 void batcher_train(Batcher *b, int *x, int *y) {
     // Starts in [0, train_end - T - 1]: the window [start, start + T] stays in the split.
     uint64_t n_starts = (uint64_t)(b->train_end - b->T);
     for (int i = 0; i < b->B; i++) {
-        int64_t start = (int64_t)rng_below(&b->state.rng, n_starts);
-        copy_window(b, start, x + (size_t)i * b->T, y + (size_t)i * b->T);
+        int64_t start = (int64_t)rng_below(&b->state.rng, n_starts);   // every start is drawn: the stream is shared
+        if (i >= b->lo && i < b->hi) copy_window(b, start, x + (size_t)(i - b->lo) * b->T, y + (size_t)(i - b->lo) * b->T);
     }
     b->state.batches++;
 }
@@ -45,9 +53,9 @@ void batcher_val(const Batcher *b, int64_t index, int *x, int *y) {
     ASSERT(n_val >= b->T + 1, "batcher_val: no validation split (val_fraction = 0?)");
     // Non-overlapping windows of T tokens (+1 target) from the split start, wrapping.
     int64_t n_windows = (n_val - 1) / b->T;
-    for (int i = 0; i < b->B; i++) {
+    for (int i = b->lo; i < b->hi; i++) {
         int64_t w = (index * b->B + i) % n_windows;
-        copy_window(b, b->train_end + w * b->T, x + (size_t)i * b->T, y + (size_t)i * b->T);
+        copy_window(b, b->train_end + w * b->T, x + (size_t)(i - b->lo) * b->T, y + (size_t)(i - b->lo) * b->T);
     }
 }
 

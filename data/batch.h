@@ -10,6 +10,11 @@
 // needed to replay the stream, and is saved in checkpoints.
 // Validation batch i is fixed: consecutive windows from the start of the
 // validation split, wrapping around, so every evaluation sees the same data.
+//
+// Data-parallel processes share each batch of B windows: every one draws the
+// whole batch (the same starts, so the stream and its SamplerState do not
+// depend on how many there are) and copies only its share, windows [lo, hi)
+// (batcher_set_share; all B by default).
 #ifndef DATA_BATCH_H
 #define DATA_BATCH_H
 
@@ -28,15 +33,22 @@ typedef struct Batcher {
     int64_t n;
     int64_t train_end;      // training split = [0, train_end), validation = [train_end, n)
     int B, T;
+    int lo, hi;             // this process's windows of each batch (0, B unless shared)
     SamplerState state;
 } Batcher;
 
 // Errors (Status) if a split is too small to hold one window of T + 1 tokens
 // (the validation split only matters when val_fraction > 0).
 Status batcher_init(Batcher *b, const int *tokens, int64_t n, double val_fraction, int B, int T, uint64_t seed);
-// Next training batch: x, y (B, T) inputs and targets. Advances the state.
+// Copy only windows [lo, hi) of each batch from now on (0 <= lo < hi <= B).
+void batcher_set_share(Batcher *b, int lo, int hi);
+// Windows per batch this process gets: hi - lo.
+static inline int batcher_share(const Batcher *b) { return b->hi - b->lo; }
+// Next training batch: x, y (hi - lo, T) inputs and targets of its windows
+// [lo, hi). Advances the state by the whole batch.
 void batcher_train(Batcher *b, int *x, int *y);
-// Validation batch `index` (0, 1, ...): x, y (B, T). Needs a validation split.
+// Validation batch `index` (0, 1, ...): x, y (hi - lo, T), its windows
+// [lo, hi). Needs a validation split.
 void batcher_val(const Batcher *b, int64_t index, int *x, int *y);
 // Tokens in the training / validation split.
 int64_t batcher_train_tokens(const Batcher *b);

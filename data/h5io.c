@@ -6,6 +6,7 @@
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -54,7 +55,11 @@ Status h5io_open(H5ioFile *hf, const char *path, const char *what) {
     Status s = file_open_regular(path, what, &fd);   // a FIFO or directory is refused here, not by HDF5
     if (!s.ok) return s;
     struct stat sb;
-    hf->file_size = fstat(fd, &sb) == 0 ? (int64_t)sb.st_size : 0;
+    if (fstat(fd, &sb) == 0) {
+        hf->file_size = (int64_t)sb.st_size;
+        hf->dev = (uint64_t)sb.st_dev;
+        hf->ino = (uint64_t)sb.st_ino;
+    }
     close(fd);
 #if H5_VERSION_GE(1, 12, 0)
     htri_t is_hdf5 = H5Fis_accessible(path, H5P_DEFAULT);
@@ -234,6 +239,59 @@ Status h5io_read(const H5ioFile *hf, const char *name, const H5ioInfo *info, voi
     return status_ok();
 }
 
+// The dataset's stored checksum (its attribute, checked by h5io_check).
+static bool stored_crc(hid_t d, uint32_t *crc) {
+    hid_t a = H5Aopen(d, CRC_ATTR, H5P_DEFAULT);
+    bool ok = a >= 0 && H5Aread(a, H5T_NATIVE_UINT32, crc) >= 0;
+    if (a >= 0) H5Aclose(a);
+    return ok;
+}
+
+Status h5io_map(const H5ioFile *hf, const char *name, const H5ioInfo *info, size_t align, H5ioMap *map) {
+    memset(map, 0, sizeof *map);
+    hid_t d = H5Dopen2(hf->f, name, H5P_DEFAULT);
+    if (d < 0) return status_err("%s: %s: cannot open the dataset", hf->path, name);
+    haddr_t off = H5Dget_offset(d);
+    uint32_t want = 0;
+    bool crc_ok = stored_crc(d, &want);
+    H5Dclose(d);
+    uint64_t bytes = (uint64_t)info->numel * info->elem_size;
+    if (!crc_ok) return status_err("%s: %s: unreadable checksum", hf->path, name);
+    if (off == HADDR_UNDEF || bytes == 0) return status_err("%s: %s: no file address to map", hf->path, name);
+    if (align > 1 && off % align != 0) return status_err("%s: %s: not aligned for mapping", hf->path, name);
+    if (off > (uint64_t)hf->file_size || bytes > (uint64_t)hf->file_size - off)
+        return status_err("%s: %s: its data lies beyond the end of the file (truncated or corrupt?)", hf->path, name);
+    int fd;
+    Status s = file_open_regular(hf->path, "file", &fd);
+    if (!s.ok) return s;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_dev != hf->dev || (uint64_t)sb.st_ino != hf->ino ||
+        (int64_t)sb.st_size != hf->file_size) {
+        close(fd);
+        return status_err("%s: replaced while it was being read", hf->path);
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t start = off - off % (uint64_t)page;
+    size_t len = (size_t)(off - start + bytes);
+    void *base = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, (off_t)start);
+    close(fd);
+    if (base == MAP_FAILED) return status_err("%s: %s: mmap failed: %s", hf->path, name, strerror(errno));
+    const unsigned char *data = (const unsigned char *)base + (off - start);
+    uint32_t got = h5io_crc32(data, (size_t)bytes);
+    if (got != want) {
+        munmap(base, len);
+        return status_err("%s: %s: checksum mismatch (stored %08x, data %08x): the file is corrupt or was altered",
+                          hf->path, name, want, got);
+    }
+    *map = (H5ioMap){data, base, len};
+    return status_ok();
+}
+
+void h5io_unmap(H5ioMap *map) {
+    if (map->base) munmap(map->base, map->len);
+    memset(map, 0, sizeof *map);
+}
+
 Status h5io_read_attr_string(const H5ioFile *hf, const char *obj, const char *attr, char *out, size_t cap) {
     out[0] = 0;
     hid_t o = H5Oopen(hf->f, obj, H5P_DEFAULT);
@@ -303,10 +361,13 @@ bool h5io_write_string(hid_t loc, const char *name, const char *text) {
     return ok;
 }
 
-hid_t h5io_create_memory(void) {
+hid_t h5io_create_memory(void) { return h5io_create_memory_aligned(0); }
+
+hid_t h5io_create_memory_aligned(hsize_t alignment) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-    if (fapl < 0 || H5Pset_fapl_core(fapl, 1 << 20, 0) < 0) {   // grow by 1 MiB, no backing file
+    if (fapl < 0 || H5Pset_fapl_core(fapl, 1 << 20, 0) < 0 ||   // grow by 1 MiB, no backing file
+        (alignment > 1 && H5Pset_alignment(fapl, alignment, alignment) < 0)) {
         if (fapl >= 0) H5Pclose(fapl);
         return -1;
     }

@@ -40,6 +40,7 @@ typedef struct H5ioFile {
     hid_t f;
     const char *path;      // for messages (not owned)
     int64_t file_size;     // bytes
+    uint64_t dev, ino;     // the file opened (h5io_map maps that one, not a file renamed over it since)
 } H5ioFile;
 
 typedef struct H5ioInfo {
@@ -70,6 +71,21 @@ Status h5io_check(const H5ioFile *hf, const char *name, unsigned types, int rank
 // as stored: little-endian) and verify its checksum.
 Status h5io_read(const H5ioFile *hf, const char *name, const H5ioInfo *info, void *raw);
 
+// A dataset's stored bytes mapped read-only from the file (shared with
+// every process that maps them: the page cache's pages, not a copy).
+typedef struct H5ioMap {
+    const void *data;      // numel x elem_size bytes, as stored
+    void *base;            // the mapping (page-aligned), for munmap
+    size_t len;
+} H5ioMap;
+// Map a dataset checked by h5io_check and verify its checksum over the mapped
+// bytes. Fails (the caller reads instead) when the data has no single file
+// address (compact storage) or its address is not a multiple of `align`
+// bytes (the element alignment the caller needs; files written by
+// h5io_create_memory_aligned place large datasets on page boundaries).
+Status h5io_map(const H5ioFile *hf, const char *name, const H5ioInfo *info, size_t align, H5ioMap *map);
+void h5io_unmap(H5ioMap *map);
+
 // Read a string attribute of at most cap - 1 bytes into out (NUL-terminated).
 Status h5io_read_attr_string(const H5ioFile *hf, const char *obj, const char *attr, char *out, size_t cap);
 
@@ -83,6 +99,9 @@ bool h5io_write_string(hid_t loc, const char *name, const char *text);
 // h5io_commit in one checked write of the file image, so an I/O error (a full
 // disk) is ours to report and never leaves HDF5 holding a half-closed file.
 hid_t h5io_create_memory(void);
+// The same, with every object of `alignment` bytes or more placed at a file
+// address that is a multiple of it (4096: datasets that h5io_map can map).
+hid_t h5io_create_memory_aligned(hsize_t alignment);
 // Write the in-memory file f to `tmp`, fsync it and rename it over `path`,
 // then close f. On any error f is closed, tmp removed and path untouched.
 Status h5io_commit(hid_t f, const char *path, const char *tmp);

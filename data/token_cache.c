@@ -4,6 +4,7 @@
 #include <hdf5.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,19 +48,25 @@ static Status cache_read(const char *path, const Corpus *c, const Tokenizer *tok
     if (s.ok && (meta[2] != c->hash || meta[3] > (uint64_t)c->n))   // every token stands for a byte or more
         s = status_err("%s: built from other text (the corpus changed since)", path);
     int64_t n = s.ok ? (int64_t)meta[3] : 0;
-    unsigned types = tok->vocab <= 256 ? 1u << H5IO_U8 : 1u << H5IO_I32;
-    if (s.ok) s = h5io_check(&hf, "/tokens", types, 1, (hsize_t[]){(hsize_t)n}, n, &info);
+    if (s.ok) s = h5io_check(&hf, "/tokens", 1u << H5IO_I32, 1, (hsize_t[]){(hsize_t)n}, n, &info);
+    _Static_assert(sizeof(int) == sizeof(int32_t), "tokens are used as stored: int32");
     if (s.ok) {
-        void *raw = xmalloc((size_t)(n ? n : 1) * info.elem_size);
-        s = h5io_read(&hf, "/tokens", &info, raw);
-        out->tokens = xmalloc((size_t)(n ? n : 1) * sizeof *out->tokens);
+        H5ioMap map;
+        if (h5io_map(&hf, "/tokens", &info, sizeof(int32_t), &map).ok) {
+            out->tokens = map.data;
+            out->map_base = map.base;
+            out->map_len = map.len;
+            out->mapped = true;
+        } else {   // (small, or unaligned: read; a bad checksum is then reported by the read)
+            out->owned = xmalloc((size_t)(n ? n : 1) * sizeof *out->owned);
+            out->tokens = out->owned;
+            s = h5io_read(&hf, "/tokens", &info, out->owned);
+        }
         for (int64_t i = 0; s.ok && i < n; i++) {
-            int id = info.type == H5IO_U8 ? ((const uint8_t *)raw)[i] : ((const int32_t *)raw)[i];
+            int id = out->tokens[i];
             if (id < 0 || id >= tok->vocab)
                 s = status_err("%s: /tokens: token %lld is %d, outside [0, %d)", path, (long long)i, id, tok->vocab);
-            out->tokens[i] = id;
         }
-        free(raw);
         if (!s.ok) token_data_free(out);
     }
     h5io_close(&hf);
@@ -74,18 +81,10 @@ static Status cache_write(const char *path, const Corpus *c, const Tokenizer *to
     int vocab = tok->vocab;
     char tmp[CACHE_PATH_MAX + 24];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());   // per process: concurrent builds do not collide
-    hid_t f = h5io_create_memory();
+    hid_t f = h5io_create_memory_aligned(4096);   // the tokens on a page boundary: mappable
     if (f < 0) return status_err("%s: cannot create the token cache in memory", path);
     hsize_t n = (hsize_t)n_tok;
-    bool ok;
-    if (vocab <= 256) {
-        uint8_t *b = xmalloc((size_t)(n_tok ? n_tok : 1));
-        for (int64_t i = 0; i < n_tok; i++) b[i] = (uint8_t)tokens[i];
-        ok = h5io_write(f, "/tokens", H5IO_U8, 1, &n, b);
-        free(b);
-    } else {
-        ok = h5io_write(f, "/tokens", H5IO_I32, 1, &n, tokens);
-    }
+    bool ok = h5io_write(f, "/tokens", H5IO_I32, 1, &n, tokens);
     uint64_t meta[META_WORDS] = {TOKEN_CACHE_VERSION, (uint64_t)vocab, c->hash, (uint64_t)n_tok, tok->hash};
     ok = ok && h5io_write(f, "/meta", H5IO_U64, 1, (hsize_t[]){META_WORDS}, meta);
     if (!ok) {
@@ -114,19 +113,31 @@ Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Co
         snprintf(out->note, sizeof out->note, "rebuilt: %.280s", st.msg);
     }
     // (Re)build from the corpus bytes.
-    out->tokens = xmalloc((size_t)(c->n ? c->n : 1) * sizeof *out->tokens);
-    out->n = tokenizer_encode(tok, c->bytes, c->n, out->tokens);
+    out->owned = xmalloc((size_t)(c->n ? c->n : 1) * sizeof *out->owned);
+    out->tokens = out->owned;
+    out->n = tokenizer_encode(tok, c->bytes, c->n, out->owned);
     out->vocab = tok->vocab;
-    st = cache_write(path, c, tok, out->tokens, out->n);
+    st = cache_write(path, c, tok, out->owned, out->n);
     if (!st.ok) {
         token_data_free(out);
         return st;
     }
     if (built) *built = true;
+    // Use the file just written (its pages, shared) rather than this copy, when it maps.
+    TokenData mapped;
+    memset(&mapped, 0, sizeof mapped);
+    if (cache_read(path, c, tok, &mapped).ok && mapped.mapped && mapped.n == out->n) {
+        memcpy(mapped.note, out->note, sizeof mapped.note);
+        token_data_free(out);
+        *out = mapped;
+    } else {
+        token_data_free(&mapped);
+    }
     return status_ok();
 }
 
 void token_data_free(TokenData *d) {
-    free(d->tokens);
+    free(d->owned);
+    if (d->map_base) munmap(d->map_base, d->map_len);
     memset(d, 0, sizeof *d);
 }

@@ -2,7 +2,8 @@
 //
 // The cache file <cache_dir>/tokens-<16 hex digits>.h5 (the digits hash the
 // corpus spec and the tokenizer, so each pair has its own file) holds
-//   /tokens   uint8 (vocab <= 256) or int32, shape (n,)
+//   /tokens   int32, shape (n,), at a file offset that is a multiple of 4096
+//             (when it is 4096 bytes or more)
 //   /meta     uint64 (5): TOKEN_CACHE_VERSION, vocab, Corpus.hash of the
 //             bytes it was built from (names, sizes and contents), n, and the
 //             tokenizer's hash
@@ -13,19 +14,30 @@
 // says why (a tampered or stale cache is never used, and never aborts).
 // A build writes <file>.tmp.<pid> and renames it over the old file, so a
 // reader never sees a half-written cache.
+//
+// The tokens are not copied into memory: the dataset's bytes are mapped
+// read-only from the file (after the same checks, the checksum computed over
+// the mapped bytes), so processes training on one corpus (data-parallel
+// ranks on a machine) share the page cache's pages. A cache whose tokens
+// cannot be mapped (small, or written unaligned) is read instead. A rebuild
+// renames a new file into place, so it never changes a mapped one.
 #ifndef DATA_TOKEN_CACHE_H
 #define DATA_TOKEN_CACHE_H
 
 #include "corpus.h"
 #include "tokenizer.h"
 
-#define TOKEN_CACHE_VERSION 3
+#define TOKEN_CACHE_VERSION 4   // 4: int32 tokens, page-aligned, mapped (3: uint8 for bytes)
 
 typedef struct TokenData {
-    int *tokens;        // (n) token ids in [0, vocab)
+    const int *tokens;  // (n) token ids in [0, vocab): in the mapped file, or in `owned`
     int64_t n;
     int vocab;
+    bool mapped;        // the tokens are the file's mapped pages
     char note[300];     // why the cache was rebuilt ("" when reused or new)
+    int *owned;         // malloc'd tokens (not mapped), or NULL
+    void *map_base;     // the mapping (munmap on free), or NULL
+    size_t map_len;
 } TokenData;
 
 // Load the corpus's tokens from the cache, building it first if it is

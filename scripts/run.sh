@@ -4,7 +4,8 @@
 #   scripts/run.sh main   install packages, build (float32), train the default
 #                         model on the default corpus, then sample from it
 #   scripts/run.sh test   install packages, build float32, float64 and
-#                         ASan+UBSan (float64), run every test in each
+#                         ASan+UBSan (float64), run every test in each (and,
+#                         in float32, training under mpirun: tests/mpi_tests.c)
 #   scripts/run.sh build  build float32 into build/ only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ ROOT=$(pwd)
 JOBS=$(nproc)
 
 PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libcriterion-dev
-          libinih-dev libpcre2-dev zlib1g-dev gnuplot-nox bible-kjv)
+          libinih-dev libpcre2-dev zlib1g-dev gnuplot-nox bible-kjv libopenmpi-dev openmpi-bin)
 # The test command also builds the libFuzzer targets (clang) for a short smoke
 # run, and checks the PyTorch loader of checkpoints (python3-torch, python3-h5py).
 TEST_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev python3-torch python3-h5py)
@@ -95,6 +96,8 @@ test)
     build build-f64 -DAG_DOUBLE=ON
     build build-asan -DAG_DOUBLE=ON -DAG_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
     run_tests build-f32 float32
+    echo "== tests: training under mpirun (float32)"
+    (cd build-f32 && ./mpi_tests --jobs 1) || { echo "== FAILED: mpi_tests (float32)"; exit 1; }
     run_tests build-f64 float64
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         run_tests build-asan "float64 + ASan/UBSan/LSan"

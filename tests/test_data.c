@@ -100,6 +100,7 @@ Test(data, bpe_tokenizer_and_its_cache) {
     Tokenizer back;
     cr_assert(tokenizer_from_buffer(&back, buf, n, "stored").ok);
     cr_assert_eq(back.hash, bpe.hash);
+    tokenizer_free(&back);
     Status st = tokenizer_from_buffer(&back, buf, n / 2, "half");   // a cut file is an error, not a tokenizer
     cr_assert(!st.ok && strstr(st.msg, "half"), "%s", st.msg);
     free(buf);
@@ -361,7 +362,7 @@ static void flip_a_token(const char *p) {   // one bit of the stored tokens (the
     fputc(ch ^ 1, fp);
     fclose(fp);
 }
-static void tokens_as_int32(const char *p) {   // ids widened (with a valid checksum) to reach the id check
+static void tokens_out_of_range(const char *p) {   // ids out of range (with a valid checksum) to reach the id check
     hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
     H5Ldelete(f, "/tokens", H5P_DEFAULT);
     int32_t ids[27];
@@ -384,7 +385,7 @@ static void stale_format(const char *p) {
 
 Test(data, tampered_token_caches_are_rebuilt) {
     expect_rebuilt("flip.txt", flip_a_token, "/tokens: checksum mismatch");
-    expect_rebuilt("int.txt", tokens_as_int32, "/tokens: stored as int32, expected uint8");
+    expect_rebuilt("int.txt", tokens_out_of_range, "/tokens: token 0 is 300, outside [0, 256)");
     expect_rebuilt("junk.txt", garbage, "not an HDF5 file");
     expect_rebuilt("old.txt", stale_format, "format 1 with a vocabulary of 256 ids");
 }

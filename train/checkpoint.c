@@ -51,6 +51,9 @@ static bool write_contents(hid_t f, const ParamStore *ps, const Optimizer *opt, 
     if (opt) {
         ASSERT(opt->numel == ps->numel, "checkpoint_save: optimizer has %lld elements, ParamStore %lld",
                (long long)opt->numel, (long long)ps->numel);
+        ASSERT(opt->lo == 0 && opt->hi == ps->numel,
+               "checkpoint_save: a sharded optimizer ([%lld, %lld) of %lld): gather the shards first",
+               (long long)opt->lo, (long long)opt->hi, (long long)ps->numel);
         g = H5Gcreate2(f, "/optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         if (g < 0) return false;
         hsize_t n = (hsize_t)ps->numel;
@@ -321,9 +324,10 @@ Status checkpoint_load(const char *path, ParamStore *ps, Optimizer *opt, Checkpo
     // 2. Everything checked: change the model.
     if (s.ok) {
         memcpy(ps->data, ps->grad, (size_t)ps->numel * sizeof(real));
-        if (opt) {
-            memcpy(opt->m, m, (size_t)ps->numel * sizeof(real));
-            if (opt->v) memcpy(opt->v, v, (size_t)ps->numel * sizeof(real));
+        if (opt) {   // a sharded optimizer keeps its slice
+            size_t bytes = (size_t)(opt->hi - opt->lo) * sizeof(real);
+            memcpy(opt->m, m + opt->lo, bytes);
+            if (opt->v) memcpy(opt->v, v + opt->lo, bytes);
             opt->step = opt_step;
         }
         if (st) *st = tmp;

@@ -46,7 +46,7 @@ typedef struct CheckpointState {
 } CheckpointState;
 
 // Save everything. opt may be NULL (no /optim group); st may be NULL (zero
-// state, empty config).
+// state, empty config). A sharded optimizer must be gathered first.
 Status checkpoint_save(const char *path, const ParamStore *ps, const Optimizer *opt, const CheckpointState *st);
 
 // Check the file's /params against ps's parameters (names, shapes, types,
@@ -60,7 +60,8 @@ Status checkpoint_check_params(const char *path, const ParamStore *ps, ParamsLoa
 
 // Restore a run: every parameter of ps (by name, shape checked), the
 // optimizer (if opt != NULL: it must be initialised with the same kind and
-// ParamStore), and the state (if st != NULL). Every check is done before
+// ParamStore; a sharded one, optim_set_shard, takes its slice of the stored
+// moments), and the state (if st != NULL). Every check is done before
 // anything is modified. Errors name the file and the dataset, e.g.
 //   run/ckpt.h5: /params/layers.0.mixer.wq: shape (64, 32) in the file, (64, 64) in the model
 // A parameter in the file that the model lacks is also an error (wrong config?).

@@ -88,6 +88,12 @@ const ConfigKey CONFIG_SCHEMA[] = {
      "directory for logs and checkpoints (\"\" = runs/<config name> in the current directory)", KEYF_PATH},
     {"train", "threads", KEY_INT, OFF(train, threads), "0", 0, 1024, NULL, "num_threads,omp_threads",
      "OpenMP threads (0 = OMP_NUM_THREADS, else every core)", KEYF_RESUMABLE},
+    {"train", "zero", KEY_INT, OFF(train, zero), "0", 0, 1, NULL, "zero_stage",
+     "under mpirun: 1 shards the optimizer state across the ranks (ZeRO-1)", KEYF_RESUMABLE},
+    {"train", "dist_timeout", KEY_FLOAT, OFF(train, dist_timeout), "300", 1, 1e6, NULL, "mpi_timeout",
+     "under mpirun: seconds a rank waits for the others before it ends the job", KEYF_RESUMABLE},
+    {"train", "dist_bucket_kb", KEY_INT, OFF(train, dist_bucket_kb), "0", 0, 1 << 20, NULL, "bucket_kb",
+     "under mpirun: KiB of gradient reduced per collective (0: 1/16 of it, 256 KiB to 16 MiB)", KEYF_RESUMABLE},
 
     {"finetune", "mode", KEY_ENUM, OFF(finetune, mode), "none", 0, 0, "none|indexer|sparse", "finetune",
      "none, indexer (distil the DSA indexer, rest frozen) or sparse (train with sparse attention)"},

@@ -13,13 +13,13 @@ void dsa_eval_run(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, in
     for (int i = 0; i < n_batches; i++) {
         batcher_val(bt, i, x, y);
         lm_set_dsa_mode(lm, DSA_DISTILL);
-        Tensor *loss = lm_loss(tp, lm, x, y, bt->B, bt->T, NULL);
+        Tensor *loss = lm_loss(tp, lm, x, y, batcher_share(bt), bt->T, NULL);
         out->val_dense += loss->data[0];
         out->kl += lm->dsa_kl ? lm->dsa_kl->data[0] : NAN;
         out->mass += lm_dsa_mass(lm);
         tape_reset(tp);
         lm_set_dsa_mode(lm, DSA_SPARSE);
-        loss = lm_loss(tp, lm, x, y, bt->B, bt->T, NULL);
+        loss = lm_loss(tp, lm, x, y, batcher_share(bt), bt->T, NULL);
         out->val_sparse += loss->data[0];
         tape_reset(tp);
     }

@@ -132,7 +132,7 @@ double model_val_bytes_per_token(const Batcher *bt, const Tokenizer *tok, int n_
     int64_t bytes = 0, count = 0;
     for (int i = 0; i < n_batches; i++) {
         batcher_val(bt, i, x, y);
-        for (int64_t j = 0; j < (int64_t)bt->B * bt->T; j++) {
+        for (int64_t j = 0; j < (int64_t)batcher_share(bt) * bt->T; j++) {
             bytes += tokenizer_token_len(tok, y[j]);
             count++;
         }
@@ -156,7 +156,7 @@ double model_eval_loss(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *
     tape_no_grad_push(tp);
     for (int i = 0; i < n_batches; i++) {
         batcher_val(bt, i, x, y);
-        Tensor *loss = lm_loss(tp, lm, x, y, bt->B, bt->T, NULL);
+        Tensor *loss = lm_loss(tp, lm, x, y, batcher_share(bt), bt->T, NULL);
         total += loss->data[0];
         tape_reset(tp);
     }

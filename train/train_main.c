@@ -2,10 +2,13 @@
 //
 //   train --config tiny_gdn.ini [--set section.key=value ...] [--resume | --overwrite]
 //   train --config tiny_gdn.ini --dump-state state.h5
+//   mpirun -np 4 train --config tiny_gdn.ini   # data parallel (README "Many processes (MPI)")
 //   train --help
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "dist.h"
 #include "dump_state.h"
 #include "trainer.h"
 #include "model_setup.h"
@@ -25,15 +28,18 @@ static void usage(FILE *f) {
             "                       targets, logits, loss, every parameter and gradient to FILE (HDF5)\n"
             "  --help               this text and every config key\n"
             "\n"
-            "Ctrl-C (or SIGTERM) saves a checkpoint and exits; --resume continues from it.\n\n");
+            "Ctrl-C (or SIGTERM) saves a checkpoint and exits; --resume continues from it.\n"
+            "Under mpirun (mpirun -np N train ...) the ranks share every batch and average their gradients;\n"
+            "rank 0 writes the checkpoints and logs.\n\n");
     config_help(f);
 }
 
-// 0: parsed; 1: --help shown; 2: bad arguments (reported).
+// 0: parsed; 1: --help shown; 2: bad arguments (reported by rank 0).
 static int parse_args(int argc, char **argv, TrainerOptions *o, const char **sets, const char **dump_path) {
+    FILE *err = dist_rank() == 0 ? stderr : NULL;   // one message, not one per rank
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
+            if (err) usage(stdout);
             return 1;
         } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
             o->config = argv[++i];
@@ -46,23 +52,22 @@ static int parse_args(int argc, char **argv, TrainerOptions *o, const char **set
         } else if (!strcmp(argv[i], "--dump-state") && i + 1 < argc) {
             *dump_path = argv[++i];
         } else {
-            fprintf(stderr, "train: unknown or incomplete argument '%s' (see train --help)\n", argv[i]);
+            if (err) fprintf(err, "train: unknown or incomplete argument '%s' (see train --help)\n", argv[i]);
             return 2;
         }
     }
     if (!o->config) {
-        fprintf(stderr, "train: --config FILE is required (see train --help)\n");
+        if (err) fprintf(err, "train: --config FILE is required (see train --help)\n");
         return 2;
     }
     if (o->resume && o->overwrite) {
-        fprintf(stderr, "train: --resume continues the run in run_dir, --overwrite replaces it: give one\n");
+        if (err) fprintf(err, "train: --resume continues the run in run_dir, --overwrite replaces it: give one\n");
         return 2;
     }
     return 0;
 }
 
-int main(int argc, char **argv) {
-    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
+static int run(int argc, char **argv) {
     TrainerOptions o = {0};
     const char *dump_path = NULL;
     const char **sets = calloc((size_t)argc, sizeof *sets);
@@ -75,21 +80,40 @@ int main(int argc, char **argv) {
     static Trainer t;
     Status s = trainer_setup(&t, &o);
     if (!s.ok) {
-        fprintf(stderr, "train: %s\n", s.msg);
+        if (dist_rank() == 0) fprintf(stderr, "train: %s\n", s.msg);   // (other ranks printed their own)
         free(sets);
         return 2;
     }
-    if (dump_path) {
-        batcher_train(&t.bt, t.x, t.y);
-        s = dump_state_write(dump_path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size, t.cfg.data.seq_len,
-                             t.cfg.finetune.mode == FT_INDEXER);
-        if (s.ok) printf("train: wrote the state of one forward and backward to %s\n", dump_path);
-        else fprintf(stderr, "train: --dump-state: %s\n", s.msg);
-        code = s.ok ? 0 : 1;
+    if (dump_path) {   // rank 0 alone, on the whole first batch
+        code = 0;
+        if (t.rank == 0) {
+            batcher_set_share(&t.bt, 0, t.cfg.data.batch_size);
+            batcher_train(&t.bt, t.x, t.y);
+            s = dump_state_write(dump_path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size,
+                                 t.cfg.data.seq_len, t.cfg.finetune.mode == FT_INDEXER);
+            if (s.ok) printf("train: wrote the state of one forward and backward to %s\n", dump_path);
+            else fprintf(stderr, "train: --dump-state: %s\n", s.msg);
+            code = s.ok ? 0 : 1;
+        }
+        dist_barrier("--dump-state");
     } else {
         code = trainer_run(&t, &o);
     }
     trainer_free(&t);
     free(sets);
+    return code;
+}
+
+int main(int argc, char **argv) {
+    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it (may re-execute: before MPI)
+    dist_init(&argc, &argv);    // MPI only when mpirun started this process
+    int code = run(argc, argv);
+    if (code == 130 && dist_size() > 1) {
+        // Interrupted under mpirun, which is ending the job (Ctrl-C or SIGTERM reach it first): the
+        // checkpoint is saved; leave now, as MPI_Finalize would wait for a job that is being torn down.
+        fflush(NULL);
+        _exit(code);
+    }
+    dist_finalize();
     return code;
 }

@@ -17,184 +17,7 @@
 #endif
 
 static volatile sig_atomic_t stop_requested = 0;
-static Status setup(Trainer *t, const TrainerOptions *o);
 void trainer_request_stop(void) { stop_requested = 1; }
-
-// Is p one of an attn_dsa layer's indexer weights?
-static bool is_indexer_param(const LM *lm, const Tensor *p) {
-    for (int l = 0; l < lm->cfg.n_layers; l++) {
-        const Mixer *m = lm->blocks[l].mixer;
-        if (strcmp(m->kind->name, "attn_dsa") != 0) continue;
-        Tensor *w[3];
-        attn_dsa_indexer_params(m, w);
-        for (int i = 0; i < 3; i++)
-            if (w[i] == p) return true;
-    }
-    return false;
-}
-
-// Load init_from's parameters; in fine-tuning only indexer weights may be
-// missing, when continuing (mode = none) none may.
-static Status init_from_load(Trainer *t) {
-    const char *ck = t->cfg.finetune.init_from;
-    ParamsLoadReport *r = &t->init_report;
-    Status s = checkpoint_load_params(ck, &t->ps, r);
-    if (!s.ok) return status_err("[finetune] init_from: %s", s.msg);
-    if (r->n_unused > 0)
-        return status_err("[finetune] init_from: %s holds parameters this model lacks (%s): the [model] section "
-                          "differs from the checkpoint's",
-                          ck, r->unused);
-    int fresh = 0;
-    for (int i = 0; i < t->ps.n; i++) fresh += is_indexer_param(&t->lm, t->ps.params[i]);
-    if (t->cfg.finetune.mode == FT_NONE) fresh = 0;
-    if (r->n_loaded < t->ps.n - fresh)
-        return status_err("[finetune] init_from: %s lacks parameters of the model (%s): the [model] section "
-                          "differs from the checkpoint's",
-                          ck, r->missing);
-    if (t->cfg.finetune.restore_optimizer) {
-        // Parameters again (cheap) and the moments; the run's own step and data state start fresh.
-        s = checkpoint_load(ck, &t->ps, &t->opt, NULL);
-        if (!s.ok) return status_err("[finetune] restore_optimizer: %s", s.msg);
-    }
-    return status_ok();
-}
-
-// The run's tokenizer: the checkpoint's when resuming or starting from
-// init_from (the model's vocabulary is fixed there: a [data] tokenizer the
-// config sets must be that one), else [data] tokenizer; bpe:N is trained on
-// the corpus's training split once and kept in cache_dir.
-static Status setup_tokenizer(Trainer *t, const Corpus *corpus, const TrainerOptions *o) {
-    const TrainConfig *c = &t->cfg;
-    const char *from = o->resume ? t->ckpt : c->finetune.init_from[0] ? c->finetune.init_from : NULL;
-    const char *spec = c->data.tokenizer;
-    int train_vocab = 0;
-    tokenizer_spec_is_named(spec, &train_vocab);
-    if (from) {
-        Status s = checkpoint_read_tokenizer(from, &t->tok);
-        if (!s.ok) return status_err("%s%s", o->resume ? "--resume: " : "[finetune] init_from: ", s.msg);
-        if (o->resume || !strcmp(spec, "byte")) return status_ok();   // (byte: the default, not a choice)
-        Tokenizer mine;
-        s = train_vocab ? status_err("[data] tokenizer = %s: the model of %s has its tokenizer already", spec, from)
-                        : tokenizer_open(&mine, spec);
-        bool same = s.ok && mine.hash == t->tok.hash;
-        if (s.ok) tokenizer_free(&mine);
-        if (s.ok && !same)
-            s = status_err("[data] tokenizer = %s: not the tokenizer the model of %s was trained with", spec, from);
-        return s;
-    }
-    if (!train_vocab) {
-        Status s = tokenizer_open(&t->tok, spec);
-        return s.ok ? s : status_err("[data] tokenizer: %s", s.msg);
-    }
-    // bpe:N: the training split's text (the validation split is not seen), cached by corpus and size.
-    char path[CONFIG_STR_MAX + 64];
-    if (snprintf(path, sizeof path, "%s/tokenizer-%016llx-%d.bpe", c->data.cache_dir,
-                 (unsigned long long)corpus->hash, train_vocab) >= (int)sizeof path)
-        return status_err("[data] cache_dir: path too long");
-    if (access(path, F_OK) == 0 && tokenizer_open(&t->tok, path).ok) return status_ok();
-    int64_t n_train = corpus->n - (int64_t)((double)corpus->n * c->data.val_fraction);
-    Status s = tokenizer_train(&t->tok, corpus->bytes, n_train, train_vocab);
-    if (!s.ok) return status_err("[data] tokenizer = %s: %s", spec, s.msg);
-    s = bpe_save(t->tok.bpe, path);
-    if (!s.ok) fprintf(stderr, "train: note: the trained tokenizer could not be kept (%s); it is in the checkpoints\n",
-                       s.msg);
-    return status_ok();
-}
-
-Status trainer_setup(Trainer *t, const TrainerOptions *o) {
-    memset(t, 0, sizeof *t);
-    t->rd.lock_fd = -1;
-    Status s = setup(t, o);
-    if (!s.ok) trainer_free(t);   // a failed setup leaves nothing behind
-    return s;
-}
-
-static Status setup(Trainer *t, const TrainerOptions *o) {
-    t->last_val_loss = NAN;
-    t->last_kl = NAN;
-    t->last_dsa = (DsaEval){NAN, NAN, NAN, NAN};
-    t->decode_dense_tok_s = t->decode_sparse_tok_s = NAN;
-    t->saved_step = -1;
-    tokenizer_bytes(&t->tok);
-    config_defaults(&t->cfg, model_mixer_known);
-    Status s = config_find(o->config, CONFIG_SEARCH_DIRS, CONFIG_N_SEARCH_DIRS, t->config_path, sizeof t->config_path);
-    RunConfigArgs args = {t->config_path, o->sets, o->n_sets, o->resume};
-    if (s.ok) s = run_config_load(&t->cfg, &args, t->run_dir, sizeof t->run_dir, t->notes, sizeof t->notes);
-    if (!s.ok) return s;
-    // The run's effective config: what config.ini and every checkpoint hold.
-    free(t->cfg.text);
-    t->cfg.text = config_dump_string(&t->cfg);
-    const TrainConfig *c = &t->cfg;
-    bool ft = c->finetune.mode != FT_NONE;
-    t->threads = model_set_threads(c->train.threads);
-    if (snprintf(t->ckpt, sizeof t->ckpt, "%s/checkpoint.h5", t->run_dir) >= (int)sizeof t->ckpt)
-        return status_err("[train] run_dir: path too long");
-
-    Corpus corpus;
-    s = corpus_load(&corpus, c->data.corpus);
-    if (!s.ok && strstr(s.msg, "kjv.txt: cannot open") && strstr(s.msg, "No such file"))
-        return status_err("[data] corpus: %s (the bundled configs train on the King James Bible: run "
-                          "scripts/get_corpus.sh in the project folder; it needs Debian's bible-kjv package)",
-                          s.msg);
-    if (!s.ok) return status_err("[data] corpus: %s", s.msg);
-    s = setup_tokenizer(t, &corpus, o);
-    if (s.ok) {
-        s = token_cache_load(c->data.cache_dir, c->data.corpus, &corpus, &t->tok, &t->tokens, &t->cache_built,
-                             t->cache_path);
-        if (!s.ok) s = status_err("token cache: %s", s.msg);
-    }
-    corpus_free(&corpus);
-    if (!s.ok) return s;
-    t->cfg.vocab_size = t->tok.vocab;
-    t->tok_buf = tokenizer_to_buffer(&t->tok, &t->tok_len);
-    s = batcher_init(&t->bt, t->tokens.tokens, t->tokens.n, c->data.val_fraction, c->data.batch_size,
-                     c->data.seq_len, (uint64_t)c->train.seed);
-    if (!s.ok) return status_err("[data]: %s", s.msg);
-    t->has_val = batcher_val_tokens(&t->bt) > 0;
-    // A checkpoint to load is checked against the model before it is allocated.
-    const char *check = o->resume ? t->ckpt : (c->finetune.init_from[0] && !ft) ? c->finetune.init_from : NULL;
-    s = model_build(c, &t->lm, &t->ps, check);
-    if (!s.ok) return status_err("%s%s", o->resume ? "--resume: " : check ? "[finetune] init_from: " : "", s.msg);
-    t->dsa_mode = c->finetune.mode == FT_INDEXER  ? DSA_DISTILL
-                  : c->finetune.mode == FT_SPARSE ? DSA_SPARSE_KL
-                                                  : DSA_SPARSE;
-    lm_set_dsa_mode(&t->lm, t->dsa_mode);
-    if (c->finetune.mode == FT_INDEXER)   // only the indexers move
-        for (int i = 0; i < t->ps.n; i++)
-            if (!is_indexer_param(&t->lm, t->ps.params[i])) params_set_frozen(&t->ps, t->ps.params[i], true);
-    rng_seed(&t->model_rng, (uint64_t)c->train.seed ^ 0x5eedull);
-    if (c->train.optimizer == CFG_OPT_SGD) sgd_init(&t->opt, &t->ps, c->train.momentum, c->train.weight_decay);
-    else adamw_init(&t->opt, &t->ps, c->train.beta1, c->train.beta2, c->train.adam_eps, c->train.weight_decay);
-    if (c->finetune.init_from[0] && !o->resume) {
-        s = init_from_load(t);
-        if (!s.ok) return s;
-    }
-    tape_init(&t->tp);
-    size_t bt = (size_t)c->data.batch_size * c->data.seq_len;
-    t->x = xmalloc(bt * sizeof(int));
-    t->y = xmalloc(bt * sizeof(int));
-    t->val_bytes_per_token =
-        t->has_val ? model_val_bytes_per_token(&t->bt, &t->tok, c->train.eval_batches, t->x, t->y) : 1.0;
-
-    if (o->resume) {
-        CheckpointState st = {0};
-        s = checkpoint_load(t->ckpt, &t->ps, &t->opt, &st);
-        if (!s.ok) return status_err("--resume: %s", s.msg);
-        free(st.config_text);
-        if (st.step > c->train.steps)
-            return status_err("--resume: %s is at step %lld, past [train] steps = %d: nothing to resume (raise it "
-                              "with --set train.steps=N to train on)",
-                              t->ckpt, (long long)st.step, c->train.steps);
-        t->step = t->saved_step = st.step;
-        t->bt.state = st.sampler;
-        t->model_rng = st.model_rng;
-    }
-    t->first_step = t->step;
-    // Last: the run folder (locked, and refused when it holds another run).
-    s = run_dir_open(&t->rd, t->run_dir, o->resume ? RUN_RESUME : RUN_FRESH, o->overwrite);
-    if (s.ok && o->resume) s = run_dir_trim_logs(&t->rd, t->step);
-    return s;
-}
 
 double trainer_loss(const Trainer *t, int64_t step) {
     int64_t i = step - t->first_step;
@@ -210,18 +33,46 @@ static void record_loss(Trainer *t, double loss) {
 }
 
 // Save, unless the state holds a non-finite value; records saved_step.
+// Under MPI every rank calls it: the ranks check that they hold the same
+// parameters, ZeRO-1 shards of the optimizer state are gathered on rank 0,
+// and rank 0 writes the one checkpoint.
 static Status save_checkpoint(Trainer *t) {
-    const Tensor *bad = optim_nonfinite_param(&t->ps, &t->opt);
-    if (bad) return status_err("parameter '%s' (or its optimizer state) is not finite: not saved", bad->name);
-    CheckpointState st = {t->step, t->bt.state, t->model_rng, t->cfg.text, t->tok_buf, t->tok_len};
-    Status s = checkpoint_save(t->ckpt, &t->ps, &t->opt, &st);
-    if (s.ok) t->saved_step = t->step;
+    Optimizer full = t->opt;
+    real *m = NULL, *v = NULL;
+    if (t->opt.lo != 0 || t->opt.hi != t->ps.numel) {   // sharded: the whole state on rank 0
+        if (t->rank == 0) {
+            m = xmalloc((size_t)t->ps.numel * sizeof(real));
+            v = t->opt.v ? xmalloc((size_t)t->ps.numel * sizeof(real)) : NULL;
+        }
+        dist_gather_moments(t->dg, &t->opt, m, v);
+        full.m = m;
+        full.v = v;
+        full.lo = 0;
+        full.hi = t->ps.numel;
+    }
+    bool agree = dist_params_agree(t->dg);
+    Status s = status_ok();
+    if (t->rank != 0) {
+        t->saved_step = t->step;   // (rank 0 reports whether it was written)
+    } else if (!agree) {
+        s = status_err("the ranks' parameters differ: not saved (a rank computed differently; see the README)");
+    } else {
+        const Tensor *bad = optim_nonfinite_param(&t->ps, &full);
+        CheckpointState st = {t->step, t->bt.state, t->model_rng, t->cfg.text, t->tok_buf, t->tok_len};
+        if (bad) s = status_err("parameter '%s' (or its optimizer state) is not finite: not saved", bad->name);
+        else s = checkpoint_save(t->ckpt, &t->ps, &full, &st);
+        if (s.ok) t->saved_step = t->step;
+    }
+    free(m);
+    free(v);
     return s;
 }
 
 // One micro-batch: forward, backward; returns the loss to report (the KL in
-// mode = indexer, the LM loss otherwise) and sets t->last_kl.
-static double train_micro_batch(Trainer *t, int B, int T) {
+// mode = indexer, the LM loss otherwise) and sets t->last_kl. reduce: the
+// last micro-batch of a step under MPI: its backward starts the gradient
+// reduction, with this rank's weight in the global batch.
+static double train_micro_batch(Trainer *t, int B, int T, bool reduce, double weight) {
     Tensor *loss, *objective;
     if (t->cfg.finetune.mode == FT_INDEXER) {
         loss = objective = lm_distill_loss(&t->tp, &t->lm, t->x, B, T);
@@ -235,24 +86,38 @@ static double train_micro_batch(Trainer *t, int B, int T) {
         }
     }
     double v = loss->data[0];
+    if (reduce) dist_grads_arm(t->dg, &t->tp, weight);
     tape_backward(&t->tp, objective);
+    if (reduce) dist_grads_flush(t->dg);
     tape_reset(&t->tp);
     return v;
 }
 
+// This rank's weight in the global batch (1 in a single process).
+static double share_weight(const Trainer *t) { return (double)batcher_share(&t->bt) / t->bt.B; }
+
 // Validation: the loss, plus the DSA figures when the model has attn_dsa
-// layers. Nothing without a validation split (val_fraction = 0).
+// layers. Nothing without a validation split (val_fraction = 0). Under MPI
+// each rank scores its share of every validation batch and the
+// share-weighted figures are summed.
 static void evaluate(Trainer *t, RunLog *rl, int step, bool quiet) {
     const TrainConfig *c = &t->cfg;
     if (!t->has_val) return;
+    double w = share_weight(t);
     if (lm_dsa_count(&t->lm) == 0) {
-        t->last_val_loss = model_eval_loss(&t->tp, &t->lm, &t->bt, c->train.eval_batches, t->x, t->y);
-        runlog_eval(rl, step, t->last_val_loss, t->val_bytes_per_token, NAN, NAN);
+        double loss = w * model_eval_loss(&t->tp, &t->lm, &t->bt, c->train.eval_batches, t->x, t->y);
+        dist_sum(&loss, 1, "evaluation");
+        t->last_val_loss = loss;
+        if (t->rank == 0) runlog_eval(rl, step, t->last_val_loss, t->val_bytes_per_token, NAN, NAN);
         return;
     }
     DsaEval *e = &t->last_dsa;
     dsa_eval_run(&t->tp, &t->lm, &t->bt, c->train.eval_batches, t->x, t->y, t->dsa_mode, e);
+    double v[4] = {w * e->kl, w * e->mass, w * e->val_sparse, w * e->val_dense};
+    dist_sum(v, 4, "evaluation");
+    *e = (DsaEval){v[0], v[1], v[2], v[3]};
     t->last_val_loss = e->val_sparse;   // the model as it would be deployed
+    if (t->rank != 0) return;
     runlog_eval(rl, step, e->val_sparse, t->val_bytes_per_token, e->kl, e->mass);
     char json[256];
     snprintf(json, sizeof json,
@@ -268,7 +133,9 @@ static void evaluate(Trainer *t, RunLog *rl, int step, bool quiet) {
 
 static void stop_handler(int sig) {
     (void)sig;
-    if (stop_requested) _exit(130);   // a second Ctrl-C leaves at once
+    // A second Ctrl-C leaves at once; not under mpirun, which may deliver
+    // Ctrl-C and its own SIGTERM both (and ends a job that does not stop).
+    if (stop_requested && dist_size() == 1) _exit(130);
     stop_requested = 1;
 }
 
@@ -277,12 +144,17 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
     if (t->notes[0]) fprintf(stderr, "%s", t->notes);
     fprintf(stderr, "train: %s | layers", t->config_path);
     for (int l = 0; l < c->model.layers.n; l++) fprintf(stderr, "%s%s", l ? "," : " ", c->model.layers.name[l]);
-    fprintf(stderr, " | %lld parameters | %s | %d thread%s on %s, OpenBLAS %s\n", (long long)params_count(&t->ps, false),
-            REAL_NAME, t->threads, t->threads == 1 ? "" : "s", un->machine, blas_core_name());
+    fprintf(stderr, " | %lld parameters | %s | ", (long long)params_count(&t->ps, false), REAL_NAME);
+    if (t->ranks > 1)
+        fprintf(stderr, "%d ranks x %d thread%s (MPI%s) on %s, OpenBLAS %s\n", t->ranks, t->threads,
+                t->threads == 1 ? "" : "s", c->train.zero ? ", ZeRO-1" : "", un->machine, blas_core_name());
+    else
+        fprintf(stderr, "%d thread%s on %s, OpenBLAS %s\n", t->threads, t->threads == 1 ? "" : "s", un->machine,
+                blas_core_name());
     char tk[64];
-    fprintf(stderr, "train: corpus %lld tokens (%s; cache %s: %s) | train %lld, validation %lld | B %d x T %d x accum %d\n",
+    fprintf(stderr, "train: corpus %lld tokens (%s; cache %s%s: %s) | train %lld, validation %lld | B %d x T %d x accum %d\n",
             (long long)t->tokens.n, tokenizer_describe(&t->tok, tk, sizeof tk), t->cache_built ? "built" : "reused",
-            t->cache_path,
+            t->tokens.mapped ? ", mapped" : "", t->cache_path,
             (long long)batcher_train_tokens(&t->bt), (long long)batcher_val_tokens(&t->bt), c->data.batch_size,
             c->data.seq_len, c->train.accum_steps);
     if (t->tokens.note[0]) fprintf(stderr, "train: token cache: %s\n", t->tokens.note);
@@ -308,10 +180,10 @@ static void log_start(const Trainer *t, RunLog *rl, const struct utsname *un) {
     char cfg[700], mach[200], core[100], json[1200];
     snprintf(json, sizeof json,
              "{\"type\":\"start\",\"config\":%s,\"params\":%lld,\"threads\":%d,\"precision\":\"%s\","
-             "\"start_step\":%lld,\"machine\":%s,\"openblas_core\":%s}",
+             "\"start_step\":%lld,\"machine\":%s,\"openblas_core\":%s,\"ranks\":%d,\"zero\":%d}",
              runlog_json_str(t->config_path, cfg, sizeof cfg), (long long)params_count(&t->ps, false), t->threads,
              REAL_NAME, (long long)t->step, runlog_json_str(un->machine, mach, sizeof mach),
-             runlog_json_str(blas_core_name(), core, sizeof core));
+             runlog_json_str(blas_core_name(), core, sizeof core), t->ranks, t->ranks > 1 ? t->cfg.train.zero : 0);
     runlog_json(rl, json);
 }
 
@@ -319,9 +191,9 @@ static void log_start(const Trainer *t, RunLog *rl, const struct utsname *un) {
 // the end record, the plot and what was written. Returns the exit code.
 static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
     const TrainConfig *c = &t->cfg;
-    char json[512];
+    char json[768];
     evaluate(t, rl, (int)t->step, o->quiet);
-    if (lm_dsa_count(&t->lm) > 0) {
+    if (lm_dsa_count(&t->lm) > 0 && t->rank == 0) {   // (a timing: rank 0 alone)
         dsa_eval_decode_speed(&t->lm, DSA_DECODE_CTX, DSA_DECODE_STEPS, (uint64_t)c->train.seed, t->dsa_mode,
                               &t->decode_dense_tok_s, &t->decode_sparse_tok_s);
         snprintf(json, sizeof json,
@@ -338,15 +210,23 @@ static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
     }
     int code = 0;
     Status s = save_checkpoint(t);
-    if (!s.ok) {
+    if (!s.ok) {   // (rank 0's verdict; the others wrote nothing)
         fprintf(stderr, "train: the final checkpoint was not written: %s\n", s.msg);
         code = 1;
     }
     double bpb = t->last_val_loss / log(2.0) / t->val_bytes_per_token;
     char val[96] = "\"val_loss\":null,\"val_bpb\":null";
     if (t->has_val) snprintf(val, sizeof val, "\"val_loss\":%.6f,\"val_bpb\":%.6f", t->last_val_loss, bpb);
-    snprintf(json, sizeof json, "{\"type\":\"end\",\"step\":%lld,%s,\"elapsed_s\":%.1f}", (long long)t->step, val,
-             runlog_now() - rl->t_start);
+    DistStats ds = dist_grads_stats(t->dg);
+    char comm[200] = "";
+    if (ds.steps > 0)
+        snprintf(comm, sizeof comm, ",\"ranks\":%d,\"reduced_bytes_per_step\":%lld,\"buckets\":%d,"
+                 "\"buckets_started_in_backward\":%.3f,\"comm_wait_ms_per_step\":%.3f,\"comm_span_ms_per_step\":%.3f",
+                 t->ranks, (long long)ds.bytes, ds.n_buckets,
+                 (double)ds.started_in_backward / ((double)ds.steps * (ds.n_buckets ? ds.n_buckets : 1)),
+                 1e3 * ds.wait_s / ds.steps, 1e3 * ds.comm_s / ds.steps);
+    snprintf(json, sizeof json, "{\"type\":\"end\",\"step\":%lld,%s,\"elapsed_s\":%.1f%s}", (long long)t->step,
+             val, runlog_now() - rl->t_start, comm);
     runlog_json(rl, json);
     bool plotted = false;
     if (!o->quiet) {
@@ -375,8 +255,9 @@ static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
     return code;
 }
 
-// The stop message when training cannot go on from a non-finite value.
+// The stop message when training cannot go on from a non-finite value (rank 0 prints it).
 static int stop_nonfinite(const Trainer *t, const char *what) {
+    if (t->rank != 0) return 3;
     fprintf(stderr, "\ntrain: %s at step %lld: stopping. ", what, (long long)t->step + 1);
     if (t->saved_step >= 0)
         fprintf(stderr, "The last good checkpoint (%s, step %lld) is kept.\n", t->ckpt, (long long)t->saved_step);
@@ -385,15 +266,87 @@ static int stop_nonfinite(const Trainer *t, const char *what) {
     return 3;
 }
 
-int trainer_run(Trainer *t, const TrainerOptions *o) {
+// What one step produced.
+typedef struct StepResult {
+    double loss, gnorm, lr;
+    bool stop;          // every rank stops after this step (a signal reached one of them)
+    char what[300];     // why training cannot go on ("" when it can)
+} StepResult;
+
+// One optimizer step: the micro-batches, the gradients (reduced across ranks
+// under MPI), clipping, the update. Every rank reaches the same verdict: the
+// loss, the gradient norm and the stop flag are summed over the ranks in one
+// small reduction, so a NaN or a signal on one rank stops all at this step.
+static void train_step(Trainer *t, int warmup, StepResult *r) {
+    const TrainConfig *c = &t->cfg;
+    int accum = c->train.accum_steps, Bl = batcher_share(&t->bt), T = c->data.seq_len;
+    bool dist = t->dg != NULL;
+    double w = share_weight(t);
+    memset(r, 0, sizeof *r);
+    params_zero_grad(&t->ps);
+    double loss_sum = 0;
+    for (int a = 0; a < accum; a++) {
+        batcher_train(&t->bt, t->x, t->y);
+        loss_sum += train_micro_batch(t, Bl, T, dist && a == accum - 1, w / accum);
+    }
+    r->loss = loss_sum / accum;
+    if (dist) {
+        dist_grads_wait(t->dg);   // ps->grad: the global batch's gradient (ZeRO-1: on this rank's slice)
+        double v[3] = {w * r->loss, optim_grad_sumsq(&t->ps, t->slice_lo, t->slice_hi), stop_requested ? 1 : 0};
+        dist_sum(v, 3, "step reduction");
+        r->loss = v[0];
+        r->gnorm = sqrt(v[1]);
+        r->stop = v[2] > 0;
+    }
+    if (!isfinite(r->loss)) {
+        snprintf(r->what, sizeof r->what, "the loss is %g", r->loss);
+        return;
+    }
+    if (!dist) {
+        if (accum > 1) optim_scale_grads(&t->ps, 1.0 / accum);
+        r->gnorm = optim_clip_grad_norm(&t->ps, c->train.grad_clip);
+    } else if (c->train.grad_clip > 0 && r->gnorm > c->train.grad_clip) {
+        optim_scale_grads(&t->ps, c->train.grad_clip / (r->gnorm + 1e-6));
+    }
+    if (!isfinite(r->gnorm)) {
+        snprintf(r->what, sizeof r->what, "the gradient norm is not finite");
+        return;
+    }
+    r->lr = lr_cosine(t->step, warmup, c->train.steps, c->train.lr, c->train.min_lr);
+    optim_step(&t->opt, &t->ps, r->lr);
+    dist_params_allgather(t->dg);   // ZeRO-1: every rank gets the slices the others updated
+    const Tensor *bad = optim_nonfinite_param(&t->ps, &t->opt);
+    if (dist && c->train.zero) {    // each rank checked its own moments: agree
+        double f = bad ? 1 : 0;
+        dist_sum(&f, 1, "step check");
+        if (f > 0 && !bad) {
+            snprintf(r->what, sizeof r->what, "the update made the optimizer state of another rank non-finite");
+            return;
+        }
+    }
+    if (bad)
+        snprintf(r->what, sizeof r->what, "the update made parameter '%s' (or its optimizer state) non-finite",
+                 bad->name);
+}
+
+int trainer_run(Trainer *t, const TrainerOptions *opts) {
     const TrainConfig *c = &t->cfg;
     int B = c->data.batch_size, T = c->data.seq_len;
+    bool lead = t->rank == 0;
+    TrainerOptions quiet_opts = *opts;   // only rank 0 speaks
+    quiet_opts.quiet = opts->quiet || !lead;
+    const TrainerOptions *o = &quiet_opts;
     RunLog rl;
-    Status s = runlog_open(&rl, t->run_dir, c->train.steps, o->resume);
-    if (s.ok) s = run_dir_write_file(&t->rd, "config.ini", t->cfg.text);
-    if (!s.ok) {
+    memset(&rl, 0, sizeof rl);
+    rl.jsonl = rl.tsv = -1;   // (other ranks log nothing)
+    rl.t_start = runlog_now();
+    Status s = lead ? runlog_open(&rl, t->run_dir, c->train.steps, o->resume) : status_ok();
+    if (s.ok && lead) s = run_dir_write_file(&t->rd, "config.ini", t->cfg.text);
+    if (!s.ok) fprintf(stderr, "train: run folder: %s\n", s.msg);
+    double ok = s.ok ? 0 : 1;
+    dist_sum(&ok, 1, "start");
+    if (ok > 0) {
         runlog_close(&rl);
-        fprintf(stderr, "train: run folder: %s\n", s.msg);
         return 2;
     }
     struct utsname un;
@@ -402,61 +355,42 @@ int trainer_run(Trainer *t, const TrainerOptions *o) {
     log_start(t, &rl, &un);
 
     stop_requested = 0;
-    struct sigaction sa = {0}, old_int, old_term;
+    struct sigaction sa = {0}, old_int, old_term, old_usr1;
     sa.sa_handler = stop_handler;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    double tok_per_step = (double)B * T * c->train.accum_steps;
+    sigaction(SIGUSR1, &sa, &old_usr1);   // what mpirun forwards to the ranks without ending the job
+    double tok_per_step = (double)B * T * c->train.accum_steps;   // the global batch
     int warmup = config_warmup_steps(c);
     double ema = 0;
     int exit_code = 0, run_steps = 0;
     while (t->step < c->train.steps) {
         double t0 = runlog_now();
-        params_zero_grad(&t->ps);
-        double loss_sum = 0;
-        for (int a = 0; a < c->train.accum_steps; a++) {
-            batcher_train(&t->bt, t->x, t->y);
-            loss_sum += train_micro_batch(t, B, T);
-        }
-        double loss = loss_sum / c->train.accum_steps;
-        if (!isfinite(loss)) {
-            char what[64];
-            snprintf(what, sizeof what, "the loss is %g", loss);
-            exit_code = stop_nonfinite(t, what);
+        StepResult r;
+        train_step(t, warmup, &r);
+        if (r.what[0]) {
+            exit_code = stop_nonfinite(t, r.what);
             break;
         }
-        if (c->train.accum_steps > 1) optim_scale_grads(&t->ps, 1.0 / c->train.accum_steps);
-        double gnorm = optim_clip_grad_norm(&t->ps, c->train.grad_clip);
-        if (!isfinite(gnorm)) {
-            exit_code = stop_nonfinite(t, "the gradient norm is not finite");
-            break;
-        }
-        double lr = lr_cosine(t->step, warmup, c->train.steps, c->train.lr, c->train.min_lr);
-        optim_step(&t->opt, &t->ps, lr);
-        const Tensor *bad = optim_nonfinite_param(&t->ps, &t->opt);
-        if (bad) {
-            char what[300];
-            snprintf(what, sizeof what, "the update made parameter '%s' (or its optimizer state) non-finite", bad->name);
-            exit_code = stop_nonfinite(t, what);
-            break;
-        }
-        record_loss(t, loss);
+        record_loss(t, r.loss);
         t->step++;
         run_steps++;
         double dt = runlog_now() - t0;
         ema = ema == 0 ? dt : 0.9 * ema + 0.1 * dt;
         int done = (int)t->step;
         bool print = !o->quiet && (done % c->train.log_every == 0 || done == c->train.steps || run_steps == 1);
-        runlog_train(&rl, done, loss, lr, gnorm, tok_per_step / dt, ema * (c->train.steps - done), print);
+        runlog_train(&rl, done, r.loss, r.lr, r.gnorm, tok_per_step / dt, ema * (c->train.steps - done), print);
         if (c->train.eval_every > 0 && done % c->train.eval_every == 0 && done != c->train.steps)
             evaluate(t, &rl, done, o->quiet);
-        if (o->stop_after > 0 && run_steps == o->stop_after) stop_requested = 1;
-        if ((c->train.checkpoint_every > 0 && done % c->train.checkpoint_every == 0) || stop_requested) {
+        // One process reads its flag here; ranks act on the flag they summed (the same on all).
+        bool stop = t->dg ? r.stop : stop_requested;
+        if (o->stop_after > 0 && run_steps == o->stop_after) stop = true;
+        if ((c->train.checkpoint_every > 0 && done % c->train.checkpoint_every == 0) || stop) {
             s = save_checkpoint(t);
             if (!s.ok) fprintf(stderr, "\ntrain: checkpoint of step %d not written: %s\n", done, s.msg);
         }
-        if (stop_requested) {
+        if (stop) {
             if (!o->quiet) {
                 if (t->saved_step == done)
                     fprintf(stderr, "\ntrain: interrupted: checkpoint at step %d in %s; continue with --resume\n",
@@ -471,6 +405,7 @@ int trainer_run(Trainer *t, const TrainerOptions *o) {
     }
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGUSR1, &old_usr1, NULL);
     if (exit_code == 0) exit_code = finish(t, &rl, o);
     runlog_close(&rl);
     return exit_code;
@@ -489,6 +424,7 @@ void trainer_free(Trainer *t) {
     free(t->tok_buf);
     config_free(&t->cfg);
     run_dir_close(&t->rd);
+    dist_grads_free(t->dg);
     memset(t, 0, sizeof *t);
     t->rd.lock_fd = -1;
 }

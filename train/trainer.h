@@ -5,6 +5,7 @@
 #define TRAINER_H
 
 #include "checkpoint.h"
+#include "dist.h"
 #include "dsa_eval.h"
 #include "model_setup.h"
 #include "optim.h"
@@ -57,6 +58,13 @@ typedef struct Trainer {
     double last_kl;                 // the last step's KL term (NaN when there is none)
     DsaEval last_dsa;               // the last evaluation's DSA figures (NaN when not run)
     double decode_dense_tok_s, decode_sparse_tok_s;   // at the end, at a DSA_DECODE_CTX context
+    // Data parallel (dist.h; README "Many processes (MPI)"): rank `rank` of
+    // `ranks` takes windows [bt.lo, bt.hi) of every batch; its gradients and
+    // losses count with weight (bt.hi - bt.lo) / batch_size, so N ranks train
+    // as one process with the whole batch would, up to rounding.
+    int rank, ranks;
+    DistGrads *dg;                  // the gradient reduction (NULL in a single process)
+    int64_t slice_lo, slice_hi;     // the flat elements whose gradient norm this rank sums (ZeRO-1: updates)
 } Trainer;
 
 // Context length and steps of the end-of-run decoding-speed measurement.
@@ -84,6 +92,11 @@ typedef struct Trainer {
 // resume or overwrite). Errors name the file, line and key (config) or the
 // path (data, checkpoint); a failed setup writes nothing.
 Status trainer_setup(Trainer *t, const TrainerOptions *o);
+// Under MPI every rank calls trainer_setup, trainer_run and trainer_free;
+// rank 0 alone writes the checkpoints and logs and prints (other ranks print
+// only their own errors, prefixed with their rank). trainer_setup's error is
+// to be printed by rank 0 only (dist_agree).
+//
 // Train to cfg.train.steps (or until interrupted). Returns the exit code:
 // 0 done, 1 the final checkpoint could not be written, 3 a non-finite loss,
 // gradient or parameter (the last good checkpoint is kept and none is written

@@ -84,6 +84,8 @@ void tape_init(Tape *tp) {
     tp->n_nodes = tp->cap_nodes = 0;
     tp->no_grad_depth = 0;
     tp->prof = NULL;
+    tp->after_node = NULL;
+    tp->after_node_ctx = NULL;
 }
 
 void tape_free(Tape *tp) {
@@ -234,10 +236,12 @@ static void run_backward(Tape *tp) {
         bool any = false;
         for (int o = 0; o < n->n_out; o++)
             if (n->out[o] && n->out[o]->grad) any = true;
-        if (!any) continue;   // nothing flows back through this node
-        double t0 = p ? prof_now() : 0;
-        n->op->backward(n);
-        if (p) p->bwd[prof_slot(p, n->op)] += prof_now() - t0;
+        if (any) {   // else nothing flows back through this node
+            double t0 = p ? prof_now() : 0;
+            n->op->backward(n);
+            if (p) p->bwd[prof_slot(p, n->op)] += prof_now() - t0;
+        }
+        if (tp->after_node) tp->after_node(tp->after_node_ctx, i);
     }
 }
 

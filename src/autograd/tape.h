@@ -49,6 +49,11 @@ struct Tape {
     int n_nodes, cap_nodes;
     int no_grad_depth;          // > 0: record nothing
     TapeProfile *prof;          // NULL unless tape_profile() turned it on
+    // Called by the backward after each node (index i, from n_nodes - 1 down
+    // to 0), whether or not it ran: a parameter's gradient is complete after
+    // the earliest node that reads it (train/dist.h starts reducing it then).
+    void (*after_node)(void *ctx, int i);
+    void *after_node_ctx;
 };
 
 void tape_init(Tape *tp);

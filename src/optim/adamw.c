@@ -19,6 +19,7 @@ void adamw_init(Optimizer *opt, const ParamStore *ps, double beta1, double beta2
     memset(opt, 0, sizeof *opt);
     opt->kind = OPTIM_ADAMW;
     opt->numel = ps->numel;
+    opt->hi = ps->numel;
     size_t bytes = (size_t)(ps->numel ? ps->numel : 1) * sizeof(real);
     opt->m = xaligned(bytes);
     opt->v = xaligned(bytes);
@@ -54,30 +55,11 @@ void adamw_step(Optimizer *opt, ParamStore *ps, double lr) {
     real bc2 = (real)(1.0 - pow(opt->beta2, (double)t));
     for (int i = 0; i < ps->n; i++) {
         Tensor *p = ps->params[i];
-        if (!p->grad || (p->flags & TENSOR_FROZEN)) continue;
-        int64_t off = ps->offsets[i];
+        int64_t a, b;
+        if (!p->grad || (p->flags & TENSOR_FROZEN) || !optim_owned(opt, ps->offsets[i], p->numel, &a, &b)) continue;
         real decay = (p->flags & TENSOR_NO_DECAY) ? 0 : (real)opt->weight_decay;
-        adamw_update(ps->data + off, ps->grad + off, opt->m + off, opt->v + off, p->numel, (real)lr, decay,
-                     (real)opt->beta1, (real)opt->beta2, bc1, bc2, (real)opt->eps);
+        adamw_update(ps->data + a, ps->grad + a, opt->m + (a - opt->lo), opt->v + (a - opt->lo), b - a, (real)lr,
+                     decay, (real)opt->beta1, (real)opt->beta2, bc1, bc2, (real)opt->eps);
     }
     opt->step = t;
-}
-
-void optim_step(Optimizer *opt, ParamStore *ps, double lr) {
-    switch (opt->kind) {
-    case OPTIM_ADAMW: adamw_step(opt, ps, lr); break;
-    case OPTIM_SGD: sgd_step(opt, ps, lr); break;
-    default: FAIL("optim_step: unknown optimizer kind %d", opt->kind);
-    }
-}
-
-void optim_free(Optimizer *opt) {
-    free(opt->m);
-    free(opt->v);
-    memset(opt, 0, sizeof *opt);
-}
-
-const char *optim_name(OptimKind kind) {
-    static const char *names[OPTIM_COUNT] = {"adamw", "sgd"};
-    return (kind >= 0 && kind < OPTIM_COUNT) ? names[kind] : "?";
 }

@@ -8,12 +8,14 @@
 // same for any thread count.
 #define CLIP_CHUNK 65536
 
-double optim_grad_norm(const ParamStore *ps) {
-    int64_t n = ps->numel;
+double optim_grad_sumsq(const ParamStore *ps, int64_t lo, int64_t hi) {
+    ASSERT(0 <= lo && lo <= hi && hi <= ps->numel, "optim_grad_sumsq: [%lld, %lld) outside [0, %lld)", (long long)lo,
+           (long long)hi, (long long)ps->numel);
+    int64_t n = hi - lo;
     int64_t nchunks = (n + CLIP_CHUNK - 1) / CLIP_CHUNK;
     if (nchunks == 0) return 0;
     double *part = xmalloc((size_t)nchunks * sizeof *part);
-    const real *g = ps->grad;
+    const real *g = ps->grad + lo;
 #pragma omp parallel for schedule(static) if (nchunks > 1)
     for (int64_t c = 0; c < nchunks; c++) {
         int64_t lo = c * CLIP_CHUNK, hi = lo + CLIP_CHUNK < n ? lo + CLIP_CHUNK : n;
@@ -24,8 +26,10 @@ double optim_grad_norm(const ParamStore *ps) {
     double total = 0;
     for (int64_t c = 0; c < nchunks; c++) total += part[c];
     free(part);
-    return sqrt(total);
+    return total;
 }
+
+double optim_grad_norm(const ParamStore *ps) { return sqrt(optim_grad_sumsq(ps, 0, ps->numel)); }
 
 void optim_scale_grads(ParamStore *ps, double factor) {
     real f = (real)factor;
@@ -54,8 +58,10 @@ const Tensor *optim_nonfinite_param(const ParamStore *ps, const Optimizer *opt) 
     for (int i = 0; i < ps->n; i++) {
         int64_t off = ps->offsets[i], n = ps->params[i]->numel;
         if (!all_finite(ps->data + off, n)) return ps->params[i];
-        if (opt && opt->m && !all_finite(opt->m + off, n)) return ps->params[i];
-        if (opt && opt->v && !all_finite(opt->v + off, n)) return ps->params[i];
+        int64_t a, b;
+        if (!opt || !optim_owned(opt, off, n, &a, &b)) continue;
+        if (opt->m && !all_finite(opt->m + (a - opt->lo), b - a)) return ps->params[i];
+        if (opt->v && !all_finite(opt->v + (a - opt->lo), b - a)) return ps->params[i];
     }
     return NULL;
 }

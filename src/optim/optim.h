@@ -26,9 +26,12 @@ typedef enum {
 typedef struct Optimizer {
     OptimKind kind;
     int64_t numel;        // = ParamStore.numel the moments were made for
+    int64_t lo, hi;       // the elements of the flat block this optimizer updates: [0, numel), or a
+                          // shard (ZeRO-1: optim_set_shard); the moments cover exactly these
     int64_t step;         // completed steps (AdamW bias correction uses step+1 while stepping)
-    real *m;              // (numel) AdamW first moment / SGD momentum buffer, zero-initialised
-    real *v;              // (numel) AdamW second moment; NULL for SGD
+    real *m;              // (hi - lo) AdamW first moment / SGD momentum buffer, zero-initialised;
+                          // m[i - lo] belongs to flat element i
+    real *v;              // (hi - lo) AdamW second moment; NULL for SGD
     double beta1, beta2;  // AdamW moment decay rates
     double eps;           // AdamW denominator epsilon (added to sqrt(v_hat))
     double momentum;      // SGD momentum mu
@@ -54,18 +57,35 @@ void optim_step(Optimizer *opt, ParamStore *ps, double lr);
 void optim_free(Optimizer *opt);
 const char *optim_name(OptimKind kind);   // "adamw", "sgd"
 
+// Shard the optimizer (ZeRO-1): from now on it updates, and keeps moments
+// for, only the flat elements [lo, hi) (weight-decay flags still apply per
+// parameter). Its moments start at zero: call before loading a checkpoint.
+void optim_set_shard(Optimizer *opt, int64_t lo, int64_t hi);
+// The part [*a, *b) of the flat range [off, off + n) (a parameter) that opt
+// updates; false when there is none.
+static inline bool optim_owned(const Optimizer *opt, int64_t off, int64_t n, int64_t *a, int64_t *b) {
+    *a = off > opt->lo ? off : opt->lo;
+    *b = off + n < opt->hi ? off + n : opt->hi;
+    return *a < *b;
+}
+
 // Gradient helpers over the whole grad block (frozen parameters' gradients
 // are zero there, so they do not contribute).
 void optim_scale_grads(ParamStore *ps, double factor);   // e.g. 1/accum_steps
 // Global L2 norm of all gradients, summed in double in a fixed order (the
 // result does not depend on the thread count).
 double optim_grad_norm(const ParamStore *ps);
+// The sum of squares of the gradients of flat elements [lo, hi), in the same
+// fixed order (optim_grad_norm = sqrt(optim_grad_sumsq(ps, 0, numel))); data
+// parallel ranks add up their slices' sums.
+double optim_grad_sumsq(const ParamStore *ps, int64_t lo, int64_t hi);
 // If max_norm > 0 and the norm exceeds it, scale every gradient by
 // max_norm / (norm + 1e-6). Returns the norm before clipping.
 double optim_clip_grad_norm(ParamStore *ps, double max_norm);
 
-// The first parameter whose value, or (opt non-NULL) optimizer moment, is
-// NaN or infinite; NULL when every one is finite. O(numel), vectorised.
+// The first parameter whose value, or (opt non-NULL) optimizer moment (of
+// the elements the optimizer owns), is NaN or infinite; NULL when every one
+// is finite. O(numel), vectorised.
 const Tensor *optim_nonfinite_param(const ParamStore *ps, const Optimizer *opt);
 
 // Learning rate at 0-based step `step` of `total`:

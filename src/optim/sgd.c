@@ -9,6 +9,7 @@ void sgd_init(Optimizer *opt, const ParamStore *ps, double momentum, double weig
     memset(opt, 0, sizeof *opt);
     opt->kind = OPTIM_SGD;
     opt->numel = ps->numel;
+    opt->hi = ps->numel;
     size_t bytes = (size_t)(ps->numel ? ps->numel : 1) * sizeof(real);
     opt->m = xaligned(bytes);
     memset(opt->m, 0, bytes);
@@ -32,11 +33,10 @@ void sgd_step(Optimizer *opt, ParamStore *ps, double lr) {
            (long long)opt->numel, (long long)ps->numel);
     for (int i = 0; i < ps->n; i++) {
         Tensor *p = ps->params[i];
-        if (!p->grad || (p->flags & TENSOR_FROZEN)) continue;
-        int64_t off = ps->offsets[i];
+        int64_t a, b;
+        if (!p->grad || (p->flags & TENSOR_FROZEN) || !optim_owned(opt, ps->offsets[i], p->numel, &a, &b)) continue;
         real decay = (p->flags & TENSOR_NO_DECAY) ? 0 : (real)opt->weight_decay;
-        sgd_update(ps->data + off, ps->grad + off, opt->m + off, p->numel, (real)lr, decay,
-                   (real)opt->momentum);
+        sgd_update(ps->data + a, ps->grad + a, opt->m + (a - opt->lo), b - a, (real)lr, decay, (real)opt->momentum);
     }
     opt->step++;
 }

@@ -1,0 +1,403 @@
+// mpi_tests: train under mpirun, as users run it (train/dist.h, README
+// "Many processes (MPI)"). Its own binary, run with --jobs 1 after the unit
+// tests: every test starts 2 or 3 ranks on a machine of 2 cores.
+//
+// Every run is of a tiny model with one thread per process (OMP_NUM_THREADS=1,
+// so a single process sums in the same order as each rank) and a batch of 5
+// windows, split 3,2 over 2 ranks and 2,2,1 over 3, with 2 micro-batches per
+// step. What is checked: repeat runs are bit-identical; 2 and 3 ranks equal
+// one process with the whole batch to float32 rounding; ZeRO-1 equals plain
+// data parallel; a checkpoint resumes on another number of ranks and the
+// losses go on as if never stopped; SIGINT, SIGTERM and SIGUSR1 to mpirun
+// save a checkpoint that resumes; a rank killed with SIGKILL ends the job at once and
+// a stopped (hung) one within the watchdog's timeout, with a message, leaving
+// a loadable checkpoint; the collectives also run over TCP.
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "model_setup.h"
+#include "test_util.h"
+
+#ifndef MPIEXEC
+#define MPIEXEC "mpiexec"
+#endif
+
+// Float32 rounding through a dozen steps of a tiny model: the sums over the
+// batch happen in another order (per rank, then across ranks), so the losses
+// and weights of N ranks and of one process differ in the last bits, which
+// training then carries along. Measured: at most 2e-6 in the losses over
+// these 12 steps (the logs keep 6 decimals).
+#ifdef AG_DOUBLE
+#define LOSS_TOL 2e-6   // (the logs' resolution)
+#define PARAM_TOL 1e-12
+#else
+#define LOSS_TOL 2e-5
+#define PARAM_TOL 1e-5
+#endif
+
+#define MAX_LOSSES 64
+
+typedef struct Run {
+    char dir[1300];      // run folder
+    char err[2600];      // its stderr
+    int code;
+} Run;
+
+static const char *cfg_path;   // the test's tiny.ini
+
+// A constant learning rate (min_lr = lr) so that a run stopped at step k and
+// resumed to n steps follows the same schedule as a run of n steps.
+static void setup_config(const char *tag) {
+    static char path[1400];
+    // Buckets of 4 KiB: the tiny model's gradient (38 KiB) goes in 12 collectives, most of them
+    // started while the backward still runs.
+    snprintf(path, sizeof path, "%s",
+             test_tiny_config(tag, "gdn,attn", 12, NULL, "accum_steps = 2\ndist_bucket_kb = 4\n"));
+    char *text = test_read_file(path);
+    const char *edits[][2] = {{"batch_size = 3", "batch_size = 5"},   // uneven splits: 3,2 and 2,2,1
+                              {"min_lr = 3e-4", "min_lr = 3e-3"},
+                              {"checkpoint_every = 0", "checkpoint_every = 6"},
+                              {"eval_every = 0", "eval_every = 6"}};
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        char *at = strstr(text, edits[i][0]);
+        cr_assert_not_null(at, "%s", edits[i][0]);
+        memcpy(at, edits[i][1], strlen(edits[i][1]));   // (the same length)
+    }
+    test_write_file(path, text);
+    free(text);
+    cfg_path = path;
+    setenv("OMP_NUM_THREADS", "1", 1);
+}
+
+// Start `train --config cfg_path --set train.run_dir=<dir>/<name> extra...` on `np` ranks (np 0: no mpirun).
+// wait_s > 0: wait and return; else leave it running (*pid).
+static void start(Run *r, const char *name, int np, const char *const *extra, double wait_s, pid_t *pid) {
+    char base[1000];
+    snprintf(base, sizeof base, "%s", cfg_path);
+    *strrchr(base, '/') = 0;
+    snprintf(r->dir, sizeof r->dir, "%s/%s", base, name);
+    snprintf(r->err, sizeof r->err, "%s/%s.err", base, name);
+    static char np_s[16], rd[1400];
+    snprintf(np_s, sizeof np_s, "%d", np);
+    snprintf(rd, sizeof rd, "train.run_dir=%s", r->dir);
+    char *argv[48];
+    int n = 0;
+    if (np > 0) {
+        argv[n++] = MPIEXEC;
+        if (geteuid() == 0) argv[n++] = "--allow-run-as-root";
+        argv[n++] = "--oversubscribe";
+        argv[n++] = "--bind-to";
+        argv[n++] = "none";
+        for (const char *const *e = extra; e && *e; e++)   // mpirun's own options first (--mca ...)
+            if (!strcmp(*e, "--mca")) {
+                argv[n++] = (char *)e[0];
+                argv[n++] = (char *)e[1];
+                argv[n++] = (char *)e[2];
+                e += 2;
+            }
+        argv[n++] = "-np";
+        argv[n++] = np_s;
+    }
+    argv[n++] = (char *)test_program("train");
+    argv[n++] = "--config";
+    argv[n++] = (char *)cfg_path;
+    argv[n++] = "--set";
+    argv[n++] = rd;
+    for (const char *const *e = extra; e && *e; e++) {
+        if (!strcmp(*e, "--mca")) {
+            e += 2;
+            continue;
+        }
+        argv[n++] = (char *)*e;
+    }
+    argv[n] = NULL;
+    r->code = test_spawn(argv, NULL, NULL, r->err, wait_s, pid);
+}
+
+static Run run(const char *name, int np, const char *const *extra) {
+    Run r;
+    start(&r, name, np, extra, 120, NULL);
+    char *e = test_read_file(r.err);
+    cr_assert_eq(r.code, 0, "%s (%d ranks): exit %d\n%s", name, np, r.code, e ? e : "");
+    free(e);
+    return r;
+}
+
+// The training losses of metrics.jsonl, by step (1-based); returns the last step.
+static int losses(const Run *r, double *out) {
+    char p[1500];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", r->dir);
+    char *text = test_read_file(p);
+    cr_assert_not_null(text, "%s", p);
+    int last = 0;
+    for (const char *q = text; (q = strstr(q, "{\"type\":\"train\",\"step\":")); q++) {
+        int step = atoi(q + strlen("{\"type\":\"train\",\"step\":"));
+        const char *l = strstr(q, "\"loss\":");
+        cr_assert(step > 0 && step < MAX_LOSSES && l);
+        out[step] = strtod(l + 7, NULL);
+        last = step > last ? step : last;
+    }
+    free(text);
+    return last;
+}
+
+// The largest loss difference over steps [from, to].
+static double loss_diff(const Run *a, const Run *b, int from, int to) {
+    double la[MAX_LOSSES] = {0}, lb[MAX_LOSSES] = {0};
+    cr_assert_geq(losses(a, la), to, "%s", a->dir);
+    cr_assert_geq(losses(b, lb), to, "%s", b->dir);
+    double worst = 0;
+    for (int s = from; s <= to; s++) worst = fmax(worst, fabs(la[s] - lb[s]));
+    return worst;
+}
+
+typedef struct Model {
+    TrainConfig c;
+    LM lm;
+    ParamStore ps;
+    int64_t step;
+} Model;
+
+static void load(const Run *r, Model *m) {
+    char p[1500];
+    snprintf(p, sizeof p, "%s/checkpoint.h5", r->dir);
+    Status s = model_load_checkpoint(p, &m->c, &m->lm, &m->ps, NULL);
+    cr_assert(s.ok, "%s", s.msg);
+    CheckpointState st = {0};
+    s = checkpoint_load(p, &m->ps, NULL, &st);
+    cr_assert(s.ok, "%s", s.msg);
+    free(st.config_text);
+    m->step = st.step;
+}
+
+static void unload(Model *m) {
+    lm_destroy(&m->lm);
+    params_free(&m->ps);
+    config_free(&m->c);
+}
+
+// max_rel_diff of the two runs' final parameters.
+static double param_diff(const Run *a, const Run *b) {
+    Model ma, mb;
+    load(a, &ma);
+    load(b, &mb);
+    cr_assert_eq(ma.step, mb.step);
+    double d = max_rel_diff(ma.ps.data, mb.ps.data, ma.ps.numel);
+    unload(&ma);
+    unload(&mb);
+    return d;
+}
+
+Test(mpi, ranks_equal_one_process_and_repeat_bitwise, .timeout = 300) {
+    setup_config("mpi_equal");
+    Run one = run("one", 0, NULL);
+    Run two = run("two", 2, NULL), two_again = run("two_again", 2, NULL);
+    Run three = run("three", 3, NULL);
+    Run two_z = run("two_zero", 2, (const char *[]){"--set", "train.zero=1", NULL});
+    Run three_z = run("three_zero", 3, (const char *[]){"--set", "train.zero=1", NULL});
+    // Repeat runs and ZeRO-1 against plain all-reduce: the same bits.
+    cr_assert_eq(param_diff(&two, &two_again), 0, "two runs on 2 ranks differ");
+    cr_assert_eq(loss_diff(&two, &two_again, 1, 12), 0);
+    cr_assert_eq(param_diff(&two, &two_z), 0, "ZeRO-1 differs from plain data parallel on 2 ranks");
+    cr_assert_eq(param_diff(&three, &three_z), 0, "ZeRO-1 differs from plain data parallel on 3 ranks");
+    // N ranks against one process with the whole batch: float32 rounding.
+    double l2 = loss_diff(&one, &two, 1, 12), l3 = loss_diff(&one, &three, 1, 12);
+    double p2 = param_diff(&one, &two), p3 = param_diff(&one, &three);
+    cr_log_info("losses vs one process: 2 ranks %.1e, 3 ranks %.1e; parameters: %.1e, %.1e", l2, l3, p2, p3);
+    cr_assert(l2 <= LOSS_TOL && l3 <= LOSS_TOL, "losses differ by %.3g (2 ranks) and %.3g (3 ranks)", l2, l3);
+    cr_assert(p2 <= PARAM_TOL && p3 <= PARAM_TOL, "parameters differ by %.3g (2 ranks) and %.3g (3 ranks)", p2, p3);
+    // The validation loss is reduced too: the same evaluation records.
+    char p[1500];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", three.dir);
+    char *text = test_read_file(p);
+    cr_assert(strstr(text, "\"type\":\"eval\",\"step\":6") && strstr(text, "\"ranks\":3"), "%s", text);
+    // The reduction overlaps the backward: most buckets start before it ends.
+    const char *b = strstr(text, "\"buckets\":"), *early = strstr(text, "\"buckets_started_in_backward\":");
+    cr_assert(b && early && atoi(b + 10) >= 8 && strtod(early + 30, NULL) >= 0.5, "%s", text);
+    free(text);
+    // Only rank 0 speaks: one start line.
+    text = test_read_file(three.err);
+    const char *first = strstr(text, "3 ranks x 1 thread (MPI)");
+    cr_assert(first && !strstr(first + 1, "3 ranks x 1 thread"), "%s", text);
+    free(text);
+}
+
+Test(mpi, checkpoints_resume_on_other_rank_counts, .timeout = 300) {
+    setup_config("mpi_resume");
+    const char *six[] = {"--set", "train.steps=6", NULL};
+    const char *on[] = {"--resume", "--set", "train.steps=12", NULL};   // (a resumed run keeps its stored steps)
+    const char *six_z[] = {"--set", "train.steps=6", "--set", "train.zero=1", NULL};
+    Run whole = run("whole", 2, NULL);
+    Run a = run("a", 2, six);   // 2 -> 2: bit for bit
+    a = run("a", 2, on);
+    cr_assert_eq(param_diff(&whole, &a), 0, "a run resumed on the same 2 ranks differs");
+    cr_assert_eq(loss_diff(&whole, &a, 1, 12), 0);
+    Run b = run("b", 2, six);   // 2 -> 1
+    b = run("b", 0, on);
+    Run c = run("c", 0, six);   // 1 -> 2
+    c = run("c", 2, on);
+    Run d = run("d", 2, six_z);   // ZeRO-1 on 2 -> ZeRO-1 on 3: the shards are gathered and cut anew
+    d = run("d", 3, on);
+    double lb = loss_diff(&whole, &b, 7, 12), lc = loss_diff(&whole, &c, 7, 12), ld = loss_diff(&whole, &d, 7, 12);
+    cr_log_info("resumed losses vs uninterrupted: 2->1 %.1e, 1->2 %.1e, 2->3 (ZeRO-1) %.1e", lb, lc, ld);
+    cr_assert(lb <= LOSS_TOL && lc <= LOSS_TOL && ld <= LOSS_TOL, "2->1: %.3g, 1->2: %.3g, 2->3: %.3g", lb, lc, ld);
+    cr_assert(param_diff(&whole, &b) <= PARAM_TOL && param_diff(&whole, &d) <= PARAM_TOL);
+}
+
+// The pids of mpirun's children (the ranks on this machine), at most n.
+static int children(pid_t parent, pid_t *out, int n) {
+    int found = 0;
+    for (int tries = 0; tries < 500 && found < n; tries++) {
+        found = 0;
+        char cmd[64];
+        snprintf(cmd, sizeof cmd, "pgrep -P %d", (int)parent);
+        FILE *f = popen(cmd, "r");
+        for (int pid; f && found < n && fscanf(f, "%d", &pid) == 1;) out[found++] = pid;
+        if (f) pclose(f);
+        if (found < n) usleep(20000);
+    }
+    return found;
+}
+
+// Wait until metrics.jsonl holds at least `steps` training records (at most 60 s).
+static void wait_steps(const Run *r, int steps) {
+    char p[1500];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", r->dir);
+    for (int i = 0; i < 6000; i++) {
+        char *text = test_read_file(p);
+        int n = 0;
+        for (const char *q = text; q && (q = strstr(q, "\"type\":\"train\"")); q++) n++;
+        free(text);
+        if (n >= steps) return;
+        usleep(10000);
+    }
+    cr_assert_fail("%s: fewer than %d steps within 60 s", r->dir, steps);
+}
+
+static double seconds_since(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
+}
+
+// mpirun answers SIGINT and SIGTERM by sending every rank SIGCONT, SIGTERM
+// odls_base_sigkill_timeout seconds later and SIGKILL as long again after
+// that (1 s by default: raised here so that a loaded machine cannot turn the
+// test into a race); it forwards SIGUSR1 without ending the job.
+Test(mpi, sigint_sigterm_sigusr1_to_mpirun_save_and_resume, .timeout = 300) {
+    setup_config("mpi_signal");
+    const int sigs[] = {SIGINT, SIGTERM, SIGUSR1};
+    int64_t last = 0;
+    for (int round = 0; round < 3; round++) {
+        // Progress lines off: ending a job, mpirun stops reading the ranks' output, and rank 0 would block
+        // on a full pipe writing a line per step of this tiny model (a few hundred a second).
+        const char *args[] = {"--mca", "odls_base_sigkill_timeout", "3", round ? "--resume" : "--overwrite", "--set",
+                              "train.steps=1000000", "--set", "train.eval_every=0", "--set",
+                              "train.checkpoint_every=0", "--set", "train.log_every=1000000", NULL};
+        Run r;
+        pid_t pid;
+        start(&r, "sig", 2, args, 0, &pid);
+        // (Signalled in its first second, mpirun 4.1 was seen to SIGKILL the ranks without the SIGTERM first.)
+        wait_steps(&r, (int)last + 30);
+        usleep(1000000);
+        kill(pid, sigs[round]);
+        int code = test_wait(pid, 60);
+        char *text = test_read_file(r.err);
+        cr_assert_neq(code, TEST_TIMED_OUT, "%s", text);
+        cr_assert(strstr(text, "interrupted: checkpoint at step") && strstr(text, "continue with --resume"),
+                  "%s (exit %d):\n%s", strsignal(sigs[round]), code, text);
+        free(text);
+        Model m;
+        load(&r, &m);
+        cr_assert_gt(m.step, last + 2, "round %d: the checkpoint is of step %lld", round, (long long)m.step);
+        last = m.step;
+        unload(&m);
+        char p[1500], bad[512];
+        snprintf(p, sizeof p, "%s/metrics.jsonl", r.dir);
+        cr_assert_geq(test_jsonl_check(p, bad, sizeof bad), 0, "%s", bad);
+    }
+    // And it trains on from there to a given step.
+    char steps[64];
+    snprintf(steps, sizeof steps, "train.steps=%lld", (long long)last + 2);
+    Run r = run("sig", 2, (const char *[]){"--resume", "--set", steps, NULL});
+    Model m;
+    load(&r, &m);
+    cr_assert_eq(m.step, last + 2);
+    unload(&m);
+}
+
+// Start a long run on 2 ranks, let it write a checkpoint and go on, then do
+// `what` to rank 1; the job must end within `limit` seconds, not exit 0, say
+// `expect` on stderr and leave a checkpoint that loads.
+static void fault(const char *name, int sig, const char *timeout, double limit, const char *expect) {
+    const char *args[] = {"--set", "train.steps=1000000", "--set", "train.eval_every=0", "--set",
+                          "train.checkpoint_every=3", "--set", timeout, NULL};
+    Run r;
+    pid_t pid, ranks[2];
+    start(&r, name, 2, args, 0, &pid);
+    wait_steps(&r, 5);
+    cr_assert_eq(children(pid, ranks, 2), 2, "the 2 ranks under mpirun");
+    kill(ranks[1], sig);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int code = test_wait(pid, 60);
+    double took = seconds_since(&t0);
+    if (sig == SIGSTOP) kill(ranks[1], SIGKILL);   // (mpirun has killed it; make sure)
+    char *text = test_read_file(r.err);
+    cr_assert(code != TEST_TIMED_OUT && code != 0, "exit %d:\n%s", code, text);
+    cr_assert_leq(took, limit, "the job took %.1f s to end:\n%s", took, text);
+    cr_assert(strstr(text, expect), "no '%s' in:\n%s", expect, text);
+    free(text);
+    Model m;
+    load(&r, &m);
+    cr_assert_geq(m.step, 3);
+    unload(&m);
+}
+
+Test(mpi, a_killed_rank_ends_the_job, .timeout = 120) {
+    setup_config("mpi_kill");
+    fault("kill", SIGKILL, "train.dist_timeout=300", 20, "rank 1");
+}
+
+Test(mpi, a_hung_rank_ends_the_job_after_the_timeout, .timeout = 120) {
+    setup_config("mpi_hang");
+    fault("hang", SIGSTOP, "train.dist_timeout=3", 25, "no progress for 3 s");
+}
+
+Test(mpi, collectives_over_tcp, .timeout = 120) {
+    setup_config("mpi_tcp");
+    Run shm = run("shm", 2, NULL);
+    Run tcp = run("tcp", 2, (const char *[]){"--mca", "btl", "tcp,self", NULL});
+    cr_assert_eq(param_diff(&shm, &tcp), 0, "the same sums over TCP as over shared memory");
+}
+
+Test(mpi, setup_errors_are_reported_once, .timeout = 120) {
+    setup_config("mpi_errors");
+    Run r;
+    start(&r, "err", 3, (const char *[]){"--set", "data.batch_size=2", NULL}, 60, NULL);
+    char *text = test_read_file(r.err);
+    cr_assert_neq(r.code, 0, "%s", text);
+    const char *why = "batch_size = 2 windows cannot be shared by 3 ranks";
+    const char *m = strstr(text, why);
+    cr_assert(m && !strstr(m + strlen(why), why), "one message, from rank 0:\n%s", text);
+    free(text);
+}
+
+Test(mpi, indexer_finetuning_equals_one_process, .timeout = 120) {
+    setup_config("mpi_indexer");
+    Run base = run("base", 0, (const char *[]){"--set", "train.steps=4", NULL});
+    char init[1400];
+    snprintf(init, sizeof init, "finetune.init_from=%s/checkpoint.h5", base.dir);
+    const char *ft[] = {"--set", "finetune.mode=indexer", "--set", init, "--set", "model.topk=8", "--set",
+                        "model.index_heads=2", "--set", "model.index_dim=8", "--set", "train.steps=6", NULL};
+    Run one = run("ft_one", 0, ft), two = run("ft_two", 2, ft);
+    double l = loss_diff(&one, &two, 1, 6);
+    cr_assert_leq(l, LOSS_TOL, "the distillation KL differs by %.3g", l);
+    cr_assert_leq(param_diff(&one, &two), PARAM_TOL);
+}

@@ -1,0 +1,241 @@
+// trainer_setup.c: everything up to a run's first step (trainer.h): config,
+// data, model, optimizer, resume and the run folder.
+//
+// Under MPI (dist.h) every rank goes through it: rank 0 prepares the data
+// first (a BPE tokenizer trained on the corpus, the token cache) while the
+// others wait, then they find both ready (or, on a machine that does not
+// share the cache folder, build their own). Each phase ends with an
+// agreement, so a failure on any rank stops every rank at the same point;
+// rank 0 reports its own failure, other ranks report theirs prefixed with
+// their rank. Each rank takes its share of every batch, and only rank 0
+// takes the run folder (its lock, and the logs it trims on resume).
+#include "trainer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "corpus.h"
+#include "run_config.h"
+
+// Is p one of an attn_dsa layer's indexer weights?
+static bool is_indexer_param(const LM *lm, const Tensor *p) {
+    for (int l = 0; l < lm->cfg.n_layers; l++) {
+        const Mixer *m = lm->blocks[l].mixer;
+        if (strcmp(m->kind->name, "attn_dsa") != 0) continue;
+        Tensor *w[3];
+        attn_dsa_indexer_params(m, w);
+        for (int i = 0; i < 3; i++)
+            if (w[i] == p) return true;
+    }
+    return false;
+}
+
+// Load init_from's parameters; in fine-tuning only indexer weights may be
+// missing, when continuing (mode = none) none may.
+static Status init_from_load(Trainer *t) {
+    const char *ck = t->cfg.finetune.init_from;
+    ParamsLoadReport *r = &t->init_report;
+    Status s = checkpoint_load_params(ck, &t->ps, r);
+    if (!s.ok) return status_err("[finetune] init_from: %s", s.msg);
+    if (r->n_unused > 0)
+        return status_err("[finetune] init_from: %s holds parameters this model lacks (%s): the [model] section "
+                          "differs from the checkpoint's",
+                          ck, r->unused);
+    int fresh = 0;
+    for (int i = 0; i < t->ps.n; i++) fresh += is_indexer_param(&t->lm, t->ps.params[i]);
+    if (t->cfg.finetune.mode == FT_NONE) fresh = 0;
+    if (r->n_loaded < t->ps.n - fresh)
+        return status_err("[finetune] init_from: %s lacks parameters of the model (%s): the [model] section "
+                          "differs from the checkpoint's",
+                          ck, r->missing);
+    if (t->cfg.finetune.restore_optimizer) {
+        // Parameters again (cheap) and the moments; the run's own step and data state start fresh.
+        s = checkpoint_load(ck, &t->ps, &t->opt, NULL);
+        if (!s.ok) return status_err("[finetune] restore_optimizer: %s", s.msg);
+    }
+    return status_ok();
+}
+
+// The run's tokenizer: the checkpoint's when resuming or starting from
+// init_from (the model's vocabulary is fixed there: a [data] tokenizer the
+// config sets must be that one), else [data] tokenizer; bpe:N is trained on
+// the corpus's training split once and kept in cache_dir.
+static Status setup_tokenizer(Trainer *t, const Corpus *corpus, const TrainerOptions *o) {
+    const TrainConfig *c = &t->cfg;
+    const char *from = o->resume ? t->ckpt : c->finetune.init_from[0] ? c->finetune.init_from : NULL;
+    const char *spec = c->data.tokenizer;
+    int train_vocab = 0;
+    tokenizer_spec_is_named(spec, &train_vocab);
+    if (from) {
+        Status s = checkpoint_read_tokenizer(from, &t->tok);
+        if (!s.ok) return status_err("%s%s", o->resume ? "--resume: " : "[finetune] init_from: ", s.msg);
+        if (o->resume || !strcmp(spec, "byte")) return status_ok();   // (byte: the default, not a choice)
+        Tokenizer mine;
+        s = train_vocab ? status_err("[data] tokenizer = %s: the model of %s has its tokenizer already", spec, from)
+                        : tokenizer_open(&mine, spec);
+        bool same = s.ok && mine.hash == t->tok.hash;
+        if (s.ok) tokenizer_free(&mine);
+        if (s.ok && !same)
+            s = status_err("[data] tokenizer = %s: not the tokenizer the model of %s was trained with", spec, from);
+        return s;
+    }
+    if (!train_vocab) {
+        Status s = tokenizer_open(&t->tok, spec);
+        return s.ok ? s : status_err("[data] tokenizer: %s", s.msg);
+    }
+    // bpe:N: the training split's text (the validation split is not seen), cached by corpus and size.
+    char path[CONFIG_STR_MAX + 64];
+    if (snprintf(path, sizeof path, "%s/tokenizer-%016llx-%d.bpe", c->data.cache_dir,
+                 (unsigned long long)corpus->hash, train_vocab) >= (int)sizeof path)
+        return status_err("[data] cache_dir: path too long");
+    if (access(path, F_OK) == 0 && tokenizer_open(&t->tok, path).ok) return status_ok();
+    int64_t n_train = corpus->n - (int64_t)((double)corpus->n * c->data.val_fraction);
+    Status s = tokenizer_train(&t->tok, corpus->bytes, n_train, train_vocab);
+    if (!s.ok) return status_err("[data] tokenizer = %s: %s", spec, s.msg);
+    s = bpe_save(t->tok.bpe, path);
+    if (!s.ok) fprintf(stderr, "train: note: the trained tokenizer could not be kept (%s); it is in the checkpoints\n",
+                       s.msg);
+    return status_ok();
+}
+
+// The config (the run's effective one) and the threads.
+static Status setup_config(Trainer *t, const TrainerOptions *o) {
+    t->last_val_loss = NAN;
+    t->last_kl = NAN;
+    t->last_dsa = (DsaEval){NAN, NAN, NAN, NAN};
+    t->decode_dense_tok_s = t->decode_sparse_tok_s = NAN;
+    t->saved_step = -1;
+    t->rank = dist_rank();
+    t->ranks = dist_size();
+    tokenizer_bytes(&t->tok);
+    config_defaults(&t->cfg, model_mixer_known);
+    Status s = config_find(o->config, CONFIG_SEARCH_DIRS, CONFIG_N_SEARCH_DIRS, t->config_path, sizeof t->config_path);
+    RunConfigArgs args = {t->config_path, o->sets, o->n_sets, o->resume};
+    if (s.ok) s = run_config_load(&t->cfg, &args, t->run_dir, sizeof t->run_dir, t->notes, sizeof t->notes);
+    if (!s.ok) return s;
+    // The run's effective config: what config.ini and every checkpoint hold.
+    free(t->cfg.text);
+    t->cfg.text = config_dump_string(&t->cfg);
+    const TrainConfig *c = &t->cfg;
+    dist_set_timeout(c->train.dist_timeout);
+    // Threads per rank: [train] threads, else OMP_NUM_THREADS, else (under MPI) the rank's share of the cores.
+    int threads = c->train.threads;
+    if (threads == 0 && !getenv("OMP_NUM_THREADS")) threads = dist_default_threads();
+    t->threads = model_set_threads(threads);
+    if (snprintf(t->ckpt, sizeof t->ckpt, "%s/checkpoint.h5", t->run_dir) >= (int)sizeof t->ckpt)
+        return status_err("[train] run_dir: path too long");
+    if (c->data.batch_size < t->ranks)
+        return status_err("[data] batch_size = %d windows cannot be shared by %d ranks (each takes one at least): "
+                          "raise batch_size or start fewer ranks",
+                          c->data.batch_size, t->ranks);
+    return status_ok();
+}
+
+// Corpus, tokenizer, token cache, batches.
+static Status setup_data(Trainer *t, const TrainerOptions *o) {
+    const TrainConfig *c = &t->cfg;
+    Corpus corpus;
+    Status s = corpus_load(&corpus, c->data.corpus);
+    if (!s.ok && strstr(s.msg, "kjv.txt: cannot open") && strstr(s.msg, "No such file"))
+        return status_err("[data] corpus: %s (the bundled configs train on the King James Bible: run "
+                          "scripts/get_corpus.sh in the project folder; it needs Debian's bible-kjv package)",
+                          s.msg);
+    if (!s.ok) return status_err("[data] corpus: %s", s.msg);
+    s = setup_tokenizer(t, &corpus, o);
+    if (s.ok) {
+        s = token_cache_load(c->data.cache_dir, c->data.corpus, &corpus, &t->tok, &t->tokens, &t->cache_built,
+                             t->cache_path);
+        if (!s.ok) s = status_err("token cache: %s", s.msg);
+    }
+    corpus_free(&corpus);
+    if (!s.ok) return s;
+    t->cfg.vocab_size = t->tok.vocab;
+    t->tok_buf = tokenizer_to_buffer(&t->tok, &t->tok_len);
+    s = batcher_init(&t->bt, t->tokens.tokens, t->tokens.n, c->data.val_fraction, c->data.batch_size,
+                     c->data.seq_len, (uint64_t)c->train.seed);
+    if (!s.ok) return status_err("[data]: %s", s.msg);
+    t->has_val = batcher_val_tokens(&t->bt) > 0;
+    return status_ok();
+}
+
+// Model, optimizer, the start from init_from or a checkpoint, the run folder.
+static Status setup_model(Trainer *t, const TrainerOptions *o) {
+    const TrainConfig *c = &t->cfg;
+    bool ft = c->finetune.mode != FT_NONE;
+    // A checkpoint to load is checked against the model before it is allocated.
+    const char *check = o->resume ? t->ckpt : (c->finetune.init_from[0] && !ft) ? c->finetune.init_from : NULL;
+    Status s = model_build(c, &t->lm, &t->ps, check);
+    if (!s.ok) return status_err("%s%s", o->resume ? "--resume: " : check ? "[finetune] init_from: " : "", s.msg);
+    t->dsa_mode = c->finetune.mode == FT_INDEXER  ? DSA_DISTILL
+                  : c->finetune.mode == FT_SPARSE ? DSA_SPARSE_KL
+                                                  : DSA_SPARSE;
+    lm_set_dsa_mode(&t->lm, t->dsa_mode);
+    if (c->finetune.mode == FT_INDEXER)   // only the indexers move
+        for (int i = 0; i < t->ps.n; i++)
+            if (!is_indexer_param(&t->lm, t->ps.params[i])) params_set_frozen(&t->ps, t->ps.params[i], true);
+    rng_seed(&t->model_rng, (uint64_t)c->train.seed ^ 0x5eedull);
+    // The gradient reduction over the trainable parameters (NULL in one process), and this rank's slice.
+    t->dg = dist_grads_new(&t->ps, c->train.zero == 1, (size_t)c->train.dist_bucket_kb << 10);
+    dist_grads_slice(t->dg, &t->slice_lo, &t->slice_hi);
+    if (t->slice_hi > t->ps.numel) t->slice_hi = t->ps.numel;
+    if (c->train.optimizer == CFG_OPT_SGD) sgd_init(&t->opt, &t->ps, c->train.momentum, c->train.weight_decay);
+    else adamw_init(&t->opt, &t->ps, c->train.beta1, c->train.beta2, c->train.adam_eps, c->train.weight_decay);
+    if (t->dg && c->train.zero == 1) optim_set_shard(&t->opt, t->slice_lo, t->slice_hi);   // ZeRO-1
+    if (c->finetune.init_from[0] && !o->resume) {
+        s = init_from_load(t);
+        if (!s.ok) return s;
+    }
+    tape_init(&t->tp);
+    size_t bt = (size_t)c->data.batch_size * c->data.seq_len;
+    t->x = xmalloc(bt * sizeof(int));
+    t->y = xmalloc(bt * sizeof(int));
+    t->val_bytes_per_token =   // over whole validation batches, the same on every rank
+        t->has_val ? model_val_bytes_per_token(&t->bt, &t->tok, c->train.eval_batches, t->x, t->y) : 1.0;
+    int64_t lo, hi;
+    dist_share(c->data.batch_size, t->rank, t->ranks, &lo, &hi);
+    batcher_set_share(&t->bt, (int)lo, (int)hi);
+
+    if (o->resume) {
+        CheckpointState st = {0};
+        s = checkpoint_load(t->ckpt, &t->ps, &t->opt, &st);
+        if (!s.ok) return status_err("--resume: %s", s.msg);
+        free(st.config_text);
+        if (st.step > c->train.steps)
+            return status_err("--resume: %s is at step %lld, past [train] steps = %d: nothing to resume (raise it "
+                              "with --set train.steps=N to train on)",
+                              t->ckpt, (long long)st.step, c->train.steps);
+        t->step = t->saved_step = st.step;
+        t->bt.state = st.sampler;
+        t->model_rng = st.model_rng;
+    }
+    t->first_step = t->step;
+    if (t->rank != 0) return status_ok();
+    // Last: the run folder (locked, and refused when it holds another run).
+    s = run_dir_open(&t->rd, t->run_dir, o->resume ? RUN_RESUME : RUN_FRESH, o->overwrite);
+    if (s.ok && o->resume) s = run_dir_trim_logs(&t->rd, t->step);
+    return s;
+}
+
+static Status setup(Trainer *t, const TrainerOptions *o) {
+    Status s = setup_config(t, o);
+    // Every rank passes every agreement once, failed or not.
+    if (s.ok && t->rank == 0) s = setup_data(t, o);
+    s = dist_agree(s, "train");
+    if (s.ok && t->rank != 0) s = setup_data(t, o);
+    s = dist_agree(s, "train");
+    if (s.ok) s = setup_model(t, o);
+    s = dist_agree(s, "train");
+    if (s.ok && !dist_params_agree(t->dg))
+        s = status_err("the ranks built different parameters (are they all running the same build of train?)");
+    return s;
+}
+
+Status trainer_setup(Trainer *t, const TrainerOptions *o) {
+    memset(t, 0, sizeof *t);
+    t->rd.lock_fd = -1;
+    Status s = setup(t, o);
+    if (!s.ok) trainer_free(t);   // a failed setup leaves nothing behind
+    return s;
+}
