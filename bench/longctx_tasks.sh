@@ -70,7 +70,7 @@ for task in passkey mqar_gap; do
     # One file per (mixer, depth): test length, accuracy (%).
     rm -f "$DATA"/acc_"$task"_*.tsv
     awk -F'\t' -v dir="$DATA" -v task="$task" 'NR > 1 {
-        f = dir "/acc_" task "_" $2 "_" $11 ".tsv"; print $10 "\t" 100 * $14 "\t" 100 * $15 >f; close(f) }' "$tsv"
+        f = dir "/acc_" task "_" $2 "_" $11 ".tsv"; print $10 "\t" 100 * $14 "\t" 100 * $15 >>f; close(f) }' "$tsv"
     depths=$(awk -F'\t' 'NR > 1 && !seen[$11]++ {print $11}' "$tsv")
     n_depths=$(echo "$depths" | wc -w)
     {
@@ -86,7 +86,7 @@ for task in passkey mqar_gap; do
         echo "set xtics ('256' 256, '1k' 1024, '4k' 4096, '16k' 16384, '32k' 32768)"
         echo "set xlabel 'test length T (log scale)'"
         echo "set arrow 1 from 256, graph 0 to 256, graph 1 nohead dt 3 lc rgb '#888888'"
-        echo "set key bottom left"
+        echo "set key top right"   # in the first panel only: the curves share their colours
         for d in $depths; do
             if [ "$task" = passkey ]; then
                 echo "set title 'passkey at depth $d (0: start, 1: just before the question)'"
@@ -103,6 +103,7 @@ for task in passkey mqar_gap; do
                 plots="$plots${plots:+, }'$f' using 1:2 with linespoints lw 2 pt 7 ps 0.8 lc rgb '$c' title '$m'"
             done
             echo "plot $plots"
+            echo "unset key"
         done
         echo "unset multiplot"
     } | gnuplot
