@@ -13,6 +13,9 @@
 #   bench/longctx_tasks.sh                 both tasks, then the plots and tables
 #   bench/longctx_tasks.sh plot            only the plots and tables, from docs/bench/longctx/
 #   TASKS=passkey MIXERS=attn,gdn bench/longctx_tasks.sh    a subset
+#   bench/longctx_tasks.sh long TASK MIXER one mixer on one task with up to 4000 steps
+#                                          (<task>_long_<mixer>.{txt,tsv}): for the
+#                                          runs still on their plateau at 1500
 #
 # Output: docs/bench/longctx/<task>.{txt,tsv} (printed table, one line per
 # test), <task>_curve.tsv (accuracy checks during training), <task>_table.md
@@ -30,7 +33,17 @@ STEPS=${STEPS:-1500}
 export OMP_WAIT_POLICY=PASSIVE
 mkdir -p "$DATA" "$IMG"
 
-if [ "${1:-}" != plot ]; then
+if [ "${1:-}" = long ]; then
+    task=${2:?"usage: bench/longctx_tasks.sh long TASK MIXER"}
+    m=${3:?"usage: bench/longctx_tasks.sh long TASK MIXER"}
+    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build "$BUILD" -j 2 --target longctx >/dev/null
+    "$BUILD/longctx" --task "$task" --mixers "$m" --layers 2 --width 64 --params 100000 \
+        --steps 4000 --eval-every 100 --stop-at 0.99 --test-lens 256,1024,4096,16384,32768 \
+        --depths 0,0.5,1 --test-tokens 131072 --min-seqs 8 --seed 1 \
+        --tsv "$DATA/${task}_long_$m.tsv" --curve "$DATA/${task}_long_${m}_curve.tsv" | tee "$DATA/${task}_long_$m.txt"
+    exit 0
+elif [ "${1:-}" != plot ]; then
     cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build "$BUILD" -j 2 --target longctx >/dev/null
     for task in $TASKS; do
@@ -44,12 +57,19 @@ fi
 
 # Columns of <task>.tsv: 1 task, 2 mixer, 10 test_T, 11 depth, 12 gap,
 # 13 seqs, 14 accuracy, 15 token_accuracy, 9 train_acc, 7 steps, 6 params.
+# The longer runs (<task>_long_<mixer>.tsv) join as "<mixer>_long".
 for task in passkey mqar_gap; do
     tsv=$DATA/$task.tsv
     [ -f "$tsv" ] || continue
+    all=$DATA/${task}_all.tsv
+    for f in "$tsv" "$DATA/${task}"_long_*.tsv; do
+        case $f in *_curve.tsv) continue ;; esac
+        [ -f "$f" ] || continue
+        long=0; case $f in *_long_*) long=1 ;; esac
+        awk -F'\t' -v OFS='\t' -v long=$long 'FNR > 1 { if (long) $2 = $2 "_long"; print }' "$f"
+    done >"$all"
     # The table: one row per (mixer, depth), one column per test length.
     awk -F'\t' -v task="$task" '
-        NR == 1 { next }
         { key = $2 "\t" $11; if (!(key in seen)) { seen[key] = 1; rows[nr++] = key; info[key] = $6 "\t" $7 "\t" $9 }
           if (!($10 in lens)) { lens[$10] = 1; cols[nc++] = $10 }
           acc[key, $10] = sprintf("%.0f%%", 100 * $14); n[key, $10] = $13; gap[$10] = $12 }
@@ -65,16 +85,16 @@ for task in passkey mqar_gap; do
             for (c = 0; c < nc; c++) printf " %s |", acc[rows[r], cols[c]]
             printf "\n"
           }
-        }' "$tsv" >"$DATA/${task}_table.md"
+        }' "$all" >"$DATA/${task}_table.md"
     cat "$DATA/${task}_table.md"
     # One file per (mixer, depth): test length, accuracy (%).
     rm -f "$DATA"/acc_"$task"_*.tsv
-    awk -F'\t' -v dir="$DATA" -v task="$task" 'NR > 1 {
-        f = dir "/acc_" task "_" $2 "_" $11 ".tsv"; print $10 "\t" 100 * $14 "\t" 100 * $15 >>f; close(f) }' "$tsv"
-    depths=$(awk -F'\t' 'NR > 1 && !seen[$11]++ {print $11}' "$tsv")
+    awk -F'\t' -v dir="$DATA" -v task="$task" '{
+        f = dir "/acc_" task "_" $2 "_" $11 ".tsv"; print $10 "\t" 100 * $14 "\t" 100 * $15 >>f; close(f) }' "$all"
+    depths=$(awk -F'\t' '!seen[$11]++ {print $11}' "$all")
     n_depths=$(echo "$depths" | wc -w)
     {
-        echo "set terminal pngcairo size $((420 * n_depths + 80)),440 font 'DejaVu Sans,10' noenhanced"
+        echo "set terminal pngcairo size $((420 * n_depths + 300)),440 font 'DejaVu Sans,10' noenhanced"
         echo "set output '$IMG/longctx_$task.png'"
         echo "set datafile separator '\t'"
         if [ "$task" = passkey ]; then
@@ -96,11 +116,15 @@ for task in passkey mqar_gap; do
                 echo "set ylabel 'answers right (%)'"
             fi
             plots=""
-            for m in attn linear mamba gdn hybrid attn_dsa; do
+            # Colour by mixer; the longer runs dashed, with squares.
+            for m in attn linear mamba gdn hybrid attn_dsa attn_long linear_long mamba_long gdn_long; do
                 f=$DATA/acc_${task}_${m}_$d.tsv
                 [ -f "$f" ] || continue
-                case $m in attn) c="#000000" ;; linear) c="#1f77b4" ;; mamba) c="#2ca02c" ;; gdn) c="#d62728" ;; hybrid) c="#9467bd" ;; *) c="#7f7f7f" ;; esac
-                plots="$plots${plots:+, }'$f' using 1:2 with linespoints lw 2 pt 7 ps 0.8 lc rgb '$c' title '$m'"
+                case ${m%_long} in attn) c="#000000" ;; linear) c="#1f77b4" ;; mamba) c="#2ca02c" ;; gdn) c="#d62728" ;; hybrid) c="#9467bd" ;; *) c="#7f7f7f" ;; esac
+                style="lw 2 pt 7 dt 1"
+                title=$m
+                case $m in *_long) style="lw 2 pt 5 dt 2"; title="${m%_long}, up to 4000 steps" ;; esac
+                plots="$plots${plots:+, }'$f' using 1:2 with linespoints $style ps 0.8 lc rgb '$c' title '$title'"
             done
             echo "plot $plots"
             echo "unset key"
