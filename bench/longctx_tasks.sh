@@ -15,7 +15,8 @@
 #   TASKS=passkey MIXERS=attn,gdn bench/longctx_tasks.sh    a subset
 #   bench/longctx_tasks.sh long TASK MIXER one mixer on one task with up to 4000 steps
 #                                          (<task>_long_<mixer>.{txt,tsv}): for the
-#                                          runs still on their plateau at 1500
+#                                          runs not solved at 1500 (attn and mamba on
+#                                          the passkey; gdn and mamba on mqar_gap)
 #
 # Output: docs/bench/longctx/<task>.{txt,tsv} (printed table, one line per
 # test), <task>_curve.tsv (accuracy checks during training), <task>_table.md
