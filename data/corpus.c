@@ -50,7 +50,8 @@ static Status add_dir(Corpus *c, const char *dir) {
     return status_ok();
 }
 
-static Status read_file(Corpus *c, const char *path) {
+static Status read_file(Corpus *c, int i) {
+    const char *path = c->files[i];
     uint8_t *data;
     int64_t size;
     // Any regular file, read to its end (a /proc file reports size 0); a FIFO,
@@ -65,6 +66,8 @@ static Status read_file(Corpus *c, const char *path) {
     c->hash = fnv1a64(c->hash, &size, sizeof size);
     c->hash = fnv1a64(c->hash, c->bytes + c->n, (size_t)size);
     c->n += size;
+    c->file_end = xrealloc(c->file_end, (size_t)c->n_files * sizeof *c->file_end);
+    c->file_end[i] = c->n;
     return status_ok();
 }
 
@@ -86,7 +89,7 @@ Status corpus_load(Corpus *c, const char *spec) {
         free(copy);
         if (c->n_files == 0) st = status_err("'%s': corpus spec names no file", spec);
     }
-    for (int i = 0; st.ok && i < c->n_files; i++) st = read_file(c, c->files[i]);
+    for (int i = 0; st.ok && i < c->n_files; i++) st = read_file(c, i);
     if (st.ok && c->n == 0) st = status_err("%s: the corpus is empty (its files hold 0 bytes)", spec);
     if (!st.ok) corpus_free(c);
     return st;
@@ -95,6 +98,7 @@ Status corpus_load(Corpus *c, const char *spec) {
 void corpus_free(Corpus *c) {
     for (int i = 0; i < c->n_files; i++) free(c->files[i]);
     free(c->files);
+    free(c->file_end);
     free(c->bytes);
     memset(c, 0, sizeof *c);
 }

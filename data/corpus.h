@@ -17,6 +17,7 @@ typedef struct Corpus {
     int64_t n;
     char **files;      // (n_files) the paths read, in order
     int n_files;
+    int64_t *file_end; // (n_files) where each file's bytes end in `bytes`
     uint64_t hash;     // FNV-1a 64 over each file's base name, length and bytes
 } Corpus;
 

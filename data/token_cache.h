@@ -1,12 +1,15 @@
 // token_cache.h: tokens of a corpus, cached in an HDF5 file.
 //
 // The cache file <cache_dir>/tokens-<16 hex digits>.h5 (the digits hash the
-// corpus spec and the tokenizer, so each pair has its own file) holds
+// corpus spec, the tokenizer and the documents spec, so each has its own file) holds
 //   /tokens   int32, shape (n,), at a file offset that is a multiple of 4096
 //             (when it is 4096 bytes or more)
-//   /meta     uint64 (5): TOKEN_CACHE_VERSION, vocab, Corpus.hash of the
-//             bytes it was built from (names, sizes and contents), n, and the
-//             tokenizer's hash
+//   /meta     uint64 (6): TOKEN_CACHE_VERSION, vocab, Corpus.hash of the
+//             bytes it was built from (names, sizes and contents), n, the
+//             tokenizer's hash, and the number of documents m (0: none)
+//   /doc_starts  int64, shape (m,), when m > 0: the token position where
+//             each document starts (documents.h), checked on reading
+//             (0 first, increasing, below n)
 // each with a CRC-32 attribute (h5io.h). The cache is read as hostile input:
 // it is reused only when every dataset passes h5io's checks and checksums,
 // the version, vocabulary, corpus hash and count match, and every id is in
@@ -25,15 +28,18 @@
 #define DATA_TOKEN_CACHE_H
 
 #include "corpus.h"
+#include "documents.h"
 #include "tokenizer.h"
 
-#define TOKEN_CACHE_VERSION 4   // 4: int32 tokens, page-aligned, mapped (3: uint8 for bytes)
+#define TOKEN_CACHE_VERSION 5   // 5: documents; 4: int32 tokens, page-aligned, mapped (3: uint8 for bytes)
 
 typedef struct TokenData {
     const int *tokens;  // (n) token ids in [0, vocab): in the mapped file, or in `owned`
     int64_t n;
     int vocab;
     bool mapped;        // the tokens are the file's mapped pages
+    int64_t *doc_starts;   // (n_docs) malloc'd document starts, or NULL (documents = none)
+    int64_t n_docs;
     char note[300];     // why the cache was rebuilt ("" when reused or new)
     int *owned;         // malloc'd tokens (not mapped), or NULL
     void *map_base;     // the mapping (munmap on free), or NULL
@@ -45,7 +51,9 @@ typedef struct TokenData {
 // path_out (may be NULL, size CACHE_PATH_MAX) receives the cache file path.
 #define CACHE_PATH_MAX 1024
 Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Corpus *c, const Tokenizer *tok,
-                        TokenData *out, bool *built, char *path_out);
+                        const DocSpec *docs, TokenData *out, bool *built, char *path_out);
 void token_data_free(TokenData *d);
+// Create the cache directory and its parents (mkdir -p).
+Status token_cache_make_dir(const char *dir);
 
 #endif

@@ -250,6 +250,42 @@ Test(mpi, checkpoints_resume_on_other_rank_counts, .timeout = 300) {
     cr_assert(param_diff(&whole, &b) <= PARAM_TOL && param_diff(&whole, &d) <= PARAM_TOL);
 }
 
+// Documents and carried states ([data] documents, [train] carry_state): each
+// rank carries the states of its own rows, so N ranks train as one process
+// does, and a checkpoint (every rank's rows gathered) resumes on another
+// rank count.
+Test(mpi, carried_states_and_documents_on_ranks, .timeout = 300) {
+    setup_config("mpi_carry");
+    char corpus[1500];
+    snprintf(corpus, sizeof corpus, "%s/corpus.txt", test_dir_of(cfg_path));
+    char *text = test_read_file(corpus), *out = malloc(2 * strlen(text) + 1), *o = out;
+    int lines = 0;
+    for (const char *q = text; *q; q++) {   // a blank line after every 5th line: documents of ~150 bytes
+        *o++ = *q;
+        if (*q == '\n' && ++lines % 5 == 0) *o++ = '\n';
+    }
+    *o = 0;
+    test_write_file(corpus, out);
+    free(out);
+    free(text);
+    const char *base[] = {"--set", "train.carry_state=true", "--set", "data.documents=blank_line", NULL};
+    const char *six[] = {"--set", "train.carry_state=true", "--set", "data.documents=blank_line", "--set",
+                         "train.steps=6", NULL};
+    const char *on[] = {"--resume", "--set", "train.steps=12", NULL};
+    Run one = run("one", 0, base), three = run("three", 3, base);
+    Run b = run("b", 3, six);   // 3 -> 1
+    b = run("b", 0, on);
+    double l3 = loss_diff(&one, &three, 1, 12), lb = loss_diff(&one, &b, 7, 12);
+    cr_log_info("carry_state: 3 ranks vs one process %.1e; resumed 3 -> 1 %.1e", l3, lb);
+    cr_assert(l3 <= LOSS_TOL && lb <= LOSS_TOL, "3 ranks: %.3g, 3 -> 1: %.3g", l3, lb);
+    cr_assert_leq(param_diff(&one, &three), PARAM_TOL);
+    cr_assert_leq(param_diff(&one, &b), PARAM_TOL);
+    text = test_read_file(one.err);
+    cr_assert(strstr(text, "carry_state: each row reads a stream") && strstr(text, "documents ([data] documents"),
+              "%s", text);
+    free(text);
+}
+
 // The pids of mpirun's children (the ranks on this machine), at most n.
 static int children(pid_t parent, pid_t *out, int n) {
     int found = 0;

@@ -83,8 +83,8 @@ Test(data, bpe_tokenizer_and_its_cache) {
     tokenizer_bytes(&bytes);
     TokenData a, b;
     bool built;
-    cr_assert(token_cache_load(cache, f, &c, &bpe, &a, &built, cpath).ok && built);
-    cr_assert(token_cache_load(cache, f, &c, &bytes, &b, &built, bpath).ok && built);
+    cr_assert(token_cache_load(cache, f, &c, &bpe, &(DocSpec){DOCS_NONE}, &a, &built, cpath).ok && built);
+    cr_assert(token_cache_load(cache, f, &c, &bytes, &(DocSpec){DOCS_NONE}, &b, &built, bpath).ok && built);
     cr_assert_str_neq(cpath, bpath, "one cache file per tokenizer");
     cr_assert_lt(a.n, c.n / 2, "BPE tokens stand for several bytes: %lld of %lld", (long long)a.n, (long long)c.n);
     cr_assert_eq(b.n, c.n);
@@ -92,7 +92,7 @@ Test(data, bpe_tokenizer_and_its_cache) {
     for (int64_t i = 0; i < a.n; i++) covered += tokenizer_token_len(&bpe, a.tokens[i]);
     cr_assert_eq(covered, c.n, "the tokens spell the corpus");
     token_data_free(&a);
-    cr_assert(token_cache_load(cache, f, &c, &bpe, &a, &built, NULL).ok && !built, "reused");
+    cr_assert(token_cache_load(cache, f, &c, &bpe, &(DocSpec){DOCS_NONE}, &a, &built, NULL).ok && !built, "reused");
     token_data_free(&a);
     token_data_free(&b);
     size_t n;
@@ -181,7 +181,7 @@ Test(data, token_cache_reused_and_rebuilt) {
     TokenData td;
     bool built = false;
     cr_assert(corpus_load(&c, f).ok);
-    Status st = token_cache_load(cache, f, &c, &byte_tok, &td, &built, cpath);
+    Status st = token_cache_load(cache, f, &c, &byte_tok, &(DocSpec){DOCS_NONE}, &td, &built, cpath);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert(built, "first load builds the cache");
     cr_assert_eq(td.n, 11);
@@ -191,7 +191,7 @@ Test(data, token_cache_reused_and_rebuilt) {
     cr_assert_eq(stat(cpath, &s1), 0);
     token_data_free(&td);
     // Same corpus: read back, not rebuilt (the file is not rewritten either).
-    st = token_cache_load(cache, f, &c, &byte_tok, &td, &built, NULL);
+    st = token_cache_load(cache, f, &c, &byte_tok, &(DocSpec){DOCS_NONE}, &td, &built, NULL);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert(!built, "an up-to-date cache must be reused");
     cr_assert_eq(td.n, 11);
@@ -205,7 +205,7 @@ Test(data, token_cache_reused_and_rebuilt) {
     // Changed corpus: rebuilt in place with the new tokens.
     write_file(f, "xyz");
     cr_assert(corpus_load(&c, f).ok);
-    st = token_cache_load(cache, f, &c, &byte_tok, &td, &built, NULL);
+    st = token_cache_load(cache, f, &c, &byte_tok, &(DocSpec){DOCS_NONE}, &td, &built, NULL);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert(built, "a changed corpus must rebuild the cache");
     cr_assert_eq(td.n, 3);
@@ -213,7 +213,7 @@ Test(data, token_cache_reused_and_rebuilt) {
     token_data_free(&td);
     // A garbage cache file is rebuilt, not trusted.
     write_file(cpath, "not hdf5");
-    st = token_cache_load(cache, f, &c, &byte_tok, &td, &built, NULL);
+    st = token_cache_load(cache, f, &c, &byte_tok, &(DocSpec){DOCS_NONE}, &td, &built, NULL);
     cr_assert(st.ok && built, "%s", st.msg);
     cr_assert_eq(td.tokens[2], 'z');
     token_data_free(&td);
@@ -238,7 +238,7 @@ Test(data, windows_stay_inside_their_split) {
     cr_assert_eq(batcher_val_tokens(&b), 100);
     bool hit_last = false;
     for (int k = 0; k < 300; k++) {
-        batcher_train(&b, x, y);
+        batcher_train(&b, x, y, NULL);
         for (int i = 0; i < B; i++) {
             int s = x[i * T];
             cr_assert(s >= 0 && s + T < 900, "train window [%d, %d] leaves [0, 900)", s, s + T);
@@ -252,7 +252,7 @@ Test(data, windows_stay_inside_their_split) {
     cr_assert_eq(b.state.batches, 300);
     cr_assert(hit_last, "the last window of the split is reachable");
     for (int k = 0; k < 5; k++) {
-        batcher_val(&b, k, x, y);
+        batcher_val(&b, k, x, y, NULL);
         for (int i = 0; i < B; i++) {
             int s = x[i * T];
             cr_assert(s >= 900 && y[i * T + T - 1] < 1000, "val window at %d", s);
@@ -260,8 +260,8 @@ Test(data, windows_stay_inside_their_split) {
         }
     }
     int x2[4 * 16], y2[4 * 16];
-    batcher_val(&b, 3, x, y);
-    batcher_val(&b, 3, x2, y2);
+    batcher_val(&b, 3, x, y, NULL);
+    batcher_val(&b, 3, x2, y2, NULL);
     cr_assert_eq(memcmp(x, x2, sizeof x), 0, "validation batches are deterministic");
     free(tok);
 }
@@ -272,22 +272,22 @@ Test(data, batches_replay_from_saved_state) {
     int x[8 * 32], y[8 * 32], x2[8 * 32], y2[8 * 32];
     Batcher a, b;
     cr_assert(batcher_init(&a, tok, n, 0.05, 8, 32, 42).ok);
-    for (int k = 0; k < 7; k++) batcher_train(&a, x, y);
+    for (int k = 0; k < 7; k++) batcher_train(&a, x, y, NULL);
     uint64_t words[SAMPLER_STATE_WORDS];
     sampler_state_pack(&a.state, words);
     cr_assert(batcher_init(&b, tok, n, 0.05, 8, 32, 999).ok);   // a different seed...
     sampler_state_unpack(&b.state, words);                     // ...replaced by the saved state
     cr_assert_eq(b.state.batches, 7);
     for (int k = 0; k < 3; k++) {
-        batcher_train(&a, x, y);
-        batcher_train(&b, x2, y2);
+        batcher_train(&a, x, y, NULL);
+        batcher_train(&b, x2, y2, NULL);
         cr_assert_eq(memcmp(x, x2, sizeof x), 0);
         cr_assert_eq(memcmp(y, y2, sizeof y), 0);
     }
     // A fresh sampler with another seed draws different windows.
     Batcher c;
     cr_assert(batcher_init(&c, tok, n, 0.05, 8, 32, 999).ok);
-    batcher_train(&c, x2, y2);
+    batcher_train(&c, x2, y2, NULL);
     cr_assert_neq(memcmp(x, x2, sizeof x), 0);
     free(tok);
 }
@@ -334,17 +334,17 @@ static void expect_rebuilt(const char *tag, void (*edit)(const char *cache_file)
     TokenData td;
     bool built = false;
     cr_assert(corpus_load(&c, f).ok);
-    cr_assert(token_cache_load(cache, f, &c, &byte_tok, &td, &built, cpath).ok);
+    cr_assert(token_cache_load(cache, f, &c, &byte_tok, &(DocSpec){DOCS_NONE}, &td, &built, cpath).ok);
     token_data_free(&td);
     edit(cpath);
-    Status st = token_cache_load(cache, f, &c, &byte_tok, &td, &built, NULL);
+    Status st = token_cache_load(cache, f, &c, &byte_tok, &(DocSpec){DOCS_NONE}, &td, &built, NULL);
     cr_assert(st.ok, "%s", st.msg);
     cr_assert(built, "a bad cache is rebuilt (%s)", why);
     cr_assert(strstr(td.note, why), "note: %s (wanted '%s')", td.note, why);
     cr_assert_eq(td.n, c.n);
     for (int64_t i = 0; i < c.n; i++) cr_assert_eq(td.tokens[i], c.bytes[i]);
     token_data_free(&td);
-    st = token_cache_load(cache, f, &c, &byte_tok, &td, &built, NULL);   // and the rebuilt one is reused
+    st = token_cache_load(cache, f, &c, &byte_tok, &(DocSpec){DOCS_NONE}, &td, &built, NULL);   // and the rebuilt one is reused
     cr_assert(st.ok && !built && !td.note[0], "%s %s", st.msg, td.note);
     token_data_free(&td);
     corpus_free(&c);

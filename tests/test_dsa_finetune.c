@@ -402,14 +402,14 @@ Test(dsa_finetune, topk_at_least_T_gives_sparse_equal_dense, .timeout = 60) {
     Status s = trainer_setup(&t, &o);
     cr_assert(s.ok, "%s", s.msg);
     DsaEval e;
-    dsa_eval_run(&t.tp, &t.lm, &t.bt, 2, t.x, t.y, DSA_DISTILL, &e);
+    dsa_eval_run(&t.tp, &t.lm, &t.bt, 2, t.x, t.y, t.doc, DSA_DISTILL, &e);
     cr_assert(memcmp(&e.val_sparse, &e.val_dense, sizeof(double)) == 0, "sparse %.17g vs dense %.17g",
               e.val_sparse, e.val_dense);
     cr_assert_float_eq(e.mass, 1.0, 1e-5, "everything kept: %g", e.mass);
     // With topk < T they differ (an untrained indexer drops attention mass).
     t.lm.blocks[0].mixer->cfg.topk = 4;
     t.lm.blocks[2].mixer->cfg.topk = 4;
-    dsa_eval_run(&t.tp, &t.lm, &t.bt, 2, t.x, t.y, DSA_DISTILL, &e);
+    dsa_eval_run(&t.tp, &t.lm, &t.bt, 2, t.x, t.y, t.doc, DSA_DISTILL, &e);
     cr_assert(e.val_sparse != e.val_dense && e.mass < 1);
     trainer_free(&t);
 }
@@ -480,7 +480,7 @@ Test(dsa_finetune, dump_state_in_indexer_mode, .timeout = 60) {
     TrainerOptions o = opts(cfg);
     Status s = trainer_setup(&t, &o);
     cr_assert(s.ok, "%s", s.msg);
-    batcher_train(&t.bt, t.x, t.y);
+    batcher_train(&t.bt, t.x, t.y, NULL);
     char path[600];
     snprintf(path, sizeof path, "%s/dump.h5", dir);
     s = dump_state_write(path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size, t.cfg.data.seq_len, true);

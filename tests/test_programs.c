@@ -104,6 +104,31 @@ Test(programs, generate_checks_its_arguments, .timeout = 120) {
     free(out), free(err);
 }
 
+// A model trained on documents with a tokenizer that ends each with its
+// end-of-text token: generate starts every layer fresh after that token, as
+// training did (the unconditional prompt is the token itself), and --check
+// compares with a parallel forward that has the same document starts.
+Test(programs, generate_starts_fresh_after_end_of_text, .timeout = 180) {
+    const char *cfg = test_tiny_config("gen_docs", "gdn,attn,mamba", 2, NULL,
+                                       "[data]\ntokenizer = bpe:300\ndocuments = blank_line\n");
+    static Trainer t;
+    TrainerOptions o = {.config = cfg, .quiet = true};
+    Status s = trainer_setup(&t, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert(t.tok.eot >= 0 && t.tokens.n_docs >= 1);
+    cr_assert_eq(trainer_run(&t, &o), 0);
+    char ckpt[1500], dir[1500];
+    snprintf(ckpt, sizeof ckpt, "%s", t.ckpt);
+    snprintf(dir, sizeof dir, "%s", test_dir_of(ckpt));
+    trainer_free(&t);
+    char *out, *err;
+    int code = generate(dir, (char *[]){"--checkpoint", ckpt, "--prompt", "", "--max-tokens", "12", "--check", NULL},
+                        &out, &err);
+    cr_assert_eq(code, 0, "%s", err);
+    cr_assert(strstr(err, "OK"), "%s", err);
+    free(out), free(err);
+}
+
 Test(programs, train_error_exits_are_clean, .timeout = 60) {
     const char *cfg = test_tiny_config("train_exit", "gdn", 2, NULL, "lerning_rate = 1\n");
     char dir[1500], err[1600];

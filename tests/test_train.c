@@ -106,7 +106,7 @@ Test(train, tiny_model_overfits_one_batch, .timeout = 120) {
     cr_assert(s.ok, "%s", s.msg);
     const TrainConfig *c = &t.cfg;
     int n = c->data.batch_size * c->data.seq_len;
-    batcher_train(&t.bt, t.x, t.y);
+    batcher_train(&t.bt, t.x, t.y, NULL);
     double first = 0, last = 0;
     Optimizer *opt = &t.opt;
     for (int step = 0; step < 150; step++) {
@@ -130,7 +130,7 @@ Test(train, dump_state_holds_loss_logits_params_and_grads) {
     TrainerOptions o = opts(dir, false);
     Status s = trainer_setup(&t, &o);
     cr_assert(s.ok, "%s", s.msg);
-    batcher_train(&t.bt, t.x, t.y);
+    batcher_train(&t.bt, t.x, t.y, NULL);
     char path[600];
     snprintf(path, sizeof path, "%s/state.h5", dir);
     s = dump_state_write(path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size, t.cfg.data.seq_len,

@@ -72,6 +72,9 @@ static bool write_contents(hid_t f, const ParamStore *ps, const Optimizer *opt, 
     ok = write_i64(g, "step", st->step) &&
          h5io_write(g, "sampler", H5IO_U64, 1, (hsize_t[]){SAMPLER_STATE_WORDS}, words) &&
          h5io_write(g, "model_rng", H5IO_U64, 1, (hsize_t[]){4}, st->model_rng.s);
+    if (ok && st->carry)
+        ok = h5io_write(g, "carry", H5IO_F64, 2, (hsize_t[]){(hsize_t)st->carry_rows, (hsize_t)st->carry_row},
+                        st->carry);
     H5Gclose(g);
     if (ok && st->tokenizer_len)
         ok = h5io_write(f, "/tokenizer", H5IO_U8, 1, (hsize_t[]){(hsize_t)st->tokenizer_len}, st->tokenizer);
@@ -338,6 +341,23 @@ Status checkpoint_load(const char *path, ParamStore *ps, Optimizer *opt, Checkpo
     free(present);
     free(m);
     free(v);
+    h5io_close(&hf);
+    return s;
+}
+
+Status checkpoint_load_carry(const char *path, double *out, int64_t rows, int64_t row) {
+    H5ioFile hf;
+    Status s = open_checkpoint(&hf, path);
+    if (!s.ok) return s;
+    H5ioInfo info;
+    if (!h5io_exists(&hf, "/state/carry", &s))
+        s = s.ok ? status_err("%s: /state/carry: missing (the run was saved without carry_state)", path) : s;
+    else
+        s = h5io_check(&hf, "/state/carry", 1u << H5IO_F64, 2, (hsize_t[]){(hsize_t)rows, (hsize_t)row},
+                       rows * row, &info);
+    if (s.ok) s = h5io_read(&hf, "/state/carry", &info, out);
+    for (int64_t i = 0; s.ok && i < rows * row; i++)
+        if (!isfinite(out[i])) s = status_err("%s: /state/carry: element %lld is not finite", path, (long long)i);
     h5io_close(&hf);
     return s;
 }

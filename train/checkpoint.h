@@ -43,7 +43,14 @@ typedef struct CheckpointState {
     char *config_text;         // save: text to store (NULL = ""); load: malloc'd copy, free() it
     const uint8_t *tokenizer;  // save only: tokenizer_to_buffer's bytes (NULL: the byte tokenizer)
     size_t tokenizer_len;
+    const double *carry;       // save only: (carry_rows, carry_row) carried states ([train] carry_state), or NULL
+    int64_t carry_rows, carry_row;
 } CheckpointState;
+
+// The carried states of a run with [train] carry_state (/state/carry,
+// float64 (rows, row)): read into out, checked to hold exactly that shape
+// and finite values.
+Status checkpoint_load_carry(const char *path, double *out, int64_t rows, int64_t row);
 
 // Save everything. opt may be NULL (no /optim group); st may be NULL (zero
 // state, empty config). A sharded optimizer must be gathered first.

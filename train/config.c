@@ -16,6 +16,7 @@
 
 #include "fileio.h"
 #include "model_setup.h"
+#include "documents.h"
 #include "tokenizer.h"
 
 // ---------------------------------------------------------------- parsing
@@ -351,6 +352,13 @@ Status config_validate(const TrainConfig *cfg) {
         return status_err("%s: [finetune] restore_optimizer: only with mode = none and an init_from checkpoint "
                           "(continuing a model's training with its optimizer state)",
                           WHERE("finetune", "restore_optimizer"));
+    DocSpec ds;
+    Status d = doc_spec_parse(cfg->data.documents, &ds);
+    if (!d.ok) return status_err("%s: [data] documents: %s", WHERE("data", "documents"), d.msg);
+    if (cfg->train.carry_state && cfg->finetune.mode == FT_INDEXER)
+        return status_err("%s: [train] carry_state: indexer fine-tuning trains no recurrent layer (use mode = "
+                          "none or sparse)",
+                          WHERE("train", "carry_state"));
     char why[600];
     const char *key = model_check(cfg, why, sizeof why);
     if (key) {

@@ -78,6 +78,7 @@ typedef struct TrainConfig {
         char corpus[CONFIG_STR_MAX];     // a file, a comma list of files, or a directory
         char cache_dir[CONFIG_STR_MAX];  // where token caches live
         char tokenizer[CONFIG_STR_MAX];  // byte | tiktoken name | bpe:N | a file (tokenizer.h)
+        char documents[CONFIG_STR_MAX];  // none | files | blank_line | eot | text:SEP (documents.h)
         double val_fraction;             // last fraction of the tokens held out
         int seq_len;                     // T
         int batch_size;                  // B
@@ -101,6 +102,7 @@ typedef struct TrainConfig {
         int zero;                        // under MPI: 1 shards the optimizer state across ranks (ZeRO-1)
         double dist_timeout;             // under MPI: seconds a collective may wait before the job is ended
         int dist_bucket_kb;              // under MPI: gradient bucket size (0: 1/16 of the gradient, 256 KiB-16 MiB)
+        bool carry_state;                // rows read streams; recurrent states carried across windows
     } train;
     struct {
         FinetuneMode mode;               // none | indexer | sparse

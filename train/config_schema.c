@@ -48,6 +48,9 @@ const ConfigKey CONFIG_SCHEMA[] = {
     {"data", "tokenizer", KEY_STRING, OFF(data, tokenizer), "byte", 0, 0, NULL, "vocab,encoding",
      "byte, a tiktoken encoding (gpt2, r50k_base, cl100k_base, o200k_base), bpe:N (a BPE of N ids trained on "
      "the corpus), or a tokenizer file", KEYF_PATH},
+    {"data", "documents", KEY_STRING, OFF(data, documents), "none", 0, 0, NULL, "docs,doc_sep",
+     "where documents start: none, files, blank_line, eot (the text <|endoftext|>) or text:SEP; every layer "
+     "starts fresh at a document start"},
     {"data", "val_fraction", KEY_FLOAT, OFF(data, val_fraction), "0.05", 0, 0.9, NULL, "val_split,validation",
      "last fraction of the tokens held out for validation"},
     {"data", "seq_len", KEY_INT, OFF(data, seq_len), "256", 1, 1 << 20, NULL, "block_size,context,T",
@@ -94,6 +97,9 @@ const ConfigKey CONFIG_SCHEMA[] = {
      "under mpirun: seconds a rank waits for the others before it ends the job", KEYF_RESUMABLE},
     {"train", "dist_bucket_kb", KEY_INT, OFF(train, dist_bucket_kb), "0", 0, 1 << 20, NULL, "bucket_kb",
      "under mpirun: KiB of gradient reduced per collective (0: 1/16 of it, 256 KiB to 16 MiB)", KEYF_RESUMABLE},
+    {"train", "carry_state", KEY_BOOL, OFF(train, carry_state), "false", 0, 0, NULL, "tbptt,stateful",
+     "each batch row reads one stream, window after window; recurrent layers start each window from the "
+     "state the last one ended in (detached)"},
 
     {"finetune", "mode", KEY_ENUM, OFF(finetune, mode), "none", 0, 0, "none|indexer|sparse", "finetune",
      "none, indexer (distil the DSA indexer, rest frozen) or sparse (train with sparse attention)"},

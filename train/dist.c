@@ -141,6 +141,25 @@ void dist_bcast(void *buf, size_t bytes, const char *what) {
     dist_wait_all(1, &r, g_timeout, what);
 }
 
+void dist_allgather_rows(double *buf, int64_t n_rows, int64_t row, const char *what) {
+    if (g_size == 1) return;
+    ASSERT(n_rows * row < (int64_t)1 << 31, "dist_allgather_rows: %lld x %lld", (long long)n_rows, (long long)row);
+    int *counts = xmalloc((size_t)g_size * sizeof *counts), *displs = xmalloc((size_t)g_size * sizeof *displs);
+    for (int r = 0; r < g_size; r++) {
+        int64_t lo, hi;
+        dist_share(n_rows, r, g_size, &lo, &hi);
+        counts[r] = (int)((hi - lo) * row);
+        displs[r] = (int)(lo * row);
+    }
+    MPI_Request req;
+    dist_check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_DOUBLE, MPI_COMM_WORLD,
+                               &req),
+               what);
+    dist_wait_all(1, &req, g_timeout, what);
+    free(counts);
+    free(displs);
+}
+
 Status dist_agree(Status s, const char *prog) {
     if (g_size == 1) return s;
     // (No timeout: a rank may take long to build a token cache or train a tokenizer.)
@@ -178,6 +197,9 @@ void dist_barrier(const char *what) { (void)what; }
 void dist_sum(double *v, int n, const char *what) { (void)v, (void)n, (void)what; }
 void dist_min(double *v, int n, const char *what) { (void)v, (void)n, (void)what; }
 void dist_bcast(void *buf, size_t bytes, const char *what) { (void)buf, (void)bytes, (void)what; }
+void dist_allgather_rows(double *buf, int64_t n_rows, int64_t row, const char *what) {
+    (void)buf, (void)n_rows, (void)row, (void)what;
+}
 Status dist_agree(Status s, const char *prog) {
     (void)prog;
     return s;

@@ -59,6 +59,10 @@ void dist_sum(double *v, int n, const char *what);
 void dist_min(double *v, int n, const char *what);
 // Broadcast bytes from rank 0 (with the timeout).
 void dist_bcast(void *buf, size_t bytes, const char *what);
+// buf holds n_rows rows of row doubles, of which this rank has filled its
+// share (dist_share(n_rows, rank, size)); afterwards every rank has all rows
+// (with the timeout).
+void dist_allgather_rows(double *buf, int64_t n_rows, int64_t row, const char *what);
 // Ends the whole job: prints "train: rank R: <message>" and calls MPI_Abort
 // (exit(code) in a single process).
 _Noreturn void dist_abort(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -6,20 +6,21 @@
 
 #include "runlog.h"
 
-void dsa_eval_run(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, int *y, DsaMode restore,
+void dsa_eval_run(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, int *y, int *doc, DsaMode restore,
                   DsaEval *out) {
     memset(out, 0, sizeof *out);
+    if (!batcher_has_flags(bt)) doc = NULL;
     tape_no_grad_push(tp);
     for (int i = 0; i < n_batches; i++) {
-        batcher_val(bt, i, x, y);
+        batcher_val(bt, i, x, y, doc);
         lm_set_dsa_mode(lm, DSA_DISTILL);
-        Tensor *loss = lm_loss(tp, lm, x, y, batcher_share(bt), bt->T, NULL);
+        Tensor *loss = lm_loss_docs(tp, lm, x, y, doc, batcher_share(bt), bt->T, NULL);
         out->val_dense += loss->data[0];
         out->kl += lm->dsa_kl ? lm->dsa_kl->data[0] : NAN;
         out->mass += lm_dsa_mass(lm);
         tape_reset(tp);
         lm_set_dsa_mode(lm, DSA_SPARSE);
-        loss = lm_loss(tp, lm, x, y, batcher_share(bt), bt->T, NULL);
+        loss = lm_loss_docs(tp, lm, x, y, doc, batcher_share(bt), bt->T, NULL);
         out->val_sparse += loss->data[0];
         tape_reset(tp);
     }

@@ -18,7 +18,7 @@ typedef struct DsaEval {
 // Over the n_batches fixed validation batches (no-grad): one pass in
 // DSA_DISTILL mode (dense loss, KL, mass) and one in DSA_SPARSE mode. Leaves
 // the attn_dsa layers in `restore` mode.
-void dsa_eval_run(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, int *y, DsaMode restore,
+void dsa_eval_run(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, int *y, int *doc, DsaMode restore,
                   DsaEval *out);
 
 // Decoding tokens/s, one sequence after a context of ctx positions, dense

@@ -206,7 +206,11 @@ static bool load_prompt(const GenArgs *a, char **text, int64_t *n) {
 }
 
 // Decode prompt then sample; --check compares with the parallel forward. Returns the exit code.
-static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, const char *prompt, int64_t n_prompt) {
+// docs_after_eot: the model was trained on documents ([data] documents) with
+// a tokenizer that ends each with its end-of-text token; the token after one
+// starts a new document, so every layer starts fresh there, as in training.
+static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, const char *prompt, int64_t n_prompt,
+               bool docs_after_eot) {
     // Decoding one sequence is a chain of small products: below ~10M parameters
     // waking a second thread per op costs more than it saves (measured: 880
     // tokens/s on 1 thread vs 450 on 2 for tiny_gdn).
@@ -245,6 +249,7 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     double t0 = runlog_now(), t_gen = 0;
     for (int64_t n = 0; n < total; n++) {
         if (n == n_in) t_gen = runlog_now();
+        if (docs_after_eot && n > 0 && tokens[n - 1] == tk->eot) lm_cache_reset_row(lm, cache, 0);
         Tensor *lg = lm_step(&tp, lm, cache, &tokens[n]);
         if (step_logits) memcpy(step_logits + (size_t)n * V, lg->data, (size_t)V * sizeof(real));
         if (n + 1 >= n_in && n + 1 < total) {
@@ -265,7 +270,10 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
             threads == 1 ? "" : "s");
     int code = 0;
     if (a->check) {
-        Tensor *par = lm_forward(&tp, lm, tokens, 1, (int)total, NULL, NULL);
+        int *flags = xcalloc((size_t)total, sizeof *flags);   // the same document starts, in parallel
+        for (int64_t n = 1; docs_after_eot && n < total; n++) flags[n] = tokens[n - 1] == tk->eot;
+        Tensor *par = lm_forward_docs(&tp, lm, tokens, flags, 1, (int)total, NULL, NULL);
+        free(flags);
         // Normwise relative difference: max |a - b| / max |a| (docs/MODEL.md, project notes).
         double worst = 0, scale = 0;
         for (int64_t i = 0; i < par->numel; i++) {
@@ -312,7 +320,7 @@ int main(int argc, char **argv) {
         free(prompt);
         return 2;
     }
-    code = run(&a, &lm, &ps, &tok, prompt, n_prompt);
+    code = run(&a, &lm, &ps, &tok, prompt, n_prompt, strcmp(cfg.data.documents, "none") != 0 && tok.eot >= 0);
     tokenizer_free(&tok);
     lm_destroy(&lm);
     params_free(&ps);

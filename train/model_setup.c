@@ -131,7 +131,7 @@ Status model_load_checkpoint(const char *ckpt, TrainConfig *cfg, LM *lm, ParamSt
 double model_val_bytes_per_token(const Batcher *bt, const Tokenizer *tok, int n_batches, int *x, int *y) {
     int64_t bytes = 0, count = 0;
     for (int i = 0; i < n_batches; i++) {
-        batcher_val(bt, i, x, y);
+        batcher_val(bt, i, x, y, NULL);
         for (int64_t j = 0; j < (int64_t)batcher_share(bt) * bt->T; j++) {
             bytes += tokenizer_token_len(tok, y[j]);
             count++;
@@ -151,12 +151,13 @@ int model_set_threads(int threads) {
     return omp_get_max_threads();
 }
 
-double model_eval_loss(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, int *y) {
+double model_eval_loss(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, int *y, int *doc) {
     double total = 0;
+    if (!batcher_has_flags(bt)) doc = NULL;
     tape_no_grad_push(tp);
     for (int i = 0; i < n_batches; i++) {
-        batcher_val(bt, i, x, y);
-        Tensor *loss = lm_loss(tp, lm, x, y, batcher_share(bt), bt->T, NULL);
+        batcher_val(bt, i, x, y, doc);
+        Tensor *loss = lm_loss_docs(tp, lm, x, y, doc, batcher_share(bt), bt->T, NULL);
         total += loss->data[0];
         tape_reset(tp);
     }

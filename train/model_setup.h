@@ -43,6 +43,6 @@ int model_set_threads(int threads);
 // Is this a known mixer name? (for config validation)
 bool model_mixer_known(const char *name);
 // Mean validation loss over n_batches fixed validation batches (no-grad).
-double model_eval_loss(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, int *y);
+double model_eval_loss(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, int *y, int *doc);
 
 #endif

@@ -88,7 +88,7 @@ static int run(int argc, char **argv) {
         code = 0;
         if (t.rank == 0) {
             batcher_set_share(&t.bt, 0, t.cfg.data.batch_size);
-            batcher_train(&t.bt, t.x, t.y);
+            batcher_train(&t.bt, t.x, t.y, NULL);
             s = dump_state_write(dump_path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size,
                                  t.cfg.data.seq_len, t.cfg.finetune.mode == FT_INDEXER);
             if (s.ok) printf("train: wrote the state of one forward and backward to %s\n", dump_path);

@@ -32,6 +32,41 @@ static void record_loss(Trainer *t, double loss) {
     t->losses[t->n_losses++] = loss;
 }
 
+// The carried states ([train] carry_state) as rows of doubles: row g of the
+// global batch holds, buffer after buffer (lm_carry_buffers), that row's
+// part of each (every buffer is (rows, ...), rows outermost). This rank
+// holds rows [bt.lo, bt.hi).
+#define CARRY_MAX_BUFFERS (4 * LM_MAX_LAYERS)
+
+int64_t trainer_carry_row(Trainer *t) {
+    if (!t->carry) return 0;
+    real *bufs[CARRY_MAX_BUFFERS];
+    int64_t sizes[CARRY_MAX_BUFFERS], row = 0;
+    int n = lm_carry_buffers(&t->lm, t->carry, bufs, sizes, CARRY_MAX_BUFFERS);
+    for (int i = 0; i < n; i++) row += sizes[i] / t->carry->B;
+    return row;
+}
+
+// pack: this rank's rows into full (bt.B x row); else full's rows into the buffers.
+void trainer_carry_copy(Trainer *t, double *full, bool pack) {
+    real *bufs[CARRY_MAX_BUFFERS];
+    int64_t sizes[CARRY_MAX_BUFFERS];
+    int n = lm_carry_buffers(&t->lm, t->carry, bufs, sizes, CARRY_MAX_BUFFERS);
+    int64_t row = trainer_carry_row(t), off = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t per = sizes[i] / t->carry->B;
+        for (int r = 0; r < t->carry->B; r++) {
+            double *f = full + (int64_t)(t->bt.lo + r) * row + off;
+            real *b = bufs[i] + (int64_t)r * per;
+            for (int64_t j = 0; j < per; j++) {
+                if (pack) f[j] = (double)b[j];
+                else b[j] = (real)f[j];
+            }
+        }
+        off += per;
+    }
+}
+
 // Save, unless the state holds a non-finite value; records saved_step.
 // Under MPI every rank calls it: the ranks check that they hold the same
 // parameters, ZeRO-1 shards of the optimizer state are gathered on rank 0,
@@ -52,19 +87,28 @@ static Status save_checkpoint(Trainer *t) {
     }
     bool agree = dist_params_agree(t->dg);
     Status s = status_ok();
+    double *carry = NULL;
+    int64_t carry_row = trainer_carry_row(t);
+    if (t->carry) {   // every rank's rows, on every rank
+        carry = xcalloc((size_t)t->bt.B * carry_row, sizeof *carry);
+        trainer_carry_copy(t, carry, true);
+        dist_allgather_rows(carry, t->bt.B, carry_row, "carried states");
+    }
     if (t->rank != 0) {
         t->saved_step = t->step;   // (rank 0 reports whether it was written)
     } else if (!agree) {
         s = status_err("the ranks' parameters differ: not saved (a rank computed differently; see the README)");
     } else {
         const Tensor *bad = optim_nonfinite_param(&t->ps, &full);
-        CheckpointState st = {t->step, t->bt.state, t->model_rng, t->cfg.text, t->tok_buf, t->tok_len};
+        CheckpointState st = {t->step, t->bt.state, t->model_rng, t->cfg.text, t->tok_buf, t->tok_len,
+                              carry, t->bt.B, carry_row};
         if (bad) s = status_err("parameter '%s' (or its optimizer state) is not finite: not saved", bad->name);
         else s = checkpoint_save(t->ckpt, &t->ps, &full, &st);
         if (s.ok) t->saved_step = t->step;
     }
     free(m);
     free(v);
+    free(carry);
     return s;
 }
 
@@ -74,11 +118,13 @@ static Status save_checkpoint(Trainer *t) {
 // reduction, with this rank's weight in the global batch.
 static double train_micro_batch(Trainer *t, int B, int T, bool reduce, double weight) {
     Tensor *loss, *objective;
+    const int *doc = batcher_has_flags(&t->bt) ? t->doc : NULL;
     if (t->cfg.finetune.mode == FT_INDEXER) {
-        loss = objective = lm_distill_loss(&t->tp, &t->lm, t->x, B, T);
+        loss = objective = lm_distill_loss_docs(&t->tp, &t->lm, t->x, doc, B, T);
         t->last_kl = loss->data[0];
     } else {
-        loss = objective = lm_loss(&t->tp, &t->lm, t->x, t->y, B, T, NULL);
+        loss = objective = t->carry ? lm_loss_carry(&t->tp, &t->lm, t->x, t->y, doc, B, T, t->carry, NULL)
+                                    : lm_loss_docs(&t->tp, &t->lm, t->x, t->y, doc, B, T, NULL);
         // mode = sparse: + the indexers' KL over the selected positions (it reaches only their weights)
         if (t->lm.dsa_kl && t->cfg.finetune.mode == FT_SPARSE) {
             objective = op_add(&t->tp, loss, t->lm.dsa_kl);
@@ -105,14 +151,14 @@ static void evaluate(Trainer *t, RunLog *rl, int step, bool quiet) {
     if (!t->has_val) return;
     double w = share_weight(t);
     if (lm_dsa_count(&t->lm) == 0) {
-        double loss = w * model_eval_loss(&t->tp, &t->lm, &t->bt, c->train.eval_batches, t->x, t->y);
+        double loss = w * model_eval_loss(&t->tp, &t->lm, &t->bt, c->train.eval_batches, t->x, t->y, t->doc);
         dist_sum(&loss, 1, "evaluation");
         t->last_val_loss = loss;
         if (t->rank == 0) runlog_eval(rl, step, t->last_val_loss, t->val_bytes_per_token, NAN, NAN);
         return;
     }
     DsaEval *e = &t->last_dsa;
-    dsa_eval_run(&t->tp, &t->lm, &t->bt, c->train.eval_batches, t->x, t->y, t->dsa_mode, e);
+    dsa_eval_run(&t->tp, &t->lm, &t->bt, c->train.eval_batches, t->x, t->y, t->doc, t->dsa_mode, e);
     double v[4] = {w * e->kl, w * e->mass, w * e->val_sparse, w * e->val_dense};
     dist_sum(v, 4, "evaluation");
     *e = (DsaEval){v[0], v[1], v[2], v[3]};
@@ -158,6 +204,13 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
             (long long)batcher_train_tokens(&t->bt), (long long)batcher_val_tokens(&t->bt), c->data.batch_size,
             c->data.seq_len, c->train.accum_steps);
     if (t->tokens.note[0]) fprintf(stderr, "train: token cache: %s\n", t->tokens.note);
+    if (t->tokens.n_docs > 0)
+        fprintf(stderr, "train: %lld documents ([data] documents = %s), %.0f tokens each on average\n",
+                (long long)t->tokens.n_docs, c->data.documents, (double)t->tokens.n / (double)t->tokens.n_docs);
+    if (t->carry)
+        fprintf(stderr, "train: carry_state: each row reads a stream of %lld tokens (%lld windows) and carries the "
+                        "recurrent layers' state from window to window\n",
+                (long long)t->bt.stream_len, (long long)t->bt.stream_windows);
     if (!t->has_val) fprintf(stderr, "train: val_fraction = 0: no validation split, no evaluations\n");
     if (o->resume) fprintf(stderr, "train: resumed from %s at step %lld\n", t->ckpt, (long long)t->step);
     if (c->finetune.init_from[0] && !o->resume) {
@@ -286,7 +339,7 @@ static void train_step(Trainer *t, int warmup, StepResult *r) {
     params_zero_grad(&t->ps);
     double loss_sum = 0;
     for (int a = 0; a < accum; a++) {
-        batcher_train(&t->bt, t->x, t->y);
+        batcher_train(&t->bt, t->x, t->y, t->doc);
         loss_sum += train_micro_batch(t, Bl, T, dist && a == accum - 1, w / accum);
     }
     r->loss = loss_sum / accum;
@@ -414,6 +467,8 @@ int trainer_run(Trainer *t, const TrainerOptions *opts) {
 void trainer_free(Trainer *t) {
     free(t->x);
     free(t->y);
+    free(t->doc);
+    if (t->carry) lm_cache_free(&t->lm, t->carry);
     free(t->losses);
     tape_free(&t->tp);
     optim_free(&t->opt);

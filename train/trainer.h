@@ -48,6 +48,8 @@ typedef struct Trainer {
     int64_t saved_step;        // step of the last checkpoint written or loaded (-1: none)
     int threads;
     int *x, *y;                // (B*T) a batch
+    int *doc;                  // (B*T) its doc_start flags (documents, carry_state)
+    LMCache *carry;            // [train] carry_state: this rank's rows' carried states (else NULL)
     double *losses;            // (n_losses) training loss of steps first_step, first_step + 1, ...
     int64_t n_losses, cap_losses;
     bool has_val;              // a validation split exists (val_fraction > 0)
@@ -102,6 +104,10 @@ Status trainer_setup(Trainer *t, const TrainerOptions *o);
 // gradient or parameter (the last good checkpoint is kept and none is written
 // from the bad state), 130 interrupted (SIGINT or SIGTERM: checkpoint saved).
 int trainer_run(Trainer *t, const TrainerOptions *o);
+// [train] carry_state: doubles per batch row of the carried states, and
+// copying this rank's rows into (pack) or out of a (batch_size x row) array.
+int64_t trainer_carry_row(Trainer *t);
+void trainer_carry_copy(Trainer *t, double *full, bool pack);
 // The training loss of step `step` (0-based) if this process ran it, else NaN.
 double trainer_loss(const Trainer *t, int64_t step);
 void trainer_free(Trainer *t);

@@ -94,7 +94,8 @@ static Status setup_tokenizer(Trainer *t, const Corpus *corpus, const TrainerOpt
     int64_t n_train = corpus->n - (int64_t)((double)corpus->n * c->data.val_fraction);
     Status s = tokenizer_train(&t->tok, corpus->bytes, n_train, train_vocab);
     if (!s.ok) return status_err("[data] tokenizer = %s: %s", spec, s.msg);
-    s = bpe_save(t->tok.bpe, path);
+    s = token_cache_make_dir(c->data.cache_dir);   // (a new run's cache folder does not exist yet)
+    if (s.ok) s = bpe_save(t->tok.bpe, path);
     if (!s.ok) fprintf(stderr, "train: note: the trained tokenizer could not be kept (%s); it is in the checkpoints\n",
                        s.msg);
     return status_ok();
@@ -145,8 +146,11 @@ static Status setup_data(Trainer *t, const TrainerOptions *o) {
     if (!s.ok) return status_err("[data] corpus: %s", s.msg);
     s = setup_tokenizer(t, &corpus, o);
     if (s.ok) {
-        s = token_cache_load(c->data.cache_dir, c->data.corpus, &corpus, &t->tok, &t->tokens, &t->cache_built,
-                             t->cache_path);
+        DocSpec docs;
+        s = doc_spec_parse(c->data.documents, &docs);   // (checked with the config)
+        if (s.ok)
+            s = token_cache_load(c->data.cache_dir, c->data.corpus, &corpus, &t->tok, &docs, &t->tokens,
+                                 &t->cache_built, t->cache_path);
         if (!s.ok) s = status_err("token cache: %s", s.msg);
     }
     corpus_free(&corpus);
@@ -156,6 +160,11 @@ static Status setup_data(Trainer *t, const TrainerOptions *o) {
     s = batcher_init(&t->bt, t->tokens.tokens, t->tokens.n, c->data.val_fraction, c->data.batch_size,
                      c->data.seq_len, (uint64_t)c->train.seed);
     if (!s.ok) return status_err("[data]: %s", s.msg);
+    batcher_set_documents(&t->bt, t->tokens.doc_starts, t->tokens.n_docs);
+    if (c->train.carry_state) {
+        s = batcher_set_streams(&t->bt);
+        if (!s.ok) return status_err("[train] %s", s.msg);
+    }
     t->has_val = batcher_val_tokens(&t->bt) > 0;
     return status_ok();
 }
@@ -191,11 +200,20 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
     size_t bt = (size_t)c->data.batch_size * c->data.seq_len;
     t->x = xmalloc(bt * sizeof(int));
     t->y = xmalloc(bt * sizeof(int));
+    t->doc = xcalloc(bt, sizeof(int));
     t->val_bytes_per_token =   // over whole validation batches, the same on every rank
         t->has_val ? model_val_bytes_per_token(&t->bt, &t->tok, c->train.eval_batches, t->x, t->y) : 1.0;
     int64_t lo, hi;
     dist_share(c->data.batch_size, t->rank, t->ranks, &lo, &hi);
     batcher_set_share(&t->bt, (int)lo, (int)hi);
+    if (c->train.carry_state) {
+        bool any = false;
+        for (int l = 0; l < t->lm.cfg.n_layers; l++) any |= t->lm.blocks[l].mixer->kind->forward_carry != NULL;
+        if (!any)
+            return status_err("[train] carry_state: no layer of this model carries a state (linear, mamba and gdn "
+                              "do; attention keeps its within-window behaviour)");
+        t->carry = lm_cache_new(&t->lm, (int)(hi - lo), 1);
+    }
 
     if (o->resume) {
         CheckpointState st = {0};
@@ -206,6 +224,14 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
             return status_err("--resume: %s is at step %lld, past [train] steps = %d: nothing to resume (raise it "
                               "with --set train.steps=N to train on)",
                               t->ckpt, (long long)st.step, c->train.steps);
+        if (t->carry) {
+            int64_t row = trainer_carry_row(t);
+            double *full = xmalloc((size_t)c->data.batch_size * row * sizeof *full);
+            s = checkpoint_load_carry(t->ckpt, full, c->data.batch_size, row);
+            if (s.ok) trainer_carry_copy(t, full, false);
+            free(full);
+            if (!s.ok) return status_err("--resume: %s", s.msg);
+        }
         t->step = t->saved_step = st.step;
         t->bt.state = st.sampler;
         t->model_rng = st.model_rng;

@@ -125,17 +125,20 @@ static Tensor *run_blocks(Tape *tp, LM *lm, Tensor *x, int n_layers, bool last_m
     return u;
 }
 
+// One copy of the flags for every layer (the caller's array may change
+// later); NULL when nothing is flagged.
+static const int *docs_copy(Tape *tp, const int *doc_start, int B, int T) {
+    if (!doc_start || !docs_first(tp, doc_start, B, T)) return NULL;
+    int *copy = tape_alloc(tp, (size_t)B * T * sizeof(int));
+    memcpy(copy, doc_start, (size_t)B * T * sizeof(int));
+    return copy;
+}
+
 // lm_forward_docs and lm_forward_carry.
 static Tensor *forward_all(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T,
                            Tensor *const *states_in, Tensor **states_out, LMCache *carry) {
     Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){B, T});
-    // One copy for every layer (the caller's array may change later); NULL when nothing is flagged.
-    const int *docs = NULL;
-    if (doc_start && docs_first(tp, doc_start, B, T)) {
-        int *copy = tape_alloc(tp, (size_t)B * T * sizeof(int));
-        memcpy(copy, doc_start, (size_t)B * T * sizeof(int));
-        docs = copy;
-    }
+    const int *docs = docs_copy(tp, doc_start, B, T);
     Tensor *h = run_blocks(tp, lm, x, lm->cfg.n_layers, false, docs, states_in, states_out, carry);
     lm->dsa_kl = collect_kl(tp, lm, lm->cfg.n_layers);
     return head_forward(tp, lm, h);
@@ -179,6 +182,10 @@ Tensor *lm_forward(Tape *tp, LM *lm, const int *tokens, int B, int T, Tensor *co
 }
 
 Tensor *lm_distill_loss(Tape *tp, LM *lm, const int *tokens, int B, int T) {
+    return lm_distill_loss_docs(tp, lm, tokens, NULL, B, T);
+}
+
+Tensor *lm_distill_loss_docs(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T) {
     int last = -1;
     for (int l = 0; l < lm->cfg.n_layers; l++)
         if (is_dsa(lm->blocks[l].mixer)) {
@@ -187,7 +194,7 @@ Tensor *lm_distill_loss(Tape *tp, LM *lm, const int *tokens, int B, int T) {
         }
     ASSERT(last >= 0, "lm_distill_loss: the model has no attn_dsa layer");
     Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){B, T});
-    run_blocks(tp, lm, x, last + 1, true, NULL, NULL, NULL, NULL);
+    run_blocks(tp, lm, x, last + 1, true, docs_copy(tp, doc_start, B, T), NULL, NULL, NULL);
     lm->dsa_kl = collect_kl(tp, lm, last + 1);
     return lm->dsa_kl;
 }

@@ -84,6 +84,8 @@ void lm_set_dsa_mode(LM *lm, DsaMode mode);
 // return the mean KL (1) (= lm->dsa_kl). With the main model frozen the tape
 // records only the indexer branches.
 Tensor *lm_distill_loss(Tape *tp, LM *lm, const int *tokens, int B, int T);
+// The same over packed documents (doc_start as lm_forward_docs's; NULL = lm_distill_loss).
+Tensor *lm_distill_loss_docs(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T);
 // Mean over attn_dsa layers of the kept attention mass of the last
 // DSA_DISTILL forward (attn_dsa_last_mass).
 double lm_dsa_mass(const LM *lm);

@@ -23,6 +23,8 @@ static size_t base_size;
 static const char *targets[96];
 static int n_targets;
 
+enum { CARRY_ROWS = 3, CARRY_ROW = 7 };
+
 static void build_model(TrainConfig *cfg, LM *lm, ParamStore *ps) {
     config_defaults(cfg, model_mixer_known);
     if (!config_load_string(cfg, BASE_INI, "base").ok || !config_validate(cfg).ok) abort();
@@ -38,14 +40,18 @@ static void init_base(void) {
     adamw_init(&opt, &ps, 0.9, 0.95, 1e-8, 0.1);
     for (int64_t i = 0; i < ps.numel; i++) ps.grad[i] = (real)(0.01 * (i % 7) - 0.03);
     optim_step(&opt, &ps, 0.01);
-    CheckpointState st = {.step = 3, .config_text = cfg.text};
+    static double carry[CARRY_ROWS * CARRY_ROW];   // a carried state ([train] carry_state)
+    for (int i = 0; i < CARRY_ROWS * CARRY_ROW; i++) carry[i] = 0.25 * (i % 5) - 0.5;
+    CheckpointState st = {.step = 3, .config_text = cfg.text, .carry = carry, .carry_rows = CARRY_ROWS,
+                          .carry_row = CARRY_ROW};
     rng_seed(&st.sampler.rng, 1);
     rng_seed(&st.model_rng, 2);
     const char *path = fuzz_path("base.h5");
     if (!checkpoint_save(path, &ps, &opt, &st).ok) abort();
     base_image = fuzz_read_file(path, &base_size);
     static const char *fixed[] = {"/format_version", "/config", "/optim", "/optim/m", "/optim/v", "/optim/step",
-                                  "/state", "/state/step", "/state/sampler", "/state/model_rng", "/params"};
+                                  "/state", "/state/step", "/state/sampler", "/state/model_rng", "/state/carry",
+                                  "/params"};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) targets[n_targets++] = fixed[i];
     for (int i = 0; i < ps.n && n_targets < 96; i++) {
         char *name = malloc(strlen(ps.params[i]->name) + 9);
@@ -94,6 +100,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else if (ps.data[0] != first) {
         abort();   // a failed load changed the model
     }
+    double carry[CARRY_ROWS * CARRY_ROW];   // 4. the carried states of --resume with carry_state
+    if (checkpoint_load_carry(path, carry, CARRY_ROWS, CARRY_ROW).ok)
+        for (int i = 0; i < CARRY_ROWS * CARRY_ROW; i++)
+            if (!isfinite(carry[i])) abort();
     ParamsLoadReport rep;
     if (checkpoint_load_params(path, &ps, &rep).ok) require_finite(&ps, NULL);
     optim_free(&opt);

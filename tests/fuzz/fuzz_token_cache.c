@@ -9,6 +9,7 @@
 
 static Corpus corpus;
 static Tokenizer bytes_tok;
+static const DocSpec docs = {DOCS_BLANK_LINE};   // blank-line documents: /doc_starts is checked too
 static char cache_path[CACHE_PATH_MAX];
 static uint8_t *base_image;
 static size_t base_size;
@@ -18,24 +19,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     snprintf(dir, sizeof dir, "%s", fuzz_path("cache"));
     snprintf(spec, sizeof spec, "%s", fuzz_path("corpus.txt"));
     if (!base_image) {
-        static const char text[] = "In the beginning God created the heaven and the earth.\n\xff\x00\x01";
+        static const char text[] = "In the beginning God created the heaven and the earth.\n\n\xff\x00\x01\n \nAnd.";
         fuzz_write_file(spec, text, sizeof text - 1);
         if (!corpus_load(&corpus, spec).ok) abort();
         tokenizer_bytes(&bytes_tok);
         TokenData td;
-        if (!token_cache_load(dir, spec, &corpus, &bytes_tok, &td, NULL, cache_path).ok) abort();
+        if (!token_cache_load(dir, spec, &corpus, &bytes_tok, &docs, &td, NULL, cache_path).ok) abort();
         token_data_free(&td);
         base_image = fuzz_read_file(cache_path, &base_size);
     }
     fuzz_write_file(cache_path, base_image, base_size);
     FuzzBytes b = {data, size};
-    static const char *const targets[] = {"/tokens", "/meta"};
-    fuzz_edit_hdf5(cache_path, &b, targets, 2);
+    static const char *const targets[] = {"/tokens", "/meta", "/doc_starts"};
+    fuzz_edit_hdf5(cache_path, &b, targets, 3);
     TokenData td;
-    Status s = token_cache_load(dir, spec, &corpus, &bytes_tok, &td, NULL, NULL);
+    Status s = token_cache_load(dir, spec, &corpus, &bytes_tok, &docs, &td, NULL, NULL);
     if (!s.ok || td.n != corpus.n) abort();
     for (int64_t i = 0; i < td.n; i++)
         if (td.tokens[i] != corpus.bytes[i]) abort();
+    // Documents (blank_line): starts at 0, after "earth.\n\n" and after "\n \n".
+    if (td.n_docs != 3 || td.doc_starts[0] != 0 || td.doc_starts[1] != 56 || td.doc_starts[2] != 62) abort();
     token_data_free(&td);
     return 0;
 }
