@@ -111,7 +111,7 @@ void documents_tokenize(const Corpus *c, const DocSpec *d, const Tokenizer *tok,
             lo = c->file_end[f];
         }
     }
-    *tokens = o.tokens;
+    *tokens = xrealloc(o.tokens, (size_t)(o.n ? o.n : 1) * sizeof *o.tokens);   // (the room for 2 per byte back)
     *n = o.n;
     *starts = o.starts;
     *n_docs = o.n_docs;

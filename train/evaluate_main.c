@@ -16,6 +16,17 @@
 //                      KV cache of everything before (memory grows with the
 //                      text). Every token sees all the text before it.
 // The figures go to stdout (one line, or a JSON object with --json).
+//
+//   evaluate --checkpoint runs/tiny_gdn/checkpoint.h5 --val --positions [--context carry|full|window]
+//
+// --positions: the loss per position bucket over long sequences (poseval.h):
+// the text (or with --val the checkpoint's validation split) is scored as one
+// sequence, or as documents (--doc-sep, --seq), each token conditioned on its
+// document before it, and the loss is reported per bucket of positions inside
+// a document (0-256, 256-1k, 1k-4k, ...; --buckets). Recurrent models carry
+// their state through chunks (carry); attention sees its whole document in one
+// flash-attention pass (full) or a sliding window (window). With --json: one
+// JSON line per bucket, then one for the total.
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -23,16 +34,24 @@
 
 #include "corpus.h"
 #include "blas.h"
+#include "doctext.h"
 #include "model_setup.h"
+#include "poseval.h"
 #include "runlog.h"
 #include "tokenizer.h"
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: evaluate --checkpoint FILE --text FILE[,FILE...|DIR] [--window T] [--stride S] [--batch B]\n"
-            "                [--stream] [--threads N] [--json]\n"
+            "                [--stream] [--threads N] [--json] [--val] [--limit N]\n"
+            "       evaluate --checkpoint FILE [--text SPEC] [--val] --positions [--context carry|full|window]\n"
+            "                [--chunk N] [--window T] [--stride S] [--buckets E1,E2,...] [--seq N] [--doc-sep STR]\n"
             "  --checkpoint FILE  a checkpoint written by train (the model comes from its stored config)\n"
-            "  --text SPEC        the text: a file, a comma list of files, or a directory (as [data] corpus)\n"
+            "  --text SPEC        the text: a file, a comma list of files, or a directory (as [data] corpus);\n"
+            "                     with --val the checkpoint's corpus when not given\n"
+            "  --val              only the validation split: the last val_fraction (the checkpoint's) of the\n"
+            "                     text's tokens, as training holds it out\n"
+            "  --limit N          only the first N tokens (after --val)\n"
             "  --window T         tokens per window (default: the run's seq_len)\n"
             "  --stride S         tokens a window advances, 1..T (default T/2): every token after the first\n"
             "                     window is scored with at least T - S tokens of context\n"
@@ -44,7 +63,20 @@ static void usage(FILE *f) {
             "  --logits FILE      also write the logits of the first window, (T, V) in the build's precision,\n"
             "                     as a NumPy .npy\n"
             "                     file (to compare with another implementation, e.g. python/attnlab_torch.py)\n"
-            "Prints the loss per token (nats), bits per byte and perplexity of the whole text.\n");
+            "Per position (--positions; the options below imply it):\n"
+            "  --context MODE     carry: recurrent state carried through chunks, every token sees its whole\n"
+            "                     document (every layer recurrent); full: one pass over each document, attention\n"
+            "                     over all of it (flash, memory grows with the text); window: sliding windows of\n"
+            "                     --window tokens advancing by --stride, every layer restarting in each.\n"
+            "                     Default: carry when every layer is recurrent, else full\n"
+            "  --chunk N          carry: tokens per forward (default 2048; the result does not depend on it)\n"
+            "  --buckets LIST     upper edges of the position buckets, increasing (k = x1024), e.g. 256,1k,4k\n"
+            "                     (default 256, 1k, 4k, 16k, ... up to the longest document)\n"
+            "  --seq N            cut every document into sequences of N tokens, each scored from position 0\n"
+            "  --doc-sep STR      a new document begins after each STR in the text (escapes \\n \\t \\\\ \\xHH);\n"
+            "                     documents are tokenized apart and positions count from each one's start\n"
+            "Prints the loss per token (nats), bits per byte and perplexity of the whole text; with --positions\n"
+            "also per position bucket (with --json one JSON line per bucket, then the total).\n");
 }
 
 static bool parse_int(const char *opt, const char *v, long long lo, long long hi, long long *out) {
@@ -152,11 +184,121 @@ static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n
     return sc;
 }
 
+// Parse "256,1k,4k" (k = x1024) into increasing positive edges; returns how
+// many, or -1 with a message.
+static int parse_edges(const char *v, int64_t *edges, int max) {
+    int k = 0;
+    for (const char *p = v; *p;) {
+        char *end;
+        errno = 0;
+        long long e = strtoll(p, &end, 10);
+        if (end == p || errno || e < 1) break;
+        if (*end == 'k') e *= 1024, end++;
+        if (k == max || (k && e <= edges[k - 1]) || e > ((int64_t)1 << 40)) break;
+        edges[k++] = e;
+        if (!*end) return k;
+        if (*end != ',') break;
+        p = end + 1;
+    }
+    fprintf(stderr, "evaluate: --buckets: '%s' is not a list of at most %d increasing positive sizes (e.g. 256,1k,4k)\n",
+            v, max);
+    return -1;
+}
+
+typedef struct PosOptions {
+    PosevalSpec spec;
+    bool context_given;
+    int64_t edges[64];
+    int n_edges;         // 0: the default edges
+    int seq;             // 0: documents as they are
+    char sep[256];
+    int seplen;          // 0: the text is one document
+} PosOptions;
+
+// The per-position view: score ids (n) with documents flags (n), print the
+// buckets and the total. Returns the exit code.
+static int run_positions(LM *lm, const Tokenizer *tk, const char *ckpt, const char *text, const int *ids,
+                         const int *flags, int64_t n, PosOptions *po, bool json, int nthreads) {
+    PosevalSpec *sp = &po->spec;
+    if (!po->context_given) sp->context = poseval_all_recurrent(lm) ? POSEVAL_CARRY : POSEVAL_FULL;
+    int64_t longest, docs = doctext_count(flags, n, &longest);
+    double *nll = xmalloc((size_t)(n > 1 ? n : 1) * sizeof(double));
+    int64_t *pos = xmalloc((size_t)(n > 1 ? n : 1) * sizeof(int64_t));
+    int *tbytes = xmalloc((size_t)(n > 1 ? n : 1) * sizeof(int));
+    double t0 = runlog_now();
+    Status s = poseval_score(lm, ids, flags, n, sp, nll, pos);
+    double secs = runlog_now() - t0;
+    int code = 0;
+    PosevalBucket b[64], all;
+    int nb = 0;
+    if (!s.ok) {
+        fprintf(stderr, "evaluate: %s\n", s.msg);
+        code = 2;
+    } else {
+        int64_t max_pos = 0;
+        for (int64_t i = 0; i + 1 < n; i++) {
+            tbytes[i] = tokenizer_token_len(tk, ids[i + 1]);
+            if (pos[i] > max_pos) max_pos = pos[i];
+        }
+        nb = po->n_edges ? po->n_edges : poseval_default_edges(max_pos, po->edges, 64);
+        poseval_buckets(nll, pos, tbytes, n - 1, po->edges, nb, b);
+        poseval_buckets(nll, pos, tbytes, n - 1, (int64_t[]){max_pos + 1}, 1, &all);
+        if (all.tokens == 0) {
+            fprintf(stderr, "evaluate: %s: no token to score (every document is one token long)\n", text);
+            code = 2;
+        }
+    }
+    if (code == 0) {
+        char ctx[96];
+        if (sp->context == POSEVAL_CARRY) snprintf(ctx, sizeof ctx, "carry, chunks of %d", sp->chunk);
+        else if (sp->context == POSEVAL_FULL) snprintf(ctx, sizeof ctx, "full");
+        else snprintf(ctx, sizeof ctx, "window of %d, stride %d", sp->window, sp->stride);
+        char cj[1100], tj[1100], xj[200];
+        runlog_json_str(ckpt, cj, sizeof cj);
+        runlog_json_str(text, tj, sizeof tj);
+        runlog_json_str(ctx, xj, sizeof xj);
+        if (!json)
+            printf("evaluate: %s: %lld tokens in %lld document%s (the longest %lld) | %lld scored | loss %.4f "
+                   "nats/token | %.4f bits/byte | context %s | %.1f s, %d thread%s\n"
+                   "%-16s %10s %10s %9s %9s\n",
+                   text, (long long)n, (long long)docs, docs == 1 ? "" : "s", (long long)longest,
+                   (long long)all.tokens, all.nll / all.tokens, all.nll / log(2.0) / all.bytes, ctx, secs, nthreads,
+                   nthreads == 1 ? "" : "s", "positions", "tokens", "mean pos", "loss", "bits/byte");
+        for (int k = 0; k < nb; k++) {
+            if (b[k].tokens == 0) continue;
+            double loss = b[k].nll / b[k].tokens, bpb = b[k].nll / log(2.0) / b[k].bytes;
+            if (json)
+                printf("{\"type\":\"bucket\",\"checkpoint\":%s,\"text\":%s,\"context\":%s,\"lo\":%lld,\"hi\":%lld,"
+                       "\"tokens\":%lld,\"bytes\":%lld,\"mean_pos\":%.1f,\"loss\":%.6f,\"bits_per_byte\":%.6f}\n",
+                       cj, tj, xj, (long long)b[k].lo, (long long)b[k].hi, (long long)b[k].tokens,
+                       (long long)b[k].bytes, b[k].pos_sum / b[k].tokens, loss, bpb);
+            else {
+                char range[48];
+                snprintf(range, sizeof range, "%lld-%lld", (long long)b[k].lo, (long long)b[k].hi);
+                printf("%-16s %10lld %10.1f %9.4f %9.4f\n", range, (long long)b[k].tokens, b[k].pos_sum / b[k].tokens,
+                       loss, bpb);
+            }
+        }
+        if (json)
+            printf("{\"type\":\"total\",\"checkpoint\":%s,\"text\":%s,\"context\":%s,\"tokens\":%lld,\"documents\":%lld,"
+                   "\"longest\":%lld,\"tokens_scored\":%lld,\"bytes_scored\":%lld,\"loss\":%.6f,\"bits_per_byte\":%.6f,"
+                   "\"perplexity\":%.4f,\"seconds\":%.2f,\"threads\":%d}\n",
+                   cj, tj, xj, (long long)n, (long long)docs, (long long)longest, (long long)all.tokens,
+                   (long long)all.bytes, all.nll / all.tokens, all.nll / log(2.0) / all.bytes,
+                   exp(all.nll / all.tokens), secs, nthreads);
+    }
+    free(nll);
+    free(pos);
+    free(tbytes);
+    return code;
+}
+
 int main(int argc, char **argv) {
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     const char *ckpt = NULL, *text = NULL, *logits_path = NULL;
-    long long window = 0, stride = 0, batch = 8, threads = 0;
-    bool stream = false, json = false;
+    long long window = 0, stride = 0, batch = 8, threads = 0, limit = 0, chunk = 2048, seq = 0;
+    bool stream = false, json = false, val = false, positions = false;
+    PosOptions po = {0};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         bool has = i + 1 < argc, ok = true;
@@ -165,6 +307,8 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!strcmp(o, "--stream")) stream = true;
         else if (!strcmp(o, "--json")) json = true;
+        else if (!strcmp(o, "--val")) val = true;
+        else if (!strcmp(o, "--positions")) positions = true;
         else if (!has) ok = false;
         else if (!strcmp(o, "--checkpoint")) ckpt = argv[++i];
         else if (!strcmp(o, "--text")) text = argv[++i];
@@ -173,14 +317,33 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "--stride")) ok = parse_int(o, argv[++i], 1, 1 << 20, &stride);
         else if (!strcmp(o, "--batch")) ok = parse_int(o, argv[++i], 1, 4096, &batch);
         else if (!strcmp(o, "--threads")) ok = parse_int(o, argv[++i], 1, MODEL_MAX_THREADS, &threads);
-        else ok = false;
+        else if (!strcmp(o, "--limit")) ok = parse_int(o, argv[++i], 2, (long long)1 << 40, &limit);
+        else if (!strcmp(o, "--chunk")) positions = true, ok = parse_int(o, argv[++i], 1, 1 << 20, &chunk);
+        else if (!strcmp(o, "--seq")) positions = true, ok = parse_int(o, argv[++i], 2, INT32_MAX, &seq);
+        else if (!strcmp(o, "--buckets")) positions = true, ok = (po.n_edges = parse_edges(argv[++i], po.edges, 64)) > 0;
+        else if (!strcmp(o, "--context")) {
+            positions = po.context_given = true;
+            int c = poseval_context_parse(argv[++i]);
+            if (c < 0) fprintf(stderr, "evaluate: --context: '%s' is not carry, full or window\n", argv[i]);
+            else po.spec.context = (PosevalContext)c;
+            ok = c >= 0;
+        } else if (!strcmp(o, "--doc-sep")) {
+            positions = true;
+            po.seplen = doctext_unescape(argv[++i], po.sep, sizeof po.sep);
+            if (po.seplen <= 0) fprintf(stderr, "evaluate: --doc-sep: '%s' is empty, too long or has a bad escape\n", argv[i]);
+            ok = po.seplen > 0;
+        } else ok = false;
         if (!ok) {
             if (!has || !strncmp(o, "--", 2)) fprintf(stderr, "evaluate: bad or incomplete argument '%s' (see --help)\n", o);
             return 2;
         }
     }
-    if (!ckpt || !text) {
+    if (!ckpt || (!text && !val)) {
         fprintf(stderr, "evaluate: --checkpoint FILE and --text FILE are required (see evaluate --help)\n");
+        return 2;
+    }
+    if (positions && (stream || logits_path)) {
+        fprintf(stderr, "evaluate: --positions scores with --context; --stream and --logits do not apply\n");
         return 2;
     }
     TrainConfig cfg;
@@ -188,6 +351,9 @@ int main(int argc, char **argv) {
     ParamStore ps;
     Tokenizer tok;
     Status s = model_load_checkpoint(ckpt, &cfg, &lm, &ps, &tok);
+    if (s.ok && !text) text = cfg.data.corpus;
+    if (s.ok && val && !(cfg.data.val_fraction > 0))
+        s = status_err("%s: --val: the run held out no validation split (val_fraction 0)", ckpt);
     Corpus corpus = {0};
     if (s.ok) s = corpus_load(&corpus, text);
     if (!s.ok) {
@@ -204,40 +370,59 @@ int main(int argc, char **argv) {
     if (!threads && stream && params_count(&ps, false) < 10000000) threads = 1;   // as generate
     int nthreads = model_set_threads((int)threads);
     blas_select_from_env();   // float32 products on ATTNLAB_GEMM's backend (default auto), as generate
-    int *ids = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
-    int64_t n = tokenizer_encode(&tok, corpus.bytes, corpus.n, ids);
-    double t0 = runlog_now();
-    Status ws = status_ok();
-    Score sc = stream ? score_stream(&lm, &tok, ids, n)
-                      : score_windows(&lm, &tok, ids, n, T, S, (int)batch, logits_path, &ws);
-    if (!ws.ok) fprintf(stderr, "evaluate: --logits: %s\n", ws.msg);
-    double secs = runlog_now() - t0;
-    int code = ws.ok ? 0 : 1;
-    if (stream && logits_path) fprintf(stderr, "evaluate: --logits is written in window mode only\n");
-    if (sc.tokens == 0) {
-        fprintf(stderr, "evaluate: %s: fewer than 2 tokens, nothing to score\n", text);
-        code = 2;
+    int *all_ids = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
+    int *all_flags = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
+    int64_t n = doctext_encode(&tok, corpus.bytes, corpus.n, po.seplen ? po.sep : NULL, po.seplen, all_ids, all_flags);
+    // --val: the last val_fraction of the tokens, as the batcher holds them out; --limit: the first tokens of that.
+    int64_t first = val ? n - (int64_t)((double)n * cfg.data.val_fraction) : 0;
+    int *ids = all_ids + first, *flags = all_flags + first;
+    n -= first;
+    if (limit && n > limit) n = limit;
+    if (n > 0) flags[0] = 1;
+    int code;
+    if (positions) {
+        if (seq) doctext_cut(flags, n, (int)seq);
+        po.spec.chunk = (int)chunk;
+        po.spec.window = T;
+        po.spec.stride = S;
+        po.spec.batch = (int)batch;
+        code = run_positions(&lm, &tok, ckpt, text, ids, flags, n, &po, json, nthreads);
     } else {
-        double loss = sc.nll / (double)sc.tokens;
-        double bpb = sc.nll / log(2.0) / (double)sc.bytes;   // per byte of the text the scored tokens stand for
-        char mode[64];
-        if (stream) snprintf(mode, sizeof mode, "stream");
-        else snprintf(mode, sizeof mode, "windows of %d, stride %d", T > n - 1 ? (int)(n - 1) : T, S);
-        if (json) {
-            char tj[1100], mj[100];
-            printf("{\"text\":%s,\"bytes\":%lld,\"tokens_scored\":%lld,\"bytes_scored\":%lld,\"loss\":%.6f,\"bits_per_byte\":%.6f,"
-                   "\"perplexity\":%.4f,\"mode\":%s,\"seconds\":%.2f}\n",
-                   runlog_json_str(text, tj, sizeof tj), (long long)corpus.n, (long long)sc.tokens,
-                   (long long)sc.bytes, loss, bpb,
-                   exp(loss), runlog_json_str(mode, mj, sizeof mj), secs);
+        int64_t text_bytes = 0;
+        for (int64_t i = 0; i < n; i++) text_bytes += tokenizer_token_len(&tok, ids[i]);
+        double t0 = runlog_now();
+        Status ws = status_ok();
+        Score sc = stream ? score_stream(&lm, &tok, ids, n)
+                          : score_windows(&lm, &tok, ids, n, T, S, (int)batch, logits_path, &ws);
+        if (!ws.ok) fprintf(stderr, "evaluate: --logits: %s\n", ws.msg);
+        double secs = runlog_now() - t0;
+        code = ws.ok ? 0 : 1;
+        if (stream && logits_path) fprintf(stderr, "evaluate: --logits is written in window mode only\n");
+        if (sc.tokens == 0) {
+            fprintf(stderr, "evaluate: %s: fewer than 2 tokens, nothing to score\n", text);
+            code = 2;
         } else {
-            printf("evaluate: %s: %lld bytes, %lld tokens scored | loss %.4f nats/token | %.4f bits/byte | "
-                   "perplexity %.3f | %s | %.1f s, %d thread%s\n",
-                   text, (long long)corpus.n, (long long)sc.tokens, loss, bpb, exp(loss), mode, secs, nthreads,
-                   nthreads == 1 ? "" : "s");
+            double loss = sc.nll / (double)sc.tokens;
+            double bpb = sc.nll / log(2.0) / (double)sc.bytes;   // per byte of the text the scored tokens stand for
+            char mode[64];
+            if (stream) snprintf(mode, sizeof mode, "stream");
+            else snprintf(mode, sizeof mode, "windows of %d, stride %d", T > n - 1 ? (int)(n - 1) : T, S);
+            if (json) {
+                char tj[1100], mj[100];
+                printf("{\"text\":%s,\"bytes\":%lld,\"tokens_scored\":%lld,\"bytes_scored\":%lld,\"loss\":%.6f,"
+                       "\"bits_per_byte\":%.6f,\"perplexity\":%.4f,\"mode\":%s,\"seconds\":%.2f}\n",
+                       runlog_json_str(text, tj, sizeof tj), (long long)text_bytes, (long long)sc.tokens,
+                       (long long)sc.bytes, loss, bpb, exp(loss), runlog_json_str(mode, mj, sizeof mj), secs);
+            } else {
+                printf("evaluate: %s: %lld bytes, %lld tokens scored | loss %.4f nats/token | %.4f bits/byte | "
+                       "perplexity %.3f | %s | %.1f s, %d thread%s\n",
+                       text, (long long)text_bytes, (long long)sc.tokens, loss, bpb, exp(loss), mode, secs, nthreads,
+                       nthreads == 1 ? "" : "s");
+            }
         }
     }
-    free(ids);
+    free(all_ids);
+    free(all_flags);
     tokenizer_free(&tok);
     corpus_free(&corpus);
     lm_destroy(&lm);
