@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "blas.h"
 #include "bench_util.h"
 #include "attn_kernel.h"
 #include "dsa_kernel.h"
@@ -36,6 +37,7 @@ static void fill(Tensor *t, Rng *r) {
 int main(int argc, char **argv) {
     if (bench_help(argc, argv, "usage: attn_bench [TOKENS [HEADS [HEAD_DIM [REPS [MAX_T]]]]]\n  flash attention forward and forward+backward, decoding and sparse attention at T = 256 ... MAX_T\n  (default 16384), TOKENS = B x T per step (default 16384), HEADS (4), HEAD_DIM (64), best of REPS (1)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
+    blas_select_from_env();     // ATTNLAB_GEMM=auto|openblas|onednn (default auto)
     int tokens = argc > 1 ? atoi(argv[1]) : 16384;
     int H = argc > 2 ? atoi(argv[2]) : 4;
     int d = argc > 3 ? atoi(argv[3]) : 64;
@@ -45,6 +47,7 @@ int main(int argc, char **argv) {
     runlog_cpu_name(cpu, sizeof cpu);
     printf("attn_bench: %s, %d OpenMP threads, %s, tokens per step %d, H %d, dk = dv = %d, tiles %d x %d, "
            "best of %d\n", cpu, omp_get_max_threads(), REAL_NAME, tokens, H, d, ATTN_TILE_Q, ATTN_TILE_K, reps);
+    printf("gemm: %s\n", blas_describe());
     printf("%7s %4s | %10s %8s | %10s %8s | %12s %10s | %14s %12s\n", "T", "B", "fwd ms", "GFLOP/s",
            "fwd+bwd ms", "GFLOP/s", "decode us", "tok/s", "sparse f+b ms", "index ms");
     const int K = 256, HI = 4, dI = 32;

@@ -1,36 +1,66 @@
 #!/usr/bin/env bash
 # bench/compare_torch.sh: tokens/s of a training step (forward + backward +
-# clip + AdamW, float32, random tokens) in C (build/train_bench) and in the
-# PyTorch reference (bench/torch_ref/throughput.py), config by config, with
-# the same thread count, and the ratio C / PyTorch.
+# clip + AdamW, random tokens) in C (build/train_bench) and in the PyTorch
+# reference (bench/torch_ref/throughput.py), config by config, with the same
+# thread count, and the ratios C / PyTorch.
 #
-#   bench/compare_torch.sh [-t THREADS] [-s STEPS] [-r ROUNDS] [CONFIG...]   default: every configs/tiny_*.ini
+#   bench/compare_torch.sh [-t THREADS] [-s STEPS] [-r ROUNDS] [-w WIDTHS] [-T LENGTHS]
+#                          [-c C_VARIANTS] [-a] [-W WARMUP] [CONFIG...]   default: every configs/tiny_*.ini
+#
+#   -w WIDTHS      d_model of the bench-only variants, comma list of 128, 256, 512 (default 128):
+#                    128: the bundled configs as they are (H 4, d_k = d_v = 32, d_ff 384)
+#                    256: H 4, d_k = d_v = 64, d_ff 704      512: H 8, d_k = d_v = 64, d_ff 1408
+#   -T LENGTHS     sequence lengths, comma list (default 256); each step holds 4096 tokens
+#                  (B = 4096 / T: 16 x 256, 1 x 4096), as the bundled configs do
+#   -c C_VARIANTS  the C runs, comma list of gemm:precision (default auto:fp32,auto:bf16;
+#                  e.g. openblas:fp32 for the products on OpenBLAS, as before oneDNN)
+#   -a             also PyTorch with bf16 autocast (throughput.py --amp bf16)
+#   -W WARMUP      PyTorch's untimed steps before the timed ones (default 2; C always
+#                  runs 2: its tape arena settles into one block during step 2)
 #
 # Needs build/train_bench (cmake --build build) and /usr/bin/python3 with
-# python3-torch. THREADS defaults to nproc. Each side runs alone, one after
-# the other, ROUNDS times (default 3) alternating C, PyTorch, C, PyTorch...;
-# each side's figure is its best round (the median step within a round), so
-# a burst of load from elsewhere on a shared machine hits both sides alike
-# rather than deciding the ratio. Run it on an otherwise idle machine. Both
-# sides inherit the same OpenBLAS settings (OPENBLAS_CORETYPE, thread counts);
-# the kernel set C ran is printed.
+# python3-torch. THREADS defaults to nproc. Every run of a cell (each C
+# variant, PyTorch, PyTorch bf16) runs alone, one after the other, ROUNDS
+# times (default 3) alternating; each run's figure is its best round (the
+# median step within a round), so a burst of load from elsewhere on a shared
+# machine hits all of them alike rather than deciding the ratio. Both sides
+# inherit the same OpenBLAS settings (OPENBLAS_CORETYPE, thread counts); the
+# kernel set and the backend C ran are printed. The width and length variants
+# are made with --set on both sides (nothing is written to configs/).
+# C/torch is the ratio of tokens/s; "per CPU-s" the ratio of tokens per
+# CPU-second (all threads), which a loaded machine moves less.
+# COMPARE_LOG=DIR keeps every run's output in DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 THREADS=$(nproc)
 STEPS=5
 ROUNDS=3
-while getopts "t:s:r:" opt; do
+WIDTHS=128
+LENGTHS=256
+CVARS=auto:fp32,auto:bf16
+AMP=0
+WARMUP=2
+while getopts "t:s:r:w:T:c:aW:" opt; do
     case $opt in
         t) THREADS=$OPTARG ;;
         s) STEPS=$OPTARG ;;
         r) ROUNDS=$OPTARG ;;
-        *) echo "usage: $0 [-t THREADS] [-s STEPS] [-r ROUNDS] [CONFIG...]" >&2; exit 2 ;;
+        w) WIDTHS=$OPTARG ;;
+        T) LENGTHS=$OPTARG ;;
+        c) CVARS=$OPTARG ;;
+        a) AMP=1 ;;
+        W) WARMUP=$OPTARG ;;
+        *) echo "usage: $0 [-t THREADS] [-s STEPS] [-r ROUNDS] [-w WIDTHS] [-T LENGTHS] [-c GEMM:PREC,...] [-a] [-W WARMUP] [CONFIG...]" >&2
+           exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
 CONFIGS=("$@")
 [ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(configs/tiny_*.ini)
+IFS=, read -r -a WLIST <<<"$WIDTHS"
+IFS=, read -r -a TLIST <<<"$LENGTHS"
+IFS=, read -r -a CLIST <<<"$CVARS"
 
 PY=${PYTHON:-/usr/bin/python3}
 [ -x build/train_bench ] || { echo "compare_torch: build/train_bench missing: cmake -S . -B build && cmake --build build" >&2; exit 1; }
@@ -40,13 +70,31 @@ PY=${PYTHON:-/usr/bin/python3}
 export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
+width_sets() {  # width_sets D -> --set arguments of the width variant
+    case $1 in
+        128) ;;
+        256) echo "--set model.d_model=256 --set model.n_heads=4 --set model.d_k=64 --set model.d_v=64 --set model.d_ff=704" ;;
+        512) echo "--set model.d_model=512 --set model.n_heads=8 --set model.d_k=64 --set model.d_v=64 --set model.d_ff=1408" ;;
+        *) echo "compare_torch: width $1 is not one of 128, 256, 512" >&2; exit 2 ;;
+    esac
+}
+length_sets() {  # length_sets T -> --set arguments: T and B = 4096 / T
+    [ $((4096 % $1)) -eq 0 ] || { echo "compare_torch: T = $1 does not divide 4096" >&2; exit 2; }
+    echo "--set data.seq_len=$1 --set data.batch_size=$((4096 / $1))"
+}
+
 field() {  # field NAME "RESULT ..." -> value
     sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"
 }
 
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
-LOG=$(mktemp -d)
-trap 'rm -rf "$LOG"' EXIT
+if [ -n "${COMPARE_LOG:-}" ]; then  # keep every run's output there
+    LOG=$COMPARE_LOG
+    mkdir -p "$LOG"
+else
+    LOG=$(mktemp -d)
+    trap 'rm -rf "$LOG"' EXIT
+fi
 # best RESULT line of a file of RESULT lines: the one with the most tokens_per_s
 best() {
     grep '^RESULT' "$1" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^tokens_per_s=/) { split($i, a, "="); v = a[2] }
@@ -54,37 +102,75 @@ best() {
 }
 
 rows=()
+first=""
 for cfg in "${CONFIGS[@]}"; do
     name=$(basename "$cfg" .ini)
-    echo "== $name" >&2
-    : >"$LOG/c_$name.txt"
-    : >"$LOG/t_$name.txt"
-    for ((r = 0; r < ROUNDS; r++)); do
-        ./build/train_bench --config "$cfg" --set train.threads="$THREADS" --steps "$STEPS" >>"$LOG/c_$name.txt"
-        "$PY" bench/torch_ref/throughput.py "$cfg" --threads "$THREADS" --steps "$STEPS" >>"$LOG/t_$name.txt"
+    for w in "${WLIST[@]}"; do
+        for T in "${TLIST[@]}"; do
+            read -r -a sets <<<"$(width_sets "$w") $(length_sets "$T")"
+            cell="${name}_d${w}_T${T}"
+            echo "== $cell" >&2
+            for ((r = 0; r < ROUNDS; r++)); do
+                for ((i = 0; i < ${#CLIST[@]}; i++)); do
+                    IFS=: read -r gemm prec <<<"${CLIST[$i]}"
+                    ./build/train_bench --config "$cfg" "${sets[@]}" --set train.threads="$THREADS" \
+                        --set train.gemm="$gemm" --set train.precision="$prec" --steps "$STEPS" >>"$LOG/c${i}_$cell.txt"
+                done
+                "$PY" bench/torch_ref/throughput.py "$cfg" "${sets[@]}" --threads "$THREADS" --steps "$STEPS" \
+                    --warmup "$WARMUP" >>"$LOG/t_$cell.txt"
+                if [ "$AMP" = 1 ]; then
+                    "$PY" bench/torch_ref/throughput.py "$cfg" "${sets[@]}" --threads "$THREADS" --steps "$STEPS" \
+                        --warmup "$WARMUP" --amp bf16 >>"$LOG/a_$cell.txt"
+                fi
+            done
+            [ -n "$first" ] || first="$cell"
+            t=$(best "$LOG/t_$cell.txt")
+            row="$name|$w|$T|$(field tokens_per_s "$t")|$(field tokens_per_cpu_s "$t")"
+            if [ "$AMP" = 1 ]; then row="$row|$(field tokens_per_s "$(best "$LOG/a_$cell.txt")")"; fi
+            for ((i = 0; i < ${#CLIST[@]}; i++)); do
+                c=$(best "$LOG/c${i}_$cell.txt")
+                row="$row|$(field tokens_per_s "$c")|$(field tokens_per_cpu_s "$c")"
+            done
+            rows+=("$row")
+        done
     done
-    c=$(best "$LOG/c_$name.txt")
-    t=$(best "$LOG/t_$name.txt")
-    rows+=("$name|$(field tokens_per_s "$c")|$(field tokens_per_s "$t")|$(field tokens_per_cpu_s "$c")|$(field tokens_per_cpu_s "$t")|$(field fwd_ms "$c")/$(field bwd_ms "$c")/$(field opt_ms "$c")|$(field fwd_ms "$t")/$(field bwd_ms "$t")/$(field opt_ms "$t")")
 done
 
 echo
-sed -n 's/^machine: /machine: /p; s/^cpu: /cpu: /p' "$LOG/c_$(basename "${CONFIGS[0]}" .ini).txt" | head -2
-echo "threads: $THREADS (both sides)   steps timed: $STEPS (median), best of $ROUNDS alternating rounds   torch $("$PY" -c 'import torch; print(torch.__version__)')"
-echo "OpenBLAS kernels: $(sed -n 's/.*blas_core=\([^ ]*\).*/\1/p' "$LOG/c_$(basename "${CONFIGS[0]}" .ini).txt" | head -1) (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}), shared by both sides"
-echo "C: float32, chunked forms (linear, mamba, gdn), flash attention; PyTorch: float32, chunked forms, scaled_dot_product_attention when available"
+sed -n 's/^machine: /machine: /p; s/^cpu: /cpu: /p' "$LOG/c0_$first.txt" | head -2
+echo "threads: $THREADS (both sides)   steps timed: $STEPS (median) after 2 (C) / $WARMUP (PyTorch), best of $ROUNDS alternating rounds   torch $("$PY" -c 'import torch; print(torch.__version__)')"
+echo "OpenBLAS kernels: $(sed -n 's/.*blas_core=\([^ ]*\).*/\1/p' "$LOG/c0_$first.txt" | head -1) (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}), shared by both sides"
+for ((i = 0; i < ${#CLIST[@]}; i++)); do
+    echo "C ${CLIST[$i]}: GEMM $(sed -n 's/^GEMM: //p' "$LOG/c${i}_$first.txt" | head -1)"
+done
+echo "C: float32 master weights, chunked forms (linear, mamba, gdn), flash attention; PyTorch: float32, chunked forms,"
+echo "scaled_dot_product_attention when available$([ "$AMP" = 1 ] && echo '; torch bf16: the same under torch.autocast(cpu, bfloat16)')"
+echo "widths: 128 = the bundled configs; 256: H 4, d_k = d_v = 64, d_ff 704; 512: H 8, d_k = d_v = 64, d_ff 1408; B x T = 4096 tokens"
 echo
-# tok/s: wall clock; tok/CPU-s: per second of CPU time of all threads (steadier on a shared machine).
-printf '| %-12s | %9s | %11s | %7s | %11s | %15s | %9s | %-21s | %-21s |\n' config "C tok/s" "torch tok/s" "C/torch" \
-    "C tok/CPU-s" "torch tok/CPU-s" "C/torch" "C fwd/bwd/opt ms" "torch fwd/bwd/opt ms"
-printf '| %-12s | %9s | %11s | %7s | %11s | %15s | %9s | %-21s | %-21s |\n' ------------ --------- ----------- ------- \
-    ----------- --------------- --------- --------------------- ---------------------
+hdr="| config | d_model | T | torch tok/s |"
+sep="| --- | ---: | ---: | ---: |"
+[ "$AMP" = 1 ] && { hdr="$hdr torch bf16 tok/s |"; sep="$sep ---: |"; }
+for c in "${CLIST[@]}"; do
+    hdr="$hdr C $c tok/s | C/torch | C/torch per CPU-s |"
+    sep="$sep ---: | ---: | ---: |"
+    [ "$AMP" = 1 ] && { hdr="$hdr C/torch bf16 |"; sep="$sep ---: |"; }
+done
+echo "$hdr"
+echo "$sep"
 for r in "${rows[@]}"; do
-    IFS='|' read -r name ct tt cc tc cp tp <<<"$r"
-    ratio=$(awk -v a="$ct" -v b="$tt" 'BEGIN { printf "%.2f", a / b }')
-    cratio=$(awk -v a="$cc" -v b="$tc" 'BEGIN { printf "%.2f", a / b }')
-    printf '| %-12s | %9s | %11s | %7s | %11s | %15s | %9s | %-21s | %-21s |\n' "$name" "$ct" "$tt" "$ratio" "$cc" "$tc" \
-        "$cratio" "$cp" "$tp"
+    IFS='|' read -r -a f <<<"$r"
+    line="| ${f[0]} | ${f[1]} | ${f[2]} | ${f[3]} |"
+    k=5
+    [ "$AMP" = 1 ] && { amp=${f[5]}; line="$line $amp |"; k=6; }
+    tt=${f[3]} tc=${f[4]}
+    for ((i = 0; i < ${#CLIST[@]}; i++)); do
+        ct=${f[$k]} cc=${f[$((k + 1))]}
+        line="$line $ct | $(awk -v a="$ct" -v b="$tt" 'BEGIN { printf "**%.2f**", a / b }') |"
+        line="$line $(awk -v a="$cc" -v b="$tc" 'BEGIN { printf "%.2f", a / b }') |"
+        [ "$AMP" = 1 ] && line="$line $(awk -v a="$ct" -v b="$amp" 'BEGIN { printf "%.2f", a / b }') |"
+        k=$((k + 2))
+    done
+    echo "$line"
 done
 echo
 echo "load average before/after: $LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg)"

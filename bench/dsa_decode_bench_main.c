@@ -26,6 +26,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include "blas.h"
 #include "bench_util.h"
 #include "attn_dsa.h"
 #include "mixer.h"
@@ -75,13 +76,15 @@ static double time_decode(const char *kind, int topk, int n, int steps, Rng *r) 
 int main(int argc, char **argv) {
     if (bench_help(argc, argv, "usage: dsa_decode_bench [MAX_CONTEXT [STEPS]]\n  time per decoded token of one layer (attn, attn_dsa top-64 and top-256, gdn) after contexts of\n  1024, 2048, ... up to MAX_CONTEXT positions (default 32768), STEPS timed steps each (default 32)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
+    blas_select_from_env();     // ATTNLAB_GEMM=auto|openblas|onednn (default auto)
     int max_ctx = argc > 1 ? atoi(argv[1]) : 32768;
     int steps = argc > 2 ? atoi(argv[2]) : 32;
     char cpu[256];
     runlog_cpu_name(cpu, sizeof cpu);
     struct utsname un;
     uname(&un);
-    printf("dsa_decode_bench: %s (%s), %d OpenMP threads, %s\n", cpu, un.machine, omp_get_max_threads(), REAL_NAME);
+    printf("dsa_decode_bench: %s (%s), %d OpenMP threads, %s, gemm %s\n", cpu, un.machine, omp_get_max_threads(),
+           REAL_NAME, blas_describe());
     printf("one layer, d_model %d, H %d, dk = dv = %d, indexer H_I %d x d_I %d, batch 1, %d steps after %d warm-up\n",
            D, H, DK, HI, DI, steps, WARM);
     printf("time per decoded token (ms) after a context of n positions (cache prefilled, see the source)\n\n");

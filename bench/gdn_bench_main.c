@@ -18,7 +18,6 @@
 
 #include "bench_util.h"
 #include "blas.h"
-#include "blas.h"
 #include "gdn_kernel.h"
 #include "runlog.h"
 #include "model_setup.h"
@@ -107,14 +106,15 @@ static void print_machine(void) {
     char cpu[256];
     runlog_cpu_name(cpu, sizeof cpu);
     printf("cpu: %s\n", cpu);
-    printf("threads: %d (omp_get_max_threads)   precision: %s   OpenBLAS core: %s\n", omp_get_max_threads(),
-           REAL_NAME, blas_core_name());
+    printf("threads: %d (omp_get_max_threads)   precision: %s   OpenBLAS core: %s\ngemm: %s\n",
+           omp_get_max_threads(), REAL_NAME, blas_core_name(), blas_describe());
     printf("H %d, dk %d, dv %d\n\n", H, DK, DV);
 }
 
 int main(int argc, char **argv) {
     if (bench_help(argc, argv, "usage: gdn_bench [TOKENS]\n  Gated DeltaNet: time per token of the chunked and recurrent forms against T, and the chunk-size sweep,\n  with TOKENS = B x T per step (default 16384)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
+    blas_select_from_env();     // ATTNLAB_GEMM=auto|openblas|onednn (default auto)
     int tokens = argc > 1 ? atoi(argv[1]) : 16384;
     const int Ts[] = {256, 1024, 4096, 16384};
     const int nT = sizeof Ts / sizeof Ts[0];

@@ -38,8 +38,8 @@
 #include <time.h>
 
 #include "bench_util.h"
-#include "blas.h"
 #include "attn_layer.h"
+#include "blas.h"
 #include "mixer.h"
 #include "runlog.h"
 #include "model_setup.h"
@@ -177,6 +177,7 @@ static void print_header(const Options *o) {
     if (uname(&u) == 0) printf("uname:     %s %s %s\n", u.sysname, u.release, u.machine);
     printf("threads:   %d (omp_get_max_threads), OMP_WAIT_POLICY=%s, OpenBLAS core %s\n", omp_get_max_threads(),
            wait ? wait : "unset", blas_core_name());
+    printf("gemm:      %s\n", blas_describe());
     printf("date:      %s\n", date);
     printf("commit:    %s\n", commit);
     printf("loadavg:   %s (at start)\n", load);
@@ -527,6 +528,7 @@ static void usage(void) {
 int main(int argc, char **argv) {
     if (bench_help(argc, argv, USAGE)) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
+    blas_select_from_env();     // ATTNLAB_GEMM=auto|openblas|onednn (default auto)
     Options o = {.tokens = 16384, .train = true, .decode = true, .decode_threads = 1};
     o.nT = parse_list("256,1024,4096,16384", o.Ts);
     o.npos = parse_list("256,1024,4096,16384,32768", o.pos);

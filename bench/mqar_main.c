@@ -23,6 +23,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include "blas.h"
 #include "bench_util.h"
 #include "lm.h"
 #include "mqar.h"
@@ -75,6 +76,7 @@ static double evaluate(LM *lm, const MqarSpec *s, int B, int n_batches, uint64_t
 int main(int argc, char **argv) {
     if (bench_help(argc, argv, "usage: mqar [--mixers attn,gdn,mamba,linear] [--widths 32,64] [--pairs 16] [--seq 128] [--vocab 256]\n            [--steps 1500] [--batch 32] [--lr 3e-3[,1e-3...]] [--seed 1] [--tsv FILE] [--eval-every N]\n            [--stop-at ACC] [--curve FILE]\n  multi-query associative recall: trains 2-layer models of each mixer and width, prints accuracy\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
+    blas_select_from_env();     // ATTNLAB_GEMM=auto|openblas|onednn (default auto)
     char mixers[8][16], widths_s[8][16];
     int n_mixers = parse_list("attn,gdn,mamba,linear", mixers, 8);
     int n_widths = parse_list("32,64", widths_s, 8);
@@ -130,7 +132,8 @@ int main(int argc, char **argv) {
     printf("# MQAR: vocab %d, %d pairs, T %d; 2-layer models, %d steps of batch %d, AdamW lr", spec.vocab,
            spec.n_pairs, spec.T, steps, B);
     for (int l = 0; l < n_lrs; l++) printf("%s%.0e", l ? "," : " ", lrs[l]);
-    printf("; %s, %d thread%s, %s\n", un.machine, omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s", REAL_NAME);
+    printf("; %s, %d thread%s, %s, gemm %s\n", un.machine, omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s",
+           REAL_NAME, blas_describe());
     printf("%-8s %6s %10s %12s %8s %6s %10s %8s\n", "mixer", "width", "params", "state/layer", "lr", "steps", "accuracy",
            "time_s");
     FILE *out = tsv ? fopen(tsv, "w") : NULL;

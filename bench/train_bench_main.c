@@ -11,7 +11,9 @@
 // machine, the thread count, the time of each part of the step (median over
 // the timed steps) and, last, one line for scripts:
 //   RESULT config=<name> B=.. T=.. threads=.. params=.. fwd_ms=.. bwd_ms=.. opt_ms=.. step_ms=.. tokens_per_s=..
-//          cpu_ms=.. tokens_per_cpu_s=..     (CPU time of all threads per step)
+//          cpu_ms=.. tokens_per_cpu_s=.. blas_core=.. gemm=.. products=..
+//   (cpu: CPU time of all threads per step; gemm, products: [train] gemm and
+//   precision as resolved, e.g. --set train.gemm=openblas --set train.precision=bf16)
 // bench/compare_torch.sh runs it next to the PyTorch reference.
 #include <omp.h>
 #include <stdio.h>
@@ -90,6 +92,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     int threads = model_set_threads(cfg.train.threads);
+    if (!(s = model_set_products(&cfg)).ok) {   // [train] gemm, precision (--set train.gemm=onednn ...)
+        fprintf(stderr, "train_bench: %s\n", s.msg);
+        return 2;
+    }
     int B = cfg.data.batch_size, T = cfg.data.seq_len;
     Optimizer opt;
     adamw_init(&opt, &ps, cfg.train.beta1, cfg.train.beta2, cfg.train.adam_eps, cfg.train.weight_decay);
@@ -110,8 +116,8 @@ int main(int argc, char **argv) {
     for (int l = 0; l < lm.cfg.n_layers; l++) printf("%s%s", l ? "," : " ", lm.cfg.layers[l]);
     printf("   B %d, T %d, D %d, params %lld, form %s, chunk %d\n", B, T, lm.cfg.d_model,
            (long long)params_count(&ps, false), mixer_form_name(cfg.model.form), cfg.model.chunk_size);
-    printf("threads: %d (omp_get_max_threads)   precision: %s   OpenBLAS core: %s\n", threads, REAL_NAME,
-           blas_core_name());
+    printf("threads: %d (omp_get_max_threads)   precision: %s   OpenBLAS core: %s\nGEMM: %s\n", threads, REAL_NAME,
+           blas_core_name(), blas_describe());
 
     double *tf = xmalloc((size_t)steps * sizeof(double)), *tb = xmalloc((size_t)steps * sizeof(double));
     double *to = xmalloc((size_t)steps * sizeof(double)), *ts = xmalloc((size_t)steps * sizeof(double));
@@ -145,9 +151,10 @@ int main(int argc, char **argv) {
            "total %.1f ms = %.0f tokens/s; CPU time %.1f ms = %.0f tokens per CPU-second   (last loss %.4f)\n",
            steps, warmup, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc, B * T / mc, last_loss);
     printf("RESULT config=%s B=%d T=%d threads=%d params=%lld fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
-           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s\n",
+           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s gemm=%s products=%s\n",
            base, B, T, threads, (long long)params_count(&ps, false), 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms,
-           B * T / ms, 1e3 * mc, B * T / mc, blas_core_name());
+           B * T / ms, 1e3 * mc, B * T / mc, blas_core_name(), blas_backend_name(blas_backend),
+           blas_precision_name(blas_precision));
 
     if (profile) {
         printf("op profile (per step, wall time; forward ops include their builders):\n");

@@ -12,7 +12,9 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 JOBS=$(nproc)
 
-PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libcriterion-dev
+# libdnnl-dev: oneDNN, the second product backend and the bf16 products (optional
+# for a build by hand: without it every product runs on OpenBLAS).
+PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev libdnnl-dev libhdf5-dev libcriterion-dev
           libinih-dev libpcre2-dev zlib1g-dev gnuplot-nox bible-kjv libopenmpi-dev openmpi-bin)
 # The test command also builds the libFuzzer targets (clang) for a short smoke
 # run, and checks the PyTorch loader of checkpoints (python3-torch, python3-h5py).

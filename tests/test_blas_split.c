@@ -1,6 +1,7 @@
 // The split products of blas.h (gemm_rows, gemm_sum_rows) and the matmul
 // paths that use them, at row counts large enough to split: values against a
-// direct loop in double, and the same result on 1 and 2 threads.
+// direct loop in double, and the same result on 1 and 2 threads. Each test
+// runs on every product backend of the build (test_n_backends).
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -33,7 +34,7 @@ static void assert_close(const real *got, const double *want, int64_t n, const c
 // R is not a multiple of any slab or block, so the last ones are partial.
 enum { R = 2600, K = 24, N = 40 };
 
-Test(blas_split, gemm_rows_equals_direct_loop_and_any_thread_count) {
+static void gemm_rows_case(const char *backend) {
     real *A = randn((int64_t)R * K, 1), *B = randn((int64_t)K * N, 2), *C0 = randn((int64_t)R * N, 3);
     double *want = xmalloc((size_t)R * N * sizeof(double));
     real *C = xmalloc((size_t)R * N * sizeof(real)), *C1 = xmalloc((size_t)R * N * sizeof(real));
@@ -56,12 +57,17 @@ Test(blas_split, gemm_rows_equals_direct_loop_and_any_thread_count) {
             omp_set_num_threads(saved);
             assert_close(C, want, (int64_t)R * N, tb ? "C (tb)" : "C");
             for (int64_t i = 0; i < (int64_t)R * N; i++)
-                cr_assert(fabs(C[i] - C1[i]) <= SPLIT_TOL * (1 + fabs(C1[i])), "threads 1 vs 2 at %lld", (long long)i);
+                cr_assert(fabs(C[i] - C1[i]) <= SPLIT_TOL * (1 + fabs(C1[i])), "%s: threads 1 vs 2 at %lld", backend,
+                          (long long)i);
         }
     free(A), free(B), free(C0), free(C), free(C1), free(want);
 }
 
-Test(blas_split, gemm_sum_rows_equals_direct_loop_and_is_thread_independent) {
+Test(blas_split, gemm_rows_equals_direct_loop_and_any_thread_count) {
+    for (int i = 0; i < test_n_backends(); i++) gemm_rows_case(test_use_backend(i));
+}
+
+static void gemm_sum_rows_case(const char *backend) {
     // C (K, N) = X^T Y + beta C, X (R, K), Y (R, N)
     real *X = randn((int64_t)R * K, 4), *Y = randn((int64_t)R * N, 5), *C0 = randn((int64_t)K * N, 6);
     size_t np = gemm_sum_rows_scratch(K, N, R);
@@ -85,17 +91,22 @@ Test(blas_split, gemm_sum_rows_equals_direct_loop_and_is_thread_independent) {
         omp_set_num_threads(saved);
         assert_close(C[1], want, (int64_t)K * N, "X^T Y");
         // fixed blocks summed in a fixed order: bit for bit the same
-        cr_assert_eq(memcmp(C[0], C[1], (size_t)K * N * sizeof(real)), 0, "beta %d: 1 and 2 threads differ", beta);
+        cr_assert_eq(memcmp(C[0], C[1], (size_t)K * N * sizeof(real)), 0, "%s, beta %d: 1 and 2 threads differ",
+                     backend, beta);
     }
     // Too few rows to split: one gemm() call, no scratch.
     cr_assert_eq(gemm_sum_rows_scratch(K, N, 300), 0);
     free(X), free(Y), free(C0), free(part), free(want), free(C[0]), free(C[1]);
 }
 
+Test(blas_split, gemm_sum_rows_equals_direct_loop_and_is_thread_independent) {
+    for (int i = 0; i < test_n_backends(); i++) gemm_sum_rows_case(test_use_backend(i));
+}
+
 // Through op_matmul: the forward and both gradients, written fresh (an
 // intermediate a) and added to existing ones (leaf b, twice used), both
 // transposes of b.
-Test(blas_split, matmul_split_paths_equal_direct_loops) {
+static void matmul_case(void) {
     for (int tb = 0; tb < 2; tb++) {
         Tape tp;
         tape_init(&tp);
@@ -138,5 +149,12 @@ Test(blas_split, matmul_split_paths_equal_direct_loops) {
         tensor_free(x);
         tensor_free(b);
         tape_free(&tp);
+    }
+}
+
+Test(blas_split, matmul_split_paths_equal_direct_loops) {
+    for (int i = 0; i < test_n_backends(); i++) {
+        test_use_backend(i);
+        matmul_case();
     }
 }

@@ -56,7 +56,7 @@ static int f_fresh(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) 
     return 2;
 }
 
-Test(grad_fresh, every_fresh_writing_op_gradchecks_on_intermediates) {
+static void fresh_cases(const char *backend) {
     for (int shared = 0; shared < 2; shared++)
         for (int k = 0; k < F_COUNT; k++) {
             Tensor *a = tensor_newv(true, 3, 2, 3, 4), *b = tensor_newv(true, 3, 2, 3, 4);
@@ -68,8 +68,8 @@ Test(grad_fresh, every_fresh_writing_op_gradchecks_on_intermediates) {
             fill_normal(b, 80 + k, 1.0);
             fill_normal(w, 7, 1.0);
             FreshCtx c = {k, shared};
-            char label[64];
-            snprintf(label, sizeof label, "%s%s", NAMES[k], shared ? " (shared operand)" : "");
+            char label[96];
+            snprintf(label, sizeof label, "%s%s (%s)", NAMES[k], shared ? " (shared operand)" : "", backend);
             GradcheckResult r = gradcheck(label, f_fresh, (Tensor *[]){a, b, w, wn, ww}, 5, &c, NULL);
             ASSERT_GRADCHECK(r, label);
             cr_assert_gt(r.n_checked, 0, "%s: nothing checked", label);
@@ -79,6 +79,12 @@ Test(grad_fresh, every_fresh_writing_op_gradchecks_on_intermediates) {
             tensor_free(wn);
             tensor_free(ww);
         }
+}
+
+// On every product backend of the build (for the matmul cases; the others
+// simply run once more).
+Test(grad_fresh, every_fresh_writing_op_gradchecks_on_intermediates) {
+    for (int i = 0; i < test_n_backends(); i++) fresh_cases(test_use_backend(i));
 }
 
 // silu_mul is op_mul(op_silu(g), x) fused: the same values and gradients.

@@ -26,13 +26,17 @@ static void check_matmul(bool ta, bool tb, bool batched_b) {
     tensor_free(b);
 }
 
+// On every product backend of the build (OpenBLAS; oneDNN in float32 builds).
 Test(ops_basic, matmul_gradcheck_all_transposes) {
-    for (int ta = 0; ta < 2; ta++)
-        for (int tb = 0; tb < 2; tb++)
-            for (int bb = 0; bb < 2; bb++) check_matmul(ta, tb, bb);
+    for (int i = 0; i < test_n_backends(); i++) {
+        test_use_backend(i);
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int bb = 0; bb < 2; bb++) check_matmul(ta, tb, bb);
+    }
 }
 
-Test(ops_basic, matmul_forward_values) {
+static void matmul_values(void) {
     // [[1,2],[3,4]] @ [[5,6],[7,8]] = [[19,22],[43,50]]; with b^T: [[17,23],[39,53]]
     Tape tp;
     tape_init(&tp);
@@ -48,6 +52,13 @@ Test(ops_basic, matmul_forward_values) {
     tensor_free(a);
     tensor_free(b);
     tape_free(&tp);
+}
+
+Test(ops_basic, matmul_forward_values) {
+    for (int i = 0; i < test_n_backends(); i++) {
+        test_use_backend(i);
+        matmul_values();
+    }
 }
 
 typedef struct {

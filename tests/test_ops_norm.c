@@ -276,3 +276,79 @@ Test(ops_norm, rmsnorm_backward_deterministic_across_thread_counts) {
     tensor_free(x);
     tensor_free(g);
 }
+
+// ---- rmsnorm_gate: RMSNorm per group times silu(z) ----
+
+static int f_rmsnorm_gate(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    out[0] = op_rmsnorm_gate(tp, in[0], in[1], in[2], *(int *)ctx, 1e-5);
+    return 1;
+}
+
+Test(ops_norm, rmsnorm_gate_gradcheck) {
+    Tensor *x = tensor_newv(true, 3, 2, 5, 12), *z = tensor_newv(true, 3, 2, 5, 12);
+    fill_normal(x, 21, 1.0);
+    fill_normal(z, 22, 1.5);
+    int groups[] = {4, 12};
+    for (int k = 0; k < 2; k++) {
+        Tensor *g = tensor_newv(true, 1, groups[k]);
+        fill_uniform(g, 23, 0.5, 1.5);
+        GradcheckResult r = gradcheck("rmsnorm_gate", f_rmsnorm_gate, (Tensor *[]){x, g, z}, 3, &groups[k], NULL);
+        ASSERT_GRADCHECK(r, "rmsnorm_gate");
+        tensor_free(g);
+    }
+    tensor_free(x);
+    tensor_free(z);
+}
+
+// Fused against rmsnorm_groups then silu_mul, on intermediates (fresh
+// gradient buffers) and with a second use of x and z (their gradients then
+// add to another contribution): values and every gradient; and the same bits
+// on 1 and 2 threads (dg sums fixed row blocks).
+static void gate_run(bool fused, int threads, Tensor *x0, Tensor *z0, Tensor *g, const real *seed, real *out[4]) {
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    Tape tp;
+    tape_init(&tp);
+    memset(x0->grad, 0, (size_t)x0->numel * sizeof(real));
+    memset(z0->grad, 0, (size_t)z0->numel * sizeof(real));
+    memset(g->grad, 0, (size_t)g->numel * sizeof(real));
+    Tensor *x = op_scale(&tp, x0, 1.0), *z = op_scale(&tp, z0, 1.0);
+    Tensor *y = fused ? op_rmsnorm_gate(&tp, x, g, z, 16, 1e-6)
+                      : op_silu_mul(&tp, z, op_rmsnorm_groups(&tp, x, g, 16, 1e-6));
+    Tensor *extra = op_mul(&tp, x, z);
+    Tensor *loss = op_add(&tp, op_sum(&tp, op_mul(&tp, y, tape_tensor_copy(&tp, y->ndim, y->shape, seed))),
+                          op_sum(&tp, extra));
+    tape_backward(&tp, loss);
+    const real *src[4] = {y->data, x0->grad, z0->grad, g->grad};
+    int64_t n[4] = {y->numel, x0->numel, z0->numel, g->numel};
+    for (int k = 0; k < 4; k++) memcpy(out[k], src[k], (size_t)n[k] * sizeof(real));
+    tape_free(&tp);
+    omp_set_num_threads(saved);
+}
+
+Test(ops_norm, rmsnorm_gate_equals_rmsnorm_then_silu_mul) {
+    Tensor *x = tensor_newv(true, 3, 4, 300, 64), *z = tensor_newv(true, 3, 4, 300, 64);
+    Tensor *g = tensor_newv(true, 1, 16), *seed = tensor_newv(false, 3, 4, 300, 64);
+    fill_normal(x, 31, 1.0);
+    fill_normal(z, 32, 2.0);
+    fill_uniform(g, 33, 0.5, 1.5);
+    fill_normal(seed, 34, 1.0);
+    int64_t n[4] = {x->numel, x->numel, z->numel, 16};
+    real *got[3][4];
+    for (int f = 0; f < 3; f++) {
+        for (int k = 0; k < 4; k++) got[f][k] = xmalloc((size_t)n[k] * sizeof(real));
+        gate_run(f > 0, f == 2 ? 1 : 2, x, z, g, seed->data, got[f]);   // 0: composed; 1, 2: fused on 2, 1 threads
+    }
+    const char *name[4] = {"y", "dx", "dz", "dg"};
+    for (int k = 0; k < 4; k++) {
+        double d = max_rel_diff(got[1][k], got[0][k], n[k]);
+        cr_assert_leq(d, FORM_TOL, "%s: fused vs composed %.3g", name[k], d);
+        cr_assert_eq(memcmp(got[1][k], got[2][k], (size_t)n[k] * sizeof(real)), 0, "%s: 1 and 2 threads differ",
+                     name[k]);
+        for (int f = 0; f < 3; f++) free(got[f][k]);
+    }
+    tensor_free(x);
+    tensor_free(z);
+    tensor_free(g);
+    tensor_free(seed);
+}

@@ -1,6 +1,7 @@
 #define _GNU_SOURCE   // nftw's FTW_DEPTH with FTW_PHYS
 #include "test_util.h"
 
+#include "blas.h"
 #include "checkpoint.h"
 #include "model_setup.h"
 
@@ -315,4 +316,20 @@ const char *test_tiny_config(const char *tag, const char *layers, int steps, con
             layers, dir, dir, steps, rd, extra ? extra : "");
     fclose(f);
     return path;
+}
+
+int test_n_backends(void) {
+#ifdef AG_DOUBLE
+    return 1;
+#else
+    return onednn_built() ? 2 : 1;
+#endif
+}
+
+const char *test_use_backend(int i) {
+    GemmBackend b = i == 0 ? GEMM_OPENBLAS : GEMM_ONEDNN;
+    char err[256];
+    cr_assert(i >= 0 && i < test_n_backends() && blas_select(b, PRECISION_FP32, err, sizeof err),
+              "backend %d (%s): %s", i, blas_backend_name(b), i < test_n_backends() ? err : "not in this build");
+    return blas_backend_name(b);
 }

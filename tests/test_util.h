@@ -87,6 +87,14 @@ bool test_json_valid(const char *text);
 // Returns the number of records, or -1 with the first bad line in bad_line.
 int test_jsonl_check(const char *path, char *bad_line, size_t n);
 
+// The product backends of this build (blas.h): OpenBLAS, and oneDNN in a
+// float32 build that has it. Tests of products run on each:
+//   for (int i = 0; i < test_n_backends(); i++) { test_use_backend(i); ... }
+// test_use_backend selects it with float32 products (failing the test if it
+// cannot) and returns its name for messages.
+int test_n_backends(void);
+const char *test_use_backend(int i);
+
 // Tolerances of the two builds for "two forms of the same math agree".
 #ifdef AG_DOUBLE
 #define FORM_TOL 1e-10

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "corpus.h"
+#include "blas.h"
 #include "doctext.h"
 #include "model_setup.h"
 #include "poseval.h"
@@ -368,6 +369,7 @@ int main(int argc, char **argv) {
     }
     if (!threads && stream && params_count(&ps, false) < 10000000) threads = 1;   // as generate
     int nthreads = model_set_threads((int)threads);
+    blas_select_from_env();   // float32 products on ATTNLAB_GEMM's backend (default auto), as generate
     int *all_ids = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
     int *all_flags = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
     int64_t n = doctext_encode(&tok, corpus.bytes, corpus.n, po.seplen ? po.sep : NULL, po.seplen, all_ids, all_flags);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas.h"
 #include "checkpoint.h"
 #include "fileio.h"
 #include "model_setup.h"
@@ -216,6 +217,7 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     // tokens/s on 1 thread vs 450 on 2 for tiny_gdn).
     long long req = a->threads > 0 ? a->threads : params_count(ps, false) < 10000000 ? 1 : 0;
     int threads = model_set_threads((int)req);
+    blas_select_from_env();   // float32 products on ATTNLAB_GEMM's backend (default auto)
     int V = lm->cfg.vocab_size;
     // The prompt's tokens. An empty prompt conditions on a document start: the
     // tokenizer's end-of-text token, or a newline (the start of a line of text).
@@ -265,9 +267,9 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     printf("\n");
     fflush(stdout);
     double gen_s = t_gen > 0 ? t_end - t_gen : 0;
-    fprintf(stderr, "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (%d thread%s)\n",
+    fprintf(stderr, "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (%d thread%s, GEMM %s)\n",
             (long long)n_in, a->max_tokens, t_end - t0, gen_s > 0 ? (double)(total - n_in) / gen_s : 0.0, threads,
-            threads == 1 ? "" : "s");
+            threads == 1 ? "" : "s", blas_backend_name(blas_backend));
     int code = 0;
     if (a->check) {
         int *flags = xcalloc((size_t)total, sizeof *flags);   // the same document starts, in parallel

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "blas.h"
 #include "checkpoint.h"
 #include "tokenizer.h"
 
@@ -149,6 +150,13 @@ void model_init_process(char **argv) {
 int model_set_threads(int threads) {
     if (threads > 0) omp_set_num_threads(threads < MODEL_MAX_THREADS ? threads : MODEL_MAX_THREADS);
     return omp_get_max_threads();
+}
+
+Status model_set_products(const TrainConfig *tc) {
+    char err[512];
+    if (!blas_select((GemmBackend)tc->train.gemm, (GemmPrecision)tc->train.precision, err, sizeof err))
+        return status_err("[train] %s", err);   // err names the key and the value
+    return status_ok();
 }
 
 double model_eval_loss(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, int *y, int *doc) {

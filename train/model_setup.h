@@ -40,6 +40,12 @@ double model_val_bytes_per_token(const Batcher *bt, const Tokenizer *tok, int n_
 // default. At most MODEL_MAX_THREADS (the config's and generate's limit).
 #define MODEL_MAX_THREADS 1024
 int model_set_threads(int threads);
+// The product backend and precision of [train] gemm and precision (blas.h:
+// blas_select; auto may time both backends on the current thread count, so
+// call it after model_set_threads). An error says why the request cannot run
+// here (no oneDNN in this build, bf16 in the float64 build or on a CPU
+// without AVX512_BF16).
+Status model_set_products(const TrainConfig *tc);
 // Is this a known mixer name? (for config validation)
 bool model_mixer_known(const char *name);
 // Mean validation loss over n_batches fixed validation batches (no-grad).

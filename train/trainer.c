@@ -192,11 +192,11 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
     for (int l = 0; l < c->model.layers.n; l++) fprintf(stderr, "%s%s", l ? "," : " ", c->model.layers.name[l]);
     fprintf(stderr, " | %lld parameters | %s | ", (long long)params_count(&t->ps, false), REAL_NAME);
     if (t->ranks > 1)
-        fprintf(stderr, "%d ranks x %d thread%s (MPI%s) on %s, OpenBLAS %s\n", t->ranks, t->threads,
-                t->threads == 1 ? "" : "s", c->train.zero ? ", ZeRO-1" : "", un->machine, blas_core_name());
+        fprintf(stderr, "%d ranks x %d thread%s (MPI%s) on %s, GEMM %s\n", t->ranks, t->threads,
+                t->threads == 1 ? "" : "s", c->train.zero ? ", ZeRO-1" : "", un->machine, blas_describe());
     else
-        fprintf(stderr, "%d thread%s on %s, OpenBLAS %s\n", t->threads, t->threads == 1 ? "" : "s", un->machine,
-                blas_core_name());
+        fprintf(stderr, "%d thread%s on %s, GEMM %s\n", t->threads, t->threads == 1 ? "" : "s", un->machine,
+                blas_describe());
     char tk[64];
     fprintf(stderr, "train: corpus %lld tokens (%s; cache %s%s: %s) | train %lld, validation %lld | B %d x T %d x accum %d\n",
             (long long)t->tokens.n, tokenizer_describe(&t->tok, tk, sizeof tk), t->cache_built ? "built" : "reused",
@@ -233,10 +233,12 @@ static void log_start(const Trainer *t, RunLog *rl, const struct utsname *un) {
     char cfg[700], mach[200], core[100], json[1200];
     snprintf(json, sizeof json,
              "{\"type\":\"start\",\"config\":%s,\"params\":%lld,\"threads\":%d,\"precision\":\"%s\","
-             "\"start_step\":%lld,\"machine\":%s,\"openblas_core\":%s,\"ranks\":%d,\"zero\":%d}",
+             "\"start_step\":%lld,\"machine\":%s,\"openblas_core\":%s,\"gemm\":\"%s\",\"products\":\"%s\","
+             "\"ranks\":%d,\"zero\":%d}",
              runlog_json_str(t->config_path, cfg, sizeof cfg), (long long)params_count(&t->ps, false), t->threads,
              REAL_NAME, (long long)t->step, runlog_json_str(un->machine, mach, sizeof mach),
-             runlog_json_str(blas_core_name(), core, sizeof core), t->ranks, t->ranks > 1 ? t->cfg.train.zero : 0);
+             runlog_json_str(blas_core_name(), core, sizeof core), blas_backend_name(blas_backend),
+             blas_precision_name(blas_precision), t->ranks, t->ranks > 1 ? t->cfg.train.zero : 0);
     runlog_json(rl, json);
 }
 

@@ -125,6 +125,7 @@ static Status setup_config(Trainer *t, const TrainerOptions *o) {
     int threads = c->train.threads;
     if (threads == 0 && !getenv("OMP_NUM_THREADS")) threads = dist_default_threads();
     t->threads = model_set_threads(threads);
+    if (!(s = model_set_products(c)).ok) return s;   // [train] gemm, precision: after the threads
     if (snprintf(t->ckpt, sizeof t->ckpt, "%s/checkpoint.h5", t->run_dir) >= (int)sizeof t->ckpt)
         return status_err("[train] run_dir: path too long");
     if (c->data.batch_size < t->ranks)

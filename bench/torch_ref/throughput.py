@@ -2,6 +2,7 @@
 """Tokens/s of a training step of a config's LM in PyTorch on the CPU.
 
     /usr/bin/python3 bench/torch_ref/throughput.py configs/tiny_gdn.ini --threads 2 [--steps 5] [--warmup 2]
+                                                   [--set section.key=value ...] [--amp bf16]
 
 The same work as bench/train_bench_main.c: forward, backward, gradient-norm
 clipping and AdamW (decoupled weight decay, none on norms, dt_bias, A_log, D),
@@ -30,6 +31,9 @@ ap.add_argument("--form", choices=("chunked", "recurrent"), default="chunked",
                 help="mixer forms (default chunked; recurrent is the slow reference)")
 ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
 ap.add_argument("--set", action="append", default=[], metavar="S.K=V", help="override a config key")
+ap.add_argument("--amp", choices=("none", "bf16"), default="none",
+                help="bf16: the forward under torch.autocast('cpu', bfloat16), PyTorch's mixed precision "
+                     "(products in bf16, parameters and optimizer float32)")
 args = ap.parse_args()
 
 # Thread pools are sized when torch loads: set every one of them first.
@@ -104,15 +108,16 @@ def main():
     print("cpu: %s" % cpu_name())
     print("config: %s   layers: %s   B %d, T %d, D %d, params %d, form %s, chunk %d"
           % (name, ",".join(cfg.layers), B, T, cfg.d_model, nparams, args.form, cfg.chunk_size))
-    print("threads: %d (torch.get_num_threads)   precision: %s   torch %s"
-          % (torch.get_num_threads(), args.dtype, torch.__version__))
+    print("threads: %d (torch.get_num_threads)   precision: %s%s   torch %s"
+          % (torch.get_num_threads(), args.dtype, ", autocast bf16" if args.amp == "bf16" else "", torch.__version__))
 
     tf, tb, to, ts, tc = [], [], [], [], []
     loss = None
     for it in range(args.warmup + args.steps):
         c0, t0 = time.process_time(), time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        loss, _ = lm.loss(x, y)
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+            loss, _ = lm.loss(x, y)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -138,9 +143,9 @@ def main():
           % (args.steps, args.warmup, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc, B * T / mc,
              float(loss)))
     print("RESULT config=%s B=%d T=%d threads=%d params=%d fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
-          "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f"
+          "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f amp=%s"
           % (name, B, T, torch.get_num_threads(), nparams, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms,
-             1e3 * mc, B * T / mc))
+             1e3 * mc, B * T / mc, args.amp))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,10 @@ Tensor *op_rmsnorm(Tape *tp, Tensor *x, Tensor *g, double eps);
 // The same per consecutive group of `group` entries of the last dimension
 // (a divisor of it), g: (group): a per-head norm without reshaping to heads.
 Tensor *op_rmsnorm_groups(Tape *tp, Tensor *x, Tensor *g, int group, double eps);
+// RMSNorm per group times a SiLU gate, one op ("rmsnorm_gate"): y =
+// op_rmsnorm_groups(x, g, group, eps) * silu(z), z of x's shape (another
+// tensor): the linear-family mixers' output stage.
+Tensor *op_rmsnorm_gate(Tape *tp, Tensor *x, Tensor *g, Tensor *z, int group, double eps);
 // A pre-norm block's residual add fused with the norm that reads it:
 // *sum = a + b (a and b of one shape) and the result RMSNorm(a + b) g, g:
 // (last dim). Both outputs take gradients.

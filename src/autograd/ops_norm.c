@@ -71,22 +71,21 @@ static void rmsnorm_forward(Node *n) {
 
 // dg += sum over rows of dy x / rms: a fixed number of row blocks (not the
 // thread count) each sum a partial row in double, then the partials are
-// added in block order, so the result is the same on any threads.
-static void rms_dg(const real *x, const real *dy, const real *rinv, int64_t rows, int D, real *dg, Tape *tp) {
+// added in block order, so the result is the same on any threads. The
+// backwards fill the partials in the same pass as their dx rows (one read of
+// x and dy instead of two).
+static int64_t rms_blocks(int64_t rows) {
     int64_t nblk = rows / NORM_ROWS_PER_BLOCK;
-    nblk = nblk < 1 ? 1 : nblk > NORM_MAX_BLOCKS ? NORM_MAX_BLOCKS : nblk;
-    double *part = tape_alloc(tp, (size_t)(nblk * D) * sizeof(double));   // (nblk, D)
-#pragma omp parallel for if (rows * D > OPS_PAR_MIN && nblk > 1) schedule(static)
-    for (int64_t k = 0; k < nblk; k++) {
-        int64_t r0 = rows * k / nblk, r1 = rows * (k + 1) / nblk;
-        double *acc = part + k * D;
-        for (int j = 0; j < D; j++) acc[j] = 0;
-        for (int64_t r = r0; r < r1; r++) {
-            const real *xr = x + r * D, *dyr = dy + r * D;
-            real ri = rinv[r];
-            for (int j = 0; j < D; j++) acc[j] += (double)(dyr[j] * xr[j] * ri);
-        }
-    }
+    return nblk < 1 ? 1 : nblk > NORM_MAX_BLOCKS ? NORM_MAX_BLOCKS : nblk;
+}
+
+// acc (D) += dy x r over one row.
+static inline void rms_dg_row(double *acc, const real *x, const real *dy, real r, int D) {
+    for (int j = 0; j < D; j++) acc[j] += (double)(dy[j] * x[j] * r);
+}
+
+// dg (D) += the nblk partials (nblk, D), in block order.
+static void rms_dg_sum(const double *part, int64_t nblk, int D, real *dg) {
     for (int j = 0; j < D; j++) {
         double s = 0;
         for (int64_t k = 0; k < nblk; k++) s += part[k * D + j];
@@ -95,22 +94,36 @@ static void rms_dg(const real *x, const real *dy, const real *rinv, int64_t rows
 }
 
 // With xh = x r and dxh = dy * g:  dx = r (dxh - xh * mean(dxh * xh)),
-// dg = sum over rows of dy * xh (rows visited in order per column band).
+// dg = sum over rows of dy * xh (rows visited in order per block).
 static void rmsnorm_backward(Node *n) {
     const Tensor *x = n->in[0], *gt = n->in[1];
     const RmsSaved *sv = n->saved;
     int D = n->iarg[0];
     int64_t rows = x->numel / D;
-    const real *dy = n->out[0]->grad;
+    const real *dy = n->out[0]->grad, *X = x->data;
     const real *g = gt ? gt->data : NULL;
     bool fresh;
     real *dx = NODE_GRAD_FRESH(n, 0, &fresh), *dg = NODE_GRAD_IN(n, 1);
-    if (dx) {
+    if (!dg) {
+        if (dx) {
 #pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
-        for (int64_t r = 0; r < rows; r++)
-            rms_row_grad(dx + r * D, x->data + r * D, dy + r * D, g, sv->rinv[r], D, !fresh);
+            for (int64_t r = 0; r < rows; r++)
+                rms_row_grad(dx + r * D, X + r * D, dy + r * D, g, sv->rinv[r], D, !fresh);
+        }
+        return;
     }
-    if (dg) rms_dg(x->data, dy, sv->rinv, rows, D, dg, n->tape);
+    int64_t nblk = rms_blocks(rows);
+    double *part = tape_alloc(n->tape, (size_t)(nblk * D) * sizeof(double));   // (nblk, D)
+#pragma omp parallel for if (rows * D > OPS_PAR_MIN && nblk > 1) schedule(static)
+    for (int64_t k = 0; k < nblk; k++) {
+        double *acc = part + k * D;
+        for (int j = 0; j < D; j++) acc[j] = 0;
+        for (int64_t r = rows * k / nblk; r < rows * (k + 1) / nblk; r++) {
+            if (dx) rms_row_grad(dx + r * D, X + r * D, dy + r * D, g, sv->rinv[r], D, !fresh);
+            rms_dg_row(acc, X + r * D, dy + r * D, sv->rinv[r], D);
+        }
+    }
+    rms_dg_sum(part, nblk, D, dg);
 }
 
 static const OpDef OP_RMSNORM = {"rmsnorm", rmsnorm_forward, rmsnorm_backward};
@@ -168,22 +181,43 @@ static void add_rmsnorm_backward(Node *n) {
     bool fa, fb;
     real *da = NODE_GRAD_FRESH(n, 0, &fa);
     real *db = NODE_GRAD_FRESH(n, 1, &fb);
-    real *dg = NODE_GRAD_IN(n, 2);
-    if (da || db) {
-#pragma omp parallel if (a->numel > OPS_PAR_MIN)
-        {
-            real *t = xmalloc((size_t)D * sizeof(real));   // one row of dh_total
+    real *dg = dy ? NODE_GRAD_IN(n, 2) : NULL;
+    if (!da && !db && !dg) return;
+    // Blocks of rows as rms_dg_sum wants (one block when there is no dg): per
+    // row, dh_total = dh + the norm's dx into t, stored to da and db, and the
+    // row's dg terms.
+    int64_t nblk = dg ? rms_blocks(rows) : 1;
+    double *part = dg ? tape_alloc(n->tape, (size_t)(nblk * D) * sizeof(double)) : NULL;   // (nblk, D)
+#pragma omp parallel if (a->numel > OPS_PAR_MIN && (nblk > 1 || !dg))
+    {
+        real *t = xmalloc((size_t)D * sizeof(real));   // one row of dh_total
+        if (dg) {
+#pragma omp for schedule(static)
+            for (int64_t k = 0; k < nblk; k++) {
+                double *acc = part + k * D;
+                for (int j = 0; j < D; j++) acc[j] = 0;
+                for (int64_t r = rows * k / nblk; r < rows * (k + 1) / nblk; r++) {
+                    if (da || db) {
+                        for (int j = 0; j < D; j++) t[j] = dh ? dh[r * D + j] : 0;
+                        rms_row_grad(t, h + r * D, dy + r * D, g, sv->rinv[r], D, true);
+                        if (da) grad_store(da + r * D, t, D, fa);   // a == b: da was written, db adds to it
+                        if (db) grad_store(db + r * D, t, D, fb);
+                    }
+                    rms_dg_row(acc, h + r * D, dy + r * D, sv->rinv[r], D);
+                }
+            }
+        } else {
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < rows; r++) {
                 for (int j = 0; j < D; j++) t[j] = dh ? dh[r * D + j] : 0;
                 if (dy) rms_row_grad(t, h + r * D, dy + r * D, g, sv->rinv[r], D, true);
-                if (da) grad_store(da + r * D, t, D, fa);   // a == b: da was written, db adds to it
+                if (da) grad_store(da + r * D, t, D, fa);
                 if (db) grad_store(db + r * D, t, D, fb);
             }
-            free(t);
         }
+        free(t);
     }
-    if (dg && dy) rms_dg(h, dy, sv->rinv, rows, D, dg, n->tape);
+    if (dg) rms_dg_sum(part, nblk, D, dg);
 }
 
 static const OpDef OP_ADD_RMSNORM = {"add_rmsnorm", add_rmsnorm_forward, add_rmsnorm_backward};
@@ -203,6 +237,95 @@ Tensor *op_add_rmsnorm(Tape *tp, Tensor *a, Tensor *b, Tensor *g, double eps, Te
     n->farg[0] = eps;
     add_rmsnorm_forward(n);
     *sum = h;
+    return y;
+}
+
+// ---- RMSNorm times a SiLU gate ----
+//
+// y = RMSNorm_group(x) g ⊙ silu(z): the output stage of the linear-family
+// mixers (per-head norm of the mixer's output, gated by silu(u Wg)) in one
+// pass, where rmsnorm then silu_mul wrote the normalised x and read it back,
+// forward and backward. With xh = x r, n = xh g, s = sigmoid(z):
+//   dz = dy n silu'(z),  dn = dy z s,  dx = rmsnorm's dx of dn,  dg += sum dn xh.
+// Saves r per group, as rmsnorm does; n is recomputed in the backward.
+
+// in: x, g (group), z (x's shape); iarg[0]: group; farg[0]: eps.
+static void rms_gate_forward(Node *n) {
+    const Tensor *x = n->in[0];
+    const real *gw = n->in[1]->data, *Z = n->in[2]->data;
+    int D = n->iarg[0];
+    int64_t rows = x->numel / D;
+    real *y = n->out[0]->data, *rinv = rms_save(n, rows);
+    double eps = n->farg[0];
+#pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        real *yr = y + r * D;
+        const real *zr = Z + r * D;
+        real ri = rms_row(yr, x->data + r * D, gw, D, eps);
+        if (rinv) rinv[r] = ri;
+        for (int j = 0; j < D; j++) yr[j] *= zr[j] * r_sigmoid(zr[j]);
+    }
+}
+
+static void rms_gate_backward(Node *n) {
+    const Tensor *x = n->in[0];
+    const real *X = x->data, *gw = n->in[1]->data, *Z = n->in[2]->data, *dy = n->out[0]->grad;
+    const RmsSaved *sv = n->saved;
+    int D = n->iarg[0];
+    int64_t rows = x->numel / D;
+    bool fx, fz;
+    real *dx = NODE_GRAD_FRESH(n, 0, &fx), *dg = NODE_GRAD_IN(n, 1), *dz = NODE_GRAD_FRESH(n, 2, &fz);
+    if (!dx && !dg && !dz) return;
+    int64_t nblk = dg ? rms_blocks(rows) : 1;
+    double *part = dg ? tape_alloc(n->tape, (size_t)(nblk * D) * sizeof(double)) : NULL;   // (nblk, D)
+#pragma omp parallel if (x->numel > OPS_PAR_MIN && (nblk > 1 || !dg))
+    {
+        real *dn = xmalloc((size_t)D * sizeof(real));   // one row of dL/dn
+        // With dg: the fixed blocks of rms_dg_sum; without, rows split evenly.
+        int64_t units = dg ? nblk : rows;
+#pragma omp for schedule(static)
+        for (int64_t k = 0; k < units; k++) {
+            double *acc = dg ? part + k * D : NULL;
+            if (acc)
+                for (int j = 0; j < D; j++) acc[j] = 0;
+            int64_t r0 = dg ? rows * k / nblk : k, r1 = dg ? rows * (k + 1) / nblk : k + 1;
+            for (int64_t r = r0; r < r1; r++) {
+                const real *xr = X + r * D, *zr = Z + r * D, *dyr = dy + r * D;
+                real ri = sv->rinv[r];
+                for (int j = 0; j < D; j++) {
+                    real s = r_sigmoid(zr[j]);
+                    dn[j] = dyr[j] * zr[j] * s;
+                    if (dz) {
+                        real e = dyr[j] * xr[j] * ri * gw[j] * (s * (1 + zr[j] * (1 - s)));
+                        dz[r * D + j] = fz ? e : dz[r * D + j] + e;
+                    }
+                }
+                if (dx) rms_row_grad(dx + r * D, xr, dn, gw, ri, D, !fx);
+                if (acc) rms_dg_row(acc, xr, dn, ri, D);
+            }
+        }
+        free(dn);
+    }
+    if (dg) rms_dg_sum(part, nblk, D, dg);
+}
+
+static const OpDef OP_RMSNORM_GATE = {"rmsnorm_gate", rms_gate_forward, rms_gate_backward};
+
+Tensor *op_rmsnorm_gate(Tape *tp, Tensor *x, Tensor *g, Tensor *z, int group, double eps) {
+    int D = x->shape[x->ndim - 1];
+    ASSERT(D > 0 && group > 0 && D % group == 0,
+           "rmsnorm_gate: group %d must divide the last dimension of x %s", group, SHAPE(x));
+    ASSERT(eps >= 0, "rmsnorm_gate: eps %g must be >= 0", eps);
+    ASSERT(g && g->ndim == 1 && g->shape[0] == group, "rmsnorm_gate: weight %s must be (%d)", g ? SHAPE(g) : "NULL",
+           group);
+    ASSERT(z && tensor_same_shape(x, z), "rmsnorm_gate: gate z %s must have x's shape %s", z ? SHAPE(z) : "NULL",
+           SHAPE(x));
+    ASSERT(z != x, "rmsnorm_gate: x and z must be different tensors");
+    Tensor *y = tape_tensor(tp, x->ndim, x->shape);
+    Node *n = tape_op(tp, &OP_RMSNORM_GATE, (Tensor *[]){x, g, z}, 3, &y, 1);
+    n->iarg[0] = group;
+    n->farg[0] = eps;
+    rms_gate_forward(n);
     return y;
 }
 

@@ -11,18 +11,24 @@
 
 struct TapeProfile {
     const OpDef *op[PROF_MAX_OPS];
-    double fwd[PROF_MAX_OPS], bwd[PROF_MAX_OPS];
+    double fwd[PROF_MAX_OPS], bwd[PROF_MAX_OPS];            // wall seconds
+    double fwd_cpu[PROF_MAX_OPS], bwd_cpu[PROF_MAX_OPS];    // CPU seconds of every thread
     long calls[PROF_MAX_OPS];
     int n;
     const OpDef *open;   // the forward op being charged, or NULL
     double mark;         // when it started
+    double mark_cpu;
 };
 
-static double prof_now(void) {
+static double clock_s(clockid_t c) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(c, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+static double prof_now(void) { return clock_s(CLOCK_MONOTONIC); }
+// The process's CPU time: on a machine shared with other jobs it moves far
+// less than wall time (a thread waiting for a core is not charged).
+static double prof_cpu(void) { return clock_s(CLOCK_PROCESS_CPUTIME_ID); }
 
 static int prof_slot(TapeProfile *p, const OpDef *op) {
     for (int i = 0; i < p->n; i++)
@@ -34,14 +40,16 @@ static int prof_slot(TapeProfile *p, const OpDef *op) {
 
 // Charge the open forward op up to now and open `next` (NULL: none).
 static void prof_switch(TapeProfile *p, const OpDef *next) {
-    double now = prof_now();
+    double now = prof_now(), cpu = prof_cpu();
     if (p->open) {
         int i = prof_slot(p, p->open);
         p->fwd[i] += now - p->mark;
+        p->fwd_cpu[i] += cpu - p->mark_cpu;
         p->calls[i]++;
     }
     p->open = next;
     p->mark = now;
+    p->mark_cpu = cpu;
 }
 
 void tape_profile(Tape *tp, bool on) {
@@ -56,10 +64,11 @@ void tape_profile_print(const Tape *tp, FILE *f, int steps) {
     const TapeProfile *p = tp->prof;
     if (!p || steps < 1) return;
     int order[PROF_MAX_OPS];
-    double total = 0;
+    double total = 0, total_cpu = 0;
     for (int i = 0; i < p->n; i++) {
         order[i] = i;
         total += p->fwd[i] + p->bwd[i];
+        total_cpu += p->fwd_cpu[i] + p->bwd_cpu[i];
     }
     for (int i = 1; i < p->n; i++)   // insertion sort by total time, largest first
         for (int j = i; j > 0; j--) {
@@ -68,14 +77,18 @@ void tape_profile_print(const Tape *tp, FILE *f, int steps) {
             order[j - 1] = b;
             order[j] = a;
         }
-    fprintf(f, "%-20s %8s %10s %10s %10s %6s\n", "op", "calls", "fwd ms", "bwd ms", "total ms", "share");
+    fprintf(f, "%-20s %8s %10s %10s %10s %6s %10s %6s\n", "op", "calls", "fwd ms", "bwd ms", "total ms", "share",
+            "CPU ms", "share");
     for (int k = 0; k < p->n; k++) {
         int i = order[k];
-        fprintf(f, "%-20s %8.1f %10.2f %10.2f %10.2f %5.1f%%\n", p->op[i]->name, (double)p->calls[i] / steps,
-                1e3 * p->fwd[i] / steps, 1e3 * p->bwd[i] / steps, 1e3 * (p->fwd[i] + p->bwd[i]) / steps,
-                total > 0 ? 100 * (p->fwd[i] + p->bwd[i]) / total : 0.0);
+        double cpu = p->fwd_cpu[i] + p->bwd_cpu[i];
+        fprintf(f, "%-20s %8.1f %10.2f %10.2f %10.2f %5.1f%% %10.2f %5.1f%%\n", p->op[i]->name,
+                (double)p->calls[i] / steps, 1e3 * p->fwd[i] / steps, 1e3 * p->bwd[i] / steps,
+                1e3 * (p->fwd[i] + p->bwd[i]) / steps, total > 0 ? 100 * (p->fwd[i] + p->bwd[i]) / total : 0.0,
+                1e3 * cpu / steps, total_cpu > 0 ? 100 * cpu / total_cpu : 0.0);
     }
-    fprintf(f, "%-20s %8s %10s %10s %10.2f\n", "all ops", "", "", "", 1e3 * total / steps);
+    fprintf(f, "%-20s %8s %10s %10s %10.2f %6s %10.2f\n", "all ops", "", "", "", 1e3 * total / steps, "",
+            1e3 * total_cpu / steps);
 }
 
 void tape_init(Tape *tp) {
@@ -237,9 +250,13 @@ static void run_backward(Tape *tp) {
         for (int o = 0; o < n->n_out; o++)
             if (n->out[o] && n->out[o]->grad) any = true;
         if (any) {   // else nothing flows back through this node
-            double t0 = p ? prof_now() : 0;
+            double t0 = p ? prof_now() : 0, c0 = p ? prof_cpu() : 0;
             n->op->backward(n);
-            if (p) p->bwd[prof_slot(p, n->op)] += prof_now() - t0;
+            if (p) {
+                int k = prof_slot(p, n->op);
+                p->bwd[k] += prof_now() - t0;
+                p->bwd_cpu[k] += prof_cpu() - c0;
+            }
         }
         if (tp->after_node) tp->after_node(tp->after_node_ctx, i);
     }

@@ -86,10 +86,12 @@ Tensor *tape_tensor_copy(Tape *tp, int ndim, const int *shape, const real *src);
 Tensor *tape_tensorv(Tape *tp, int ndim, ...);
 
 // Op profile (a developer's tool; off by default, no cost when off): wall
-// time per op kind, forward and backward. A forward op is charged the time
-// from its tape_op() to the next one (so its builder's work is included); a
-// backward is timed exactly. tape_profile_print() lists the ops by total
-// time, divided by `steps` (the number of forward/backward passes profiled).
+// time and the process's CPU time (every thread) per op kind, forward and
+// backward. A forward op is charged the time from its tape_op() to the next
+// one (so its builder's work is included); a backward is timed exactly.
+// tape_profile_print() lists the ops by total wall time, divided by `steps`
+// (the number of forward/backward passes profiled). On a machine shared with
+// other jobs the CPU time is the steadier of the two.
 void tape_profile(Tape *tp, bool on);
 void tape_profile_print(const Tape *tp, FILE *f, int steps);
 

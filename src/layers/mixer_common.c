@@ -144,8 +144,8 @@ Tensor *outgate_forward(Tape *tp, const OutGate *g, Tensor *o, Tensor *u) {
     ASSERT(o->ndim == 3 && o->shape[2] == H * dv && u->ndim == 3 && u->shape[0] == o->shape[0] &&
                u->shape[1] == o->shape[1] && u->shape[2] == D,
            "outgate: o %s must be (B, T, %d) and u %s (B, T, %d)", SHAPE(o), H * dv, SHAPE(u), D);
-    Tensor *on = op_rmsnorm_groups(tp, o, g->norm_w, dv, g->eps);   // per head
-    return op_silu_mul(tp, op_matmul(tp, u, g->wg, false, false), on);   // on * silu(u Wg)
+    // RMSNorm_head(o) * silu(u Wg), fused (ops_norm.c)
+    return op_rmsnorm_gate(tp, o, g->norm_w, op_matmul(tp, u, g->wg, false, false), dv, g->eps);
 }
 
 void init_A_log(real *x, int64_t n, Rng *r, double a0, double a1) {
