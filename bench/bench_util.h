@@ -17,4 +17,17 @@ static inline bool bench_help(int argc, char **argv, const char *usage) {
     return false;
 }
 
+// A comma list of names ("attn,gdn") into out (at most max, each cut to 15
+// characters); returns how many.
+static inline int bench_parse_names(const char *s, char out[][16], int max) {
+    int n = 0;
+    while (*s && n < max) {
+        const char *e = strchr(s, ',');
+        size_t len = e ? (size_t)(e - s) : strlen(s);
+        snprintf(out[n++], 16, "%.*s", (int)len, s);
+        s += len + (e ? 1 : 0);
+    }
+    return n;
+}
+
 #endif

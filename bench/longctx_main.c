@@ -43,20 +43,9 @@
 
 #define MAX_LIST 16
 
-static int parse_names(const char *s, char out[][16], int max) {
-    int n = 0;
-    while (*s && n < max) {
-        const char *e = strchr(s, ',');
-        size_t len = e ? (size_t)(e - s) : strlen(s);
-        snprintf(out[n++], 16, "%.*s", (int)len, s);
-        s += len + (e ? 1 : 0);
-    }
-    return n;
-}
-
 static int parse_numbers(const char *s, double *out, int max) {
     char names[MAX_LIST][16];
-    int n = parse_names(s, names, max < MAX_LIST ? max : MAX_LIST);
+    int n = bench_parse_names(s, names, max < MAX_LIST ? max : MAX_LIST);
     for (int i = 0; i < n; i++) {
         char *end;
         out[i] = strtod(names[i], &end);
@@ -197,7 +186,7 @@ int main(int argc, char **argv) {
         return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     char mixers[MAX_LIST][16];
-    int n_mixers = parse_names("attn,linear,mamba,gdn,hybrid", mixers, MAX_LIST);
+    int n_mixers = bench_parse_names("attn,linear,mamba,gdn,hybrid", mixers, MAX_LIST);
     double lens[MAX_LIST], depths[MAX_LIST];
     int n_lens = parse_numbers("256,1024,4096,16384,32768", lens, MAX_LIST);
     int n_depths = parse_numbers("0,0.25,0.5,0.75,1", depths, MAX_LIST);
@@ -212,7 +201,7 @@ int main(int argc, char **argv) {
         const char *o = argv[i], *v = has ? argv[i + 1] : "";
         if (!has) ok = false;
         else if (!strcmp(o, "--task")) ok = !strcmp(v, "passkey") || !strcmp(v, "mqar_gap"), task.passkey = !strcmp(v, "passkey");
-        else if (!strcmp(o, "--mixers")) n_mixers = parse_names(v, mixers, MAX_LIST);
+        else if (!strcmp(o, "--mixers")) n_mixers = bench_parse_names(v, mixers, MAX_LIST);
         else if (!strcmp(o, "--layers")) L = atoi(v), ok = L >= 1 && L <= LM_MAX_LAYERS;
         else if (!strcmp(o, "--width")) D = atoi(v), ok = D >= 4 && D % 4 == 0;
         else if (!strcmp(o, "--params")) target_params = atol(v), ok = target_params >= 0;

@@ -31,17 +31,6 @@
 #include "runlog.h"
 #include "model_setup.h"
 
-static int parse_list(const char *s, char out[][16], int max) {
-    int n = 0;
-    while (*s && n < max) {
-        const char *e = strchr(s, ',');
-        size_t len = e ? (size_t)(e - s) : strlen(s);
-        snprintf(out[n++], 16, "%.*s", (int)len, s);
-        s += len + (e ? 1 : 0);
-    }
-    return n;
-}
-
 // Accuracy on scored positions of n_batches fresh batches.
 static double evaluate(LM *lm, const MqarSpec *s, int B, int n_batches, uint64_t seed) {
     Tape tp;
@@ -78,26 +67,26 @@ int main(int argc, char **argv) {
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     blas_select_from_env();     // ATTNLAB_GEMM=auto|openblas|onednn (default auto)
     char mixers[8][16], widths_s[8][16];
-    int n_mixers = parse_list("attn,gdn,mamba,linear", mixers, 8);
-    int n_widths = parse_list("32,64", widths_s, 8);
+    int n_mixers = bench_parse_names("attn,gdn,mamba,linear", mixers, 8);
+    int n_widths = bench_parse_names("32,64", widths_s, 8);
     MqarSpec spec = {256, 16, 128};
     int steps = 1500, B = 32;
     char lrs_s[8][16];
-    int n_lrs = parse_list("3e-3", lrs_s, 8);
+    int n_lrs = bench_parse_names("3e-3", lrs_s, 8);
     int eval_every = 0;
     double stop_at = 2;   // > 1: never
     uint64_t seed = 1;
     const char *tsv = NULL, *curve = NULL;
     for (int i = 1; i < argc; i++) {
         bool has = i + 1 < argc;
-        if (!strcmp(argv[i], "--mixers") && has) n_mixers = parse_list(argv[++i], mixers, 8);
-        else if (!strcmp(argv[i], "--widths") && has) n_widths = parse_list(argv[++i], widths_s, 8);
+        if (!strcmp(argv[i], "--mixers") && has) n_mixers = bench_parse_names(argv[++i], mixers, 8);
+        else if (!strcmp(argv[i], "--widths") && has) n_widths = bench_parse_names(argv[++i], widths_s, 8);
         else if (!strcmp(argv[i], "--pairs") && has) spec.n_pairs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seq") && has) spec.T = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--vocab") && has) spec.vocab = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && has) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && has) B = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--lr") && has) n_lrs = parse_list(argv[++i], lrs_s, 8);
+        else if (!strcmp(argv[i], "--lr") && has) n_lrs = bench_parse_names(argv[++i], lrs_s, 8);
         else if (!strcmp(argv[i], "--eval-every") && has) eval_every = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--stop-at") && has) stop_at = atof(argv[++i]);
         else if (!strcmp(argv[i], "--curve") && has) curve = argv[++i];
