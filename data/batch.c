@@ -46,8 +46,8 @@ void batcher_set_documents(Batcher *b, const int64_t *starts, int64_t n_docs) {
 Status batcher_set_streams(Batcher *b) {
     int64_t len = b->train_end / b->B;
     if (len < (int64_t)b->T + 1)
-        return status_err("carry_state: the training split of %lld tokens, read as %d streams (one per row of "
-                          "batch_size), gives each %lld tokens, fewer than one window of seq_len + 1 = %d",
+        return status_err("the training split of %lld tokens, read as %d streams (one per row of batch_size), "
+                          "gives each %lld tokens, fewer than one window of seq_len + 1 = %d",
                           (long long)b->train_end, b->B, (long long)len, b->T + 1);
     b->streams = true;
     b->stream_len = len;

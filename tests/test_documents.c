@@ -235,7 +235,7 @@ Test(documents, batcher_streams_continue_row_by_row) {
     Batcher small;
     cr_assert(batcher_init(&small, tokens, 40, 0, B, T, 7).ok);   // streams of 13 tokens
     Status s = batcher_set_streams(&small);
-    cr_assert(!s.ok && strstr(s.msg, "carry_state"), "%s", s.msg);
+    cr_assert(!s.ok && strstr(s.msg, "streams"), "%s", s.msg);
     free(tokens);
 }
 
@@ -243,7 +243,7 @@ Test(documents, batcher_streams_continue_row_by_row) {
 // its lines grouped into blank-line documents).
 static const char *carry_config(const char *layers, int steps, const char *extra_train) {
     char extra[600];
-    snprintf(extra, sizeof extra, "carry_state = true\n%s[data]\ndocuments = blank_line\n",
+    snprintf(extra, sizeof extra, "carry_state = true\n%s[data]\ndocuments = blank_line\norder = streams\n",
              extra_train ? extra_train : "");
     const char *cfg = test_tiny_config("doctrain", layers, steps, NULL, extra);
     char corpus[1600];
@@ -390,7 +390,12 @@ Test(documents, config_errors_name_the_key) {
     Status s = trainer_setup(&t, &o);
     cr_assert(!s.ok && strstr(s.msg, "tiny.ini:") && strstr(s.msg, "documents") && strstr(s.msg, "paragraphs"),
               "%s", s.msg);
-    cfg = test_tiny_config("docerr", "attn", 2, NULL, "carry_state = true\n");
+    cfg = test_tiny_config("docerr", "gdn", 2, NULL, "carry_state = true\n");   // without order = streams
+    o.config = cfg;
+    s = trainer_setup(&t, &o);
+    cr_assert(!s.ok && strstr(s.msg, "tiny.ini:") && strstr(s.msg, "carry_state") && strstr(s.msg, "order = streams"),
+              "%s", s.msg);
+    cfg = test_tiny_config("docerr", "attn", 2, NULL, "carry_state = true\n[data]\norder = streams\n");
     o.config = cfg;
     s = trainer_setup(&t, &o);
     cr_assert(!s.ok && strstr(s.msg, "carry_state") && strstr(s.msg, "no layer"), "%s", s.msg);
@@ -400,8 +405,8 @@ Test(documents, config_errors_name_the_key) {
     cr_assert(trainer_setup(&t, &o).ok);
     cr_assert_eq(trainer_run(&t, &o), 0);
     trainer_free(&t);
-    const char *sets[] = {"train.carry_state=true", "train.steps=3"};
-    TrainerOptions r = {.config = cfg, .quiet = true, .resume = true, .sets = sets, .n_sets = 2};
+    const char *sets[] = {"train.carry_state=true", "data.order=streams", "train.steps=3"};
+    TrainerOptions r = {.config = cfg, .quiet = true, .resume = true, .sets = sets, .n_sets = 3};
     s = trainer_setup(&t, &r);
     cr_assert(!s.ok && strstr(s.msg, "carry_state"), "%s", s.msg);
 }

@@ -355,6 +355,10 @@ Status config_validate(const TrainConfig *cfg) {
     DocSpec ds;
     Status d = doc_spec_parse(cfg->data.documents, &ds);
     if (!d.ok) return status_err("%s: [data] documents: %s", WHERE("data", "documents"), d.msg);
+    if (cfg->train.carry_state && cfg->data.order != CFG_ORDER_STREAMS)
+        return status_err("%s: [train] carry_state: needs [data] order = streams (each batch row reads one "
+                          "stream, so a window's state can start the next)",
+                          WHERE("train", "carry_state"));
     if (cfg->train.carry_state && cfg->finetune.mode == FT_INDEXER)
         return status_err("%s: [train] carry_state: indexer fine-tuning trains no recurrent layer (use mode = "
                           "none or sparse)",

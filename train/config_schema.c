@@ -51,6 +51,9 @@ const ConfigKey CONFIG_SCHEMA[] = {
     {"data", "documents", KEY_STRING, OFF(data, documents), "none", 0, 0, NULL, "docs,doc_sep",
      "where documents start: none, files, blank_line, eot (the text <|endoftext|>) or text:SEP; every layer "
      "starts fresh at a document start"},
+    {"data", "order", KEY_ENUM, OFF(data, order), "random", 0, 0, "random|streams", "sampling",
+     "training windows at random starts, or each batch row reading one contiguous stream window after window "
+     "(carry_state needs streams)"},
     {"data", "val_fraction", KEY_FLOAT, OFF(data, val_fraction), "0.05", 0, 0.9, NULL, "val_split,validation",
      "last fraction of the tokens held out for validation"},
     {"data", "seq_len", KEY_INT, OFF(data, seq_len), "256", 1, 1 << 20, NULL, "block_size,context,T",

@@ -207,10 +207,11 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
     if (t->tokens.n_docs > 0)
         fprintf(stderr, "train: %lld documents ([data] documents = %s), %.0f tokens each on average\n",
                 (long long)t->tokens.n_docs, c->data.documents, (double)t->tokens.n / (double)t->tokens.n_docs);
-    if (t->carry)
-        fprintf(stderr, "train: carry_state: each row reads a stream of %lld tokens (%lld windows) and carries the "
-                        "recurrent layers' state from window to window\n",
-                (long long)t->bt.stream_len, (long long)t->bt.stream_windows);
+    if (t->bt.streams)
+        fprintf(stderr, "train: order = streams: each row reads a stream of %lld tokens (%lld windows)%s\n",
+                (long long)t->bt.stream_len, (long long)t->bt.stream_windows,
+                t->carry ? "; carry_state: the recurrent layers' state carries from window to window"
+                         : ", every window from a zero state");
     if (!t->has_val) fprintf(stderr, "train: val_fraction = 0: no validation split, no evaluations\n");
     if (o->resume) fprintf(stderr, "train: resumed from %s at step %lld\n", t->ckpt, (long long)t->step);
     if (c->finetune.init_from[0] && !o->resume) {

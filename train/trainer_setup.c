@@ -162,9 +162,9 @@ static Status setup_data(Trainer *t, const TrainerOptions *o) {
                      c->data.seq_len, (uint64_t)c->train.seed);
     if (!s.ok) return status_err("[data]: %s", s.msg);
     batcher_set_documents(&t->bt, t->tokens.doc_starts, t->tokens.n_docs);
-    if (c->train.carry_state) {
+    if (c->data.order == CFG_ORDER_STREAMS) {
         s = batcher_set_streams(&t->bt);
-        if (!s.ok) return status_err("[train] %s", s.msg);
+        if (!s.ok) return status_err("[data] order = streams: %s", s.msg);
     }
     t->has_val = batcher_val_tokens(&t->bt) > 0;
     return status_ok();
