@@ -404,7 +404,14 @@ Test(documents, config_errors_name_the_key) {
     o.config = cfg;
     cr_assert(trainer_setup(&t, &o).ok);
     cr_assert_eq(trainer_run(&t, &o), 0);
+    char init[sizeof t.ckpt + 32];
+    snprintf(init, sizeof init, "finetune.init_from=%s", t.ckpt);
     trainer_free(&t);
+    // Indexer fine-tuning trains no recurrent layer: carry_state is refused, naming the key.
+    const char *ft[] = {"finetune.mode=indexer", init, "data.order=streams", "train.carry_state=true"};
+    TrainerOptions f = {.config = cfg, .quiet = true, .overwrite = true, .sets = ft, .n_sets = 4};
+    s = trainer_setup(&t, &f);
+    cr_assert(!s.ok && strstr(s.msg, "carry_state") && strstr(s.msg, "indexer"), "%s", s.msg);
     const char *sets[] = {"train.carry_state=true", "data.order=streams", "train.steps=3"};
     TrainerOptions r = {.config = cfg, .quiet = true, .resume = true, .sets = sets, .n_sets = 3};
     s = trainer_setup(&t, &r);
