@@ -9,18 +9,6 @@
 #include "blas.h"
 #include "test_util.h"
 
-#ifndef AG_DOUBLE
-static real *randn(int64_t n, uint64_t seed) {
-    Tensor *t = tensor_newv(false, 1, (int)n);
-    fill_normal(t, seed, 1.0);
-    real *p = xmalloc((size_t)n * sizeof(real));
-    memcpy(p, t->data, (size_t)n * sizeof(real));
-    tensor_free(t);
-    return p;
-}
-
-#endif
-
 static void use(GemmBackend b, GemmPrecision p) {
     char err[256];
     cr_assert(blas_select(b, p, err, sizeof err), "blas_select(%s, %s): %s", blas_backend_name(b),
@@ -43,7 +31,7 @@ static bool have_bf16(void) { return onednn_built() && onednn_has_bf16(); }
 static void compare_backends(bool ta, bool tb, int M, int N, int K, float alpha, float beta) {
     int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
     int64_t na = (int64_t)(ta ? K : M) * lda, nb = (int64_t)(tb ? N : K) * ldb, nc = (int64_t)M * ldc;
-    real *A = randn(na, 11), *B = randn(nb, 12), *C0 = randn(nc, 13);
+    real *A = test_randn(na, 11), *B = test_randn(nb, 12), *C0 = test_randn(nc, 13);
     real *C[2] = {xmalloc((size_t)nc * sizeof(real)), xmalloc((size_t)nc * sizeof(real))};
     for (int b = 0; b < 2; b++) {
         use(b ? GEMM_ONEDNN : GEMM_OPENBLAS, PRECISION_FP32);
@@ -81,7 +69,7 @@ Test(blas_backend, onednn_products_inside_a_parallel_region) {
 #else
     if (!have_onednn()) cr_skip_test("built without oneDNN");
     enum { M = 96, N = 80, K = 72, P = 4 };
-    real *A = randn((int64_t)P * M * K, 21), *B = randn((int64_t)K * N, 22);
+    real *A = test_randn((int64_t)P * M * K, 21), *B = test_randn((int64_t)K * N, 22);
     real *want = xmalloc((size_t)P * M * N * sizeof(real)), *got = xmalloc((size_t)P * M * N * sizeof(real));
     use(GEMM_ONEDNN, PRECISION_FP32);
     for (int p = 0; p < P; p++)
@@ -151,8 +139,8 @@ Test(blas_backend, bf16_products_equal_the_product_of_rounded_operands) {
 #else
     if (!have_bf16()) cr_skip_test("this CPU has no AVX512_BF16 (or no oneDNN)");
     enum { R = 2600, K = 40, N = 48 };   // R: several slabs and blocks, the last ones partial
-    real *A = randn((int64_t)R * K, 31), *B = randn((int64_t)K * N, 32), *Y = randn((int64_t)R * N, 33);
-    real *C0 = randn((int64_t)R * N, 34);
+    real *A = test_randn((int64_t)R * K, 31), *B = test_randn((int64_t)K * N, 32), *Y = test_randn((int64_t)R * N, 33);
+    real *C0 = test_randn((int64_t)R * N, 34);
     double *want = xmalloc((size_t)R * N * sizeof(double)), *abs_sum = xmalloc((size_t)R * N * sizeof(double));
     real *C[2] = {xmalloc((size_t)R * N * sizeof(real)), xmalloc((size_t)R * N * sizeof(real))};
     real *F = xmalloc((size_t)R * N * sizeof(real));

@@ -16,15 +16,6 @@
 #define SPLIT_TOL 1e-4
 #endif
 
-static real *randn(int64_t n, uint64_t seed) {
-    Tensor *t = tensor_newv(false, 1, (int)n);
-    fill_normal(t, seed, 1.0);
-    real *p = xmalloc((size_t)n * sizeof(real));
-    memcpy(p, t->data, (size_t)n * sizeof(real));
-    tensor_free(t);
-    return p;
-}
-
 static void assert_close(const real *got, const double *want, int64_t n, const char *what) {
     for (int64_t i = 0; i < n; i++)
         cr_assert(fabs(got[i] - want[i]) <= SPLIT_TOL * (1 + fabs(want[i])), "%s[%lld]: %.10g, want %.10g", what,
@@ -35,7 +26,7 @@ static void assert_close(const real *got, const double *want, int64_t n, const c
 enum { R = 2600, K = 24, N = 40 };
 
 static void gemm_rows_case(const char *backend) {
-    real *A = randn((int64_t)R * K, 1), *B = randn((int64_t)K * N, 2), *C0 = randn((int64_t)R * N, 3);
+    real *A = test_randn((int64_t)R * K, 1), *B = test_randn((int64_t)K * N, 2), *C0 = test_randn((int64_t)R * N, 3);
     double *want = xmalloc((size_t)R * N * sizeof(double));
     real *C = xmalloc((size_t)R * N * sizeof(real)), *C1 = xmalloc((size_t)R * N * sizeof(real));
     int saved = omp_get_max_threads();
@@ -69,7 +60,7 @@ Test(blas_split, gemm_rows_equals_direct_loop_and_any_thread_count) {
 
 static void gemm_sum_rows_case(const char *backend) {
     // C (K, N) = X^T Y + beta C, X (R, K), Y (R, N)
-    real *X = randn((int64_t)R * K, 4), *Y = randn((int64_t)R * N, 5), *C0 = randn((int64_t)K * N, 6);
+    real *X = test_randn((int64_t)R * K, 4), *Y = test_randn((int64_t)R * N, 5), *C0 = test_randn((int64_t)K * N, 6);
     size_t np = gemm_sum_rows_scratch(K, N, R);
     cr_assert(np > 0, "R = %d rows should be split into blocks", R);
     real *part = xmalloc(np * sizeof(real));
@@ -117,7 +108,7 @@ static void matmul_case(void) {
         Tensor *a = op_scale(&tp, x, 1.0);   // its gradient buffer is fresh when matmul's backward runs
         Tensor *c = op_matmul(&tp, a, b, false, tb);
         Tensor *c2 = op_matmul(&tp, a, b, false, tb);   // b's and a's gradients then add
-        real *seed = randn((int64_t)R * N, 9);
+        real *seed = test_randn((int64_t)R * N, 9);
         double *want = xmalloc((size_t)R * N * sizeof(double));
         for (int r = 0; r < R; r++)
             for (int j = 0; j < N; j++) {

@@ -270,27 +270,8 @@ Test(docs_layers, rope_positions_restart_in_forward_and_decoding) {
 
 // ---- the LM ----
 
-static LMConfig lm_config(const char *layers) {
-    LMConfig c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 11;
-    c.d_model = D;
-    c.d_ff = 12;
-    c.tied = true;
-    c.norm_eps = 1e-6;
-    c.mixer = mixer_config_default(D, H, DK, DV);
-    c.mixer.chunk_size = CHUNK;
-    c.mixer.conv_size = 3;
-    c.mixer.index_heads = 2;
-    c.mixer.index_dim = 4;
-    c.mixer.topk = 3;
-    Status s = lm_parse_layers(&c, layers);
-    cr_assert(s.ok, "%s", s.msg);
-    return c;
-}
-
 static void lm_make(LM *lm, ParamStore *ps, const char *layers, uint64_t seed) {
-    LMConfig cfg = lm_config(layers);
+    LMConfig cfg = test_tiny_lm_config(layers);
     params_init(ps);
     lm_create(lm, &cfg, ps);
     params_finalize(ps, seed);

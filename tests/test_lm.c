@@ -6,25 +6,6 @@
 #include "lm.h"
 #include "test_util.h"
 
-static LMConfig tiny_config(const char *layers) {
-    LMConfig c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 11;
-    c.d_model = 8;
-    c.d_ff = 12;
-    c.tied = true;
-    c.norm_eps = 1e-6;
-    c.mixer = mixer_config_default(8, 2, 4, 4);
-    c.mixer.chunk_size = 4;
-    c.mixer.conv_size = 3;
-    c.mixer.index_heads = 2;
-    c.mixer.index_dim = 4;
-    c.mixer.topk = 3;
-    Status s = lm_parse_layers(&c, layers);
-    cr_assert(s.ok, "%s", s.msg);
-    return c;
-}
-
 // Float64 only: float32 central differences (eps 1e-2, 7 digits) cannot
 // resolve the small gradients deep in a 4-layer model; every op and mixer has
 // its own float32 check, and this one runs in the float64 build.
@@ -42,7 +23,7 @@ static int f_lm_loss(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out
 }
 
 static void check_lm_gradients(const char *layers, bool tied) {
-    LMConfig cfg = tiny_config(layers);
+    LMConfig cfg = test_tiny_lm_config(layers);
     cfg.tied = tied;
     ParamStore ps;
     params_init(&ps);
@@ -93,7 +74,7 @@ Test(lm, gradcheck_every_parameter_hybrid, .timeout = 120) {
 
 // Decode parity: token-by-token logits equal the parallel forward's.
 static void check_decode(const char *layers) {
-    LMConfig cfg = tiny_config(layers);
+    LMConfig cfg = test_tiny_lm_config(layers);
     ParamStore ps;
     params_init(&ps);
     LM lm;

@@ -29,6 +29,34 @@ void fill_normal(Tensor *t, uint64_t seed, double std) {
     for (int64_t i = 0; i < t->numel; i++) t->data[i] = (real)(std * rng_normal(&r));
 }
 
+LMConfig test_tiny_lm_config(const char *layers) {
+    LMConfig c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 11;
+    c.d_model = 8;
+    c.d_ff = 12;
+    c.tied = true;
+    c.norm_eps = 1e-6;
+    c.mixer = mixer_config_default(8, 2, 4, 4);
+    c.mixer.chunk_size = 4;
+    c.mixer.conv_size = 3;
+    c.mixer.index_heads = 2;
+    c.mixer.index_dim = 4;
+    c.mixer.topk = 3;
+    Status s = lm_parse_layers(&c, layers);
+    cr_assert(s.ok, "%s", s.msg);
+    return c;
+}
+
+real *test_randn(int64_t n, uint64_t seed) {
+    Tensor *t = tensor_newv(false, 1, (int)n);
+    fill_normal(t, seed, 1.0);
+    real *p = xmalloc((size_t)n * sizeof(real));
+    memcpy(p, t->data, (size_t)n * sizeof(real));
+    tensor_free(t);
+    return p;
+}
+
 void fill_uniform(Tensor *t, uint64_t seed, double lo, double hi) {
     Rng r;
     rng_seed(&r, seed);

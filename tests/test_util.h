@@ -15,6 +15,11 @@
 // Fill with N(0, std^2) / uniform values from a fixed seed.
 void fill_normal(Tensor *t, uint64_t seed, double std);
 void fill_uniform(Tensor *t, uint64_t seed, double lo, double hi);
+// A tiny LM of the given layers (vocabulary 11, d_model 8, 2 heads of 4, d_ff 12, chunks of 4,
+// convolutions of 3, DSA indexer 2 x 4 with top-3).
+LMConfig test_tiny_lm_config(const char *layers);
+// n standard normal values (fill_normal's) in a malloc'd array.
+real *test_randn(int64_t n, uint64_t seed);
 
 // Relative difference of two arrays, normwise: max_i |a_i - b_i| / max_i max(|a_i|, |b_i|).
 // This is what "two forms agree to 1e-10 (float64) / 1e-4 (float32)" means in
