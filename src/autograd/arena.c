@@ -10,7 +10,8 @@
 // 4 KiB pages much of that time went to TLB misses and page faults.
 #define HUGE_PAGE ((size_t)2 << 20)
 
-static void *block_mem(size_t cap) {
+static void *block_mem(size_t cap, Device d) {
+    if (d != DEVICE_CPU) return dev_alloc(d, cap);
     if (cap < HUGE_PAGE) return xaligned(cap);
     size_t rounded = (cap + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
     void *p = aligned_alloc(HUGE_PAGE, rounded);
@@ -21,16 +22,19 @@ static void *block_mem(size_t cap) {
     return p;
 }
 
-static ArenaBlock *block_new(size_t cap) {
+static ArenaBlock *block_new(size_t cap, Device d) {
     ArenaBlock *b = xmalloc(sizeof *b);
     b->next = NULL;
     b->cap = cap;
     b->used = 0;
-    b->mem = block_mem(cap);
+    b->mem = block_mem(cap, d);
     return b;
 }
 
-void arena_init(Arena *a, size_t block_bytes) {
+void arena_init(Arena *a, size_t block_bytes) { arena_init_on(a, block_bytes, DEVICE_CPU); }
+
+void arena_init_on(Arena *a, size_t block_bytes, Device device) {
+    a->device = device;
     a->head = NULL;
     a->total_used = 0;
     a->high_water = 0;
@@ -43,7 +47,7 @@ void *arena_alloc(Arena *a, size_t bytes) {
     if (!a->head || a->head->used + need > a->head->cap) {
         size_t cap = a->default_block;
         if (need > cap) cap = need;
-        ArenaBlock *b = block_new(cap);
+        ArenaBlock *b = block_new(cap, a->device);
         b->next = a->head;
         a->head = b;
     }
@@ -56,14 +60,16 @@ void *arena_alloc(Arena *a, size_t bytes) {
 
 void *arena_calloc(Arena *a, size_t bytes) {
     void *p = arena_alloc(a, bytes);
-    memset(p, 0, bytes);
+    if (a->device != DEVICE_CPU) dev_zero(a->device, p, bytes);
+    else memset(p, 0, bytes);
     return p;
 }
 
-static void free_blocks(ArenaBlock *b) {
+static void free_blocks(ArenaBlock *b, Device d) {
     while (b) {
         ArenaBlock *next = b->next;
-        free(b->mem);
+        if (d != DEVICE_CPU) dev_free(d, b->mem);
+        else free(b->mem);
         free(b);
         b = next;
     }
@@ -72,9 +78,9 @@ static void free_blocks(ArenaBlock *b) {
 void arena_reset(Arena *a) {
     if (a->head && a->head->next) {
         // More than one block: replace them by one that holds the high water.
-        free_blocks(a->head);
+        free_blocks(a->head, a->device);
         size_t cap = a->high_water > a->default_block ? a->high_water : a->default_block;
-        a->head = block_new(cap);
+        a->head = block_new(cap, a->device);
     } else if (a->head) {
         a->head->used = 0;
     }
@@ -82,7 +88,7 @@ void arena_reset(Arena *a) {
 }
 
 void arena_free(Arena *a) {
-    free_blocks(a->head);
+    free_blocks(a->head, a->device);
     a->head = NULL;
     a->total_used = 0;
 }

@@ -9,6 +9,11 @@
 #define AG_ARENA_H
 
 #include "common.h"
+#include "device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct ArenaBlock {
     struct ArenaBlock *next;
@@ -21,12 +26,19 @@ typedef struct Arena {
     size_t total_used;      // bytes handed out since the last reset
     size_t high_water;      // largest total_used seen
     size_t default_block;   // size of a fresh block
+    Device device;          // where the blocks are (DEVICE_CPU unless arena_init_on says otherwise)
 } Arena;
 
 void arena_init(Arena *a, size_t block_bytes);
+// An arena whose blocks are on `device` (GPU memory: arena_calloc zeroes it
+// on the stream; the caller never dereferences what it hands out).
+void arena_init_on(Arena *a, size_t block_bytes, Device device);
 void *arena_alloc(Arena *a, size_t bytes);    // 64-byte aligned, uninitialised
 void *arena_calloc(Arena *a, size_t bytes);   // zeroed
 void arena_reset(Arena *a);                   // frees everything handed out
 void arena_free(Arena *a);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

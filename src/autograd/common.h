@@ -10,6 +10,12 @@
 #include <stdio.h>
 #include <stdbool.h>
 
+#ifdef __cplusplus
+// The CUDA kernels (src/cuda/*.cu) are C++ and include these headers.
+#define _Noreturn [[noreturn]]
+extern "C" {
+#endif
+
 #ifdef AG_DOUBLE
 typedef double real;
 #define REAL_NAME "float64"
@@ -58,4 +64,7 @@ Status status_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline int imax(int a, int b) { return a > b ? a : b; }
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -202,7 +202,7 @@ static Tensor *conv_build(Tape *tp, const OpDef *op, bool silu, Tensor *x, Tenso
     Node *n = tape_op(tp, op, (Tensor *[]){x, w}, 2, &y, 1);
     n->iarg[0] = silu;
     n->aux = docs_first(tp, doc_start, x->shape[0], x->shape[1]);
-    conv_forward(n);
+    tape_forward(n);
     return y;
 }
 

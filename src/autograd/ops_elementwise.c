@@ -94,9 +94,9 @@ static void ew_backward(Node *n) {
     }
 }
 
-static const OpDef OP_ADD = {"add", ew_forward, ew_backward};
-static const OpDef OP_SUB = {"sub", ew_forward, ew_backward};
-static const OpDef OP_MUL = {"mul", ew_forward, ew_backward};
+static const OpDef OP_ADD = {"add", ew_forward, ew_backward, CUDA_PAIR(cu_ew_forward, cu_ew_backward)};
+static const OpDef OP_SUB = {"sub", ew_forward, ew_backward, CUDA_PAIR(cu_ew_forward, cu_ew_backward)};
+static const OpDef OP_MUL = {"mul", ew_forward, ew_backward, CUDA_PAIR(cu_ew_forward, cu_ew_backward)};
 
 static Tensor *ew_build(Tape *tp, const OpDef *op, int kind, Tensor *a, Tensor *b) {
     bool ok = b->ndim <= a->ndim;
@@ -106,7 +106,7 @@ static Tensor *ew_build(Tape *tp, const OpDef *op, int kind, Tensor *a, Tensor *
     Tensor *o = tape_tensor(tp, a->ndim, a->shape);
     Node *n = tape_op(tp, op, (Tensor *[]){a, b}, 2, &o, 1);
     n->iarg[0] = kind;
-    ew_forward(n);
+    tape_forward(n);
     return o;
 }
 
@@ -131,12 +131,13 @@ static void scale_backward(Node *n) {
     GRAD_WRITE_LOOP(fresh, n->in[0]->numel, dx, s * g[i]);
 }
 
-static const OpDef OP_SCALE = {"scale", scale_forward, scale_backward};
+static const OpDef OP_SCALE = {"scale", scale_forward, scale_backward,
+                                CUDA_PAIR(cu_scale_forward, cu_scale_backward)};
 
 Tensor *op_scale(Tape *tp, Tensor *a, double s) {
     Tensor *o = tape_tensor(tp, a->ndim, a->shape);
     Node *n = tape_op(tp, &OP_SCALE, &a, 1, &o, 1);
     n->farg[0] = s;
-    scale_forward(n);
+    tape_forward(n);
     return o;
 }

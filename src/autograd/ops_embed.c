@@ -65,6 +65,6 @@ Tensor *op_embedding(Tape *tp, Tensor *E, const int *ids, int ndim, const int *s
     Tensor *y = tape_tensor(tp, ndim + 1, oshape);
     Node *n = tape_op(tp, &OP_EMBEDDING, &E, 1, &y, 1);
     n->aux = copy;
-    embedding_forward(n);
+    tape_forward(n);
     return y;
 }

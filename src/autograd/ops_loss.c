@@ -151,6 +151,6 @@ Tensor *op_cross_entropy(Tape *tp, Tensor *logits, const int *targets) {
     Tensor *loss = tape_tensor(tp, 1, (int[]){1});
     Node *n = tape_op(tp, &OP_CROSS_ENTROPY, &logits, 1, &loss, 1);
     n->aux = copy;
-    ce_forward(n);
+    tape_forward(n);
     return loss;
 }

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "common.h"
+#include "cuda_ops.h"
 
 // Elementwise and row loops go parallel above this many elements; below it the
 // OpenMP fork costs more than the loop.

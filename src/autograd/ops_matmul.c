@@ -145,7 +145,8 @@ static void matmul_backward(Node *n) {
     }
 }
 
-static const OpDef OP_MATMUL = {"matmul", matmul_forward, matmul_backward};
+static const OpDef OP_MATMUL = {"matmul", matmul_forward, matmul_backward,
+                                 CUDA_PAIR(cu_matmul_forward, cu_matmul_backward)};
 
 Tensor *op_matmul(Tape *tp, Tensor *a, Tensor *b, bool ta, bool tb) {
     ASSERT(a->ndim >= 2 && b->ndim >= 2, "matmul: operands need 2 or more dimensions, got a %s, b %s",
@@ -177,6 +178,6 @@ Tensor *op_matmul(Tape *tp, Tensor *a, Tensor *b, bool ta, bool tb) {
     n->iarg[4] = Ka;
     n->iarg[5] = (int)(a->numel / ((int64_t)M * Ka));
     n->iarg[6] = batched_b;
-    matmul_forward(n);
+    tape_forward(n);
     return c;
 }

@@ -141,7 +141,7 @@ Tensor *op_rmsnorm_groups(Tape *tp, Tensor *x, Tensor *g, int group, double eps)
     Node *n = tape_op(tp, &OP_RMSNORM, (Tensor *[]){x, g}, 2, &y, 1);
     n->iarg[0] = group;
     n->farg[0] = eps;
-    rmsnorm_forward(n);
+    tape_forward(n);
     return y;
 }
 
@@ -235,7 +235,7 @@ Tensor *op_add_rmsnorm(Tape *tp, Tensor *a, Tensor *b, Tensor *g, double eps, Te
     Node *n = tape_op(tp, &OP_ADD_RMSNORM, (Tensor *[]){a, b, g}, 3, (Tensor *[]){y, h}, 2);
     n->iarg[0] = D;
     n->farg[0] = eps;
-    add_rmsnorm_forward(n);
+    tape_forward(n);
     *sum = h;
     return y;
 }
@@ -325,7 +325,7 @@ Tensor *op_rmsnorm_gate(Tape *tp, Tensor *x, Tensor *g, Tensor *z, int group, do
     Node *n = tape_op(tp, &OP_RMSNORM_GATE, (Tensor *[]){x, g, z}, 3, &y, 1);
     n->iarg[0] = group;
     n->farg[0] = eps;
-    rms_gate_forward(n);
+    tape_forward(n);
     return y;
 }
 
@@ -389,6 +389,6 @@ Tensor *op_l2norm_heads(Tape *tp, Tensor *x, int head_dim) {
     Tensor *y = tape_tensor(tp, x->ndim, x->shape);
     Node *n = tape_op(tp, &OP_L2NORM_HEADS, &x, 1, &y, 1);
     n->iarg[0] = head_dim;
-    l2norm_forward(n);
+    tape_forward(n);
     return y;
 }

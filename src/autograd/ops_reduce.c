@@ -1,5 +1,6 @@
 // ops_reduce.c: sum and mean of all elements (accumulated in double).
 #include "ops.h"
+#include "cuda_ops.h"
 
 // farg[0]: the factor (1 for sum, 1/numel for mean)
 static void reduce_forward(Node *n) {
@@ -15,14 +16,16 @@ static void reduce_backward(Node *n) {
     for (int64_t i = 0; i < n->in[0]->numel; i++) dx[i] += g;
 }
 
-static const OpDef OP_SUM = {"sum", reduce_forward, reduce_backward};
-static const OpDef OP_MEAN = {"mean", reduce_forward, reduce_backward};
+static const OpDef OP_SUM = {"sum", reduce_forward, reduce_backward,
+                              CUDA_PAIR(cu_reduce_forward, cu_reduce_backward)};
+static const OpDef OP_MEAN = {"mean", reduce_forward, reduce_backward,
+                              CUDA_PAIR(cu_reduce_forward, cu_reduce_backward)};
 
 static Tensor *reduce_build(Tape *tp, const OpDef *op, Tensor *x, double factor) {
     Tensor *o = tape_tensor(tp, 1, (int[]){1});
     Node *n = tape_op(tp, op, &x, 1, &o, 1);
     n->farg[0] = factor;
-    reduce_forward(n);
+    tape_forward(n);
     return o;
 }
 

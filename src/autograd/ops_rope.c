@@ -123,7 +123,7 @@ static Tensor *rope_build(Tape *tp, Tensor *x, int head_dim, int pos0, const int
     n->iarg[0] = head_dim;
     n->farg[0] = base;
     n->aux = tb;
-    rope_forward(n);
+    tape_forward(n);
     return y;
 }
 

@@ -96,7 +96,7 @@ Tensor *op_transpose(Tape *tp, Tensor *x, int d0, int d1) {
     Node *n = tape_op(tp, &OP_TRANSPOSE, &x, 1, &o, 1);
     n->iarg[0] = a;
     n->iarg[1] = b;
-    transpose_forward(n);
+    tape_forward(n);
     return o;
 }
 
@@ -151,7 +151,7 @@ Tensor *op_slice(Tape *tp, Tensor *x, int dim, int start, int len) {
     n->iarg[0] = d;
     n->iarg[1] = start;
     n->iarg[2] = len;
-    slice_forward(n);
+    tape_forward(n);
     return o;
 }
 

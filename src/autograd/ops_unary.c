@@ -54,18 +54,23 @@ static void unary_backward(Node *n) {
     }
 }
 
-static const OpDef OP_SILU = {"silu", unary_forward, unary_backward};
-static const OpDef OP_SIGMOID = {"sigmoid", unary_forward, unary_backward};
-static const OpDef OP_SOFTPLUS = {"softplus", unary_forward, unary_backward};
-static const OpDef OP_EXP = {"exp", unary_forward, unary_backward};
-static const OpDef OP_RELU = {"relu", unary_forward, unary_backward};
+static const OpDef OP_SILU = {"silu", unary_forward, unary_backward,
+                                CUDA_PAIR(cu_unary_forward, cu_unary_backward)};
+static const OpDef OP_SIGMOID = {"sigmoid", unary_forward, unary_backward,
+                                CUDA_PAIR(cu_unary_forward, cu_unary_backward)};
+static const OpDef OP_SOFTPLUS = {"softplus", unary_forward, unary_backward,
+                                CUDA_PAIR(cu_unary_forward, cu_unary_backward)};
+static const OpDef OP_EXP = {"exp", unary_forward, unary_backward,
+                                CUDA_PAIR(cu_unary_forward, cu_unary_backward)};
+static const OpDef OP_RELU = {"relu", unary_forward, unary_backward,
+                                CUDA_PAIR(cu_unary_forward, cu_unary_backward)};
 
 static Tensor *unary_build(Tape *tp, const OpDef *op, int kind, Tensor *x) {
     ASSERT(x != NULL, "%s: input is NULL", op->name);
     Tensor *y = tape_tensor(tp, x->ndim, x->shape);
     Node *n = tape_op(tp, op, &x, 1, &y, 1);
     n->iarg[0] = kind;
-    unary_forward(n);
+    tape_forward(n);
     return y;
 }
 
@@ -125,7 +130,8 @@ static void silu_mul_backward(Node *n) {
     if (dx) GRAD_WRITE_LOOP(fx, N, dx, dy[i] * g[i] * r_sigmoid(g[i]));
 }
 
-static const OpDef OP_SILU_MUL = {"silu_mul", silu_mul_forward, silu_mul_backward};
+static const OpDef OP_SILU_MUL = {"silu_mul", silu_mul_forward, silu_mul_backward,
+                                   CUDA_PAIR(cu_silu_mul_forward, cu_silu_mul_backward)};
 
 Tensor *op_silu_mul(Tape *tp, Tensor *g, Tensor *x) {
     ASSERT(g != NULL && x != NULL && g->ndim == x->ndim && g->numel == x->numel,

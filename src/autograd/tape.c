@@ -91,8 +91,12 @@ void tape_profile_print(const Tape *tp, FILE *f, int steps) {
             1e3 * total_cpu / steps);
 }
 
-void tape_init(Tape *tp) {
-    arena_init(&tp->arena, (size_t)8 << 20);
+void tape_init(Tape *tp) { tape_init_on(tp, DEVICE_CPU); }
+
+void tape_init_on(Tape *tp, Device device) {
+    arena_init(&tp->arena, device == DEVICE_CPU ? (size_t)8 << 20 : (size_t)1 << 20);
+    tp->device = device;
+    arena_init_on(&tp->data, (size_t)64 << 20, device);
     tp->nodes = NULL;
     tp->n_nodes = tp->cap_nodes = 0;
     tp->no_grad_depth = 0;
@@ -104,6 +108,7 @@ void tape_init(Tape *tp) {
 void tape_free(Tape *tp) {
     tape_profile(tp, false);
     arena_free(&tp->arena);
+    arena_free(&tp->data);
     free(tp->nodes);
     tp->nodes = NULL;
     tp->n_nodes = tp->cap_nodes = 0;
@@ -113,6 +118,7 @@ void tape_reset(Tape *tp) {
     if (tp->prof) prof_switch(tp->prof, NULL);
     tp->n_nodes = 0;
     arena_reset(&tp->arena);
+    arena_reset(&tp->data);
 }
 
 void tape_no_grad_push(Tape *tp) { tp->no_grad_depth++; }
@@ -123,6 +129,14 @@ void tape_no_grad_pop(Tape *tp) {
 
 void *tape_alloc(Tape *tp, size_t bytes) { return arena_alloc(&tp->arena, bytes); }
 
+void *tape_dalloc(Tape *tp, size_t bytes) {
+    return arena_alloc(tp->device == DEVICE_CPU ? &tp->arena : &tp->data, bytes);
+}
+
+static void *tape_dcalloc(Tape *tp, size_t bytes) {
+    return arena_calloc(tp->device == DEVICE_CPU ? &tp->arena : &tp->data, bytes);
+}
+
 unsigned char *tape_thread_slots(Tape *tp, size_t bytes, size_t *stride) {
     *stride = (bytes + 63) & ~(size_t)63;
     return arena_alloc(&tp->arena, *stride * (size_t)omp_get_max_threads());
@@ -131,11 +145,16 @@ unsigned char *tape_thread_slots(Tape *tp, size_t bytes, size_t *stride) {
 // Float64 is the checking build: fill uninitialised arena buffers with NaN
 // so that reading one before writing it shows up in every test.
 #ifdef AG_DOUBLE
-static void poison(real *p, int64_t n) {
+static void poison(Tape *tp, real *p, int64_t n) {
+    if (tp->device != DEVICE_CPU) {
+        dev_fill_nan(tp->device, p, n);
+        return;
+    }
     for (int64_t i = 0; i < n; i++) p[i] = NAN;
 }
 #else
-static void poison(real *p, int64_t n) {
+static void poison(Tape *tp, real *p, int64_t n) {
+    (void)tp;
     (void)p;
     (void)n;
 }
@@ -157,20 +176,20 @@ static Tensor *tensor_in_arena(Tape *tp, int ndim, const int *shape) {
 
 Tensor *tape_tensor(Tape *tp, int ndim, const int *shape) {
     Tensor *t = tensor_in_arena(tp, ndim, shape);
-    t->data = arena_alloc(&tp->arena, (size_t)t->numel * sizeof(real));
-    poison(t->data, t->numel);
+    t->data = tape_dalloc(tp, (size_t)t->numel * sizeof(real));
+    poison(tp, t->data, t->numel);
     return t;
 }
 
 Tensor *tape_tensor_zeros(Tape *tp, int ndim, const int *shape) {
     Tensor *t = tensor_in_arena(tp, ndim, shape);
-    t->data = arena_calloc(&tp->arena, (size_t)t->numel * sizeof(real));
+    t->data = tape_dcalloc(tp, (size_t)t->numel * sizeof(real));
     return t;
 }
 
 Tensor *tape_tensor_copy(Tape *tp, int ndim, const int *shape, const real *src) {
     Tensor *t = tape_tensor(tp, ndim, shape);
-    memcpy(t->data, src, (size_t)t->numel * sizeof(real));
+    dev_from_host(t->data, tp->device, src, (size_t)t->numel * sizeof(real));
     return t;
 }
 
@@ -192,6 +211,9 @@ Node *tape_op(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *co
         if (in[i] && in[i]->requires_grad) needs = true;
     }
     bool rec = needs && tape_grad_enabled(tp);
+    ASSERT(tp->device == DEVICE_CPU || (op->cuda_forward && op->cuda_backward),
+           "op '%s' has no CUDA kernel yet: build this model on a CPU tape (docs/cuda.md lists the ops "
+           "the GPU runs)", op->name);
     if (tp->prof) prof_switch(tp->prof, op);
     Node *n = arena_alloc(&tp->arena, sizeof *n);
     memset(n, 0, sizeof *n);
@@ -220,16 +242,21 @@ Node *tape_op(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *co
 
 Node *tape_run(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *const *out, int n_out) {
     Node *n = tape_op(tp, op, in, n_in, out, n_out);
-    op->forward(n);
+    tape_forward(n);
     return n;
+}
+
+void tape_forward(Node *n) {
+    if (n->tape->device == DEVICE_CPU) n->op->forward(n);
+    else n->op->cuda_forward(n);   // tape_op checked that it exists
 }
 
 real *tensor_grad_fresh(Tape *tp, Tensor *t, bool *fresh) {
     *fresh = false;
     if (!t || !t->requires_grad) return NULL;
     if (!t->grad) {
-        t->grad = arena_alloc(&tp->arena, (size_t)t->numel * sizeof(real));
-        poison(t->grad, t->numel);
+        t->grad = tape_dalloc(tp, (size_t)t->numel * sizeof(real));
+        poison(tp, t->grad, t->numel);
         *fresh = true;
     }
     return t->grad;
@@ -237,7 +264,7 @@ real *tensor_grad_fresh(Tape *tp, Tensor *t, bool *fresh) {
 
 real *tensor_grad(Tape *tp, Tensor *t) {
     if (!t || !t->requires_grad) return NULL;
-    if (!t->grad) t->grad = arena_calloc(&tp->arena, (size_t)t->numel * sizeof(real));
+    if (!t->grad) t->grad = tape_dcalloc(tp, (size_t)t->numel * sizeof(real));
     return t->grad;
 }
 
@@ -251,7 +278,8 @@ static void run_backward(Tape *tp) {
             if (n->out[o] && n->out[o]->grad) any = true;
         if (any) {   // else nothing flows back through this node
             double t0 = p ? prof_now() : 0, c0 = p ? prof_cpu() : 0;
-            n->op->backward(n);
+            if (tp->device == DEVICE_CPU) n->op->backward(n);
+            else n->op->cuda_backward(n);
             if (p) {
                 int k = prof_slot(p, n->op);
                 p->bwd[k] += prof_now() - t0;
@@ -278,7 +306,8 @@ void tape_backward(Tape *tp, Tensor *loss) {
            "(reduce it with op_sum or op_mean, or use tape_backward_from with a seed)",
            loss->name ? loss->name : "?", SHAPE(loss));
     real *g = tensor_grad(tp, loss);
-    g[0] += 1;
+    const real one = 1;
+    dev_add_from_host(tp->device, g, &one, 1);
     run_backward(tp);
 }
 
@@ -294,7 +323,7 @@ void tape_backward_multi(Tape *tp, Tensor *const *outs, const real *const *seeds
         if (!outs[k]->requires_grad) continue;   // a constant output: its seed goes nowhere
         any = true;
         real *g = tensor_grad(tp, outs[k]);
-        for (int64_t i = 0; i < outs[k]->numel; i++) g[i] += seeds[k][i];
+        dev_add_from_host(tp->device, g, seeds[k], outs[k]->numel);
     }
     if (!any) check_backward_root(tp, outs[0], "tape_backward_multi");
     run_backward(tp);

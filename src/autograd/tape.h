@@ -16,6 +16,10 @@
 #include "arena.h"
 #include "tensor.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define NODE_MAX_IN 8
 #define NODE_MAX_OUT 2
 
@@ -27,6 +31,12 @@ typedef struct OpDef {
     const char *name;
     void (*forward)(Node *n);   // fills n->out[] from n->in[]; may save state in n->saved
     void (*backward)(Node *n);  // adds into the grads of inputs that require one
+    // The same on a GPU tape (src/cuda/, built with AG_CUDA): the pair runs
+    // when the node's tape is on DEVICE_CUDA. NULL: the op has no GPU kernel
+    // yet, and building it on a GPU tape stops with a message naming it.
+    // Write them as CUDA_PAIR(f, b) (cuda_ops.h) so CPU builds need no symbol.
+    void (*cuda_forward)(Node *n);
+    void (*cuda_backward)(Node *n);
 } OpDef;
 
 struct Node {
@@ -44,7 +54,10 @@ struct Node {
 };
 
 struct Tape {
-    Arena arena;                // activations, saved state, activation grads
+    Arena arena;                // nodes, Tensor structs, ops' host-side state; on the CPU also
+                                // the activations, saved state and activation grads
+    Device device;              // where the tensors' data live (tape_init: the CPU)
+    Arena data;                 // a GPU tape's activations, saved state and activation grads
     Node **nodes;               // (n_nodes) in execution order
     int n_nodes, cap_nodes;
     int no_grad_depth;          // > 0: record nothing
@@ -57,6 +70,9 @@ struct Tape {
 };
 
 void tape_init(Tape *tp);
+// A tape whose tensors live on `device` (DEVICE_CUDA: device_cuda_init must
+// have succeeded).
+void tape_init_on(Tape *tp, Device device);
 void tape_free(Tape *tp);
 // Forget every node and release every activation (call after the backward).
 void tape_reset(Tape *tp);
@@ -73,15 +89,18 @@ void tape_backward_from(Tape *tp, Tensor *out, const real *seed);
 // Backward from several outputs at once (e.g. a mixer's output and final state).
 void tape_backward_multi(Tape *tp, Tensor *const *outs, const real *const *seeds, int n);
 
-// Arena allocation for activations and op state.
+// Arena allocation for op state read on the host (always host memory).
 void *tape_alloc(Tape *tp, size_t bytes);
+// Arena allocation for data the op's kernels read and write: host memory on
+// a CPU tape, device memory on a GPU tape.
+void *tape_dalloc(Tape *tp, size_t bytes);
 // Scratch for a parallel kernel: one slot of `bytes` per OpenMP thread, from
 // the arena (so a training step does no malloc). Thread i uses
 // base + i * (*stride), with i = omp_get_thread_num(); stride is 64-aligned.
 unsigned char *tape_thread_slots(Tape *tp, size_t bytes, size_t *stride);
 Tensor *tape_tensor(Tape *tp, int ndim, const int *shape);        // data uninitialised
 Tensor *tape_tensor_zeros(Tape *tp, int ndim, const int *shape);
-Tensor *tape_tensor_copy(Tape *tp, int ndim, const int *shape, const real *src);
+Tensor *tape_tensor_copy(Tape *tp, int ndim, const int *shape, const real *src);   // src in host memory
 // Convenience: tape_tensorN(tp, ndim, d0, d1, ...).
 Tensor *tape_tensorv(Tape *tp, int ndim, ...);
 
@@ -101,6 +120,8 @@ void tape_profile_print(const Tape *tp, FILE *f, int steps);
 Node *tape_op(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *const *out, int n_out);
 // Record + forward in one call for builders with nothing to set in between.
 Node *tape_run(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *const *out, int n_out);
+// Run a node's forward on its tape's device (builders end with this).
+void tape_forward(Node *n);
 
 // For backward functions: the gradient buffer of a tensor, allocated (zeroed)
 // on first use; NULL when the tensor takes no gradient.
@@ -122,4 +143,7 @@ Tensor *tensor_new(int ndim, const int *shape, bool requires_grad);
 Tensor *tensor_newv(bool requires_grad, int ndim, ...);
 void tensor_free(Tensor *t);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -9,6 +9,10 @@
 
 #include "common.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define TENSOR_MAX_DIMS 4
 
 enum {
@@ -41,4 +45,7 @@ int64_t tensor_rows(const Tensor *t);
 // full expression that uses it.
 #define SHAPE(t) tensor_shape_str((t), (char[64]){0}, 64)
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -1,0 +1,81 @@
+// cuda_ops.h: the CUDA half of the op table (src/cuda/*.cu, built with
+// -DAG_CUDA=ON) and of device.h. Private to the library.
+//
+// An op file names its GPU pair in its OpDef as CUDA_PAIR(cu_x_forward,
+// cu_x_backward): in a CPU-only build the pair is NULL, NULL and the names
+// need not exist. Each GPU function reads the same Node fields (iarg, farg,
+// aux, saved) as its CPU twin, with tensor data and grads in device memory
+// (aux stays in host memory: the GPU function copies what it needs).
+#ifndef AG_CUDA_OPS_H
+#define AG_CUDA_OPS_H
+
+#include "tape.h"
+
+#ifdef AG_CUDA
+#define CUDA_PAIR(f, b) f, b
+#else
+#define CUDA_PAIR(f, b) NULL, NULL
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifdef AG_CUDA
+// ---- runtime (src/cuda/device_cuda.cu) ----
+bool cu_init(char *err, size_t n);
+const char *cu_describe(void);
+void *cu_alloc(size_t bytes);
+void cu_free(void *p);
+void cu_zero(void *p, size_t bytes);
+void cu_to_host(void *dst, const void *src, size_t bytes);
+void cu_from_host(void *dst, const void *src, size_t bytes);
+void cu_add_from_host(real *dst, const real *src, int64_t n);
+void cu_fill(real *p, int64_t n, real v);
+void cu_sync(const char *where);
+
+// ---- ops (src/cuda/ops_*.cu), named after their CPU twins ----
+void cu_matmul_forward(Node *n);        // ops_matmul.cu (cuBLAS)
+void cu_matmul_backward(Node *n);
+void cu_ew_forward(Node *n);            // ops_elementwise.cu: add, sub, mul
+void cu_ew_backward(Node *n);
+void cu_scale_forward(Node *n);
+void cu_scale_backward(Node *n);
+void cu_unary_forward(Node *n);         // ops_unary.cu
+void cu_unary_backward(Node *n);
+void cu_silu_mul_forward(Node *n);
+void cu_silu_mul_backward(Node *n);
+void cu_reduce_forward(Node *n);        // ops_reduce.cu: sum, mean
+void cu_reduce_backward(Node *n);
+void cu_rmsnorm_forward(Node *n);       // ops_norm.cu
+void cu_rmsnorm_backward(Node *n);
+void cu_add_rmsnorm_forward(Node *n);
+void cu_add_rmsnorm_backward(Node *n);
+void cu_rms_gate_forward(Node *n);
+void cu_rms_gate_backward(Node *n);
+void cu_l2norm_forward(Node *n);
+void cu_l2norm_backward(Node *n);
+void cu_rope_forward(Node *n);          // ops_rope.cu
+void cu_rope_backward(Node *n);
+void cu_conv_forward(Node *n);          // ops_conv.cu
+void cu_conv_backward(Node *n);
+void cu_embedding_forward(Node *n);     // ops_embed.cu
+void cu_embedding_backward(Node *n);
+void cu_softmax_forward(Node *n);       // ops_loss.cu
+void cu_softmax_backward(Node *n);
+void cu_ce_forward(Node *n);
+void cu_ce_backward(Node *n);
+void cu_reshape_forward(Node *n);       // ops_shape.cu
+void cu_reshape_backward(Node *n);
+void cu_transpose_forward(Node *n);
+void cu_transpose_backward(Node *n);
+void cu_slice_forward(Node *n);
+void cu_slice_backward(Node *n);
+void cu_concat_forward(Node *n);
+void cu_concat_backward(Node *n);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

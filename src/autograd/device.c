@@ -1,0 +1,131 @@
+// device.c: the CPU half of device.h, and the door to the CUDA half
+// (src/cuda/device_cuda.cu) in builds with AG_CUDA.
+#include "device.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef AG_CUDA
+#include "cuda_ops.h"
+#endif
+
+bool device_cuda_built(void) {
+#ifdef AG_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+bool device_cuda_init(char *err, size_t n) {
+#ifdef AG_CUDA
+    return cu_init(err, n);
+#else
+    snprintf(err, n, "this build has no CUDA backend (configure with -DAG_CUDA=ON where nvcc is installed)");
+    return false;
+#endif
+}
+
+const char *device_name(Device d) { return d == DEVICE_CUDA ? "cuda" : "cpu"; }
+
+int device_parse(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "cpu")) return DEVICE_CPU;
+    if (!strcmp(name, "cuda")) return DEVICE_CUDA;
+    return -1;
+}
+
+const char *device_describe(Device d) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) return cu_describe();
+#endif
+    return d == DEVICE_CPU ? "cpu" : "cuda (not built)";
+}
+
+Device device_from_env(void) {
+    const char *s = getenv("AG_DEVICE");
+    if (!s || !*s) return DEVICE_CPU;
+    int d = device_parse(s);
+    if (d < 0) FAIL("AG_DEVICE='%.40s': expected cpu or cuda", s);
+    if (d == DEVICE_CUDA) {
+        char err[512];
+        if (!device_cuda_init(err, sizeof err)) FAIL("AG_DEVICE=cuda: %s", err);
+    }
+    return (Device)d;
+}
+
+void *dev_alloc(Device d, size_t bytes) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) return cu_alloc(bytes);
+#endif
+    ASSERT(d == DEVICE_CPU, "dev_alloc: %s memory in a build without it", device_name(d));
+    return xaligned(bytes);
+}
+
+void dev_free(Device d, void *p) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) {
+        cu_free(p);
+        return;
+    }
+#endif
+    free(p);
+}
+
+void dev_zero(Device d, void *p, size_t bytes) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) {
+        cu_zero(p, bytes);
+        return;
+    }
+#endif
+    memset(p, 0, bytes);
+}
+
+void dev_to_host(void *dst, const void *src, size_t bytes, Device src_dev) {
+#ifdef AG_CUDA
+    if (src_dev == DEVICE_CUDA) {
+        cu_to_host(dst, src, bytes);
+        return;
+    }
+#endif
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+void dev_from_host(void *dst, Device dst_dev, const void *src, size_t bytes) {
+#ifdef AG_CUDA
+    if (dst_dev == DEVICE_CUDA) {
+        cu_from_host(dst, src, bytes);
+        return;
+    }
+#endif
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+void dev_add_from_host(Device d, real *dst, const real *src, int64_t n) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) {
+        cu_add_from_host(dst, src, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+void dev_fill_nan(Device d, real *p, int64_t n) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) {
+        cu_fill(p, n, (real)NAN);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) p[i] = (real)NAN;
+}
+
+void dev_sync(Device d) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) cu_sync("dev_sync");
+#endif
+    (void)d;
+}

@@ -1,0 +1,78 @@
+// cuda_internal.cuh: what the CUDA kernels share: the one stream, the
+// cuBLAS handle, error checks, launch shapes and device math in `real`.
+// Included by src/cuda/*.cu only.
+#ifndef AG_CUDA_INTERNAL_CUH
+#define AG_CUDA_INTERNAL_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda_ops.h"
+#include "tape.h"
+
+// Every kernel, copy and cuBLAS call of the library goes on this stream, in
+// program order, so the arena's memory can be reused after a reset without
+// waiting (a later kernel runs after every earlier one).
+extern cudaStream_t cu_stream;
+extern cublasHandle_t cu_blas;
+
+// A failed CUDA call stops with the call, the error and where it was made.
+#define CU_CHECK(call)                                                                            \
+    do {                                                                                          \
+        cudaError_t cu_e_ = (call);                                                               \
+        if (cu_e_ != cudaSuccess)                                                                 \
+            ag_fail(__FILE__, __LINE__, "CUDA: %s: %s (%s)", #call, cudaGetErrorString(cu_e_),  \
+                    cudaGetErrorName(cu_e_));                                                     \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                                        \
+    do {                                                                                          \
+        cublasStatus_t cu_s_ = (call);                                                            \
+        if (cu_s_ != CUBLAS_STATUS_SUCCESS)                                                       \
+            ag_fail(__FILE__, __LINE__, "cuBLAS: %s: %s", #call, cublasGetStatusString(cu_s_));  \
+    } while (0)
+// After a launch: a bad configuration shows at once (no synchronisation).
+#define CU_LAUNCHED() CU_CHECK(cudaGetLastError())
+
+// Threads per block of the elementwise kernels, and a grid that covers n
+// elements with grid-stride loops (capped: each thread then takes several).
+#define CU_THREADS 256
+static inline unsigned cu_grid(int64_t n) {
+    int64_t b = (n + CU_THREADS - 1) / CU_THREADS;
+    if (b < 1) b = 1;
+    return (unsigned)(b > 65535 * 8 ? 65535 * 8 : b);
+}
+#define CU_FOR(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); \
+                          i += (int64_t)gridDim.x * blockDim.x)
+
+// Device math in the build's precision (the overloads pick float or double).
+__device__ __forceinline__ real d_exp(real x) { return exp(x); }
+__device__ __forceinline__ real d_sigmoid(real x) {
+    if (x >= 0) return (real)1 / ((real)1 + exp(-x));
+    real e = exp(x);
+    return e / ((real)1 + e);
+}
+__device__ __forceinline__ real d_softplus(real x) { return (x > 0 ? x : (real)0) + log1p(exp(x > 0 ? -x : x)); }
+__device__ __forceinline__ real d_silu_grad(real x) {
+    real s = d_sigmoid(x);
+    return s * ((real)1 + x * ((real)1 - s));
+}
+
+// Block-wide sum of one double per thread (blockDim.x a multiple of 32, at
+// most 1024); every thread gets the total. `shm` holds 32 doubles.
+__device__ __forceinline__ double cu_block_sum(double v, double *shm) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();   // shm may still be read by a previous call
+    if (lane == 0) shm[warp] = v;
+    __syncthreads();
+    v = lane < nw ? shm[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// The gradient buffer of a node's input on the GPU (tensor_grad_fresh):
+// *fresh true means uninitialised, to be written (=) rather than added to.
+#define CU_GRAD_FRESH(n, i, fresh) tensor_grad_fresh((n)->tape, (n)->in[i], (fresh))
+
+#endif

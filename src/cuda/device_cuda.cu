@@ -1,0 +1,113 @@
+// device_cuda.cu: the GPU runtime of device.h: one device, one stream, one
+// cuBLAS handle, and the copies and fills the tape needs.
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_internal.cuh"
+
+cudaStream_t cu_stream;
+cublasHandle_t cu_blas;
+static bool cu_ready;
+static char cu_desc[256];
+
+// A device buffer for host data on its way in (dev_add_from_host's seeds),
+// grown as needed; used in stream order only.
+static real *cu_stage;
+static int64_t cu_stage_n;
+
+extern "C" bool cu_init(char *err, size_t n) {
+    if (cu_ready) return true;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        snprintf(err, n, "no CUDA device found (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "count 0");
+        return false;
+    }
+    cudaDeviceProp p;
+    CU_CHECK(cudaGetDeviceProperties(&p, 0));
+    if (p.major < 9) {
+        snprintf(err, n, "%s is compute capability %d.%d; this build targets Hopper (sm_90a)", p.name, p.major,
+                 p.minor);
+        return false;
+    }
+    CU_CHECK(cudaSetDevice(0));
+    CU_CHECK(cudaStreamCreateWithFlags(&cu_stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&cu_blas));
+    CUBLAS_CHECK(cublasSetStream(cu_blas, cu_stream));
+    // Strict IEEE float32 products unless a caller asks for TF32 (docs/cuda.md).
+    CUBLAS_CHECK(cublasSetMathMode(cu_blas, CUBLAS_PEDANTIC_MATH));
+    int rt = 0;
+    cudaRuntimeGetVersion(&rt);
+    snprintf(cu_desc, sizeof cu_desc, "%.120s, %d SMs, %.1f GiB, CUDA runtime %d.%d", p.name, p.multiProcessorCount,
+             (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), rt / 1000, (rt % 1000) / 10);
+    cu_ready = true;
+    return true;
+}
+
+extern "C" const char *cu_describe(void) { return cu_ready ? cu_desc : "cuda (not initialised)"; }
+
+extern "C" void *cu_alloc(size_t bytes) {
+    ASSERT(cu_ready, "GPU memory asked for before device_cuda_init");
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        FAIL("out of GPU memory allocating %zu bytes (%zu of %zu free): %s", bytes, free_b, total_b,
+             cudaGetErrorString(e));
+    }
+    return p;
+}
+
+extern "C" void cu_free(void *p) {
+    if (p) CU_CHECK(cudaFree(p));
+}
+
+extern "C" void cu_zero(void *p, size_t bytes) {
+    if (bytes) CU_CHECK(cudaMemsetAsync(p, 0, bytes, cu_stream));
+}
+
+extern "C" void cu_to_host(void *dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cu_stream));
+    cu_sync("a copy to the host");
+}
+
+extern "C" void cu_from_host(void *dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    // From pageable memory the call returns once src has been read, so the
+    // caller may reuse src at once.
+    CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cu_stream));
+}
+
+__global__ void k_add(real *dst, const real *src, int64_t n) {
+    CU_FOR(i, n) dst[i] += src[i];
+}
+
+extern "C" void cu_add_from_host(real *dst, const real *src, int64_t n) {
+    if (n <= 0) return;
+    if (n > cu_stage_n) {
+        if (cu_stage) CU_CHECK(cudaFree(cu_stage));   // synchronises: no kernel still reads it
+        cu_stage = (real *)cu_alloc((size_t)n * sizeof(real));
+        cu_stage_n = n;
+    }
+    cu_from_host(cu_stage, src, (size_t)n * sizeof(real));
+    k_add<<<cu_grid(n), CU_THREADS, 0, cu_stream>>>(dst, cu_stage, n);
+    CU_LAUNCHED();
+}
+
+__global__ void k_fill(real *p, int64_t n, real v) {
+    CU_FOR(i, n) p[i] = v;
+}
+
+extern "C" void cu_fill(real *p, int64_t n, real v) {
+    if (n <= 0) return;
+    k_fill<<<cu_grid(n), CU_THREADS, 0, cu_stream>>>(p, n, v);
+    CU_LAUNCHED();
+}
+
+extern "C" void cu_sync(const char *where) {
+    cudaError_t e = cudaStreamSynchronize(cu_stream);
+    if (e != cudaSuccess)
+        FAIL("CUDA: a kernel failed (noticed at %s): %s (%s)", where, cudaGetErrorString(e), cudaGetErrorName(e));
+}
