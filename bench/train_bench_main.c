@@ -3,6 +3,7 @@
 // clipping and AdamW, exactly the work of one `train` step.
 //
 //   train_bench --config tiny_gdn.ini [--set section.key=value ...] [--steps N] [--warmup W] [--profile]
+//               [--device cpu|cuda]
 //
 // The first step allocates the tape arena block by block and the second
 // consolidates it into one block (page faults both times): time from step 3 on.
@@ -14,6 +15,9 @@
 //          cpu_ms=.. tokens_per_cpu_s=.. blas_core=.. gemm=.. products=..
 //   (cpu: CPU time of all threads per step; gemm, products: [train] gemm and
 //   precision as resolved, e.g. --set train.gemm=openblas --set train.precision=bf16)
+//   With --device cuda (a build with AG_CUDA) the parameters, moments, tape
+//   and step run on the GPU; each part is timed to a synchronisation of the
+//   stream, and the RESULT line adds device=cuda and the GPU's name.
 // bench/compare_torch.sh runs it next to the PyTorch reference.
 #include <omp.h>
 #include <stdio.h>
@@ -23,6 +27,7 @@
 #include <time.h>
 
 #include "blas.h"
+#include "device.h"
 #include "model_setup.h"
 #include "optim.h"
 #include "runlog.h"
@@ -51,6 +56,7 @@ static void print_machine(void) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: train_bench --config FILE [--set section.key=value ...] [--steps N] [--warmup W] [--profile]\n"
+               "                   [--device cpu|cuda]\n"
                "  times N training steps (default 5) after W untimed ones (default 2) on random tokens;\n"
                "  --profile also prints the time of each op kind (forward, backward) per step\n");
 }
@@ -60,6 +66,7 @@ int main(int argc, char **argv) {
     const char *config = NULL;
     int steps = 5, warmup = 2;   // the tape arena settles into one block during step 2
     bool profile = false;
+    Device device = DEVICE_CPU;
     TrainConfig cfg;
     config_defaults(&cfg, model_mixer_known);
     const char **sets = calloc((size_t)argc, sizeof *sets);
@@ -70,6 +77,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile")) profile = true;
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            int d = device_parse(argv[++i]);
+            if (d < 0) {
+                fprintf(stderr, "train_bench: --device '%.40s': expected cpu or cuda\n", argv[i]);
+                return 2;
+            }
+            device = (Device)d;
+        }
         else {
             usage(strcmp(argv[i], "--help") ? stderr : stdout);
             return strcmp(argv[i], "--help") ? 2 : 0;
@@ -96,11 +111,19 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_bench: %s\n", s.msg);
         return 2;
     }
+    if (device == DEVICE_CUDA) {
+        char err[512];
+        if (!device_cuda_init(err, sizeof err)) {
+            fprintf(stderr, "train_bench: --device cuda: %s\n", err);
+            return 2;
+        }
+        params_to_device(&ps, device);
+    }
     int B = cfg.data.batch_size, T = cfg.data.seq_len;
     Optimizer opt;
     adamw_init(&opt, &ps, cfg.train.beta1, cfg.train.beta2, cfg.train.adam_eps, cfg.train.weight_decay);
     Tape tp;
-    tape_init(&tp);
+    tape_init_on(&tp, device);
     int *x = xmalloc((size_t)B * T * sizeof(int)), *y = xmalloc((size_t)B * T * sizeof(int));
     Rng r;
     rng_seed(&r, 1);
@@ -118,6 +141,7 @@ int main(int argc, char **argv) {
            (long long)params_count(&ps, false), mixer_form_name(cfg.model.form), cfg.model.chunk_size);
     printf("threads: %d (omp_get_max_threads)   precision: %s   OpenBLAS core: %s\nGEMM: %s\n", threads, REAL_NAME,
            blas_core_name(), blas_describe());
+    if (device != DEVICE_CPU) printf("device: %s\n", device_describe(device));
 
     double *tf = xmalloc((size_t)steps * sizeof(double)), *tb = xmalloc((size_t)steps * sizeof(double));
     double *to = xmalloc((size_t)steps * sizeof(double)), *ts = xmalloc((size_t)steps * sizeof(double));
@@ -128,13 +152,17 @@ int main(int argc, char **argv) {
         double c0 = runlog_cpu_now(), t0 = runlog_now();
         params_zero_grad(&ps);
         Tensor *loss = lm_loss(&tp, &lm, x, y, B, T, NULL);
+        dev_sync(device);
         double t1 = runlog_now();
         tape_backward(&tp, loss);
-        last_loss = loss->data[0];
+        real l;
+        dev_to_host(&l, loss->data, sizeof l, device);   // (waits for the backward on a GPU)
+        last_loss = l;
         tape_reset(&tp);
         double t2 = runlog_now();
-        optim_clip_grad_norm(&ps, cfg.train.grad_clip);
+        optim_clip_grad_norm(&ps, cfg.train.grad_clip);   // (reads the norm back: waits)
         optim_step(&opt, &ps, cfg.train.lr);
+        dev_sync(device);
         double t3 = runlog_now(), c3 = runlog_cpu_now();
         if (it >= warmup) {
             int j = it - warmup;
@@ -151,10 +179,10 @@ int main(int argc, char **argv) {
            "total %.1f ms = %.0f tokens/s; CPU time %.1f ms = %.0f tokens per CPU-second   (last loss %.4f)\n",
            steps, warmup, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc, B * T / mc, last_loss);
     printf("RESULT config=%s B=%d T=%d threads=%d params=%lld fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
-           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s gemm=%s products=%s\n",
+           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s gemm=%s products=%s device=%s\n",
            base, B, T, threads, (long long)params_count(&ps, false), 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms,
            B * T / ms, 1e3 * mc, B * T / mc, blas_core_name(), blas_backend_name(blas_backend),
-           blas_precision_name(blas_precision));
+           blas_precision_name(blas_precision), device_name(device));
 
     if (profile) {
         printf("op profile (per step, wall time; forward ops include their builders):\n");

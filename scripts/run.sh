@@ -109,6 +109,18 @@ test)
     done
     echo "== fuzz smoke (each target on its seed corpus)"
     tests/fuzz/run.sh 12 || { echo "== FAILED: fuzzing"; exit 1; }
+    # The CUDA backend (docs/cuda.md) is compiled wherever nvcc is, in both
+    # precisions, so it keeps compiling; its tests (cuda_tests) need a GPU.
+    if nvcc_path=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null); then
+        echo "== CUDA backend: compile only ($nvcc_path)"
+        for prec in OFF ON; do
+            dir=build-cuda$([ $prec = ON ] && echo -f64)
+            build "$dir" -DAG_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc_path" -DAG_DOUBLE=$prec -DAG_ONEDNN=OFF \
+                -DAG_MPI=OFF -DAG_NATIVE=OFF || { echo "== FAILED: the CUDA build ($dir)"; exit 1; }
+        done
+    else
+        echo "== CUDA backend: skipped (no nvcc on this machine)"
+    fi
     echo "== all test builds passed in $(( $(date +%s) - start )) s"
     ;;
 build)

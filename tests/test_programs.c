@@ -17,6 +17,7 @@
 
 #include "checkpoint.h"
 #include "model_setup.h"
+#include "device.h"
 #include "test_util.h"
 #include "trainer.h"
 
@@ -416,4 +417,38 @@ Test(programs, evaluate_scores_every_token_once, .timeout = 120) {
     lm_destroy(&lm);
     params_free(&ps);
     config_free(&c);
+}
+
+// --device cuda in a build without the CUDA backend (or on a machine without
+// a GPU) stops before training with what is missing; --device takes cpu or
+// cuda only; --device cpu is stored like any --set (the run's config.ini).
+Test(programs, train_device_flag_is_checked_and_stored, .timeout = 90) {
+    const char *cfg = test_tiny_config("train_device", "gdn", 2, NULL, NULL);
+    char dir[1500], err[1600], ini[1600];
+    snprintf(dir, sizeof dir, "%s", test_dir_of(cfg));
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    const char *train = test_program("train");
+    int code = test_spawn((char *[]){(char *)train, "--config", (char *)cfg, "--device", "gpu", NULL}, NULL, NULL, err,
+                          60, NULL);
+    char *text = test_read_file(err);
+    cr_assert(code == 2 && strstr(text, "--device 'gpu': expected cpu or cuda"), "%d %s", code, text);
+    free(text);
+    if (!device_cuda_built()) {
+        code = test_spawn((char *[]){(char *)train, "--config", (char *)cfg, "--device", "cuda", NULL}, NULL, NULL, err,
+                          60, NULL);
+        text = test_read_file(err);
+        cr_assert(code == 2 && strstr(text, "[train] device = cuda") && strstr(text, "no CUDA backend"), "%d %s",
+                  code, text);
+        free(text);
+    }
+    code = test_spawn((char *[]){(char *)train, "--config", (char *)cfg, "--device", "cpu", NULL}, NULL, NULL, err, 60,
+                      NULL);
+    text = test_read_file(err);
+    cr_assert_eq(code, 0, "%s", text);
+    free(text);
+    // The run folder is the config's run_dir (test_tiny_config puts it beside the config).
+    snprintf(ini, sizeof ini, "%s/run/config.ini", dir);
+    text = test_read_file(ini);
+    cr_assert(text && strstr(text, "device = cpu"), "config.ini lacks the device: %s", text ? text : "(none)");
+    free(text);
 }

@@ -107,6 +107,7 @@ typedef struct TrainConfig {
         double dist_timeout;             // under MPI: seconds a collective may wait before the job is ended
         int dist_bucket_kb;              // under MPI: gradient bucket size (0: 1/16 of the gradient, 256 KiB-16 MiB)
         bool carry_state;                // rows read streams; recurrent states carried across windows
+        int device;                      // Device (device.h): cpu | cuda
     } train;
     struct {
         FinetuneMode mode;               // none | indexer | sparse

@@ -104,6 +104,8 @@ const ConfigKey CONFIG_SCHEMA[] = {
      "under mpirun: seconds a rank waits for the others before it ends the job", KEYF_RESUMABLE},
     {"train", "dist_bucket_kb", KEY_INT, OFF(train, dist_bucket_kb), "0", 0, 1 << 20, NULL, "bucket_kb",
      "under mpirun: KiB of gradient reduced per collective (0: 1/16 of it, 256 KiB to 16 MiB)", KEYF_RESUMABLE},
+    {"train", "device", KEY_ENUM, OFF(train, device), "cpu", 0, 0, "cpu|cuda", NULL,
+     "where the step runs: cpu, or cuda (a build with AG_CUDA and a GPU; docs/cuda.md)", KEYF_RESUMABLE},
     {"train", "carry_state", KEY_BOOL, OFF(train, carry_state), "false", 0, 0, NULL, "tbptt,stateful",
      "each batch row reads one stream, window after window; recurrent layers start each window from the "
      "state the last one ended in (detached)"},

@@ -166,7 +166,7 @@ double model_eval_loss(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *
     for (int i = 0; i < n_batches; i++) {
         batcher_val(bt, i, x, y, doc);
         Tensor *loss = lm_loss_docs(tp, lm, x, y, doc, batcher_share(bt), bt->T, NULL);
-        total += loss->data[0];
+        total += tape_item(tp, loss);
         tape_reset(tp);
     }
     tape_no_grad_pop(tp);

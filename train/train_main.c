@@ -16,6 +16,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: train --config FILE [--set section.key=value ...] [--resume | --overwrite] [--dump-state FILE]\n"
+            "             [--device cpu|cuda]\n"
             "\n"
             "  --config FILE        an INI file; a bare name such as tiny_gdn.ini is looked up in configs/\n"
             "  --set S.K=V          override one key after the file (repeatable)\n"
@@ -26,6 +27,8 @@ static void usage(FILE *f) {
             "                       checkpoint and logs); without it such a run_dir is refused\n"
             "  --dump-state FILE    one forward and backward on the first training batch; write tokens,\n"
             "                       targets, logits, loss, every parameter and gradient to FILE (HDF5)\n"
+            "  --device cpu|cuda    where the step runs: the same as --set train.device=cpu|cuda (stored in\n"
+            "                       the run's config; cuda needs a build with AG_CUDA, see docs/cuda.md)\n"
             "  --help               this text and every config key\n"
             "\n"
             "Ctrl-C (or SIGTERM) saves a checkpoint and exits; --resume continues from it.\n"
@@ -49,6 +52,13 @@ static int parse_args(int argc, char **argv, TrainerOptions *o, const char **set
             o->resume = true;
         } else if (!strcmp(argv[i], "--overwrite")) {
             o->overwrite = true;
+        } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            const char *d = argv[++i];
+            if (strcmp(d, "cpu") && strcmp(d, "cuda")) {
+                if (err) fprintf(err, "train: --device '%.40s': expected cpu or cuda\n", d);
+                return 2;
+            }
+            sets[o->n_sets++] = strcmp(d, "cuda") ? "train.device=cpu" : "train.device=cuda";
         } else if (!strcmp(argv[i], "--dump-state") && i + 1 < argc) {
             *dump_path = argv[++i];
         } else {
@@ -84,7 +94,10 @@ static int run(int argc, char **argv) {
         free(sets);
         return 2;
     }
-    if (dump_path) {   // rank 0 alone, on the whole first batch
+    if (dump_path && t.cfg.train.device != DEVICE_CPU) {
+        fprintf(stderr, "train: --dump-state runs on the CPU: add --device cpu\n");
+        code = 2;
+    } else if (dump_path) {   // rank 0 alone, on the whole first batch
         code = 0;
         if (t.rank == 0) {
             batcher_set_share(&t.bt, 0, t.cfg.data.batch_size);

@@ -74,6 +74,17 @@ void trainer_carry_copy(Trainer *t, double *full, bool pack) {
 static Status save_checkpoint(Trainer *t) {
     Optimizer full = t->opt;
     real *m = NULL, *v = NULL;
+    ParamStore host = t->ps;   // the values as the checkpoint reads them: on the host
+    if (t->ps.device != DEVICE_CPU) {   // a GPU run (one process): copies of the values and moments
+        host.data = (real *)params_pull(&t->ps);
+        host.device = DEVICE_CPU;
+        m = xmalloc((size_t)t->ps.numel * sizeof(real));
+        v = t->opt.v ? xmalloc((size_t)t->ps.numel * sizeof(real)) : NULL;
+        optim_pull_moments(&t->opt, m, v);
+        full.m = m;
+        full.v = v;
+        full.device = DEVICE_CPU;
+    }
     if (t->opt.lo != 0 || t->opt.hi != t->ps.numel) {   // sharded: the whole state on rank 0
         if (t->rank == 0) {
             m = xmalloc((size_t)t->ps.numel * sizeof(real));
@@ -99,11 +110,11 @@ static Status save_checkpoint(Trainer *t) {
     } else if (!agree) {
         s = status_err("the ranks' parameters differ: not saved (a rank computed differently; see the README)");
     } else {
-        const Tensor *bad = optim_nonfinite_param(&t->ps, &full);
+        const Tensor *bad = optim_nonfinite_param(&host, &full);
         CheckpointState st = {t->step, t->bt.state, t->model_rng, t->cfg.text, t->tok_buf, t->tok_len,
                               carry, t->bt.B, carry_row};
         if (bad) s = status_err("parameter '%s' (or its optimizer state) is not finite: not saved", bad->name);
-        else s = checkpoint_save(t->ckpt, &t->ps, &full, &st);
+        else s = checkpoint_save(t->ckpt, &host, &full, &st);
         if (s.ok) t->saved_step = t->step;
     }
     free(m);
@@ -121,17 +132,17 @@ static double train_micro_batch(Trainer *t, int B, int T, bool reduce, double we
     const int *doc = batcher_has_flags(&t->bt) ? t->doc : NULL;
     if (t->cfg.finetune.mode == FT_INDEXER) {
         loss = objective = lm_distill_loss_docs(&t->tp, &t->lm, t->x, doc, B, T);
-        t->last_kl = loss->data[0];
+        t->last_kl = tape_item(&t->tp, loss);
     } else {
         loss = objective = t->carry ? lm_loss_carry(&t->tp, &t->lm, t->x, t->y, doc, B, T, t->carry, NULL)
                                     : lm_loss_docs(&t->tp, &t->lm, t->x, t->y, doc, B, T, NULL);
         // mode = sparse: + the indexers' KL over the selected positions (it reaches only their weights)
         if (t->lm.dsa_kl && t->cfg.finetune.mode == FT_SPARSE) {
             objective = op_add(&t->tp, loss, t->lm.dsa_kl);
-            t->last_kl = t->lm.dsa_kl->data[0];
+            t->last_kl = tape_item(&t->tp, t->lm.dsa_kl);
         }
     }
-    double v = loss->data[0];
+    double v = tape_item(&t->tp, loss);
     if (reduce) dist_grads_arm(t->dg, &t->tp, weight);
     tape_backward(&t->tp, objective);
     if (reduce) dist_grads_flush(t->dg);

@@ -170,6 +170,23 @@ static Status setup_data(Trainer *t, const TrainerOptions *o) {
     return status_ok();
 }
 
+// [train] device = cuda: what the GPU backend runs today (docs/cuda.md), and a
+// GPU to run it on; otherwise a message naming the key.
+static Status check_gpu_run(Trainer *t) {
+    const TrainConfig *c = &t->cfg;
+    char err[512];
+    if (!device_cuda_init(err, sizeof err)) return status_err("[train] device = cuda: %s", err);
+    if (t->ranks > 1)
+        return status_err("[train] device = cuda: one process only for now (%d ranks under mpirun)", t->ranks);
+    if (c->train.carry_state)
+        return status_err("[train] device = cuda: carry_state is not on the GPU yet (set it false, or device = cpu)");
+    for (int l = 0; l < t->lm.cfg.n_layers; l++)
+        if (!strcmp(t->lm.cfg.layers[l], "attn_dsa"))
+            return status_err("[train] device = cuda: layer %d is attn_dsa, which has no GPU kernels yet "
+                              "(device = cpu trains it)", l);
+    return status_ok();
+}
+
 // Model, optimizer, the start from init_from or a checkpoint, the run folder.
 static Status setup_model(Trainer *t, const TrainerOptions *o) {
     const TrainConfig *c = &t->cfg;
@@ -178,6 +195,7 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
     const char *check = o->resume ? t->ckpt : (c->finetune.init_from[0] && !ft) ? c->finetune.init_from : NULL;
     Status s = model_build(c, &t->lm, &t->ps, check);
     if (!s.ok) return status_err("%s%s", o->resume ? "--resume: " : check ? "[finetune] init_from: " : "", s.msg);
+    if (c->train.device == DEVICE_CUDA && !(s = check_gpu_run(t)).ok) return s;
     t->dsa_mode = c->finetune.mode == FT_INDEXER  ? DSA_DISTILL
                   : c->finetune.mode == FT_SPARSE ? DSA_SPARSE_KL
                                                   : DSA_SPARSE;
@@ -197,7 +215,7 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
         s = init_from_load(t);
         if (!s.ok) return s;
     }
-    tape_init(&t->tp);
+    tape_init_on(&t->tp, (Device)c->train.device);
     size_t bt = (size_t)c->data.batch_size * c->data.seq_len;
     t->x = xmalloc(bt * sizeof(int));
     t->y = xmalloc(bt * sizeof(int));
@@ -238,6 +256,10 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
         t->model_rng = st.model_rng;
     }
     t->first_step = t->step;
+    if (c->train.device != DEVICE_CPU) {   // everything is loaded on the host: now the values move
+        params_to_device(&t->ps, (Device)c->train.device);
+        optim_to_device(&t->opt, (Device)c->train.device);
+    }
     if (t->rank != 0) return status_ok();
     // Last: the run folder (locked, and refused when it holds another run).
     s = run_dir_open(&t->rd, t->run_dir, o->resume ? RUN_RESUME : RUN_FRESH, o->overwrite);

@@ -73,6 +73,24 @@ void cu_slice_forward(Node *n);
 void cu_slice_backward(Node *n);
 void cu_concat_forward(Node *n);
 void cu_concat_backward(Node *n);
+// ---- optimizers (src/cuda/optim.cu): the loops of src/optim/ on device blocks ----
+void cu_adamw_update(real *p, const real *g, real *m, real *v, int64_t n, real lr, real decay, real b1, real b2,
+                     real bc1, real bc2, real eps);
+void cu_sgd_update(real *p, const real *g, real *m, int64_t n, real lr, real decay, real mu);
+void cu_scale_inplace(real *x, int64_t n, real f);
+double cu_sumsq(const real *x, int64_t n);            // sum of squares in double; waits for the result
+int64_t cu_first_nonfinite(const real *x, int64_t n); // first NaN/inf index, -1 if none; waits
+// ---- mixers (src/cuda/<layer>.cu) ----
+void cu_gla_forward(Node *n);           // gla.cu: op_gla_dt (linear, mamba), every form
+void cu_gla_backward(Node *n);
+void cu_gdn_chunk_forward(Node *n);     // gdn.cu: op_gdn, chunked form
+void cu_gdn_chunk_backward(Node *n);
+void cu_gdn_naive_forward(Node *n);     // gdn.cu: op_gdn, recurrent form
+void cu_gdn_naive_backward(Node *n);
+void cu_flash_forward(Node *n);         // attn_flash.cu: op_attention (tiled, O(T) memory)
+void cu_flash_backward(Node *n);
+void cu_naive_attn_forward(Node *n);    // attn_flash.cu: op_attention_naive (the masked-parallel reference)
+void cu_naive_attn_backward(Node *n);
 #endif
 
 #ifdef __cplusplus

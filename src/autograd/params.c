@@ -13,8 +13,9 @@ void params_free(ParamStore *ps) {
     free(ps->params);
     free(ps->inits);
     free(ps->offsets);
-    free(ps->data);
-    free(ps->grad);
+    dev_free(ps->device, ps->data);
+    dev_free(ps->device, ps->grad);
+    free(ps->host);
     memset(ps, 0, sizeof *ps);
 }
 
@@ -84,8 +85,36 @@ void params_finalize(ParamStore *ps, uint64_t seed) {
     ps->finalized = true;
 }
 
-void params_zero_grad(ParamStore *ps) {
-    memset(ps->grad, 0, (size_t)ps->numel * sizeof(real));
+void params_zero_grad(ParamStore *ps) { dev_zero(ps->device, ps->grad, (size_t)ps->numel * sizeof(real)); }
+
+void params_to_device(ParamStore *ps, Device device) {
+    ASSERT(ps->finalized, "params_to_device before params_finalize");
+    if (device == ps->device) return;
+    ASSERT(ps->device == DEVICE_CPU, "params_to_device: the values are on %s already", device_name(ps->device));
+    size_t bytes = (size_t)(ps->numel ? ps->numel : 1) * sizeof(real);
+    real *data = dev_alloc(device, bytes), *grad = dev_alloc(device, bytes);
+    dev_from_host(data, device, ps->data, (size_t)ps->numel * sizeof(real));
+    dev_zero(device, grad, bytes);
+    free(ps->grad);
+    ps->host = ps->data;
+    ps->data = data;
+    ps->grad = grad;
+    ps->device = device;
+    for (int i = 0; i < ps->n; i++) {
+        Tensor *t = ps->params[i];
+        t->data = ps->data + ps->offsets[i];
+        t->grad = t->requires_grad ? ps->grad + ps->offsets[i] : NULL;
+    }
+}
+
+const real *params_pull(ParamStore *ps) {
+    if (ps->device == DEVICE_CPU) return ps->data;
+    dev_to_host(ps->host, ps->data, (size_t)ps->numel * sizeof(real), ps->device);
+    return ps->host;
+}
+
+void params_push(ParamStore *ps) {
+    if (ps->device != DEVICE_CPU) dev_from_host(ps->data, ps->device, ps->host, (size_t)ps->numel * sizeof(real));
 }
 
 void params_set_frozen(ParamStore *ps, Tensor *p, bool frozen) {
@@ -96,7 +125,7 @@ void params_set_frozen(ParamStore *ps, Tensor *p, bool frozen) {
             p->flags |= TENSOR_FROZEN;
             p->requires_grad = false;
             p->grad = NULL;
-            memset(ps->grad + ps->offsets[i], 0, (size_t)p->numel * sizeof(real));
+            dev_zero(ps->device, ps->grad + ps->offsets[i], (size_t)p->numel * sizeof(real));
         } else {
             p->flags &= ~(unsigned)TENSOR_FROZEN;
             p->requires_grad = true;

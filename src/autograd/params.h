@@ -8,6 +8,7 @@
 #ifndef AG_PARAMS_H
 #define AG_PARAMS_H
 
+#include "device.h"
 #include "rng.h"
 #include "tensor.h"
 
@@ -34,10 +35,12 @@ typedef struct ParamStore {
     ParamInit *inits;       // (n)
     int64_t *offsets;       // (n) element offset of each parameter in the blocks
     int n, cap;
-    real *data;             // (numel) all parameter values
-    real *grad;             // (numel) all gradients
+    real *data;             // (numel) all parameter values, on `device`
+    real *grad;             // (numel) all gradients, on `device`
     int64_t numel;
     bool finalized;
+    Device device;          // where data and grad live (params_to_device; the CPU until then)
+    real *host;             // on a GPU: (numel) host copy of the values, filled by params_pull
 } ParamStore;
 
 void params_init(ParamStore *ps);
@@ -48,6 +51,16 @@ Tensor *params_add(ParamStore *ps, const char *name, int ndim, const int *shape,
 // Allocate the blocks and initialise every parameter, in order, from `seed`.
 void params_finalize(ParamStore *ps, uint64_t seed);
 void params_zero_grad(ParamStore *ps);
+// Move the values to `device` (their gradients start at zero there) and point
+// every parameter tensor at them. After params_finalize, before any tape
+// reads them. The host block is kept as ps->host.
+void params_to_device(ParamStore *ps, Device device);
+// The values in host memory: ps->data on the CPU, else ps->host after a copy
+// from the device (checkpoints, exports, tests).
+const real *params_pull(ParamStore *ps);
+// Copy ps->host to the device (after writing values on the host, e.g. a
+// checkpoint's); nothing to do on the CPU.
+void params_push(ParamStore *ps);
 // Freeze (no gradient is stored; branches leading only to it do no backward
 // work) or unfreeze a parameter. Only after params_finalize.
 void params_set_frozen(ParamStore *ps, Tensor *p, bool frozen);

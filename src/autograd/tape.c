@@ -251,6 +251,12 @@ void tape_forward(Node *n) {
     else n->op->cuda_forward(n);   // tape_op checked that it exists
 }
 
+double tape_item(const Tape *tp, const Tensor *t) {
+    real v;
+    dev_to_host(&v, t->data, sizeof v, tp->device);
+    return (double)v;
+}
+
 real *tensor_grad_fresh(Tape *tp, Tensor *t, bool *fresh) {
     *fresh = false;
     if (!t || !t->requires_grad) return NULL;

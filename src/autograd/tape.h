@@ -123,6 +123,10 @@ Node *tape_run(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *c
 // Run a node's forward on its tape's device (builders end with this).
 void tape_forward(Node *n);
 
+// The first element of t as a double, read from the tape's device (on a GPU
+// this waits for the work queued before it): losses and logged scalars.
+double tape_item(const Tape *tp, const Tensor *t);
+
 // For backward functions: the gradient buffer of a tensor, allocated (zeroed)
 // on first use; NULL when the tensor takes no gradient.
 real *tensor_grad(Tape *tp, Tensor *t);

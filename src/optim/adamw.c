@@ -1,5 +1,6 @@
 // adamw.c: Adam with decoupled weight decay over a ParamStore.
 #include "optim.h"
+#include "cuda_ops.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -21,10 +22,11 @@ void adamw_init(Optimizer *opt, const ParamStore *ps, double beta1, double beta2
     opt->numel = ps->numel;
     opt->hi = ps->numel;
     size_t bytes = (size_t)(ps->numel ? ps->numel : 1) * sizeof(real);
-    opt->m = xaligned(bytes);
-    opt->v = xaligned(bytes);
-    memset(opt->m, 0, bytes);
-    memset(opt->v, 0, bytes);
+    opt->device = ps->device;
+    opt->m = dev_alloc(opt->device, bytes);
+    opt->v = dev_alloc(opt->device, bytes);
+    dev_zero(opt->device, opt->m, bytes);
+    dev_zero(opt->device, opt->v, bytes);
     opt->beta1 = beta1;
     opt->beta2 = beta2;
     opt->eps = eps;
@@ -50,6 +52,8 @@ void adamw_step(Optimizer *opt, ParamStore *ps, double lr) {
     ASSERT(opt->kind == OPTIM_ADAMW, "adamw_step on a %s optimizer", optim_name(opt->kind));
     ASSERT(opt->numel == ps->numel, "adamw_step: optimizer made for %lld elements, ParamStore has %lld",
            (long long)opt->numel, (long long)ps->numel);
+    ASSERT(opt->device == ps->device, "adamw_step: moments on %s, parameters on %s", device_name(opt->device),
+           device_name(ps->device));
     int64_t t = opt->step + 1;
     real bc1 = (real)(1.0 - pow(opt->beta1, (double)t));
     real bc2 = (real)(1.0 - pow(opt->beta2, (double)t));
@@ -58,6 +62,13 @@ void adamw_step(Optimizer *opt, ParamStore *ps, double lr) {
         int64_t a, b;
         if (!p->grad || (p->flags & TENSOR_FROZEN) || !optim_owned(opt, ps->offsets[i], p->numel, &a, &b)) continue;
         real decay = (p->flags & TENSOR_NO_DECAY) ? 0 : (real)opt->weight_decay;
+#ifdef AG_CUDA
+        if (ps->device == DEVICE_CUDA) {
+            cu_adamw_update(ps->data + a, ps->grad + a, opt->m + (a - opt->lo), opt->v + (a - opt->lo), b - a,
+                            (real)lr, decay, (real)opt->beta1, (real)opt->beta2, bc1, bc2, (real)opt->eps);
+            continue;
+        }
+#endif
         adamw_update(ps->data + a, ps->grad + a, opt->m + (a - opt->lo), opt->v + (a - opt->lo), b - a, (real)lr,
                      decay, (real)opt->beta1, (real)opt->beta2, bc1, bc2, (real)opt->eps);
     }

@@ -1,5 +1,6 @@
 // clip.c: gradient scaling and global-norm clipping over the grad block.
 #include "optim.h"
+#include "cuda_ops.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -12,6 +13,9 @@ double optim_grad_sumsq(const ParamStore *ps, int64_t lo, int64_t hi) {
     ASSERT(0 <= lo && lo <= hi && hi <= ps->numel, "optim_grad_sumsq: [%lld, %lld) outside [0, %lld)", (long long)lo,
            (long long)hi, (long long)ps->numel);
     int64_t n = hi - lo;
+#ifdef AG_CUDA
+    if (ps->device == DEVICE_CUDA) return cu_sumsq(ps->grad + lo, n);
+#endif
     int64_t nchunks = (n + CLIP_CHUNK - 1) / CLIP_CHUNK;
     if (nchunks == 0) return 0;
     double *part = xmalloc((size_t)nchunks * sizeof *part);
@@ -36,6 +40,12 @@ void optim_scale_grads(ParamStore *ps, double factor) {
     real f = (real)factor;
     real *g = ps->grad;
     int64_t n = ps->numel;
+#ifdef AG_CUDA
+    if (ps->device == DEVICE_CUDA) {
+        cu_scale_inplace(g, n, f);
+        return;
+    }
+#endif
 #pragma omp parallel for simd schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) g[i] *= f;
 }
@@ -55,7 +65,31 @@ static bool all_finite(const real *x, int64_t n) {
     return acc == 0;
 }
 
+#ifdef AG_CUDA
+// The parameter holding flat element e (e < numel).
+static int param_of(const ParamStore *ps, int64_t e) {
+    int i = 0;
+    while (i + 1 < ps->n && ps->offsets[i + 1] <= e) i++;
+    return i;
+}
+#endif
+
 const Tensor *optim_nonfinite_param(const ParamStore *ps, const Optimizer *opt) {
+#ifdef AG_CUDA
+    if (ps->device == DEVICE_CUDA) {   // one pass over each block, then which parameter it was
+        int64_t e = cu_first_nonfinite(ps->data, ps->numel);
+        int64_t best = e < 0 ? INT64_MAX : e;
+        if (opt && opt->m) {
+            int64_t em = cu_first_nonfinite(opt->m, opt->hi - opt->lo);
+            if (em >= 0 && em + opt->lo < best) best = em + opt->lo;
+        }
+        if (opt && opt->v) {
+            int64_t ev = cu_first_nonfinite(opt->v, opt->hi - opt->lo);
+            if (ev >= 0 && ev + opt->lo < best) best = ev + opt->lo;
+        }
+        return best == INT64_MAX ? NULL : ps->params[param_of(ps, best)];
+    }
+#endif
     for (int i = 0; i < ps->n; i++) {
         int64_t off = ps->offsets[i], n = ps->params[i]->numel;
         if (!all_finite(ps->data + off, n)) return ps->params[i];

@@ -13,9 +13,29 @@ void optim_step(Optimizer *opt, ParamStore *ps, double lr) {
 }
 
 void optim_free(Optimizer *opt) {
+    dev_free(opt->device, opt->m);
+    dev_free(opt->device, opt->v);
+    memset(opt, 0, sizeof *opt);
+}
+
+void optim_to_device(Optimizer *opt, Device device) {
+    if (device == opt->device) return;
+    ASSERT(opt->device == DEVICE_CPU, "optim_to_device: the moments are on %s already", device_name(opt->device));
+    size_t bytes = (size_t)(opt->hi > opt->lo ? opt->hi - opt->lo : 1) * sizeof(real);
+    real *m = dev_alloc(device, bytes), *v = opt->v ? dev_alloc(device, bytes) : NULL;
+    dev_from_host(m, device, opt->m, bytes);
+    if (v) dev_from_host(v, device, opt->v, bytes);
     free(opt->m);
     free(opt->v);
-    memset(opt, 0, sizeof *opt);
+    opt->m = m;
+    opt->v = v;
+    opt->device = device;
+}
+
+void optim_pull_moments(const Optimizer *opt, real *m, real *v) {
+    size_t bytes = (size_t)(opt->hi - opt->lo) * sizeof(real);
+    dev_to_host(m, opt->m, bytes, opt->device);
+    if (v && opt->v) dev_to_host(v, opt->v, bytes, opt->device);
 }
 
 const char *optim_name(OptimKind kind) {
@@ -28,12 +48,12 @@ void optim_set_shard(Optimizer *opt, int64_t lo, int64_t hi) {
            (long long)hi, (long long)opt->numel);
     size_t bytes = (size_t)(hi > lo ? hi - lo : 1) * sizeof(real);
     bool has_v = opt->v != NULL;
-    free(opt->m);
-    free(opt->v);
-    opt->m = xaligned(bytes);
-    memset(opt->m, 0, bytes);
-    opt->v = has_v ? xaligned(bytes) : NULL;
-    if (has_v) memset(opt->v, 0, bytes);
+    dev_free(opt->device, opt->m);
+    dev_free(opt->device, opt->v);
+    opt->m = dev_alloc(opt->device, bytes);
+    dev_zero(opt->device, opt->m, bytes);
+    opt->v = has_v ? dev_alloc(opt->device, bytes) : NULL;
+    if (has_v) dev_zero(opt->device, opt->v, bytes);
     opt->lo = lo;
     opt->hi = hi;
 }

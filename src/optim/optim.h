@@ -36,6 +36,7 @@ typedef struct Optimizer {
     double eps;           // AdamW denominator epsilon (added to sqrt(v_hat))
     double momentum;      // SGD momentum mu
     double weight_decay;  // decoupled: p -= lr * wd * p, except TENSOR_NO_DECAY params
+    Device device;        // where m and v live: the ParamStore's device at init (docs/cuda.md)
 } Optimizer;
 
 // AdamW, per trainable element, at step t = opt->step + 1 (1-based):
@@ -55,6 +56,12 @@ void sgd_step(Optimizer *opt, ParamStore *ps, double lr);
 // Dispatch on opt->kind; increments opt->step.
 void optim_step(Optimizer *opt, ParamStore *ps, double lr);
 void optim_free(Optimizer *opt);
+// Move the moments to `device` (after loading them from a checkpoint on the
+// host; the ParamStore goes with params_to_device).
+void optim_to_device(Optimizer *opt, Device device);
+// Host copies of the moments ((hi - lo) elements each; v may be NULL when the
+// optimizer has none): for checkpoints of a GPU run.
+void optim_pull_moments(const Optimizer *opt, real *m, real *v);
 const char *optim_name(OptimKind kind);   // "adamw", "sgd"
 
 // Shard the optimizer (ZeRO-1): from now on it updates, and keeps moments

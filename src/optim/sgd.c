@@ -1,5 +1,6 @@
 // sgd.c: SGD with heavy-ball momentum over a ParamStore.
 #include "optim.h"
+#include "cuda_ops.h"
 
 #include <string.h>
 
@@ -11,8 +12,9 @@ void sgd_init(Optimizer *opt, const ParamStore *ps, double momentum, double weig
     opt->numel = ps->numel;
     opt->hi = ps->numel;
     size_t bytes = (size_t)(ps->numel ? ps->numel : 1) * sizeof(real);
-    opt->m = xaligned(bytes);
-    memset(opt->m, 0, bytes);
+    opt->device = ps->device;
+    opt->m = dev_alloc(opt->device, bytes);
+    dev_zero(opt->device, opt->m, bytes);
     opt->momentum = momentum;
     opt->weight_decay = weight_decay;
 }
@@ -31,11 +33,20 @@ void sgd_step(Optimizer *opt, ParamStore *ps, double lr) {
     ASSERT(opt->kind == OPTIM_SGD, "sgd_step on a %s optimizer", optim_name(opt->kind));
     ASSERT(opt->numel == ps->numel, "sgd_step: optimizer made for %lld elements, ParamStore has %lld",
            (long long)opt->numel, (long long)ps->numel);
+    ASSERT(opt->device == ps->device, "sgd_step: momentum on %s, parameters on %s", device_name(opt->device),
+           device_name(ps->device));
     for (int i = 0; i < ps->n; i++) {
         Tensor *p = ps->params[i];
         int64_t a, b;
         if (!p->grad || (p->flags & TENSOR_FROZEN) || !optim_owned(opt, ps->offsets[i], p->numel, &a, &b)) continue;
         real decay = (p->flags & TENSOR_NO_DECAY) ? 0 : (real)opt->weight_decay;
+#ifdef AG_CUDA
+        if (ps->device == DEVICE_CUDA) {
+            cu_sgd_update(ps->data + a, ps->grad + a, opt->m + (a - opt->lo), b - a, (real)lr, decay,
+                          (real)opt->momentum);
+            continue;
+        }
+#endif
         sgd_update(ps->data + a, ps->grad + a, opt->m + (a - opt->lo), b - a, (real)lr, decay, (real)opt->momentum);
     }
     opt->step++;
