@@ -17,7 +17,7 @@
 //   precision as resolved, e.g. --set train.gemm=openblas --set train.precision=bf16)
 //   With --device cuda (a build with AG_CUDA) the parameters, moments, tape
 //   and step run on the GPU; each part is timed to a synchronisation of the
-//   stream, and the RESULT line adds device=cuda and the GPU's name.
+//   stream; the RESULT line ends in device=cuda (the GPU is named in the header).
 // bench/compare_torch.sh runs it next to the PyTorch reference.
 #include <omp.h>
 #include <stdio.h>

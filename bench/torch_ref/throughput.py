@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""Tokens/s of a training step of a config's LM in PyTorch on the CPU.
+"""Tokens/s of a training step of a config's LM in PyTorch, on the CPU or a CUDA GPU.
 
     /usr/bin/python3 bench/torch_ref/throughput.py configs/tiny_gdn.ini --threads 2 [--steps 5] [--warmup 2]
                                                    [--set section.key=value ...] [--amp bf16]
+                                                   [--device cpu|cuda] [--compile]
 
 The same work as bench/train_bench_main.c: forward, backward, gradient-norm
 clipping and AdamW (decoupled weight decay, none on norms, dt_bias, A_log, D),
@@ -11,9 +12,19 @@ forms: chunked GLA for linear and mamba, the chunked WY form for gdn (chunk
 from the config), F.scaled_dot_product_attention for attn when torch has it.
 Prints the time of each part (median over the timed steps) and, last:
   RESULT config=<name> B=.. T=.. threads=.. params=.. fwd_ms=.. bwd_ms=.. opt_ms=.. step_ms=.. tokens_per_s=..
-         cpu_ms=.. tokens_per_cpu_s=..     (CPU time of all threads per step)
+         cpu_ms=.. tokens_per_cpu_s=.. amp=.. device=cpu|cuda compile=0|1
+         (cpu: CPU time of all threads per step)
 
-Needs python3-torch (Debian package).
+--device cuda (train_bench --device cuda's counterpart): parameters, AdamW
+state and tokens on the GPU, each part of the step timed to a
+torch.cuda.synchronize(); float32 products strict (no TF32), as the C side's
+cuBLAS in pedantic mode. --compile: the forward and the loss under
+torch.compile, mode "default" (Inductor kernels; no CUDA graphs, no autotuning),
+its backward compiled with it by AOTAutograd; the first step compiles, so keep
+--warmup >= 1 (the default 2 does).
+
+Needs python3-torch (Debian package) for the CPU; a CUDA build of torch >= 2.0
+for --device cuda and --compile.
 """
 
 import argparse
@@ -32,9 +43,16 @@ ap.add_argument("--form", choices=("chunked", "recurrent"), default="chunked",
 ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
 ap.add_argument("--set", action="append", default=[], metavar="S.K=V", help="override a config key")
 ap.add_argument("--amp", choices=("none", "bf16"), default="none",
-                help="bf16: the forward under torch.autocast('cpu', bfloat16), PyTorch's mixed precision "
+                help="bf16: the forward under torch.autocast(DEVICE, bfloat16), PyTorch's mixed precision "
                      "(products in bf16, parameters and optimizer float32)")
+ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                help="where the step runs (default cpu; cuda: the current CUDA device, strict float32 products)")
+ap.add_argument("--compile", action="store_true",
+                help="forward + loss under torch.compile(mode='default') (torch >= 2.0); "
+                     "the first step compiles")
 args = ap.parse_args()
+if args.steps < 1 or args.warmup < 0:
+    ap.error("--steps must be >= 1 and --warmup >= 0")
 
 # Thread pools are sized when torch loads: set every one of them first.
 if args.threads > 0:
@@ -45,6 +63,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import LM, model_config_from_ini, parse_ini  # noqa: E402
+
+COMPILE_MODE = "default"   # no CUDA graphs (train_bench has none either), no minutes of autotuning
 
 
 def cpu_name():
@@ -69,13 +89,37 @@ def apply_sets(text, sets):
     return cp
 
 
+def check_device():
+    """Stop with a message, before any work, when the requested device or compiler is missing."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        why = ("this torch is built without CUDA" if torch.version.cuda is None
+               else "torch %s (CUDA %s) finds no usable GPU" % (torch.__version__, torch.version.cuda))
+        sys.exit("throughput: --device cuda: torch.cuda.is_available() is false: %s" % why)
+    if args.compile and not hasattr(torch, "compile"):
+        sys.exit("throughput: --compile needs torch >= 2.0 (torch.compile); this is torch %s" % torch.__version__)
+
+
+def strict_fp32():
+    """No TF32 anywhere on the GPU: the C side runs strict float32 (cuBLAS pedantic math).
+
+    Only the legacy switches: they set the newer fp32_precision ones to match,
+    and torch refuses to read a state set through a mix of the two."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False   # the short convolutions (depthwise conv1d) go through cuDNN
+
+
 def main():
+    check_device()
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
     if args.threads > 0:
         torch.set_num_threads(args.threads)
         try:
             torch.set_num_interop_threads(1)
         except RuntimeError:   # already set
             pass
+    if cuda:
+        strict_fp32()
     with open(args.config) as f:
         text = f.read()
     cp = apply_sets(text, args.set)
@@ -93,38 +137,66 @@ def main():
     clip = float(train.get("grad_clip", 1.0))
     dtype = torch.float32 if args.dtype == "float32" else torch.float64
 
+    # Initialised on the CPU (its generator), then moved: the same weights on either device.
     lm = LM(cfg, dtype=dtype, seed=1337, form=args.form)
+    if cuda:
+        for n in list(lm.params):
+            lm.params[n] = lm.params[n].detach().to(dev).requires_grad_(True)
     decay = [p for n, p in lm.params.items() if n not in lm.no_decay]
     no_decay = [p for n, p in lm.params.items() if n in lm.no_decay]
+    # On the GPU fused AdamW: one multi-tensor kernel for every parameter, the
+    # nearest to train_bench's one element-wise kernel per tensor and PyTorch's
+    # fastest (foreach, the CUDA default, runs several passes over the state).
+    # On the CPU torch's default, as before.
+    kw = {"fused": True} if cuda else {}
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=betas, eps=eps)
+                            lr=lr, betas=betas, eps=eps, **kw)
     gen = torch.Generator().manual_seed(1)
-    x = torch.randint(0, cfg.vocab_size, (B, T), generator=gen)
-    y = torch.randint(0, cfg.vocab_size, (B, T), generator=gen)
+    x = torch.randint(0, cfg.vocab_size, (B, T), generator=gen).to(dev)
+    y = torch.randint(0, cfg.vocab_size, (B, T), generator=gen).to(dev)
     nparams = sum(p.numel() for p in lm.parameters())
+    loss_fn = torch.compile(lm.loss, mode=COMPILE_MODE) if args.compile else lm.loss
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     name = os.path.basename(args.config)
     print("machine: %s %s %s" % (platform.system(), platform.release(), platform.machine()))
     print("cpu: %s" % cpu_name())
+    if cuda:
+        prop = torch.cuda.get_device_properties(dev)
+        print("gpu: %s (sm_%d%d, %.1f GiB, %d SMs)   CUDA %s   cuDNN %s"
+              % (prop.name, prop.major, prop.minor, prop.total_memory / 2**30, prop.multi_processor_count,
+                 torch.version.cuda, torch.backends.cudnn.version()))
+        print("float32 products: torch.backends.cuda.matmul.allow_tf32 = %s, torch.backends.cudnn.allow_tf32 = %s "
+              "(float32_matmul_precision %s); AdamW fused"
+              % (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                 torch.get_float32_matmul_precision()))
     print("config: %s   layers: %s   B %d, T %d, D %d, params %d, form %s, chunk %d"
           % (name, ",".join(cfg.layers), B, T, cfg.d_model, nparams, args.form, cfg.chunk_size))
     print("threads: %d (torch.get_num_threads)   precision: %s%s   torch %s"
           % (torch.get_num_threads(), args.dtype, ", autocast bf16" if args.amp == "bf16" else "", torch.__version__))
+    print("device: %s   compile: %s" % (args.device, "torch.compile mode=%s (forward + loss)" % COMPILE_MODE
+                                        if args.compile else "no (eager)"))
 
     tf, tb, to, ts, tc = [], [], [], [], []
     loss = None
+    first = None
     for it in range(args.warmup + args.steps):
         c0, t0 = time.process_time(), time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
-            loss, _ = lm.loss(x, y)
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+            loss, _ = loss_fn(x, y)
+        sync()
         t1 = time.perf_counter()
         loss.backward()
+        sync()
         t2 = time.perf_counter()
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(lm.parameters(), clip)
         opt.step()
+        sync()
         t3, c3 = time.perf_counter(), time.process_time()
+        if it == 0:
+            first = t3 - t0   # with --compile: mostly compilation
         if it >= args.warmup:
             tf.append(t1 - t0)
             tb.append(t2 - t1)
@@ -138,14 +210,19 @@ def main():
         return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
     mf, mb, mo, ms, mc = med(tf), med(tb), med(to), med(ts), med(tc)
+    if args.compile or cuda:
+        print("first step (untimed%s): %.1f s" % (", compiles" if args.compile else "", first))
+    if cuda:
+        print("GPU memory: peak %.2f GiB allocated, %.2f GiB reserved by torch's caching allocator"
+              % (torch.cuda.max_memory_allocated(dev) / 2**30, torch.cuda.max_memory_reserved(dev) / 2**30))
     print("per step (median of %d after %d warm-up): forward %.1f ms, backward %.1f ms, clip+AdamW %.1f ms, "
           "total %.1f ms = %.0f tokens/s; CPU time %.1f ms = %.0f tokens per CPU-second   (last loss %.4f)"
           % (args.steps, args.warmup, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc, B * T / mc,
              float(loss)))
     print("RESULT config=%s B=%d T=%d threads=%d params=%d fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
-          "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f amp=%s"
+          "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f amp=%s device=%s compile=%d"
           % (name, B, T, torch.get_num_threads(), nparams, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms,
-             1e3 * mc, B * T / mc, args.amp))
+             1e3 * mc, B * T / mc, args.amp, args.device, int(args.compile)))
 
 
 if __name__ == "__main__":
