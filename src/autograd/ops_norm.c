@@ -2,6 +2,7 @@
 //
 // Both scale each row (or head group) z by a factor r(z) = (c sum z^2 + eps)^-1/2
 // and save r per row for the backward (derived next to each kernel).
+// The GPU pairs (the same saved state) are in src/cuda/ops_norm.cu.
 #include <math.h>
 #include <stdlib.h>
 
@@ -22,7 +23,7 @@ typedef struct RmsSaved {
 static real *rms_save(Node *n, int64_t rows) {
     if (!n->recorded) return NULL;
     RmsSaved *sv = tape_alloc(n->tape, sizeof *sv);
-    sv->rinv = tape_alloc(n->tape, (size_t)(rows ? rows : 1) * sizeof(real));
+    sv->rinv = tape_dalloc(n->tape, (size_t)(rows ? rows : 1) * sizeof(real));
     n->saved = sv;
     return sv->rinv;
 }
@@ -126,7 +127,8 @@ static void rmsnorm_backward(Node *n) {
     rms_dg_sum(part, nblk, D, dg);
 }
 
-static const OpDef OP_RMSNORM = {"rmsnorm", rmsnorm_forward, rmsnorm_backward};
+static const OpDef OP_RMSNORM = {"rmsnorm", rmsnorm_forward, rmsnorm_backward,
+                                 CUDA_PAIR(cu_rmsnorm_forward, cu_rmsnorm_backward)};
 
 Tensor *op_rmsnorm_groups(Tape *tp, Tensor *x, Tensor *g, int group, double eps) {
     int D = x->shape[x->ndim - 1];
@@ -220,7 +222,8 @@ static void add_rmsnorm_backward(Node *n) {
     if (dg) rms_dg_sum(part, nblk, D, dg);
 }
 
-static const OpDef OP_ADD_RMSNORM = {"add_rmsnorm", add_rmsnorm_forward, add_rmsnorm_backward};
+static const OpDef OP_ADD_RMSNORM = {"add_rmsnorm", add_rmsnorm_forward, add_rmsnorm_backward,
+                                     CUDA_PAIR(cu_add_rmsnorm_forward, cu_add_rmsnorm_backward)};
 
 Tensor *op_add_rmsnorm(Tape *tp, Tensor *a, Tensor *b, Tensor *g, double eps, Tensor **sum) {
     ASSERT(tensor_same_shape(a, b), "add_rmsnorm: a %s and b %s differ", SHAPE(a), SHAPE(b));
@@ -309,7 +312,8 @@ static void rms_gate_backward(Node *n) {
     if (dg) rms_dg_sum(part, nblk, D, dg);
 }
 
-static const OpDef OP_RMSNORM_GATE = {"rmsnorm_gate", rms_gate_forward, rms_gate_backward};
+static const OpDef OP_RMSNORM_GATE = {"rmsnorm_gate", rms_gate_forward, rms_gate_backward,
+                                      CUDA_PAIR(cu_rms_gate_forward, cu_rms_gate_backward)};
 
 Tensor *op_rmsnorm_gate(Tape *tp, Tensor *x, Tensor *g, Tensor *z, int group, double eps) {
     int D = x->shape[x->ndim - 1];
@@ -345,7 +349,7 @@ static void l2norm_forward(Node *n) {
     real *rinv = NULL;
     if (n->recorded) {
         L2Saved *sv = tape_alloc(n->tape, sizeof *sv);
-        sv->rinv = rinv = tape_alloc(n->tape, (size_t)(groups ? groups : 1) * sizeof(real));
+        sv->rinv = rinv = tape_dalloc(n->tape, (size_t)(groups ? groups : 1) * sizeof(real));
         n->saved = sv;
     }
 #pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
@@ -380,7 +384,8 @@ static void l2norm_backward(Node *n) {
     }
 }
 
-static const OpDef OP_L2NORM_HEADS = {"l2norm_heads", l2norm_forward, l2norm_backward};
+static const OpDef OP_L2NORM_HEADS = {"l2norm_heads", l2norm_forward, l2norm_backward,
+                                      CUDA_PAIR(cu_l2norm_forward, cu_l2norm_backward)};
 
 Tensor *op_l2norm_heads(Tape *tp, Tensor *x, int head_dim) {
     int D = x->shape[x->ndim - 1];
