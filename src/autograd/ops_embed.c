@@ -42,7 +42,8 @@ static void embedding_backward(Node *n) {
     }
 }
 
-static const OpDef OP_EMBEDDING = {"embedding", embedding_forward, embedding_backward};
+static const OpDef OP_EMBEDDING = {"embedding", embedding_forward, embedding_backward,
+                                   CUDA_PAIR(cu_embedding_forward, cu_embedding_backward)};
 
 Tensor *op_embedding(Tape *tp, Tensor *E, const int *ids, int ndim, const int *shape) {
     ASSERT(E->ndim == 2, "embedding: the table must be (V, D), got %s", SHAPE(E));

@@ -49,7 +49,8 @@ static void softmax_backward(Node *n) {
     }
 }
 
-static const OpDef OP_SOFTMAX = {"softmax", softmax_forward, softmax_backward};
+static const OpDef OP_SOFTMAX = {"softmax", softmax_forward, softmax_backward,
+                                 CUDA_PAIR(cu_softmax_forward, cu_softmax_backward)};
 
 Tensor *op_softmax(Tape *tp, Tensor *x) {
     ASSERT(x->shape[x->ndim - 1] > 0, "softmax: empty last dimension in %s", SHAPE(x));
@@ -136,7 +137,8 @@ static void ce_backward(Node *n) {
     }
 }
 
-static const OpDef OP_CROSS_ENTROPY = {"cross_entropy", ce_forward, ce_backward};
+static const OpDef OP_CROSS_ENTROPY = {"cross_entropy", ce_forward, ce_backward,
+                                       CUDA_PAIR(cu_ce_forward, cu_ce_backward)};
 
 Tensor *op_cross_entropy(Tape *tp, Tensor *logits, const int *targets) {
     int V = logits->shape[logits->ndim - 1];
