@@ -353,7 +353,8 @@ static void flash_backward(Node *n) {
     }
 }
 
-static const OpDef OP_ATTENTION = {"attention", flash_forward, flash_backward};
+static const OpDef OP_ATTENTION = {"attention", flash_forward, flash_backward,
+                                   CUDA_PAIR(cu_flash_forward, cu_flash_backward)};
 
 Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale,
                            const int *doc_start, int tile_q, int tile_k) {
@@ -378,8 +379,8 @@ Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_head
     n->iarg[6] = tile_k;
     n->farg[0] = scale;
     n->aux = docs_first(tp, doc_start, B, T);
-    if (n->recorded) n->saved = tape_alloc(tp, (size_t)B * n_heads * T * sizeof(real));
-    flash_forward(n);
+    if (n->recorded) n->saved = tape_dalloc(tp, (size_t)B * n_heads * T * sizeof(real));
+    tape_forward(n);
     return o;
 }
 

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "attn_kernel.h"
+#include "cuda_ops.h"
 
 // iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv; farg[0] scale; aux: the mask (B, T, T) or
 // NULL; saved: P (B, H, T, T).
@@ -97,7 +98,8 @@ static void naive_backward(Node *n) {
     free(dS);
 }
 
-static const OpDef OP_ATTENTION_NAIVE = {"attention_naive", naive_forward, naive_backward};
+static const OpDef OP_ATTENTION_NAIVE = {"attention_naive", naive_forward, naive_backward,
+                                         CUDA_PAIR(cu_naive_attn_forward, cu_naive_attn_backward)};
 
 Tensor *op_attention_naive(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale) {
     return op_attention_naive_masked(tp, q, k, v, n_heads, scale, NULL);
@@ -129,7 +131,7 @@ Tensor *op_attention_naive_masked(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int
         }
         n->aux = m;
     }
-    if (n->recorded) n->saved = tape_alloc(tp, (size_t)B * n_heads * T * T * sizeof(real));
-    naive_forward(n);
+    if (n->recorded) n->saved = tape_dalloc(tp, (size_t)B * n_heads * T * T * sizeof(real));
+    tape_forward(n);
     return o;
 }
