@@ -192,8 +192,10 @@ static void conv_backward(Node *n) {
     }
 }
 
-static const OpDef OP_CONV1D_CAUSAL = {"conv1d_causal", conv_forward, conv_backward};
-static const OpDef OP_CONV1D_SILU = {"conv1d_silu", conv_forward, conv_backward};
+static const OpDef OP_CONV1D_CAUSAL = {"conv1d_causal", conv_forward, conv_backward,
+                                       CUDA_PAIR(cu_conv_forward, cu_conv_backward)};
+static const OpDef OP_CONV1D_SILU = {"conv1d_silu", conv_forward, conv_backward,
+                                     CUDA_PAIR(cu_conv_forward, cu_conv_backward)};
 
 static Tensor *conv_build(Tape *tp, const OpDef *op, bool silu, Tensor *x, Tensor *w, const int *doc_start) {
     ASSERT(x->ndim == 3 && w->ndim == 2 && w->shape[0] == x->shape[2] && w->shape[1] >= 1,

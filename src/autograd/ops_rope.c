@@ -22,6 +22,7 @@ typedef struct RopeSaved {
     real *cs;       // (n_pos, hd/2, 2): cos, sin of each table entry's angles
 } RopeSaved;
 
+// src/cuda/ops_rope.cu reads it too (its copy of this struct must match).
 typedef struct RopeTable {
     const int *pos;   // (n_pos) the position of each entry, or NULL: entry e is position pos0 + e
     int pos0, n_pos;
@@ -93,7 +94,7 @@ static void rope_backward(Node *n) {
     rope_apply(dx, n->out[0]->grad, sv->cs, tb->idx, B, T, H, hd, true);
 }
 
-static const OpDef OP_ROPE = {"rope", rope_forward, rope_backward};
+static const OpDef OP_ROPE = {"rope", rope_forward, rope_backward, CUDA_PAIR(cu_rope_forward, cu_rope_backward)};
 
 static Tensor *rope_build(Tape *tp, Tensor *x, int head_dim, int pos0, const int *pos, double base) {
     ASSERT(x->ndim == 3, "rope: x must be (B, T, H*head_dim), got %s", SHAPE(x));

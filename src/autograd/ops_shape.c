@@ -20,7 +20,8 @@ static void reshape_backward(Node *n) {
     for (int64_t i = 0; i < n->in[0]->numel; i++) dx[i] += g[i];
 }
 
-static const OpDef OP_RESHAPE = {"reshape", reshape_forward, reshape_backward};
+static const OpDef OP_RESHAPE = {"reshape", reshape_forward, reshape_backward,
+                                 CUDA_PAIR(cu_reshape_forward, cu_reshape_backward)};
 
 Tensor *op_reshape(Tape *tp, Tensor *x, int ndim, const int *shape) {
     ASSERT(ndim >= 1 && ndim <= TENSOR_MAX_DIMS, "reshape: %d dimensions", ndim);
@@ -82,7 +83,8 @@ static void transpose_apply(Node *n, int dir) {
 static void transpose_forward(Node *n) { transpose_apply(n, 0); }
 static void transpose_backward(Node *n) { transpose_apply(n, 1); }
 
-static const OpDef OP_TRANSPOSE = {"transpose", transpose_forward, transpose_backward};
+static const OpDef OP_TRANSPOSE = {"transpose", transpose_forward, transpose_backward,
+                                   CUDA_PAIR(cu_transpose_forward, cu_transpose_backward)};
 
 Tensor *op_transpose(Tape *tp, Tensor *x, int d0, int d1) {
     int a = d0 < 0 ? d0 + x->ndim : d0, b = d1 < 0 ? d1 + x->ndim : d1;
@@ -136,7 +138,8 @@ static void slice_backward(Node *n) {
     }
 }
 
-static const OpDef OP_SLICE = {"slice", slice_forward, slice_backward};
+static const OpDef OP_SLICE = {"slice", slice_forward, slice_backward,
+                               CUDA_PAIR(cu_slice_forward, cu_slice_backward)};
 
 Tensor *op_slice(Tape *tp, Tensor *x, int dim, int start, int len) {
     int d = dim < 0 ? dim + x->ndim : dim;
@@ -188,7 +191,8 @@ static void concat_backward(Node *n) {
     }
 }
 
-static const OpDef OP_CONCAT = {"concat", concat_forward, concat_backward};
+static const OpDef OP_CONCAT = {"concat", concat_forward, concat_backward,
+                                CUDA_PAIR(cu_concat_forward, cu_concat_backward)};
 
 Tensor *op_concat(Tape *tp, Tensor *const *xs, int n, int dim) {
     ASSERT(n >= 1 && n <= NODE_MAX_IN, "concat: %d inputs, 1 to %d", n, NODE_MAX_IN);
@@ -210,6 +214,6 @@ Tensor *op_concat(Tape *tp, Tensor *const *xs, int n, int dim) {
     Tensor *o = tape_tensor(tp, x0->ndim, shape);
     Node *nd = tape_op(tp, &OP_CONCAT, xs, n, &o, 1);
     nd->iarg[0] = d;
-    concat_forward(nd);
+    tape_forward(nd);
     return o;
 }
