@@ -190,8 +190,10 @@ void gdn_chunk_forward(Node *n) {
         }
 }
 
-static const OpDef OP_GDN_CHUNKED = {"gdn_chunked", gdn_chunk_forward, gdn_chunk_backward};
-static const OpDef OP_GDN_RECURRENT = {"gdn_recurrent", gdn_naive_forward, gdn_naive_backward};
+static const OpDef OP_GDN_CHUNKED = {"gdn_chunked", gdn_chunk_forward, gdn_chunk_backward,
+                                     CUDA_PAIR(cu_gdn_chunk_forward, cu_gdn_chunk_backward)};
+static const OpDef OP_GDN_RECURRENT = {"gdn_recurrent", gdn_naive_forward, gdn_naive_backward,
+                                       CUDA_PAIR(cu_gdn_naive_forward, cu_gdn_naive_backward)};
 
 Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0, const int *doc_start,
                int n_heads, MixerForm form, int chunk, Tensor **s_out) {
@@ -225,9 +227,9 @@ Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *
     n->aux = docs_first(tp, doc_start, B, T);
     if (n->recorded) {
         GdnDims d = gdn_dims(n);
-        n->saved = tape_alloc(tp, (size_t)B * H * d.NC * dk * dv * sizeof(real));
+        n->saved = tape_dalloc(tp, (size_t)B * H * d.NC * dk * dv * sizeof(real));   // read by the kernels
     }
-    op->forward(n);
+    tape_forward(n);
     if (s_out) *s_out = sT;
     return o;
 }

@@ -1,0 +1,736 @@
+// gdn.cu: op_gdn (Gated DeltaNet) on the GPU, the chunked (WY) and the
+// recurrent form (gdn_kernel.h; the CPU twins are gdn_chunk.c,
+// gdn_chunk_backward.c and gdn_naive.c, whose lines these kernels follow).
+//
+// One thread block per (batch, head), as the CPU's OpenMP loop, walking the
+// chunks in order (forward) or in reverse (backward); n->saved keeps the state
+// entering each chunk, (B, H, NC, dk, dv), as on the CPU.
+//  - Chunked: every line of a chunk is a block-wide step over a per-block
+//    workspace in device memory (tape_dalloc). Products go through blk_gemm
+//    (32 x 32 shared-memory tiles); (I + A)^-1 is a forward substitution,
+//    one barrier per row.
+//  - Recurrent: a thread owns a column of S, so the forward needs no barrier.
+//    The backward replays a stretch of `chunk` tokens from its saved state
+//    and walks it in reverse, per token a column phase then a row phase.
+// Gradients go to scratch (or straight into a fresh buffer that no other
+// input shares) and are then added to the inputs' buffers in input order, so
+// inputs that are one tensor get the sum. No atomics: every sum is made by
+// one thread in a fixed order.
+#include <string.h>
+
+#include "cuda_internal.cuh"
+
+// As gdn_kernel.h (not included: a C header of the CPU side).
+enum { GDN_IN_Q, GDN_IN_K, GDN_IN_V, GDN_IN_BETA, GDN_IN_G, GDN_IN_S0, GDN_N_IN };
+enum { GDN_ARG_B, GDN_ARG_T, GDN_ARG_H, GDN_ARG_DK, GDN_ARG_DV, GDN_ARG_C };
+
+#define GDN_NT 256   // threads of a block of the chunked form (blk_gemm's layout needs exactly this)
+#define TS 32        // tile edge of blk_gemm
+#define TROWS (GDN_NT / TS)   // 8: a thread computes rows ty, ty + 8, ty + 16, ty + 24 of a tile
+
+// Everything a kernel reads, by value.
+struct GdnArgs {
+    const real *q, *k, *v, *beta, *g, *s0;   // s0 may be NULL (zeros)
+    const int *first;                        // (B, T) document starts (docs.h), device copy, or NULL
+    real *o, *sT, *saved;                    // saved: NULL when the node is not recorded
+    const real *dout, *dsT;                  // backward: the outputs' gradients, either may be NULL
+    real *gq, *gk, *gv, *gbeta, *gg, *gs0;   // backward: where the gradients go (written whole), NULL: not wanted
+    unsigned char *ws;                       // per-block workspace, ws_stride bytes each
+    size_t ws_stride;
+    int B, T, H, dk, dv, C, NC, ldk, ldv;
+    int Cw;                                  // min(C, T): the longest chunk, what workspaces hold
+};
+
+static GdnArgs gdn_args(const Node *n) {
+    GdnArgs a;
+    memset(&a, 0, sizeof a);
+    a.B = n->iarg[GDN_ARG_B];
+    a.T = n->iarg[GDN_ARG_T];
+    a.H = n->iarg[GDN_ARG_H];
+    a.dk = n->iarg[GDN_ARG_DK];
+    a.dv = n->iarg[GDN_ARG_DV];
+    a.C = n->iarg[GDN_ARG_C];
+    a.NC = (a.T + a.C - 1) / a.C;
+    a.Cw = a.C < a.T ? a.C : a.T;
+    a.ldk = a.H * a.dk;
+    a.ldv = a.H * a.dv;
+    a.q = n->in[GDN_IN_Q]->data;
+    a.k = n->in[GDN_IN_K]->data;
+    a.v = n->in[GDN_IN_V]->data;
+    a.beta = n->in[GDN_IN_BETA]->data;
+    a.g = n->in[GDN_IN_G]->data;
+    a.s0 = n->in[GDN_IN_S0] ? n->in[GDN_IN_S0]->data : NULL;
+    a.o = n->out[0]->data;
+    a.sT = n->out[1]->data;
+    a.saved = (real *)n->saved;
+    // n->aux is host memory: the kernels read a device copy.
+    if (n->aux) {
+        size_t bytes = (size_t)a.B * a.T * sizeof(int);
+        int *f = (int *)tape_dalloc(n->tape, bytes);
+        cu_from_host(f, n->aux, bytes);
+        a.first = f;
+    }
+    return a;
+}
+
+// Byte offsets of a per-block workspace: `take` advances by n elements of
+// `size` bytes, every offset 16-aligned.
+static __host__ __device__ inline size_t ws_take(size_t *at, size_t n, size_t size) {
+    size_t o = *at;
+    *at += (n * size + 15) & ~(size_t)15;
+    return o;
+}
+
+// ---------------------------------------------------------------- block-wide products
+
+struct Tiles {
+    real a[TS][TS + 1], b[TS][TS + 1];   // + 1: the transposed loads hit 32 banks
+};
+
+// C (M x N) = alpha op(A) op(B) + beta C, row-major with leading dimensions
+// lda, ldb, ldc; op(A) is M x K, op(B) K x N. Every thread of the block calls
+// it with the same arguments. beta == 0 never reads C (fresh buffers hold
+// NaN in float64). C must not overlap A or B. Ends with a barrier: C is then
+// ready for every thread, and A, B may be overwritten.
+// Not inlined: one copy for the two dozen calls.
+__device__ __noinline__ void blk_gemm(Tiles *sh, bool ta, bool tb, int M, int N, int K, real alpha, const real *A,
+                                      int lda, const real *B, int ldb, real beta, real *C, int ldc) {
+    int tid = threadIdx.x, tx = tid % TS, ty = tid / TS;
+    int tm = (M + TS - 1) / TS, tn = (N + TS - 1) / TS;
+    for (int tile = 0; tile < tm * tn; tile++) {
+        int i0 = tile / tn * TS, j0 = tile % tn * TS;
+        real acc[TS / TROWS];
+#pragma unroll
+        for (int r = 0; r < TS / TROWS; r++) acc[r] = 0;
+        for (int k0 = 0; k0 < K; k0 += TS) {
+            // Consecutive threads read consecutive addresses: along k for a
+            // row-major op(A), along i for a transposed one (and so for B).
+            for (int e = tid; e < TS * TS; e += GDN_NT) {
+                int r = e / TS, c = e % TS;
+                int x = ta ? c : r, y = ta ? r : c;   // op(A)(i0 + x, k0 + y)
+                int i = i0 + x, kk = k0 + y;
+                sh->a[x][y] = i < M && kk < K ? (ta ? A[(int64_t)kk * lda + i] : A[(int64_t)i * lda + kk]) : (real)0;
+                x = tb ? c : r, y = tb ? r : c;       // op(B)(k0 + x, j0 + y)
+                kk = k0 + x;
+                int j = j0 + y;
+                sh->b[x][y] = kk < K && j < N ? (tb ? B[(int64_t)j * ldb + kk] : B[(int64_t)kk * ldb + j]) : (real)0;
+            }
+            __syncthreads();
+#pragma unroll 8
+            for (int kk = 0; kk < TS; kk++) {
+                real bv = sh->b[kk][tx];
+#pragma unroll
+                for (int r = 0; r < TS / TROWS; r++) acc[r] = fma(sh->a[ty + r * TROWS][kk], bv, acc[r]);
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int r = 0; r < TS / TROWS; r++) {
+            int i = i0 + ty + r * TROWS, j = j0 + tx;
+            if (i < M && j < N) {
+                real *c = C + (int64_t)i * ldc + j;
+                *c = beta == 0 ? alpha * acc[r] : alpha * acc[r] + beta * *c;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// sum_i x_i y_i in double (the CPU's dot), returned in `real` as there.
+__device__ __forceinline__ real dot_r(const real *x, const real *y, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)x[i] * y[i];
+    return (real)s;
+}
+
+// ---------------------------------------------------------------- chunked form: workspace
+
+// The per-block buffers of gdn_chunk.c's GdnChunk and gdn_chunk_backward.c's
+// GdnChunkGrad, chunks of up to C positions; the gradient part only in the
+// backward's workspace.
+struct ChunkWs {
+    double *G;                        // (C) Gamma_i
+    real *E, *KK, *A, *Tm, *P;        // (C, C)
+    real *Xw, *W, *Kd;                // (C, dk)
+    real *Xu, *U, *Dl;                // (C, dv)
+    real *bet, *bm, *ek;              // (C)
+    int *db;                          // (C) the chunk's documents, -1: before the chunk
+    // backward
+    double *dG, *dbeta, *rsum, *csum;   // (C)
+    real *dA;                           // (C, C) dP -> dQK, then dA -> dKK
+    real *dK, *dW, *dXw;                // (C, dk)
+    real *dDl, *dXu, *Y;                // (C, dv)
+    real *dS, *dS0;                     // (dk, dv) the gradient of the state leaving / entering the chunk
+};
+
+static __host__ __device__ size_t chunk_ws_layout(ChunkWs *w, unsigned char *base, int C, int dk, int dv,
+                                                  bool grad) {
+    size_t at = 0, CC = (size_t)C * C, Ck = (size_t)C * dk, Cv = (size_t)C * dv, SS = (size_t)dk * dv;
+    size_t oG = ws_take(&at, C, sizeof(double));
+    size_t oE = ws_take(&at, CC, sizeof(real)), oKK = ws_take(&at, CC, sizeof(real));
+    size_t oA = ws_take(&at, CC, sizeof(real)), oTm = ws_take(&at, CC, sizeof(real));
+    size_t oP = ws_take(&at, CC, sizeof(real));
+    size_t oXw = ws_take(&at, Ck, sizeof(real)), oW = ws_take(&at, Ck, sizeof(real));
+    size_t oKd = ws_take(&at, Ck, sizeof(real));
+    size_t oXu = ws_take(&at, Cv, sizeof(real)), oU = ws_take(&at, Cv, sizeof(real));
+    size_t oDl = ws_take(&at, Cv, sizeof(real));
+    size_t obet = ws_take(&at, C, sizeof(real)), obm = ws_take(&at, C, sizeof(real));
+    size_t oek = ws_take(&at, C, sizeof(real)), odb = ws_take(&at, C, sizeof(int));
+    size_t odG = 0, odbeta = 0, orsum = 0, ocsum = 0, odA = 0, odK = 0, odW = 0, odXw = 0, odDl = 0, odXu = 0;
+    size_t oY = 0, odS = 0, odS0 = 0;
+    if (grad) {
+        odG = ws_take(&at, C, sizeof(double)), odbeta = ws_take(&at, C, sizeof(double));
+        orsum = ws_take(&at, C, sizeof(double)), ocsum = ws_take(&at, C, sizeof(double));
+        odA = ws_take(&at, CC, sizeof(real));
+        odK = ws_take(&at, Ck, sizeof(real)), odW = ws_take(&at, Ck, sizeof(real));
+        odXw = ws_take(&at, Ck, sizeof(real));
+        odDl = ws_take(&at, Cv, sizeof(real)), odXu = ws_take(&at, Cv, sizeof(real));
+        oY = ws_take(&at, Cv, sizeof(real));
+        odS = ws_take(&at, SS, sizeof(real)), odS0 = ws_take(&at, SS, sizeof(real));
+    }
+    if (w) {
+        w->G = (double *)(base + oG);
+        w->E = (real *)(base + oE), w->KK = (real *)(base + oKK), w->A = (real *)(base + oA);
+        w->Tm = (real *)(base + oTm), w->P = (real *)(base + oP);
+        w->Xw = (real *)(base + oXw), w->W = (real *)(base + oW), w->Kd = (real *)(base + oKd);
+        w->Xu = (real *)(base + oXu), w->U = (real *)(base + oU), w->Dl = (real *)(base + oDl);
+        w->bet = (real *)(base + obet), w->bm = (real *)(base + obm), w->ek = (real *)(base + oek);
+        w->db = (int *)(base + odb);
+        w->dG = (double *)(base + odG), w->dbeta = (double *)(base + odbeta);
+        w->rsum = (double *)(base + orsum), w->csum = (double *)(base + ocsum);
+        w->dA = (real *)(base + odA);
+        w->dK = (real *)(base + odK), w->dW = (real *)(base + odW), w->dXw = (real *)(base + odXw);
+        w->dDl = (real *)(base + odDl), w->dXu = (real *)(base + odXu), w->Y = (real *)(base + oY);
+        w->dS = (real *)(base + odS), w->dS0 = (real *)(base + odS0);
+    }
+    return (at + 255) & ~(size_t)255;
+}
+
+// exp of a non-positive log decay difference (gdn_exp), in `real`.
+__device__ __forceinline__ real gdn_dexp(double x) { return exp((real)x); }
+
+// gdn_chunk_prepare: the chunk of L positions starting at t0 of head (b, h),
+// entering state S0. All threads; ends with a barrier.
+__device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, int b, int h, int t0, int L,
+                              const real *S0) {
+    int tid = threadIdx.x, dk = a.dk, dv = a.dv, H = a.H;
+    int64_t ok = ((int64_t)b * a.T + t0) * a.ldk + (int64_t)h * dk;
+    int64_t ov = ((int64_t)b * a.T + t0) * a.ldv + (int64_t)h * dv;
+    int64_t oh = ((int64_t)b * a.T + t0) * H + h;
+    const real *q = a.q + ok, *k = a.k + ok, *v = a.v + ov, *beta = a.beta + oh, *g = a.g + oh;
+    bool docs = a.first != NULL;
+    // Gamma: one thread, in order (the CPU's sum).
+    if (tid == 0) {
+        double acc = 0;
+        for (int i = 0; i < L; i++) {
+            acc += g[(int64_t)i * H];
+            w.G[i] = acc;
+        }
+    }
+    for (int i = tid; i < L; i += GDN_NT) {
+        w.bet[i] = beta[(int64_t)i * H];
+        int f = docs ? a.first[(int64_t)b * a.T + t0 + i] : -1;
+        w.db[i] = f >= t0 ? f - t0 : -1;
+    }
+    __syncthreads();
+    // E_ij = exp(Gamma_i - Gamma_j) inside row i's document (j >= db[i]), j <= i.
+    for (int e = tid; e < L * L; e += GDN_NT) {
+        int i = e / L, j = e % L;
+        int j0 = docs && w.db[i] > 0 ? w.db[i] : 0;
+        w.E[e] = j >= j0 && j <= i ? gdn_dexp(w.G[i] - w.G[j]) : (real)0;
+    }
+    // The factors through S0 and to the end of the chunk (gdn_kernel.h).
+    int jL = docs && w.db[L - 1] > 0 ? w.db[L - 1] : 0;
+    for (int i = tid; i < L; i += GDN_NT) {
+        w.bm[i] = docs && w.db[i] >= 0 ? (real)0 : gdn_dexp(w.G[i]);
+        w.ek[i] = i < jL ? (real)0 : gdn_dexp(w.G[L - 1] - w.G[i]);
+    }
+    __syncthreads();
+    // A = strictly-lower (beta_i E_ij k_i.k_j).
+    blk_gemm(sh, false, true, L, L, dk, 1, k, a.ldk, k, a.ldk, 0, w.KK, L);
+    for (int e = tid; e < L * L; e += GDN_NT) {
+        int i = e / L, j = e % L;
+        w.A[e] = j < i ? w.bet[i] * w.E[e] * w.KK[e] : (real)0;
+    }
+    __syncthreads();
+    // Tm = (I + A)^-1, row i = e_i - sum_{m<i} A_im Tm_m, m in the CPU's order.
+    for (int i = 0; i < L; i++) {
+        for (int j = tid; j < L; j += GDN_NT) {
+            real t = j == i ? (real)1 : (real)0;
+            for (int m = j; m < i; m++) t -= w.A[i * L + m] * w.Tm[m * L + j];
+            w.Tm[i * L + j] = t;
+        }
+        __syncthreads();
+    }
+    // W = Tm diag(beta b) K, U = Tm diag(beta) V, Delta = U - W S0.
+    for (int e = tid; e < L * dk; e += GDN_NT) {
+        int i = e / dk, c = e % dk;
+        w.Xw[e] = w.bet[i] * w.bm[i] * k[(int64_t)i * a.ldk + c];
+    }
+    for (int e = tid; e < L * dv; e += GDN_NT) {
+        int i = e / dv, c = e % dv;
+        w.Xu[e] = w.bet[i] * v[(int64_t)i * a.ldv + c];
+    }
+    __syncthreads();
+    blk_gemm(sh, false, false, L, dk, L, 1, w.Tm, L, w.Xw, dk, 0, w.W, dk);
+    blk_gemm(sh, false, false, L, dv, L, 1, w.Tm, L, w.Xu, dv, 0, w.U, dv);
+    for (int e = tid; e < L * dv; e += GDN_NT) w.Dl[e] = w.U[e];
+    __syncthreads();
+    blk_gemm(sh, false, false, L, dv, dk, -1, w.W, dk, S0, dv, 1, w.Dl, dv);
+    // P = (Q K^T) * E; Kd = diag(ek) K.
+    blk_gemm(sh, false, true, L, L, dk, 1, q, a.ldk, k, a.ldk, 0, w.P, L);
+    for (int e = tid; e < L * L; e += GDN_NT) w.P[e] *= w.E[e];
+    for (int e = tid; e < L * dk; e += GDN_NT) {
+        int j = e / dk, c = e % dk;
+        w.Kd[e] = w.ek[j] * k[(int64_t)j * a.ldk + c];
+    }
+    __syncthreads();
+}
+
+// ---------------------------------------------------------------- chunked form: forward
+
+__global__ void __launch_bounds__(GDN_NT) k_gdn_chunk_fwd(GdnArgs a) {
+    __shared__ Tiles sh;
+    int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, tid = threadIdx.x;
+    int dk = a.dk, dv = a.dv;
+    int64_t SS = (int64_t)dk * dv;
+    ChunkWs w;
+    chunk_ws_layout(&w, a.ws + (size_t)bh * a.ws_stride, a.Cw, dk, dv, false);
+    real *S = a.sT + (int64_t)bh * SS;   // the running state, (dk, dv)
+    for (int64_t e = tid; e < SS; e += GDN_NT) S[e] = a.s0 ? a.s0[(int64_t)bh * SS + e] : (real)0;
+    __syncthreads();
+    for (int c = 0; c < a.NC; c++) {
+        int t0 = c * a.C, L = min(a.C, a.T - t0);
+        if (a.saved)
+            for (int64_t e = tid; e < SS; e += GDN_NT) a.saved[((int64_t)bh * a.NC + c) * SS + e] = S[e];
+        chunk_prepare(a, w, &sh, b, h, t0, L, S);
+        // O = diag(b) Q S0 + P Delta
+        int64_t ok = ((int64_t)b * a.T + t0) * a.ldk + (int64_t)h * dk;
+        real *oc = a.o + ((int64_t)b * a.T + t0) * a.ldv + (int64_t)h * dv;
+        blk_gemm(&sh, false, false, L, dv, dk, 1, a.q + ok, a.ldk, S, dv, 0, oc, a.ldv);
+        for (int e = tid; e < L * dv; e += GDN_NT) {
+            int i = e / dv, j = e % dv;
+            oc[(int64_t)i * a.ldv + j] *= w.bm[i];
+        }
+        __syncthreads();
+        blk_gemm(&sh, false, false, L, dv, L, 1, w.P, L, w.Dl, dv, 1, oc, a.ldv);
+        // S_C = b_{L-1} S0 + Kd^T Delta (bl = 0: a document starts at the
+        // chunk's last position, S0 is not read)
+        blk_gemm(&sh, true, false, dk, dv, L, 1, w.Kd, dk, w.Dl, dv, w.bm[L - 1], S, dv);
+    }
+}
+
+// ---------------------------------------------------------------- chunked form: backward
+
+
+// chunk_backward of gdn_chunk_backward.c for the chunk of L positions at t0,
+// its workspace filled by chunk_prepare: from w.dS (the gradient of the state
+// leaving the chunk) and the chunk's rows of dO, writes the chunk's rows of
+// the wanted gradients and w.dS0. All threads; ends with a barrier. Row
+// steps give a row to a thread; the (L, L) dGamma terms are summed by rows
+// and by columns, each sum by one thread.
+__device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red, int b, int h, int t0, int L,
+                           const real *S0) {
+    int tid = threadIdx.x, dk = a.dk, dv = a.dv, H = a.H, ldk = a.ldk, ldv = a.ldv;
+    int64_t SS = (int64_t)dk * dv;
+    int64_t ok = ((int64_t)b * a.T + t0) * ldk + (int64_t)h * dk;
+    int64_t ov = ((int64_t)b * a.T + t0) * ldv + (int64_t)h * dv;
+    int64_t oh = ((int64_t)b * a.T + t0) * H + h;
+    const real *q = a.q + ok, *k = a.k + ok, *v = a.v + ov;
+    const real *dO = a.dout ? a.dout + ov : NULL;
+    real *gq = a.gq ? a.gq + ok : NULL;
+    real bl = w.bm[L - 1];
+
+    // S_C = b_{L-1} S0 + Kd^T Delta.
+    for (int i = tid; i < L; i += GDN_NT) w.dG[i] = 0, w.dbeta[i] = 0;
+    for (int e = tid; e < L * dk; e += GDN_NT) w.dK[e] = 0;
+    double s = 0;
+    for (int64_t e = tid; e < SS; e += GDN_NT) {
+        w.dS0[e] = bl * w.dS[e];
+        s += (double)w.dS[e] * S0[e];
+    }
+    s = cu_block_sum(s, red);   // begins with a barrier: dG is zeroed
+    if (tid == 0) w.dG[L - 1] += bl * (real)s;
+    // dDelta = Kd dS; dKd = Delta dS^T (in dW).
+    blk_gemm(sh, false, false, L, dv, dk, 1, w.Kd, dk, w.dS, dv, 0, w.dDl, dv);
+    blk_gemm(sh, false, true, L, dk, dv, 1, w.Dl, dv, w.dS, dv, 0, w.dW, dk);
+    for (int j = tid; j < L; j += GDN_NT) {
+        real e = w.ek[j];
+        for (int c = 0; c < dk; c++) w.dK[j * dk + c] += e * w.dW[j * dk + c];
+        // exp(Gamma_{L-1} - Gamma_{L-1}) = 1 has no derivative; the terms of
+        // dG[L-1] are added by one thread below, in the CPU's order.
+        if (j == L - 1) continue;
+        double sj = (double)(e * dot_r(w.dW + j * dk, k + (int64_t)j * ldk, dk));
+        w.dG[j] -= sj;
+        w.rsum[j] = sj;
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int j = 0; j < L - 1; j++) w.dG[L - 1] += w.rsum[j];
+    __syncthreads();
+
+    // O = diag(b) Q S0 + P Delta.
+    if (dO) {
+        blk_gemm(sh, false, false, L, dv, dk, 1, q, ldk, S0, dv, 0, w.Y, dv);   // Y = Q S0
+        for (int i = tid; i < L; i += GDN_NT) {
+            real bi = w.bm[i];
+            const real *doi = dO + (int64_t)i * ldv;
+            w.dG[i] += bi * dot_r(doi, w.Y + i * dv, dv);
+            for (int c = 0; c < dv; c++) w.Y[i * dv + c] = bi * doi[c];   // now dY
+        }
+        __syncthreads();
+        if (gq) blk_gemm(sh, false, true, L, dk, dv, 1, w.Y, dv, S0, dv, 0, gq, ldk);   // dQ = dY S0^T
+        blk_gemm(sh, true, false, dk, dv, L, 1, q, ldk, w.Y, dv, 1, w.dS0, dv);         // dS0 += Q^T dY
+        blk_gemm(sh, false, true, L, L, dv, 1, dO, ldv, w.Dl, dv, 0, w.dA, L);          // dP = dO Delta^T
+        blk_gemm(sh, true, false, L, dv, L, 1, w.P, L, dO, ldv, 1, w.dDl, dv);          // dDelta += P^T dO
+        // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j.
+        for (int x = tid; x < L; x += GDN_NT) {
+            double r = 0, cs = 0;
+            for (int j = 0; j < x; j++) r += (double)w.dA[x * L + j] * w.P[x * L + j];
+            for (int i = x + 1; i < L; i++) cs += (double)w.dA[i * L + x] * w.P[i * L + x];
+            w.dG[x] += r;
+            w.dG[x] -= cs;
+        }
+        __syncthreads();
+        for (int e = tid; e < L * L; e += GDN_NT) {   // dQK = dP * E, lower with the diagonal
+            int i = e / L, j = e % L;
+            w.dA[e] = j <= i ? w.dA[e] * w.E[e] : (real)0;
+        }
+        __syncthreads();
+        if (gq) blk_gemm(sh, false, false, L, dk, L, 1, w.dA, L, k, ldk, 1, gq, ldk);   // dQ += dQK K
+        blk_gemm(sh, true, false, L, dk, L, 1, w.dA, L, q, ldk, 1, w.dK, dk);            // dK += dQK^T Q
+    } else if (gq) {
+        for (int e = tid; e < L * dk; e += GDN_NT) gq[(int64_t)(e / dk) * ldk + e % dk] = 0;
+    }
+
+    // Delta = U - W S0: dU = dDelta, dW = -dDelta S0^T, dS0 -= W^T dDelta.
+    blk_gemm(sh, false, true, L, dk, dv, -1, w.dDl, dv, S0, dv, 0, w.dW, dk);
+    blk_gemm(sh, true, false, dk, dv, L, -1, w.W, dk, w.dDl, dv, 1, w.dS0, dv);
+    // W = Tm Xw, U = Tm Xu: dXw = Tm^T dW, dXu = Tm^T dU, dA = -(dXw W^T + dXu U^T).
+    blk_gemm(sh, true, false, L, dk, L, 1, w.Tm, L, w.dW, dk, 0, w.dXw, dk);
+    blk_gemm(sh, true, false, L, dv, L, 1, w.Tm, L, w.dDl, dv, 0, w.dXu, dv);
+    blk_gemm(sh, false, true, L, L, dk, -1, w.dXw, dk, w.W, dk, 0, w.dA, L);
+    blk_gemm(sh, false, true, L, L, dv, -1, w.dXu, dv, w.U, dv, 1, w.dA, L);
+
+    // Xw_i = beta_i b_i k_i, Xu_i = beta_i v_i.
+    for (int i = tid; i < L; i += GDN_NT) {
+        real bi = w.bm[i], bt = w.bet[i], sw = bt * bi;
+        const real *dxw = w.dXw + i * dk, *dxu = w.dXu + i * dv;
+        for (int c = 0; c < dk; c++) w.dK[i * dk + c] += sw * dxw[c];
+        double sx = dot_r(dxw, k + (int64_t)i * ldk, dk);
+        w.dbeta[i] += bi * sx;
+        w.dG[i] += sw * sx;
+        if (a.gv)
+            for (int c = 0; c < dv; c++) a.gv[ov + (int64_t)i * ldv + c] = bt * dxu[c];
+        w.dbeta[i] += dot_r(dxu, v + (int64_t)i * ldv, dv);
+    }
+    __syncthreads();
+
+    // A_ij = beta_i E_ij KK_ij (j < i): dbeta_i and dG_i by rows, dG_j by columns.
+    for (int x = tid; x < L; x += GDN_NT) {
+        double rb = 0, r = 0, cs = 0;
+        for (int j = 0; j < x; j++) {
+            real da = w.dA[x * L + j];
+            rb += (double)da * (w.E[x * L + j] * w.KK[x * L + j]);
+            r += (double)da * w.A[x * L + j];
+        }
+        for (int i = x + 1; i < L; i++) cs += (double)w.dA[i * L + x] * w.A[i * L + x];
+        w.dbeta[x] += rb;
+        w.dG[x] += r;
+        w.dG[x] -= cs;
+    }
+    __syncthreads();
+    for (int e = tid; e < L * L; e += GDN_NT) {   // dKK, strictly lower
+        int i = e / L, j = e % L;
+        w.dA[e] = j < i ? w.dA[e] * w.bet[i] * w.E[e] : (real)0;
+    }
+    __syncthreads();
+    blk_gemm(sh, false, false, L, dk, L, 1, w.dA, L, k, ldk, 1, w.dK, dk);   // dK += dKK K
+    blk_gemm(sh, true, false, L, dk, L, 1, w.dA, L, k, ldk, 1, w.dK, dk);    // dK += dKK^T K
+
+    // The chunk's rows; dg_m = sum_{i >= m} dGamma_i.
+    if (a.gk)
+        for (int e = tid; e < L * dk; e += GDN_NT) a.gk[ok + (int64_t)(e / dk) * ldk + e % dk] = w.dK[e];
+    if (a.gbeta)
+        for (int i = tid; i < L; i += GDN_NT) a.gbeta[oh + (int64_t)i * H] = (real)w.dbeta[i];
+    if (a.gg && tid == 0) {
+        double acc = 0;
+        for (int i = L - 1; i >= 0; i--) {
+            acc += w.dG[i];
+            a.gg[oh + (int64_t)i * H] = (real)acc;
+        }
+    }
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(GDN_NT) k_gdn_chunk_bwd(GdnArgs a) {
+    __shared__ Tiles sh;
+    __shared__ double red[32];
+    int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, tid = threadIdx.x;
+    int64_t SS = (int64_t)a.dk * a.dv;
+    ChunkWs w;
+    chunk_ws_layout(&w, a.ws + (size_t)bh * a.ws_stride, a.Cw, a.dk, a.dv, true);
+    for (int64_t e = tid; e < SS; e += GDN_NT) w.dS[e] = a.dsT ? a.dsT[(int64_t)bh * SS + e] : (real)0;
+    __syncthreads();
+    for (int c = a.NC - 1; c >= 0; c--) {
+        int t0 = c * a.C, L = min(a.C, a.T - t0);
+        const real *S0 = a.saved + ((int64_t)bh * a.NC + c) * SS;
+        chunk_prepare(a, w, &sh, b, h, t0, L, S0);
+        chunk_back(a, w, &sh, red, b, h, t0, L, S0);
+        real *t = w.dS;   // the gradient entering this chunk leaves the one before
+        w.dS = w.dS0;
+        w.dS0 = t;
+    }
+    if (a.gs0)
+        for (int64_t e = tid; e < SS; e += GDN_NT) a.gs0[(int64_t)bh * SS + e] = w.dS[e];
+}
+
+// ---------------------------------------------------------------- gradients out
+
+// Where the backward writes each input's gradient: straight into the input's
+// buffer when it is fresh and no other input shares it, else into scratch
+// that gdn_grads_finish adds in input order (the first of a shared buffer,
+// fresh, is written; the later ones add).
+struct GdnGrads {
+    real *dst[GDN_N_IN], *tmp[GDN_N_IN];
+    bool fresh[GDN_N_IN];
+    int64_t n[GDN_N_IN];
+};
+
+static void gdn_grads_plan(Node *n, GdnGrads *gr, GdnArgs *a) {
+    for (int i = 0; i < GDN_N_IN; i++) {
+        gr->dst[i] = CU_GRAD_FRESH(n, i, &gr->fresh[i]);   // in input order: a shared buffer is fresh once
+        gr->n[i] = n->in[i] ? n->in[i]->numel : 0;
+        gr->tmp[i] = NULL;
+    }
+    real *to[GDN_N_IN];
+    for (int i = 0; i < GDN_N_IN; i++) {
+        to[i] = gr->dst[i];
+        if (!to[i]) continue;
+        bool shared = false;
+        for (int j = 0; j < GDN_N_IN; j++) shared |= j != i && gr->dst[j] == gr->dst[i];
+        if (!gr->fresh[i] || shared) to[i] = gr->tmp[i] = (real *)tape_dalloc(n->tape, (size_t)gr->n[i] * sizeof(real));
+    }
+    a->gq = to[GDN_IN_Q], a->gk = to[GDN_IN_K], a->gv = to[GDN_IN_V];
+    a->gbeta = to[GDN_IN_BETA], a->gg = to[GDN_IN_G], a->gs0 = to[GDN_IN_S0];
+}
+
+__global__ void k_gdn_put(real *dst, const real *src, int64_t n, bool fresh) {
+    CU_FOR(i, n) dst[i] = fresh ? src[i] : dst[i] + src[i];
+}
+
+static void gdn_grads_finish(const GdnGrads *gr) {
+    for (int i = 0; i < GDN_N_IN; i++) {
+        if (!gr->tmp[i] || gr->n[i] == 0) continue;
+        k_gdn_put<<<cu_grid(gr->n[i]), CU_THREADS, 0, cu_stream>>>(gr->dst[i], gr->tmp[i], gr->n[i], gr->fresh[i]);
+        CU_LAUNCHED();
+    }
+}
+
+// ---------------------------------------------------------------- chunked form: the pair
+
+extern "C" void cu_gdn_chunk_forward(Node *n) {
+    GdnArgs a = gdn_args(n);
+    a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, false);
+    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * a.B * a.H);
+    k_gdn_chunk_fwd<<<a.B * a.H, GDN_NT, 0, cu_stream>>>(a);
+    CU_LAUNCHED();
+}
+
+extern "C" void cu_gdn_chunk_backward(Node *n) {
+    GdnArgs a = gdn_args(n);
+    a.dout = n->out[0]->grad;
+    a.dsT = n->out[1]->grad;
+    GdnGrads gr;
+    gdn_grads_plan(n, &gr, &a);
+    a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, true);
+    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * a.B * a.H);
+    k_gdn_chunk_bwd<<<a.B * a.H, GDN_NT, 0, cu_stream>>>(a);
+    CU_LAUNCHED();
+    gdn_grads_finish(&gr);
+}
+
+// ---------------------------------------------------------------- recurrent form
+
+// gamma_t: 0 where a document begins at t.
+__device__ __forceinline__ real naive_gamma(const GdnArgs &a, int b, int t, real g) {
+    return a.first && a.first[(int64_t)b * a.T + t] == t ? (real)0 : exp(g);
+}
+
+// naive_step of gdn_naive.c on column j of S (dk, dv): S_{t-1} -> S_t.
+// Returns o_j = S_t[:, j] . q, or 0 when q is NULL.
+__device__ real naive_col_step(real *S, int dk, int dv, int j, const real *q, const real *k, real vj, real bt,
+                               real gamma) {
+    double p = 0;
+    for (int i = 0; i < dk; i++) {
+        real s = S[(int64_t)i * dv + j] * gamma;
+        S[(int64_t)i * dv + j] = s;
+        p += (double)s * k[i];
+    }
+    real dj = bt * (vj - (real)p);
+    double o = 0;
+    for (int i = 0; i < dk; i++) {
+        real s = S[(int64_t)i * dv + j] + k[i] * dj;
+        S[(int64_t)i * dv + j] = s;
+        if (q) o += (double)s * q[i];
+    }
+    return (real)o;
+}
+
+// Threads of a recurrent-form block: one per column (forward), per column or
+// row (backward), whole warps, at most 256 (then each takes several).
+static int naive_threads(int n) {
+    int t = (n + 31) / 32 * 32;
+    return t > 256 ? 256 : t;
+}
+
+// A thread owns column j of the state, S_T in place: no barrier.
+__global__ void k_gdn_naive_fwd(GdnArgs a) {
+    int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, dk = a.dk, dv = a.dv;
+    int64_t SS = (int64_t)dk * dv;
+    real *S = a.sT + (int64_t)bh * SS;
+    for (int j = threadIdx.x; j < dv; j += blockDim.x) {
+        for (int i = 0; i < dk; i++)
+            S[(int64_t)i * dv + j] = a.s0 ? a.s0[(int64_t)bh * SS + (int64_t)i * dv + j] : (real)0;
+        for (int t = 0; t < a.T; t++) {
+            if (a.saved && t % a.C == 0) {
+                real *sv = a.saved + ((int64_t)bh * a.NC + t / a.C) * SS;
+                for (int i = 0; i < dk; i++) sv[(int64_t)i * dv + j] = S[(int64_t)i * dv + j];
+            }
+            int64_t ok = ((int64_t)b * a.T + t) * a.ldk + (int64_t)h * dk;
+            int64_t ov = ((int64_t)b * a.T + t) * a.ldv + (int64_t)h * dv;
+            int64_t oh = ((int64_t)b * a.T + t) * a.H + h;
+            a.o[ov + j] = naive_col_step(S, dk, dv, j, a.q + ok, a.k + ok, a.v[ov + j], a.beta[oh],
+                                         naive_gamma(a, b, t, a.g[oh]));
+        }
+    }
+}
+
+// The recurrent backward's per-block buffers.
+struct NaiveWs {
+    real *states;          // (Cw, dk, dv): S_{t-1} for each token of a stretch
+    real *dS;              // (dk, dv) dLoss/dS_t
+    real *delta, *dp;      // (dv)
+    double *dbc, *rowdg;   // (dv) dbeta's terms by column, (dk) dg's by row
+};
+
+static __host__ __device__ size_t naive_ws_layout(NaiveWs *w, unsigned char *base, int Cw, int dk, int dv) {
+    size_t at = 0, SS = (size_t)dk * dv;
+    size_t ost = ws_take(&at, (size_t)Cw * SS, sizeof(real)), odS = ws_take(&at, SS, sizeof(real));
+    size_t ode = ws_take(&at, dv, sizeof(real)), odp = ws_take(&at, dv, sizeof(real));
+    size_t odb = ws_take(&at, dv, sizeof(double)), org = ws_take(&at, dk, sizeof(double));
+    if (w) {
+        w->states = (real *)(base + ost), w->dS = (real *)(base + odS);
+        w->delta = (real *)(base + ode), w->dp = (real *)(base + odp);
+        w->dbc = (double *)(base + odb), w->rowdg = (double *)(base + org);
+    }
+    return (at + 255) & ~(size_t)255;
+}
+
+// gdn_naive_backward: per stretch (reverse), replay it from its saved state
+// (a thread per column), then per token (reverse) a column phase (p, delta,
+// dS += q do^T, ddelta = dS^T k, dv) and a row phase (dq, dk, dS' and dg's
+// row sums), then one thread sums dbeta and dg in a fixed order.
+__global__ void k_gdn_naive_bwd(GdnArgs a) {
+    int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, dk = a.dk, dv = a.dv, tid = threadIdx.x, nt = blockDim.x;
+    int64_t SS = (int64_t)dk * dv;
+    NaiveWs w;
+    naive_ws_layout(&w, a.ws + (size_t)bh * a.ws_stride, a.Cw, dk, dv);
+    real *dS = w.dS;
+    for (int64_t e = tid; e < SS; e += nt) dS[e] = a.dsT ? a.dsT[(int64_t)bh * SS + e] : (real)0;
+    for (int c = a.NC - 1; c >= 0; c--) {
+        int t0 = c * a.C, L = min(a.C, a.T - t0);
+        // Replay: states[s] = S_{t0+s-1}, column by column.
+        const real *Sc = a.saved + ((int64_t)bh * a.NC + c) * SS;
+        for (int j = tid; j < dv; j += nt) {
+            for (int i = 0; i < dk; i++) w.states[(int64_t)i * dv + j] = Sc[(int64_t)i * dv + j];
+            for (int s = 0; s + 1 < L; s++) {
+                const real *Sp = w.states + (int64_t)s * SS;
+                real *Sn = w.states + (int64_t)(s + 1) * SS;
+                for (int i = 0; i < dk; i++) Sn[(int64_t)i * dv + j] = Sp[(int64_t)i * dv + j];
+                int t = t0 + s;
+                int64_t ok = ((int64_t)b * a.T + t) * a.ldk + (int64_t)h * dk;
+                int64_t ov = ((int64_t)b * a.T + t) * a.ldv + (int64_t)h * dv;
+                int64_t oh = ((int64_t)b * a.T + t) * a.H + h;
+                naive_col_step(Sn, dk, dv, j, NULL, a.k + ok, a.v[ov + j], a.beta[oh], naive_gamma(a, b, t, a.g[oh]));
+            }
+        }
+        __syncthreads();   // also: dS (set above, or by the last row phase) is complete
+        for (int s = L - 1; s >= 0; s--) {
+            int t = t0 + s;
+            int64_t ok = ((int64_t)b * a.T + t) * a.ldk + (int64_t)h * dk;
+            int64_t ov = ((int64_t)b * a.T + t) * a.ldv + (int64_t)h * dv;
+            int64_t oh = ((int64_t)b * a.T + t) * a.H + h;
+            const real *S = w.states + (int64_t)s * SS, *qt = a.q + ok, *kt = a.k + ok, *vt = a.v + ov;
+            const real *dot_ = a.dout ? a.dout + ov : NULL;
+            real bt = a.beta[oh], gamma = naive_gamma(a, b, t, a.g[oh]);
+            // Columns: p = S'^T k, delta; o = S_t^T q gives dS += q do^T; ddelta = dS^T k.
+            for (int j = tid; j < dv; j += nt) {
+                double acc = 0;
+                for (int i = 0; i < dk; i++) acc += (double)(gamma * S[(int64_t)i * dv + j]) * kt[i];
+                real pj = (real)acc;
+                w.delta[j] = bt * (vt[j] - pj);
+                if (dot_)
+                    for (int i = 0; i < dk; i++) dS[(int64_t)i * dv + j] += qt[i] * dot_[j];
+                double dd = 0;
+                for (int i = 0; i < dk; i++) dd += (double)dS[(int64_t)i * dv + j] * kt[i];
+                w.dbc[j] = dd * (vt[j] - pj);
+                real ddr = (real)dd;
+                if (a.gv) a.gv[ov + j] = bt * ddr;
+                w.dp[j] = -bt * ddr;
+            }
+            __syncthreads();
+            // Rows: dq = S_t do; dk = dS delta + S' dp; dS' = dS + k dp^T; dS_{t-1} = gamma dS'.
+            for (int i = tid; i < dk; i += nt) {
+                const real *Si = S + (int64_t)i * dv;
+                real *dSi = dS + (int64_t)i * dv, ki = kt[i];
+                if (a.gq) {
+                    double acc = 0;
+                    if (dot_)
+                        for (int j = 0; j < dv; j++) acc += (double)(gamma * Si[j] + ki * w.delta[j]) * dot_[j];
+                    a.gq[ok + i] = (real)acc;
+                }
+                double a1 = 0, a2 = 0, rg = 0;
+                for (int j = 0; j < dv; j++) a1 += (double)dSi[j] * w.delta[j];
+                for (int j = 0; j < dv; j++) {
+                    real d2 = dSi[j] + ki * w.dp[j];
+                    a2 += (double)(gamma * Si[j]) * w.dp[j];
+                    rg += (double)d2 * Si[j];
+                    dSi[j] = gamma * d2;
+                }
+                if (a.gk) a.gk[ok + i] = (real)a1 + (real)a2;
+                w.rowdg[i] = rg;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                double dbt = 0, dgt = 0;
+                for (int j = 0; j < dv; j++) dbt += w.dbc[j];
+                for (int i = 0; i < dk; i++) dgt += w.rowdg[i];
+                if (a.gbeta) a.gbeta[oh] = (real)dbt;
+                if (a.gg) a.gg[oh] = (real)(gamma * dgt);
+            }
+            __syncthreads();   // the next token rewrites dbc, delta, dp
+        }
+    }
+    if (a.gs0)
+        for (int64_t e = tid; e < SS; e += nt) a.gs0[(int64_t)bh * SS + e] = dS[e];
+}
+
+extern "C" void cu_gdn_naive_forward(Node *n) {
+    GdnArgs a = gdn_args(n);
+    k_gdn_naive_fwd<<<a.B * a.H, naive_threads(a.dv), 0, cu_stream>>>(a);
+    CU_LAUNCHED();
+}
+
+extern "C" void cu_gdn_naive_backward(Node *n) {
+    GdnArgs a = gdn_args(n);
+    a.dout = n->out[0]->grad;
+    a.dsT = n->out[1]->grad;
+    GdnGrads gr;
+    gdn_grads_plan(n, &gr, &a);
+    a.ws_stride = naive_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv);
+    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * a.B * a.H);
+    k_gdn_naive_bwd<<<a.B * a.H, naive_threads(a.dk > a.dv ? a.dk : a.dv), 0, cu_stream>>>(a);
+    CU_LAUNCHED();
+    gdn_grads_finish(&gr);
+}

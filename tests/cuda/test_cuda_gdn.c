@@ -1,0 +1,329 @@
+// test_cuda_gdn.c: op_gdn (Gated DeltaNet) on the GPU against the CPU, both
+// forms (chunked WY and recurrent): with and without s0, documents, T not a
+// multiple of the chunk and T = 1, chunks of 16 and 64, dk = dv and dk != dv,
+// decay regimes, one output at a time, one tensor as several inputs,
+// gradients accumulated over two nodes with the state carried between them,
+// and the GPU's two forms against each other.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_check.h"
+#include "device.h"
+#include "gdn_kernel.h"
+
+typedef enum { REG_PLAIN, REG_G_ZERO, REG_G_M20, REG_BETA_1 } Regime;
+
+enum { IQ, IK, IV, IBETA, IG, IS0, N_IN };
+
+// Normalise each head of (B, T, H*d) to unit length, then scale it (as the
+// layer feeds q and k to op_gdn).
+static void l2norm_heads(Tensor *x, int d, double scale) {
+    for (int64_t r = 0; r < x->numel / d; r++) {
+        real *z = x->data + r * d;
+        double s = 0;
+        for (int i = 0; i < d; i++) s += (double)z[i] * z[i];
+        s = scale / sqrt(s + 1e-6);
+        for (int i = 0; i < d; i++) z[i] = (real)(z[i] * s);
+    }
+}
+
+// x[IQ..IS0]; x[IS0] NULL without s0. grad: whether they take gradients.
+static void make_inputs(Tensor **x, int B, int T, int H, int dk, int dv, Regime reg, bool with_s0, bool grad,
+                        uint64_t seed) {
+    x[IQ] = tensor_newv(grad, 3, B, T, H * dk);
+    x[IK] = tensor_newv(grad, 3, B, T, H * dk);
+    x[IV] = tensor_newv(grad, 3, B, T, H * dv);
+    x[IBETA] = tensor_newv(grad, 3, B, T, H);
+    x[IG] = tensor_newv(grad, 3, B, T, H);
+    x[IS0] = with_s0 ? tensor_newv(grad, 4, B, H, dk, dv) : NULL;
+    fill_normal(x[IQ], seed + 1, 1.0);
+    fill_normal(x[IK], seed + 2, 1.0);
+    fill_normal(x[IV], seed + 3, 1.0);
+    if (x[IS0]) fill_normal(x[IS0], seed + 4, 0.5);
+    l2norm_heads(x[IQ], dk, 1.0 / sqrt(dk));
+    l2norm_heads(x[IK], dk, 1.0);
+    Rng r;
+    rng_seed(&r, seed + 5);
+    for (int64_t i = 0; i < x[IBETA]->numel; i++) {
+        double u = rng_uniform(&r);
+        double bt = 1.0 / (1.0 + exp(-rng_normal(&r))), gt = -rng_range(&r, 0.01, 1.0);
+        if (reg == REG_G_ZERO) gt = 0;
+        if (reg == REG_G_M20) gt = -20 + u;
+        if (reg == REG_BETA_1) bt = 1 - 1e-4 * (0.5 + u);
+        x[IBETA]->data[i] = (real)bt;
+        x[IG]->data[i] = (real)gt;
+    }
+}
+
+static void free_inputs(Tensor **x) {
+    for (int i = 0; i < N_IN; i++) tensor_free(x[i]);
+}
+
+typedef struct {
+    int H, chunk;
+    MixerForm form;
+    const int *doc_start;   // (B, T) or NULL
+    int outs;               // the outputs the loss sees: 1 o, 2 S_T, 3 both
+} GdnCtx;
+
+static int f_gdn(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs) {
+    const GdnCtx *c = ctx;
+    Tensor *sT = NULL;
+    Tensor *o = op_gdn(tp, x[IQ], x[IK], x[IV], x[IBETA], x[IG], n > IS0 ? x[IS0] : NULL, c->doc_start, c->H, c->form,
+                       c->chunk, &sT);
+    int m = 0;
+    if (c->outs & 1) outs[m++] = o;
+    if (c->outs & 2) outs[m++] = sT;
+    return m;
+}
+
+static const char *form_name(MixerForm f) { return f == MIXER_FORM_CHUNKED ? "chunked" : "recurrent"; }
+
+// One cuda_check_op of op_gdn on fresh inputs.
+static void check_gdn(MixerForm form, int B, int T, int H, int dk, int dv, int chunk, Regime reg, bool with_s0,
+                      const int *doc_start, int outs, uint64_t seed) {
+    Tensor *x[N_IN];
+    make_inputs(x, B, T, H, dk, dv, reg, with_s0, true, seed);
+    GdnCtx c = {H, chunk, form, doc_start, outs};
+    char label[160];
+    snprintf(label, sizeof label, "gdn %s B=%d T=%d H=%d dk=%d dv=%d C=%d regime %d%s%s outs %d", form_name(form), B,
+             T, H, dk, dv, chunk, (int)reg, with_s0 ? " +s0" : "", doc_start ? " +docs" : "", outs);
+    cuda_check_op(label, f_gdn, x, with_s0 ? N_IN : IS0, &c);
+    free_inputs(x);
+}
+
+static const MixerForm FORMS[2] = {MIXER_FORM_CHUNKED, MIXER_FORM_RECURRENT};
+
+Test(cuda_gdn, both_forms_every_shape) {
+    // T: one token (decoding), odd, a whole number of chunks, a partial last chunk.
+    static const int Ts[] = {1, 37, 64, 100}, Cs[] = {16, 64}, dks[] = {32, 16};
+    for (int f = 0; f < 2; f++)
+        for (int d = 0; d < 2; d++)
+            for (int c = 0; c < 2; c++)
+                for (int t = 0; t < 4; t++)
+                    for (int s = 0; s < 2; s++)
+                        check_gdn(FORMS[f], 2, Ts[t], 2, dks[d], 32, Cs[c], REG_PLAIN, s, NULL, 3,
+                                  100 + 10 * t + c + 3 * d);
+}
+
+Test(cuda_gdn, head_sizes_off_the_tile) {
+    // Head sizes that are not multiples of the 32-wide tiles, tiny ones and
+    // large ones; chunks of odd length; three heads.
+    for (int f = 0; f < 2; f++) {
+        check_gdn(FORMS[f], 1, 50, 3, 8, 8, 7, REG_PLAIN, true, NULL, 3, 11);
+        check_gdn(FORMS[f], 2, 45, 1, 64, 48, 32, REG_PLAIN, true, NULL, 3, 12);
+        check_gdn(FORMS[f], 1, 70, 2, 40, 24, 33, REG_PLAIN, false, NULL, 3, 13);
+        check_gdn(FORMS[f], 1, 130, 2, 128, 128, 64, REG_PLAIN, true, NULL, 3, 14);
+    }
+}
+
+Test(cuda_gdn, decay_regimes) {
+    // No decay (the state sums the whole history), strong decay (-20 a step:
+    // factors near exp(-1300) must be exact zeros, not NaN) and beta near 1.
+    static const Regime regs[] = {REG_G_ZERO, REG_G_M20, REG_BETA_1};
+    for (int f = 0; f < 2; f++)
+        for (int r = 0; r < 3; r++)
+            for (int c = 0; c < 2; c++)
+                check_gdn(FORMS[f], 2, 100, 2, 32, 32, c ? 64 : 16, regs[r], true, NULL, 3, 40 + r);
+}
+
+Test(cuda_gdn, documents) {
+    // Row 0: documents starting at 0, inside the first chunk, at a chunk edge
+    // of 16, just after it, two inside one chunk, at the last position; row 1:
+    // one document starting mid-chunk (the state before it carries s0).
+    enum { B = 2, T = 67 };
+    int doc[B * T];
+    memset(doc, 0, sizeof doc);
+    int starts0[] = {0, 5, 16, 17, 40, 43, 64, T - 1};
+    for (size_t i = 0; i < sizeof starts0 / sizeof starts0[0]; i++) doc[starts0[i]] = 1;
+    doc[T + 30] = 1;
+    for (int f = 0; f < 2; f++)
+        for (int c = 0; c < 2; c++)
+            for (int s = 0; s < 2; s++) {
+                check_gdn(FORMS[f], B, T, 2, 32, 32, c ? 64 : 16, REG_PLAIN, s, doc, 3, 60 + c);
+                check_gdn(FORMS[f], B, T, 2, 16, 32, c ? 64 : 16, REG_G_M20, s, doc, 3, 62 + c);
+            }
+    // A document at the last position of a chunk (its S_C reads no S0) and T = 1 starting one.
+    int doc2[2 * 32] = {0};
+    doc2[15] = doc2[32 + 31] = 1;
+    for (int f = 0; f < 2; f++) {
+        check_gdn(FORMS[f], 2, 32, 1, 16, 16, 16, REG_PLAIN, true, doc2, 3, 70);
+        int one[2] = {1, 1};
+        check_gdn(FORMS[f], 2, 1, 2, 32, 32, 16, REG_PLAIN, true, one, 3, 71);
+    }
+}
+
+Test(cuda_gdn, one_output_at_a_time) {
+    // Only o takes a gradient (no dS_T), or only S_T (no dO).
+    for (int f = 0; f < 2; f++)
+        for (int outs = 1; outs <= 2; outs++) {
+            check_gdn(FORMS[f], 2, 37, 2, 16, 32, 16, REG_PLAIN, true, NULL, outs, 80 + outs);
+            check_gdn(FORMS[f], 1, 1, 2, 32, 32, 64, REG_PLAIN, false, NULL, outs, 82 + outs);
+        }
+}
+
+Test(cuda_gdn, forward_only_and_decoding) {
+    // Inputs without gradients: the node is not recorded (no saved states).
+    // T = 1 with chunk 1 is the decoding step (the recurrent form, s0 the cache).
+    for (int f = 0; f < 2; f++)
+        for (int t = 0; t < 2; t++) {
+            int T = t ? 41 : 1, C = t ? 16 : 1;
+            Tensor *x[N_IN];
+            make_inputs(x, 3, T, 2, 32, 16, REG_PLAIN, true, false, 90 + t);
+            GdnCtx c = {2, C, FORMS[f], NULL, 3};
+            char label[64];
+            snprintf(label, sizeof label, "gdn %s forward only T=%d", form_name(FORMS[f]), T);
+            cuda_check_op(label, f_gdn, x, N_IN, &c);
+            free_inputs(x);
+        }
+}
+
+// q, k and v one tensor (dk = dv); beta and g one tensor (values in (-1, 0):
+// then e^g (1 - beta |k|^2) <= 1 and the state stays bounded).
+static int f_gdn_shared(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs) {
+    const GdnCtx *c = ctx;
+    outs[0] = op_gdn(tp, x[0], x[0], x[0], x[1], x[1], x[2], c->doc_start, c->H, c->form, c->chunk, &outs[1]);
+    return 2;
+}
+
+Test(cuda_gdn, one_tensor_as_several_inputs) {
+    for (int f = 0; f < 2; f++) {
+        Tensor *qkv = tensor_newv(true, 3, 2, 45, 2 * 16), *bg = tensor_newv(true, 3, 2, 45, 2);
+        Tensor *s0 = tensor_newv(true, 4, 2, 2, 16, 16);
+        fill_normal(qkv, 1, 1.0);
+        l2norm_heads(qkv, 16, 1.0);
+        fill_uniform(bg, 2, -0.9, -0.05);
+        fill_normal(s0, 3, 0.5);
+        GdnCtx c = {2, 16, FORMS[f], NULL, 3};
+        char label[64];
+        snprintf(label, sizeof label, "gdn %s, q = k = v, beta = g", form_name(FORMS[f]));
+        cuda_check_op(label, f_gdn_shared, (Tensor *[]){qkv, bg, s0}, 3, &c);
+        tensor_free(qkv);
+        tensor_free(bg);
+        tensor_free(s0);
+    }
+}
+
+// Two nodes on the same q, k, v, beta, g (each gradient is the sum of two
+// backwards: the later node's writes, the earlier one's adds), the second
+// starting from the first's final state (its gradient flows into dS_T of the
+// first), the forms mixed.
+typedef struct {
+    MixerForm f1, f2;
+    int chunk;
+} TwoCtx;
+
+static int f_gdn_two(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs) {
+    const TwoCtx *c = ctx;
+    Tensor *s1 = NULL;
+    outs[0] = op_gdn(tp, x[IQ], x[IK], x[IV], x[IBETA], x[IG], x[IS0], NULL, 2, c->f1, c->chunk, &s1);
+    outs[1] = op_gdn(tp, x[IQ], x[IK], x[IV], x[IBETA], x[IG], s1, NULL, 2, c->f2, c->chunk, &outs[2]);
+    return 3;
+}
+
+Test(cuda_gdn, accumulated_gradients_and_a_carried_state) {
+    for (int f1 = 0; f1 < 2; f1++)
+        for (int f2 = 0; f2 < 2; f2++) {
+            Tensor *x[N_IN];
+            make_inputs(x, 2, 29, 2, 16, 32, REG_PLAIN, true, true, 120 + 2 * f1 + f2);
+            TwoCtx c = {FORMS[f1], FORMS[f2], 16};
+            char label[64];
+            snprintf(label, sizeof label, "gdn %s then %s", form_name(FORMS[f1]), form_name(FORMS[f2]));
+            cuda_check_op(label, f_gdn_two, x, N_IN, &c);
+            free_inputs(x);
+        }
+}
+
+// ---------------------------------------------------------------- the GPU on its own
+
+// o, S_T and every input gradient of one form on a GPU tape (host copies),
+// with seeds fixed by `seed`.
+typedef struct {
+    real *o, *sT, *grad[N_IN];
+    int64_t n_o, n_s;
+} GpuRun;
+
+static GpuRun gpu_run(Tensor **in, const GdnCtx *c) {
+    cuda_require();
+    GpuRun r;
+    memset(&r, 0, sizeof r);
+    Tape tp;
+    tape_init_on(&tp, DEVICE_CUDA);
+    Tensor *x[N_IN] = {0};
+    for (int i = 0; i < N_IN; i++) {
+        if (!in[i]) continue;
+        x[i] = tape_tensor_copy(&tp, in[i]->ndim, in[i]->shape, in[i]->data);
+        x[i]->requires_grad = true;
+    }
+    Tensor *sT = NULL;
+    Tensor *o = op_gdn(&tp, x[IQ], x[IK], x[IV], x[IBETA], x[IG], x[IS0], c->doc_start, c->H, c->form, c->chunk, &sT);
+    r.n_o = o->numel;
+    r.n_s = sT->numel;
+    real *so = test_randn(r.n_o, 7), *ss = test_randn(r.n_s, 8);
+    tape_backward_multi(&tp, (Tensor *[]){o, sT}, (const real *[]){so, ss}, 2);
+    r.o = malloc((size_t)r.n_o * sizeof(real));
+    r.sT = malloc((size_t)r.n_s * sizeof(real));
+    dev_to_host(r.o, o->data, (size_t)r.n_o * sizeof(real), DEVICE_CUDA);
+    dev_to_host(r.sT, sT->data, (size_t)r.n_s * sizeof(real), DEVICE_CUDA);
+    for (int i = 0; i < N_IN; i++) {
+        if (!x[i]) continue;
+        r.grad[i] = malloc((size_t)in[i]->numel * sizeof(real));
+        dev_to_host(r.grad[i], x[i]->grad, (size_t)in[i]->numel * sizeof(real), DEVICE_CUDA);
+    }
+    dev_sync(DEVICE_CUDA);
+    tape_free(&tp);
+    free(so);
+    free(ss);
+    return r;
+}
+
+static void gpu_run_free(GpuRun *r) {
+    free(r->o);
+    free(r->sT);
+    for (int i = 0; i < N_IN; i++) free(r->grad[i]);
+}
+
+Test(cuda_gdn, gpu_chunked_equals_gpu_recurrent) {
+    static const char *const names[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
+    enum { B = 2, T = 75 };
+    int doc[B * T] = {0};
+    doc[20] = doc[32] = doc[T + 50] = 1;
+    for (int cse = 0; cse < 4; cse++) {
+        int dk = cse % 2 ? 16 : 32, C = cse < 2 ? 16 : 64;
+        const int *docs = cse == 3 ? doc : NULL;
+        Tensor *x[N_IN];
+        make_inputs(x, B, T, 2, dk, 32, REG_PLAIN, true, true, 200 + cse);
+        GdnCtx cc = {2, C, MIXER_FORM_CHUNKED, docs, 3}, cr = {2, C, MIXER_FORM_RECURRENT, docs, 3};
+        GpuRun a = gpu_run(x, &cc), b = gpu_run(x, &cr);
+        double e = max_rel_diff(a.o, b.o, a.n_o);
+        cr_assert_leq(e, FORM_TOL, "case %d: o differs by %.3e", cse, e);
+        e = max_rel_diff(a.sT, b.sT, a.n_s);
+        cr_assert_leq(e, FORM_TOL, "case %d: S_T differs by %.3e", cse, e);
+        for (int i = 0; i < N_IN; i++) {
+            e = max_rel_diff(a.grad[i], b.grad[i], x[i]->numel);
+            cr_assert_leq(e, FORM_TOL, "case %d: %s differs by %.3e", cse, names[i], e);
+        }
+        gpu_run_free(&a);
+        gpu_run_free(&b);
+        free_inputs(x);
+    }
+}
+
+Test(cuda_gdn, a_run_repeats_bit_for_bit) {
+    Tensor *x[N_IN];
+    make_inputs(x, 2, 100, 2, 32, 32, REG_PLAIN, true, true, 300);
+    for (int f = 0; f < 2; f++) {
+        GdnCtx c = {2, 16, FORMS[f], NULL, 3};
+        GpuRun a = gpu_run(x, &c), b = gpu_run(x, &c);
+        cr_assert(memcmp(a.o, b.o, (size_t)a.n_o * sizeof(real)) == 0, "%s: o differs", form_name(FORMS[f]));
+        cr_assert(memcmp(a.sT, b.sT, (size_t)a.n_s * sizeof(real)) == 0, "%s: S_T differs", form_name(FORMS[f]));
+        for (int i = 0; i < N_IN; i++)
+            cr_assert(memcmp(a.grad[i], b.grad[i], (size_t)x[i]->numel * sizeof(real)) == 0, "%s: gradient %d differs",
+                      form_name(FORMS[f]), i);
+        gpu_run_free(&a);
+        gpu_run_free(&b);
+    }
+    free_inputs(x);
+}
