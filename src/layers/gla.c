@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "blas.h"
+#include "cuda_ops.h"
 #include "docs.h"
 #include "gla_internal.h"
 
@@ -159,7 +160,7 @@ static void gla_forward(Node *n) {
     }
 }
 
-static const OpDef OP_GLA = {"gla", gla_forward, gla_backward};
+static const OpDef OP_GLA = {"gla", gla_forward, gla_backward, CUDA_PAIR(cu_gla_forward, cu_gla_backward)};
 
 static void check_bth(const char *what, const Tensor *t, int B, int T, int H, const Tensor *q) {
     ASSERT(t->ndim == 3 && t->shape[0] == B && t->shape[1] == T && t->shape[2] == H,
@@ -193,7 +194,7 @@ Tensor *op_gla_dt(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *
     int iarg[8] = {B, T, H, dk, dv, form, seg, (T + seg - 1) / seg};
     memcpy(n->iarg, iarg, sizeof iarg);
     n->aux = docs_first(tp, doc_start, B, T);
-    gla_forward(n);
+    tape_forward(n);
     if (s_out) *s_out = st;
     return o;
 }
