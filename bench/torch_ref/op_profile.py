@@ -2,7 +2,7 @@
 """Where a PyTorch training step goes: the torch.profiler counterpart of
 `build/train_bench --config X --profile`.
 
-    /usr/bin/python3 bench/torch_ref/profile.py configs/tiny_mamba.ini --threads 2 [--steps 3]
+    /usr/bin/python3 bench/torch_ref/op_profile.py configs/tiny_mamba.ini --threads 2 [--steps 3]
 
 Runs forward + backward of the reference LM (chunked forms, float32, random
 tokens, B and T from the config) under torch.profiler and prints, per step,
