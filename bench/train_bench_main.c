@@ -106,6 +106,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_bench: %s\n", s.msg);
         return 2;
     }
+    if (device == DEVICE_CUDA) cfg.train.device = DEVICE_CUDA;   // --device cuda = --set train.device=cuda
+    device = (Device)cfg.train.device;
     int threads = model_set_threads(cfg.train.threads);
     if (!(s = model_set_products(&cfg)).ok) {   // [train] gemm, precision (--set train.gemm=onednn ...)
         fprintf(stderr, "train_bench: %s\n", s.msg);
@@ -182,7 +184,8 @@ int main(int argc, char **argv) {
            "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s gemm=%s products=%s device=%s\n",
            base, B, T, threads, (long long)params_count(&ps, false), 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms,
            B * T / ms, 1e3 * mc, B * T / mc, blas_core_name(), blas_backend_name(blas_backend),
-           blas_precision_name(blas_precision), device_name(device));
+           blas_precision_name(device == DEVICE_CUDA ? (GemmPrecision)cfg.train.precision : blas_precision),
+           device_name(device));
 
     if (profile) {
         printf("op profile (per step, wall time; forward ops include their builders):\n");

@@ -204,6 +204,11 @@ Test(blas_backend, bf16_products_equal_the_product_of_rounded_operands) {
 
 Test(blas_backend, select_refuses_what_cannot_run_here) {
     char err[256];
+    // TF32 is the GPU's (cuBLAS on tensor cores): the CPU refuses it, saying so.
+    GemmBackend was = blas_backend;
+    cr_assert_not(blas_select(GEMM_AUTO, PRECISION_TF32, err, sizeof err));
+    cr_assert(strstr(err, "precision = tf32") && strstr(err, "GPU"), "%s", err);
+    cr_assert_eq(blas_backend, was, "a refused selection changes nothing");
 #ifdef AG_DOUBLE
     cr_assert_not(blas_select(GEMM_OPENBLAS, PRECISION_BF16, err, sizeof err));
     cr_assert(strstr(err, "float32 build"), "%s", err);

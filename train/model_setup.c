@@ -154,6 +154,13 @@ int model_set_threads(int threads) {
 
 Status model_set_products(const TrainConfig *tc) {
     char err[512];
+    if (tc->train.device == DEVICE_CUDA) {   // cuBLAS: strict float32, or TF32 tensor cores when asked
+        if (tc->train.precision == PRECISION_BF16)
+            return status_err("[train] precision = bf16: not on the GPU yet (fp32, or tf32 for its tensor cores)");
+        if (!device_cuda_init(err, sizeof err)) return status_err("[train] device = cuda: %s", err);
+        device_set_tf32(DEVICE_CUDA, tc->train.precision == PRECISION_TF32);
+        return status_ok();
+    }
     if (!blas_select((GemmBackend)tc->train.gemm, (GemmPrecision)tc->train.precision, err, sizeof err))
         return status_err("[train] %s", err);   // err names the key and the value
     return status_ok();

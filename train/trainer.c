@@ -205,6 +205,10 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
     if (t->ranks > 1)
         fprintf(stderr, "%d ranks x %d thread%s (MPI%s) on %s, GEMM %s\n", t->ranks, t->threads,
                 t->threads == 1 ? "" : "s", c->train.zero ? ", ZeRO-1" : "", un->machine, blas_describe());
+    else if (c->train.device == DEVICE_CUDA)
+        fprintf(stderr, "GPU %s, products %s (cuBLAS%s)\n", device_describe(DEVICE_CUDA),
+                blas_precision_name((GemmPrecision)c->train.precision),
+                c->train.precision == PRECISION_TF32 ? ", TF32 tensor cores" : ", strict IEEE");
     else
         fprintf(stderr, "%d thread%s on %s, GEMM %s\n", t->threads, t->threads == 1 ? "" : "s", un->machine,
                 blas_describe());
@@ -246,11 +250,13 @@ static void log_start(const Trainer *t, RunLog *rl, const struct utsname *un) {
     snprintf(json, sizeof json,
              "{\"type\":\"start\",\"config\":%s,\"params\":%lld,\"threads\":%d,\"precision\":\"%s\","
              "\"start_step\":%lld,\"machine\":%s,\"openblas_core\":%s,\"gemm\":\"%s\",\"products\":\"%s\","
-             "\"ranks\":%d,\"zero\":%d}",
+             "\"ranks\":%d,\"zero\":%d,\"device\":\"%s\"}",
              runlog_json_str(t->config_path, cfg, sizeof cfg), (long long)params_count(&t->ps, false), t->threads,
              REAL_NAME, (long long)t->step, runlog_json_str(un->machine, mach, sizeof mach),
              runlog_json_str(blas_core_name(), core, sizeof core), blas_backend_name(blas_backend),
-             blas_precision_name(blas_precision), t->ranks, t->ranks > 1 ? t->cfg.train.zero : 0);
+             blas_precision_name(t->cfg.train.device == DEVICE_CUDA ? (GemmPrecision)t->cfg.train.precision
+                                                                    : blas_precision),
+             t->ranks, t->ranks > 1 ? t->cfg.train.zero : 0, device_name((Device)t->cfg.train.device));
     runlog_json(rl, json);
 }
 

@@ -14,8 +14,9 @@
 
 // The backends, in the order of the config key [train] gemm = auto|openblas|onednn.
 typedef enum { GEMM_AUTO, GEMM_OPENBLAS, GEMM_ONEDNN, GEMM_BACKEND_COUNT } GemmBackend;
-// The dense layers' products, in the order of [train] precision = fp32|bf16.
-typedef enum { PRECISION_FP32, PRECISION_BF16, PRECISION_COUNT } GemmPrecision;
+// The dense layers' products, in the order of [train] precision = fp32|bf16|tf32
+// (tf32: the GPU's products on tensor cores, docs/cuda.md; the CPU refuses it).
+typedef enum { PRECISION_FP32, PRECISION_BF16, PRECISION_TF32, PRECISION_COUNT } GemmPrecision;
 
 // The backend gemm() runs now: GEMM_OPENBLAS (the default) or GEMM_ONEDNN.
 extern GemmBackend blas_backend;

@@ -22,7 +22,7 @@ GemmPrecision blas_precision = PRECISION_FP32;
 static char describe[512] = "openblas, products fp32";
 
 static const char *const BACKEND_NAMES[GEMM_BACKEND_COUNT] = {"auto", "openblas", "onednn"};
-static const char *const PRECISION_NAMES[PRECISION_COUNT] = {"fp32", "bf16"};
+static const char *const PRECISION_NAMES[PRECISION_COUNT] = {"fp32", "bf16", "tf32"};
 
 int blas_backend_parse(const char *name) {
     for (int i = 0; i < GEMM_BACKEND_COUNT; i++)
@@ -119,6 +119,10 @@ bool blas_select(GemmBackend want, GemmPrecision prec, char *err, size_t n) {
     const char *core = blas_core_name();
     if (want < 0 || want >= GEMM_BACKEND_COUNT || prec < 0 || prec >= PRECISION_COUNT) {
         snprintf(err, n, "unknown GEMM backend %d or precision %d", (int)want, (int)prec);
+        return false;
+    }
+    if (prec == PRECISION_TF32) {
+        snprintf(err, n, "precision = tf32 is for the GPU's products (with device = cuda); on the CPU: fp32 or bf16");
         return false;
     }
 #ifdef AG_DOUBLE

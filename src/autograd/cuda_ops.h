@@ -33,6 +33,7 @@ void cu_from_host(void *dst, const void *src, size_t bytes);
 void cu_add_from_host(real *dst, const real *src, int64_t n);
 void cu_fill(real *p, int64_t n, real v);
 void cu_sync(const char *where);
+void cu_set_tf32(bool on);
 
 // ---- ops (src/cuda/ops_*.cu), named after their CPU twins ----
 void cu_matmul_forward(Node *n);        // ops_matmul.cu (cuBLAS)

@@ -123,6 +123,14 @@ void dev_fill_nan(Device d, real *p, int64_t n) {
     for (int64_t i = 0; i < n; i++) p[i] = (real)NAN;
 }
 
+void device_set_tf32(Device d, bool on) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) cu_set_tf32(on);
+#endif
+    (void)d;
+    (void)on;
+}
+
 void dev_sync(Device d) {
 #ifdef AG_CUDA
     if (d == DEVICE_CUDA) cu_sync("dev_sync");

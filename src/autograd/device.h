@@ -44,6 +44,9 @@ void dev_from_host(void *dst, Device dst_dev, const void *src, size_t bytes);
 void dev_add_from_host(Device d, real *dst, const real *src, int64_t n);
 // Fill with NaN (the float64 build's poison of fresh buffers).
 void dev_fill_nan(Device d, real *p, int64_t n);
+// The GPU's float32 products: strict IEEE (false, the default) or TF32 on
+// the tensor cores (true: 10-bit mantissas in the products, float32 sums).
+void device_set_tf32(Device d, bool on);
 // Wait for everything queued on the GPU; reports a kernel's failure (an
 // illegal address, a launch error) with where it was noticed.
 void dev_sync(Device d);

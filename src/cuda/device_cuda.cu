@@ -106,6 +106,10 @@ extern "C" void cu_fill(real *p, int64_t n, real v) {
     CU_LAUNCHED();
 }
 
+extern "C" void cu_set_tf32(bool on) {
+    CUBLAS_CHECK(cublasSetMathMode(cu_blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+}
+
 extern "C" void cu_sync(const char *where) {
     cudaError_t e = cudaStreamSynchronize(cu_stream);
     if (e != cudaSuccess)
