@@ -113,10 +113,15 @@ test)
     # precisions, so it keeps compiling; its tests (cuda_tests) need a GPU.
     if nvcc_path=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null); then
         echo "== CUDA backend: compile only ($nvcc_path)"
+        # The library with every kernel, the GPU tests and the programs that
+        # take --device cuda (float32); the float64 kernels through cuda_tests.
         for prec in OFF ON; do
-            dir=build-cuda$([ $prec = ON ] && echo -f64)
-            build "$dir" -DAG_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc_path" -DAG_DOUBLE=$prec -DAG_ONEDNN=OFF \
-                -DAG_MPI=OFF -DAG_NATIVE=OFF || { echo "== FAILED: the CUDA build ($dir)"; exit 1; }
+            dir=build-cuda targets=(cuda_tests train train_bench)
+            if [ $prec = ON ]; then dir=build-cuda-f64 targets=(cuda_tests); fi   # (an `&&` list's status would stop set -e)
+            cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DAG_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc_path" \
+                -DAG_DOUBLE=$prec -DAG_ONEDNN=OFF -DAG_MPI=OFF -DAG_NATIVE=OFF >/dev/null &&
+                cmake --build "$dir" -j "$JOBS" --target "${targets[@]}" >/dev/null ||
+                { echo "== FAILED: the CUDA build ($dir)"; exit 1; }
         done
     else
         echo "== CUDA backend: skipped (no nvcc on this machine)"
