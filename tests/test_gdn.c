@@ -17,16 +17,6 @@ typedef struct GdnInputs {
     int B, T, H, dk, dv;
 } GdnInputs;
 
-// Normalise each head of (B, T, H*d) to unit length, then scale it.
-static void l2norm_rows(Tensor *x, int d, double scale) {
-    for (int64_t r = 0; r < x->numel / d; r++) {
-        real *z = x->data + r * d;
-        double s = 0;
-        for (int i = 0; i < d; i++) s += (double)z[i] * z[i];
-        s = scale / sqrt(s + 1e-6);
-        for (int i = 0; i < d; i++) z[i] = (real)(z[i] * s);
-    }
-}
 
 static GdnInputs make_inputs(int B, int T, int H, int dk, int dv, Regime reg, bool with_s0, uint64_t seed) {
     GdnInputs in = {.B = B, .T = T, .H = H, .dk = dk, .dv = dv};
@@ -51,8 +41,8 @@ static GdnInputs make_inputs(int B, int T, int H, int dk, int dv, Regime reg, bo
                        H * dk * sizeof(real));
             }
     }
-    l2norm_rows(in.q, dk, 1.0 / sqrt(dk));
-    l2norm_rows(in.k, dk, 1.0);
+    test_l2norm_rows(in.q, dk, 1.0 / sqrt(dk));
+    test_l2norm_rows(in.k, dk, 1.0);
     Rng r;
     rng_seed(&r, seed + 5);
     for (int64_t i = 0; i < in.beta->numel; i++) {

@@ -48,6 +48,16 @@ LMConfig test_tiny_lm_config(const char *layers) {
     return c;
 }
 
+void test_l2norm_rows(Tensor *x, int d, double scale) {
+    for (int64_t r = 0; r < x->numel / d; r++) {
+        real *z = x->data + r * d;
+        double s = 0;
+        for (int i = 0; i < d; i++) s += (double)z[i] * z[i];
+        s = scale / sqrt(s + 1e-6);
+        for (int i = 0; i < d; i++) z[i] = (real)(z[i] * s);
+    }
+}
+
 real *test_randn(int64_t n, uint64_t seed) {
     Tensor *t = tensor_newv(false, 1, (int)n);
     fill_normal(t, seed, 1.0);

@@ -20,6 +20,9 @@ void fill_uniform(Tensor *t, uint64_t seed, double lo, double hi);
 LMConfig test_tiny_lm_config(const char *layers);
 // n standard normal values (fill_normal's) in a malloc'd array.
 real *test_randn(int64_t n, uint64_t seed);
+// Normalise each run of d values of x (the heads of a (B, T, H*d) tensor) to
+// unit length, then scale it: q and k as the gdn layer feeds them to op_gdn.
+void test_l2norm_rows(Tensor *x, int d, double scale);
 
 // Relative difference of two arrays, normwise: max_i |a_i - b_i| / max_i max(|a_i|, |b_i|).
 // This is what "two forms agree to 1e-10 (float64) / 1e-4 (float32)" means in

@@ -15,6 +15,10 @@
 
 // Stop the test unless a GPU is there (cuda_tests is never run without one).
 void cuda_require(void);
+// A heap tensor of `ndim` dimensions (the sizes follow), filled with
+// normal(0, std) values from `seed`; free with tensor_free.
+Tensor *cuda_input_std(bool grad, uint64_t seed, double std, int ndim, ...);
+Tensor *cuda_input(bool grad, uint64_t seed, int ndim, ...);   // std 1
 // Returns the worst error seen (also asserted), for tests that report it.
 double cuda_check_op(const char *label, GradcheckFn f, Tensor *const *inputs, int n_inputs, void *ctx);
 

@@ -89,14 +89,27 @@ double cuda_check_op(const char *label, GradcheckFn f, Tensor *const *inputs, in
 
 // ---------------------------------------------------------------- the first ops
 
-static Tensor *input(bool grad, uint64_t seed, int ndim, ...) {
+static Tensor *input_va(bool grad, uint64_t seed, double std, int ndim, va_list ap) {
     int shape[TENSOR_MAX_DIMS];
+    for (int i = 0; i < ndim && i < TENSOR_MAX_DIMS; i++) shape[i] = va_arg(ap, int);
+    Tensor *t = tensor_new(ndim, shape, grad);
+    fill_normal(t, seed, std);
+    return t;
+}
+
+Tensor *cuda_input_std(bool grad, uint64_t seed, double std, int ndim, ...) {
     va_list ap;
     va_start(ap, ndim);
-    for (int i = 0; i < ndim; i++) shape[i] = va_arg(ap, int);
+    Tensor *t = input_va(grad, seed, std, ndim, ap);
     va_end(ap);
-    Tensor *t = tensor_new(ndim, shape, grad);
-    fill_normal(t, seed, 1.0);
+    return t;
+}
+
+Tensor *cuda_input(bool grad, uint64_t seed, int ndim, ...) {
+    va_list ap;
+    va_start(ap, ndim);
+    Tensor *t = input_va(grad, seed, 1.0, ndim, ap);
+    va_end(ap);
     return t;
 }
 
@@ -147,7 +160,7 @@ static int f_self_product(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor *
 }
 
 Test(cuda_ops, matmul_of_a_tensor_with_itself) {
-    Tensor *a = input(true, 3, 2, 13, 21);
+    Tensor *a = cuda_input(true, 3, 2, 13, 21);
     cuda_check_op("a a^T and a^T a", f_self_product, &a, 1, NULL);
     tensor_free(a);
 }
@@ -163,8 +176,8 @@ static int f_ew(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs) {
 Test(cuda_ops, elementwise_with_broadcasting) {
     // b: a's shape, a bias (33), a (7, 33) suffix
     for (int c = 0; c < 3; c++) {
-        Tensor *a = input(true, 1, 3, 5, 7, 33);
-        Tensor *b = c == 0 ? input(true, 2, 3, 5, 7, 33) : c == 1 ? input(true, 2, 1, 33) : input(true, 2, 2, 7, 33);
+        Tensor *a = cuda_input(true, 1, 3, 5, 7, 33);
+        Tensor *b = c == 0 ? cuda_input(true, 2, 3, 5, 7, 33) : c == 1 ? cuda_input(true, 2, 1, 33) : cuda_input(true, 2, 2, 7, 33);
         char label[48];
         snprintf(label, sizeof label, "elementwise, b %s", SHAPE(b));
         cuda_check_op(label, f_ew, (Tensor *[]){a, b}, 2, NULL);
@@ -172,7 +185,7 @@ Test(cuda_ops, elementwise_with_broadcasting) {
         tensor_free(b);
     }
     // A long broadcast (many rows, a narrow b): the row-block reduction.
-    Tensor *a = input(true, 5, 2, 20000, 24), *b = input(true, 6, 1, 24);
+    Tensor *a = cuda_input(true, 5, 2, 20000, 24), *b = cuda_input(true, 6, 1, 24);
     cuda_check_op("elementwise, 20000 rows", f_ew, (Tensor *[]){a, b}, 2, NULL);
     tensor_free(a);
     tensor_free(b);
@@ -187,7 +200,7 @@ static int f_unary(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs) 
 }
 
 Test(cuda_ops, unary_activations) {
-    Tensor *x = tensor_new(1, (int[]){70001}, true), *y = input(true, 8, 1, 70001);
+    Tensor *x = tensor_new(1, (int[]){70001}, true), *y = cuda_input(true, 8, 1, 70001);
     fill_uniform(x, 7, -30, 30);   // both tails of sigmoid and softplus
     cuda_check_op("unary", f_unary, (Tensor *[]){x, y}, 2, NULL);
     tensor_free(x);
@@ -200,7 +213,7 @@ static int f_silu_self(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **ou
 }
 
 Test(cuda_ops, silu_mul_of_a_tensor_with_itself) {
-    Tensor *x = input(true, 9, 2, 31, 17);
+    Tensor *x = cuda_input(true, 9, 2, 31, 17);
     cuda_check_op("silu_mul(x, x)", f_silu_self, &x, 1, NULL);
     tensor_free(x);
 }
@@ -214,7 +227,7 @@ static int f_reduce(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs)
 Test(cuda_ops, sum_and_mean) {
     int sizes[] = {1, 255, 257, 1 << 20};
     for (int c = 0; c < 4; c++) {
-        Tensor *x = input(true, 11 + c, 1, sizes[c]);
+        Tensor *x = cuda_input(true, 11 + c, 1, sizes[c]);
         char label[32];
         snprintf(label, sizeof label, "reduce %d", sizes[c]);
         cuda_check_op(label, f_reduce, &x, 1, NULL);
@@ -232,7 +245,7 @@ static int f_net(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs) {
 }
 
 Test(cuda_tape, a_network_and_a_reused_arena) {
-    Tensor *x = input(false, 1, 3, 4, 64, 96), *w = input(true, 2, 2, 96, 80), *b = input(true, 3, 1, 80);
+    Tensor *x = cuda_input(false, 1, 3, 4, 64, 96), *w = cuda_input(true, 2, 2, 96, 80), *b = cuda_input(true, 3, 1, 80);
     Tensor *in[] = {x, w, b};
     cuda_check_op("network", f_net, in, 3, NULL);
     // The same step three times on one GPU tape, reset in between (the arena

@@ -17,17 +17,6 @@ typedef enum { REG_PLAIN, REG_G_ZERO, REG_G_M20, REG_BETA_1 } Regime;
 
 enum { IQ, IK, IV, IBETA, IG, IS0, N_IN };
 
-// Normalise each head of (B, T, H*d) to unit length, then scale it (as the
-// layer feeds q and k to op_gdn).
-static void l2norm_heads(Tensor *x, int d, double scale) {
-    for (int64_t r = 0; r < x->numel / d; r++) {
-        real *z = x->data + r * d;
-        double s = 0;
-        for (int i = 0; i < d; i++) s += (double)z[i] * z[i];
-        s = scale / sqrt(s + 1e-6);
-        for (int i = 0; i < d; i++) z[i] = (real)(z[i] * s);
-    }
-}
 
 // x[IQ..IS0]; x[IS0] NULL without s0. grad: whether they take gradients.
 static void make_inputs(Tensor **x, int B, int T, int H, int dk, int dv, Regime reg, bool with_s0, bool grad,
@@ -42,8 +31,8 @@ static void make_inputs(Tensor **x, int B, int T, int H, int dk, int dv, Regime 
     fill_normal(x[IK], seed + 2, 1.0);
     fill_normal(x[IV], seed + 3, 1.0);
     if (x[IS0]) fill_normal(x[IS0], seed + 4, 0.5);
-    l2norm_heads(x[IQ], dk, 1.0 / sqrt(dk));
-    l2norm_heads(x[IK], dk, 1.0);
+    test_l2norm_rows(x[IQ], dk, 1.0 / sqrt(dk));
+    test_l2norm_rows(x[IK], dk, 1.0);
     Rng r;
     rng_seed(&r, seed + 5);
     for (int64_t i = 0; i < x[IBETA]->numel; i++) {
@@ -193,7 +182,7 @@ Test(cuda_gdn, one_tensor_as_several_inputs) {
         Tensor *qkv = tensor_newv(true, 3, 2, 45, 2 * 16), *bg = tensor_newv(true, 3, 2, 45, 2);
         Tensor *s0 = tensor_newv(true, 4, 2, 2, 16, 16);
         fill_normal(qkv, 1, 1.0);
-        l2norm_heads(qkv, 16, 1.0);
+        test_l2norm_rows(qkv, 16, 1.0);
         fill_uniform(bg, 2, -0.9, -0.05);
         fill_normal(s0, 3, 0.5);
         GdnCtx c = {2, 16, FORMS[f], NULL, 3};

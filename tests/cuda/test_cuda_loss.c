@@ -13,17 +13,6 @@
 
 #define GPT2_VOCAB 50257
 
-static Tensor *input(bool grad, uint64_t seed, double std, int ndim, ...) {
-    int shape[TENSOR_MAX_DIMS];
-    va_list ap;
-    va_start(ap, ndim);
-    for (int i = 0; i < ndim; i++) shape[i] = va_arg(ap, int);
-    va_end(ap);
-    Tensor *t = tensor_new(ndim, shape, grad);
-    fill_normal(t, seed, std);
-    return t;
-}
-
 // n ids in [0, V): with probability 1/skew the id `hot`, else uniform
 // (skew 0: uniform only).
 static int *random_ids(int64_t n, int V, uint64_t seed, int skew, int hot) {
@@ -75,7 +64,7 @@ Test(cuda_loss, embedding_odd_widths_and_id_shapes) {
             int *ids = random_ids(rows, V, 100 + w * 3 + s, 0, 0);
             ids[0] = ids[rows - 1] = 4;   // repeated for sure
             c.ids = ids;
-            Tensor *E = input(true, 10 + w, 1.0, 2, V, D);
+            Tensor *E = cuda_input_std(true, 10 + w, 1.0, 2, V, D);
             char label[64];
             snprintf(label, sizeof label, "embedding D %d, ids of %d dims", D, s + 1);
             cuda_check_op(label, f_embedding, &E, 1, &c);
@@ -93,7 +82,7 @@ Test(cuda_loss, embedding_gradient_accumulates) {
     int *ids = random_ids(35, V, 7, 3, 2), *ids2 = random_ids(35, V, 8, 3, 2);
     for (int scaled = 0; scaled < 2; scaled++) {
         EmbCtx c = {ids, ids2, 2, {5, 7}, scaled};
-        Tensor *E = input(true, 3, 1.0, 2, V, D);
+        Tensor *E = cuda_input_std(true, 3, 1.0, 2, V, D);
         cuda_check_op(scaled ? "two lookups and a scale" : "two lookups", f_embedding, &E, 1, &c);
         tensor_free(E);
     }
@@ -107,11 +96,11 @@ Test(cuda_loss, embedding_gpt2_table_many_rows) {
     int V = GPT2_VOCAB, D = 40;
     int *ids = random_ids(65536, V, 11, 3, 198);
     EmbCtx c = {ids, NULL, 2, {8, 8192}, false};
-    Tensor *E = input(true, 5, 1.0, 2, V, D);
+    Tensor *E = cuda_input_std(true, 5, 1.0, 2, V, D);
     cuda_check_op("embedding 65536 positions, V 50257", f_embedding, &E, 1, &c);
     tensor_free(E);
     EmbCtx one = {ids, NULL, 1, {20000}, false};
-    Tensor *E2 = input(true, 6, 1.0, 2, 300, 33);
+    Tensor *E2 = cuda_input_std(true, 6, 1.0, 2, 300, 33);
     for (int i = 0; i < 20000; i++) ids[i] = 299;
     cuda_check_op("embedding 20000 positions, one id", f_embedding, &E2, 1, &one);
     tensor_free(E2);
@@ -185,7 +174,7 @@ Test(cuda_loss, cross_entropy_every_target_ignored) {
     // softmax's gradient as it is when it adds.
     int none[] = {-1, -100, -1, -1, -7, -1};
     for (int add = 0; add < 2; add++) {
-        Tensor *x = input(true, 50, 2.0, 2, 6, 19);
+        Tensor *x = cuda_input_std(true, 50, 2.0, 2, 6, 19);
         CeCtx c = {none, add};
         cuda_check_op(add ? "every target ignored, accumulated" : "every target ignored", f_ce, &x, 1, &c);
         tensor_free(x);
@@ -195,7 +184,7 @@ Test(cuda_loss, cross_entropy_every_target_ignored) {
 Test(cuda_loss, cross_entropy_without_gradient) {
     // Logits that take no gradient: nothing is recorded (no log-sum-exp
     // saved), the loss alone must agree.
-    Tensor *x = input(false, 51, 2.0, 2, 10, 257);
+    Tensor *x = cuda_input_std(false, 51, 2.0, 2, 10, 257);
     int *tg = random_targets(10, 257, 52, 3);
     CeCtx c = {tg, false};
     cuda_check_op("cross_entropy, no gradient", f_ce, &x, 1, &c);
@@ -226,7 +215,7 @@ Test(cuda_loss, tied_lm_head) {
         int V = vocab[k], D = dims[k], B = 2, T = 13;
         int *ids = random_ids(B * T, V, 60 + k, 4, 5), *tg = random_targets(B * T, V, 62 + k, 5);
         LmCtx c = {ids, tg, B, T};
-        Tensor *E = input(true, 64 + k, 0.5, 2, V, D);
+        Tensor *E = cuda_input_std(true, 64 + k, 0.5, 2, V, D);
         char label[48];
         snprintf(label, sizeof label, "tied LM head, V %d", V);
         cuda_check_op(label, f_tied_lm, &E, 1, &c);
@@ -243,7 +232,7 @@ Test(cuda_loss, a_tied_step_repeats_bit_for_bit) {
     int V = 4099, D = 48, B = 4, T = 512;
     int *ids = random_ids(B * T, V, 70, 5, 11), *tg = random_targets(B * T, V, 71, 9);
     LmCtx c = {ids, tg, B, T};
-    Tensor *E = input(true, 72, 0.5, 2, V, D);
+    Tensor *E = cuda_input_std(true, 72, 0.5, 2, V, D);
     size_t bytes = (size_t)E->numel * sizeof(real);
     real loss[3], *dE[3];
     Tape tp;

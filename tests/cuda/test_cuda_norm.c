@@ -13,17 +13,6 @@
 #include "device.h"
 #include "ops.h"
 
-static Tensor *input(bool grad, uint64_t seed, int ndim, ...) {
-    int shape[TENSOR_MAX_DIMS];
-    va_list ap;
-    va_start(ap, ndim);
-    for (int i = 0; i < ndim; i++) shape[i] = va_arg(ap, int);
-    va_end(ap);
-    Tensor *t = tensor_new(ndim, shape, grad);
-    fill_normal(t, seed, 1.0);
-    return t;
-}
-
 // A gain in [0.5, 1.5] (keeps the rows near their normalised scale).
 static Tensor *gain(bool grad, uint64_t seed, int n) {
     Tensor *g = tensor_new(1, &n, grad);
@@ -61,7 +50,7 @@ Test(cuda_norm, rmsnorm_every_shape_and_form) {
     for (int s = 0; s < N_SHAPES; s++)
         for (int form = 0; form < 4; form++) {
             RmsCtx c = {SHAPES[s].group, 1e-5, form & 1, form >> 1};
-            Tensor *x = input(true, 10 + s, 2, SHAPES[s].rows, SHAPES[s].D), *g = gain(true, 30 + s, c.group);
+            Tensor *x = cuda_input(true, 10 + s, 2, SHAPES[s].rows, SHAPES[s].D), *g = gain(true, 30 + s, c.group);
             char label[96];
             snprintf(label, sizeof label, "rmsnorm (%d, %d) group %d%s%s", SHAPES[s].rows, SHAPES[s].D, c.group,
                      c.with_g ? " with g" : " without g", c.twice ? ", twice" : "");
@@ -75,7 +64,7 @@ Test(cuda_norm, rmsnorm_inputs_without_gradients) {
     // x only, g only, and neither (nothing recorded: the forward saves nothing).
     for (int k = 0; k < 3; k++) {
         RmsCtx c = {16, 0.1, true, false};
-        Tensor *x = input(k == 0, 3, 3, 2, 9, 48), *g = gain(k == 1, 4, 16);
+        Tensor *x = cuda_input(k == 0, 3, 3, 2, 9, 48), *g = gain(k == 1, 4, 16);
         char label[48];
         snprintf(label, sizeof label, "rmsnorm, gradient case %d", k);
         cuda_check_op(label, f_rmsnorm, (Tensor *[]){x, g}, 2, &c);
@@ -91,7 +80,7 @@ static int f_rmsnorm_self(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor *
 
 Test(cuda_norm, rmsnorm_of_a_tensor_with_itself_as_gain) {
     for (int D = 37; D <= 300; D += 263) {
-        Tensor *x = input(true, 5, 1, D);
+        Tensor *x = cuda_input(true, 5, 1, D);
         cuda_check_op("rmsnorm(x, x)", f_rmsnorm_self, &x, 1, NULL);
         tensor_free(x);
     }
@@ -121,7 +110,7 @@ Test(cuda_norm, add_rmsnorm_every_shape_and_output) {
         for (int form = 0; form < 6; form++) {
             AddCtx c = {form % 3, form >= 3};
             int R = SHAPES[s].rows, D = SHAPES[s].D;
-            Tensor *a = input(true, 40 + s, 2, R, D), *b = input(true, 50 + s, 2, R, D), *g = gain(true, 60 + s, D);
+            Tensor *a = cuda_input(true, 40 + s, 2, R, D), *b = cuda_input(true, 50 + s, 2, R, D), *g = gain(true, 60 + s, D);
             char label[96];
             snprintf(label, sizeof label, "add_rmsnorm (%d, %d) outputs %d%s", R, D, c.outs, c.twice ? ", twice" : "");
             cuda_check_op(label, f_add_rmsnorm, (Tensor *[]){a, b, g}, 3, &c);
@@ -136,7 +125,7 @@ Test(cuda_norm, add_rmsnorm_inputs_without_gradients) {
     // Each of a, b, g alone without a gradient, then none at all.
     for (int k = 0; k < 4; k++) {
         AddCtx c = {0, false};
-        Tensor *a = input(k != 0 && k != 3, 1, 3, 2, 7, 33), *b = input(k != 1 && k != 3, 2, 3, 2, 7, 33);
+        Tensor *a = cuda_input(k != 0 && k != 3, 1, 3, 2, 7, 33), *b = cuda_input(k != 1 && k != 3, 2, 3, 2, 7, 33);
         Tensor *g = gain(k != 2 && k != 3, 3, 33);
         char label[48];
         snprintf(label, sizeof label, "add_rmsnorm, gradient case %d", k);
@@ -157,7 +146,7 @@ static int f_add_rmsnorm_alias(Tape *tp, Tensor *const *x, int n, void *ctx, Ten
 
 Test(cuda_norm, add_rmsnorm_with_one_tensor_twice) {
     for (int k = 0; k < 3; k++) {
-        Tensor *a = input(true, 7, 1, 45), *o = input(true, 8, 1, 45);
+        Tensor *a = cuda_input(true, 7, 1, 45), *o = cuda_input(true, 8, 1, 45);
         char label[48];
         snprintf(label, sizeof label, "add_rmsnorm, aliasing case %d", k);
         cuda_check_op(label, f_add_rmsnorm_alias, (Tensor *[]){a, o}, 2, &k);
@@ -186,7 +175,7 @@ Test(cuda_norm, rmsnorm_gate_every_shape) {
         for (int twice = 0; twice < 2; twice++) {
             GateCtx c = {SHAPES[s].group, twice};
             int R = SHAPES[s].rows, D = SHAPES[s].D;
-            Tensor *x = input(true, 70 + s, 2, R, D), *z = input(true, 80 + s, 2, R, D);
+            Tensor *x = cuda_input(true, 70 + s, 2, R, D), *z = cuda_input(true, 80 + s, 2, R, D);
             Tensor *g = gain(true, 90 + s, c.group);
             fill_normal(z, 80 + s, 2.0);   // both tails of the sigmoid
             char label[96];
@@ -201,7 +190,7 @@ Test(cuda_norm, rmsnorm_gate_every_shape) {
 Test(cuda_norm, rmsnorm_gate_inputs_without_gradients) {
     for (int k = 0; k < 4; k++) {
         GateCtx c = {16, false};
-        Tensor *x = input(k != 0 && k != 3, 1, 3, 3, 5, 48), *z = input(k != 2 && k != 3, 2, 3, 3, 5, 48);
+        Tensor *x = cuda_input(k != 0 && k != 3, 1, 3, 3, 5, 48), *z = cuda_input(k != 2 && k != 3, 2, 3, 3, 5, 48);
         Tensor *g = gain(k != 1 && k != 3, 3, 16);
         char label[48];
         snprintf(label, sizeof label, "rmsnorm_gate, gradient case %d", k);
@@ -222,7 +211,7 @@ static int f_gate_alias(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **o
 
 Test(cuda_norm, rmsnorm_gate_with_one_tensor_twice) {
     for (int k = 0; k < 2; k++) {
-        Tensor *a = input(true, 11, 1, 40), *b = input(true, 12, 1, 40);
+        Tensor *a = cuda_input(true, 11, 1, 40), *b = cuda_input(true, 12, 1, 40);
         char label[48];
         snprintf(label, sizeof label, "rmsnorm_gate, aliasing case %d", k);
         cuda_check_op(label, f_gate_alias, (Tensor *[]){a, b}, 2, &k);
@@ -251,7 +240,7 @@ Test(cuda_norm, l2norm_heads_every_head_dim) {
     for (int h = 0; h < (int)(sizeof hds / sizeof hds[0]); h++)
         for (int twice = 0; twice < 2; twice++) {
             L2Ctx c = {hds[h], twice};
-            Tensor *x = input(true, 100 + h, 3, 3, 7, 4 * hds[h]);
+            Tensor *x = cuda_input(true, 100 + h, 3, 3, 7, 4 * hds[h]);
             char label[64];
             snprintf(label, sizeof label, "l2norm_heads hd %d%s", hds[h], twice ? ", twice" : "");
             cuda_check_op(label, f_l2, &x, 1, &c);
@@ -259,7 +248,7 @@ Test(cuda_norm, l2norm_heads_every_head_dim) {
         }
     // Many heads, and a forward with nothing recorded.
     L2Ctx c = {16, false};
-    Tensor *x = input(true, 120, 2, 5000, 64), *y = input(false, 121, 3, 2, 9, 32);
+    Tensor *x = cuda_input(true, 120, 2, 5000, 64), *y = cuda_input(false, 121, 3, 2, 9, 32);
     cuda_check_op("l2norm_heads 20000 heads", f_l2, &x, 1, &c);
     cuda_check_op("l2norm_heads without gradients", f_l2, &y, 1, &c);
     tensor_free(x);
@@ -292,7 +281,7 @@ static void gpu_grads(GradcheckFn f, Tensor *const *in, int n_in, void *ctx, rea
 
 Test(cuda_norm, gradients_repeat_bit_for_bit) {
     cuda_require();
-    Tensor *x = input(true, 1, 2, 30000, 64), *z = input(true, 2, 2, 30000, 64), *g = gain(true, 3, 64);
+    Tensor *x = cuda_input(true, 1, 2, 30000, 64), *z = cuda_input(true, 2, 2, 30000, 64), *g = gain(true, 3, 64);
     Tensor *g8 = gain(true, 4, 8);
     AddCtx ac = {0, false};
     GateCtx gc = {8, false};

@@ -13,17 +13,6 @@
 #include "docs.h"
 #include "ops.h"
 
-static Tensor *input(bool grad, uint64_t seed, int ndim, ...) {
-    int shape[TENSOR_MAX_DIMS];
-    va_list ap;
-    va_start(ap, ndim);
-    for (int i = 0; i < ndim; i++) shape[i] = va_arg(ap, int);
-    va_end(ap);
-    Tensor *t = tensor_new(ndim, shape, grad);
-    fill_normal(t, seed, 1.0);
-    return t;
-}
-
 // doc_start (B*T) with flags at the given positions of each row (-1 ends a
 // row's list); malloc'd.
 static int *doc_flags(int B, int T, const int *flags) {
@@ -55,7 +44,7 @@ Test(cuda_shape, rope_every_head_dim_and_offset) {
     int hds[] = {2, 6, 8, 16, 64, 128}, heads[] = {3, 5, 2, 3, 2, 1};
     for (int k = 0; k < 6; k++)
         for (int v = 0; v < 4; v++) {
-            Tensor *x = input(true, 10 + k, 3, 2, 13, heads[k] * hds[k]);
+            Tensor *x = cuda_input(true, 10 + k, 3, 2, 13, heads[k] * hds[k]);
             RopeCtx c = {hds[k], v & 1 ? 5 : 0, v & 2 ? 500000.0 : 10000.0, NULL, v == 3};
             char label[80];
             snprintf(label, sizeof label, "rope hd %d pos0 %d base %g%s", c.hd, c.pos0, c.base,
@@ -76,7 +65,7 @@ Test(cuda_shape, rope_positions_of_documents) {
     cr_assert(docs_first_fill(first, ds, B, T));
     docs_positions(pos, first, B, T);
     for (int twice = 0; twice < 2; twice++) {
-        Tensor *x = input(true, 21, 3, B, T, 4 * 8);
+        Tensor *x = cuda_input(true, 21, 3, B, T, 4 * 8);
         RopeCtx c = {8, 0, 10000.0, pos, twice};
         cuda_check_op(twice ? "rope_pos documents, twice" : "rope_pos documents", f_rope, &x, 1, &c);
         tensor_free(x);
@@ -88,13 +77,13 @@ Test(cuda_shape, rope_per_row_positions) {
     // Positions beyond the row count: a table entry per row (decoding at
     // long positions, one position per row, and a short window).
     int dec[4] = {1000, 3, 70000, 12};
-    Tensor *x = input(true, 31, 3, 4, 1, 2 * 16);
+    Tensor *x = cuda_input(true, 31, 3, 4, 1, 2 * 16);
     RopeCtx c = {16, 0, 10000.0, dec, false};
     cuda_check_op("rope_pos decoding", f_rope, &x, 1, &c);
     tensor_free(x);
     int win[10];
     for (int r = 0; r < 10; r++) win[r] = 500 + 3 * r - (r % 4);
-    x = input(true, 32, 3, 2, 5, 3 * 6);
+    x = cuda_input(true, 32, 3, 2, 5, 3 * 6);
     c = (RopeCtx){6, 0, 10000.0, win, true};
     cuda_check_op("rope_pos window, twice", f_rope, &x, 1, &c);
     tensor_free(x);
@@ -102,7 +91,7 @@ Test(cuda_shape, rope_per_row_positions) {
 
 Test(cuda_shape, rope_of_a_constant) {
     // Nothing requires a gradient: the forward runs unrecorded.
-    Tensor *x = input(false, 33, 3, 2, 9, 24);
+    Tensor *x = cuda_input(false, 33, 3, 2, 9, 24);
     RopeCtx c = {8, 2, 10000.0, NULL, false};
     cuda_check_op("rope of a constant", f_rope, &x, 1, &c);
     tensor_free(x);
@@ -133,7 +122,7 @@ static void check_conv_shape(int B, int T, int C, int W, const int *flags) {
         for (int form = 0; form < 5; form++) {
             // form: 0 plain, 1 silu, 2 both, 3 silu with x constant, 4 plain with w constant
             bool gx = form != 3, gw = form != 4;
-            Tensor *x = input(gx, 40 + T, 3, B, T, C), *w = tensor_newv(gw, 2, C, W);
+            Tensor *x = cuda_input(gx, 40 + T, 3, B, T, C), *w = tensor_newv(gw, 2, C, W);
             fill_normal(w, 50 + W, 0.7);
             ConvCtx c = {form == 1 || form == 3, form == 2, docs ? ds : NULL};
             char label[96];
@@ -167,7 +156,7 @@ Test(cuda_shape, conv_long_rows) {
     ds[T + 500] = ds[2 * T + 31] = ds[2 * T + 32] = 1;
     for (int silu = 0; silu < 2; silu++)
         for (int docs = 0; docs < 2; docs++) {
-            Tensor *x = input(true, 61, 3, B, T, C), *w = tensor_newv(true, 2, C, W);
+            Tensor *x = cuda_input(true, 61, 3, B, T, C), *w = tensor_newv(true, 2, C, W);
             fill_normal(w, 62, 0.5);
             ConvCtx c = {silu, false, docs ? ds : NULL};
             char label[64];
@@ -182,7 +171,7 @@ Test(cuda_shape, conv_long_rows) {
 Test(cuda_shape, conv_weight_gradient_repeats_bit_for_bit) {
     cuda_require();
     int B = 3, T = 700, C = 24, W = 4;
-    Tensor *x = input(false, 71, 3, B, T, C), *w = input(true, 72, 2, C, W);
+    Tensor *x = cuda_input(false, 71, 3, B, T, C), *w = cuda_input(true, 72, 2, C, W);
     real *seed = test_randn((int64_t)B * T * C, 73);
     real dw[2][24 * 4];
     for (int s = 0; s < 2; s++) {
@@ -211,7 +200,7 @@ static int f_reshape(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs
 }
 
 Test(cuda_shape, reshape) {
-    Tensor *x = input(true, 81, 3, 3, 5, 7), *y = input(true, 82, 2, 15, 7);
+    Tensor *x = cuda_input(true, 81, 3, 3, 5, 7), *y = cuda_input(true, 82, 2, 15, 7);
     cuda_check_op("reshape", f_reshape, (Tensor *[]){x, y}, 2, NULL);
     tensor_free(x);
     tensor_free(y);
@@ -268,7 +257,7 @@ Test(cuda_shape, slice_every_dimension) {
     SliceCtx cs[] = {{0, 1, 2, false}, {0, 0, 4, true}, {1, 3, 5, false}, {1, 8, 1, true},
                      {2, 2, 3, false}, {-1, 0, 6, true}, {-2, 4, 4, false}, {2, 5, 1, true}};
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
-        Tensor *x = input(true, 100 + k, 3, 4, 9, 6);
+        Tensor *x = cuda_input(true, 100 + k, 3, 4, 9, 6);
         char label[64];
         snprintf(label, sizeof label, "slice dim %d [%d, %d)%s", cs[k].dim, cs[k].start, cs[k].start + cs[k].len,
                  cs[k].twice ? ", twice" : "");
