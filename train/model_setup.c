@@ -157,7 +157,8 @@ Status model_set_products(const TrainConfig *tc) {
     if (tc->train.device == DEVICE_CUDA) {   // cuBLAS: strict float32, or TF32 tensor cores when asked
         if (tc->train.precision == PRECISION_BF16)
             return status_err("[train] precision = bf16: not on the GPU yet (fp32, or tf32 for its tensor cores)");
-        if (!device_cuda_init(err, sizeof err)) return status_err("[train] device = cuda: %s", err);
+        if (!device_cuda_init(err, sizeof err))
+            return status_err("[train] device = cuda: %s; or train on the CPU: --device cpu", err);
         device_set_tf32(DEVICE_CUDA, tc->train.precision == PRECISION_TF32);
         return status_ok();
     }

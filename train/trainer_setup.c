@@ -175,7 +175,8 @@ static Status setup_data(Trainer *t, const TrainerOptions *o) {
 static Status check_gpu_run(Trainer *t) {
     const TrainConfig *c = &t->cfg;
     char err[512];
-    if (!device_cuda_init(err, sizeof err)) return status_err("[train] device = cuda: %s", err);
+    if (!device_cuda_init(err, sizeof err))
+        return status_err("[train] device = cuda: %s; or train on the CPU: --device cpu", err);
     if (t->ranks > 1)
         return status_err("[train] device = cuda: one process only for now (%d ranks under mpirun)", t->ranks);
     if (c->train.carry_state)
