@@ -16,18 +16,12 @@
 #include <math.h>
 
 #include "ops.h"
+#include "ops_layout.h"
 #include "ops_math.h"
 
 typedef struct RopeSaved {
     real *cs;       // (n_pos, hd/2, 2): cos, sin of each table entry's angles
 } RopeSaved;
-
-// src/cuda/ops_rope.cu reads it too (its copy of this struct must match).
-typedef struct RopeTable {
-    const int *pos;   // (n_pos) the position of each entry, or NULL: entry e is position pos0 + e
-    int pos0, n_pos;
-    const int *idx;   // (B*T) the entry of each row, or NULL: row (b, t) uses entry t
-} RopeTable;
 
 // cs (n_pos, hd/2, 2); angles computed in double.
 static void rope_table(real *cs, const RopeTable *tb, int hd, double base) {

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "ops_layout.h"
 #include "ops_math.h"
 
 // Reshape shares nothing: a contiguous copy keeps every tensor owning its data.
@@ -35,14 +36,7 @@ Tensor *op_reshape(Tape *tp, Tensor *x, int ndim, const int *shape) {
 
 // ---- transpose: swap dimensions d0 and d1 (a copy) ----
 
-// The input padded to 4 dimensions (leading 1s) and the input stride that
-// each OUTPUT dimension walks: out[i0,i1,i2,i3] = in[sum_k i_k * stride[k]].
-typedef struct TransposeMap {
-    int shape[4];      // output shape, padded
-    int64_t stride[4]; // input strides in output-dimension order
-} TransposeMap;
-
-static TransposeMap transpose_map(const Tensor *x, int d0, int d1) {
+TransposeMap transpose_map(const Tensor *x, int d0, int d1) {
     int pad = 4 - x->ndim;
     int ishape[4] = {1, 1, 1, 1};
     for (int i = 0; i < x->ndim; i++) ishape[pad + i] = x->shape[i];

@@ -19,10 +19,8 @@
 #include <string.h>
 
 #include "cuda_internal.cuh"
+#include "gdn_node.h"
 
-// As gdn_kernel.h (not included: a C header of the CPU side).
-enum { GDN_IN_Q, GDN_IN_K, GDN_IN_V, GDN_IN_BETA, GDN_IN_G, GDN_IN_S0, GDN_N_IN };
-enum { GDN_ARG_B, GDN_ARG_T, GDN_ARG_H, GDN_ARG_DK, GDN_ARG_DV, GDN_ARG_C };
 
 #define GDN_NT 256   // threads of a block of the chunked form (blk_gemm's layout needs exactly this)
 #define TS 32        // tile edge of blk_gemm

@@ -11,14 +11,9 @@
 #include <math.h>
 
 #include "cuda_internal.cuh"
+#include "ops_layout.h"
 
-// The node's aux, as ops_rope.c defines it (keep the two in step).
-typedef struct RopeTable {
-    const int *pos;   // (n_pos) the position of each entry, or NULL: entry e is position pos0 + e
-    int pos0, n_pos;
-    const int *idx;   // (B*T) the entry of each row, or NULL: row (b, t) uses entry t
-} RopeTable;
-
+// The node's aux is a RopeTable (ops_layout.h). What the GPU pair saves:
 typedef struct CuRopeSaved {
     real *cs;         // (n_pos, hd/2, 2) on the device: cos, sin of each entry's angles
     const int *idx;   // (B*T) on the device, or NULL

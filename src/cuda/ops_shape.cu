@@ -2,6 +2,7 @@
 // in ops_shape.c). One thread per element; a gradient is written where it is
 // fresh and added to otherwise.
 #include "cuda_internal.cuh"
+#include "ops_layout.h"
 
 // dst (=, or += when add) src, n elements.
 __global__ void k_shape_copy(real *dst, const real *src, int64_t N, bool add) {
@@ -30,34 +31,10 @@ extern "C" void cu_reshape_backward(Node *n) {
 
 // ---- transpose: swap dimensions d0 and d1 ----
 
-// As ops_shape.c's TransposeMap: the output shape padded to 4 dimensions and
-// the input stride each output dimension walks.
-typedef struct CuTransposeMap {
-    int64_t shape[4];
-    int64_t stride[4];
-} CuTransposeMap;
-
-static CuTransposeMap cu_transpose_map(const Tensor *x, int d0, int d1) {
-    int pad = 4 - x->ndim;
-    int64_t ishape[4] = {1, 1, 1, 1}, istride[4];
-    for (int i = 0; i < x->ndim; i++) ishape[pad + i] = x->shape[i];
-    istride[3] = 1;
-    for (int i = 2; i >= 0; i--) istride[i] = istride[i + 1] * ishape[i + 1];
-    int perm[4] = {0, 1, 2, 3};
-    perm[pad + d0] = pad + d1;
-    perm[pad + d1] = pad + d0;
-    CuTransposeMap m;
-    for (int k = 0; k < 4; k++) {
-        m.shape[k] = ishape[perm[k]];
-        m.stride[k] = istride[perm[k]];
-    }
-    return m;
-}
-
 // Output element o (row-major in m.shape) is input element i. back: the
 // input's gradient at i gets the output's at o (a permutation: each i once,
 // so a fresh buffer is written whole).
-__global__ void k_transpose(CuTransposeMap m, const real *src, real *dst, int64_t N, bool back, bool fresh) {
+__global__ void k_transpose(TransposeMap m, const real *src, real *dst, int64_t N, bool back, bool fresh) {
     CU_FOR(o, N) {
         int64_t q = o, i = 0;
         for (int k = 3; k >= 0; k--) {
@@ -73,7 +50,7 @@ __global__ void k_transpose(CuTransposeMap m, const real *src, real *dst, int64_
 extern "C" void cu_transpose_forward(Node *n) {
     int64_t N = n->in[0]->numel;
     if (N == 0) return;
-    CuTransposeMap m = cu_transpose_map(n->in[0], n->iarg[0], n->iarg[1]);
+    TransposeMap m = transpose_map(n->in[0], n->iarg[0], n->iarg[1]);   // (ops_shape.c)
     k_transpose<<<cu_grid(N), CU_THREADS, 0, cu_stream>>>(m, n->in[0]->data, n->out[0]->data, N, false, false);
     CU_LAUNCHED();
 }
@@ -83,7 +60,7 @@ extern "C" void cu_transpose_backward(Node *n) {
     real *dx = CU_GRAD_FRESH(n, 0, &fresh);
     int64_t N = n->in[0]->numel;
     if (!dx || N == 0) return;
-    CuTransposeMap m = cu_transpose_map(n->in[0], n->iarg[0], n->iarg[1]);
+    TransposeMap m = transpose_map(n->in[0], n->iarg[0], n->iarg[1]);
     k_transpose<<<cu_grid(N), CU_THREADS, 0, cu_stream>>>(m, n->out[0]->grad, dx, N, true, fresh);
     CU_LAUNCHED();
 }

@@ -35,6 +35,7 @@
 
 #include "ops_math.h"
 
+#include "gdn_node.h"
 #include "mixer.h"
 
 // q, k: (B, T, H*dk), L2-normalised per head, q already scaled by 1/sqrt(dk).
@@ -50,11 +51,7 @@ Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *
 
 // ---- internal: shared by gdn_chunk.c, gdn_chunk_backward.c, gdn_naive.c ----
 
-// Node layout of op_gdn. in: q, k, v, beta, g, s0 (maybe NULL). out: o, S_T.
-// saved: (B, H, NC, dk, dv) the state entering each chunk, NC = ceil(T/C).
-// aux: first (B, T) of the documents (docs.h), or NULL.
-enum { GDN_IN_Q, GDN_IN_K, GDN_IN_V, GDN_IN_BETA, GDN_IN_G, GDN_IN_S0, GDN_N_IN };
-enum { GDN_ARG_B, GDN_ARG_T, GDN_ARG_H, GDN_ARG_DK, GDN_ARG_DV, GDN_ARG_C };
+// Node layout of op_gdn: gdn_node.h.
 
 // The shapes of one op_gdn node and where head (b, h) starts in each array.
 typedef struct GdnDims {

@@ -1,0 +1,14 @@
+// gdn_node.h: the node layout of op_gdn, read by its CPU forms
+// (gdn_chunk.c, gdn_chunk_backward.c, gdn_naive.c) and its GPU ones
+// (src/cuda/gdn.cu): plain enums, so C and C++ alike.
+//
+// in: q, k, v, beta, g, s0 (maybe NULL). out: o, S_T. iarg: the sizes below.
+// saved: (B, H, NC, dk, dv) the state entering each chunk, NC = ceil(T/C).
+// aux: first (B, T) of the documents (docs.h), or NULL.
+#ifndef GDN_NODE_H
+#define GDN_NODE_H
+
+enum { GDN_IN_Q, GDN_IN_K, GDN_IN_V, GDN_IN_BETA, GDN_IN_G, GDN_IN_S0, GDN_N_IN };
+enum { GDN_ARG_B, GDN_ARG_T, GDN_ARG_H, GDN_ARG_DK, GDN_ARG_DV, GDN_ARG_C };
+
+#endif
