@@ -43,18 +43,6 @@ const char *device_describe(Device d) {
     return d == DEVICE_CPU ? "cpu" : "cuda (not built)";
 }
 
-Device device_from_env(void) {
-    const char *s = getenv("AG_DEVICE");
-    if (!s || !*s) return DEVICE_CPU;
-    int d = device_parse(s);
-    if (d < 0) FAIL("AG_DEVICE='%.40s': expected cpu or cuda", s);
-    if (d == DEVICE_CUDA) {
-        char err[512];
-        if (!device_cuda_init(err, sizeof err)) FAIL("AG_DEVICE=cuda: %s", err);
-    }
-    return (Device)d;
-}
-
 void *dev_alloc(Device d, size_t bytes) {
 #ifdef AG_CUDA
     if (d == DEVICE_CUDA) return cu_alloc(bytes);

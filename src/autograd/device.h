@@ -27,9 +27,6 @@ bool device_cuda_init(char *err, size_t n);
 const char *device_describe(Device d);
 const char *device_name(Device d);            // "cpu", "cuda"
 int device_parse(const char *name);           // -1 when unknown
-// The device the test suite runs on: AG_DEVICE=cpu|cuda (unset: cpu). Stops
-// with a message when AG_DEVICE names a device this build or machine lacks.
-Device device_from_env(void);
 
 // Memory on a device. dev_alloc is 256-byte aligned on the GPU, 64 on the CPU;
 // it stops with a message naming the size when the memory is not there.

@@ -113,10 +113,6 @@ const real *params_pull(ParamStore *ps) {
     return ps->host;
 }
 
-void params_push(ParamStore *ps) {
-    if (ps->device != DEVICE_CPU) dev_from_host(ps->data, ps->device, ps->host, (size_t)ps->numel * sizeof(real));
-}
-
 void params_set_frozen(ParamStore *ps, Tensor *p, bool frozen) {
     ASSERT(ps->finalized, "params_set_frozen('%s') before params_finalize", p->name);
     for (int i = 0; i < ps->n; i++) {

@@ -58,9 +58,6 @@ void params_to_device(ParamStore *ps, Device device);
 // The values in host memory: ps->data on the CPU, else ps->host after a copy
 // from the device (checkpoints, exports, tests).
 const real *params_pull(ParamStore *ps);
-// Copy ps->host to the device (after writing values on the host, e.g. a
-// checkpoint's); nothing to do on the CPU.
-void params_push(ParamStore *ps);
 // Freeze (no gradient is stored; branches leading only to it do no backward
 // work) or unfreeze a parameter. Only after params_finalize.
 void params_set_frozen(ParamStore *ps, Tensor *p, bool frozen);
