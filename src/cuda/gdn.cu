@@ -2,20 +2,40 @@
 // recurrent form (gdn_kernel.h; the CPU twins are gdn_chunk.c,
 // gdn_chunk_backward.c and gdn_naive.c, whose lines these kernels follow).
 //
-// One thread block per (batch, head), as the CPU's OpenMP loop, walking the
-// chunks in order (forward) or in reverse (backward); n->saved keeps the state
-// entering each chunk, (B, H, NC, dk, dv), as on the CPU.
-//  - Chunked: every line of a chunk is a block-wide step over a per-block
-//    workspace in device memory (tape_dalloc). Products go through blk_gemm
-//    (32 x 32 shared-memory tiles); (I + A)^-1 is a forward substitution,
-//    one barrier per row.
-//  - Recurrent: a thread owns a column of S, so the forward needs no barrier.
-//    The backward replays a stretch of `chunk` tokens from its saved state
-//    and walks it in reverse, per token a column phase then a row phase.
+// Chunked form: the chunks of every (batch, head) run side by side; only the
+// state's recurrence across chunks is sequential, and it is split by blocks
+// of GDN_BV columns of the state (the delta rule's columns over dv evolve
+// independently: S_C[:, J] = bl S0[:, J] + Kd^T (U[:, J] - W S0[:, J])).
+//   forward   1. per chunk (k_gdn_fwd_prep): the decays, (I + A)^-1 and
+//                W = Tm diag(beta b) K, U = Tm diag(beta) V, written to
+//                per-op rows (B*H, T, dk | dv), with ek (B*H, T) and bl (B*H, NC);
+//             2. per (batch, head, column block), chunks in order
+//                (k_gdn_fwd_scan): keeps the state entering each chunk (n->saved,
+//                or scratch when the node is not recorded), Delta = U - W S0
+//                over U's rows, S_C = bl S0 + Kd^T Delta; S_T is the last;
+//             3. per chunk (k_gdn_fwd_out): O = diag(b) Q S0 + P Delta.
+//   backward  1. per chunk (k_gdn_bwd_prep): W again, and the parts of
+//                dDelta and of the entering state's gradient that do not go
+//                through the state: P^T dO and Q^T diag(b) dO;
+//             2. per (batch, head, column block), chunks in reverse
+//                (k_gdn_bwd_scan): dDelta = Kd dS + P^T dO, dS0 = bl dS +
+//                Q^T dY - W^T dDelta, keeping the gradient of the state leaving
+//                each chunk (B*H, NC, dk, dv) and dDelta (B*H, T, dv); s0's is the last;
+//             3. per chunk (k_gdn_bwd_chunk): everything of the chunk again
+//                (gdn_chunk_prepare) and its input gradients from S0, dS and dDelta.
+// The per-chunk kernels run a fixed grid of blocks (as many as the GPU keeps
+// resident), each walking the chunks gridDim.x apart with its workspace in
+// device memory (tape_dalloc); every line of a chunk is a block-wide step.
+// Products go through blk_gemm (32 x 32 shared-memory tiles); (I + A)^-1 is
+// a forward substitution, one barrier per row.
+// Recurrent form: one block per (batch, head); a thread owns a column of S,
+// so the forward needs no barrier. The backward replays a stretch of `chunk`
+// tokens from its saved state and walks it in reverse, per token a column
+// phase then a row phase.
 // Gradients go to scratch (or straight into a fresh buffer that no other
 // input shares) and are then added to the inputs' buffers in input order, so
 // inputs that are one tensor get the sum. No atomics: every sum is made by
-// one thread in a fixed order.
+// one thread in a fixed order, the same whichever block takes a chunk.
 #include <string.h>
 
 #include "cuda_internal.cuh"
@@ -25,6 +45,7 @@
 #define GDN_NT 256   // threads of a block of the chunked form (blk_gemm's layout needs exactly this)
 #define TS 32        // tile edge of blk_gemm
 #define TROWS (GDN_NT / TS)   // 8: a thread computes rows ty, ty + 8, ty + 16, ty + 24 of a tile
+#define GDN_BV 32    // columns of the state per block of the chunked form's scans
 
 // Everything a kernel reads, by value.
 struct GdnArgs {
@@ -37,6 +58,16 @@ struct GdnArgs {
     size_t ws_stride;
     int B, T, H, dk, dv, C, NC, ldk, ldv;
     int Cw;                                  // min(C, T): the longest chunk, what workspaces hold
+    // The chunked form's per-op rows, head-major: row t of head bh at (bh T + t).
+    int64_t items;                           // B H NC: the chunks
+    int NV;                                  // ceil(dv / GDN_BV): column blocks of the scans
+    real *Wb;                                // (B H, T, dk) W of every chunk
+    real *Ub;                                // (B H, T, dv) forward: U, then Delta; backward: P^T dO, then dDelta
+    real *ekb;                               // (B H, T) ek of every chunk
+    real *blb;                               // (B H, NC) bl of every chunk
+    real *states;                            // (B H, NC, dk, dv) the state entering each chunk (saved or scratch)
+    real *dsb;                               // backward (B H, NC, dk, dv): Q^T dY, then dLoss/d(state leaving the chunk)
+    real *cur;                               // backward (B H, dk, dv): the scans' running gradient
 };
 
 static GdnArgs gdn_args(const Node *n) {
@@ -86,13 +117,16 @@ struct Tiles {
 };
 
 // C (M x N) = alpha op(A) op(B) + beta C, row-major with leading dimensions
-// lda, ldb, ldc; op(A) is M x K, op(B) K x N. Every thread of the block calls
-// it with the same arguments. beta == 0 never reads C (fresh buffers hold
-// NaN in float64). C must not overlap A or B. Ends with a barrier: C is then
-// ready for every thread, and A, B may be overwritten.
-// Not inlined: one copy for the two dozen calls.
-__device__ __noinline__ void blk_gemm(Tiles *sh, bool ta, bool tb, int M, int N, int K, real alpha, const real *A,
-                                      int lda, const real *B, int ldb, real beta, real *C, int ldc) {
+// lda, ldb, ldc; op(A) is M x K, op(B) K x N. as: NULL, or a factor for each
+// row of A as stored (as[r] A[r][.], so diag(as) A when A is not transposed,
+// (diag(as) A)^T when it is), applied as A's elements are loaded. Every
+// thread of the block calls it with the same arguments. beta == 0 never
+// reads C (fresh buffers hold NaN in float64). C must not overlap A or B.
+// Ends with a barrier: C is then ready for every thread, and A, B may be
+// overwritten. Not inlined: one copy for the two dozen calls.
+__device__ __noinline__ void blk_gemm_s(Tiles *sh, bool ta, bool tb, int M, int N, int K, real alpha, const real *A,
+                                        int lda, const real *as, const real *B, int ldb, real beta, real *C,
+                                        int ldc) {
     int tid = threadIdx.x, tx = tid % TS, ty = tid / TS;
     int tm = (M + TS - 1) / TS, tn = (N + TS - 1) / TS;
     for (int tile = 0; tile < tm * tn; tile++) {
@@ -107,7 +141,13 @@ __device__ __noinline__ void blk_gemm(Tiles *sh, bool ta, bool tb, int M, int N,
                 int r = e / TS, c = e % TS;
                 int x = ta ? c : r, y = ta ? r : c;   // op(A)(i0 + x, k0 + y)
                 int i = i0 + x, kk = k0 + y;
-                sh->a[x][y] = i < M && kk < K ? (ta ? A[(int64_t)kk * lda + i] : A[(int64_t)i * lda + kk]) : (real)0;
+                real av = 0;
+                if (i < M && kk < K) {
+                    int ra = ta ? kk : i, ca = ta ? i : kk;   // A's stored row and column
+                    av = A[(int64_t)ra * lda + ca];
+                    if (as) av = as[ra] * av;
+                }
+                sh->a[x][y] = av;
                 x = tb ? c : r, y = tb ? r : c;       // op(B)(k0 + x, j0 + y)
                 kk = k0 + x;
                 int j = j0 + y;
@@ -134,6 +174,11 @@ __device__ __noinline__ void blk_gemm(Tiles *sh, bool ta, bool tb, int M, int N,
     __syncthreads();
 }
 
+__device__ __forceinline__ void blk_gemm(Tiles *sh, bool ta, bool tb, int M, int N, int K, real alpha, const real *A,
+                                         int lda, const real *B, int ldb, real beta, real *C, int ldc) {
+    blk_gemm_s(sh, ta, tb, M, N, K, alpha, A, lda, NULL, B, ldb, beta, C, ldc);
+}
+
 // sum_i x_i y_i in double (the CPU's dot), returned in `real` as there.
 __device__ __forceinline__ real dot_r(const real *x, const real *y, int n) {
     double s = 0;
@@ -145,11 +190,12 @@ __device__ __forceinline__ real dot_r(const real *x, const real *y, int n) {
 
 // The per-block buffers of gdn_chunk.c's GdnChunk and gdn_chunk_backward.c's
 // GdnChunkGrad, chunks of up to C positions; the gradient part only in the
-// backward's workspace.
+// backward's workspace. W (and U, Delta, dDelta where the kernel says) are
+// the op's rows of the chunk (GdnArgs), set per chunk.
 struct ChunkWs {
     double *G;                        // (C) Gamma_i
     real *E, *KK, *A, *Tm, *P;        // (C, C)
-    real *Xw, *W, *Kd;                // (C, dk)
+    real *Xw, *W;                     // (C, dk); W: the op's rows
     real *Xu, *U, *Dl;                // (C, dv)
     real *bet, *bm, *ek;              // (C)
     int *db;                          // (C) the chunk's documents, -1: before the chunk
@@ -157,40 +203,37 @@ struct ChunkWs {
     double *dG, *dbeta, *rsum, *csum;   // (C)
     real *dA;                           // (C, C) dP -> dQK, then dA -> dKK
     real *dK, *dW, *dXw;                // (C, dk)
-    real *dDl, *dXu, *Y;                // (C, dv)
-    real *dS, *dS0;                     // (dk, dv) the gradient of the state leaving / entering the chunk
+    real *dXu, *Y;                      // (C, dv)
+    real *dDl;                          // (C, dv) the op's dDelta rows
+    const real *dS;                     // (dk, dv) the gradient of the state leaving the chunk (the op's)
 };
 
 static __host__ __device__ size_t chunk_ws_layout(ChunkWs *w, unsigned char *base, int C, int dk, int dv,
                                                   bool grad) {
-    size_t at = 0, CC = (size_t)C * C, Ck = (size_t)C * dk, Cv = (size_t)C * dv, SS = (size_t)dk * dv;
+    size_t at = 0, CC = (size_t)C * C, Ck = (size_t)C * dk, Cv = (size_t)C * dv;
     size_t oG = ws_take(&at, C, sizeof(double));
     size_t oE = ws_take(&at, CC, sizeof(real)), oKK = ws_take(&at, CC, sizeof(real));
     size_t oA = ws_take(&at, CC, sizeof(real)), oTm = ws_take(&at, CC, sizeof(real));
     size_t oP = ws_take(&at, CC, sizeof(real));
-    size_t oXw = ws_take(&at, Ck, sizeof(real)), oW = ws_take(&at, Ck, sizeof(real));
-    size_t oKd = ws_take(&at, Ck, sizeof(real));
+    size_t oXw = ws_take(&at, Ck, sizeof(real));
     size_t oXu = ws_take(&at, Cv, sizeof(real)), oU = ws_take(&at, Cv, sizeof(real));
     size_t oDl = ws_take(&at, Cv, sizeof(real));
     size_t obet = ws_take(&at, C, sizeof(real)), obm = ws_take(&at, C, sizeof(real));
     size_t oek = ws_take(&at, C, sizeof(real)), odb = ws_take(&at, C, sizeof(int));
-    size_t odG = 0, odbeta = 0, orsum = 0, ocsum = 0, odA = 0, odK = 0, odW = 0, odXw = 0, odDl = 0, odXu = 0;
-    size_t oY = 0, odS = 0, odS0 = 0;
+    size_t odG = 0, odbeta = 0, orsum = 0, ocsum = 0, odA = 0, odK = 0, odW = 0, odXw = 0, odXu = 0, oY = 0;
     if (grad) {
         odG = ws_take(&at, C, sizeof(double)), odbeta = ws_take(&at, C, sizeof(double));
         orsum = ws_take(&at, C, sizeof(double)), ocsum = ws_take(&at, C, sizeof(double));
         odA = ws_take(&at, CC, sizeof(real));
         odK = ws_take(&at, Ck, sizeof(real)), odW = ws_take(&at, Ck, sizeof(real));
         odXw = ws_take(&at, Ck, sizeof(real));
-        odDl = ws_take(&at, Cv, sizeof(real)), odXu = ws_take(&at, Cv, sizeof(real));
-        oY = ws_take(&at, Cv, sizeof(real));
-        odS = ws_take(&at, SS, sizeof(real)), odS0 = ws_take(&at, SS, sizeof(real));
+        odXu = ws_take(&at, Cv, sizeof(real)), oY = ws_take(&at, Cv, sizeof(real));
     }
     if (w) {
         w->G = (double *)(base + oG);
         w->E = (real *)(base + oE), w->KK = (real *)(base + oKK), w->A = (real *)(base + oA);
         w->Tm = (real *)(base + oTm), w->P = (real *)(base + oP);
-        w->Xw = (real *)(base + oXw), w->W = (real *)(base + oW), w->Kd = (real *)(base + oKd);
+        w->Xw = (real *)(base + oXw), w->W = NULL;
         w->Xu = (real *)(base + oXu), w->U = (real *)(base + oU), w->Dl = (real *)(base + oDl);
         w->bet = (real *)(base + obet), w->bm = (real *)(base + obm), w->ek = (real *)(base + oek);
         w->db = (int *)(base + odb);
@@ -198,19 +241,47 @@ static __host__ __device__ size_t chunk_ws_layout(ChunkWs *w, unsigned char *bas
         w->rsum = (double *)(base + orsum), w->csum = (double *)(base + ocsum);
         w->dA = (real *)(base + odA);
         w->dK = (real *)(base + odK), w->dW = (real *)(base + odW), w->dXw = (real *)(base + odXw);
-        w->dDl = (real *)(base + odDl), w->dXu = (real *)(base + odXu), w->Y = (real *)(base + oY);
-        w->dS = (real *)(base + odS), w->dS0 = (real *)(base + odS0);
+        w->dXu = (real *)(base + odXu), w->Y = (real *)(base + oY);
+        w->dDl = NULL, w->dS = NULL;
     }
     return (at + 255) & ~(size_t)255;
+}
+
+// One chunk of one head: the work item `it` (0 <= it < B H NC) of a
+// per-chunk kernel, heads major.
+struct Item {
+    int b, h, c, t0, L;
+    int64_t bh;
+};
+
+__device__ __forceinline__ Item item_of(const GdnArgs &a, int64_t it) {
+    Item m;
+    m.bh = it / a.NC;
+    m.c = (int)(it % a.NC);
+    m.b = (int)(m.bh / a.H);
+    m.h = (int)(m.bh % a.H);
+    m.t0 = m.c * a.C;
+    m.L = min(a.C, a.T - m.t0);
+    return m;
 }
 
 // exp of a non-positive log decay difference (gdn_exp), in `real`.
 __device__ __forceinline__ real gdn_dexp(double x) { return exp((real)x); }
 
-// gdn_chunk_prepare: the chunk of L positions starting at t0 of head (b, h),
-// entering state S0. All threads; ends with a barrier.
-__device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, int b, int h, int t0, int L,
-                              const real *S0) {
+// What chunk_prepare computes beyond the decays (G, bet, db, E, bm, ek).
+enum {
+    PREP_SOLVE = 1,   // KK, A, Tm
+    PREP_W = 2,       // W = Tm diag(beta b) K into w.W (needs PREP_SOLVE)
+    PREP_U = 4,       // U = Tm diag(beta) V into w.U (needs PREP_SOLVE)
+    PREP_DL = 8,      // Delta = U - W S0 into w.Dl (reads w.U, w.W)
+    PREP_P = 16,      // P = (Q K^T) * E
+};
+
+// gdn_chunk_prepare (the parts `what` asks for): the chunk of L positions
+// starting at t0 of head (b, h), entering state S0 (read for PREP_DL only).
+// All threads, `what` the same in all; ends with a barrier.
+__device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, int b, int h, int t0, int L, const real *S0,
+                              unsigned what) {
     int tid = threadIdx.x, dk = a.dk, dv = a.dv, H = a.H;
     int64_t ok = ((int64_t)b * a.T + t0) * a.ldk + (int64_t)h * dk;
     int64_t ov = ((int64_t)b * a.T + t0) * a.ldv + (int64_t)h * dv;
@@ -244,89 +315,224 @@ __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, int b, in
         w.ek[i] = i < jL ? (real)0 : gdn_dexp(w.G[L - 1] - w.G[i]);
     }
     __syncthreads();
-    // A = strictly-lower (beta_i E_ij k_i.k_j).
-    blk_gemm(sh, false, true, L, L, dk, 1, k, a.ldk, k, a.ldk, 0, w.KK, L);
-    for (int e = tid; e < L * L; e += GDN_NT) {
-        int i = e / L, j = e % L;
-        w.A[e] = j < i ? w.bet[i] * w.E[e] * w.KK[e] : (real)0;
-    }
-    __syncthreads();
-    // Tm = (I + A)^-1, row i = e_i - sum_{m<i} A_im Tm_m, m in the CPU's order.
-    for (int i = 0; i < L; i++) {
-        for (int j = tid; j < L; j += GDN_NT) {
-            real t = j == i ? (real)1 : (real)0;
-            for (int m = j; m < i; m++) t -= w.A[i * L + m] * w.Tm[m * L + j];
-            w.Tm[i * L + j] = t;
+    if (what & PREP_SOLVE) {
+        // A = strictly-lower (beta_i E_ij k_i.k_j).
+        blk_gemm(sh, false, true, L, L, dk, 1, k, a.ldk, k, a.ldk, 0, w.KK, L);
+        for (int e = tid; e < L * L; e += GDN_NT) {
+            int i = e / L, j = e % L;
+            w.A[e] = j < i ? w.bet[i] * w.E[e] * w.KK[e] : (real)0;
         }
         __syncthreads();
+        // Tm = (I + A)^-1, row i = e_i - sum_{m<i} A_im Tm_m, m in the CPU's order.
+        for (int i = 0; i < L; i++) {
+            for (int j = tid; j < L; j += GDN_NT) {
+                real t = j == i ? (real)1 : (real)0;
+                for (int m = j; m < i; m++) t -= w.A[i * L + m] * w.Tm[m * L + j];
+                w.Tm[i * L + j] = t;
+            }
+            __syncthreads();
+        }
     }
     // W = Tm diag(beta b) K, U = Tm diag(beta) V, Delta = U - W S0.
-    for (int e = tid; e < L * dk; e += GDN_NT) {
-        int i = e / dk, c = e % dk;
-        w.Xw[e] = w.bet[i] * w.bm[i] * k[(int64_t)i * a.ldk + c];
-    }
-    for (int e = tid; e < L * dv; e += GDN_NT) {
-        int i = e / dv, c = e % dv;
-        w.Xu[e] = w.bet[i] * v[(int64_t)i * a.ldv + c];
-    }
+    if (what & PREP_W)
+        for (int e = tid; e < L * dk; e += GDN_NT) {
+            int i = e / dk, c = e % dk;
+            w.Xw[e] = w.bet[i] * w.bm[i] * k[(int64_t)i * a.ldk + c];
+        }
+    if (what & PREP_U)
+        for (int e = tid; e < L * dv; e += GDN_NT) {
+            int i = e / dv, c = e % dv;
+            w.Xu[e] = w.bet[i] * v[(int64_t)i * a.ldv + c];
+        }
     __syncthreads();
-    blk_gemm(sh, false, false, L, dk, L, 1, w.Tm, L, w.Xw, dk, 0, w.W, dk);
-    blk_gemm(sh, false, false, L, dv, L, 1, w.Tm, L, w.Xu, dv, 0, w.U, dv);
-    for (int e = tid; e < L * dv; e += GDN_NT) w.Dl[e] = w.U[e];
-    __syncthreads();
-    blk_gemm(sh, false, false, L, dv, dk, -1, w.W, dk, S0, dv, 1, w.Dl, dv);
-    // P = (Q K^T) * E; Kd = diag(ek) K.
-    blk_gemm(sh, false, true, L, L, dk, 1, q, a.ldk, k, a.ldk, 0, w.P, L);
-    for (int e = tid; e < L * L; e += GDN_NT) w.P[e] *= w.E[e];
-    for (int e = tid; e < L * dk; e += GDN_NT) {
-        int j = e / dk, c = e % dk;
-        w.Kd[e] = w.ek[j] * k[(int64_t)j * a.ldk + c];
+    if (what & PREP_W) blk_gemm(sh, false, false, L, dk, L, 1, w.Tm, L, w.Xw, dk, 0, w.W, dk);
+    if (what & PREP_U) blk_gemm(sh, false, false, L, dv, L, 1, w.Tm, L, w.Xu, dv, 0, w.U, dv);
+    if (what & PREP_DL) {
+        for (int e = tid; e < L * dv; e += GDN_NT) w.Dl[e] = w.U[e];
+        __syncthreads();
+        blk_gemm(sh, false, false, L, dv, dk, -1, w.W, dk, S0, dv, 1, w.Dl, dv);
+    }
+    // P = (Q K^T) * E. (Kd = diag(ek) K is applied as K is loaded: blk_gemm_s.)
+    if (what & PREP_P) {
+        blk_gemm(sh, false, true, L, L, dk, 1, q, a.ldk, k, a.ldk, 0, w.P, L);
+        for (int e = tid; e < L * L; e += GDN_NT) w.P[e] *= w.E[e];
     }
     __syncthreads();
 }
 
+// The per-chunk kernels' grids: as many blocks as the GPU keeps resident
+// (each walks the chunks gridDim.x apart), at most one per chunk.
+template <typename K> static int resident_blocks(K kernel) {
+    int dev = 0, sms = 0, per = 0;
+    CU_CHECK(cudaGetDevice(&dev));
+    CU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, GDN_NT, 0));
+    return sms * (per > 0 ? per : 1);
+}
+
+static int chunk_grid(int64_t items, int resident) { return (int)(items < resident ? items : resident); }
+
 // ---------------------------------------------------------------- chunked form: forward
 
-__global__ void __launch_bounds__(GDN_NT) k_gdn_chunk_fwd(GdnArgs a) {
+// 1. Per chunk: W and U into the op's rows, ek and bl.
+__global__ void __launch_bounds__(GDN_NT) k_gdn_fwd_prep(GdnArgs a) {
     __shared__ Tiles sh;
-    int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, tid = threadIdx.x;
-    int dk = a.dk, dv = a.dv;
-    int64_t SS = (int64_t)dk * dv;
+    int tid = threadIdx.x;
     ChunkWs w;
-    chunk_ws_layout(&w, a.ws + (size_t)bh * a.ws_stride, a.Cw, dk, dv, false);
-    real *S = a.sT + (int64_t)bh * SS;   // the running state, (dk, dv)
-    for (int64_t e = tid; e < SS; e += GDN_NT) S[e] = a.s0 ? a.s0[(int64_t)bh * SS + e] : (real)0;
+    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, false);
+    for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
+        Item m = item_of(a, it);
+        int64_t r = m.bh * a.T + m.t0;   // the chunk's first row of the op's rows
+        w.W = a.Wb + r * a.dk;
+        w.U = a.Ub + r * a.dv;
+        chunk_prepare(a, w, &sh, m.b, m.h, m.t0, m.L, NULL, PREP_SOLVE | PREP_W | PREP_U);
+        for (int i = tid; i < m.L; i += GDN_NT) a.ekb[r + i] = w.ek[i];
+        if (tid == 0) a.blb[m.bh * a.NC + m.c] = w.bm[m.L - 1];
+        __syncthreads();   // the next chunk rewrites ek and bm
+    }
+}
+
+// 2. Per (batch, head, block of GDN_BV columns of the state), the chunks in
+// order: S (columns j0 .. j0 + nv of S_T) runs from s0; the state entering
+// each chunk is kept, Delta = U - W S0 replaces U's rows, and
+// S_C = bl S0 + (diag(ek) K)^T Delta (bl = 0: S0 is not read).
+__global__ void __launch_bounds__(GDN_NT) k_gdn_fwd_scan(GdnArgs a) {
+    __shared__ Tiles sh;
+    int tid = threadIdx.x, dk = a.dk, dv = a.dv;
+    int64_t bh = blockIdx.x / a.NV, SS = (int64_t)dk * dv;
+    int b = (int)(bh / a.H), h = (int)(bh % a.H);
+    int j0 = (int)(blockIdx.x % a.NV) * GDN_BV, nv = min(GDN_BV, dv - j0);
+    real *S = a.sT + bh * SS + j0;
+    for (int e = tid; e < dk * nv; e += GDN_NT) {
+        int i = e / nv, j = e % nv;
+        S[(int64_t)i * dv + j] = a.s0 ? a.s0[bh * SS + (int64_t)i * dv + j0 + j] : (real)0;
+    }
     __syncthreads();
     for (int c = 0; c < a.NC; c++) {
         int t0 = c * a.C, L = min(a.C, a.T - t0);
-        if (a.saved)
-            for (int64_t e = tid; e < SS; e += GDN_NT) a.saved[((int64_t)bh * a.NC + c) * SS + e] = S[e];
-        chunk_prepare(a, w, &sh, b, h, t0, L, S);
-        // O = diag(b) Q S0 + P Delta
-        int64_t ok = ((int64_t)b * a.T + t0) * a.ldk + (int64_t)h * dk;
-        real *oc = a.o + ((int64_t)b * a.T + t0) * a.ldv + (int64_t)h * dv;
-        blk_gemm(&sh, false, false, L, dv, dk, 1, a.q + ok, a.ldk, S, dv, 0, oc, a.ldv);
+        int64_t r = bh * a.T + t0;
+        real *sv = a.states + (bh * a.NC + c) * SS + j0;
+        for (int e = tid; e < dk * nv; e += GDN_NT) {
+            int i = e / nv, j = e % nv;
+            sv[(int64_t)i * dv + j] = S[(int64_t)i * dv + j];
+        }
+        real *Dl = a.Ub + r * dv + j0;
+        blk_gemm(&sh, false, false, L, nv, dk, -1, a.Wb + r * dk, dk, S, dv, 1, Dl, dv);
+        const real *kc = a.k + ((int64_t)b * a.T + t0) * a.ldk + (int64_t)h * dk;
+        blk_gemm_s(&sh, true, false, dk, nv, L, 1, kc, a.ldk, a.ekb + r, Dl, dv, a.blb[bh * a.NC + c], S, dv);
+    }
+}
+
+// 3. Per chunk: O = diag(b) Q S0 + P Delta.
+__global__ void __launch_bounds__(GDN_NT) k_gdn_fwd_out(GdnArgs a) {
+    __shared__ Tiles sh;
+    int tid = threadIdx.x, dk = a.dk, dv = a.dv;
+    int64_t SS = (int64_t)dk * dv;
+    ChunkWs w;
+    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, dk, dv, false);
+    for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
+        Item m = item_of(a, it);
+        int L = m.L;
+        w.Dl = a.Ub + (m.bh * a.T + m.t0) * dv;
+        chunk_prepare(a, w, &sh, m.b, m.h, m.t0, L, NULL, PREP_P);
+        const real *S0 = a.states + (m.bh * a.NC + m.c) * SS;
+        int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
+        real *oc = a.o + ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * dv;
+        blk_gemm(&sh, false, false, L, dv, dk, 1, a.q + ok, a.ldk, S0, dv, 0, oc, a.ldv);
         for (int e = tid; e < L * dv; e += GDN_NT) {
             int i = e / dv, j = e % dv;
             oc[(int64_t)i * a.ldv + j] *= w.bm[i];
         }
         __syncthreads();
         blk_gemm(&sh, false, false, L, dv, L, 1, w.P, L, w.Dl, dv, 1, oc, a.ldv);
-        // S_C = b_{L-1} S0 + Kd^T Delta (bl = 0: a document starts at the
-        // chunk's last position, S0 is not read)
-        blk_gemm(&sh, true, false, dk, dv, L, 1, w.Kd, dk, w.Dl, dv, w.bm[L - 1], S, dv);
     }
 }
 
 // ---------------------------------------------------------------- chunked form: backward
 
+// 1. Per chunk: W into the op's rows, ek and bl as in the forward; with dO,
+// the terms of dDelta and of the entering state's gradient that do not go
+// through the state: P^T dO into the op's dDelta rows, Q^T diag(b) dO into
+// the chunk's dS slot.
+__global__ void __launch_bounds__(GDN_NT) k_gdn_bwd_prep(GdnArgs a) {
+    __shared__ Tiles sh;
+    int tid = threadIdx.x, dk = a.dk, dv = a.dv;
+    int64_t SS = (int64_t)dk * dv;
+    ChunkWs w;
+    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, dk, dv, true);
+    for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
+        Item m = item_of(a, it);
+        int L = m.L;
+        int64_t r = m.bh * a.T + m.t0;
+        w.W = a.Wb + r * dk;
+        chunk_prepare(a, w, &sh, m.b, m.h, m.t0, L, NULL, PREP_SOLVE | PREP_W | (a.dout ? PREP_P : 0));
+        for (int i = tid; i < L; i += GDN_NT) a.ekb[r + i] = w.ek[i];
+        if (tid == 0) a.blb[m.bh * a.NC + m.c] = w.bm[L - 1];
+        if (a.dout) {
+            int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
+            const real *dO = a.dout + ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * dv;
+            blk_gemm(&sh, true, false, L, dv, L, 1, w.P, L, dO, a.ldv, 0, a.Ub + r * dv, dv);   // P^T dO
+            for (int e = tid; e < L * dv; e += GDN_NT) {                                      // dY = diag(b) dO
+                int i = e / dv, c = e % dv;
+                w.Y[e] = w.bm[i] * dO[(int64_t)i * a.ldv + c];
+            }
+            __syncthreads();
+            blk_gemm(&sh, true, false, dk, dv, L, 1, a.q + ok, a.ldk, w.Y, dv, 0, a.dsb + (m.bh * a.NC + m.c) * SS,
+                     dv);   // Q^T dY
+        }
+        __syncthreads();   // the next chunk rewrites ek and bm
+    }
+}
+
+// 2. Per (batch, head, block of GDN_BV columns), the chunks in reverse: dS
+// (the gradient of the state leaving chunk c, columns j0 .. j0 + nv) runs
+// from dS_T; per chunk dDelta = Kd dS + P^T dO replaces the op's dDelta rows,
+// dS is kept in the chunk's slot (whose Q^T dY it reads first), and
+// dS <- bl dS + Q^T dY - W^T dDelta is the gradient of the state entering it.
+__global__ void __launch_bounds__(GDN_NT) k_gdn_bwd_scan(GdnArgs a) {
+    __shared__ Tiles sh;
+    int tid = threadIdx.x, dk = a.dk, dv = a.dv;
+    int64_t bh = blockIdx.x / a.NV, SS = (int64_t)dk * dv;
+    int b = (int)(bh / a.H), h = (int)(bh % a.H);
+    int j0 = (int)(blockIdx.x % a.NV) * GDN_BV, nv = min(GDN_BV, dv - j0);
+    bool has_do = a.dout != NULL;
+    real *dS = a.cur + bh * SS + j0;
+    for (int e = tid; e < dk * nv; e += GDN_NT) {
+        int i = e / nv, j = e % nv;
+        dS[(int64_t)i * dv + j] = a.dsT ? a.dsT[bh * SS + (int64_t)i * dv + j0 + j] : (real)0;
+    }
+    __syncthreads();
+    for (int c = a.NC - 1; c >= 0; c--) {
+        int t0 = c * a.C, L = min(a.C, a.T - t0);
+        int64_t r = bh * a.T + t0;
+        real *dD = a.Ub + r * dv + j0;
+        const real *kc = a.k + ((int64_t)b * a.T + t0) * a.ldk + (int64_t)h * dk;
+        blk_gemm_s(&sh, false, false, L, nv, dk, 1, kc, a.ldk, a.ekb + r, dS, dv, has_do ? (real)1 : (real)0, dD, dv);
+        real bl = a.blb[bh * a.NC + c];
+        real *sv = a.dsb + (bh * a.NC + c) * SS + j0;
+        for (int e = tid; e < dk * nv; e += GDN_NT) {
+            int64_t o = (int64_t)(e / nv) * dv + e % nv;
+            real y = has_do ? sv[o] : (real)0, d = dS[o];
+            sv[o] = d;
+            dS[o] = bl * d + y;
+        }
+        __syncthreads();
+        blk_gemm(&sh, true, false, dk, nv, L, -1, a.Wb + r * dk, dk, dD, dv, 1, dS, dv);
+    }
+    if (a.gs0)
+        for (int e = tid; e < dk * nv; e += GDN_NT) {
+            int i = e / nv, j = e % nv;
+            a.gs0[bh * SS + (int64_t)i * dv + j0 + j] = dS[(int64_t)i * dv + j];
+        }
+}
 
 // chunk_backward of gdn_chunk_backward.c for the chunk of L positions at t0,
-// its workspace filled by chunk_prepare: from w.dS (the gradient of the state
-// leaving the chunk) and the chunk's rows of dO, writes the chunk's rows of
-// the wanted gradients and w.dS0. All threads; ends with a barrier. Row
-// steps give a row to a thread; the (L, L) dGamma terms are summed by rows
-// and by columns, each sum by one thread.
+// its workspace filled by chunk_prepare, less what the scan did (dDelta and
+// the entering state's gradient): from w.dS (the gradient of the state
+// leaving the chunk), w.dDl and the chunk's rows of dO, writes the chunk's
+// rows of the wanted gradients. All threads; ends with a barrier. Row steps
+// give a row to a thread; the (L, L) dGamma terms are summed by rows and by
+// columns, each sum by one thread.
 __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red, int b, int h, int t0, int L,
                            const real *S0) {
     int tid = threadIdx.x, dk = a.dk, dv = a.dv, H = a.H, ldk = a.ldk, ldv = a.ldv;
@@ -343,14 +549,10 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
     for (int i = tid; i < L; i += GDN_NT) w.dG[i] = 0, w.dbeta[i] = 0;
     for (int e = tid; e < L * dk; e += GDN_NT) w.dK[e] = 0;
     double s = 0;
-    for (int64_t e = tid; e < SS; e += GDN_NT) {
-        w.dS0[e] = bl * w.dS[e];
-        s += (double)w.dS[e] * S0[e];
-    }
+    for (int64_t e = tid; e < SS; e += GDN_NT) s += (double)w.dS[e] * S0[e];
     s = cu_block_sum(s, red);   // begins with a barrier: dG is zeroed
     if (tid == 0) w.dG[L - 1] += bl * (real)s;
-    // dDelta = Kd dS; dKd = Delta dS^T (in dW).
-    blk_gemm(sh, false, false, L, dv, dk, 1, w.Kd, dk, w.dS, dv, 0, w.dDl, dv);
+    // dKd = Delta dS^T (in dW).
     blk_gemm(sh, false, true, L, dk, dv, 1, w.Dl, dv, w.dS, dv, 0, w.dW, dk);
     for (int j = tid; j < L; j += GDN_NT) {
         real e = w.ek[j];
@@ -378,9 +580,7 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
         }
         __syncthreads();
         if (gq) blk_gemm(sh, false, true, L, dk, dv, 1, w.Y, dv, S0, dv, 0, gq, ldk);   // dQ = dY S0^T
-        blk_gemm(sh, true, false, dk, dv, L, 1, q, ldk, w.Y, dv, 1, w.dS0, dv);         // dS0 += Q^T dY
         blk_gemm(sh, false, true, L, L, dv, 1, dO, ldv, w.Dl, dv, 0, w.dA, L);          // dP = dO Delta^T
-        blk_gemm(sh, true, false, L, dv, L, 1, w.P, L, dO, ldv, 1, w.dDl, dv);          // dDelta += P^T dO
         // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j.
         for (int x = tid; x < L; x += GDN_NT) {
             double r = 0, cs = 0;
@@ -401,9 +601,8 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
         for (int e = tid; e < L * dk; e += GDN_NT) gq[(int64_t)(e / dk) * ldk + e % dk] = 0;
     }
 
-    // Delta = U - W S0: dU = dDelta, dW = -dDelta S0^T, dS0 -= W^T dDelta.
+    // Delta = U - W S0: dU = dDelta, dW = -dDelta S0^T.
     blk_gemm(sh, false, true, L, dk, dv, -1, w.dDl, dv, S0, dv, 0, w.dW, dk);
-    blk_gemm(sh, true, false, dk, dv, L, -1, w.W, dk, w.dDl, dv, 1, w.dS0, dv);
     // W = Tm Xw, U = Tm Xu: dXw = Tm^T dW, dXu = Tm^T dU, dA = -(dXw W^T + dXu U^T).
     blk_gemm(sh, true, false, L, dk, L, 1, w.Tm, L, w.dW, dk, 0, w.dXw, dk);
     blk_gemm(sh, true, false, L, dv, L, 1, w.Tm, L, w.dDl, dv, 0, w.dXu, dv);
@@ -461,26 +660,24 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
     __syncthreads();
 }
 
-__global__ void __launch_bounds__(GDN_NT) k_gdn_chunk_bwd(GdnArgs a) {
+// 3. Per chunk: everything of the chunk again (W from the op's rows) and its
+// input gradients from S0, dS (the scan's slot) and dDelta (the scan's rows).
+__global__ void __launch_bounds__(GDN_NT) k_gdn_bwd_chunk(GdnArgs a) {
     __shared__ Tiles sh;
     __shared__ double red[32];
-    int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, tid = threadIdx.x;
     int64_t SS = (int64_t)a.dk * a.dv;
     ChunkWs w;
-    chunk_ws_layout(&w, a.ws + (size_t)bh * a.ws_stride, a.Cw, a.dk, a.dv, true);
-    for (int64_t e = tid; e < SS; e += GDN_NT) w.dS[e] = a.dsT ? a.dsT[(int64_t)bh * SS + e] : (real)0;
-    __syncthreads();
-    for (int c = a.NC - 1; c >= 0; c--) {
-        int t0 = c * a.C, L = min(a.C, a.T - t0);
-        const real *S0 = a.saved + ((int64_t)bh * a.NC + c) * SS;
-        chunk_prepare(a, w, &sh, b, h, t0, L, S0);
-        chunk_back(a, w, &sh, red, b, h, t0, L, S0);
-        real *t = w.dS;   // the gradient entering this chunk leaves the one before
-        w.dS = w.dS0;
-        w.dS0 = t;
+    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, true);
+    for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
+        Item m = item_of(a, it);
+        int64_t r = m.bh * a.T + m.t0;
+        w.W = a.Wb + r * a.dk;
+        w.dDl = a.Ub + r * a.dv;
+        w.dS = a.dsb + (m.bh * a.NC + m.c) * SS;
+        const real *S0 = a.states + (m.bh * a.NC + m.c) * SS;
+        chunk_prepare(a, w, &sh, m.b, m.h, m.t0, m.L, S0, PREP_SOLVE | PREP_U | PREP_DL | (a.dout ? PREP_P : 0));
+        chunk_back(a, w, &sh, red, m.b, m.h, m.t0, m.L, S0);
     }
-    if (a.gs0)
-        for (int64_t e = tid; e < SS; e += GDN_NT) a.gs0[(int64_t)bh * SS + e] = w.dS[e];
 }
 
 // ---------------------------------------------------------------- gradients out
@@ -527,23 +724,58 @@ static void gdn_grads_finish(const GdnGrads *gr) {
 
 // ---------------------------------------------------------------- chunked form: the pair
 
+// The op's rows shared by the kernels of a pass (GdnArgs), from the arena.
+static void chunk_rows(Node *n, GdnArgs *a) {
+    int64_t BH = (int64_t)a->B * a->H, rows = BH * a->T;
+    a->items = BH * a->NC;
+    a->NV = (a->dv + GDN_BV - 1) / GDN_BV;
+    a->Wb = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dk) * sizeof(real));
+    a->Ub = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dv) * sizeof(real));
+    a->ekb = (real *)tape_dalloc(n->tape, (size_t)rows * sizeof(real));
+    a->blb = (real *)tape_dalloc(n->tape, (size_t)a->items * sizeof(real));
+}
+
 extern "C" void cu_gdn_chunk_forward(Node *n) {
+    static int res_prep = 0, res_out = 0;
+    if (!res_prep) res_prep = resident_blocks(k_gdn_fwd_prep);
+    if (!res_out) res_out = resident_blocks(k_gdn_fwd_out);
     GdnArgs a = gdn_args(n);
+    chunk_rows(n, &a);
+    int64_t SS = (int64_t)a.dk * a.dv;
+    a.states = a.saved ? a.saved : (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
+    int gp = chunk_grid(a.items, res_prep), go = chunk_grid(a.items, res_out);
     a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, false);
-    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * a.B * a.H);
-    k_gdn_chunk_fwd<<<a.B * a.H, GDN_NT, 0, cu_stream>>>(a);
+    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > go ? gp : go));
+    k_gdn_fwd_prep<<<gp, GDN_NT, 0, cu_stream>>>(a);
+    CU_LAUNCHED();
+    k_gdn_fwd_scan<<<a.B * a.H * a.NV, GDN_NT, 0, cu_stream>>>(a);
+    CU_LAUNCHED();
+    k_gdn_fwd_out<<<go, GDN_NT, 0, cu_stream>>>(a);
     CU_LAUNCHED();
 }
 
 extern "C" void cu_gdn_chunk_backward(Node *n) {
+    static int res_prep = 0, res_chunk = 0;
+    if (!res_prep) res_prep = resident_blocks(k_gdn_bwd_prep);
+    if (!res_chunk) res_chunk = resident_blocks(k_gdn_bwd_chunk);
     GdnArgs a = gdn_args(n);
     a.dout = n->out[0]->grad;
     a.dsT = n->out[1]->grad;
     GdnGrads gr;
     gdn_grads_plan(n, &gr, &a);
+    chunk_rows(n, &a);
+    int64_t SS = (int64_t)a.dk * a.dv;
+    a.states = a.saved;
+    a.dsb = (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
+    a.cur = (real *)tape_dalloc(n->tape, (size_t)((int64_t)a.B * a.H * SS) * sizeof(real));
+    int gp = chunk_grid(a.items, res_prep), gc = chunk_grid(a.items, res_chunk);
     a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, true);
-    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * a.B * a.H);
-    k_gdn_chunk_bwd<<<a.B * a.H, GDN_NT, 0, cu_stream>>>(a);
+    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > gc ? gp : gc));
+    k_gdn_bwd_prep<<<gp, GDN_NT, 0, cu_stream>>>(a);
+    CU_LAUNCHED();
+    k_gdn_bwd_scan<<<a.B * a.H * a.NV, GDN_NT, 0, cu_stream>>>(a);
+    CU_LAUNCHED();
+    k_gdn_bwd_chunk<<<gc, GDN_NT, 0, cu_stream>>>(a);
     CU_LAUNCHED();
     gdn_grads_finish(&gr);
 }

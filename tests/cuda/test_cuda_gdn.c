@@ -3,7 +3,10 @@
 // multiple of the chunk and T = 1, chunks of 16 and 64, dk = dv and dk != dv,
 // decay regimes, one output at a time, one tensor as several inputs,
 // gradients accumulated over two nodes with the state carried between them,
-// and the GPU's two forms against each other.
+// and the GPU's two forms against each other. The chunked form's
+// decomposition (chunks side by side, the state scanned by blocks of its
+// columns): rows of many chunks with documents at and between chunk edges,
+// dv off the column block, and repeat runs bit for bit.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -142,6 +145,39 @@ Test(cuda_gdn, documents) {
         int one[2] = {1, 1};
         check_gdn(FORMS[f], 2, 1, 2, 32, 32, 16, REG_PLAIN, true, one, 3, 71);
     }
+}
+
+Test(cuda_gdn, chunks_side_by_side_long_rows) {
+    // The chunked form runs the chunks side by side and scans the state by
+    // blocks of 32 of its dv columns (gdn.cu). One row of many chunks (66 of
+    // 16, the last partial), documents beginning at the first token, at chunk
+    // edges, just after one, inside chunks, at a chunk's last position and at
+    // the last token; dv = 40 (a whole column block and a partial one).
+    enum { T = 1050 };
+    static int doc[T];
+    static const int starts[] = {0, 16, 37, 63, 64, 200, 415, 416, 417, 700, 701, 1023, T - 1};
+    memset(doc, 0, sizeof doc);
+    for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++) doc[starts[i]] = 1;
+    for (int s = 0; s < 2; s++) {
+        check_gdn(MIXER_FORM_CHUNKED, 1, T, 2, 16, 40, 16, REG_PLAIN, s, NULL, 3, 400 + s);
+        check_gdn(MIXER_FORM_CHUNKED, 1, T, 2, 16, 40, 16, REG_PLAIN, s, doc, 3, 402 + s);
+    }
+    check_gdn(MIXER_FORM_CHUNKED, 1, T, 1, 32, 32, 64, REG_G_M20, true, doc, 3, 404);
+}
+
+Test(cuda_gdn, state_column_blocks) {
+    // dv of one column block plus one column, of two and a quarter blocks,
+    // and under one block; each output alone (the scans with no dO, no dS_T);
+    // documents in some rows only.
+    enum { B = 2, T = 300 };
+    static int doc[B * T];
+    memset(doc, 0, sizeof doc);
+    doc[64] = doc[100] = doc[T + 128] = doc[T + 129] = doc[T + 191] = 1;
+    for (int outs = 1; outs <= 3; outs++) {
+        check_gdn(MIXER_FORM_CHUNKED, B, T, 1, 24, 33, 64, REG_PLAIN, true, doc, outs, 420 + outs);
+        check_gdn(MIXER_FORM_CHUNKED, B, T, 2, 16, 72, 16, REG_PLAIN, outs != 2, NULL, outs, 424 + outs);
+    }
+    check_gdn(MIXER_FORM_CHUNKED, B, T, 3, 40, 20, 32, REG_G_ZERO, true, doc, 3, 428);
 }
 
 Test(cuda_gdn, one_output_at_a_time) {
@@ -314,5 +350,23 @@ Test(cuda_gdn, a_run_repeats_bit_for_bit) {
         gpu_run_free(&a);
         gpu_run_free(&b);
     }
+    free_inputs(x);
+    // The chunked form on a row of many chunks with documents: more chunks
+    // than the per-chunk kernels have blocks on a small GPU share, and the
+    // scans' column blocks.
+    enum { T = 2100 };
+    static int doc[T];
+    memset(doc, 0, sizeof doc);
+    doc[0] = doc[48] = doc[1000] = doc[1001] = doc[2047] = 1;
+    make_inputs(x, 1, T, 3, 16, 40, REG_PLAIN, true, true, 301);
+    GdnCtx c = {3, 16, MIXER_FORM_CHUNKED, doc, 3};
+    GpuRun a = gpu_run(x, &c), b = gpu_run(x, &c);
+    cr_assert(memcmp(a.o, b.o, (size_t)a.n_o * sizeof(real)) == 0, "long row: o differs");
+    cr_assert(memcmp(a.sT, b.sT, (size_t)a.n_s * sizeof(real)) == 0, "long row: S_T differs");
+    for (int i = 0; i < N_IN; i++)
+        cr_assert(memcmp(a.grad[i], b.grad[i], (size_t)x[i]->numel * sizeof(real)) == 0, "long row: gradient %d differs",
+                  i);
+    gpu_run_free(&a);
+    gpu_run_free(&b);
     free_inputs(x);
 }
