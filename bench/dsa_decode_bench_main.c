@@ -46,7 +46,7 @@ static double time_decode(const char *kind, int topk, int n, int steps, Rng *r) 
     params_init(&ps);
     Mixer *m = mixer_create(kind, &cfg, &ps, "bench.");
     params_finalize(&ps, 1);
-    void *cache = m->kind->cache_new(m, 1, n + WARM + steps);
+    void *cache = m->kind->cache_new(m, 1, n + WARM + steps, DEVICE_CPU);
     Tape tp;
     tape_init(&tp);
     tape_no_grad_push(&tp);

@@ -450,7 +450,7 @@ static void run_decode(const Options *o, FILE *tsv) {
         Layer L;
         layer_make(&L, row->kind, MIXER_FORM_RECURRENT);
         const MixerKind *k = L.m->kind;
-        void *cache = k->cache_new(L.m, 1, max_pos + DECODE_WINDOW + 1);
+        void *cache = k->cache_new(L.m, 1, max_pos + DECODE_WINDOW + 1, DEVICE_CPU);
         Tensor *u = tensor_newv(false, 3, 1, 1, D_MODEL);
         Rng r;
         rng_seed(&r, 3);

@@ -11,12 +11,6 @@
 #include "lm.h"
 #include "test_docs_util.h"
 
-#ifdef AG_DOUBLE
-#define DECODE_TOL 1e-9   // MODEL.md, Decoding
-#else
-#define DECODE_TOL 1e-4
-#endif
-
 enum { D = 8, H = 2, DK = 4, DV = 4, CHUNK = 4, B = 2 };
 
 // Windows of 6, 2 (shorter than the convolution's history of 3) and 6
@@ -74,7 +68,7 @@ static void check_mixer(const char *kind, MixerForm form, int conv, bool docs) {
         memcpy(uw->data + b * T_WIN * D, u->data + b * T_ALL * D, (size_t)T_WIN * D * sizeof(real));
     slice_flags(wflags, flags, T_ALL, 0, T_WIN);
     m->kind->forward(&tp, m, uw, docs ? wflags : NULL, NULL, &s_win);
-    void *cache = m->kind->cache_new(m, B, 1);
+    void *cache = m->kind->cache_new(m, B, 1, DEVICE_CPU);
     Tape tw;
     tape_init(&tw);
     for (int w = 0, t0 = 0; w < N_WIN; t0 += WINDOWS[w++]) {

@@ -13,12 +13,6 @@
 #include "lm.h"
 #include "test_docs_util.h"
 
-#ifdef AG_DOUBLE
-#define DECODE_TOL 1e-9   // MODEL.md, Decoding
-#else
-#define DECODE_TOL 1e-4
-#endif
-
 enum { D = 8, H = 2, DK = 4, DV = 4, CHUNK = 4 };
 
 // One mixer of a kind and form, its layer configuration as in the mixers'
@@ -215,7 +209,7 @@ Test(docs_layers, decode_with_resets_equals_forward) {
         tape_no_grad_push(&tp);
         tape_no_grad_push(&ts);
         Tensor *y = L.m->kind->forward(&tp, L.m, u, docs, NULL, NULL);
-        void *cache = L.m->kind->cache_new(L.m, B, T);
+        void *cache = L.m->kind->cache_new(L.m, B, T, DEVICE_CPU);
         for (int t = 0; t < T; t++) {
             Tensor *ut = tape_tensorv(&ts, 3, B, 1, D);
             for (int b = 0; b < B; b++) {
@@ -256,7 +250,7 @@ Test(docs_layers, rope_positions_restart_in_forward_and_decoding) {
     cr_assert_null(attn_doc_positions(&tp, NULL, 2, T));
     MixerConfig c = mixer_config_default(D, H, DK, DV);
     KVCache kc;
-    kvcache_init(&kc, &c, 2, 8);
+    kvcache_init(&kc, &c, 2, 8, DEVICE_CPU);
     kc.pos = 5;
     cr_assert_null(kvcache_positions(&tp, &kc, 2), "no reset: positions pos + t");
     kvcache_reset(&kc, 1);

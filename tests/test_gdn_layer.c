@@ -196,7 +196,7 @@ static void check_decode(int conv) {
     tape_no_grad_push(&tp);
     Tensor *sT = NULL;
     Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, &sT);
-    void *cache = m->kind->cache_new(m, B, T);
+    void *cache = m->kind->cache_new(m, B, T, DEVICE_CPU);
     Tensor *ut = tensor_newv(false, 3, B, 1, D);
     real *yt_full = xmalloc((size_t)B * D * sizeof(real));
     for (int t = 0; t < T; t++) {
@@ -227,7 +227,7 @@ Test(gdn_layer, decode_step_equals_chunked_forward) {
 Test(gdn_layer, step_refuses_grad_mode) {
     ParamStore ps;
     Mixer *m = make_gdn(&ps, 8, 2, 4, 4, 4, MIXER_FORM_CHUNKED, 1);
-    void *cache = m->kind->cache_new(m, 1, 4);
+    void *cache = m->kind->cache_new(m, 1, 4, DEVICE_CPU);
     Tensor *u = tensor_newv(false, 3, 1, 1, 8);
     Tape tp;
     tape_init(&tp);

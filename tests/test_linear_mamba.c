@@ -124,7 +124,7 @@ static void check_decode(const char *kind, MixerForm form, int conv_size) {
     Tape tp;
     tape_init(&tp);
     Tensor *y = L.m->kind->forward(&tp, L.m, u, NULL, NULL, NULL);
-    void *cache = L.m->kind->cache_new(L.m, B, T);
+    void *cache = L.m->kind->cache_new(L.m, B, T, DEVICE_CPU);
     Tape ts;
     tape_init(&ts);
     tape_no_grad_push(&ts);

@@ -40,7 +40,7 @@ static void check_step_equals_forward(int B, int T, int C, int W) {
     fill_normal(x, 12, 1.0);
     Tensor *full = shortconv_forward(&tp, &c, x, NULL);
     ShortConvCache cc;
-    shortconv_cache_init(&cc, &c, B);
+    shortconv_cache_init(&cc, &c, B, DEVICE_CPU);
     for (int t = 0; t < T; t++) {
         Tensor *xt = op_slice(&tp, x, 1, t, 1);
         Tensor *yt = shortconv_step(&tp, &c, &cc, xt);

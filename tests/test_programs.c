@@ -65,6 +65,7 @@ Test(programs, generate_checks_its_arguments, .timeout = 120) {
         {"--temperature", "-1", "generate: --temperature: -1 is out of range [0, 1e+06]"},
         {"--top-k", "1e3", "generate: --top-k: '1e3' is not an integer"},
         {"--seed", "-3", "generate: --seed: '-3' is not an integer in [0, 2^64)"},
+        {"--device", "gpu", "generate: --device: 'gpu' is not a device (cpu or cuda)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *out, *err;
@@ -100,6 +101,14 @@ Test(programs, generate_checks_its_arguments, .timeout = 120) {
                     &err);
     cr_assert(code == 2 && strstr(err, "not both"), "%s", err);
     free(out), free(err);
+    if (!device_cuda_built()) {   // a CPU build says why it cannot decode on a GPU, and what to do instead
+        code = generate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--device", "cuda", NULL}, &out, &err);
+        cr_assert(code == 2 && strstr(err, "--device cuda: this build has no CUDA backend") &&
+                      strstr(err, "--device cpu"),
+                  "%s", err);
+        cr_assert_str_eq(out, "");
+        free(out), free(err);
+    }
     code = generate(dir, (char *[]){"--checkpoint", "/nonexistent.h5", NULL}, &out, &err);
     cr_assert(code == 2 && strstr(err, "/nonexistent.h5: cannot open checkpoint"), "%s", err);
     free(out), free(err);

@@ -110,4 +110,11 @@ const char *test_use_backend(int i);
 #define FORM_TOL 1e-4
 #endif
 
+// Token-by-token decoding against the parallel forward (MODEL.md, Decoding).
+#ifdef AG_DOUBLE
+#define DECODE_TOL 1e-9
+#else
+#define DECODE_TOL 1e-4
+#endif
+
 #endif

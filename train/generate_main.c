@@ -38,6 +38,8 @@ static void usage(FILE *f) {
             "  --seed S             sampling seed, 0..2^64-1 (default 1)\n"
             "  --threads N          threads for decoding, 1..%d (default: 1 below 10M parameters, where one\n"
             "                       token's work is too small to share, else all cores)\n"
+            "  --device D           cpu (default) or cuda: decode on the GPU (a build with -DAG_CUDA=ON;\n"
+            "                       not for models with attn_dsa layers yet)\n"
             "  --no-echo            print only the sampled text, not the prompt\n"
             "  --check              verify token-by-token logits against the parallel forward (at most %d\n"
             "                       positions in all)\n"
@@ -143,6 +145,7 @@ typedef struct GenArgs {
     double temperature;
     uint64_t seed;
     bool check, echo;
+    Device device;
 } GenArgs;
 
 // 0: parsed; 1: --help shown; 2: bad arguments (reported).
@@ -168,7 +171,14 @@ static int parse_args(int argc, char **argv, GenArgs *a) {
         else if (!strcmp(o, "--threads")) ok = parse_int(o, argv[++i], 1, MODEL_MAX_THREADS, &a->threads);
         else if (!strcmp(o, "--temperature")) ok = parse_real(o, argv[++i], 0, 1e6, &a->temperature);
         else if (!strcmp(o, "--seed")) ok = parse_u64(o, argv[++i], &a->seed);
-        else {
+        else if (!strcmp(o, "--device")) {
+            int d = device_parse(argv[++i]);
+            if (d < 0) {
+                fprintf(stderr, "generate: --device: '%s' is not a device (cpu or cuda)\n", argv[i]);
+                return 2;
+            }
+            a->device = (Device)d;
+        } else {
             fprintf(stderr, "generate: unknown argument '%s' (see generate --help)\n", o);
             return 2;
         }
@@ -242,10 +252,11 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     int *order = xmalloc((size_t)V * sizeof(int));
     Rng rng;
     rng_seed(&rng, a->seed);
+    real *logits = xmalloc((size_t)V * sizeof(real));   // this step's, on the host
     Tape tp;
-    tape_init(&tp);
+    tape_init_on(&tp, a->device);
     tape_no_grad_push(&tp);
-    LMCache *cache = lm_cache_new(lm, 1, (int)total);
+    LMCache *cache = lm_cache_new_on(lm, 1, (int)total, a->device);
     if (a->echo && !unconditional) fwrite(prompt, 1, (size_t)n_prompt, stdout);
     fflush(stdout);
     double t0 = runlog_now(), t_gen = 0;
@@ -253,9 +264,10 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
         if (n == n_in) t_gen = runlog_now();
         if (docs_after_eot && n > 0 && tokens[n - 1] == tk->eot) lm_cache_reset_row(lm, cache, 0);
         Tensor *lg = lm_step(&tp, lm, cache, &tokens[n]);
-        if (step_logits) memcpy(step_logits + (size_t)n * V, lg->data, (size_t)V * sizeof(real));
+        dev_to_host(logits, lg->data, (size_t)V * sizeof(real), a->device);
+        if (step_logits) memcpy(step_logits + (size_t)n * V, logits, (size_t)V * sizeof(real));
         if (n + 1 >= n_in && n + 1 < total) {
-            int next = sample(lg->data, V, a->temperature, (int)a->top_k, &rng, probs, order);
+            int next = sample(logits, V, a->temperature, (int)a->top_k, &rng, probs, order);
             tokens[n + 1] = next;
             fwrite(piece, 1, (size_t)tokenizer_stream_push(tk, &ts, next, piece), stdout);   // whole characters
             fflush(stdout);
@@ -267,21 +279,29 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     printf("\n");
     fflush(stdout);
     double gen_s = t_gen > 0 ? t_end - t_gen : 0;
-    fprintf(stderr, "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (%d thread%s, GEMM %s)\n",
-            (long long)n_in, a->max_tokens, t_end - t0, gen_s > 0 ? (double)(total - n_in) / gen_s : 0.0, threads,
-            threads == 1 ? "" : "s", blas_backend_name(blas_backend));
+    double tps = gen_s > 0 ? (double)(total - n_in) / gen_s : 0.0;
+    if (a->device == DEVICE_CPU)
+        fprintf(stderr, "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (%d thread%s, GEMM %s)\n",
+                (long long)n_in, a->max_tokens, t_end - t0, tps, threads, threads == 1 ? "" : "s",
+                blas_backend_name(blas_backend));
+    else
+        fprintf(stderr, "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (GPU %s)\n",
+                (long long)n_in, a->max_tokens, t_end - t0, tps, device_describe(a->device));
     int code = 0;
     if (a->check) {
         int *flags = xcalloc((size_t)total, sizeof *flags);   // the same document starts, in parallel
         for (int64_t n = 1; docs_after_eot && n < total; n++) flags[n] = tokens[n - 1] == tk->eot;
-        Tensor *par = lm_forward_docs(&tp, lm, tokens, flags, 1, (int)total, NULL, NULL);
+        Tensor *pt = lm_forward_docs(&tp, lm, tokens, flags, 1, (int)total, NULL, NULL);
         free(flags);
+        real *par = xmalloc((size_t)pt->numel * sizeof(real));
+        dev_to_host(par, pt->data, (size_t)pt->numel * sizeof(real), a->device);
         // Normwise relative difference: max |a - b| / max |a| (docs/MODEL.md, project notes).
         double worst = 0, scale = 0;
-        for (int64_t i = 0; i < par->numel; i++) {
-            scale = fmax(scale, fmax(fabs((double)par->data[i]), fabs((double)step_logits[i])));
-            worst = fmax(worst, fabs((double)par->data[i] - step_logits[i]));
+        for (int64_t i = 0; i < pt->numel; i++) {
+            scale = fmax(scale, fmax(fabs((double)par[i]), fabs((double)step_logits[i])));
+            worst = fmax(worst, fabs((double)par[i] - step_logits[i]));
         }
+        free(par);
         worst = scale > 0 ? worst / scale : worst;
 #ifdef AG_DOUBLE
         double tol = 1e-9;
@@ -298,6 +318,7 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     tape_free(&tp);
     free(tokens);
     free(step_logits);
+    free(logits);
     free(probs);
     free(order);
     return code;
@@ -321,6 +342,22 @@ int main(int argc, char **argv) {
         config_free(&cfg);
         free(prompt);
         return 2;
+    }
+    if (a.device != DEVICE_CPU) {   // the model is loaded on the host: now its values move
+        char err[512];
+        const char *why = NULL;
+        if (!device_cuda_init(err, sizeof err)) why = err;
+        else if (lm_dsa_count(&lm) > 0) why = "the model has attn_dsa layers, whose decoding runs on the CPU only";
+        if (why) {
+            fprintf(stderr, "generate: --device cuda: %s; or decode on the CPU: --device cpu\n", why);
+            tokenizer_free(&tok);
+            lm_destroy(&lm);
+            params_free(&ps);
+            config_free(&cfg);
+            free(prompt);
+            return 2;
+        }
+        params_to_device(&ps, a.device);
     }
     code = run(&a, &lm, &ps, &tok, prompt, n_prompt, strcmp(cfg.data.documents, "none") != 0 && tok.eot >= 0);
     tokenizer_free(&tok);

@@ -30,10 +30,19 @@ void cu_free(void *p);
 void cu_zero(void *p, size_t bytes);
 void cu_to_host(void *dst, const void *src, size_t bytes);
 void cu_from_host(void *dst, const void *src, size_t bytes);
+// Device to device, queued on the stream (regions must not overlap).
+void cu_copy(void *dst, const void *src, size_t bytes);
+void cu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height);
 void cu_add_from_host(real *dst, const real *src, int64_t n);
 void cu_fill(real *p, int64_t n, real v);
 void cu_sync(const char *where);
 void cu_set_tf32(bool on);
+
+// ---- decoding (src/cuda/attn_decode.cu): attn_decode_forward's GPU twin.
+// key0: (B) on the host (checked), key0_dev: the same on the GPU. Scratch
+// from tp's device arena.
+void cu_attn_decode(Tape *tp, real *o, const real *q, const real *kc, const real *vc, int B, int max_T, int n_keys,
+                    const int *key0, const int *key0_dev, int H, int dk, int dv, double scale);
 
 // ---- ops (src/cuda/ops_*.cu), named after their CPU twins ----
 void cu_matmul_forward(Node *n);        // ops_matmul.cu (cuBLAS)

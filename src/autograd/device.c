@@ -91,6 +91,27 @@ void dev_from_host(void *dst, Device dst_dev, const void *src, size_t bytes) {
     if (bytes) memcpy(dst, src, bytes);
 }
 
+void dev_copy(Device d, void *dst, const void *src, size_t bytes) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) {
+        cu_copy(dst, src, bytes);
+        return;
+    }
+#endif
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+void dev_copy2d(Device d, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) {
+        cu_copy2d(dst, dpitch, src, spitch, width, height);
+        return;
+    }
+#endif
+    for (size_t r = 0; r < height && width; r++)
+        memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}
+
 void dev_add_from_host(Device d, real *dst, const real *src, int64_t n) {
 #ifdef AG_CUDA
     if (d == DEVICE_CUDA) {

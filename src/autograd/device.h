@@ -36,6 +36,11 @@ void dev_zero(Device d, void *p, size_t bytes);                  // asynchronous
 // Copies between the host and a device. To the host: waits for the stream.
 void dev_to_host(void *dst, const void *src, size_t bytes, Device src_dev);
 void dev_from_host(void *dst, Device dst_dev, const void *src, size_t bytes);
+// Within one device (regions must not overlap; asynchronous on the GPU):
+// bytes from src to dst, and `height` rows of `width` bytes, row r from
+// src + r * spitch to dst + r * dpitch.
+void dev_copy(Device d, void *dst, const void *src, size_t bytes);
+void dev_copy2d(Device d, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height);
 // dst[i] += src[i] for i < n, src in host memory, dst on the device (seeding
 // a backward; float64 or float32 as `real`).
 void dev_add_from_host(Device d, real *dst, const real *src, int64_t n);

@@ -104,6 +104,7 @@ void params_to_device(ParamStore *ps, Device device) {
         Tensor *t = ps->params[i];
         t->data = ps->data + ps->offsets[i];
         t->grad = t->requires_grad ? ps->grad + ps->offsets[i] : NULL;
+        if (device == DEVICE_CUDA) t->flags |= TENSOR_ON_GPU;
     }
 }
 

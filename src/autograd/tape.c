@@ -171,6 +171,7 @@ static Tensor *tensor_in_arena(Tape *tp, int ndim, const int *shape) {
         t->shape[i] = shape[i];
     }
     t->numel = shape_numel(ndim, shape);
+    if (tp->device == DEVICE_CUDA) t->flags |= TENSOR_ON_GPU;
     return t;
 }
 
@@ -193,6 +194,12 @@ Tensor *tape_tensor_copy(Tape *tp, int ndim, const int *shape, const real *src) 
     return t;
 }
 
+Tensor *tape_tensor_copy_dev(Tape *tp, int ndim, const int *shape, const real *src) {
+    Tensor *t = tape_tensor(tp, ndim, shape);
+    dev_copy(tp->device, t->data, src, (size_t)t->numel * sizeof(real));
+    return t;
+}
+
 Tensor *tape_tensorv(Tape *tp, int ndim, ...) {
     int shape[TENSOR_MAX_DIMS] = {0};
     va_list ap;
@@ -208,7 +215,15 @@ Node *tape_op(Tape *tp, const OpDef *op, Tensor *const *in, int n_in, Tensor *co
     bool needs = false;
     for (int i = 0; i < n_in; i++) {
         ASSERT(in[i] != NULL || i > 0, "op '%s': input %d is NULL", op->name, i);
-        if (in[i] && in[i]->requires_grad) needs = true;
+        if (!in[i]) continue;
+        if (in[i]->requires_grad) needs = true;
+        bool on_gpu = (in[i]->flags & TENSOR_ON_GPU) != 0;
+        ASSERT(on_gpu == (tp->device == DEVICE_CUDA),
+               "op '%s': input %d %s ('%s') lives in %s memory but the tape runs on the %s: give a %s tape "
+               "tensors made on it (tape_tensor_copy copies host data in) and parameters moved there "
+               "(params_to_device)",
+               op->name, i, SHAPE(in[i]), in[i]->name ? in[i]->name : "?", on_gpu ? "GPU" : "host",
+               device_name(tp->device), device_name(tp->device));
     }
     bool rec = needs && tape_grad_enabled(tp);
     ASSERT(tp->device == DEVICE_CPU || (op->cuda_forward && op->cuda_backward),
@@ -365,5 +380,29 @@ void tensor_free(Tensor *t) {
     if (!t) return;
     free(t->data);
     free(t->grad);
+    free(t);
+}
+
+Tensor *tensor_new_on(Device d, int ndim, const int *shape) {
+    if (d == DEVICE_CPU) return tensor_new(ndim, shape, false);
+    ASSERT(ndim >= 1 && ndim <= TENSOR_MAX_DIMS, "tensors have 1 to %d dimensions, asked for %d",
+           TENSOR_MAX_DIMS, ndim);
+    Tensor *t = xcalloc(1, sizeof *t);
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    t->numel = shape_numel(ndim, shape);
+    t->data = dev_alloc(d, (size_t)t->numel * sizeof(real));
+    dev_zero(d, t->data, (size_t)t->numel * sizeof(real));
+    if (d == DEVICE_CUDA) t->flags |= TENSOR_ON_GPU;
+    return t;
+}
+
+void tensor_free_on(Device d, Tensor *t) {
+    if (!t) return;
+    if (d == DEVICE_CPU) {
+        tensor_free(t);
+        return;
+    }
+    dev_free(d, t->data);
     free(t);
 }

@@ -101,6 +101,7 @@ unsigned char *tape_thread_slots(Tape *tp, size_t bytes, size_t *stride);
 Tensor *tape_tensor(Tape *tp, int ndim, const int *shape);        // data uninitialised
 Tensor *tape_tensor_zeros(Tape *tp, int ndim, const int *shape);
 Tensor *tape_tensor_copy(Tape *tp, int ndim, const int *shape, const real *src);   // src in host memory
+Tensor *tape_tensor_copy_dev(Tape *tp, int ndim, const int *shape, const real *src);   // src on the tape's device
 // Convenience: tape_tensorN(tp, ndim, d0, d1, ...).
 Tensor *tape_tensorv(Tape *tp, int ndim, ...);
 
@@ -146,6 +147,10 @@ real *tensor_grad_fresh(Tape *tp, Tensor *t, bool *fresh);
 Tensor *tensor_new(int ndim, const int *shape, bool requires_grad);
 Tensor *tensor_newv(bool requires_grad, int ndim, ...);
 void tensor_free(Tensor *t);
+// The same (zeros, no gradient) in a device's memory, for state kept across
+// steps (decode caches); free with tensor_free_on and the same device.
+Tensor *tensor_new_on(Device d, int ndim, const int *shape);
+void tensor_free_on(Device d, Tensor *t);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,8 @@ enum {
     TENSOR_PARAM = 1u << 0,   // lives in a ParamStore
     TENSOR_NO_DECAY = 1u << 1,// AdamW applies no weight decay (norm gains, biases, A_log, dt_bias, D)
     TENSOR_FROZEN = 1u << 2,  // a parameter that takes no gradient
+    TENSOR_ON_GPU = 1u << 3,  // data (and grad) live in GPU memory: a GPU tape's tensors, parameters moved
+                              // with params_to_device, tensor_new_on(DEVICE_CUDA); ops check it (tape_op)
 };
 
 typedef struct Tensor {

@@ -15,6 +15,19 @@ static char cu_desc[256];
 static real *cu_stage;
 static int64_t cu_stage_n;
 
+// A copy from pageable host memory makes cudaMemcpyAsync wait for the
+// stream first, so every small one (token ids, RoPE frequencies, document
+// flags: several per decoded token) used to stall the host until the GPU
+// had caught up. Copies up to CU_PIN_MAX bytes go through a ring of pinned
+// host memory instead: memcpy into it, then a copy the stream runs when it
+// gets there. A byte of the ring is written again only after the stream has
+// passed every copy queued before: when the ring is full the host waits for
+// the stream once and starts again at 0 (so does every cu_sync).
+#define CU_PIN_BYTES ((size_t)8 << 20)
+#define CU_PIN_MAX ((size_t)256 << 10)
+static unsigned char *cu_pin;
+static size_t cu_pin_at;
+
 extern "C" bool cu_init(char *err, size_t n) {
     if (cu_ready) return true;
     int count = 0;
@@ -32,6 +45,8 @@ extern "C" bool cu_init(char *err, size_t n) {
     }
     CU_CHECK(cudaSetDevice(0));
     CU_CHECK(cudaStreamCreateWithFlags(&cu_stream, cudaStreamNonBlocking));
+    CU_CHECK(cudaMallocHost((void **)&cu_pin, CU_PIN_BYTES));
+    cu_pin_at = 0;
     CUBLAS_CHECK(cublasCreate(&cu_blas));
     CUBLAS_CHECK(cublasSetStream(cu_blas, cu_stream));
     // Strict IEEE float32 products unless a caller asks for TF32 (docs/cuda.md).
@@ -75,9 +90,27 @@ extern "C" void cu_to_host(void *dst, const void *src, size_t bytes) {
 
 extern "C" void cu_from_host(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
+    if (bytes <= CU_PIN_MAX) {
+        size_t need = (bytes + 255) & ~(size_t)255;
+        if (cu_pin_at + need > CU_PIN_BYTES) cu_sync("the pinned copy ring");   // resets cu_pin_at
+        unsigned char *p = cu_pin + cu_pin_at;
+        cu_pin_at += need;
+        memcpy(p, src, bytes);   // the caller may reuse src at once
+        CU_CHECK(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, cu_stream));
+        return;
+    }
     // From pageable memory the call returns once src has been read, so the
     // caller may reuse src at once.
     CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cu_stream));
+}
+
+extern "C" void cu_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cu_stream));
+}
+
+extern "C" void cu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height) {
+    if (width && height)
+        CU_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, cu_stream));
 }
 
 __global__ void k_add(real *dst, const real *src, int64_t n) {
@@ -114,4 +147,5 @@ extern "C" void cu_sync(const char *where) {
     cudaError_t e = cudaStreamSynchronize(cu_stream);
     if (e != cudaSuccess)
         FAIL("CUDA: a kernel failed (noticed at %s): %s (%s)", where, cudaGetErrorString(e), cudaGetErrorName(e));
+    cu_pin_at = 0;   // every queued copy has read its bytes
 }

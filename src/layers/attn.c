@@ -20,6 +20,9 @@
 
 #include "attn_kernel.h"
 #include "attn_layer.h"
+#ifdef AG_CUDA
+#include "cuda_ops.h"
+#endif
 #include "docs.h"
 #include "mixer_common.h"
 
@@ -60,27 +63,35 @@ int *attn_doc_positions(Tape *tp, const int *doc_start, int B, int T) {
     return pos;
 }
 
-void kvcache_init(KVCache *kc, const MixerConfig *c, int B, int max_T) {
+void kvcache_init(KVCache *kc, const MixerConfig *c, int B, int max_T, Device dev) {
     ASSERT(B >= 1 && max_T >= 1, "attn cache: B %d, max_T %d", B, max_T);
     kc->B = B;
     kc->max_T = max_T;
     kc->pos = 0;
+    kc->dev = dev;
     kc->start = xcalloc((size_t)B, sizeof(int));
-    kc->k = xmalloc((size_t)B * max_T * c->n_heads * c->d_k * sizeof(real));
-    kc->v = xmalloc((size_t)B * max_T * c->n_heads * c->d_v * sizeof(real));
+    kc->k = dev_alloc(dev, (size_t)B * max_T * c->n_heads * c->d_k * sizeof(real));
+    kc->v = dev_alloc(dev, (size_t)B * max_T * c->n_heads * c->d_v * sizeof(real));
+    kc->start_dev = NULL;
+    if (dev != DEVICE_CPU) {
+        kc->start_dev = dev_alloc(dev, (size_t)B * sizeof(int));
+        dev_zero(dev, kc->start_dev, (size_t)B * sizeof(int));
+    }
 }
 
 void kvcache_free(KVCache *kc) {
-    free(kc->k);
-    free(kc->v);
+    if (kc->k) dev_free(kc->dev, kc->k);
+    if (kc->v) dev_free(kc->dev, kc->v);
+    if (kc->start_dev) dev_free(kc->dev, kc->start_dev);
     free(kc->start);
     kc->k = kc->v = NULL;
-    kc->start = NULL;
+    kc->start = kc->start_dev = NULL;
 }
 
 void kvcache_reset(KVCache *kc, int b) {
     ASSERT(b >= 0 && b < kc->B, "attn cache reset: row %d of %d", b, kc->B);
     kc->start[b] = kc->pos;
+    if (kc->start_dev) dev_from_host(kc->start_dev + b, kc->dev, &kc->start[b], sizeof(int));
 }
 
 int *kvcache_positions(Tape *tp, const KVCache *kc, int T0) {
@@ -95,11 +106,10 @@ int *kvcache_positions(Tape *tp, const KVCache *kc, int T0) {
 
 void kvcache_put(KVCache *kc, const Tensor *k, const Tensor *v) {
     ASSERT(kc->pos < kc->max_T, "attn step: the KV cache is full (%d positions)", kc->max_T);
-    int64_t wk = k->shape[2], wv = v->shape[2];
-    for (int b = 0; b < kc->B; b++) {
-        memcpy(kc->k + ((int64_t)b * kc->max_T + kc->pos) * wk, k->data + b * wk, (size_t)wk * sizeof(real));
-        memcpy(kc->v + ((int64_t)b * kc->max_T + kc->pos) * wv, v->data + b * wv, (size_t)wv * sizeof(real));
-    }
+    size_t wk = (size_t)k->shape[2] * sizeof(real), wv = (size_t)v->shape[2] * sizeof(real);
+    // Row b's new key and value to slot pos of row b.
+    dev_copy2d(kc->dev, (char *)kc->k + (size_t)kc->pos * wk, (size_t)kc->max_T * wk, k->data, wk, wk, (size_t)kc->B);
+    dev_copy2d(kc->dev, (char *)kc->v + (size_t)kc->pos * wv, (size_t)kc->max_T * wv, v->data, wv, wv, (size_t)kc->B);
 }
 
 // ---- the `attn` kind ----
@@ -124,9 +134,9 @@ static Tensor *attn_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start,
     return op_matmul(tp, o, L->wo, false, false);
 }
 
-static void *attn_cache_new(const Mixer *m, int B, int max_T) {
+static void *attn_cache_new(const Mixer *m, int B, int max_T, Device dev) {
     KVCache *kc = xcalloc(1, sizeof *kc);
-    kvcache_init(kc, &m->cfg, B, max_T);
+    kvcache_init(kc, &m->cfg, B, max_T, dev);
     return kc;
 }
 
@@ -143,13 +153,20 @@ static Tensor *attn_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
            "attn step: u %s must be (%d, 1, %d)", SHAPE(u), kc->B, c->d_model);
     ASSERT(kc->pos < kc->max_T, "attn step: the KV cache is full (%d positions)", kc->max_T);
     ASSERT(!tape_grad_enabled(tp), "attn step: decoding runs in no-grad mode (tape_no_grad_push first)");
+    ASSERT(kc->dev == tp->device, "attn step: a %s cache on a %s tape", device_name(kc->dev), device_name(tp->device));
     Tensor *q, *k, *v;
     attn_layer_qkv(tp, m->impl, c, u, kc->pos, kvcache_positions(tp, kc, 1), &q, &k, &v);
     kvcache_put(kc, k, v);
     kc->pos++;
     Tensor *o = tape_tensorv(tp, 3, kc->B, 1, c->n_heads * c->d_v);
-    attn_decode_forward(o->data, q->data, kc->k, kc->v, kc->B, kc->max_T, kc->pos, kc->start, c->n_heads, c->d_k,
-                        c->d_v, 1.0 / sqrt(c->d_k));
+#ifdef AG_CUDA
+    if (tp->device == DEVICE_CUDA)
+        cu_attn_decode(tp, o->data, q->data, kc->k, kc->v, kc->B, kc->max_T, kc->pos, kc->start, kc->start_dev,
+                       c->n_heads, c->d_k, c->d_v, 1.0 / sqrt(c->d_k));
+    else
+#endif
+        attn_decode_forward(o->data, q->data, kc->k, kc->v, kc->B, kc->max_T, kc->pos, kc->start, c->n_heads,
+                            c->d_k, c->d_v, 1.0 / sqrt(c->d_k));
     return op_matmul(tp, o, ((const AttnLayer *)m->impl)->wo, false, false);
 }
 

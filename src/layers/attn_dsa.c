@@ -134,10 +134,11 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
     return op_matmul(tp, o, L->attn.wo, false, false);
 }
 
-static void *dsa_cache_new(const Mixer *m, int B, int max_T) {
+static void *dsa_cache_new(const Mixer *m, int B, int max_T, Device dev) {
     const MixerConfig *c = &m->cfg;
+    ASSERT(dev == DEVICE_CPU, "attn_dsa: decoding runs on the CPU only (no GPU kernels for the indexer yet)");
     DsaCache *dc = xcalloc(1, sizeof *dc);
-    kvcache_init(&dc->kv, c, B, max_T);
+    kvcache_init(&dc->kv, c, B, max_T, DEVICE_CPU);
     dc->kI = xmalloc((size_t)B * max_T * c->index_dim * sizeof(real));
     dc->scores = xmalloc((size_t)max_T * sizeof(real));
     dc->sel = xmalloc((size_t)B * c->topk * sizeof(int));

@@ -16,8 +16,10 @@ typedef struct KVCache {
     int B, max_T;
     int pos;      // positions cached so far = the cache slot of the next token
     int *start;   // (B) the slot where each row's current document begins (0 until a reset)
-    real *k;      // (B, max_T, H*dk) keys after RoPE
-    real *v;      // (B, max_T, H*dv)
+    real *k;      // (B, max_T, H*dk) keys after RoPE, in dev's memory
+    real *v;      // (B, max_T, H*dv), in dev's memory
+    Device dev;
+    int *start_dev;   // (B) a copy of start in dev's memory (the GPU; NULL on the CPU)
 } KVCache;
 
 // wq, wk, wv ~ N(0, 1/D), wo ~ N(0, out_std^2).
@@ -33,7 +35,7 @@ void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *
 // MODEL.md's project notes: positions restart at every document.
 int *attn_doc_positions(Tape *tp, const int *doc_start, int B, int T);
 
-void kvcache_init(KVCache *kc, const MixerConfig *c, int B, int max_T);
+void kvcache_init(KVCache *kc, const MixerConfig *c, int B, int max_T, Device dev);
 void kvcache_free(KVCache *kc);
 // Store k (B, 1, H*dk), v (B, 1, H*dv) at position kc->pos (does not advance it).
 void kvcache_put(KVCache *kc, const Tensor *k, const Tensor *v);

@@ -28,7 +28,8 @@ typedef struct Gdn {
 
 typedef struct GdnCache {
     ShortConvCache cq, ck, cv;
-    Tensor *S;              // (B, H, dk, dv) the state after the last token
+    Tensor *S;              // (B, H, dk, dv) the state after the last token, in dev's memory
+    Device dev;
 } GdnCache;
 
 static Tensor *param_vec(ParamStore *ps, const char *prefix, const char *name, int n, ParamInit init) {
@@ -105,15 +106,16 @@ static Tensor *gdn_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
     return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
 }
 
-static void *gdn_cache_new(const Mixer *m, int B, int max_T) {
+static void *gdn_cache_new(const Mixer *m, int B, int max_T, Device dev) {
     (void)max_T;   // constant memory: nothing grows with the length
     const Gdn *p = m->impl;
     const MixerConfig *c = &m->cfg;
     GdnCache *cache = xcalloc(1, sizeof *cache);
-    shortconv_cache_init(&cache->cq, &p->conv_q, B);
-    shortconv_cache_init(&cache->ck, &p->conv_k, B);
-    shortconv_cache_init(&cache->cv, &p->conv_v, B);
-    cache->S = tensor_newv(false, 4, B, c->n_heads, c->d_k, c->d_v);   // zeros
+    cache->dev = dev;
+    shortconv_cache_init(&cache->cq, &p->conv_q, B, dev);
+    shortconv_cache_init(&cache->ck, &p->conv_k, B, dev);
+    shortconv_cache_init(&cache->cv, &p->conv_v, B, dev);
+    cache->S = tensor_new_on(dev, 4, (int[]){B, c->n_heads, c->d_k, c->d_v});   // zeros
     return cache;
 }
 
@@ -123,7 +125,7 @@ static void gdn_cache_free(void *ptr) {
     shortconv_cache_free(&cache->cq);
     shortconv_cache_free(&cache->ck);
     shortconv_cache_free(&cache->cv);
-    tensor_free(cache->S);
+    tensor_free_on(cache->dev, cache->S);
     free(cache);
 }
 
@@ -132,12 +134,14 @@ static Tensor *gdn_step(Tape *tp, Mixer *m, void *ptr, Tensor *u) {
     const MixerConfig *c = &m->cfg;
     GdnCache *cache = ptr;
     ASSERT(!tape_grad_enabled(tp), "gdn step: call it in no-grad mode (tape_no_grad_push)");
+    ASSERT(cache->dev == tp->device, "gdn step: a %s cache on a %s tape", device_name(cache->dev),
+           device_name(tp->device));
     ASSERT(u->ndim == 3 && u->shape[0] == cache->S->shape[0] && u->shape[1] == 1 && u->shape[2] == c->d_model,
            "gdn step: u %s must be (%d, 1, %d)", SHAPE(u), cache->S->shape[0], c->d_model);
     Tensor *q, *k, *v, *beta, *g, *sT;
     gdn_inputs(tp, m, cache, false, u, NULL, &q, &k, &v, &beta, &g);
     Tensor *o = op_gdn(tp, q, k, v, beta, g, cache->S, NULL, c->n_heads, MIXER_FORM_RECURRENT, 1, &sT);
-    memcpy(cache->S->data, sT->data, (size_t)sT->numel * sizeof(real));
+    dev_copy(cache->dev, cache->S->data, sT->data, (size_t)sT->numel * sizeof(real));
     return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
 }
 
@@ -147,7 +151,7 @@ static void gdn_cache_reset(const Mixer *m, void *ptr, int b) {
     Tensor *S = cache->S;
     ASSERT(b >= 0 && b < S->shape[0], "gdn cache_reset: row %d of %d", b, S->shape[0]);
     int64_t row = S->numel / S->shape[0];
-    memset(S->data + b * row, 0, (size_t)row * sizeof(real));
+    dev_zero(cache->dev, S->data + b * row, (size_t)row * sizeof(real));
     shortconv_cache_reset(&cache->cq, &p->conv_q, b);
     shortconv_cache_reset(&cache->ck, &p->conv_k, b);
     shortconv_cache_reset(&cache->cv, &p->conv_v, b);
@@ -158,6 +162,7 @@ static Tensor *gdn_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_s
     const MixerConfig *c = &m->cfg;
     GdnCache *cache = ptr;
     Tensor *S = cache->S;
+    ASSERT(cache->dev == DEVICE_CPU && tp->device == DEVICE_CPU, "gdn carried window: the CPU only");
     ASSERT(u->ndim == 3 && u->shape[0] == S->shape[0] && u->shape[2] == c->d_model,
            "gdn carried window: u %s must be (%d, T, %d)", SHAPE(u), S->shape[0], c->d_model);
     Tensor *q, *k, *v, *beta, *g, *sT, *s_in = tape_tensor_copy(tp, 4, S->shape, S->data);
@@ -170,6 +175,7 @@ static Tensor *gdn_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_s
 static int gdn_cache_state(const Mixer *m, void *ptr, real **bufs, int64_t *sizes) {
     const Gdn *p = m->impl;
     GdnCache *cache = ptr;
+    ASSERT(cache->dev == DEVICE_CPU, "gdn cache_state: a carried state lives on the CPU");
     bufs[0] = cache->S->data;
     sizes[0] = cache->S->numel;
     int n = 1;

@@ -45,12 +45,14 @@ void gla_layer_qkv_carry(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u
 
 Tensor *gla_cache_state_in(Tape *tp, const GlaCache *cache, const Tensor *u) {
     const Tensor *S = cache->S;
+    ASSERT(cache->dev == DEVICE_CPU && tp->device == DEVICE_CPU, "carried state: the CPU only");
     ASSERT(u->ndim == 3 && u->shape[0] == S->shape[0], "carried window: u %s, the cache holds %d rows", SHAPE(u),
            S->shape[0]);
     return tape_tensor_copy(tp, 4, S->shape, S->data);
 }
 
 int gla_cache_buffers(const GlaLayer *L, GlaCache *c, real **bufs, int64_t *sizes) {
+    ASSERT(c->dev == DEVICE_CPU, "gla_cache_buffers: a carried state lives on the CPU");
     bufs[0] = c->S->data;
     sizes[0] = c->S->numel;
     int n = 1;
@@ -64,12 +66,13 @@ Tensor *gla_layer_out(Tape *tp, const GlaLayer *L, Tensor *o, Tensor *u) {
     return op_matmul(tp, outgate_forward(tp, &L->gate, o, u), L->wo, false, false);
 }
 
-GlaCache *gla_cache_new(const GlaLayer *L, const MixerConfig *cfg, int B) {
+GlaCache *gla_cache_new(const GlaLayer *L, const MixerConfig *cfg, int B, Device dev) {
     GlaCache *c = xcalloc(1, sizeof *c);
-    c->S = tensor_newv(false, 4, B, cfg->n_heads, cfg->d_k, cfg->d_v);   // zeros
-    shortconv_cache_init(&c->cq, &L->conv_q, B);
-    shortconv_cache_init(&c->ck, &L->conv_k, B);
-    shortconv_cache_init(&c->cv, &L->conv_v, B);
+    c->dev = dev;
+    c->S = tensor_new_on(dev, 4, (int[]){B, cfg->n_heads, cfg->d_k, cfg->d_v});   // zeros
+    shortconv_cache_init(&c->cq, &L->conv_q, B, dev);
+    shortconv_cache_init(&c->ck, &L->conv_k, B, dev);
+    shortconv_cache_init(&c->cv, &L->conv_v, B, dev);
     return c;
 }
 
@@ -77,7 +80,7 @@ void gla_cache_reset(const GlaLayer *L, GlaCache *c, int b) {
     Tensor *S = c->S;
     ASSERT(b >= 0 && b < S->shape[0], "gla_cache_reset: row %d of %d", b, S->shape[0]);
     int64_t row = S->numel / S->shape[0];
-    memset(S->data + b * row, 0, (size_t)row * sizeof(real));
+    dev_zero(c->dev, S->data + b * row, (size_t)row * sizeof(real));
     shortconv_cache_reset(&c->cq, &L->conv_q, b);
     shortconv_cache_reset(&c->ck, &L->conv_k, b);
     shortconv_cache_reset(&c->cv, &L->conv_v, b);
@@ -86,7 +89,7 @@ void gla_cache_reset(const GlaLayer *L, GlaCache *c, int b) {
 void gla_cache_free(void *cache) {
     GlaCache *c = cache;
     if (!c) return;
-    tensor_free(c->S);
+    tensor_free_on(c->dev, c->S);
     shortconv_cache_free(&c->cq);
     shortconv_cache_free(&c->ck);
     shortconv_cache_free(&c->cv);

@@ -17,8 +17,9 @@ typedef struct GlaLayer {
 } GlaLayer;
 
 typedef struct GlaCache {
-    Tensor *S;                          // (B, H, dk, dv) the state after the last token
+    Tensor *S;                          // (B, H, dk, dv) the state after the last token, in dev's memory
     ShortConvCache cq, ck, cv;
+    Device dev;
 } GlaCache;
 
 // Registers prefix + wq, wk, wv, conv_q, conv_k, conv_v, out_norm, wg, wo.
@@ -41,7 +42,7 @@ Tensor *gla_cache_state_in(Tape *tp, const GlaCache *cache, const Tensor *u);
 // The buffers of the carried state: S, then the q, k, v convolution inputs (MixerKind.cache_state).
 int gla_cache_buffers(const GlaLayer *L, GlaCache *c, real **bufs, int64_t *sizes);
 
-GlaCache *gla_cache_new(const GlaLayer *L, const MixerConfig *cfg, int B);
+GlaCache *gla_cache_new(const GlaLayer *L, const MixerConfig *cfg, int B, Device dev);
 void gla_cache_free(void *cache);
 // Row b starts a new document: its state and convolution inputs are zeroed.
 void gla_cache_reset(const GlaLayer *L, GlaCache *c, int b);

@@ -151,6 +151,7 @@ Tensor *lm_forward_docs(Tape *tp, LM *lm, const int *tokens, const int *doc_star
 
 Tensor *lm_forward_carry(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T, LMCache *carry) {
     ASSERT(carry && carry->B == B, "lm_forward_carry: the carry holds %d rows, the window %d", carry ? carry->B : 0, B);
+    ASSERT(carry->device == DEVICE_CPU && tp->device == DEVICE_CPU, "lm_forward_carry: carried state runs on the CPU only");
     return forward_all(tp, lm, tokens, doc_start, B, T, NULL, NULL, carry);
 }
 
@@ -232,16 +233,19 @@ Tensor *lm_loss(Tape *tp, LM *lm, const int *tokens, const int *targets, int B, 
     return lm_loss_docs(tp, lm, tokens, targets, NULL, B, T, logits_out);
 }
 
-LMCache *lm_cache_new(const LM *lm, int B, int max_T) {
+LMCache *lm_cache_new_on(const LM *lm, int B, int max_T, Device d) {
     LMCache *c = xcalloc(1, sizeof *c);
     c->B = B;
     c->max_T = max_T;
+    c->device = d;
     for (int l = 0; l < lm->cfg.n_layers; l++) {
         const Mixer *m = lm->blocks[l].mixer;
-        c->mixer[l] = m->kind->cache_new(m, B, max_T);
+        c->mixer[l] = m->kind->cache_new(m, B, max_T, d);
     }
     return c;
 }
+
+LMCache *lm_cache_new(const LM *lm, int B, int max_T) { return lm_cache_new_on(lm, B, max_T, DEVICE_CPU); }
 
 void lm_cache_free(const LM *lm, LMCache *c) {
     if (!c) return;
@@ -260,6 +264,8 @@ void lm_cache_reset_row(const LM *lm, LMCache *c, int b) {
 Tensor *lm_step(Tape *tp, LM *lm, LMCache *c, const int *tokens) {
     ASSERT(!tape_grad_enabled(tp), "lm_step: decode on a tape in no-grad mode (tape_no_grad_push)");
     ASSERT(c->pos < c->max_T, "lm_step: the cache holds %d positions and is full", c->max_T);
+    ASSERT(c->device == tp->device, "lm_step: a %s cache on a %s tape", device_name(c->device),
+           device_name(tp->device));
     double eps = lm->cfg.norm_eps;
     Tensor *x = op_embedding(tp, lm->embed, tokens, 2, (int[]){c->B, 1});
     Tensor *u = op_rmsnorm(tp, x, lm->blocks[0].norm1, eps);

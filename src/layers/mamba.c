@@ -58,19 +58,22 @@ static Tensor *mamba_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start
     return mamba_mix(tp, m, u, q, k, v, doc_start, s_in, m->cfg.form, s_out);
 }
 
-static void *mamba_cache_new(const Mixer *m, int B, int max_T) {
+static void *mamba_cache_new(const Mixer *m, int B, int max_T, Device dev) {
+    (void)max_T;   // constant memory
     const Mamba *M = m->impl;
-    return gla_cache_new(&M->L, &m->cfg, B);
+    return gla_cache_new(&M->L, &m->cfg, B, dev);
 }
 
 static Tensor *mamba_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     ASSERT(u->ndim == 3 && u->shape[1] == 1, "mamba step: u must be (B, 1, D), got %s", SHAPE(u));
     Mamba *M = m->impl;
     GlaCache *c = cache;
+    ASSERT(c->dev == tp->device, "%s step: a %s cache on a %s tape", m->kind->name, device_name(c->dev),
+           device_name(tp->device));
     Tensor *q, *k, *v, *s;
     gla_layer_qkv(tp, &M->L, c, u, NULL, &q, &k, &v);
     Tensor *y = mamba_mix(tp, m, u, q, k, v, NULL, c->S, MIXER_FORM_RECURRENT, &s);
-    memcpy(c->S->data, s->data, (size_t)s->numel * sizeof(real));
+    dev_copy(c->dev, c->S->data, s->data, (size_t)s->numel * sizeof(real));
     return y;
 }
 

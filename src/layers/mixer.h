@@ -71,8 +71,10 @@ typedef struct MixerKind {
     // dv) or NULL (zeros); when s_out is non-NULL it receives the final state
     // (recurrent kinds only; that of each row's last document).
     Tensor *(*forward)(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out);
-    // Decode cache for B sequences of up to max_T positions.
-    void *(*cache_new)(const Mixer *m, int B, int max_T);
+    // Decode cache for B sequences of up to max_T positions, in dev's memory
+    // (a step then runs on a tape of that device; forward_carry and
+    // cache_state need the CPU).
+    void *(*cache_new)(const Mixer *m, int B, int max_T, Device dev);
     void (*cache_free)(void *cache);
     // u: (B, 1, D) in no-grad mode -> (B, 1, D); advances the cache one position.
     Tensor *(*step)(Tape *tp, Mixer *m, void *cache, Tensor *u);

@@ -30,17 +30,22 @@ Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x, const int *do
     return op_conv1d_causal_silu(tp, x, c->w, doc_start);
 }
 
-void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B) {
+void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B, Device dev) {
     ASSERT(B > 0, "shortconv_cache_init: B = %d", B);
     cc->B = B;
+    cc->dev = dev;
     cc->buf = NULL;
-    if (c->width > 1) cc->buf = xcalloc((size_t)B * (c->width - 1) * c->channels, sizeof(real));
+    if (c->width > 1) {
+        size_t bytes = (size_t)B * (c->width - 1) * c->channels * sizeof(real);
+        cc->buf = dev_alloc(dev, bytes);
+        dev_zero(dev, cc->buf, bytes);
+    }
 }
 
 void shortconv_cache_reset(ShortConvCache *cc, const ShortConv *c, int b) {
     ASSERT(b >= 0 && b < cc->B, "shortconv_cache_reset: row %d of %d", b, cc->B);
-    if (cc->buf) memset(cc->buf + (int64_t)b * (c->width - 1) * c->channels, 0,
-                        (size_t)(c->width - 1) * c->channels * sizeof(real));
+    if (cc->buf) dev_zero(cc->dev, cc->buf + (int64_t)b * (c->width - 1) * c->channels,
+                          (size_t)(c->width - 1) * c->channels * sizeof(real));
 }
 
 // The window is run as the sequence [tail, x] (doc_start shifted by W-1, the
@@ -51,6 +56,7 @@ Tensor *shortconv_forward_carry(Tape *tp, const ShortConv *c, Tensor *x, const i
     shortconv_check(c, x, "shortconv_forward_carry");
     int P = c->width - 1, B = x->shape[0], T = x->shape[1], C = c->channels;
     if (P <= 0) return shortconv_forward(tp, c, x, doc_start);   // no history to carry
+    ASSERT(cc->dev == DEVICE_CPU && tp->device == DEVICE_CPU, "shortconv_forward_carry: carried state is CPU only");
     ASSERT(cc->B == B && cc->buf, "shortconv_forward_carry: the carried state holds %d rows, x %s", cc->B, SHAPE(x));
     Tensor *prev = tape_tensor_copy(tp, 3, (int[]){B, P, C}, cc->buf);
     Tensor *xx = op_concat(tp, (Tensor *[]){prev, x}, 2, 1);   // (B, P + T, C)
@@ -86,7 +92,7 @@ int shortconv_cache_buffer(const ShortConv *c, ShortConvCache *cc, real **buf, i
 }
 
 void shortconv_cache_free(ShortConvCache *cc) {
-    free(cc->buf);
+    if (cc->buf) dev_free(cc->dev, cc->buf);
     cc->buf = NULL;
     cc->B = 0;
 }
@@ -99,18 +105,17 @@ Tensor *shortconv_step(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor 
     shortconv_check(c, x, "shortconv_step");
     ASSERT(x->shape[0] == cc->B && x->shape[1] == 1, "shortconv_step: x %s must be (%d, 1, %d)", SHAPE(x), cc->B,
            c->channels);
+    ASSERT(cc->dev == tp->device, "shortconv_step: a %s cache on a %s tape", device_name(cc->dev),
+           device_name(tp->device));
     int W = c->width, C = c->channels, B = cc->B;
     if (W == 0) return x;
     Tensor *win = x;   // (B, W, C)
     if (W > 1) {
-        Tensor *prev = tape_tensor_copy(tp, 3, (int[]){B, W - 1, C}, cc->buf);
+        Tensor *prev = tape_tensor_copy_dev(tp, 3, (int[]){B, W - 1, C}, cc->buf);
         win = op_concat(tp, (Tensor *[]){prev, x}, 2, 1);
-        // Advance the cache: drop the oldest input, append x.
-        for (int b = 0; b < B; b++) {
-            real *buf = cc->buf + (int64_t)b * (W - 1) * C;
-            memmove(buf, buf + C, (size_t)(W - 2) * C * sizeof(real));
-            memcpy(buf + (int64_t)(W - 2) * C, x->data + (int64_t)b * C, (size_t)C * sizeof(real));
-        }
+        // Advance the cache: the window's last W-1 inputs (the oldest dropped, x appended).
+        size_t row = (size_t)(W - 1) * C * sizeof(real);
+        dev_copy2d(cc->dev, cc->buf, row, win->data + C, (size_t)W * C * sizeof(real), row, (size_t)B);
     }
     Tensor *y = op_conv1d_causal_silu(tp, win, c->w, NULL);
     return W > 1 ? op_slice(tp, y, 1, W - 1, 1) : y;

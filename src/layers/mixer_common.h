@@ -18,15 +18,16 @@ typedef struct ShortConv {
 } ShortConv;
 
 typedef struct ShortConvCache {
-    real *buf;        // (B, W-1, C): the last W-1 inputs, oldest first
+    real *buf;        // (B, W-1, C): the last W-1 inputs, oldest first, in dev's memory
     int B;
+    Device dev;
 } ShortConvCache;
 
 void shortconv_create(ShortConv *c, ParamStore *ps, const char *name, int channels, int width);
 // x: (B, T, C) -> SiLU(conv(x)), (B, T, C), one fused op (op_conv1d_causal_silu).
 // doc_start (B, T) or NULL (docs.h): no position reads an input of an earlier document.
 Tensor *shortconv_forward(Tape *tp, const ShortConv *c, Tensor *x, const int *doc_start);
-void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B);
+void shortconv_cache_init(ShortConvCache *cc, const ShortConv *c, int B, Device dev);
 void shortconv_cache_free(ShortConvCache *cc);
 // Forget row b's cached inputs: its next step starts a new document.
 void shortconv_cache_reset(ShortConvCache *cc, const ShortConv *c, int b);

@@ -296,6 +296,35 @@ Test(cuda_tape, an_op_without_a_kernel_names_itself) {
     tape_free(&tp);
 }
 
+Test(cuda_tape, an_input_on_the_wrong_device_is_refused) {
+    cuda_require();
+    // A host tensor on a GPU tape (and a GPU tensor on a CPU tape) must stop
+    // with a message naming the op and the input, not fault in a kernel.
+    Tape tp;
+    tape_init_on(&tp, DEVICE_CUDA);
+    Tensor *host = tensor_newv(false, 1, 8);
+    Tensor *dev = tape_tensor_zeros(&tp, 1, (int[]){8});
+    cr_assert(EXPECT_FAILURE(op_add(&tp, dev, host)));
+    cr_assert(strstr(ag_last_error(), "op 'add': input 1") && strstr(ag_last_error(), "host memory") &&
+                  strstr(ag_last_error(), "params_to_device"),
+              "message: %s", ag_last_error());
+    Tape cpu;
+    tape_init(&cpu);
+    cr_assert(EXPECT_FAILURE(op_add(&cpu, host, dev)));
+    cr_assert(strstr(ag_last_error(), "input 1") && strstr(ag_last_error(), "GPU memory"), "message: %s",
+              ag_last_error());
+    // A state made with tensor_new_on is a GPU tensor: accepted.
+    Tensor *s = tensor_new_on(DEVICE_CUDA, 1, (int[]){8});
+    Tensor *y = op_add(&tp, dev, s);
+    real h[8];
+    dev_to_host(h, y->data, sizeof h, DEVICE_CUDA);
+    for (int i = 0; i < 8; i++) cr_assert_eq(h[i], 0);
+    tensor_free_on(DEVICE_CUDA, s);
+    tape_free(&cpu);
+    tape_free(&tp);
+    tensor_free(host);
+}
+
 // An op with a CPU pair only (as a user's custom op starts out).
 static void cpu_only_forward(Node *n) { (void)n; }
 static void cpu_only_backward(Node *n) { (void)n; }
