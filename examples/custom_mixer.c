@@ -39,10 +39,11 @@ static Tensor *convmix_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_sta
     return op_matmul(tp, shortconv_forward(tp, &c->conv, v, doc_start), c->wo, false, false);
 }
 
-static void *convmix_cache_new(const Mixer *m, int B, int max_T) {
+// The decode cache in dev's memory (the CPU, or the GPU for a model decoded there).
+static void *convmix_cache_new(const Mixer *m, int B, int max_T, Device dev) {
     (void)max_T;
     ShortConvCache *cc = calloc(1, sizeof *cc);
-    shortconv_cache_init(cc, &((const ConvMix *)m->impl)->conv, B);
+    shortconv_cache_init(cc, &((const ConvMix *)m->impl)->conv, B, dev);
     return cc;
 }
 

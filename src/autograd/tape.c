@@ -350,13 +350,19 @@ void tape_backward_multi(Tape *tp, Tensor *const *outs, const real *const *seeds
     run_backward(tp);
 }
 
-Tensor *tensor_new(int ndim, const int *shape, bool requires_grad) {
+// A heap Tensor of this shape with no buffers yet.
+static Tensor *tensor_shell(int ndim, const int *shape) {
     ASSERT(ndim >= 1 && ndim <= TENSOR_MAX_DIMS, "tensors have 1 to %d dimensions, asked for %d",
            TENSOR_MAX_DIMS, ndim);
     Tensor *t = xcalloc(1, sizeof *t);
     t->ndim = ndim;
     for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
     t->numel = shape_numel(ndim, shape);
+    return t;
+}
+
+Tensor *tensor_new(int ndim, const int *shape, bool requires_grad) {
+    Tensor *t = tensor_shell(ndim, shape);
     t->data = xaligned((size_t)t->numel * sizeof(real));
     memset(t->data, 0, (size_t)t->numel * sizeof(real));
     t->requires_grad = requires_grad;
@@ -385,12 +391,7 @@ void tensor_free(Tensor *t) {
 
 Tensor *tensor_new_on(Device d, int ndim, const int *shape) {
     if (d == DEVICE_CPU) return tensor_new(ndim, shape, false);
-    ASSERT(ndim >= 1 && ndim <= TENSOR_MAX_DIMS, "tensors have 1 to %d dimensions, asked for %d",
-           TENSOR_MAX_DIMS, ndim);
-    Tensor *t = xcalloc(1, sizeof *t);
-    t->ndim = ndim;
-    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-    t->numel = shape_numel(ndim, shape);
+    Tensor *t = tensor_shell(ndim, shape);
     t->data = dev_alloc(d, (size_t)t->numel * sizeof(real));
     dev_zero(d, t->data, (size_t)t->numel * sizeof(real));
     if (d == DEVICE_CUDA) t->flags |= TENSOR_ON_GPU;
