@@ -39,18 +39,7 @@ static int f_gla(Tape *tp, Tensor *const *in, const int *doc_start, void *ctx, T
 }
 
 static void gla_inputs(Tensor **x, int B, int T, int H, int dk, int dv, Regime r, bool gated, uint64_t seed) {
-    x[GQ] = tensor_newv(true, 3, B, T, H * dk);
-    x[GK] = tensor_newv(true, 3, B, T, H * dk);
-    x[GV] = tensor_newv(true, 3, B, T, H * dv);
-    x[GG] = tensor_newv(gated, 3, B, T, H);
-    x[GDT] = tensor_newv(gated, 3, B, T, H);
-    x[GS0] = tensor_newv(true, 4, B, H, dk, dv);
-    fill_normal(x[GQ], seed + 1, 0.6);
-    fill_normal(x[GK], seed + 2, 0.6);
-    fill_normal(x[GV], seed + 3, 1.0);
-    fill_uniform(x[GG], seed + 4, r.lo, r.hi);
-    fill_uniform(x[GDT], seed + 5, 0.3, 1.5);
-    fill_normal(x[GS0], seed + 6, 0.5);
+    test_gla_inputs(x, B, T, H, dk, dv, gated, gated, true, r.lo, r.hi, seed);
 }
 
 static void free_all(Tensor **x, int n) {

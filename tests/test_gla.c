@@ -25,19 +25,7 @@ typedef struct Regime {
 static const Regime REGIMES[] = {{"mild", -0.7, -0.05}, {"zero", 0, 0}, {"strong", -21, -19}};
 
 static void inputs_make(Tensor **x, const GlaCase *c, uint64_t seed) {
-    int B = c->B, T = c->T, H = c->H;
-    x[IN_Q] = tensor_newv(true, 3, B, T, H * c->dk);
-    x[IN_K] = tensor_newv(true, 3, B, T, H * c->dk);
-    x[IN_V] = tensor_newv(true, 3, B, T, H * c->dv);
-    x[IN_G] = tensor_newv(c->use_g, 3, B, T, H);
-    x[IN_DT] = tensor_newv(c->use_dt, 3, B, T, H);
-    x[IN_S0] = tensor_newv(c->use_s0, 4, B, H, c->dk, c->dv);
-    fill_normal(x[IN_Q], seed + 1, 0.6);
-    fill_normal(x[IN_K], seed + 2, 0.6);
-    fill_normal(x[IN_V], seed + 3, 1.0);
-    fill_uniform(x[IN_G], seed + 4, c->g_lo, c->g_hi);
-    fill_uniform(x[IN_DT], seed + 5, 0.3, 1.5);
-    fill_normal(x[IN_S0], seed + 6, 0.5);
+    test_gla_inputs(x, c->B, c->T, c->H, c->dk, c->dv, c->use_g, c->use_dt, c->use_s0, c->g_lo, c->g_hi, seed);
 }
 
 static void inputs_free(Tensor **x) {

@@ -371,3 +371,19 @@ const char *test_use_backend(int i) {
               "backend %d (%s): %s", i, blas_backend_name(b), i < test_n_backends() ? err : "not in this build");
     return blas_backend_name(b);
 }
+
+void test_gla_inputs(Tensor **x, int B, int T, int H, int dk, int dv, bool grad_g, bool grad_dt, bool grad_s0,
+                     double g_lo, double g_hi, uint64_t seed) {
+    x[0] = tensor_newv(true, 3, B, T, H * dk);
+    x[1] = tensor_newv(true, 3, B, T, H * dk);
+    x[2] = tensor_newv(true, 3, B, T, H * dv);
+    x[3] = tensor_newv(grad_g, 3, B, T, H);
+    x[4] = tensor_newv(grad_dt, 3, B, T, H);
+    x[5] = tensor_newv(grad_s0, 4, B, H, dk, dv);
+    fill_normal(x[0], seed + 1, 0.6);
+    fill_normal(x[1], seed + 2, 0.6);
+    fill_normal(x[2], seed + 3, 1.0);
+    fill_uniform(x[3], seed + 4, g_lo, g_hi);
+    fill_uniform(x[4], seed + 5, 0.3, 1.5);
+    fill_normal(x[5], seed + 6, 0.5);
+}

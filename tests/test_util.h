@@ -23,6 +23,12 @@ real *test_randn(int64_t n, uint64_t seed);
 // Normalise each run of d values of x (the heads of a (B, T, H*d) tensor) to
 // unit length, then scale it: q and k as the gdn layer feeds them to op_gdn.
 void test_l2norm_rows(Tensor *x, int d, double scale);
+// op_gla's inputs x[0..5] = q, k, v, g, dt, s0: q, k (B, T, H*dk) ~ N(0, 0.6^2),
+// v (B, T, H*dv) ~ N(0, 1), g (B, T, H) ~ U[g_lo, g_hi], dt (B, T, H) ~
+// U[0.3, 1.5], s0 (B, H, dk, dv) ~ N(0, 0.5^2), from seed + 1 .. seed + 6;
+// q, k, v take gradients, g, dt, s0 when their flag says so.
+void test_gla_inputs(Tensor **x, int B, int T, int H, int dk, int dv, bool grad_g, bool grad_dt, bool grad_s0,
+                     double g_lo, double g_hi, uint64_t seed);
 
 // Relative difference of two arrays, normwise: max_i |a_i - b_i| / max_i max(|a_i|, |b_i|).
 // This is what "two forms agree to 1e-10 (float64) / 1e-4 (float32)" means in

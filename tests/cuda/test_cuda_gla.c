@@ -44,19 +44,7 @@ static int f_gla(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs) {
 
 // Inputs as test_gla.c makes them; an unused optional input takes no gradient.
 static void make(Tensor **x, const Case *c, Regime r, uint64_t seed) {
-    int B = c->B, T = c->T, H = c->H;
-    x[IN_Q] = tensor_newv(true, 3, B, T, H * c->dk);
-    x[IN_K] = tensor_newv(true, 3, B, T, H * c->dk);
-    x[IN_V] = tensor_newv(true, 3, B, T, H * c->dv);
-    x[IN_G] = tensor_newv(c->g, 3, B, T, H);
-    x[IN_DT] = tensor_newv(c->dt, 3, B, T, H);
-    x[IN_S0] = tensor_newv(c->s0, 4, B, H, c->dk, c->dv);
-    fill_normal(x[IN_Q], seed + 1, 0.6);
-    fill_normal(x[IN_K], seed + 2, 0.6);
-    fill_normal(x[IN_V], seed + 3, 1.0);
-    fill_uniform(x[IN_G], seed + 4, r.lo, r.hi);
-    fill_uniform(x[IN_DT], seed + 5, 0.3, 1.5);
-    fill_normal(x[IN_S0], seed + 6, 0.5);
+    test_gla_inputs(x, c->B, c->T, c->H, c->dk, c->dv, c->g, c->dt, c->s0, r.lo, r.hi, seed);
 }
 
 static void free_all(Tensor **x, int n) {
@@ -189,19 +177,8 @@ Test(cuda_gla, one_tensor_passed_twice) {
     int B = 2, T = 75, H = 2, d = 8;
     for (size_t f = 0; f < 3; f++)
         for (int which = 0; which < 3; which++) {
-            Tensor *x[6];
-            x[0] = tensor_newv(true, 3, B, T, H * d);
-            x[1] = tensor_newv(true, 3, B, T, H * d);
-            x[2] = tensor_newv(true, 3, B, T, H * d);
-            x[3] = tensor_newv(true, 3, B, T, H);
-            x[4] = tensor_newv(true, 3, B, T, H);
-            x[5] = tensor_newv(true, 4, B, H, d, d);
-            fill_normal(x[0], 11, 0.6);
-            fill_normal(x[1], 12, 0.6);
-            fill_normal(x[2], 13, 1.0);
-            fill_uniform(x[3], 14, -0.7, -0.05);   // (also dt when g = dt: the math takes any sign)
-            fill_uniform(x[4], 15, 0.3, 1.5);
-            fill_normal(x[5], 16, 0.5);
+            Tensor *x[6];   // g in [-0.7, -0.05] (also dt when g = dt: the math takes any sign)
+            test_gla_inputs(x, B, T, H, d, d, true, true, true, -0.7, -0.05, 10);
             SameCtx c = {H, 16, FORMS[f], which};
             char label[64];
             snprintf(label, sizeof label, "gla %s, same tensor case %d", mixer_form_name(FORMS[f]), which);
