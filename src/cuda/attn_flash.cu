@@ -2,24 +2,34 @@
 // (attn_flash.c, FlashAttention-2 style, O(T) memory) and its reference
 // op_attention_naive (attn_naive.c, the full P saved).
 //
-// Flash. One thread block per (query tile of FA_BQ rows, batch x head):
-//   forward: the tile's Q in shared memory; for each key tile that some
-//     query of the tile sees, K_j and V_j in shared memory, S = scale Q K_j^T
-//     (masked: s <= t and s >= lo(t), lo(t) where t's document begins), the
-//     online softmax (m, l, alpha per row, one warp per row) and
-//     A = diag(alpha) A + P V_j. Then o = A / l and lse = m + log l (saved).
+// Flash. One thread block per (tile of FA_B queries or keys, batch x head),
+// 256 threads as a 16 x 16 grid; thread (ty, tx) owns an FA_R x FA_R
+// register tile of every FA_B x FA_B block of scores (rows ty FA_R + r,
+// columns tx FA_R + c) and the matching rows of its accumulators, whose
+// columns it owns in groups of FA_B (tx FA_R + c + g FA_B). Products are
+// outer products in registers: per step of the inner dimension a thread
+// loads FA_R values of each side with one 16-byte shared-memory load and
+// does FA_R^2 fused multiply-adds (a tile held transposed, "T" below, gives
+// the score products their vector loads; a tile held by rows gives the
+// accumulations theirs). Scalar float32 (or float64) FMA: no tensor cores,
+// so the products are strict IEEE as the CPU's.
+//   forward: Q^T of the tile; for each key tile some query of the tile sees,
+//     K^T and V; S = scale Q K^T in registers (masked: s <= t and s >= lo(t),
+//     lo(t) where t's document begins), the online softmax (row max across
+//     the 16 threads of a row by shuffles; each thread keeps its part of the
+//     row sum l, added up at the end), P^T to shared memory and
+//     A = diag(alpha) A + P V. Then o = A / l and lse = m + log l (saved).
 //   backward: D_t = dO_t . O_t first (double, as the CPU), then two kernels
-//     that each recompute P = exp(scale Q K^T - lse) block by block:
-//     dQ per query tile (looping over key tiles: dS = P (dO V^T - D),
-//     dQ += dS K), and dK, dV per key tile (looping over the query tiles that
-//     see it: dV += P^T dO, dK += dS^T Q). Every gradient row is written by
-//     one block, so there are no atomics, and the loops run in a fixed order:
-//     a run repeats bit for bit.
-// Accumulators and tiles live in dynamic shared memory (over 48 KB at head
-// dims 128, so the kernels opt in with cudaFuncSetAttribute). K and V are
-// stored with rows padded by one element where threads of a warp read
-// different rows (the score and dP products), so those reads do not
-// conflict in banks; elsewhere a warp reads along a row or one broadcast.
+//     that each recompute P = exp(scale Q K^T - lse) tile by tile:
+//     dQ per query tile (looping over key tiles: dS = P (dO V^T - D) in
+//     registers, dS^T to shared memory, dQ += dS K), and dK, dV per key tile
+//     (looping over the query tiles that see it: S^T and dP^T with the keys
+//     as rows, dV += P^T dO, dK += dS^T Q). Every gradient row is written by
+//     one block, so there are no atomics, and every sum runs in a fixed
+//     order: a run repeats bit for bit.
+// Head dims up to FA_MAXD (128). Tiles live in dynamic shared memory (over
+// 48 KB, so the kernels opt in with cudaFuncSetAttribute); transposed tiles
+// have FA_B + FA_R columns so that the transposing stores conflict less.
 //
 // Naive. One block per row (b, h, t) with the row in shared memory, in
 // double as attn_naive.c; P (B, H, T, T) saved. The backward: one block per
@@ -29,17 +39,19 @@
 
 #include "cuda_internal.cuh"
 
-// Tile sizes: queries and keys per block. Float64 tiles take twice the
-// bytes, so they are halved to fit the shared memory at head dims 128.
+// A thread's register tile is FA_R x FA_R: 16 bytes of `real` per row, one
+// vector load. Tiles are 16 FA_R wide (64 in float32, 32 in float64).
 #ifdef AG_DOUBLE
-#define FA_BQ 32
-#define FA_BK 32
+#define FA_R 2
 #else
-#define FA_BQ 64
-#define FA_BK 64
+#define FA_R 4
 #endif
-#define FA_THREADS 256
-#define FA_WARPS (FA_THREADS / 32)
+#define FA_TX 16
+#define FA_THREADS (FA_TX * FA_TX)
+#define FA_B (FA_TX * FA_R)
+#define FA_LDT (FA_B + FA_R)        // leading dim of a transposed tile
+#define FA_MAXD 128                 // largest head dim
+#define FA_NG (FA_MAXD / FA_B)      // column groups of an accumulator row, at most
 #define NA_THREADS 128
 
 typedef struct FaDims {
@@ -74,6 +86,117 @@ __device__ __forceinline__ int fa_lo(const int *first, int64_t r) {
 
 __device__ __forceinline__ real fa_max(real a, real b) { return b > a ? b : a; }
 
+// FA_R consecutive reals at p (16-byte aligned) into x, and back.
+__device__ __forceinline__ void fa_ld(real *x, const real *p) {
+#ifdef AG_DOUBLE
+    double2 t = *(const double2 *)p;
+    x[0] = t.x, x[1] = t.y;
+#else
+    float4 t = *(const float4 *)p;
+    x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
+#endif
+}
+
+__device__ __forceinline__ void fa_st(real *p, const real *x) {
+#ifdef AG_DOUBLE
+    *(double2 *)p = make_double2(x[0], x[1]);
+#else
+    *(float4 *)p = make_float4(x[0], x[1], x[2], x[3]);
+#endif
+}
+
+// Rows j0 .. j0 + n of a head's (rows, d) slice (leading dim ld) into
+// shared memory, zero past n: transposed (dst[c * FA_LDT + j]) or by rows
+// (dst[j * ldd + c], columns d .. ldd zero too). All threads; no barrier.
+__device__ __forceinline__ void fa_load_t(real *dst, const real *src, int64_t ld, int j0, int n, int d) {
+    for (int e = threadIdx.x; e < FA_B * d; e += FA_THREADS) {
+        int j = e / d, c = e % d;
+        dst[c * FA_LDT + j] = j < n ? src[(int64_t)(j0 + j) * ld + c] : (real)0;
+    }
+}
+
+__device__ __forceinline__ void fa_load_rows(real *dst, int ldd, const real *src, int64_t ld, int j0, int n, int d) {
+    for (int e = threadIdx.x; e < FA_B * ldd; e += FA_THREADS) {
+        int j = e / ldd, c = e % ldd;
+        dst[e] = j < n && c < d ? src[(int64_t)(j0 + j) * ld + c] : (real)0;
+    }
+}
+
+// acc[r][c] = sum_x A^T[x][ra + r] B^T[x][cb + c] over x < n: the register
+// tile of A B^T from two transposed tiles (FA_LDT apart per x).
+__device__ __forceinline__ void fa_tile_abt(real acc[FA_R][FA_R], const real *AT, const real *BT, int n) {
+#pragma unroll
+    for (int r = 0; r < FA_R; r++)
+#pragma unroll
+        for (int c = 0; c < FA_R; c++) acc[r][c] = 0;
+#pragma unroll 4
+    for (int x = 0; x < n; x++) {
+        real a[FA_R], b[FA_R];
+        fa_ld(a, AT + x * FA_LDT);
+        fa_ld(b, BT + x * FA_LDT);
+#pragma unroll
+        for (int r = 0; r < FA_R; r++)
+#pragma unroll
+            for (int c = 0; c < FA_R; c++) acc[r][c] = fma(a[r], b[c], acc[r][c]);
+    }
+}
+
+// acc[g][r][c] += sum_x PT[x][r] Bm[x][g FA_B + c] over x < n and column
+// groups g < ng: PT a transposed tile (FA_LDT apart per x) at this thread's
+// rows, Bm a tile by rows (ldb apart) at this thread's columns.
+__device__ __forceinline__ void fa_tile_acc(real acc[FA_NG][FA_R][FA_R], const real *PT, const real *Bm, int ldb,
+                                            int n, int ng) {
+#pragma unroll 2
+    for (int x = 0; x < n; x++) {
+        real p[FA_R];
+        fa_ld(p, PT + x * FA_LDT);
+#pragma unroll
+        for (int g = 0; g < FA_NG; g++) {
+            if (g < ng) {
+                real b[FA_R];
+                fa_ld(b, Bm + x * ldb + g * FA_B);
+#pragma unroll
+                for (int r = 0; r < FA_R; r++)
+#pragma unroll
+                    for (int c = 0; c < FA_R; c++) acc[g][r][c] = fma(p[r], b[c], acc[g][r][c]);
+            }
+        }
+    }
+}
+
+// A register tile to a transposed tile: T[(cb + c) * FA_LDT + ra + r] = x[r][c].
+__device__ __forceinline__ void fa_store_t(real *T, real x[FA_R][FA_R]) {
+#pragma unroll
+    for (int c = 0; c < FA_R; c++) {
+        real col[FA_R];
+#pragma unroll
+        for (int r = 0; r < FA_R; r++) col[r] = x[r][c];
+        fa_st(T + c * FA_LDT, col);
+    }
+}
+
+// An accumulator's rows to a head's slice: dst row (t0 + ra + r), columns
+// g FA_B + cb + c below d, times `mul` per row (and `scale`), written or added.
+__device__ __forceinline__ void fa_write_acc(real *dst, int64_t ld, real acc[FA_NG][FA_R][FA_R], int ra, int cb,
+                                             int n, int d, int ng, const real *mul, real scale, bool fresh) {
+#pragma unroll
+    for (int r = 0; r < FA_R; r++) {
+        if (ra + r >= n) continue;
+#pragma unroll
+        for (int g = 0; g < FA_NG; g++) {
+            if (g >= ng) continue;
+#pragma unroll
+            for (int c = 0; c < FA_R; c++) {
+                int col = g * FA_B + cb + c;
+                if (col >= d) continue;
+                real v = scale * (mul ? acc[g][r][c] * mul[r] : acc[g][r][c]);
+                real *p = dst + (int64_t)(ra + r) * ld + col;
+                *p = fresh ? v : *p + v;
+            }
+        }
+    }
+}
+
 // The documents' index (docs.h, host memory in aux) copied to the device, or NULL.
 static const int *fa_first_on_device(Node *n, int B, int T) {
     if (!n->aux) return NULL;
@@ -85,109 +208,114 @@ static const int *fa_first_on_device(Node *n, int B, int T) {
 
 static FaDims fa_dims(const Node *n) {
     FaDims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], (real)n->farg[0]};
+    ASSERT(d.dk <= FA_MAXD && d.dv <= FA_MAXD,
+           "attention on the GPU: head dims dk %d, dv %d; the flash kernels take up to %d", d.dk, d.dv, FA_MAXD);
     return d;
 }
 
+// Columns of a tile held by rows: the head dim rounded up to column groups.
+static int fa_groups(int d) { return (d + FA_B - 1) / FA_B; }
+
 // ---------------------------------------------------------------- flash forward
 
-// Shared memory: Q (BQ x dk), K (BK x dk+1), V (BK x dv), S/P (BQ x BK),
-// A (BQ x dv), m, l, alpha (BQ); then lo (BQ ints).
+// Shared memory: Q^T (dk), K^T (dk), P^T (FA_B) transposed tiles, V by rows
+// (FA_B x ng(dv) FA_B).
 static size_t fwd_smem(int dk, int dv) {
-    return ((size_t)FA_BQ * dk + (size_t)FA_BK * (dk + 1) + (size_t)FA_BK * dv + (size_t)FA_BQ * FA_BK +
-            (size_t)FA_BQ * dv + 3 * FA_BQ) * sizeof(real) + FA_BQ * sizeof(int);
+    return ((size_t)(2 * dk + FA_B) * FA_LDT + (size_t)FA_B * fa_groups(dv) * FA_B) * sizeof(real);
 }
 
 // grid (query tiles, B*H). lse (B, H, T) or NULL.
 __global__ void __launch_bounds__(FA_THREADS)
     k_flash_fwd(FaDims d, const real *q, const real *k, const real *v, const int *first, real *o, real *lse) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    int bh = blockIdx.y, b = bh / d.H, h = bh % d.H, tid = threadIdx.x;
-    int dk = d.dk, dv = d.dv, ldks = dk + 1;
-    int t0 = blockIdx.x * FA_BQ, nq = min(FA_BQ, d.T - t0);
+    int bh = blockIdx.y, b = bh / d.H, h = bh % d.H;
+    int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_R, cb = tx * FA_R;
+    int dk = d.dk, dv = d.dv, ngv = (dv + FA_B - 1) / FA_B, ldv_s = ngv * FA_B;
+    int t0 = blockIdx.x * FA_B, nq = min(FA_B, d.T - t0);
     int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
     const real *qh = q + row0 * ldq + h * dk, *kh = k + row0 * ldq + h * dk, *vh = v + row0 * ldv + h * dv;
     const int *fr = first ? first + row0 : NULL;
-    real *Qs = (real *)fa_smem, *Ks = Qs + FA_BQ * dk, *Vs = Ks + FA_BK * ldks, *Ss = Vs + FA_BK * dv;
-    real *Acc = Ss + FA_BQ * FA_BK, *m = Acc + FA_BQ * dv, *l = m + FA_BQ, *alpha = l + FA_BQ;
-    int *lo = (int *)(alpha + FA_BQ);
+    real *QT = (real *)fa_smem, *KT = QT + dk * FA_LDT, *PT = KT + dk * FA_LDT, *Vs = PT + FA_B * FA_LDT;
 
-    for (int e = tid; e < FA_BQ * dk; e += FA_THREADS) {
-        int i = e / dk, c = e % dk;
-        Qs[e] = i < nq ? qh[(t0 + i) * ldq + c] : (real)0;
+    fa_load_t(QT, qh, ldq, t0, nq, dk);
+    real acc[FA_NG][FA_R][FA_R], m[FA_R], l[FA_R];
+    int lo[FA_R];
+#pragma unroll
+    for (int r = 0; r < FA_R; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0;
+        lo[r] = ra + r < nq ? fa_lo(fr, t0 + ra + r) : 0;
+#pragma unroll
+        for (int g = 0; g < FA_NG; g++)
+#pragma unroll
+            for (int c = 0; c < FA_R; c++) acc[g][r][c] = 0;
     }
-    for (int e = tid; e < FA_BQ * dv; e += FA_THREADS) Acc[e] = 0;
-    for (int i = tid; i < FA_BQ; i += FA_THREADS) {
-        m[i] = -INFINITY;
-        l[i] = 0;
-        lo[i] = i < nq ? fa_lo(fr, t0 + i) : 0;
-    }
-    __syncthreads();
     // Keys from the start of the tile's first query's document (the earliest
     // any query of the tile sees) to its last query.
     int s_end = t0 + nq;
-    for (int s0 = fa_lo(fr, t0); s0 < s_end; s0 += FA_BK) {
-        int nk = min(FA_BK, s_end - s0);
-        for (int e = tid; e < FA_BK * dk; e += FA_THREADS) {
-            int j = e / dk, c = e % dk;
-            Ks[j * ldks + c] = j < nk ? kh[(s0 + j) * ldq + c] : (real)0;
-        }
-        for (int e = tid; e < FA_BK * dv; e += FA_THREADS) {
-            int j = e / dv, c = e % dv;
-            Vs[e] = j < nk ? vh[(s0 + j) * ldv + c] : (real)0;
-        }
+    for (int s0 = fa_lo(fr, t0); s0 < s_end; s0 += FA_B) {
+        int nk = min(FA_B, s_end - s0);
+        __syncthreads();   // the previous tile's K, V, P are read
+        fa_load_t(KT, kh, ldq, s0, nk, dk);
+        fa_load_rows(Vs, ldv_s, vh, ldv, s0, nk, dv);
         __syncthreads();
-        // S: -inf where query i does not see key j (exp gives weight 0).
-        for (int e = tid; e < FA_BQ * FA_BK; e += FA_THREADS) {
-            int i = e / FA_BK, j = e % FA_BK, s = s0 + j;
-            real x = -INFINITY;
-            if (i < nq && j < nk && s <= t0 + i && s >= lo[i]) {
-                const real *qi = Qs + i * dk, *kj = Ks + j * ldks;
-                real acc = 0;
-                for (int c = 0; c < dk; c++) acc = fma(qi[c], kj[c], acc);
-                x = d.scale * acc;
-            }
-            Ss[e] = x;
-        }
-        __syncthreads();
-        // The online softmax, one warp per row: m' = max(m, rowmax S),
+        real s[FA_R][FA_R];
+        fa_tile_abt(s, QT + ra, KT + cb, dk);
+        // S: -inf where query i does not see key j (exp gives weight 0). The
+        // online softmax: m' = max(m, rowmax S) over the row's 16 threads,
         // P = exp(S - m'), alpha = exp(m - m') (1 when the max did not move,
         // also while the row has seen no key: m = m' = -inf).
-        int warp = tid >> 5, lane = tid & 31;
-        for (int i = warp; i < FA_BQ; i += FA_WARPS) {
-            real *Si = Ss + i * FA_BK, mx = m[i], sum = 0;
-            for (int j = lane; j < FA_BK; j += 32) mx = fa_max(mx, Si[j]);
-            for (int off = 16; off > 0; off >>= 1) mx = fa_max(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-            for (int j = lane; j < FA_BK; j += 32) {
-                real p = Si[j] == -INFINITY ? (real)0 : exp(Si[j] - mx);
-                Si[j] = p;
-                sum += p;
+#pragma unroll
+        for (int r = 0; r < FA_R; r++) {
+            int i = ra + r;
+            real mx = m[r];
+#pragma unroll
+            for (int c = 0; c < FA_R; c++) {
+                int j = cb + c, sj = s0 + j;
+                bool seen = i < nq && j < nk && sj <= t0 + i && sj >= lo[r];
+                s[r][c] = seen ? d.scale * s[r][c] : (real)-INFINITY;
+                mx = fa_max(mx, s[r][c]);
             }
-            for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-            if (lane == 0) {
-                real a = m[i] == mx ? (real)1 : exp(m[i] - mx);
-                alpha[i] = a;
-                l[i] = a * l[i] + sum;
-                m[i] = mx;
+#pragma unroll
+            for (int off = FA_TX / 2; off > 0; off >>= 1) mx = fa_max(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            real sum = 0;
+#pragma unroll
+            for (int c = 0; c < FA_R; c++) {
+                s[r][c] = s[r][c] == -INFINITY ? (real)0 : exp(s[r][c] - mx);
+                sum += s[r][c];
             }
+            real a = m[r] == mx ? (real)1 : exp(m[r] - mx);
+            l[r] = a * l[r] + sum;
+            m[r] = mx;
+#pragma unroll
+            for (int g = 0; g < FA_NG; g++)
+#pragma unroll
+                for (int c = 0; c < FA_R; c++) acc[g][r][c] *= a;
         }
+        fa_store_t(PT + cb * FA_LDT + ra, s);
         __syncthreads();
-        // A = diag(alpha) A + P V_j
-        for (int e = tid; e < FA_BQ * dv; e += FA_THREADS) {
-            int i = e / dv, c = e % dv;
-            const real *Pi = Ss + i * FA_BK;
-            real acc = 0;
-            for (int j = 0; j < nk; j++) acc = fma(Pi[j], Vs[j * dv + c], acc);
-            Acc[e] = alpha[i] * Acc[e] + acc;
-        }
-        __syncthreads();   // K, V, S are overwritten by the next key tile
+        // A += P V
+        fa_tile_acc(acc, PT + ra, Vs + cb, ldv_s, nk, ngv);
     }
-    // Every query sees itself, so l > 0.
-    for (int e = tid; e < nq * dv; e += FA_THREADS) {
-        int i = e / dv, c = e % dv;
-        o[(row0 + t0 + i) * ldv + h * dv + c] = Acc[e] / l[i];
+    // l: the row's 16 parts; every query sees itself, so l > 0.
+#pragma unroll
+    for (int r = 0; r < FA_R; r++)
+#pragma unroll
+        for (int off = FA_TX / 2; off > 0; off >>= 1) l[r] += __shfl_xor_sync(0xffffffffu, l[r], off);
+    // o = A / l, as the CPU: a division per element.
+#pragma unroll
+    for (int r = 0; r < FA_R; r++) {
+        if (ra + r >= nq) continue;
+        real *orow = o + (row0 + t0 + ra + r) * ldv + h * dv;
+#pragma unroll
+        for (int g = 0; g < FA_NG; g++)
+#pragma unroll
+            for (int c = 0; c < FA_R; c++) {
+                int col = g * FA_B + cb + c;
+                if (g < ngv && col < dv) orow[col] = acc[g][r][c] / l[r];
+            }
+        if (lse && tx == 0) lse[(int64_t)bh * d.T + t0 + ra + r] = m[r] + log(l[r]);
     }
-    if (lse)
-        for (int i = tid; i < nq; i += FA_THREADS) lse[(int64_t)bh * d.T + t0 + i] = m[i] + log(l[i]);
 }
 
 // iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv (5, 6: the CPU's tiles); farg[0] scale;
@@ -199,7 +327,7 @@ extern "C" void cu_flash_forward(Node *n) {
     size_t smem = fwd_smem(d.dk, d.dv);
     cu_smem_prepare((const void *)k_flash_fwd, smem, "attention", d.dk, d.dv);
     const int *first = fa_first_on_device(n, d.B, d.T);
-    dim3 grid((unsigned)((d.T + FA_BQ - 1) / FA_BQ), (unsigned)(d.B * d.H));
+    dim3 grid((unsigned)((d.T + FA_B - 1) / FA_B), (unsigned)(d.B * d.H));
     k_flash_fwd<<<grid, FA_THREADS, smem, cu_stream>>>(d, n->in[0]->data, n->in[1]->data, n->in[2]->data, first,
                                                        n->out[0]->data, (real *)n->saved);
     CU_LAUNCHED();
@@ -221,11 +349,10 @@ __global__ void k_flash_rowdot(FaDims d, const real *o, const real *dO, real *D)
     }
 }
 
-// dQ kernel, shared memory: Q (BQ x dk), dO (BQ x dv), K (BK x dk+1),
-// V (BK x dv+1), dS (BQ x BK), dQ (BQ x dk), lse, D (BQ); then lo (BQ ints).
+// dQ kernel, shared memory: Q^T, dO^T, K^T, V^T, dS^T transposed tiles (dk,
+// dv, dk, dv, FA_B rows), K by rows (FA_B x ng(dk) FA_B).
 static size_t dq_smem(int dk, int dv) {
-    return ((size_t)FA_BQ * dk + (size_t)FA_BQ * dv + (size_t)FA_BK * (dk + 1) + (size_t)FA_BK * (dv + 1) +
-            (size_t)FA_BQ * FA_BK + (size_t)FA_BQ * dk + 2 * FA_BQ) * sizeof(real) + FA_BQ * sizeof(int);
+    return ((size_t)(2 * dk + 2 * dv + FA_B) * FA_LDT + (size_t)FA_B * fa_groups(dk) * FA_B) * sizeof(real);
 }
 
 // grid (query tiles, B*H): dq rows of the tile = scale sum_j dS K_j, written
@@ -234,193 +361,152 @@ __global__ void __launch_bounds__(FA_THREADS)
     k_flash_dq(FaDims d, const real *q, const real *k, const real *v, const real *dO, const real *lse,
                const real *D, const int *first, real *dq, bool fresh) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    int bh = blockIdx.y, b = bh / d.H, h = bh % d.H, tid = threadIdx.x;
-    int dk = d.dk, dv = d.dv, ldks = dk + 1, ldvs = dv + 1;
-    int t0 = blockIdx.x * FA_BQ, nq = min(FA_BQ, d.T - t0);
+    int bh = blockIdx.y, b = bh / d.H, h = bh % d.H;
+    int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_R, cb = tx * FA_R;
+    int dk = d.dk, dv = d.dv, ngk = (dk + FA_B - 1) / FA_B, ldk_s = ngk * FA_B;
+    int t0 = blockIdx.x * FA_B, nq = min(FA_B, d.T - t0);
     int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
     const real *qh = q + row0 * ldq + h * dk, *kh = k + row0 * ldq + h * dk;
     const real *vh = v + row0 * ldv + h * dv, *dOh = dO + row0 * ldv + h * dv;
     const int *fr = first ? first + row0 : NULL;
-    real *Qs = (real *)fa_smem, *dOs = Qs + FA_BQ * dk, *Ks = dOs + FA_BQ * dv, *Vs = Ks + FA_BK * ldks;
-    real *dSs = Vs + FA_BK * ldvs, *dQa = dSs + FA_BQ * FA_BK, *Ls = dQa + FA_BQ * dk, *Ds = Ls + FA_BQ;
-    int *lo = (int *)(Ds + FA_BQ);
+    real *QT = (real *)fa_smem, *dOT = QT + dk * FA_LDT, *KT = dOT + dv * FA_LDT, *VT = KT + dk * FA_LDT;
+    real *dST = VT + dv * FA_LDT, *Ks = dST + FA_B * FA_LDT;
 
-    for (int e = tid; e < FA_BQ * dk; e += FA_THREADS) {
-        int i = e / dk, c = e % dk;
-        Qs[e] = i < nq ? qh[(t0 + i) * ldq + c] : (real)0;
-        dQa[e] = 0;
+    fa_load_t(QT, qh, ldq, t0, nq, dk);
+    fa_load_t(dOT, dOh, ldv, t0, nq, dv);
+    real acc[FA_NG][FA_R][FA_R], L[FA_R], Dr[FA_R];
+    int lo[FA_R];
+#pragma unroll
+    for (int r = 0; r < FA_R; r++) {
+        int i = ra + r;
+        int64_t row = (int64_t)bh * d.T + t0 + i;
+        L[r] = i < nq ? lse[row] : (real)0;
+        Dr[r] = i < nq ? D[row] : (real)0;
+        lo[r] = i < nq ? fa_lo(fr, t0 + i) : 0;
+#pragma unroll
+        for (int g = 0; g < FA_NG; g++)
+#pragma unroll
+            for (int c = 0; c < FA_R; c++) acc[g][r][c] = 0;
     }
-    for (int e = tid; e < FA_BQ * dv; e += FA_THREADS) {
-        int i = e / dv, c = e % dv;
-        dOs[e] = i < nq ? dOh[(t0 + i) * ldv + c] : (real)0;
-    }
-    for (int i = tid; i < FA_BQ; i += FA_THREADS) {
-        int64_t r = (int64_t)bh * d.T + t0 + i;
-        Ls[i] = i < nq ? lse[r] : (real)0;
-        Ds[i] = i < nq ? D[r] : (real)0;
-        lo[i] = i < nq ? fa_lo(fr, t0 + i) : 0;
-    }
-    __syncthreads();
     int s_end = t0 + nq;
-    for (int s0 = fa_lo(fr, t0); s0 < s_end; s0 += FA_BK) {
-        int nk = min(FA_BK, s_end - s0);
-        for (int e = tid; e < FA_BK * dk; e += FA_THREADS) {
-            int j = e / dk, c = e % dk;
-            Ks[j * ldks + c] = j < nk ? kh[(s0 + j) * ldq + c] : (real)0;
-        }
-        for (int e = tid; e < FA_BK * dv; e += FA_THREADS) {
-            int j = e / dv, c = e % dv;
-            Vs[j * ldvs + c] = j < nk ? vh[(s0 + j) * ldv + c] : (real)0;
-        }
+    for (int s0 = fa_lo(fr, t0); s0 < s_end; s0 += FA_B) {
+        int nk = min(FA_B, s_end - s0);
+        __syncthreads();   // the previous tile's K, V, dS are read
+        fa_load_t(KT, kh, ldq, s0, nk, dk);
+        fa_load_t(VT, vh, ldv, s0, nk, dv);
+        fa_load_rows(Ks, ldk_s, kh, ldq, s0, nk, dk);
         __syncthreads();
         // dS = P (dP - D), P = exp(scale q.k - lse), dP = dO . v; 0 where unseen.
-        for (int e = tid; e < FA_BQ * FA_BK; e += FA_THREADS) {
-            int i = e / FA_BK, j = e % FA_BK, s = s0 + j;
-            real ds = 0;
-            if (i < nq && j < nk && s <= t0 + i && s >= lo[i]) {
-                const real *qi = Qs + i * dk, *kj = Ks + j * ldks, *gi = dOs + i * dv, *vj = Vs + j * ldvs;
-                real sc = 0, dp = 0;
-                for (int c = 0; c < dk; c++) sc = fma(qi[c], kj[c], sc);
-                for (int c = 0; c < dv; c++) dp = fma(gi[c], vj[c], dp);
-                ds = exp(d.scale * sc - Ls[i]) * (dp - Ds[i]);
+        real s[FA_R][FA_R], dp[FA_R][FA_R];
+        fa_tile_abt(s, QT + ra, KT + cb, dk);
+        fa_tile_abt(dp, dOT + ra, VT + cb, dv);
+#pragma unroll
+        for (int r = 0; r < FA_R; r++)
+#pragma unroll
+            for (int c = 0; c < FA_R; c++) {
+                int i = ra + r, j = cb + c, sj = s0 + j;
+                bool seen = i < nq && j < nk && sj <= t0 + i && sj >= lo[r];
+                s[r][c] = seen ? exp(d.scale * s[r][c] - L[r]) * (dp[r][c] - Dr[r]) : (real)0;
             }
-            dSs[e] = ds;
-        }
+        fa_store_t(dST + cb * FA_LDT + ra, s);
         __syncthreads();
-        for (int e = tid; e < FA_BQ * dk; e += FA_THREADS) {
-            int i = e / dk, c = e % dk;
-            const real *dSi = dSs + i * FA_BK;
-            real acc = 0;
-            for (int j = 0; j < nk; j++) acc = fma(dSi[j], Ks[j * ldks + c], acc);
-            dQa[e] += acc;
-        }
-        __syncthreads();   // K, V, dS are overwritten by the next key tile
+        fa_tile_acc(acc, dST + ra, Ks + cb, ldk_s, nk, ngk);
     }
-    for (int e = tid; e < nq * dk; e += FA_THREADS) {
-        int i = e / dk, c = e % dk;
-        real *p = dq + (row0 + t0 + i) * ldq + h * dk + c, g = d.scale * dQa[e];
-        *p = fresh ? g : *p + g;
-    }
+    fa_write_acc(dq + (row0 + t0) * ldq + h * dk, ldq, acc, ra, cb, nq, dk, ngk, NULL, d.scale, fresh);
 }
 
-// dK, dV kernel, shared memory: K (BK x dk+1), V (BK x dv+1), Q (BQ x dk),
-// dO (BQ x dv), P/dS (BQ x BK), dK (BK x dk), dV (BK x dv), lse, D (BQ);
-// then lo (BQ ints).
+// dK, dV kernel, shared memory: K^T, V^T (the block's keys), Q^T, dO^T (the
+// query tile's), P or dS (FA_B rows: query i at i FA_LDT) transposed tiles;
+// Q and dO by rows; lse, D (FA_B) and lo (FA_B ints).
 static size_t dkv_smem(int dk, int dv) {
-    return ((size_t)FA_BK * (dk + 1) + (size_t)FA_BK * (dv + 1) + (size_t)FA_BQ * dk + (size_t)FA_BQ * dv +
-            (size_t)FA_BQ * FA_BK + (size_t)FA_BK * dk + (size_t)FA_BK * dv + 2 * FA_BQ) * sizeof(real) +
-           FA_BQ * sizeof(int);
+    return ((size_t)(2 * dk + 2 * dv + FA_B) * FA_LDT + (size_t)FA_B * (fa_groups(dk) + fa_groups(dv)) * FA_B +
+            2 * FA_B) * sizeof(real) + FA_B * sizeof(int);
 }
 
 // grid (key tiles, B*H): dk rows of the tile = scale sum_i dS^T Q_i and dv
 // rows = sum_i P^T dO_i over the query tiles from the key tile on, up to the
-// end of the last key's document. dk or dv may be NULL (no gradient); a
-// tensor passed as both k and v gets dk written first, then dv added.
+// end of the last key's document. Here a thread's register tile has keys as
+// rows (ra + r) and queries as columns (cb + c). dk or dv may be NULL (no
+// gradient; D may be NULL when dk is); a tensor passed as both k and v gets
+// dk written first, then dv added.
 __global__ void __launch_bounds__(FA_THREADS)
     k_flash_dkv(FaDims d, const real *q, const real *k, const real *v, const real *dO, const real *lse,
                 const real *D, const int *first, real *gk, bool fresh_k, real *gv, bool fresh_v) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    int bh = blockIdx.y, b = bh / d.H, h = bh % d.H, tid = threadIdx.x;
-    int dk = d.dk, dv = d.dv, ldks = dk + 1, ldvs = dv + 1;
-    int s0 = blockIdx.x * FA_BK, nk = min(FA_BK, d.T - s0), s_last = s0 + nk - 1;
+    int bh = blockIdx.y, b = bh / d.H, h = bh % d.H;
+    int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_R, cb = tx * FA_R;
+    int dk = d.dk, dv = d.dv, ngk = (dk + FA_B - 1) / FA_B, ngv = (dv + FA_B - 1) / FA_B;
+    int ldk_s = ngk * FA_B, ldv_s = ngv * FA_B;
+    int s0 = blockIdx.x * FA_B, nk = min(FA_B, d.T - s0), s_last = s0 + nk - 1;
     int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
     const real *qh = q + row0 * ldq + h * dk, *kh = k + row0 * ldq + h * dk;
     const real *vh = v + row0 * ldv + h * dv, *dOh = dO + row0 * ldv + h * dv;
     const int *fr = first ? first + row0 : NULL;
-    real *Ks = (real *)fa_smem, *Vs = Ks + FA_BK * ldks, *Qs = Vs + FA_BK * ldvs, *dOs = Qs + FA_BQ * dk;
-    real *Ps = dOs + FA_BQ * dv, *dKa = Ps + FA_BQ * FA_BK, *dVa = dKa + FA_BK * dk, *Ls = dVa + FA_BK * dv;
-    real *Ds = Ls + FA_BQ;
-    int *lo = (int *)(Ds + FA_BQ);
+    real *KT = (real *)fa_smem, *VT = KT + dk * FA_LDT, *QT = VT + dv * FA_LDT, *dOT = QT + dk * FA_LDT;
+    real *PT = dOT + dv * FA_LDT, *Qs = PT + FA_B * FA_LDT, *dOs = Qs + FA_B * ldk_s, *Ls = dOs + FA_B * ldv_s;
+    real *Ds = Ls + FA_B;
+    int *lo = (int *)(Ds + FA_B);
 
-    for (int e = tid; e < FA_BK * dk; e += FA_THREADS) {
-        int j = e / dk, c = e % dk;
-        Ks[j * ldks + c] = j < nk ? kh[(s0 + j) * ldq + c] : (real)0;
-        dKa[e] = 0;
-    }
-    for (int e = tid; e < FA_BK * dv; e += FA_THREADS) {
-        int j = e / dv, c = e % dv;
-        Vs[j * ldvs + c] = j < nk ? vh[(s0 + j) * ldv + c] : (real)0;
-        dVa[e] = 0;
-    }
+    fa_load_t(KT, kh, ldq, s0, nk, dk);
+    fa_load_t(VT, vh, ldv, s0, nk, dv);
+    real ak[FA_NG][FA_R][FA_R], av[FA_NG][FA_R][FA_R];
+#pragma unroll
+    for (int g = 0; g < FA_NG; g++)
+#pragma unroll
+        for (int r = 0; r < FA_R; r++)
+#pragma unroll
+            for (int c = 0; c < FA_R; c++) ak[g][r][c] = av[g][r][c] = 0;
     // The query tiles start at s0 (earlier queries see none of these keys).
     // The document start lo(t) does not decrease with t: once a tile's first
     // query begins its document after the last key, no later query sees any
     // key of the tile. (fr[...] is the same for every thread: the loop and
     // its barriers are uniform.)
-    for (int t0 = s0; t0 < d.T && fa_lo(fr, t0) <= s_last; t0 += FA_BQ) {
-        int nq = min(FA_BQ, d.T - t0);
-        for (int e = tid; e < FA_BQ * dk; e += FA_THREADS) {
-            int i = e / dk, c = e % dk;
-            Qs[e] = i < nq ? qh[(t0 + i) * ldq + c] : (real)0;
-        }
-        for (int e = tid; e < FA_BQ * dv; e += FA_THREADS) {
-            int i = e / dv, c = e % dv;
-            dOs[e] = i < nq ? dOh[(t0 + i) * ldv + c] : (real)0;
-        }
-        for (int i = tid; i < FA_BQ; i += FA_THREADS) {
-            int64_t r = (int64_t)bh * d.T + t0 + i;
-            Ls[i] = i < nq ? lse[r] : (real)0;
-            Ds[i] = i < nq && D ? D[r] : (real)0;
+    for (int t0 = s0; t0 < d.T && fa_lo(fr, t0) <= s_last; t0 += FA_B) {
+        int nq = min(FA_B, d.T - t0);
+        __syncthreads();   // the previous query tile is read
+        fa_load_t(QT, qh, ldq, t0, nq, dk);
+        fa_load_rows(Qs, ldk_s, qh, ldq, t0, nq, dk);
+        fa_load_t(dOT, dOh, ldv, t0, nq, dv);
+        fa_load_rows(dOs, ldv_s, dOh, ldv, t0, nq, dv);
+        for (int i = threadIdx.x; i < FA_B; i += FA_THREADS) {
+            int64_t row = (int64_t)bh * d.T + t0 + i;
+            Ls[i] = i < nq ? lse[row] : (real)0;
+            Ds[i] = i < nq && D ? D[row] : (real)0;
             lo[i] = i < nq ? fa_lo(fr, t0 + i) : 0;
         }
         __syncthreads();
-        // P = exp(scale q.k - lse), 0 where query i does not see key j.
-        for (int e = tid; e < FA_BQ * FA_BK; e += FA_THREADS) {
-            int i = e / FA_BK, j = e % FA_BK, s = s0 + j;
-            real p = 0;
-            if (i < nq && j < nk && s <= t0 + i && s >= lo[i]) {
-                const real *qi = Qs + i * dk, *kj = Ks + j * ldks;
-                real sc = 0;
-                for (int c = 0; c < dk; c++) sc = fma(qi[c], kj[c], sc);
-                p = exp(d.scale * sc - Ls[i]);
+        // P^T = exp(scale k.q - lse), 0 where query i does not see key j.
+        real p[FA_R][FA_R];
+        fa_tile_abt(p, KT + ra, QT + cb, dk);
+#pragma unroll
+        for (int r = 0; r < FA_R; r++)
+#pragma unroll
+            for (int c = 0; c < FA_R; c++) {
+                int j = ra + r, i = cb + c, sj = s0 + j;
+                bool seen = i < nq && j < nk && sj <= t0 + i && sj >= lo[i];
+                p[r][c] = seen ? exp(d.scale * p[r][c] - Ls[i]) : (real)0;
             }
-            Ps[e] = p;
-        }
-        __syncthreads();
-        if (gv)   // dV_j += P^T dO
-            for (int e = tid; e < FA_BK * dv; e += FA_THREADS) {
-                int j = e / dv, c = e % dv;
-                real acc = 0;
-                for (int i = 0; i < nq; i++) acc = fma(Ps[i * FA_BK + j], dOs[i * dv + c], acc);
-                dVa[e] += acc;
-            }
-        if (gk) {
-            __syncthreads();   // the dV product has read P; dS replaces it
-            for (int e = tid; e < FA_BQ * FA_BK; e += FA_THREADS) {
-                int i = e / FA_BK, j = e % FA_BK;
-                real p = Ps[e], ds = 0;
-                if (p != 0) {   // else dS = 0 (unseen, or a weight below the smallest real)
-                    const real *gi = dOs + i * dv, *vj = Vs + j * ldvs;
-                    real dp = 0;
-                    for (int c = 0; c < dv; c++) dp = fma(gi[c], vj[c], dp);
-                    ds = p * (dp - Ds[i]);
-                }
-                Ps[e] = ds;
-            }
+        if (gv) {   // dV_j += P^T dO
+            fa_store_t(PT + cb * FA_LDT + ra, p);
             __syncthreads();
-            // dK_j += dS^T Q (the scale at the end)
-            for (int e = tid; e < FA_BK * dk; e += FA_THREADS) {
-                int j = e / dk, c = e % dk;
-                real acc = 0;
-                for (int i = 0; i < nq; i++) acc = fma(Ps[i * FA_BK + j], Qs[i * dk + c], acc);
-                dKa[e] += acc;
-            }
+            fa_tile_acc(av, PT + ra, dOs + cb, ldv_s, nq, ngv);
         }
-        __syncthreads();   // Q, dO, P are overwritten by the next query tile
+        if (gk) {   // dS^T = P^T (dP^T - D), dK_j += dS^T Q (the scale at the end)
+            real dp[FA_R][FA_R];
+            fa_tile_abt(dp, VT + ra, dOT + cb, dv);
+#pragma unroll
+            for (int r = 0; r < FA_R; r++)
+#pragma unroll
+                for (int c = 0; c < FA_R; c++) p[r][c] = p[r][c] * (dp[r][c] - Ds[cb + c]);
+            if (gv) __syncthreads();   // the dV product has read P; dS replaces it
+            fa_store_t(PT + cb * FA_LDT + ra, p);
+            __syncthreads();
+            fa_tile_acc(ak, PT + ra, Qs + cb, ldk_s, nq, ngk);
+        }
     }
-    if (gk)
-        for (int e = tid; e < nk * dk; e += FA_THREADS) {
-            int j = e / dk, c = e % dk;
-            real *p = gk + (row0 + s0 + j) * ldq + h * dk + c, g = d.scale * dKa[e];
-            *p = fresh_k ? g : *p + g;
-        }
+    if (gk) fa_write_acc(gk + (row0 + s0) * ldq + h * dk, ldq, ak, ra, cb, nk, dk, ngk, NULL, d.scale, fresh_k);
     __syncthreads();   // gk and gv may be one buffer (k and v one tensor): dk first
-    if (gv)
-        for (int e = tid; e < nk * dv; e += FA_THREADS) {
-            int j = e / dv, c = e % dv;
-            real *p = gv + (row0 + s0 + j) * ldv + h * dv + c;
-            *p = fresh_v ? dVa[e] : *p + dVa[e];
-        }
+    if (gv) fa_write_acc(gv + (row0 + s0) * ldv + h * dv, ldv, av, ra, cb, nk, dv, ngv, NULL, (real)1, fresh_v);
 }
 
 extern "C" void cu_flash_backward(Node *n) {
@@ -444,14 +530,14 @@ extern "C" void cu_flash_backward(Node *n) {
     if (gq) {
         size_t smem = dq_smem(d.dk, d.dv);
         cu_smem_prepare((const void *)k_flash_dq, smem, "attention backward", d.dk, d.dv);
-        dim3 grid((unsigned)((d.T + FA_BQ - 1) / FA_BQ), (unsigned)(d.B * d.H));
+        dim3 grid((unsigned)((d.T + FA_B - 1) / FA_B), (unsigned)(d.B * d.H));
         k_flash_dq<<<grid, FA_THREADS, smem, cu_stream>>>(d, q, k, v, dO, lse, D, first, gq, fq);
         CU_LAUNCHED();
     }
     if (gk || gv) {
         size_t smem = dkv_smem(d.dk, d.dv);
         cu_smem_prepare((const void *)k_flash_dkv, smem, "attention backward", d.dk, d.dv);
-        dim3 grid((unsigned)((d.T + FA_BK - 1) / FA_BK), (unsigned)(d.B * d.H));
+        dim3 grid((unsigned)((d.T + FA_B - 1) / FA_B), (unsigned)(d.B * d.H));
         k_flash_dkv<<<grid, FA_THREADS, smem, cu_stream>>>(d, q, k, v, dO, lse, D, first, gk, fk, gv, fv);
         CU_LAUNCHED();
     }
