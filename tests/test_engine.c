@@ -1,6 +1,7 @@
 // The tape itself: accumulation, no-grad mode, frozen parameters, reset, bad calls.
 #include <string.h>
 
+#include "device.h"
 #include "test_util.h"
 
 Test(engine, gradients_accumulate_over_reuse) {
@@ -102,4 +103,22 @@ Test(engine, params_are_contiguous_and_seeded) {
     cr_assert(EXPECT_FAILURE(params_add(&a, "late", 1, (int[]){1}, init_zeros(), 0)));
     params_free(&a);
     params_free(&b);
+}
+
+// AG_DEVICE picks where gradcheck runs: unset or "cpu" is the CPU; a name that
+// is not a device, or "cuda" in a build without the backend, stops with the
+// value in the message (not a silent CPU run).
+Test(engine, ag_device_is_read_and_checked) {
+    setenv("AG_DEVICE", "gpu0", 1);
+    cr_assert(EXPECT_FAILURE(device_default()), "AG_DEVICE=gpu0 was accepted");
+    cr_assert(strstr(ag_last_error(), "AG_DEVICE=gpu0") != NULL, "%s", ag_last_error());
+    if (!device_cuda_built()) {
+        setenv("AG_DEVICE", "cuda", 1);
+        cr_assert(EXPECT_FAILURE(device_default()), "AG_DEVICE=cuda without the backend was accepted");
+        cr_assert(strstr(ag_last_error(), "no CUDA backend") != NULL, "%s", ag_last_error());
+    }
+    setenv("AG_DEVICE", "cpu", 1);
+    cr_assert_eq(device_default(), DEVICE_CPU);
+    setenv("AG_DEVICE", "cuda", 1);   // read once: the choice stays
+    cr_assert_eq(device_default(), DEVICE_CPU);
 }

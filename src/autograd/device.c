@@ -36,6 +36,23 @@ int device_parse(const char *name) {
     return -1;
 }
 
+Device device_default(void) {
+    static int chosen = -1;
+    if (chosen >= 0) return (Device)chosen;
+    const char *v = getenv("AG_DEVICE");
+    int d = DEVICE_CPU;
+    if (v && *v) {
+        d = device_parse(v);
+        ASSERT(d >= 0, "AG_DEVICE=%.64s: not a device (cpu or cuda)", v);
+        if (d == DEVICE_CUDA) {
+            char err[256];
+            ASSERT(device_cuda_init(err, sizeof err), "AG_DEVICE=cuda: %s", err);
+        }
+    }
+    chosen = d;
+    return (Device)d;
+}
+
 const char *device_describe(Device d) {
 #ifdef AG_CUDA
     if (d == DEVICE_CUDA) return cu_describe();

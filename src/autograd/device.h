@@ -27,6 +27,11 @@ bool device_cuda_init(char *err, size_t n);
 const char *device_describe(Device d);
 const char *device_name(Device d);            // "cpu", "cuda"
 int device_parse(const char *name);           // -1 when unknown
+// Where the library's own checks run (gradcheck): the environment variable
+// AG_DEVICE ("cpu", the default when unset or empty, or "cuda"), read once.
+// An unknown name, or cuda where the backend is not built or finds no GPU,
+// stops with a message naming the value.
+Device device_default(void);
 
 // Memory on a device. dev_alloc is 256-byte aligned on the GPU, 64 on the CPU;
 // it stops with a message naming the size when the memory is not there.

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
+
 GradcheckOptions gradcheck_defaults(void) {
     GradcheckOptions o;
 #ifdef AG_DOUBLE
@@ -30,6 +32,7 @@ typedef struct Probe {
     Tape *tp;
     real *R[GRADCHECK_MAX_OUT];   // the contraction tensors
     int64_t R_n[GRADCHECK_MAX_OUT];
+    real *out[GRADCHECK_MAX_OUT]; // a GPU tape's outputs, read back (NULL on the CPU)
     int n_out;
 } Probe;
 
@@ -44,9 +47,83 @@ static double probe_eval(Probe *p) {
     double s = 0;
     for (int k = 0; k < n; k++) {
         ASSERT(outs[k]->numel == p->R_n[k], "gradcheck: output %d changed size", k);
-        for (int64_t i = 0; i < outs[k]->numel; i++) s += (double)outs[k]->data[i] * (double)p->R[k][i];
+        const real *o = outs[k]->data;
+        if (p->tp->device != DEVICE_CPU) {
+            dev_to_host(p->out[k], o, (size_t)outs[k]->numel * sizeof(real), p->tp->device);
+            o = p->out[k];
+        }
+        for (int64_t i = 0; i < outs[k]->numel; i++) s += (double)o[i] * (double)p->R[k][i];
     }
     return s;
+}
+
+// On a GPU (device_default(): AG_DEVICE=cuda) the inputs themselves move for
+// the check: each input's data and gradient are swapped for device copies
+// and flagged TENSOR_ON_GPU, so a function that reaches them through its ctx
+// (a layer's parameters) reads the same tensors on the device. The host
+// copy stays the one perturbed; each perturbation is copied up before an
+// evaluation. At the end the tensors get their host buffers back, with the
+// analytic gradient in x->grad as on the CPU.
+typedef struct Moved {
+    real *host_data, *host_grad;
+    unsigned flags;
+    int same_as;   // an earlier input that is this tensor, or -1
+} Moved;
+
+static Moved *inputs_to_device(Tensor *const *inputs, int n, Device d) {
+    Moved *mv = xcalloc((size_t)(n > 0 ? n : 1), sizeof *mv);
+    for (int i = 0; i < n; i++) {
+        Tensor *x = inputs[i];
+        mv[i].same_as = -1;
+        for (int j = 0; j < i; j++)
+            if (inputs[j] == x) mv[i].same_as = j;
+        if (mv[i].same_as >= 0) continue;
+        ASSERT(!(x->flags & TENSOR_ON_GPU), "gradcheck: input %d '%s' is on the GPU already; pass host tensors", i,
+               x->name ? x->name : "?");
+        size_t bytes = (size_t)x->numel * sizeof(real);
+        mv[i].host_data = x->data;
+        mv[i].host_grad = x->grad;
+        mv[i].flags = x->flags;
+        x->data = dev_alloc(d, bytes ? bytes : sizeof(real));
+        dev_from_host(x->data, d, mv[i].host_data, bytes);
+        x->grad = NULL;
+        if (x->requires_grad && mv[i].host_grad) {
+            x->grad = dev_alloc(d, bytes ? bytes : sizeof(real));
+            dev_zero(d, x->grad, bytes);
+        }
+        x->flags |= TENSOR_ON_GPU;
+    }
+    return mv;
+}
+
+static void inputs_to_host(Moved *mv, Tensor *const *inputs, int n, Device d) {
+    for (int i = 0; i < n; i++) {
+        if (mv[i].same_as >= 0) continue;
+        Tensor *x = inputs[i];
+        if (x->grad) {
+            dev_to_host(mv[i].host_grad, x->grad, (size_t)x->numel * sizeof(real), d);
+            dev_free(d, x->grad);
+        }
+        dev_free(d, x->data);
+        x->data = mv[i].host_data;
+        x->grad = mv[i].host_grad;
+        x->flags = mv[i].flags;
+    }
+    free(mv);
+}
+
+// Input i's values as the check perturbs them: x->data on the CPU, the host
+// copy on a GPU.
+static real *host_values(Tensor *const *inputs, const Moved *mv, int i) {
+    if (!mv) return inputs[i]->data;
+    int j = mv[i].same_as >= 0 ? mv[i].same_as : i;
+    return mv[j].host_data;
+}
+
+// After host values [at, at + n) of input i changed: copy them to the device.
+static void push_values(Tensor *x, const real *host, int64_t at, int64_t n, Device d) {
+    if (d == DEVICE_CPU) return;
+    dev_from_host(x->data + at, d, host + at, (size_t)n * sizeof(real));
 }
 
 static double rel_err(double a, double n, double floor) {
@@ -59,16 +136,21 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
                           void *ctx, const GradcheckOptions *opt_in) {
     GradcheckOptions opt = opt_in ? *opt_in : gradcheck_defaults();
     GradcheckResult res = {true, 0.0, -1, -1, 0.0, 0.0, 0};
+    Device dev = device_default();
     Tape tp;
-    tape_init(&tp);
+    tape_init_on(&tp, dev);
     Rng rng;
     rng_seed(&rng, opt.seed);
+    for (int i = 0; i < n_inputs; i++)
+        ASSERT(!inputs[i]->requires_grad || inputs[i]->grad,
+               "gradcheck '%s': input %d requires a gradient but has no buffer", label, i);
+    Moved *mv = dev == DEVICE_CPU ? NULL : inputs_to_device(inputs, n_inputs, dev);
 
     // 1. Analytic pass: forward, seed every output with R_k, backward.
     for (int i = 0; i < n_inputs; i++)
         if (inputs[i]->requires_grad && inputs[i]->grad)
-            memset(inputs[i]->grad, 0, (size_t)inputs[i]->numel * sizeof(real));
-    Probe p = {f, inputs, n_inputs, ctx, &tp, {0}, {0}, 0};
+            dev_zero(dev, inputs[i]->grad, (size_t)inputs[i]->numel * sizeof(real));
+    Probe p = {f, inputs, n_inputs, ctx, &tp, {0}, {0}, {0}, 0};
     Tensor *outs[GRADCHECK_MAX_OUT] = {0};
     p.n_out = f(&tp, inputs, n_inputs, ctx, outs);
     ASSERT(p.n_out >= 1 && p.n_out <= GRADCHECK_MAX_OUT, "gradcheck '%s': %d outputs", label, p.n_out);
@@ -78,15 +160,15 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
         p.R[k] = xmalloc((size_t)outs[k]->numel * sizeof(real));
         for (int64_t i = 0; i < outs[k]->numel; i++) p.R[k][i] = (real)rng_normal(&rng);
         seeds[k] = p.R[k];
+        if (dev != DEVICE_CPU) p.out[k] = xmalloc((size_t)(outs[k]->numel ? outs[k]->numel : 1) * sizeof(real));
     }
     tape_backward_multi(&tp, outs, seeds, p.n_out);
     real **analytic = xcalloc((size_t)n_inputs, sizeof *analytic);
     for (int i = 0; i < n_inputs; i++) {
         Tensor *x = inputs[i];
         if (!x->requires_grad) continue;
-        ASSERT(x->grad, "gradcheck '%s': input %d requires a gradient but has no buffer", label, i);
         analytic[i] = xmalloc((size_t)x->numel * sizeof(real));
-        memcpy(analytic[i], x->grad, (size_t)x->numel * sizeof(real));
+        dev_to_host(analytic[i], x->grad, (size_t)x->numel * sizeof(real), dev);
     }
 
     // 2. Numeric pass, input by input.
@@ -100,13 +182,17 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
         for (int64_t j = 0; j < count; j++) idx[j] = all ? j : (int64_t)rng_below(&rng, (uint64_t)n);
         double *num = xmalloc((size_t)count * sizeof *num);
         double scale = 0;
+        real *hx = host_values(inputs, mv, i);
         for (int64_t j = 0; j < count; j++) {
-            real saved = x->data[idx[j]];
-            x->data[idx[j]] = (real)(saved + opt.eps);
+            real saved = hx[idx[j]];
+            hx[idx[j]] = (real)(saved + opt.eps);
+            push_values(x, hx, idx[j], 1, dev);
             double fp = probe_eval(&p);
-            x->data[idx[j]] = (real)(saved - opt.eps);
+            hx[idx[j]] = (real)(saved - opt.eps);
+            push_values(x, hx, idx[j], 1, dev);
             double fm = probe_eval(&p);
-            x->data[idx[j]] = saved;
+            hx[idx[j]] = saved;
+            push_values(x, hx, idx[j], 1, dev);
             num[j] = (fp - fm) / (2 * opt.eps);
             scale = fmax(scale, fabs(num[j]));
         }
@@ -128,7 +214,7 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
         // Random directions over the whole input.
         real *dir = xmalloc((size_t)n * sizeof(real));
         real *saved = xmalloc((size_t)n * sizeof(real));
-        memcpy(saved, x->data, (size_t)n * sizeof(real));
+        memcpy(saved, hx, (size_t)n * sizeof(real));
         for (int d = 0; d < opt.n_directions; d++) {
             double norm = 0;
             for (int64_t j = 0; j < n; j++) {
@@ -141,11 +227,14 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
                 dir[j] = (real)(dir[j] / norm);
                 dot += (double)analytic[i][j] * dir[j];
             }
-            for (int64_t j = 0; j < n; j++) x->data[j] = (real)(saved[j] + opt.eps * dir[j]);
+            for (int64_t j = 0; j < n; j++) hx[j] = (real)(saved[j] + opt.eps * dir[j]);
+            push_values(x, hx, 0, n, dev);
             double fp = probe_eval(&p);
-            for (int64_t j = 0; j < n; j++) x->data[j] = (real)(saved[j] - opt.eps * dir[j]);
+            for (int64_t j = 0; j < n; j++) hx[j] = (real)(saved[j] - opt.eps * dir[j]);
+            push_values(x, hx, 0, n, dev);
             double fm = probe_eval(&p);
-            memcpy(x->data, saved, (size_t)n * sizeof(real));
+            memcpy(hx, saved, (size_t)n * sizeof(real));
+            push_values(x, hx, 0, n, dev);
             double numd = (fp - fm) / (2 * opt.eps);
             double dscale = 0;
             for (int64_t j = 0; j < n; j++) dscale += (double)analytic[i][j] * analytic[i][j];
@@ -180,7 +269,11 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
     }
     for (int i = 0; i < n_inputs; i++) free(analytic[i]);
     free(analytic);
-    for (int k = 0; k < p.n_out; k++) free(p.R[k]);
+    for (int k = 0; k < p.n_out; k++) {
+        free(p.R[k]);
+        free(p.out[k]);
+    }
     tape_free(&tp);
+    if (mv) inputs_to_host(mv, inputs, n_inputs, dev);
     return res;
 }

@@ -14,6 +14,12 @@
 // input's scale rather than on their own (where finite-difference rounding
 // dominates). Inputs larger than max_elems are checked on a random subset of
 // elements plus random directions: <grad, d> against (f(x+eps d)-f(x-eps d))/2eps.
+//
+// Device: the check runs on a tape of device_default() (AG_DEVICE=cuda: the
+// GPU). There the inputs (host tensors) are moved to the GPU for the check
+// and back after it, so a function that reaches them through ctx (a layer's
+// parameters) sees them on the device; anything else it reads must be built
+// on the tape (tape_tensor_copy) or passed to ops as host arrays they copy.
 #ifndef AG_GRADCHECK_H
 #define AG_GRADCHECK_H
 
