@@ -45,26 +45,16 @@ typedef struct {
     real *o, *dq, *dk, *dv;
 } AttnRun;
 
+// Forward and backward (dO drawn from seed) on device_default() (AG_DEVICE=cuda: the GPU).
 static AttnRun attn_run(QKV *x, AttnCtx *c, uint64_t seed) {
-    Tape tp;
-    tape_init(&tp);
-    for (Tensor **t = &x->q; t <= &x->v; t++) memset((*t)->grad, 0, (size_t)(*t)->numel * sizeof(real));
-    Tensor *o;
-    f_attn(&tp, (Tensor *[]){x->q, x->k, x->v}, 3, c, &o);
-    Tensor *seedt = tensor_newv(false, 3, o->shape[0], o->shape[1], o->shape[2]);
-    fill_normal(seedt, seed, 1.0);
-    tape_backward_from(&tp, o, seedt->data);
     AttnRun r;
-    r.o = xmalloc((size_t)o->numel * sizeof(real));
-    memcpy(r.o, o->data, (size_t)o->numel * sizeof(real));
+    Tensor *in[3] = {x->q, x->k, x->v};
+    cr_assert_eq(gradcheck_run(f_attn, in, 3, c, seed, &r.o, NULL), 1);
     real **dst[3] = {&r.dq, &r.dk, &r.dv};
-    Tensor *src[3] = {x->q, x->k, x->v};
     for (int i = 0; i < 3; i++) {
-        *dst[i] = xmalloc((size_t)src[i]->numel * sizeof(real));
-        memcpy(*dst[i], src[i]->grad, (size_t)src[i]->numel * sizeof(real));
+        *dst[i] = xmalloc((size_t)in[i]->numel * sizeof(real));
+        memcpy(*dst[i], in[i]->grad, (size_t)in[i]->numel * sizeof(real));
     }
-    tensor_free(seedt);
-    tape_free(&tp);
     return r;
 }
 
@@ -352,42 +342,28 @@ Test(attn_layer, gradcheck_input_and_every_parameter) {
     params_free(&ps);
 }
 
-// Token-by-token decoding equals the parallel forward at every position.
-// T = 70 > the 64-query tile, so the forward runs two tiles.
+// Token-by-token decoding equals the parallel forward at every position, on
+// device_default() (test_mixer_decode_diff). T = 70 > the 64-query tile, so
+// the forward runs two tiles. A step past max_T fails (on the CPU, first).
 Test(attn_layer, decode_equals_parallel_forward) {
     int B = 2, T = 70, D = 16;
     ParamStore ps;
     Mixer *m = attn_mixer_new(&ps, D, 2, 8, 4, 4);
-    Tensor *u = tensor_newv(false, 3, B, T, D);
-    fill_normal(u, 5, 1.0);
-    Tape tp;
-    tape_init(&tp);
-    tape_no_grad_push(&tp);
-    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, NULL);
-    void *cache = m->kind->cache_new(m, B, T, DEVICE_CPU);
     Tape ts;
     tape_init(&ts);
     tape_no_grad_push(&ts);
-    double worst = 0;
-    for (int t = 0; t < T; t++) {
-        Tensor *ut = tape_tensorv(&ts, 3, B, 1, D);
-        for (int b = 0; b < B; b++)
-            memcpy(ut->data + b * D, u->data + ((int64_t)b * T + t) * D, D * sizeof(real));
-        Tensor *yt = m->kind->step(&ts, m, cache, ut);
-        cr_assert(yt->ndim == 3 && yt->shape[0] == B && yt->shape[1] == 1 && yt->shape[2] == D);
-        for (int b = 0; b < B; b++) {
-            double d = max_rel_diff(yt->data + b * D, y->data + ((int64_t)b * T + t) * D, D);
-            worst = fmax(worst, d);
-            cr_assert_leq(d, DECODE_TOL, "position %d, batch %d: step vs forward rel diff %.3e", t, b, d);
-        }
-        tape_reset(&ts);
-    }
-    cr_assert(EXPECT_FAILURE(m->kind->step(&ts, m, cache, tape_tensorv(&ts, 3, B, 1, D))),
+    void *small = m->kind->cache_new(m, B, 1, DEVICE_CPU);
+    m->kind->step(&ts, m, small, tape_tensor_zeros(&ts, 3, (int[]){B, 1, D}));
+    cr_assert(EXPECT_FAILURE(m->kind->step(&ts, m, small, tape_tensor_zeros(&ts, 3, (int[]){B, 1, D}))),
               "a step past max_T must fail");
     cr_assert(strstr(ag_last_error(), "full"), "got: %s", ag_last_error());
-    m->kind->cache_free(cache);
+    m->kind->cache_free(small);
     tape_free(&ts);
-    tape_free(&tp);
+    Tensor *u = tensor_newv(false, 3, B, T, D);
+    fill_normal(u, 5, 1.0);
+    int t = -1;
+    double d = test_mixer_decode_diff(m, &ps, u, &t);
+    cr_assert_leq(d, DECODE_TOL, "position %d: step vs forward rel diff %.3e", t, d);
     tensor_free(u);
     mixer_destroy(m);
     params_free(&ps);

@@ -123,32 +123,22 @@ typedef struct FormRun {
     real *o, *sT, *grads[6];   // heap copies
 } FormRun;
 
-// Forward + backward of one form with fixed random seeds on o and S_T.
+// Forward + backward of one form with fixed random seeds on o and S_T, on
+// device_default() (AG_DEVICE=cuda: the GPU).
 static FormRun run_form(GdnInputs *in, MixerForm form, int chunk) {
-    Tape tp;
-    tape_init(&tp);
-    zero_grads(in);
-    Tensor *sT = NULL;
-    Tensor *o = op_gdn(&tp, in->q, in->k, in->v, in->beta, in->g, in->s0, NULL, in->H, form, chunk, &sT);
-    Tensor *ro = tensor_new(o->ndim, o->shape, false), *rs = tensor_new(sT->ndim, sT->shape, false);
-    fill_normal(ro, 7, 1.0);
-    fill_normal(rs, 8, 1.0);
-    tape_backward_multi(&tp, (Tensor *[]){o, sT}, (const real *[]){ro->data, rs->data}, 2);
-    FormRun fr;
-    fr.o = xmalloc(o->numel * sizeof(real));
-    fr.sT = xmalloc(sT->numel * sizeof(real));
-    memcpy(fr.o, o->data, o->numel * sizeof(real));
-    memcpy(fr.sT, sT->data, sT->numel * sizeof(real));
+    GdnCtx c = {in->H, chunk, form};
     Tensor *ts[] = {in->q, in->k, in->v, in->beta, in->g, in->s0};
+    real *out[2];
+    cr_assert_eq(gradcheck_run(f_gdn, ts, in->s0 ? 6 : 5, &c, 7, out, NULL), 2);
+    FormRun fr;
+    fr.o = out[0];
+    fr.sT = out[1];
     for (int i = 0; i < 6; i++) {
         fr.grads[i] = NULL;
         if (!ts[i]) continue;
         fr.grads[i] = xmalloc(ts[i]->numel * sizeof(real));
         memcpy(fr.grads[i], ts[i]->grad, ts[i]->numel * sizeof(real));
     }
-    tensor_free(ro);
-    tensor_free(rs);
-    tape_free(&tp);
     return fr;
 }
 

@@ -191,30 +191,10 @@ static void check_decode(int conv) {
     params_finalize(&ps, 13);
     Tensor *u = tensor_newv(false, 3, B, T, D);
     fill_normal(u, 14, 1.0);
-    Tape tp;
-    tape_init(&tp);
-    tape_no_grad_push(&tp);
-    Tensor *sT = NULL;
-    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, &sT);
-    void *cache = m->kind->cache_new(m, B, T, DEVICE_CPU);
-    Tensor *ut = tensor_newv(false, 3, B, 1, D);
-    real *yt_full = xmalloc((size_t)B * D * sizeof(real));
-    for (int t = 0; t < T; t++) {
-        for (int b = 0; b < B; b++) {
-            memcpy(ut->data + b * D, u->data + ((int64_t)b * T + t) * D, D * sizeof(real));
-            memcpy(yt_full + b * D, y->data + ((int64_t)b * T + t) * D, D * sizeof(real));
-        }
-        Tensor *yt = m->kind->step(&tp, m, cache, ut);
-        cr_assert(yt->ndim == 3 && yt->shape[0] == B && yt->shape[1] == 1 && yt->shape[2] == D, "%s", SHAPE(yt));
-        double e = max_rel_diff(yt->data, yt_full, (int64_t)B * D);
-        cr_assert_leq(e, LAYER_FORM_TOL, "conv %d, position %d: step differs from the forward by %.3e", conv, t, e);
-    }
-    tape_no_grad_pop(&tp);
-    m->kind->cache_free(cache);
-    free(yt_full);
-    tensor_free(ut);
+    int t = -1;
+    double e = test_mixer_decode_diff(m, &ps, u, &t);
+    cr_assert_leq(e, LAYER_FORM_TOL, "conv %d, position %d: step differs from the forward by %.3e", conv, t, e);
     tensor_free(u);
-    tape_free(&tp);
     mixer_destroy(m);
     params_free(&ps);
 }

@@ -113,7 +113,8 @@ Test(linear_mamba, gradcheck_input_state_and_every_parameter) {
         }
 }
 
-// Every position of step() against the forward of the whole sequence.
+// Every position of step() against the forward of the whole sequence, on
+// device_default() (test_mixer_decode_diff).
 static void check_decode(const char *kind, MixerForm form, int conv_size) {
     int B = 2, T = 11;
     MixerConfig c = small_config(form, conv_size);
@@ -121,31 +122,10 @@ static void check_decode(const char *kind, MixerForm form, int conv_size) {
     layer_make(&L, kind, &c, 31);
     Tensor *u = tensor_newv(false, 3, B, T, c.d_model);
     fill_normal(u, 32, 1.0);
-    Tape tp;
-    tape_init(&tp);
-    Tensor *y = L.m->kind->forward(&tp, L.m, u, NULL, NULL, NULL);
-    void *cache = L.m->kind->cache_new(L.m, B, T, DEVICE_CPU);
-    Tape ts;
-    tape_init(&ts);
-    tape_no_grad_push(&ts);
-    real *want = xmalloc((size_t)B * c.d_model * sizeof(real));
-    for (int t = 0; t < T; t++) {
-        Tensor *ut = tape_tensorv(&ts, 3, B, 1, c.d_model);
-        for (int b = 0; b < B; b++) {
-            memcpy(ut->data + b * c.d_model, u->data + ((int64_t)b * T + t) * c.d_model, c.d_model * sizeof(real));
-            memcpy(want + b * c.d_model, y->data + ((int64_t)b * T + t) * c.d_model, c.d_model * sizeof(real));
-        }
-        Tensor *yt = L.m->kind->step(&ts, L.m, cache, ut);
-        double d = max_rel_diff(yt->data, want, (int64_t)B * c.d_model);
-        cr_assert(d <= LAYER_TOL, "%s (%s, conv %d): step at t = %d differs from the forward by %.3e (tolerance %.0e)", kind,
-                  mixer_form_name(form), conv_size, t, d, LAYER_TOL);
-        tape_reset(&ts);
-    }
-    free(want);
-    L.m->kind->cache_free(cache);
-    tape_no_grad_pop(&ts);
-    tape_free(&ts);
-    tape_free(&tp);
+    int t = -1;
+    double d = test_mixer_decode_diff(L.m, &L.ps, u, &t);
+    cr_assert(d <= LAYER_TOL, "%s (%s, conv %d): step at t = %d differs from the forward by %.3e (tolerance %.0e)",
+              kind, mixer_form_name(form), conv_size, t, d, LAYER_TOL);
     tensor_free(u);
     layer_free(&L);
 }

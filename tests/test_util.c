@@ -387,3 +387,77 @@ void test_gla_inputs(Tensor **x, int B, int T, int H, int dk, int dv, bool grad_
     fill_uniform(x[4], seed + 5, 0.3, 1.5);
     fill_normal(x[5], seed + 6, 0.5);
 }
+
+double test_mixer_decode_diff(Mixer *m, ParamStore *ps, const Tensor *u, int *worst_t) {
+    Device d = device_default();
+    if (d != DEVICE_CPU) params_to_device(ps, d);
+    int B = u->shape[0], T = u->shape[1], D = u->shape[2];
+    Tape tp;
+    tape_init_on(&tp, d);
+    tape_no_grad_push(&tp);
+    Tensor *y = m->kind->forward(&tp, m, tape_tensor_copy(&tp, 3, u->shape, u->data), NULL, NULL, NULL);
+    real *full = xmalloc((size_t)y->numel * sizeof(real));
+    dev_to_host(full, y->data, (size_t)y->numel * sizeof(real), d);
+    void *cache = m->kind->cache_new(m, B, T, d);
+    Tape ts;
+    tape_init_on(&ts, d);
+    tape_no_grad_push(&ts);
+    real *in = xmalloc((size_t)B * D * sizeof(real)), *want = xmalloc((size_t)B * D * sizeof(real));
+    real *got = xmalloc((size_t)B * D * sizeof(real));
+    double worst = 0;
+    if (worst_t) *worst_t = -1;
+    for (int t = 0; t < T; t++) {
+        for (int b = 0; b < B; b++) {
+            memcpy(in + (int64_t)b * D, u->data + ((int64_t)b * T + t) * D, (size_t)D * sizeof(real));
+            memcpy(want + (int64_t)b * D, full + ((int64_t)b * T + t) * D, (size_t)D * sizeof(real));
+        }
+        Tensor *yt = m->kind->step(&ts, m, cache, tape_tensor_copy(&ts, 3, (int[]){B, 1, D}, in));
+        cr_assert(yt->ndim == 3 && yt->shape[0] == B && yt->shape[1] == 1 && yt->shape[2] == D, "step gave %s",
+                  SHAPE(yt));
+        dev_to_host(got, yt->data, (size_t)B * D * sizeof(real), d);
+        double e = max_rel_diff(got, want, (int64_t)B * D);
+        if (e > worst || (worst_t && *worst_t < 0)) {
+            worst = fmax(worst, e);
+            if (worst_t) *worst_t = t;
+        }
+        tape_reset(&ts);
+    }
+    m->kind->cache_free(cache);
+    free(in);
+    free(want);
+    free(got);
+    free(full);
+    tape_free(&ts);
+    tape_free(&tp);
+    return worst;
+}
+
+double test_lm_decode_diff(LM *lm, ParamStore *ps, const int *tokens, int B, int T) {
+    Device d = device_default();
+    if (d != DEVICE_CPU) params_to_device(ps, d);
+    Tape tp;
+    tape_init_on(&tp, d);
+    tape_no_grad_push(&tp);
+    Tensor *logits = lm_forward(&tp, lm, tokens, B, T, NULL, NULL);
+    int V = logits->shape[2];
+    real *par = xmalloc((size_t)logits->numel * sizeof(real));
+    dev_to_host(par, logits->data, (size_t)logits->numel * sizeof(real), d);
+    tape_reset(&tp);
+    LMCache *cache = lm_cache_new_on(lm, B, T, d);
+    real *step = xmalloc((size_t)B * T * V * sizeof(real));
+    int *tok = xmalloc((size_t)B * sizeof(int));
+    for (int t = 0; t < T; t++) {
+        for (int b = 0; b < B; b++) tok[b] = tokens[(int64_t)b * T + t];
+        Tensor *lg = lm_step(&tp, lm, cache, tok);
+        for (int b = 0; b < B; b++)
+            dev_to_host(step + ((size_t)b * T + t) * V, lg->data + (size_t)b * V, (size_t)V * sizeof(real), d);
+        tape_reset(&tp);
+    }
+    double e = max_rel_diff(par, step, (int64_t)B * T * V);
+    free(tok);
+    free(par);
+    free(step);
+    lm_cache_free(lm, cache);
+    tape_free(&tp);
+    return e;
+}

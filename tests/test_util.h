@@ -38,6 +38,17 @@ void test_gla_inputs(Tensor **x, int B, int T, int H, int dk, int dv, bool grad_
 // 1e-4 at a 1e-3 floor, i.e. make 1e-4 unreachable for correct code.)
 double max_rel_diff(const real *a, const real *b, int64_t n);
 
+// Decode parity on device_default() (AG_DEVICE=cuda: the GPU). A mixer's
+// forward over u (B, T, D, host), then step() at every position from a fresh
+// cache of max_T = T, each step's (B, 1, D) output against the forward's rows
+// at that position by max_rel_diff; returns the worst, *worst_t (optional)
+// its position. On the GPU the parameters move there for good
+// (params_to_device): call it last on ps.
+double test_mixer_decode_diff(Mixer *m, ParamStore *ps, const Tensor *u, int *worst_t);
+// The same for an LM: lm_forward's logits over tokens (B*T) against
+// lm_step's, compared over all B*T*V logits at once.
+double test_lm_decode_diff(LM *lm, ParamStore *ps, const int *tokens, int B, int T);
+
 // Assert a gradcheck passed; Criterion prints the label and the worst element.
 #define ASSERT_GRADCHECK(res, label)                                                                \
     cr_assert((res).passed, "%s: gradcheck max rel err %.3e (input %d, element %lld: analytic %.12g, " \

@@ -277,3 +277,35 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
     if (mv) inputs_to_host(mv, inputs, n_inputs, dev);
     return res;
 }
+
+int gradcheck_run(GradcheckFn f, Tensor *const *inputs, int n_inputs, void *ctx, uint64_t seed,
+                  real **out, int64_t *out_n) {
+    Device dev = device_default();
+    Tape tp;
+    tape_init_on(&tp, dev);
+    Moved *mv = dev == DEVICE_CPU ? NULL : inputs_to_device(inputs, n_inputs, dev);
+    for (int i = 0; i < n_inputs; i++)
+        if (inputs[i]->requires_grad && inputs[i]->grad)
+            dev_zero(dev, inputs[i]->grad, (size_t)inputs[i]->numel * sizeof(real));
+    Tensor *outs[GRADCHECK_MAX_OUT] = {0};
+    int n_out = f(&tp, inputs, n_inputs, ctx, outs);
+    ASSERT(n_out >= 1 && n_out <= GRADCHECK_MAX_OUT, "gradcheck_run: %d outputs", n_out);
+    real *seeds[GRADCHECK_MAX_OUT] = {0};
+    bool any = false;
+    for (int k = 0; k < n_out; k++) {
+        int64_t n = outs[k]->numel;
+        Rng rng;
+        rng_seed(&rng, seed + (uint64_t)k);
+        seeds[k] = xmalloc((size_t)(n ? n : 1) * sizeof(real));
+        for (int64_t i = 0; i < n; i++) seeds[k][i] = (real)rng_normal(&rng);
+        out[k] = xmalloc((size_t)(n ? n : 1) * sizeof(real));
+        dev_to_host(out[k], outs[k]->data, (size_t)n * sizeof(real), dev);
+        if (out_n) out_n[k] = n;
+        any = any || outs[k]->requires_grad;
+    }
+    if (any) tape_backward_multi(&tp, outs, (const real *const *)seeds, n_out);
+    for (int k = 0; k < n_out; k++) free(seeds[k]);
+    tape_free(&tp);
+    if (mv) inputs_to_host(mv, inputs, n_inputs, dev);
+    return n_out;
+}

@@ -57,4 +57,15 @@ GradcheckOptions gradcheck_defaults(void);
 GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *inputs, int n_inputs,
                           void *ctx, const GradcheckOptions *opt);
 
+// One forward and backward of f on device_default()'s tape, the inputs moved
+// there as gradcheck moves them (so a test comparing two forms of an op runs
+// both on the GPU under AG_DEVICE=cuda). Output k is seeded with normal
+// values drawn from an Rng seeded with seed + k (rng_normal per element, in
+// order) and copied to out[k] (allocated here, free
+// with free(); out_n[k] its numel, out_n may be NULL); the gradient of
+// sum_k <out_k, seed_k> lands in the inputs' grad buffers (host), zeroed
+// first. Returns the number of outputs.
+int gradcheck_run(GradcheckFn f, Tensor *const *inputs, int n_inputs, void *ctx, uint64_t seed,
+                  real **out, int64_t *out_n);
+
 #endif
