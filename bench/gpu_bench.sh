@@ -5,7 +5,7 @@
 # (bench/torch_ref/throughput.py --device cuda), eager and under torch.compile,
 # config by config, and the ratios C / PyTorch.
 #
-#   bench/gpu_bench.sh [-s STEPS] [-W WARMUP] [-t SECONDS] [-E] RESULTS_FILE [CONFIG...]
+#   bench/gpu_bench.sh [-s STEPS] [-W WARMUP] [-t SECONDS] [-E | -L] RESULTS_FILE [CONFIG...]
 #
 #   RESULTS_FILE  gets every run's RESULT line (C: ... device=cuda; PyTorch: ... device=cuda compile=0|1)
 #   CONFIG        default: configs/tiny_{gdn,hybrid,attn,mamba,linear}.ini (those that exist),
@@ -15,6 +15,9 @@
 #                 block during step 2; torch.compile compiles during step 1)
 #   -t SECONDS    stop a run that takes longer (default 0: no limit); its cell reads "timeout"
 #   -E            eager PyTorch only (no torch.compile runs)
+#   -L            the compile column per layer (throughput.py --compile-layers: one compiled
+#                 function per layer kind, shared by its layers) instead of one whole graph, for
+#                 models whose whole graph does not compile in reasonable time (d_model 1024, T 4096)
 #
 # Meant for the lent GPU machine (docs/cuda.md, ../shared/device/README.md): build
 # build-cuda here, pack it (pack.sh .gpu build-cuda/train_bench), carry .gpu, then
@@ -30,13 +33,15 @@ STEPS=5
 WARMUP=2
 LIMIT=0
 COMPILE=1
-usage() { echo "usage: $0 [-s STEPS] [-W WARMUP] [-t SECONDS] [-E] RESULTS_FILE [CONFIG...]" >&2; exit 2; }
-while getopts "s:W:t:E" opt; do
+usage() { echo "usage: $0 [-s STEPS] [-W WARMUP] [-t SECONDS] [-E | -L] RESULTS_FILE [CONFIG...]" >&2; exit 2; }
+COMPILE_FLAG=--compile
+while getopts "s:W:t:EL" opt; do
     case $opt in
         s) STEPS=$OPTARG ;;
         W) WARMUP=$OPTARG ;;
         t) LIMIT=$OPTARG ;;
         E) COMPILE=0 ;;
+        L) COMPILE_FLAG=--compile-layers ;;
         *) usage ;;
     esac
 done
@@ -140,7 +145,7 @@ for cfg in "${CONFIGS[@]}"; do
     e=$(run "eager_$name" "$PY" bench/torch_ref/throughput.py "$cfg" --device cuda --steps "$STEPS" --warmup "$WARMUP")
     k=-
     if [ "$COMPILE" = 1 ]; then
-        k=$(run "compile_$name" "$PY" bench/torch_ref/throughput.py "$cfg" --device cuda --compile \
+        k=$(run "compile_$name" "$PY" bench/torch_ref/throughput.py "$cfg" --device cuda "$COMPILE_FLAG" \
             --steps "$STEPS" --warmup "$WARMUP")
     fi
     [ -n "$first" ] || first=$name
@@ -153,7 +158,9 @@ sed -n 's/^device: /C device: /p' "$LOG/c_$first.txt" | head -1
 sed -n 's/^float32 products: /PyTorch float32 products: /p' "$LOG/eager_$first.txt" | head -1
 echo "torch $("$PY" -c 'import torch; print(torch.__version__)'); C: $TRAIN_BENCH"
 echo "each run: the median of $STEPS timed steps after $WARMUP untimed ones, each part timed to a GPU synchronisation;"
-echo "float32 both sides; PyTorch: fused AdamW$([ "$COMPILE" = 1 ] && echo ', compile = torch.compile(mode=default) of forward + loss')"
+how="of forward + loss"
+[ "$COMPILE_FLAG" = --compile-layers ] && how="per layer kind (shared by its layers) and of the head + loss"
+echo "float32 both sides; PyTorch: fused AdamW$([ "$COMPILE" = 1 ] && echo ", compile = torch.compile(mode=default) $how")"
 echo
 echo "| config | C tok/s | torch eager tok/s | torch compile tok/s | C/eager | C/compile |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: |"

@@ -3,7 +3,7 @@
 
     /usr/bin/python3 bench/torch_ref/throughput.py configs/tiny_gdn.ini --threads 2 [--steps 5] [--warmup 2]
                                                    [--set section.key=value ...] [--amp bf16]
-                                                   [--device cpu|cuda] [--compile]
+                                                   [--device cpu|cuda] [--compile | --compile-layers]
 
 The same work as bench/train_bench_main.c: forward, backward, gradient-norm
 clipping and AdamW (decoupled weight decay, none on norms, dt_bias, A_log, D),
@@ -21,7 +21,13 @@ torch.cuda.synchronize(); float32 products strict (no TF32), as the C side's
 cuBLAS in pedantic mode. --compile: the forward and the loss under
 torch.compile, mode "default" (Inductor kernels; no CUDA graphs, no autotuning),
 its backward compiled with it by AOTAutograd; the first step compiles, so keep
---warmup >= 1 (the default 2 does).
+--warmup >= 1 (the default 2 does). --compile-layers: torch.compile per layer
+instead, for models whose one whole graph takes too long to compile (the
+chunked GDN is a Python loop over T / C chunks, unrolled in every layer): one
+compiled function per layer kind (RMSNorm, mixer, RMSNorm, SwiGLU MLP and both
+residual adds), shared by every layer of that kind (its tensors are passed
+in, not baked in), and one for the final norm, the head and the loss; the
+embedding lookup stays eager. RESULT says compile=layers.
 
 Needs python3-torch (Debian package) for the CPU; a CUDA build of torch >= 2.0
 for --device cuda and --compile.
@@ -50,9 +56,14 @@ ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
 ap.add_argument("--compile", action="store_true",
                 help="forward + loss under torch.compile(mode='default') (torch >= 2.0); "
                      "the first step compiles")
+ap.add_argument("--compile-layers", action="store_true",
+                help="torch.compile per layer kind (shared by the layers of a kind) and of the head + loss, "
+                     "instead of one graph (see above)")
 args = ap.parse_args()
 if args.steps < 1 or args.warmup < 0:
     ap.error("--steps must be >= 1 and --warmup >= 0")
+if args.compile and args.compile_layers:
+    ap.error("--compile and --compile-layers are two ways to compile: pick one")
 
 # Thread pools are sized when torch loads: set every one of them first.
 if args.threads > 0:
@@ -62,7 +73,8 @@ if args.threads > 0:
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import LM, model_config_from_ini, parse_ini  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from model import LM, model_config_from_ini, parse_ini, rmsnorm  # noqa: E402
 
 COMPILE_MODE = "default"   # no CUDA graphs (train_bench has none either), no minutes of autotuning
 
@@ -95,7 +107,7 @@ def check_device():
         why = ("this torch is built without CUDA" if torch.version.cuda is None
                else "torch %s (CUDA %s) finds no usable GPU" % (torch.__version__, torch.version.cuda))
         sys.exit("throughput: --device cuda: torch.cuda.is_available() is false: %s" % why)
-    if args.compile and not hasattr(torch, "compile"):
+    if (args.compile or args.compile_layers) and not hasattr(torch, "compile"):
         sys.exit("throughput: --compile needs torch >= 2.0 (torch.compile); this is torch %s" % torch.__version__)
 
 
@@ -106,6 +118,45 @@ def strict_fp32():
     and torch refuses to read a state set through a mix of the two."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False   # the short convolutions (depthwise conv1d) go through cuDNN
+
+
+def layerwise_compiled_loss(lm):
+    """lm.loss with each layer under torch.compile, one compiled function per
+    layer kind. The layer code is the model's own (LM._gdn, ...), run on a
+    view whose params hold the current layer's tensors under layer 0's names,
+    so every layer of a kind presents the same graph with different inputs.
+    """
+    cfg = lm.cfg
+    view = LM.__new__(LM)   # no __init__: only cfg, form and params are read
+    view.cfg, view.form = cfg, lm.form
+    pre = "layers.0."
+    names = []   # per layer: {layer 0's name: this layer's tensor}
+    for l in range(len(cfg.layers)):
+        p = "layers.%d." % l
+        names.append({pre + n[len(p):]: t for n, t in lm.params.items() if n.startswith(p)})
+
+    def layer(x, params, kind):
+        view.params = params
+        u = rmsnorm(x, params[pre + "norm1"], cfg.norm_eps)
+        h = x + getattr(view, "_" + kind)(pre + "mixer.", u)
+        u = rmsnorm(h, params[pre + "norm2"], cfg.norm_eps)
+        return h + (F.silu(u @ params[pre + "mlp.w1"]) * (u @ params[pre + "mlp.w3"])) @ params[pre + "mlp.w2"]
+
+    def head(x, norm_f, w_out, targets):
+        logits = rmsnorm(x, norm_f, cfg.norm_eps) @ w_out
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)), logits
+
+    layer_c = torch.compile(layer, mode=COMPILE_MODE)
+    head_c = torch.compile(head, mode=COMPILE_MODE)
+    P = lm.params
+
+    def loss(tokens, targets):
+        x = P["embed"][tokens]
+        for l, kind in enumerate(cfg.layers):
+            x = layer_c(x, names[l], kind)
+        w_out = P["embed"].t() if cfg.tied_embeddings else P["lm_head"]
+        return head_c(x, P["norm_f"], w_out, targets)
+    return loss
 
 
 def main():
@@ -155,7 +206,10 @@ def main():
     x = torch.randint(0, cfg.vocab_size, (B, T), generator=gen).to(dev)
     y = torch.randint(0, cfg.vocab_size, (B, T), generator=gen).to(dev)
     nparams = sum(p.numel() for p in lm.parameters())
-    loss_fn = torch.compile(lm.loss, mode=COMPILE_MODE) if args.compile else lm.loss
+    if args.compile_layers:
+        loss_fn = layerwise_compiled_loss(lm)
+    else:
+        loss_fn = torch.compile(lm.loss, mode=COMPILE_MODE) if args.compile else lm.loss
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     name = os.path.basename(args.config)
@@ -174,8 +228,13 @@ def main():
           % (name, ",".join(cfg.layers), B, T, cfg.d_model, nparams, args.form, cfg.chunk_size))
     print("threads: %d (torch.get_num_threads)   precision: %s%s   torch %s"
           % (torch.get_num_threads(), args.dtype, ", autocast bf16" if args.amp == "bf16" else "", torch.__version__))
-    print("device: %s   compile: %s" % (args.device, "torch.compile mode=%s (forward + loss)" % COMPILE_MODE
-                                        if args.compile else "no (eager)"))
+    how = "no (eager)"
+    if args.compile:
+        how = "torch.compile mode=%s (forward + loss)" % COMPILE_MODE
+    elif args.compile_layers:
+        how = "torch.compile mode=%s per layer kind (%s) and of the head + loss" % (
+            COMPILE_MODE, ", ".join(sorted(set(cfg.layers))))
+    print("device: %s   compile: %s" % (args.device, how))
 
     tf, tb, to, ts, tc = [], [], [], [], []
     loss = None
@@ -210,8 +269,9 @@ def main():
         return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
     mf, mb, mo, ms, mc = med(tf), med(tb), med(to), med(ts), med(tc)
-    if args.compile or cuda:
-        print("first step (untimed%s): %.1f s" % (", compiles" if args.compile else "", first))
+    compiling = args.compile or args.compile_layers
+    if compiling or cuda:
+        print("first step (untimed%s): %.1f s" % (", compiles" if compiling else "", first))
     if cuda:
         print("GPU memory: peak %.2f GiB allocated, %.2f GiB reserved by torch's caching allocator"
               % (torch.cuda.max_memory_allocated(dev) / 2**30, torch.cuda.max_memory_reserved(dev) / 2**30))
@@ -220,9 +280,10 @@ def main():
           % (args.steps, args.warmup, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc, B * T / mc,
              float(loss)))
     print("RESULT config=%s B=%d T=%d threads=%d params=%d fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
-          "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f amp=%s device=%s compile=%d"
+          "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f amp=%s device=%s compile=%s"
           % (name, B, T, torch.get_num_threads(), nparams, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms,
-             1e3 * mc, B * T / mc, args.amp, args.device, int(args.compile)))
+             1e3 * mc, B * T / mc, args.amp, args.device,
+             "layers" if args.compile_layers else str(int(args.compile))))
 
 
 if __name__ == "__main__":
