@@ -4,7 +4,7 @@
 //
 // Chunked form: the chunks of every (batch, head) run side by side; only the
 // state's recurrence across chunks is sequential, and it is split by blocks
-// of GDN_BV columns of the state (the delta rule's columns over dv evolve
+// of NVB columns of the state (the delta rule's columns over dv evolve
 // independently: S_C[:, J] = bl S0[:, J] + Kd^T (U[:, J] - W S0[:, J])).
 //   forward   1. per chunk (k_gdn_fwd_prep): the decays, (I + A)^-1 and
 //                W = Tm diag(beta b) K, U = Tm diag(beta) V, written to
@@ -28,6 +28,17 @@
 // device memory (tape_dalloc); every line of a chunk is a block-wide step.
 // Products go through blk_gemm (32 x 32 shared-memory tiles); (I + A)^-1 is
 // a forward substitution, one barrier per row.
+// The scans (the section "the scans" says more) are latency-bound when there
+// are few (batch, head) pairs and many chunks (T = 65,536 at B = 1: 1,024
+// chunks in a row), so a block keeps its slice of the state (dk x NVB) in
+// shared memory for the whole walk, and per chunk only streams its operands
+// in (W, K, U or P^T dO: cp.async, the next chunk's while it computes this
+// one) and runs two block-wide steps of its own, each ended by one barrier:
+// the chunk's rows of Delta (dDelta) from the state, then the state's rows
+// from Delta (dDelta). NVB, 32 when there are (batch, head) pairs enough to
+// fill the GPU, is 16 or 8 when there are few (chosen on the host, per launch:
+// more blocks walk side by side, each with less work per chunk); a column's
+// arithmetic is the same whichever, so the results are too.
 // Recurrent form: one block per (batch, head); a thread owns a column of S,
 // so the forward needs no barrier. The backward replays a stretch of `chunk`
 // tokens from its saved state and walks it in reverse, per token a column
@@ -36,6 +47,7 @@
 // input shares) and are then added to the inputs' buffers in input order, so
 // inputs that are one tensor get the sum. No atomics: every sum is made by
 // one thread in a fixed order, the same whichever block takes a chunk.
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.cuh"
@@ -45,7 +57,6 @@
 #define GDN_NT 256   // threads of a block of the chunked form (blk_gemm's layout needs exactly this)
 #define TS 32        // tile edge of blk_gemm
 #define TROWS (GDN_NT / TS)   // 8: a thread computes rows ty, ty + 8, ty + 16, ty + 24 of a tile
-#define GDN_BV 32    // columns of the state per block of the chunked form's scans
 
 // Everything a kernel reads, by value.
 struct GdnArgs {
@@ -60,14 +71,15 @@ struct GdnArgs {
     int Cw;                                  // min(C, T): the longest chunk, what workspaces hold
     // The chunked form's per-op rows, head-major: row t of head bh at (bh T + t).
     int64_t items;                           // B H NC: the chunks
-    int NV;                                  // ceil(dv / GDN_BV): column blocks of the scans
+    int NV;                                  // the scans' column blocks per head: ceil(dv / NVB)
+    int scanR, scanNS, scanP, scan_vec;      // the scans' tile rows, stages, W/K row pitch, SCAN_VEC_*
+    bool scan_acc;                           // the scans' chunks span several tiles (step 2 carries sums)
     real *Wb;                                // (B H, T, dk) W of every chunk
     real *Ub;                                // (B H, T, dv) forward: U, then Delta; backward: P^T dO, then dDelta
     real *ekb;                               // (B H, T) ek of every chunk
     real *blb;                               // (B H, NC) bl of every chunk
     real *states;                            // (B H, NC, dk, dv) the state entering each chunk (saved or scratch)
     real *dsb;                               // backward (B H, NC, dk, dv): Q^T dY, then dLoss/d(state leaving the chunk)
-    real *cur;                               // backward (B H, dk, dv): the scans' running gradient
 };
 
 static GdnArgs gdn_args(const Node *n) {
@@ -372,6 +384,473 @@ template <typename K> static int resident_blocks(K kernel) {
 
 static int chunk_grid(int64_t items, int resident) { return (int)(items < resident ? items : resident); }
 
+// ---------------------------------------------------------------- chunked form: the scans
+
+// The scans (k_gdn_fwd_scan, k_gdn_bwd_scan): one block per (batch, head,
+// block of NVB columns of the state), walking the chunks in order (forward)
+// or in reverse (backward). The block's slice of the state, dk x NVB, stays
+// in shared memory for the whole walk. A chunk is walked in tiles of up to R
+// of its rows (R = the chunk when it fits); a tile's operands (W and K rows,
+// dk wide; U or P^T dO rows, the block's columns; ek; the chunk's bl) go to
+// one of NS stages of shared memory by cp.async, NS - 1 tiles ahead of the
+// one being computed. Threads: GDN_NT = 256, thread tid takes the block's
+// columns jj .. jj + 3, jj = 4 (tid mod NVB/4), and the rows
+// tid / (NVB/4) + m 256 / (NVB/4) of each step (two at a time, for reuse of
+// the shared-memory loads); a thread whose columns are all past dv idles
+// (all reach the barriers). A tile is two steps, each ended by a barrier:
+//   1. rows t of the tile:
+//      forward  Delta_t = U_t - sum_k W_tk S_k
+//      backward dDelta_t = sum_k (ek_t K_tk) dS_k (+ (P^T dO)_t)
+//      into shared memory and over the op's rows (Ub);
+//   2. rows k of the state:
+//      forward  acc_k += sum_t (ek_t K_tk) Delta_t
+//      backward acc_k += sum_t W_tk dDelta_t
+//      carried from tile to tile of a chunk (in shared memory, each entry by
+//      its thread); at the chunk's last tile the thread that owns an entry
+//      ends it: forward S = bl S + acc (bl = 0: S is not read), written to
+//      the next chunk's saved slot (S_T after the last); backward it keeps dS
+//      in the chunk's dS slot (whose Q^T dY came with the chunk's last tile,
+//      into its stage) and dS = (bl dS + Q^T dY) - acc (s0's gradient after
+//      chunk 0).
+// Every sum is one thread's fma chain from 0 in ascending k or t (the tiles
+// of a chunk in order), the order of blk_gemm's K loop that these scans used
+// before: over k for step 1, over the chunk's rows for step 2; ek_t K_tk is
+// rounded before it multiplies, as blk_gemm_s's loads did; then one more
+// rounding each for U - sum, sum + (P^T dO), fma(bl, S, sum) and
+// fma(bl, dS, Q^T dY) - sum. (The CPU's tile_gemm, or its BLAS, may
+// add in another order: the GPU-vs-CPU tolerance covers that.) A column's arithmetic
+// does not depend on NVB, NS or R: results are the same bits whichever the
+// host picks.
+#define SCAN_RMAX 64   // most rows of a tile
+#define SCAN_NSMAX 3   // most stages
+
+enum { SCAN_VEC_W = 1, SCAN_VEC_K = 2, SCAN_VEC_U = 4, SCAN_VEC_DS = 8 };   // GdnArgs.scan_vec
+
+// Pitch (in reals) of a W or K row in shared memory: dk rounded up to 128
+// bytes, plus 16, so that the 16-byte loads of 8 consecutive rows at one k
+// hit all 32 banks; a multiple of 16 bytes.
+static __host__ __device__ inline int scan_pitch(int dk) {
+    int r128 = 128 / (int)sizeof(real), r16 = 16 / (int)sizeof(real);
+    return (dk + r128 - 1) / r128 * r128 + r16;
+}
+
+struct ScanStage {
+    real *W, *K;    // (R, pitch) the tile's rows of W and K
+    real *X;        // (R, NVB) forward U, backward P^T dO (with dO only), the block's columns
+    real *ek, *bl;  // (R) ek of the rows, (1) bl of the chunk
+    real *Y;        // backward (dk, NVB): the chunk's Q^T dY (with dO only, at the chunk's last tile)
+};
+
+struct ScanSmem {
+    ScanStage st0;          // stage 0; stage s is `stride` bytes further each
+    size_t stride;
+    real *S;     // (dk, NVB) forward the state, backward its gradient
+    real *D;     // (R, NVB) the tile's Delta (dDelta)
+    real *Acc;   // (dk, NVB) step 2's sums between tiles of a chunk; NULL when chunks are one tile
+};
+
+static __host__ __device__ size_t scan_layout(ScanSmem *m, unsigned char *base, int ns, int R, int dk, int nvb,
+                                              bool bwd, bool acc) {
+    size_t at = 0, P = (size_t)scan_pitch(dk), Sn = (size_t)dk * nvb;
+    size_t oW = ws_take(&at, R * P, sizeof(real)), oK = ws_take(&at, R * P, sizeof(real));
+    size_t oX = ws_take(&at, (size_t)R * nvb, sizeof(real));
+    size_t oe = ws_take(&at, R, sizeof(real)), ob = ws_take(&at, 1, sizeof(real));
+    size_t oY = bwd ? ws_take(&at, Sn, sizeof(real)) : 0;
+    size_t stride = at;
+    at = stride * ns;
+    size_t oS = ws_take(&at, Sn, sizeof(real)), oD = ws_take(&at, (size_t)R * nvb, sizeof(real));
+    size_t oA = acc ? ws_take(&at, Sn, sizeof(real)) : 0;
+    if (m) {
+        ScanStage &t = m->st0;
+        t.W = (real *)(base + oW), t.K = (real *)(base + oK), t.X = (real *)(base + oX);
+        t.ek = (real *)(base + oe), t.bl = (real *)(base + ob);
+        t.Y = bwd ? (real *)(base + oY) : NULL;
+        m->stride = stride;
+        m->S = (real *)(base + oS), m->D = (real *)(base + oD);
+        m->Acc = acc ? (real *)(base + oA) : NULL;
+    }
+    return at;
+}
+
+// cp.async (sm_80 on): 16 bytes of which the first `bytes` are read and the
+// rest zero, or one real; a group per commit; wait until at most N groups of
+// this thread are in flight (its copies are then visible to it; to others
+// after a barrier).
+__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp_async16(real *dst, const real *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async1(real *dst, const real *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "n"((int)sizeof(real))
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four reals to shared memory (dst 16-byte aligned) from src, of which the
+// first `valid` (1..4) exist; the others become 0. vec: src is 16-byte
+// aligned (whole 16-byte copies), else one real at a time.
+__device__ __forceinline__ void copy4(real *dst, const real *src, int valid, bool vec) {
+    if (vec) {
+        const int per = 16 / (int)sizeof(real);
+        for (int h = 0; h < 4; h += per) {
+            int n = min(max(valid - h, 0), per);
+            cp_async16(dst + h, n ? src + h : src, n * (int)sizeof(real));
+        }
+    } else {
+        for (int u = 0; u < 4; u++)
+            if (u < valid) cp_async1(dst + u, src + u);
+            else dst[u] = 0;
+    }
+}
+
+// Four consecutive reals of shared memory, 16-byte aligned.
+struct R4 {
+    real v[4];
+};
+__device__ __forceinline__ R4 ld4(const real *p) {
+    R4 r;
+#ifdef AG_DOUBLE
+    double2 x = reinterpret_cast<const double2 *>(p)[0], y = reinterpret_cast<const double2 *>(p)[1];
+    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = y.x, r.v[3] = y.y;
+#else
+    float4 x = *reinterpret_cast<const float4 *>(p);
+    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
+#endif
+    return r;
+}
+__device__ __forceinline__ void st4(real *p, const real *v) {
+#ifdef AG_DOUBLE
+    reinterpret_cast<double2 *>(p)[0] = make_double2(v[0], v[1]);
+    reinterpret_cast<double2 *>(p)[1] = make_double2(v[2], v[3]);
+#else
+    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+#endif
+}
+
+__device__ __forceinline__ ScanStage scan_stage(const ScanSmem &m, int s) {
+    size_t o = m.stride * s;
+    ScanStage t;
+    t.W = (real *)((unsigned char *)m.st0.W + o), t.K = (real *)((unsigned char *)m.st0.K + o);
+    t.X = (real *)((unsigned char *)m.st0.X + o);
+    t.ek = (real *)((unsigned char *)m.st0.ek + o), t.bl = (real *)((unsigned char *)m.st0.bl + o);
+    t.Y = m.st0.Y ? (real *)((unsigned char *)m.st0.Y + o) : NULL;
+    return t;
+}
+
+// Where a walk stands: chunk c, the tile of its rows from r0.
+struct ScanPos {
+    int c, r0;
+};
+
+template <bool BWD> __device__ __forceinline__ ScanPos scan_next(const GdnArgs &a, ScanPos p) {
+    int L = min(a.C, a.T - p.c * a.C);
+    if (p.r0 + a.scanR < L) return {p.c, p.r0 + a.scanR};
+    return {BWD ? p.c - 1 : p.c + 1, 0};
+}
+
+__device__ __forceinline__ bool scan_in(const GdnArgs &a, ScanPos p) { return p.c >= 0 && p.c < a.NC; }
+
+// A tile's operands into a stage (cp.async, not committed). All threads.
+template <bool BWD, int NVB>
+__device__ void scan_load(const GdnArgs &a, const ScanStage &st, int64_t bh, int b, int h, int j0, int nv,
+                          ScanPos p, bool has_x) {
+    int tid = threadIdx.x, dk = a.dk, P = a.scanP, g4 = (dk + 3) / 4;
+    int t0 = p.c * a.C + p.r0, n = min(a.scanR, min(a.C, a.T - p.c * a.C) - p.r0);
+    int64_t row0 = bh * a.T + t0;   // the op's rows
+    const real *W = a.Wb + row0 * a.dk, *K = a.k + ((int64_t)b * a.T + t0) * a.ldk + (int64_t)h * dk;
+    bool vW = a.scan_vec & SCAN_VEC_W, vK = a.scan_vec & SCAN_VEC_K, vU = a.scan_vec & SCAN_VEC_U;
+    for (int e = tid; e < n * g4; e += GDN_NT) {
+        int t = e / g4, c4 = e % g4 * 4, m = min(4, dk - c4);
+        copy4(st.W + t * P + c4, W + (int64_t)t * dk + c4, m, vW);
+        copy4(st.K + t * P + c4, K + (int64_t)t * a.ldk + c4, m, vK);
+    }
+    if (has_x) {
+        int x4 = (nv + 3) / 4;
+        for (int e = tid; e < n * x4; e += GDN_NT) {
+            int t = e / x4, c4 = e % x4 * 4;
+            copy4(st.X + t * NVB + c4, a.Ub + (row0 + t) * a.dv + j0 + c4, min(4, nv - c4), vU);
+        }
+    }
+    for (int t = tid; t < n; t += GDN_NT) cp_async1(st.ek + t, a.ekb + row0 + t);
+    if (tid == 0) cp_async1(st.bl, a.blb + bh * a.NC + p.c);
+    if (BWD && has_x && p.r0 + a.scanR >= min(a.C, a.T - p.c * a.C)) {   // the chunk's last tile: its Q^T dY
+        const real *Y = a.dsb + (bh * a.NC + p.c) * (int64_t)dk * a.dv + j0;
+        int x4 = (nv + 3) / 4;
+        for (int e = tid; e < dk * x4; e += GDN_NT) {
+            int k = e / x4, c4 = e % x4 * 4;
+            copy4(st.Y + k * NVB + c4, Y + (int64_t)k * a.dv + c4, min(4, nv - c4), a.scan_vec & SCAN_VEC_DS);
+        }
+    }
+}
+
+// What the steps of a tile read and write, for one thread (columns jj .. jj + 3 of the block's).
+struct ScanCtx {
+    int dk, dv, P, nv, jj, n;   // n: the tile's rows
+    bool first, last, has_x;    // first, last tile of its chunk; X holds U or P^T dO
+    ScanStage st;
+    real *S, *D, *Acc;
+    real *gD;    // the tile's first row of Ub, column j0
+    real *gS;    // forward: where the state leaving the chunk goes, backward: the chunk's dS slot (column j0)
+    real *gs0;   // backward, chunk 0: s0's gradient (column j0), or NULL
+};
+
+// Step 1 for rows t, t + RG, ..., MR of them.
+template <bool BWD, int NVB, int MR> __device__ __forceinline__ void scan_rows(const ScanCtx &x, int t) {
+    constexpr int RG = GDN_NT / (NVB / 4);
+    real acc[MR][4], e[MR];
+    const real *ar[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        ar[m] = (BWD ? x.st.K : x.st.W) + (t + m * RG) * x.P;
+        e[m] = BWD ? x.st.ek[t + m * RG] : (real)1;
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[m][q] = 0;
+    }
+    int k = 0;
+#pragma unroll 2
+    for (; k + 4 <= x.dk; k += 4) {
+        R4 s[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) s[u] = ld4(x.S + (k + u) * NVB + x.jj);
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            R4 w = ld4(ar[m] + k);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                real av = BWD ? e[m] * w.v[u] : w.v[u];
+#pragma unroll
+                for (int q = 0; q < 4; q++) acc[m][q] = fma(av, s[u].v[q], acc[m][q]);
+            }
+        }
+    }
+    for (; k < x.dk; k++) {
+        R4 s = ld4(x.S + k * NVB + x.jj);
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            real av = BWD ? e[m] * ar[m][k] : ar[m][k];
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[m][q] = fma(av, s.v[q], acc[m][q]);
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        int tt = t + m * RG;
+        R4 xv = {};
+        if (x.has_x) xv = ld4(x.st.X + tt * NVB + x.jj);
+        real d[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            d[q] = BWD ? (x.has_x ? acc[m][q] + xv.v[q] : acc[m][q]) : xv.v[q] - acc[m][q];
+        st4(x.D + tt * NVB + x.jj, d);
+        real *g = x.gD + (int64_t)tt * x.dv + x.jj;
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (x.jj + q < x.nv) g[q] = d[q];
+    }
+}
+
+// Step 2 for rows k, k + RG, ..., MR of them, and at the chunk's last tile its end.
+template <bool BWD, int NVB, int MR> __device__ __forceinline__ void scan_cols(const ScanCtx &x, int k) {
+    constexpr int RG = GDN_NT / (NVB / 4);
+    real acc[MR][4];
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        if (x.first) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[m][q] = 0;
+        } else {
+            R4 v = ld4(x.Acc + (k + m * RG) * NVB + x.jj);
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[m][q] = v.v[q];
+        }
+    }
+    const real *A = (BWD ? x.st.W : x.st.K) + k;
+#pragma unroll 4
+    for (int t = 0; t < x.n; t++) {
+        R4 d = ld4(x.D + t * NVB + x.jj);
+        real e = BWD ? (real)1 : x.st.ek[t];
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            real av = A[t * x.P + m * RG];
+            if (!BWD) av = e * av;
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[m][q] = fma(av, d.v[q], acc[m][q]);
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        int kk = k + m * RG;
+        if (!x.last) {
+            st4(x.Acc + kk * NVB + x.jj, acc[m]);
+            continue;
+        }
+        real *sp = x.S + kk * NVB + x.jj, bl = *x.st.bl, r[4];
+        R4 s = ld4(sp);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            if (BWD) {
+                real y = x.has_x ? x.st.Y[kk * NVB + x.jj + q] : (real)0;
+                r[q] = fma(bl, s.v[q], y) - acc[m][q];
+            } else {
+                r[q] = bl == 0 ? acc[m][q] : fma(bl, s.v[q], acc[m][q]);
+            }
+        }
+        st4(sp, r);
+        int64_t o = (int64_t)kk * x.dv + x.jj;
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (x.jj + q < x.nv) {
+                x.gS[o + q] = BWD ? s.v[q] : r[q];
+                if (BWD && x.gs0) x.gs0[o + q] = r[q];
+            }
+    }
+}
+
+// One block's walk. Per tile: wait for its stage, barrier, start the copies
+// of the tile NS - 1 ahead (into the stage the previous tile used), step 1,
+// barrier, step 2. The prologue commits NS - 1 cp.async groups (the first
+// tiles, or empty), each tile one (the tile NS - 1 ahead, or empty): a
+// tile's copies are complete when at most NS - 2 groups are pending.
+template <bool BWD, int NVB> __device__ void scan_walk(const GdnArgs &a) {
+    constexpr int CG = NVB / 4, RG = GDN_NT / CG;   // column groups of 4, row groups
+    extern __shared__ __align__(16) unsigned char scan_shared[];
+    ScanSmem sm;
+    scan_layout(&sm, scan_shared, a.scanNS, a.scanR, a.dk, NVB, BWD, a.scan_acc);
+    int tid = threadIdx.x, dk = a.dk, dv = a.dv, NS = a.scanNS;
+    int jj = tid % CG * 4, rg = tid / CG;
+    int64_t bh = blockIdx.x / a.NV, SS = (int64_t)dk * dv;
+    int b = (int)(bh / a.H), h = (int)(bh % a.H);
+    int j0 = (int)(blockIdx.x % a.NV) * NVB, nv = min(NVB, dv - j0);
+    bool has_x = !BWD || a.dout != NULL;
+    // The state (its gradient) from s0 (dS_T), 0 in the padding columns; the forward keeps s0 as the first chunk's.
+    const real *from = BWD ? a.dsT : a.s0;
+    for (int e = tid; e < dk * NVB; e += GDN_NT) {
+        int i = e / NVB, j = e % NVB;
+        int64_t o = bh * SS + (int64_t)i * dv + j0 + j;
+        real v = j < nv && from ? from[o] : (real)0;
+        sm.S[e] = v;
+        if (!BWD && j < nv) a.states[bh * a.NC * SS + (int64_t)i * dv + j0 + j] = v;
+    }
+    ScanPos start = {BWD ? a.NC - 1 : 0, 0}, pos = start, ahead = start;
+    for (int s = 0; s + 1 < NS; s++) {
+        if (scan_in(a, ahead)) {
+            scan_load<BWD, NVB>(a, scan_stage(sm, s), bh, b, h, j0, nv, ahead, has_x);
+            ahead = scan_next<BWD>(a, ahead);
+        }
+        cp_async_commit();
+    }
+    for (int i = 0;; i++) {
+        ScanCtx x;
+        int L = min(a.C, a.T - pos.c * a.C);
+        x.dk = dk, x.dv = dv, x.P = a.scanP, x.nv = nv, x.jj = jj;
+        x.n = min(a.scanR, L - pos.r0);
+        x.first = pos.r0 == 0, x.last = pos.r0 + a.scanR >= L, x.has_x = has_x;
+        x.st = scan_stage(sm, i % NS);
+        x.S = sm.S, x.D = sm.D, x.Acc = sm.Acc;
+        x.gD = a.Ub + (bh * a.T + (int64_t)pos.c * a.C + pos.r0) * dv + j0;
+        x.gS = BWD ? a.dsb + (bh * a.NC + pos.c) * SS + j0
+                   : (pos.c + 1 < a.NC ? a.states + (bh * a.NC + pos.c + 1) * SS : a.sT + bh * SS) + j0;
+        x.gs0 = BWD && pos.c == 0 && a.gs0 ? a.gs0 + bh * SS + j0 : NULL;
+        if (NS == 3) cp_async_wait<1>();
+        else cp_async_wait<0>();
+        __syncthreads();   // the tile's stage is in; the previous tile's steps are done
+        if (scan_in(a, ahead)) {
+            scan_load<BWD, NVB>(a, scan_stage(sm, (i + NS - 1) % NS), bh, b, h, j0, nv, ahead, has_x);
+            ahead = scan_next<BWD>(a, ahead);
+        }
+        cp_async_commit();
+        if (jj < nv)
+            for (int t = rg; t < x.n; t += 2 * RG) {
+                if (t + RG < x.n) scan_rows<BWD, NVB, 2>(x, t);
+                else scan_rows<BWD, NVB, 1>(x, t);
+            }
+        __syncthreads();   // the tile's Delta (dDelta) is in; the state is no longer read
+        if (jj < nv)
+            for (int k = rg; k < dk; k += 2 * RG) {
+                if (k + RG < dk) scan_cols<BWD, NVB, 2>(x, k);
+                else scan_cols<BWD, NVB, 1>(x, k);
+            }
+        pos = scan_next<BWD>(a, pos);
+        if (!scan_in(a, pos)) break;
+    }
+}
+
+template <int NVB> __global__ void __launch_bounds__(GDN_NT, 1) k_gdn_fwd_scan(GdnArgs a) { scan_walk<false, NVB>(a); }
+template <int NVB> __global__ void __launch_bounds__(GDN_NT, 1) k_gdn_bwd_scan(GdnArgs a) { scan_walk<true, NVB>(a); }
+
+// The GPU's multiprocessors and the most shared memory a block may opt in to.
+static void cu_gpu_limits(int *sms, size_t *optin) {
+    static int s = 0, o = 0;
+    if (!s) {
+        int dev = 0;
+        CU_CHECK(cudaGetDevice(&dev));
+        CU_CHECK(cudaDeviceGetAttribute(&s, cudaDevAttrMultiProcessorCount, dev));
+        CU_CHECK(cudaDeviceGetAttribute(&o, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    }
+    *sms = s, *optin = (size_t)o;
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+// The scan's launch: the column block NVB, 32 unless B H ceil(dv / 32)
+// blocks leave most multiprocessors idle: halved (to 8 at least) while the
+// halved width's blocks still fit on the GPU's multiprocessors
+// (ATTNLAB_GDN_SCAN_COLS = 8, 16 or 32 forces it); then the tile R (the
+// chunk, at most SCAN_RMAX rows) and stages NS (3 when the blocks fit on
+// the multiprocessors at once, else 2), R halved until the shared memory
+// fits, then NVB.
+template <bool BWD> static void scan_launch(GdnArgs &a) {
+    int sms;
+    size_t optin;
+    cu_gpu_limits(&sms, &optin);
+    int64_t BH = (int64_t)a.B * a.H;
+    int nvb = 32;
+    const char *env = getenv("ATTNLAB_GDN_SCAN_COLS");
+    int forced = env ? atoi(env) : 0;
+    if (forced == 8 || forced == 16 || forced == 32) nvb = forced;
+    else
+        while (nvb > 8 && BH * ((a.dv + nvb / 2 - 1) / (nvb / 2)) <= sms) nvb /= 2;
+    size_t smem = 0;
+    for (bool fit = false; !fit;) {
+        int64_t blocks = BH * ((a.dv + nvb - 1) / nvb);
+        for (int R = a.Cw < SCAN_RMAX ? a.Cw : SCAN_RMAX; !fit; R = (R + 1) / 2) {
+            for (int ns = blocks <= sms ? 3 : 2; ns >= 2 && !fit; ns--) {
+                smem = scan_layout(NULL, NULL, ns, R, a.dk, nvb, BWD, R < a.Cw);
+                if (smem <= optin) fit = true, a.scanR = R, a.scanNS = ns, a.scan_acc = R < a.Cw;
+            }
+            if (R == 1) break;
+        }
+        if (!fit) {
+            ASSERT(nvb > 8, "gdn: dk %d needs more shared memory than the GPU's %zu bytes for the chunked scan", a.dk,
+                   optin);
+            nvb /= 2;
+        }
+    }
+    a.NV = (a.dv + nvb - 1) / nvb;
+    a.scanP = scan_pitch(a.dk);
+    size_t rs = sizeof(real);
+    a.scan_vec = 0;
+    if (aligned16(a.Wb) && a.dk * rs % 16 == 0) a.scan_vec |= SCAN_VEC_W;
+    if (aligned16(a.k) && a.dk * rs % 16 == 0 && a.ldk * rs % 16 == 0) a.scan_vec |= SCAN_VEC_K;
+    if (aligned16(a.Ub) && a.dv * rs % 16 == 0) a.scan_vec |= SCAN_VEC_U;
+    if (BWD && aligned16(a.dsb) && a.dv * rs % 16 == 0) a.scan_vec |= SCAN_VEC_DS;
+    void (*kernel)(GdnArgs) = BWD ? (nvb == 8 ? k_gdn_bwd_scan<8> : nvb == 16 ? k_gdn_bwd_scan<16> : k_gdn_bwd_scan<32>)
+                                  : (nvb == 8 ? k_gdn_fwd_scan<8> : nvb == 16 ? k_gdn_fwd_scan<16> : k_gdn_fwd_scan<32>);
+    static size_t opted[2][3];   // the largest size each kernel has opted in to
+    size_t &op = opted[BWD][nvb == 8 ? 0 : nvb == 16 ? 1 : 2];
+    if (smem > 48 * 1024 && smem > op) {
+        CU_CHECK(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        op = smem;
+    }
+    kernel<<<(unsigned)(BH * a.NV), GDN_NT, smem, cu_stream>>>(a);
+    CU_LAUNCHED();
+}
+
 // ---------------------------------------------------------------- chunked form: forward
 
 // 1. Per chunk: W and U into the op's rows, ek and bl.
@@ -392,36 +871,7 @@ __global__ void __launch_bounds__(GDN_NT) k_gdn_fwd_prep(GdnArgs a) {
     }
 }
 
-// 2. Per (batch, head, block of GDN_BV columns of the state), the chunks in
-// order: S (columns j0 .. j0 + nv of S_T) runs from s0; the state entering
-// each chunk is kept, Delta = U - W S0 replaces U's rows, and
-// S_C = bl S0 + (diag(ek) K)^T Delta (bl = 0: S0 is not read).
-__global__ void __launch_bounds__(GDN_NT) k_gdn_fwd_scan(GdnArgs a) {
-    __shared__ Tiles sh;
-    int tid = threadIdx.x, dk = a.dk, dv = a.dv;
-    int64_t bh = blockIdx.x / a.NV, SS = (int64_t)dk * dv;
-    int b = (int)(bh / a.H), h = (int)(bh % a.H);
-    int j0 = (int)(blockIdx.x % a.NV) * GDN_BV, nv = min(GDN_BV, dv - j0);
-    real *S = a.sT + bh * SS + j0;
-    for (int e = tid; e < dk * nv; e += GDN_NT) {
-        int i = e / nv, j = e % nv;
-        S[(int64_t)i * dv + j] = a.s0 ? a.s0[bh * SS + (int64_t)i * dv + j0 + j] : (real)0;
-    }
-    __syncthreads();
-    for (int c = 0; c < a.NC; c++) {
-        int t0 = c * a.C, L = min(a.C, a.T - t0);
-        int64_t r = bh * a.T + t0;
-        real *sv = a.states + (bh * a.NC + c) * SS + j0;
-        for (int e = tid; e < dk * nv; e += GDN_NT) {
-            int i = e / nv, j = e % nv;
-            sv[(int64_t)i * dv + j] = S[(int64_t)i * dv + j];
-        }
-        real *Dl = a.Ub + r * dv + j0;
-        blk_gemm(&sh, false, false, L, nv, dk, -1, a.Wb + r * dk, dk, S, dv, 1, Dl, dv);
-        const real *kc = a.k + ((int64_t)b * a.T + t0) * a.ldk + (int64_t)h * dk;
-        blk_gemm_s(&sh, true, false, dk, nv, L, 1, kc, a.ldk, a.ekb + r, Dl, dv, a.blb[bh * a.NC + c], S, dv);
-    }
-}
+// 2. The scan: k_gdn_fwd_scan (above).
 
 // 3. Per chunk: O = diag(b) Q S0 + P Delta.
 __global__ void __launch_bounds__(GDN_NT) k_gdn_fwd_out(GdnArgs a) {
@@ -484,47 +934,7 @@ __global__ void __launch_bounds__(GDN_NT) k_gdn_bwd_prep(GdnArgs a) {
     }
 }
 
-// 2. Per (batch, head, block of GDN_BV columns), the chunks in reverse: dS
-// (the gradient of the state leaving chunk c, columns j0 .. j0 + nv) runs
-// from dS_T; per chunk dDelta = Kd dS + P^T dO replaces the op's dDelta rows,
-// dS is kept in the chunk's slot (whose Q^T dY it reads first), and
-// dS <- bl dS + Q^T dY - W^T dDelta is the gradient of the state entering it.
-__global__ void __launch_bounds__(GDN_NT) k_gdn_bwd_scan(GdnArgs a) {
-    __shared__ Tiles sh;
-    int tid = threadIdx.x, dk = a.dk, dv = a.dv;
-    int64_t bh = blockIdx.x / a.NV, SS = (int64_t)dk * dv;
-    int b = (int)(bh / a.H), h = (int)(bh % a.H);
-    int j0 = (int)(blockIdx.x % a.NV) * GDN_BV, nv = min(GDN_BV, dv - j0);
-    bool has_do = a.dout != NULL;
-    real *dS = a.cur + bh * SS + j0;
-    for (int e = tid; e < dk * nv; e += GDN_NT) {
-        int i = e / nv, j = e % nv;
-        dS[(int64_t)i * dv + j] = a.dsT ? a.dsT[bh * SS + (int64_t)i * dv + j0 + j] : (real)0;
-    }
-    __syncthreads();
-    for (int c = a.NC - 1; c >= 0; c--) {
-        int t0 = c * a.C, L = min(a.C, a.T - t0);
-        int64_t r = bh * a.T + t0;
-        real *dD = a.Ub + r * dv + j0;
-        const real *kc = a.k + ((int64_t)b * a.T + t0) * a.ldk + (int64_t)h * dk;
-        blk_gemm_s(&sh, false, false, L, nv, dk, 1, kc, a.ldk, a.ekb + r, dS, dv, has_do ? (real)1 : (real)0, dD, dv);
-        real bl = a.blb[bh * a.NC + c];
-        real *sv = a.dsb + (bh * a.NC + c) * SS + j0;
-        for (int e = tid; e < dk * nv; e += GDN_NT) {
-            int64_t o = (int64_t)(e / nv) * dv + e % nv;
-            real y = has_do ? sv[o] : (real)0, d = dS[o];
-            sv[o] = d;
-            dS[o] = bl * d + y;
-        }
-        __syncthreads();
-        blk_gemm(&sh, true, false, dk, nv, L, -1, a.Wb + r * dk, dk, dD, dv, 1, dS, dv);
-    }
-    if (a.gs0)
-        for (int e = tid; e < dk * nv; e += GDN_NT) {
-            int i = e / nv, j = e % nv;
-            a.gs0[bh * SS + (int64_t)i * dv + j0 + j] = dS[(int64_t)i * dv + j];
-        }
-}
+// 2. The scan: k_gdn_bwd_scan (above).
 
 // chunk_backward of gdn_chunk_backward.c for the chunk of L positions at t0,
 // its workspace filled by chunk_prepare, less what the scan did (dDelta and
@@ -728,7 +1138,6 @@ static void gdn_grads_finish(const GdnGrads *gr) {
 static void chunk_rows(Node *n, GdnArgs *a) {
     int64_t BH = (int64_t)a->B * a->H, rows = BH * a->T;
     a->items = BH * a->NC;
-    a->NV = (a->dv + GDN_BV - 1) / GDN_BV;
     a->Wb = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dk) * sizeof(real));
     a->Ub = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dv) * sizeof(real));
     a->ekb = (real *)tape_dalloc(n->tape, (size_t)rows * sizeof(real));
@@ -748,8 +1157,7 @@ extern "C" void cu_gdn_chunk_forward(Node *n) {
     a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > go ? gp : go));
     k_gdn_fwd_prep<<<gp, GDN_NT, 0, cu_stream>>>(a);
     CU_LAUNCHED();
-    k_gdn_fwd_scan<<<a.B * a.H * a.NV, GDN_NT, 0, cu_stream>>>(a);
-    CU_LAUNCHED();
+    scan_launch<false>(a);
     k_gdn_fwd_out<<<go, GDN_NT, 0, cu_stream>>>(a);
     CU_LAUNCHED();
 }
@@ -767,14 +1175,12 @@ extern "C" void cu_gdn_chunk_backward(Node *n) {
     int64_t SS = (int64_t)a.dk * a.dv;
     a.states = a.saved;
     a.dsb = (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
-    a.cur = (real *)tape_dalloc(n->tape, (size_t)((int64_t)a.B * a.H * SS) * sizeof(real));
     int gp = chunk_grid(a.items, res_prep), gc = chunk_grid(a.items, res_chunk);
     a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, true);
     a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > gc ? gp : gc));
     k_gdn_bwd_prep<<<gp, GDN_NT, 0, cu_stream>>>(a);
     CU_LAUNCHED();
-    k_gdn_bwd_scan<<<a.B * a.H * a.NV, GDN_NT, 0, cu_stream>>>(a);
-    CU_LAUNCHED();
+    scan_launch<true>(a);
     k_gdn_bwd_chunk<<<gc, GDN_NT, 0, cu_stream>>>(a);
     CU_LAUNCHED();
     gdn_grads_finish(&gr);

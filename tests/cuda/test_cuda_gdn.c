@@ -5,8 +5,10 @@
 // gradients accumulated over two nodes with the state carried between them,
 // and the GPU's two forms against each other. The chunked form's
 // decomposition (chunks side by side, the state scanned by blocks of its
-// columns): rows of many chunks with documents at and between chunk edges,
-// dv off the column block, and repeat runs bit for bit.
+// columns, a chunk by tiles of its rows): rows of many chunks with documents
+// at and between chunk edges, dv off the column block, chunks of several
+// tiles, head sizes off the 16-byte copies, each column block width against
+// the CPU and against each other bit for bit, and repeat runs bit for bit.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -180,6 +182,32 @@ Test(cuda_gdn, state_column_blocks) {
     check_gdn(MIXER_FORM_CHUNKED, B, T, 3, 40, 20, 32, REG_G_ZERO, true, doc, 3, 428);
 }
 
+Test(cuda_gdn, scan_tiles_within_a_chunk) {
+    // Chunks longer than the scans' tile (64 rows): two or three tiles per
+    // chunk, the last one partial, the state's sums carried between them;
+    // documents at a tile edge inside a chunk (64), inside tiles and at a
+    // chunk edge; each output alone (the backward scan with no dO, no dS_T).
+    enum { T = 350 };
+    static int doc[T];
+    memset(doc, 0, sizeof doc);
+    doc[0] = doc[64] = doc[100] = doc[150] = doc[229] = doc[300] = 1;
+    check_gdn(MIXER_FORM_CHUNKED, 1, T, 2, 48, 40, 100, REG_PLAIN, true, doc, 3, 500);
+    check_gdn(MIXER_FORM_CHUNKED, 1, T, 2, 32, 32, 128, REG_PLAIN, false, NULL, 3, 501);
+    for (int outs = 1; outs <= 2; outs++)
+        check_gdn(MIXER_FORM_CHUNKED, 2, 270, 1, 24, 20, 130, REG_PLAIN, true, NULL, outs, 502 + outs);
+    check_gdn(MIXER_FORM_CHUNKED, 1, T, 1, 16, 16, 100, REG_G_ZERO, true, doc, 3, 505);
+}
+
+Test(cuda_gdn, head_sizes_off_the_vector) {
+    // dk and dv not multiples of 4 (rows of W, K, U and the state's slots not
+    // 16-byte aligned: the scans copy one element at a time), tiny ones, a
+    // column block of one column.
+    check_gdn(MIXER_FORM_CHUNKED, 1, 90, 2, 9, 7, 16, REG_PLAIN, true, NULL, 3, 510);
+    check_gdn(MIXER_FORM_CHUNKED, 2, 70, 1, 13, 33, 32, REG_PLAIN, true, NULL, 3, 511);
+    check_gdn(MIXER_FORM_CHUNKED, 1, 45, 3, 5, 6, 64, REG_PLAIN, false, NULL, 3, 512);
+    check_gdn(MIXER_FORM_CHUNKED, 1, 130, 2, 66, 10, 70, REG_PLAIN, true, NULL, 3, 513);
+}
+
 Test(cuda_gdn, one_output_at_a_time) {
     // Only o takes a gradient (no dS_T), or only S_T (no dO).
     for (int f = 0; f < 2; f++)
@@ -332,6 +360,71 @@ Test(cuda_gdn, gpu_chunked_equals_gpu_recurrent) {
         }
         gpu_run_free(&a);
         gpu_run_free(&b);
+        free_inputs(x);
+    }
+}
+
+// The scans' column block is chosen from B H and dv (gdn.cu);
+// ATTNLAB_GDN_SCAN_COLS forces it. NULL: the choice.
+static void set_scan_cols(const char *cols) {
+    if (cols) setenv("ATTNLAB_GDN_SCAN_COLS", cols, 1);
+    else unsetenv("ATTNLAB_GDN_SCAN_COLS");
+}
+
+Test(cuda_gdn, scan_column_blocks_agree_with_the_cpu) {
+    // The existing shapes have few (batch, head) pairs: the scans take 8
+    // columns a block. Here each width against the CPU: partial column blocks
+    // (dv 40, 20, 33), chunks of one and of two tiles, documents, no s0.
+    enum { B = 2, T = 200 };
+    static int doc[B * T];
+    memset(doc, 0, sizeof doc);
+    doc[0] = doc[64] = doc[65] = doc[T + 100] = doc[T + 199] = 1;
+    static const char *const cols[] = {"8", "16", "32"};
+    for (int w = 0; w < 3; w++) {
+        set_scan_cols(cols[w]);
+        check_gdn(MIXER_FORM_CHUNKED, B, T, 2, 32, 40, 64, REG_PLAIN, true, doc, 3, 520 + w);
+        check_gdn(MIXER_FORM_CHUNKED, B, T, 1, 24, 20, 100, REG_PLAIN, false, NULL, 3, 523 + w);
+        check_gdn(MIXER_FORM_CHUNKED, 1, 75, 2, 16, 33, 16, REG_PLAIN, true, doc, 1, 526 + w);
+        check_gdn(MIXER_FORM_CHUNKED, 1, 75, 2, 16, 33, 16, REG_PLAIN, true, NULL, 2, 529 + w);
+        check_gdn(MIXER_FORM_CHUNKED, 1, 130, 2, 128, 128, 64, REG_PLAIN, true, NULL, 3, 532 + w);
+    }
+    set_scan_cols(NULL);
+}
+
+Test(cuda_gdn, scan_column_blocks_give_the_same_bits) {
+    // A state column's arithmetic is the same whatever the block width: o,
+    // S_T and every gradient the same bits at 8, 16 and 32 columns a block.
+    static const char *const names[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
+    enum { T = 700 };
+    static int doc[T];
+    memset(doc, 0, sizeof doc);
+    doc[0] = doc[63] = doc[64] = doc[333] = doc[699] = 1;
+    static const struct {
+        int B, T, H, dk, dv, C;
+        const int *doc;
+    } cases[] = {{1, T, 2, 40, 72, 64, doc}, {2, 300, 1, 24, 22, 100, NULL}, {1, 90, 2, 9, 33, 16, NULL}};
+    static const char *const cols[] = {"8", "16", "32"};
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+        Tensor *x[N_IN];
+        make_inputs(x, cases[cs].B, cases[cs].T, cases[cs].H, cases[cs].dk, cases[cs].dv, REG_PLAIN, true, true,
+                    540 + cs);
+        GdnCtx c = {cases[cs].H, cases[cs].C, MIXER_FORM_CHUNKED, cases[cs].doc, 3};
+        GpuRun r[3];
+        for (int w = 0; w < 3; w++) {
+            set_scan_cols(cols[w]);
+            r[w] = gpu_run(x, &c);
+        }
+        set_scan_cols(NULL);
+        for (int w = 1; w < 3; w++) {
+            cr_assert(memcmp(r[0].o, r[w].o, (size_t)r[0].n_o * sizeof(real)) == 0, "case %zu, %s columns: o differs",
+                      cs, cols[w]);
+            cr_assert(memcmp(r[0].sT, r[w].sT, (size_t)r[0].n_s * sizeof(real)) == 0,
+                      "case %zu, %s columns: S_T differs", cs, cols[w]);
+            for (int i = 0; i < N_IN; i++)
+                cr_assert(memcmp(r[0].grad[i], r[w].grad[i], (size_t)x[i]->numel * sizeof(real)) == 0,
+                          "case %zu, %s columns: %s differs", cs, cols[w], names[i]);
+        }
+        for (int w = 0; w < 3; w++) gpu_run_free(&r[w]);
         free_inputs(x);
     }
 }
