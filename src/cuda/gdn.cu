@@ -422,7 +422,6 @@ static int chunk_grid(int64_t items, int resident) { return (int)(items < reside
 // does not depend on NVB, NS or R: results are the same bits whichever the
 // host picks.
 #define SCAN_RMAX 64   // most rows of a tile
-#define SCAN_NSMAX 3   // most stages
 
 enum { SCAN_VEC_W = 1, SCAN_VEC_K = 2, SCAN_VEC_U = 4, SCAN_VEC_DS = 8 };   // GdnArgs.scan_vec
 
