@@ -101,6 +101,26 @@ void cu_flash_forward(Node *n);         // attn_flash.cu: op_attention (tiled, O
 void cu_flash_backward(Node *n);
 void cu_naive_attn_forward(Node *n);    // attn_flash.cu: op_attention_naive (the masked-parallel reference)
 void cu_naive_attn_backward(Node *n);
+// ---- DSA (src/cuda/dsa_index.cu, dsa_sparse.cu): the ops of dsa_kernel.h and
+// dsa_sel_kl.h, and the layer's selection and targets on the device. first:
+// docs.h's index (B*T) in device memory, or NULL; sel (B, T, K) in device memory.
+void cu_dsa_index_forward(Node *n);     // op_dsa_index_scores
+void cu_dsa_index_backward(Node *n);
+void cu_dsa_kl_forward(Node *n);        // op_dsa_kl
+void cu_dsa_kl_backward(Node *n);
+void cu_sparse_forward(Node *n);        // op_sparse_attention
+void cu_sparse_backward(Node *n);
+void cu_sel_kl_forward(Node *n);        // op_dsa_sel_kl
+void cu_sel_kl_backward(Node *n);
+void cu_dsa_topk(int *sel, const real *Isc, int B, int T, int K, const int *first);
+void cu_dsa_index_select(Tape *tp, int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI,
+                         int dI, int K, const int *first);
+void cu_dsa_attn_target(real *p, const real *q, const real *k, int B, int T, int H, int dk, double scale,
+                        const int *first);
+void cu_dsa_sparse_target(real *p, const real *q, const real *k, const int *sel, int B, int T, int K, int H, int dk,
+                          double scale);
+// *out (one double, device memory) = dsa_selected_mass(p, sel, ...).
+void cu_dsa_selected_mass(double *out, const real *p, const int *sel, int B, int T, int K);
 #endif
 
 #ifdef __cplusplus

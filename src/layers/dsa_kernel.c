@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "blas.h"
+#include "cuda_ops.h"
 #include "docs.h"
 #include "dsa_kernel.h"
 
@@ -134,7 +135,8 @@ static void index_backward(Node *n) {
     }
 }
 
-static const OpDef OP_DSA_INDEX = {"dsa_index_scores", index_forward, index_backward};
+static const OpDef OP_DSA_INDEX = {"dsa_index_scores", index_forward, index_backward,
+                                   CUDA_PAIR(cu_dsa_index_forward, cu_dsa_index_backward)};
 
 Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int index_heads, const int *doc_start) {
     ASSERT(qI->ndim == 3 && kI->ndim == 3 && w->ndim == 3, "dsa_index_scores: qI %s, kI %s, w %s must be 3-D",
@@ -152,7 +154,7 @@ Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int ind
     n->iarg[2] = HI;
     n->iarg[3] = dI;
     n->aux = docs_first(tp, doc_start, B, T);
-    index_forward(n);
+    tape_forward(n);
     return Isc;
 }
 
@@ -423,7 +425,7 @@ static void kl_backward(Node *n) {
     }
 }
 
-static const OpDef OP_DSA_KL = {"dsa_kl", kl_forward, kl_backward};
+static const OpDef OP_DSA_KL = {"dsa_kl", kl_forward, kl_backward, CUDA_PAIR(cu_dsa_kl_forward, cu_dsa_kl_backward)};
 
 Tensor *op_dsa_kl(Tape *tp, Tensor *Isc, Tensor *p, const int *doc_start) {
     ASSERT(Isc->ndim == 3 && Isc->shape[1] == Isc->shape[2] && tensor_same_shape(Isc, p),
@@ -434,8 +436,8 @@ Tensor *op_dsa_kl(Tape *tp, Tensor *Isc, Tensor *p, const int *doc_start) {
     n->iarg[0] = Isc->shape[0];
     n->iarg[1] = Isc->shape[1];
     n->aux = docs_first(tp, doc_start, Isc->shape[0], Isc->shape[1]);
-    if (n->recorded) n->saved = tape_alloc(tp, (size_t)Isc->shape[0] * Isc->shape[1] * sizeof(real));
-    kl_forward(n);
+    if (n->recorded) n->saved = tape_dalloc(tp, (size_t)Isc->shape[0] * Isc->shape[1] * sizeof(real));
+    tape_forward(n);
     return loss;
 }
 

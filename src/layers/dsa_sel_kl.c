@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_ops.h"
+#include "device.h"
 #include "dsa_sel_kl.h"
 
 static inline double dotd(const real *a, const real *b, int n) {
@@ -46,12 +48,6 @@ void dsa_sparse_target(real *p, const real *q, const real *k, const int *sel, in
         free(a);
     }
 }
-
-typedef struct SelKlSaved {
-    int *sel;    // (B, T, K)
-    real *Isc;   // (B, T, K) the indexer scores at the selected positions
-    real *lse;   // (B, T)
-} SelKlSaved;
 
 // One query row's scores: Ir (K) for the valid entries of sr.
 static void sel_scores(real *Ir, const real *qt, const real *wt, const real *kb, const int *sr, int K, int HI,
@@ -140,7 +136,8 @@ static void sel_kl_backward(Node *n) {
         }
 }
 
-static const OpDef OP_DSA_SEL_KL = {"dsa_sel_kl", sel_kl_forward, sel_kl_backward};
+static const OpDef OP_DSA_SEL_KL = {"dsa_sel_kl", sel_kl_forward, sel_kl_backward,
+                                   CUDA_PAIR(cu_sel_kl_forward, cu_sel_kl_backward)};
 
 Tensor *op_dsa_sel_kl(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, const int *sel, int K, Tensor *p,
                       int index_heads) {
@@ -155,11 +152,17 @@ Tensor *op_dsa_sel_kl(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, const int *se
            HI, K, SHAPE(qI), SHAPE(kI), SHAPE(w), SHAPE(p));
     ASSERT(!p->requires_grad, "dsa_sel_kl: the target p %s takes no gradient", SHAPE(p));
     size_t nsel = (size_t)B * T * K;
-    int *sel_copy = tape_alloc(tp, nsel * sizeof(int));
-    memcpy(sel_copy, sel, nsel * sizeof(int));
-    for (size_t r = 0; r < (size_t)B * T; r++)
-        ASSERT(sel_copy[r * K] >= 0 && sel_copy[r * K] <= (int)(r % T),
-               "dsa_sel_kl: row %zu of the selection must start with a position <= t", r);
+    int *sel_copy;
+    if (tp->device == DEVICE_CPU) {
+        sel_copy = tape_alloc(tp, nsel * sizeof(int));
+        memcpy(sel_copy, sel, nsel * sizeof(int));
+        for (size_t r = 0; r < (size_t)B * T; r++)
+            ASSERT(sel_copy[r * K] >= 0 && sel_copy[r * K] <= (int)(r % T),
+                   "dsa_sel_kl: row %zu of the selection must start with a position <= t", r);
+    } else {   // device memory, copied on the device; the forward kernel checks the rows
+        sel_copy = tape_dalloc(tp, nsel * sizeof(int));
+        dev_copy(tp->device, sel_copy, sel, nsel * sizeof(int));
+    }
     Tensor *loss = tape_tensorv(tp, 1, 1);
     Node *n = tape_op(tp, &OP_DSA_SEL_KL, (Tensor *[]){qI, kI, w, p}, 4, &loss, 1);
     n->iarg[0] = B;
@@ -171,10 +174,10 @@ Tensor *op_dsa_sel_kl(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, const int *se
     if (n->recorded) {
         SelKlSaved *sv = tape_alloc(tp, sizeof *sv);
         sv->sel = sel_copy;
-        sv->Isc = tape_alloc(tp, nsel * sizeof(real));
-        sv->lse = tape_alloc(tp, (size_t)B * T * sizeof(real));
+        sv->Isc = tape_dalloc(tp, nsel * sizeof(real));
+        sv->lse = tape_dalloc(tp, (size_t)B * T * sizeof(real));
         n->saved = sv;
     }
-    sel_kl_forward(n);
+    tape_forward(n);
     return loss;
 }

@@ -15,15 +15,31 @@
 
 #include "tape.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // p (B, T, K) <- the head-averaged attention over each row's selection sel
 // (B, T, K); 0 at -1 entries. q, k: (B, T, H*dk) after RoPE. No autograd.
 void dsa_sparse_target(real *p, const real *q, const real *k, const int *sel, int B, int T, int K, int H, int dk,
                        double scale);
 
+// The op's saved state (the GPU twin reads it too): arrays in the tape's
+// device memory.
+typedef struct SelKlSaved {
+    int *sel;    // (B, T, K)
+    real *Isc;   // (B, T, K) the indexer scores at the selected positions
+    real *lse;   // (B, T)
+} SelKlSaved;
+
 // The loss above. qI (B, T, HI*dI), kI (B, T, dI), w (B, T, HI) take
-// gradients; sel (B, T, K) is copied; p (B, T, K) is a constant target (rows
+// gradients; sel (B, T, K) is copied (on a GPU tape sel is device memory,
+// as the selection of cu_dsa_index_select; a bad row stops the kernel); p (B, T, K) is a constant target (rows
 // sum to 1 over the valid entries). Returns (1).
 Tensor *op_dsa_sel_kl(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, const int *sel, int K, Tensor *p,
                       int index_heads);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_ops.h"
+#include "device.h"
 #include "dsa_kernel.h"
 #include "ops_math.h"
 
@@ -244,7 +246,8 @@ static void sparse_backward(Node *n) {
     }
 }
 
-static const OpDef OP_SPARSE_ATTENTION = {"sparse_attention", sparse_forward, sparse_backward};
+static const OpDef OP_SPARSE_ATTENTION = {"sparse_attention", sparse_forward, sparse_backward,
+                                          CUDA_PAIR(cu_sparse_forward, cu_sparse_backward)};
 
 Tensor *op_sparse_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, const int *sel, int K, int n_heads,
                             double scale) {
@@ -256,14 +259,20 @@ Tensor *op_sparse_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, const int
            "sparse_attention: %d heads do not divide q %s / v %s", n_heads, SHAPE(q), SHAPE(v));
     ASSERT(K >= 1, "sparse_attention: K = %d", K);
     int B = q->shape[0], T = q->shape[1];
-    int *s = tape_alloc(tp, (size_t)B * T * K * sizeof(int));
-    memcpy(s, sel, (size_t)B * T * K * sizeof(int));
-    for (int64_t r = 0; r < (int64_t)B * T; r++) {
-        int t = (int)(r % T);
-        ASSERT(s[r * K] >= 0, "sparse_attention: row (b %d, t %d) selects nothing", (int)(r / T), t);
-        for (int j = 0; j < K && s[r * K + j] >= 0; j++)
-            ASSERT(s[r * K + j] <= t, "sparse_attention: row (b %d, t %d) selects the future position %d",
-                   (int)(r / T), t, s[r * K + j]);
+    int *s;
+    if (tp->device == DEVICE_CPU) {
+        s = tape_alloc(tp, (size_t)B * T * K * sizeof(int));
+        memcpy(s, sel, (size_t)B * T * K * sizeof(int));
+        for (int64_t r = 0; r < (int64_t)B * T; r++) {
+            int t = (int)(r % T);
+            ASSERT(s[r * K] >= 0, "sparse_attention: row (b %d, t %d) selects nothing", (int)(r / T), t);
+            for (int j = 0; j < K && s[r * K + j] >= 0; j++)
+                ASSERT(s[r * K + j] <= t, "sparse_attention: row (b %d, t %d) selects the future position %d",
+                       (int)(r / T), t, s[r * K + j]);
+        }
+    } else {   // device memory, copied on the device; the forward kernel checks the rows
+        s = tape_dalloc(tp, (size_t)B * T * K * sizeof(int));
+        dev_copy(tp->device, s, sel, (size_t)B * T * K * sizeof(int));
     }
     Tensor *o = tape_tensorv(tp, 3, B, T, v->shape[2]);
     Node *n = tape_op(tp, &OP_SPARSE_ATTENTION, (Tensor *[]){q, k, v}, 3, &o, 1);
@@ -275,7 +284,7 @@ Tensor *op_sparse_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, const int
     n->iarg[5] = K;
     n->farg[0] = scale;
     n->aux = s;
-    if (n->recorded) n->saved = tape_alloc(tp, (size_t)B * n_heads * T * sizeof(real));
-    sparse_forward(n);
+    if (n->recorded) n->saved = tape_dalloc(tp, (size_t)B * n_heads * T * sizeof(real));
+    tape_forward(n);
     return o;
 }

@@ -1,0 +1,88 @@
+// dsa_common.cuh: what the DSA kernels (dsa_index.cu, dsa_sparse.cu) share:
+// the documents' index on the device, deterministic block reductions and
+// the mean of per-row losses. Included by those two files only.
+#ifndef AG_DSA_COMMON_CUH
+#define AG_DSA_COMMON_CUH
+
+#include "cuda_internal.cuh"
+
+#define DSA_THREADS 128   // threads of the per-row kernels (four warps)
+
+// Where row r's document begins (docs_begin of docs.h), first on the device or NULL.
+__device__ __forceinline__ int dsa_lo(const int *first, int64_t r) {
+    int f = first ? first[r] : 0;
+    return f > 0 ? f : 0;
+}
+
+// A host index (B*T ints, docs.h's first) copied to the tape's device memory, or NULL.
+static inline const int *dsa_first_to_device(Tape *tp, const int *first, int B, int T) {
+    if (!first) return NULL;
+    size_t bytes = (size_t)B * T * sizeof(int);
+    int *d = (int *)tape_dalloc(tp, bytes);
+    cu_from_host(d, first, bytes);
+    return d;
+}
+
+// Check a kernel's dynamic shared memory fits the GPU (with up to 1 KB of
+// static arrays beside it), and opt in to more than the default 48 KB.
+static inline void dsa_smem_prepare(const void *kernel, size_t bytes, const char *what) {
+    static int optin = 0;
+    if (!optin) {
+        int dev = 0;
+        CU_CHECK(cudaGetDevice(&dev));
+        CU_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    }
+    ASSERT(bytes + 1024 <= (size_t)optin, "%s needs %zu bytes of shared memory per block, the GPU has %d", what,
+           bytes + 1024, optin);
+    if (bytes + 1024 > 48 * 1024)
+        CU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+// Block-wide maximum of one real per thread (blockDim.x a multiple of 32, at
+// most 1024); every thread gets it. shm: 32 reals.
+__device__ __forceinline__ real dsa_block_max(real v, real *shm) {
+    for (int o = 16; o > 0; o >>= 1) {
+        real w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();   // shm may still be read by a previous call
+    if (lane == 0) shm[warp] = v;
+    __syncthreads();
+    v = shm[lane < nw ? lane : 0];
+    for (int o = 16; o > 0; o >>= 1) {
+        real w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+// Block-wide sum of one int per thread; every thread gets it. shm: 32 ints.
+__device__ __forceinline__ int dsa_block_count(int v, int *shm) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) shm[warp] = v;
+    __syncthreads();
+    v = lane < nw ? shm[lane] : 0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// A warp's sum of one real per lane (a fixed tree); every lane gets it.
+__device__ __forceinline__ real dsa_warp_sum(real v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// out[0] = sum of x[0..n) / n, in double: each thread a fixed stride, then
+// the block's tree. Launched as one block of 1024 threads: a fixed order.
+static __global__ void __launch_bounds__(1024) k_dsa_mean(const double *x, int64_t n, real *out) {
+    __shared__ double shm[32];
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+    s = cu_block_sum(s, shm);
+    if (threadIdx.x == 0) out[0] = (real)(n > 0 ? s / (double)n : 0.0);
+}
+
+#endif

@@ -1,0 +1,513 @@
+// dsa_sparse.cu: the ops over a selection (B, T, K) on the GPU:
+// op_sparse_attention (dsa_sparse.c), op_dsa_sel_kl and its target
+// dsa_sparse_target (dsa_sel_kl.c). The selection is device memory (the
+// node's aux on a GPU tape).
+//
+// Sparse attention. Forward: a block per (row, head): a warp per selected
+// key for the scores (lanes over the head dim, a fixed shuffle tree), the
+// row's max and sum of exponentials (double, fixed trees), then one thread
+// per output column summing the selected values in selection order.
+// Backward: (1) a block per (row, head) recomputes P = exp(scale q.k - lse),
+// dS = scale P dO.(v - o), keeps both (B, T, H, K) and writes dq_t = sum_j
+// dS_j k_sj; (2) the selection transposed: every entry (b, t, j) sorted by
+// the key row b*T + sel it reads (a stable radix sort, so each key's entries
+// stay in ascending t); (3) a block per key row gathers dk_s = sum dS q_t and
+// dv_s = sum P dO_t over its entries in that order. No atomics, every
+// gradient element summed by one thread in a fixed order: a run repeats
+// bit for bit.
+//
+// Selection KL. Forward: a block per row, a thread per selected entry
+// (indexer score in double, as the CPU), the row's log-sum-exp and KL;
+// their mean in one block. Backward: a block per row keeps gI_j and
+// z_ij = qI_ti . kI_sj (per-op scratch) and writes dw_t, dqI_t (a thread
+// per element, the entries in order); then dkI by key row over the same
+// transposed selection.
+//
+// An invalid selection (a row selecting nothing, or a later position)
+// stops the forward kernel with a printed message (the next CUDA call then
+// fails): the selection is never copied to the host.
+#include <cub/device/device_radix_sort.cuh>
+#include <limits.h>
+#include <math.h>
+
+#include "dsa_common.cuh"
+#include "dsa_sel_kl.h"
+
+// ---------------------------------------------------------------- the selection
+
+// Stop when a row of sel (rows, K) selects nothing or a position after its own.
+__global__ void k_sel_check(const int *sel, int64_t rows, int T, int K, int op) {
+    const char *name = op == 0 ? "sparse_attention" : "dsa_sel_kl";
+    CU_FOR(r, rows) {
+        int t = (int)(r % T);
+        const int *sr = sel + r * K;
+        if (sr[0] < 0) {
+            printf("%s: row (b %d, t %d) of the selection selects nothing\n", name, (int)(r / T), t);
+            __trap();
+        }
+        for (int j = 0; j < K && sr[j] >= 0; j++)
+            if (sr[j] > t) {
+                printf("%s: row (b %d, t %d) selects the future position %d\n", name, (int)(r / T), t, sr[j]);
+                __trap();
+            }
+    }
+}
+
+static void sel_check(const int *sel, int B, int T, int K, int op) {
+    int64_t rows = (int64_t)B * T;
+    if (rows == 0) return;
+    k_sel_check<<<cu_grid(rows), CU_THREADS, 0, cu_stream>>>(sel, rows, T, K, op);
+    CU_LAUNCHED();
+}
+
+// The number of valid entries of a row (K, -1 padded at the end), for every thread.
+__device__ __forceinline__ int sel_count(const int *sr, int K, int *shm) {
+    int c = 0;
+    for (int j = threadIdx.x; j < K; j += blockDim.x) c += sr[j] >= 0;
+    return dsa_block_count(c, shm);
+}
+
+// keys[e] = the key row b*T + s that entry e = (b*T + t)*K + j reads, or
+// n_keys (after every key) for a -1; vals[e] = e.
+__global__ void k_sel_keys(const int *sel, int64_t n, int T, int K, unsigned n_keys, unsigned *keys, int *vals) {
+    CU_FOR(e, n) {
+        int s = sel[e];
+        int64_t b = e / ((int64_t)T * K);
+        keys[e] = s >= 0 ? (unsigned)(b * T + s) : n_keys;
+        vals[e] = (int)e;
+    }
+}
+
+// start[k] = the first index of sorted keys >= k, k = 0 .. n_keys (binary search).
+__global__ void k_run_starts(const unsigned *keys, int64_t n, unsigned n_keys, int *start) {
+    CU_FOR(k, (int64_t)n_keys + 1) {
+        int64_t lo = 0, hi = n;
+        while (lo < hi) {
+            int64_t mid = (lo + hi) / 2;
+            if (keys[mid] < (unsigned)k) lo = mid + 1;
+            else hi = mid;
+        }
+        start[k] = (int)lo;
+    }
+}
+
+// The selection's entries grouped by the key row they read: entries
+// order[start[k] .. start[k+1]) read key row k = b*T + s, in ascending t
+// (the sort is stable). Scratch on the tape's device arena; no wait.
+static void sel_transpose(Tape *tp, const int *sel, int B, int T, int K, const int **order, const int **start) {
+    int64_t n = (int64_t)B * T * K;
+    ASSERT(n < INT_MAX && (int64_t)B * T < INT_MAX, "the selection (%d, %d, %d) is too large for the GPU sort", B,
+           T, K);
+    unsigned n_keys = (unsigned)((int64_t)B * T);
+    unsigned *keys = (unsigned *)tape_dalloc(tp, (size_t)n * sizeof(unsigned));
+    unsigned *keys_sorted = (unsigned *)tape_dalloc(tp, (size_t)n * sizeof(unsigned));
+    int *vals = (int *)tape_dalloc(tp, (size_t)n * sizeof(int));
+    int *vals_sorted = (int *)tape_dalloc(tp, (size_t)n * sizeof(int));
+    int *st = (int *)tape_dalloc(tp, ((size_t)n_keys + 1) * sizeof(int));
+    k_sel_keys<<<cu_grid(n), CU_THREADS, 0, cu_stream>>>(sel, n, T, K, n_keys, keys, vals);
+    CU_LAUNCHED();
+    int end_bit = 32 - __builtin_clz(n_keys);   // the keys are <= n_keys
+    size_t temp = 0;
+    CU_CHECK(cub::DeviceRadixSort::SortPairs(NULL, temp, keys, keys_sorted, vals, vals_sorted, (int)n, 0, end_bit,
+                                             cu_stream));
+    void *tmp = tape_dalloc(tp, temp > 0 ? temp : 1);
+    CU_CHECK(cub::DeviceRadixSort::SortPairs(tmp, temp, keys, keys_sorted, vals, vals_sorted, (int)n, 0, end_bit,
+                                             cu_stream));
+    k_run_starts<<<cu_grid((int64_t)n_keys + 1), CU_THREADS, 0, cu_stream>>>(keys_sorted, n, n_keys, st);
+    CU_LAUNCHED();
+    *order = vals_sorted;
+    *start = st;
+}
+
+// ---------------------------------------------------------------- sparse attention
+
+typedef struct SpDims {
+    int B, T, H, dk, dv, K;
+    real scale;
+} SpDims;
+
+static SpDims sp_dims(const Node *n) {
+    SpDims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], n->iarg[5], (real)n->farg[0]};
+    return d;
+}
+
+// Dynamic shared memory of the per-(row, head) kernels: nr rows of K reals,
+// K ints, nv vectors of up to max(dk, dv) reals.
+static size_t sp_smem(const SpDims &d, int nr, int nv) {
+    return ((size_t)nr * d.K + (size_t)nv * (d.dk > d.dv ? d.dk : d.dv)) * sizeof(real) + (size_t)d.K * sizeof(int);
+}
+
+// A block per (row r, head h), blockIdx.x = r H + h.
+__global__ void __launch_bounds__(DSA_THREADS)
+    k_sparse_fwd(SpDims d, const real *q, const real *k, const real *v, const int *sel, real *o, real *lse) {
+    extern __shared__ __align__(16) unsigned char sp_smem_[];
+    __shared__ real shr[32];
+    __shared__ double shd[32];
+    __shared__ int shi[32];
+    int64_t bid = blockIdx.x, r = bid / d.H, b = r / d.T;
+    int h = (int)(bid % d.H), t = (int)(r % d.T), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int64_t ldk = (int64_t)d.H * d.dk, ldv = (int64_t)d.H * d.dv;
+    real *a = (real *)sp_smem_, *qs = a + d.K;
+    int *si = (int *)(qs + (d.dk > d.dv ? d.dk : d.dv));
+    const int *sr = sel + r * d.K;
+    for (int j = tid; j < d.K; j += DSA_THREADS) si[j] = sr[j];
+    for (int x = tid; x < d.dk; x += DSA_THREADS) qs[x] = q[r * ldk + h * d.dk + x];
+    int n = sel_count(sr, d.K, shi);   // (its barriers publish si and qs)
+    const real *kh = k + b * d.T * ldk + h * d.dk, *vh = v + b * d.T * ldv + h * d.dv;
+    for (int j = warp; j < n; j += DSA_THREADS / 32) {
+        const real *ks = kh + (int64_t)si[j] * ldk;
+        real part = 0;
+        for (int x = lane; x < d.dk; x += 32) part = fma(qs[x], ks[x], part);
+        part = dsa_warp_sum(part);
+        if (lane == 0) a[j] = part * d.scale;
+    }
+    __syncthreads();
+    real mx = -INFINITY;
+    for (int j = tid; j < n; j += DSA_THREADS) mx = a[j] > mx ? a[j] : mx;
+    mx = dsa_block_max(mx, shr);
+    double sum = 0;
+    for (int j = tid; j < n; j += DSA_THREADS) {
+        real e = exp(a[j] - mx);
+        a[j] = e;
+        sum += e;
+    }
+    sum = cu_block_sum(sum, shd);   // (its barriers publish a)
+    real rs = (real)sum;
+    for (int x = tid; x < d.dv; x += DSA_THREADS) {
+        real acc = 0;
+        for (int j = 0; j < n; j++) acc = fma(a[j], vh[(int64_t)si[j] * ldv + x], acc);
+        o[r * ldv + h * d.dv + x] = acc / rs;
+    }
+    if (lse && tid == 0) lse[(b * d.H + h) * d.T + t] = (real)((double)mx + log(sum));
+}
+
+// iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv, 5 K; farg[0] scale; aux: sel (B, T, K)
+// on the device; saved: lse (B, H, T) or NULL.
+extern "C" void cu_sparse_forward(Node *n) {
+    SpDims d = sp_dims(n);
+    int64_t blocks = (int64_t)d.B * d.T * d.H;
+    if (blocks == 0) return;
+    ASSERT(blocks <= INT_MAX, "sparse_attention: %lld rows x heads exceed the GPU grid", (long long)blocks);
+    const int *sel = (const int *)n->aux;
+    sel_check(sel, d.B, d.T, d.K, 0);
+    size_t smem = sp_smem(d, 1, 1);
+    dsa_smem_prepare((const void *)k_sparse_fwd, smem, "sparse_attention on the GPU");
+    k_sparse_fwd<<<(unsigned)blocks, DSA_THREADS, smem, cu_stream>>>(d, n->in[0]->data, n->in[1]->data,
+                                                                     n->in[2]->data, sel, n->out[0]->data,
+                                                                     (real *)n->saved);
+    CU_LAUNCHED();
+}
+
+// A block per (row r, head h): P and dS of the row into Pg, dSg (B, T, H, K);
+// dq_t = sum_j dS_j k_sj into gq (written when fresh) when gq is not NULL.
+__global__ void __launch_bounds__(DSA_THREADS)
+    k_sparse_dq(SpDims d, const real *q, const real *k, const real *v, const real *o, const real *dO,
+                const real *lse, const int *sel, real *Pg, real *dSg, real *gq, bool fq) {
+    extern __shared__ __align__(16) unsigned char sp_smem_[];
+    __shared__ int shi[32];
+    int64_t bid = blockIdx.x, r = bid / d.H, b = r / d.T;
+    int h = (int)(bid % d.H), t = (int)(r % d.T), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int64_t ldk = (int64_t)d.H * d.dk, ldv = (int64_t)d.H * d.dv;
+    int dm = d.dk > d.dv ? d.dk : d.dv;
+    real *dS = (real *)sp_smem_, *qs = dS + d.K, *dos = qs + dm, *os = dos + dm;
+    int *si = (int *)(os + dm);
+    const int *sr = sel + r * d.K;
+    for (int j = tid; j < d.K; j += DSA_THREADS) si[j] = sr[j];
+    for (int x = tid; x < d.dk; x += DSA_THREADS) qs[x] = q[r * ldk + h * d.dk + x];
+    for (int x = tid; x < d.dv; x += DSA_THREADS) {
+        dos[x] = dO[r * ldv + h * d.dv + x];
+        os[x] = o[r * ldv + h * d.dv + x];
+    }
+    int n = sel_count(sr, d.K, shi);
+    real L = lse[(b * d.H + h) * d.T + t];
+    const real *kh = k + b * d.T * ldk + h * d.dk, *vh = v + b * d.T * ldv + h * d.dv;
+    int64_t pr = bid * d.K;   // (r H + h) K
+    for (int j = warp; j < n; j += DSA_THREADS / 32) {
+        const real *ks = kh + (int64_t)si[j] * ldk, *vs = vh + (int64_t)si[j] * ldv;
+        real s1 = 0, s2 = 0;
+        for (int x = lane; x < d.dk; x += 32) s1 = fma(qs[x], ks[x], s1);
+        // dO . v_s - D as dO . (v_s - o): no cancellation (as the CPU)
+        for (int x = lane; x < d.dv; x += 32) s2 = fma(dos[x], vs[x] - os[x], s2);
+        s1 = dsa_warp_sum(s1);
+        s2 = dsa_warp_sum(s2);
+        if (lane == 0) {
+            real p = exp(d.scale * s1 - L), ds = d.scale * p * s2;
+            dS[j] = ds;
+            Pg[pr + j] = p;
+            dSg[pr + j] = ds;
+        }
+    }
+    if (!gq) return;
+    __syncthreads();
+    for (int x = tid; x < d.dk; x += DSA_THREADS) {
+        real acc = 0;
+        for (int j = 0; j < n; j++) acc = fma(dS[j], kh[(int64_t)si[j] * ldk + x], acc);
+        real *g = gq + r * ldk + h * d.dk + x;
+        *g = fq ? acc : *g + acc;
+    }
+}
+
+// A block per key row kr = b*T + s, threads over the columns of every head:
+// dk_s = sum dS q_t, dv_s = sum P dO_t over the entries that read s, in
+// ascending t; written when fresh (0 for a key no query selected).
+__global__ void __launch_bounds__(DSA_THREADS)
+    k_sparse_dkv(SpDims d, const real *q, const real *dO, const int *order, const int *start, const real *Pg,
+                 const real *dSg, real *gk, bool fk, real *gv, bool fv) {
+    int64_t kr = blockIdx.x;
+    int e0 = start[kr], e1 = start[kr + 1];
+    int ck = d.H * d.dk, cv = d.H * d.dv, cm = ck > cv ? ck : cv;
+    for (int c = threadIdx.x; c < cm; c += DSA_THREADS) {
+        int hk = c / d.dk, hv = c / d.dv;
+        real ak = 0, av = 0;
+        for (int e = e0; e < e1; e++) {
+            int ent = order[e];
+            int64_t rr = ent / d.K;
+            int j = ent % d.K;
+            if (gk && c < ck) ak = fma(dSg[(rr * d.H + hk) * d.K + j], q[rr * ck + c], ak);
+            if (gv && c < cv) av = fma(Pg[(rr * d.H + hv) * d.K + j], dO[rr * cv + c], av);
+        }
+        // k first, then v: one tensor as both gets its fresh write, then the add.
+        if (gk && c < ck) {
+            real *g = gk + kr * ck + c;
+            *g = fk ? ak : *g + ak;
+        }
+        if (gv && c < cv) {
+            real *g = gv + kr * cv + c;
+            *g = fv ? av : *g + av;
+        }
+    }
+}
+
+extern "C" void cu_sparse_backward(Node *n) {
+    SpDims d = sp_dims(n);
+    bool fq = false, fk = false, fv = false;
+    real *gq = CU_GRAD_FRESH(n, 0, &fq), *gk = CU_GRAD_FRESH(n, 1, &fk), *gv = CU_GRAD_FRESH(n, 2, &fv);
+    int64_t blocks = (int64_t)d.B * d.T * d.H;
+    if ((!gq && !gk && !gv) || blocks == 0) return;
+    const int *sel = (const int *)n->aux;
+    const real *q = n->in[0]->data, *k = n->in[1]->data, *v = n->in[2]->data;
+    const real *o = n->out[0]->data, *dO = n->out[0]->grad, *lse = (const real *)n->saved;
+    size_t pk = (size_t)blocks * d.K * sizeof(real);
+    real *Pg = (real *)tape_dalloc(n->tape, pk), *dSg = (real *)tape_dalloc(n->tape, pk);
+    // dq first: when q is also k or v, its gradient is written here (fresh) and added to below.
+    size_t smem = sp_smem(d, 1, 3);
+    dsa_smem_prepare((const void *)k_sparse_dq, smem, "sparse_attention backward on the GPU");
+    k_sparse_dq<<<(unsigned)blocks, DSA_THREADS, smem, cu_stream>>>(d, q, k, v, o, dO, lse, sel, Pg, dSg, gq, fq);
+    CU_LAUNCHED();
+    if (!gk && !gv) return;
+    const int *order, *start;
+    sel_transpose(n->tape, sel, d.B, d.T, d.K, &order, &start);
+    k_sparse_dkv<<<(unsigned)((int64_t)d.B * d.T), DSA_THREADS, 0, cu_stream>>>(d, q, dO, order, start, Pg, dSg, gk,
+                                                                              fk, gv, fv);
+    CU_LAUNCHED();
+}
+
+// ---------------------------------------------------------------- the selection KL and its target
+
+// scale q_t^h . k_s^h in double (as dsa_sel_kl.c), one thread.
+__device__ __forceinline__ double st_dot(const real *a, const real *b, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+// A block per row: p_t,j = (1/H) sum_h softmax over the valid j of scale
+// q_t^h . k_sj^h (0 at -1 entries); each entry written by one thread, the
+// heads in order (the scores recomputed in each pass).
+__global__ void __launch_bounds__(DSA_THREADS)
+    k_sparse_target(const real *q, const real *k, const int *sel, int T, int K, int H, int dk, double scale,
+                    real *p) {
+    __shared__ double shd[32];
+    __shared__ int shi[32];
+    int64_t r = blockIdx.x, b = r / T, ld = (int64_t)H * dk;
+    int tid = threadIdx.x;
+    const int *sr = sel + r * K;
+    real *pr = p + r * K;
+    int n = sel_count(sr, K, shi);
+    for (int h = 0; h < H; h++) {
+        const real *qt = q + r * ld + h * dk, *kh = k + b * T * ld + h * dk;
+        double mx = -INFINITY;
+        for (int j = tid; j < n; j += DSA_THREADS) mx = fmax(mx, scale * st_dot(qt, kh + (int64_t)sr[j] * ld, dk));
+        for (int o = 16; o > 0; o >>= 1) mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        __syncthreads();
+        if ((tid & 31) == 0) shd[tid >> 5] = mx;
+        __syncthreads();
+        mx = shd[0];
+        for (int w = 1; w < DSA_THREADS / 32; w++) mx = fmax(mx, shd[w]);
+        double sum = 0;
+        for (int j = tid; j < n; j += DSA_THREADS) sum += exp(scale * st_dot(qt, kh + (int64_t)sr[j] * ld, dk) - mx);
+        sum = cu_block_sum(sum, shd);
+        for (int j = tid; j < K; j += DSA_THREADS) {
+            real v = j < n ? (real)(exp(scale * st_dot(qt, kh + (int64_t)sr[j] * ld, dk) - mx) / (sum * H)) : (real)0;
+            pr[j] = h == 0 ? v : pr[j] + v;
+        }
+    }
+}
+
+extern "C" void cu_dsa_sparse_target(real *p, const real *q, const real *k, const int *sel, int B, int T, int K,
+                                     int H, int dk, double scale) {
+    int64_t rows = (int64_t)B * T;
+    if (rows == 0) return;
+    k_sparse_target<<<(unsigned)rows, DSA_THREADS, 0, cu_stream>>>(q, k, sel, T, K, H, dk, scale, p);
+    CU_LAUNCHED();
+}
+
+typedef struct SkDims {
+    int B, T, K, HI, dI;
+    double c;
+} SkDims;
+
+static SkDims sk_dims(const Node *n) {
+    SkDims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], 1.0 / sqrt((double)n->iarg[4])};
+    return d;
+}
+
+// A block per row: the indexer scores of its selected entries into Ir
+// (B, T, K), their log-sum-exp into lse (or not, when NULL) and the row's KL.
+__global__ void __launch_bounds__(DSA_THREADS)
+    k_sel_kl_fwd(SkDims d, const real *qI, const real *kI, const real *w, const real *p, const int *sel, real *Isc,
+                 real *lse, double *row_loss) {
+    __shared__ real shr[32];
+    __shared__ double shd[32];
+    __shared__ int shi[32];
+    int64_t r = blockIdx.x, b = r / d.T;
+    int tid = threadIdx.x;
+    const int *sr = sel + r * d.K;
+    const real *pr = p + r * d.K, *qt = qI + r * d.HI * d.dI, *wt = w + r * d.HI;
+    real *Ir = Isc + r * d.K;
+    int n = sel_count(sr, d.K, shi);
+    real mx = -INFINITY;
+    for (int j = tid; j < n; j += DSA_THREADS) {
+        const real *ks = kI + (b * d.T + sr[j]) * d.dI;
+        double acc = 0;
+        for (int i = 0; i < d.HI; i++) {
+            double z = st_dot(qt + (int64_t)i * d.dI, ks, d.dI);
+            if (z > 0) acc += wt[i] * z;
+        }
+        Ir[j] = (real)(d.c * acc);
+        mx = Ir[j] > mx ? Ir[j] : mx;
+    }
+    mx = dsa_block_max(mx, shr);
+    double sum = 0;
+    for (int j = tid; j < n; j += DSA_THREADS) sum += exp((double)Ir[j] - (double)mx);
+    sum = cu_block_sum(sum, shd);
+    double l = (double)mx + log(sum), kl = 0;
+    for (int j = tid; j < n; j += DSA_THREADS)
+        if (pr[j] > 0) kl += (double)pr[j] * (log((double)pr[j]) - ((double)Ir[j] - l));
+    kl = cu_block_sum(kl, shd);
+    if (tid == 0) {
+        row_loss[r] = kl;
+        if (lse) lse[r] = (real)l;
+    }
+}
+
+// iarg: 0 B, 1 T, 2 K, 3 HI, 4 dI; in: qI, kI, w, p; aux: sel (device);
+// saved: SelKlSaved (host struct, device arrays) or NULL.
+extern "C" void cu_sel_kl_forward(Node *n) {
+    SkDims d = sk_dims(n);
+    int64_t rows = (int64_t)d.B * d.T;
+    const int *sel = (const int *)n->aux;
+    SelKlSaved *sv = (SelKlSaved *)n->saved;
+    double *row_loss = (double *)tape_dalloc(n->tape, (size_t)(rows > 0 ? rows : 1) * sizeof(double));
+    if (rows > 0) {
+        sel_check(sel, d.B, d.T, d.K, 1);
+        real *Isc = sv ? sv->Isc : (real *)tape_dalloc(n->tape, (size_t)rows * d.K * sizeof(real));
+        k_sel_kl_fwd<<<(unsigned)rows, DSA_THREADS, 0, cu_stream>>>(d, n->in[0]->data, n->in[1]->data,
+                                                                    n->in[2]->data, n->in[3]->data, sel, Isc,
+                                                                    sv ? sv->lse : NULL, row_loss);
+        CU_LAUNCHED();
+    }
+    k_dsa_mean<<<1, 1024, 0, cu_stream>>>(row_loss, rows, n->out[0]->data);
+    CU_LAUNCHED();
+}
+
+// A block per row: gI_j = g (softmax(I_t)_j m_t - p_t,j) into gIg (B, T, K)
+// and z_ij into Zg (B, T, K, HI); then dw_t,i (a thread per head) and dqI_t
+// (a thread per element), the entries in order, written when fresh.
+__global__ void __launch_bounds__(DSA_THREADS)
+    k_sel_kl_bwd_rows(SkDims d, const real *qI, const real *kI, const real *w, const real *p, const int *sel,
+                      const real *Isc, const real *lse, const real *gout, double *gIg, real *Zg, real *gq, bool fq,
+                      real *gw, bool fw) {
+    __shared__ double shd[32];
+    __shared__ int shi[32];
+    int64_t r = blockIdx.x, b = r / d.T;
+    int tid = threadIdx.x;
+    const int *sr = sel + r * d.K;
+    const real *pr = p + r * d.K, *Ir = Isc + r * d.K, *qt = qI + r * d.HI * d.dI, *wt = w + r * d.HI;
+    double g = (double)gout[0] / ((double)d.B * d.T);
+    int n = sel_count(sr, d.K, shi);
+    double mass = 0;
+    for (int j = tid; j < n; j += DSA_THREADS) mass += pr[j];
+    mass = cu_block_sum(mass, shd);
+    double *gIr = gIg + r * d.K;
+    real *Zr = Zg + r * d.K * d.HI;
+    for (int j = tid; j < n; j += DSA_THREADS) {
+        gIr[j] = g * (exp((double)(Ir[j] - lse[r])) * mass - pr[j]);
+        const real *ks = kI + (b * d.T + sr[j]) * d.dI;
+        for (int i = 0; i < d.HI; i++) Zr[(int64_t)j * d.HI + i] = (real)st_dot(qt + (int64_t)i * d.dI, ks, d.dI);
+    }
+    __syncthreads();
+    if (gw)
+        for (int i = tid; i < d.HI; i += DSA_THREADS) {
+            double acc = 0;
+            for (int j = 0; j < n; j++) {
+                real z = Zr[(int64_t)j * d.HI + i];
+                if (z > 0) acc += gIr[j] * z;
+            }
+            real v = (real)(d.c * acc), *o = gw + r * d.HI + i;
+            *o = fw ? v : *o + v;
+        }
+    if (gq)
+        for (int e = tid; e < d.HI * d.dI; e += DSA_THREADS) {
+            int i = e / d.dI, x = e % d.dI;
+            double acc = 0, cw = d.c * wt[i];
+            for (int j = 0; j < n; j++)
+                if (Zr[(int64_t)j * d.HI + i] > 0) acc += cw * gIr[j] * kI[(b * d.T + sr[j]) * d.dI + x];
+            real *o = gq + r * d.HI * d.dI + e;
+            *o = fq ? (real)acc : *o + (real)acc;
+        }
+}
+
+// A block per key row kr: dkI_s = sum over the entries (t, j) that read it
+// (ascending t) of sum_i c gI_j w_t,i [z_ij > 0] qI_t,i; written when fresh.
+__global__ void __launch_bounds__(DSA_THREADS)
+    k_sel_kl_dk(SkDims d, const real *qI, const real *w, const int *order, const int *start, const double *gIg,
+                const real *Zg, real *gk, bool fk) {
+    int64_t kr = blockIdx.x;
+    int e0 = start[kr], e1 = start[kr + 1];
+    for (int x = threadIdx.x; x < d.dI; x += blockDim.x) {
+        double acc = 0;
+        for (int e = e0; e < e1; e++) {
+            int ent = order[e];
+            int64_t rr = ent / d.K;
+            double a = d.c * gIg[ent];
+            for (int i = 0; i < d.HI; i++)
+                if (Zg[(int64_t)ent * d.HI + i] > 0) acc += a * w[rr * d.HI + i] * qI[(rr * d.HI + i) * d.dI + x];
+        }
+        real *o = gk + kr * d.dI + x;
+        *o = fk ? (real)acc : *o + (real)acc;
+    }
+}
+
+extern "C" void cu_sel_kl_backward(Node *n) {
+    SkDims d = sk_dims(n);
+    bool fq = false, fk = false, fw = false;
+    real *gq = CU_GRAD_FRESH(n, 0, &fq), *gk = CU_GRAD_FRESH(n, 1, &fk), *gw = CU_GRAD_FRESH(n, 2, &fw);
+    int64_t rows = (int64_t)d.B * d.T;
+    if ((!gq && !gk && !gw) || rows == 0) return;
+    const SelKlSaved *sv = (const SelKlSaved *)n->saved;
+    const int *sel = (const int *)n->aux;
+    const real *qI = n->in[0]->data, *kI = n->in[1]->data, *w = n->in[2]->data, *p = n->in[3]->data;
+    double *gIg = (double *)tape_dalloc(n->tape, (size_t)rows * d.K * sizeof(double));
+    real *Zg = (real *)tape_dalloc(n->tape, (size_t)rows * d.K * d.HI * sizeof(real));
+    // Rows (dqI, dw) first, then the keys (dkI): one tensor as two inputs gets its fresh write first.
+    k_sel_kl_bwd_rows<<<(unsigned)rows, DSA_THREADS, 0, cu_stream>>>(d, qI, kI, w, p, sel, sv->Isc, sv->lse,
+                                                                     n->out[0]->grad, gIg, Zg, gq, fq, gw, fw);
+    CU_LAUNCHED();
+    if (!gk) return;
+    const int *order, *start;
+    sel_transpose(n->tape, sel, d.B, d.T, d.K, &order, &start);
+    int threads = d.dI >= 128 ? 128 : (d.dI + 31) / 32 * 32;
+    k_sel_kl_dk<<<(unsigned)rows, threads, 0, cu_stream>>>(d, qI, w, order, start, gIg, Zg, gk, fk);
+    CU_LAUNCHED();
+}
