@@ -15,13 +15,13 @@ void dsa_eval_run(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, in
         batcher_val(bt, i, x, y, doc);
         lm_set_dsa_mode(lm, DSA_DISTILL);
         Tensor *loss = lm_loss_docs(tp, lm, x, y, doc, batcher_share(bt), bt->T, NULL);
-        out->val_dense += loss->data[0];
-        out->kl += lm->dsa_kl ? lm->dsa_kl->data[0] : NAN;
+        out->val_dense += tape_item(tp, loss);   // (the tape's device: a GPU run reads the scalars back)
+        out->kl += lm->dsa_kl ? tape_item(tp, lm->dsa_kl) : NAN;
         out->mass += lm_dsa_mass(lm);
         tape_reset(tp);
         lm_set_dsa_mode(lm, DSA_SPARSE);
         loss = lm_loss_docs(tp, lm, x, y, doc, batcher_share(bt), bt->T, NULL);
-        out->val_sparse += loss->data[0];
+        out->val_sparse += tape_item(tp, loss);
         tape_reset(tp);
     }
     tape_no_grad_pop(tp);

@@ -266,7 +266,8 @@ static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
     const TrainConfig *c = &t->cfg;
     char json[768];
     evaluate(t, rl, (int)t->step, o->quiet);
-    if (lm_dsa_count(&t->lm) > 0 && t->rank == 0) {   // (a timing: rank 0 alone)
+    // (a timing: rank 0 alone; attn_dsa decoding runs on the CPU only, so a GPU run has no figure)
+    if (lm_dsa_count(&t->lm) > 0 && t->rank == 0 && c->train.device == DEVICE_CPU) {
         dsa_eval_decode_speed(&t->lm, DSA_DECODE_CTX, DSA_DECODE_STEPS, (uint64_t)c->train.seed, t->dsa_mode,
                               &t->decode_dense_tok_s, &t->decode_sparse_tok_s);
         snprintf(json, sizeof json,

@@ -181,10 +181,6 @@ static Status check_gpu_run(Trainer *t) {
         return status_err("[train] device = cuda: one process only for now (%d ranks under mpirun)", t->ranks);
     if (c->train.carry_state)
         return status_err("[train] device = cuda: carry_state is not on the GPU yet (set it false, or device = cpu)");
-    for (int l = 0; l < t->lm.cfg.n_layers; l++)
-        if (!strcmp(t->lm.cfg.layers[l], "attn_dsa"))
-            return status_err("[train] device = cuda: layer %d is attn_dsa, which has no GPU kernels yet "
-                              "(device = cpu trains it)", l);
     return status_ok();
 }
 

@@ -14,6 +14,8 @@
 // the target and the KL stay inside each document, s in [lo(t), t], with RoPE
 // positions (of q, k, qI, kI) restarting at every document, as in `attn`.
 // In decoding, a reset row indexes and attends from its document's first slot.
+// On a GPU tape (tp->device) the same steps run on the device: the selection
+// (B, T, K), the targets and the kept mass never leave it (dsa_attend_gpu).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,11 @@
 #include "attn_dsa.h"
 #include "attn_kernel.h"
 #include "attn_layer.h"
+#ifdef AG_CUDA
+#include "cuda_ops.h"
+#endif
+#include "device.h"
+#include "docs.h"
 #include "dsa_kernel.h"
 #include "dsa_sel_kl.h"
 #include "mixer_common.h"
@@ -33,6 +40,8 @@ typedef struct DsaLayer {
     DsaMode mode;
     Tensor *last_kl;    // (1) on the last forward's tape, or NULL
     double last_mass;
+    double *mass_dev;   // (1) GPU memory: the last GPU DSA_DISTILL forward's mass, or NULL (never ran)
+    bool mass_on_dev;   // the last DSA_DISTILL forward ran on the GPU: *mass_dev is the figure
 } DsaLayer;
 
 typedef struct DsaCache {
@@ -72,7 +81,11 @@ static void dsa_create(Mixer *m, ParamStore *ps, const char *prefix) {
     m->impl = L;
 }
 
-static void dsa_destroy(Mixer *m) { free(m->impl); }
+static void dsa_destroy(Mixer *m) {
+    DsaLayer *L = m->impl;
+    if (L && L->mass_dev) dev_free(DEVICE_CUDA, L->mass_dev);
+    free(L);
+}
 
 // The same data, cut from the graph: the indexer never moves the main model.
 static Tensor *stop_gradient(Tape *tp, Tensor *u) {
@@ -88,6 +101,48 @@ static Tensor *stop_gradient(Tape *tp, Tensor *u) {
 static Tensor *rope_at(Tape *tp, Tensor *x, int hd, int pos0, const int *pos, double base) {
     return pos ? op_rope_pos(tp, x, hd, pos, base) : op_rope(tp, x, hd, pos0, base);
 }
+
+#ifdef AG_CUDA
+// The selection and the attention on a GPU tape: dsa_forward's steps after
+// the projections, with the selection, the targets and the kept mass in
+// device memory (nothing is read back). Pops the no-grad mode DSA_SPARSE
+// pushed, as dsa_forward does.
+static Tensor *dsa_attend_gpu(Tape *tp, DsaLayer *L, const MixerConfig *c, Tensor *q, Tensor *k, Tensor *v,
+                              Tensor *qI, Tensor *kI, Tensor *w, const int *doc_start, int B, int T, int K) {
+    int H = c->n_heads;
+    double scale = 1.0 / sqrt(c->d_k);
+    const int *first = NULL;   // docs.h's index, on the device
+    const int *first_host = docs_first(tp, doc_start, B, T);
+    if (first_host) {
+        int *fd = tape_dalloc(tp, (size_t)B * T * sizeof(int));
+        dev_from_host(fd, DEVICE_CUDA, first_host, (size_t)B * T * sizeof(int));
+        first = fd;
+    }
+    int *sel = tape_dalloc(tp, (size_t)B * T * K * sizeof(int));
+    Tensor *o;
+    if (L->mode == DSA_DISTILL) {
+        Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads, doc_start);
+        cu_dsa_topk(sel, Isc->data, B, T, K, first);
+        o = op_attention(tp, q, k, v, H, scale, doc_start);
+        Tensor *p = tape_tensorv(tp, 3, B, T, T);   // the target: a constant
+        cu_dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale, first);
+        L->last_kl = op_dsa_kl(tp, Isc, p, doc_start);
+        if (!L->mass_dev) L->mass_dev = dev_alloc(DEVICE_CUDA, sizeof(double));
+        cu_dsa_selected_mass(L->mass_dev, p->data, sel, B, T, K);
+        L->mass_on_dev = true;
+    } else {
+        cu_dsa_index_select(tp, sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K, first);
+        if (L->mode == DSA_SPARSE) tape_no_grad_pop(tp);
+        o = op_sparse_attention(tp, q, k, v, sel, K, H, scale);
+        if (L->mode == DSA_SPARSE_KL) {
+            Tensor *p = tape_tensorv(tp, 3, B, T, K);
+            cu_dsa_sparse_target(p->data, q->data, k->data, sel, B, T, K, H, c->d_k, scale);
+            L->last_kl = op_dsa_sel_kl(tp, qI, kI, w, sel, K, p, c->index_heads);
+        }
+    }
+    return o;
+}
+#endif
 
 static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out) {
     const MixerConfig *c = &m->cfg;
@@ -112,6 +167,12 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
     Tensor *qI = rope_at(tp, op_matmul(tp, ub, L->wq_idx, false, false), c->index_dim, 0, pos, c->rope_base);
     Tensor *kI = rope_at(tp, op_matmul(tp, ub, L->wk_idx, false, false), c->index_dim, 0, pos, c->rope_base);
     Tensor *w = op_matmul(tp, ub, L->ww_idx, false, false);
+#ifdef AG_CUDA
+    if (tp->device == DEVICE_CUDA) {
+        o = dsa_attend_gpu(tp, L, c, q, k, v, qI, kI, w, doc_start, B, T, K);
+        return op_matmul(tp, o, L->attn.wo, false, false);
+    }
+#endif
     int *sel = tape_alloc(tp, (size_t)B * T * K * sizeof(int));
     if (L->mode == DSA_DISTILL) {   // the KL needs every score and the dense target: O(T^2) memory
         Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads, doc_start);
@@ -121,6 +182,7 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
         dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale, doc_start);
         L->last_kl = op_dsa_kl(tp, Isc, p, doc_start);
         L->last_mass = dsa_selected_mass(p->data, sel, B, T, K);
+        L->mass_on_dev = false;
     } else {   // scores and selection tile by tile: no (B, T, T) matrix
         dsa_index_select(sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K, doc_start);
         if (L->mode == DSA_SPARSE) tape_no_grad_pop(tp);
@@ -213,7 +275,13 @@ void attn_dsa_set_distill(Mixer *m, bool on) { attn_dsa_set_mode(m, on ? DSA_DIS
 
 Tensor *attn_dsa_last_kl(const Mixer *m) { return dsa_impl(m, "attn_dsa_last_kl")->last_kl; }
 
-double attn_dsa_last_mass(const Mixer *m) { return dsa_impl(m, "attn_dsa_last_mass")->last_mass; }
+double attn_dsa_last_mass(const Mixer *m) {
+    const DsaLayer *L = dsa_impl(m, "attn_dsa_last_mass");
+    if (!L->mass_on_dev) return L->last_mass;
+    double v;   // the GPU's figure, read now (this waits for the stream)
+    dev_to_host(&v, L->mass_dev, sizeof v, DEVICE_CUDA);
+    return v;
+}
 
 void attn_dsa_indexer_params(const Mixer *m, Tensor *out[3]) {
     const DsaLayer *L = dsa_impl(m, "attn_dsa_indexer_params");
