@@ -18,6 +18,7 @@ struct TapeProfile {
     const OpDef *open;   // the forward op being charged, or NULL
     double mark;         // when it started
     double mark_cpu;
+    Device device;       // the tape's: on a GPU every reading waits for the stream first
 };
 
 static double clock_s(clockid_t c) {
@@ -38,8 +39,16 @@ static int prof_slot(TapeProfile *p, const OpDef *op) {
     return p->n++;
 }
 
+// On a GPU tape the kernels run after their launch: a profile reading waits
+// for the stream (the profile's times are then the kernels'; the step slows
+// by one synchronisation per op, so profiled steps are not timed steps).
+static void prof_wait(const TapeProfile *p) {
+    if (p->device != DEVICE_CPU) dev_sync(p->device);
+}
+
 // Charge the open forward op up to now and open `next` (NULL: none).
 static void prof_switch(TapeProfile *p, const OpDef *next) {
+    prof_wait(p);
     double now = prof_now(), cpu = prof_cpu();
     if (p->open) {
         int i = prof_slot(p, p->open);
@@ -53,7 +62,10 @@ static void prof_switch(TapeProfile *p, const OpDef *next) {
 }
 
 void tape_profile(Tape *tp, bool on) {
-    if (on && !tp->prof) tp->prof = xcalloc(1, sizeof *tp->prof);
+    if (on && !tp->prof) {
+        tp->prof = xcalloc(1, sizeof *tp->prof);
+        tp->prof->device = tp->device;
+    }
     if (!on) {
         free(tp->prof);
         tp->prof = NULL;
@@ -298,10 +310,12 @@ static void run_backward(Tape *tp) {
         for (int o = 0; o < n->n_out; o++)
             if (n->out[o] && n->out[o]->grad) any = true;
         if (any) {   // else nothing flows back through this node
+            if (p) prof_wait(p);
             double t0 = p ? prof_now() : 0, c0 = p ? prof_cpu() : 0;
             if (tp->device == DEVICE_CPU) n->op->backward(n);
             else n->op->cuda_backward(n);
             if (p) {
+                prof_wait(p);
                 int k = prof_slot(p, n->op);
                 p->bwd[k] += prof_now() - t0;
                 p->bwd_cpu[k] += prof_cpu() - c0;
