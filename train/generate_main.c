@@ -38,8 +38,7 @@ static void usage(FILE *f) {
             "  --seed S             sampling seed, 0..2^64-1 (default 1)\n"
             "  --threads N          threads for decoding, 1..%d (default: 1 below 10M parameters, where one\n"
             "                       token's work is too small to share, else all cores)\n"
-            "  --device D           cpu (default) or cuda: decode on the GPU (a build with -DAG_CUDA=ON;\n"
-            "                       not for models with attn_dsa layers yet)\n"
+            "  --device D           cpu (default) or cuda: decode on the GPU (a build with -DAG_CUDA=ON)\n"
             "  --no-echo            print only the sampled text, not the prompt\n"
             "  --check              verify token-by-token logits against the parallel forward (at most %d\n"
             "                       positions in all)\n"
@@ -347,7 +346,6 @@ int main(int argc, char **argv) {
         char err[512];
         const char *why = NULL;
         if (!device_cuda_init(err, sizeof err)) why = err;
-        else if (lm_dsa_count(&lm) > 0) why = "the model has attn_dsa layers, whose decoding runs on the CPU only";
         if (why) {
             fprintf(stderr, "generate: --device cuda: %s; or decode on the CPU: --device cpu\n", why);
             tokenizer_free(&tok);

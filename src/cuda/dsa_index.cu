@@ -281,22 +281,12 @@ __device__ __forceinline__ int tk_scan(bool f, int *total, int *shm) {
     return pre + before;
 }
 
-// A block per row: row l of nb x nt rows (batch b0 + l / nt, position
-// t_begin + l % nt), its scores at S + l lds (position s at [s]); the
-// selection into sel (B, T, K). cache_n: the longest row whose keys are kept
-// in the dynamic shared memory.
-__global__ void __launch_bounds__(TK_THREADS)
-    k_topk(const real *S, int64_t lds, int T, int K, const int *first, int b0, int t_begin, int nt, int *sel,
-           int cache_n) {
-    extern __shared__ __align__(16) unsigned char tk_smem[];
-    rkey_t *keys = (rkey_t *)tk_smem;
-    __shared__ int shm[32];
-    int64_t l = blockIdx.x;
-    int b = b0 + (int)(l / nt), t = t_begin + (int)(l % nt), tid = threadIdx.x;
-    int64_t r = (int64_t)b * T + t;
-    int lo = dsa_lo(first, r), n = t + 1 - lo;
-    const real *row = S + l * lds + lo;
-    int *out = sel + r * K;
+// One row's top K, by the whole block: candidates row[0 .. n) at positions
+// lo .. lo+n-1, the selection (K, ascending, -1 padded) into out. keys:
+// dynamic shared memory for cache_n keys (the row's are kept there when it
+// fits); shm: 32 ints.
+__device__ void topk_one(const real *row, int n, int lo, int K, int *out, rkey_t *keys, int cache_n, int *shm) {
+    int tid = threadIdx.x;
     if (n <= K) {   // every candidate
         for (int j = tid; j < K; j += TK_THREADS) out[j] = j < n ? lo + j : -1;
         return;
@@ -339,6 +329,22 @@ __global__ void __launch_bounds__(TK_THREADS)
         ties += n_eq;
     }
 #undef TK_KEY
+}
+
+// A block per row: row l of nb x nt rows (batch b0 + l / nt, position
+// t_begin + l % nt), its scores at S + l lds (position s at [s]); the
+// selection into sel (B, T, K). cache_n: the longest row whose keys are kept
+// in the dynamic shared memory.
+__global__ void __launch_bounds__(TK_THREADS)
+    k_topk(const real *S, int64_t lds, int T, int K, const int *first, int b0, int t_begin, int nt, int *sel,
+           int cache_n) {
+    extern __shared__ __align__(16) unsigned char tk_smem[];
+    __shared__ int shm[32];
+    int64_t l = blockIdx.x;
+    int b = b0 + (int)(l / nt), t = t_begin + (int)(l % nt);
+    int64_t r = (int64_t)b * T + t;
+    int lo = dsa_lo(first, r);
+    topk_one(S + l * lds + lo, t + 1 - lo, lo, K, sel + r * K, (rkey_t *)tk_smem, cache_n, shm);
 }
 
 static void topk_rows(int *sel, const real *S, int64_t lds, int T, int K, const int *first, int b0, int nb,
@@ -530,5 +536,49 @@ __global__ void __launch_bounds__(1024) k_sel_mass(const real *p, const int *sel
 
 extern "C" void cu_dsa_selected_mass(double *out, const real *p, const int *sel, int B, int T, int K) {
     k_sel_mass<<<1, 1024, 0, cu_stream>>>(p, sel, (int64_t)B * T, T, K, out);
+    CU_LAUNCHED();
+}
+
+// ---------------------------------------------------------------- decoding
+
+// Thread per cached key s of row b (grid (key blocks, B)), s in [start_b,
+// n_keys): scores[b, s] = c sum_j w_bj ReLU(qI_bj . kI_bs), in double as
+// dsa_index_row. kIc: (B, max_T, dI).
+__global__ void k_dec_scores(const real *qI, const real *w, const real *kIc, const int *start, int max_T,
+                             int n_keys, int HI, int dI, double c, real *scores) {
+    int b = blockIdx.y, s = start[b] + blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= n_keys) return;
+    const real *ks = kIc + ((int64_t)b * max_T + s) * dI, *q = qI + (int64_t)b * HI * dI, *wb = w + (int64_t)b * HI;
+    double acc = 0;
+    for (int j = 0; j < HI; j++) {
+        double z = 0;
+        for (int i = 0; i < dI; i++) z += (double)q[j * dI + i] * ks[i];
+        if (z > 0) acc += wb[j] * z;
+    }
+    scores[(int64_t)b * max_T + s] = (real)(c * acc);
+}
+
+// A block per row b: the top K of slots [start_b, n_keys) into sel (B, K).
+__global__ void __launch_bounds__(TK_THREADS)
+    k_dec_topk(const real *scores, const int *start, int max_T, int n_keys, int K, int *sel, int cache_n) {
+    extern __shared__ __align__(16) unsigned char tk_smem[];
+    __shared__ int shm[32];
+    int b = blockIdx.x, lo = start[b];
+    topk_one(scores + (int64_t)b * max_T + lo, n_keys - lo, lo, K, sel + (int64_t)b * K, (rkey_t *)tk_smem, cache_n,
+             shm);
+}
+
+extern "C" void cu_dsa_decode_select(int *sel, real *scores, const real *qI, const real *w, const real *kIc, int B,
+                                     int max_T, int n_keys, const int *start, int HI, int dI, int K) {
+    ASSERT(K >= 1 && n_keys >= 1 && n_keys <= max_T && B <= 65535,
+           "attn_dsa step on the GPU: K %d, %d cached keys of %d, %d rows", K, n_keys, max_T, B);
+    dim3 grid((unsigned)((n_keys + DSA_THREADS - 1) / DSA_THREADS), (unsigned)B);
+    k_dec_scores<<<grid, DSA_THREADS, 0, cu_stream>>>(qI, w, kIc, start, max_T, n_keys, HI, dI,
+                                                      1.0 / sqrt((double)dI), scores);
+    CU_LAUNCHED();
+    int cache_n = (int)(SMEM_CACHE_BYTES / sizeof(rkey_t));
+    if (cache_n > max_T) cache_n = max_T;
+    k_dec_topk<<<(unsigned)B, TK_THREADS, (size_t)cache_n * sizeof(rkey_t), cu_stream>>>(scores, start, max_T, n_keys,
+                                                                                         K, sel, cache_n);
     CU_LAUNCHED();
 }

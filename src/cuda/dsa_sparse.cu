@@ -124,10 +124,12 @@ static void sel_transpose(Tape *tp, const int *sel, int B, int T, int K, const i
 typedef struct SpDims {
     int B, T, H, dk, dv, K;
     real scale;
+    int Tk;   // key and value rows per batch row: T, or a decode cache's max_T
 } SpDims;
 
 static SpDims sp_dims(const Node *n) {
-    SpDims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], n->iarg[5], (real)n->farg[0]};
+    SpDims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], n->iarg[5], (real)n->farg[0],
+                n->iarg[1]};
     return d;
 }
 
@@ -153,7 +155,7 @@ __global__ void __launch_bounds__(DSA_THREADS)
     for (int j = tid; j < d.K; j += DSA_THREADS) si[j] = sr[j];
     for (int x = tid; x < d.dk; x += DSA_THREADS) qs[x] = q[r * ldk + h * d.dk + x];
     int n = sel_count(sr, d.K, shi);   // (its barriers publish si and qs)
-    const real *kh = k + b * d.T * ldk + h * d.dk, *vh = v + b * d.T * ldv + h * d.dv;
+    const real *kh = k + b * d.Tk * ldk + h * d.dk, *vh = v + b * d.Tk * ldv + h * d.dv;
     for (int j = warp; j < n; j += DSA_THREADS / 32) {
         const real *ks = kh + (int64_t)si[j] * ldk;
         real part = 0;
@@ -195,6 +197,19 @@ extern "C" void cu_sparse_forward(Node *n) {
     k_sparse_fwd<<<(unsigned)blocks, DSA_THREADS, smem, cu_stream>>>(d, n->in[0]->data, n->in[1]->data,
                                                                      n->in[2]->data, sel, n->out[0]->data,
                                                                      (real *)n->saved);
+    CU_LAUNCHED();
+}
+
+// Decoding: dsa_sparse_decode's twin. One query per batch row, q (B, H*dk),
+// over the cache slots in sel (B, K); kc, vc (B, max_T, H*dk / H*dv).
+extern "C" void cu_dsa_decode_sparse(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
+                                     const int *sel, int K, int H, int dk, int dv, double scale) {
+    SpDims d = {B, 1, H, dk, dv, K, (real)scale, max_T};
+    int64_t blocks = (int64_t)B * H;
+    if (blocks == 0) return;
+    size_t smem = sp_smem(d, 1, 1);
+    dsa_smem_prepare((const void *)k_sparse_fwd, smem, "attn_dsa step on the GPU");
+    k_sparse_fwd<<<(unsigned)blocks, DSA_THREADS, smem, cu_stream>>>(d, q, kc, vc, sel, o, NULL);
     CU_LAUNCHED();
 }
 

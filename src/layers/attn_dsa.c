@@ -7,7 +7,8 @@
 //   Sel_t = top-k of I_t over s <= t (ties: later position)         dsa_topk
 //   o_t = softmax over Sel_t of q_t . k_s / sqrt(dk), times v       op_sparse_attention
 // With topk >= T every position is selected and the dense op_attention runs.
-// Decoding keeps the KV cache plus the indexer keys kI.
+// Decoding keeps the KV cache plus the indexer keys kI (in the GPU's memory
+// for a GPU cache: dsa_step_gpu).
 // Modes (attn_dsa.h): DSA_SPARSE as above; DSA_DISTILL dense attention plus
 // the KL over all s <= t; DSA_SPARSE_KL sparse attention plus the KL over Sel_t.
 // Documents (docs.h): the attention, the indexer's candidates (and so Sel_t),
@@ -44,12 +45,13 @@ typedef struct DsaLayer {
     bool mass_on_dev;   // the last DSA_DISTILL forward ran on the GPU: *mass_dev is the figure
 } DsaLayer;
 
+// In the memory of kv.dev (on the GPU: kI, scores and sel; cand is NULL).
 typedef struct DsaCache {
     KVCache kv;
     real *kI;           // (B, max_T, dI) indexer keys after RoPE
-    real *scores;       // (max_T) one query's indexer scores
+    real *scores;       // CPU: (max_T) one query's indexer scores; GPU: (B, max_T), every row's
     int *sel;           // (B, topk)
-    void *cand;         // DSA_TOPK_WORK(max_T) bytes: top-k scratch
+    void *cand;         // CPU: DSA_TOPK_WORK(max_T) bytes of top-k scratch
 } DsaCache;
 
 static const char *dsa_check(const MixerConfig *c, char *why, size_t n) {
@@ -198,7 +200,14 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
 
 static void *dsa_cache_new(const Mixer *m, int B, int max_T, Device dev) {
     const MixerConfig *c = &m->cfg;
-    ASSERT(dev == DEVICE_CPU, "attn_dsa: decoding runs on the CPU only (no GPU kernels for the indexer yet)");
+    if (dev != DEVICE_CPU) {   // the same buffers in the GPU's memory (dsa_step's device path)
+        DsaCache *dc = xcalloc(1, sizeof *dc);
+        kvcache_init(&dc->kv, c, B, max_T, dev);
+        dc->kI = dev_alloc(dev, (size_t)B * max_T * c->index_dim * sizeof(real));
+        dc->scores = dev_alloc(dev, (size_t)B * max_T * sizeof(real));
+        dc->sel = dev_alloc(dev, (size_t)B * c->topk * sizeof(int));
+        return dc;
+    }
     DsaCache *dc = xcalloc(1, sizeof *dc);
     kvcache_init(&dc->kv, c, B, max_T, DEVICE_CPU);
     dc->kI = xmalloc((size_t)B * max_T * c->index_dim * sizeof(real));
@@ -211,6 +220,15 @@ static void *dsa_cache_new(const Mixer *m, int B, int max_T, Device dev) {
 static void dsa_cache_free(void *cache) {
     DsaCache *dc = cache;
     if (!dc) return;
+    if (dc->kv.dev != DEVICE_CPU) {
+        Device dev = dc->kv.dev;
+        kvcache_free(&dc->kv);
+        dev_free(dev, dc->kI);
+        dev_free(dev, dc->scores);
+        dev_free(dev, dc->sel);
+        free(dc);
+        return;
+    }
     kvcache_free(&dc->kv);
     free(dc->kI);
     free(dc->scores);
@@ -218,6 +236,38 @@ static void dsa_cache_free(void *cache) {
     free(dc->cand);
     free(dc);
 }
+
+#ifdef AG_CUDA
+// dsa_step on a GPU cache: the same steps, the indexer's scores, the top-k
+// and the sparse attention of every row at once on the device.
+static Tensor *dsa_step_gpu(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
+    const MixerConfig *c = &m->cfg;
+    const DsaLayer *L = m->impl;
+    KVCache *kv = &dc->kv;
+    int B = kv->B, HI = c->index_heads, dI = c->index_dim, K = c->topk, pos = kv->pos;
+    double scale = 1.0 / sqrt(c->d_k);
+    const int *rp = kvcache_positions(tp, kv, 1);
+    Tensor *q, *k, *v;
+    attn_layer_qkv(tp, &L->attn, c, u, pos, rp, &q, &k, &v);
+    kvcache_put(kv, k, v);
+    Tensor *kI = rope_at(tp, op_matmul(tp, u, L->wk_idx, false, false), dI, pos, rp, c->rope_base);
+    size_t w = (size_t)dI * sizeof(real);   // row b's key to slot pos of row b
+    dev_copy2d(kv->dev, (char *)dc->kI + (size_t)pos * w, (size_t)kv->max_T * w, kI->data, w, w, (size_t)B);
+    kv->pos++;
+    Tensor *o = tape_tensorv(tp, 3, B, 1, c->n_heads * c->d_v);
+    if (L->mode == DSA_DISTILL) {
+        cu_attn_decode(tp, o->data, q->data, kv->k, kv->v, B, kv->max_T, kv->pos, kv->start, kv->start_dev,
+                       c->n_heads, c->d_k, c->d_v, scale);
+        return op_matmul(tp, o, L->attn.wo, false, false);
+    }
+    Tensor *qI = rope_at(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, rp, c->rope_base);
+    Tensor *wt = op_matmul(tp, u, L->ww_idx, false, false);
+    cu_dsa_decode_select(dc->sel, dc->scores, qI->data, wt->data, dc->kI, B, kv->max_T, kv->pos, kv->start_dev, HI, dI,
+                         K);
+    cu_dsa_decode_sparse(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v, scale);
+    return op_matmul(tp, o, L->attn.wo, false, false);
+}
+#endif
 
 static Tensor *dsa_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     const MixerConfig *c = &m->cfg;
@@ -229,6 +279,11 @@ static Tensor *dsa_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
            "attn_dsa step: u %s must be (%d, 1, %d)", SHAPE(u), B, c->d_model);
     ASSERT(kv->pos < kv->max_T, "attn_dsa step: the KV cache is full (%d positions)", kv->max_T);
     ASSERT(!tape_grad_enabled(tp), "attn_dsa step: decoding runs in no-grad mode (tape_no_grad_push first)");
+    ASSERT(kv->dev == tp->device, "attn_dsa step: a %s cache on a %s tape", device_name(kv->dev),
+           device_name(tp->device));
+#ifdef AG_CUDA
+    if (tp->device == DEVICE_CUDA) return dsa_step_gpu(tp, m, dc, u);
+#endif
     int pos = kv->pos;
     const int *rp = kvcache_positions(tp, kv, 1);   // RoPE positions of reset rows (NULL: pos)
     Tensor *q, *k, *v;
@@ -290,8 +345,13 @@ void attn_dsa_indexer_params(const Mixer *m, Tensor *out[3]) {
     out[2] = L->ww_idx;
 }
 
-// Copy rows of src (B, T0, d) into a cache (B, max_T, d) at positions pos...
-static void cache_rows(real *dst, const real *src, int B, int max_T, int pos, int T0, int d) {
+// Copy rows of src (B, T0, d) into a cache (B, max_T, d) at positions pos..., on dev.
+static void cache_rows(Device dev, real *dst, const real *src, int B, int max_T, int pos, int T0, int d) {
+    if (dev != DEVICE_CPU) {
+        size_t w = (size_t)T0 * d * sizeof(real);
+        dev_copy2d(dev, dst + (int64_t)pos * d, (size_t)max_T * d * sizeof(real), src, w, w, (size_t)B);
+        return;
+    }
     for (int b = 0; b < B; b++)
         memcpy(dst + ((int64_t)b * max_T + pos) * d, src + (int64_t)b * T0 * d, (size_t)T0 * d * sizeof(real));
 }
@@ -311,12 +371,14 @@ void attn_cache_prefill(Tape *tp, const Mixer *m, void *cache, Tensor *u) {
     const AttnLayer *A = dsa ? &((const DsaLayer *)m->impl)->attn : m->impl;
     const int *rp = kvcache_positions(tp, kv, T0);
     attn_layer_qkv(tp, A, c, u, kv->pos, rp, &q, &k, &v);
-    cache_rows(kv->k, k->data, kv->B, kv->max_T, kv->pos, T0, c->n_heads * c->d_k);
-    cache_rows(kv->v, v->data, kv->B, kv->max_T, kv->pos, T0, c->n_heads * c->d_v);
+    ASSERT(kv->dev == tp->device, "attn_cache_prefill: a %s cache on a %s tape", device_name(kv->dev),
+           device_name(tp->device));
+    cache_rows(kv->dev, kv->k, k->data, kv->B, kv->max_T, kv->pos, T0, c->n_heads * c->d_k);
+    cache_rows(kv->dev, kv->v, v->data, kv->B, kv->max_T, kv->pos, T0, c->n_heads * c->d_v);
     if (dsa) {
         const DsaLayer *L = m->impl;
         Tensor *kI = rope_at(tp, op_matmul(tp, u, L->wk_idx, false, false), c->index_dim, kv->pos, rp, c->rope_base);
-        cache_rows(((DsaCache *)cache)->kI, kI->data, kv->B, kv->max_T, kv->pos, T0, c->index_dim);
+        cache_rows(kv->dev, ((DsaCache *)cache)->kI, kI->data, kv->B, kv->max_T, kv->pos, T0, c->index_dim);
     }
     tape_no_grad_pop(tp);
     kv->pos += T0;

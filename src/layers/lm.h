@@ -99,7 +99,6 @@ typedef struct LMCache {
 
 LMCache *lm_cache_new(const LM *lm, int B, int max_T);   // on the CPU
 // On a device: the LM's parameters must live there too (params_to_device).
-// attn_dsa layers decode on the CPU only.
 LMCache *lm_cache_new_on(const LM *lm, int B, int max_T, Device d);
 void lm_cache_free(const LM *lm, LMCache *c);
 // tokens: (B) ids at position c->pos; call on a tape in no-grad mode. Returns logits (B, 1, V).

@@ -746,3 +746,87 @@ Test(cuda_dsa_errors, future_position_stops, .signal = SIGABRT) {
     op_sparse_attention(&tp, q, q, q, sel_on(&tp, sel, 8), K, H, 1.0);
     dev_sync(DEVICE_CUDA);
 }
+
+// ---------------------------------------------------------------- decoding
+
+// attn_dsa decoding on a GPU cache (dsa_step's device path) against the
+// CPU's decoding, position by position, two rows, row 1 starting a new
+// document at reset_at; and against the GPU's own parallel forward over the
+// same documents (the decode-parity bound). Sparse (top-k) and dense
+// (DSA_DISTILL) decoding.
+typedef struct {
+    const char *layers;
+    int T, reset_at, topk;
+    DsaMode mode;
+} DsaDecodeCase;
+
+static int dec_token(int b, int t) { return (b * 131 + t * 37 + 7) % 61; }
+
+static real *dsa_decode_run(const DsaDecodeCase *dc, Device d, real **parallel) {
+    LMConfig cfg = dsa_lm_config(dc->layers, dc->topk);
+    cfg.vocab_size = 61;
+    int V = cfg.vocab_size, T = dc->T, B = 2;
+    ParamStore ps;
+    params_init(&ps);
+    LM lm;
+    lm_create(&lm, &cfg, &ps);
+    params_finalize(&ps, 17);
+    if (d != DEVICE_CPU) params_to_device(&ps, d);
+    lm_set_dsa_mode(&lm, dc->mode);
+    Tape tp;
+    tape_init_on(&tp, d);
+    tape_no_grad_push(&tp);
+    LMCache *cache = lm_cache_new_on(&lm, B, T, d);
+    real *out = malloc((size_t)T * B * V * sizeof(real));
+    int tok[2];
+    for (int t = 0; t < T; t++) {
+        if (t == dc->reset_at) lm_cache_reset_row(&lm, cache, 1);
+        for (int b = 0; b < B; b++) tok[b] = dec_token(b, t);
+        Tensor *lg = lm_step(&tp, &lm, cache, tok);
+        dev_to_host(out + (size_t)t * B * V, lg->data, (size_t)B * V * sizeof(real), d);
+        tape_reset(&tp);
+    }
+    if (parallel) {
+        int *tokens = malloc((size_t)B * T * sizeof(int)), *flags = calloc((size_t)B * T, sizeof(int));
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) tokens[b * T + t] = dec_token(b, t);
+        flags[1 * T + dc->reset_at] = 1;
+        Tensor *lg = lm_forward_docs(&tp, &lm, tokens, flags, B, T, NULL, NULL);
+        *parallel = malloc((size_t)lg->numel * sizeof(real));
+        dev_to_host(*parallel, lg->data, (size_t)lg->numel * sizeof(real), d);
+        free(tokens);
+        free(flags);
+    }
+    tape_no_grad_pop(&tp);
+    lm_cache_free(&lm, cache);
+    tape_free(&tp);
+    lm_destroy(&lm);
+    params_free(&ps);
+    return out;
+}
+
+static void check_dsa_decode(const DsaDecodeCase *dc) {
+    cuda_require();
+    int V = 61, B = 2;
+    real *par = NULL;
+    real *c = dsa_decode_run(dc, DEVICE_CPU, NULL);
+    real *g = dsa_decode_run(dc, DEVICE_CUDA, &par);
+    for (int t = 0; t < dc->T; t++)
+        for (int b = 0; b < B; b++) {
+            const real *gs = g + ((size_t)t * B + b) * V;
+            double e = max_rel_diff(c + ((size_t)t * B + b) * V, gs, V);
+            cr_assert(e <= FORM_TOL, "%s %s: position %d row %d: GPU decode vs CPU decode %.3e", dc->layers,
+                      MODE_NAME[dc->mode], t, b, e);
+            double p = max_rel_diff(par + ((size_t)b * dc->T + t) * V, gs, V);
+            cr_assert(p <= DECODE_TOL, "%s %s: position %d row %d: GPU decode vs GPU parallel forward %.3e",
+                      dc->layers, MODE_NAME[dc->mode], t, b, p);
+        }
+    free(c);
+    free(g);
+    free(par);
+}
+
+Test(cuda_dsa, decode_sparse) { check_dsa_decode(&(DsaDecodeCase){"attn_dsa,gdn,attn_dsa", 23, 9, 5, DSA_SPARSE}); }
+Test(cuda_dsa, decode_dense) { check_dsa_decode(&(DsaDecodeCase){"attn_dsa,attn_dsa", 23, 9, 5, DSA_DISTILL}); }
+// 300 positions, top 64: rows longer than K, the top-k's ordered pass over several blocks of threads.
+Test(cuda_dsa, decode_sparse_long) { check_dsa_decode(&(DsaDecodeCase){"attn_dsa", 300, 120, 64, DSA_SPARSE}); }
