@@ -107,7 +107,10 @@ Test(attn_dsa, sparse_layer_gradcheck) {
     Tensor *u = tensor_newv(sizeof(real) == 8, 3, 2, 9, 8);
     fill_normal(u, 9, 1.0);
     Tensor *in[] = {u, param(&ps, "wq"), param(&ps, "wk"), param(&ps, "wv"), param(&ps, "wo")};
-    GradcheckResult r = gradcheck("attn_dsa layer", f_layer, in, 5, m, NULL);
+    GradcheckOptions o = gradcheck_defaults();
+    o.fixed = ps.params;   // the indexer's weights too (on the GPU they move with the inputs)
+    o.n_fixed = ps.n;
+    GradcheckResult r = gradcheck("attn_dsa layer", f_layer, in, 5, m, &o);
     ASSERT_GRADCHECK(r, "attn_dsa layer");
     for (const char *nm[] = {"wq_idx", "wk_idx", "ww_idx"}, **p = nm; p < nm + 3; p++) {
         Tensor *w = param(&ps, *p);
@@ -161,7 +164,10 @@ Test(attn_dsa, distillation_moves_only_the_indexer) {
     // kernel-level check in test_dsa.c covers float32 with kink-safe inputs).
     u->requires_grad = false;
     Tensor *in[] = {u, param(&ps, "wq_idx"), param(&ps, "wk_idx"), param(&ps, "ww_idx")};
-    GradcheckResult r = gradcheck("attn_dsa kl", f_kl, in, 4, m, NULL);
+    GradcheckOptions o = gradcheck_defaults();
+    o.fixed = ps.params;
+    o.n_fixed = ps.n;
+    GradcheckResult r = gradcheck("attn_dsa kl", f_kl, in, 4, m, &o);
     ASSERT_GRADCHECK(r, "attn_dsa kl");
 #endif
     tensor_free(u);

@@ -169,6 +169,8 @@ Test(docs_dsa, kl_gradcheck_with_boundaries) {
 #ifdef AG_DOUBLE
     o.eps = 1e-5;   // as test_dsa.c
 #endif
+    o.fixed = &p;   // the target (on the GPU it moves with the inputs)
+    o.n_fixed = 1;
     GradcheckResult r = gradcheck("dsa_kl with documents", f_kl, (Tensor *[]){x.qI, x.kI, x.w}, 3, &c, &o);
     ASSERT_GRADCHECK(r, "dsa_kl with documents");
     r = gradcheck("dsa index scores with documents", f_scores, (Tensor *[]){x.qI, x.kI, x.w}, 3, &c, &o);

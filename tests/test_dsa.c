@@ -381,7 +381,10 @@ Test(dsa, kl_gradcheck_through_the_indexer) {
     Tensor *w = tensor_newv(true, 3, B, T, HI);
     fill_index_inputs(qI, kI, w, HI, 42, KINK_SAFE);
     KlCtx c = {HI, p};
-    GradcheckResult r = gradcheck("dsa_kl", f_kl, (Tensor *[]){qI, kI, w}, 3, &c, NULL);
+    GradcheckOptions o = gradcheck_defaults();
+    o.fixed = &p;   // the target (on the GPU it moves with the inputs)
+    o.n_fixed = 1;
+    GradcheckResult r = gradcheck("dsa_kl", f_kl, (Tensor *[]){qI, kI, w}, 3, &c, &o);
     ASSERT_GRADCHECK(r, "dsa_kl");
     tensor_free(q);
     tensor_free(k);

@@ -190,14 +190,17 @@ Test(dsa_finetune, distill_loss_gradcheck_through_the_lm) {
     cr_assert(kl && kl->data[0] > 0, "the KL of an untrained indexer is positive");
     tape_free(&tp);
 #ifdef AG_DOUBLE
-    GradcheckResult r = gradcheck("lm distill KL", f_distill, w, 6, &lm, NULL);
+    GradcheckOptions o = gradcheck_defaults();
+    o.fixed = ps.params;   // the frozen main model (on the GPU it moves with the inputs)
+    o.n_fixed = ps.n;
+    GradcheckResult r = gradcheck("lm distill KL", f_distill, w, 6, &lm, &o);
     ASSERT_GRADCHECK(r, "lm distill KL");
     // mode = sparse: the KL over the selection, through lm_forward, w.r.t. the
     // same weights (the selection is piecewise constant in them; a 1e-6 step
     // does not move it here).
     for (int i = 0; i < ps.n; i++) params_set_frozen(&ps, ps.params[i], false);
     lm_set_dsa_mode(&lm, DSA_SPARSE_KL);
-    r = gradcheck("lm sparse KL", f_sparse_kl, w, 6, &lm, NULL);
+    r = gradcheck("lm sparse KL", f_sparse_kl, w, 6, &lm, &o);
     ASSERT_GRADCHECK(r, "lm sparse KL");
 #endif
     lm_destroy(&lm);

@@ -32,6 +32,7 @@ void cu_to_host(void *dst, const void *src, size_t bytes);
 void cu_from_host(void *dst, const void *src, size_t bytes);
 // Device to device, queued on the stream (regions must not overlap).
 void cu_copy(void *dst, const void *src, size_t bytes);
+bool cu_holds(const void *p);   // p is device (or managed) memory
 void cu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height);
 void cu_add_from_host(real *dst, const real *src, int64_t n);
 void cu_fill(real *p, int64_t n, real v);

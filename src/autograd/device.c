@@ -118,6 +118,14 @@ void dev_copy(Device d, void *dst, const void *src, size_t bytes) {
     if (bytes) memcpy(dst, src, bytes);
 }
 
+bool dev_holds(Device d, const void *p) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) return cu_holds(p);
+#endif
+    (void)p;
+    return d == DEVICE_CPU;
+}
+
 void dev_copy2d(Device d, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height) {
 #ifdef AG_CUDA
     if (d == DEVICE_CUDA) {

@@ -45,6 +45,9 @@ void dev_from_host(void *dst, Device dst_dev, const void *src, size_t bytes);
 // bytes from src to dst, and `height` rows of `width` bytes, row r from
 // src + r * spitch to dst + r * dpitch.
 void dev_copy(Device d, void *dst, const void *src, size_t bytes);
+// True when p points into d's memory (on the CPU: always). Lets an op take
+// an index array (a selection) from either side on a GPU tape.
+bool dev_holds(Device d, const void *p);
 void dev_copy2d(Device d, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height);
 // dst[i] += src[i] for i < n, src in host memory, dst on the device (seeding
 // a backward; float64 or float32 as `real`).

@@ -21,6 +21,8 @@ GradcheckOptions gradcheck_defaults(void) {
     o.n_directions = 2;
     o.seed = 1234;
     o.verbose = false;
+    o.fixed = NULL;
+    o.n_fixed = 0;
     return o;
 }
 
@@ -66,6 +68,7 @@ static double probe_eval(Probe *p) {
 // analytic gradient in x->grad as on the CPU.
 typedef struct Moved {
     real *host_data, *host_grad;
+    real *dev_data, *dev_grad;   // what was allocated for the check
     unsigned flags;
     int same_as;   // an earlier input that is this tensor, or -1
 } Moved;
@@ -84,11 +87,11 @@ static Moved *inputs_to_device(Tensor *const *inputs, int n, Device d) {
         mv[i].host_data = x->data;
         mv[i].host_grad = x->grad;
         mv[i].flags = x->flags;
-        x->data = dev_alloc(d, bytes ? bytes : sizeof(real));
+        x->data = mv[i].dev_data = dev_alloc(d, bytes ? bytes : sizeof(real));
         dev_from_host(x->data, d, mv[i].host_data, bytes);
         x->grad = NULL;
         if (x->requires_grad && mv[i].host_grad) {
-            x->grad = dev_alloc(d, bytes ? bytes : sizeof(real));
+            x->grad = mv[i].dev_grad = dev_alloc(d, bytes ? bytes : sizeof(real));
             dev_zero(d, x->grad, bytes);
         }
         x->flags |= TENSOR_ON_GPU;
@@ -100,11 +103,11 @@ static void inputs_to_host(Moved *mv, Tensor *const *inputs, int n, Device d) {
     for (int i = 0; i < n; i++) {
         if (mv[i].same_as >= 0) continue;
         Tensor *x = inputs[i];
-        if (x->grad) {
-            dev_to_host(mv[i].host_grad, x->grad, (size_t)x->numel * sizeof(real), d);
-            dev_free(d, x->grad);
+        if (mv[i].dev_grad) {
+            dev_to_host(mv[i].host_grad, mv[i].dev_grad, (size_t)x->numel * sizeof(real), d);
+            dev_free(d, mv[i].dev_grad);
         }
-        dev_free(d, x->data);
+        dev_free(d, mv[i].dev_data);
         x->data = mv[i].host_data;
         x->grad = mv[i].host_grad;
         x->flags = mv[i].flags;
@@ -144,7 +147,12 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
     for (int i = 0; i < n_inputs; i++)
         ASSERT(!inputs[i]->requires_grad || inputs[i]->grad,
                "gradcheck '%s': input %d requires a gradient but has no buffer", label, i);
-    Moved *mv = dev == DEVICE_CPU ? NULL : inputs_to_device(inputs, n_inputs, dev);
+    // On a GPU the fixed tensors move too, after the inputs (so input i is
+    // still entry i of the moved list).
+    int n_moved = n_inputs + (opt.fixed ? opt.n_fixed : 0);
+    Tensor **moved = xcalloc((size_t)(n_moved > 0 ? n_moved : 1), sizeof *moved);
+    for (int i = 0; i < n_moved; i++) moved[i] = i < n_inputs ? inputs[i] : opt.fixed[i - n_inputs];
+    Moved *mv = dev == DEVICE_CPU ? NULL : inputs_to_device(moved, n_moved, dev);
 
     // 1. Analytic pass: forward, seed every output with R_k, backward.
     for (int i = 0; i < n_inputs; i++)
@@ -274,7 +282,8 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
         free(p.out[k]);
     }
     tape_free(&tp);
-    if (mv) inputs_to_host(mv, inputs, n_inputs, dev);
+    if (mv) inputs_to_host(mv, moved, n_moved, dev);
+    free(moved);
     return res;
 }
 

@@ -19,7 +19,8 @@
 // GPU). There the inputs (host tensors) are moved to the GPU for the check
 // and back after it, so a function that reaches them through ctx (a layer's
 // parameters) sees them on the device; anything else it reads must be built
-// on the tape (tape_tensor_copy) or passed to ops as host arrays they copy.
+// on the tape (tape_tensor_copy), passed to ops as host arrays they copy, or
+// named in GradcheckOptions.fixed.
 #ifndef AG_GRADCHECK_H
 #define AG_GRADCHECK_H
 
@@ -39,6 +40,11 @@ typedef struct GradcheckOptions {
     int n_directions;    // random-direction checks per input
     uint64_t seed;
     bool verbose;        // print a line per input
+    // Tensors the function reads besides the inputs (a constant target,
+    // parameters it uses but that are not checked): never perturbed nor
+    // checked; under AG_DEVICE=cuda moved to the GPU with the inputs.
+    Tensor *const *fixed;
+    int n_fixed;
 } GradcheckOptions;
 
 typedef struct GradcheckResult {

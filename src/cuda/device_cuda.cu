@@ -88,6 +88,15 @@ extern "C" void cu_to_host(void *dst, const void *src, size_t bytes) {
     cu_sync("a copy to the host");
 }
 
+extern "C" bool cu_holds(const void *p) {
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        (void)cudaGetLastError();   // an unregistered host pointer on old drivers: not an error to keep
+        return false;
+    }
+    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+}
+
 extern "C" void cu_from_host(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
     if (bytes <= CU_PIN_MAX) {

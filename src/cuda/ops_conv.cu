@@ -85,10 +85,17 @@ __global__ void k_conv_end(const int *first, int *end, int64_t rows, int T) {
     }
 }
 
+// gz (B*T, C) = dL/dz at every element, once (the taps of dx and dw read it
+// W times each: recomputing z and its sigmoid there was most of the backward).
+__global__ void k_conv_gz(const real *g, const real *x, const real *w, const int *first, real *gz, int64_t N, int T,
+                          int C, int W, bool silu) {
+    CU_FOR(i, N) gz[i] = conv_gz(g, x, w, first, i / C, (int)(i % C), T, C, W, silu);
+}
+
 // dx[r, c] (=, or += unless fresh) sum over taps j of w[c, j] gz[r + W-1-j, c],
 // for the outputs r + W-1-j before the end of r's document.
-__global__ void k_conv_dx(const real *g, const real *x, const real *w, const int *first, const int *end, real *dx,
-                          bool fresh, int64_t N, int T, int C, int W, bool silu) {
+__global__ void k_conv_dx(const real *gz, const real *w, const int *end, real *dx, bool fresh, int64_t N, int T,
+                          int C, int W) {
     CU_FOR(i, N) {
         int64_t r = i / C;
         int c = (int)(i % C);
@@ -96,8 +103,7 @@ __global__ void k_conv_dx(const real *g, const real *x, const real *w, const int
         int jlo = t + W - te > 0 ? t + W - te : 0;
         const real *wc = w + (int64_t)c * W;
         real acc = 0;
-        for (int j = jlo; j < W; j++)
-            acc += wc[j] * conv_gz(g, x, w, first, r + W - 1 - j, c, T, C, W, silu);
+        for (int j = jlo; j < W; j++) acc += wc[j] * gz[(r + W - 1 - j) * C + c];
         dx[i] = fresh ? acc : dx[i] + acc;
     }
 }
@@ -106,8 +112,8 @@ __global__ void k_conv_dx(const real *g, const real *x, const real *w, const int
 // (rows whose tap j reads inside their document). Thread: one channel, taps
 // [j0, j0 + CONV_TAPS) per pass, in double registers (indices fixed by the
 // unrolled loops).
-__global__ void k_conv_dw_part(const real *g, const real *x, const real *w, const int *first, double *part,
-                               int64_t rows, int64_t per, int T, int C, int W, bool silu) {
+__global__ void k_conv_dw_part(const real *gzs, const real *x, const int *first, double *part, int64_t rows,
+                               int64_t per, int T, int C, int W) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     int k = blockIdx.y;
     if (c >= C) return;   // no block-wide synchronisation below
@@ -117,7 +123,7 @@ __global__ void k_conv_dw_part(const real *g, const real *x, const real *w, cons
 #pragma unroll
         for (int u = 0; u < CONV_TAPS; u++) acc[u] = 0;
         for (int64_t r = r0; r < r1; r++) {
-            double gz = conv_gz(g, x, w, first, r, c, T, C, W, silu);
+            double gz = gzs[r * C + c];
             int t = (int)(r % T) - conv_begin(first, r);
             int jmin = W - 1 - t;   // taps below read before the document
             const real *xs = x + (r - W + 1) * C + c;
@@ -133,13 +139,15 @@ __global__ void k_conv_dw_part(const real *g, const real *x, const real *w, cons
     }
 }
 
-// dw[c, j] (=, or += unless fresh) = the partials of every block, in block order.
+// dw[c, j] (=, or += unless fresh) = the partials of every block, in block
+// order. A thread per (j, c), c fastest: a warp reads consecutive partials.
 __global__ void k_conv_dw_sum(const double *part, real *dw, bool fresh, int nblk, int C, int W) {
     CU_FOR(i, (int64_t)C * W) {
-        int c = (int)(i / W), j = (int)(i % W);
+        int j = (int)(i / C), c = (int)(i % C);
         double t = 0;
         for (int k = 0; k < nblk; k++) t += part[((int64_t)k * W + j) * C + c];
-        dw[i] = fresh ? (real)t : dw[i] + (real)t;
+        real *d = dw + (int64_t)c * W + j;
+        *d = fresh ? (real)t : *d + (real)t;
     }
 }
 
@@ -175,15 +183,22 @@ extern "C" void cu_conv_backward(Node *n) {
     bool fx, fw;
     real *dx = CU_GRAD_FRESH(n, 0, &fx);
     real *dw = CU_GRAD_FRESH(n, 1, &fw);
-    if (dx && x->numel > 0) {
+    if ((!dx && !dw) || x->numel == 0) {
+        if (dw && fw) dev_zero(DEVICE_CUDA, dw, (size_t)w->numel * sizeof(real));   // no rows: dw = 0
+        return;
+    }
+    real *gz = (real *)tape_dalloc(n->tape, (size_t)x->numel * sizeof(real));
+    k_conv_gz<<<cu_grid(x->numel), CU_THREADS, 0, cu_stream>>>(G, x->data, w->data, first, gz, x->numel, T, C, W,
+                                                               silu);
+    CU_LAUNCHED();
+    if (dx) {
         int *end = NULL;
         if (first) {
             end = (int *)tape_dalloc(n->tape, (size_t)rows * sizeof(int));
             k_conv_end<<<cu_grid(rows), CU_THREADS, 0, cu_stream>>>(first, end, rows, T);
             CU_LAUNCHED();
         }
-        k_conv_dx<<<cu_grid(x->numel), CU_THREADS, 0, cu_stream>>>(G, x->data, w->data, first, end, dx, fx,
-                                                                   x->numel, T, C, W, silu);
+        k_conv_dx<<<cu_grid(x->numel), CU_THREADS, 0, cu_stream>>>(gz, w->data, end, dx, fx, x->numel, T, C, W);
         CU_LAUNCHED();
     }
     if (dw) {
@@ -199,8 +214,7 @@ extern "C" void cu_conv_backward(Node *n) {
         double *part = (double *)tape_dalloc(n->tape, (size_t)(nblk > 0 ? nblk : 1) * W * C * sizeof(double));
         if (nblk > 0 && C > 0) {
             dim3 grid((unsigned)((C + CONV_DW_THREADS - 1) / CONV_DW_THREADS), (unsigned)nblk);
-            k_conv_dw_part<<<grid, CONV_DW_THREADS, 0, cu_stream>>>(G, x->data, w->data, first, part, rows, per, T,
-                                                                    C, W, silu);
+            k_conv_dw_part<<<grid, CONV_DW_THREADS, 0, cu_stream>>>(gz, x->data, first, part, rows, per, T, C, W);
             CU_LAUNCHED();
         }
         // With no rows dw gets zeros (or is left as it is).

@@ -51,8 +51,9 @@ void dsa_topk_from(int *row, const real *scores, int lo, int n, int K, void *wor
 // The readable reference: a min-heap of K over all n positions, then a sort.
 void dsa_topk_row_ref(int *row, const real *scores, int n, int K);
 
-// Causal softmax attention restricted to sel (B, T, K) (copied; every row
-// must hold at least one position, all <= t). q, k (B, T, H*dk), v (B, T, H*dv)
+// Causal softmax attention restricted to sel (B, T, K) (copied, on a GPU
+// tape from device or host memory; every row must hold at least one
+// position, all <= t). q, k (B, T, H*dk), v (B, T, H*dv)
 // -> o (B, T, H*dv). Saves the per-row log-sum-exp (B, H, T) only.
 Tensor *op_sparse_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, const int *sel, int K, int n_heads,
                             double scale);

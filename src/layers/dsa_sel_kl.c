@@ -159,9 +159,10 @@ Tensor *op_dsa_sel_kl(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, const int *se
         for (size_t r = 0; r < (size_t)B * T; r++)
             ASSERT(sel_copy[r * K] >= 0 && sel_copy[r * K] <= (int)(r % T),
                    "dsa_sel_kl: row %zu of the selection must start with a position <= t", r);
-    } else {   // device memory, copied on the device; the forward kernel checks the rows
+    } else {   // device or host memory, copied to the device; the forward kernel checks the rows
         sel_copy = tape_dalloc(tp, nsel * sizeof(int));
-        dev_copy(tp->device, sel_copy, sel, nsel * sizeof(int));
+        if (dev_holds(tp->device, sel)) dev_copy(tp->device, sel_copy, sel, nsel * sizeof(int));
+        else dev_from_host(sel_copy, tp->device, sel, nsel * sizeof(int));
     }
     Tensor *loss = tape_tensorv(tp, 1, 1);
     Node *n = tape_op(tp, &OP_DSA_SEL_KL, (Tensor *[]){qI, kI, w, p}, 4, &loss, 1);

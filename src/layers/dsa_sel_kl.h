@@ -33,8 +33,9 @@ typedef struct SelKlSaved {
 } SelKlSaved;
 
 // The loss above. qI (B, T, HI*dI), kI (B, T, dI), w (B, T, HI) take
-// gradients; sel (B, T, K) is copied (on a GPU tape sel is device memory,
-// as the selection of cu_dsa_index_select; a bad row stops the kernel); p (B, T, K) is a constant target (rows
+// gradients; sel (B, T, K) is copied (on a GPU tape from device memory, as
+// cu_dsa_index_select's selection, or from host memory; there a bad row
+// stops the kernel); p (B, T, K) is a constant target (rows
 // sum to 1 over the valid entries). Returns (1).
 Tensor *op_dsa_sel_kl(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, const int *sel, int K, Tensor *p,
                       int index_heads);

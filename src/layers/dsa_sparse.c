@@ -270,9 +270,10 @@ Tensor *op_sparse_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, const int
                 ASSERT(s[r * K + j] <= t, "sparse_attention: row (b %d, t %d) selects the future position %d",
                        (int)(r / T), t, s[r * K + j]);
         }
-    } else {   // device memory, copied on the device; the forward kernel checks the rows
+    } else {   // device or host memory, copied to the device; the forward kernel checks the rows
         s = tape_dalloc(tp, (size_t)B * T * K * sizeof(int));
-        dev_copy(tp->device, s, sel, (size_t)B * T * K * sizeof(int));
+        if (dev_holds(tp->device, sel)) dev_copy(tp->device, s, sel, (size_t)B * T * K * sizeof(int));
+        else dev_from_host(s, tp->device, sel, (size_t)B * T * K * sizeof(int));
     }
     Tensor *o = tape_tensorv(tp, 3, B, T, v->shape[2]);
     Node *n = tape_op(tp, &OP_SPARSE_ATTENTION, (Tensor *[]){q, k, v}, 3, &o, 1);
