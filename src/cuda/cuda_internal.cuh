@@ -71,6 +71,26 @@ __device__ __forceinline__ double cu_block_sum(double v, double *shm) {
     return v;
 }
 
+// Block-wide maximum of one real per thread (blockDim.x a multiple of 32, at
+// most 1024); every thread gets it. `shm` holds 32 reals. `w > v ? w : v`,
+// as the CPU's row maxima.
+__device__ __forceinline__ real cu_block_max(real v, real *shm) {
+    for (int o = 16; o > 0; o >>= 1) {
+        real w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();   // shm may still be read by a previous call
+    if (lane == 0) shm[warp] = v;
+    __syncthreads();
+    v = shm[lane < nw ? lane : 0];
+    for (int o = 16; o > 0; o >>= 1) {
+        real w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
 // The gradient buffer of a node's input on the GPU (tensor_grad_fresh):
 // *fresh true means uninitialised, to be written (=) rather than added to.
 #define CU_GRAD_FRESH(n, i, fresh) tensor_grad_fresh((n)->tape, (n)->in[i], (fresh))

@@ -38,25 +38,6 @@ static inline void dsa_smem_prepare(const void *kernel, size_t bytes, const char
         CU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-// Block-wide maximum of one real per thread (blockDim.x a multiple of 32, at
-// most 1024); every thread gets it. shm: 32 reals.
-__device__ __forceinline__ real dsa_block_max(real v, real *shm) {
-    for (int o = 16; o > 0; o >>= 1) {
-        real w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w > v ? w : v;
-    }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    __syncthreads();   // shm may still be read by a previous call
-    if (lane == 0) shm[warp] = v;
-    __syncthreads();
-    v = shm[lane < nw ? lane : 0];
-    for (int o = 16; o > 0; o >>= 1) {
-        real w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
-}
-
 // Block-wide sum of one int per thread; every thread gets it. shm: 32 ints.
 __device__ __forceinline__ int dsa_block_count(int v, int *shm) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(DSA_THREADS)
             if (cached) Ss[s] = acc;
             mx = acc > mx ? acc : mx;
         }
-        mx = dsa_block_max(mx, shr);
+        mx = cu_block_max(mx, shr);
 #define AT_S(s) (cached ? Ss[s] : at_score(qs, kh + (int64_t)(s) * ld, dk, scale))
         double sum = 0;
         for (int s = lo + tid; s <= t; s += DSA_THREADS) sum += exp((double)AT_S(s) - (double)mx);
@@ -456,7 +456,7 @@ __global__ void __launch_bounds__(DSA_THREADS)
     const real *Ir = I + r * T, *pr = p + r * T;
     real mx = -INFINITY;
     for (int s = lo + tid; s <= t; s += DSA_THREADS) mx = Ir[s] > mx ? Ir[s] : mx;
-    mx = dsa_block_max(mx, shr);
+    mx = cu_block_max(mx, shr);
     double sum = 0;
     for (int s = lo + tid; s <= t; s += DSA_THREADS) sum += exp((double)Ir[s] - (double)mx);
     sum = cu_block_sum(sum, shd);

@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(DSA_THREADS)
     __syncthreads();
     real mx = -INFINITY;
     for (int j = tid; j < n; j += DSA_THREADS) mx = a[j] > mx ? a[j] : mx;
-    mx = dsa_block_max(mx, shr);
+    mx = cu_block_max(mx, shr);
     double sum = 0;
     for (int j = tid; j < n; j += DSA_THREADS) {
         real e = exp(a[j] - mx);
@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(DSA_THREADS)
         Ir[j] = (real)(d.c * acc);
         mx = Ir[j] > mx ? Ir[j] : mx;
     }
-    mx = dsa_block_max(mx, shr);
+    mx = cu_block_max(mx, shr);
     double sum = 0;
     for (int j = tid; j < n; j += DSA_THREADS) sum += exp((double)Ir[j] - (double)mx);
     sum = cu_block_sum(sum, shd);

@@ -10,30 +10,11 @@
 // Threads per row: a row of V elements is read in strides of LOSS_THREADS.
 #define LOSS_THREADS 512
 
-// Block-wide maximum of one value per thread (blockDim.x a multiple of 32);
-// every thread gets it. `shm` holds 32 values.
-__device__ __forceinline__ real block_max(real v, real *shm) {
-    for (int o = 16; o > 0; o >>= 1) {
-        real w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w > v ? w : v;
-    }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    __syncthreads();   // shm may still be read by a previous call
-    if (lane == 0) shm[warp] = v;
-    __syncthreads();
-    v = shm[lane < nw ? lane : 0];
-    for (int o = 16; o > 0; o >>= 1) {
-        real w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
-}
-
 // The maximum of row xr (V >= 1 elements), for every thread of the block.
 __device__ __forceinline__ real row_max(const real *xr, int V, real *shm) {
     real m = xr[0];
     for (int j = threadIdx.x; j < V; j += blockDim.x) m = xr[j] > m ? xr[j] : m;
-    return block_max(m, shm);
+    return cu_block_max(m, shm);
 }
 
 // ---- softmax ----

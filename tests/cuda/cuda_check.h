@@ -22,4 +22,22 @@ Tensor *cuda_input(bool grad, uint64_t seed, int ndim, ...);   // std 1
 // Returns the worst error seen (also asserted), for tests that report it.
 double cuda_check_op(const char *label, GradcheckFn f, Tensor *const *inputs, int n_inputs, void *ctx);
 
+// A training step's loss for cuda_train_steps (the test's choice), built on tp.
+typedef Tensor *(*CudaLossFn)(Tape *tp, LM *lm, int step, void *ctx);
+// `steps` AdamW steps (betas 0.9, 0.95, eps 1e-8, decay 0.1; clip 1, lr 3e-3)
+// of lm, whose parameters ps are on d already, with loss_fn's loss: its value
+// at each step into losses[s], and the whole gradient block after the first
+// backward into *grad (malloc, on the host).
+void cuda_train_steps(LM *lm, ParamStore *ps, Device d, int steps, CudaLossFn loss_fn, void *ctx, double *losses,
+                      real **grad);
+
+// The decoding tests' token at row b, position t (ids below 61).
+int cuda_decode_token(int b, int t);
+// Decodes T positions of B rows of cuda_decode_token through lm (parameters
+// already on d) on device d, row 1 starting a new document at reset_at
+// (lm_cache_reset_row; -1: never); returns the logits (T, B, V) on the host
+// (malloc). With parallel: also lm_forward_docs's logits (B, T, V) over the
+// same documents there.
+real *cuda_decode_logits(LM *lm, Device d, int B, int T, int reset_at, real **parallel);
+
 #endif

@@ -10,6 +10,7 @@
 #include "cuda_check.h"
 #include "device.h"
 #include "ops.h"
+#include "optim.h"
 
 void cuda_require(void) {
     char err[512];
@@ -353,4 +354,64 @@ Test(cuda_tape, fresh_gradients_are_written_whole) {
     for (int i = 0; i < 64; i++) cr_assert(isnan(v[i]), "fresh GPU buffers are NaN in float64");
 #endif
     tape_free(&tp);
+}
+
+int cuda_decode_token(int b, int t) { return (b * 131 + t * 37 + 7) % 61; }
+
+real *cuda_decode_logits(LM *lm, Device d, int B, int T, int reset_at, real **parallel) {
+    int V = lm->cfg.vocab_size;
+    Tape tp;
+    tape_init_on(&tp, d);
+    tape_no_grad_push(&tp);
+    LMCache *cache = lm_cache_new_on(lm, B, T, d);
+    real *out = malloc((size_t)T * B * V * sizeof(real));
+    int *tok = malloc((size_t)B * sizeof(int));
+    for (int t = 0; t < T; t++) {
+        if (t == reset_at && B > 1) lm_cache_reset_row(lm, cache, 1);
+        for (int b = 0; b < B; b++) tok[b] = cuda_decode_token(b, t);
+        Tensor *lg = lm_step(&tp, lm, cache, tok);
+        cr_assert(lg->ndim == 3 && lg->shape[0] == B && lg->shape[1] == 1 && lg->shape[2] == V, "%s", SHAPE(lg));
+        dev_to_host(out + (size_t)t * B * V, lg->data, (size_t)B * V * sizeof(real), d);
+        tape_reset(&tp);
+    }
+    if (parallel) {   // the same documents in one parallel forward: (B, T, V)
+        int *tokens = malloc((size_t)B * T * sizeof(int)), *flags = calloc((size_t)B * T, sizeof(int));
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) tokens[b * T + t] = cuda_decode_token(b, t);
+        if (reset_at >= 0 && reset_at < T && B > 1) flags[1 * T + reset_at] = 1;
+        Tensor *lg = lm_forward_docs(&tp, lm, tokens, flags, B, T, NULL, NULL);
+        *parallel = malloc((size_t)lg->numel * sizeof(real));
+        dev_to_host(*parallel, lg->data, (size_t)lg->numel * sizeof(real), d);
+        free(tokens);
+        free(flags);
+    }
+    free(tok);
+    tape_no_grad_pop(&tp);
+    lm_cache_free(lm, cache);
+    tape_free(&tp);
+    return out;
+}
+
+void cuda_train_steps(LM *lm, ParamStore *ps, Device d, int steps, CudaLossFn loss_fn, void *ctx, double *losses,
+                      real **grad) {
+    Optimizer opt;
+    adamw_init(&opt, ps, 0.9, 0.95, 1e-8, 0.1);
+    Tape tp;
+    tape_init_on(&tp, d);
+    *grad = NULL;
+    for (int s = 0; s < steps; s++) {
+        params_zero_grad(ps);
+        Tensor *loss = loss_fn(&tp, lm, s, ctx);
+        tape_backward(&tp, loss);
+        losses[s] = tape_item(&tp, loss);
+        tape_reset(&tp);
+        if (s == 0) {
+            *grad = malloc((size_t)ps->numel * sizeof(real));
+            dev_to_host(*grad, ps->grad, (size_t)ps->numel * sizeof(real), d);
+        }
+        optim_clip_grad_norm(ps, 1.0);
+        optim_step(&opt, ps, 3e-3);
+    }
+    tape_free(&tp);
+    optim_free(&opt);
 }

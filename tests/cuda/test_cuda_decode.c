@@ -36,46 +36,16 @@ static LMConfig decode_config(const DecodeCase *dc) {
     return c;
 }
 
-static int token_at(int b, int t) { return (b * 131 + t * 37 + 7) % 61; }
-
 // Decodes dc->T positions of B_ rows on device d; returns the logits (T, B_, V) on the host.
 static real *decode_run(const DecodeCase *dc, Device d, real **parallel) {
     LMConfig cfg = decode_config(dc);
-    int V = cfg.vocab_size, T = dc->T;
     ParamStore ps;
     params_init(&ps);
     LM lm;
     lm_create(&lm, &cfg, &ps);
     params_finalize(&ps, 17);
     if (d != DEVICE_CPU) params_to_device(&ps, d);
-    Tape tp;
-    tape_init_on(&tp, d);
-    tape_no_grad_push(&tp);
-    LMCache *cache = lm_cache_new_on(&lm, B_, T, d);
-    real *out = malloc((size_t)T * B_ * V * sizeof(real));
-    int tok[B_];
-    for (int t = 0; t < T; t++) {
-        if (t == dc->reset_at) lm_cache_reset_row(&lm, cache, 1);
-        for (int b = 0; b < B_; b++) tok[b] = token_at(b, t);
-        Tensor *lg = lm_step(&tp, &lm, cache, tok);
-        cr_assert(lg->ndim == 3 && lg->shape[0] == B_ && lg->shape[1] == 1 && lg->shape[2] == V);
-        dev_to_host(out + (size_t)t * B_ * V, lg->data, (size_t)B_ * V * sizeof(real), d);
-        tape_reset(&tp);
-    }
-    if (parallel) {   // the same documents in one parallel forward: (B_, T, V)
-        int *tokens = malloc((size_t)B_ * T * sizeof(int)), *flags = calloc((size_t)B_ * T, sizeof(int));
-        for (int b = 0; b < B_; b++)
-            for (int t = 0; t < T; t++) tokens[b * T + t] = token_at(b, t);
-        flags[1 * T + dc->reset_at] = 1;
-        Tensor *lg = lm_forward_docs(&tp, &lm, tokens, flags, B_, T, NULL, NULL);
-        *parallel = malloc((size_t)lg->numel * sizeof(real));
-        dev_to_host(*parallel, lg->data, (size_t)lg->numel * sizeof(real), d);
-        free(tokens);
-        free(flags);
-    }
-    tape_no_grad_pop(&tp);
-    lm_cache_free(&lm, cache);
-    tape_free(&tp);
+    real *out = cuda_decode_logits(&lm, d, B_, dc->T, dc->reset_at, parallel);
     lm_destroy(&lm);
     params_free(&ps);
     return out;

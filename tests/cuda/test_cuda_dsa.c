@@ -561,6 +561,29 @@ typedef struct {
 // `steps` AdamW steps of an LM in `mode` on device d: DSA_DISTILL trains
 // the indexers on the distillation loss (lm_distill_loss_docs), the others
 // the LM loss, plus the KL in DSA_SPARSE_KL.
+typedef struct {
+    int tokens[LB * LT], targets[LB * LT], ds[LB * LT];
+    const int *dsp;   // ds or NULL
+    DsaMode mode;
+    const char *layers;
+    DsaRun *r;
+} DsaData;
+
+static Tensor *dsa_run_loss(Tape *tp, LM *lm, int step, void *ctx) {
+    DsaData *x = ctx;
+    if (x->mode == DSA_DISTILL) {
+        Tensor *loss = lm_distill_loss_docs(tp, lm, x->tokens, x->dsp, LB, LT);
+        if (step == 0) x->r->mass = lm_dsa_mass(lm);
+        return loss;
+    }
+    Tensor *loss = lm_loss_docs(tp, lm, x->tokens, x->targets, x->dsp, LB, LT, NULL);
+    if (x->mode == DSA_SPARSE_KL) {
+        cr_assert(lm->dsa_kl, "%s: no KL in DSA_SPARSE_KL mode", x->layers);
+        loss = op_add(tp, loss, lm->dsa_kl);
+    }
+    return loss;
+}
+
 static void dsa_lm_run(Device d, const char *layers, int topk, DsaMode mode, bool docs, int steps, DsaRun *r) {
     LMConfig cfg = dsa_lm_config(layers, topk);
     ParamStore ps;
@@ -570,44 +593,16 @@ static void dsa_lm_run(Device d, const char *layers, int topk, DsaMode mode, boo
     params_finalize(&ps, 5);
     if (d != DEVICE_CPU) params_to_device(&ps, d);
     lm_set_dsa_mode(&lm, mode);
-    Optimizer opt;
-    adamw_init(&opt, &ps, 0.9, 0.95, 1e-8, 0.1);
-    Tape tp;
-    tape_init_on(&tp, d);
-    int tokens[LB * LT], targets[LB * LT], ds[LB * LT] = {0};
+    DsaData x = {.mode = mode, .layers = layers, .r = r};
     for (int i = 0; i < LB * LT; i++) {
-        tokens[i] = (i * 37 + 11) % 97;
-        targets[i] = (i * 53 + 5) % 97;
+        x.tokens[i] = (i * 37 + 11) % 97;
+        x.targets[i] = (i * 53 + 5) % 97;
+        x.ds[i] = 0;
     }
-    if (docs) ds[1 * LT + 10] = ds[1 * LT + 30] = ds[2 * LT + 3] = 1;
-    const int *dsp = docs ? ds : NULL;
-    r->grad = NULL;
+    if (docs) x.ds[1 * LT + 10] = x.ds[1 * LT + 30] = x.ds[2 * LT + 3] = 1;
+    x.dsp = docs ? x.ds : NULL;
     r->mass = NAN;
-    for (int s = 0; s < steps; s++) {
-        params_zero_grad(&ps);
-        Tensor *loss;
-        if (mode == DSA_DISTILL) {
-            loss = lm_distill_loss_docs(&tp, &lm, tokens, dsp, LB, LT);
-            if (s == 0) r->mass = lm_dsa_mass(&lm);
-        } else {
-            loss = lm_loss_docs(&tp, &lm, tokens, targets, dsp, LB, LT, NULL);
-            if (mode == DSA_SPARSE_KL) {
-                cr_assert(lm.dsa_kl, "%s: no KL in DSA_SPARSE_KL mode", layers);
-                loss = op_add(&tp, loss, lm.dsa_kl);
-            }
-        }
-        tape_backward(&tp, loss);
-        r->loss[s] = tape_item(&tp, loss);
-        tape_reset(&tp);
-        if (s == 0) {
-            r->grad = malloc((size_t)ps.numel * sizeof(real));
-            dev_to_host(r->grad, ps.grad, (size_t)ps.numel * sizeof(real), d);
-        }
-        optim_clip_grad_norm(&ps, 1.0);
-        optim_step(&opt, &ps, 3e-3);
-    }
-    tape_free(&tp);
-    optim_free(&opt);
+    cuda_train_steps(&lm, &ps, d, steps, dsa_run_loss, &x, r->loss, &r->grad);
     lm_destroy(&lm);
     params_free(&ps);
 }
@@ -760,12 +755,9 @@ typedef struct {
     DsaMode mode;
 } DsaDecodeCase;
 
-static int dec_token(int b, int t) { return (b * 131 + t * 37 + 7) % 61; }
-
 static real *dsa_decode_run(const DsaDecodeCase *dc, Device d, real **parallel) {
     LMConfig cfg = dsa_lm_config(dc->layers, dc->topk);
     cfg.vocab_size = 61;
-    int V = cfg.vocab_size, T = dc->T, B = 2;
     ParamStore ps;
     params_init(&ps);
     LM lm;
@@ -773,33 +765,7 @@ static real *dsa_decode_run(const DsaDecodeCase *dc, Device d, real **parallel) 
     params_finalize(&ps, 17);
     if (d != DEVICE_CPU) params_to_device(&ps, d);
     lm_set_dsa_mode(&lm, dc->mode);
-    Tape tp;
-    tape_init_on(&tp, d);
-    tape_no_grad_push(&tp);
-    LMCache *cache = lm_cache_new_on(&lm, B, T, d);
-    real *out = malloc((size_t)T * B * V * sizeof(real));
-    int tok[2];
-    for (int t = 0; t < T; t++) {
-        if (t == dc->reset_at) lm_cache_reset_row(&lm, cache, 1);
-        for (int b = 0; b < B; b++) tok[b] = dec_token(b, t);
-        Tensor *lg = lm_step(&tp, &lm, cache, tok);
-        dev_to_host(out + (size_t)t * B * V, lg->data, (size_t)B * V * sizeof(real), d);
-        tape_reset(&tp);
-    }
-    if (parallel) {
-        int *tokens = malloc((size_t)B * T * sizeof(int)), *flags = calloc((size_t)B * T, sizeof(int));
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < T; t++) tokens[b * T + t] = dec_token(b, t);
-        flags[1 * T + dc->reset_at] = 1;
-        Tensor *lg = lm_forward_docs(&tp, &lm, tokens, flags, B, T, NULL, NULL);
-        *parallel = malloc((size_t)lg->numel * sizeof(real));
-        dev_to_host(*parallel, lg->data, (size_t)lg->numel * sizeof(real), d);
-        free(tokens);
-        free(flags);
-    }
-    tape_no_grad_pop(&tp);
-    lm_cache_free(&lm, cache);
-    tape_free(&tp);
+    real *out = cuda_decode_logits(&lm, d, 2, dc->T, dc->reset_at, parallel);
     lm_destroy(&lm);
     params_free(&ps);
     return out;

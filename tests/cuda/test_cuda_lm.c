@@ -46,6 +46,18 @@ static void tokens_of(int *tokens, int *targets, int *doc_start) {
     }
 }
 
+typedef struct {
+    int tokens[B_ * T_], targets[B_ * T_], ds[B_ * T_];
+    bool docs;
+} LmData;
+
+static Tensor *lm_run_loss(Tape *tp, LM *lm, int step, void *ctx) {
+    (void)step;
+    LmData *x = ctx;
+    return x->docs ? lm_loss_docs(tp, lm, x->tokens, x->targets, x->ds, B_, T_, NULL)
+                   : lm_loss(tp, lm, x->tokens, x->targets, B_, T_, NULL);
+}
+
 static void lm_run(Device d, const char *layers, bool docs, int steps, LmRun *r) {
     LMConfig cfg = gpu_lm_config(layers);
     ParamStore ps;
@@ -54,31 +66,9 @@ static void lm_run(Device d, const char *layers, bool docs, int steps, LmRun *r)
     lm_create(&lm, &cfg, &ps);
     params_finalize(&ps, 5);
     if (d != DEVICE_CPU) params_to_device(&ps, d);
-    Optimizer opt;
-    adamw_init(&opt, &ps, 0.9, 0.95, 1e-8, 0.1);
-    Tape tp;
-    tape_init_on(&tp, d);
-    int tokens[B_ * T_], targets[B_ * T_], ds[B_ * T_];
-    tokens_of(tokens, targets, docs ? ds : NULL);
-    r->grad = NULL;
-    for (int s = 0; s < steps; s++) {
-        params_zero_grad(&ps);
-        Tensor *loss = docs ? lm_loss_docs(&tp, &lm, tokens, targets, ds, B_, T_, NULL)
-                            : lm_loss(&tp, &lm, tokens, targets, B_, T_, NULL);
-        tape_backward(&tp, loss);
-        real l;
-        dev_to_host(&l, loss->data, sizeof l, d);
-        r->loss[s] = l;
-        tape_reset(&tp);
-        if (s == 0) {
-            r->grad = malloc((size_t)ps.numel * sizeof(real));
-            dev_to_host(r->grad, ps.grad, (size_t)ps.numel * sizeof(real), d);
-        }
-        optim_clip_grad_norm(&ps, 1.0);
-        optim_step(&opt, &ps, 3e-3);
-    }
-    tape_free(&tp);
-    optim_free(&opt);
+    LmData x = {.docs = docs};
+    tokens_of(x.tokens, x.targets, docs ? x.ds : NULL);
+    cuda_train_steps(&lm, &ps, d, steps, lm_run_loss, &x, r->loss, &r->grad);
     lm_destroy(&lm);
     params_free(&ps);
 }
