@@ -26,7 +26,8 @@
 // The per-chunk kernels run a fixed grid of blocks (as many as the GPU keeps
 // resident), each walking the chunks gridDim.x apart with its workspace in
 // device memory (tape_dalloc); every line of a chunk is a block-wide step.
-// Products go through blk_gemm (32 x 32 shared-memory tiles); (I + A)^-1 is
+// Products go through blk_gemm (register tiles of 4 x 4 per thread, 64 x 64
+// per block, slices of K in shared memory); (I + A)^-1 is
 // a forward substitution, one barrier per row.
 // The scans (the section "the scans" says more) are latency-bound when there
 // are few (batch, head) pairs and many chunks (T = 65,536 at B = 1: 1,024
@@ -55,8 +56,13 @@
 
 
 #define GDN_NT 256   // threads of a block of the chunked form (blk_gemm's layout needs exactly this)
-#define TS 32        // tile edge of blk_gemm
-#define TROWS (GDN_NT / TS)   // 8: a thread computes rows ty, ty + 8, ty + 16, ty + 24 of a tile
+// Blocks per multiprocessor that the per-chunk kernels are compiled for (at
+// most 65536 / (256 GDN_MINB) registers a thread): 2 for k_gdn_fwd_prep,
+// k_gdn_fwd_out and k_gdn_bwd_prep (blk_gemm's register tiles would take them
+// to one block otherwise); k_gdn_bwd_chunk's own code wants more: 1.
+#ifndef GDN_MINB
+#define GDN_MINB 2
+#endif
 
 // Everything a kernel reads, by value.
 struct GdnArgs {
@@ -124,9 +130,186 @@ static __host__ __device__ inline size_t ws_take(size_t *at, size_t n, size_t si
 
 // ---------------------------------------------------------------- block-wide products
 
+// blk_gemm's register tiles: a thread computes a 4 x 4 block of C; the
+// block's 256 threads a tile of TM x TN (64 x 64, or 128 x 32 / 32 x 128
+// when that takes fewer tiles), walking K in slices of BK. A slice of op(A)
+// is held k-major (BK rows of TM, pitch TM + BPAD) and op(B) likewise (BK
+// rows of TN), so a thread's 4 values of each are one 16-byte load apiece;
+// two buffers of each, the next slice being loaded from global memory into
+// registers while the current one is computed. A tile's C goes through
+// shared memory (over the slices' buffers) so that its global reads and
+// writes are coalesced.
+#define BK 16                            // K slice
+#define BPAD (16 / (int)sizeof(real))    // a slice row's pad: 16 bytes
+// Reals of shared memory: the largest of the three shapes' two buffers of
+// A and B slices (BK (TM + TN + 2 BPAD) each) and the C stage (TM TN).
+#define BLK_SMEM (2 * BK * (160 + 2 * BPAD))
+
 struct Tiles {
-    real a[TS][TS + 1], b[TS][TS + 1];   // + 1: the transposed loads hit 32 banks
+    __align__(16) real s[BLK_SMEM];
 };
+
+// Four consecutive reals of shared memory, 16-byte aligned.
+struct R4 {
+    real v[4];
+};
+__device__ __forceinline__ R4 ld4(const real *p) {
+    R4 r;
+#ifdef AG_DOUBLE
+    double2 x = reinterpret_cast<const double2 *>(p)[0], y = reinterpret_cast<const double2 *>(p)[1];
+    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = y.x, r.v[3] = y.y;
+#else
+    float4 x = *reinterpret_cast<const float4 *>(p);
+    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
+#endif
+    return r;
+}
+__device__ __forceinline__ void st4(real *p, const real *v) {
+#ifdef AG_DOUBLE
+    reinterpret_cast<double2 *>(p)[0] = make_double2(v[0], v[1]);
+    reinterpret_cast<double2 *>(p)[1] = make_double2(v[2], v[3]);
+#else
+    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+#endif
+}
+
+// x y and x + y rounded, never contracted into an fma (nor simplified).
+__device__ __forceinline__ real mul_rn(real x, real y) {
+#ifdef AG_DOUBLE
+    return __dmul_rn(x, y);
+#else
+    return __fmul_rn(x, y);
+#endif
+}
+__device__ __forceinline__ real add_rn(real x, real y) {
+#ifdef AG_DOUBLE
+    return __dadd_rn(x, y);
+#else
+    return __fadd_rn(x, y);
+#endif
+}
+
+// The slice of op(A) (TM x BK from (i0, k0)) and of op(B) (BK x TN from
+// (k0, j0)) into registers, zeros outside the matrices: element e = tid +
+// 256 p of each, numbered along the stored rows (consecutive threads read
+// consecutive addresses).
+template <int TM, int TN>
+__device__ __forceinline__ void blk_fetch(real *ra, real *rb, bool ta, bool tb, int M, int N, int K, int i0, int j0,
+                                          int k0, const real *A, int lda, const real *as, const real *B, int ldb) {
+    int tid = threadIdx.x;
+    // Element p of A's: (i + p si, k + p sk), at pa + p step.
+    int si = ta ? 0 : GDN_NT / BK, sk = ta ? GDN_NT / TM : 0;
+    int i = i0 + (ta ? tid % TM : tid / BK), k = k0 + (ta ? tid / TM : tid % BK);
+    const real *pa = A + (ta ? (int64_t)k * lda + i : (int64_t)i * lda + k);
+    int64_t step = (int64_t)lda * (si + sk);
+#pragma unroll
+    for (int p = 0; p < TM * BK / GDN_NT; p++) {
+        int ip = i + p * si, kp = k + p * sk;
+        real v = 0;
+        if (ip < M && kp < K) {
+            v = pa[p * step];
+            if (as) v = mul_rn(as[ta ? kp : ip], v);   // as: by A's stored row
+        }
+        ra[p] = v;
+    }
+    // B's: (k + p sk, j + p sj).
+    int sj = tb ? GDN_NT / BK : 0;
+    sk = tb ? 0 : GDN_NT / TN;
+    int j = j0 + (tb ? tid / BK : tid % TN);
+    k = k0 + (tb ? tid % BK : tid / TN);
+    const real *pb = B + (tb ? (int64_t)j * ldb + k : (int64_t)k * ldb + j);
+    step = (int64_t)ldb * (sj + sk);
+#pragma unroll
+    for (int p = 0; p < TN * BK / GDN_NT; p++) rb[p] = j + p * sj < N && k + p * sk < K ? pb[p * step] : (real)0;
+}
+
+// The registers of blk_fetch into a slice buffer (sa: BK x (TM + BPAD), sb:
+// BK x (TN + BPAD)), k-major.
+template <int TM, int TN>
+__device__ __forceinline__ void blk_put(real *sa, real *sb, const real *ra, const real *rb, bool ta, bool tb) {
+    int tid = threadIdx.x;
+#pragma unroll
+    for (int p = 0; p < TM * BK / GDN_NT; p++) {
+        int e = tid + p * GDN_NT;
+        sa[(ta ? e / TM : e % BK) * (TM + BPAD) + (ta ? e % TM : e / BK)] = ra[p];
+    }
+#pragma unroll
+    for (int p = 0; p < TN * BK / GDN_NT; p++) {
+        int e = tid + p * GDN_NT;
+        sb[(tb ? e % BK : e / TN) * (TN + BPAD) + (tb ? e / BK : e % TN)] = rb[p];
+    }
+}
+
+// blk_gemm_s in tiles of TM x TN. Threads: warp w, lane l compute rows
+// 4 ty .. 4 ty + 3 and columns 4 tx .. 4 tx + 3 of a tile, ty = 4 (w / WX) +
+// l / 8, tx = 8 (w % WX) + l % 8 (WX = TN / 32 warps across): a warp's
+// 16-byte loads of a slice row are then 4 of A and 8 of B, one pass each.
+// Every C element is one thread's fma chain from 0 over k = 0, 1, ..., K - 1
+// (zeros past K: the last slice is filled with them, and the 32-wide slices
+// of the products before these did as much, so acc + 0 once when K is not a
+// multiple of 32: -0 becomes +0 as it did then), then alpha acc rounded, and
+// with beta, fma(C, beta, that) (what the products before these compiled to).
+template <int TM, int TN>
+__device__ __forceinline__ void blk_tiles(Tiles *sh, bool ta, bool tb, int M, int N, int K, real alpha,
+                                          const real *A, int lda, const real *as, const real *B, int ldb, real beta,
+                                          real *C, int ldc) {
+    constexpr int NA = TM * BK / GDN_NT, NB = TN * BK / GDN_NT, WX = TN / 32;
+    constexpr int AP = TM + BPAD, BP = TN + BPAD, ASZ = BK * AP, BSZ = BK * BP;
+    static_assert(TM * TN == 16 * GDN_NT && NA * GDN_NT == TM * BK && NB * GDN_NT == TN * BK, "blk_tiles");
+    static_assert(2 * (ASZ + BSZ) <= BLK_SMEM && TM * TN <= BLK_SMEM, "blk_tiles: Tiles");
+    real *sa = sh->s, *sb = sh->s + 2 * ASZ, *sc = sh->s;   // sc: the C stage, over the buffers
+    int tid = threadIdx.x, w = tid / 32, l = tid % 32;
+    int ty = w / WX * 4 + l / 8, tx = w % WX * 8 + l % 8;
+    int tn = (N + TN - 1) / TN, nt = (M + TM - 1) / TM * tn, ns = (K + BK - 1) / BK;
+    for (int tile = 0; tile < nt; tile++) {
+        int i0 = tile / tn * TM, j0 = tile % tn * TN;
+        real acc[4][4], ra[NA], rb[NB];
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[r][c] = 0;
+        if (ns > 0) {
+            blk_fetch<TM, TN>(ra, rb, ta, tb, M, N, K, i0, j0, 0, A, lda, as, B, ldb);
+            blk_put<TM, TN>(sa, sb, ra, rb, ta, tb);
+        }
+        __syncthreads();   // slice 0 is in
+        for (int s = 0; s < ns; s++) {
+            int cur = s & 1;
+            if (s + 1 < ns) blk_fetch<TM, TN>(ra, rb, ta, tb, M, N, K, i0, j0, (s + 1) * BK, A, lda, as, B, ldb);
+            const real *pa = sa + cur * ASZ + ty * 4, *pb = sb + cur * BSZ + tx * 4;
+#pragma unroll
+            for (int kk = 0; kk < BK; kk++) {
+                R4 a = ld4(pa + kk * AP), b = ld4(pb + kk * BP);
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) acc[r][c] = fma(a.v[r], b.v[c], acc[r][c]);
+            }
+            // The other buffer was last read before the previous barrier.
+            if (s + 1 < ns) blk_put<TM, TN>(sa + (1 - cur) * ASZ, sb + (1 - cur) * BSZ, ra, rb, ta, tb);
+            __syncthreads();   // slice s + 1 is in; slice s is no longer read
+        }
+        // No thread reads the slices any more (the barrier above): the stage.
+        bool pad = (K & 31) != 0;
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            if (pad)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[r][c] = add_rn(acc[r][c], 0);
+            st4(sc + (ty * 4 + r) * TN + tx * 4, acc[r]);
+        }
+        __syncthreads();   // the stage is in
+        int mr = min(TM, M - i0), nc = min(TN, N - j0), jj = tid % TN;
+        if (jj < nc)
+#pragma unroll 4
+            for (int ii = tid / TN; ii < mr; ii += GDN_NT / TN) {
+                real *c = C + (int64_t)(i0 + ii) * ldc + j0 + jj, v = mul_rn(alpha, sc[ii * TN + jj]);
+                *c = beta == 0 ? v : fma(*c, beta, v);
+            }
+        __syncthreads();   // the stage is read (the next tile's slice 0 goes over it); C is written
+    }
+    if (nt == 0) __syncthreads();
+}
 
 // C (M x N) = alpha op(A) op(B) + beta C, row-major with leading dimensions
 // lda, ldb, ldc; op(A) is M x K, op(B) K x N. as: NULL, or a factor for each
@@ -135,55 +318,16 @@ struct Tiles {
 // thread of the block calls it with the same arguments. beta == 0 never
 // reads C (fresh buffers hold NaN in float64). C must not overlap A or B.
 // Ends with a barrier: C is then ready for every thread, and A, B may be
-// overwritten. Not inlined: one copy for the two dozen calls.
+// overwritten. Not inlined: one copy for the two dozen calls. Tiles of
+// 64 x 64 unless 128 x 32 or 32 x 128 takes fewer (a short or a narrow C).
 __device__ __noinline__ void blk_gemm_s(Tiles *sh, bool ta, bool tb, int M, int N, int K, real alpha, const real *A,
                                         int lda, const real *as, const real *B, int ldb, real beta, real *C,
                                         int ldc) {
-    int tid = threadIdx.x, tx = tid % TS, ty = tid / TS;
-    int tm = (M + TS - 1) / TS, tn = (N + TS - 1) / TS;
-    for (int tile = 0; tile < tm * tn; tile++) {
-        int i0 = tile / tn * TS, j0 = tile % tn * TS;
-        real acc[TS / TROWS];
-#pragma unroll
-        for (int r = 0; r < TS / TROWS; r++) acc[r] = 0;
-        for (int k0 = 0; k0 < K; k0 += TS) {
-            // Consecutive threads read consecutive addresses: along k for a
-            // row-major op(A), along i for a transposed one (and so for B).
-            for (int e = tid; e < TS * TS; e += GDN_NT) {
-                int r = e / TS, c = e % TS;
-                int x = ta ? c : r, y = ta ? r : c;   // op(A)(i0 + x, k0 + y)
-                int i = i0 + x, kk = k0 + y;
-                real av = 0;
-                if (i < M && kk < K) {
-                    int ra = ta ? kk : i, ca = ta ? i : kk;   // A's stored row and column
-                    av = A[(int64_t)ra * lda + ca];
-                    if (as) av = as[ra] * av;
-                }
-                sh->a[x][y] = av;
-                x = tb ? c : r, y = tb ? r : c;       // op(B)(k0 + x, j0 + y)
-                kk = k0 + x;
-                int j = j0 + y;
-                sh->b[x][y] = kk < K && j < N ? (tb ? B[(int64_t)j * ldb + kk] : B[(int64_t)kk * ldb + j]) : (real)0;
-            }
-            __syncthreads();
-#pragma unroll 8
-            for (int kk = 0; kk < TS; kk++) {
-                real bv = sh->b[kk][tx];
-#pragma unroll
-                for (int r = 0; r < TS / TROWS; r++) acc[r] = fma(sh->a[ty + r * TROWS][kk], bv, acc[r]);
-            }
-            __syncthreads();
-        }
-#pragma unroll
-        for (int r = 0; r < TS / TROWS; r++) {
-            int i = i0 + ty + r * TROWS, j = j0 + tx;
-            if (i < M && j < N) {
-                real *c = C + (int64_t)i * ldc + j;
-                *c = beta == 0 ? alpha * acc[r] : alpha * acc[r] + beta * *c;
-            }
-        }
-    }
-    __syncthreads();
+    int sq = (M + 63) / 64 * ((N + 63) / 64), tall = (M + 127) / 128 * ((N + 31) / 32);
+    int wide = (M + 31) / 32 * ((N + 127) / 128);
+    if (tall < sq && tall <= wide) blk_tiles<128, 32>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
+    else if (wide < sq) blk_tiles<32, 128>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
+    else blk_tiles<64, 64>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
 }
 
 __device__ __forceinline__ void blk_gemm(Tiles *sh, bool ta, bool tb, int M, int N, int K, real alpha, const real *A,
@@ -505,30 +649,6 @@ __device__ __forceinline__ void copy4(real *dst, const real *src, int valid, boo
             if (u < valid) cp_async1(dst + u, src + u);
             else dst[u] = 0;
     }
-}
-
-// Four consecutive reals of shared memory, 16-byte aligned.
-struct R4 {
-    real v[4];
-};
-__device__ __forceinline__ R4 ld4(const real *p) {
-    R4 r;
-#ifdef AG_DOUBLE
-    double2 x = reinterpret_cast<const double2 *>(p)[0], y = reinterpret_cast<const double2 *>(p)[1];
-    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = y.x, r.v[3] = y.y;
-#else
-    float4 x = *reinterpret_cast<const float4 *>(p);
-    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
-#endif
-    return r;
-}
-__device__ __forceinline__ void st4(real *p, const real *v) {
-#ifdef AG_DOUBLE
-    reinterpret_cast<double2 *>(p)[0] = make_double2(v[0], v[1]);
-    reinterpret_cast<double2 *>(p)[1] = make_double2(v[2], v[3]);
-#else
-    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
-#endif
 }
 
 __device__ __forceinline__ ScanStage scan_stage(const ScanSmem &m, int s) {
@@ -853,7 +973,7 @@ template <bool BWD> static void scan_launch(GdnArgs &a) {
 // ---------------------------------------------------------------- chunked form: forward
 
 // 1. Per chunk: W and U into the op's rows, ek and bl.
-__global__ void __launch_bounds__(GDN_NT) k_gdn_fwd_prep(GdnArgs a) {
+__global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd_prep(GdnArgs a) {
     __shared__ Tiles sh;
     int tid = threadIdx.x;
     ChunkWs w;
@@ -873,7 +993,7 @@ __global__ void __launch_bounds__(GDN_NT) k_gdn_fwd_prep(GdnArgs a) {
 // 2. The scan: k_gdn_fwd_scan (above).
 
 // 3. Per chunk: O = diag(b) Q S0 + P Delta.
-__global__ void __launch_bounds__(GDN_NT) k_gdn_fwd_out(GdnArgs a) {
+__global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd_out(GdnArgs a) {
     __shared__ Tiles sh;
     int tid = threadIdx.x, dk = a.dk, dv = a.dv;
     int64_t SS = (int64_t)dk * dv;
@@ -903,7 +1023,7 @@ __global__ void __launch_bounds__(GDN_NT) k_gdn_fwd_out(GdnArgs a) {
 // the terms of dDelta and of the entering state's gradient that do not go
 // through the state: P^T dO into the op's dDelta rows, Q^T diag(b) dO into
 // the chunk's dS slot.
-__global__ void __launch_bounds__(GDN_NT) k_gdn_bwd_prep(GdnArgs a) {
+__global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_bwd_prep(GdnArgs a) {
     __shared__ Tiles sh;
     int tid = threadIdx.x, dk = a.dk, dv = a.dv;
     int64_t SS = (int64_t)dk * dv;
@@ -1071,7 +1191,7 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
 
 // 3. Per chunk: everything of the chunk again (W from the op's rows) and its
 // input gradients from S0, dS (the scan's slot) and dDelta (the scan's rows).
-__global__ void __launch_bounds__(GDN_NT) k_gdn_bwd_chunk(GdnArgs a) {
+__global__ void __launch_bounds__(GDN_NT, 1) k_gdn_bwd_chunk(GdnArgs a) {
     __shared__ Tiles sh;
     __shared__ double red[32];
     int64_t SS = (int64_t)a.dk * a.dv;
