@@ -432,32 +432,50 @@ double test_mixer_decode_diff(Mixer *m, ParamStore *ps, const Tensor *u, int *wo
     return worst;
 }
 
-double test_lm_decode_diff(LM *lm, ParamStore *ps, const int *tokens, int B, int T) {
-    Device d = device_default();
-    if (d != DEVICE_CPU) params_to_device(ps, d);
+real *test_lm_decode_logits(LM *lm, Device d, const int *tokens, int B, int T, int reset_at, real **parallel) {
+    int V = lm->cfg.vocab_size;
+    bool reset = B > 1 && reset_at >= 0 && reset_at < T;
     Tape tp;
     tape_init_on(&tp, d);
     tape_no_grad_push(&tp);
-    Tensor *logits = lm_forward(&tp, lm, tokens, B, T, NULL, NULL);
-    int V = logits->shape[2];
-    real *par = xmalloc((size_t)logits->numel * sizeof(real));
-    dev_to_host(par, logits->data, (size_t)logits->numel * sizeof(real), d);
-    tape_reset(&tp);
     LMCache *cache = lm_cache_new_on(lm, B, T, d);
-    real *step = xmalloc((size_t)B * T * V * sizeof(real));
+    real *out = xmalloc((size_t)T * B * V * sizeof(real));
     int *tok = xmalloc((size_t)B * sizeof(int));
     for (int t = 0; t < T; t++) {
+        if (reset && t == reset_at) lm_cache_reset_row(lm, cache, 1);
         for (int b = 0; b < B; b++) tok[b] = tokens[(int64_t)b * T + t];
         Tensor *lg = lm_step(&tp, lm, cache, tok);
-        for (int b = 0; b < B; b++)
-            dev_to_host(step + ((size_t)b * T + t) * V, lg->data + (size_t)b * V, (size_t)V * sizeof(real), d);
+        cr_assert(lg->ndim == 3 && lg->shape[0] == B && lg->shape[1] == 1 && lg->shape[2] == V, "%s", SHAPE(lg));
+        dev_to_host(out + (size_t)t * B * V, lg->data, (size_t)B * V * sizeof(real), d);
         tape_reset(&tp);
     }
-    double e = max_rel_diff(par, step, (int64_t)B * T * V);
+    if (parallel) {   // the same documents in one parallel forward: (B, T, V)
+        int *flags = reset ? xcalloc((size_t)B * T, sizeof(int)) : NULL;
+        if (flags) flags[1 * T + reset_at] = 1;
+        Tensor *lg = lm_forward_docs(&tp, lm, tokens, flags, B, T, NULL, NULL);
+        *parallel = xmalloc((size_t)lg->numel * sizeof(real));
+        dev_to_host(*parallel, lg->data, (size_t)lg->numel * sizeof(real), d);
+        free(flags);
+    }
     free(tok);
-    free(par);
-    free(step);
+    tape_no_grad_pop(&tp);
     lm_cache_free(lm, cache);
     tape_free(&tp);
+    return out;
+}
+
+double test_lm_decode_diff(LM *lm, ParamStore *ps, const int *tokens, int B, int T) {
+    Device d = device_default();
+    if (d != DEVICE_CPU) params_to_device(ps, d);
+    int V = lm->cfg.vocab_size;
+    real *par = NULL, *steps = test_lm_decode_logits(lm, d, tokens, B, T, -1, &par);
+    real *step = xmalloc((size_t)B * T * V * sizeof(real));   // (B, T, V) as par
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < B; b++)
+            memcpy(step + ((size_t)b * T + t) * V, steps + ((size_t)t * B + b) * V, (size_t)V * sizeof(real));
+    double e = max_rel_diff(par, step, (int64_t)B * T * V);
+    free(steps);
+    free(step);
+    free(par);
     return e;
 }

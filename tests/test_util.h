@@ -48,6 +48,12 @@ double test_mixer_decode_diff(Mixer *m, ParamStore *ps, const Tensor *u, int *wo
 // The same for an LM: lm_forward's logits over tokens (B*T) against
 // lm_step's, compared over all B*T*V logits at once.
 double test_lm_decode_diff(LM *lm, ParamStore *ps, const int *tokens, int B, int T);
+// Decodes tokens (B, T) through lm (parameters on d already) on device d
+// from a fresh cache, row 1 starting a new document at reset_at
+// (lm_cache_reset_row; -1 or out of range: never): the step logits (T, B, V),
+// allocated, on the host. With parallel: also lm_forward_docs's (B, T, V)
+// over the same documents (lm_forward's when there is no reset).
+real *test_lm_decode_logits(LM *lm, Device d, const int *tokens, int B, int T, int reset_at, real **parallel);
 
 // Assert a gradcheck passed; Criterion prints the label and the worst element.
 #define ASSERT_GRADCHECK(res, label)                                                                \

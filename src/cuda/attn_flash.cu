@@ -86,6 +86,13 @@ __device__ __forceinline__ int fa_lo(const int *first, int64_t r) {
 
 __device__ __forceinline__ real fa_max(real a, real b) { return b > a ? b : a; }
 
+// Whether query i (t0 + i) of a tile of nq sees key j (s0 + j) of a tile of
+// nk: causal, and not before lo, where the query's document begins.
+__device__ __forceinline__ bool fa_seen(int i, int j, int nq, int nk, int t0, int s0, int lo) {
+    int sj = s0 + j;
+    return i < nq && j < nk && sj <= t0 + i && sj >= lo;
+}
+
 // FA_R consecutive reals at p (16-byte aligned) into x, and back.
 __device__ __forceinline__ void fa_ld(real *x, const real *p) {
 #ifdef AG_DOUBLE
@@ -271,8 +278,7 @@ __global__ void __launch_bounds__(FA_THREADS)
             real mx = m[r];
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
-                int j = cb + c, sj = s0 + j;
-                bool seen = i < nq && j < nk && sj <= t0 + i && sj >= lo[r];
+                bool seen = fa_seen(i, cb + c, nq, nk, t0, s0, lo[r]);
                 s[r][c] = seen ? d.scale * s[r][c] : (real)-INFINITY;
                 mx = fa_max(mx, s[r][c]);
             }
@@ -404,8 +410,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         for (int r = 0; r < FA_R; r++)
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
-                int i = ra + r, j = cb + c, sj = s0 + j;
-                bool seen = i < nq && j < nk && sj <= t0 + i && sj >= lo[r];
+                bool seen = fa_seen(ra + r, cb + c, nq, nk, t0, s0, lo[r]);
                 s[r][c] = seen ? exp(d.scale * s[r][c] - L[r]) * (dp[r][c] - Dr[r]) : (real)0;
             }
         fa_store_t(dST + cb * FA_LDT + ra, s);
@@ -482,8 +487,8 @@ __global__ void __launch_bounds__(FA_THREADS)
         for (int r = 0; r < FA_R; r++)
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
-                int j = ra + r, i = cb + c, sj = s0 + j;
-                bool seen = i < nq && j < nk && sj <= t0 + i && sj >= lo[i];
+                int i = cb + c;
+                bool seen = fa_seen(i, ra + r, nq, nk, t0, s0, lo[i]);
                 p[r][c] = seen ? exp(d.scale * p[r][c] - Ls[i]) : (real)0;
             }
         if (gv) {   // dV_j += P^T dO

@@ -14,6 +14,11 @@ __device__ __forceinline__ int dsa_lo(const int *first, int64_t r) {
     return f > 0 ? f : 0;
 }
 
+// Whether query t (row rb + t of first) scores key s: s <= t, inside t's document.
+__device__ __forceinline__ bool dsa_seen(const int *first, int64_t rb, int t, int s) {
+    return s <= t && s >= dsa_lo(first, rb + t);
+}
+
 // A host index (B*T ints, docs.h's first) copied to the tape's device memory, or NULL.
 static inline const int *dsa_first_to_device(Tape *tp, const int *first, int B, int T) {
     if (!first) return NULL;

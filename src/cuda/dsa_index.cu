@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(IX_THREADS)
     for (int r = 0; r < IX_ROWS; r++) {
         int i = ty + 8 * r, t = tq0 + i, s = s0 + tx;
         if (i >= nq || tx >= ns) continue;
-        bool in = s <= t && s >= dsa_lo(first, rb + t);
+        bool in = dsa_seen(first, rb, t, s);
         if (in || full) ob[(int64_t)i * d.T + s] = in ? acc[r] : (real)0;
     }
 }
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(IX_THREADS)
 #pragma unroll
             for (int r = 0; r < IX_ROWS; r++) {
                 int i = ty + 8 * r, t = tq0 + i, s = s0 + tx;
-                bool in = i < nq && tx < ns && s <= t && s >= dsa_lo(first, rb + t);
+                bool in = i < nq && tx < ns && dsa_seen(first, rb, t, s);
                 real gv = in ? g[(rb + t) * d.T + s] : (real)0;
                 bool on = in && z[r] > 0;
                 double part = on ? (double)gv * z[r] : 0.0;
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(IX_THREADS)
 #pragma unroll
             for (int r = 0; r < IX_ROWS; r++) {
                 int i = ty + 8 * r, t = tq0 + i, s = s0 + tx;
-                bool in = i < nq && tx < ns && s <= t && s >= dsa_lo(first, rb + t);
+                bool in = i < nq && tx < ns && dsa_seen(first, rb, t, s);
                 real gv = in ? g[(rb + t) * d.T + s] : (real)0;
                 DZ[i][tx] = in && z[r] > 0 ? d.c * w[(rb + t) * d.HI + j] * gv : (real)0;
             }

@@ -33,11 +33,7 @@ void cuda_train_steps(LM *lm, ParamStore *ps, Device d, int steps, CudaLossFn lo
 
 // The decoding tests' token at row b, position t (ids below 61).
 int cuda_decode_token(int b, int t);
-// Decodes T positions of B rows of cuda_decode_token through lm (parameters
-// already on d) on device d, row 1 starting a new document at reset_at
-// (lm_cache_reset_row; -1: never); returns the logits (T, B, V) on the host
-// (malloc). With parallel: also lm_forward_docs's logits (B, T, V) over the
-// same documents there.
+// test_lm_decode_logits (test_util.h) over B rows of T cuda_decode_token ids.
 real *cuda_decode_logits(LM *lm, Device d, int B, int T, int reset_at, real **parallel);
 
 #endif

@@ -359,36 +359,11 @@ Test(cuda_tape, fresh_gradients_are_written_whole) {
 int cuda_decode_token(int b, int t) { return (b * 131 + t * 37 + 7) % 61; }
 
 real *cuda_decode_logits(LM *lm, Device d, int B, int T, int reset_at, real **parallel) {
-    int V = lm->cfg.vocab_size;
-    Tape tp;
-    tape_init_on(&tp, d);
-    tape_no_grad_push(&tp);
-    LMCache *cache = lm_cache_new_on(lm, B, T, d);
-    real *out = malloc((size_t)T * B * V * sizeof(real));
-    int *tok = malloc((size_t)B * sizeof(int));
-    for (int t = 0; t < T; t++) {
-        if (t == reset_at && B > 1) lm_cache_reset_row(lm, cache, 1);
-        for (int b = 0; b < B; b++) tok[b] = cuda_decode_token(b, t);
-        Tensor *lg = lm_step(&tp, lm, cache, tok);
-        cr_assert(lg->ndim == 3 && lg->shape[0] == B && lg->shape[1] == 1 && lg->shape[2] == V, "%s", SHAPE(lg));
-        dev_to_host(out + (size_t)t * B * V, lg->data, (size_t)B * V * sizeof(real), d);
-        tape_reset(&tp);
-    }
-    if (parallel) {   // the same documents in one parallel forward: (B, T, V)
-        int *tokens = malloc((size_t)B * T * sizeof(int)), *flags = calloc((size_t)B * T, sizeof(int));
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < T; t++) tokens[b * T + t] = cuda_decode_token(b, t);
-        if (reset_at >= 0 && reset_at < T && B > 1) flags[1 * T + reset_at] = 1;
-        Tensor *lg = lm_forward_docs(&tp, lm, tokens, flags, B, T, NULL, NULL);
-        *parallel = malloc((size_t)lg->numel * sizeof(real));
-        dev_to_host(*parallel, lg->data, (size_t)lg->numel * sizeof(real), d);
-        free(tokens);
-        free(flags);
-    }
-    free(tok);
-    tape_no_grad_pop(&tp);
-    lm_cache_free(lm, cache);
-    tape_free(&tp);
+    int *tokens = malloc((size_t)B * T * sizeof(int));
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) tokens[b * T + t] = cuda_decode_token(b, t);
+    real *out = test_lm_decode_logits(lm, d, tokens, B, T, reset_at, parallel);
+    free(tokens);
     return out;
 }
 
