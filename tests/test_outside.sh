@@ -11,7 +11,9 @@
 #     export_model (safetensors checked against the format's specification),
 #     and loaded by python/attnlab_torch.py from the checkpoint and from the
 #     export: its logits equal the C model's (evaluate --logits), to 1e-4
-#     normwise in float32 and 1e-9 in float64.
+#     normwise in float32 and 1e-9 in float64;
+#  5. the GPU benchmark's per-layer torch.compile path equals the eager model;
+#  6. bench/ncu_table.py's per-kernel table on a fixture counted by hand.
 set -euo pipefail
 BUILD=$(cd "$1" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -143,3 +145,15 @@ err = max(float((u - v).abs().max()) for u, v in zip(ga, gb))
 assert float(a) == float(b) and err == 0.0, "per-layer compile path: loss %r vs %r, gradients differ by %g" % (float(a), float(b), err)
 print("outside: the benchmark's per-layer compile path equals the eager model (loss and %d gradients)" % len(ga))
 PYEOF
+
+# 6. bench/ncu_table.py (the GPU per-kernel table) on a fixture whose figures
+# are counted by hand: k_a 2 launches, 4 ms, 4e9 bytes = 1000 GB/s, 25 % of a
+# 4000 GB/s ceiling, 80 % of the 5 ms; k_b 1 ms, no traffic; the last launch's
+# occupancy columns.
+table=$($PY "$ROOT/bench/ncu_table.py" --ceiling 4000 "$ROOT/tests/fixtures/ncu_small.csv")
+want_a='| k_a | 2 | 4.00 | 80.0 % | 1000 | 25 % | 32 | 256 | 82.5 | 11.0 | 2.0 |'
+want_b='| k_b | 1 | 1.00 | 20.0 % | 0 | 0 % | 255 | 256 | 12.5 | 20.0 | 30.0 |'
+grep -qF "3 kernel launches, 5.00 ms of kernel time" <<<"$table" && grep -qxF "$want_a" <<<"$table" &&
+    grep -qxF "$want_b" <<<"$table" || { echo "ncu_table.py on tests/fixtures/ncu_small.csv printed:"; echo "$table"; exit 1; }
+! $PY "$ROOT/bench/ncu_table.py" "$ROOT/README.md" 2>/dev/null || { echo "ncu_table.py accepted a file with no ncu CSV"; exit 1; }
+echo "outside: bench/ncu_table.py's per-kernel table on a counted fixture: OK"
