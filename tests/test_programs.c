@@ -428,6 +428,117 @@ Test(programs, evaluate_scores_every_token_once, .timeout = 120) {
     config_free(&c);
 }
 
+// Run evaluate; returns its exit code, stdout and stderr in *out / *err (malloc'd).
+static int evaluate_run(const char *dir, char *const args[], char **out, char **err) {
+    char *argv[24] = {(char *)test_program("evaluate")};
+    int n = 1;
+    for (; args[n - 1]; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    char o[1500], e[1500];
+    snprintf(o, sizeof o, "%s/eval_dev.out", dir);
+    snprintf(e, sizeof e, "%s/eval_dev.err", dir);
+    int code = test_spawn(argv, NULL, o, e, 120, NULL);
+    *out = test_read_file(o);
+    *err = test_read_file(e);
+    return code;
+}
+
+// The reals of a .npy that evaluate --logits wrote (version 1.0: a 2-byte
+// header length at 8); *n gets their count.
+static real *read_npy(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+    size_t bytes = (size_t)ftell(f);
+    rewind(f);
+    char *raw = xmalloc(bytes + 1);
+    cr_assert_eq(fread(raw, 1, bytes, f), bytes, "%s: short read", path);
+    fclose(f);
+    cr_assert(bytes > 10 && !memcmp(raw, "\x93NUMPY", 6), "%s: not a .npy", path);
+    size_t at = 10 + (size_t)(unsigned char)raw[8] + 256 * (size_t)(unsigned char)raw[9];
+    cr_assert(at <= bytes && (bytes - at) % sizeof(real) == 0, "%s: %zu bytes, data at %zu", path, bytes, at);
+    *n = (bytes - at) / sizeof(real);
+    real *x = xmalloc(*n * sizeof(real));
+    memcpy(x, raw + at, *n * sizeof(real));
+    free(raw);
+    return x;
+}
+
+// evaluate --device: cuda scores windows and --stream on the GPU, equal to the
+// CPU (the first window's logits normwise: 1e-4 in float32, 1e-10 in float64;
+// the stream's loss as printed); a CPU build, or no GPU, says why and what to
+// do; --positions stays on the CPU, said before anything loads.
+Test(programs, evaluate_device_cuda_equals_cpu_or_says_why, .timeout = 180) {
+    const char *ckpt = trained_checkpoint("evaluate_dev", "gdn,attn,mamba");
+    char dir[1500], probe[1600], lc[1600], lg[1600];
+    snprintf(dir, sizeof dir, "%s", test_dir_of(ckpt));
+    snprintf(probe, sizeof probe, "%s/probe.txt", dir);
+    snprintf(lc, sizeof lc, "%s/logits_cpu.npy", dir);
+    snprintf(lg, sizeof lg, "%s/logits_gpu.npy", dir);
+    char text[1600];
+    snprintf(text, sizeof text, "%s/../corpus.txt", dir);
+    char *all = test_read_file(text);
+    all[400] = 0;
+    test_write_file(probe, all);
+    free(all);
+    char *out, *err;
+    int code = evaluate_run(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--device", "gpu", NULL},
+                            &out, &err);
+    cr_assert(code == 2 && strstr(err, "evaluate: --device: 'gpu' is not a device (cpu or cuda)"), "%d %s", code, err);
+    free(out), free(err);
+    code = evaluate_run(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--positions", "--device",
+                                        "cuda", NULL},
+                        &out, &err);
+    cr_assert(code == 2 && strstr(err, "--positions runs on the CPU only") && strstr(err, "--device cpu"), "%d %s",
+              code, err);
+    free(out), free(err);
+    char why[512] = "";
+    bool gpu = device_cuda_built() && device_cuda_init(why, sizeof why);
+    char *win_cpu[] = {"--checkpoint", (char *)ckpt, "--text", probe, "--window", "96", "--json", "--logits", lc,
+                       "--device", "cpu", NULL};
+    char *win_gpu[] = {"--checkpoint", (char *)ckpt, "--text", probe, "--window", "96", "--json", "--logits", lg,
+                       "--device", "cuda", NULL};
+    if (!gpu) {
+        code = evaluate_run(dir, win_gpu, &out, &err);
+        cr_assert(code == 2 && strstr(err, "evaluate: --device cuda: ") && strstr(err, "--device cpu"), "%d %s", code,
+                  err);
+        if (!device_cuda_built()) cr_assert(strstr(err, "this build has no CUDA backend"), "%s", err);
+        cr_assert_str_eq(out, "");
+        free(out), free(err);
+        return;
+    }
+    code = evaluate_run(dir, win_cpu, &out, &err);
+    cr_assert_eq(code, 0, "%s", err);
+    double cpu_loss = json_number(out, "loss");
+    free(out), free(err);
+    code = evaluate_run(dir, win_gpu, &out, &err);
+    cr_assert_eq(code, 0, "%s", err);
+    double gpu_loss = json_number(out, "loss");
+    free(out), free(err);
+    cr_assert(fabs(cpu_loss - gpu_loss) <= 1e-5 * cpu_loss, "windows: cpu %.6f, cuda %.6f", cpu_loss, gpu_loss);
+    size_t na, nb;
+    real *a = read_npy(lc, &na), *b = read_npy(lg, &nb);
+    cr_assert(na == nb && na == (size_t)96 * 256, "logits: %zu and %zu reals", na, nb);
+    double tol = sizeof(real) == 8 ? 1e-10 : 1e-4, d2 = 0, a2 = 0;
+    for (size_t i = 0; i < na; i++) d2 += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), a2 += (double)a[i] * a[i];
+    cr_assert(sqrt(d2) <= tol * sqrt(a2), "logits differ by %.3g normwise (bound %.0e)", sqrt(d2 / a2), tol);
+    free(a), free(b);
+    // The stream: the decoder on the GPU, token by token.
+    code = evaluate_run(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--stream", "--json", "--device",
+                                        "cpu", NULL},
+                        &out, &err);
+    cr_assert_eq(code, 0, "%s", err);
+    cpu_loss = json_number(out, "loss");
+    free(out), free(err);
+    code = evaluate_run(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--stream", "--json", "--device",
+                                        "cuda", NULL},
+                        &out, &err);
+    cr_assert_eq(code, 0, "%s", err);
+    gpu_loss = json_number(out, "loss");
+    free(out), free(err);
+    cr_assert(fabs(cpu_loss - gpu_loss) <= 1e-5 * cpu_loss, "stream: cpu %.6f, cuda %.6f", cpu_loss, gpu_loss);
+}
+
 // --device cuda in a build without the CUDA backend (or on a machine without
 // a GPU) stops before training with what is missing; --device takes cpu or
 // cuda only; --device cpu is stored like any --set (the run's config.ini).

@@ -16,6 +16,8 @@
 //                      KV cache of everything before (memory grows with the
 //                      text). Every token sees all the text before it.
 // The figures go to stdout (one line, or a JSON object with --json).
+// --device cuda scores windows and --stream on the GPU (a build with
+// -DAG_CUDA=ON); the model loads on the host and its values move there.
 //
 //   evaluate --checkpoint runs/tiny_gdn/checkpoint.h5 --val --positions [--context carry|full|window]
 //
@@ -59,6 +61,8 @@ static void usage(FILE *f) {
             "  --stream           score the text as one sequence with the decoder (recurrent state carried\n"
             "                     through the whole text; attention keeps a KV cache of all of it)\n"
             "  --threads N        threads (default: all cores; with --stream 1 below 10M parameters)\n"
+            "  --device D         cpu (default) or cuda: score on the GPU (a build with -DAG_CUDA=ON; windows and\n"
+            "                     --stream, not --positions)\n"
             "  --json             print the figures as one JSON object\n"
             "  --logits FILE      also write the logits of the first window, (T, V) in the build's precision,\n"
             "                     as a NumPy .npy\n"
@@ -123,13 +127,13 @@ static Status write_npy(const char *path, const real *x, int rows, int cols) {
 // Windows of T advancing by S; targets already scored are ignored (-1).
 // logits_path: write the first window's logits there.
 static Score score_windows(LM *lm, const Tokenizer *tk, const int *tok, int64_t n, int T, int S, int B,
-                           const char *logits_path, Status *st) {
+                           const char *logits_path, Status *st, Device dev) {
     Score sc = {0, 0, 0};
     if (n < 2) return sc;
     if (T > n - 1) T = (int)(n - 1);
     int *x = xmalloc((size_t)B * T * sizeof(int)), *y = xmalloc((size_t)B * T * sizeof(int));
     Tape tp;
-    tape_init(&tp);
+    tape_init_on(&tp, dev);
     tape_no_grad_push(&tp);
     int64_t scored_to = 0;   // targets 1..scored_to are done
     for (int64_t start = 0; scored_to < n - 1;) {
@@ -147,8 +151,14 @@ static Score score_windows(LM *lm, const Tokenizer *tk, const int *tok, int64_t 
         }
         Tensor *logits = NULL;
         Tensor *loss = lm_loss(&tp, lm, x, y, b, T, &logits);
-        if (logits_path && sc.tokens == 0) *st = write_npy(logits_path, logits->data, T, lm->cfg.vocab_size);
-        sc.nll += loss->data[0] * counted;
+        if (logits_path && sc.tokens == 0) {   // the first window's rows, from the device they are on
+            size_t bytes = (size_t)T * lm->cfg.vocab_size * sizeof(real);
+            real *host = xmalloc(bytes);
+            dev_to_host(host, logits->data, bytes, dev);
+            *st = write_npy(logits_path, host, T, lm->cfg.vocab_size);
+            free(host);
+        }
+        sc.nll += tape_item(&tp, loss) * counted;
         sc.tokens += counted;
         tape_reset(&tp);
     }
@@ -160,16 +170,17 @@ static Score score_windows(LM *lm, const Tokenizer *tk, const int *tok, int64_t 
 }
 
 // The whole text as one sequence through the decoder.
-static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n) {
+static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n, Device dev) {
     Score sc = {0, 0, 0};
     if (n < 2 || n > INT32_MAX) return sc;
     Tape tp;
-    tape_init(&tp);
+    tape_init_on(&tp, dev);
     tape_no_grad_push(&tp);
-    LMCache *cache = lm_cache_new(lm, 1, (int)n);
+    LMCache *cache = lm_cache_new_on(lm, 1, (int)n, dev);
     int V = lm->cfg.vocab_size;
+    real *lg = xmalloc((size_t)V * sizeof(real));   // a step's logits on the host
     for (int64_t i = 0; i + 1 < n; i++) {
-        const real *lg = lm_step(&tp, lm, cache, &tok[i])->data;
+        dev_to_host(lg, lm_step(&tp, lm, cache, &tok[i])->data, (size_t)V * sizeof(real), dev);
         double mx = lg[0], z = 0;
         for (int v = 1; v < V; v++) mx = fmax(mx, (double)lg[v]);
         for (int v = 0; v < V; v++) z += exp((double)lg[v] - mx);
@@ -178,6 +189,7 @@ static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n
         sc.bytes += tokenizer_token_len(tk, tok[i + 1]);
         tape_reset(&tp);
     }
+    free(lg);
     lm_cache_free(lm, cache);
     tape_no_grad_pop(&tp);
     tape_free(&tp);
@@ -298,6 +310,7 @@ int main(int argc, char **argv) {
     const char *ckpt = NULL, *text = NULL, *logits_path = NULL;
     long long window = 0, stride = 0, batch = 8, threads = 0, limit = 0, chunk = 2048, seq = 0;
     bool stream = false, json = false, val = false, positions = false;
+    Device device = DEVICE_CPU;
     PosOptions po = {0};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
@@ -321,7 +334,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "--chunk")) positions = true, ok = parse_int(o, argv[++i], 1, 1 << 20, &chunk);
         else if (!strcmp(o, "--seq")) positions = true, ok = parse_int(o, argv[++i], 2, INT32_MAX, &seq);
         else if (!strcmp(o, "--buckets")) positions = true, ok = (po.n_edges = parse_edges(argv[++i], po.edges, 64)) > 0;
-        else if (!strcmp(o, "--context")) {
+        else if (!strcmp(o, "--device")) {
+            int d = device_parse(argv[++i]);
+            if (d < 0) fprintf(stderr, "evaluate: --device: '%s' is not a device (cpu or cuda)\n", argv[i]);
+            else device = (Device)d;
+            ok = d >= 0;
+        } else if (!strcmp(o, "--context")) {
             positions = po.context_given = true;
             int c = poseval_context_parse(argv[++i]);
             if (c < 0) fprintf(stderr, "evaluate: --context: '%s' is not carry, full or window\n", argv[i]);
@@ -346,6 +364,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "evaluate: --positions scores with --context; --stream and --logits do not apply\n");
         return 2;
     }
+    if (positions && device != DEVICE_CPU) {
+        fprintf(stderr, "evaluate: --positions runs on the CPU only (its carried state is host memory): --device cpu\n");
+        return 2;
+    }
     TrainConfig cfg;
     LM lm;
     ParamStore ps;
@@ -356,8 +378,14 @@ int main(int argc, char **argv) {
         s = status_err("%s: --val: the run held out no validation split (val_fraction 0)", ckpt);
     Corpus corpus = {0};
     if (s.ok) s = corpus_load(&corpus, text);
+    if (s.ok && device != DEVICE_CPU) {   // the model is loaded on the host: now its values move
+        char err[512];
+        if (device_cuda_init(err, sizeof err)) params_to_device(&ps, device);
+        else s = status_err("--device cuda: %s; or score on the CPU: --device cpu", err);
+    }
     if (!s.ok) {
         fprintf(stderr, "evaluate: %s\n", s.msg);
+        corpus_free(&corpus);
         config_free(&cfg);
         return 2;
     }
@@ -392,8 +420,8 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < n; i++) text_bytes += tokenizer_token_len(&tok, ids[i]);
         double t0 = runlog_now();
         Status ws = status_ok();
-        Score sc = stream ? score_stream(&lm, &tok, ids, n)
-                          : score_windows(&lm, &tok, ids, n, T, S, (int)batch, logits_path, &ws);
+        Score sc = stream ? score_stream(&lm, &tok, ids, n, device)
+                          : score_windows(&lm, &tok, ids, n, T, S, (int)batch, logits_path, &ws, device);
         if (!ws.ok) fprintf(stderr, "evaluate: --logits: %s\n", ws.msg);
         double secs = runlog_now() - t0;
         code = ws.ok ? 0 : 1;
