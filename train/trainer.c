@@ -47,21 +47,30 @@ int64_t trainer_carry_row(Trainer *t) {
     return row;
 }
 
-// pack: this rank's rows into full (bt.B x row); else full's rows into the buffers.
+// pack: this rank's rows into full (bt.B x row); else full's rows into the
+// buffers. A carry on the GPU goes through a host copy of each buffer.
 void trainer_carry_copy(Trainer *t, double *full, bool pack) {
     real *bufs[CARRY_MAX_BUFFERS];
     int64_t sizes[CARRY_MAX_BUFFERS];
     int n = lm_carry_buffers(&t->lm, t->carry, bufs, sizes, CARRY_MAX_BUFFERS);
     int64_t row = trainer_carry_row(t), off = 0;
+    Device dev = t->carry->device;
     for (int i = 0; i < n; i++) {
         int64_t per = sizes[i] / t->carry->B;
+        size_t bytes = (size_t)sizes[i] * sizeof(real);
+        real *host = dev == DEVICE_CPU ? bufs[i] : xmalloc(bytes ? bytes : 1);
+        if (pack && host != bufs[i]) dev_to_host(host, bufs[i], bytes, dev);
         for (int r = 0; r < t->carry->B; r++) {
             double *f = full + (int64_t)(t->bt.lo + r) * row + off;
-            real *b = bufs[i] + (int64_t)r * per;
+            real *b = host + (int64_t)r * per;
             for (int64_t j = 0; j < per; j++) {
                 if (pack) f[j] = (double)b[j];
                 else b[j] = (real)f[j];
             }
+        }
+        if (host != bufs[i]) {
+            if (!pack) dev_from_host(bufs[i], dev, host, bytes);
+            free(host);
         }
         off += per;
     }

@@ -173,14 +173,11 @@ static Status setup_data(Trainer *t, const TrainerOptions *o) {
 // [train] device = cuda: what the GPU backend runs today (docs/cuda.md), and a
 // GPU to run it on; otherwise a message naming the key.
 static Status check_gpu_run(Trainer *t) {
-    const TrainConfig *c = &t->cfg;
     char err[512];
     if (!device_cuda_init(err, sizeof err))
         return status_err("[train] device = cuda: %s; or train on the CPU: --device cpu", err);
     if (t->ranks > 1)
         return status_err("[train] device = cuda: one process only for now (%d ranks under mpirun)", t->ranks);
-    if (c->train.carry_state)
-        return status_err("[train] device = cuda: carry_state is not on the GPU yet (set it false, or device = cpu)");
     return status_ok();
 }
 
@@ -228,7 +225,7 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
         if (!any)
             return status_err("[train] carry_state: no layer of this model carries a state (linear, mamba and gdn "
                               "do; attention keeps its within-window behaviour)");
-        t->carry = lm_cache_new(&t->lm, (int)(hi - lo), 1);
+        t->carry = lm_cache_new_on(&t->lm, (int)(hi - lo), 1, (Device)c->train.device);
     }
 
     if (o->resume) {

@@ -162,20 +162,20 @@ static Tensor *gdn_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_s
     const MixerConfig *c = &m->cfg;
     GdnCache *cache = ptr;
     Tensor *S = cache->S;
-    ASSERT(cache->dev == DEVICE_CPU && tp->device == DEVICE_CPU, "gdn carried window: the CPU only");
+    ASSERT(cache->dev == tp->device, "gdn carried window: a %s carry on a %s tape", device_name(cache->dev),
+           device_name(tp->device));
     ASSERT(u->ndim == 3 && u->shape[0] == S->shape[0] && u->shape[2] == c->d_model,
            "gdn carried window: u %s must be (%d, T, %d)", SHAPE(u), S->shape[0], c->d_model);
-    Tensor *q, *k, *v, *beta, *g, *sT, *s_in = tape_tensor_copy(tp, 4, S->shape, S->data);
+    Tensor *q, *k, *v, *beta, *g, *sT, *s_in = tape_tensor_copy_dev(tp, 4, S->shape, S->data);
     gdn_inputs(tp, m, cache, true, u, doc_start, &q, &k, &v, &beta, &g);
     Tensor *o = op_gdn(tp, q, k, v, beta, g, s_in, doc_start, c->n_heads, c->form, c->chunk_size, &sT);
-    memcpy(S->data, sT->data, (size_t)sT->numel * sizeof(real));
+    dev_copy(cache->dev, S->data, sT->data, (size_t)sT->numel * sizeof(real));
     return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
 }
 
 static int gdn_cache_state(const Mixer *m, void *ptr, real **bufs, int64_t *sizes) {
     const Gdn *p = m->impl;
     GdnCache *cache = ptr;
-    ASSERT(cache->dev == DEVICE_CPU, "gdn cache_state: a carried state lives on the CPU");
     bufs[0] = cache->S->data;
     sizes[0] = cache->S->numel;
     int n = 1;

@@ -45,14 +45,14 @@ void gla_layer_qkv_carry(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u
 
 Tensor *gla_cache_state_in(Tape *tp, const GlaCache *cache, const Tensor *u) {
     const Tensor *S = cache->S;
-    ASSERT(cache->dev == DEVICE_CPU && tp->device == DEVICE_CPU, "carried state: the CPU only");
+    ASSERT(cache->dev == tp->device, "carried state: a %s carry on a %s tape", device_name(cache->dev),
+           device_name(tp->device));
     ASSERT(u->ndim == 3 && u->shape[0] == S->shape[0], "carried window: u %s, the cache holds %d rows", SHAPE(u),
            S->shape[0]);
-    return tape_tensor_copy(tp, 4, S->shape, S->data);
+    return tape_tensor_copy_dev(tp, 4, S->shape, S->data);
 }
 
 int gla_cache_buffers(const GlaLayer *L, GlaCache *c, real **bufs, int64_t *sizes) {
-    ASSERT(c->dev == DEVICE_CPU, "gla_cache_buffers: a carried state lives on the CPU");
     bufs[0] = c->S->data;
     sizes[0] = c->S->numel;
     int n = 1;

@@ -151,7 +151,8 @@ Tensor *lm_forward_docs(Tape *tp, LM *lm, const int *tokens, const int *doc_star
 
 Tensor *lm_forward_carry(Tape *tp, LM *lm, const int *tokens, const int *doc_start, int B, int T, LMCache *carry) {
     ASSERT(carry && carry->B == B, "lm_forward_carry: the carry holds %d rows, the window %d", carry ? carry->B : 0, B);
-    ASSERT(carry->device == DEVICE_CPU && tp->device == DEVICE_CPU, "lm_forward_carry: carried state runs on the CPU only");
+    ASSERT(carry->device == tp->device, "lm_forward_carry: a %s carry on a %s tape", device_name(carry->device),
+           device_name(tp->device));
     return forward_all(tp, lm, tokens, doc_start, B, T, NULL, NULL, carry);
 }
 

@@ -110,7 +110,8 @@ void lm_cache_reset_row(const LM *lm, LMCache *c, int b);
 
 // State carried across windows (truncated backpropagation through time):
 // each row reads one contiguous stream, window after window. carry is an
-// LMCache (lm_cache_new(lm, B, 1) is enough): the recurrent layers (linear,
+// LMCache (lm_cache_new(lm, B, 1) is enough; lm_cache_new_on for a GPU tape,
+// whose device it must share): the recurrent layers (linear,
 // mamba, gdn) start from its states (S and the short convolutions' last
 // inputs), read as constants (detached: no gradient reaches the previous
 // window), and leave their final states in it (MixerKind.forward_carry).
@@ -125,7 +126,8 @@ Tensor *lm_loss_carry(Tape *tp, LM *lm, const int *tokens, const int *targets, c
                       LMCache *carry, Tensor **logits_out);
 // The buffers of the carried state, for checkpoints: up to max pointers and
 // element counts (4 per recurrent layer: S, then the q, k, v convolution
-// inputs when conv_size > 1), in layer order; returns how many.
+// inputs when conv_size > 1), in layer order, in the carry's device's
+// memory (carry->device); returns how many.
 int lm_carry_buffers(const LM *lm, LMCache *carry, real **bufs, int64_t *sizes, int max);
 
 #endif

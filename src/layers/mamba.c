@@ -88,7 +88,7 @@ static Tensor *mamba_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc
     Tensor *q, *k, *v, *s, *s_in = gla_cache_state_in(tp, c, u);
     gla_layer_qkv_carry(tp, &M->L, c, u, doc_start, &q, &k, &v);
     Tensor *y = mamba_mix(tp, m, u, q, k, v, doc_start, s_in, m->cfg.form, &s);
-    memcpy(c->S->data, s->data, (size_t)s->numel * sizeof(real));
+    dev_copy(c->dev, c->S->data, s->data, (size_t)s->numel * sizeof(real));
     return y;
 }
 

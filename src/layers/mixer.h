@@ -72,8 +72,7 @@ typedef struct MixerKind {
     // (recurrent kinds only; that of each row's last document).
     Tensor *(*forward)(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out);
     // Decode cache for B sequences of up to max_T positions, in dev's memory
-    // (a step then runs on a tape of that device; forward_carry and
-    // cache_state need the CPU).
+    // (a step, or forward_carry, then runs on a tape of that device).
     void *(*cache_new)(const Mixer *m, int B, int max_T, Device dev);
     void (*cache_free)(void *cache);
     // u: (B, 1, D) in no-grad mode -> (B, 1, D); advances the cache one position.
@@ -92,7 +91,8 @@ typedef struct MixerKind {
     Tensor *(*forward_carry)(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, void *cache);
     // The buffers that hold a recurrent cache's carried state (for
     // checkpoints): writes up to 4 pointers and element counts, returns how
-    // many. NULL for the attention kinds.
+    // many; the buffers are in the cache's device's memory. NULL for the
+    // attention kinds.
     int (*cache_state)(const Mixer *m, void *cache, real **bufs, int64_t *sizes);
     void (*destroy)(Mixer *m);   // frees m->impl (parameters belong to the ParamStore)
     // Training forms this kind implements (bits 1 << MixerForm); 0: the kind

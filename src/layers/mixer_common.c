@@ -56,9 +56,10 @@ Tensor *shortconv_forward_carry(Tape *tp, const ShortConv *c, Tensor *x, const i
     shortconv_check(c, x, "shortconv_forward_carry");
     int P = c->width - 1, B = x->shape[0], T = x->shape[1], C = c->channels;
     if (P <= 0) return shortconv_forward(tp, c, x, doc_start);   // no history to carry
-    ASSERT(cc->dev == DEVICE_CPU && tp->device == DEVICE_CPU, "shortconv_forward_carry: carried state is CPU only");
+    ASSERT(cc->dev == tp->device, "shortconv_forward_carry: a %s carried state on a %s tape", device_name(cc->dev),
+           device_name(tp->device));
     ASSERT(cc->B == B && cc->buf, "shortconv_forward_carry: the carried state holds %d rows, x %s", cc->B, SHAPE(x));
-    Tensor *prev = tape_tensor_copy(tp, 3, (int[]){B, P, C}, cc->buf);
+    Tensor *prev = tape_tensor_copy_dev(tp, 3, (int[]){B, P, C}, cc->buf);
     Tensor *xx = op_concat(tp, (Tensor *[]){prev, x}, 2, 1);   // (B, P + T, C)
     int *ds = NULL;
     if (doc_start) {
@@ -76,10 +77,10 @@ Tensor *shortconv_forward_carry(Tape *tp, const ShortConv *c, Tensor *x, const i
                 begin = t + P - T;
                 break;
             }
-        real *dst = cc->buf + (int64_t)b * P * C;
-        memset(dst, 0, (size_t)begin * C * sizeof(real));
-        memcpy(dst + (int64_t)begin * C, xx->data + ((int64_t)b * (P + T) + T + begin) * C,
-               (size_t)(P - begin) * C * sizeof(real));
+        real *dst = cc->buf + (int64_t)b * P * C;   // on the tape's device, as xx
+        if (begin) dev_zero(cc->dev, dst, (size_t)begin * C * sizeof(real));
+        dev_copy(cc->dev, dst + (int64_t)begin * C, xx->data + ((int64_t)b * (P + T) + T + begin) * C,
+                 (size_t)(P - begin) * C * sizeof(real));
     }
     return y;
 }
