@@ -27,8 +27,14 @@
 // resident), each walking the chunks gridDim.x apart with its workspace in
 // device memory (tape_dalloc); every line of a chunk is a block-wide step.
 // Products go through blk_gemm (register tiles of 4 x 4 per thread, 64 x 64
-// per block, slices of K in shared memory); (I + A)^-1 is
-// a forward substitution, one barrier per row.
+// per block, slices of K in shared memory). Elementwise steps spread (row,
+// column) over all the threads; a row's dot products are one warp's (lanes
+// over the row, then a butterfly of shuffles in double); the running sums
+// over a chunk's positions (Gamma, dg) are warp 0's scans (warp0_cumsum).
+// (I + A)^-1 is a forward substitution: for chunks of up to 64 positions by
+// warps, two columns each, with A^T in shared memory and the columns in
+// registers, no barrier (solve_warps); longer ones row by row, one barrier
+// per row.
 // The scans (the section "the scans" says more) are latency-bound when there
 // are few (batch, head) pairs and many chunks (T = 65,536 at B = 1: 1,024
 // chunks in a row), so a block keeps its slice of the state (dk x NVB) in
@@ -46,8 +52,9 @@
 // phase then a row phase.
 // Gradients go to scratch (or straight into a fresh buffer that no other
 // input shares) and are then added to the inputs' buffers in input order, so
-// inputs that are one tensor get the sum. No atomics: every sum is made by
-// one thread in a fixed order, the same whichever block takes a chunk.
+// inputs that are one tensor get the sum. No atomics: every sum is made in a
+// fixed order (one thread's chain, or a warp's lanes and shuffles in a fixed
+// pattern, then the groups in order), the same whichever block takes a chunk.
 #include <stdlib.h>
 #include <string.h>
 
@@ -335,11 +342,52 @@ __device__ __forceinline__ void blk_gemm(Tiles *sh, bool ta, bool tb, int M, int
     blk_gemm_s(sh, ta, tb, M, N, K, alpha, A, lda, NULL, B, ldb, beta, C, ldc);
 }
 
-// sum_i x_i y_i in double (the CPU's dot), returned in `real` as there.
-__device__ __forceinline__ real dot_r(const real *x, const real *y, int n) {
+// ---------------------------------------------------------------- warp-wide sums
+
+#define GDN_NW (GDN_NT / 32)   // warps of a block of the chunked form
+
+// The sum over a warp's lanes of one double each: a butterfly of shuffles,
+// the same order every time, the same bits in every lane (x + y = y + x).
+__device__ __forceinline__ double warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// sum_c x_c y_c over c < n in double by the calling warp (lane l takes c =
+// l, l + 32, ... in order, then warp_sum), returned to every lane: the CPU's
+// dot, in another fixed order.
+__device__ __forceinline__ double warp_dot(const real *__restrict__ x, const real *__restrict__ y, int n) {
     double s = 0;
-    for (int i = 0; i < n; i++) s += (double)x[i] * y[i];
-    return (real)s;
+    for (int c = threadIdx.x % 32; c < n; c += 32) s += (double)x[c] * y[c];
+    return warp_sum(s);
+}
+
+// Inclusive prefix sums of v[0..n) in place (reverse: suffix sums, v[i] =
+// v[i] + ... + v[n-1]) by warp 0 of the block; the other warps return at
+// once (the caller's barriers order it). Lane l sums a run of ceil(n / 32)
+// consecutive entries in order; the runs' totals are scanned across the
+// lanes (Hillis-Steele, a fixed order); each lane then adds the total of the
+// runs before its own to its entries. In double, as the CPU's running sum.
+__device__ void warp0_cumsum(double *v, int n, bool reverse) {
+    if (threadIdx.x >= 32) return;
+    int l = threadIdx.x, run = (n + 31) / 32, i0 = l * run, i1 = min(n, i0 + run);
+    double tot = 0;
+    for (int i = i0; i < i1; i++) {
+        int p = reverse ? n - 1 - i : i;
+        tot += v[p];
+        v[p] = tot;
+    }
+    double inc = tot;
+    for (int o = 1; o < 32; o <<= 1) {
+        double u = __shfl_up_sync(0xffffffffu, inc, o);
+        if (l >= o) inc += u;
+    }
+    double before = __shfl_up_sync(0xffffffffu, inc, 1);   // the runs of lanes 0 .. l - 1
+    if (l > 0)
+        for (int i = i0; i < i1; i++) {
+            int p = reverse ? n - 1 - i : i;
+            v[p] = before + v[p];
+        }
 }
 
 // ---------------------------------------------------------------- chunked form: workspace
@@ -356,7 +404,7 @@ struct ChunkWs {
     real *bet, *bm, *ek;              // (C)
     int *db;                          // (C) the chunk's documents, -1: before the chunk
     // backward
-    double *dG, *dbeta, *rsum, *csum;   // (C)
+    double *dG, *dbeta, *rsum;   // (C); rsum: a step's row sums
     real *dA;                           // (C, C) dP -> dQK, then dA -> dKK
     real *dK, *dW, *dXw;                // (C, dk)
     real *dXu, *Y;                      // (C, dv)
@@ -376,10 +424,10 @@ static __host__ __device__ size_t chunk_ws_layout(ChunkWs *w, unsigned char *bas
     size_t oDl = ws_take(&at, Cv, sizeof(real));
     size_t obet = ws_take(&at, C, sizeof(real)), obm = ws_take(&at, C, sizeof(real));
     size_t oek = ws_take(&at, C, sizeof(real)), odb = ws_take(&at, C, sizeof(int));
-    size_t odG = 0, odbeta = 0, orsum = 0, ocsum = 0, odA = 0, odK = 0, odW = 0, odXw = 0, odXu = 0, oY = 0;
+    size_t odG = 0, odbeta = 0, orsum = 0, odA = 0, odK = 0, odW = 0, odXw = 0, odXu = 0, oY = 0;
     if (grad) {
         odG = ws_take(&at, C, sizeof(double)), odbeta = ws_take(&at, C, sizeof(double));
-        orsum = ws_take(&at, C, sizeof(double)), ocsum = ws_take(&at, C, sizeof(double));
+        orsum = ws_take(&at, C, sizeof(double));
         odA = ws_take(&at, CC, sizeof(real));
         odK = ws_take(&at, Ck, sizeof(real)), odW = ws_take(&at, Ck, sizeof(real));
         odXw = ws_take(&at, Ck, sizeof(real));
@@ -394,7 +442,7 @@ static __host__ __device__ size_t chunk_ws_layout(ChunkWs *w, unsigned char *bas
         w->bet = (real *)(base + obet), w->bm = (real *)(base + obm), w->ek = (real *)(base + oek);
         w->db = (int *)(base + odb);
         w->dG = (double *)(base + odG), w->dbeta = (double *)(base + odbeta);
-        w->rsum = (double *)(base + orsum), w->csum = (double *)(base + ocsum);
+        w->rsum = (double *)(base + orsum);
         w->dA = (real *)(base + odA);
         w->dK = (real *)(base + odK), w->dW = (real *)(base + odW), w->dXw = (real *)(base + odXw);
         w->dXu = (real *)(base + odXu), w->Y = (real *)(base + oY);
@@ -433,6 +481,57 @@ enum {
     PREP_P = 16,      // P = (Q K^T) * E
 };
 
+// Tm = (I + A)^-1 (A strictly lower, L x L, L <= 32 R) by warps, from At =
+// A^T in shared memory (pitch L + 1); no barrier. A column of Tm is the
+// solution of (I + A) x = e_j: a warp takes the columns j, j + 1 of a pair
+// (pairs dealt to the warps back and forth, so that the long and the short
+// columns even out), lane l holds rows l + 32 r of both in registers, and
+// for m = j, j + 1, ..., L - 2 broadcasts x_m (final after step m - 1) and
+// updates the rows below: x_i -= A_im x_m. Each x_i is then, as in the
+// row-by-row substitution, e_ij minus its terms m = j .. i - 1 in ascending
+// order, one fma each (column j + 1 at m = j subtracts A_im 0: x_i stays).
+// Writes Tm whole (zeros above the diagonal).
+template <int R> __device__ void solve_warps(real *Tm, const real *At, int L) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, ap = L + 1, np = (L + 1) / 2;
+    for (int q = 0; q * GDN_NW < np; q++) {
+        int p = q * GDN_NW + (q & 1 ? GDN_NW - 1 - warp : warp), j = 2 * p;
+        if (p >= np) continue;
+        real x0[R], x1[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = lane + 32 * r;
+            x0[r] = i == j ? (real)1 : (real)0;
+            x1[r] = i == j + 1 ? (real)1 : (real)0;
+        }
+        for (int m = j; m < L - 1; m++) {
+            real s0 = x0[0], s1 = x1[0];
+#pragma unroll
+            for (int r = 1; r < R; r++)
+                if (m >> 5 == r) s0 = x0[r], s1 = x1[r];
+            s0 = __shfl_sync(0xffffffffu, s0, m & 31);
+            s1 = __shfl_sync(0xffffffffu, s1, m & 31);
+            const real *am = At + m * ap;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int i = lane + 32 * r;
+                if (i > m && i < L) {
+                    real av = am[i];
+                    x0[r] -= av * s0;
+                    x1[r] -= av * s1;
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = lane + 32 * r;
+            if (i < L) {
+                Tm[i * L + j] = x0[r];
+                if (j + 1 < L) Tm[i * L + j + 1] = x1[r];
+            }
+        }
+    }
+}
+
 // gdn_chunk_prepare (the parts `what` asks for): the chunk of L positions
 // starting at t0 of head (b, h), entering state S0 (read for PREP_DL only).
 // All threads, `what` the same in all; ends with a barrier.
@@ -444,19 +543,15 @@ __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, int b, in
     int64_t oh = ((int64_t)b * a.T + t0) * H + h;
     const real *q = a.q + ok, *k = a.k + ok, *v = a.v + ov, *beta = a.beta + oh, *g = a.g + oh;
     bool docs = a.first != NULL;
-    // Gamma: one thread, in order (the CPU's sum).
-    if (tid == 0) {
-        double acc = 0;
-        for (int i = 0; i < L; i++) {
-            acc += g[(int64_t)i * H];
-            w.G[i] = acc;
-        }
-    }
+    // Gamma: the running sum of g (warp0_cumsum).
     for (int i = tid; i < L; i += GDN_NT) {
+        w.G[i] = g[(int64_t)i * H];
         w.bet[i] = beta[(int64_t)i * H];
         int f = docs ? a.first[(int64_t)b * a.T + t0 + i] : -1;
         w.db[i] = f >= t0 ? f - t0 : -1;
     }
+    __syncthreads();
+    warp0_cumsum(w.G, L, false);
     __syncthreads();
     // E_ij = exp(Gamma_i - Gamma_j) inside row i's document (j >= db[i]), j <= i.
     for (int e = tid; e < L * L; e += GDN_NT) {
@@ -474,19 +569,31 @@ __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, int b, in
     if (what & PREP_SOLVE) {
         // A = strictly-lower (beta_i E_ij k_i.k_j).
         blk_gemm(sh, false, true, L, L, dk, 1, k, a.ldk, k, a.ldk, 0, w.KK, L);
+        // A short chunk's A^T also goes to shared memory (over the Tiles,
+        // free between products; pitch L + 1: no bank conflicts) for solve_warps.
+        bool fast = L <= 2 * 32;
+        real *At = sh->s;
         for (int e = tid; e < L * L; e += GDN_NT) {
             int i = e / L, j = e % L;
-            w.A[e] = j < i ? w.bet[i] * w.E[e] * w.KK[e] : (real)0;
+            real x = j < i ? w.bet[i] * w.E[e] * w.KK[e] : (real)0;
+            w.A[e] = x;
+            if (fast) At[j * (L + 1) + i] = x;
         }
         __syncthreads();
         // Tm = (I + A)^-1, row i = e_i - sum_{m<i} A_im Tm_m, m in the CPU's order.
-        for (int i = 0; i < L; i++) {
-            for (int j = tid; j < L; j += GDN_NT) {
-                real t = j == i ? (real)1 : (real)0;
-                for (int m = j; m < i; m++) t -= w.A[i * L + m] * w.Tm[m * L + j];
-                w.Tm[i * L + j] = t;
+        if (fast) {
+            if (L <= 32) solve_warps<1>(w.Tm, At, L);
+            else solve_warps<2>(w.Tm, At, L);
+            // The barrier after Xw, Xu below ends it (Tm is written, At no longer read).
+        } else {
+            for (int i = 0; i < L; i++) {
+                for (int j = tid; j < L; j += GDN_NT) {
+                    real t = j == i ? (real)1 : (real)0;
+                    for (int m = j; m < i; m++) t -= w.A[i * L + m] * w.Tm[m * L + j];
+                    w.Tm[i * L + j] = t;
+                }
+                __syncthreads();
             }
-            __syncthreads();
         }
     }
     // W = Tm diag(beta b) K, U = Tm diag(beta) V, Delta = U - W S0.
@@ -1055,16 +1162,74 @@ __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_bwd_prep(GdnArgs a) {
 
 // 2. The scan: k_gdn_bwd_scan (above).
 
+// The row sums of a chunk's (L, L) dGamma terms, strictly lower: a warp per
+// row x (rows x = warp, warp + GDN_NW, ...; lane l takes j = l, l + 32, ...
+// below x in order, then warp_sum); rs[x] = sum_{j<x} X_xj Y_xj and, with Z1,
+// zb[x] += sum_{j<x} X_xj (Z1_xj Z2_xj). In double; the lane 0 of the warp
+// writes (the same warp owns row x in every row step of chunk_back).
+__device__ void lower_row_sums(const real *__restrict__ X, const real *__restrict__ Y, const real *__restrict__ Z1,
+                               const real *__restrict__ Z2, int L, double *rs, double *zb) {
+    int lane = threadIdx.x % 32;
+    for (int x = threadIdx.x / 32; x < L; x += GDN_NW) {
+        const real *xr = X + x * L, *yr = Y + x * L;
+        double r = 0, rz = 0;
+        for (int j = lane; j < x; j += 32) {
+            real d = xr[j];
+            r += (double)d * yr[j];
+            if (Z1) rz += (double)d * (Z1[x * L + j] * Z2[x * L + j]);
+        }
+        r = warp_sum(r);
+        if (Z1) rz = warp_sum(rz);
+        if (lane == 0) {
+            rs[x] = r;
+            if (Z1) zb[x] += rz;
+        }
+    }
+}
+
+// The column sums cs_x = sum_{i>x} X_ix Y_ix of the same terms, and then
+// dG[x] = (dG[x] + rs[x]) - cs_x (the CPU's two steps): the block's threads
+// as 64 columns by GDN_NT / 64 groups, group g summing the rows i = x + 1 +
+// g, x + 1 + g + GDN_NT / 64, ... of column x (coalesced loads), the groups'
+// sums (in `part`, GDN_NT doubles of shared memory) then added in group
+// order. Starts after lower_row_sums with no barrier between (its rs is
+// read after the first barrier here); ends with a barrier.
+__device__ void lower_col_sums(const real *__restrict__ X, const real *__restrict__ Y, int L, const double *rs,
+                               double *dG, double *part) {
+    constexpr int NG = GDN_NT / 64;
+    int tid = threadIdx.x, xo = tid % 64, g = tid / 64;
+    for (int x0 = 0; x0 < L; x0 += 64) {
+        int x = x0 + xo;
+        double s = 0;
+        if (x < L)
+            for (int i = x + 1 + g; i < L; i += NG) s += (double)X[i * L + x] * Y[i * L + x];
+        part[g * 64 + xo] = s;
+        __syncthreads();
+        if (g == 0 && x < L) {
+            double cs = part[xo];
+            for (int u = 1; u < NG; u++) cs += part[u * 64 + xo];
+            dG[x] += rs[x];
+            dG[x] -= cs;
+        }
+        __syncthreads();
+    }
+}
+
 // chunk_backward of gdn_chunk_backward.c for the chunk of L positions at t0,
 // its workspace filled by chunk_prepare, less what the scan did (dDelta and
 // the entering state's gradient): from w.dS (the gradient of the state
 // leaving the chunk), w.dDl and the chunk's rows of dO, writes the chunk's
-// rows of the wanted gradients. All threads; ends with a barrier. Row steps
-// give a row to a thread; the (L, L) dGamma terms are summed by rows and by
-// columns, each sum by one thread.
+// rows of the wanted gradients. All threads; ends with a barrier. `red`:
+// GDN_NT doubles of shared memory. Elementwise steps spread (row, column)
+// over the threads; a row's dot products are one warp's (warp_dot's order),
+// and a row's dGamma and dbeta terms are added by the lane 0 of the warp
+// that owns the row (x mod GDN_NW), in the CPU's order of the terms; the
+// (L, L) dGamma terms are summed by rows (lower_row_sums) and by columns
+// (lower_col_sums); dg is the suffix sum of dGamma (warp0_cumsum).
 __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red, int b, int h, int t0, int L,
                            const real *S0) {
-    int tid = threadIdx.x, dk = a.dk, dv = a.dv, H = a.H, ldk = a.ldk, ldv = a.ldv;
+    int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, dk = a.dk, dv = a.dv, H = a.H, ldk = a.ldk,
+        ldv = a.ldv;
     int64_t SS = (int64_t)dk * dv;
     int64_t ok = ((int64_t)b * a.T + t0) * ldk + (int64_t)h * dk;
     int64_t ov = ((int64_t)b * a.T + t0) * ldv + (int64_t)h * dv;
@@ -1075,50 +1240,53 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
     real bl = w.bm[L - 1];
 
     // S_C = b_{L-1} S0 + Kd^T Delta.
-    for (int i = tid; i < L; i += GDN_NT) w.dG[i] = 0, w.dbeta[i] = 0;
-    for (int e = tid; e < L * dk; e += GDN_NT) w.dK[e] = 0;
     double s = 0;
     for (int64_t e = tid; e < SS; e += GDN_NT) s += (double)w.dS[e] * S0[e];
-    s = cu_block_sum(s, red);   // begins with a barrier: dG is zeroed
-    if (tid == 0) w.dG[L - 1] += bl * (real)s;
-    // dKd = Delta dS^T (in dW).
+    s = cu_block_sum(s, red);
+    // dKd = Delta dS^T (in dW); dK = diag(ek) dKd.
     blk_gemm(sh, false, true, L, dk, dv, 1, w.Dl, dv, w.dS, dv, 0, w.dW, dk);
-    for (int j = tid; j < L; j += GDN_NT) {
-        real e = w.ek[j];
-        for (int c = 0; c < dk; c++) w.dK[j * dk + c] += e * w.dW[j * dk + c];
-        // exp(Gamma_{L-1} - Gamma_{L-1}) = 1 has no derivative; the terms of
-        // dG[L-1] are added by one thread below, in the CPU's order.
-        if (j == L - 1) continue;
-        double sj = (double)(e * dot_r(w.dW + j * dk, k + (int64_t)j * ldk, dk));
-        w.dG[j] -= sj;
-        w.rsum[j] = sj;
+    for (int e = tid; e < L * dk; e += GDN_NT) w.dK[e] = w.ek[e / dk] * w.dW[e];
+    // dGamma_j -= ek_j dKd_j . k_j, and those terms add to dGamma_{L-1}
+    // (exp(Gamma_{L-1} - Gamma_{L-1}) = 1 has no derivative): after
+    // b_{L-1} S0 . dS, in the order of j, below.
+    for (int j = warp; j < L; j += GDN_NW) {
+        double sj = j == L - 1 ? 0 : (double)(w.ek[j] * (real)warp_dot(w.dW + j * dk, k + (int64_t)j * ldk, dk));
+        if (lane == 0) {
+            w.dG[j] = j == L - 1 ? (double)(bl * (real)s) : -sj;
+            w.dbeta[j] = 0;
+            w.rsum[j] = sj;
+        }
     }
     __syncthreads();
-    if (tid == 0)
-        for (int j = 0; j < L - 1; j++) w.dG[L - 1] += w.rsum[j];
+    if (warp == 0) {
+        double t = 0;
+        for (int j = lane; j < L - 1; j += 32) t += w.rsum[j];
+        t = warp_sum(t);
+        if (lane == 0) w.dG[L - 1] += t;
+    }
     __syncthreads();
 
     // O = diag(b) Q S0 + P Delta.
     if (dO) {
         blk_gemm(sh, false, false, L, dv, dk, 1, q, ldk, S0, dv, 0, w.Y, dv);   // Y = Q S0
-        for (int i = tid; i < L; i += GDN_NT) {
-            real bi = w.bm[i];
+        for (int i = warp; i < L; i += GDN_NW) {   // dGamma_i += b_i dO_i . Y_i; then Y = dY = diag(b) dO
+            real bi = w.bm[i], *yi = w.Y + i * dv;
             const real *doi = dO + (int64_t)i * ldv;
-            w.dG[i] += bi * dot_r(doi, w.Y + i * dv, dv);
-            for (int c = 0; c < dv; c++) w.Y[i * dv + c] = bi * doi[c];   // now dY
+            double p = 0;
+            for (int c = lane; c < dv; c += 32) {
+                real d = doi[c];
+                p += (double)d * yi[c];
+                yi[c] = bi * d;
+            }
+            p = warp_sum(p);
+            if (lane == 0) w.dG[i] += bi * (real)p;
         }
         __syncthreads();
         if (gq) blk_gemm(sh, false, true, L, dk, dv, 1, w.Y, dv, S0, dv, 0, gq, ldk);   // dQ = dY S0^T
         blk_gemm(sh, false, true, L, L, dv, 1, dO, ldv, w.Dl, dv, 0, w.dA, L);          // dP = dO Delta^T
         // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j.
-        for (int x = tid; x < L; x += GDN_NT) {
-            double r = 0, cs = 0;
-            for (int j = 0; j < x; j++) r += (double)w.dA[x * L + j] * w.P[x * L + j];
-            for (int i = x + 1; i < L; i++) cs += (double)w.dA[i * L + x] * w.P[i * L + x];
-            w.dG[x] += r;
-            w.dG[x] -= cs;
-        }
-        __syncthreads();
+        lower_row_sums(w.dA, w.P, NULL, NULL, L, w.rsum, NULL);
+        lower_col_sums(w.dA, w.P, L, w.rsum, w.dG, red);
         for (int e = tid; e < L * L; e += GDN_NT) {   // dQK = dP * E, lower with the diagonal
             int i = e / L, j = e % L;
             w.dA[e] = j <= i ? w.dA[e] * w.E[e] : (real)0;
@@ -1138,34 +1306,35 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
     blk_gemm(sh, false, true, L, L, dk, -1, w.dXw, dk, w.W, dk, 0, w.dA, L);
     blk_gemm(sh, false, true, L, L, dv, -1, w.dXu, dv, w.U, dv, 1, w.dA, L);
 
-    // Xw_i = beta_i b_i k_i, Xu_i = beta_i v_i.
-    for (int i = tid; i < L; i += GDN_NT) {
+    // Xw_i = beta_i b_i k_i, Xu_i = beta_i v_i (a warp per row).
+    for (int i = warp; i < L; i += GDN_NW) {
         real bi = w.bm[i], bt = w.bet[i], sw = bt * bi;
-        const real *dxw = w.dXw + i * dk, *dxu = w.dXu + i * dv;
-        for (int c = 0; c < dk; c++) w.dK[i * dk + c] += sw * dxw[c];
-        double sx = dot_r(dxw, k + (int64_t)i * ldk, dk);
-        w.dbeta[i] += bi * sx;
-        w.dG[i] += sw * sx;
-        if (a.gv)
-            for (int c = 0; c < dv; c++) a.gv[ov + (int64_t)i * ldv + c] = bt * dxu[c];
-        w.dbeta[i] += dot_r(dxu, v + (int64_t)i * ldv, dv);
-    }
-    __syncthreads();
-
-    // A_ij = beta_i E_ij KK_ij (j < i): dbeta_i and dG_i by rows, dG_j by columns.
-    for (int x = tid; x < L; x += GDN_NT) {
-        double rb = 0, r = 0, cs = 0;
-        for (int j = 0; j < x; j++) {
-            real da = w.dA[x * L + j];
-            rb += (double)da * (w.E[x * L + j] * w.KK[x * L + j]);
-            r += (double)da * w.A[x * L + j];
+        const real *dxw = w.dXw + i * dk, *dxu = w.dXu + i * dv, *ki = k + (int64_t)i * ldk;
+        const real *vi = v + (int64_t)i * ldv;
+        real *dki = w.dK + i * dk, *gvi = a.gv ? a.gv + ov + (int64_t)i * ldv : NULL;
+        double sx = 0, su = 0;
+        for (int c = lane; c < dk; c += 32) {
+            real x = dxw[c];
+            dki[c] += sw * x;
+            sx += (double)x * ki[c];
         }
-        for (int i = x + 1; i < L; i++) cs += (double)w.dA[i * L + x] * w.A[i * L + x];
-        w.dbeta[x] += rb;
-        w.dG[x] += r;
-        w.dG[x] -= cs;
+        for (int c = lane; c < dv; c += 32) {
+            real x = dxu[c];
+            if (gvi) gvi[c] = bt * x;
+            su += (double)x * vi[c];
+        }
+        sx = (real)warp_sum(sx);
+        su = (real)warp_sum(su);
+        if (lane == 0) {
+            w.dbeta[i] += bi * sx;
+            w.dG[i] += sw * sx;
+            w.dbeta[i] += su;
+        }
     }
-    __syncthreads();
+    // A_ij = beta_i E_ij KK_ij (j < i): dbeta_i and dG_i by rows, dG_j by
+    // columns (the rows of each warp follow its rows above: no barrier).
+    lower_row_sums(w.dA, w.A, w.E, w.KK, L, w.rsum, w.dbeta);
+    lower_col_sums(w.dA, w.A, L, w.rsum, w.dG, red);
     for (int e = tid; e < L * L; e += GDN_NT) {   // dKK, strictly lower
         int i = e / L, j = e % L;
         w.dA[e] = j < i ? w.dA[e] * w.bet[i] * w.E[e] : (real)0;
@@ -1179,12 +1348,10 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
         for (int e = tid; e < L * dk; e += GDN_NT) a.gk[ok + (int64_t)(e / dk) * ldk + e % dk] = w.dK[e];
     if (a.gbeta)
         for (int i = tid; i < L; i += GDN_NT) a.gbeta[oh + (int64_t)i * H] = (real)w.dbeta[i];
-    if (a.gg && tid == 0) {
-        double acc = 0;
-        for (int i = L - 1; i >= 0; i--) {
-            acc += w.dG[i];
-            a.gg[oh + (int64_t)i * H] = (real)acc;
-        }
+    if (a.gg) {
+        warp0_cumsum(w.dG, L, true);
+        __syncthreads();
+        for (int i = tid; i < L; i += GDN_NT) a.gg[oh + (int64_t)i * H] = (real)w.dG[i];
     }
     __syncthreads();
 }
@@ -1193,7 +1360,7 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
 // input gradients from S0, dS (the scan's slot) and dDelta (the scan's rows).
 __global__ void __launch_bounds__(GDN_NT, 1) k_gdn_bwd_chunk(GdnArgs a) {
     __shared__ Tiles sh;
-    __shared__ double red[32];
+    __shared__ double red[GDN_NT];
     int64_t SS = (int64_t)a.dk * a.dv;
     ChunkWs w;
     chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, true);
