@@ -491,6 +491,7 @@ enum {
 // row-by-row substitution, e_ij minus its terms m = j .. i - 1 in ascending
 // order, one fma each (column j + 1 at m = j subtracts A_im 0: x_i stays).
 // Writes Tm whole (zeros above the diagonal).
+static_assert(64 * (64 + 1) <= BLK_SMEM, "solve_warps: A^T of 64 positions over the Tiles");
 template <int R> __device__ void solve_warps(real *Tm, const real *At, int L) {
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, ap = L + 1, np = (L + 1) / 2;
     for (int q = 0; q * GDN_NW < np; q++) {
