@@ -5,31 +5,45 @@
 // Flash. One thread block per (tile of FA_B queries or keys, batch x head),
 // 256 threads as a 16 x 16 grid; thread (ty, tx) owns an FA_R x FA_R
 // register tile of every FA_B x FA_B block of scores (rows ty FA_R + r,
-// columns tx FA_R + c) and the matching rows of its accumulators, whose
-// columns it owns in groups of FA_B (tx FA_R + c + g FA_B). Products are
-// outer products in registers: per step of the inner dimension a thread
-// loads FA_R values of each side with one 16-byte shared-memory load and
-// does FA_R^2 fused multiply-adds (a tile held transposed, "T" below, gives
-// the score products their vector loads; a tile held by rows gives the
-// accumulations theirs). Scalar float32 (or float64) FMA: no tensor cores,
-// so the products are strict IEEE as the CPU's.
-//   forward: Q^T of the tile; for each key tile some query of the tile sees,
-//     K^T and V; S = scale Q K^T in registers (masked: s <= t and s >= lo(t),
+// columns tx + c 16: strided) and the matching rows of its accumulators,
+// whose columns it owns in groups of FA_B (tx FA_R + c + g FA_B). Q, K, V
+// and dO tiles live in shared memory by rows (loaded as they lie in global
+// memory, 16 bytes a load where the head dim allows), with the head dim's
+// column groups and FA_R more as leading dim, zero past the head dim and
+// past the last row. Products are outer products in registers:
+//   scores (fa_tile_rows): per FA_R steps of the head dim a thread loads
+//     FA_R values of each of its FA_R rows of either side (16-byte loads:
+//     its own rows ty FA_R + r, one word for the 16 threads of a row of
+//     threads; its strided rows tx + c 16, conflict-free since a tile row is
+//     an odd number of 16-byte words) and does FA_R^3 fused multiply-adds.
+//   accumulations (fa_tile_acc): the scores go to shared memory transposed
+//     (P^T, dS^T: the 16 threads' strided columns become rows, one 16-byte
+//     store a column), then per row x of the inner dimension a thread loads
+//     FA_R values of P^T (its rows) and of the tile by rows (its columns) and
+//     does FA_R^2 multiply-adds per column group.
+// Scalar float32 (or float64) FMA: no tensor cores, so the products are
+// strict IEEE as the CPU's. The kernels are instantiated for NG column
+// groups of accumulator: 1 when both head dims are at most FA_B (64 in
+// float32: registers bounded for 2 blocks per SM, which the shared memory
+// also allows), else FA_NG (head dims up to FA_MAXD, one block per SM).
+//   forward: Q of the tile; for each key tile some query of the tile sees,
+//     K and V; S = scale Q K^T in registers (masked: s <= t and s >= lo(t),
 //     lo(t) where t's document begins), the online softmax (row max across
 //     the 16 threads of a row by shuffles; each thread keeps its part of the
 //     row sum l, added up at the end), P^T to shared memory and
 //     A = diag(alpha) A + P V. Then o = A / l and lse = m + log l (saved).
 //   backward: D_t = dO_t . O_t first (double, as the CPU), then two kernels
 //     that each recompute P = exp(scale Q K^T - lse) tile by tile:
-//     dQ per query tile (looping over key tiles: dS = P (dO V^T - D) in
-//     registers, dS^T to shared memory, dQ += dS K), and dK, dV per key tile
-//     (looping over the query tiles that see it: S^T and dP^T with the keys
-//     as rows, dV += P^T dO, dK += dS^T Q). Every gradient row is written by
-//     one block, so there are no atomics, and every sum runs in a fixed
-//     order: a run repeats bit for bit.
+//     dQ per query tile (Q, dO held; looping over key tiles: K, V, dS =
+//     P (dO V^T - D) in registers, dS^T to shared memory, dQ += dS K), and
+//     dK, dV per key tile (K, V held; looping over the query tiles that see
+//     it: Q, dO, S^T and dP^T with the keys as rows, P^T and dS^T to two
+//     buffers, one barrier, dV += P^T dO, dK += dS^T Q). Every gradient row
+//     is written by one block, so there are no atomics, and every sum runs
+//     in a fixed order: a run repeats bit for bit.
 // Head dims up to FA_MAXD (128). Tiles live in dynamic shared memory (over
-// 48 KB, so the kernels opt in with cudaFuncSetAttribute); transposed tiles
-// have FA_B + FA_R columns so that the transposing stores conflict less.
+// 48 KB, so the kernels opt in with cudaFuncSetAttribute). In float32 with
+// head dims 64 a block takes 68 KB (forward), 85 KB (dQ), 103 KB (dK, dV).
 //
 // Naive. One block per row (b, h, t) with the row in shared memory, in
 // double as attn_naive.c; P (B, H, T, T) saved. The backward: one block per
@@ -49,10 +63,17 @@
 #define FA_TX 16
 #define FA_THREADS (FA_TX * FA_TX)
 #define FA_B (FA_TX * FA_R)
-#define FA_LDT (FA_B + FA_R)        // leading dim of a transposed tile
+#define FA_LDT (FA_B + FA_R)        // leading dim of a transposed tile (P^T, dS^T)
 #define FA_MAXD 128                 // largest head dim
 #define FA_NG (FA_MAXD / FA_B)      // column groups of an accumulator row, at most
 #define NA_THREADS 128
+
+// Blocks per SM a kernel instance's registers are bounded for: with one
+// column group (head dims up to FA_B) its shared memory lets 2 blocks share
+// an SM, so 128 registers a thread; with more, unbounded (one block; the
+// accumulators need the registers). (The forward's shared memory would let
+// 3 share one, but 80 registers a thread spill.)
+#define FA_MINB(ng) ((ng) == 1 ? 2 : 1)
 
 typedef struct FaDims {
     int B, T, H, dk, dv;
@@ -93,6 +114,14 @@ __device__ __forceinline__ bool fa_seen(int i, int j, int nq, int nk, int t0, in
     return i < nq && j < nk && sj <= t0 + i && sj >= lo;
 }
 
+// Column groups of a head dim (FA_B columns each), and the leading dim of a
+// tile held by rows: its groups and FA_R more. The FA_R (16 bytes) make rows
+// FA_TX apart fall on different banks: a row is an odd number of 16-byte
+// words long, so the 8 rows tx .. tx + 7 that a quarter warp reads at one
+// column are 8 different words of the 32 banks.
+__host__ __device__ __forceinline__ int fa_groups(int d) { return (d + FA_B - 1) / FA_B; }
+__host__ __device__ __forceinline__ int fa_ldr(int d) { return fa_groups(d) * FA_B + FA_R; }
+
 // FA_R consecutive reals at p (16-byte aligned) into x, and back.
 __device__ __forceinline__ void fa_ld(real *x, const real *p) {
 #ifdef AG_DOUBLE
@@ -112,53 +141,89 @@ __device__ __forceinline__ void fa_st(real *p, const real *x) {
 #endif
 }
 
-// Rows j0 .. j0 + n of a head's (rows, d) slice (leading dim ld) into
-// shared memory, zero past n: transposed (dst[c * FA_LDT + j]) or by rows
-// (dst[j * ldd + c], columns d .. ldd zero too). All threads; no barrier.
-__device__ __forceinline__ void fa_load_t(real *dst, const real *src, int64_t ld, int j0, int n, int d) {
-    for (int e = threadIdx.x; e < FA_B * d; e += FA_THREADS) {
-        int j = e / d, c = e % d;
-        dst[c * FA_LDT + j] = j < n ? src[(int64_t)(j0 + j) * ld + c] : (real)0;
-    }
+// cp.async (sm_80 on): 16 bytes to shared memory, of which the first
+// `bytes` (16 or 0) are read from src and the rest zero; or one real. Then
+// the wait until all of this thread's copies have landed (visible to the
+// others after a barrier).
+__device__ __forceinline__ void fa_cp16(real *dst, const real *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(bytes)
+                 : "memory");
 }
 
+__device__ __forceinline__ void fa_cp1(real *dst, const real *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src), "n"((int)sizeof(real))
+                 : "memory");
+}
+
+__device__ __forceinline__ void fa_cp_wait(void) {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Rows j0 .. j0 + n of a head's (rows, d) slice (leading dim ld) into shared
+// memory by rows (dst[j * ldd + c]), zero past n and in columns d .. ldd, by
+// cp.async: 16 bytes a copy where d, ld and src allow (every row then starts
+// 16-byte aligned), else one real a copy (and plain stores of the zeros).
+// All threads; no wait, no barrier: fa_cp_wait, then __syncthreads.
 __device__ __forceinline__ void fa_load_rows(real *dst, int ldd, const real *src, int64_t ld, int j0, int n, int d) {
-    for (int e = threadIdx.x; e < FA_B * ldd; e += FA_THREADS) {
-        int j = e / ldd, c = e % ldd;
-        dst[e] = j < n && c < d ? src[(int64_t)(j0 + j) * ld + c] : (real)0;
-    }
+    if (d % FA_R == 0 && ld % FA_R == 0 && ((size_t)src & 15) == 0) {
+        int w = ldd / FA_R;   // 16-byte words a row
+        for (int e = threadIdx.x; e < FA_B * w; e += FA_THREADS) {
+            int j = e / w, c = e % w * FA_R;
+            bool in = j < n && c < d;
+            fa_cp16(dst + j * ldd + c, in ? src + (int64_t)(j0 + j) * ld + c : src, in ? 16 : 0);
+        }
+    } else
+        for (int e = threadIdx.x; e < FA_B * ldd; e += FA_THREADS) {
+            int j = e / ldd, c = e % ldd;
+            if (j < n && c < d)
+                fa_cp1(dst + e, src + (int64_t)(j0 + j) * ld + c);
+            else
+                dst[e] = 0;
+        }
 }
 
-// acc[r][c] = sum_x A^T[x][ra + r] B^T[x][cb + c] over x < n: the register
-// tile of A B^T from two transposed tiles (FA_LDT apart per x).
-__device__ __forceinline__ void fa_tile_abt(real acc[FA_R][FA_R], const real *AT, const real *BT, int n) {
+// acc[r][c] = sum_x A[r lda + x] Bm[c FA_TX ldb + x] over x < n rounded up to
+// FA_R (the tiles are zero there): scores from two tiles held by rows, A at
+// this thread's rows (ra + r, one word for all 16 threads of a row of
+// threads), Bm at its strided rows (tx + c FA_TX, conflict-free as fa_ldr
+// says). Per FA_R columns: 2 FA_R 16-byte loads, FA_R^3 FMAs, x ascending.
+__device__ __forceinline__ void fa_tile_rows(real acc[FA_R][FA_R], const real *A, int lda, const real *Bm, int ldb,
+                                             int n) {
 #pragma unroll
     for (int r = 0; r < FA_R; r++)
 #pragma unroll
         for (int c = 0; c < FA_R; c++) acc[r][c] = 0;
-#pragma unroll 4
-    for (int x = 0; x < n; x++) {
-        real a[FA_R], b[FA_R];
-        fa_ld(a, AT + x * FA_LDT);
-        fa_ld(b, BT + x * FA_LDT);
+#pragma unroll 1
+    for (int x = 0; x < n; x += FA_R) {
+        real b[FA_R][FA_R];
 #pragma unroll
-        for (int r = 0; r < FA_R; r++)
+        for (int c = 0; c < FA_R; c++) fa_ld(b[c], Bm + c * FA_TX * ldb + x);
 #pragma unroll
-            for (int c = 0; c < FA_R; c++) acc[r][c] = fma(a[r], b[c], acc[r][c]);
+        for (int r = 0; r < FA_R; r++) {
+            real a[FA_R];
+            fa_ld(a, A + r * lda + x);
+#pragma unroll
+            for (int u = 0; u < FA_R; u++)
+#pragma unroll
+                for (int c = 0; c < FA_R; c++) acc[r][c] = fma(a[u], b[c][u], acc[r][c]);
+        }
     }
 }
 
 // acc[g][r][c] += sum_x PT[x][r] Bm[x][g FA_B + c] over x < n and column
 // groups g < ng: PT a transposed tile (FA_LDT apart per x) at this thread's
 // rows, Bm a tile by rows (ldb apart) at this thread's columns.
-__device__ __forceinline__ void fa_tile_acc(real acc[FA_NG][FA_R][FA_R], const real *PT, const real *Bm, int ldb,
-                                            int n, int ng) {
+template <int NG>
+__device__ __forceinline__ void fa_tile_acc(real acc[NG][FA_R][FA_R], const real *PT, const real *Bm, int ldb, int n,
+                                            int ng) {
 #pragma unroll 2
     for (int x = 0; x < n; x++) {
         real p[FA_R];
         fa_ld(p, PT + x * FA_LDT);
 #pragma unroll
-        for (int g = 0; g < FA_NG; g++) {
+        for (int g = 0; g < NG; g++) {
             if (g < ng) {
                 real b[FA_R];
                 fa_ld(b, Bm + x * ldb + g * FA_B);
@@ -171,26 +236,29 @@ __device__ __forceinline__ void fa_tile_acc(real acc[FA_NG][FA_R][FA_R], const r
     }
 }
 
-// A register tile to a transposed tile: T[(cb + c) * FA_LDT + ra + r] = x[r][c].
+// A register tile of fa_tile_rows to a transposed tile, one 16-byte store
+// per column: T[(tx + c FA_TX) FA_LDT + ra + r] = x[r][c] (T passed at
+// tx FA_LDT + ra; FA_LDT is an odd number of words, so conflict-free).
 __device__ __forceinline__ void fa_store_t(real *T, real x[FA_R][FA_R]) {
 #pragma unroll
     for (int c = 0; c < FA_R; c++) {
         real col[FA_R];
 #pragma unroll
         for (int r = 0; r < FA_R; r++) col[r] = x[r][c];
-        fa_st(T + c * FA_LDT, col);
+        fa_st(T + c * FA_TX * FA_LDT, col);
     }
 }
 
 // An accumulator's rows to a head's slice: dst row (t0 + ra + r), columns
 // g FA_B + cb + c below d, times `mul` per row (and `scale`), written or added.
-__device__ __forceinline__ void fa_write_acc(real *dst, int64_t ld, real acc[FA_NG][FA_R][FA_R], int ra, int cb,
-                                             int n, int d, int ng, const real *mul, real scale, bool fresh) {
+template <int NG>
+__device__ __forceinline__ void fa_write_acc(real *dst, int64_t ld, real acc[NG][FA_R][FA_R], int ra, int cb, int n,
+                                             int d, int ng, const real *mul, real scale, bool fresh) {
 #pragma unroll
     for (int r = 0; r < FA_R; r++) {
         if (ra + r >= n) continue;
 #pragma unroll
-        for (int g = 0; g < FA_NG; g++) {
+        for (int g = 0; g < NG; g++) {
             if (g >= ng) continue;
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
@@ -220,32 +288,47 @@ static FaDims fa_dims(const Node *n) {
     return d;
 }
 
-// Columns of a tile held by rows: the head dim rounded up to column groups.
-static int fa_groups(int d) { return (d + FA_B - 1) / FA_B; }
+// The kernels' instance for the head dims: NG column groups in the
+// accumulators, 1 when both dims fit one group, else FA_NG.
+static bool fa_one_group(const FaDims *d) { return fa_groups(d->dk) == 1 && fa_groups(d->dv) == 1; }
+
+// Tiles of FA_B rows, the grid's y: grid (B*H, tiles), batch x head
+// fastest, so that the blocks start (in order of their linear index) with
+// the tiles of most work for every head: the last query tile (it sees every
+// key tile; forward, dQ: tile gridDim.y - 1 - blockIdx.y) or the first key
+// tile (every query tile sees it; dK, dV: tile blockIdx.y). Longest first,
+// the last wave of blocks is of short ones.
+static int fa_tiles(const FaDims *d) {
+    int n = (d->T + FA_B - 1) / FA_B;
+    ASSERT(n <= 65535, "attention: T %d is over %d tiles of the GPU grid's y", d->T, 65535);
+    return n;
+}
 
 // ---------------------------------------------------------------- flash forward
 
-// Shared memory: Q^T (dk), K^T (dk), P^T (FA_B) transposed tiles, V by rows
-// (FA_B x ng(dv) FA_B).
+// Shared memory: Q (the block's queries), K, V (the key tile's) by rows,
+// P^T (keys as rows).
 static size_t fwd_smem(int dk, int dv) {
-    return ((size_t)(2 * dk + FA_B) * FA_LDT + (size_t)FA_B * fa_groups(dv) * FA_B) * sizeof(real);
+    return (size_t)FA_B * (2 * fa_ldr(dk) + fa_ldr(dv) + FA_LDT) * sizeof(real);
 }
 
-// grid (query tiles, B*H). lse (B, H, T) or NULL.
-__global__ void __launch_bounds__(FA_THREADS)
+// grid (B*H, query tiles). lse (B, H, T) or NULL. Scores: queries ra + r,
+// keys tx + c FA_TX.
+template <int NG>
+__global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
     k_flash_fwd(FaDims d, const real *q, const real *k, const real *v, const int *first, real *o, real *lse) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    int bh = blockIdx.y, b = bh / d.H, h = bh % d.H;
+    int bh = blockIdx.x, b = bh / d.H, h = bh % d.H;
     int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_R, cb = tx * FA_R;
-    int dk = d.dk, dv = d.dv, ngv = (dv + FA_B - 1) / FA_B, ldv_s = ngv * FA_B;
-    int t0 = blockIdx.x * FA_B, nq = min(FA_B, d.T - t0);
+    int dk = d.dk, dv = d.dv, ngv = fa_groups(dv), ldk_s = fa_ldr(dk), ldv_s = fa_ldr(dv);
+    int t0 = (gridDim.y - 1 - blockIdx.y) * FA_B, nq = min(FA_B, d.T - t0);
     int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
     const real *qh = q + row0 * ldq + h * dk, *kh = k + row0 * ldq + h * dk, *vh = v + row0 * ldv + h * dv;
     const int *fr = first ? first + row0 : NULL;
-    real *QT = (real *)fa_smem, *KT = QT + dk * FA_LDT, *PT = KT + dk * FA_LDT, *Vs = PT + FA_B * FA_LDT;
+    real *Qs = (real *)fa_smem, *Ks = Qs + FA_B * ldk_s, *Vs = Ks + FA_B * ldk_s, *PT = Vs + FA_B * ldv_s;
 
-    fa_load_t(QT, qh, ldq, t0, nq, dk);
-    real acc[FA_NG][FA_R][FA_R], m[FA_R], l[FA_R];
+    fa_load_rows(Qs, ldk_s, qh, ldq, t0, nq, dk);
+    real acc[NG][FA_R][FA_R], m[FA_R], l[FA_R];
     int lo[FA_R];
 #pragma unroll
     for (int r = 0; r < FA_R; r++) {
@@ -253,21 +336,24 @@ __global__ void __launch_bounds__(FA_THREADS)
         l[r] = 0;
         lo[r] = ra + r < nq ? fa_lo(fr, t0 + ra + r) : 0;
 #pragma unroll
-        for (int g = 0; g < FA_NG; g++)
+        for (int g = 0; g < NG; g++)
 #pragma unroll
             for (int c = 0; c < FA_R; c++) acc[g][r][c] = 0;
     }
     // Keys from the start of the tile's first query's document (the earliest
     // any query of the tile sees) to its last query.
-    int s_end = t0 + nq;
-    for (int s0 = fa_lo(fr, t0); s0 < s_end; s0 += FA_B) {
+    // K of a key tile is loaded behind the previous tile's P V (which reads
+    // P^T and V only), V at the start of its own.
+    int s_end = t0 + nq, s_first = fa_lo(fr, t0);
+    fa_load_rows(Ks, ldk_s, kh, ldq, s_first, min(FA_B, s_end - s_first), dk);
+    for (int s0 = s_first; s0 < s_end; s0 += FA_B) {
         int nk = min(FA_B, s_end - s0);
-        __syncthreads();   // the previous tile's K, V, P are read
-        fa_load_t(KT, kh, ldq, s0, nk, dk);
+        __syncthreads();   // the previous tile's V, P are read
         fa_load_rows(Vs, ldv_s, vh, ldv, s0, nk, dv);
+        fa_cp_wait();
         __syncthreads();
         real s[FA_R][FA_R];
-        fa_tile_abt(s, QT + ra, KT + cb, dk);
+        fa_tile_rows(s, Qs + ra * ldk_s, ldk_s, Ks + tx * ldk_s, ldk_s, dk);
         // S: -inf where query i does not see key j (exp gives weight 0). The
         // online softmax: m' = max(m, rowmax S) over the row's 16 threads,
         // P = exp(S - m'), alpha = exp(m - m') (1 when the max did not move,
@@ -278,7 +364,7 @@ __global__ void __launch_bounds__(FA_THREADS)
             real mx = m[r];
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
-                bool seen = fa_seen(i, cb + c, nq, nk, t0, s0, lo[r]);
+                bool seen = fa_seen(i, tx + c * FA_TX, nq, nk, t0, s0, lo[r]);
                 s[r][c] = seen ? d.scale * s[r][c] : (real)-INFINITY;
                 mx = fa_max(mx, s[r][c]);
             }
@@ -294,14 +380,15 @@ __global__ void __launch_bounds__(FA_THREADS)
             l[r] = a * l[r] + sum;
             m[r] = mx;
 #pragma unroll
-            for (int g = 0; g < FA_NG; g++)
+            for (int g = 0; g < NG; g++)
 #pragma unroll
                 for (int c = 0; c < FA_R; c++) acc[g][r][c] *= a;
         }
-        fa_store_t(PT + cb * FA_LDT + ra, s);
-        __syncthreads();
+        fa_store_t(PT + tx * FA_LDT + ra, s);
+        __syncthreads();   // K is read: the next tile's may come
+        if (s0 + FA_B < s_end) fa_load_rows(Ks, ldk_s, kh, ldq, s0 + FA_B, min(FA_B, s_end - s0 - FA_B), dk);
         // A += P V
-        fa_tile_acc(acc, PT + ra, Vs + cb, ldv_s, nk, ngv);
+        fa_tile_acc<NG>(acc, PT + ra, Vs + cb, ldv_s, nk, ngv);
     }
     // l: the row's 16 parts; every query sees itself, so l > 0.
 #pragma unroll
@@ -314,7 +401,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         if (ra + r >= nq) continue;
         real *orow = o + (row0 + t0 + ra + r) * ldv + h * dv;
 #pragma unroll
-        for (int g = 0; g < FA_NG; g++)
+        for (int g = 0; g < NG; g++)
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
                 int col = g * FA_B + cb + c;
@@ -324,19 +411,26 @@ __global__ void __launch_bounds__(FA_THREADS)
     }
 }
 
+template <int NG> static void fwd_launch(const FaDims &d, const real *q, const real *k, const real *v,
+                                         const int *first, real *o, real *lse) {
+    size_t smem = fwd_smem(d.dk, d.dv);
+    cu_smem_prepare((const void *)k_flash_fwd<NG>, smem, "attention", d.dk, d.dv);
+    dim3 grid((unsigned)(d.B * d.H), (unsigned)fa_tiles(&d));
+    k_flash_fwd<NG><<<grid, FA_THREADS, smem, cu_stream>>>(d, q, k, v, first, o, lse);
+    CU_LAUNCHED();
+}
+
 // iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv (5, 6: the CPU's tiles); farg[0] scale;
 // aux: first (B*T, docs.h) or NULL; saved: lse (B, H, T) or NULL.
 extern "C" void cu_flash_forward(Node *n) {
     FaDims d = fa_dims(n);
     if ((int64_t)d.B * d.H * d.T == 0) return;
-    ASSERT(d.B * d.H <= 65535, "attention: %d x %d batch x heads exceed the GPU grid", d.B, d.H);
-    size_t smem = fwd_smem(d.dk, d.dv);
-    cu_smem_prepare((const void *)k_flash_fwd, smem, "attention", d.dk, d.dv);
     const int *first = fa_first_on_device(n, d.B, d.T);
-    dim3 grid((unsigned)((d.T + FA_B - 1) / FA_B), (unsigned)(d.B * d.H));
-    k_flash_fwd<<<grid, FA_THREADS, smem, cu_stream>>>(d, n->in[0]->data, n->in[1]->data, n->in[2]->data, first,
-                                                       n->out[0]->data, (real *)n->saved);
-    CU_LAUNCHED();
+    const real *q = n->in[0]->data, *k = n->in[1]->data, *v = n->in[2]->data;
+    if (fa_one_group(&d))
+        fwd_launch<1>(d, q, k, v, first, n->out[0]->data, (real *)n->saved);
+    else
+        fwd_launch<FA_NG>(d, q, k, v, first, n->out[0]->data, (real *)n->saved);
 }
 
 // ---------------------------------------------------------------- flash backward
@@ -355,32 +449,33 @@ __global__ void k_flash_rowdot(FaDims d, const real *o, const real *dO, real *D)
     }
 }
 
-// dQ kernel, shared memory: Q^T, dO^T, K^T, V^T, dS^T transposed tiles (dk,
-// dv, dk, dv, FA_B rows), K by rows (FA_B x ng(dk) FA_B).
+// dQ kernel, shared memory: Q, dO (the block's queries), K, V (the key
+// tile's) by rows, dS^T (keys as rows).
 static size_t dq_smem(int dk, int dv) {
-    return ((size_t)(2 * dk + 2 * dv + FA_B) * FA_LDT + (size_t)FA_B * fa_groups(dk) * FA_B) * sizeof(real);
+    return (size_t)FA_B * (2 * fa_ldr(dk) + 2 * fa_ldr(dv) + FA_LDT) * sizeof(real);
 }
 
-// grid (query tiles, B*H): dq rows of the tile = scale sum_j dS K_j, written
-// (fresh) or added.
-__global__ void __launch_bounds__(FA_THREADS)
+// grid (B*H, query tiles): dq rows of the tile = scale sum_j dS K_j, written
+// (fresh) or added. Scores: queries ra + r, keys tx + c FA_TX.
+template <int NG>
+__global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
     k_flash_dq(FaDims d, const real *q, const real *k, const real *v, const real *dO, const real *lse,
                const real *D, const int *first, real *dq, bool fresh) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    int bh = blockIdx.y, b = bh / d.H, h = bh % d.H;
+    int bh = blockIdx.x, b = bh / d.H, h = bh % d.H;
     int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_R, cb = tx * FA_R;
-    int dk = d.dk, dv = d.dv, ngk = (dk + FA_B - 1) / FA_B, ldk_s = ngk * FA_B;
-    int t0 = blockIdx.x * FA_B, nq = min(FA_B, d.T - t0);
+    int dk = d.dk, dv = d.dv, ngk = fa_groups(dk), ldk_s = fa_ldr(dk), ldv_s = fa_ldr(dv);
+    int t0 = (gridDim.y - 1 - blockIdx.y) * FA_B, nq = min(FA_B, d.T - t0);
     int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
     const real *qh = q + row0 * ldq + h * dk, *kh = k + row0 * ldq + h * dk;
     const real *vh = v + row0 * ldv + h * dv, *dOh = dO + row0 * ldv + h * dv;
     const int *fr = first ? first + row0 : NULL;
-    real *QT = (real *)fa_smem, *dOT = QT + dk * FA_LDT, *KT = dOT + dv * FA_LDT, *VT = KT + dk * FA_LDT;
-    real *dST = VT + dv * FA_LDT, *Ks = dST + FA_B * FA_LDT;
+    real *Qs = (real *)fa_smem, *dOs = Qs + FA_B * ldk_s, *Ks = dOs + FA_B * ldv_s, *Vs = Ks + FA_B * ldk_s;
+    real *dST = Vs + FA_B * ldv_s;
 
-    fa_load_t(QT, qh, ldq, t0, nq, dk);
-    fa_load_t(dOT, dOh, ldv, t0, nq, dv);
-    real acc[FA_NG][FA_R][FA_R], L[FA_R], Dr[FA_R];
+    fa_load_rows(Qs, ldk_s, qh, ldq, t0, nq, dk);
+    fa_load_rows(dOs, ldv_s, dOh, ldv, t0, nq, dv);
+    real acc[NG][FA_R][FA_R], L[FA_R], Dr[FA_R];
     int lo[FA_R];
 #pragma unroll
     for (int r = 0; r < FA_R; r++) {
@@ -390,73 +485,76 @@ __global__ void __launch_bounds__(FA_THREADS)
         Dr[r] = i < nq ? D[row] : (real)0;
         lo[r] = i < nq ? fa_lo(fr, t0 + i) : 0;
 #pragma unroll
-        for (int g = 0; g < FA_NG; g++)
+        for (int g = 0; g < NG; g++)
 #pragma unroll
             for (int c = 0; c < FA_R; c++) acc[g][r][c] = 0;
     }
-    int s_end = t0 + nq;
-    for (int s0 = fa_lo(fr, t0); s0 < s_end; s0 += FA_B) {
+    // V of a key tile is loaded behind the previous tile's dS K (which reads
+    // dS^T and K only), K at the start of its own.
+    int s_end = t0 + nq, s_first = fa_lo(fr, t0);
+    fa_load_rows(Vs, ldv_s, vh, ldv, s_first, min(FA_B, s_end - s_first), dv);
+    for (int s0 = s_first; s0 < s_end; s0 += FA_B) {
         int nk = min(FA_B, s_end - s0);
-        __syncthreads();   // the previous tile's K, V, dS are read
-        fa_load_t(KT, kh, ldq, s0, nk, dk);
-        fa_load_t(VT, vh, ldv, s0, nk, dv);
+        __syncthreads();   // the previous tile's K, dS are read
         fa_load_rows(Ks, ldk_s, kh, ldq, s0, nk, dk);
+        fa_cp_wait();
         __syncthreads();
         // dS = P (dP - D), P = exp(scale q.k - lse), dP = dO . v; 0 where unseen.
         real s[FA_R][FA_R], dp[FA_R][FA_R];
-        fa_tile_abt(s, QT + ra, KT + cb, dk);
-        fa_tile_abt(dp, dOT + ra, VT + cb, dv);
+        fa_tile_rows(s, Qs + ra * ldk_s, ldk_s, Ks + tx * ldk_s, ldk_s, dk);
+        fa_tile_rows(dp, dOs + ra * ldv_s, ldv_s, Vs + tx * ldv_s, ldv_s, dv);
 #pragma unroll
         for (int r = 0; r < FA_R; r++)
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
-                bool seen = fa_seen(ra + r, cb + c, nq, nk, t0, s0, lo[r]);
+                bool seen = fa_seen(ra + r, tx + c * FA_TX, nq, nk, t0, s0, lo[r]);
                 s[r][c] = seen ? exp(d.scale * s[r][c] - L[r]) * (dp[r][c] - Dr[r]) : (real)0;
             }
-        fa_store_t(dST + cb * FA_LDT + ra, s);
-        __syncthreads();
-        fa_tile_acc(acc, dST + ra, Ks + cb, ldk_s, nk, ngk);
+        fa_store_t(dST + tx * FA_LDT + ra, s);
+        __syncthreads();   // V is read: the next tile's may come
+        if (s0 + FA_B < s_end) fa_load_rows(Vs, ldv_s, vh, ldv, s0 + FA_B, min(FA_B, s_end - s0 - FA_B), dv);
+        fa_tile_acc<NG>(acc, dST + ra, Ks + cb, ldk_s, nk, ngk);
     }
-    fa_write_acc(dq + (row0 + t0) * ldq + h * dk, ldq, acc, ra, cb, nq, dk, ngk, NULL, d.scale, fresh);
+    fa_write_acc<NG>(dq + (row0 + t0) * ldq + h * dk, ldq, acc, ra, cb, nq, dk, ngk, NULL, d.scale, fresh);
 }
 
-// dK, dV kernel, shared memory: K^T, V^T (the block's keys), Q^T, dO^T (the
-// query tile's), P or dS (FA_B rows: query i at i FA_LDT) transposed tiles;
-// Q and dO by rows; lse, D (FA_B) and lo (FA_B ints).
+// dK, dV kernel, shared memory: K, V (the block's keys), Q, dO (the query
+// tile's) by rows, P^T and dS^T (queries as rows); lse, D (FA_B) and lo
+// (FA_B ints) of the query tile.
 static size_t dkv_smem(int dk, int dv) {
-    return ((size_t)(2 * dk + 2 * dv + FA_B) * FA_LDT + (size_t)FA_B * (fa_groups(dk) + fa_groups(dv)) * FA_B +
-            2 * FA_B) * sizeof(real) + FA_B * sizeof(int);
+    return ((size_t)FA_B * (2 * fa_ldr(dk) + 2 * fa_ldr(dv) + 2 * FA_LDT) + 2 * FA_B) * sizeof(real) +
+           FA_B * sizeof(int);
 }
 
-// grid (key tiles, B*H): dk rows of the tile = scale sum_i dS^T Q_i and dv
+// grid (B*H, key tiles): dk rows of the tile = scale sum_i dS^T Q_i and dv
 // rows = sum_i P^T dO_i over the query tiles from the key tile on, up to the
-// end of the last key's document. Here a thread's register tile has keys as
-// rows (ra + r) and queries as columns (cb + c). dk or dv may be NULL (no
-// gradient; D may be NULL when dk is); a tensor passed as both k and v gets
-// dk written first, then dv added.
-__global__ void __launch_bounds__(FA_THREADS)
+// end of the last key's document. Here a thread's register tile of scores
+// has keys as rows (ra + r) and queries as columns (tx + c FA_TX); its
+// accumulators have keys ra + r, columns g FA_B + cb + c. dk or dv may be
+// NULL (no gradient; D may be NULL when dk is); a tensor passed as both k
+// and v gets dk written first, then dv added.
+template <int NG>
+__global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
     k_flash_dkv(FaDims d, const real *q, const real *k, const real *v, const real *dO, const real *lse,
                 const real *D, const int *first, real *gk, bool fresh_k, real *gv, bool fresh_v) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    int bh = blockIdx.y, b = bh / d.H, h = bh % d.H;
+    int bh = blockIdx.x, b = bh / d.H, h = bh % d.H;
     int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_R, cb = tx * FA_R;
-    int dk = d.dk, dv = d.dv, ngk = (dk + FA_B - 1) / FA_B, ngv = (dv + FA_B - 1) / FA_B;
-    int ldk_s = ngk * FA_B, ldv_s = ngv * FA_B;
-    int s0 = blockIdx.x * FA_B, nk = min(FA_B, d.T - s0), s_last = s0 + nk - 1;
+    int dk = d.dk, dv = d.dv, ngk = fa_groups(dk), ngv = fa_groups(dv), ldk_s = fa_ldr(dk), ldv_s = fa_ldr(dv);
+    int s0 = blockIdx.y * FA_B, nk = min(FA_B, d.T - s0), s_last = s0 + nk - 1;
     int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
     const real *qh = q + row0 * ldq + h * dk, *kh = k + row0 * ldq + h * dk;
     const real *vh = v + row0 * ldv + h * dv, *dOh = dO + row0 * ldv + h * dv;
     const int *fr = first ? first + row0 : NULL;
-    real *KT = (real *)fa_smem, *VT = KT + dk * FA_LDT, *QT = VT + dv * FA_LDT, *dOT = QT + dk * FA_LDT;
-    real *PT = dOT + dv * FA_LDT, *Qs = PT + FA_B * FA_LDT, *dOs = Qs + FA_B * ldk_s, *Ls = dOs + FA_B * ldv_s;
-    real *Ds = Ls + FA_B;
+    real *Ks = (real *)fa_smem, *Vs = Ks + FA_B * ldk_s, *Qs = Vs + FA_B * ldv_s, *dOs = Qs + FA_B * ldk_s;
+    real *PT = dOs + FA_B * ldv_s, *dST = PT + FA_B * FA_LDT, *Ls = dST + FA_B * FA_LDT, *Ds = Ls + FA_B;
     int *lo = (int *)(Ds + FA_B);
 
-    fa_load_t(KT, kh, ldq, s0, nk, dk);
-    fa_load_t(VT, vh, ldv, s0, nk, dv);
-    real ak[FA_NG][FA_R][FA_R], av[FA_NG][FA_R][FA_R];
+    fa_load_rows(Ks, ldk_s, kh, ldq, s0, nk, dk);
+    fa_load_rows(Vs, ldv_s, vh, ldv, s0, nk, dv);
+    real ak[NG][FA_R][FA_R], av[NG][FA_R][FA_R];
 #pragma unroll
-    for (int g = 0; g < FA_NG; g++)
+    for (int g = 0; g < NG; g++)
 #pragma unroll
         for (int r = 0; r < FA_R; r++)
 #pragma unroll
@@ -469,9 +567,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     for (int t0 = s0; t0 < d.T && fa_lo(fr, t0) <= s_last; t0 += FA_B) {
         int nq = min(FA_B, d.T - t0);
         __syncthreads();   // the previous query tile is read
-        fa_load_t(QT, qh, ldq, t0, nq, dk);
         fa_load_rows(Qs, ldk_s, qh, ldq, t0, nq, dk);
-        fa_load_t(dOT, dOh, ldv, t0, nq, dv);
         fa_load_rows(dOs, ldv_s, dOh, ldv, t0, nq, dv);
         for (int i = threadIdx.x; i < FA_B; i += FA_THREADS) {
             int64_t row = (int64_t)bh * d.T + t0 + i;
@@ -479,39 +575,59 @@ __global__ void __launch_bounds__(FA_THREADS)
             Ds[i] = i < nq && D ? D[row] : (real)0;
             lo[i] = i < nq ? fa_lo(fr, t0 + i) : 0;
         }
+        fa_cp_wait();
         __syncthreads();
         // P^T = exp(scale k.q - lse), 0 where query i does not see key j.
         real p[FA_R][FA_R];
-        fa_tile_abt(p, KT + ra, QT + cb, dk);
+        fa_tile_rows(p, Ks + ra * ldk_s, ldk_s, Qs + tx * ldk_s, ldk_s, dk);
 #pragma unroll
-        for (int r = 0; r < FA_R; r++)
+        for (int c = 0; c < FA_R; c++) {
+            int i = tx + c * FA_TX;
 #pragma unroll
-            for (int c = 0; c < FA_R; c++) {
-                int i = cb + c;
+            for (int r = 0; r < FA_R; r++) {
                 bool seen = fa_seen(i, ra + r, nq, nk, t0, s0, lo[i]);
                 p[r][c] = seen ? exp(d.scale * p[r][c] - Ls[i]) : (real)0;
             }
-        if (gv) {   // dV_j += P^T dO
-            fa_store_t(PT + cb * FA_LDT + ra, p);
-            __syncthreads();
-            fa_tile_acc(av, PT + ra, dOs + cb, ldv_s, nq, ngv);
         }
-        if (gk) {   // dS^T = P^T (dP^T - D), dK_j += dS^T Q (the scale at the end)
+        if (gv) fa_store_t(PT + tx * FA_LDT + ra, p);
+        if (gk) {   // dS^T = P^T (dP^T - D)
             real dp[FA_R][FA_R];
-            fa_tile_abt(dp, VT + ra, dOT + cb, dv);
+            fa_tile_rows(dp, Vs + ra * ldv_s, ldv_s, dOs + tx * ldv_s, ldv_s, dv);
 #pragma unroll
-            for (int r = 0; r < FA_R; r++)
+            for (int c = 0; c < FA_R; c++) {
+                real Di = Ds[tx + c * FA_TX];
 #pragma unroll
-                for (int c = 0; c < FA_R; c++) p[r][c] = p[r][c] * (dp[r][c] - Ds[cb + c]);
-            if (gv) __syncthreads();   // the dV product has read P; dS replaces it
-            fa_store_t(PT + cb * FA_LDT + ra, p);
-            __syncthreads();
-            fa_tile_acc(ak, PT + ra, Qs + cb, ldk_s, nq, ngk);
+                for (int r = 0; r < FA_R; r++) p[r][c] = p[r][c] * (dp[r][c] - Di);
+            }
+            fa_store_t(dST + tx * FA_LDT + ra, p);
         }
+        __syncthreads();
+        if (gv) fa_tile_acc<NG>(av, PT + ra, dOs + cb, ldv_s, nq, ngv);    // dV_j += P^T dO
+        if (gk) fa_tile_acc<NG>(ak, dST + ra, Qs + cb, ldk_s, nq, ngk);   // dK_j += dS^T Q (the scale at the end)
     }
-    if (gk) fa_write_acc(gk + (row0 + s0) * ldq + h * dk, ldq, ak, ra, cb, nk, dk, ngk, NULL, d.scale, fresh_k);
+    if (gk) fa_write_acc<NG>(gk + (row0 + s0) * ldq + h * dk, ldq, ak, ra, cb, nk, dk, ngk, NULL, d.scale, fresh_k);
     __syncthreads();   // gk and gv may be one buffer (k and v one tensor): dk first
-    if (gv) fa_write_acc(gv + (row0 + s0) * ldv + h * dv, ldv, av, ra, cb, nk, dv, ngv, NULL, (real)1, fresh_v);
+    if (gv) fa_write_acc<NG>(gv + (row0 + s0) * ldv + h * dv, ldv, av, ra, cb, nk, dv, ngv, NULL, (real)1, fresh_v);
+}
+
+template <int NG> static void bwd_launch(const FaDims &d, const real *q, const real *k, const real *v,
+                                         const real *dO, const real *lse, const real *D, const int *first, real *gq,
+                                         bool fq, real *gk, bool fk, real *gv, bool fv) {
+    dim3 grid((unsigned)(d.B * d.H), (unsigned)fa_tiles(&d));
+    // dq before dk and dv: when q is also k or v, its gradient is written here
+    // (fresh) and added to below.
+    if (gq) {
+        size_t smem = dq_smem(d.dk, d.dv);
+        cu_smem_prepare((const void *)k_flash_dq<NG>, smem, "attention backward", d.dk, d.dv);
+        k_flash_dq<NG><<<grid, FA_THREADS, smem, cu_stream>>>(d, q, k, v, dO, lse, D, first, gq, fq);
+        CU_LAUNCHED();
+    }
+    if (gk || gv) {
+        size_t smem = dkv_smem(d.dk, d.dv);
+        cu_smem_prepare((const void *)k_flash_dkv<NG>, smem, "attention backward", d.dk, d.dv);
+        k_flash_dkv<NG><<<grid, FA_THREADS, smem, cu_stream>>>(d, q, k, v, dO, lse, D, first, gk, fk, gv, fv);
+        CU_LAUNCHED();
+    }
 }
 
 extern "C" void cu_flash_backward(Node *n) {
@@ -530,22 +646,10 @@ extern "C" void cu_flash_backward(Node *n) {
         k_flash_rowdot<<<cu_grid(rows), CU_THREADS, 0, cu_stream>>>(d, o, dO, D);
         CU_LAUNCHED();
     }
-    // dq before dk and dv: when q is also k or v, its gradient is written here
-    // (fresh) and added to below.
-    if (gq) {
-        size_t smem = dq_smem(d.dk, d.dv);
-        cu_smem_prepare((const void *)k_flash_dq, smem, "attention backward", d.dk, d.dv);
-        dim3 grid((unsigned)((d.T + FA_B - 1) / FA_B), (unsigned)(d.B * d.H));
-        k_flash_dq<<<grid, FA_THREADS, smem, cu_stream>>>(d, q, k, v, dO, lse, D, first, gq, fq);
-        CU_LAUNCHED();
-    }
-    if (gk || gv) {
-        size_t smem = dkv_smem(d.dk, d.dv);
-        cu_smem_prepare((const void *)k_flash_dkv, smem, "attention backward", d.dk, d.dv);
-        dim3 grid((unsigned)((d.T + FA_B - 1) / FA_B), (unsigned)(d.B * d.H));
-        k_flash_dkv<<<grid, FA_THREADS, smem, cu_stream>>>(d, q, k, v, dO, lse, D, first, gk, fk, gv, fv);
-        CU_LAUNCHED();
-    }
+    if (fa_one_group(&d))
+        bwd_launch<1>(d, q, k, v, dO, lse, D, first, gq, fq, gk, fk, gv, fv);
+    else
+        bwd_launch<FA_NG>(d, q, k, v, dO, lse, D, first, gq, fq, gk, fk, gv, fv);
 }
 
 // ---------------------------------------------------------------- naive (the reference)
