@@ -91,6 +91,15 @@ __device__ __forceinline__ real cu_block_max(real v, real *shm) {
     return v;
 }
 
+// The last step of the column sums that several backwards make in two
+// passes (a fixed grid of partial sums in double, then their total):
+// out[o(i)] = (or +=, unless fresh) sum_{k < nblk} part[k n + i] for i < n,
+// o(i) = i, or with C > 0 the transposed place (i mod C) (n / C) + i / C
+// (partials laid out (.., C), out (C, ..)). A warp per i: lane l adds k = l,
+// l + 32, ... in order, then a fixed butterfly of shuffles, so the total is
+// the same bits every run (ops_reduce.cu).
+void cu_sum_parts(const double *part, int64_t n, int nblk, real *out, bool fresh, int C);
+
 // The gradient buffer of a node's input on the GPU (tensor_grad_fresh):
 // *fresh true means uninitialised, to be written (=) rather than added to.
 #define CU_GRAD_FRESH(n, i, fresh) tensor_grad_fresh((n)->tape, (n)->in[i], (fresh))

@@ -7,7 +7,8 @@
 // CPU: its backward recomputes z where it needs gz = dy silu'(z), W taps
 // per value. dw[c, j] is a sum over all rows: a fixed number of row blocks
 // (a function of the row count only), each summed in double by one thread
-// per channel into a partial (W, C), then the partials added in block order.
+// per channel into a partial (W, C), then the partials added in a fixed
+// order (cu_sum_parts).
 // No atomics: a run repeats bit for bit.
 //
 // Documents: aux is first (B*T) on the host (docs.h); the forward copies it
@@ -139,18 +140,6 @@ __global__ void k_conv_dw_part(const real *gzs, const real *x, const int *first,
     }
 }
 
-// dw[c, j] (=, or += unless fresh) = the partials of every block, in block
-// order. A thread per (j, c), c fastest: a warp reads consecutive partials.
-__global__ void k_conv_dw_sum(const double *part, real *dw, bool fresh, int nblk, int C, int W) {
-    CU_FOR(i, (int64_t)C * W) {
-        int j = (int)(i / C), c = (int)(i % C);
-        double t = 0;
-        for (int k = 0; k < nblk; k++) t += part[((int64_t)k * W + j) * C + c];
-        real *d = dw + (int64_t)c * W + j;
-        *d = fresh ? (real)t : *d + (real)t;
-    }
-}
-
 // iarg[0]: silu. aux: first (B*T, host) or NULL. x, y (B, T, C); w (C, W).
 extern "C" void cu_conv_forward(Node *n) {
     const Tensor *x = n->in[0], *w = n->in[1];
@@ -218,7 +207,6 @@ extern "C" void cu_conv_backward(Node *n) {
             CU_LAUNCHED();
         }
         // With no rows dw gets zeros (or is left as it is).
-        k_conv_dw_sum<<<cu_grid((int64_t)C * W), CU_THREADS, 0, cu_stream>>>(part, dw, fw, (int)nblk, C, W);
-        CU_LAUNCHED();
+        cu_sum_parts(part, (int64_t)C * W, (int)nblk, dw, fw, C);   // partials (nblk, W, C), dw (C, W)
     }
 }

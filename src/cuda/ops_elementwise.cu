@@ -45,14 +45,6 @@ __global__ void k_ew_db_part(int kind, const real *g, const real *x, double *par
     }
 }
 
-__global__ void k_ew_db_sum(const double *part, real *db, bool fresh, int64_t nb, int nblk) {
-    CU_FOR(j, nb) {
-        double t = 0;
-        for (int k = 0; k < nblk; k++) t += part[(int64_t)k * nb + j];
-        db[j] = fresh ? (real)t : db[j] + (real)t;
-    }
-}
-
 extern "C" void cu_ew_backward(Node *n) {
     const Tensor *a = n->in[0], *b = n->in[1];
     const real *g = n->out[0]->grad;
@@ -78,8 +70,7 @@ extern "C" void cu_ew_backward(Node *n) {
         dim3 grid((unsigned)(gx > 4096 ? 4096 : gx), (unsigned)nblk);
         k_ew_db_part<<<grid, CU_THREADS, 0, cu_stream>>>(kind, g, a->data, part, rows, nb, nblk);
         CU_LAUNCHED();
-        k_ew_db_sum<<<cu_grid(nb), CU_THREADS, 0, cu_stream>>>(part, db, fb, nb, nblk);
-        CU_LAUNCHED();
+        cu_sum_parts(part, nb, nblk, db, fb, 0);
     }
 }
 

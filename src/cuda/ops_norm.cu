@@ -6,7 +6,7 @@
 // lane, lane + 32, ... and the row's sums (of x^2, of dy g x r) are reduced in
 // double by a fixed butterfly, so a row's result does not depend on timing.
 // The gain's gradient is a sum over rows: a fixed grid of row blocks writes
-// double partials, then one pass adds them in block order (no atomics).
+// double partials, then cu_sum_parts adds them in a fixed order (no atomics).
 #include "cuda_internal.cuh"
 
 // n->saved of every op here, as RmsSaved and L2Saved in ops_norm.c: the host
@@ -115,17 +115,8 @@ __global__ void k_rms_dg_part(const real *x, const real *dy, const real *z, cons
     }
 }
 
-// dg (D) = or += the nblk partials, in block order.
-__global__ void k_rms_dg_sum(const double *part, real *dg, bool fresh, int D, int nblk) {
-    CU_FOR(j, D) {
-        double t = 0;
-        for (int k = 0; k < nblk; k++) t += part[(int64_t)k * D + j];
-        dg[j] = fresh ? (real)t : dg[j] + (real)t;
-    }
-}
-
 // dg from rows (rows, D) of x, dy (and z): partials over a fixed number of row
-// blocks, a function of the shape only, then their sum in order.
+// blocks, a function of the shape only, then their sum in a fixed order.
 static void rms_dg(Node *n, const real *x, const real *dy, const real *z, const real *rinv, int64_t rows, int D,
                    real *dg, bool fresh) {
     int cw = D < NORM_DG_THREADS ? D : NORM_DG_THREADS, S = NORM_DG_THREADS / cw;
@@ -139,8 +130,7 @@ static void rms_dg(Node *n, const real *x, const real *dy, const real *z, const 
     dim3 grid((unsigned)((D + cw - 1) / cw), (unsigned)nblk);
     k_rms_dg_part<<<grid, NORM_DG_THREADS, 0, cu_stream>>>(x, dy, z, rinv, part, rows, D, nblk);
     CU_LAUNCHED();
-    k_rms_dg_sum<<<cu_grid(D), CU_THREADS, 0, cu_stream>>>(part, dg, fresh, D, nblk);
-    CU_LAUNCHED();
+    cu_sum_parts(part, D, nblk, dg, fresh, 0);   // dg = or += the nblk partials
 }
 
 // in: x viewed as (rows, D), D = iarg[0], g (D) or NULL; farg[0]: eps.

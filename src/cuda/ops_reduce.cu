@@ -31,6 +31,26 @@ extern "C" void cu_reduce_forward(Node *n) {
     CU_LAUNCHED();
 }
 
+__global__ void k_sum_parts(const double *part, int64_t n, int nblk, real *out, bool fresh, int C) {
+    int lane = threadIdx.x % 32;
+    for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; i < n;
+         i += (int64_t)gridDim.x * blockDim.x / 32) {
+        double t = 0;
+        for (int k = lane; k < nblk; k += 32) t += part[(int64_t)k * n + i];
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        if (lane == 0) {
+            int64_t at = C > 0 ? (i % C) * (n / C) + i / C : i;
+            out[at] = fresh ? (real)t : out[at] + (real)t;
+        }
+    }
+}
+
+void cu_sum_parts(const double *part, int64_t n, int nblk, real *out, bool fresh, int C) {
+    if (n <= 0) return;
+    k_sum_parts<<<cu_grid(n * 32), CU_THREADS, 0, cu_stream>>>(part, n, nblk, out, fresh, C);
+    CU_LAUNCHED();
+}
+
 __global__ void k_reduce_back(const real *g, double factor, real *dx, int64_t N) {
     real v = (real)(g[0] * factor);
     CU_FOR(i, N) dx[i] += v;
