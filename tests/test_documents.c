@@ -303,17 +303,9 @@ Test(documents, carry_state_resume_is_bit_exact, .timeout = 180) {
     cr_assert(s.ok, "%s", s.msg);
     cr_assert_eq(b.step, 3);
     cr_assert_eq(trainer_run(&b, &r), 0);
-    for (int i = 3; i < N; i++) {
-        double resumed = trainer_loss(&b, i);
-#ifdef AG_DOUBLE
-        // (checkpoints hold float32 parameters: docs/checkpoint.md)
-        cr_assert(fabs(resumed - straight[i]) <= 1e-6 * fabs(straight[i]), "step %d: %.17g vs %.17g", i + 1,
-                  resumed, straight[i]);
-#else
-        cr_assert(memcmp(&resumed, &straight[i], sizeof(double)) == 0, "step %d: resumed %.17g != %.17g", i + 1,
-                  resumed, straight[i]);
-#endif
-    }
+    double resumed[6];
+    for (int i = 3; i < N; i++) resumed[i] = trainer_loss(&b, i);
+    test_assert_resumed_losses(resumed, straight, 3, N);
     trainer_free(&b);
 
     // A checkpoint without its carried states cannot resume such a run.

@@ -35,19 +35,25 @@ static const char *trained_checkpoint(const char *tag, const char *layers) {
     return ckpt;
 }
 
-// Run generate with the given arguments; returns its exit code, stdout and stderr in *out / *err (malloc'd).
-static int generate(const char *dir, char *const args[], char **out, char **err) {
-    char *argv[32] = {(char *)test_program("generate")};
+// Run program `prog` with the given arguments (NULL-terminated, at most 30)
+// for at most `secs`; returns its exit code, stdout and stderr in *out / *err
+// (malloc'd; the files are dir/prog.out, dir/prog.err).
+static int run_program(const char *prog, const char *dir, char *const args[], double secs, char **out, char **err) {
+    char *argv[32] = {(char *)test_program(prog)};
     int n = 1;
     for (; args[n - 1]; n++) argv[n] = args[n - 1];
     argv[n] = NULL;
     char o[1500], e[1500];
-    snprintf(o, sizeof o, "%s/gen.out", dir);
-    snprintf(e, sizeof e, "%s/gen.err", dir);
-    int code = test_spawn(argv, NULL, o, e, 60, NULL);
+    snprintf(o, sizeof o, "%s/%s.out", dir, prog);
+    snprintf(e, sizeof e, "%s/%s.err", dir, prog);
+    int code = test_spawn(argv, NULL, o, e, secs, NULL);
     *out = test_read_file(o);
     *err = test_read_file(e);
     return code;
+}
+
+static int generate(const char *dir, char *const args[], char **out, char **err) {
+    return run_program("generate", dir, args, 60, out, err);
 }
 
 Test(programs, generate_checks_its_arguments, .timeout = 120) {
@@ -433,19 +439,8 @@ Test(programs, evaluate_scores_every_token_once, .timeout = 120) {
     config_free(&c);
 }
 
-// Run evaluate; returns its exit code, stdout and stderr in *out / *err (malloc'd).
 static int evaluate_run(const char *dir, char *const args[], char **out, char **err) {
-    char *argv[24] = {(char *)test_program("evaluate")};
-    int n = 1;
-    for (; args[n - 1]; n++) argv[n] = args[n - 1];
-    argv[n] = NULL;
-    char o[1500], e[1500];
-    snprintf(o, sizeof o, "%s/eval_dev.out", dir);
-    snprintf(e, sizeof e, "%s/eval_dev.err", dir);
-    int code = test_spawn(argv, NULL, o, e, 120, NULL);
-    *out = test_read_file(o);
-    *err = test_read_file(e);
-    return code;
+    return run_program("evaluate", dir, args, 120, out, err);
 }
 
 // The reals of a .npy that evaluate --logits wrote (version 1.0: a 2-byte

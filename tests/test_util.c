@@ -313,6 +313,18 @@ int test_jsonl_check(const char *path, char *bad_line, size_t n) {
     return records;
 }
 
+void test_assert_resumed_losses(const double *resumed, const double *straight, int from, int to) {
+    for (int i = from; i < to; i++) {
+#ifdef AG_DOUBLE
+        cr_assert(fabs(resumed[i] - straight[i]) <= 1e-6 * fabs(straight[i]),
+                  "step %d: resumed loss %.17g vs uninterrupted %.17g", i + 1, resumed[i], straight[i]);
+#else
+        cr_assert(memcmp(&resumed[i], &straight[i], sizeof(double)) == 0,
+                  "step %d: resumed loss %.17g != uninterrupted %.17g", i + 1, resumed[i], straight[i]);
+#endif
+    }
+}
+
 const char *test_scratch_corpus(const char *tag) {
     static char dir[512];
     snprintf(dir, sizeof dir, "%s", test_tmpdir(tag));

@@ -82,6 +82,11 @@ void test_fail_handler(const char *msg);
 // A fresh folder holding corpus.txt, a small English-like text (fixed seed)
 // for tiny training runs. Returns the folder (static storage).
 const char *test_scratch_corpus(const char *tag);
+// A resumed run's losses at steps [from, to) against the uninterrupted run's:
+// the same bits in float32; in float64 to 1e-6 relative (checkpoints hold
+// float32 parameters, docs/checkpoint.md, so a float64 run resumes from
+// rounded weights).
+void test_assert_resumed_losses(const double *resumed, const double *straight, int from, int to);
 
 // A fresh empty folder (static storage, overwritten by the next call). Every
 // one lives under a root that unit_tests makes at its start and removes at

@@ -161,15 +161,8 @@ Test(cuda_carry, trainer_carry_state_on_the_gpu, .timeout = 240) {
     cr_assert(s.ok, "%s", s.msg);
     cr_assert_eq(t.step, 2);
     cr_assert_eq(trainer_run(&t, &r), 0);
-    for (int i = 2; i < N; i++) {
-        double resumed = trainer_loss(&t, i);
-#ifdef AG_DOUBLE
-        cr_assert(fabs(resumed - loss[1][i]) <= 1e-6 * fabs(loss[1][i]), "step %d: %.17g vs %.17g", i + 1, resumed,
-                  loss[1][i]);
-#else
-        cr_assert(memcmp(&resumed, &loss[1][i], sizeof(double)) == 0, "step %d: resumed %.17g != %.17g", i + 1,
-                  resumed, loss[1][i]);
-#endif
-    }
+    double resumed[N];
+    for (int i = 2; i < N; i++) resumed[i] = trainer_loss(&t, i);
+    test_assert_resumed_losses(resumed, loss[1], 2, N);
     trainer_free(&t);
 }
