@@ -409,14 +409,14 @@ __device__ void warp0_cumsum(double *v, int n, bool reverse) {
 // take registers (or spill) across the calls of blk_gemm_s.
 struct ChunkWs {
     double *G;                        // (C) Gamma_i
-    real *E, *KK, *A, *Tm, *P;        // (C, C)
+    real *E, *KK, *A, *Tm, *P;        // (C, C); chunk_back's end: KK -> dKK + dKK^T
     real *Xw, *W;                     // (C, dk); W: the op's rows
     real *Xu, *U, *Dl;                // (C, dv)
     real *bet, *bm, *ek;              // (C)
     int *db;                          // (C) the chunk's documents, -1: before the chunk
     // backward
     double *dG, *dbeta, *rsum;   // (C); rsum: a step's row sums
-    real *dA;                           // (C, C) dP -> dQK, then dA -> dKK
+    real *dA;                           // (C, C) dP -> dQK, then dA
     real *dK, *dW, *dXw;                // (C, dk)
     real *dXu, *Y;                      // (C, dv)
     real *dDl;                          // (C, dv) the op's dDelta rows
@@ -1348,13 +1348,16 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
     // columns (the rows of each warp follow its rows above: no barrier).
     lower_row_sums(w.dA, w.A, w.E, w.KK, L, w.rsum, w.dbeta);
     lower_col_sums(w.dA, w.A, L, w.rsum, w.dG, red);
-    for (int e = tid; e < L * L; e += GDN_NT) {   // dKK, strictly lower
-        int i = e / L, j = e % L;
-        w.dA[e] = j < i ? w.dA[e] * w.bet[i] * w.E[e] : (real)0;
+    // dKK (strictly lower) and dKK^T have no entry in common: M = dKK + dKK^T
+    // is each entry one of them, into KK (last read above, before
+    // lower_col_sums' barriers), and dK += dKK K + dKK^T K is one product,
+    // dK += M K (one fma chain over j per entry, in place of two).
+    for (int e = tid; e < L * L; e += GDN_NT) {
+        int i = e / L, j = e % L, t = j * L + i;
+        w.KK[e] = j < i ? w.dA[e] * w.bet[i] * w.E[e] : j > i ? w.dA[t] * w.bet[j] * w.E[t] : (real)0;
     }
     __syncthreads();
-    blk_gemm(sh, false, false, L, dk, L, 1, w.dA, L, k, ldk, 1, w.dK, dk);   // dK += dKK K
-    blk_gemm(sh, true, false, L, dk, L, 1, w.dA, L, k, ldk, 1, w.dK, dk);    // dK += dKK^T K
+    blk_gemm(sh, false, false, L, dk, L, 1, w.KK, L, k, ldk, 1, w.dK, dk);   // dK += (dKK + dKK^T) K
 
     // The chunk's rows; dg_m = sum_{i >= m} dGamma_i.
     if (a.gk)
