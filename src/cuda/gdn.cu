@@ -68,7 +68,7 @@
 // k_gdn_fwd_out and k_gdn_bwd_prep (blk_gemm's register tiles would take them
 // to one block otherwise); GDN_CHUNK_MINB for k_gdn_bwd_chunk, 2 as well: a
 // block waiting at one of its barriers then leaves the multiprocessor to the
-// other. (In 128 registers it spills 204 bytes, mostly around the calls of
+// other. (In 128 registers it spills about 200 bytes, around the calls of
 // the non-inlined blk_gemm_s, since it keeps its workspace's pointers,
 // ChunkWs, in shared memory; in registers they spilled 420. With 1 it takes
 // 254 registers and spills nothing.)
