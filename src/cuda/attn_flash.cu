@@ -3,29 +3,33 @@
 // op_attention_naive (attn_naive.c, the full P saved).
 //
 // Flash. One thread block per (tile of FA_B queries or keys, batch x head),
-// 256 threads as a 16 x 16 grid; thread (ty, tx) owns an FA_R x FA_R
-// register tile of every FA_B x FA_B block of scores (rows ty FA_R + r,
-// columns tx + c 16: strided) and the matching rows of its accumulators,
-// whose columns it owns in groups of FA_B (tx FA_R + c + g FA_B). Q, K, V
-// and dO tiles live in shared memory by rows (loaded as they lie in global
-// memory, 16 bytes a load where the head dim allows), with the head dim's
-// column groups and FA_R more as leading dim, zero past the head dim and
-// past the last row. Products are outer products in registers:
+// 128 threads as an 8 x 16 grid; thread (ty, tx) owns an FA_RM x FA_R
+// (8 x 4; 4 x 2 in float64) register tile of every FA_B x FA_B block of
+// scores (rows ty FA_RM + r, columns tx + c 16: strided) and the matching
+// rows of its accumulators, whose columns it owns in groups of FA_B
+// (tx FA_R + c + g FA_B). Q, K, V and dO tiles live in shared memory by rows
+// (loaded as they lie in global memory, 16 bytes a load where the head dim
+// allows), with the head dim's column groups and FA_R more as leading dim,
+// zero past the head dim and past the last row. Products are outer products
+// in registers:
 //   scores (fa_tile_rows): per FA_R steps of the head dim a thread loads
-//     FA_R values of each of its FA_R rows of either side (16-byte loads:
-//     its own rows ty FA_R + r, one word for the 16 threads of a row of
-//     threads; its strided rows tx + c 16, conflict-free since a tile row is
-//     an odd number of 16-byte words) and does FA_R^3 fused multiply-adds.
+//     FA_R values of each of its FA_RM + FA_R rows of either side (16-byte
+//     loads: its own rows ty FA_RM + r, one word for the 16 threads of a row
+//     of threads; its strided rows tx + c 16, conflict-free since a tile row
+//     is an odd number of 16-byte words) and does FA_RM FA_R^2 fused
+//     multiply-adds.
 //   accumulations (fa_tile_acc): the scores go to shared memory transposed
-//     (P^T, dS^T: the 16 threads' strided columns become rows, one 16-byte
-//     store a column), then per row x of the inner dimension a thread loads
-//     FA_R values of P^T (its rows) and of the tile by rows (its columns) and
-//     does FA_R^2 multiply-adds per column group.
+//     (P^T, dS^T: the 16 threads' strided columns become rows, two 16-byte
+//     stores a column), then per row x of the inner dimension a thread loads
+//     FA_RM values of P^T (its rows) and FA_R of the tile by rows (its
+//     columns) and does FA_RM FA_R multiply-adds per column group. In tiles
+//     across the causal diagonal it skips the inner rows where all of its
+//     P^T / dS^T rows are causally masked (zero).
 // Scalar float32 (or float64) FMA: no tensor cores, so the products are
 // strict IEEE as the CPU's. The kernels are instantiated for NG column
 // groups of accumulator: 1 when both head dims are at most FA_B (64 in
-// float32: registers bounded for 2 blocks per SM, which the shared memory
-// also allows), else FA_NG (head dims up to FA_MAXD, one block per SM).
+// float32: 3 forward blocks or 2 backward blocks per SM, as the shared
+// memory allows), else FA_NG (head dims up to FA_MAXD, one block per SM).
 //   forward: Q of the tile; for each key tile some query of the tile sees,
 //     K and V; S = scale Q K^T in registers (masked: s <= t and s >= lo(t),
 //     lo(t) where t's document begins), the online softmax (row max across
@@ -53,15 +57,23 @@
 
 #include "cuda_internal.cuh"
 
-// A thread's register tile is FA_R x FA_R: 16 bytes of `real` per row, one
-// vector load. Tiles are 16 FA_R wide (64 in float32, 32 in float64).
+// A thread's register tile is FA_RM x FA_R: FA_R reals are 16 bytes, one
+// vector load; FA_RM = 2 FA_R rows (two loads of a transposed column), so
+// that a 16-byte shared-memory load feeds a third more multiply-adds than
+// with a square FA_R tile (float32: 128 FMAs per 12 loads in the scores,
+// 32 per 3 in the accumulations, against 64 per 8 and 16 per 2), and the
+// rows' loads, the same word for 16 threads, are a smaller share. Tiles are
+// 16 FA_R wide (64 in float32, 32 in float64), by FA_TY x FA_TX = 8 x 16
+// threads.
 #ifdef AG_DOUBLE
 #define FA_R 2
 #else
 #define FA_R 4
 #endif
+#define FA_RM (2 * FA_R)
 #define FA_TX 16
-#define FA_THREADS (FA_TX * FA_TX)
+#define FA_TY 8
+#define FA_THREADS (FA_TX * FA_TY)
 #define FA_B (FA_TX * FA_R)
 #define FA_LDT (FA_B + FA_R)        // leading dim of a transposed tile (P^T, dS^T)
 #define FA_MAXD 128                 // largest head dim
@@ -69,10 +81,10 @@
 #define NA_THREADS 128
 
 // Blocks per SM a kernel instance's registers are bounded for: with one
-// column group (head dims up to FA_B) its shared memory lets 2 blocks share
-// an SM, so 128 registers a thread; with more, unbounded (one block; the
-// accumulators need the registers). (The forward's shared memory would let
-// 3 share one, but 80 registers a thread spill.)
+// column group (head dims up to FA_B) the shared memory lets 3 forward
+// blocks share an SM (168 registers a thread), 2 of dQ or dK/dV (255, no
+// bound); with more, one block.
+#define FA_MINB_FWD(ng) ((ng) == 1 ? 3 : 1)
 #define FA_MINB(ng) ((ng) == 1 ? 2 : 1)
 
 typedef struct FaDims {
@@ -186,13 +198,14 @@ __device__ __forceinline__ void fa_load_rows(real *dst, int ldd, const real *src
 
 // acc[r][c] = sum_x A[r lda + x] Bm[c FA_TX ldb + x] over x < n rounded up to
 // FA_R (the tiles are zero there): scores from two tiles held by rows, A at
-// this thread's rows (ra + r, one word for all 16 threads of a row of
-// threads), Bm at its strided rows (tx + c FA_TX, conflict-free as fa_ldr
-// says). Per FA_R columns: 2 FA_R 16-byte loads, FA_R^3 FMAs, x ascending.
-__device__ __forceinline__ void fa_tile_rows(real acc[FA_R][FA_R], const real *A, int lda, const real *Bm, int ldb,
+// this thread's FA_RM rows (ra + r, one word for all 16 threads of a row of
+// threads), Bm at its FA_R strided rows (tx + c FA_TX, conflict-free as
+// fa_ldr says). Per FA_R columns: FA_RM + FA_R 16-byte loads, FA_RM FA_R^2
+// FMAs, x ascending.
+__device__ __forceinline__ void fa_tile_rows(real acc[FA_RM][FA_R], const real *A, int lda, const real *Bm, int ldb,
                                              int n) {
 #pragma unroll
-    for (int r = 0; r < FA_R; r++)
+    for (int r = 0; r < FA_RM; r++)
 #pragma unroll
         for (int c = 0; c < FA_R; c++) acc[r][c] = 0;
 #pragma unroll 1
@@ -201,7 +214,7 @@ __device__ __forceinline__ void fa_tile_rows(real acc[FA_R][FA_R], const real *A
 #pragma unroll
         for (int c = 0; c < FA_R; c++) fa_ld(b[c], Bm + c * FA_TX * ldb + x);
 #pragma unroll
-        for (int r = 0; r < FA_R; r++) {
+        for (int r = 0; r < FA_RM; r++) {
             real a[FA_R];
             fa_ld(a, A + r * lda + x);
 #pragma unroll
@@ -212,23 +225,26 @@ __device__ __forceinline__ void fa_tile_rows(real acc[FA_R][FA_R], const real *A
     }
 }
 
-// acc[g][r][c] += sum_x PT[x][r] Bm[x][g FA_B + c] over x < n and column
-// groups g < ng: PT a transposed tile (FA_LDT apart per x) at this thread's
-// rows, Bm a tile by rows (ldb apart) at this thread's columns.
+// acc[g][r][c] += sum_x PT[x][r] Bm[x][g FA_B + c] over x0 <= x < n and
+// column groups g < ng: PT a transposed tile (FA_LDT apart per x) at this
+// thread's FA_RM rows (two 16-byte loads), Bm a tile by rows (ldb apart) at
+// this thread's FA_R columns (one per group). The terms skipped below x0 or
+// from n on are those of PT's zeros (masked scores), x ascending.
 template <int NG>
-__device__ __forceinline__ void fa_tile_acc(real acc[NG][FA_R][FA_R], const real *PT, const real *Bm, int ldb, int n,
-                                            int ng) {
+__device__ __forceinline__ void fa_tile_acc(real acc[NG][FA_RM][FA_R], const real *PT, const real *Bm, int ldb,
+                                            int x0, int n, int ng) {
 #pragma unroll 2
-    for (int x = 0; x < n; x++) {
-        real p[FA_R];
+    for (int x = x0; x < n; x++) {
+        real p[FA_RM];
         fa_ld(p, PT + x * FA_LDT);
+        fa_ld(p + FA_R, PT + x * FA_LDT + FA_R);
 #pragma unroll
         for (int g = 0; g < NG; g++) {
             if (g < ng) {
                 real b[FA_R];
                 fa_ld(b, Bm + x * ldb + g * FA_B);
 #pragma unroll
-                for (int r = 0; r < FA_R; r++)
+                for (int r = 0; r < FA_RM; r++)
 #pragma unroll
                     for (int c = 0; c < FA_R; c++) acc[g][r][c] = fma(p[r], b[c], acc[g][r][c]);
             }
@@ -236,26 +252,27 @@ __device__ __forceinline__ void fa_tile_acc(real acc[NG][FA_R][FA_R], const real
     }
 }
 
-// A register tile of fa_tile_rows to a transposed tile, one 16-byte store
+// A register tile of fa_tile_rows to a transposed tile, two 16-byte stores
 // per column: T[(tx + c FA_TX) FA_LDT + ra + r] = x[r][c] (T passed at
 // tx FA_LDT + ra; FA_LDT is an odd number of words, so conflict-free).
-__device__ __forceinline__ void fa_store_t(real *T, real x[FA_R][FA_R]) {
+__device__ __forceinline__ void fa_store_t(real *T, real x[FA_RM][FA_R]) {
 #pragma unroll
     for (int c = 0; c < FA_R; c++) {
-        real col[FA_R];
+        real col[FA_RM];
 #pragma unroll
-        for (int r = 0; r < FA_R; r++) col[r] = x[r][c];
+        for (int r = 0; r < FA_RM; r++) col[r] = x[r][c];
         fa_st(T + c * FA_TX * FA_LDT, col);
+        fa_st(T + c * FA_TX * FA_LDT + FA_R, col + FA_R);
     }
 }
 
 // An accumulator's rows to a head's slice: dst row (t0 + ra + r), columns
-// g FA_B + cb + c below d, times `mul` per row (and `scale`), written or added.
+// g FA_B + cb + c below d, times `scale`, written or added.
 template <int NG>
-__device__ __forceinline__ void fa_write_acc(real *dst, int64_t ld, real acc[NG][FA_R][FA_R], int ra, int cb, int n,
-                                             int d, int ng, const real *mul, real scale, bool fresh) {
+__device__ __forceinline__ void fa_write_acc(real *dst, int64_t ld, real acc[NG][FA_RM][FA_R], int ra, int cb, int n,
+                                             int d, int ng, real scale, bool fresh) {
 #pragma unroll
-    for (int r = 0; r < FA_R; r++) {
+    for (int r = 0; r < FA_RM; r++) {
         if (ra + r >= n) continue;
 #pragma unroll
         for (int g = 0; g < NG; g++) {
@@ -264,7 +281,7 @@ __device__ __forceinline__ void fa_write_acc(real *dst, int64_t ld, real acc[NG]
             for (int c = 0; c < FA_R; c++) {
                 int col = g * FA_B + cb + c;
                 if (col >= d) continue;
-                real v = scale * (mul ? acc[g][r][c] * mul[r] : acc[g][r][c]);
+                real v = scale * acc[g][r][c];
                 real *p = dst + (int64_t)(ra + r) * ld + col;
                 *p = fresh ? v : *p + v;
             }
@@ -315,11 +332,11 @@ static size_t fwd_smem(int dk, int dv) {
 // grid (B*H, query tiles). lse (B, H, T) or NULL. Scores: queries ra + r,
 // keys tx + c FA_TX.
 template <int NG>
-__global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
+__global__ void __launch_bounds__(FA_THREADS, FA_MINB_FWD(NG))
     k_flash_fwd(FaDims d, const real *q, const real *k, const real *v, const int *first, real *o, real *lse) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
     int bh = blockIdx.x, b = bh / d.H, h = bh % d.H;
-    int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_R, cb = tx * FA_R;
+    int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_RM, cb = tx * FA_R;
     int dk = d.dk, dv = d.dv, ngv = fa_groups(dv), ldk_s = fa_ldr(dk), ldv_s = fa_ldr(dv);
     int t0 = (gridDim.y - 1 - blockIdx.y) * FA_B, nq = min(FA_B, d.T - t0);
     int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
@@ -328,10 +345,10 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
     real *Qs = (real *)fa_smem, *Ks = Qs + FA_B * ldk_s, *Vs = Ks + FA_B * ldk_s, *PT = Vs + FA_B * ldv_s;
 
     fa_load_rows(Qs, ldk_s, qh, ldq, t0, nq, dk);
-    real acc[NG][FA_R][FA_R], m[FA_R], l[FA_R];
-    int lo[FA_R];
+    real acc[NG][FA_RM][FA_R], m[FA_RM], l[FA_RM];
+    int lo[FA_RM];
 #pragma unroll
-    for (int r = 0; r < FA_R; r++) {
+    for (int r = 0; r < FA_RM; r++) {
         m[r] = -INFINITY;
         l[r] = 0;
         lo[r] = ra + r < nq ? fa_lo(fr, t0 + ra + r) : 0;
@@ -352,14 +369,14 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
         fa_load_rows(Vs, ldv_s, vh, ldv, s0, nk, dv);
         fa_cp_wait();
         __syncthreads();
-        real s[FA_R][FA_R];
+        real s[FA_RM][FA_R];
         fa_tile_rows(s, Qs + ra * ldk_s, ldk_s, Ks + tx * ldk_s, ldk_s, dk);
         // S: -inf where query i does not see key j (exp gives weight 0). The
         // online softmax: m' = max(m, rowmax S) over the row's 16 threads,
         // P = exp(S - m'), alpha = exp(m - m') (1 when the max did not move,
         // also while the row has seen no key: m = m' = -inf).
 #pragma unroll
-        for (int r = 0; r < FA_R; r++) {
+        for (int r = 0; r < FA_RM; r++) {
             int i = ra + r;
             real mx = m[r];
 #pragma unroll
@@ -387,17 +404,18 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
         fa_store_t(PT + tx * FA_LDT + ra, s);
         __syncthreads();   // K is read: the next tile's may come
         if (s0 + FA_B < s_end) fa_load_rows(Ks, ldk_s, kh, ldq, s0 + FA_B, min(FA_B, s_end - s0 - FA_B), dk);
-        // A += P V
-        fa_tile_acc<NG>(acc, PT + ra, Vs + cb, ldv_s, nk, ngv);
+        // A += P V, over the keys this thread's last query sees (causal:
+        // P is 0 from key t0 + ra + FA_RM - 1 - s0 on).
+        fa_tile_acc<NG>(acc, PT + ra, Vs + cb, ldv_s, 0, min(nk, t0 - s0 + ra + FA_RM), ngv);
     }
     // l: the row's 16 parts; every query sees itself, so l > 0.
 #pragma unroll
-    for (int r = 0; r < FA_R; r++)
+    for (int r = 0; r < FA_RM; r++)
 #pragma unroll
         for (int off = FA_TX / 2; off > 0; off >>= 1) l[r] += __shfl_xor_sync(0xffffffffu, l[r], off);
     // o = A / l, as the CPU: a division per element.
 #pragma unroll
-    for (int r = 0; r < FA_R; r++) {
+    for (int r = 0; r < FA_RM; r++) {
         if (ra + r >= nq) continue;
         real *orow = o + (row0 + t0 + ra + r) * ldv + h * dv;
 #pragma unroll
@@ -463,7 +481,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
                const real *D, const int *first, real *dq, bool fresh) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
     int bh = blockIdx.x, b = bh / d.H, h = bh % d.H;
-    int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_R, cb = tx * FA_R;
+    int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_RM, cb = tx * FA_R;
     int dk = d.dk, dv = d.dv, ngk = fa_groups(dk), ldk_s = fa_ldr(dk), ldv_s = fa_ldr(dv);
     int t0 = (gridDim.y - 1 - blockIdx.y) * FA_B, nq = min(FA_B, d.T - t0);
     int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
@@ -475,10 +493,10 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
 
     fa_load_rows(Qs, ldk_s, qh, ldq, t0, nq, dk);
     fa_load_rows(dOs, ldv_s, dOh, ldv, t0, nq, dv);
-    real acc[NG][FA_R][FA_R], L[FA_R], Dr[FA_R];
-    int lo[FA_R];
+    real acc[NG][FA_RM][FA_R], L[FA_RM], Dr[FA_RM];
+    int lo[FA_RM];
 #pragma unroll
-    for (int r = 0; r < FA_R; r++) {
+    for (int r = 0; r < FA_RM; r++) {
         int i = ra + r;
         int64_t row = (int64_t)bh * d.T + t0 + i;
         L[r] = i < nq ? lse[row] : (real)0;
@@ -500,11 +518,11 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
         fa_cp_wait();
         __syncthreads();
         // dS = P (dP - D), P = exp(scale q.k - lse), dP = dO . v; 0 where unseen.
-        real s[FA_R][FA_R], dp[FA_R][FA_R];
+        real s[FA_RM][FA_R], dp[FA_RM][FA_R];
         fa_tile_rows(s, Qs + ra * ldk_s, ldk_s, Ks + tx * ldk_s, ldk_s, dk);
         fa_tile_rows(dp, dOs + ra * ldv_s, ldv_s, Vs + tx * ldv_s, ldv_s, dv);
 #pragma unroll
-        for (int r = 0; r < FA_R; r++)
+        for (int r = 0; r < FA_RM; r++)
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
                 bool seen = fa_seen(ra + r, tx + c * FA_TX, nq, nk, t0, s0, lo[r]);
@@ -513,9 +531,10 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
         fa_store_t(dST + tx * FA_LDT + ra, s);
         __syncthreads();   // V is read: the next tile's may come
         if (s0 + FA_B < s_end) fa_load_rows(Vs, ldv_s, vh, ldv, s0 + FA_B, min(FA_B, s_end - s0 - FA_B), dv);
-        fa_tile_acc<NG>(acc, dST + ra, Ks + cb, ldk_s, nk, ngk);
+        // dQ += dS K over the keys this thread's last query sees (as the forward).
+        fa_tile_acc<NG>(acc, dST + ra, Ks + cb, ldk_s, 0, min(nk, t0 - s0 + ra + FA_RM), ngk);
     }
-    fa_write_acc<NG>(dq + (row0 + t0) * ldq + h * dk, ldq, acc, ra, cb, nq, dk, ngk, NULL, d.scale, fresh);
+    fa_write_acc<NG>(dq + (row0 + t0) * ldq + h * dk, ldq, acc, ra, cb, nq, dk, ngk, d.scale, fresh);
 }
 
 // dK, dV kernel, shared memory: K, V (the block's keys), Q, dO (the query
@@ -539,7 +558,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
                 const real *D, const int *first, real *gk, bool fresh_k, real *gv, bool fresh_v) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
     int bh = blockIdx.x, b = bh / d.H, h = bh % d.H;
-    int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_R, cb = tx * FA_R;
+    int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_RM, cb = tx * FA_R;
     int dk = d.dk, dv = d.dv, ngk = fa_groups(dk), ngv = fa_groups(dv), ldk_s = fa_ldr(dk), ldv_s = fa_ldr(dv);
     int s0 = blockIdx.y * FA_B, nk = min(FA_B, d.T - s0), s_last = s0 + nk - 1;
     int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
@@ -552,11 +571,11 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
 
     fa_load_rows(Ks, ldk_s, kh, ldq, s0, nk, dk);
     fa_load_rows(Vs, ldv_s, vh, ldv, s0, nk, dv);
-    real ak[NG][FA_R][FA_R], av[NG][FA_R][FA_R];
+    real ak[NG][FA_RM][FA_R], av[NG][FA_RM][FA_R];
 #pragma unroll
     for (int g = 0; g < NG; g++)
 #pragma unroll
-        for (int r = 0; r < FA_R; r++)
+        for (int r = 0; r < FA_RM; r++)
 #pragma unroll
             for (int c = 0; c < FA_R; c++) ak[g][r][c] = av[g][r][c] = 0;
     // The query tiles start at s0 (earlier queries see none of these keys).
@@ -578,36 +597,40 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
         fa_cp_wait();
         __syncthreads();
         // P^T = exp(scale k.q - lse), 0 where query i does not see key j.
-        real p[FA_R][FA_R];
+        real p[FA_RM][FA_R];
         fa_tile_rows(p, Ks + ra * ldk_s, ldk_s, Qs + tx * ldk_s, ldk_s, dk);
 #pragma unroll
         for (int c = 0; c < FA_R; c++) {
             int i = tx + c * FA_TX;
 #pragma unroll
-            for (int r = 0; r < FA_R; r++) {
+            for (int r = 0; r < FA_RM; r++) {
                 bool seen = fa_seen(i, ra + r, nq, nk, t0, s0, lo[i]);
                 p[r][c] = seen ? exp(d.scale * p[r][c] - Ls[i]) : (real)0;
             }
         }
         if (gv) fa_store_t(PT + tx * FA_LDT + ra, p);
         if (gk) {   // dS^T = P^T (dP^T - D)
-            real dp[FA_R][FA_R];
+            real dp[FA_RM][FA_R];
             fa_tile_rows(dp, Vs + ra * ldv_s, ldv_s, dOs + tx * ldv_s, ldv_s, dv);
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
                 real Di = Ds[tx + c * FA_TX];
 #pragma unroll
-                for (int r = 0; r < FA_R; r++) p[r][c] = p[r][c] * (dp[r][c] - Di);
+                for (int r = 0; r < FA_RM; r++) p[r][c] = p[r][c] * (dp[r][c] - Di);
             }
             fa_store_t(dST + tx * FA_LDT + ra, p);
         }
         __syncthreads();
-        if (gv) fa_tile_acc<NG>(av, PT + ra, dOs + cb, ldv_s, nq, ngv);    // dV_j += P^T dO
-        if (gk) fa_tile_acc<NG>(ak, dST + ra, Qs + cb, ldk_s, nq, ngk);   // dK_j += dS^T Q (the scale at the end)
+        // Over the queries that see this thread's first key (causal: P^T and
+        // dS^T are 0 before query s0 + ra - t0, which is past 0 only in the
+        // diagonal tile t0 = s0):
+        int x0 = max(0, s0 - t0 + ra);
+        if (gv) fa_tile_acc<NG>(av, PT + ra, dOs + cb, ldv_s, x0, nq, ngv);    // dV_j += P^T dO
+        if (gk) fa_tile_acc<NG>(ak, dST + ra, Qs + cb, ldk_s, x0, nq, ngk);   // dK_j += dS^T Q (the scale at the end)
     }
-    if (gk) fa_write_acc<NG>(gk + (row0 + s0) * ldq + h * dk, ldq, ak, ra, cb, nk, dk, ngk, NULL, d.scale, fresh_k);
+    if (gk) fa_write_acc<NG>(gk + (row0 + s0) * ldq + h * dk, ldq, ak, ra, cb, nk, dk, ngk, d.scale, fresh_k);
     __syncthreads();   // gk and gv may be one buffer (k and v one tensor): dk first
-    if (gv) fa_write_acc<NG>(gv + (row0 + s0) * ldv + h * dv, ldv, av, ra, cb, nk, dv, ngv, NULL, (real)1, fresh_v);
+    if (gv) fa_write_acc<NG>(gv + (row0 + s0) * ldv + h * dv, ldv, av, ra, cb, nk, dv, ngv, (real)1, fresh_v);
 }
 
 template <int NG> static void bwd_launch(const FaDims &d, const real *q, const real *k, const real *v,
