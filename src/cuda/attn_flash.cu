@@ -37,7 +37,9 @@
 //     row sum l, added up at the end), P^T to shared memory and
 //     A = diag(alpha) A + P V. Then o = A / l and lse = m + log l (saved).
 //   backward: D_t = dO_t . O_t first (double, as the CPU), then two kernels
-//     that each recompute P = exp(scale Q K^T - lse) tile by tile:
+//     that each recompute P = exp(scale Q K^T - lse) tile by tile (the
+//     exponentials in float32 by exp2, log2(e) folded into the scale and
+//     lse: fa_exp):
 //     dQ per query tile (Q, dO held; looping over key tiles: K, V, dS =
 //     P (dO V^T - D) in registers, dS^T to shared memory, dQ += dS K), and
 //     dK, dV per key tile (K, V held; looping over the query tiles that see
@@ -118,6 +120,22 @@ __device__ __forceinline__ int fa_lo(const int *first, int64_t r) {
 }
 
 __device__ __forceinline__ real fa_max(real a, real b) { return b > a ? b : a; }
+
+// The softmax's exponentials. float32: base 2 (exp2f, a few instructions
+// fewer than expf), its arguments in log2 units: scores times
+// scale log2(e), the log-sum-exp (saved in natural log) times log2(e);
+// the argument's rounding (relative 2^-24 of its size) stays far below the
+// float32 tests' 1e-4. float64: base e, the factors 1, the very
+// expressions of the CPU.
+#ifdef AG_DOUBLE
+#define FA_LOG2E ((real)1)
+#define FA_LN2 ((real)1)
+__device__ __forceinline__ real fa_exp(real x) { return exp(x); }
+#else
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
+__device__ __forceinline__ real fa_exp(real x) { return exp2f(x); }
+#endif
 
 // Whether query i (t0 + i) of a tile of nq sees key j (s0 + j) of a tile of
 // nk: causal, and not before lo, where the query's document begins.
@@ -338,6 +356,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB_FWD(NG))
     int bh = blockIdx.x, b = bh / d.H, h = bh % d.H;
     int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_RM, cb = tx * FA_R;
     int dk = d.dk, dv = d.dv, ngv = fa_groups(dv), ldk_s = fa_ldr(dk), ldv_s = fa_ldr(dv);
+    real sc2 = d.scale * FA_LOG2E;   // the scale in fa_exp's units
     int t0 = (gridDim.y - 1 - blockIdx.y) * FA_B, nq = min(FA_B, d.T - t0);
     int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
     const real *qh = q + row0 * ldq + h * dk, *kh = k + row0 * ldq + h * dk, *vh = v + row0 * ldv + h * dv;
@@ -371,10 +390,11 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB_FWD(NG))
         __syncthreads();
         real s[FA_RM][FA_R];
         fa_tile_rows(s, Qs + ra * ldk_s, ldk_s, Ks + tx * ldk_s, ldk_s, dk);
-        // S: -inf where query i does not see key j (exp gives weight 0). The
-        // online softmax: m' = max(m, rowmax S) over the row's 16 threads,
-        // P = exp(S - m'), alpha = exp(m - m') (1 when the max did not move,
-        // also while the row has seen no key: m = m' = -inf).
+        // S (in fa_exp's units: log2 in float32): -inf where query i does not
+        // see key j (exp gives weight 0). The online softmax: m' = max(m,
+        // rowmax S) over the row's 16 threads, P = exp(S - m'), alpha =
+        // exp(m - m') (1 when the max did not move, also while the row has
+        // seen no key: m = m' = -inf).
 #pragma unroll
         for (int r = 0; r < FA_RM; r++) {
             int i = ra + r;
@@ -382,7 +402,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB_FWD(NG))
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
                 bool seen = fa_seen(i, tx + c * FA_TX, nq, nk, t0, s0, lo[r]);
-                s[r][c] = seen ? d.scale * s[r][c] : (real)-INFINITY;
+                s[r][c] = seen ? sc2 * s[r][c] : (real)-INFINITY;
                 mx = fa_max(mx, s[r][c]);
             }
 #pragma unroll
@@ -390,10 +410,10 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB_FWD(NG))
             real sum = 0;
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
-                s[r][c] = s[r][c] == -INFINITY ? (real)0 : exp(s[r][c] - mx);
+                s[r][c] = s[r][c] == -INFINITY ? (real)0 : fa_exp(s[r][c] - mx);
                 sum += s[r][c];
             }
-            real a = m[r] == mx ? (real)1 : exp(m[r] - mx);
+            real a = m[r] == mx ? (real)1 : fa_exp(m[r] - mx);
             l[r] = a * l[r] + sum;
             m[r] = mx;
 #pragma unroll
@@ -425,7 +445,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB_FWD(NG))
                 int col = g * FA_B + cb + c;
                 if (g < ngv && col < dv) orow[col] = acc[g][r][c] / l[r];
             }
-        if (lse && tx == 0) lse[(int64_t)bh * d.T + t0 + ra + r] = m[r] + log(l[r]);
+        if (lse && tx == 0) lse[(int64_t)bh * d.T + t0 + ra + r] = m[r] * FA_LN2 + log(l[r]);
     }
 }
 
@@ -483,6 +503,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
     int bh = blockIdx.x, b = bh / d.H, h = bh % d.H;
     int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_RM, cb = tx * FA_R;
     int dk = d.dk, dv = d.dv, ngk = fa_groups(dk), ldk_s = fa_ldr(dk), ldv_s = fa_ldr(dv);
+    real sc2 = d.scale * FA_LOG2E;   // the scale in fa_exp's units
     int t0 = (gridDim.y - 1 - blockIdx.y) * FA_B, nq = min(FA_B, d.T - t0);
     int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
     const real *qh = q + row0 * ldq + h * dk, *kh = k + row0 * ldq + h * dk;
@@ -499,7 +520,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
     for (int r = 0; r < FA_RM; r++) {
         int i = ra + r;
         int64_t row = (int64_t)bh * d.T + t0 + i;
-        L[r] = i < nq ? lse[row] : (real)0;
+        L[r] = i < nq ? lse[row] * FA_LOG2E : (real)0;   // fa_exp's units
         Dr[r] = i < nq ? D[row] : (real)0;
         lo[r] = i < nq ? fa_lo(fr, t0 + i) : 0;
 #pragma unroll
@@ -526,7 +547,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
                 bool seen = fa_seen(ra + r, tx + c * FA_TX, nq, nk, t0, s0, lo[r]);
-                s[r][c] = seen ? exp(d.scale * s[r][c] - L[r]) * (dp[r][c] - Dr[r]) : (real)0;
+                s[r][c] = seen ? fa_exp(sc2 * s[r][c] - L[r]) * (dp[r][c] - Dr[r]) : (real)0;
             }
         fa_store_t(dST + tx * FA_LDT + ra, s);
         __syncthreads();   // V is read: the next tile's may come
@@ -560,6 +581,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
     int bh = blockIdx.x, b = bh / d.H, h = bh % d.H;
     int ty = threadIdx.x / FA_TX, tx = threadIdx.x % FA_TX, ra = ty * FA_RM, cb = tx * FA_R;
     int dk = d.dk, dv = d.dv, ngk = fa_groups(dk), ngv = fa_groups(dv), ldk_s = fa_ldr(dk), ldv_s = fa_ldr(dv);
+    real sc2 = d.scale * FA_LOG2E;   // the scale in fa_exp's units
     int s0 = blockIdx.y * FA_B, nk = min(FA_B, d.T - s0), s_last = s0 + nk - 1;
     int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
     const real *qh = q + row0 * ldq + h * dk, *kh = k + row0 * ldq + h * dk;
@@ -590,7 +612,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
         fa_load_rows(dOs, ldv_s, dOh, ldv, t0, nq, dv);
         for (int i = threadIdx.x; i < FA_B; i += FA_THREADS) {
             int64_t row = (int64_t)bh * d.T + t0 + i;
-            Ls[i] = i < nq ? lse[row] : (real)0;
+            Ls[i] = i < nq ? lse[row] * FA_LOG2E : (real)0;   // fa_exp's units
             Ds[i] = i < nq && D ? D[row] : (real)0;
             lo[i] = i < nq ? fa_lo(fr, t0 + i) : 0;
         }
@@ -605,7 +627,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB(NG))
 #pragma unroll
             for (int r = 0; r < FA_RM; r++) {
                 bool seen = fa_seen(i, ra + r, nq, nk, t0, s0, lo[i]);
-                p[r][c] = seen ? exp(d.scale * p[r][c] - Ls[i]) : (real)0;
+                p[r][c] = seen ? fa_exp(sc2 * p[r][c] - Ls[i]) : (real)0;
             }
         }
         if (gv) fa_store_t(PT + tx * FA_LDT + ra, p);
