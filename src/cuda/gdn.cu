@@ -66,17 +66,9 @@
 // Blocks per multiprocessor that the per-chunk kernels are compiled for (at
 // most 65536 / (256 GDN_MINB) registers a thread): 2 for k_gdn_fwd_prep,
 // k_gdn_fwd_out and k_gdn_bwd_prep (blk_gemm's register tiles would take them
-// to one block otherwise); GDN_CHUNK_MINB for k_gdn_bwd_chunk, 2 as well: a
-// block waiting at one of its barriers then leaves the multiprocessor to the
-// other. (In 128 registers it spills about 200 bytes, around the calls of
-// the non-inlined blk_gemm_s, since it keeps its workspace's pointers,
-// ChunkWs, in shared memory; in registers they spilled 420. With 1 it takes
-// 254 registers and spills nothing.)
+// to one block otherwise); k_gdn_bwd_chunk's own code wants more: 1.
 #ifndef GDN_MINB
 #define GDN_MINB 2
-#endif
-#ifndef GDN_CHUNK_MINB
-#define GDN_CHUNK_MINB 2
 #endif
 
 // Everything a kernel reads, by value.
@@ -403,20 +395,17 @@ __device__ void warp0_cumsum(double *v, int n, bool reverse) {
 // The per-block buffers of gdn_chunk.c's GdnChunk and gdn_chunk_backward.c's
 // GdnChunkGrad, chunks of up to C positions; the gradient part only in the
 // backward's workspace. W (and U, Delta, dDelta where the kernel says) are
-// the op's rows of the chunk (GdnArgs), set per chunk. k_gdn_fwd_prep,
-// k_gdn_bwd_prep and k_gdn_bwd_chunk keep theirs in shared memory (thread 0
-// sets it, a barrier publishes it), so that its two dozen pointers do not
-// take registers (or spill) across the calls of blk_gemm_s.
+// the op's rows of the chunk (GdnArgs), set per chunk.
 struct ChunkWs {
     double *G;                        // (C) Gamma_i
-    real *E, *KK, *A, *Tm, *P;        // (C, C); chunk_back's end: KK -> dKK + dKK^T
+    real *E, *KK, *A, *Tm, *P;        // (C, C)
     real *Xw, *W;                     // (C, dk); W: the op's rows
     real *Xu, *U, *Dl;                // (C, dv)
     real *bet, *bm, *ek;              // (C)
     int *db;                          // (C) the chunk's documents, -1: before the chunk
     // backward
     double *dG, *dbeta, *rsum;   // (C); rsum: a step's row sums
-    real *dA;                           // (C, C) dP -> dQK, then dA
+    real *dA;                           // (C, C) dP -> dQK, then dA -> dKK
     real *dK, *dW, *dXw;                // (C, dk)
     real *dXu, *Y;                      // (C, dv)
     real *dDl;                          // (C, dv) the op's dDelta rows
@@ -1094,14 +1083,14 @@ template <bool BWD> static void scan_launch(GdnArgs &a) {
 // 1. Per chunk: W and U into the op's rows, ek and bl.
 __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd_prep(GdnArgs a) {
     __shared__ Tiles sh;
-    __shared__ ChunkWs w;
     int tid = threadIdx.x;
-    if (tid == 0) chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, false);
+    ChunkWs w;
+    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, false);
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int64_t r = m.bh * a.T + m.t0;   // the chunk's first row of the op's rows
-        if (tid == 0) w.W = a.Wb + r * a.dk, w.U = a.Ub + r * a.dv;
-        __syncthreads();   // w is set
+        w.W = a.Wb + r * a.dk;
+        w.U = a.Ub + r * a.dv;
         chunk_prepare(a, w, &sh, m.b, m.h, m.t0, m.L, NULL, PREP_SOLVE | PREP_W | PREP_U);
         for (int i = tid; i < m.L; i += GDN_NT) a.ekb[r + i] = w.ek[i];
         if (tid == 0) a.blb[m.bh * a.NC + m.c] = w.bm[m.L - 1];
@@ -1146,14 +1135,13 @@ __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_bwd_prep(GdnArgs a) {
     __shared__ Tiles sh;
     int tid = threadIdx.x, dk = a.dk, dv = a.dv;
     int64_t SS = (int64_t)dk * dv;
-    __shared__ ChunkWs w;
-    if (tid == 0) chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, dk, dv, true);
+    ChunkWs w;
+    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, dk, dv, true);
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int L = m.L;
         int64_t r = m.bh * a.T + m.t0;
-        if (tid == 0) w.W = a.Wb + r * dk;
-        __syncthreads();   // w is set
+        w.W = a.Wb + r * dk;
         chunk_prepare(a, w, &sh, m.b, m.h, m.t0, L, NULL, PREP_SOLVE | PREP_W | (a.dout ? PREP_P : 0));
         for (int i = tid; i < L; i += GDN_NT) a.ekb[r + i] = w.ek[i];
         if (tid == 0) a.blb[m.bh * a.NC + m.c] = w.bm[L - 1];
@@ -1348,16 +1336,13 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
     // columns (the rows of each warp follow its rows above: no barrier).
     lower_row_sums(w.dA, w.A, w.E, w.KK, L, w.rsum, w.dbeta);
     lower_col_sums(w.dA, w.A, L, w.rsum, w.dG, red);
-    // dKK (strictly lower) and dKK^T have no entry in common: M = dKK + dKK^T
-    // is each entry one of them, into KK (last read above, before
-    // lower_col_sums' barriers), and dK += dKK K + dKK^T K is one product,
-    // dK += M K (one fma chain over j per entry, in place of two).
-    for (int e = tid; e < L * L; e += GDN_NT) {
-        int i = e / L, j = e % L, t = j * L + i;
-        w.KK[e] = j < i ? w.dA[e] * w.bet[i] * w.E[e] : j > i ? w.dA[t] * w.bet[j] * w.E[t] : (real)0;
+    for (int e = tid; e < L * L; e += GDN_NT) {   // dKK, strictly lower
+        int i = e / L, j = e % L;
+        w.dA[e] = j < i ? w.dA[e] * w.bet[i] * w.E[e] : (real)0;
     }
     __syncthreads();
-    blk_gemm(sh, false, false, L, dk, L, 1, w.KK, L, k, ldk, 1, w.dK, dk);   // dK += (dKK + dKK^T) K
+    blk_gemm(sh, false, false, L, dk, L, 1, w.dA, L, k, ldk, 1, w.dK, dk);   // dK += dKK K
+    blk_gemm(sh, true, false, L, dk, L, 1, w.dA, L, k, ldk, 1, w.dK, dk);    // dK += dKK^T K
 
     // The chunk's rows; dg_m = sum_{i >= m} dGamma_i.
     if (a.gk)
@@ -1374,21 +1359,18 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
 
 // 3. Per chunk: everything of the chunk again (W from the op's rows) and its
 // input gradients from S0, dS (the scan's slot) and dDelta (the scan's rows).
-__global__ void __launch_bounds__(GDN_NT, GDN_CHUNK_MINB) k_gdn_bwd_chunk(GdnArgs a) {
+__global__ void __launch_bounds__(GDN_NT, 1) k_gdn_bwd_chunk(GdnArgs a) {
     __shared__ Tiles sh;
     __shared__ double red[GDN_NT];
-    __shared__ ChunkWs w;
     int64_t SS = (int64_t)a.dk * a.dv;
-    if (threadIdx.x == 0) chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, true);
+    ChunkWs w;
+    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, true);
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int64_t r = m.bh * a.T + m.t0;
-        if (threadIdx.x == 0) {
-            w.W = a.Wb + r * a.dk;
-            w.dDl = a.Ub + r * a.dv;
-            w.dS = a.dsb + (m.bh * a.NC + m.c) * SS;
-        }
-        __syncthreads();
+        w.W = a.Wb + r * a.dk;
+        w.dDl = a.Ub + r * a.dv;
+        w.dS = a.dsb + (m.bh * a.NC + m.c) * SS;
         const real *S0 = a.states + (m.bh * a.NC + m.c) * SS;
         chunk_prepare(a, w, &sh, m.b, m.h, m.t0, m.L, S0, PREP_SOLVE | PREP_U | PREP_DL | (a.dout ? PREP_P : 0));
         chunk_back(a, w, &sh, red, m.b, m.h, m.t0, m.L, S0);
