@@ -443,6 +443,16 @@ static int evaluate_run(const char *dir, char *const args[], char **out, char **
     return run_program("evaluate", dir, args, 120, out, err);
 }
 
+// evaluate's loss (args end with --json); asserts that it succeeds.
+static double evaluate_loss(const char *dir, char *const args[]) {
+    char *out, *err;
+    int code = evaluate_run(dir, args, &out, &err);
+    cr_assert_eq(code, 0, "%s", err);
+    double loss = json_number(out, "loss");
+    free(out), free(err);
+    return loss;
+}
+
 // The reals of a .npy that evaluate --logits wrote (version 1.0: a 2-byte
 // header length at 8); *n gets their count.
 static real *read_npy(const char *path, size_t *n) {
@@ -507,14 +517,7 @@ Test(programs, evaluate_device_cuda_equals_cpu_or_says_why, .timeout = 180) {
         free(out), free(err);
         return;
     }
-    code = evaluate_run(dir, win_cpu, &out, &err);
-    cr_assert_eq(code, 0, "%s", err);
-    double cpu_loss = json_number(out, "loss");
-    free(out), free(err);
-    code = evaluate_run(dir, win_gpu, &out, &err);
-    cr_assert_eq(code, 0, "%s", err);
-    double gpu_loss = json_number(out, "loss");
-    free(out), free(err);
+    double cpu_loss = evaluate_loss(dir, win_cpu), gpu_loss = evaluate_loss(dir, win_gpu);
     cr_assert(fabs(cpu_loss - gpu_loss) <= 1e-5 * cpu_loss, "windows: cpu %.6f, cuda %.6f", cpu_loss, gpu_loss);
     size_t na, nb;
     real *a = read_npy(lc, &na), *b = read_npy(lg, &nb);
@@ -524,18 +527,10 @@ Test(programs, evaluate_device_cuda_equals_cpu_or_says_why, .timeout = 180) {
     cr_assert(sqrt(d2) <= tol * sqrt(a2), "logits differ by %.3g normwise (bound %.0e)", sqrt(d2 / a2), tol);
     free(a), free(b);
     // The stream: the decoder on the GPU, token by token.
-    code = evaluate_run(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--stream", "--json", "--device",
-                                        "cpu", NULL},
-                        &out, &err);
-    cr_assert_eq(code, 0, "%s", err);
-    cpu_loss = json_number(out, "loss");
-    free(out), free(err);
-    code = evaluate_run(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--stream", "--json", "--device",
-                                        "cuda", NULL},
-                        &out, &err);
-    cr_assert_eq(code, 0, "%s", err);
-    gpu_loss = json_number(out, "loss");
-    free(out), free(err);
+    char *stream[] = {"--checkpoint", (char *)ckpt, "--text", probe, "--stream", "--json", "--device", "cpu", NULL};
+    cpu_loss = evaluate_loss(dir, stream);
+    stream[7] = "cuda";
+    gpu_loss = evaluate_loss(dir, stream);
     cr_assert(fabs(cpu_loss - gpu_loss) <= 1e-5 * cpu_loss, "stream: cpu %.6f, cuda %.6f", cpu_loss, gpu_loss);
 }
 
