@@ -365,7 +365,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (positions && device != DEVICE_CPU) {
-        fprintf(stderr, "evaluate: --positions runs on the CPU only (its carried state is host memory): --device cpu\n");
+        fprintf(stderr, "evaluate: --positions runs on the CPU only for now (it reads its logits and carried states "
+                        "on the host): --device cpu\n");
         return 2;
     }
     TrainConfig cfg;
