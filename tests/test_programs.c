@@ -368,30 +368,45 @@ static double json_number(const char *text, const char *key) {
     return strtod(p + strlen(k), NULL);
 }
 
+static int evaluate_run(const char *dir, char *const args[], char **out, char **err) {
+    return run_program("evaluate", dir, args, 120, out, err);
+}
+
+// evaluate's stdout (malloc'd); asserts that it succeeds.
 static char *evaluate(const char *dir, char *const args[]) {
-    char *argv[16] = {(char *)test_program("evaluate")};
-    int n = 1;
-    for (; args[n - 1]; n++) argv[n] = args[n - 1];
-    argv[n] = NULL;
-    char o[1500];
-    snprintf(o, sizeof o, "%s/eval.out", dir);
-    int code = test_spawn(argv, NULL, o, NULL, 120, NULL);
-    char *out = test_read_file(o);
-    cr_assert_eq(code, 0, "evaluate failed: %s", out);
+    char *out, *err;
+    int code = evaluate_run(dir, args, &out, &err);
+    cr_assert_eq(code, 0, "evaluate failed: %s", err);
+    free(err);
     return out;
+}
+
+// evaluate's loss (args end with --json).
+static double evaluate_loss(const char *dir, char *const args[]) {
+    char *out = evaluate(dir, args);
+    double loss = json_number(out, "loss");
+    free(out);
+    return loss;
+}
+
+// dir/probe.txt: the first n bytes of the scratch corpus beside dir; returns its path.
+static const char *write_probe(const char *dir, int n) {
+    static char probe[1600];
+    char text[1600];
+    snprintf(text, sizeof text, "%s/../corpus.txt", dir);
+    snprintf(probe, sizeof probe, "%s/probe.txt", dir);
+    char *all = test_read_file(text);
+    all[n] = 0;
+    test_write_file(probe, all);
+    free(all);
+    return probe;
 }
 
 Test(programs, evaluate_scores_every_token_once, .timeout = 120) {
     const char *ckpt = trained_checkpoint("evaluate", "gdn,attn");
-    char dir[1500], text[1600];
+    char dir[1500], probe[1600];
     snprintf(dir, sizeof dir, "%s", test_dir_of(ckpt));
-    snprintf(text, sizeof text, "%s/../corpus.txt", dir);
-    char probe[1600];
-    snprintf(probe, sizeof probe, "%s/probe.txt", dir);
-    char *all = test_read_file(text);
-    all[700] = 0;
-    test_write_file(probe, all);
-    free(all);
+    snprintf(probe, sizeof probe, "%s", write_probe(dir, 700));
     // One window over the whole text and the decoder's stream see the same context.
     char *w = evaluate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--window", "699", "--json", NULL});
     char *s = evaluate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--stream", "--json", NULL});
@@ -439,19 +454,6 @@ Test(programs, evaluate_scores_every_token_once, .timeout = 120) {
     config_free(&c);
 }
 
-static int evaluate_run(const char *dir, char *const args[], char **out, char **err) {
-    return run_program("evaluate", dir, args, 120, out, err);
-}
-
-// evaluate's loss (args end with --json); asserts that it succeeds.
-static double evaluate_loss(const char *dir, char *const args[]) {
-    char *out, *err;
-    int code = evaluate_run(dir, args, &out, &err);
-    cr_assert_eq(code, 0, "%s", err);
-    double loss = json_number(out, "loss");
-    free(out), free(err);
-    return loss;
-}
 
 // The reals of a .npy that evaluate --logits wrote (version 1.0: a 2-byte
 // header length at 8); *n gets their count.
@@ -482,15 +484,9 @@ Test(programs, evaluate_device_cuda_equals_cpu_or_says_why, .timeout = 180) {
     const char *ckpt = trained_checkpoint("evaluate_dev", "gdn,attn,mamba");
     char dir[1500], probe[1600], lc[1600], lg[1600];
     snprintf(dir, sizeof dir, "%s", test_dir_of(ckpt));
-    snprintf(probe, sizeof probe, "%s/probe.txt", dir);
+    snprintf(probe, sizeof probe, "%s", write_probe(dir, 400));
     snprintf(lc, sizeof lc, "%s/logits_cpu.npy", dir);
     snprintf(lg, sizeof lg, "%s/logits_gpu.npy", dir);
-    char text[1600];
-    snprintf(text, sizeof text, "%s/../corpus.txt", dir);
-    char *all = test_read_file(text);
-    all[400] = 0;
-    test_write_file(probe, all);
-    free(all);
     char *out, *err;
     int code = evaluate_run(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--device", "gpu", NULL},
                             &out, &err);
