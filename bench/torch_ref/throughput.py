@@ -56,12 +56,17 @@ ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
 ap.add_argument("--compile", action="store_true",
                 help="forward + loss under torch.compile(mode='default') (torch >= 2.0); "
                      "the first step compiles")
+ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                help="--device cuda: after the timed steps, one more step under torch.profiler; print the N GPU "
+                     "kernels that took longest (KERNEL lines, ms in that step) and the step's kernel total")
 ap.add_argument("--compile-layers", action="store_true",
                 help="torch.compile per layer kind (shared by the layers of a kind) and of the head + loss, "
                      "instead of one graph (see above)")
 args = ap.parse_args()
 if args.steps < 1 or args.warmup < 0:
     ap.error("--steps must be >= 1 and --warmup >= 0")
+if args.kernels and args.device != "cuda":
+    ap.error("--kernels lists GPU kernels: it needs --device cuda")
 if args.compile and args.compile_layers:
     ap.error("--compile and --compile-layers are two ways to compile: pick one")
 
@@ -236,6 +241,16 @@ def main():
             COMPILE_MODE, ", ".join(sorted(set(cfg.layers))))
     print("device: %s   compile: %s" % (args.device, how))
 
+    def step():
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+            loss, _ = loss_fn(x, y)
+        loss.backward()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(lm.parameters(), clip)
+        opt.step()
+        sync()
+
     tf, tb, to, ts, tc = [], [], [], [], []
     loss = None
     first = None
@@ -284,6 +299,27 @@ def main():
           % (name, B, T, torch.get_num_threads(), nparams, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms,
              1e3 * mc, B * T / mc, args.amp, args.device,
              "layers" if args.compile_layers else str(int(args.compile))))
+    if args.kernels > 0 and cuda:
+        kernel_table(step, args.kernels)
+
+
+def kernel_table(step, n):
+    """One step under torch.profiler: the n GPU kernels with the most time."""
+    from torch.profiler import profile, ProfilerActivity
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = getattr(e, "cuda_time_total", 0)
+        if us > 0:
+            rows.append((us, e.count, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print("kernels of one profiled step: %d kinds, %.2f ms in all" % (len(rows), total / 1e3))
+    for us, count, key in rows[:n]:
+        print("KERNEL ms=%.3f count=%d share=%.1f%% name=%s" % (us / 1e3, count, 100 * us / total, key[:160]))
 
 
 if __name__ == "__main__":
