@@ -66,9 +66,21 @@
 // Blocks per multiprocessor that the per-chunk kernels are compiled for (at
 // most 65536 / (256 GDN_MINB) registers a thread): 2 for k_gdn_fwd_prep,
 // k_gdn_fwd_out and k_gdn_bwd_prep (blk_gemm's register tiles would take them
-// to one block otherwise); k_gdn_bwd_chunk's own code wants more: 1.
+// to one block otherwise); GDN_CHUNK_MINB for k_gdn_bwd_chunk, 2 as well:
+// a block waiting at one of its barriers (blk_gemm's per-slice ones, the
+// row steps') then leaves the multiprocessor to the other. In 128
+// registers it spills about 420 bytes (stores) / 1,150 (loads) a thread,
+// mostly the workspace pointers around the calls of the non-inlined
+// blk_gemm_s, and is still faster: gpu_d1024_gdn 486.1 -> 474.4 ms a step
+// on the H200 (one device call, A/B; 1: 254 registers, no spill).
+// (Keeping those pointers in shared memory instead, written by thread 0,
+// spilled less but gave wrong dK and dbeta at 2 blocks per SM, right ones
+// at 1: see docs/cuda.md, "Not yet".)
 #ifndef GDN_MINB
 #define GDN_MINB 2
+#endif
+#ifndef GDN_CHUNK_MINB
+#define GDN_CHUNK_MINB 2
 #endif
 
 // Everything a kernel reads, by value.
@@ -1359,7 +1371,7 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
 
 // 3. Per chunk: everything of the chunk again (W from the op's rows) and its
 // input gradients from S0, dS (the scan's slot) and dDelta (the scan's rows).
-__global__ void __launch_bounds__(GDN_NT, 1) k_gdn_bwd_chunk(GdnArgs a) {
+__global__ void __launch_bounds__(GDN_NT, GDN_CHUNK_MINB) k_gdn_bwd_chunk(GdnArgs a) {
     __shared__ Tiles sh;
     __shared__ double red[GDN_NT];
     int64_t SS = (int64_t)a.dk * a.dv;
