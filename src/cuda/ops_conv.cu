@@ -34,8 +34,10 @@
 #define CONV_CH 128
 #define CONV_U 4
 #define CONV_THREADS_AIM ((int64_t)1 << 18)
-// Blocks per multiprocessor the kernels are compiled for (64 registers): the
-// more loads in flight, the nearer the copy bandwidth.
+// Blocks per multiprocessor the kernels are compiled for: the more loads in
+// flight, the nearer the copy bandwidth. The forward at 8 (64 registers),
+// the backward at 6 (85: its three windows and the double partials take 80
+// in float32 at W <= 4, with no spill).
 #define CONV_MINB 8
 #define CONV_BWD_MINB 6
 // A cap on the weight gradient's partials (segments x W x C doubles).
