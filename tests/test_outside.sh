@@ -146,6 +146,14 @@ assert float(a) == float(b) and err == 0.0, "per-layer compile path: loss %r vs 
 print("outside: the benchmark's per-layer compile path equals the eager model (loss and %d gradients)" % len(ga))
 PYEOF
 
+# throughput.py --kernels lists GPU kernels: without --device cuda it says so
+# and stops, before any work.
+msg=$($PY "$ROOT/bench/torch_ref/throughput.py" "$ROOT/configs/tiny_gdn.ini" --kernels 3 2>&1) &&
+    { echo "throughput.py --kernels ran on the CPU"; exit 1; }
+grep -qF -- "--kernels lists GPU kernels: it needs --device cuda" <<<"$msg" ||
+    { echo "throughput.py --kernels on the CPU printed:"; echo "$msg"; exit 1; }
+echo "outside: throughput.py --kernels without a GPU says why: OK"
+
 # 6. bench/ncu_table.py (the GPU per-kernel table) on a fixture whose figures
 # are counted by hand: k_a 2 launches, 4 ms, 4e9 bytes = 1000 GB/s, 25 % of a
 # 4000 GB/s ceiling, 80 % of the 5 ms; k_b 1 ms, no traffic; the last launch's
