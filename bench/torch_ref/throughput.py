@@ -241,14 +241,20 @@ def main():
             COMPILE_MODE, ", ".join(sorted(set(cfg.layers))))
     print("device: %s   compile: %s" % (args.device, how))
 
-    def step():
+    def forward():
         opt.zero_grad(set_to_none=False)
         with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
             loss, _ = loss_fn(x, y)
-        loss.backward()
+        return loss
+
+    def update():
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(lm.parameters(), clip)
         opt.step()
+
+    def step():   # one whole step, untimed (--kernels)
+        forward().backward()
+        update()
         sync()
 
     tf, tb, to, ts, tc = [], [], [], [], []
@@ -256,17 +262,13 @@ def main():
     first = None
     for it in range(args.warmup + args.steps):
         c0, t0 = time.process_time(), time.perf_counter()
-        opt.zero_grad(set_to_none=False)
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
-            loss, _ = loss_fn(x, y)
+        loss = forward()
         sync()
         t1 = time.perf_counter()
         loss.backward()
         sync()
         t2 = time.perf_counter()
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(lm.parameters(), clip)
-        opt.step()
+        update()
         sync()
         t3, c3 = time.perf_counter(), time.process_time()
         if it == 0:
