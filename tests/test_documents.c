@@ -264,7 +264,7 @@ static const char *carry_config(const char *layers, int steps, const char *extra
 }
 
 Test(documents, carry_state_resume_is_bit_exact, .timeout = 180) {
-    const int N = 6;
+    enum { N = 6 };
     const char *cfg = carry_config("gdn,attn,mamba", N, NULL);
     static Trainer a, b;
     TrainerOptions o = {.config = cfg, .quiet = true};
@@ -273,7 +273,7 @@ Test(documents, carry_state_resume_is_bit_exact, .timeout = 180) {
     cr_assert_not_null(a.carry);
     cr_assert(a.tokens.n_docs > 10, "%lld documents", (long long)a.tokens.n_docs);
     cr_assert_eq(trainer_run(&a, &o), 0);
-    double straight[6];
+    double straight[N];
     for (int i = 0; i < N; i++) straight[i] = trainer_loss(&a, i);
     // The checkpoint holds the carried states: batch_size rows, not all zero.
     int64_t row = trainer_carry_row(&a);
@@ -303,7 +303,7 @@ Test(documents, carry_state_resume_is_bit_exact, .timeout = 180) {
     cr_assert(s.ok, "%s", s.msg);
     cr_assert_eq(b.step, 3);
     cr_assert_eq(trainer_run(&b, &r), 0);
-    double resumed[6];
+    double resumed[N];
     for (int i = 3; i < N; i++) resumed[i] = trainer_loss(&b, i);
     test_assert_resumed_losses(resumed, straight, 3, N);
     trainer_free(&b);

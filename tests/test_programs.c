@@ -454,7 +454,6 @@ Test(programs, evaluate_scores_every_token_once, .timeout = 120) {
     config_free(&c);
 }
 
-
 // The reals of a .npy that evaluate --logits wrote (version 1.0: a 2-byte
 // header length at 8); *n gets their count.
 static real *read_npy(const char *path, size_t *n) {

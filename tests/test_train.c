@@ -58,14 +58,14 @@ Test(train, config_errors_name_file_line_key_and_write_nothing) {
 }
 
 Test(train, resume_is_bit_exact, .timeout = 120) {
-    const int N = 6;
+    enum { N = 6 };
     const char *dir = scratch("gdn,attn", N, NULL);
     static Trainer a, b;
     TrainerOptions o = opts(dir, false);
     Status s = trainer_setup(&a, &o);
     cr_assert(s.ok, "%s", s.msg);
     cr_assert_eq(trainer_run(&a, &o), 0);
-    double straight[6];
+    double straight[N];
     for (int i = 0; i < N; i++) straight[i] = trainer_loss(&a, i);
     trainer_free(&a);
     // Interrupted after 3 steps (as Ctrl-C would), then resumed.
@@ -81,7 +81,7 @@ Test(train, resume_is_bit_exact, .timeout = 120) {
     cr_assert(s.ok, "%s", s.msg);
     cr_assert_eq(b.step, 3);
     cr_assert_eq(trainer_run(&b, &r), 0);
-    double resumed[6];
+    double resumed[N];
     for (int i = 3; i < N; i++) resumed[i] = trainer_loss(&b, i);
     test_assert_resumed_losses(resumed, straight, 3, N);
     cr_assert(straight[N - 1] < straight[0], "the loss should fall: %g -> %g", straight[0], straight[N - 1]);
