@@ -45,7 +45,15 @@
 // from Delta (dDelta). NVB, 32 when there are (batch, head) pairs enough to
 // fill the GPU, is 16 or 8 when there are few (chosen on the host, per launch:
 // more blocks walk side by side, each with less work per chunk); a column's
-// arithmetic is the same whichever, so the results are too.
+// arithmetic is the same whichever, so the results are too. When even that
+// leaves most of the GPU idle for a long walk (B = 1, T = 65,536: 1,024
+// chunks), the scan takes two levels (scan_groups): the chunks in groups,
+// each group walked alone from 0 (and from the identity, for its transition
+// Phi, the product of its chunks' bl I - Kd^T W: a state is affine in the
+// state entering the group), a short walk across the groups
+// (k_gdn_scan_join: S <- Phi S + L), then each group again from its
+// entering state, writing what the one-level walk writes. The backward the
+// same in reverse, with the transposed transitions.
 // Recurrent form: one block per (batch, head); a thread owns a column of S,
 // so the forward needs no barrier. The backward replays a stretch of `chunk`
 // tokens from its saved state and walks it in reverse, per token a column
@@ -99,6 +107,15 @@ struct GdnArgs {
     int NV;                                  // the scans' column blocks per head: ceil(dv / NVB)
     int scanR, scanNS, scanP, scan_vec;      // the scans' tile rows, stages, W/K row pitch, SCAN_VEC_*
     bool scan_acc;                           // the scans' chunks span several tiles (step 2 carries sums)
+    // The two-level scan (the section "the scans"): SCAN_WHOLE walks every
+    // chunk in one go; else groups of scanG chunks (scanNG of them), first
+    // each group alone (SCAN_LOCAL, with NVt column blocks more for the
+    // transition), then k_gdn_scan_join across groups, then each group
+    // again from its entering state (SCAN_SEEDED).
+    int scan_mode, scanG, scanNG, NVt;
+    real *scan_grp;                          // (B H, scanNG, dk, dv + dk) per group: its local end state | transition
+    real *scan_E;                            // (B H, scanNG, dk, dv) per group: forward the state entering it,
+                                             // backward the gradient of the state leaving it
     real *Wb;                                // (B H, T, dk) W of every chunk
     real *Ub;                                // (B H, T, dv) forward: U, then Delta; backward: P^T dO, then dDelta
     real *ekb;                               // (B H, T) ek of every chunk
@@ -685,9 +702,27 @@ static int chunk_grid(int64_t items, int resident) { return (int)(items < reside
 // add in another order: the GPU-vs-CPU tolerance covers that.) A column's arithmetic
 // does not depend on NVB, NS or R: results are the same bits whichever the
 // host picks.
+// Two levels (scan_groups decides, from B H, dv, dk and the chunks): the
+// forward state after a group of chunks is Phi S + L, S the state entering
+// it, L the group's end walked from 0, Phi the product of its chunks'
+// transitions bl I - Kd^T W (the backward: the gradient entering, from the
+// one leaving, through Phi^T, walked in reverse). So:
+//   1. SCAN_LOCAL: each group walked alone, its real columns from 0 and
+//      dk more columns from the identity with U (P^T dO, Q^T dY) taken as
+//      0, which the same steps turn into Phi's columns; only the group's end
+//      is written (scan_grp). The group whose end nothing needs is left out.
+//   2. k_gdn_scan_join: across the groups in order, S <- Phi S + L.
+//   3. SCAN_SEEDED: each group again from its entering state (scan_E),
+//      writing what the one-level walk writes, except the state leaving a
+//      group that is not the last: the next group's walk writes that one,
+//      from the join.
+// The two-level results differ from the one-level ones by rounding (the
+// sums over chunks are made in another order); with the group fixed, a
+// column's arithmetic still does not depend on NVB, NS or R.
 #define SCAN_RMAX 64   // most rows of a tile
 
 enum { SCAN_VEC_W = 1, SCAN_VEC_K = 2, SCAN_VEC_U = 4, SCAN_VEC_DS = 8 };   // GdnArgs.scan_vec
+enum { SCAN_WHOLE, SCAN_LOCAL, SCAN_SEEDED };                                  // GdnArgs.scan_mode
 
 // Pitch (in reals) of a W or K row in shared memory: dk rounded up to 128
 // bytes, plus 16, so that the 16-byte loads of 8 consecutive rows at one k
@@ -792,7 +827,8 @@ template <bool BWD> __device__ __forceinline__ ScanPos scan_next(const GdnArgs &
     return {BWD ? p.c - 1 : p.c + 1, 0};
 }
 
-__device__ __forceinline__ bool scan_in(const GdnArgs &a, ScanPos p) { return p.c >= 0 && p.c < a.NC; }
+// Whether p lies in the walk's chunks [lo, hi).
+__device__ __forceinline__ bool scan_in(int lo, int hi, ScanPos p) { return p.c >= lo && p.c < hi; }
 
 // A tile's operands into a stage (cp.async, not committed). All threads.
 template <bool BWD, int NVB>
@@ -831,11 +867,14 @@ __device__ void scan_load(const GdnArgs &a, const ScanStage &st, int64_t bh, int
 struct ScanCtx {
     int dk, dv, P, nv, jj, n;   // n: the tile's rows
     bool first, last, has_x;    // first, last tile of its chunk; X holds U or P^T dO
+    bool wrD;                   // Delta (dDelta) goes to Ub
     ScanStage st;
     real *S, *D, *Acc;
     real *gD;    // the tile's first row of Ub, column j0
-    real *gS;    // forward: where the state leaving the chunk goes, backward: the chunk's dS slot (column j0)
-    real *gs0;   // backward, chunk 0: s0's gradient (column j0), or NULL
+    real *gS;    // backward: the chunk's dS slot (column j0), where dS before the chunk's step goes, or NULL
+    real *gR;    // where the state (its gradient) after the chunk's step goes (rows ldR apart), or NULL:
+                 // forward the next chunk's slot or S_T, backward s0's gradient, or a group's end (SCAN_LOCAL)
+    int ldR;
 };
 
 // Step 1 for rows t, t + RG, ..., MR of them.
@@ -886,6 +925,7 @@ template <bool BWD, int NVB, int MR> __device__ __forceinline__ void scan_rows(c
         for (int q = 0; q < 4; q++)
             d[q] = BWD ? (x.has_x ? acc[m][q] + xv.v[q] : acc[m][q]) : xv.v[q] - acc[m][q];
         st4(x.D + tt * NVB + x.jj, d);
+        if (!x.wrD) continue;
         real *g = x.gD + (int64_t)tt * x.dv + x.jj;
 #pragma unroll
         for (int q = 0; q < 4; q++)
@@ -940,12 +980,12 @@ template <bool BWD, int NVB, int MR> __device__ __forceinline__ void scan_cols(c
             }
         }
         st4(sp, r);
-        int64_t o = (int64_t)kk * x.dv + x.jj;
+        int64_t o = (int64_t)kk * x.dv + x.jj, oR = (int64_t)kk * x.ldR + x.jj;
 #pragma unroll
         for (int q = 0; q < 4; q++)
             if (x.jj + q < x.nv) {
-                x.gS[o + q] = BWD ? s.v[q] : r[q];
-                if (BWD && x.gs0) x.gs0[o + q] = r[q];
+                if (BWD && x.gS) x.gS[o + q] = s.v[q];
+                if (x.gR) x.gR[oR + q] = r[q];
             }
     }
 }
@@ -960,24 +1000,47 @@ template <bool BWD, int NVB> __device__ void scan_walk(const GdnArgs &a) {
     extern __shared__ __align__(16) unsigned char scan_shared[];
     ScanSmem sm;
     scan_layout(&sm, scan_shared, a.scanNS, a.scanR, a.dk, NVB, BWD, a.scan_acc);
-    int tid = threadIdx.x, dk = a.dk, dv = a.dv, NS = a.scanNS;
+    int tid = threadIdx.x, dk = a.dk, dv = a.dv, NS = a.scanNS, mode = a.scan_mode;
     int jj = tid % CG * 4, rg = tid / CG;
-    int64_t bh = blockIdx.x / a.NV, SS = (int64_t)dk * dv;
+    // The block: (batch, head), its group of chunks [lo, hi) (all of them
+    // for SCAN_WHOLE), its column block cb; SCAN_LOCAL's column blocks past
+    // NV are the transition's (columns j0.. of the dk x dk identity).
+    int ncb = a.NV + (mode == SCAN_LOCAL ? a.NVt : 0);
+    int ngb = mode == SCAN_WHOLE ? 1 : mode == SCAN_LOCAL ? a.scanNG - 1 : a.scanNG;
+    int64_t blk = blockIdx.x, SS = (int64_t)dk * dv;
+    int cb = (int)(blk % ncb), gi = (int)(blk / ncb % ngb);
+    int64_t bh = blk / ncb / ngb;
+    // SCAN_LOCAL leaves out the group whose end nothing needs: the last
+    // (forward), the first (backward).
+    int g = mode == SCAN_LOCAL && BWD ? gi + 1 : gi;
+    int lo = mode == SCAN_WHOLE ? 0 : g * a.scanG, hi = mode == SCAN_WHOLE ? a.NC : min(a.NC, lo + a.scanG);
     int b = (int)(bh / a.H), h = (int)(bh % a.H);
-    int j0 = (int)(blockIdx.x % a.NV) * NVB, nv = min(NVB, dv - j0);
-    bool has_x = !BWD || a.dout != NULL;
-    // The state (its gradient) from s0 (dS_T), 0 in the padding columns; the forward keeps s0 as the first chunk's.
-    const real *from = BWD ? a.dsT : a.s0;
+    bool trans = cb >= a.NV;
+    int j0 = (trans ? cb - a.NV : cb) * NVB, nv = min(NVB, (trans ? dk : dv) - j0);
+    bool has_x = !trans && (!BWD || a.dout != NULL);
+    bool entry = BWD ? hi == a.NC : lo == 0;   // the walk starts from dS_T (s0)
+    // The state (its gradient) the walk starts from, 0 in the padding columns:
+    // dS_T (s0), or the group's entering one (SCAN_SEEDED), or 0 | identity
+    // (SCAN_LOCAL). The forward keeps it as its first chunk's.
+    const real *from = mode == SCAN_LOCAL ? NULL
+                       : entry            ? (BWD ? a.dsT : a.s0)
+                                          : a.scan_E + (bh * a.scanNG + g) * SS;
     for (int e = tid; e < dk * NVB; e += GDN_NT) {
         int i = e / NVB, j = e % NVB;
-        int64_t o = bh * SS + (int64_t)i * dv + j0 + j;
-        real v = j < nv && from ? from[o] : (real)0;
+        real v = 0;
+        if (j < nv) {
+            if (trans) v = i == j0 + j ? (real)1 : (real)0;
+            else if (from) v = from[(entry ? bh * SS : 0) + (int64_t)i * dv + j0 + j];
+        }
         sm.S[e] = v;
-        if (!BWD && j < nv) a.states[bh * a.NC * SS + (int64_t)i * dv + j0 + j] = v;
+        if (!BWD && mode != SCAN_LOCAL && j < nv) a.states[(bh * a.NC + lo) * SS + (int64_t)i * dv + j0 + j] = v;
     }
-    ScanPos start = {BWD ? a.NC - 1 : 0, 0}, pos = start, ahead = start;
+    // Where SCAN_LOCAL leaves its group's end: the real columns, then the transition's.
+    real *grp = mode == SCAN_LOCAL ? a.scan_grp + (bh * a.scanNG + g) * (int64_t)dk * (dv + dk) + (trans ? dv : 0) + j0
+                                   : NULL;
+    ScanPos start = {BWD ? hi - 1 : lo, 0}, pos = start, ahead = start;
     for (int s = 0; s + 1 < NS; s++) {
-        if (scan_in(a, ahead)) {
+        if (scan_in(lo, hi, ahead)) {
             scan_load<BWD, NVB>(a, scan_stage(sm, s), bh, b, h, j0, nv, ahead, has_x);
             ahead = scan_next<BWD>(a, ahead);
         }
@@ -989,16 +1052,26 @@ template <bool BWD, int NVB> __device__ void scan_walk(const GdnArgs &a) {
         x.dk = dk, x.dv = dv, x.P = a.scanP, x.nv = nv, x.jj = jj;
         x.n = min(a.scanR, L - pos.r0);
         x.first = pos.r0 == 0, x.last = pos.r0 + a.scanR >= L, x.has_x = has_x;
+        x.wrD = mode != SCAN_LOCAL;
         x.st = scan_stage(sm, i % NS);
         x.S = sm.S, x.D = sm.D, x.Acc = sm.Acc;
         x.gD = a.Ub + (bh * a.T + (int64_t)pos.c * a.C + pos.r0) * dv + j0;
-        x.gS = BWD ? a.dsb + (bh * a.NC + pos.c) * SS + j0
-                   : (pos.c + 1 < a.NC ? a.states + (bh * a.NC + pos.c + 1) * SS : a.sT + bh * SS) + j0;
-        x.gs0 = BWD && pos.c == 0 && a.gs0 ? a.gs0 + bh * SS + j0 : NULL;
+        x.gS = NULL, x.gR = NULL, x.ldR = dv;
+        bool end = pos.c == (BWD ? lo : hi - 1);   // the walk's last chunk
+        if (mode == SCAN_LOCAL) {
+            if (end) x.gR = grp, x.ldR = dv + dk;
+        } else if (BWD) {
+            x.gS = a.dsb + (bh * a.NC + pos.c) * SS + j0;
+            if (pos.c == 0 && a.gs0) x.gR = a.gs0 + bh * SS + j0;
+        } else if (pos.c + 1 == a.NC) {
+            x.gR = a.sT + bh * SS + j0;
+        } else if (!end) {   // a group's end is the next group's entering state, which its walk writes
+            x.gR = a.states + (bh * a.NC + pos.c + 1) * SS + j0;
+        }
         if (NS == 3) cp_async_wait<1>();
         else cp_async_wait<0>();
         __syncthreads();   // the tile's stage is in; the previous tile's steps are done
-        if (scan_in(a, ahead)) {
+        if (scan_in(lo, hi, ahead)) {
             scan_load<BWD, NVB>(a, scan_stage(sm, (i + NS - 1) % NS), bh, b, h, j0, nv, ahead, has_x);
             ahead = scan_next<BWD>(a, ahead);
         }
@@ -1015,12 +1088,50 @@ template <bool BWD, int NVB> __device__ void scan_walk(const GdnArgs &a) {
                 else scan_cols<BWD, NVB, 1>(x, k);
             }
         pos = scan_next<BWD>(a, pos);
-        if (!scan_in(a, pos)) break;
+        if (!scan_in(lo, hi, pos)) break;
     }
 }
 
 template <int NVB> __global__ void __launch_bounds__(GDN_NT, 1) k_gdn_fwd_scan(GdnArgs a) { scan_walk<false, NVB>(a); }
 template <int NVB> __global__ void __launch_bounds__(GDN_NT, 1) k_gdn_bwd_scan(GdnArgs a) { scan_walk<true, NVB>(a); }
+
+// The two-level scan's middle pass: across the groups in order (forward) or
+// in reverse (backward), per (batch, head, 32 columns of the state), the
+// state entering (the gradient leaving) each group from the one before:
+// S <- Phi S + L, Phi and L the group's transition and local end from
+// SCAN_LOCAL (scan_grp), into scan_E. Lane l takes column j0 + l, warp w the
+// rows w, w + 8, ...; each entry one fma chain over k in ascending order,
+// then + L: a column's arithmetic does not depend on the blocks. Shared
+// memory: the state's slice and the next one (dk x 32 each).
+#define JOIN_COLS 32
+template <bool BWD> __global__ void __launch_bounds__(GDN_NT) k_gdn_scan_join(GdnArgs a) {
+    extern __shared__ __align__(16) unsigned char join_shared[];
+    real *cur = (real *)join_shared, *nxt = cur + (size_t)a.dk * JOIN_COLS;
+    int dk = a.dk, dv = a.dv, NG = a.scanNG, ncb = (dv + JOIN_COLS - 1) / JOIN_COLS;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = GDN_NT / 32;
+    int64_t bh = blockIdx.x / ncb, SS = (int64_t)dk * dv, ldg = dv + dk;
+    int j = (int)(blockIdx.x % ncb) * JOIN_COLS + lane;
+    bool in = j < dv;
+    const real *from = BWD ? a.dsT : a.s0;
+    for (int i = warp; i < dk; i += nw) cur[i * JOIN_COLS + lane] = in && from ? from[bh * SS + (int64_t)i * dv + j] : 0;
+    __syncthreads();
+    for (int s = 0; s + 1 < NG; s++) {
+        int g = BWD ? NG - 1 - s : s, e = BWD ? g - 1 : g + 1;
+        const real *G = a.scan_grp + (bh * NG + g) * (int64_t)dk * ldg;
+        real *E = a.scan_E + (bh * NG + e) * SS;
+        for (int i = warp; i < dk; i += nw) {
+            const real *phi = G + (int64_t)i * ldg + dv;
+            real acc = 0;
+            for (int k = 0; k < dk; k++) acc = fma(phi[k], cur[k * JOIN_COLS + lane], acc);
+            real r = in ? acc + G[(int64_t)i * ldg + j] : (real)0;
+            nxt[i * JOIN_COLS + lane] = r;
+            if (in) E[(int64_t)i * dv + j] = r;
+        }
+        __syncthreads();   // nxt is whole; cur is no longer read
+        real *t = cur;
+        cur = nxt, nxt = t;
+    }
+}
 
 // The GPU's multiprocessors and the most shared memory a block may opt in to.
 static void cu_gpu_limits(int *sms, size_t *optin) {
@@ -1036,41 +1147,109 @@ static void cu_gpu_limits(int *sms, size_t *optin) {
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+// A scan pass's shape for blocks of nvb columns, `units` (batch, head,
+// group) walks each with ceil(dv / nvb) column blocks (and ceil(dk / nvb)
+// more for the transition when `trans`): the tile R (the chunk, at most
+// SCAN_RMAX rows) and stages NS (3 when the pass's blocks fit on the
+// multiprocessors at once, else 2), R halved until the shared memory fits,
+// then nvb. Returns the width, its shared memory in *smem.
+static int scan_fit(GdnArgs &a, int nvb, bool bwd, int64_t units, bool trans, int sms, size_t optin, size_t *smem) {
+    for (;;) {
+        int64_t blocks = units * ((a.dv + nvb - 1) / nvb + (trans ? (a.dk + nvb - 1) / nvb : 0));
+        for (int R = a.Cw < SCAN_RMAX ? a.Cw : SCAN_RMAX;; R = (R + 1) / 2) {
+            for (int ns = blocks <= sms ? 3 : 2; ns >= 2; ns--) {
+                size_t need = scan_layout(NULL, NULL, ns, R, a.dk, nvb, bwd, R < a.Cw);
+                if (need <= optin) {
+                    a.scanR = R, a.scanNS = ns, a.scan_acc = R < a.Cw, *smem = need;
+                    return nvb;
+                }
+            }
+            if (R == 1) break;
+        }
+        ASSERT(nvb > 8, "gdn: dk %d needs more shared memory than the GPU's %zu bytes for the chunked scan", a.dk, optin);
+        nvb /= 2;
+    }
+}
+
+template <bool BWD> static void (*scan_kernel(int nvb))(GdnArgs) {
+    if (BWD) return nvb == 8 ? k_gdn_bwd_scan<8> : nvb == 16 ? k_gdn_bwd_scan<16> : k_gdn_bwd_scan<32>;
+    return nvb == 8 ? k_gdn_fwd_scan<8> : nvb == 16 ? k_gdn_fwd_scan<16> : k_gdn_fwd_scan<32>;
+}
+
+// Shared memory past the default 48 KiB needs the kernel's consent, asked
+// once per kernel and size.
+static void smem_optin(const void *kernel, size_t smem, size_t *opted) {
+    if (smem > 48 * 1024 && smem > *opted) {
+        CU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        *opted = smem;
+    }
+}
+
+static size_t scan_opted[2][3];   // the largest size each scan kernel (backward?, width) has opted in to
+static size_t *scan_opted_of(bool bwd, int nvb) { return &scan_opted[bwd][nvb == 8 ? 0 : nvb == 16 ? 1 : 2]; }
+
+template <bool BWD> static void scan_run(const GdnArgs &a, int nvb, int64_t blocks, size_t smem) {
+    void (*kernel)(GdnArgs) = scan_kernel<BWD>(nvb);
+    smem_optin((const void *)kernel, smem, scan_opted_of(BWD, nvb));
+    kernel<<<(unsigned)blocks, GDN_NT, smem, cu_stream>>>(a);
+    CU_LAUNCHED();
+}
+
+// The two-level scan's group: scanG chunks, or 0 for one walk over all of
+// them. A walk's chunks are sequential, so the one-level scan takes
+// ceil(B H NV / slots) x NC chunk steps (slots: the blocks the GPU runs at
+// once); with groups of G, the local pass ceil(B H (NG - 1)(NV + NVt) /
+// slots) x G, the join about one step per group, the seeded pass
+// ceil(B H NG NV / slots) x G. Groups are taken when that is under 3/4 of
+// the one-level count, G the power of two with the fewest. Decided from
+// the width the host would pick (not ATTNLAB_GDN_SCAN_COLS's), so a forced
+// width gives the same bits. ATTNLAB_GDN_SCAN_GROUP = G forces G (0: one
+// level).
+template <bool BWD> static int scan_groups(GdnArgs a, int nvb, int sms, size_t optin) {
+    const char *env = getenv("ATTNLAB_GDN_SCAN_GROUP");
+    if (env && *env) {
+        long g = strtol(env, NULL, 10);
+        return g > 0 && g < a.NC ? (int)g : 0;
+    }
+    if (a.NC < 8) return 0;
+    int64_t BH = (int64_t)a.B * a.H;
+    size_t smem = 0;
+    int w = scan_fit(a, nvb, BWD, BH, false, sms, optin, &smem);
+    int p = 0;   // blocks per multiprocessor
+    void (*kernel)(GdnArgs) = scan_kernel<BWD>(w);
+    smem_optin((const void *)kernel, smem, scan_opted_of(BWD, w));
+    CU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&p, kernel, GDN_NT, smem));
+    if (p < 1) p = 1;
+    int64_t slots = (int64_t)sms * p, NV = (a.dv + w - 1) / w, NVt = (a.dk + w - 1) / w;
+    auto waves = [slots](int64_t blocks) { return (double)((blocks + slots - 1) / slots); };
+    double one = waves(BH * NV) * a.NC, best = 0.75 * one;
+    int bestG = 0;
+    for (int G = 2; G <= a.NC / 2; G *= 2) {
+        int NG = (a.NC + G - 1) / G;
+        double t = (waves(BH * (NG - 1) * (NV + NVt)) + waves(BH * NG * NV)) * G + (NG - 1);
+        if (t < best) best = t, bestG = G;
+    }
+    return bestG;
+}
+
 // The scan's launch: the column block NVB, 32 unless B H ceil(dv / 32)
 // blocks leave most multiprocessors idle: halved (to 8 at least) while the
 // halved width's blocks still fit on the GPU's multiprocessors
-// (ATTNLAB_GDN_SCAN_COLS = 8, 16 or 32 forces it); then the tile R (the
-// chunk, at most SCAN_RMAX rows) and stages NS (3 when the blocks fit on
-// the multiprocessors at once, else 2), R halved until the shared memory
-// fits, then NVB.
-template <bool BWD> static void scan_launch(GdnArgs &a) {
+// (ATTNLAB_GDN_SCAN_COLS = 8, 16 or 32 forces it); then (scan_fit) the
+// tiles, stages and, if the shared memory needs it, a narrower width; then
+// one walk over all chunks, or the two-level scan's three passes
+// (scan_groups).
+template <bool BWD> static void scan_launch(Node *n, GdnArgs &a) {
     int sms;
     size_t optin;
     cu_gpu_limits(&sms, &optin);
     int64_t BH = (int64_t)a.B * a.H;
     int nvb = 32;
+    while (nvb > 8 && BH * ((a.dv + nvb / 2 - 1) / (nvb / 2)) <= sms) nvb /= 2;
+    int G = scan_groups<BWD>(a, nvb, sms, optin);
     const char *env = getenv("ATTNLAB_GDN_SCAN_COLS");
     int forced = env ? atoi(env) : 0;
     if (forced == 8 || forced == 16 || forced == 32) nvb = forced;
-    else
-        while (nvb > 8 && BH * ((a.dv + nvb / 2 - 1) / (nvb / 2)) <= sms) nvb /= 2;
-    size_t smem = 0;
-    for (bool fit = false; !fit;) {
-        int64_t blocks = BH * ((a.dv + nvb - 1) / nvb);
-        for (int R = a.Cw < SCAN_RMAX ? a.Cw : SCAN_RMAX; !fit; R = (R + 1) / 2) {
-            for (int ns = blocks <= sms ? 3 : 2; ns >= 2 && !fit; ns--) {
-                smem = scan_layout(NULL, NULL, ns, R, a.dk, nvb, BWD, R < a.Cw);
-                if (smem <= optin) fit = true, a.scanR = R, a.scanNS = ns, a.scan_acc = R < a.Cw;
-            }
-            if (R == 1) break;
-        }
-        if (!fit) {
-            ASSERT(nvb > 8, "gdn: dk %d needs more shared memory than the GPU's %zu bytes for the chunked scan", a.dk,
-                   optin);
-            nvb /= 2;
-        }
-    }
-    a.NV = (a.dv + nvb - 1) / nvb;
     a.scanP = scan_pitch(a.dk);
     size_t rs = sizeof(real);
     a.scan_vec = 0;
@@ -1078,16 +1257,35 @@ template <bool BWD> static void scan_launch(GdnArgs &a) {
     if (aligned16(a.k) && a.dk * rs % 16 == 0 && a.ldk * rs % 16 == 0) a.scan_vec |= SCAN_VEC_K;
     if (aligned16(a.Ub) && a.dv * rs % 16 == 0) a.scan_vec |= SCAN_VEC_U;
     if (BWD && aligned16(a.dsb) && a.dv * rs % 16 == 0) a.scan_vec |= SCAN_VEC_DS;
-    void (*kernel)(GdnArgs) = BWD ? (nvb == 8 ? k_gdn_bwd_scan<8> : nvb == 16 ? k_gdn_bwd_scan<16> : k_gdn_bwd_scan<32>)
-                                  : (nvb == 8 ? k_gdn_fwd_scan<8> : nvb == 16 ? k_gdn_fwd_scan<16> : k_gdn_fwd_scan<32>);
-    static size_t opted[2][3];   // the largest size each kernel has opted in to
-    size_t &op = opted[BWD][nvb == 8 ? 0 : nvb == 16 ? 1 : 2];
-    if (smem > 48 * 1024 && smem > op) {
-        CU_CHECK(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        op = smem;
+    size_t smem = 0;
+    if (!G) {
+        a.scan_mode = SCAN_WHOLE;
+        int w = scan_fit(a, nvb, BWD, BH, false, sms, optin, &smem);
+        a.NV = (a.dv + w - 1) / w;
+        scan_run<BWD>(a, w, BH * a.NV, smem);
+        return;
     }
-    kernel<<<(unsigned)(BH * a.NV), GDN_NT, smem, cu_stream>>>(a);
+    int NG = (a.NC + G - 1) / G;
+    a.scanG = G, a.scanNG = NG;
+    a.scan_grp = (real *)tape_dalloc(n->tape, (size_t)(BH * NG) * a.dk * (a.dv + a.dk) * rs);
+    a.scan_E = (real *)tape_dalloc(n->tape, (size_t)(BH * NG) * a.dk * a.dv * rs);
+    // 1. Each group but the one whose end nothing needs, alone.
+    a.scan_mode = SCAN_LOCAL;
+    int w = scan_fit(a, nvb, BWD, BH * (NG - 1), true, sms, optin, &smem);
+    a.NV = (a.dv + w - 1) / w, a.NVt = (a.dk + w - 1) / w;
+    scan_run<BWD>(a, w, BH * (NG - 1) * (a.NV + a.NVt), smem);
+    // 2. Across the groups.
+    static size_t join_opted[2];
+    size_t js = 2 * (size_t)a.dk * JOIN_COLS * rs;
+    ASSERT(js <= optin, "gdn: dk %d needs more shared memory than the GPU's %zu bytes for the scan's join", a.dk, optin);
+    smem_optin((const void *)k_gdn_scan_join<BWD>, js, &join_opted[BWD]);
+    k_gdn_scan_join<BWD><<<(unsigned)(BH * ((a.dv + JOIN_COLS - 1) / JOIN_COLS)), GDN_NT, js, cu_stream>>>(a);
     CU_LAUNCHED();
+    // 3. Each group again, from its entering state.
+    a.scan_mode = SCAN_SEEDED;
+    w = scan_fit(a, nvb, BWD, BH * NG, false, sms, optin, &smem);
+    a.NV = (a.dv + w - 1) / w;
+    scan_run<BWD>(a, w, BH * NG * a.NV, smem);
 }
 
 // ---------------------------------------------------------------- chunked form: forward
@@ -1456,7 +1654,7 @@ extern "C" void cu_gdn_chunk_forward(Node *n) {
     a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > go ? gp : go));
     k_gdn_fwd_prep<<<gp, GDN_NT, 0, cu_stream>>>(a);
     CU_LAUNCHED();
-    scan_launch<false>(a);
+    scan_launch<false>(n, a);
     k_gdn_fwd_out<<<go, GDN_NT, 0, cu_stream>>>(a);
     CU_LAUNCHED();
 }
@@ -1479,7 +1677,7 @@ extern "C" void cu_gdn_chunk_backward(Node *n) {
     a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > gc ? gp : gc));
     k_gdn_bwd_prep<<<gp, GDN_NT, 0, cu_stream>>>(a);
     CU_LAUNCHED();
-    scan_launch<true>(a);
+    scan_launch<true>(n, a);
     k_gdn_bwd_chunk<<<gc, GDN_NT, 0, cu_stream>>>(a);
     CU_LAUNCHED();
     gdn_grads_finish(&gr);

@@ -429,6 +429,110 @@ Test(cuda_gdn, scan_column_blocks_give_the_same_bits) {
     }
 }
 
+// The scans' two-level form (groups of chunks, each alone, joined, then
+// each again from its entering state) is chosen from B H, dv and the
+// chunks (gdn.cu); ATTNLAB_GDN_SCAN_GROUP = G forces groups of G chunks,
+// 0 one walk. NULL: the choice.
+static void set_scan_group(const char *g) {
+    if (g) setenv("ATTNLAB_GDN_SCAN_GROUP", g, 1);
+    else unsetenv("ATTNLAB_GDN_SCAN_GROUP");
+}
+
+Test(cuda_gdn, two_level_scan_agrees_with_the_cpu) {
+    // Groups of 1, 2, 3 and 5 chunks: the last group whole or partial, a
+    // group of one chunk, two groups only; documents at and between group
+    // edges; dv off the column block, dk != dv, dk past the column block
+    // (the transition's columns in several blocks); chunks of two tiles;
+    // each output alone (the backward with no dO, no dS_T); no s0; the decay
+    // regimes (a transition near 0, near the identity, beta near 1).
+    enum { B = 2, T = 200 };
+    static int doc[B * T];
+    memset(doc, 0, sizeof doc);
+    doc[0] = doc[32] = doc[48] = doc[49] = doc[T + 100] = doc[T + 199] = 1;
+    static const char *const groups[] = {"1", "2", "3", "5"};
+    for (int gi = 0; gi < 4; gi++) {
+        set_scan_group(groups[gi]);
+        check_gdn(MIXER_FORM_CHUNKED, B, T, 2, 32, 40, 16, REG_PLAIN, true, doc, 3, 600 + gi);
+        check_gdn(MIXER_FORM_CHUNKED, 1, 75, 2, 16, 33, 16, REG_PLAIN, false, NULL, 3, 604 + gi);
+        check_gdn(MIXER_FORM_CHUNKED, 1, 150, 1, 40, 24, 16, REG_PLAIN, true, NULL, 1, 608 + gi);
+        check_gdn(MIXER_FORM_CHUNKED, 1, 150, 1, 40, 24, 16, REG_PLAIN, true, NULL, 2, 612 + gi);
+        check_gdn(MIXER_FORM_CHUNKED, 1, 400, 2, 24, 20, 100, REG_PLAIN, true, doc, 3, 616 + gi);
+    }
+    set_scan_group("2");
+    static const Regime regs[] = {REG_G_ZERO, REG_G_M20, REG_BETA_1};
+    for (int r = 0; r < 3; r++) check_gdn(MIXER_FORM_CHUNKED, 2, 160, 2, 32, 32, 16, regs[r], true, NULL, 3, 620 + r);
+    check_gdn(MIXER_FORM_CHUNKED, 1, 300, 2, 128, 128, 64, REG_PLAIN, true, NULL, 3, 623);
+    set_scan_group(NULL);
+}
+
+Test(cuda_gdn, two_level_scan_chosen_on_long_rows) {
+    // Few (batch, head) pairs and many chunks: the host takes groups by
+    // itself (as it does at B = 1 on long rows); against the CPU, and against
+    // one walk (ATTNLAB_GDN_SCAN_GROUP = 0) within rounding. Without decay:
+    // with it (g < 0) a group's transition underflows to 0 and both ways
+    // give the same bits, which would not tell them apart.
+    static const char *const names[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
+    enum { T = 2100 };
+    static int doc[T];
+    memset(doc, 0, sizeof doc);
+    doc[0] = doc[48] = doc[1000] = doc[1001] = doc[2047] = 1;
+    set_scan_group(NULL);
+    check_gdn(MIXER_FORM_CHUNKED, 1, T, 2, 32, 32, 16, REG_PLAIN, true, doc, 3, 630);
+    check_gdn(MIXER_FORM_CHUNKED, 1, T, 2, 32, 32, 16, REG_G_ZERO, true, doc, 3, 631);
+    Tensor *x[N_IN];
+    make_inputs(x, 1, T, 2, 32, 32, REG_G_ZERO, true, true, 632);
+    GdnCtx c = {2, 16, MIXER_FORM_CHUNKED, doc, 3};
+    GpuRun a = gpu_run(x, &c);
+    set_scan_group("0");
+    GpuRun b = gpu_run(x, &c);
+    set_scan_group(NULL);
+    // The two differ in the order of their sums only: not in every bit, and
+    // within the forms' tolerance.
+    bool same = memcmp(a.o, b.o, (size_t)a.n_o * sizeof(real)) == 0 &&
+                memcmp(a.sT, b.sT, (size_t)a.n_s * sizeof(real)) == 0;
+    cr_assert(!same, "the host did not take the two-level scan on a row of 132 chunks at B H = 2");
+    double e = max_rel_diff(a.o, b.o, a.n_o);
+    cr_assert_leq(e, FORM_TOL, "o differs by %.3e", e);
+    e = max_rel_diff(a.sT, b.sT, a.n_s);
+    cr_assert_leq(e, FORM_TOL, "S_T differs by %.3e", e);
+    for (int i = 0; i < N_IN; i++) {
+        e = max_rel_diff(a.grad[i], b.grad[i], x[i]->numel);
+        cr_assert_leq(e, FORM_TOL, "%s differs by %.3e", names[i], e);
+    }
+    gpu_run_free(&a);
+    gpu_run_free(&b);
+    free_inputs(x);
+}
+
+Test(cuda_gdn, two_level_scan_gives_the_same_bits_at_every_width) {
+    // With the groups fixed, a state column's arithmetic is the same whatever
+    // the column block: o, S_T and every gradient the same bits at 8, 16 and
+    // 32 columns a block, and run again.
+    static const char *const names[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
+    static const char *const cols[] = {"8", "16", "32"};
+    Tensor *x[N_IN];
+    make_inputs(x, 1, 700, 2, 40, 72, REG_PLAIN, true, true, 640);
+    GdnCtx c = {2, 16, MIXER_FORM_CHUNKED, NULL, 3};
+    set_scan_group("3");
+    GpuRun r[4];
+    for (int w = 0; w < 3; w++) {
+        set_scan_cols(cols[w]);
+        r[w] = gpu_run(x, &c);
+    }
+    r[3] = gpu_run(x, &c);
+    set_scan_cols(NULL);
+    set_scan_group(NULL);
+    for (int w = 1; w < 4; w++) {
+        cr_assert(memcmp(r[0].o, r[w].o, (size_t)r[0].n_o * sizeof(real)) == 0, "run %d: o differs", w);
+        cr_assert(memcmp(r[0].sT, r[w].sT, (size_t)r[0].n_s * sizeof(real)) == 0, "run %d: S_T differs", w);
+        for (int i = 0; i < N_IN; i++)
+            cr_assert(memcmp(r[0].grad[i], r[w].grad[i], (size_t)x[i]->numel * sizeof(real)) == 0,
+                      "run %d: %s differs", w, names[i]);
+    }
+    for (int w = 0; w < 4; w++) gpu_run_free(&r[w]);
+    free_inputs(x);
+}
+
 Test(cuda_gdn, a_run_repeats_bit_for_bit) {
     Tensor *x[N_IN];
     make_inputs(x, 2, 100, 2, 32, 32, REG_PLAIN, true, true, 300);
