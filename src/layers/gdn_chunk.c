@@ -38,45 +38,77 @@ GdnDims gdn_dims(const Node *n) {
     return d;
 }
 
-static size_t chunk_nreal(int C, int dk, int dv) {   // (db takes C reals' room: sizeof(int) <= sizeof(real))
-    return 5 * (size_t)C * C + (size_t)C * (3 * dk + 3 * dv + dk + 4);
+// Carve the workspace of chunks of up to C positions out of mem, each array
+// starting on a whole vector (64 bytes); with mem NULL only count the bytes.
+// One list of the arrays serves both gdn_chunk_bytes and gdn_chunk_bind.
+static size_t chunk_layout(GdnChunk *ws, unsigned char *mem, int C, int dk, int dv) {
+    size_t LL = (size_t)C * C, at = 0;
+    int ldt = round_vl(C);
+#define TAKE(field, n, type)                                     \
+    do {                                                         \
+        if (mem) ws->field = (type *)(mem + at);                 \
+        at += ((size_t)(n) * sizeof(type) + 63) & ~(size_t)63;   \
+    } while (0)
+    TAKE(G, C, double);
+    TAKE(E, LL, real);
+    TAKE(KK, LL, real);
+    TAKE(A, LL, real);
+    TAKE(Tm, (size_t)C * ldt, real);
+    TAKE(P, LL, real);
+    TAKE(Xw, (size_t)C * dk, real);
+    TAKE(W, (size_t)C * dk, real);
+    TAKE(Kd, (size_t)C * dk, real);
+    TAKE(Xu, (size_t)C * dv, real);
+    TAKE(U, (size_t)C * dv, real);
+    TAKE(Dl, (size_t)C * dv, real);
+    TAKE(bet, C, real);
+    TAKE(bm, C, real);
+    TAKE(ek, C, real);
+    TAKE(db, C, int);
+    int m = imax(C, imax(dk, dv));
+    TAKE(pack, (size_t)m * m, real);
+#undef TAKE
+    if (mem) {
+        ws->dk = dk;
+        ws->dv = dv;
+        ws->L = 0;
+        ws->ldt = ldt;
+    }
+    return at;
 }
 
-static size_t pack_nreal(int C, int dk, int dv) {
-    size_t m = (size_t)imax(C, imax(dk, dv));
-    return m * m;
-}
+size_t gdn_chunk_bytes(int C, int dk, int dv) { return chunk_layout(NULL, NULL, C, dk, dv); }
 
-// + 64: the pack is aligned to a whole vector
-size_t gdn_chunk_bytes(int C, int dk, int dv) {
-    return C * sizeof(double) + (chunk_nreal(C, dk, dv) + pack_nreal(C, dk, dv)) * sizeof(real) + 64;
-}
+void gdn_chunk_bind(GdnChunk *ws, void *mem, int C, int dk, int dv) { chunk_layout(ws, mem, C, dk, dv); }
 
-void gdn_chunk_bind(GdnChunk *ws, void *mem, int C, int dk, int dv) {
-    size_t LL = (size_t)C * C;
-    ws->dk = dk;
-    ws->dv = dv;
-    ws->L = 0;
-    ws->G = mem;
-    real *p = (real *)(ws->G + C);
-    ws->E = p, p += LL;
-    ws->KK = p, p += LL;
-    ws->A = p, p += LL;
-    ws->Tm = p, p += LL;
-    ws->P = p, p += LL;
-    ws->Xw = p, p += (size_t)C * dk;
-    ws->W = p, p += (size_t)C * dk;
-    ws->Kd = p, p += (size_t)C * dk;
-    ws->Xu = p, p += (size_t)C * dv;
-    ws->U = p, p += (size_t)C * dv;
-    ws->Dl = p, p += (size_t)C * dv;
-    ws->bet = p, p += C;
-    ws->bm = p, p += C;
-    ws->ek = p, p += C;
-    ws->db = (int *)p, p += C;
-    ws->pack = (real *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
+// Tm = (I + A)^-1 for the strictly lower A (L, L): row i of Tm is
+// e_i - sum_{m<i} A_im Tm_m (forward substitution). Done one vector of
+// columns [j0, j0 + VL) at a time, where the rows m < j0 of Tm are zero, so
+// that row i's sum runs over m = j0 .. i-1 in registers, in four partial sums
+// (the additions of one sum would otherwise wait on each other), instead of
+// updating row i in memory once per m. Tm's rows (stride ldt) are whole
+// aligned vectors; its columns L .. ldt-1 come out zero.
+static void tri_inverse(real *Tm, int ldt, const real *A, int L) {
+    for (int j0 = 0; j0 < L; j0 += VL) {
+        for (int i = 0; i < j0; i++) *(vreal *)(Tm + (size_t)i * ldt + j0) = (vreal){0};
+        for (int i = j0; i < L; i++) {
+            const real *Ai = A + (size_t)i * L;
+            const real *Tj = Tm + j0;
+            vreal s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+            int m = j0;
+            for (; m + 4 <= i; m += 4) {
+                s0 += Ai[m] * *(const vreal *)(Tj + (size_t)m * ldt);
+                s1 += Ai[m + 1] * *(const vreal *)(Tj + (size_t)(m + 1) * ldt);
+                s2 += Ai[m + 2] * *(const vreal *)(Tj + (size_t)(m + 2) * ldt);
+                s3 += Ai[m + 3] * *(const vreal *)(Tj + (size_t)(m + 3) * ldt);
+            }
+            for (; m < i; m++) s0 += Ai[m] * *(const vreal *)(Tj + (size_t)m * ldt);
+            vreal t = -((s0 + s1) + (s2 + s3));
+            if (i < j0 + VL) t[i - j0] = 1;
+            *(vreal *)(Tm + (size_t)i * ldt + j0) = t;
+        }
+    }
 }
-
 
 void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const real *v, const real *beta,
                        const real *g, int ldk, int ldv, int H, const real *S0, const int *db) {
@@ -113,17 +145,8 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
     for (int i = 0; i < L; i++)
         for (int j = 0; j < L; j++) A[i * L + j] = j < i ? bet[i] * E[i * L + j] * KK[i * L + j] : 0;
 
-    // Tm = (I + A)^-1 by forward substitution: row i = e_i - sum_{m<i} A_im Tm_m.
-    for (int i = 0; i < L; i++) {
-        real *ti = Tm + (size_t)i * L;
-        memset(ti, 0, (size_t)L * sizeof(real));
-        ti[i] = 1;
-        for (int m = 0; m < i; m++) {
-            real a = A[i * L + m];
-            const real *tm = Tm + (size_t)m * L;
-            for (int j = 0; j <= m; j++) ti[j] -= a * tm[j];
-        }
-    }
+    // Tm = (I + A)^-1 by forward substitution.
+    tri_inverse(Tm, ws->ldt, A, L);
 
     // W = Tm diag(beta b) K, U = Tm diag(beta) V, Delta = U - W S0.
     for (int i = 0; i < L; i++) {
@@ -131,8 +154,8 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
         for (int c = 0; c < dk; c++) ws->Xw[i * dk + c] = sw * k[(int64_t)i * ldk + c];
         for (int c = 0; c < dv; c++) ws->Xu[i * dv + c] = su * v[(int64_t)i * ldv + c];
     }
-    tile_gemm(false, false, L, dk, L, 1, Tm, L, ws->Xw, dk, 0, ws->W, dk, -L, 0, NULL);   // Tm lower
-    tile_gemm(false, false, L, dv, L, 1, Tm, L, ws->Xu, dv, 0, ws->U, dv, -L, 0, NULL);
+    tile_gemm(false, false, L, dk, L, 1, Tm, ws->ldt, ws->Xw, dk, 0, ws->W, dk, -L, 0, NULL);   // Tm lower
+    tile_gemm(false, false, L, dv, L, 1, Tm, ws->ldt, ws->Xu, dv, 0, ws->U, dv, -L, 0, NULL);
     memcpy(ws->Dl, ws->U, (size_t)L * dv * sizeof(real));
     tile_gemm(false, false, L, dv, dk, -1, ws->W, dk, S0, dv, 1, ws->Dl, dv, TILE_FULL(L, dk), NULL);
 

@@ -134,8 +134,8 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     tile_gemm(true, false, dk, dv, L, -1, ws->W, dk, gr->dDl, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
 
     // W = Tm Xw, U = Tm Xu, Tm = (I + A)^-1.
-    tile_gemm(true, false, L, dk, L, 1, ws->Tm, L, gr->dW, dk, 0, gr->dXw, dk, 0, L, NULL);   // Tm^T upper
-    tile_gemm(true, false, L, dv, L, 1, ws->Tm, L, gr->dDl, dv, 0, gr->dXu, dv, 0, L, NULL);
+    tile_gemm(true, false, L, dk, L, 1, ws->Tm, ws->ldt, gr->dW, dk, 0, gr->dXw, dk, 0, L, NULL);   // Tm^T upper
+    tile_gemm(true, false, L, dv, L, 1, ws->Tm, ws->ldt, gr->dDl, dv, 0, gr->dXu, dv, 0, L, NULL);
     tile_gemm(false, true, L, L, dk, -1, gr->dXw, dk, ws->W, dk, 0, dA, L, TILE_FULL(L, dk), pk);
     tile_gemm(false, true, L, L, dv, -1, gr->dXu, dv, ws->U, dv, 1, dA, L, TILE_FULL(L, dv), pk);
 

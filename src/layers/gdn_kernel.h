@@ -101,7 +101,8 @@ typedef struct GdnChunk {
     real *E;         // (L, L) exp(Gamma_i - Gamma_j) for j <= i, 0 above
     real *KK;        // (L, L) K K^T
     real *A;         // (L, L) beta_i E_ij KK_ij for j < i, else 0
-    real *Tm;        // (L, L) (I + A)^-1, unit lower-triangular
+    real *Tm;        // (L, ldt) (I + A)^-1, unit lower-triangular; rows of whole vectors
+    int ldt;         // Tm's row stride: C rounded up to whole vectors (tile_mm.h)
     real *Xw;        // (L, dk) diag(beta * b) K,  b_i = exp(Gamma_i)
     real *Xu;        // (L, dv) diag(beta) V
     real *W;         // (L, dk) Tm Xw
