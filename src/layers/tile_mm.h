@@ -102,12 +102,53 @@ static inline void pack_rows(real *dst, int ldd, const real *src, int lds, int n
     }
 }
 
+// Unaligned whole vectors (rows of a tensor at any offset), and the index
+// vectors of __builtin_shuffle for vreal.
+typedef real vreal_u __attribute__((vector_size(VEC_BYTES), aligned(sizeof(real))));
+#ifdef AG_DOUBLE
+typedef int64_t vindex __attribute__((vector_size(VEC_BYTES)));
+#else
+typedef int32_t vindex __attribute__((vector_size(VEC_BYTES)));
+#endif
+
+// The transpose of the VL x VL block at src (row stride lds) into dst (row
+// stride ldd), in registers: at each level b = VL/2, ..., 1, every 2b x 2b
+// block swaps its off-diagonal b x b blocks (log2 VL rounds of two-register
+// shuffles) instead of VL^2 single-element loads and stores.
+static inline __attribute__((always_inline)) void transpose_block(real *dst, int ldd, const real *src, int lds) {
+    vreal r[VL];
+#pragma GCC unroll 16
+    for (int i = 0; i < VL; i++) r[i] = *(const vreal_u *)(src + (int64_t)i * lds);
+#pragma GCC unroll 4
+    for (int b = VL / 2; b >= 1; b /= 2) {
+        vindex lo, hi;   // lo: x's first b of each 2b, then y's; hi: x's second b, then y's
+#pragma GCC unroll 16
+        for (int j = 0; j < VL; j++) {
+            lo[j] = j & b ? VL + j - b : j;
+            hi[j] = j & b ? VL + j : j + b;
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < VL; i++)
+            if (!(i & b)) {
+                vreal x = r[i], y = r[i + b];
+                r[i] = __builtin_shuffle(x, y, lo);
+                r[i + b] = __builtin_shuffle(x, y, hi);
+            }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < VL; i++) *(vreal_u *)(dst + (int64_t)i * ldd) = r[i];
+}
+
 // dst (w x ldd) = the transpose of w columns of n rows of src: dst[c][i] =
-// src[i][c], columns n .. ldd-1 zero.
+// src[i][c], columns n .. ldd-1 zero. Whole VL x VL blocks in registers
+// (transpose_block), the edges element by element.
 static inline void pack_transposed(real *dst, int ldd, const real *src, int lds, int n, int w) {
+    int nb = n / VL * VL, wb = w / VL * VL;
+    for (int c = 0; c < wb; c += VL)
+        for (int i = 0; i < nb; i += VL) transpose_block(dst + (int64_t)c * ldd + i, ldd, src + (int64_t)i * lds + c, lds);
     for (int c = 0; c < w; c++) {
         real *row = dst + (int64_t)c * ldd;
-        for (int i = 0; i < n; i++) row[i] = src[(int64_t)i * lds + c];
+        for (int i = c < wb ? nb : 0; i < n; i++) row[i] = src[(int64_t)i * lds + c];
         for (int i = n; i < ldd; i++) row[i] = 0;
     }
 }
