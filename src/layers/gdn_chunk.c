@@ -140,8 +140,12 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
     }
     ws->bl = ws->bm[L - 1];
 
+    // K^T, packed once: the right operand of both K K^T and Q K^T.
+    real *Kt = ws->pack;   // (dk, L)
+    pack_transposed(Kt, L, k, ldk, L, dk);
+
     // A = strictly-lower (beta_i E_ij k_i.k_j).
-    tile_gemm(false, true, L, L, dk, 1, k, ldk, k, ldk, 0, KK, L, TILE_FULL(L, dk), ws->pack);
+    tile_gemm_lower(L, dk, 1, k, ldk, Kt, L, 0, KK, L);
     for (int i = 0; i < L; i++)
         for (int j = 0; j < L; j++) A[i * L + j] = j < i ? bet[i] * E[i * L + j] * KK[i * L + j] : 0;
 
@@ -159,9 +163,14 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
     memcpy(ws->Dl, ws->U, (size_t)L * dv * sizeof(real));
     tile_gemm(false, false, L, dv, dk, -1, ws->W, dk, S0, dv, 1, ws->Dl, dv, TILE_FULL(L, dk), NULL);
 
-    // P = (Q K^T) * E (E is zero above the diagonal).
-    tile_gemm(false, true, L, L, dk, 1, q, ldk, k, ldk, 0, P, L, TILE_FULL(L, dk), ws->pack);
-    for (int i = 0; i < L * L; i++) P[i] *= E[i];
+    // P = (Q K^T) * E, lower with the diagonal, zero above.
+    tile_gemm_lower(L, dk, 1, q, ldk, Kt, L, 0, P, L);
+    for (int i = 0; i < L; i++) {
+        real *Pi = P + (size_t)i * L;
+        const real *Ei = E + (size_t)i * L;
+        for (int j = 0; j <= i; j++) Pi[j] *= Ei[j];
+        for (int j = i + 1; j < L; j++) Pi[j] = 0;
+    }
 
     // Kd: the rows of K decayed to the end of the chunk.
     for (int j = 0; j < L; j++) {

@@ -99,7 +99,7 @@ typedef struct GdnChunk {
     int L, dk, dv;
     double *G;       // (L) Gamma_i = sum_{j<=i} g_j inside the chunk
     real *E;         // (L, L) exp(Gamma_i - Gamma_j) for j <= i, 0 above
-    real *KK;        // (L, L) K K^T
+    real *KK;        // (L, L) K K^T on and below the diagonal (above: unspecified)
     real *A;         // (L, L) beta_i E_ij KK_ij for j < i, else 0
     real *Tm;        // (L, ldt) (I + A)^-1, unit lower-triangular; rows of whole vectors
     int ldt;         // Tm's row stride: C rounded up to whole vectors (tile_mm.h)
@@ -115,7 +115,7 @@ typedef struct GdnChunk {
     real *ek;        // (L) exp(Gamma_{L-1} - Gamma_j), 0 before the chunk's last document
     real bl;         // m_{L-1} b_{L-1}: the factor of S0 in S_C
     int *db;         // (C) the chunk's documents (gdn_chunk_docs)
-    real *pack;      // (m, m), m = max(C, dk, dv): a transposed operand of tile_gemm
+    real *pack;      // (m, m), m = max(C, dk, dv): K^T in gdn_chunk_prepare, then a transposed operand of tile_gemm
 } GdnChunk;
 
 // Workspace for chunks of up to C positions: one allocation, free(ws->G).

@@ -69,11 +69,13 @@ static inline __attribute__((always_inline)) void mm_rows(const int R, bool two,
 // multiples of VL, and B and C are VEC_BYTES-aligned.
 // Band: A(i, k) is zero outside i + lo <= k <= i + hi (a causal mask), and
 // each block of rows skips the k where all its rows are zero.
-static inline void tile_mm_band(int M, int N, int K, int lo, int hi, real alpha, const real *A, int lda, int ak,
-                         const real *B, int ldb, real *C, int ldc, bool add) {
+// lower: only the blocks of C that hold an element on or below the diagonal
+// (j <= i) are computed; the others are left as they were.
+static inline void tile_mm_band_part(int M, int N, int K, int lo, int hi, bool lower, real alpha, const real *A,
+                                     int lda, int ak, const real *B, int ldb, real *C, int ldc, bool add) {
     for (int j = 0; j < N; j += 2 * VL) {
         bool two = j + 2 * VL <= N;
-        for (int i = 0; i < M;) {
+        for (int i = lower ? j / MR * MR : 0; i < M;) {
             int R = M - i >= MR ? MR : M - i >= 4 ? 4 : M - i >= 2 ? 2 : 1;
             int k0 = imax(0, i + lo), k1 = imin(K, i + R - 1 + hi + 1);
             int nk = imax(0, k1 - k0);
@@ -86,6 +88,11 @@ static inline void tile_mm_band(int M, int N, int K, int lo, int hi, real alpha,
             i += R;
         }
     }
+}
+
+static inline void tile_mm_band(int M, int N, int K, int lo, int hi, real alpha, const real *A, int lda, int ak,
+                                const real *B, int ldb, real *C, int ldc, bool add) {
+    tile_mm_band_part(M, N, K, lo, hi, false, alpha, A, lda, ak, B, ldb, C, ldc, add);
 }
 
 static inline void tile_mm(int M, int N, int K, real alpha, const real *A, int lda, int ak, const real *B, int ldb,
@@ -189,5 +196,21 @@ static inline void tile_gemm(bool ta, bool tb, int M, int N, int K, real alpha, 
     tile_mm_band(M, N, K, lo, hi, alpha, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, C, ldc, beta != 0);
 }
 #define TILE_FULL(M, K) -(M), (K)   // lo, hi of a product without a band
+
+// C (M x M) = alpha A B + beta C (beta 0 or 1; A row-major (M x K), B (K x M))
+// on and below the diagonal, for the products whose upper triangle is masked
+// away (the chunk kernels' Q K^T, K K^T, dO Delta^T): the blocks of C above
+// the diagonal are skipped where C's and B's rows are whole aligned vectors;
+// elsewhere gemm() computes all of C. What lies above the diagonal is
+// unspecified.
+static inline void tile_gemm_lower(int M, int K, real alpha, const real *A, int lda, const real *B, int ldb, real beta,
+                                   real *C, int ldc) {
+    if (M == 0) return;
+    if (!in_place(B, ldb, M) || !in_place(C, ldc, M)) {
+        gemm(false, false, M, M, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    tile_mm_band_part(M, M, K, -M, K, true, alpha, A, lda, 1, B, ldb, C, ldc, beta != 0);
+}
 
 #endif
