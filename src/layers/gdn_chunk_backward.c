@@ -37,29 +37,37 @@ typedef struct GdnChunkGrad {
     real *dW;        // (L, dk) dKd first, then dW
     real *dXw;       // (L, dk)
     real *dXu;       // (L, dv)
-    real *Y;         // (L, dv) Q S0, then dY = diag(b) dO
+    real *Y;         // (L, dv) dY = diag(b) dO
+    real *Z;         // (L, dk) dO S0^T
+    real *S0t;       // (dv, dk) S0^T, the right operand of dO S0^T and dDelta S0^T
     real *dA;        // (L, L) dP -> dQK, then dA -> dKK
     real *dS0;       // (dk, dv) gradient of the state entering the chunk
 } GdnChunkGrad;
 
-static size_t grad_bytes(int C, int dk, int dv) {
-    size_t nreal = (size_t)C * (3 * dk + 3 * dv) + (size_t)C * C + (size_t)dk * dv;
-    return 3 * C * sizeof(double) + nreal * sizeof(real);
-}
-
-static void grad_bind(GdnChunkGrad *gr, void *mem, int C, int dk, int dv) {
-    gr->dG = mem;
-    gr->dbeta = gr->dG + C;
-    gr->colZ = gr->dbeta + C;
-    real *p = (real *)(gr->colZ + C);
-    gr->dDl = p, p += (size_t)C * dv;
-    gr->dXu = p, p += (size_t)C * dv;
-    gr->Y = p, p += (size_t)C * dv;
-    gr->dK = p, p += (size_t)C * dk;
-    gr->dW = p, p += (size_t)C * dk;
-    gr->dXw = p, p += (size_t)C * dk;
-    gr->dA = p, p += (size_t)C * C;
-    gr->dS0 = p;
+// Carve a chunk's gradient buffers out of mem as chunk_layout does (each on
+// a 64-byte boundary); with mem NULL only count the bytes.
+static size_t grad_layout(GdnChunkGrad *gr, unsigned char *mem, int C, int dk, int dv) {
+    size_t at = 0;
+#define TAKE(field, n, type)                                     \
+    do {                                                         \
+        if (mem) gr->field = (type *)(mem + at);                 \
+        at += ((size_t)(n) * sizeof(type) + 63) & ~(size_t)63;   \
+    } while (0)
+    TAKE(dG, C, double);
+    TAKE(dbeta, C, double);
+    TAKE(colZ, C, double);
+    TAKE(dDl, (size_t)C * dv, real);
+    TAKE(dXu, (size_t)C * dv, real);
+    TAKE(Y, (size_t)C * dv, real);
+    TAKE(dK, (size_t)C * dk, real);
+    TAKE(dW, (size_t)C * dk, real);
+    TAKE(dXw, (size_t)C * dk, real);
+    TAKE(Z, (size_t)C * dk, real);
+    TAKE(S0t, (size_t)dk * dv, real);
+    TAKE(dA, (size_t)C * C, real);
+    TAKE(dS0, (size_t)dk * dv, real);
+#undef TAKE
+    return at;
 }
 
 // One chunk: given dS (the gradient of S_C) and dO (rows of stride ldv, or
@@ -95,22 +103,28 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
         dG[j] -= s;
     }
 
-    // O = diag(b) Q S0 + P Delta.
+    // S0^T, packed once for dO S0^T and dDelta S0^T.
+    real *S0t = gr->S0t;
+    pack_transposed(S0t, dk, S0, dv, dk, dv);
+
+    // O = diag(b) Q S0 + P Delta. With Z = dO S0^T: dQ += diag(b) Z, and
+    // dGamma_i += b_i dO_i . (Q S0)_i = b_i q_i . Z_i, so Q S0 is not formed.
     if (dO) {
-        real *Y = gr->Y;
-        tile_gemm(false, false, L, dv, dk, 1, q, ldk, S0, dv, 0, Y, dv, TILE_FULL(L, dk), NULL);
+        real *Y = gr->Y, *Z = gr->Z;
+        tile_gemm(false, false, L, dk, dv, 1, dO, ldv, S0t, dk, 0, Z, dk, TILE_FULL(L, dv), NULL);
         for (int i = 0; i < L; i++) {
             real bi = ws->bm[i];
-            const real *doi = dO + (int64_t)i * ldv;
-            dG[i] += bi * dot(doi, Y + i * dv, dv);
-            for (int c = 0; c < dv; c++) Y[i * dv + c] = bi * doi[c];   // now dY
+            const real *doi = dO + (int64_t)i * ldv, *zi = Z + i * dk;
+            dG[i] += bi * dot(q + (int64_t)i * ldk, zi, dk);
+            if (dq)
+                for (int c = 0; c < dk; c++) dq[(int64_t)i * ldk + c] += bi * zi[c];
+            for (int c = 0; c < dv; c++) Y[i * dv + c] = bi * doi[c];   // dY
         }
-        // dQ += dY S0^T
-        if (dq) tile_gemm(false, true, L, dk, dv, 1, Y, dv, S0, dv, 1, dq, ldk, TILE_FULL(L, dv), pk);
         // dS0 += Q^T dY
         tile_gemm(true, false, dk, dv, L, 1, q, ldk, Y, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
         real *dP = dA;
-        tile_gemm(false, true, L, L, dv, 1, dO, ldv, ws->Dl, dv, 0, dP, L, TILE_FULL(L, dv), pk);   // dP = dO Delta^T
+        pack_transposed(pk, L, ws->Dl, dv, L, dv);
+        tile_gemm_lower(L, dv, 1, dO, ldv, pk, L, 0, dP, L);   // dP = dO Delta^T, lower (the rest is zeroed below)
         // dDelta += P^T dO (P^T upper)
         tile_gemm(true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
         // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j: row sums,
@@ -130,14 +144,17 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     }
 
     // Delta = U - W S0: dU = dDelta, dW = -dDelta S0^T, dS0 -= W^T dDelta.
-    tile_gemm(false, true, L, dk, dv, -1, gr->dDl, dv, S0, dv, 0, gr->dW, dk, TILE_FULL(L, dv), pk);
+    tile_gemm(false, false, L, dk, dv, -1, gr->dDl, dv, S0t, dk, 0, gr->dW, dk, TILE_FULL(L, dv), NULL);
     tile_gemm(true, false, dk, dv, L, -1, ws->W, dk, gr->dDl, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
 
     // W = Tm Xw, U = Tm Xu, Tm = (I + A)^-1.
     tile_gemm(true, false, L, dk, L, 1, ws->Tm, ws->ldt, gr->dW, dk, 0, gr->dXw, dk, 0, L, NULL);   // Tm^T upper
     tile_gemm(true, false, L, dv, L, 1, ws->Tm, ws->ldt, gr->dDl, dv, 0, gr->dXu, dv, 0, L, NULL);
-    tile_gemm(false, true, L, L, dk, -1, gr->dXw, dk, ws->W, dk, 0, dA, L, TILE_FULL(L, dk), pk);
-    tile_gemm(false, true, L, L, dv, -1, gr->dXu, dv, ws->U, dv, 1, dA, L, TILE_FULL(L, dv), pk);
+    // dA = -(dXw W^T + dXu U^T), lower (only j < i is read; the rest is zeroed below)
+    pack_transposed(pk, L, ws->W, dk, L, dk);
+    tile_gemm_lower(L, dk, -1, gr->dXw, dk, pk, L, 0, dA, L);
+    pack_transposed(pk, L, ws->U, dv, L, dv);
+    tile_gemm_lower(L, dv, -1, gr->dXu, dv, pk, L, 1, dA, L);
 
     // Xw_i = beta_i b_i k_i, Xu_i = beta_i v_i.
     for (int i = 0; i < L; i++) {
@@ -199,7 +216,7 @@ void gdn_chunk_backward(Node *n) {
     int64_t SS = (int64_t)d.dk * d.dv;
     // Per thread: the chunk workspace, its gradients, and dS, one slot each.
     size_t b_ws = (gdn_chunk_bytes(d.C, d.dk, d.dv) + 63) & ~(size_t)63;
-    size_t b_gr = (grad_bytes(d.C, d.dk, d.dv) + 63) & ~(size_t)63;
+    size_t b_gr = grad_layout(NULL, NULL, d.C, d.dk, d.dv);
     size_t stride;
     unsigned char *slots = tape_thread_slots(n->tape, b_ws + b_gr + SS * sizeof(real), &stride);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -209,7 +226,7 @@ void gdn_chunk_backward(Node *n) {
             GdnChunk ws;
             GdnChunkGrad gr;
             gdn_chunk_bind(&ws, slot, d.C, d.dk, d.dv);
-            grad_bind(&gr, slot + b_ws, d.C, d.dk, d.dv);
+            grad_layout(&gr, slot + b_ws, d.C, d.dk, d.dv);
             real *dS = (real *)(slot + b_ws + b_gr);   // gradient of the state leaving the chunk
             if (dsT) memcpy(dS, dsT + gdn_off_s(&d, b, h), SS * sizeof(real));
             else memset(dS, 0, SS * sizeof(real));
