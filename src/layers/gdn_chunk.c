@@ -7,8 +7,13 @@
 //   Tm   = (I + A)^-1                  forward substitution
 //   W    = Tm diag(beta b) K,   U = Tm diag(beta) V
 //   Delta = U - W S0                   the rows delta_i of the recurrence
+//        = Tm R,  R = Xu - Xw S0,  Xw = diag(beta b) K, Xu = diag(beta) V
 //   O    = diag(b) Q S0 + ((Q K^T) * [exp(Gamma_i - Gamma_j)]_{j<=i}) Delta
 //   S_C  = b_{L-1} S0 + (diag(exp(Gamma_{L-1} - Gamma_j)) K)^T Delta
+//
+// Delta is computed in its second form, Tm (Xu - Xw S0): one product by Tm
+// instead of two (W and U are never formed), and the backward's gradients
+// through the solve then need neither W nor U (gdn_chunk_backward.c).
 //
 // Every decay factor is exp of a non-positive difference of cumulative log
 // decays (never a ratio of exponentials), so g = 0 and g = -20 per step are
@@ -56,10 +61,8 @@ static size_t chunk_layout(GdnChunk *ws, unsigned char *mem, int C, int dk, int 
     TAKE(Tm, (size_t)C * ldt, real);
     TAKE(P, LL, real);
     TAKE(Xw, (size_t)C * dk, real);
-    TAKE(W, (size_t)C * dk, real);
     TAKE(Kd, (size_t)C * dk, real);
-    TAKE(Xu, (size_t)C * dv, real);
-    TAKE(U, (size_t)C * dv, real);
+    TAKE(R, (size_t)C * dv, real);
     TAKE(Dl, (size_t)C * dv, real);
     TAKE(bet, C, real);
     TAKE(bm, C, real);
@@ -152,16 +155,14 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
     // Tm = (I + A)^-1 by forward substitution.
     tri_inverse(Tm, ws->ldt, A, L);
 
-    // W = Tm diag(beta b) K, U = Tm diag(beta) V, Delta = U - W S0.
+    // Xw = diag(beta b) K, R = diag(beta) V - Xw S0, Delta = Tm R.
     for (int i = 0; i < L; i++) {
         real sw = bet[i] * ws->bm[i], su = bet[i];
         for (int c = 0; c < dk; c++) ws->Xw[i * dk + c] = sw * k[(int64_t)i * ldk + c];
-        for (int c = 0; c < dv; c++) ws->Xu[i * dv + c] = su * v[(int64_t)i * ldv + c];
+        for (int c = 0; c < dv; c++) ws->R[i * dv + c] = su * v[(int64_t)i * ldv + c];
     }
-    tile_gemm(false, false, L, dk, L, 1, Tm, ws->ldt, ws->Xw, dk, 0, ws->W, dk, -L, 0, NULL);   // Tm lower
-    tile_gemm(false, false, L, dv, L, 1, Tm, ws->ldt, ws->Xu, dv, 0, ws->U, dv, -L, 0, NULL);
-    memcpy(ws->Dl, ws->U, (size_t)L * dv * sizeof(real));
-    tile_gemm(false, false, L, dv, dk, -1, ws->W, dk, S0, dv, 1, ws->Dl, dv, TILE_FULL(L, dk), NULL);
+    tile_gemm(false, false, L, dv, dk, -1, ws->Xw, dk, S0, dv, 1, ws->R, dv, TILE_FULL(L, dk), NULL);
+    tile_gemm(false, false, L, dv, L, 1, Tm, ws->ldt, ws->R, dv, 0, ws->Dl, dv, -L, 0, NULL);   // Tm lower
 
     // P = (Q K^T) * E, lower with the diagonal, zero above.
     tile_gemm_lower(L, dk, 1, q, ldk, Kt, L, 0, P, L);

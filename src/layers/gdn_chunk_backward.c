@@ -7,9 +7,11 @@
 // to the previous chunk. With Gamma the in-chunk cumulative log decay, every
 // decay factor's derivative lands on dGamma, and dg_m = sum_{i >= m} dGamma_i.
 //
-// The triangular solve: Tm = (I + A)^-1, W = Tm Xw, U = Tm Xu give
-//   dXw = Tm^T dW,  dXu = Tm^T dU,  dA = -(dXw W^T + dXu U^T) (strictly lower),
-// since dA = -Tm^T dTm Tm^T and dTm = dW Xw^T + dU Xu^T.
+// The triangular solve: Tm = (I + A)^-1 and Delta = Tm R, R = Xu - Xw S0 give
+//   dR = Tm^T dDelta (= dXu),  dXw = -dR S0^T,  dS0 -= Xw^T dR,
+//   dA = -Tm^T dTm Tm^T = -Tm^T dDelta R^T Tm^T = -dR Delta^T (strictly lower).
+// (In the W, U form the same lines read dW = -dDelta S0^T, dXw = Tm^T dW,
+// dA = -(dXw W^T + dXu U^T): two products more, and W^T, U^T to transpose.)
 // Documents: the decay factors are read from the chunk's masked E, bm, ek
 // and bl (gdn_kernel.h), so every term across a boundary has a zero factor.
 #include <omp.h>
@@ -32,14 +34,15 @@ typedef struct GdnChunkGrad {
     double *dG;      // (L) dLoss/dGamma_i
     double *dbeta;   // (L)
     double *colZ;    // (L) column sums of a chunk's (L, L) dG terms
-    real *dDl;       // (L, dv) dDelta, then dU
+    real *dDl;       // (L, dv) dDelta
     real *dK;        // (L, dk) dK of the chunk, accumulated
-    real *dW;        // (L, dk) dKd first, then dW
+    real *dKd;       // (L, dk)
     real *dXw;       // (L, dk)
-    real *dXu;       // (L, dv)
+    real *dXu;       // (L, dv) dR = dXu
     real *Y;         // (L, dv) dY = diag(b) dO
     real *Z;         // (L, dk) dO S0^T
-    real *S0t;       // (dv, dk) S0^T, the right operand of dO S0^T and dDelta S0^T
+    real *S0t;       // (dv, dk) S0^T, the right operand of dO S0^T and dR S0^T
+    real *Dlt;       // (dv, L) Delta^T, the right operand of dO Delta^T and dR Delta^T
     real *dA;        // (L, L) dP -> dQK, then dA -> dKK
     real *dS0;       // (dk, dv) gradient of the state entering the chunk
 } GdnChunkGrad;
@@ -60,10 +63,11 @@ static size_t grad_layout(GdnChunkGrad *gr, unsigned char *mem, int C, int dk, i
     TAKE(dXu, (size_t)C * dv, real);
     TAKE(Y, (size_t)C * dv, real);
     TAKE(dK, (size_t)C * dk, real);
-    TAKE(dW, (size_t)C * dk, real);
+    TAKE(dKd, (size_t)C * dk, real);
     TAKE(dXw, (size_t)C * dk, real);
     TAKE(Z, (size_t)C * dk, real);
     TAKE(S0t, (size_t)dk * dv, real);
+    TAKE(Dlt, (size_t)dv * C, real);
     TAKE(dA, (size_t)C * C, real);
     TAKE(dS0, (size_t)dk * dv, real);
 #undef TAKE
@@ -91,7 +95,7 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     dG[L - 1] += bl * dot(dS, S0, (int)SS);
     // dDelta = Kd dS
     tile_gemm(false, false, L, dv, dk, 1, ws->Kd, dk, dS, dv, 0, gr->dDl, dv, TILE_FULL(L, dk), NULL);
-    real *dKd = gr->dW;
+    real *dKd = gr->dKd;
     tile_gemm(false, true, L, dk, dv, 1, ws->Dl, dv, dS, dv, 0, dKd, dk, TILE_FULL(L, dv), pk);   // dKd = Delta dS^T
     for (int j = 0; j < L; j++) {
         real e = ws->ek[j];
@@ -103,9 +107,10 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
         dG[j] -= s;
     }
 
-    // S0^T, packed once for dO S0^T and dDelta S0^T.
-    real *S0t = gr->S0t;
+    // S0^T and Delta^T, packed once each for two products.
+    real *S0t = gr->S0t, *Dlt = gr->Dlt;
     pack_transposed(S0t, dk, S0, dv, dk, dv);
+    pack_transposed(Dlt, L, ws->Dl, dv, L, dv);
 
     // O = diag(b) Q S0 + P Delta. With Z = dO S0^T: dQ += diag(b) Z, and
     // dGamma_i += b_i dO_i . (Q S0)_i = b_i q_i . Z_i, so Q S0 is not formed.
@@ -123,8 +128,7 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
         // dS0 += Q^T dY
         tile_gemm(true, false, dk, dv, L, 1, q, ldk, Y, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
         real *dP = dA;
-        pack_transposed(pk, L, ws->Dl, dv, L, dv);
-        tile_gemm_lower(L, dv, 1, dO, ldv, pk, L, 0, dP, L);   // dP = dO Delta^T, lower (the rest is zeroed below)
+        tile_gemm_lower(L, dv, 1, dO, ldv, Dlt, L, 0, dP, L);   // dP = dO Delta^T, lower (the rest is zeroed below)
         // dDelta += P^T dO (P^T upper)
         tile_gemm(true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
         // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j: row sums,
@@ -143,18 +147,12 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
         tile_gemm(true, false, L, dk, L, 1, dP, L, q, ldk, 1, dK, dk, 0, L, NULL);               // dK += dQK^T Q
     }
 
-    // Delta = U - W S0: dU = dDelta, dW = -dDelta S0^T, dS0 -= W^T dDelta.
-    tile_gemm(false, false, L, dk, dv, -1, gr->dDl, dv, S0t, dk, 0, gr->dW, dk, TILE_FULL(L, dv), NULL);
-    tile_gemm(true, false, dk, dv, L, -1, ws->W, dk, gr->dDl, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
-
-    // W = Tm Xw, U = Tm Xu, Tm = (I + A)^-1.
-    tile_gemm(true, false, L, dk, L, 1, ws->Tm, ws->ldt, gr->dW, dk, 0, gr->dXw, dk, 0, L, NULL);   // Tm^T upper
-    tile_gemm(true, false, L, dv, L, 1, ws->Tm, ws->ldt, gr->dDl, dv, 0, gr->dXu, dv, 0, L, NULL);
-    // dA = -(dXw W^T + dXu U^T), lower (only j < i is read; the rest is zeroed below)
-    pack_transposed(pk, L, ws->W, dk, L, dk);
-    tile_gemm_lower(L, dk, -1, gr->dXw, dk, pk, L, 0, dA, L);
-    pack_transposed(pk, L, ws->U, dv, L, dv);
-    tile_gemm_lower(L, dv, -1, gr->dXu, dv, pk, L, 1, dA, L);
+    // Delta = Tm R, R = Xu - Xw S0 (header): dR = Tm^T dDelta, dXw = -dR S0^T,
+    // dS0 -= Xw^T dR, dA = -dR Delta^T (lower: only j < i is read; the rest is zeroed below).
+    tile_gemm(true, false, L, dv, L, 1, ws->Tm, ws->ldt, gr->dDl, dv, 0, gr->dXu, dv, 0, L, NULL);   // Tm^T upper
+    tile_gemm(false, false, L, dk, dv, -1, gr->dXu, dv, S0t, dk, 0, gr->dXw, dk, TILE_FULL(L, dv), NULL);
+    tile_gemm(true, false, dk, dv, L, -1, ws->Xw, dk, gr->dXu, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
+    tile_gemm_lower(L, dv, -1, gr->dXu, dv, Dlt, L, 0, dA, L);
 
     // Xw_i = beta_i b_i k_i, Xu_i = beta_i v_i.
     for (int i = 0; i < L; i++) {

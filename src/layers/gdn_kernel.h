@@ -137,10 +137,8 @@ typedef struct GdnChunk {
     real *Tm;        // (L, ldt) (I + A)^-1, unit lower-triangular; rows of whole vectors
     int ldt;         // Tm's row stride: C rounded up to whole vectors (tile_mm.h)
     real *Xw;        // (L, dk) diag(beta * b) K,  b_i = exp(Gamma_i)
-    real *Xu;        // (L, dv) diag(beta) V
-    real *W;         // (L, dk) Tm Xw
-    real *U;         // (L, dv) Tm Xu
-    real *Dl;        // (L, dv) Delta = U - W S0
+    real *R;         // (L, dv) Xu - Xw S0, Xu = diag(beta) V
+    real *Dl;        // (L, dv) Delta = Tm R (= U - W S0 with W = Tm Xw, U = Tm Xu)
     real *P;         // (L, L) (Q K^T) * E, lower with the diagonal
     real *Kd;        // (L, dk) diag(ek) K: the rows that reach S_C
     real *bet;       // (L) beta of the chunk, contiguous
