@@ -201,14 +201,6 @@ void gdn_chunk_forward(Node *n) {
             else memset(S, 0, SS * sizeof(real));
             for (int c = 0; c < d.NC; c++) {
                 int t0 = c * d.C, L = imin(d.C, d.T - t0);
-                int nb, nh, nc;
-                if (gdn_next_chunk(&d, b, h, c, +1, &nb, &nh, &nc)) {
-                    int nt0 = nc * d.C, nL = imin(d.C, d.T - nt0);
-                    gdn_prefetch_rows(q + gdn_off_k(&d, nb, nt0, nh), d.ldk, nL, d.dk, 0);
-                    gdn_prefetch_rows(k + gdn_off_k(&d, nb, nt0, nh), d.ldk, nL, d.dk, 0);
-                    gdn_prefetch_rows(v + gdn_off_v(&d, nb, nt0, nh), d.ldv, nL, d.dv, 0);
-                    gdn_prefetch_rows(o + gdn_off_v(&d, nb, nt0, nh), d.ldv, nL, d.dv, 1);
-                }
                 if (saved) memcpy(saved + (((int64_t)b * d.H + h) * d.NC + c) * SS, S, SS * sizeof(real));
                 const real *qc = q + gdn_off_k(&d, b, t0, h), *kc = k + gdn_off_k(&d, b, t0, h);
                 const int *db = gdn_chunk_docs(ws.db, first, &d, b, t0, L);

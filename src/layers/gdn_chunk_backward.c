@@ -230,19 +230,6 @@ void gdn_chunk_backward(Node *n) {
             else memset(dS, 0, SS * sizeof(real));
             for (int c = d.NC - 1; c >= 0; c--) {
                 int t0 = c * d.C, L = imin(d.C, d.T - t0);
-                int nb, nh, nc;
-                if (gdn_next_chunk(&d, b, h, c, -1, &nb, &nh, &nc)) {
-                    int nt0 = nc * d.C, nL = imin(d.C, d.T - nt0);
-                    int64_t nk = gdn_off_k(&d, nb, nt0, nh), nv = gdn_off_v(&d, nb, nt0, nh);
-                    gdn_prefetch_rows(q + nk, d.ldk, nL, d.dk, 0);
-                    gdn_prefetch_rows(k + nk, d.ldk, nL, d.dk, 0);
-                    gdn_prefetch_rows(v + nv, d.ldv, nL, d.dv, 0);
-                    if (dout) gdn_prefetch_rows(dout + nv, d.ldv, nL, d.dv, 0);
-                    if (dq) gdn_prefetch_rows(dq + nk, d.ldk, nL, d.dk, 1);
-                    if (dk) gdn_prefetch_rows(dk + nk, d.ldk, nL, d.dk, 1);
-                    if (dv) gdn_prefetch_rows(dv + nv, d.ldv, nL, d.dv, 1);
-                    gdn_prefetch_rows(saved + (((int64_t)nb * d.H + nh) * d.NC + nc) * SS, d.dv, d.dk, d.dv, 0);
-                }
                 const real *S0 = saved + (((int64_t)b * d.H + h) * d.NC + c) * SS;
                 int64_t ok = gdn_off_k(&d, b, t0, h), ov = gdn_off_v(&d, b, t0, h), oh = gdn_off_h(&d, b, t0, h);
                 const int *db = gdn_chunk_docs(ws.db, first, &d, b, t0, L);

@@ -82,39 +82,6 @@ static inline const int *gdn_chunk_docs(int *db, const int *first, const GdnDims
     return db;
 }
 
-// The chunks are visited per head (b, h), in order (forward) or reversed
-// (backward), a thread taking consecutive heads. Each chunk reads L rows of
-// q, k, v (and dO) and writes or adds to L rows of o (dq, dk, dv), one head's
-// slice of each row: 4 cache lines at a stride of H*dk reals, which the
-// hardware prefetchers did not follow (perf: the first loop over a chunk's v,
-// and the adds into dq, dk, dv, were 30-40 % of the kernels' own time). So
-// each chunk first asks for the next one's rows (gdn_next_chunk), which then
-// arrive while it computes.
-
-// The chunk after (b, h, c) in the visiting order (dir +1 or -1), in *nb,
-// *nh, *nc; false after the last head.
-static inline bool gdn_next_chunk(const GdnDims *d, int b, int h, int c, int dir, int *nb, int *nh, int *nc) {
-    *nb = b, *nh = h, *nc = c + dir;
-    if (*nc >= 0 && *nc < d->NC) return true;
-    *nc = dir > 0 ? 0 : d->NC - 1;
-    if (++*nh < d->H) return true;
-    *nh = 0;
-    return ++*nb < d->B;
-}
-
-// Prefetch n rows of w reals at row stride ld from x, for reading (write 0)
-// or for writing (write 1), into the outer caches (the next chunk's rows
-// need not displace the current chunk's working set from L1).
-static inline void gdn_prefetch_rows(const real *x, int64_t ld, int n, int w, int write) {
-    for (int i = 0; i < n; i++) {
-        const char *r = (const char *)(x + (int64_t)i * ld);
-        for (size_t o = 0; o < (size_t)w * sizeof(real); o += 64) {
-            if (write) __builtin_prefetch(r + o, 1, 2);
-            else __builtin_prefetch(r + o, 0, 2);
-        }
-    }
-}
-
 // exp of a non-positive log decay difference, in the build's precision.
 // float32: the inline r_exp (ops_math.h), not libm's expf, so the loops over
 // a chunk's (L, L) decay matrix vectorise.
