@@ -1,7 +1,7 @@
 // gdn_chunk_backward.c: the backward of the chunked (WY) Gated DeltaNet.
 //
 // Chunks are visited in reverse. Each one reloads the state S0 that entered
-// it (saved by the forward), recomputes E, A, Tm, W, U, Delta and P with
+// it (saved by the forward), recomputes E, A, Tm, Xw, R, Delta and P with
 // gdn_chunk_prepare, and back-propagates through the lines of gdn_chunk.c in
 // reverse order, carrying dS (the gradient of the state leaving the chunk)
 // to the previous chunk. With Gamma the in-chunk cumulative log decay, every
