@@ -110,7 +110,7 @@ Test(longctx_eval, carry_and_full_equal_one_forward_per_document) {
                                  {.context = POSEVAL_CARRY, .chunk = 1}, {.context = POSEVAL_CARRY, .chunk = 64}};
     for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
         for (int with_docs = 0; with_docs < 2; with_docs++) {
-            Status st = poseval_score(&lm, tok, with_docs ? flags : NULL, N, &specs[s], nll, pos);
+            Status st = poseval_score(&lm, tok, with_docs ? flags : NULL, N, &specs[s], nll, pos, DEVICE_CPU);
             cr_assert(st.ok, "%s", st.msg);
             char label[64];
             snprintf(label, sizeof label, "%s chunk %d, documents %d", poseval_context_name(specs[s].context),
@@ -133,12 +133,12 @@ Test(longctx_eval, attention_full_context_and_sliding_window) {
     double nll[N], want[N];
     // Carry would show attention only its chunk: refused.
     PosevalSpec carry = {.context = POSEVAL_CARRY, .chunk = 8};
-    Status st = poseval_score(&lm, tok, flags, N, &carry, nll, pos);
+    Status st = poseval_score(&lm, tok, flags, N, &carry, nll, pos, DEVICE_CPU);
     cr_assert(!st.ok && strstr(st.msg, "every layer recurrent"), "got: %s", st.msg);
     // Full: attention over the whole document.
     for (int64_t i = 0; i < N; i++) ctx[i] = doc_begin(flags, i);
     PosevalSpec full = {.context = POSEVAL_FULL};
-    st = poseval_score(&lm, tok, flags, N, &full, nll, pos);
+    st = poseval_score(&lm, tok, flags, N, &full, nll, pos, DEVICE_CPU);
     cr_assert(st.ok, "%s", st.msg);
     direct_all(&lm, tok, flags, ctx, want);
     check_against(want, flags, nll, pos, "full");
@@ -156,7 +156,7 @@ Test(longctx_eval, attention_full_context_and_sliding_window) {
         done = s + W;
     }
     PosevalSpec win = {.context = POSEVAL_WINDOW, .window = W, .stride = S, .batch = 2};
-    st = poseval_score(&lm, tok, flags, N, &win, nll, pos);
+    st = poseval_score(&lm, tok, flags, N, &win, nll, pos, DEVICE_CPU);
     cr_assert(st.ok, "%s", st.msg);
     direct_all(&lm, tok, flags, ctx, want);
     check_against(want, flags, nll, pos, "window 8, stride 3");

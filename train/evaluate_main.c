@@ -16,8 +16,9 @@
 //                      KV cache of everything before (memory grows with the
 //                      text). Every token sees all the text before it.
 // The figures go to stdout (one line, or a JSON object with --json).
-// --device cuda scores windows and --stream on the GPU (a build with
-// -DAG_CUDA=ON); the model loads on the host and its values move there.
+// --device cuda scores on the GPU (a build with -DAG_CUDA=ON), windows,
+// --stream and --positions alike; the model loads on the host and its values
+// move there, the logits come back to the host to be scored.
 //
 //   evaluate --checkpoint runs/tiny_gdn/checkpoint.h5 --val --positions [--context carry|full|window]
 //
@@ -61,8 +62,7 @@ static void usage(FILE *f) {
             "  --stream           score the text as one sequence with the decoder (recurrent state carried\n"
             "                     through the whole text; attention keeps a KV cache of all of it)\n"
             "  --threads N        threads (default: all cores; with --stream 1 below 10M parameters)\n"
-            "  --device D         cpu (default) or cuda: score on the GPU (a build with -DAG_CUDA=ON; windows and\n"
-            "                     --stream, not --positions)\n"
+            "  --device D         cpu (default) or cuda: score on the GPU (a build with -DAG_CUDA=ON)\n"
             "  --json             print the figures as one JSON object\n"
             "  --logits FILE      also write the logits of the first window, (T, V) in the build's precision,\n"
             "                     as a NumPy .npy\n"
@@ -230,7 +230,7 @@ typedef struct PosOptions {
 // The per-position view: score ids (n) with documents flags (n), print the
 // buckets and the total. Returns the exit code.
 static int run_positions(LM *lm, const Tokenizer *tk, const char *ckpt, const char *text, const int *ids,
-                         const int *flags, int64_t n, PosOptions *po, bool json, int nthreads) {
+                         const int *flags, int64_t n, PosOptions *po, bool json, int nthreads, Device dev) {
     PosevalSpec *sp = &po->spec;
     if (!po->context_given) sp->context = poseval_all_recurrent(lm) ? POSEVAL_CARRY : POSEVAL_FULL;
     int64_t longest, docs = doctext_count(flags, n, &longest);
@@ -238,7 +238,7 @@ static int run_positions(LM *lm, const Tokenizer *tk, const char *ckpt, const ch
     int64_t *pos = xmalloc((size_t)(n > 1 ? n : 1) * sizeof(int64_t));
     int *tbytes = xmalloc((size_t)(n > 1 ? n : 1) * sizeof(int));
     double t0 = runlog_now();
-    Status s = poseval_score(lm, ids, flags, n, sp, nll, pos);
+    Status s = poseval_score(lm, ids, flags, n, sp, nll, pos, dev);
     double secs = runlog_now() - t0;
     int code = 0;
     PosevalBucket b[64], all;
@@ -364,11 +364,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "evaluate: --positions scores with --context; --stream and --logits do not apply\n");
         return 2;
     }
-    if (positions && device != DEVICE_CPU) {
-        fprintf(stderr, "evaluate: --positions runs on the CPU only for now (it reads its logits and carried states "
-                        "on the host): --device cpu\n");
-        return 2;
-    }
     TrainConfig cfg;
     LM lm;
     ParamStore ps;
@@ -415,7 +410,7 @@ int main(int argc, char **argv) {
         po.spec.window = T;
         po.spec.stride = S;
         po.spec.batch = (int)batch;
-        code = run_positions(&lm, &tok, ckpt, text, ids, flags, n, &po, json, nthreads);
+        code = run_positions(&lm, &tok, ckpt, text, ids, flags, n, &po, json, nthreads, device);
     } else {
         int64_t text_bytes = 0;
         for (int64_t i = 0; i < n; i++) text_bytes += tokenizer_token_len(&tok, ids[i]);

@@ -59,31 +59,52 @@ static const int *slice_flags(int *dst, const int *doc_start, int64_t i0, int T)
     return dst;
 }
 
-static void score_carry(LM *lm, Tape *tp, const int *tok, const int *doc_start, int64_t m, int chunk, double *nll) {
+// The tape the forwards run on, and where their logits are read: on the
+// CPU the tensor itself, on a GPU a host copy in buf (grown to fit).
+typedef struct Scorer {
+    Tape tp;
+    Device dev;
+    real *buf;
+    size_t cap;
+} Scorer;
+
+static const real *host_logits(Scorer *sc, const Tensor *logits) {
+    if (sc->dev == DEVICE_CPU) return logits->data;
+    size_t bytes = (size_t)logits->numel * sizeof(real);
+    if (bytes > sc->cap) {
+        free(sc->buf);
+        sc->buf = xmalloc(bytes);
+        sc->cap = bytes;
+    }
+    dev_to_host(sc->buf, logits->data, bytes, sc->dev);
+    return sc->buf;
+}
+
+static void score_carry(LM *lm, Scorer *sc, const int *tok, const int *doc_start, int64_t m, int chunk, double *nll) {
     int V = lm->cfg.vocab_size;
     int *flags = doc_start ? xmalloc((size_t)chunk * sizeof(int)) : NULL;
-    LMCache *carry = lm_cache_new(lm, 1, 1);
+    LMCache *carry = lm_cache_new_on(lm, 1, 1, sc->dev);
     for (int64_t i0 = 0; i0 < m; i0 += chunk) {
         int T = m - i0 < chunk ? (int)(m - i0) : chunk;
         Tensor *logits =
-            lm_forward_carry(tp, lm, tok + i0, slice_flags(flags, doc_start, i0, T), 1, T, carry);
-        score_rows(logits->data, V, tok, doc_start, i0, T, NULL, nll);
-        tape_reset(tp);
+            lm_forward_carry(&sc->tp, lm, tok + i0, slice_flags(flags, doc_start, i0, T), 1, T, carry);
+        score_rows(host_logits(sc, logits), V, tok, doc_start, i0, T, NULL, nll);
+        tape_reset(&sc->tp);
     }
     lm_cache_free(lm, carry);
     free(flags);
 }
 
-static void score_full(LM *lm, Tape *tp, const int *tok, const int *doc_start, int64_t m, double *nll) {
-    Tensor *logits = lm_forward_docs(tp, lm, tok, doc_start, 1, (int)m, NULL, NULL);
-    score_rows(logits->data, lm->cfg.vocab_size, tok, doc_start, 0, (int)m, NULL, nll);
-    tape_reset(tp);
+static void score_full(LM *lm, Scorer *sc, const int *tok, const int *doc_start, int64_t m, double *nll) {
+    Tensor *logits = lm_forward_docs(&sc->tp, lm, tok, doc_start, 1, (int)m, NULL, NULL);
+    score_rows(host_logits(sc, logits), lm->cfg.vocab_size, tok, doc_start, 0, (int)m, NULL, nll);
+    tape_reset(&sc->tp);
 }
 
 // Windows of W inputs starting at 0, S, 2S, ... (the last one moved back to
 // end at input m - 1), B to a forward; each scores the inputs past the end
 // of the windows before it.
-static void score_window(LM *lm, Tape *tp, const int *tok, const int *doc_start, int64_t m, int W, int S, int B,
+static void score_window(LM *lm, Scorer *sc, const int *tok, const int *doc_start, int64_t m, int W, int S, int B,
                          double *nll) {
     if (W > m) W = (int)m;
     int V = lm->cfg.vocab_size;
@@ -102,11 +123,10 @@ static void score_window(LM *lm, Tape *tp, const int *tok, const int *doc_start,
             for (int t = 0; t < W; t++) want[(int64_t)b * W + t] = s + t >= done;
             done = s + W;
         }
-        Tensor *logits = lm_forward_docs(tp, lm, x, flags, b, W, NULL, NULL);
+        const real *logits = host_logits(sc, lm_forward_docs(&sc->tp, lm, x, flags, b, W, NULL, NULL));
         for (int r = 0; r < b; r++)
-            score_rows(logits->data + (int64_t)r * W * V, V, tok, doc_start, starts[r], W, want + (int64_t)r * W,
-                       nll);
-        tape_reset(tp);
+            score_rows(logits + (int64_t)r * W * V, V, tok, doc_start, starts[r], W, want + (int64_t)r * W, nll);
+        tape_reset(&sc->tp);
     }
     free(x);
     free(flags);
@@ -115,7 +135,7 @@ static void score_window(LM *lm, Tape *tp, const int *tok, const int *doc_start,
 }
 
 Status poseval_score(LM *lm, const int *tok, const int *doc_start, int64_t n, const PosevalSpec *sp, double *nll,
-                     int64_t *pos) {
+                     int64_t *pos, Device dev) {
     int64_t m = n - 1;   // inputs, each with its target
     if (m < 1) return status_err("fewer than 2 tokens: nothing to score");
     switch (sp->context) {
@@ -146,14 +166,15 @@ Status poseval_score(LM *lm, const int *tok, const int *doc_start, int64_t n, co
         if (doc_start && doc_start[i]) begin = i;
         pos[i] = i - begin;
     }
-    Tape tp;
-    tape_init(&tp);
-    tape_no_grad_push(&tp);
-    if (sp->context == POSEVAL_CARRY) score_carry(lm, &tp, tok, doc_start, m, sp->chunk, nll);
-    else if (sp->context == POSEVAL_FULL) score_full(lm, &tp, tok, doc_start, m, nll);
-    else score_window(lm, &tp, tok, doc_start, m, sp->window, sp->stride, sp->batch, nll);
-    tape_no_grad_pop(&tp);
-    tape_free(&tp);
+    Scorer sc = {.dev = dev};
+    tape_init_on(&sc.tp, dev);
+    tape_no_grad_push(&sc.tp);
+    if (sp->context == POSEVAL_CARRY) score_carry(lm, &sc, tok, doc_start, m, sp->chunk, nll);
+    else if (sp->context == POSEVAL_FULL) score_full(lm, &sc, tok, doc_start, m, nll);
+    else score_window(lm, &sc, tok, doc_start, m, sp->window, sp->stride, sp->batch, nll);
+    tape_no_grad_pop(&sc.tp);
+    tape_free(&sc.tp);
+    free(sc.buf);
     return status_ok();
 }
 

@@ -56,9 +56,10 @@ bool poseval_all_recurrent(const LM *lm);
 // every input i < n - 1: nll[i] = -log p(tok[i+1] | its context) in nats, or
 // NAN where tok[i+1] begins a document (not scored); pos[i] = the position of
 // i inside its document. Returns an error (and writes nothing) when the spec
-// does not fit the model (CARRY with attention layers, bad sizes).
+// does not fit the model (CARRY with attention layers, bad sizes). dev: where
+// lm's parameters are and the forwards run (the logits are read on the host).
 Status poseval_score(LM *lm, const int *tok, const int *doc_start, int64_t n, const PosevalSpec *sp, double *nll,
-                     int64_t *pos);
+                     int64_t *pos, Device dev);
 
 typedef struct PosevalBucket {
     int64_t lo, hi;          // positions [lo, hi)
