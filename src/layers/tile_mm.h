@@ -126,7 +126,11 @@ typedef int32_t vindex __attribute__((vector_size(VEC_BYTES)));
 // vunpckhps, vshufps and vshuff32x4, which need no index registers: 3x
 // faster than the generic rounds below (vpermt2ps with indices built at run
 // time, which GCC spilled to the stack).
+#ifdef __clang__   // (clang has no __builtin_shuffle; the fuzz targets build with it)
+#define TB_SH(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+#else
 #define TB_SH(x, y, ...) __builtin_shuffle(x, y, (vindex){__VA_ARGS__})
+#endif
 static inline __attribute__((always_inline)) void transpose_block(real *dst, int ldd, const real *src, int lds) {
     vreal r[16], t[16];
     for (int i = 0; i < 16; i++) r[i] = *(const vreal_u *)(src + (int64_t)i * lds);
@@ -152,6 +156,12 @@ static inline __attribute__((always_inline)) void transpose_block(real *dst, int
     for (int i = 0; i < 16; i++) *(vreal_u *)(dst + (int64_t)i * ldd) = r[i];
 }
 #undef TB_SH
+#elif defined(__clang__)
+// clang (the fuzz targets): its shuffles take constant indices only; element by element.
+static inline void transpose_block(real *dst, int ldd, const real *src, int lds) {
+    for (int i = 0; i < VL; i++)
+        for (int j = 0; j < VL; j++) dst[(int64_t)j * ldd + i] = src[(int64_t)i * lds + j];
+}
 #else
 // Any VL: at each level b = VL/2, ..., 1, every 2b x 2b block swaps its
 // off-diagonal b x b blocks (log2 VL rounds of two-register shuffles).
