@@ -1092,8 +1092,18 @@ template <bool BWD, int NVB> __device__ void scan_walk(const GdnArgs &a) {
     }
 }
 
-template <int NVB> __global__ void __launch_bounds__(GDN_NT, 1) k_gdn_fwd_scan(GdnArgs a) { scan_walk<false, NVB>(a); }
-template <int NVB> __global__ void __launch_bounds__(GDN_NT, 1) k_gdn_bwd_scan(GdnArgs a) { scan_walk<true, NVB>(a); }
+// MINB: blocks per multiprocessor the registers are fitted to. One walk
+// over all chunks has few blocks and takes 1 (up to 255 registers); the
+// two-level scan's passes have many and take SCAN_GROUP_MINB = 2 (at most
+// 128 registers, no spills): each block's chunk steps wait on barriers and
+// copies, which another block's then fill (tiny_gdn at B = 1, T = 65,536 on
+// the H200: 49.3 ms a step against 51.6 at 1; with the groups' columns
+// doubled to 16, 48.2).
+#define SCAN_GROUP_MINB 2
+template <int NVB, int MINB>
+__global__ void __launch_bounds__(GDN_NT, MINB) k_gdn_fwd_scan(GdnArgs a) { scan_walk<false, NVB>(a); }
+template <int NVB, int MINB>
+__global__ void __launch_bounds__(GDN_NT, MINB) k_gdn_bwd_scan(GdnArgs a) { scan_walk<true, NVB>(a); }
 
 // The two-level scan's middle pass: across the groups in order (forward) or
 // in reverse (backward), per (batch, head, 32 columns of the state), the
@@ -1171,9 +1181,13 @@ static int scan_fit(GdnArgs &a, int nvb, bool bwd, int64_t units, bool trans, in
     }
 }
 
-template <bool BWD> static void (*scan_kernel(int nvb))(GdnArgs) {
-    if (BWD) return nvb == 8 ? k_gdn_bwd_scan<8> : nvb == 16 ? k_gdn_bwd_scan<16> : k_gdn_bwd_scan<32>;
-    return nvb == 8 ? k_gdn_fwd_scan<8> : nvb == 16 ? k_gdn_fwd_scan<16> : k_gdn_fwd_scan<32>;
+template <bool BWD, int MINB> static void (*scan_kernel_m(int nvb))(GdnArgs) {
+    if (BWD) return nvb == 8 ? k_gdn_bwd_scan<8, MINB> : nvb == 16 ? k_gdn_bwd_scan<16, MINB> : k_gdn_bwd_scan<32, MINB>;
+    return nvb == 8 ? k_gdn_fwd_scan<8, MINB> : nvb == 16 ? k_gdn_fwd_scan<16, MINB> : k_gdn_fwd_scan<32, MINB>;
+}
+
+template <bool BWD> static void (*scan_kernel(int nvb, int minb))(GdnArgs) {
+    return minb == 2 ? scan_kernel_m<BWD, 2>(nvb) : scan_kernel_m<BWD, 1>(nvb);
 }
 
 // Shared memory past the default 48 KiB needs the kernel's consent, asked
@@ -1185,12 +1199,14 @@ static void smem_optin(const void *kernel, size_t smem, size_t *opted) {
     }
 }
 
-static size_t scan_opted[2][3];   // the largest size each scan kernel (backward?, width) has opted in to
-static size_t *scan_opted_of(bool bwd, int nvb) { return &scan_opted[bwd][nvb == 8 ? 0 : nvb == 16 ? 1 : 2]; }
+static size_t scan_opted[2][3][2];   // the largest size each scan kernel (backward?, width, blocks) has opted in to
+static size_t *scan_opted_of(bool bwd, int nvb, int minb) {
+    return &scan_opted[bwd][nvb == 8 ? 0 : nvb == 16 ? 1 : 2][minb == 2];
+}
 
-template <bool BWD> static void scan_run(const GdnArgs &a, int nvb, int64_t blocks, size_t smem) {
-    void (*kernel)(GdnArgs) = scan_kernel<BWD>(nvb);
-    smem_optin((const void *)kernel, smem, scan_opted_of(BWD, nvb));
+template <bool BWD> static void scan_run(const GdnArgs &a, int nvb, int minb, int64_t blocks, size_t smem) {
+    void (*kernel)(GdnArgs) = scan_kernel<BWD>(nvb, minb);
+    smem_optin((const void *)kernel, smem, scan_opted_of(BWD, nvb, minb));
     kernel<<<(unsigned)blocks, GDN_NT, smem, cu_stream>>>(a);
     CU_LAUNCHED();
 }
@@ -1216,8 +1232,8 @@ template <bool BWD> static int scan_groups(GdnArgs a, int nvb, int sms, size_t o
     size_t smem = 0;
     int w = scan_fit(a, nvb, BWD, BH, false, sms, optin, &smem);
     int p = 0;   // blocks per multiprocessor
-    void (*kernel)(GdnArgs) = scan_kernel<BWD>(w);
-    smem_optin((const void *)kernel, smem, scan_opted_of(BWD, w));
+    void (*kernel)(GdnArgs) = scan_kernel<BWD>(w, SCAN_GROUP_MINB);
+    smem_optin((const void *)kernel, smem, scan_opted_of(BWD, w, SCAN_GROUP_MINB));
     CU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&p, kernel, GDN_NT, smem));
     if (p < 1) p = 1;
     int64_t slots = (int64_t)sms * p, NV = (a.dv + w - 1) / w, NVt = (a.dk + w - 1) / w;
@@ -1238,7 +1254,9 @@ template <bool BWD> static int scan_groups(GdnArgs a, int nvb, int sms, size_t o
 // (ATTNLAB_GDN_SCAN_COLS = 8, 16 or 32 forces it); then (scan_fit) the
 // tiles, stages and, if the shared memory needs it, a narrower width; then
 // one walk over all chunks, or the two-level scan's three passes
-// (scan_groups).
+// (scan_groups), whose blocks take twice the width (at most 32): with the
+// groups side by side there are blocks enough, and each does more per
+// barrier.
 template <bool BWD> static void scan_launch(Node *n, GdnArgs &a) {
     int sms;
     size_t optin;
@@ -1246,10 +1264,11 @@ template <bool BWD> static void scan_launch(Node *n, GdnArgs &a) {
     int64_t BH = (int64_t)a.B * a.H;
     int nvb = 32;
     while (nvb > 8 && BH * ((a.dv + nvb / 2 - 1) / (nvb / 2)) <= sms) nvb /= 2;
-    int G = scan_groups<BWD>(a, nvb, sms, optin);
+    int gw = nvb < 32 ? 2 * nvb : 32;   // the groups' passes: blocks enough to take wider ones
+    int G = scan_groups<BWD>(a, gw, sms, optin);
     const char *env = getenv("ATTNLAB_GDN_SCAN_COLS");
     int forced = env ? atoi(env) : 0;
-    if (forced == 8 || forced == 16 || forced == 32) nvb = forced;
+    if (forced == 8 || forced == 16 || forced == 32) nvb = gw = forced;
     a.scanP = scan_pitch(a.dk);
     size_t rs = sizeof(real);
     a.scan_vec = 0;
@@ -1262,7 +1281,7 @@ template <bool BWD> static void scan_launch(Node *n, GdnArgs &a) {
         a.scan_mode = SCAN_WHOLE;
         int w = scan_fit(a, nvb, BWD, BH, false, sms, optin, &smem);
         a.NV = (a.dv + w - 1) / w;
-        scan_run<BWD>(a, w, BH * a.NV, smem);
+        scan_run<BWD>(a, w, 1, BH * a.NV, smem);
         return;
     }
     int NG = (a.NC + G - 1) / G;
@@ -1271,9 +1290,9 @@ template <bool BWD> static void scan_launch(Node *n, GdnArgs &a) {
     a.scan_E = (real *)tape_dalloc(n->tape, (size_t)(BH * NG) * a.dk * a.dv * rs);
     // 1. Each group but the one whose end nothing needs, alone.
     a.scan_mode = SCAN_LOCAL;
-    int w = scan_fit(a, nvb, BWD, BH * (NG - 1), true, sms, optin, &smem);
+    int w = scan_fit(a, gw, BWD, BH * (NG - 1), true, sms, optin, &smem);
     a.NV = (a.dv + w - 1) / w, a.NVt = (a.dk + w - 1) / w;
-    scan_run<BWD>(a, w, BH * (NG - 1) * (a.NV + a.NVt), smem);
+    scan_run<BWD>(a, w, SCAN_GROUP_MINB, BH * (NG - 1) * (a.NV + a.NVt), smem);
     // 2. Across the groups.
     static size_t join_opted[2];
     size_t js = 2 * (size_t)a.dk * JOIN_COLS * rs;
@@ -1283,9 +1302,9 @@ template <bool BWD> static void scan_launch(Node *n, GdnArgs &a) {
     CU_LAUNCHED();
     // 3. Each group again, from its entering state.
     a.scan_mode = SCAN_SEEDED;
-    w = scan_fit(a, nvb, BWD, BH * NG, false, sms, optin, &smem);
+    w = scan_fit(a, gw, BWD, BH * NG, false, sms, optin, &smem);
     a.NV = (a.dv + w - 1) / w;
-    scan_run<BWD>(a, w, BH * NG * a.NV, smem);
+    scan_run<BWD>(a, w, SCAN_GROUP_MINB, BH * NG * a.NV, smem);
 }
 
 // ---------------------------------------------------------------- chunked form: forward
