@@ -94,9 +94,9 @@ static double chunked_forward_flops(int T, int C) {
     double f = 0;
     for (int t0 = 0; t0 < T; t0 += C) {
         double L = T - t0 < C ? T - t0 : C;
-        f += 2 * L * L * DK * 3      // K K^T, W = Tm Xw, Q K^T
-             + 2 * L * L * DV * 2    // U = Tm Xu, P Delta
-             + 2 * L * DK * DV * 3   // W S0, Q S0, Kd^T Delta
+        f += 2 * L * L * DK * 2      // K K^T, Q K^T (counted whole; the kernel forms their lower halves)
+             + 2 * L * L * DV * 2    // Delta = Tm R, P Delta
+             + 2 * L * DK * DV * 3   // Xw S0 (in R = Xu - Xw S0), Q S0, Kd^T Delta
              + L * L * L / 3;        // forward substitution for Tm
     }
     return f;
