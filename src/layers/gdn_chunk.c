@@ -48,12 +48,10 @@ GdnDims gdn_dims(const Node *n) {
 // One list of the arrays serves both gdn_chunk_bytes and gdn_chunk_bind.
 static size_t chunk_layout(GdnChunk *ws, unsigned char *mem, int C, int dk, int dv) {
     size_t LL = (size_t)C * C, at = 0;
+    GdnChunk counting;   // mem NULL: the fields are set (to NULL) in a throwaway
+    if (!mem) ws = &counting;
     int ldt = round_vl(C);
-#define TAKE(field, n, type)                                     \
-    do {                                                         \
-        if (mem) ws->field = (type *)(mem + at);                 \
-        at += ((size_t)(n) * sizeof(type) + 63) & ~(size_t)63;   \
-    } while (0)
+#define TAKE(field, n, type) (ws->field = (type *)gdn_carve(mem, &at, (size_t)(n), sizeof(type)))
     TAKE(G, C, double);
     TAKE(E, LL, real);
     TAKE(KK, LL, real);

@@ -51,11 +51,9 @@ typedef struct GdnChunkGrad {
 // a 64-byte boundary); with mem NULL only count the bytes.
 static size_t grad_layout(GdnChunkGrad *gr, unsigned char *mem, int C, int dk, int dv) {
     size_t at = 0;
-#define TAKE(field, n, type)                                     \
-    do {                                                         \
-        if (mem) gr->field = (type *)(mem + at);                 \
-        at += ((size_t)(n) * sizeof(type) + 63) & ~(size_t)63;   \
-    } while (0)
+    GdnChunkGrad counting;   // mem NULL: the fields are set (to NULL) in a throwaway
+    if (!mem) gr = &counting;
+#define TAKE(field, n, type) (gr->field = (type *)gdn_carve(mem, &at, (size_t)(n), sizeof(type)))
     TAKE(dG, C, double);
     TAKE(dbeta, C, double);
     TAKE(colZ, C, double);

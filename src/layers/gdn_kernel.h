@@ -82,6 +82,15 @@ static inline const int *gdn_chunk_docs(int *db, const int *first, const GdnDims
     return db;
 }
 
+// The chunk workspaces' carving (gdn_chunk.c, gdn_chunk_backward.c): the
+// next n elements of `type` at byte offset *at of mem, each array on a
+// 64-byte boundary; NULL when mem is NULL (only the bytes are counted).
+static inline void *gdn_carve(unsigned char *mem, size_t *at, size_t n, size_t size) {
+    void *p = mem ? mem + *at : NULL;
+    *at += (n * size + 63) & ~(size_t)63;
+    return p;
+}
+
 // Ask for n rows of w reals at row stride ld from x (one head's slice of
 // each row), for reading (write 0) or for writing (write 1), into L2. A
 // chunk's first touch of v (in gdn_chunk_prepare), of o, and of dO, dq, dk,
