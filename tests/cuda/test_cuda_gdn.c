@@ -21,6 +21,7 @@
 typedef enum { REG_PLAIN, REG_G_ZERO, REG_G_M20, REG_BETA_1 } Regime;
 
 enum { IQ, IK, IV, IBETA, IG, IS0, N_IN };
+static const char *const GRAD_NAMES[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
 
 
 // x[IQ..IS0]; x[IS0] NULL without s0. grad: whether they take gradients.
@@ -338,8 +339,17 @@ static void gpu_run_free(GpuRun *r) {
     for (int i = 0; i < N_IN; i++) free(r->grad[i]);
 }
 
+// Runs a and b of the inputs x gave the same bits: o, S_T and every gradient.
+static void assert_same_bits(const GpuRun *a, const GpuRun *b, Tensor *const *x, const char *what) {
+    cr_assert(memcmp(a->o, b->o, (size_t)a->n_o * sizeof(real)) == 0, "%s: o differs", what);
+    cr_assert(memcmp(a->sT, b->sT, (size_t)a->n_s * sizeof(real)) == 0, "%s: S_T differs", what);
+    for (int i = 0; i < N_IN; i++)
+        if (x[i])
+            cr_assert(memcmp(a->grad[i], b->grad[i], (size_t)x[i]->numel * sizeof(real)) == 0, "%s: %s differs", what,
+                      GRAD_NAMES[i]);
+}
+
 Test(cuda_gdn, gpu_chunked_equals_gpu_recurrent) {
-    static const char *const names[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
     enum { B = 2, T = 75 };
     int doc[B * T] = {0};
     doc[20] = doc[32] = doc[T + 50] = 1;
@@ -356,7 +366,7 @@ Test(cuda_gdn, gpu_chunked_equals_gpu_recurrent) {
         cr_assert_leq(e, FORM_TOL, "case %d: S_T differs by %.3e", cse, e);
         for (int i = 0; i < N_IN; i++) {
             e = max_rel_diff(a.grad[i], b.grad[i], x[i]->numel);
-            cr_assert_leq(e, FORM_TOL, "case %d: %s differs by %.3e", cse, names[i], e);
+            cr_assert_leq(e, FORM_TOL, "case %d: %s differs by %.3e", cse, GRAD_NAMES[i], e);
         }
         gpu_run_free(&a);
         gpu_run_free(&b);
@@ -394,7 +404,6 @@ Test(cuda_gdn, scan_column_blocks_agree_with_the_cpu) {
 Test(cuda_gdn, scan_column_blocks_give_the_same_bits) {
     // A state column's arithmetic is the same whatever the block width: o,
     // S_T and every gradient the same bits at 8, 16 and 32 columns a block.
-    static const char *const names[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
     enum { T = 700 };
     static int doc[T];
     memset(doc, 0, sizeof doc);
@@ -416,13 +425,9 @@ Test(cuda_gdn, scan_column_blocks_give_the_same_bits) {
         }
         set_scan_cols(NULL);
         for (int w = 1; w < 3; w++) {
-            cr_assert(memcmp(r[0].o, r[w].o, (size_t)r[0].n_o * sizeof(real)) == 0, "case %zu, %s columns: o differs",
-                      cs, cols[w]);
-            cr_assert(memcmp(r[0].sT, r[w].sT, (size_t)r[0].n_s * sizeof(real)) == 0,
-                      "case %zu, %s columns: S_T differs", cs, cols[w]);
-            for (int i = 0; i < N_IN; i++)
-                cr_assert(memcmp(r[0].grad[i], r[w].grad[i], (size_t)x[i]->numel * sizeof(real)) == 0,
-                          "case %zu, %s columns: %s differs", cs, cols[w], names[i]);
+            char what[64];
+            snprintf(what, sizeof what, "case %zu, %s columns", cs, cols[w]);
+            assert_same_bits(&r[0], &r[w], x, what);
         }
         for (int w = 0; w < 3; w++) gpu_run_free(&r[w]);
         free_inputs(x);
@@ -471,7 +476,6 @@ Test(cuda_gdn, two_level_scan_chosen_on_long_rows) {
     // one walk (ATTNLAB_GDN_SCAN_GROUP = 0) within rounding. Without decay:
     // with it (g < 0) a group's transition underflows to 0 and both ways
     // give the same bits, which would not tell them apart.
-    static const char *const names[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
     enum { T = 2100 };
     static int doc[T];
     memset(doc, 0, sizeof doc);
@@ -497,7 +501,7 @@ Test(cuda_gdn, two_level_scan_chosen_on_long_rows) {
     cr_assert_leq(e, FORM_TOL, "S_T differs by %.3e", e);
     for (int i = 0; i < N_IN; i++) {
         e = max_rel_diff(a.grad[i], b.grad[i], x[i]->numel);
-        cr_assert_leq(e, FORM_TOL, "%s differs by %.3e", names[i], e);
+        cr_assert_leq(e, FORM_TOL, "%s differs by %.3e", GRAD_NAMES[i], e);
     }
     gpu_run_free(&a);
     gpu_run_free(&b);
@@ -508,7 +512,6 @@ Test(cuda_gdn, two_level_scan_gives_the_same_bits_at_every_width) {
     // With the groups fixed, a state column's arithmetic is the same whatever
     // the column block: o, S_T and every gradient the same bits at 8, 16 and
     // 32 columns a block, and run again.
-    static const char *const names[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
     static const char *const cols[] = {"8", "16", "32"};
     Tensor *x[N_IN];
     make_inputs(x, 1, 700, 2, 40, 72, REG_PLAIN, true, true, 640);
@@ -522,13 +525,8 @@ Test(cuda_gdn, two_level_scan_gives_the_same_bits_at_every_width) {
     r[3] = gpu_run(x, &c);
     set_scan_cols(NULL);
     set_scan_group(NULL);
-    for (int w = 1; w < 4; w++) {
-        cr_assert(memcmp(r[0].o, r[w].o, (size_t)r[0].n_o * sizeof(real)) == 0, "run %d: o differs", w);
-        cr_assert(memcmp(r[0].sT, r[w].sT, (size_t)r[0].n_s * sizeof(real)) == 0, "run %d: S_T differs", w);
-        for (int i = 0; i < N_IN; i++)
-            cr_assert(memcmp(r[0].grad[i], r[w].grad[i], (size_t)x[i]->numel * sizeof(real)) == 0,
-                      "run %d: %s differs", w, names[i]);
-    }
+    static const char *const runs[] = {"", "16 columns", "32 columns", "8 columns again"};
+    for (int w = 1; w < 4; w++) assert_same_bits(&r[0], &r[w], x, runs[w]);
     for (int w = 0; w < 4; w++) gpu_run_free(&r[w]);
     free_inputs(x);
 }
@@ -539,11 +537,7 @@ Test(cuda_gdn, a_run_repeats_bit_for_bit) {
     for (int f = 0; f < 2; f++) {
         GdnCtx c = {2, 16, FORMS[f], NULL, 3};
         GpuRun a = gpu_run(x, &c), b = gpu_run(x, &c);
-        cr_assert(memcmp(a.o, b.o, (size_t)a.n_o * sizeof(real)) == 0, "%s: o differs", form_name(FORMS[f]));
-        cr_assert(memcmp(a.sT, b.sT, (size_t)a.n_s * sizeof(real)) == 0, "%s: S_T differs", form_name(FORMS[f]));
-        for (int i = 0; i < N_IN; i++)
-            cr_assert(memcmp(a.grad[i], b.grad[i], (size_t)x[i]->numel * sizeof(real)) == 0, "%s: gradient %d differs",
-                      form_name(FORMS[f]), i);
+        assert_same_bits(&a, &b, x, form_name(FORMS[f]));
         gpu_run_free(&a);
         gpu_run_free(&b);
     }
@@ -558,11 +552,7 @@ Test(cuda_gdn, a_run_repeats_bit_for_bit) {
     make_inputs(x, 1, T, 3, 16, 40, REG_PLAIN, true, true, 301);
     GdnCtx c = {3, 16, MIXER_FORM_CHUNKED, doc, 3};
     GpuRun a = gpu_run(x, &c), b = gpu_run(x, &c);
-    cr_assert(memcmp(a.o, b.o, (size_t)a.n_o * sizeof(real)) == 0, "long row: o differs");
-    cr_assert(memcmp(a.sT, b.sT, (size_t)a.n_s * sizeof(real)) == 0, "long row: S_T differs");
-    for (int i = 0; i < N_IN; i++)
-        cr_assert(memcmp(a.grad[i], b.grad[i], (size_t)x[i]->numel * sizeof(real)) == 0, "long row: gradient %d differs",
-                  i);
+    assert_same_bits(&a, &b, x, "long row");
     gpu_run_free(&a);
     gpu_run_free(&b);
     free_inputs(x);
