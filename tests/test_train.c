@@ -158,12 +158,12 @@ Test(train, generate_check_parity_on_a_hybrid_of_every_mixer, .timeout = 120) {
     cr_assert(s.ok, "%s", s.msg);
     cr_assert_eq(trainer_run(&t, &o), 0);
     trainer_free(&t);
-    cr_assert(access("./generate", X_OK) == 0, "run the tests from the build folder (./generate is needed)");
+    char *gen = (char *)test_program("generate");   // beside unit_tests, whatever the working folder
     char ckpt[1024], cmd[1024];
     snprintf(ckpt, sizeof ckpt, "%s/run/checkpoint.h5", dir);
     snprintf(cmd, sizeof cmd, "%s/gen.err", dir);
     // (No shell: the scratch folder's path comes from TMPDIR.) --check reports on stderr.
-    char *argv[] = {"./generate", "--checkpoint", ckpt, "--prompt", "the light", "--max-tokens", "30", "--check", NULL};
+    char *argv[] = {gen, "--checkpoint", ckpt, "--prompt", "the light", "--max-tokens", "30", "--check", NULL};
     int rc = test_spawn(argv, NULL, NULL, cmd, 60, NULL);
     char out[2048] = {0};
     FILE *f = fopen(cmd, "r");
