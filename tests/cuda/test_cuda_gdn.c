@@ -374,11 +374,16 @@ Test(cuda_gdn, gpu_chunked_equals_gpu_recurrent) {
     }
 }
 
-// The scans' column block is chosen from B H and dv (gdn.cu);
-// ATTNLAB_GDN_SCAN_COLS forces it. NULL: the choice.
-static void set_scan_cols(const char *cols) {
-    if (cols) setenv("ATTNLAB_GDN_SCAN_COLS", cols, 1);
-    else unsetenv("ATTNLAB_GDN_SCAN_COLS");
+// The scans' choices that gdn.cu lets the environment force: the column
+// block (chosen from B H and dv; SCAN_COLS = 8, 16 or 32) and the two-level
+// form (groups of chunks, each alone, joined, then each again from its
+// entering state; chosen from B H, dv and the chunks; SCAN_GROUP = G chunks
+// a group, 0 one walk). value NULL: the host's choice.
+#define SCAN_COLS "ATTNLAB_GDN_SCAN_COLS"
+#define SCAN_GROUP "ATTNLAB_GDN_SCAN_GROUP"
+static void force_scan(const char *name, const char *value) {
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
 }
 
 Test(cuda_gdn, scan_column_blocks_agree_with_the_cpu) {
@@ -391,14 +396,14 @@ Test(cuda_gdn, scan_column_blocks_agree_with_the_cpu) {
     doc[0] = doc[64] = doc[65] = doc[T + 100] = doc[T + 199] = 1;
     static const char *const cols[] = {"8", "16", "32"};
     for (int w = 0; w < 3; w++) {
-        set_scan_cols(cols[w]);
+        force_scan(SCAN_COLS, cols[w]);
         check_gdn(MIXER_FORM_CHUNKED, B, T, 2, 32, 40, 64, REG_PLAIN, true, doc, 3, 520 + w);
         check_gdn(MIXER_FORM_CHUNKED, B, T, 1, 24, 20, 100, REG_PLAIN, false, NULL, 3, 523 + w);
         check_gdn(MIXER_FORM_CHUNKED, 1, 75, 2, 16, 33, 16, REG_PLAIN, true, doc, 1, 526 + w);
         check_gdn(MIXER_FORM_CHUNKED, 1, 75, 2, 16, 33, 16, REG_PLAIN, true, NULL, 2, 529 + w);
         check_gdn(MIXER_FORM_CHUNKED, 1, 130, 2, 128, 128, 64, REG_PLAIN, true, NULL, 3, 532 + w);
     }
-    set_scan_cols(NULL);
+    force_scan(SCAN_COLS, NULL);
 }
 
 Test(cuda_gdn, scan_column_blocks_give_the_same_bits) {
@@ -420,10 +425,10 @@ Test(cuda_gdn, scan_column_blocks_give_the_same_bits) {
         GdnCtx c = {cases[cs].H, cases[cs].C, MIXER_FORM_CHUNKED, cases[cs].doc, 3};
         GpuRun r[3];
         for (int w = 0; w < 3; w++) {
-            set_scan_cols(cols[w]);
+            force_scan(SCAN_COLS, cols[w]);
             r[w] = gpu_run(x, &c);
         }
-        set_scan_cols(NULL);
+        force_scan(SCAN_COLS, NULL);
         for (int w = 1; w < 3; w++) {
             char what[64];
             snprintf(what, sizeof what, "case %zu, %s columns", cs, cols[w]);
@@ -432,15 +437,6 @@ Test(cuda_gdn, scan_column_blocks_give_the_same_bits) {
         for (int w = 0; w < 3; w++) gpu_run_free(&r[w]);
         free_inputs(x);
     }
-}
-
-// The scans' two-level form (groups of chunks, each alone, joined, then
-// each again from its entering state) is chosen from B H, dv and the
-// chunks (gdn.cu); ATTNLAB_GDN_SCAN_GROUP = G forces groups of G chunks,
-// 0 one walk. NULL: the choice.
-static void set_scan_group(const char *g) {
-    if (g) setenv("ATTNLAB_GDN_SCAN_GROUP", g, 1);
-    else unsetenv("ATTNLAB_GDN_SCAN_GROUP");
 }
 
 Test(cuda_gdn, two_level_scan_agrees_with_the_cpu) {
@@ -456,18 +452,18 @@ Test(cuda_gdn, two_level_scan_agrees_with_the_cpu) {
     doc[0] = doc[32] = doc[48] = doc[49] = doc[T + 100] = doc[T + 199] = 1;
     static const char *const groups[] = {"1", "2", "3", "5"};
     for (int gi = 0; gi < 4; gi++) {
-        set_scan_group(groups[gi]);
+        force_scan(SCAN_GROUP, groups[gi]);
         check_gdn(MIXER_FORM_CHUNKED, B, T, 2, 32, 40, 16, REG_PLAIN, true, doc, 3, 600 + gi);
         check_gdn(MIXER_FORM_CHUNKED, 1, 75, 2, 16, 33, 16, REG_PLAIN, false, NULL, 3, 604 + gi);
         check_gdn(MIXER_FORM_CHUNKED, 1, 150, 1, 40, 24, 16, REG_PLAIN, true, NULL, 1, 608 + gi);
         check_gdn(MIXER_FORM_CHUNKED, 1, 150, 1, 40, 24, 16, REG_PLAIN, true, NULL, 2, 612 + gi);
         check_gdn(MIXER_FORM_CHUNKED, 1, 400, 2, 24, 20, 100, REG_PLAIN, true, doc, 3, 616 + gi);
     }
-    set_scan_group("2");
+    force_scan(SCAN_GROUP, "2");
     static const Regime regs[] = {REG_G_ZERO, REG_G_M20, REG_BETA_1};
     for (int r = 0; r < 3; r++) check_gdn(MIXER_FORM_CHUNKED, 2, 160, 2, 32, 32, 16, regs[r], true, NULL, 3, 620 + r);
     check_gdn(MIXER_FORM_CHUNKED, 1, 300, 2, 128, 128, 64, REG_PLAIN, true, NULL, 3, 623);
-    set_scan_group(NULL);
+    force_scan(SCAN_GROUP, NULL);
 }
 
 Test(cuda_gdn, two_level_scan_chosen_on_long_rows) {
@@ -480,16 +476,16 @@ Test(cuda_gdn, two_level_scan_chosen_on_long_rows) {
     static int doc[T];
     memset(doc, 0, sizeof doc);
     doc[0] = doc[48] = doc[1000] = doc[1001] = doc[2047] = 1;
-    set_scan_group(NULL);
+    force_scan(SCAN_GROUP, NULL);
     check_gdn(MIXER_FORM_CHUNKED, 1, T, 2, 32, 32, 16, REG_PLAIN, true, doc, 3, 630);
     check_gdn(MIXER_FORM_CHUNKED, 1, T, 2, 32, 32, 16, REG_G_ZERO, true, doc, 3, 631);
     Tensor *x[N_IN];
     make_inputs(x, 1, T, 2, 32, 32, REG_G_ZERO, true, true, 632);
     GdnCtx c = {2, 16, MIXER_FORM_CHUNKED, doc, 3};
     GpuRun a = gpu_run(x, &c);
-    set_scan_group("0");
+    force_scan(SCAN_GROUP, "0");
     GpuRun b = gpu_run(x, &c);
-    set_scan_group(NULL);
+    force_scan(SCAN_GROUP, NULL);
     // The two differ in the order of their sums only: not in every bit, and
     // within the forms' tolerance.
     bool same = memcmp(a.o, b.o, (size_t)a.n_o * sizeof(real)) == 0 &&
@@ -516,15 +512,15 @@ Test(cuda_gdn, two_level_scan_gives_the_same_bits_at_every_width) {
     Tensor *x[N_IN];
     make_inputs(x, 1, 700, 2, 40, 72, REG_PLAIN, true, true, 640);
     GdnCtx c = {2, 16, MIXER_FORM_CHUNKED, NULL, 3};
-    set_scan_group("3");
+    force_scan(SCAN_GROUP, "3");
     GpuRun r[4];
     for (int w = 0; w < 3; w++) {
-        set_scan_cols(cols[w]);
+        force_scan(SCAN_COLS, cols[w]);
         r[w] = gpu_run(x, &c);
     }
     r[3] = gpu_run(x, &c);
-    set_scan_cols(NULL);
-    set_scan_group(NULL);
+    force_scan(SCAN_COLS, NULL);
+    force_scan(SCAN_GROUP, NULL);
     static const char *const runs[] = {"", "16 columns", "32 columns", "32 columns again"};
     for (int w = 1; w < 4; w++) assert_same_bits(&r[0], &r[w], x, runs[w]);
     for (int w = 0; w < 4; w++) gpu_run_free(&r[w]);
