@@ -211,7 +211,7 @@ void gdn_chunk_backward(Node *n) {
     const int *first = n->aux;
     int64_t SS = (int64_t)d.dk * d.dv;
     // Per thread: the chunk workspace, its gradients, and dS, one slot each.
-    size_t b_ws = (gdn_chunk_bytes(d.C, d.dk, d.dv) + 63) & ~(size_t)63;
+    size_t b_ws = gdn_chunk_bytes(d.C, d.dk, d.dv);   // both multiples of 64 (gdn_carve)
     size_t b_gr = grad_layout(NULL, NULL, d.C, d.dk, d.dv);
     size_t stride;
     unsigned char *slots = tape_thread_slots(n->tape, b_ws + b_gr + SS * sizeof(real), &stride);

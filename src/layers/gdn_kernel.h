@@ -142,9 +142,8 @@ typedef struct GdnChunk {
     real *pack;      // (m, m), m = max(C, dk, dv): K^T in gdn_chunk_prepare, then a transposed operand of tile_gemm
 } GdnChunk;
 
-// Workspace for chunks of up to C positions: one allocation, free(ws->G).
-// Workspace of one chunk: gdn_chunk_bytes of memory (64-byte aligned), bound
-// to ws. The kernels take one slot per OpenMP thread from the tape's arena
+// Workspace of one chunk: gdn_chunk_bytes of memory (64-byte aligned; the
+// size is a multiple of 64), bound to ws. The kernels take one slot per OpenMP thread from the tape's arena
 // (tape_thread_slots), so a training step does no malloc.
 size_t gdn_chunk_bytes(int C, int dk, int dv);
 void gdn_chunk_bind(GdnChunk *ws, void *mem, int C, int dk, int dv);
