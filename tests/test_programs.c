@@ -536,9 +536,12 @@ Test(programs, evaluate_device_cuda_equals_cpu_or_says_why, .timeout = 180) {
         char *args[16] = {"--checkpoint", c == 2 ? (char *)rec : first, "--text", probe, "--positions", "--json",
                           "--buckets", "16,64,1000", "--context", (char *)ctx[c][0]};
         int k = 10;
-        if (ctx[c][1]) args[k++] = c == 1 ? "--window" : "--chunk", args[k++] = (char *)ctx[c][1];
-        args[k++] = "--device", args[k + 1] = NULL;
-        args[k] = "cpu";
+        if (ctx[c][1]) {
+            args[k++] = c == 1 ? "--window" : "--chunk";
+            args[k++] = (char *)ctx[c][1];
+        }
+        args[k++] = "--device";
+        args[k] = "cpu";   // then cuda; args[k + 1] stays NULL
         char *oc = evaluate(dir, args);
         args[k] = "cuda";
         char *og = evaluate(dir, args);
