@@ -1232,11 +1232,20 @@ template <bool BWD> static int scan_groups(GdnArgs a, int nvb, int sms, size_t o
     int64_t BH = (int64_t)a.B * a.H;
     size_t smem = 0;
     int w = scan_fit(a, nvb, BWD, BH, false, sms, optin, &smem);
-    int p = 0;   // blocks per multiprocessor
-    void (*kernel)(GdnArgs) = scan_kernel<BWD>(w, SCAN_GROUP_MINB);
-    smem_optin((const void *)kernel, smem, scan_opted_of(BWD, w, SCAN_GROUP_MINB));
-    CU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&p, kernel, GDN_NT, smem));
-    if (p < 1) p = 1;
+    // Blocks per multiprocessor of the groups' kernel at this width and
+    // shared memory, asked of the runtime once per (width, size): this runs
+    // at every launch of the op.
+    static int per[3];
+    static size_t per_smem[3];
+    int wi = w == 8 ? 0 : w == 16 ? 1 : 2;
+    if (per_smem[wi] != smem) {
+        void (*kernel)(GdnArgs) = scan_kernel<BWD>(w, SCAN_GROUP_MINB);
+        smem_optin((const void *)kernel, smem, scan_opted_of(BWD, w, SCAN_GROUP_MINB));
+        CU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per[wi], kernel, GDN_NT, smem));
+        if (per[wi] < 1) per[wi] = 1;
+        per_smem[wi] = smem;
+    }
+    int p = per[wi];
     int64_t slots = (int64_t)sms * p, NV = (a.dv + w - 1) / w, NVt = (a.dk + w - 1) / w;
     auto waves = [slots](int64_t blocks) { return (double)((blocks + slots - 1) / slots); };
     double one = waves(BH * NV) * a.NC, best = 0.75 * one;
