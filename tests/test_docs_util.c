@@ -44,11 +44,6 @@ static real *copy_of(const real *src, int64_t n) {
     return d;
 }
 
-static void zero_grads(Tensor *const *in, int n) {
-    for (int i = 0; i < n; i++)
-        if (in[i] && in[i]->grad) memset(in[i]->grad, 0, (size_t)in[i]->numel * sizeof(real));
-}
-
 static void compare(const char *label, const char *what, const real *a, const real *b, int64_t n, double tol) {
     for (int64_t i = 0; i < n; i++)
         cr_assert(isfinite(a[i]), "%s: %s[%lld] of the packed run is not finite", label, what, (long long)i);
@@ -56,34 +51,37 @@ static void compare(const char *label, const char *what, const real *a, const re
     cr_assert(d <= tol, "%s: %s packed vs separate differs by %.3e (tolerance %.0e)", label, what, d, tol);
 }
 
+typedef struct GcCtx {
+    const DocsFn *f;
+    const int *doc_start;
+} GcCtx;
+
+static int gc_fn(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    const GcCtx *c = ctx;
+    return c->f->fn(tp, in, c->doc_start, c->f->ctx, out);
+}
+
 void docs_check_packed(const DocsFn *f, Tensor *const *in, const int *doc_start, int B, int T, double tol,
                        const char *label) {
     int n = f->n_in;
-    zero_grads(in, n);
-    // Packed.
-    Tape tp;
-    tape_init(&tp);
-    Tensor *out[2] = {0};
-    int n_out = f->fn(&tp, in, doc_start, f->ctx, out);
-    Tensor *R[2] = {0};
-    for (int k = 0; k < n_out; k++) {
-        R[k] = tensor_new(out[k]->ndim, out[k]->shape, false);
-        fill_normal(R[k], 7 + k, 1.0);
-    }
-    tape_backward_multi(&tp, out, (const real *[]){R[0]->data, R[1] ? R[1]->data : NULL}, n_out);
-    int64_t n0 = out[0]->numel, n1 = n_out > 1 ? out[1]->numel : 0;
+    // Packed, on device_default()'s tape (AG_DEVICE=cuda: the GPU): output k
+    // seeded with normal values from seed 7 + k.
+    GcCtx packed = {f, doc_start}, separate = {f, NULL};
+    real *p[2] = {0};
+    int64_t pn[2] = {0};
+    int n_out = gradcheck_run(gc_fn, in, n, &packed, 7, p, pn);
+    cr_assert(n_out == 1 || n_out == 2, "%s: %d outputs", label, n_out);
+    int64_t n0 = pn[0], n1 = n_out > 1 ? pn[1] : 0;
     int64_t step0 = n0 / ((int64_t)B * T), row1 = n1 / B;
-    real *p0 = copy_of(out[0]->data, n0), *p1 = copy_of(n1 ? out[1]->data : NULL, n1);
+    real *R[2] = {test_randn(n0, 7), n1 ? test_randn(n1, 8) : NULL};   // the same seeds, for the slices
     real **pg = xcalloc((size_t)n, sizeof *pg), **sg = xcalloc((size_t)n, sizeof *sg);
     for (int i = 0; i < n; i++)
         if (in[i] && in[i]->requires_grad) {
             pg[i] = copy_of(in[i]->grad, in[i]->numel);
             sg[i] = copy_of(NULL, in[i]->numel);
         }
-    tape_free(&tp);
 
-    // One call per document.
-    zero_grads(in, n);
+    // One call per document, each seeded with its slice of R.
     real *s0 = copy_of(NULL, n0), *s1 = copy_of(NULL, n1);
     Tensor **sub = xcalloc((size_t)n, sizeof *sub);
     for (int b = 0; b < B; b++)
@@ -97,35 +95,32 @@ void docs_check_packed(const DocsFn *f, Tensor *const *in, const int *doc_start,
                 else if (f->kind[i] == DOCS_ROW) sub[i] = reads_row ? row_slice(in[i], b) : NULL;
                 else sub[i] = in[i];
             }
-            tape_init(&tp);
-            Tensor *o[2] = {0};
-            int no = f->fn(&tp, sub, NULL, f->ctx, o);
+            bool last = e == T && n_out > 1;
+            const real *seeds[2] = {R[0] + ((int64_t)b * T + s) * step0, last ? R[1] + b * row1 : NULL};
+            real *o[2] = {0};
+            int64_t on[2] = {0};
+            int no = gradcheck_run_seeds(gc_fn, sub, n, &separate, seeds, o, on);
             cr_assert_eq(no, n_out, "%s: the per-document call returned %d outputs, the packed one %d", label, no,
                          n_out);
-            Tensor *r0 = docs_time_slice(R[0], b, s, e - s);
-            bool last = e == T && no > 1;
-            const real *seeds[2] = {r0->data, last ? R[1]->data + b * row1 : NULL};
-            tape_backward_multi(&tp, o, seeds, last ? 2 : 1);
-            memcpy(s0 + ((int64_t)b * T + s) * step0, o[0]->data, (size_t)o[0]->numel * sizeof(real));
-            if (last) memcpy(s1 + b * row1, o[1]->data, (size_t)row1 * sizeof(real));
+            cr_assert_eq(on[0], (e - s) * step0, "%s: output 0 of a document of %d positions", label, e - s);
+            memcpy(s0 + ((int64_t)b * T + s) * step0, o[0], (size_t)on[0] * sizeof(real));
+            if (last) memcpy(s1 + b * row1, o[1], (size_t)row1 * sizeof(real));
             for (int i = 0; i < n; i++) {
-                if (!sub[i] || f->kind[i] == DOCS_SHARED) continue;
-                if (sg[i] && f->kind[i] == DOCS_SEQ) {
-                    int64_t step = in[i]->numel / ((int64_t)B * T);
-                    memcpy(sg[i] + ((int64_t)b * T + s) * step, sub[i]->grad, (size_t)sub[i]->numel * sizeof(real));
-                } else if (sg[i]) {
-                    memcpy(sg[i] + b * sub[i]->numel, sub[i]->grad, (size_t)sub[i]->numel * sizeof(real));
+                if (!sub[i]) continue;
+                if (f->kind[i] == DOCS_SHARED) {   // every document's gradient, summed in order
+                    for (int64_t x = 0; sg[i] && x < in[i]->numel; x++) sg[i][x] += in[i]->grad[x];
+                    continue;
                 }
+                int64_t at = f->kind[i] == DOCS_SEQ ? ((int64_t)b * T + s) * (in[i]->numel / ((int64_t)B * T))
+                                                    : b * sub[i]->numel;
+                if (sg[i]) memcpy(sg[i] + at, sub[i]->grad, (size_t)sub[i]->numel * sizeof(real));
                 tensor_free(sub[i]);
             }
-            tensor_free(r0);
-            tape_free(&tp);
+            free(o[0]), free(o[1]);
         }
-    for (int i = 0; i < n; i++)
-        if (sg[i] && f->kind[i] == DOCS_SHARED) memcpy(sg[i], in[i]->grad, (size_t)in[i]->numel * sizeof(real));
 
-    compare(label, "output", p0, s0, n0, tol);
-    if (n1) compare(label, "final state", p1, s1, n1, tol);
+    compare(label, "output", p[0], s0, n0, tol);
+    if (n1) compare(label, "final state", p[1], s1, n1, tol);
     for (int i = 0; i < n; i++) {
         if (!pg[i]) continue;
         char what[96];
@@ -134,19 +129,7 @@ void docs_check_packed(const DocsFn *f, Tensor *const *in, const int *doc_start,
     }
     for (int i = 0; i < n; i++) free(pg[i]), free(sg[i]);
     free(pg), free(sg), free(sub);
-    free(p0), free(p1), free(s0), free(s1);
-    tensor_free(R[0]);
-    tensor_free(R[1]);
-}
-
-typedef struct GcCtx {
-    const DocsFn *f;
-    const int *doc_start;
-} GcCtx;
-
-static int gc_fn(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
-    const GcCtx *c = ctx;
-    return c->f->fn(tp, in, c->doc_start, c->f->ctx, out);
+    free(p[0]), free(p[1]), free(s0), free(s1), free(R[0]), free(R[1]);
 }
 
 void docs_gradcheck(const DocsFn *f, Tensor *const *in, const int *doc_start, const GradcheckOptions *opt,

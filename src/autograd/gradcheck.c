@@ -80,7 +80,7 @@ static Moved *inputs_to_device(Tensor *const *inputs, int n, Device d) {
         mv[i].same_as = -1;
         for (int j = 0; j < i; j++)
             if (inputs[j] == x) mv[i].same_as = j;
-        if (mv[i].same_as >= 0) continue;
+        if (!x || mv[i].same_as >= 0) continue;   // (an optional input left out, or one met before)
         ASSERT(!(x->flags & TENSOR_ON_GPU), "gradcheck: input %d '%s' is on the GPU already; pass host tensors", i,
                x->name ? x->name : "?");
         size_t bytes = (size_t)x->numel * sizeof(real);
@@ -101,7 +101,7 @@ static Moved *inputs_to_device(Tensor *const *inputs, int n, Device d) {
 
 static void inputs_to_host(Moved *mv, Tensor *const *inputs, int n, Device d) {
     for (int i = 0; i < n; i++) {
-        if (mv[i].same_as >= 0) continue;
+        if (!inputs[i] || mv[i].same_as >= 0) continue;
         Tensor *x = inputs[i];
         if (mv[i].dev_grad) {
             dev_to_host(mv[i].host_grad, mv[i].dev_grad, (size_t)x->numel * sizeof(real), d);
@@ -287,34 +287,56 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
     return res;
 }
 
-int gradcheck_run(GradcheckFn f, Tensor *const *inputs, int n_inputs, void *ctx, uint64_t seed,
-                  real **out, int64_t *out_n) {
+// gradcheck_run and gradcheck_run_seeds: output k seeded with `given[k]`
+// when given, else with normal values drawn from seed + k.
+static int run_on_default(GradcheckFn f, Tensor *const *inputs, int n_inputs, void *ctx, uint64_t seed,
+                          const real *const *given, real **out, int64_t *out_n) {
     Device dev = device_default();
     Tape tp;
     tape_init_on(&tp, dev);
     Moved *mv = dev == DEVICE_CPU ? NULL : inputs_to_device(inputs, n_inputs, dev);
     for (int i = 0; i < n_inputs; i++)
-        if (inputs[i]->requires_grad && inputs[i]->grad)
+        if (inputs[i] && inputs[i]->requires_grad && inputs[i]->grad)
             dev_zero(dev, inputs[i]->grad, (size_t)inputs[i]->numel * sizeof(real));
-    Tensor *outs[GRADCHECK_MAX_OUT] = {0};
+    Tensor *outs[GRADCHECK_MAX_OUT] = {0}, *seeded[GRADCHECK_MAX_OUT];
     int n_out = f(&tp, inputs, n_inputs, ctx, outs);
     ASSERT(n_out >= 1 && n_out <= GRADCHECK_MAX_OUT, "gradcheck_run: %d outputs", n_out);
-    real *seeds[GRADCHECK_MAX_OUT] = {0};
+    real *drawn[GRADCHECK_MAX_OUT] = {0};
+    const real *seeds[GRADCHECK_MAX_OUT];
+    int n_seeded = 0;
     bool any = false;
     for (int k = 0; k < n_out; k++) {
         int64_t n = outs[k]->numel;
-        Rng rng;
-        rng_seed(&rng, seed + (uint64_t)k);
-        seeds[k] = xmalloc((size_t)(n ? n : 1) * sizeof(real));
-        for (int64_t i = 0; i < n; i++) seeds[k][i] = (real)rng_normal(&rng);
+        const real *s = given ? given[k] : NULL;
+        if (!given) {
+            Rng rng;
+            rng_seed(&rng, seed + (uint64_t)k);
+            s = drawn[k] = xmalloc((size_t)(n ? n : 1) * sizeof(real));
+            for (int64_t i = 0; i < n; i++) drawn[k][i] = (real)rng_normal(&rng);
+        }
         out[k] = xmalloc((size_t)(n ? n : 1) * sizeof(real));
         dev_to_host(out[k], outs[k]->data, (size_t)n * sizeof(real), dev);
         if (out_n) out_n[k] = n;
-        any = any || outs[k]->requires_grad;
+        if (s) {
+            seeded[n_seeded] = outs[k];
+            seeds[n_seeded++] = s;
+            any = any || outs[k]->requires_grad;
+        }
     }
-    if (any) tape_backward_multi(&tp, outs, (const real *const *)seeds, n_out);
-    for (int k = 0; k < n_out; k++) free(seeds[k]);
+    if (any) tape_backward_multi(&tp, seeded, seeds, n_seeded);
+    for (int k = 0; k < n_out; k++) free(drawn[k]);
     tape_free(&tp);
     if (mv) inputs_to_host(mv, inputs, n_inputs, dev);
     return n_out;
+}
+
+int gradcheck_run(GradcheckFn f, Tensor *const *inputs, int n_inputs, void *ctx, uint64_t seed,
+                  real **out, int64_t *out_n) {
+    return run_on_default(f, inputs, n_inputs, ctx, seed, NULL, out, out_n);
+}
+
+int gradcheck_run_seeds(GradcheckFn f, Tensor *const *inputs, int n_inputs, void *ctx, const real *const *seeds,
+                        real **out, int64_t *out_n) {
+    ASSERT(seeds, "gradcheck_run_seeds: no seeds");
+    return run_on_default(f, inputs, n_inputs, ctx, 0, seeds, out, out_n);
 }

@@ -73,5 +73,10 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
 // first. Returns the number of outputs.
 int gradcheck_run(GradcheckFn f, Tensor *const *inputs, int n_inputs, void *ctx, uint64_t seed,
                   real **out, int64_t *out_n);
+// The same with the seeds given: seeds[k] (host, out_k's numel values) for
+// output k, or NULL where output k is not seeded at all. Inputs may be NULL
+// (an optional input left out) in both.
+int gradcheck_run_seeds(GradcheckFn f, Tensor *const *inputs, int n_inputs, void *ctx, const real *const *seeds,
+                        real **out, int64_t *out_n);
 
 #endif
