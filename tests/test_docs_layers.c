@@ -193,7 +193,8 @@ Test(docs_layers, gradcheck_every_mixer_with_boundaries) {
 #endif
 
 // Step by step with a cache reset at every flagged position equals the
-// parallel forward with documents, at every position.
+// parallel forward with documents, at every position (on device_default():
+// AG_DEVICE=cuda runs both on the GPU).
 Test(docs_layers, decode_with_resets_equals_forward) {
     int B = 2, T = 11;
     int *docs = docs_pattern(T, CHUNK);
@@ -203,29 +204,9 @@ Test(docs_layers, decode_with_resets_equals_forward) {
         layer_make(&L, c->kind, c->form, c->mode, c->topk, 70 + i);
         Tensor *u = tensor_newv(false, 3, B, T, D);
         fill_normal(u, 80 + i, 1.0);
-        Tape tp, ts;
-        tape_init(&tp);
-        tape_init(&ts);
-        tape_no_grad_push(&tp);
-        tape_no_grad_push(&ts);
-        Tensor *y = L.m->kind->forward(&tp, L.m, u, docs, NULL, NULL);
-        void *cache = L.m->kind->cache_new(L.m, B, T, DEVICE_CPU);
-        for (int t = 0; t < T; t++) {
-            Tensor *ut = tape_tensorv(&ts, 3, B, 1, D);
-            for (int b = 0; b < B; b++) {
-                if (docs[b * T + t]) L.m->kind->cache_reset(L.m, cache, b);
-                memcpy(ut->data + b * D, u->data + ((int64_t)b * T + t) * D, D * sizeof(real));
-            }
-            Tensor *yt = L.m->kind->step(&ts, L.m, cache, ut);
-            for (int b = 0; b < B; b++) {
-                double d = max_rel_diff(yt->data + b * D, y->data + ((int64_t)b * T + t) * D, D);
-                cr_assert_leq(d, DECODE_TOL, "%s: position %d, row %d: step vs forward %.3e", c->label, t, b, d);
-            }
-            tape_reset(&ts);
-        }
-        L.m->kind->cache_free(cache);
-        tape_free(&tp);
-        tape_free(&ts);
+        int t = -1, b = -1;
+        double d = test_mixer_decode_docs_diff(L.m, &L.ps, u, docs, &t, &b);
+        cr_assert_leq(d, DECODE_TOL, "%s: position %d, row %d: step vs forward %.3e", c->label, t, b, d);
         tensor_free(u);
         mixer_destroy(L.m);
         params_free(&L.ps);
@@ -282,10 +263,27 @@ static void lm_make(LM *lm, ParamStore *ps, const char *layers, uint64_t seed) {
 
 static const char *const HYBRID = "gdn,attn,mamba,linear,attn_dsa";
 
+// The LM's loss and logits as a GradcheckFn over its parameters (which
+// gradcheck_run moves to device_default() for the call): lm_loss_docs over
+// docs, or lm_loss when docs is NULL.
+typedef struct LossCtx {
+    LM *lm;
+    const int *tokens, *targets, *docs;
+    int B, T;
+} LossCtx;
+
+static int f_lm_loss(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    (void)in, (void)n;
+    const LossCtx *c = ctx;
+    out[0] = c->docs ? lm_loss_docs(tp, c->lm, c->tokens, c->targets, c->docs, c->B, c->T, &out[1])
+                     : lm_loss(tp, c->lm, c->tokens, c->targets, c->B, c->T, &out[1]);
+    return 2;
+}
+
 // lm_loss_docs over packed rows against lm_loss over each document alone
 // (B = 1, its length): the loss (the mean over all positions = the
 // length-weighted mean of the documents'), the logits at every position and
-// every parameter's gradient.
+// every parameter's gradient. Both on device_default().
 Test(docs_layers, lm_loss_packed_equals_separate) {
     int B = 2, T = 11, V = 11;
     int *docs = docs_pattern(T, CHUNK);
@@ -295,20 +293,15 @@ Test(docs_layers, lm_loss_packed_equals_separate) {
     LM lm;
     ParamStore ps;
     lm_make(&lm, &ps, HYBRID, 3);
-    Tape tp;
-    tape_init(&tp);
-    params_zero_grad(&ps);
-    Tensor *logits;
-    Tensor *loss = lm_loss_docs(&tp, &lm, tokens, targets, docs, B, T, &logits);
-    tape_backward(&tp, loss);
-    double packed = loss->data[0];
-    real *lp = xmalloc((size_t)logits->numel * sizeof(real)), *gp = xmalloc((size_t)ps.numel * sizeof(real));
-    memcpy(lp, logits->data, (size_t)logits->numel * sizeof(real));
+    real one = 1, *out[2];
+    LossCtx packed = {&lm, tokens, targets, docs, B, T};
+    cr_assert_eq(gradcheck_run_seeds(f_lm_loss, ps.params, ps.n, &packed, (const real *[]){&one, NULL}, out, NULL), 2);
+    double loss = out[0][0];
+    real *lp = out[1], *gp = xmalloc((size_t)ps.numel * sizeof(real));
+    free(out[0]);
     memcpy(gp, ps.grad, (size_t)ps.numel * sizeof(real));
-    tape_free(&tp);
 
-    params_zero_grad(&ps);
-    real *ls = xmalloc((size_t)B * T * V * sizeof(real));
+    real *ls = xmalloc((size_t)B * T * V * sizeof(real)), *gs = xcalloc((size_t)ps.numel, sizeof(real));
     double sum = 0;
     int counted = B * T - 1;
     for (int b = 0; b < B; b++)
@@ -316,30 +309,31 @@ Test(docs_layers, lm_loss_packed_equals_separate) {
             for (e = s + 1; e < T && !docs[b * T + e]; e++) {}
             int n = e - s, valid = 0;
             for (int t = s; t < e; t++) valid += targets[b * T + t] >= 0;
-            tape_init(&tp);
-            Tensor *lg;
-            Tensor *l = lm_loss(&tp, &lm, tokens + b * T + s, targets + b * T + s, 1, n, &lg);
-            memcpy(ls + ((int64_t)b * T + s) * V, lg->data, (size_t)n * V * sizeof(real));
-            sum += valid * l->data[0];
-            tape_backward(&tp, op_scale(&tp, l, (double)valid / counted));   // its share of the packed mean
-            tape_free(&tp);
+            LossCtx one_doc = {&lm, tokens + b * T + s, targets + b * T + s, NULL, 1, n};
+            real share = (real)((double)valid / counted);   // its share of the packed mean
+            gradcheck_run_seeds(f_lm_loss, ps.params, ps.n, &one_doc, (const real *[]){&share, NULL}, out, NULL);
+            memcpy(ls + ((int64_t)b * T + s) * V, out[1], (size_t)n * V * sizeof(real));
+            sum += valid * out[0][0];
+            for (int64_t k = 0; k < ps.numel; k++) gs[k] += ps.grad[k];
+            free(out[0]), free(out[1]);
         }
-    cr_assert_float_eq(packed, sum / counted, FORM_TOL * fabs(packed), "loss: packed %.12g, separate %.12g", packed,
+    cr_assert_float_eq(loss, sum / counted, FORM_TOL * fabs(loss), "loss: packed %.12g, separate %.12g", loss,
                        sum / counted);
     double d = max_rel_diff(lp, ls, (int64_t)B * T * V);
     cr_assert_leq(d, FORM_TOL, "logits differ by %.3e", d);
     for (int i = 0; i < ps.n; i++) {
         Tensor *p = ps.params[i];
         int64_t off = p->grad - ps.grad;
-        d = max_rel_diff(gp + off, p->grad, p->numel);
+        d = max_rel_diff(gp + off, gs + off, p->numel);
         cr_assert_leq(d, FORM_TOL, "gradient of %s differs by %.3e", p->name, d);
     }
-    free(lp), free(gp), free(ls), free(docs);
+    free(lp), free(gp), free(ls), free(gs), free(docs);
     lm_destroy(&lm);
     params_free(&ps);
 }
 
-// Decoding with lm_cache_reset_row at the boundaries equals lm_forward_docs.
+// Decoding with lm_cache_reset_row at the boundaries equals lm_forward_docs,
+// on device_default().
 Test(docs_layers, lm_decode_with_resets_equals_forward) {
     int B = 2, T = 11, V = 11;
     int *docs = docs_pattern(T, CHUNK);
@@ -348,34 +342,35 @@ Test(docs_layers, lm_decode_with_resets_equals_forward) {
     LM lm;
     ParamStore ps;
     lm_make(&lm, &ps, HYBRID, 5);
-    Tape tp;
-    tape_init(&tp);
-    tape_no_grad_push(&tp);
-    Tensor *logits = lm_forward_docs(&tp, &lm, tokens, docs, B, T, NULL, NULL);
-    Tape ts;
-    tape_init(&ts);
-    tape_no_grad_push(&ts);
-    LMCache *cache = lm_cache_new(&lm, B, T);
-    for (int t = 0; t < T; t++) {
-        int tok[2] = {tokens[t], tokens[T + t]};
-        for (int b = 0; b < B; b++)
-            if (docs[b * T + t]) lm_cache_reset_row(&lm, cache, b);
-        Tensor *lt = lm_step(&ts, &lm, cache, tok);
+    Device dev = device_default();
+    params_to_device(&ps, dev);
+    real *logits = NULL, *steps = test_lm_decode_logits_docs(&lm, dev, tokens, docs, B, T, &logits);
+    for (int t = 0; t < T; t++)
         for (int b = 0; b < B; b++) {
-            double d = max_rel_diff(lt->data + b * V, logits->data + ((int64_t)b * T + t) * V, V);
+            double d = max_rel_diff(steps + ((int64_t)t * B + b) * V, logits + ((int64_t)b * T + t) * V, V);
             cr_assert_leq(d, DECODE_TOL, "position %d, row %d: decode vs forward logits %.3e", t, b, d);
         }
-        tape_reset(&ts);
-    }
-    lm_cache_free(&lm, cache);
-    tape_free(&ts);
-    tape_free(&tp);
+    free(steps), free(logits);
     lm_destroy(&lm);
     params_free(&ps);
     free(docs);
 }
 
-// No flag anywhere is lm_forward, bit for bit.
+typedef struct FwdCtx {
+    LM *lm;
+    const int *tokens, *none;
+    int B, T;
+} FwdCtx;
+
+static int f_lm_forwards(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    (void)in, (void)n;
+    const FwdCtx *c = ctx;
+    out[0] = lm_forward(tp, c->lm, c->tokens, c->B, c->T, NULL, NULL);
+    out[1] = lm_forward_docs(tp, c->lm, c->tokens, c->none, c->B, c->T, NULL, NULL);
+    return 2;
+}
+
+// No flag anywhere is lm_forward, bit for bit (on device_default()).
 Test(docs_layers, lm_no_flag_equals_lm_forward) {
     int B = 2, T = 11, V = 11;
     int tokens[22], none[22] = {0};
@@ -383,12 +378,13 @@ Test(docs_layers, lm_no_flag_equals_lm_forward) {
     LM lm;
     ParamStore ps;
     lm_make(&lm, &ps, HYBRID, 7);
-    Tape tp;
-    tape_init(&tp);
-    Tensor *a = lm_forward(&tp, &lm, tokens, B, T, NULL, NULL);
-    Tensor *b = lm_forward_docs(&tp, &lm, tokens, none, B, T, NULL, NULL);
-    cr_assert_eq(memcmp(a->data, b->data, (size_t)a->numel * sizeof(real)), 0);
-    tape_free(&tp);
+    FwdCtx c = {&lm, tokens, none, B, T};
+    real *out[2];
+    int64_t n[2];
+    gradcheck_run_seeds(f_lm_forwards, ps.params, ps.n, &c, (const real *[]){NULL, NULL}, out, n);
+    cr_assert(n[0] == (int64_t)B * T * V && n[1] == n[0]);
+    cr_assert_eq(memcmp(out[0], out[1], (size_t)n[0] * sizeof(real)), 0);
+    free(out[0]), free(out[1]);
     lm_destroy(&lm);
     params_free(&ps);
 }

@@ -108,14 +108,15 @@ Test(docs_recurrent, gla_gradcheck_with_boundaries) {
 Test(docs_recurrent, gla_strong_decay_restart_is_exact) {
     int B = 2, T = 11, C = 8, H = 1, dk = 2, dv = 2;
     int *docs = docs_pattern(T, 4);
+    real *ones = test_ones((int64_t)B * T * H * dv);   // the seeds of sum(o) + sum(S_T)
     for (size_t f = 0; f < 3; f++) {
         Tensor *x[G_N];
         gla_inputs(x, B, T, H, dk, dv, (Regime){"", -20, -20}, true, 400);
-        Tape tp;
-        tape_init(&tp);
-        Tensor *s;
-        Tensor *o = op_gla_dt(&tp, x[GQ], x[GK], x[GV], x[GG], x[GDT], x[GS0], docs, H, GLA_FORMS[f], C, &s);
-        tape_backward(&tp, op_sum(&tp, op_add(&tp, op_sum(&tp, o), op_sum(&tp, s))));
+        GlaCtx ctx = {H, C, GLA_FORMS[f], true};
+        DocsFn fn = {f_gla, &ctx, G_N, GLA_KINDS};
+        real *out[2];
+        docs_run(&fn, x, docs, (const real *[]){ones, ones}, out, NULL);   // (S_T: B H dk dv <= B T H dv)
+        const real *o = out[0];
         const char *form = mixer_form_name(GLA_FORMS[f]);
         for (int i = 0; i < G_N; i++)
             for (int64_t e = 0; x[i]->grad && e < x[i]->numel; e++)
@@ -125,32 +126,37 @@ Test(docs_recurrent, gla_strong_decay_restart_is_exact) {
             const real *q = x[GQ]->data + r * dk, *k = x[GK]->data + r * dk, *v = x[GV]->data + r * dv;
             double qk = q[0] * k[0] + q[1] * k[1], dt = x[GDT]->data[r];
             for (int j = 0; j < dv; j++)
-                cr_assert_float_eq(o->data[r * dv + j], dt * qk * v[j], 1e3 * REAL_EPS * (1 + fabs(dt * qk * v[j])),
+                cr_assert_float_eq(o[r * dv + j], dt * qk * v[j], 1e3 * REAL_EPS * (1 + fabs(dt * qk * v[j])),
                                    "%s: row %lld, a document's first output", form, (long long)r);
             if (GLA_FORMS[f] == MIXER_FORM_RECURRENT)   // (the masked forms sum terms that cancel to rounding)
                 cr_assert_eq(x[GG]->grad[r], 0, "g at a document start multiplies nothing");
         }
         for (int64_t e = 0; e < x[GS0]->numel / B; e++)   // row 0 flags position 0: s0 not read
             cr_assert_eq(x[GS0]->grad[e], 0);
-        tape_free(&tp);
+        free(out[0]), free(out[1]);
         free_all(x, G_N);
     }
+    free(ones);
     free(docs);
 }
 
-// No flag anywhere is the computation without documents, bit for bit.
+// No flag anywhere is the computation without documents, bit for bit (on
+// device_default(), as the tests above).
 Test(docs_recurrent, gla_no_flag_equals_null) {
     int B = 2, T = 11, H = 2;
     int none[22] = {0};
     for (size_t f = 0; f < 3; f++) {
         Tensor *x[G_N];
         gla_inputs(x, B, T, H, 3, 4, REGIMES[0], true, 500);
-        Tape tp;
-        tape_init(&tp);
-        Tensor *a = op_gla_dt(&tp, x[GQ], x[GK], x[GV], x[GG], x[GDT], x[GS0], NULL, H, GLA_FORMS[f], 4, NULL);
-        Tensor *b = op_gla_dt(&tp, x[GQ], x[GK], x[GV], x[GG], x[GDT], x[GS0], none, H, GLA_FORMS[f], 4, NULL);
-        cr_assert_eq(memcmp(a->data, b->data, (size_t)a->numel * sizeof(real)), 0);
-        tape_free(&tp);
+        GlaCtx ctx = {H, 4, GLA_FORMS[f], true};
+        DocsFn fn = {f_gla, &ctx, G_N, GLA_KINDS};
+        real *a[2], *b[2];
+        int64_t n[2];
+        docs_run(&fn, x, NULL, (const real *[]){NULL, NULL}, a, n);
+        docs_run(&fn, x, none, (const real *[]){NULL, NULL}, b, NULL);
+        cr_assert_eq(memcmp(a[0], b[0], (size_t)n[0] * sizeof(real)), 0);
+        cr_assert_eq(memcmp(a[1], b[1], (size_t)n[1] * sizeof(real)), 0);
+        free(a[0]), free(a[1]), free(b[0]), free(b[1]);
         free_all(x, G_N);
     }
 }
@@ -262,14 +268,15 @@ Test(docs_recurrent, gdn_gradcheck_with_boundaries) {
 Test(docs_recurrent, gdn_strong_decay_restart_is_exact) {
     int B = 2, T = 11, H = 1, dk = 2, dv = 2;
     int *docs = docs_pattern(T, 4);
+    real *ones = test_ones((int64_t)B * T * H * dv);   // the seeds of sum(o) + sum(S_T)
     for (size_t f = 0; f < 2; f++) {
         Tensor *x[D_N];
         gdn_inputs(x, B, T, H, dk, dv, GDN_G_M20, 900);
-        Tape tp;
-        tape_init(&tp);
-        Tensor *s;
-        Tensor *o = op_gdn(&tp, x[DQ], x[DK], x[DV], x[DBETA], x[DG], x[DS0], docs, H, GDN_FORMS[f], 8, &s);
-        tape_backward(&tp, op_add(&tp, op_sum(&tp, o), op_sum(&tp, s)));
+        GdnCtx ctx = {H, 8, GDN_FORMS[f]};
+        DocsFn fn = {f_gdn, &ctx, D_N, GDN_KINDS};
+        real *out[2];
+        docs_run(&fn, x, docs, (const real *[]){ones, ones}, out, NULL);   // (S_T: B H dk dv <= B T H dv)
+        const real *o = out[0];
         const char *form = mixer_form_name(GDN_FORMS[f]);
         for (int i = 0; i < D_N; i++)
             for (int64_t e = 0; e < x[i]->numel; e++)
@@ -279,13 +286,14 @@ Test(docs_recurrent, gdn_strong_decay_restart_is_exact) {
             const real *q = x[DQ]->data + r * dk, *k = x[DK]->data + r * dk, *v = x[DV]->data + r * dv;
             double want_s = x[DBETA]->data[r] * (q[0] * k[0] + q[1] * k[1]);
             for (int j = 0; j < dv; j++)
-                cr_assert_float_eq(o->data[r * dv + j], want_s * v[j], 1e3 * REAL_EPS * (1 + fabs(want_s * v[j])),
+                cr_assert_float_eq(o[r * dv + j], want_s * v[j], 1e3 * REAL_EPS * (1 + fabs(want_s * v[j])),
                                    "%s: row %lld, a document's first output", form, (long long)r);
             if (GDN_FORMS[f] == MIXER_FORM_RECURRENT) cr_assert_eq(x[DG]->grad[r], 0);
         }
         for (int64_t e = 0; e < x[DS0]->numel / B; e++) cr_assert_eq(x[DS0]->grad[e], 0);
-        tape_free(&tp);
+        free(out[0]), free(out[1]);
         free_all(x, D_N);
     }
+    free(ones);
     free(docs);
 }

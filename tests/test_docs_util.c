@@ -132,6 +132,12 @@ void docs_check_packed(const DocsFn *f, Tensor *const *in, const int *doc_start,
     free(p[0]), free(p[1]), free(s0), free(s1), free(R[0]), free(R[1]);
 }
 
+int docs_run(const DocsFn *f, Tensor *const *in, const int *doc_start, const real *const *seeds, real **out,
+             int64_t *out_n) {
+    GcCtx c = {f, doc_start};
+    return gradcheck_run_seeds(gc_fn, in, f->n_in, &c, seeds, out, out_n);
+}
+
 void docs_gradcheck(const DocsFn *f, Tensor *const *in, const int *doc_start, const GradcheckOptions *opt,
                     const char *label) {
     GcCtx c = {f, doc_start};

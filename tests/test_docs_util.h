@@ -42,6 +42,12 @@ int *docs_pattern(int T, int C);
 void docs_check_packed(const DocsFn *f, Tensor *const *in, const int *doc_start, int B, int T, double tol,
                        const char *label);
 
+// One forward and backward of f with the boundaries doc_start on
+// device_default()'s tape (gradcheck_run_seeds: seeds[k] for output k, NULL
+// = not seeded): the outputs come back in out[k] (free them), the gradients
+// in the inputs' grad. Returns the number of outputs.
+int docs_run(const DocsFn *f, Tensor *const *in, const int *doc_start, const real *const *seeds, real **out,
+             int64_t *out_n);
 // A gradcheck (float64 central differences, the given options or the
 // defaults) of f with the boundaries doc_start.
 void docs_gradcheck(const DocsFn *f, Tensor *const *in, const int *doc_start, const GradcheckOptions *opt,

@@ -58,6 +58,12 @@ void test_l2norm_rows(Tensor *x, int d, double scale) {
     }
 }
 
+real *test_ones(int64_t n) {
+    real *p = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(real));
+    for (int64_t i = 0; i < n; i++) p[i] = 1;
+    return p;
+}
+
 real *test_randn(int64_t n, uint64_t seed) {
     Tensor *t = tensor_newv(false, 1, (int)n);
     fill_normal(t, seed, 1.0);
@@ -444,9 +450,52 @@ double test_mixer_decode_diff(Mixer *m, ParamStore *ps, const Tensor *u, int *wo
     return worst;
 }
 
-real *test_lm_decode_logits(LM *lm, Device d, const int *tokens, int B, int T, int reset_at, real **parallel) {
+double test_mixer_decode_docs_diff(Mixer *m, ParamStore *ps, const Tensor *u, const int *doc_start, int *worst_t,
+                                   int *worst_b) {
+    Device d = device_default();
+    if (d != DEVICE_CPU) params_to_device(ps, d);
+    int B = u->shape[0], T = u->shape[1], D = u->shape[2];
+    Tape tp;
+    tape_init_on(&tp, d);
+    tape_no_grad_push(&tp);
+    Tensor *y = m->kind->forward(&tp, m, tape_tensor_copy(&tp, 3, u->shape, u->data), doc_start, NULL, NULL);
+    real *full = xmalloc((size_t)y->numel * sizeof(real));
+    dev_to_host(full, y->data, (size_t)y->numel * sizeof(real), d);
+    void *cache = m->kind->cache_new(m, B, T, d);
+    Tape ts;
+    tape_init_on(&ts, d);
+    tape_no_grad_push(&ts);
+    real *in = xmalloc((size_t)B * D * sizeof(real)), *got = xmalloc((size_t)B * D * sizeof(real));
+    double worst = -1;
+    for (int t = 0; t < T; t++) {
+        for (int b = 0; b < B; b++) {
+            if (doc_start && doc_start[(int64_t)b * T + t]) m->kind->cache_reset(m, cache, b);
+            memcpy(in + (int64_t)b * D, u->data + ((int64_t)b * T + t) * D, (size_t)D * sizeof(real));
+        }
+        Tensor *yt = m->kind->step(&ts, m, cache, tape_tensor_copy(&ts, 3, (int[]){B, 1, D}, in));
+        cr_assert(yt->ndim == 3 && yt->shape[0] == B && yt->shape[1] == 1 && yt->shape[2] == D, "step gave %s",
+                  SHAPE(yt));
+        dev_to_host(got, yt->data, (size_t)B * D * sizeof(real), d);
+        for (int b = 0; b < B; b++) {
+            double e = max_rel_diff(got + (int64_t)b * D, full + ((int64_t)b * T + t) * D, D);
+            if (e > worst) {
+                worst = e;
+                if (worst_t) *worst_t = t;
+                if (worst_b) *worst_b = b;
+            }
+        }
+        tape_reset(&ts);
+    }
+    m->kind->cache_free(cache);
+    free(in), free(got), free(full);
+    tape_free(&ts);
+    tape_free(&tp);
+    return worst;
+}
+
+real *test_lm_decode_logits_docs(LM *lm, Device d, const int *tokens, const int *doc_start, int B, int T,
+                                 real **parallel) {
     int V = lm->cfg.vocab_size;
-    bool reset = B > 1 && reset_at >= 0 && reset_at < T;
     Tape tp;
     tape_init_on(&tp, d);
     tape_no_grad_push(&tp);
@@ -454,25 +503,33 @@ real *test_lm_decode_logits(LM *lm, Device d, const int *tokens, int B, int T, i
     real *out = xmalloc((size_t)T * B * V * sizeof(real));
     int *tok = xmalloc((size_t)B * sizeof(int));
     for (int t = 0; t < T; t++) {
-        if (reset && t == reset_at) lm_cache_reset_row(lm, cache, 1);
-        for (int b = 0; b < B; b++) tok[b] = tokens[(int64_t)b * T + t];
+        for (int b = 0; b < B; b++) {
+            if (doc_start && doc_start[(int64_t)b * T + t]) lm_cache_reset_row(lm, cache, b);
+            tok[b] = tokens[(int64_t)b * T + t];
+        }
         Tensor *lg = lm_step(&tp, lm, cache, tok);
         cr_assert(lg->ndim == 3 && lg->shape[0] == B && lg->shape[1] == 1 && lg->shape[2] == V, "%s", SHAPE(lg));
         dev_to_host(out + (size_t)t * B * V, lg->data, (size_t)B * V * sizeof(real), d);
         tape_reset(&tp);
     }
     if (parallel) {   // the same documents in one parallel forward: (B, T, V)
-        int *flags = reset ? xcalloc((size_t)B * T, sizeof(int)) : NULL;
-        if (flags) flags[1 * T + reset_at] = 1;
-        Tensor *lg = lm_forward_docs(&tp, lm, tokens, flags, B, T, NULL, NULL);
+        Tensor *lg = lm_forward_docs(&tp, lm, tokens, doc_start, B, T, NULL, NULL);
         *parallel = xmalloc((size_t)lg->numel * sizeof(real));
         dev_to_host(*parallel, lg->data, (size_t)lg->numel * sizeof(real), d);
-        free(flags);
     }
     free(tok);
     tape_no_grad_pop(&tp);
     lm_cache_free(lm, cache);
     tape_free(&tp);
+    return out;
+}
+
+real *test_lm_decode_logits(LM *lm, Device d, const int *tokens, int B, int T, int reset_at, real **parallel) {
+    bool reset = B > 1 && reset_at >= 0 && reset_at < T;
+    int *flags = reset ? xcalloc((size_t)B * T, sizeof(int)) : NULL;
+    if (flags) flags[1 * T + reset_at] = 1;
+    real *out = test_lm_decode_logits_docs(lm, d, tokens, flags, B, T, parallel);
+    free(flags);
     return out;
 }
 

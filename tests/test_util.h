@@ -20,6 +20,8 @@ void fill_uniform(Tensor *t, uint64_t seed, double lo, double hi);
 LMConfig test_tiny_lm_config(const char *layers);
 // n standard normal values (fill_normal's) in a malloc'd array.
 real *test_randn(int64_t n, uint64_t seed);
+// n ones, allocated (the seeds of a sum).
+real *test_ones(int64_t n);
 // Normalise each run of d values of x (the heads of a (B, T, H*d) tensor) to
 // unit length, then scale it: q and k as the gdn layer feeds them to op_gdn.
 void test_l2norm_rows(Tensor *x, int d, double scale);
@@ -54,6 +56,17 @@ double test_lm_decode_diff(LM *lm, ParamStore *ps, const int *tokens, int B, int
 // allocated, on the host. With parallel: also lm_forward_docs's (B, T, V)
 // over the same documents (lm_forward's when there is no reset).
 real *test_lm_decode_logits(LM *lm, Device d, const int *tokens, int B, int T, int reset_at, real **parallel);
+// The same with the documents doc_start (B, T) (NULL: none): row b's cache
+// reset wherever it flags position t, the parallel forward lm_forward_docs.
+real *test_lm_decode_logits_docs(LM *lm, Device d, const int *tokens, const int *doc_start, int B, int T,
+                                 real **parallel);
+// A mixer decoded step by step on device_default() (parameters moved there)
+// from a fresh cache, row b's cache reset wherever doc_start (B, T) flags
+// position t (NULL: never), against the parallel forward with the same
+// documents: the largest max_rel_diff over one (position, row)'s outputs;
+// *worst_t, *worst_b (may be NULL) say where.
+double test_mixer_decode_docs_diff(Mixer *m, ParamStore *ps, const Tensor *u, const int *doc_start, int *worst_t,
+                                   int *worst_b);
 
 // Assert a gradcheck passed; Criterion prints the label and the worst element.
 #define ASSERT_GRADCHECK(res, label)                                                                \
