@@ -28,43 +28,47 @@ static Tensor *param(ParamStore *ps, const char *name) {
     return p;
 }
 
-// Decode token by token and compare with the parallel forward at every position.
-static void check_decode(Mixer *m, int B, int T, int D, uint64_t seed) {
+// Decode token by token and compare with the parallel forward at every
+// position, on device_default() (AG_DEVICE=cuda: the GPU).
+static void check_decode(Mixer *m, ParamStore *ps, int B, int T, int D, uint64_t seed) {
     Tensor *u = tensor_newv(false, 3, B, T, D);
     fill_normal(u, seed, 1.0);
-    Tape tp, ts;
-    tape_init(&tp);
-    tape_init(&ts);
-    tape_no_grad_push(&tp);
-    tape_no_grad_push(&ts);
-    Tensor *y = m->kind->forward(&tp, m, u, NULL, NULL, NULL);
-    void *cache = m->kind->cache_new(m, B, T, DEVICE_CPU);
-    for (int t = 0; t < T; t++) {
-        Tensor *ut = tape_tensorv(&ts, 3, B, 1, D);
-        for (int b = 0; b < B; b++) memcpy(ut->data + b * D, u->data + ((int64_t)b * T + t) * D, D * sizeof(real));
-        Tensor *yt = m->kind->step(&ts, m, cache, ut);
-        for (int b = 0; b < B; b++) {
-            double d = max_rel_diff(yt->data + b * D, y->data + ((int64_t)b * T + t) * D, D);
-            cr_assert_leq(d, DECODE_TOL, "topk %d, position %d, batch %d: step vs forward %.3e", m->cfg.topk, t, b, d);
-        }
-        tape_reset(&ts);
-    }
-    m->kind->cache_free(cache);
-    tape_free(&tp);
-    tape_free(&ts);
+    int t = -1, b = -1;
+    double d = test_mixer_decode_docs_diff(m, ps, u, NULL, &t, &b);
+    cr_assert_leq(d, DECODE_TOL, "topk %d, position %d, batch %d: step vs forward %.3e", m->cfg.topk, t, b, d);
     tensor_free(u);
 }
 
 Test(attn_dsa, decode_equals_parallel_forward) {
     ParamStore ps;
     Mixer *m = dsa_new("attn_dsa", &ps, 16, 8, 1);   // T = 40 > topk: the sparse path
-    check_decode(m, 2, 40, 16, 2);
+    check_decode(m, &ps, 2, 40, 16, 2);
     mixer_destroy(m);
     params_free(&ps);
     m = dsa_new("attn_dsa", &ps, 16, 64, 3);          // topk >= T: dense forward, sparse decode
-    check_decode(m, 2, 20, 16, 4);
+    check_decode(m, &ps, 2, 20, 16, 4);
     mixer_destroy(m);
     params_free(&ps);
+}
+
+// attn and attn_dsa over the same input (inputs: u, then a's and d's
+// parameters, moved to device_default() for the call): attn_dsa at its
+// topk, then at topk = T.
+typedef struct PairCtx {
+    Mixer *a, *d;
+    int topk_T;
+} PairCtx;
+
+static int f_pair(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    (void)n;
+    PairCtx *c = ctx;
+    out[0] = c->a->kind->forward(tp, c->a, in[0], NULL, NULL, NULL);
+    out[1] = c->d->kind->forward(tp, c->d, in[0], NULL, NULL, NULL);
+    int topk = c->d->cfg.topk;
+    c->d->cfg.topk = c->topk_T;
+    out[2] = c->d->kind->forward(tp, c->d, in[0], NULL, NULL, NULL);
+    c->d->cfg.topk = topk;
+    return 3;
 }
 
 Test(attn_dsa, topk_at_least_T_equals_attn) {
@@ -75,15 +79,22 @@ Test(attn_dsa, topk_at_least_T_equals_attn) {
         memcpy(param(&pd, names[i])->data, param(&pa, names[i])->data, param(&pa, names[i])->numel * sizeof(real));
     Tensor *u = tensor_newv(false, 3, 2, 30, 16);
     fill_normal(u, 7, 1.0);
-    Tape tp;
-    tape_init(&tp);
-    Tensor *ya = a->kind->forward(&tp, a, u, NULL, NULL, NULL), *yd = d->kind->forward(&tp, d, u, NULL, NULL, NULL);
-    cr_assert_leq(max_rel_diff(ya->data, yd->data, ya->numel), FORM_TOL);
-    // With topk = 30 = T the indexer runs in the sparse op and must give the same.
-    d->cfg.topk = 30;
-    Tensor *ys = d->kind->forward(&tp, d, u, NULL, NULL, NULL);
-    cr_assert_leq(max_rel_diff(ya->data, ys->data, ya->numel), FORM_TOL);
-    tape_free(&tp);
+    int n = 1 + pa.n + pd.n;
+    Tensor **in = xcalloc((size_t)n, sizeof *in);
+    in[0] = u;
+    memcpy(in + 1, pa.params, (size_t)pa.n * sizeof *in);
+    memcpy(in + 1 + pa.n, pd.params, (size_t)pd.n * sizeof *in);
+    // topk 64 >= T: the dense forward; with topk = 30 = T the indexer runs in
+    // the sparse op and must give the same.
+    PairCtx c = {a, d, 30};
+    real *y[3];
+    int64_t ny[3];
+    gradcheck_run_seeds(f_pair, in, n, &c, (const real *[]){NULL, NULL, NULL}, y, ny);
+    cr_assert(ny[1] == ny[0] && ny[2] == ny[0]);
+    cr_assert_leq(max_rel_diff(y[0], y[1], ny[0]), FORM_TOL);
+    cr_assert_leq(max_rel_diff(y[0], y[2], ny[0]), FORM_TOL);
+    for (int k = 0; k < 3; k++) free(y[k]);
+    free(in);
     tensor_free(u);
     mixer_destroy(a);
     mixer_destroy(d);
@@ -213,26 +224,15 @@ Test(attn_dsa, lm_decode_equals_forward_logits) {
     params_finalize(&ps, 12);
     int tokens[2 * 24];
     for (int i = 0; i < B * T; i++) tokens[i] = (i * 7 + 3) % V;
-    Tape tp;
-    tape_init(&tp);
-    tape_no_grad_push(&tp);
-    Tensor *logits = lm_forward(&tp, &lm, tokens, B, T, NULL, NULL);
-    LMCache *c = lm_cache_new(&lm, B, T);
-    Tape ts;
-    tape_init(&ts);
-    tape_no_grad_push(&ts);
-    for (int t = 0; t < T; t++) {
-        int tok[2] = {tokens[t], tokens[T + t]};
-        Tensor *lt = lm_step(&ts, &lm, c, tok);
+    Device dev = device_default();   // AG_DEVICE=cuda: both on the GPU
+    params_to_device(&ps, dev);
+    real *logits = NULL, *steps = test_lm_decode_logits_docs(&lm, dev, tokens, NULL, B, T, &logits);
+    for (int t = 0; t < T; t++)
         for (int b = 0; b < B; b++) {
-            double d = diff_to_scale(lt->data + b * V, logits->data + ((int64_t)b * T + t) * V, V);
+            double d = diff_to_scale(steps + ((int64_t)t * B + b) * V, logits + ((int64_t)b * T + t) * V, V);
             cr_assert_leq(d, DECODE_TOL, "position %d, batch %d: %.3e", t, b, d);
         }
-        tape_reset(&ts);
-    }
-    lm_cache_free(&lm, c);
-    tape_free(&ts);
-    tape_free(&tp);
+    free(steps), free(logits);
     lm_destroy(&lm);
     params_free(&ps);
 }
