@@ -71,18 +71,21 @@ static int f_index(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) 
     return 1;
 }
 
-// op_dsa_index_scores against index_scores_ref (in double) on these inputs.
+// op_dsa_index_scores against index_scores_ref (in double) on these inputs,
+// on device_default().
 static void assert_index_scores_equal_reference(Tensor *qI, Tensor *kI, Tensor *w, int HI) {
     int64_t n = (int64_t)qI->shape[0] * qI->shape[1] * qI->shape[1];   // B T T
-    Tape tp;
-    tape_init(&tp);
-    Tensor *Isc = op_dsa_index_scores(&tp, qI, kI, w, HI, NULL);
+    IdxCtx c = {HI};
+    real *Isc;
+    int64_t got;
+    gradcheck_run_seeds(f_index, (Tensor *[]){qI, kI, w}, 3, &c, (const real *[]){NULL}, &Isc, &got);
+    cr_assert_eq(got, n);
     double *ref = xmalloc((size_t)n * sizeof(double));
     index_scores_ref(ref, qI, kI, w, HI);
     real *refr = xmalloc((size_t)n * sizeof(real));
     for (int64_t i = 0; i < n; i++) refr[i] = (real)ref[i];
-    cr_assert_leq(max_rel_diff(Isc->data, refr, Isc->numel), FORM_TOL);
-    tape_free(&tp);
+    cr_assert_leq(max_rel_diff(Isc, refr, n), FORM_TOL);
+    free(Isc);
     free(ref);
     free(refr);
 }
@@ -206,24 +209,35 @@ static int f_sparse(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out)
     return 1;
 }
 
-// Forward + backward from a fixed seed; o and the three gradients, concatenated.
+typedef struct {
+    Tensor *(*o_fn)(Tape *, Tensor *, Tensor *, Tensor *, void *);
+    void *ctx;
+} OutCtx;
+
+static int f_out(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    (void)n;
+    OutCtx *c = ctx;
+    out[0] = c->o_fn(tp, in[0], in[1], in[2], c->ctx);
+    return 1;
+}
+
+// Forward + backward from a fixed seed on device_default() (AG_DEVICE=cuda:
+// the GPU); o and the three gradients, concatenated.
 static real *run_grads(Tensor *o_fn(Tape *, Tensor *, Tensor *, Tensor *, void *), void *ctx, Tensor *q,
                        Tensor *k, Tensor *v, int64_t *len) {
-    Tape tp;
-    tape_init(&tp);
-    for (Tensor *t[] = {q, k, v}, **p = t; p < t + 3; p++) memset((*p)->grad, 0, (*p)->numel * sizeof(real));
-    Tensor *o = o_fn(&tp, q, k, v, ctx);
-    Tensor *seed = tensor_newv(false, 1, (int)o->numel);
-    fill_normal(seed, 99, 1.0);
-    tape_backward_from(&tp, o, seed->data);
-    *len = o->numel + q->numel + k->numel + v->numel;
+    OutCtx c = {o_fn, ctx};
+    real *o;
+    int64_t no;
+    gradcheck_run(f_out, (Tensor *[]){q, k, v}, 3, &c, 99, &o, &no);   // (seed 99: fill_normal's draws)
+    *len = no + q->numel + k->numel + v->numel;
     real *all = xmalloc((size_t)*len * sizeof(real)), *p = all;
-    for (Tensor *t[] = {o, q, k, v}, **x = t; x < t + 4; x++) {
-        memcpy(p, x == t ? (*x)->data : (*x)->grad, (*x)->numel * sizeof(real));
+    memcpy(p, o, (size_t)no * sizeof(real));
+    p += no;
+    for (Tensor *t[] = {q, k, v}, **x = t; x < t + 3; x++) {
+        memcpy(p, (*x)->grad, (*x)->numel * sizeof(real));
         p += (*x)->numel;
     }
-    tensor_free(seed);
-    tape_free(&tp);
+    free(o);
     return all;
 }
 
