@@ -243,8 +243,10 @@ Test(documents, batcher_streams_continue_row_by_row) {
 // its lines grouped into blank-line documents).
 static const char *carry_config(const char *layers, int steps, const char *extra_train) {
     char extra[600];
-    snprintf(extra, sizeof extra, "carry_state = true\n%s[data]\ndocuments = blank_line\norder = streams\n",
-             extra_train ? extra_train : "");
+    // On device_default() (AG_DEVICE=cuda: the trainer's model, steps and
+    // carried states on the GPU).
+    snprintf(extra, sizeof extra, "carry_state = true\ndevice = %s\n%s[data]\ndocuments = blank_line\norder = streams\n",
+             device_name(device_default()), extra_train ? extra_train : "");
     const char *cfg = test_tiny_config("doctrain", layers, steps, NULL, extra);
     char corpus[1600];
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", test_dir_of(cfg));
@@ -327,6 +329,8 @@ Test(documents, two_carried_windows_equal_one_window_of_twice_the_length) {
     Status s = trainer_setup(&a, &o);
     cr_assert(s.ok, "%s", s.msg);
     int T = a.cfg.data.seq_len, B = a.cfg.data.batch_size, V = a.lm.cfg.vocab_size;
+    Device dev = a.cfg.train.device;
+    cr_assert_eq(dev, device_default());
     size_t bt = (size_t)B * T;
     int *x2 = malloc(2 * bt * sizeof(int)), *d2 = malloc(2 * bt * sizeof(int));
     real *carried = malloc(2 * bt * V * sizeof(real)), *fresh = malloc(bt * V * sizeof(real));
@@ -339,21 +343,24 @@ Test(documents, two_carried_windows_equal_one_window_of_twice_the_length) {
         }
         Tensor *lg = lm_forward_carry(&a.tp, &a.lm, a.x, a.doc, B, T, a.carry);
         for (int r = 0; r < B; r++)
-            memcpy(carried + ((size_t)r * 2 * T + w * T) * V, lg->data + (size_t)r * T * V, (size_t)T * V * sizeof(real));
+            dev_to_host(carried + ((size_t)r * 2 * T + w * T) * V, lg->data + (size_t)r * T * V,
+                        (size_t)T * V * sizeof(real), dev);
         tape_reset(&a.tp);
         if (w == 1) {
-            LMCache *zero = lm_cache_new(&a.lm, B, 1);
+            LMCache *zero = lm_cache_new_on(&a.lm, B, 1, dev);
             lg = lm_forward_carry(&a.tp, &a.lm, a.x, a.doc, B, T, zero);
-            memcpy(fresh, lg->data, bt * V * sizeof(real));
+            dev_to_host(fresh, lg->data, bt * V * sizeof(real), dev);
             tape_reset(&a.tp);
             lm_cache_free(&a.lm, zero);
         }
     }
-    Tensor *whole = lm_forward_docs(&a.tp, &a.lm, x2, d2, B, 2 * T, NULL, NULL);
+    Tensor *lw = lm_forward_docs(&a.tp, &a.lm, x2, d2, B, 2 * T, NULL, NULL);
+    real *whole = malloc(2 * bt * V * sizeof(real));
+    dev_to_host(whole, lw->data, 2 * bt * V * sizeof(real), dev);
     double scale = 0, diff = 0, moved = 0;
     for (size_t i = 0; i < 2 * bt * V; i++) {
-        scale = fmax(scale, fabs((double)whole->data[i]));
-        diff = fmax(diff, fabs((double)whole->data[i] - (double)carried[i]));
+        scale = fmax(scale, fabs((double)whole[i]));
+        diff = fmax(diff, fabs((double)whole[i] - (double)carried[i]));
     }
     for (int r = 0; r < B; r++)
         for (size_t i = 0; i < (size_t)T * V; i++)
@@ -370,6 +377,7 @@ Test(documents, two_carried_windows_equal_one_window_of_twice_the_length) {
     cr_assert(moved > 100 * tol * scale, "window 1 from a zero state should differ: %g", moved);
     free(x2);
     free(d2);
+    free(whole);
     free(carried);
     free(fresh);
     trainer_free(&a);
