@@ -17,6 +17,11 @@ static Tensor *conv_silu_composed(Tape *tp, Tensor *x, Tensor *w) {
     return op_silu(tp, op_conv1d_causal(tp, x, w, NULL));
 }
 
+static int f_conv_silu_composed(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    out[0] = conv_silu_composed(tp, in[0], in[1]);
+    return 1;
+}
+
 Test(ops_conv_silu, gradcheck_widths_and_lengths) {
     // The default float64 tolerance (1e-6) is already within ~10x of the
     // finite differences' own rounding noise here (~1e-10 absolute against a
@@ -46,15 +51,9 @@ static void check_against_composed(int B, int T, int C, int W, int need) {
     Tensor *seed = tensor_newv(false, 3, B, T, C);
     fill_normal(seed, 500, 1.0);
     real *dx[2] = {NULL, NULL}, *dw[2] = {NULL, NULL}, *y[2];
-    for (int form = 0; form < 2; form++) {
-        Tape tp;
-        tape_init(&tp);
-        if (x->grad) memset(x->grad, 0, (size_t)x->numel * sizeof(real));
-        if (w->grad) memset(w->grad, 0, (size_t)w->numel * sizeof(real));
-        Tensor *out = form ? op_conv1d_causal_silu(&tp, x, w, NULL) : conv_silu_composed(&tp, x, w);
-        y[form] = xmalloc((size_t)x->numel * sizeof(real));
-        memcpy(y[form], out->data, (size_t)x->numel * sizeof(real));
-        tape_backward_from(&tp, out, seed->data);
+    for (int form = 0; form < 2; form++) {   // on device_default() (AG_DEVICE=cuda: the GPU)
+        gradcheck_run_seeds(form ? f_conv_silu : f_conv_silu_composed, (Tensor *[]){x, w}, 2, NULL,
+                            (const real *[]){seed->data}, &y[form], NULL);
         if (x->grad) {
             dx[form] = xmalloc((size_t)x->numel * sizeof(real));
             memcpy(dx[form], x->grad, (size_t)x->numel * sizeof(real));
@@ -63,7 +62,6 @@ static void check_against_composed(int B, int T, int C, int W, int need) {
             dw[form] = xmalloc((size_t)w->numel * sizeof(real));
             memcpy(dw[form], w->grad, (size_t)w->numel * sizeof(real));
         }
-        tape_free(&tp);
     }
     cr_assert_leq(max_rel_diff(y[0], y[1], x->numel), FORM_TOL, "y: B %d T %d C %d W %d", B, T, C, W);
     if (need & 1)

@@ -134,24 +134,26 @@ Test(ops_norm, add_rmsnorm_gradcheck) {
 // One forward and backward of add + rmsnorm, fused or not, on intermediates
 // (their gradient buffers fresh, as in a model); out[]: y, h, da, db, dg,
 // each copied (n[] elements).
+static int f_add_norm(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    (void)n;
+    Tensor *a = op_scale(tp, in[0], 1.0), *b = op_scale(tp, in[1], 1.0);
+    if (*(const bool *)ctx) {
+        out[0] = op_add_rmsnorm(tp, a, b, in[2], 1e-5, &out[1]);
+    } else {
+        out[1] = op_add(tp, a, b);
+        out[0] = op_rmsnorm(tp, out[1], in[2], 1e-5);
+    }
+    return 2;
+}
+
+// y, h and the three gradients on device_default() (AG_DEVICE=cuda: the GPU).
 static void add_norm_run(bool fused, Tensor *a0, Tensor *b0, Tensor *g, const real *sy, const real *sh,
                          real *out[5], const int64_t n[5]) {
-    Tape tp;
-    tape_init(&tp);
-    memset(a0->grad, 0, (size_t)a0->numel * sizeof(real));
-    memset(b0->grad, 0, (size_t)b0->numel * sizeof(real));
-    memset(g->grad, 0, (size_t)g->numel * sizeof(real));
-    Tensor *a = op_scale(&tp, a0, 1.0), *b = op_scale(&tp, b0, 1.0), *y, *h;
-    if (fused) {
-        y = op_add_rmsnorm(&tp, a, b, g, 1e-5, &h);
-    } else {
-        h = op_add(&tp, a, b);
-        y = op_rmsnorm(&tp, h, g, 1e-5);
-    }
-    tape_backward_multi(&tp, (Tensor *[]){y, h}, (const real *[]){sy, sh}, 2);
-    const real *src[5] = {y->data, h->data, a0->grad, b0->grad, g->grad};
+    real *yh[2];
+    gradcheck_run_seeds(f_add_norm, (Tensor *[]){a0, b0, g}, 3, &fused, (const real *[]){sy, sh}, yh, NULL);
+    const real *src[5] = {yh[0], yh[1], a0->grad, b0->grad, g->grad};
     for (int k = 0; k < 5; k++) memcpy(out[k], src[k], (size_t)n[k] * sizeof(real));
-    tape_free(&tp);
+    free(yh[0]), free(yh[1]);
 }
 
 Test(ops_norm, add_rmsnorm_equals_add_then_rmsnorm) {
@@ -304,25 +306,37 @@ Test(ops_norm, rmsnorm_gate_gradcheck) {
 // gradient buffers) and with a second use of x and z (their gradients then
 // add to another contribution): values and every gradient; and the same bits
 // on 1 and 2 threads (dg sums fixed row blocks).
+typedef struct {
+    bool fused;
+    const real *seed;
+} GateCtx;
+
+// <y, seed> + sum(x * z), and y.
+static int f_gate(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    (void)n;
+    const GateCtx *c = ctx;
+    Tensor *x = op_scale(tp, in[0], 1.0), *z = op_scale(tp, in[1], 1.0);
+    Tensor *y = c->fused ? op_rmsnorm_gate(tp, x, in[2], z, 16, 1e-6)
+                         : op_silu_mul(tp, z, op_rmsnorm_groups(tp, x, in[2], 16, 1e-6));
+    Tensor *extra = op_mul(tp, x, z);
+    out[0] = op_add(tp, op_sum(tp, op_mul(tp, y, tape_tensor_copy(tp, y->ndim, y->shape, c->seed))),
+                    op_sum(tp, extra));
+    out[1] = y;
+    return 2;
+}
+
+// On device_default() (AG_DEVICE=cuda: the GPU; the thread count then
+// concerns only the host).
 static void gate_run(bool fused, int threads, Tensor *x0, Tensor *z0, Tensor *g, const real *seed, real *out[4]) {
     int saved = omp_get_max_threads();
     omp_set_num_threads(threads);
-    Tape tp;
-    tape_init(&tp);
-    memset(x0->grad, 0, (size_t)x0->numel * sizeof(real));
-    memset(z0->grad, 0, (size_t)z0->numel * sizeof(real));
-    memset(g->grad, 0, (size_t)g->numel * sizeof(real));
-    Tensor *x = op_scale(&tp, x0, 1.0), *z = op_scale(&tp, z0, 1.0);
-    Tensor *y = fused ? op_rmsnorm_gate(&tp, x, g, z, 16, 1e-6)
-                      : op_silu_mul(&tp, z, op_rmsnorm_groups(&tp, x, g, 16, 1e-6));
-    Tensor *extra = op_mul(&tp, x, z);
-    Tensor *loss = op_add(&tp, op_sum(&tp, op_mul(&tp, y, tape_tensor_copy(&tp, y->ndim, y->shape, seed))),
-                          op_sum(&tp, extra));
-    tape_backward(&tp, loss);
-    const real *src[4] = {y->data, x0->grad, z0->grad, g->grad};
-    int64_t n[4] = {y->numel, x0->numel, z0->numel, g->numel};
+    GateCtx c = {fused, seed};
+    real one = 1, *ly[2];
+    gradcheck_run_seeds(f_gate, (Tensor *[]){x0, z0, g}, 3, &c, (const real *[]){&one, NULL}, ly, NULL);
+    const real *src[4] = {ly[1], x0->grad, z0->grad, g->grad};
+    int64_t n[4] = {x0->numel, x0->numel, z0->numel, g->numel};
     for (int k = 0; k < 4; k++) memcpy(out[k], src[k], (size_t)n[k] * sizeof(real));
-    tape_free(&tp);
+    free(ly[0]), free(ly[1]);
     omp_set_num_threads(saved);
 }
 
