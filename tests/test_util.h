@@ -42,10 +42,11 @@ double max_rel_diff(const real *a, const real *b, int64_t n);
 
 // Decode parity on device_default() (AG_DEVICE=cuda: the GPU). A mixer's
 // forward over u (B, T, D, host), then step() at every position from a fresh
-// cache of max_T = T, each step's (B, 1, D) output against the forward's rows
-// at that position by max_rel_diff; returns the worst, *worst_t (optional)
-// its position. On the GPU the parameters move there for good
-// (params_to_device): call it last on ps.
+// cache of max_T = T, each step's output of each row against the forward's
+// row at that position by max_rel_diff; returns the worst, *worst_t
+// (optional) its position. On the GPU the parameters move there for good
+// (params_to_device): call it last on ps. (test_mixer_decode_docs_diff
+// without documents.)
 double test_mixer_decode_diff(Mixer *m, ParamStore *ps, const Tensor *u, int *worst_t);
 // The same for an LM: lm_forward's logits over tokens (B*T) against
 // lm_step's, compared over all B*T*V logits at once.
