@@ -208,20 +208,27 @@ Test(gla, tile_products_gradcheck_and_forms_agree) {
     check_forms_agree(plain, "tile-sized gla plain");
 }
 
+// A forward alone (no output seeded) of f on device_default() (AG_DEVICE=cuda:
+// the GPU): its two outputs back on the host (free with free()), out_n
+// their sizes (may be NULL).
+static void forward_only(GradcheckFn f, Tensor *const *in, int n, void *ctx, real **out, int64_t *out_n) {
+    cr_assert_eq(gradcheck_run_seeds(f, in, n, ctx, (const real *[]){NULL, NULL}, out, out_n), 2);
+}
+
 Test(gla, strong_decay_is_finite_and_exact) {
     // −20 per step over chunks of 64: cumulative sums reach −1280 inside a
     // chunk; a ratio of exponentials would overflow. With g = −20 exactly,
     // o_t has only the current token and the previous one (e^−20) above
-    // double rounding: compare with that closed form.
+    // double rounding: compare with that closed form. On device_default().
     GlaCase c = {1, 150, 2, 4, 4, 64, 0, true, false, false, -20, -20};
     Tensor *x[N_IN];
     inputs_make(x, &c, 300);
     for (size_t f = 0; f < 3; f++) {
         c.form = FORMS[f];
-        Tape tp;
-        tape_init(&tp);
-        Tensor *s;
-        Tensor *o = run_gla(&tp, x, &c, &s);
+        real *out[2];
+        int64_t on[2];
+        forward_only(f_gla, x, N_IN, &c, out, on);
+        const real *o = out[0], *s = out[1];
         int Hk = c.H * c.dk, Hv = c.H * c.dv;
         double worst = 0;
         for (int t = 0; t < c.T; t++)
@@ -234,33 +241,48 @@ Test(gla, strong_decay_is_finite_and_exact) {
                             qk += x[IN_Q]->data[t * Hk + h * c.dk + a] * x[IN_K]->data[s2 * Hk + h * c.dk + a];
                         want += exp(-20.0 * (t - s2)) * qk * x[IN_V]->data[s2 * Hv + h * c.dv + j];
                     }
-                    double got = o->data[t * Hv + h * c.dv + j];
+                    double got = o[t * Hv + h * c.dv + j];
                     cr_assert(isfinite(got));
                     worst = fmax(worst, fabs(got - want));
                 }
         cr_assert(worst < 1e3 * REAL_EPS, "%s: |o - closed form| = %.3e", mixer_form_name(c.form), worst);
-        for (int64_t e = 0; e < s->numel; e++) cr_assert(isfinite(s->data[e]));
-        tape_free(&tp);
+        for (int64_t e = 0; e < on[1]; e++) cr_assert(isfinite(s[e]));
+        free(out[0]);
+        free(out[1]);
     }
     inputs_free(x);
 }
 
+// hand_computed_two_steps' inputs, (1, 2, 1) each, built on the tape from host arrays.
+typedef struct HandCase {
+    const real *q, *k, *v, *g, *dt;
+    MixerForm form;
+} HandCase;
+
+static int f_hand(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    const HandCase *h = ctx;
+    const int *shape = (int[]){1, 2, 1};
+    Tensor *tq = tape_tensor_copy(tp, 3, shape, h->q), *tk = tape_tensor_copy(tp, 3, shape, h->k);
+    Tensor *tv = tape_tensor_copy(tp, 3, shape, h->v), *tg = tape_tensor_copy(tp, 3, shape, h->g);
+    Tensor *tdt = tape_tensor_copy(tp, 3, shape, h->dt);
+    out[0] = op_gla_dt(tp, tq, tk, tv, tg, tdt, NULL, NULL, 1, h->form, 1, &out[1]);
+    return 2;
+}
+
 Test(gla, hand_computed_two_steps) {
     // H = 1, dk = dv = 1: S_0 = dt0 k0 v0, o_0 = q0 S_0; S_1 = γ1 S_0 + dt1 k1 v1, o_1 = q1 S_1.
+    // On device_default().
     real q[] = {2, 3}, k[] = {5, 7}, v[] = {11, 13}, g[] = {-0.5, -0.25}, dt[] = {0.5, 2};
     double S0 = 0.5 * 5 * 11, S1 = exp(-0.25) * S0 + 2 * 7 * 13;
     double want[] = {2 * S0, 3 * S1};
     for (size_t f = 0; f < 3; f++) {
-        Tape tp;
-        tape_init(&tp);
-        Tensor *tq = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, q), *tk = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, k);
-        Tensor *tv = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, v), *tg = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, g);
-        Tensor *tdt = tape_tensor_copy(&tp, 3, (int[]){1, 2, 1}, dt);
-        Tensor *s;
-        Tensor *o = op_gla_dt(&tp, tq, tk, tv, tg, tdt, NULL, NULL, 1, FORMS[f], 1, &s);
-        for (int t = 0; t < 2; t++) cr_assert_float_eq(o->data[t], want[t], 1e-4 * fabs(want[t]));
-        cr_assert_float_eq(s->data[0], S1, 1e-4 * S1);
-        tape_free(&tp);
+        HandCase h = {q, k, v, g, dt, FORMS[f]};
+        real *out[2];
+        forward_only(f_hand, NULL, 0, &h, out, NULL);
+        for (int t = 0; t < 2; t++) cr_assert_float_eq(out[0][t], want[t], 1e-4 * fabs(want[t]));
+        cr_assert_float_eq(out[1][0], S1, 1e-4 * S1);
+        free(out[0]);
+        free(out[1]);
     }
 }
 
@@ -273,15 +295,30 @@ static Tensor *time_slice(const Tensor *x, int t0, int len) {
     return y;
 }
 
-// Inverse of time_slice for a gradient: copy y's grad into x-shaped buf at t0.
-static void time_unslice(real *buf, const Tensor *x, const Tensor *y, int t0) {
-    int B = x->shape[0], T = x->shape[1], C = x->shape[2], len = y->shape[1];
+// Inverse of time_slice: copy src, (B, len, C), into x-shaped buf at t0.
+static void time_unslice(real *buf, const Tensor *x, const real *src, int len, int t0) {
+    int B = x->shape[0], T = x->shape[1], C = x->shape[2];
     for (int b = 0; b < B; b++)
-        memcpy(buf + ((int64_t)b * T + t0) * C, y->grad + (int64_t)b * len * C, (size_t)len * C * sizeof(real));
+        memcpy(buf + ((int64_t)b * T + t0) * C, src + (int64_t)b * len * C, (size_t)len * C * sizeof(real));
+}
+
+// Two segments on one tape: in = q, k, v, g, dt of segment 1, the same of
+// segment 2, s0; outputs o1, o2 and the second segment's final state.
+enum { SEG_S0 = 2 * IN_S0, N_SEG_IN };
+static int f_segments(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    const GlaCase *c = ctx;
+    Tensor *const *a = in, *const *b = in + IN_S0;
+    Tensor *s1;
+    out[0] = op_gla_dt(tp, a[IN_Q], a[IN_K], a[IN_V], a[IN_G], a[IN_DT], in[SEG_S0], NULL, c->H, c->form, c->chunk,
+                       &s1);
+    out[1] = op_gla_dt(tp, b[IN_Q], b[IN_K], b[IN_V], b[IN_G], b[IN_DT], s1, NULL, c->H, c->form, c->chunk, &out[2]);
+    return 3;
 }
 
 // Two segments, the first's final state fed as the second's initial state,
-// equal one long run: outputs, final state and every gradient.
+// equal one long run: outputs, final state and every gradient (the one into
+// the first segment and s0 flows back through the carried state). Both runs
+// on device_default() (AG_DEVICE=cuda: the GPU), the segments on one tape.
 static void segments_vs_long(MixerForm form) {
     GlaCase c = {2, 13, 2, 3, 4, 4, form, true, true, true, -0.8, -0.05};
     Tensor *x[N_IN];
@@ -289,34 +326,29 @@ static void segments_vs_long(MixerForm form) {
     int T1 = 6, T2 = c.T - T1;
     Result whole = run_all(c, x);
 
-    Tape tp;
-    tape_init(&tp);
-    memset(x[IN_S0]->grad, 0, (size_t)x[IN_S0]->numel * sizeof(real));
-    Tensor *part[2][IN_S0];
+    Tensor *in[N_SEG_IN];
     for (int i = 0; i < IN_S0; i++) {   // q, k, v, g, dt cut along time
-        part[0][i] = time_slice(x[i], 0, T1);
-        part[1][i] = time_slice(x[i], T1, T2);
+        in[i] = time_slice(x[i], 0, T1);
+        in[IN_S0 + i] = time_slice(x[i], T1, T2);
     }
-    Tensor *s1, *s2;
-    Tensor *o1 = op_gla_dt(&tp, part[0][IN_Q], part[0][IN_K], part[0][IN_V], part[0][IN_G], part[0][IN_DT],
-                           x[IN_S0], NULL, c.H, form, c.chunk, &s1);
-    Tensor *o2 = op_gla_dt(&tp, part[1][IN_Q], part[1][IN_K], part[1][IN_V], part[1][IN_G], part[1][IN_DT], s1,
-                           NULL, c.H, form, c.chunk, &s2);
+    in[SEG_S0] = x[IN_S0];
     // The same dO as run_all, cut in two; the same dS on the final state.
-    Tensor *dO = tensor_new(3, (int[]){c.B, c.T, c.H * c.dv}, false), *dS = tensor_new(s2->ndim, s2->shape, false);
+    Tensor *dO = tensor_new(3, (int[]){c.B, c.T, c.H * c.dv}, false), *dS = tensor_new(4, x[IN_S0]->shape, false);
     fill_normal(dO, 7, 1.0);
     fill_normal(dS, 8, 1.0);
     Tensor *dO1 = time_slice(dO, 0, T1), *dO2 = time_slice(dO, T1, T2);
-    tape_backward_multi(&tp, (Tensor *[]){o1, o2, s2}, (const real *[]){dO1->data, dO2->data, dS->data}, 3);
+    real *out[3];
+    cr_assert_eq(gradcheck_run_seeds(f_segments, in, N_SEG_IN, &c, (const real *[]){dO1->data, dO2->data, dS->data},
+                                     out, NULL),
+                 3);
 
     Result seg = {xcalloc((size_t)whole.n, sizeof(real)), whole.n};
     real *p = seg.all;
-    o1->grad = o1->data, o2->grad = o2->data;   // reuse time_unslice to place the outputs
-    time_unslice(p, dO, o1, 0), time_unslice(p, dO, o2, T1), p += dO->numel;
-    memcpy(p, s2->data, s2->numel * sizeof(real)), p += s2->numel;
+    time_unslice(p, dO, out[0], T1, 0), time_unslice(p, dO, out[1], T2, T1), p += dO->numel;
+    memcpy(p, out[2], x[IN_S0]->numel * sizeof(real)), p += x[IN_S0]->numel;
     for (int i = 0; i < IN_S0; i++) {
-        time_unslice(p, x[i], part[0][i], 0);
-        time_unslice(p, x[i], part[1][i], T1);
+        time_unslice(p, x[i], in[i]->grad, T1, 0);
+        time_unslice(p, x[i], in[IN_S0 + i]->grad, T2, T1);
         p += x[i]->numel;
     }
     memcpy(p, x[IN_S0]->grad, x[IN_S0]->numel * sizeof(real));
@@ -325,9 +357,9 @@ static void segments_vs_long(MixerForm form) {
     assert_results_agree(&seg, &whole, c, x, label);
     free(seg.all);
     free(whole.all);
+    for (int k = 0; k < 3; k++) free(out[k]);
     tensor_free(dO), tensor_free(dO1), tensor_free(dO2), tensor_free(dS);
-    for (int i = 0; i < IN_S0; i++) tensor_free(part[0][i]), tensor_free(part[1][i]);
-    tape_free(&tp);
+    for (int i = 0; i < 2 * IN_S0; i++) tensor_free(in[i]);
     inputs_free(x);
 }
 
@@ -336,18 +368,17 @@ Test(gla, state_carried_across_segments_equals_long_run) {
 }
 
 Test(gla, only_state_output_seeded) {
-    // A gradient that enters only through s_out (o unused) still reaches every input.
+    // A gradient that enters only through s_out (o unused, not seeded) still
+    // reaches every input. On device_default().
     GlaCase c = {1, 9, 2, 3, 3, 4, MIXER_FORM_CHUNKED, true, true, true, -0.5, -0.1};
     Tensor *x[N_IN];
     inputs_make(x, &c, 500);
+    real *ones = xmalloc((size_t)x[IN_S0]->numel * sizeof(real));   // d sum(s_out) / d s_out
+    for (int64_t e = 0; e < x[IN_S0]->numel; e++) ones[e] = 1;
     for (size_t f = 0; f < 3; f++) {
         c.form = FORMS[f];
-        Tape tp;
-        tape_init(&tp);
-        for (int i = 0; i < N_IN; i++) memset(x[i]->grad, 0, (size_t)x[i]->numel * sizeof(real));
-        Tensor *s;
-        run_gla(&tp, x, &c, &s);
-        tape_backward(&tp, op_sum(&tp, s));
+        real *out[2];
+        cr_assert_eq(gradcheck_run_seeds(f_gla, x, N_IN, &c, (const real *[]){NULL, ones}, out, NULL), 2);
         // q only reaches o: its gradient stays zero; every other input moves S_T.
         for (int i = 0; i < N_IN; i++) {
             double mx = 0;
@@ -355,8 +386,10 @@ Test(gla, only_state_output_seeded) {
             if (i == IN_Q) cr_assert_eq(mx, 0.0, "%s: dq should be 0", mixer_form_name(c.form));
             else cr_assert_gt(mx, 0.0, "%s: input %d got no gradient", mixer_form_name(c.form), i);
         }
-        tape_free(&tp);
+        free(out[0]);
+        free(out[1]);
     }
+    free(ones);
     inputs_free(x);
 }
 
