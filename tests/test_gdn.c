@@ -72,12 +72,6 @@ static void free_inputs(GdnInputs *in) {
     tensor_free(in->s0);
 }
 
-static void zero_grads(GdnInputs *in) {
-    Tensor *ts[] = {in->q, in->k, in->v, in->beta, in->g, in->s0};
-    for (int i = 0; i < 6; i++)
-        if (ts[i]) memset(ts[i]->grad, 0, ts[i]->numel * sizeof(real));
-}
-
 // ---- gradient checks ----
 
 typedef struct {
@@ -218,29 +212,31 @@ Test(gdn, chunked_equals_recurrent_tile_sized_heads) {
 // ---- semantics ----
 
 // Writing the same key twice with beta = 1, g = 0 replaces the first value
-// (the delta rule), where plain linear attention would add them.
+// (the delta rule), where plain linear attention would add them. On
+// device_default() (AG_DEVICE=cuda: the GPU).
 Test(gdn, delta_rule_overwrites_a_repeated_key) {
     for (int form = 0; form < 2; form++) {
         MixerForm f = form ? MIXER_FORM_CHUNKED : MIXER_FORM_RECURRENT;
-        Tape tp;
-        tape_init(&tp);
         int dk = 4, dv = 2;
         Tensor *q = tensor_newv(false, 3, 1, 2, dk), *k = tensor_newv(false, 3, 1, 2, dk);
         Tensor *v = tensor_newv(false, 3, 1, 2, dv), *beta = tensor_newv(false, 3, 1, 2, 1);
         Tensor *g = tensor_newv(false, 3, 1, 2, 1);
         for (int t = 0; t < 2; t++) q->data[t * dk + 1] = k->data[t * dk + 1] = 1, beta->data[t] = 1;
         v->data[0] = 3, v->data[1] = -1, v->data[2] = 5, v->data[3] = 7;
-        Tensor *sT = NULL;
-        Tensor *o = op_gdn(&tp, q, k, v, beta, g, NULL, NULL, 1, f, 64, &sT);
-        cr_assert_float_eq(o->data[0], 3, 1e-6);
-        cr_assert_float_eq(o->data[1], -1, 1e-6);
-        cr_assert_float_eq(o->data[2], 5, 1e-6, "%s: o_1 = %g, want 5", mixer_form_name(f), o->data[2]);
-        cr_assert_float_eq(o->data[3], 7, 1e-6);
-        cr_assert_float_eq(sT->data[1 * dv + 0], 5, 1e-6);   // S = e_1 [5, 7]^T
-        cr_assert_float_eq(sT->data[0], 0, 1e-6);
         Tensor *ts[] = {q, k, v, beta, g};
+        GdnCtx c = {1, 64, f};
+        real *out[2];   // o, S_T: a forward alone (no output seeded)
+        cr_assert_eq(gradcheck_run_seeds(f_gdn, ts, 5, &c, (const real *[]){NULL, NULL}, out, NULL), 2);
+        const real *o = out[0], *sT = out[1];
+        cr_assert_float_eq(o[0], 3, 1e-6);
+        cr_assert_float_eq(o[1], -1, 1e-6);
+        cr_assert_float_eq(o[2], 5, 1e-6, "%s: o_1 = %g, want 5", mixer_form_name(f), o[2]);
+        cr_assert_float_eq(o[3], 7, 1e-6);
+        cr_assert_float_eq(sT[1 * dv + 0], 5, 1e-6);   // S = e_1 [5, 7]^T
+        cr_assert_float_eq(sT[0], 0, 1e-6);
         for (int i = 0; i < 5; i++) tensor_free(ts[i]);
-        tape_free(&tp);
+        free(out[0]);
+        free(out[1]);
     }
 }
 
@@ -267,47 +263,56 @@ static double diff_two_segments(const real *whole, const Tensor *s1, const Tenso
     return e;
 }
 
+// Two chunked segments on one tape, the first's final state the second's
+// initial state: in = q, k, v, beta, g of segment 1, the same of segment 2,
+// s0; outputs o1, o2 and the second segment's final state.
+static int f_segments(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    GdnCtx *c = ctx;
+    Tensor *const *a = in, *const *b = in + 5;
+    Tensor *s1 = NULL;
+    out[0] = op_gdn(tp, a[0], a[1], a[2], a[3], a[4], in[10], NULL, c->H, c->form, c->chunk, &s1);
+    out[1] = op_gdn(tp, b[0], b[1], b[2], b[3], b[4], s1, NULL, c->H, c->form, c->chunk, &out[2]);
+    return 3;
+}
+
 // Two segments carrying the state equal one pass over the whole sequence,
 // forward and every gradient (including the one that flows through the
-// carried state into the first segment and s0).
+// carried state into the first segment and s0). Both on device_default()
+// (AG_DEVICE=cuda: the GPU), the two segments on one tape.
 Test(gdn, state_carries_across_segments) {
     int T = 50, T1 = 21, H = 2, dk = 8, dv = 8;
     GdnInputs in = make_inputs(2, T, H, dk, dv, REG_PLAIN, true, 77);
     FormRun whole = run_form(&in, MIXER_FORM_CHUNKED, 16);
-    zero_grads(&in);
-    Tensor *full[5] = {in.q, in.k, in.v, in.beta, in.g}, *seg[2][5];
+    Tensor *full[5] = {in.q, in.k, in.v, in.beta, in.g}, *seg[11];
     for (int i = 0; i < 5; i++) {
-        seg[0][i] = time_slice(full[i], 0, T1);
-        seg[1][i] = time_slice(full[i], T1, T - T1);
+        seg[i] = time_slice(full[i], 0, T1);
+        seg[5 + i] = time_slice(full[i], T1, T - T1);
     }
-    Tape tp;
-    tape_init(&tp);
-    Tensor *s1 = NULL, *s2 = NULL;
-    Tensor *o1 = op_gdn(&tp, seg[0][0], seg[0][1], seg[0][2], seg[0][3], seg[0][4], in.s0, NULL, H, MIXER_FORM_CHUNKED,
-                        16, &s1);
-    Tensor *o2 =
-        op_gdn(&tp, seg[1][0], seg[1][1], seg[1][2], seg[1][3], seg[1][4], s1, NULL, H, MIXER_FORM_CHUNKED, 16, &s2);
+    seg[10] = in.s0;
     // The seeds run_form used, split at T1.
-    Tensor *ro = tensor_newv(false, 3, 2, T, H * dv), *rs = tensor_new(s2->ndim, s2->shape, false);
+    Tensor *ro = tensor_newv(false, 3, 2, T, H * dv), *rs = tensor_new(in.s0->ndim, in.s0->shape, false);
     fill_normal(ro, 7, 1.0);
     fill_normal(rs, 8, 1.0);
     Tensor *ro1 = time_slice(ro, 0, T1), *ro2 = time_slice(ro, T1, T - T1);
-    tape_backward_multi(&tp, (Tensor *[]){o1, o2, s2}, (const real *[]){ro1->data, ro2->data, rs->data}, 3);
-    cr_assert_leq(diff_two_segments(whole.o, o1, o2, o1->data, o2->data), FORM_TOL);
-    cr_assert_leq(max_rel_diff(s2->data, whole.sT, s2->numel), FORM_TOL);
+    GdnCtx c = {H, 16, MIXER_FORM_CHUNKED};
+    real *out[3];
+    cr_assert_eq(
+        gradcheck_run_seeds(f_segments, seg, 11, &c, (const real *[]){ro1->data, ro2->data, rs->data}, out, NULL), 3);
+    // o1, o2 have the shapes of v's segments.
+    cr_assert_leq(diff_two_segments(whole.o, seg[2], seg[7], out[0], out[1]), FORM_TOL);
+    cr_assert_leq(max_rel_diff(out[2], whole.sT, in.s0->numel), FORM_TOL);
     for (int i = 0; i < 5; i++) {
-        double e = diff_two_segments(whole.grads[i], seg[0][i], seg[1][i], seg[0][i]->grad, seg[1][i]->grad);
+        double e = diff_two_segments(whole.grads[i], seg[i], seg[5 + i], seg[i]->grad, seg[5 + i]->grad);
         cr_assert_leq(e, FORM_TOL, "input %d differs by %.3e", i, e);
     }
     double e = max_rel_diff(in.s0->grad, whole.grads[5], in.s0->numel);
     cr_assert_leq(e, FORM_TOL, "ds0 differs by %.3e", e);
-    for (int s = 0; s < 2; s++)
-        for (int i = 0; i < 5; i++) tensor_free(seg[s][i]);
+    for (int i = 0; i < 10; i++) tensor_free(seg[i]);
+    for (int k = 0; k < 3; k++) free(out[k]);
     tensor_free(ro);
     tensor_free(ro1);
     tensor_free(ro2);
     tensor_free(rs);
-    tape_free(&tp);
     free_run(&whole);
     free_inputs(&in);
 }
