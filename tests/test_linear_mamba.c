@@ -138,10 +138,21 @@ Test(linear_mamba, decode_steps_equal_forward_at_every_position) {
         }
 }
 
+// in = u1, u2, then the parameters: outputs y1, y2 and the final state of
+// two runs on one tape, the first's final state the second's initial state.
+static int f_segments(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    Mixer *m = ctx;
+    Tensor *s1;
+    out[0] = m->kind->forward(tp, m, in[0], NULL, NULL, &s1);
+    out[1] = m->kind->forward(tp, m, in[1], NULL, s1, &out[2]);
+    return 3;
+}
+
 // The layer's final state fed as the next segment's initial state equals one
 // long run. Without a convolution: the forward API carries S only, not the
 // convolution's last inputs, so with conv_size > 0 the second segment's first
-// conv_size - 1 positions would differ.
+// conv_size - 1 positions would differ. Forwards on device_default()
+// (AG_DEVICE=cuda: the GPU), the parameters moved there as inputs of the runs.
 Test(linear_mamba, state_carried_across_segments_equals_long_run) {
     int B = 2, T = 13, T1 = 5;
     for (int kind = 0; kind < 2; kind++) {
@@ -157,22 +168,29 @@ Test(linear_mamba, state_carried_across_segments_equals_long_run) {
             memcpy(u2->data + (int64_t)b * (T - T1) * c.d_model, u->data + ((int64_t)b * T + T1) * c.d_model,
                    (size_t)(T - T1) * c.d_model * sizeof(real));
         }
-        Tape tp;
-        tape_init(&tp);
-        Tensor *sa, *s1, *s2;
-        Tensor *y = L.m->kind->forward(&tp, L.m, u, NULL, NULL, &sa);
-        Tensor *y1 = L.m->kind->forward(&tp, L.m, u1, NULL, NULL, &s1);
-        Tensor *y2 = L.m->kind->forward(&tp, L.m, u2, NULL, s1, &s2);
-        double d = max_rel_diff(sa->data, s2->data, sa->numel);
+        // Forwards alone (no output seeded): u and no initial state (f_layer), then u1, u2.
+        Tensor **in = xcalloc((size_t)(2 + L.ps.n), sizeof *in);
+        for (int i = 0; i < L.ps.n; i++) in[2 + i] = L.ps.params[i];
+        in[0] = u;
+        real *w[2], *sg[3];
+        int64_t wn[2];
+        cr_assert_eq(gradcheck_run_seeds(f_layer, in, 2 + L.ps.n, L.m, (const real *[]){NULL, NULL}, w, wn), 2);
+        in[0] = u1, in[1] = u2;
+        cr_assert_eq(
+            gradcheck_run_seeds(f_segments, in, 2 + L.ps.n, L.m, (const real *[]){NULL, NULL, NULL}, sg, NULL), 3);
+        const real *y = w[0], *sa = w[1], *y1 = sg[0], *y2 = sg[1], *s2 = sg[2];
+        double d = max_rel_diff(sa, s2, wn[1]);
         cr_assert(d <= FORM_TOL, "%s: final state differs by %.3e", KIND_NAMES[kind], d);
         for (int b = 0; b < B; b++) {
-            const real *yb = y->data + (int64_t)b * T * c.d_model;
-            d = fmax(max_rel_diff(yb, y1->data + (int64_t)b * T1 * c.d_model, (int64_t)T1 * c.d_model),
-                     max_rel_diff(yb + (int64_t)T1 * c.d_model, y2->data + (int64_t)b * (T - T1) * c.d_model,
+            const real *yb = y + (int64_t)b * T * c.d_model;
+            d = fmax(max_rel_diff(yb, y1 + (int64_t)b * T1 * c.d_model, (int64_t)T1 * c.d_model),
+                     max_rel_diff(yb + (int64_t)T1 * c.d_model, y2 + (int64_t)b * (T - T1) * c.d_model,
                                   (int64_t)(T - T1) * c.d_model));
             cr_assert(d <= LAYER_TOL, "%s: outputs of batch %d differ by %.3e", KIND_NAMES[kind], b, d);
         }
-        tape_free(&tp);
+        for (int k = 0; k < 2; k++) free(w[k]);
+        for (int k = 0; k < 3; k++) free(sg[k]);
+        free(in);
         tensor_free(u), tensor_free(u1), tensor_free(u2);
         layer_free(&L);
     }
