@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "attn_kernel.h"
+#include "cuda_ops.h"   // cu_attn_decode (AG_CUDA builds)
 #include "test_util.h"
 
 typedef struct {
@@ -144,29 +145,35 @@ Test(attn_kernel, rows_of_p_sum_to_one) {
 
 Test(attn_kernel, first_position_copies_v_and_t1) {
     // Row 0 attends only to itself: o_0 = v_0, at any T (here T = 1 and T = 5).
+    // On device_default() (AG_DEVICE=cuda: the GPU).
+    AttnCtx c = {2, 1.0, 2, 2};
     for (int T = 1; T <= 5; T += 4) {
         QKV x = qkv_new(2, T, 2, 3, 3, 50, 1.0);
-        Tape tp;
-        tape_init(&tp);
-        Tensor *o = op_attention_tiled(&tp, x.q, x.k, x.v, 2, 1.0, NULL, 2, 2);
+        // T = 1: backward seeded on o; T = 5: a forward alone.
+        real seed[12];
+        for (int i = 0; i < 12; i++) seed[i] = (real)(i - 5);
+        real *o;
+        cr_assert_eq(gradcheck_run_seeds(f_attn, (Tensor *[]){x.q, x.k, x.v}, 3, &c,
+                                         (const real *[]){T == 1 ? seed : NULL}, &o, NULL),
+                     1);
         for (int b = 0; b < 2; b++)
             for (int j = 0; j < 6; j++)
-                cr_assert_float_eq(o->data[(int64_t)b * T * 6 + j], x.v->data[(int64_t)b * T * 6 + j], 1e-6);
+                cr_assert_float_eq(o[(int64_t)b * T * 6 + j], x.v->data[(int64_t)b * T * 6 + j], 1e-6);
         if (T == 1) {   // dq = dk = 0 (a softmax over one key is constant), dv = dO
-            real seed[12];
-            for (int i = 0; i < 12; i++) seed[i] = (real)(i - 5);
-            tape_backward_from(&tp, o, seed);
             for (int i = 0; i < 12; i++) {
                 cr_assert_float_eq(x.q->grad[i], 0, 1e-5);
                 cr_assert_float_eq(x.k->grad[i], 0, 1e-5);
                 cr_assert_float_eq(x.v->grad[i], seed[i], 1e-12);
             }
         }
-        tape_free(&tp);
+        free(o);
         qkv_free(&x);
     }
 }
 
+// The thread count is the CPU kernel's (OpenMP) business. Under
+// AG_DEVICE=cuda attn_run runs on the GPU, which the setting does not reach:
+// there this checks that two runs of the GPU kernel agree bit for bit.
 Test(attn_kernel, backward_same_for_any_thread_count) {
     QKV x = qkv_new(2, 37, 3, 4, 4, 60, 1.0);
     AttnCtx c = {3, 0.5, 8, 8};
@@ -187,30 +194,31 @@ Test(attn_kernel, backward_same_for_any_thread_count) {
 
 Test(attn_kernel, only_requested_gradients) {
     // k and v constants: only dq is produced, and it equals the full run's dq.
+    // Both runs on device_default() (AG_DEVICE=cuda: the GPU, where the
+    // backward gets no buffers for dk, dv and must skip them). k and v come
+    // back from the run as they went in; on the CPU their grad staying NULL
+    // also says that the backward allocated none for them.
     QKV x = qkv_new(1, 11, 2, 3, 3, 70, 1.0);
     AttnCtx c = {2, 0.6, 4, 4};
     AttnRun full = attn_run(&x, &c, 71);
     Tensor *k = tensor_newv(false, 3, 1, 11, 6), *v = tensor_newv(false, 3, 1, 11, 6);
     memcpy(k->data, x.k->data, 66 * sizeof(real));
     memcpy(v->data, x.v->data, 66 * sizeof(real));
-    memset(x.q->grad, 0, 66 * sizeof(real));
-    Tape tp;
-    tape_init(&tp);
-    Tensor *o = op_attention_tiled(&tp, x.q, k, v, 2, 0.6, NULL, 4, 4);
-    Tensor *seedt = tensor_newv(false, 3, 1, 11, 6);
-    fill_normal(seedt, 71, 1.0);
-    tape_backward_from(&tp, o, seedt->data);
+    real *o;   // seeded with attn_run's dO (normal values from seed 71)
+    cr_assert_eq(gradcheck_run(f_attn, (Tensor *[]){x.q, k, v}, 3, &c, 71, &o, NULL), 1);
+    cr_assert_leq(max_rel_diff(o, full.o, 66), FORM_TOL);
     cr_assert_leq(max_rel_diff(x.q->grad, full.dq, 66), FORM_TOL);
     cr_assert_null(k->grad);
     cr_assert_null(v->grad);
-    tape_free(&tp);
-    tensor_free(seedt);
+    free(o);
     tensor_free(k);
     tensor_free(v);
     attn_run_free(&full);
     qkv_free(&x);
 }
 
+// On a CPU tape on purpose: what the CPU kernel keeps in the tape's host
+// arena (and its per-thread scratch) is a property of that kernel alone.
 Test(attn_kernel, keeps_only_output_and_lse) {
     // A recorded forward at T = 512 takes from the tape only o and the lse,
     // plus headers and one scratch slot per thread of two tiles (S and the
@@ -234,25 +242,60 @@ Test(attn_kernel, keeps_only_output_and_lse) {
     qkv_free(&x);
 }
 
-Test(attn_kernel, decode_kernel_equals_last_row) {
-    // One query over a cache of n keys = the last row of the parallel forward.
-    int B = 2, T = 19, H = 2, dk = 4, dv = 3;
-    QKV x = qkv_new(B, T, H, dk, dv, 80, 1.0);
-    Tape tp;
-    tape_init(&tp);
-    Tensor *o = op_attention(&tp, x.q, x.k, x.v, H, 0.5, NULL);
-    real got[2 * 2 * 3], qrow[2 * 2 * 4];
+// The parallel forward (output 0) and the decoding kernel at every cache
+// length n = 1..T with the query of position n - 1 (output 1, (T, B, H*dv)):
+// attn_decode_forward on a CPU tape, its GPU twin cu_attn_decode (what the
+// attn mixer's step calls there) on a GPU tape. in = q, k, v; q_host: q's
+// values (the rows are gathered on the host and copied to the tape).
+typedef struct {
+    int B, T, H, dk, dv;
+    double scale;
+    const real *q_host;
+} DecodeCtx;
+
+static int f_decode(Tape *tp, Tensor *const *in, int n_in, void *ctx, Tensor **out) {
+    const DecodeCtx *c = ctx;
+    int B = c->B, T = c->T, H = c->H, dk = c->dk, dv = c->dv;
+    out[0] = op_attention(tp, in[0], in[1], in[2], H, c->scale, NULL);
+    out[1] = tape_tensorv(tp, 3, T, B, H * dv);
+    real *qrow = xmalloc((size_t)B * H * dk * sizeof(real));
     for (int n = 1; n <= T; n++) {
         for (int b = 0; b < B; b++)
-            memcpy(qrow + b * H * dk, x.q->data + ((int64_t)b * T + n - 1) * H * dk, H * dk * sizeof(real));
-        attn_decode_forward(got, qrow, x.k->data, x.v->data, B, T, n, NULL, H, dk, dv, 0.5);
+            memcpy(qrow + b * H * dk, c->q_host + ((int64_t)b * T + n - 1) * H * dk, H * dk * sizeof(real));
+        Tensor *q = tape_tensor_copy(tp, 2, (int[]){B, H * dk}, qrow);
+        real *got = out[1]->data + (int64_t)(n - 1) * B * H * dv;
+#ifdef AG_CUDA
+        if (tp->device == DEVICE_CUDA)
+            cu_attn_decode(tp, got, q->data, in[1]->data, in[2]->data, B, T, n, NULL, NULL, H, dk, dv, c->scale);
+        else
+#endif
+            attn_decode_forward(got, q->data, in[1]->data, in[2]->data, B, T, n, NULL, H, dk, dv, c->scale);
+    }
+    free(qrow);
+    return 2;
+}
+
+Test(attn_kernel, decode_kernel_equals_last_row) {
+    // One query over a cache of n keys = the last row of the parallel forward.
+    // On device_default() (AG_DEVICE=cuda: the GPU's decoding kernel).
+    int B = 2, T = 19, H = 2, dk = 4, dv = 3;
+    QKV x = qkv_new(B, T, H, dk, dv, 80, 1.0);
+    DecodeCtx c = {B, T, H, dk, dv, 0.5, x.q->data};
+    real *out[2];   // a forward alone: no output seeded
+    cr_assert_eq(gradcheck_run_seeds(f_decode, (Tensor *[]){x.q, x.k, x.v}, 3, &c, (const real *[]){NULL, NULL}, out,
+                                     NULL),
+                 2);
+    const real *o = out[0];
+    for (int n = 1; n <= T; n++) {
+        const real *got = out[1] + (int64_t)(n - 1) * B * H * dv;
         for (int b = 0; b < B; b++) {
-            const real *want = o->data + ((int64_t)b * T + n - 1) * H * dv;
+            const real *want = o + ((int64_t)b * T + n - 1) * H * dv;
             double d = max_rel_diff(got + b * H * dv, want, H * dv);
             cr_assert_leq(d, FORM_TOL, "n=%d b=%d: %.3e", n, b, d);
         }
     }
-    tape_free(&tp);
+    free(out[0]);
+    free(out[1]);
     qkv_free(&x);
 }
 
