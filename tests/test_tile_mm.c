@@ -1,7 +1,10 @@
 // tile_mm.h's helpers against element loops: pack_transposed, whose whole
 // VL x VL blocks are transposed in registers and whose edges element by
-// element, at sizes that are and are not whole blocks, at odd source strides.
+// element, at sizes that are and are not whole blocks, at odd source strides;
+// tile_gemm_rows (the products with a scale per row) in each of its paths.
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "test_util.h"
 #include "tile_mm.h"
@@ -24,5 +27,61 @@ Test(tile_mm, pack_transposed_equals_element_loop) {
             }
         free(src);
         free(dst);
+    }
+}
+
+// tile_gemm_rows, C = diag(rs) alpha op(A) op(B) + beta C, against a loop in
+// double: every (ta, tb), beta 0 and 1, rs NULL or not, a band, and sizes
+// that take the register blocks (N a multiple of VL, aligned rows, M not a
+// multiple of MR) and that fall back to gemm() (N not a multiple of VL).
+Test(tile_mm, tile_gemm_rows_equals_element_loop) {
+    const int sizes[][3] = {{2 * MR + 3, 2 * VL, VL + 5}, {5, VL, 2 * VL}, {7, VL + 3, 6}};   // M, N, K
+    for (size_t sz = 0; sz < sizeof sizes / sizeof sizes[0]; sz++) {
+        int M = sizes[sz][0], N = sizes[sz][1], K = sizes[sz][2];
+        int ldc = round_vl(N) + VL;   // rows of whole vectors, aligned, with room to spare
+        for (int variant = 0; variant < 32; variant++) {
+            bool ta = variant & 1, tb = variant & 2, add = variant & 4, scaled = variant & 8, band = variant & 16;
+            int lo = -M, hi = band ? 0 : K;   // band: op(A)(i, k) = 0 for k > i (a causal mask)
+            int lda = ta ? M + 2 : K + 1, ldb = tb ? K + 3 : round_vl(N);
+            real *A = test_randn((int64_t)(ta ? K : M) * lda, 11 + variant);
+            real *B = xaligned((size_t)(tb ? N : K) * ldb * sizeof(real));
+            real *r = test_randn((int64_t)(tb ? N : K) * ldb, 13 + variant);
+            memcpy(B, r, (size_t)(tb ? N : K) * ldb * sizeof(real));
+            free(r);
+            real *rs = test_randn(M, 17 + variant);
+            real *C = xaligned((size_t)M * ldc * sizeof(real));
+            real *C0 = test_randn((int64_t)M * ldc, 19 + variant);
+            memcpy(C, C0, (size_t)M * ldc * sizeof(real));
+            real *pack = xaligned((size_t)K * round_vl(N) * sizeof(real));
+            if (band)   // zero outside the band, as the callers' masked operands are
+                for (int i = 0; i < M; i++)
+                    for (int k = i + 1; k < K; k++) A[ta ? (int64_t)k * lda + i : (int64_t)i * lda + k] = 0;
+            real alpha = (real)0.75;
+            tile_gemm_rows(ta, tb, M, N, K, alpha, scaled ? rs : NULL, A, lda, B, ldb, add ? 1 : 0, C, ldc, lo, hi,
+                           pack);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double s = 0, mag = 0;
+                    for (int k = 0; k < K; k++) {
+                        double a = A[ta ? (int64_t)k * lda + i : (int64_t)i * lda + k];
+                        double b = B[tb ? (int64_t)j * ldb + k : (int64_t)k * ldb + j];
+                        s += a * b;
+                        mag += fabs(a * b);
+                    }
+                    double f = alpha * (scaled ? rs[i] : 1);
+                    double want = f * s + (add ? C0[(int64_t)i * ldc + j] : 0);
+                    double tol = 1e-5 * (fabs(f) * mag + 1);
+                    if (sizeof(real) == 8) tol = 1e-13 * (fabs(f) * mag + 1);
+                    cr_assert(fabs(C[(int64_t)i * ldc + j] - want) <= tol,
+                              "M %d N %d K %d ta %d tb %d add %d rs %d band %d: C[%d][%d] = %.9g, want %.9g", M, N,
+                              K, ta, tb, add, scaled, band, i, j, (double)C[(int64_t)i * ldc + j], want);
+                }
+            free(A);
+            free(B);
+            free(rs);
+            free(C);
+            free(C0);
+            free(pack);
+        }
     }
 }

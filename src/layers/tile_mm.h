@@ -32,12 +32,13 @@ typedef real vreal __attribute__((vector_size(VEC_BYTES)));
 
 static inline int round_vl(int n) { return (n + VL - 1) / VL * VL; }
 
-// One register block: C (R x NV vectors) (+)= alpha sum_k A(r, k) B(k, :),
-// with A(r, k) = A[r lda + k ak]. R <= MR and NV <= 2 are constants at each
-// call, so the loops unroll and c[][] lives in registers.
+// One register block: C (R x NV vectors) (+)= alpha s_r sum_k A(r, k) B(k, :),
+// with A(r, k) = A[r lda + k ak] and s_r = rs[r] (rs NULL: 1). R <= MR and
+// NV <= 2 are constants at each call, so the loops unroll and c[][] lives in
+// registers.
 static inline __attribute__((always_inline)) void mm_block(const int R, const int NV, int K, real alpha,
-                                                           const real *A, int lda, int ak, const real *B,
-                                                           int ldb, real *C, int ldc, bool add) {
+                                                           const real *rs, const real *A, int lda, int ak,
+                                                           const real *B, int ldb, real *C, int ldc, bool add) {
     vreal c[MR][2];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < NV; v++) c[r][v] = (vreal){0};
@@ -49,18 +50,20 @@ static inline __attribute__((always_inline)) void mm_block(const int R, const in
             for (int v = 0; v < NV; v++) c[r][v] += a * b[v];
         }
     }
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
+        real s = rs ? alpha * rs[r] : alpha;
         for (int v = 0; v < NV; v++) {
             vreal *cv = (vreal *)(C + (int64_t)r * ldc + v * VL);
-            *cv = add ? *cv + alpha * c[r][v] : alpha * c[r][v];
+            *cv = add ? *cv + s * c[r][v] : s * c[r][v];
         }
+    }
 }
 
 static inline __attribute__((always_inline)) void mm_rows(const int R, bool two, int K, real alpha,
-                                                          const real *A, int lda, int ak, const real *B,
-                                                          int ldb, real *C, int ldc, bool add) {
-    if (two) mm_block(R, 2, K, alpha, A, lda, ak, B, ldb, C, ldc, add);
-    else mm_block(R, 1, K, alpha, A, lda, ak, B, ldb, C, ldc, add);
+                                                          const real *rs, const real *A, int lda, int ak,
+                                                          const real *B, int ldb, real *C, int ldc, bool add) {
+    if (two) mm_block(R, 2, K, alpha, rs, A, lda, ak, B, ldb, C, ldc, add);
+    else mm_block(R, 1, K, alpha, rs, A, lda, ak, B, ldb, C, ldc, add);
 }
 
 // C (M x N) = alpha A B, or C += alpha A B when `add`. A (M x K) has element
@@ -71,8 +74,11 @@ static inline __attribute__((always_inline)) void mm_rows(const int R, bool two,
 // each block of rows skips the k where all its rows are zero.
 // lower: only the blocks of C that hold an element on or below the diagonal
 // (j <= i) are computed; the others are left as they were.
-static inline void tile_mm_band_part(int M, int N, int K, int lo, int hi, bool lower, real alpha, const real *A,
-                                     int lda, int ak, const real *B, int ldb, real *C, int ldc, bool add) {
+// rs: row i of the product is scaled by rs[i] (C = diag(rs) alpha A B (+ C)),
+// in the registers before the store; NULL: no scale.
+static inline void tile_mm_band_part(int M, int N, int K, int lo, int hi, bool lower, real alpha, const real *rs,
+                                     const real *A, int lda, int ak, const real *B, int ldb, real *C, int ldc,
+                                     bool add) {
     for (int j = 0; j < N; j += 2 * VL) {
         bool two = j + 2 * VL <= N;
         for (int i = lower ? j / MR * MR : 0; i < M;) {
@@ -81,10 +87,11 @@ static inline void tile_mm_band_part(int M, int N, int K, int lo, int hi, bool l
             int nk = imax(0, k1 - k0);
             const real *Ai = A + i * lda + k0 * ak, *Bk = B + (int64_t)k0 * ldb + j;
             real *Ci = C + (int64_t)i * ldc + j;
-            if (R == MR) mm_rows(MR, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
-            else if (MR > 4 && R == 4) mm_rows(4, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
-            else if (R == 2) mm_rows(2, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
-            else mm_rows(1, two, nk, alpha, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            const real *ri = rs ? rs + i : NULL;
+            if (R == MR) mm_rows(MR, two, nk, alpha, ri, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            else if (MR > 4 && R == 4) mm_rows(4, two, nk, alpha, ri, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            else if (R == 2) mm_rows(2, two, nk, alpha, ri, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
+            else mm_rows(1, two, nk, alpha, ri, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
             i += R;
         }
     }
@@ -92,7 +99,7 @@ static inline void tile_mm_band_part(int M, int N, int K, int lo, int hi, bool l
 
 static inline void tile_mm_band(int M, int N, int K, int lo, int hi, real alpha, const real *A, int lda, int ak,
                                 const real *B, int ldb, real *C, int ldc, bool add) {
-    tile_mm_band_part(M, N, K, lo, hi, false, alpha, A, lda, ak, B, ldb, C, ldc, add);
+    tile_mm_band_part(M, N, K, lo, hi, false, alpha, NULL, A, lda, ak, B, ldb, C, ldc, add);
 }
 
 static inline void tile_mm(int M, int N, int K, real alpha, const real *A, int lda, int ak, const real *B, int ldb,
@@ -223,12 +230,21 @@ static inline void add_rows(real *dst, int ldd, const real *src, int lds, int n,
 // transposing B into `pack`, (K x N) scratch, when tb) and C's are whole
 // aligned vectors (N a multiple of VL: head sizes 16, 32, 64, ...), else
 // gemm(), whose set-up costs more than the arithmetic at these sizes.
-static inline void tile_gemm(bool ta, bool tb, int M, int N, int K, real alpha, const real *A, int lda,
-                             const real *B, int ldb, real beta, real *C, int ldc, int lo, int hi, real *pack) {
+// tile_gemm_rows: the same with row i of the product scaled by rs[i] (rs
+// NULL: none), C = diag(rs) alpha op(A) op(B) + beta C: the decay factors of
+// the chunk kernels' rows, applied in the registers instead of a pass over a
+// scaled copy of A or over C.
+static inline void tile_gemm_rows(bool ta, bool tb, int M, int N, int K, real alpha, const real *rs, const real *A,
+                                  int lda, const real *B, int ldb, real beta, real *C, int ldc, int lo, int hi,
+                                  real *pack) {
     bool b_ok = tb ? N % VL == 0 && pack && (uintptr_t)pack % VEC_BYTES == 0 : in_place(B, ldb, N);
     if (M == 0 || N == 0) return;
     if (!b_ok || !in_place(C, ldc, N)) {
-        gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        if (!rs) gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        else   // one row at a time: op(A)'s row i is A + i lda, or A + i stored transposed
+            for (int i = 0; i < M; i++)
+                gemm(ta, tb, 1, N, K, alpha * rs[i], A + (ta ? i : (int64_t)i * lda), lda, B, ldb, beta,
+                     C + (int64_t)i * ldc, ldc);
         return;
     }
     if (tb) {
@@ -237,7 +253,12 @@ static inline void tile_gemm(bool ta, bool tb, int M, int N, int K, real alpha, 
         ldb = N;
     }
     // op(A)(i, k) = A[i lda + k] (row-major) or A[k lda + i] (stored transposed)
-    tile_mm_band(M, N, K, lo, hi, alpha, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, C, ldc, beta != 0);
+    tile_mm_band_part(M, N, K, lo, hi, false, alpha, rs, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, C, ldc, beta != 0);
+}
+
+static inline void tile_gemm(bool ta, bool tb, int M, int N, int K, real alpha, const real *A, int lda,
+                             const real *B, int ldb, real beta, real *C, int ldc, int lo, int hi, real *pack) {
+    tile_gemm_rows(ta, tb, M, N, K, alpha, NULL, A, lda, B, ldb, beta, C, ldc, lo, hi, pack);
 }
 #define TILE_FULL(M, K) -(M), (K)   // lo, hi of a product without a band
 
@@ -254,7 +275,7 @@ static inline void tile_gemm_lower(int M, int K, real alpha, const real *A, int 
         gemm(false, false, M, M, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    tile_mm_band_part(M, M, K, -M, K, true, alpha, A, lda, 1, B, ldb, C, ldc, beta != 0);
+    tile_mm_band_part(M, M, K, -M, K, true, alpha, NULL, A, lda, 1, B, ldb, C, ldc, beta != 0);
 }
 
 #endif
