@@ -9,9 +9,9 @@
 #include "docs.h"
 #include "gla_internal.h"
 
-void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, const int *db, int L, int dk,
-                      real *A, real *D, real *pack) {
-    tile_gemm(false, true, L, L, dk, 1, Q, ldq, K, ldk, 0, A, L, TILE_FULL(L, dk), pack);
+void gla_chunk_scores(const real *Q, int ldq, const real *Kt, const double *G, const int *db, int L, int dk,
+                      real *A, real *D) {
+    tile_gemm_lower(L, dk, 1, Q, ldq, Kt, L, 0, A, L);
     for (int i = 0; i < L; i++) {
         real *row = A + (int64_t)i * L, *drow = D ? D + (int64_t)i * L : NULL;
         int j0 = db ? imax(db[i], 0) : 0;   // earlier rows belong to another document
@@ -19,12 +19,17 @@ void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const doub
             row[j] = 0;
             if (drow) drow[j] = 0;
         }
-        if (G)
-            for (int j = j0; j <= i; j++) {
-                real e = gla_exp(G[i] - G[j]);
-                row[j] *= e;
-                if (drow) drow[j] = e;
-            }
+        if (G) {
+            double Gi = G[i];
+            if (drow)
+                for (int j = j0; j <= i; j++) {
+                    real e = gla_exp(Gi - G[j]);
+                    row[j] *= e;
+                    drow[j] = e;
+                }
+            else
+                for (int j = j0; j <= i; j++) row[j] *= gla_exp(Gi - G[j]);
+        }
         for (int j = i + 1; j < L; j++) row[j] = 0;
     }
 }
@@ -32,9 +37,9 @@ void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const doub
 // Per-thread scratch of the forward, sized for chunks of up to `seg` positions.
 typedef struct FwdScratch {
     real *A;      // (seg, seg) decayed masked scores
-    real *Ks;     // (seg, dk) keys scaled by dt
-    real *Xd;     // (seg, dk) decay-scaled queries or keys
-    real *pack;   // a transposed operand of tile_gemm (gla_pack_elems)
+    real *Kt;     // (dk, seg) K̃ᵀ (gla_pack_keys)
+    real *Xd;     // (seg, dk) decay-scaled keys
+    real *bm, *ek, *dtv;   // (seg) row decay factors (gla_chunk_decays), the chunk's dt
     double *G;    // (seg) chunk-local cumulative log decay
     int *db;      // (seg) the chunk's documents (gla_chunk_docs)
 } FwdScratch;
@@ -45,6 +50,9 @@ typedef struct FwdScratch {
 // began before the chunk (db[i] < 0), the rows j >= db[i] of the chunk, and
 // S_out holds only the chunk's last document: every term across a boundary
 // is a zero factor, never an exp.
+// The rows of v and o are asked for (gla_prefetch_rows) before the scores,
+// those of the next chunk's q and k after them: their first touch otherwise
+// waits on memory.
 static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, real *saved, FwdScratch *w) {
     int dk = d->dk, dv = d->dv, ldk = x->ldk, ldv = x->ldv;
     int64_t SZ = (int64_t)dk * dv;
@@ -53,6 +61,10 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
     else memset(S, 0, SZ * sizeof(real));
     for (int c = 0; c < d->n_seg; c++) {
         int t0 = c * d->seg, L = imin(d->seg, d->T - t0);
+        const real *Q = x->q + (int64_t)t0 * ldk, *K = x->k + (int64_t)t0 * ldk, *V = x->v + (int64_t)t0 * ldv;
+        real *O = x->o + (int64_t)t0 * ldv;
+        gla_prefetch_rows(V, ldv, L, dv, 0);
+        gla_prefetch_rows(O, ldv, L, dv, 1);
         if (saved) memcpy(saved + c * SZ, S, SZ * sizeof(real));
         gla_cumsum(w->G, x->g, d->H, t0, L);
         const double *G = x->g ? w->G : NULL;
@@ -61,31 +73,44 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
             gla_chunk_docs(w->db, x->first, t0, L);
             db = w->db;
         }
-        const real *K;
-        int ldkk = gla_keys(x, dk, t0, L, w->Ks, &K);
-        const real *Q = x->q + (int64_t)t0 * ldk, *V = x->v + (int64_t)t0 * ldv;
-        real *O = x->o + (int64_t)t0 * ldv;
+        const real *dtv = NULL;
+        if (x->dt) {
+            for (int i = 0; i < L; i++) w->dtv[i] = x->dt[(int64_t)(t0 + i) * x->H];
+            dtv = w->dtv;
+        }
+        bool plain = !G && !db;   // every row decay factor is 1
+        if (!plain) gla_chunk_decays(w->bm, w->ek, G, db, L);
         // O = ((Q K̃ᵀ) ⊙ M ⊙ decay) V  +  diag(exp(G)) Q S_in
-        gla_chunk_scores(Q, ldk, K, ldkk, G, db, L, dk, w->A, NULL, w->pack);
+        gla_pack_keys(w->Kt, K, ldk, dtv, L, dk);
+        gla_chunk_scores(Q, ldk, w->Kt, G, db, L, dk, w->A, NULL);
+        if (c + 1 < d->n_seg) {
+            int L1 = imin(d->seg, d->T - t0 - L);
+            gla_prefetch_rows(Q + (int64_t)L * ldk, ldk, L1, dk, 0);
+            gla_prefetch_rows(K + (int64_t)L * ldk, ldk, L1, dk, 0);
+        }
         tile_gemm(false, false, L, dv, L, 1, w->A, L, V, ldv, 0, O, ldv, -L, 0, NULL);   // A lower triangular
-        if (nonzero && (!db || db[0] < 0)) {   // (db[0] >= 0: a document begins at t0, no row reads S_in)
-            for (int i = 0; i < L; i++) {
-                real e = db && db[i] >= 0 ? 0 : G ? gla_exp(G[i]) : 1;
-                for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * Q[(int64_t)i * ldk + a];
-            }
-            tile_gemm(false, false, L, dv, dk, 1, w->Xd, dk, S, dv, 1, O, ldv, TILE_FULL(L, dk), NULL);
-        }
+        if (nonzero && (!db || db[0] < 0))   // (db[0] >= 0: a document begins at t0, no row reads S_in)
+            tile_gemm_rows(false, false, L, dv, dk, 1, plain ? NULL : w->bm, Q, ldk, S, dv, 1, O, ldv,
+                           TILE_FULL(L, dk), NULL);
         // S_out = exp(G_L) S_in + (diag(exp(G_L − G)) K̃)ᵀ V, over the last document only
-        double gL = G ? G[L - 1] : 0;
-        int j0 = db ? imax(db[L - 1], 0) : 0;
-        for (int i = 0; i < L; i++) {
-            real e = i < j0 ? 0 : G ? gla_exp(gL - G[i]) : 1;
-            for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * K[(int64_t)i * ldkk + a];
-        }
         bool keep = nonzero && (!db || db[L - 1] < 0);   // S_in reaches S_out
         if (keep && G)
-            for (real eL = gla_exp(gL), *e = S; e < S + SZ; e++) *e *= eL;
-        tile_gemm(true, false, dk, dv, L, 1, w->Xd, dk, V, ldv, keep ? 1 : 0, S, dv, TILE_FULL(dk, L), NULL);
+            for (real eL = gla_exp(G[L - 1]), *e = S; e < S + SZ; e++) *e *= eL;
+        const real *Xd = K;
+        int ldx = ldk;
+        if (!plain || dtv) {   // Xd = diag(exp(G_L − G)) K̃
+            for (int i = 0; i < L; i++) {
+                real e = plain ? 1 : w->ek[i], *xr = w->Xd + (int64_t)i * dk;
+                const real *kr = K + (int64_t)i * ldk;
+                if (dtv)
+                    for (int a = 0; a < dk; a++) xr[a] = e * (dtv[i] * kr[a]);
+                else
+                    for (int a = 0; a < dk; a++) xr[a] = e * kr[a];
+            }
+            Xd = w->Xd;
+            ldx = dk;
+        }
+        tile_gemm(true, false, dk, dv, L, 1, Xd, ldx, V, ldv, keep ? 1 : 0, S, dv, TILE_FULL(dk, L), NULL);
         nonzero = true;
     }
 }
@@ -135,9 +160,11 @@ static void gla_forward(Node *n) {
         FwdScratch w = {0};
         if (d.form != MIXER_FORM_RECURRENT) {
             w.A = xaligned((size_t)seg * seg * sizeof(real));
-            w.Ks = xaligned((size_t)seg * d.dk * sizeof(real));
+            w.Kt = xaligned((size_t)d.dk * seg * sizeof(real));
             w.Xd = xaligned((size_t)seg * d.dk * sizeof(real));
-            w.pack = xaligned(gla_pack_elems(&d) * sizeof(real));
+            w.bm = xmalloc((size_t)seg * sizeof(real));
+            w.ek = xmalloc((size_t)seg * sizeof(real));
+            w.dtv = xmalloc((size_t)seg * sizeof(real));
             w.G = xmalloc((size_t)seg * sizeof(double));
             w.db = xmalloc((size_t)seg * sizeof(int));
         }
@@ -152,9 +179,11 @@ static void gla_forward(Node *n) {
                 else chunked_head_forward(&d, &x, S_all + bh * SZ, sv, &w);
             }
         free(w.A);
-        free(w.Ks);
+        free(w.Kt);
         free(w.Xd);
-        free(w.pack);
+        free(w.bm);
+        free(w.ek);
+        free(w.dtv);
         free(w.G);
         free(w.db);
     }

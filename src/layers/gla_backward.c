@@ -104,7 +104,8 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         if (dV) memset(dV, 0, (size_t)L * dv * sizeof(real));
 
         if (dO) {   // the terms through O
-            gla_chunk_scores(Q, ldk, K, ldkk, G, db, L, dk, w->A, w->D, w->pack);
+            gla_pack_keys(w->pack, K, ldkk, NULL, L, dk);
+            gla_chunk_scores(Q, ldk, w->pack, G, db, L, dk, w->A, w->D);
             if (dV) tile_gemm(true, false, L, dv, L, 1, w->A, L, dO, ldv, 0, dV, dv, 0, L, NULL);   // Aᵀ upper
             if (dq || need_k || need_g) {
                 real *dA = w->dA;   // becomes dP in place

@@ -113,6 +113,18 @@ static inline real gla_exp(double x) {
 #endif
 }
 
+// Ask for n rows of w reals at stride ld from x to be brought into L2, for
+// reading (write 0) or writing (write 1).
+static inline void gla_prefetch_rows(const real *x, int64_t ld, int n, int w, int write) {
+    for (int i = 0; i < n; i++) {
+        const char *r = (const char *)(x + (int64_t)i * ld);
+        for (size_t o = 0; o < (size_t)w * sizeof(real); o += 64) {
+            if (write) __builtin_prefetch(r + o, 1, 2);
+            else __builtin_prefetch(r + o, 0, 2);
+        }
+    }
+}
+
 // Elements of tile_gemm's `pack` scratch for any product of a chunk: the
 // transposed operand is at most max(dk, dv, seg) on each side.
 static inline size_t gla_pack_elems(const GlaDims *d) {
@@ -120,14 +132,38 @@ static inline size_t gla_pack_elems(const GlaDims *d) {
     return m * m;
 }
 
+// The row decay factors of one chunk, in the build's precision (gla_exp):
+// bm[i] = exp(G_i), the factor of row i's read of S_in (0 when row i's
+// document begins in the chunk); ek[i] = exp(G_L − G_i), the factor of row
+// i's write into S_out (0 before the chunk's last document, j0). G NULL: 1.
+static inline void gla_chunk_decays(real *bm, real *ek, const double *G, const int *db, int L) {
+    double gL = G ? G[L - 1] : 0;
+    int j0 = db ? imax(db[L - 1], 0) : 0;
+    for (int i = 0; i < L; i++) {
+        bm[i] = db && db[i] >= 0 ? 0 : G ? gla_exp(G[i]) : 1;
+        ek[i] = i < j0 ? 0 : G ? gla_exp(gL - G[i]) : 1;
+    }
+}
+
+// Kt (dk, L), row stride L: K̃ᵀ for the chunk's keys K (row stride ldk)
+// and K̃ = diag(dt) K (dtv (L) the chunk's dt, or NULL: K̃ = K). The right
+// operand of Q K̃ᵀ, packed once per chunk.
+static inline void gla_pack_keys(real *Kt, const real *K, int ldk, const real *dtv, int L, int dk) {
+    pack_transposed(Kt, L, K, ldk, L, dk);
+    if (dtv)
+        for (int a = 0; a < dk; a++)
+            for (int i = 0; i < L; i++) Kt[(int64_t)a * L + i] = dtv[i] * Kt[(int64_t)a * L + i];
+}
+
 // A = (Q K̃ᵀ) ⊙ M ⊙ [exp(G_i − G_j)] for one chunk of L positions, (L, L),
-// zero above the diagonal. G NULL: no decay. D: (L, L) receives the decay
-// factors exp(G_i − G_j) (lower triangle), or NULL. db (L) or NULL: the
-// chunk's documents (gla_chunk_docs); entries j < db[i] are zero in A and D
-// (M is then the block-diagonal causal mask), and their exp is not taken.
-// pack: (dk x L) scratch for tile_gemm.
-void gla_chunk_scores(const real *Q, int ldq, const real *K, int ldk, const double *G, const int *db, int L, int dk,
-                      real *A, real *D, real *pack);
+// zero above the diagonal, from Kt = K̃ᵀ (gla_pack_keys): the product is
+// formed on and below the diagonal only (tile_gemm_lower). G NULL: no decay.
+// D: (L, L) receives the decay factors exp(G_i − G_j) (lower triangle), or
+// NULL. db (L) or NULL: the chunk's documents (gla_chunk_docs); entries j <
+// db[i] are zero in A and D (M is then the block-diagonal causal mask), and
+// their exp is not taken.
+void gla_chunk_scores(const real *Q, int ldq, const real *Kt, const double *G, const int *db, int L, int dk,
+                      real *A, real *D);
 
 // The op's backward (gla_backward.c).
 void gla_backward(Node *n);
