@@ -45,10 +45,12 @@ typedef struct GlaFresh {
 
 typedef struct BwdScratch {
     real *A, *dA, *D;          // (seg, seg) scores, their gradient, decay factors
-    real *Ks, *Xd, *dKs, *tmp; // (seg, dk)
+    real *Ks, *Xd, *dKs;       // (seg, dk)
+    real *Kt;                  // (dk, seg) K̃ᵀ (gla_pack_keys)
     real *pack;                // a transposed operand of tile_gemm (gla_pack_elems)
     real *dQc;                 // (seg, dk) one chunk's dq, summed here then stored once
     real *dVc;                 // (seg, dv) one chunk's dv, likewise
+    real *bm, *ek;             // (seg) row decay factors (gla_chunk_decays)
     double *G, *dG, *colZ;     // (seg)
     int *db;                   // (seg) the chunk's documents (gla_chunk_docs)
     real *Sbuf;                // (seg + 1, dk, dv) states of one segment (recurrent form)
@@ -63,21 +65,43 @@ static double dot(const real *a, const real *b, int n) {
     return s;
 }
 
-// dst row r (stride ld) = or += src row r (stride n), for L rows of n.
-static void store_rows(real *dst, int ld, const real *src, int L, int n, bool fresh) {
+// dst row r (stride ld) = or += src row r (stride n), for L rows of n; set
+// false: no term reached src, the rows are zero.
+static void store_rows(real *dst, int ld, real *src, int L, int n, bool fresh, bool set) {
+    if (!set) memset(src, 0, (size_t)L * n * sizeof(real));
     for (int i = 0; i < L; i++) grad_store(dst + (int64_t)i * ld, src + (int64_t)i * n, n, fresh);
 }
 
 // One head, chunks in reverse. dS: (dk, dv) in: gradient of the final state;
-// out: gradient of s0.
+// out: gradient of s0, formed only when need_ds0 (else the first chunk's dS_in
+// is not computed).
+// Each of the chunk's (L, d) gradients (dq, dK̃, dv) is written (beta 0) by
+// its first term and added to by the others, and the row decay factors
+// (bm, ek) scale the rows of a product in its registers (tile_gemm_rows):
+// no pass zeroes them or forms a scaled copy. The terms through S_out come
+// first, so that the dG terms k̃_i·(ek_i dS v_i) read dK̃ before dPᵀ Q joins it,
+// and the term through S_in (Z = diag(bm) dO S_inᵀ) before dP K̃ joins dq.
+// Products whose upper triangle is masked (Q K̃ᵀ, dO Vᵀ) are formed on and
+// below the diagonal only (tile_gemm_lower).
 static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaGrad *gr, GlaFresh fr,
-                                  const real *saved, real *dS, bool dS_nonzero, BwdScratch *w) {
+                                  const real *saved, real *dS, bool dS_nonzero, bool need_ds0, BwdScratch *w) {
     int dk = d->dk, dv = d->dv, ldk = x->ldk, ldv = x->ldv, H = d->H;
     int64_t SZ = (int64_t)dk * dv;
     bool need_k = gr->dk || gr->ddt, need_g = gr->dg != NULL;
     for (int c = d->n_seg - 1; c >= 0; c--) {
         int t0 = c * d->seg, L = imin(d->seg, d->T - t0);
         const real *S_in = (c > 0 || x->s0) ? saved + c * SZ : NULL;   // NULL: zero
+        const real *Q = x->q + (int64_t)t0 * ldk, *V = x->v + (int64_t)t0 * ldv;
+        const real *dO = gr->dO ? gr->dO + (int64_t)t0 * ldv : NULL;
+        // The rows this chunk writes; those of the chunk's inputs were asked
+        // for during the chunk after it (below), except for the first one.
+        if (gr->dq) gla_prefetch_rows(gr->dq + (int64_t)t0 * ldk, ldk, L, dk, 1);
+        if (gr->dk) gla_prefetch_rows(gr->dk + (int64_t)t0 * ldk, ldk, L, dk, 1);
+        if (gr->dv) gla_prefetch_rows(gr->dv + (int64_t)t0 * ldv, ldv, L, dv, 1);
+        if (c == d->n_seg - 1) {
+            gla_prefetch_rows(V, ldv, L, dv, 0);
+            if (dO) gla_prefetch_rows(dO, ldv, L, dv, 0);
+        }
         gla_cumsum(w->G, x->g, H, t0, L);
         const double *G = x->g ? w->G : NULL;
         double gL = G ? G[L - 1] : 0;
@@ -89,27 +113,49 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         }
         int j0 = db ? imax(db[L - 1], 0) : 0;       // the rows of the chunk's last document reach S_out
         bool keep = !db || db[L - 1] < 0;           // S_in reaches S_out
+        bool plain = !G && !db;                     // every row decay factor is 1
+        if (!plain) gla_chunk_decays(w->bm, w->ek, G, db, L);
+        const real *bm = plain ? NULL : w->bm, *ek = plain ? NULL : w->ek;
         const real *K;
         int ldkk = gla_keys(x, dk, t0, L, w->Ks, &K);
-        const real *Q = x->q + (int64_t)t0 * ldk, *V = x->v + (int64_t)t0 * ldv;
-        const real *dO = gr->dO ? gr->dO + (int64_t)t0 * ldv : NULL;
         // dq and dv of the chunk are summed in the (L, d) scratch, in cache,
         // and stored once at the end (written when fresh).
         real *dq = gr->dq ? w->dQc : NULL;
         real *dV = gr->dv ? w->dVc : NULL;
+        bool dq_set = false, dk_set = false, dv_set = false;
         double *dG = w->dG;
         for (int i = 0; i < L; i++) dG[i] = 0;
-        if (need_k) memset(w->dKs, 0, (size_t)L * dk * sizeof(real));
-        if (dq) memset(dq, 0, (size_t)L * dk * sizeof(real));
-        if (dV) memset(dV, 0, (size_t)L * dv * sizeof(real));
 
+        if (dS_nonzero) {   // the terms through S_out
+            if (need_k || need_g) {
+                // dK̃ = diag(exp(G_L − G)) V dSᵀ
+                tile_gemm_rows(false, true, L, dk, dv, 1, ek, V, ldv, dS, dv, 0, w->dKs, dk, TILE_FULL(L, dv),
+                               w->pack);
+                dk_set = true;
+                if (need_g)
+                    for (int i = j0; i < L - 1; i++) {   // i == L-1 cancels, as below
+                        double cst = dot(K + (int64_t)i * ldkk, w->dKs + (int64_t)i * dk, dk);
+                        dG[i] -= cst;
+                        dG[L - 1] += cst;
+                    }
+            }
+            if (dV) {   // dV = diag(exp(G_L − G)) K̃ dS
+                tile_gemm_rows(false, false, L, dv, dk, 1, ek, K, ldkk, dS, dv, 0, dV, dv, TILE_FULL(L, dk), NULL);
+                dv_set = true;
+            }
+            if (need_g && S_in && keep) dG[L - 1] += exp(gL) * dot(dS, S_in, (int)SZ);
+        }
         if (dO) {   // the terms through O
-            gla_pack_keys(w->pack, K, ldkk, NULL, L, dk);
-            gla_chunk_scores(Q, ldk, w->pack, G, db, L, dk, w->A, w->D);
-            if (dV) tile_gemm(true, false, L, dv, L, 1, w->A, L, dO, ldv, 0, dV, dv, 0, L, NULL);   // Aᵀ upper
+            gla_pack_keys(w->Kt, K, ldkk, NULL, L, dk);
+            gla_chunk_scores(Q, ldk, w->Kt, G, db, L, dk, w->A, w->D);
+            if (dV) {   // Aᵀ upper
+                tile_gemm(true, false, L, dv, L, 1, w->A, L, dO, ldv, dv_set, dV, dv, 0, L, NULL);
+                dv_set = true;
+            }
             if (dq || need_k || need_g) {
                 real *dA = w->dA;   // becomes dP in place
-                tile_gemm(false, true, L, L, dv, 1, dO, ldv, V, ldv, 0, dA, L, TILE_FULL(L, dv), w->pack);
+                pack_transposed(w->pack, L, V, ldv, L, dv);
+                tile_gemm_lower(L, dv, 1, dO, ldv, w->pack, L, 0, dA, L);
                 // Z = dA ⊙ A: row sums into dG_i, column sums (colZ) out of
                 // dG_j; j == i cancels, so it is skipped (it is O(1) when the
                 // rest is tiny).
@@ -130,66 +176,60 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                 }
                 if (need_g)
                     for (int j = 0; j < L; j++) dG[j] -= colZ[j];
-                if (dq) tile_gemm(false, false, L, dk, L, 1, dA, L, K, ldkk, 0, dq, dk, -L, 0, NULL);   // dP lower
-                if (need_k) tile_gemm(true, false, L, dk, L, 1, dA, L, Q, ldk, 0, w->dKs, dk, 0, L, NULL);
-            }
-            if (S_in && (dq || need_g)) {   // o += exp(G) S_inᵀ q
-                tile_gemm(false, true, L, dk, dv, 1, dO, ldv, S_in, dv, 0, w->tmp, dk, TILE_FULL(L, dv), w->pack);
-                for (int i = 0; i < L; i++) {
-                    if (db && db[i] >= 0) continue;   // row i does not read S_in
-                    double e = G ? exp(G[i]) : 1;
-                    const real *t = w->tmp + (int64_t)i * dk;
-                    if (dq)
-                        for (int a = 0; a < dk; a++) dq[(int64_t)i * dk + a] += (real)e * t[a];
-                    if (need_g) dG[i] += e * dot(Q + (int64_t)i * ldk, t, dk);
+                if (c > 0) {   // the next chunk's inputs, while this one computes
+                    int tp = t0 - d->seg;
+                    gla_prefetch_rows(x->q + (int64_t)tp * ldk, ldk, d->seg, dk, 0);
+                    gla_prefetch_rows(x->k + (int64_t)tp * ldk, ldk, d->seg, dk, 0);
+                    gla_prefetch_rows(x->v + (int64_t)tp * ldv, ldv, d->seg, dv, 0);
+                    gla_prefetch_rows(gr->dO + (int64_t)tp * ldv, ldv, d->seg, dv, 0);
+                }
+                if (S_in && (dq || need_g)) {   // o += exp(G) S_inᵀ q: Z = diag(exp(G)) dO S_inᵀ
+                    real *Z = w->dQc;
+                    tile_gemm_rows(false, true, L, dk, dv, 1, bm, dO, ldv, S_in, dv, 0, Z, dk, TILE_FULL(L, dv),
+                                   w->pack);
+                    dq_set = true;
+                    if (need_g)
+                        for (int i = 0; i < L; i++)
+                            if (!db || db[i] < 0) dG[i] += dot(Q + (int64_t)i * ldk, Z + (int64_t)i * dk, dk);
+                }
+                if (dq) {   // dP lower
+                    tile_gemm(false, false, L, dk, L, 1, dA, L, K, ldkk, dq_set, dq, dk, -L, 0, NULL);
+                    dq_set = true;
+                }
+                if (need_k) {   // dPᵀ upper
+                    tile_gemm(true, false, L, dk, L, 1, dA, L, Q, ldk, dk_set, w->dKs, dk, 0, L, NULL);
+                    dk_set = true;
                 }
             }
         }
-        if (dS_nonzero) {   // the terms through S_out
-            if (need_k || need_g) {
-                // rows dS v_i
-                tile_gemm(false, true, L, dk, dv, 1, V, ldv, dS, dv, 0, w->tmp, dk, TILE_FULL(L, dv), w->pack);
-                for (int i = j0; i < L; i++) {
-                    double e = G ? exp(gL - G[i]) : 1;
-                    const real *t = w->tmp + (int64_t)i * dk;
-                    if (need_k)
-                        for (int a = 0; a < dk; a++) w->dKs[(int64_t)i * dk + a] += (real)e * t[a];
-                    if (need_g && i < L - 1) {   // i == L-1 cancels, as above
-                        double cst = e * dot(K + (int64_t)i * ldkk, t, dk);
-                        dG[i] -= cst;
-                        dG[L - 1] += cst;
-                    }
+        // dS_in = exp(G_L) dS + (diag(exp(G)) Q)ᵀ dO, each term over the rows
+        // that read S_in; not formed for the first chunk unless ds0 is wanted
+        if (c > 0 || need_ds0) {
+            if (!keep) {
+                memset(dS, 0, SZ * sizeof(real));
+                dS_nonzero = false;
+            } else if (G) {
+                for (real eL = gla_exp(gL), *e = dS; e < dS + SZ; e++) *e *= eL;
+            }
+            if (dO && (!db || db[0] < 0)) {
+                const real *Xd = Q;
+                int ldx = ldk;
+                if (bm) {
+                    for (int i = 0; i < L; i++)
+                        for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = bm[i] * Q[(int64_t)i * ldk + a];
+                    Xd = w->Xd;
+                    ldx = dk;
                 }
+                tile_gemm(true, false, dk, dv, L, 1, Xd, ldx, dO, ldv, dS_nonzero ? 1 : 0, dS, dv, TILE_FULL(dk, L),
+                          NULL);
+                dS_nonzero = true;
             }
-            if (dV) {
-                for (int i = 0; i < L; i++) {
-                    real e = i < j0 ? 0 : G ? gla_exp(gL - G[i]) : 1;
-                    for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * K[(int64_t)i * ldkk + a];
-                }
-                tile_gemm(false, false, L, dv, dk, 1, w->Xd, dk, dS, dv, 1, dV, dv, TILE_FULL(L, dk), NULL);
-            }
-            if (need_g && S_in && keep) dG[L - 1] += exp(gL) * dot(dS, S_in, (int)SZ);
         }
-        // dS_in = exp(G_L) dS + (diag(exp(G)) Q)ᵀ dO, each term over the rows that read S_in
-        if (!keep) {
-            memset(dS, 0, SZ * sizeof(real));
-            dS_nonzero = false;
-        } else if (G) {
-            for (real eL = gla_exp(gL), *e = dS; e < dS + SZ; e++) *e *= eL;
-        }
-        if (dO && (!db || db[0] < 0)) {
-            for (int i = 0; i < L; i++) {
-                real e = db && db[i] >= 0 ? 0 : G ? gla_exp(G[i]) : 1;
-                for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = e * Q[(int64_t)i * ldk + a];
-            }
-            tile_gemm(true, false, dk, dv, L, 1, w->Xd, dk, dO, ldv, dS_nonzero ? 1 : 0, dS, dv, TILE_FULL(dk, L),
-                      NULL);
-            dS_nonzero = true;
-        }
-        if (dq) store_rows(gr->dq + (int64_t)t0 * ldk, ldk, dq, L, dk, fr.q);
-        if (dV) store_rows(gr->dv + (int64_t)t0 * ldv, ldv, dV, L, dv, fr.v);
+        if (dq) store_rows(gr->dq + (int64_t)t0 * ldk, ldk, dq, L, dk, fr.q, dq_set);
+        if (dV) store_rows(gr->dv + (int64_t)t0 * ldv, ldv, dV, L, dv, fr.v, dv_set);
         // dK̃ -> dk, ddt; dG -> dg (reverse cumulative sum inside the chunk)
         if (need_k) {
+            if (!dk_set) memset(w->dKs, 0, (size_t)L * dk * sizeof(real));
             if (x->dt)
                 for (int i = 0; i < L; i++) {
                     int64_t t = t0 + i;
@@ -198,7 +238,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                     real s = x->dt[t * H];
                     for (int a = 0; a < dk; a++) dks[a] *= s;
                 }
-            if (gr->dk) store_rows(gr->dk + (int64_t)t0 * ldk, ldk, w->dKs, L, dk, fr.k);
+            if (gr->dk) store_rows(gr->dk + (int64_t)t0 * ldk, ldk, w->dKs, L, dk, fr.k, true);
         }
         if (need_g) {
             double acc = 0;
@@ -304,8 +344,10 @@ void gla_backward(Node *n) {
             w.Ks = xaligned((size_t)seg * d.dk * sizeof(real));
             w.Xd = xaligned((size_t)seg * d.dk * sizeof(real));
             w.dKs = xaligned((size_t)seg * d.dk * sizeof(real));
-            w.tmp = xaligned((size_t)seg * d.dk * sizeof(real));
+            w.Kt = xaligned((size_t)d.dk * seg * sizeof(real));
             w.pack = xaligned(gla_pack_elems(&d) * sizeof(real));
+            w.bm = xmalloc((size_t)seg * sizeof(real));
+            w.ek = xmalloc((size_t)seg * sizeof(real));
             w.dQc = xaligned((size_t)seg * d.dk * sizeof(real));
             w.dVc = xaligned((size_t)seg * d.dv * sizeof(real));
             w.G = xmalloc((size_t)seg * sizeof(double));
@@ -326,7 +368,7 @@ void gla_backward(Node *n) {
                 else memset(dS, 0, SZ * sizeof(real));
                 const real *sv = saved + bh * d.n_seg * SZ;
                 if (rec) recurrent_head_backward(&d, &x, &gr, sv, dS, &w);
-                else chunked_head_backward(&d, &x, &gr, fr, sv, dS, dSf != NULL, &w);
+                else chunked_head_backward(&d, &x, &gr, fr, sv, dS, dSf != NULL, ds0 != NULL, &w);
                 if (ds0)
                     for (int64_t e = 0; e < SZ; e++) ds0[bh * SZ + e] += dS[e];
             }
@@ -337,8 +379,10 @@ void gla_backward(Node *n) {
         free(w.Ks);
         free(w.Xd);
         free(w.dKs);
-        free(w.tmp);
+        free(w.Kt);
         free(w.pack);
+        free(w.bm);
+        free(w.ek);
         free(w.dQc);
         free(w.dVc);
         free(w.G);
