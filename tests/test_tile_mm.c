@@ -1,7 +1,8 @@
 // tile_mm.h's helpers against element loops: pack_transposed, whose whole
 // VL x VL blocks are transposed in registers and whose edges element by
 // element, at sizes that are and are not whole blocks, at odd source strides;
-// tile_gemm_rows (the products with a scale per row) in each of its paths.
+// tile_gemm_rows (the products with a scale per row) in each of its paths;
+// tile_gemm_lower on and below the diagonal.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,4 +85,42 @@ Test(tile_mm, tile_gemm_rows_equals_element_loop) {
             free(pack);
         }
     }
+}
+
+// tile_gemm_lower, C = alpha A B + beta C on and below the diagonal, against a
+// loop in double: sizes whose rows take the register blocks (M a multiple of
+// VL, and not of 2 VL: a last block of one vector) and that fall back to
+// gemm(); the elements above the diagonal are not looked at (unspecified).
+Test(tile_mm, tile_gemm_lower_equals_element_loop_on_and_below_the_diagonal) {
+    const int sizes[][2] = {{4 * VL, VL + 3}, {3 * VL, 2 * VL}, {VL, 5}, {VL + 5, 7}};   // M, K
+    for (size_t sz = 0; sz < sizeof sizes / sizeof sizes[0]; sz++)
+        for (int add = 0; add < 2; add++) {
+            int M = sizes[sz][0], K = sizes[sz][1], lda = K + 1, ldb = round_vl(M), ldc = round_vl(M) + VL;
+            real *A = test_randn((int64_t)M * lda, 23 + (int)sz);
+            real *B = xaligned((size_t)K * ldb * sizeof(real));
+            real *r = test_randn((int64_t)K * ldb, 29 + (int)sz);
+            memcpy(B, r, (size_t)K * ldb * sizeof(real));
+            free(r);
+            real *C = xaligned((size_t)M * ldc * sizeof(real));
+            real *C0 = test_randn((int64_t)M * ldc, 31 + (int)sz);
+            memcpy(C, C0, (size_t)M * ldc * sizeof(real));
+            real alpha = (real)-1.25;
+            tile_gemm_lower(M, K, alpha, A, lda, B, ldb, add, C, ldc);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j <= i; j++) {
+                    double s = 0, mag = 0;
+                    for (int k = 0; k < K; k++) {
+                        s += (double)A[(int64_t)i * lda + k] * B[(int64_t)k * ldb + j];
+                        mag += fabs((double)A[(int64_t)i * lda + k] * B[(int64_t)k * ldb + j]);
+                    }
+                    double want = alpha * s + (add ? C0[(int64_t)i * ldc + j] : 0);
+                    double tol = (sizeof(real) == 8 ? 1e-13 : 1e-5) * (fabs(alpha) * mag + 1);
+                    cr_assert(fabs(C[(int64_t)i * ldc + j] - want) <= tol, "M %d K %d add %d: C[%d][%d] = %.9g, want %.9g",
+                              M, K, add, i, j, (double)C[(int64_t)i * ldc + j], want);
+                }
+            free(A);
+            free(B);
+            free(C);
+            free(C0);
+        }
 }

@@ -80,7 +80,7 @@ static inline void tile_mm_band_part(int M, int N, int K, int lo, int hi, bool l
                                      const real *A, int lda, int ak, const real *B, int ldb, real *C, int ldc,
                                      bool add) {
     for (int j = 0; j < N; j += 2 * VL) {
-        bool two = j + 2 * VL <= N;
+        bool two_j = j + 2 * VL <= N;
         for (int i = lower ? j / MR * MR : 0; i < M;) {
             int R = M - i >= MR ? MR : M - i >= 4 ? 4 : M - i >= 2 ? 2 : 1;
             int k0 = imax(0, i + lo), k1 = imin(K, i + R - 1 + hi + 1);
@@ -88,6 +88,8 @@ static inline void tile_mm_band_part(int M, int N, int K, int lo, int hi, bool l
             const real *Ai = A + i * lda + k0 * ak, *Bk = B + (int64_t)k0 * ldb + j;
             real *Ci = C + (int64_t)i * ldc + j;
             const real *ri = rs ? rs + i : NULL;
+            // lower: rows that end before the second vector's columns need only the first
+            bool two = two_j && !(lower && i + R <= j + VL);
             if (R == MR) mm_rows(MR, two, nk, alpha, ri, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
             else if (MR > 4 && R == 4) mm_rows(4, two, nk, alpha, ri, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
             else if (R == 2) mm_rows(2, two, nk, alpha, ri, Ai, lda, ak, Bk, ldb, Ci, ldc, add);
