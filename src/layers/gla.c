@@ -68,11 +68,7 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
         if (saved) memcpy(saved + c * SZ, S, SZ * sizeof(real));
         gla_cumsum(w->G, x->g, d->H, t0, L);
         const double *G = x->g ? w->G : NULL;
-        const int *db = NULL;
-        if (x->first) {
-            gla_chunk_docs(w->db, x->first, t0, L);
-            db = w->db;
-        }
+        const int *db = x->first ? gla_chunk_docs(w->db, x->first, t0, L) : NULL;
         const real *dtv = NULL;
         if (x->dt) {
             for (int i = 0; i < L; i++) w->dtv[i] = x->dt[(int64_t)(t0 + i) * x->H];

@@ -105,12 +105,8 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         gla_cumsum(w->G, x->g, H, t0, L);
         const double *G = x->g ? w->G : NULL;
         double gL = G ? G[L - 1] : 0;
-        const int *db = NULL;
-        if (x->first) {
-            gla_chunk_docs(w->db, x->first, t0, L);
-            db = w->db;
-            if (db[0] >= 0) S_in = NULL;   // a document begins at t0: no row reads S_in
-        }
+        const int *db = x->first ? gla_chunk_docs(w->db, x->first, t0, L) : NULL;
+        if (db && db[0] >= 0) S_in = NULL;   // a document begins at t0: no row reads S_in
         int j0 = db ? imax(db[L - 1], 0) : 0;       // the rows of the chunk's last document reach S_out
         bool keep = !db || db[L - 1] < 0;           // S_in reaches S_out
         bool plain = !G && !db;                     // every row decay factor is 1

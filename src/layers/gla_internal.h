@@ -65,8 +65,12 @@ static inline GlaHead gla_head(const GlaDims *d, int b, int h, const real *q, co
 // position where row i's document begins, or -1 when it began before the
 // chunk. Row i then reads the rows j in [max(db[i], 0), i] of the chunk, and
 // the state entering the chunk only when db[i] < 0. first: the row's (T).
-static inline void gla_chunk_docs(int *db, const int *first, int t0, int L) {
+// Returns db, or NULL when no document begins in the chunk (every db[i] is
+// -1, db[L-1] among them: first[] does not decrease): the chunk then needs
+// no mask, and takes the kernels' unmasked paths.
+static inline const int *gla_chunk_docs(int *db, const int *first, int t0, int L) {
     for (int i = 0; i < L; i++) db[i] = first[t0 + i] >= t0 ? first[t0 + i] - t0 : -1;
+    return db[L - 1] >= 0 ? db : NULL;
 }
 
 // Whether the recurrence restarts at position t (a document begins there:
