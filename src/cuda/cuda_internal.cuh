@@ -46,6 +46,23 @@ static inline unsigned cu_grid(int64_t n) {
                           i += (int64_t)gridDim.x * blockDim.x)
 
 // Device math in the build's precision (the overloads pick float or double).
+// x y and x + y rounded, never contracted into an fma (nor simplified): a
+// kernel whose result must not depend on how the compiler specialised a
+// loop (the same bits from every path) spells its arithmetic with these and fma.
+__device__ __forceinline__ real mul_rn(real x, real y) {
+#ifdef AG_DOUBLE
+    return __dmul_rn(x, y);
+#else
+    return __fmul_rn(x, y);
+#endif
+}
+__device__ __forceinline__ real add_rn(real x, real y) {
+#ifdef AG_DOUBLE
+    return __dadd_rn(x, y);
+#else
+    return __fadd_rn(x, y);
+#endif
+}
 __device__ __forceinline__ real d_exp(real x) { return exp(x); }
 __device__ __forceinline__ real d_sigmoid(real x) {
     if (x >= 0) return (real)1 / ((real)1 + exp(-x));

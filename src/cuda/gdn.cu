@@ -209,22 +209,6 @@ __device__ __forceinline__ void st4(real *p, const real *v) {
 #endif
 }
 
-// x y and x + y rounded, never contracted into an fma (nor simplified).
-__device__ __forceinline__ real mul_rn(real x, real y) {
-#ifdef AG_DOUBLE
-    return __dmul_rn(x, y);
-#else
-    return __fmul_rn(x, y);
-#endif
-}
-__device__ __forceinline__ real add_rn(real x, real y) {
-#ifdef AG_DOUBLE
-    return __dadd_rn(x, y);
-#else
-    return __fadd_rn(x, y);
-#endif
-}
-
 // The slice of op(A) (TM x BK from (i0, k0)) and of op(B) (BK x TN from
 // (k0, j0)) into registers, zeros outside the matrices: element e = tid +
 // 256 p of each, numbered along the stored rows (consecutive threads read

@@ -25,7 +25,7 @@ __global__ void k_rope_table(real *cs, const int *pos, int pos0, const double *i
         int64_t e = k / half;
         int i = (int)(k % half);
         int p = pos ? pos[e] : pos0 + (int)e;
-        double a = (double)p * invf[i];
+        double a = __dmul_rn((double)p, invf[i]);   // rounded: never folded into cos's reduction
         cs[2 * k] = (real)cos(a);
         cs[2 * k + 1] = (real)sin(a);
     }
@@ -40,13 +40,17 @@ __global__ void k_rope_apply(real *dst, const real *src, const real *cs, const i
         int64_t e = idx ? (int64_t)idx[r] : r % T;
         const real *ce = cs + (e * half + k % half) * 2;
         real c = ce[0], sn = ce[1], x0 = src[2 * k], x1 = src[2 * k + 1];
+        // One spelled-out rounding per pair: the compiler specialises this
+        // loop on idx, back and fresh, and left to itself it contracted the
+        // versions differently (a row rotated through per-row positions and
+        // the same row at an offset differed by an ulp).
         if (back) {
-            real d0 = x0 * c + x1 * sn, d1 = -x0 * sn + x1 * c;
-            dst[2 * k] = fresh ? d0 : dst[2 * k] + d0;
-            dst[2 * k + 1] = fresh ? d1 : dst[2 * k + 1] + d1;
+            real d0 = fma(x0, c, mul_rn(x1, sn)), d1 = fma(x1, c, -mul_rn(x0, sn));
+            dst[2 * k] = fresh ? d0 : add_rn(dst[2 * k], d0);
+            dst[2 * k + 1] = fresh ? d1 : add_rn(dst[2 * k + 1], d1);
         } else {
-            dst[2 * k] = x0 * c - x1 * sn;
-            dst[2 * k + 1] = x0 * sn + x1 * c;
+            dst[2 * k] = fma(x0, c, -mul_rn(x1, sn));
+            dst[2 * k + 1] = fma(x0, sn, mul_rn(x1, c));
         }
     }
 }
