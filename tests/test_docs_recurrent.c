@@ -128,7 +128,9 @@ Test(docs_recurrent, gla_strong_decay_restart_is_exact) {
             for (int j = 0; j < dv; j++)
                 cr_assert_float_eq(o[r * dv + j], dt * qk * v[j], 1e3 * REAL_EPS * (1 + fabs(dt * qk * v[j])),
                                    "%s: row %lld, a document's first output", form, (long long)r);
-            if (GLA_FORMS[f] == MIXER_FORM_RECURRENT)   // (the masked forms sum terms that cancel to rounding)
+            // (The masked forms sum terms that cancel to rounding; so does every
+            // form on the GPU, where op_gla runs chunks of 64 whatever the form.)
+            if (GLA_FORMS[f] == MIXER_FORM_RECURRENT && device_default() == DEVICE_CPU)
                 cr_assert_eq(x[GG]->grad[r], 0, "g at a document start multiplies nothing");
         }
         for (int64_t e = 0; e < x[GS0]->numel / B; e++)   // row 0 flags position 0: s0 not read
