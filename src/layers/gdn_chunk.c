@@ -115,7 +115,7 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
                        const real *g, int ldk, int ldv, int H, const real *S0, const int *db) {
     int dk = ws->dk, dv = ws->dv;
     ws->L = L;
-    gdn_prefetch_rows(v, ldv, L, dv, 0);   // first read after E, A and Tm
+    prefetch_rows(v, ldv, L, dv, 0);   // first read after E, A and Tm
     double *G = ws->G;
     real *E = ws->E, *KK = ws->KK, *A = ws->A, *Tm = ws->Tm, *P = ws->P, *bet = ws->bet;
     double acc = 0;
@@ -203,7 +203,7 @@ void gdn_chunk_forward(Node *n) {
                 if (saved) memcpy(saved + (((int64_t)b * d.H + h) * d.NC + c) * SS, S, SS * sizeof(real));
                 const real *qc = q + gdn_off_k(&d, b, t0, h), *kc = k + gdn_off_k(&d, b, t0, h);
                 const int *db = gdn_chunk_docs(ws.db, first, &d, b, t0, L);
-                gdn_prefetch_rows(o + gdn_off_v(&d, b, t0, h), d.ldv, L, d.dv, 1);
+                prefetch_rows(o + gdn_off_v(&d, b, t0, h), d.ldv, L, d.dv, 1);
                 gdn_chunk_prepare(&ws, L, qc, kc, v + gdn_off_v(&d, b, t0, h), beta + gdn_off_h(&d, b, t0, h),
                                   g + gdn_off_h(&d, b, t0, h), d.ldk, d.ldv, d.H, S, db);
                 // O = diag(b) Q S0 + P Delta

@@ -232,10 +232,10 @@ void gdn_chunk_backward(Node *n) {
                 int64_t ok = gdn_off_k(&d, b, t0, h), ov = gdn_off_v(&d, b, t0, h), oh = gdn_off_h(&d, b, t0, h);
                 const int *db = gdn_chunk_docs(ws.db, first, &d, b, t0, L);
                 // The rows first touched after gdn_chunk_prepare, asked for now.
-                if (dout) gdn_prefetch_rows(dout + ov, d.ldv, L, d.dv, 0);
-                if (dq) gdn_prefetch_rows(dq + ok, d.ldk, L, d.dk, 1);
-                if (dv) gdn_prefetch_rows(dv + ov, d.ldv, L, d.dv, 1);
-                if (dk) gdn_prefetch_rows(dk + ok, d.ldk, L, d.dk, 1);
+                if (dout) prefetch_rows(dout + ov, d.ldv, L, d.dv, 0);
+                if (dq) prefetch_rows(dq + ok, d.ldk, L, d.dk, 1);
+                if (dv) prefetch_rows(dv + ov, d.ldv, L, d.dv, 1);
+                if (dk) prefetch_rows(dk + ok, d.ldk, L, d.dk, 1);
                 gdn_chunk_prepare(&ws, L, q + ok, k + ok, v + ov, beta + oh, g + oh, d.ldk, d.ldv, d.H, S0, db);
                 chunk_backward(&ws, &gr, S0, dS, dout ? dout + ov : NULL, q + ok, k + ok, v + ov, d.ldk, d.ldv, d.H,
                                dq ? dq + ok : NULL, dk ? dk + ok : NULL, dv ? dv + ov : NULL,

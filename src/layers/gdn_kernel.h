@@ -91,22 +91,6 @@ static inline void *gdn_carve(unsigned char *mem, size_t *at, size_t n, size_t s
     return p;
 }
 
-// Ask for n rows of w reals at row stride ld from x (one head's slice of
-// each row), for reading (write 0) or for writing (write 1), into L2. A
-// chunk's first touch of v (in gdn_chunk_prepare), of o, and of dO, dq, dk,
-// dv (after it, in the backward) waited on memory: perf put 11 % of the
-// kernel's time in a training step on those loops. Each is asked for at the
-// start of the work before it (the exps of E and the solve; the whole
-// recompute), few enough (4 lines per row) not to clog the miss buffers.
-static inline void gdn_prefetch_rows(const real *x, int64_t ld, int n, int w, int write) {
-    for (int i = 0; i < n; i++) {
-        const char *r = (const char *)(x + (int64_t)i * ld);
-        for (size_t o = 0; o < (size_t)w * sizeof(real); o += 64) {
-            if (write) __builtin_prefetch(r + o, 1, 2);
-            else __builtin_prefetch(r + o, 0, 2);
-        }
-    }
-}
 
 // exp of a non-positive log decay difference, in the build's precision.
 // float32: the inline r_exp (ops_math.h), not libm's expf, so the loops over

@@ -50,7 +50,7 @@ typedef struct FwdScratch {
 // began before the chunk (db[i] < 0), the rows j >= db[i] of the chunk, and
 // S_out holds only the chunk's last document: every term across a boundary
 // is a zero factor, never an exp.
-// The rows of v and o are asked for (gla_prefetch_rows) before the scores,
+// The rows of v and o are asked for (prefetch_rows) before the scores,
 // those of the next chunk's q and k after them: their first touch otherwise
 // waits on memory.
 static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, real *saved, FwdScratch *w) {
@@ -63,8 +63,8 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
         int t0 = c * d->seg, L = imin(d->seg, d->T - t0);
         const real *Q = x->q + (int64_t)t0 * ldk, *K = x->k + (int64_t)t0 * ldk, *V = x->v + (int64_t)t0 * ldv;
         real *O = x->o + (int64_t)t0 * ldv;
-        gla_prefetch_rows(V, ldv, L, dv, 0);
-        gla_prefetch_rows(O, ldv, L, dv, 1);
+        prefetch_rows(V, ldv, L, dv, 0);
+        prefetch_rows(O, ldv, L, dv, 1);
         if (saved) memcpy(saved + c * SZ, S, SZ * sizeof(real));
         gla_cumsum(w->G, x->g, d->H, t0, L);
         const double *G = x->g ? w->G : NULL;
@@ -81,8 +81,8 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
         gla_chunk_scores(Q, ldk, w->Kt, G, db, L, dk, w->A, NULL);
         if (c + 1 < d->n_seg) {
             int L1 = imin(d->seg, d->T - t0 - L);
-            gla_prefetch_rows(Q + (int64_t)L * ldk, ldk, L1, dk, 0);
-            gla_prefetch_rows(K + (int64_t)L * ldk, ldk, L1, dk, 0);
+            prefetch_rows(Q + (int64_t)L * ldk, ldk, L1, dk, 0);
+            prefetch_rows(K + (int64_t)L * ldk, ldk, L1, dk, 0);
         }
         tile_gemm(false, false, L, dv, L, 1, w->A, L, V, ldv, 0, O, ldv, -L, 0, NULL);   // A lower triangular
         if (nonzero && (!db || db[0] < 0))   // (db[0] >= 0: a document begins at t0, no row reads S_in)

@@ -95,12 +95,12 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         const real *dO = gr->dO ? gr->dO + (int64_t)t0 * ldv : NULL;
         // The rows this chunk writes; those of the chunk's inputs were asked
         // for during the chunk after it (below), except for the first one.
-        if (gr->dq) gla_prefetch_rows(gr->dq + (int64_t)t0 * ldk, ldk, L, dk, 1);
-        if (gr->dk) gla_prefetch_rows(gr->dk + (int64_t)t0 * ldk, ldk, L, dk, 1);
-        if (gr->dv) gla_prefetch_rows(gr->dv + (int64_t)t0 * ldv, ldv, L, dv, 1);
+        if (gr->dq) prefetch_rows(gr->dq + (int64_t)t0 * ldk, ldk, L, dk, 1);
+        if (gr->dk) prefetch_rows(gr->dk + (int64_t)t0 * ldk, ldk, L, dk, 1);
+        if (gr->dv) prefetch_rows(gr->dv + (int64_t)t0 * ldv, ldv, L, dv, 1);
         if (c == d->n_seg - 1) {
-            gla_prefetch_rows(V, ldv, L, dv, 0);
-            if (dO) gla_prefetch_rows(dO, ldv, L, dv, 0);
+            prefetch_rows(V, ldv, L, dv, 0);
+            if (dO) prefetch_rows(dO, ldv, L, dv, 0);
         }
         gla_cumsum(w->G, x->g, H, t0, L);
         const double *G = x->g ? w->G : NULL;
@@ -174,10 +174,10 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                     for (int j = 0; j < L; j++) dG[j] -= colZ[j];
                 if (c > 0) {   // the next chunk's inputs, while this one computes
                     int tp = t0 - d->seg;
-                    gla_prefetch_rows(x->q + (int64_t)tp * ldk, ldk, d->seg, dk, 0);
-                    gla_prefetch_rows(x->k + (int64_t)tp * ldk, ldk, d->seg, dk, 0);
-                    gla_prefetch_rows(x->v + (int64_t)tp * ldv, ldv, d->seg, dv, 0);
-                    gla_prefetch_rows(gr->dO + (int64_t)tp * ldv, ldv, d->seg, dv, 0);
+                    prefetch_rows(x->q + (int64_t)tp * ldk, ldk, d->seg, dk, 0);
+                    prefetch_rows(x->k + (int64_t)tp * ldk, ldk, d->seg, dk, 0);
+                    prefetch_rows(x->v + (int64_t)tp * ldv, ldv, d->seg, dv, 0);
+                    prefetch_rows(gr->dO + (int64_t)tp * ldv, ldv, d->seg, dv, 0);
                 }
                 if (S_in && (dq || need_g)) {   // o += exp(G) S_inᵀ q: Z = diag(exp(G)) dO S_inᵀ
                     real *Z = w->dQc;

@@ -117,17 +117,6 @@ static inline real gla_exp(double x) {
 #endif
 }
 
-// Ask for n rows of w reals at stride ld from x to be brought into L2, for
-// reading (write 0) or writing (write 1).
-static inline void gla_prefetch_rows(const real *x, int64_t ld, int n, int w, int write) {
-    for (int i = 0; i < n; i++) {
-        const char *r = (const char *)(x + (int64_t)i * ld);
-        for (size_t o = 0; o < (size_t)w * sizeof(real); o += 64) {
-            if (write) __builtin_prefetch(r + o, 1, 2);
-            else __builtin_prefetch(r + o, 0, 2);
-        }
-    }
-}
 
 // Elements of tile_gemm's `pack` scratch for any product of a chunk: the
 // transposed operand is at most max(dk, dv, seg) on each side.

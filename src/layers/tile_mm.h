@@ -32,6 +32,23 @@ typedef real vreal __attribute__((vector_size(VEC_BYTES)));
 
 static inline int round_vl(int n) { return (n + VL - 1) / VL * VL; }
 
+// Ask for n rows of w reals at row stride ld from x (one head's slice of
+// each row), for reading (write 0) or for writing (write 1), into L2. The
+// chunk kernels' first touch of a row (v, o, dO, dq, dk, dv in gdn; q, k,
+// v, o and the gradients in gla) waited on memory: perf put 11 % of the
+// gdn kernel's time in a training step on those loops. Each is asked for
+// at the start of the work before it, few enough (4 lines per row) not to
+// clog the miss buffers.
+static inline void prefetch_rows(const real *x, int64_t ld, int n, int w, int write) {
+    for (int i = 0; i < n; i++) {
+        const char *r = (const char *)(x + (int64_t)i * ld);
+        for (size_t o = 0; o < (size_t)w * sizeof(real); o += 64) {
+            if (write) __builtin_prefetch(r + o, 1, 2);
+            else __builtin_prefetch(r + o, 0, 2);
+        }
+    }
+}
+
 // One register block: C (R x NV vectors) (+)= alpha s_r sum_k A(r, k) B(k, :),
 // with A(r, k) = A[r lda + k ak] and s_r = rs[r] (rs NULL: 1). R <= MR and
 // NV <= 2 are constants at each call, so the loops unroll and c[][] lives in
