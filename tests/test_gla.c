@@ -373,8 +373,7 @@ Test(gla, only_state_output_seeded) {
     GlaCase c = {1, 9, 2, 3, 3, 4, MIXER_FORM_CHUNKED, true, true, true, -0.5, -0.1};
     Tensor *x[N_IN];
     inputs_make(x, &c, 500);
-    real *ones = xmalloc((size_t)x[IN_S0]->numel * sizeof(real));   // d sum(s_out) / d s_out
-    for (int64_t e = 0; e < x[IN_S0]->numel; e++) ones[e] = 1;
+    real *ones = test_ones(x[IN_S0]->numel);   // d sum(s_out) / d s_out
     for (size_t f = 0; f < 3; f++) {
         c.form = FORMS[f];
         real *out[2];

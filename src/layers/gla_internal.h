@@ -117,7 +117,6 @@ static inline real gla_exp(double x) {
 #endif
 }
 
-
 // Elements of tile_gemm's `pack` scratch for any product of a chunk: the
 // transposed operand is at most max(dk, dv, seg) on each side.
 static inline size_t gla_pack_elems(const GlaDims *d) {
