@@ -134,9 +134,14 @@ static SpDims sp_dims(const Node *n) {
 }
 
 // Dynamic shared memory of the per-(row, head) kernels: nr rows of K reals,
-// K ints, nv vectors of up to max(dk, dv) reals.
+// nv vectors of up to max(dk, dv) reals, then K ints rounded up to whole
+// 16-byte vectors. The padding is read, never used: in float64 the ints sit
+// on an 8-byte boundary, and ptxas loads the selection's last odd entry
+// together with its neighbour in one 8-byte load (compute-sanitizer's
+// memcheck saw those 4 bytes past the end, stop 28).
 static size_t sp_smem(const SpDims &d, int nr, int nv) {
-    return ((size_t)nr * d.K + (size_t)nv * (d.dk > d.dv ? d.dk : d.dv)) * sizeof(real) + (size_t)d.K * sizeof(int);
+    size_t ints = ((size_t)d.K + 3) & ~(size_t)3;
+    return ((size_t)nr * d.K + (size_t)nv * (d.dk > d.dv ? d.dk : d.dv)) * sizeof(real) + ints * sizeof(int);
 }
 
 // A block per (row r, head h), blockIdx.x = r H + h.
