@@ -6,15 +6,15 @@
 // the kernels' later read of the output both go to memory. On the tiny
 // configs' projections, with memory used as in a training step, the splits
 // below run 1.04-1.18x faster than one call (bench/gemm_bench prints both).
-// Neither split changes the result with the thread count. (gemm_rows on one
-// thread is one call over every row: with OpenBLAS each output element is
-// the same dot product either way; oneDNN may block the sum differently for
-// another row count, so there it agrees to rounding. gemm_sum_rows's fixed
-// blocks make it bit for bit on both backends.)
+// With OpenBLAS neither split changes the result with the thread count:
+// each output element of gemm_rows is the same dot product in any slab.
+// oneDNN may block a sum differently for another row count, so its
+// gemm_rows agrees across thread counts to rounding. gemm_sum_rows's fixed
+// blocks make it bit for bit on both backends.
 //
-// oneDNN (float32) needs no split for its own sake: it does not make that
-// beta pass, and one call measured alike per CPU-second. The splits stay for
-// both backends, so that the thread-count rules above hold for both.
+// oneDNN (float32) makes no beta pass; gemm_rows gives it larger slabs
+// (rows_slab says why), and gemm_sum_rows the same fixed blocks as OpenBLAS,
+// so that its result stays the same bits on any thread count.
 //
 // With blas_precision bf16 (float32 builds) the same splits round their
 // operands to bf16 where they are used: a weight once per product, rows of
@@ -40,11 +40,31 @@ static bool run_alone(void) { return omp_get_max_threads() < 2 || omp_in_paralle
 
 // ---- float32 / float64 ----
 
+// Rows per slab of rows_real. OpenBLAS: slabs whose output stays in cache
+// (SLAB_BYTES), where its beta pass costs nothing. oneDNN has no beta pass,
+// and its single-thread kernels run short products slower: slabs of
+// ONEDNN_SLAB_BYTES of output, but never fewer slabs than threads. Measured
+// at stop 28 (2 threads, d_model 512, tiny_linear's step, 6 alternating
+// runs): the step's products took 5 % less CPU time than with 256 KiB slabs
+// (median 2069 against 2184 ms), and the step ran 4.7 % more tokens per
+// CPU-second; one slab per thread varied more and did not beat either.
+#define ONEDNN_SLAB_BYTES (1024 * 1024)
+static int rows_slab(int R, int N) {
+    if (blas_backend == GEMM_ONEDNN) {
+        int nt = omp_get_max_threads();
+        int64_t per_thread = (((int64_t)R + nt - 1) / nt + 15) & ~(int64_t)15;
+        int rows = imax(16, imin(4096, ONEDNN_SLAB_BYTES / (int)sizeof(real) / imax(N, 1)));
+        return (int)(per_thread < rows ? per_thread : rows);
+    }
+    return imax(16, imin(1024, SLAB_BYTES / (int)sizeof(real) / imax(N, 1)));
+}
+
 static void rows_real(bool tb, int R, int N, int K, const real *A, int lda, const real *B, int ldb, real beta,
                       real *C, int ldc) {
-    // Each output element is the same dot product as in one big call (OpenBLAS),
-    // so the slab size changes nothing but speed.
-    int slab = imax(16, imin(1024, SLAB_BYTES / (int)sizeof(real) / imax(N, 1)));
+    // With OpenBLAS each output element is the same dot product as in one big
+    // call, so the slab size changes nothing but speed; with oneDNN the
+    // slabs, whose size depends on the thread count, agree to rounding.
+    int slab = rows_slab(R, N);
     int ns = (R + slab - 1) / slab;
     if (ns < 2 || run_alone()) {
         gemm(false, tb, R, N, K, 1, A, lda, B, ldb, beta, C, ldc);
