@@ -28,7 +28,8 @@
 #include "blas.h"
 #include "ops_math.h"
 
-#define SLAB_BYTES (256 * 1024)                 // output per one-thread slab product
+#define SLAB_BYTES (256 * 1024)                 // output per one-thread slab product (OpenBLAS)
+#define ONEDNN_SLAB_BYTES (1024 * 1024)         // the same on oneDNN (rows_slab says why)
 #define SUM_ROWS 512                            // rows per partial product of X^T Y
 #define SUM_MAX_BYTES ((size_t)32 << 20)        // larger partials: one OpenBLAS call instead
 // Rows per bf16 slab: its operand rounded to bf16 stays in cache (64-176 KiB
@@ -49,7 +50,6 @@ static bool run_alone(void) { return omp_get_max_threads() < 2 || omp_in_paralle
 // runs): the step's products took 5 % less CPU time than with 256 KiB slabs
 // (median 2069 against 2184 ms), and the step ran 4.7 % more tokens per
 // CPU-second; one slab per thread varied more and did not beat either.
-#define ONEDNN_SLAB_BYTES (1024 * 1024)
 static int rows_slab(int R, int N) {
     if (blas_backend == GEMM_ONEDNN) {
         int nt = omp_get_max_threads();

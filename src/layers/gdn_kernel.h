@@ -91,7 +91,6 @@ static inline void *gdn_carve(unsigned char *mem, size_t *at, size_t n, size_t s
     return p;
 }
 
-
 // exp of a non-positive log decay difference, in the build's precision.
 // float32: the inline r_exp (ops_math.h), not libm's expf, so the loops over
 // a chunk's (L, L) decay matrix vectorise.
