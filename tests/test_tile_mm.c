@@ -45,10 +45,7 @@ Test(tile_mm, tile_gemm_rows_equals_element_loop) {
             int lo = -M, hi = band ? 0 : K;   // band: op(A)(i, k) = 0 for k > i (a causal mask)
             int lda = ta ? M + 2 : K + 1, ldb = tb ? K + 3 : round_vl(N);
             real *A = test_randn((int64_t)(ta ? K : M) * lda, 11 + variant);
-            real *B = xaligned((size_t)(tb ? N : K) * ldb * sizeof(real));
-            real *r = test_randn((int64_t)(tb ? N : K) * ldb, 13 + variant);
-            memcpy(B, r, (size_t)(tb ? N : K) * ldb * sizeof(real));
-            free(r);
+            real *B = test_randn((int64_t)(tb ? N : K) * ldb, 13 + variant);   // 64-byte aligned
             real *rs = test_randn(M, 17 + variant);
             real *C = xaligned((size_t)M * ldc * sizeof(real));
             real *C0 = test_randn((int64_t)M * ldc, 19 + variant);
@@ -97,10 +94,7 @@ Test(tile_mm, tile_gemm_lower_equals_element_loop_on_and_below_the_diagonal) {
         for (int add = 0; add < 2; add++) {
             int M = sizes[sz][0], K = sizes[sz][1], lda = K + 1, ldb = round_vl(M), ldc = round_vl(M) + VL;
             real *A = test_randn((int64_t)M * lda, 23 + (int)sz);
-            real *B = xaligned((size_t)K * ldb * sizeof(real));
-            real *r = test_randn((int64_t)K * ldb, 29 + (int)sz);
-            memcpy(B, r, (size_t)K * ldb * sizeof(real));
-            free(r);
+            real *B = test_randn((int64_t)K * ldb, 29 + (int)sz);
             real *C = xaligned((size_t)M * ldc * sizeof(real));
             real *C0 = test_randn((int64_t)M * ldc, 31 + (int)sz);
             memcpy(C, C0, (size_t)M * ldc * sizeof(real));

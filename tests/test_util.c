@@ -67,7 +67,7 @@ real *test_ones(int64_t n) {
 real *test_randn(int64_t n, uint64_t seed) {
     Tensor *t = tensor_newv(false, 1, (int)n);
     fill_normal(t, seed, 1.0);
-    real *p = xmalloc((size_t)n * sizeof(real));
+    real *p = xaligned((size_t)n * sizeof(real));
     memcpy(p, t->data, (size_t)n * sizeof(real));
     tensor_free(t);
     return p;

@@ -18,7 +18,7 @@ void fill_uniform(Tensor *t, uint64_t seed, double lo, double hi);
 // A tiny LM of the given layers (vocabulary 11, d_model 8, 2 heads of 4, d_ff 12, chunks of 4,
 // convolutions of 3, DSA indexer 2 x 4 with top-3).
 LMConfig test_tiny_lm_config(const char *layers);
-// n standard normal values (fill_normal's) in a malloc'd array.
+// n standard normal values (fill_normal's) in a 64-byte aligned array (free()).
 real *test_randn(int64_t n, uint64_t seed);
 // n ones, allocated (the seeds of a sum).
 real *test_ones(int64_t n);
