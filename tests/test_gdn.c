@@ -240,15 +240,6 @@ Test(gdn, delta_rule_overwrites_a_repeated_key) {
     }
 }
 
-// Positions [t0, t0+len) of x (B, T, F) as a new leaf tensor.
-static Tensor *time_slice(const Tensor *x, int t0, int len) {
-    int B = x->shape[0], T = x->shape[1], F = x->shape[2];
-    Tensor *y = tensor_newv(true, 3, B, len, F);
-    for (int b = 0; b < B; b++)
-        memcpy(y->data + (int64_t)b * len * F, x->data + ((int64_t)b * T + t0) * F, (size_t)len * F * sizeof(real));
-    return y;
-}
-
 // max_rel_diff of a (B, T, F) array against two segments (B, T1, F), (B, T-T1, F) of it.
 static double diff_two_segments(const real *whole, const Tensor *s1, const Tensor *s2, const real *d1,
                                 const real *d2) {
@@ -285,15 +276,15 @@ Test(gdn, state_carries_across_segments) {
     FormRun whole = run_form(&in, MIXER_FORM_CHUNKED, 16);
     Tensor *full[5] = {in.q, in.k, in.v, in.beta, in.g}, *seg[11];
     for (int i = 0; i < 5; i++) {
-        seg[i] = time_slice(full[i], 0, T1);
-        seg[5 + i] = time_slice(full[i], T1, T - T1);
+        seg[i] = test_time_slice(full[i], 0, T1);
+        seg[5 + i] = test_time_slice(full[i], T1, T - T1);
     }
     seg[10] = in.s0;
     // The seeds run_form used, split at T1.
     Tensor *ro = tensor_newv(false, 3, 2, T, H * dv), *rs = tensor_new(in.s0->ndim, in.s0->shape, false);
     fill_normal(ro, 7, 1.0);
     fill_normal(rs, 8, 1.0);
-    Tensor *ro1 = time_slice(ro, 0, T1), *ro2 = time_slice(ro, T1, T - T1);
+    Tensor *ro1 = test_time_slice(ro, 0, T1), *ro2 = test_time_slice(ro, T1, T - T1);
     GdnCtx c = {H, 16, MIXER_FORM_CHUNKED};
     real *out[3];
     cr_assert_eq(

@@ -286,16 +286,7 @@ Test(gla, hand_computed_two_steps) {
     }
 }
 
-// Copy time steps [t0, t0+len) of a (B, T, C) tensor into a new one.
-static Tensor *time_slice(const Tensor *x, int t0, int len) {
-    int B = x->shape[0], T = x->shape[1], C = x->shape[2];
-    Tensor *y = tensor_newv(x->requires_grad, 3, B, len, C);
-    for (int b = 0; b < B; b++)
-        memcpy(y->data + (int64_t)b * len * C, x->data + ((int64_t)b * T + t0) * C, (size_t)len * C * sizeof(real));
-    return y;
-}
-
-// Inverse of time_slice: copy src, (B, len, C), into x-shaped buf at t0.
+// Inverse of test_time_slice: copy src, (B, len, C), into x-shaped buf at t0.
 static void time_unslice(real *buf, const Tensor *x, const real *src, int len, int t0) {
     int B = x->shape[0], T = x->shape[1], C = x->shape[2];
     for (int b = 0; b < B; b++)
@@ -328,15 +319,15 @@ static void segments_vs_long(MixerForm form) {
 
     Tensor *in[N_SEG_IN];
     for (int i = 0; i < IN_S0; i++) {   // q, k, v, g, dt cut along time
-        in[i] = time_slice(x[i], 0, T1);
-        in[IN_S0 + i] = time_slice(x[i], T1, T2);
+        in[i] = test_time_slice(x[i], 0, T1);
+        in[IN_S0 + i] = test_time_slice(x[i], T1, T2);
     }
     in[SEG_S0] = x[IN_S0];
     // The same dO as run_all, cut in two; the same dS on the final state.
     Tensor *dO = tensor_new(3, (int[]){c.B, c.T, c.H * c.dv}, false), *dS = tensor_new(4, x[IN_S0]->shape, false);
     fill_normal(dO, 7, 1.0);
     fill_normal(dS, 8, 1.0);
-    Tensor *dO1 = time_slice(dO, 0, T1), *dO2 = time_slice(dO, T1, T2);
+    Tensor *dO1 = test_time_slice(dO, 0, T1), *dO2 = test_time_slice(dO, T1, T2);
     real *out[3];
     cr_assert_eq(gradcheck_run_seeds(f_segments, in, N_SEG_IN, &c, (const real *[]){dO1->data, dO2->data, dS->data},
                                      out, NULL),

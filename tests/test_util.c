@@ -73,6 +73,14 @@ real *test_randn(int64_t n, uint64_t seed) {
     return p;
 }
 
+Tensor *test_time_slice(const Tensor *x, int t0, int len) {
+    int B = x->shape[0], T = x->shape[1], C = x->shape[2];
+    Tensor *y = tensor_newv(x->requires_grad, 3, B, len, C);
+    for (int b = 0; b < B; b++)
+        memcpy(y->data + (int64_t)b * len * C, x->data + ((int64_t)b * T + t0) * C, (size_t)len * C * sizeof(real));
+    return y;
+}
+
 void fill_uniform(Tensor *t, uint64_t seed, double lo, double hi) {
     Rng r;
     rng_seed(&r, seed);

@@ -20,6 +20,8 @@ void fill_uniform(Tensor *t, uint64_t seed, double lo, double hi);
 LMConfig test_tiny_lm_config(const char *layers);
 // n standard normal values (fill_normal's) in a 64-byte aligned array (free()).
 real *test_randn(int64_t n, uint64_t seed);
+// Positions [t0, t0+len) of x (B, T, C) as a new leaf tensor (x's requires_grad).
+Tensor *test_time_slice(const Tensor *x, int t0, int len);
 // n ones, allocated (the seeds of a sum).
 real *test_ones(int64_t n);
 // Normalise each run of d values of x (the heads of a (B, T, H*d) tensor) to
