@@ -10,6 +10,8 @@
 #include <hdf5.h>
 #include <hdf5_hl.h>
 
+#include "blas.h"
+#include "checkpoint.h"
 #include "dump_state.h"
 #include "test_util.h"
 #include "trainer.h"
@@ -85,6 +87,48 @@ Test(train, resume_is_bit_exact, .timeout = 120) {
     for (int i = 3; i < N; i++) resumed[i] = trainer_loss(&b, i);
     test_assert_resumed_losses(resumed, straight, 3, N);
     cr_assert(straight[N - 1] < straight[0], "the loss should fall: %g -> %g", straight[0], straight[N - 1]);
+    trainer_free(&b);
+}
+
+// gemm = auto chooses once: the run's config.ini and checkpoint name the
+// backend it chose, and a resume multiplies on that one whatever a new
+// measurement would say (here: whichever backend was selected last).
+Test(train, auto_gemm_choice_is_kept_on_resume, .timeout = 120) {
+    const char *dir = scratch("gdn", 2, NULL);   // [train] gemm left at its default, auto
+    static Trainer a, b;
+    TrainerOptions o = opts(dir, false);
+    Status s = trainer_setup(&a, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    int chose = a.cfg.train.gemm;
+    cr_assert(chose == GEMM_OPENBLAS || chose == GEMM_ONEDNN, "auto stays in the config: %d", chose);
+    cr_assert_eq(chose, (int)blas_backend);
+    char want[64];
+    snprintf(want, sizeof want, "\ngemm = %s\n", blas_backend_name((GemmBackend)chose));
+    cr_assert(strstr(a.cfg.text, want), "the effective config should say %s", want + 1);
+    cr_assert_eq(trainer_run(&a, &o), 0);
+    trainer_free(&a);
+    char path[700];
+    snprintf(path, sizeof path, "%s/run/config.ini", dir);
+    char *ini = test_read_file(path);
+    cr_assert(strstr(ini, want), "config.ini should say %s", want + 1);
+    free(ini);
+    snprintf(path, sizeof path, "%s/run/checkpoint.h5", dir);
+    char *text = NULL;
+    s = checkpoint_read_config(path, &text);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert(strstr(text, want), "the checkpoint's config should say %s", want + 1);
+    free(text);
+    // Resume after another backend was selected: the run's own comes back.
+    test_use_backend(test_n_backends() - 1 - (chose == GEMM_ONEDNN));
+    TrainerOptions r = opts(dir, true);
+    const char *sets[] = {"train.steps=3"};
+    r.sets = sets;
+    r.n_sets = 1;
+    s = trainer_setup(&b, &r);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq((int)blas_backend, chose);
+    cr_assert_eq(b.cfg.train.gemm, chose);
+    cr_assert_eq(trainer_run(&b, &r), 0);
     trainer_free(&b);
 }
 

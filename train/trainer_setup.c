@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "blas.h"
 #include "corpus.h"
 #include "run_config.h"
 
@@ -101,6 +102,26 @@ static Status setup_tokenizer(Trainer *t, const Corpus *corpus, const TrainerOpt
     return status_ok();
 }
 
+// gemm = auto decides once per run. Where the two backends are close, its
+// measurement can choose either from one start to the next, and they round
+// differently: the run keeps what it chose in its config (config.ini and every
+// checkpoint say e.g. `gemm = onednn`), so that a resumed run multiplies on the
+// same backend and goes on bit for bit. Under mpirun every rank takes rank 0's
+// choice. (--set train.gemm=auto on --resume chooses again.)
+static void keep_gemm_choice(Trainer *t) {
+    int b = (int)blas_backend;
+    dist_bcast(&b, sizeof b, "[train] gemm = auto");
+    if (b != (int)blas_backend) {
+        char err[256];
+        if (!blas_select((GemmBackend)b, (GemmPrecision)t->cfg.train.precision, err, sizeof err))
+            dist_abort(1, "[train] gemm = auto: rank 0 chose %s, which this rank cannot run: %s",
+                       blas_backend_name((GemmBackend)b), err);
+    }
+    t->cfg.train.gemm = b;
+    free(t->cfg.text);
+    t->cfg.text = config_dump_string(&t->cfg);
+}
+
 // The config (the run's effective one) and the threads.
 static Status setup_config(Trainer *t, const TrainerOptions *o) {
     t->last_val_loss = NAN;
@@ -126,6 +147,7 @@ static Status setup_config(Trainer *t, const TrainerOptions *o) {
     if (threads == 0 && !getenv("OMP_NUM_THREADS")) threads = dist_default_threads();
     t->threads = model_set_threads(threads);
     if (!(s = model_set_products(c)).ok) return s;   // [train] gemm, precision: after the threads
+    if (c->train.device == DEVICE_CPU && c->train.gemm == GEMM_AUTO) keep_gemm_choice(t);
     if (snprintf(t->ckpt, sizeof t->ckpt, "%s/checkpoint.h5", t->run_dir) >= (int)sizeof t->ckpt)
         return status_err("[train] run_dir: path too long");
     if (c->data.batch_size < t->ranks)
