@@ -82,6 +82,7 @@ static inline float r_exp(float x_in) {
     x = x > 88.7f ? 88.7f : x;
     // n = round(x / ln2) by the 1.5 * 2^23 trick (exact for |x / ln2| < 2^22).
     float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    n = n == n ? n : 0.0f;   // NaN: it stays in r (NaN out), and no NaN goes to the int conversion below
     float r = x - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
     float r2 = r * r;
