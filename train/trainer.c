@@ -11,6 +11,7 @@
 #include "blas.h"
 #include "corpus.h"
 #include "run_config.h"
+#include "signals.h"
 
 #ifndef SOURCE_DIR
 #define SOURCE_DIR "."
@@ -438,12 +439,10 @@ int trainer_run(Trainer *t, const TrainerOptions *opts) {
     log_start(t, &rl, &un);
 
     stop_requested = 0;
-    struct sigaction sa = {0}, old_int, old_term, old_usr1;
-    sa.sa_handler = stop_handler;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGUSR1, &sa, &old_usr1);   // what mpirun forwards to the ranks without ending the job
+    // (SIGUSR1: what mpirun forwards to the ranks without ending the job.)
+    static const int sigs[] = {SIGINT, SIGTERM, SIGUSR1};
+    struct sigaction old_sigs[3];
+    signals_catch(sigs, 3, stop_handler, old_sigs);
     double tok_per_step = (double)B * T * c->train.accum_steps;   // the global batch
     int warmup = config_warmup_steps(c);
     double ema = 0;
@@ -486,9 +485,7 @@ int trainer_run(Trainer *t, const TrainerOptions *opts) {
             break;
         }
     }
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    sigaction(SIGUSR1, &old_usr1, NULL);
+    signals_restore(sigs, 3, old_sigs);
     if (exit_code == 0) exit_code = finish(t, &rl, o);
     runlog_close(&rl);
     return exit_code;
