@@ -256,3 +256,89 @@ Test(blas_backend, auto_prefers_onednn_when_openblas_kernels_lag_the_cpu) {
     }
 #endif
 }
+
+#ifndef AG_DOUBLE
+// auto's kept measurement (blas.h): the file is read as hostile (lines too
+// long, fields missing or out of range, NUL bytes are skipped), a line written
+// reads back as written, an update replaces the machine's line and keeps the
+// others, and the file keeps at most 64 machines.
+Test(blas_backend, auto_cache_file_reads_back_and_survives_garbage) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/gemm_auto", test_tmpdir("gemm_cache"));
+    double r = 0;
+    GemmBackend b = GEMM_AUTO;
+    cr_assert_not(blas_auto_cache_lookup(path, "k", &r, &b), "no file, no verdict");
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    for (int i = 0; i < 3000; i++) fputc('x', f);   // too long, and a valid line's text at its end
+    fputs("\tk\t0.1\tonednn\n", f);
+    fputs("no tabs\n\t0.5\tonednn\nk\tnan\tonednn\nk\t-1\tonednn\nk\t0.5\tmkl\nk\t0.5x\tonednn\n", f);
+    fputs("k\t0.5\tauto\nk\t1e999\topenblas\n", f);
+    static const char nul[] = "k\t0.3\to\0nednn\n";   // a NUL byte: the whole line is skipped
+    fwrite(nul, 1, sizeof nul - 1, f);
+    fputs("other\t1.2\topenblas\nk\t0.5\tonednn\n", f);
+    fclose(f);
+    cr_assert(blas_auto_cache_lookup(path, "k", &r, &b));
+    cr_assert(r == 0.5 && b == GEMM_ONEDNN, "%g %d", r, (int)b);
+    cr_assert(blas_auto_cache_lookup(path, "other", &r, &b));
+    cr_assert(r == 1.2 && b == GEMM_OPENBLAS, "%g %d", r, (int)b);
+    cr_assert_not(blas_auto_cache_lookup(path, "x", &r, &b));
+    // An update: the garbage goes, the other machine stays, k's line is replaced.
+    cr_assert(blas_auto_cache_store(path, "k", 1.3, GEMM_OPENBLAS));
+    char *text = test_read_file(path);
+    cr_assert_str_eq(text, "other\t1.2000\topenblas\nk\t1.3000\topenblas\n");
+    free(text);
+    cr_assert(blas_auto_cache_lookup(path, "k", &r, &b));
+    cr_assert(r == 1.3 && b == GEMM_OPENBLAS, "%g %d", r, (int)b);
+    // Keys that would break the format, and a backend that is not one, are refused; nothing changes.
+    cr_assert_not(blas_auto_cache_store(path, "a\tb", 1, GEMM_ONEDNN));
+    cr_assert_not(blas_auto_cache_store(path, "a\nb", 1, GEMM_ONEDNN));
+    cr_assert_not(blas_auto_cache_store(path, "a", 1, GEMM_AUTO));
+    text = test_read_file(path);
+    cr_assert_str_eq(text, "other\t1.2000\topenblas\nk\t1.3000\topenblas\n");
+    free(text);
+    // At most 64 machines: the oldest go.
+    for (int i = 0; i < 70; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "m%d", i);
+        cr_assert(blas_auto_cache_store(path, key, 0.5 + i, GEMM_ONEDNN));
+    }
+    cr_assert_not(blas_auto_cache_lookup(path, "other", &r, &b));
+    cr_assert_not(blas_auto_cache_lookup(path, "m5", &r, &b));
+    cr_assert(blas_auto_cache_lookup(path, "m6", &r, &b) && r == 6.5);
+    cr_assert(blas_auto_cache_lookup(path, "m69", &r, &b) && r == 69.5);
+    text = test_read_file(path);
+    int lines = 0;
+    for (const char *p = text; *p; p++) lines += *p == '\n';
+    cr_assert_eq(lines, 64);
+    free(text);
+    // A folder that does not exist: refused, nothing made.
+    char missing[700];
+    snprintf(missing, sizeof missing, "%s/none/gemm_auto", test_dir_of(path));
+    cr_assert_not(blas_auto_cache_store(missing, "k", 1, GEMM_ONEDNN));
+}
+
+// auto takes the kept verdict for this machine (where OpenBLAS's kernels
+// match the CPU and it has to measure): whatever the file says, it runs, and
+// the start-up line says where it came from.
+Test(blas_backend, auto_takes_the_kept_verdict) {
+    const char *dir = test_tmpdir("gemm_verdict");
+    setenv("ATTNLAB_CACHE_DIR", dir, 1);
+    char path[700], key[600];
+    snprintf(path, sizeof path, "%s/gemm_auto", dir);
+    blas_auto_key(key, sizeof key);
+    cr_assert(strstr(key, "|threads ") && !strchr(key, '\t'), "%s", key);
+    for (int i = 0; i < test_n_backends(); i++) {
+        GemmBackend want = i == 0 ? GEMM_OPENBLAS : GEMM_ONEDNN;
+        cr_assert(blas_auto_cache_store(path, key, want == GEMM_ONEDNN ? 0.5 : 2.0, want));
+        use(GEMM_AUTO, PRECISION_FP32);
+        if (strstr(blas_describe(), "measured")) {   // (else OpenBLAS's kernels lag the CPU: the test above)
+            cr_assert_eq(blas_backend, want, "%s", blas_describe());
+            cr_assert(strstr(blas_describe(), path), "%s", blas_describe());
+        } else {
+            cr_assert(have_onednn() && blas_backend == GEMM_ONEDNN && strstr(blas_describe(), " CPU"), "%s",
+                      blas_describe());
+        }
+    }
+}
+#endif

@@ -118,6 +118,10 @@ ReportHook(PRE_ALL)(struct criterion_test_set *set) {
     snprintf(tmp_root, sizeof tmp_root, "%s/attnlab-tests-XXXXXX", base && *base ? base : "/tmp");
     if (mkdtemp(tmp_root)) setenv(TMP_ENV, tmp_root, 1);
     else tmp_root[0] = 0;
+    // gemm = auto's verdict (blas.h): one for the whole run, and nothing
+    // written to the user's ~/.cache, unless the caller chose a folder.
+    const char *cache = getenv("ATTNLAB_CACHE_DIR");
+    if (tmp_root[0] && !(cache && *cache)) setenv("ATTNLAB_CACHE_DIR", tmp_root, 1);
 }
 
 ReportHook(POST_ALL)(struct criterion_global_stats *stats) {

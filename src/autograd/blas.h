@@ -84,6 +84,15 @@ bool blas_select(GemmBackend want, GemmPrecision prec, char *err, size_t n);
 // programs without a config (benchmarks, generate). On a bad value it says so
 // on stderr and keeps OpenBLAS.
 void blas_select_from_env(void);
+// auto's measurement is made once per machine and thread count, and kept in
+// $ATTNLAB_CACHE_DIR/gemm_auto (else $XDG_CACHE_HOME/attnlab/gemm_auto, else
+// ~/.cache/attnlab/gemm_auto): one line per machine, "key<TAB>ratio<TAB>backend",
+// so that every run on a machine chooses the same backend and rounds alike.
+// The key (CPU, instruction sets, kernels, threads), and the file's lookup and
+// update (whole or not at all), for the tests. Not in the float64 build.
+void blas_auto_key(char *key, size_t n);
+bool blas_auto_cache_lookup(const char *path, const char *key, double *ratio, GemmBackend *b);
+bool blas_auto_cache_store(const char *path, const char *key, double ratio, GemmBackend b);
 // Parse a backend / precision name ("auto", "openblas", "onednn" / "fp32",
 // "bf16"); -1 when unknown.
 int blas_backend_parse(const char *name);

@@ -8,18 +8,26 @@
 // set, is then 2x faster or more (docs/cpu_perf.md). When OpenBLAS's kernels
 // match the CPU, it times both on the model's product shapes and keeps the
 // faster (OpenBLAS when they tie within 5%: it is the design's dependency).
+#include <cpuid.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "blas.h"
 
 GemmBackend blas_backend = GEMM_OPENBLAS;
 GemmPrecision blas_precision = PRECISION_FP32;
 
-static char describe[512] = "openblas, products fp32";
+static char describe[768] = "openblas, products fp32";
 
 static const char *const BACKEND_NAMES[GEMM_BACKEND_COUNT] = {"auto", "openblas", "onednn"};
 static const char *const PRECISION_NAMES[PRECISION_COUNT] = {"fp32", "bf16", "tf32"};
@@ -111,6 +119,202 @@ static double measure_ratio(void) {
     free(Y);
     return best[1] / best[0];
 }
+
+// ---- the measurement, kept per machine ----
+//
+// Where the two backends are close the measurement can come out either side
+// of its line from one start to the next (0.79-0.95 against a line of 0.95 on
+// a Zen 4 machine), and they round differently: two runs of one command would
+// then differ in their last bits. So auto measures once per machine and
+// thread count and keeps the verdict in a small text file, one line per
+// machine: key, tab, ratio, tab, backend. Removing the file measures again.
+
+#define CACHE_LINE_MAX 512   // longer lines are not ours: skipped
+#define CACHE_LINES_MAX 64   // machines kept (the oldest go first)
+
+// CPU brand (cpuid), family / model / stepping, the ISA levels of the CPU and
+// of OpenBLAS's kernels, oneDNN's ISA and the thread count.
+void blas_auto_key(char *key, size_t n) {
+    unsigned r[12] = {0}, a = 0, b = 0, c = 0, d = 0;
+    char brand[49] = "";
+    if (__get_cpuid(0x80000000u, &a, &b, &c, &d) && a >= 0x80000004u) {
+        for (unsigned i = 0; i < 3; i++)
+            __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
+        memcpy(brand, r, 48);
+        brand[48] = 0;
+    }
+    unsigned fam = 0, mod = 0, step = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        fam = ((a >> 8) & 0xf) + ((a >> 20) & 0xff);
+        mod = ((a >> 4) & 0xf) | ((a >> 12) & 0xf0);
+        step = a & 0xf;
+    }
+    char *p = brand;   // trimmed, and no tabs or newlines (the file's separators)
+    while (*p == ' ') p++;
+    for (char *q = p; *q; q++)
+        if (*q == '\t' || *q == '\n' || *q == '\r') *q = ' ';
+    size_t len = strlen(p);
+    while (len > 0 && p[len - 1] == ' ') p[--len] = 0;
+    snprintf(key, n, "%s|family %u model %u stepping %u|cpu %s|openblas %s|onednn %s|threads %d", p, fam, mod,
+             step, ISA_NAMES[cpu_level()], blas_core_name(), onednn_built() ? onednn_isa_name() : "none",
+             omp_get_max_threads());
+}
+
+// ATTNLAB_CACHE_DIR, else $XDG_CACHE_HOME/attnlab, else ~/.cache/attnlab; false when none is set.
+static bool cache_dir(char *dir, size_t n) {
+    const char *e = getenv("ATTNLAB_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    int w = e && *e ? snprintf(dir, n, "%s", e)
+            : x && *x ? snprintf(dir, n, "%s/attnlab", x)
+            : h && *h ? snprintf(dir, n, "%s/.cache/attnlab", h)
+                      : -1;
+    return w > 0 && (size_t)w < n;
+}
+
+// One line of the file: true with its fields when it is well formed.
+static bool cache_parse(char *line, char **key, double *ratio, GemmBackend *b) {
+    char *t1 = strchr(line, '\t'), *t2 = t1 ? strchr(t1 + 1, '\t') : NULL;
+    if (!t1 || !t2 || t1 == line) return false;
+    *t1 = *t2 = 0;
+    char *end, *name = t2 + 1;
+    name[strcspn(name, "\r\n")] = 0;
+    errno = 0;
+    double r = strtod(t1 + 1, &end);
+    if (errno || end == t1 + 1 || *end || !(r >= 1e-3 && r <= 1000)) return false;   // (%.4f keeps it)
+    int k = blas_backend_parse(name);
+    if (k != GEMM_OPENBLAS && k != GEMM_ONEDNN) return false;
+    *key = line;
+    *ratio = r;
+    *b = (GemmBackend)k;
+    return true;
+}
+
+// Reads path's well-formed lines (of its first 256); calls f on each. A
+// missing file has none; the file is not trusted: a line too long or with a
+// NUL byte is skipped whole.
+typedef void (*CacheVisit)(const char *key, double ratio, GemmBackend b, void *ctx);
+static void cache_read(const char *path, CacheVisit f, void *ctx) {
+    FILE *fp = fopen(path, "r");
+    if (!fp) return;
+    char line[CACHE_LINE_MAX + 1];
+    int ch = 0;
+    for (int lines = 0; lines < 4 * CACHE_LINES_MAX && ch != EOF; lines++) {
+        size_t len = 0;
+        bool bad = false;
+        while ((ch = fgetc(fp)) != EOF && ch != '\n') {
+            if (ch == 0 || len == CACHE_LINE_MAX) bad = true;
+            else line[len++] = (char)ch;
+        }
+        if (bad || (len == 0 && ch == EOF)) continue;
+        line[len] = 0;
+        char *key;
+        double r;
+        GemmBackend b;
+        if (cache_parse(line, &key, &r, &b)) f(key, r, b, ctx);
+    }
+    fclose(fp);
+}
+
+typedef struct Found {
+    const char *key;
+    double ratio;
+    GemmBackend b;
+    bool found;
+} Found;
+
+static void find_visit(const char *key, double ratio, GemmBackend b, void *ctx) {
+    Found *fd = ctx;
+    if (!strcmp(key, fd->key)) fd->ratio = ratio, fd->b = b, fd->found = true;   // the last line wins
+}
+
+bool blas_auto_cache_lookup(const char *path, const char *key, double *ratio, GemmBackend *b) {
+    Found fd = {key, 0, GEMM_OPENBLAS, false};
+    cache_read(path, find_visit, &fd);
+    if (fd.found) *ratio = fd.ratio, *b = fd.b;
+    return fd.found;
+}
+
+typedef struct Kept {
+    const char *skip;
+    char lines[CACHE_LINES_MAX][CACHE_LINE_MAX + 2];
+    int n;
+} Kept;
+
+// One line as the file holds it; false when it would not fit (the key is too
+// long for the file, which blas_auto_cache_store refuses).
+static bool cache_format(char *line, const char *key, double ratio, GemmBackend b) {
+    int w = snprintf(line, CACHE_LINE_MAX + 2, "%s\t%.4f\t%s\n", key, ratio, blas_backend_name(b));
+    return w > 0 && w <= CACHE_LINE_MAX + 1;
+}
+
+static void keep_visit(const char *key, double ratio, GemmBackend b, void *ctx) {
+    Kept *k = ctx;
+    if (!strcmp(key, k->skip)) return;
+    if (k->n == CACHE_LINES_MAX - 1) {   // room for the new line: the oldest goes
+        memmove(k->lines[0], k->lines[1], (size_t)(CACHE_LINES_MAX - 2) * sizeof k->lines[0]);
+        k->n--;
+    }
+    if (cache_format(k->lines[k->n], key, ratio, b)) k->n++;
+}
+
+bool blas_auto_cache_store(const char *path, const char *key, double ratio, GemmBackend b) {
+    if (strlen(key) + 32 > CACHE_LINE_MAX || !*key || strpbrk(key, "\t\n\r") || !(ratio >= 1e-3 && ratio <= 1000) ||
+        (b != GEMM_OPENBLAS && b != GEMM_ONEDNN))
+        return false;
+    Kept *k = calloc(1, sizeof *k);
+    if (!k) return false;
+    k->skip = key;
+    cache_read(path, keep_visit, k);
+    cache_format(k->lines[k->n++], key, ratio, b);   // (fits: the key's length was checked)
+    // Whole or not at all: a temporary file beside it, renamed over it.
+    char tmp[4200];
+    bool ok = snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) < (int)sizeof tmp;
+    int fdsc = ok ? mkstemp(tmp) : -1;
+    FILE *fp = fdsc >= 0 ? fdopen(fdsc, "w") : NULL;
+    ok = fp != NULL;
+    if (!fp && fdsc >= 0) close(fdsc);
+    for (int i = 0; ok && i < k->n; i++) ok = fputs(k->lines[i], fp) >= 0;
+    if (fp) ok = (fclose(fp) == 0) && ok;
+    if (ok) ok = rename(tmp, path) == 0;
+    if (!ok && fdsc >= 0) unlink(tmp);
+    free(k);
+    return ok;
+}
+
+// The measured ratio for this machine and thread count: from the file when it
+// has one, else measured now and kept. A lock beside the file makes the first
+// process to measure the one that decides, when several start at once (the
+// ranks of mpirun, parallel tests). *where says which, for the start-up line.
+static double auto_ratio(char *where, size_t n) {
+    char key[CACHE_LINE_MAX], dir[4096], path[4200], lock[4200];
+    blas_auto_key(key, sizeof key);
+    bool have = cache_dir(dir, sizeof dir) && snprintf(path, sizeof path, "%s/gemm_auto", dir) < (int)sizeof path &&
+                snprintf(lock, sizeof lock, "%s.lock", path) < (int)sizeof lock;
+    int lk = -1;
+    if (have) {   // mkdir -p of the last two levels (e.g. ~/.cache/attnlab)
+        char *slash = strrchr(dir, '/');
+        if (slash && slash != dir) {
+            *slash = 0;
+            mkdir(dir, 0755);
+            *slash = '/';
+        }
+        mkdir(dir, 0755);
+        lk = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (lk >= 0) flock(lk, LOCK_EX);
+    }
+    double r;
+    GemmBackend b;
+    if (have && blas_auto_cache_lookup(path, key, &r, &b)) {
+        snprintf(where, n, "; measured earlier, read from %s", path);
+    } else {
+        r = measure_ratio();
+        if (lk >= 0 && blas_auto_cache_store(path, key, r, r < 0.95 ? GEMM_ONEDNN : GEMM_OPENBLAS))
+            snprintf(where, n, "; saved to %s for the next runs", path);
+        else
+            snprintf(where, n, "%s", have ? "; not saved (cannot write its file)" : "");
+    }
+    if (lk >= 0) close(lk);   // (and the lock with it)
+    return r;
+}
 #endif
 
 // ---- selection ----
@@ -153,7 +357,7 @@ bool blas_select(GemmBackend want, GemmPrecision prec, char *err, size_t n) {
         return false;
     }
     GemmBackend b = want;
-    char why[256] = "";
+    char why[512] = "";
     if (want == GEMM_AUTO) {
         IsaLevel cpu = cpu_level(), ob = openblas_level(core);
         if (!onednn_built()) {
@@ -164,10 +368,11 @@ bool blas_select(GemmBackend want, GemmPrecision prec, char *err, size_t n) {
             snprintf(why, sizeof why, "; auto: OpenBLAS's %s kernels are %s on an %s CPU", core, ISA_NAMES[ob],
                      ISA_NAMES[cpu]);
         } else {
-            double r = measure_ratio();
+            char where[4300];
+            double r = auto_ratio(where, sizeof where);
             b = r < 0.95 ? GEMM_ONEDNN : GEMM_OPENBLAS;
-            snprintf(why, sizeof why, "; auto: measured oneDNN/OpenBLAS time %.2f on %d thread%s", r,
-                     omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s");
+            snprintf(why, sizeof why, "; auto: measured oneDNN/OpenBLAS time %.2f on %d thread%s%.300s", r,
+                     omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s", where);
         }
     }
     blas_backend = b;
