@@ -280,11 +280,12 @@ bool blas_auto_cache_store(const char *path, const char *key, double ratio, Gemm
     return ok;
 }
 
-// The measured ratio for this machine and thread count: from the file when it
-// has one, else measured now and kept. A lock beside the file makes the first
-// process to measure the one that decides, when several start at once (the
-// ranks of mpirun, parallel tests). *where says which, for the start-up line.
-static double auto_ratio(char *where, size_t n) {
+// The measured ratio for this machine and thread count, and the backend it
+// chose (*b): from the file when it has them, else measured now and kept. A
+// lock beside the file makes the first process to measure the one that
+// decides, when several start at once (the ranks of mpirun, parallel tests).
+// *where says which, for the start-up line.
+static double auto_ratio(GemmBackend *b, char *where, size_t n) {
     char key[CACHE_LINE_MAX], dir[4096], path[4200], lock[4200];
     blas_auto_key(key, sizeof key);
     bool have = cache_dir(dir, sizeof dir) && snprintf(path, sizeof path, "%s/gemm_auto", dir) < (int)sizeof path &&
@@ -302,12 +303,12 @@ static double auto_ratio(char *where, size_t n) {
         if (lk >= 0) flock(lk, LOCK_EX);
     }
     double r;
-    GemmBackend b;
-    if (have && blas_auto_cache_lookup(path, key, &r, &b)) {
+    if (have && blas_auto_cache_lookup(path, key, &r, b)) {
         snprintf(where, n, "; measured earlier, read from %s", path);
     } else {
         r = measure_ratio();
-        if (lk >= 0 && blas_auto_cache_store(path, key, r, r < 0.95 ? GEMM_ONEDNN : GEMM_OPENBLAS))
+        *b = r < 0.95 ? GEMM_ONEDNN : GEMM_OPENBLAS;   // (OpenBLAS, the design's dependency, wins near-ties)
+        if (lk >= 0 && blas_auto_cache_store(path, key, r, *b))
             snprintf(where, n, "; saved to %s for the next runs", path);
         else
             snprintf(where, n, "%s", have ? "; not saved (cannot write its file)" : "");
@@ -369,8 +370,7 @@ bool blas_select(GemmBackend want, GemmPrecision prec, char *err, size_t n) {
                      ISA_NAMES[cpu]);
         } else {
             char where[4300];
-            double r = auto_ratio(where, sizeof where);
-            b = r < 0.95 ? GEMM_ONEDNN : GEMM_OPENBLAS;
+            double r = auto_ratio(&b, where, sizeof where);
             snprintf(why, sizeof why, "; auto: measured oneDNN/OpenBLAS time %.2f on %d thread%s%.300s", r,
                      omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s", where);
         }
