@@ -132,6 +132,34 @@ Test(train, auto_gemm_choice_is_kept_on_resume, .timeout = 120) {
     trainer_free(&b);
 }
 
+#ifdef AG_DOUBLE
+// A resumed run whose backend cannot run here (this float64 build has no
+// oneDNN) says so, and how to go on.
+Test(train, resume_on_a_backend_this_build_lacks_says_how_to_go_on, .timeout = 120) {
+    const char *dir = scratch("gdn", 2, NULL);
+    static Trainer a, b;
+    TrainerOptions o = opts(dir, false);
+    Status s = trainer_setup(&a, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(trainer_run(&a, &o), 0);
+    trainer_free(&a);
+    TrainerOptions r = opts(dir, true);
+    const char *sets[] = {"train.steps=3", "train.gemm=onednn"};
+    r.sets = sets;
+    r.n_sets = 2;
+    s = trainer_setup(&b, &r);
+    cr_assert(!s.ok);
+    cr_assert(strstr(s.msg, "--resume") && strstr(s.msg, "onednn") && strstr(s.msg, "--set train.gemm=auto"), "%s",
+              s.msg);   // (a failed setup frees what it made)
+    sets[1] = "train.gemm=auto";
+    s = trainer_setup(&b, &r);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(b.cfg.train.gemm, GEMM_OPENBLAS);
+    cr_assert_eq(trainer_run(&b, &r), 0);
+    trainer_free(&b);
+}
+#endif
+
 Test(train, tiny_model_overfits_one_batch, .timeout = 120) {
     // A one-window corpus split: train on the same batch every step.
     const char *dir = scratch("gdn,attn", 150, NULL);

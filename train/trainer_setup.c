@@ -146,7 +146,13 @@ static Status setup_config(Trainer *t, const TrainerOptions *o) {
     int threads = c->train.threads;
     if (threads == 0 && !getenv("OMP_NUM_THREADS")) threads = dist_default_threads();
     t->threads = model_set_threads(threads);
-    if (!(s = model_set_products(c)).ok) return s;   // [train] gemm, precision: after the threads
+    if (!(s = model_set_products(c)).ok)   // [train] gemm, precision: after the threads
+        return !o->resume || c->train.gemm == GEMM_AUTO
+                   ? s
+                   : status_err("--resume: %s (a run keeps the backend it started on, so that it goes on bit for "
+                                "bit; --set train.gemm=auto lets this machine choose, and the products then round "
+                                "differently)",
+                                s.msg);
     if (c->train.device == DEVICE_CPU && c->train.gemm == GEMM_AUTO) keep_gemm_choice(t);
     if (snprintf(t->ckpt, sizeof t->ckpt, "%s/checkpoint.h5", t->run_dir) >= (int)sizeof t->ckpt)
         return status_err("[train] run_dir: path too long");
