@@ -31,6 +31,14 @@ static TrainerOptions opts(const char *dir, bool resume) {
     return o;
 }
 
+// --resume with the given --set overrides (sets must outlive the options).
+static TrainerOptions resume_opts(const char *dir, const char **sets, int n_sets) {
+    TrainerOptions o = opts(dir, true);
+    o.sets = sets;
+    o.n_sets = n_sets;
+    return o;
+}
+
 Test(train, config_errors_name_file_line_key_and_write_nothing) {
     const char *dir = scratch("gdn", 2, "lerning_rate = 0.1\n");
     static Trainer t;
@@ -120,10 +128,8 @@ Test(train, auto_gemm_choice_is_kept_on_resume, .timeout = 120) {
     free(text);
     // Resume after another backend was selected: the run's own comes back.
     test_use_backend(test_n_backends() - 1 - (chose == GEMM_ONEDNN));
-    TrainerOptions r = opts(dir, true);
     const char *sets[] = {"train.steps=3"};
-    r.sets = sets;
-    r.n_sets = 1;
+    TrainerOptions r = resume_opts(dir, sets, 1);
     s = trainer_setup(&b, &r);
     cr_assert(s.ok, "%s", s.msg);
     cr_assert_eq((int)blas_backend, chose);
@@ -143,10 +149,8 @@ Test(train, resume_on_a_backend_this_build_lacks_says_how_to_go_on, .timeout = 1
     cr_assert(s.ok, "%s", s.msg);
     cr_assert_eq(trainer_run(&a, &o), 0);
     trainer_free(&a);
-    TrainerOptions r = opts(dir, true);
     const char *sets[] = {"train.steps=3", "train.gemm=onednn"};
-    r.sets = sets;
-    r.n_sets = 2;
+    TrainerOptions r = resume_opts(dir, sets, 2);
     s = trainer_setup(&b, &r);
     cr_assert(!s.ok);
     cr_assert(strstr(s.msg, "--resume") && strstr(s.msg, "onednn") && strstr(s.msg, "--set train.gemm=auto"), "%s",
@@ -260,10 +264,8 @@ Test(train, nonfinite_loss_stops_and_keeps_the_last_checkpoint, .timeout = 120) 
     int64_t numel = a.ps.numel;
     trainer_free(&a);
     // Resume for two more steps with a poisoned weight: the first loss is NaN.
-    TrainerOptions r = opts(dir, true);
     const char *sets[] = {"train.steps=4"};
-    r.sets = sets;
-    r.n_sets = 1;
+    TrainerOptions r = resume_opts(dir, sets, 1);
     s = trainer_setup(&b, &r);
     cr_assert(s.ok, "%s", s.msg);
     params_find(&b.ps, "embed")->data[0] = NAN;
