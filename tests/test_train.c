@@ -39,6 +39,14 @@ static TrainerOptions resume_opts(const char *dir, const char **sets, int n_sets
     return o;
 }
 
+// A fresh run of dir's tiny.ini to its end (the caller frees t).
+static void run_to_end(Trainer *t, const char *dir) {
+    TrainerOptions o = opts(dir, false);
+    Status s = trainer_setup(t, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(trainer_run(t, &o), 0);
+}
+
 Test(train, config_errors_name_file_line_key_and_write_nothing) {
     const char *dir = scratch("gdn", 2, "lerning_rate = 0.1\n");
     static Trainer t;
@@ -144,14 +152,11 @@ Test(train, auto_gemm_choice_is_kept_on_resume, .timeout = 120) {
 Test(train, resume_on_a_backend_this_build_lacks_says_how_to_go_on, .timeout = 120) {
     const char *dir = scratch("gdn", 2, NULL);
     static Trainer a, b;
-    TrainerOptions o = opts(dir, false);
-    Status s = trainer_setup(&a, &o);
-    cr_assert(s.ok, "%s", s.msg);
-    cr_assert_eq(trainer_run(&a, &o), 0);
+    run_to_end(&a, dir);
     trainer_free(&a);
     const char *sets[] = {"train.steps=3", "train.gemm=onednn"};
     TrainerOptions r = resume_opts(dir, sets, 2);
-    s = trainer_setup(&b, &r);
+    Status s = trainer_setup(&b, &r);
     cr_assert(!s.ok);
     cr_assert(strstr(s.msg, "--resume") && strstr(s.msg, "onednn") && strstr(s.msg, "--set train.gemm=auto"), "%s",
               s.msg);   // (a failed setup frees what it made)
@@ -255,10 +260,7 @@ Test(train, generate_check_parity_on_a_hybrid_of_every_mixer, .timeout = 120) {
 Test(train, nonfinite_loss_stops_and_keeps_the_last_checkpoint, .timeout = 120) {
     const char *dir = scratch("gdn,attn", 2, NULL);
     static Trainer a, b;
-    TrainerOptions o = opts(dir, false);
-    Status s = trainer_setup(&a, &o);
-    cr_assert(s.ok, "%s", s.msg);
-    cr_assert_eq(trainer_run(&a, &o), 0);   // a good checkpoint at step 2
+    run_to_end(&a, dir);   // a good checkpoint at step 2
     real *good = xmalloc((size_t)a.ps.numel * sizeof(real));
     memcpy(good, a.ps.data, (size_t)a.ps.numel * sizeof(real));
     int64_t numel = a.ps.numel;
@@ -266,7 +268,7 @@ Test(train, nonfinite_loss_stops_and_keeps_the_last_checkpoint, .timeout = 120) 
     // Resume for two more steps with a poisoned weight: the first loss is NaN.
     const char *sets[] = {"train.steps=4"};
     TrainerOptions r = resume_opts(dir, sets, 1);
-    s = trainer_setup(&b, &r);
+    Status s = trainer_setup(&b, &r);
     cr_assert(s.ok, "%s", s.msg);
     params_find(&b.ps, "embed")->data[0] = NAN;
     cr_assert_eq(trainer_run(&b, &r), 3, "a non-finite loss stops the run with exit code 3");
