@@ -147,7 +147,7 @@ static Status setup_config(Trainer *t, const TrainerOptions *o) {
     if (threads == 0 && !getenv("OMP_NUM_THREADS")) threads = dist_default_threads();
     t->threads = model_set_threads(threads);
     if (!(s = model_set_products(c)).ok)   // [train] gemm, precision: after the threads
-        return !o->resume || c->train.gemm == GEMM_AUTO
+        return !o->resume || c->train.gemm == GEMM_AUTO || !strstr(s.msg, "gemm = ")   // (not: bf16's CPU check)
                    ? s
                    : status_err("--resume: %s (a run keeps the backend it started on, so that it goes on bit for "
                                 "bit; --set train.gemm=auto lets this machine choose, and the products then round "
