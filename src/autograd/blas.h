@@ -27,6 +27,7 @@ extern GemmPrecision blas_precision;
 // and the products are never called.
 bool onednn_built(void);
 const char *onednn_isa_name(void);   // the instruction set oneDNN's kernels use ("avx512_core_bf16")
+const char *onednn_version(void);    // the library's version ("2.6.3"; "none" without oneDNN)
 bool onednn_has_bf16(void);          // the CPU runs bf16 products (AVX512_BF16)
 void onednn_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc);
@@ -88,7 +89,7 @@ void blas_select_from_env(void);
 // $ATTNLAB_CACHE_DIR/gemm_auto (else $XDG_CACHE_HOME/attnlab/gemm_auto, else
 // ~/.cache/attnlab/gemm_auto): one line per machine, "key<TAB>ratio<TAB>backend",
 // so that every run on a machine chooses the same backend and rounds alike.
-// The key (CPU, instruction sets, kernels, threads), and the file's lookup and
+// The key (CPU, instruction sets, kernels, library versions, threads), and the file's lookup and
 // update (whole or not at all), for the tests. Not in the float64 build.
 void blas_auto_key(char *key, size_t n);
 bool blas_auto_cache_lookup(const char *path, const char *key, double *ratio, GemmBackend *b);

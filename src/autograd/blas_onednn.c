@@ -52,6 +52,13 @@ const char *onednn_isa_name(void) {
     }
 }
 
+const char *onednn_version(void) {
+    static char v[32];
+    const dnnl_version_t *d = dnnl_version();
+    snprintf(v, sizeof v, "%d.%d.%d", d->major, d->minor, d->patch);
+    return v;
+}
+
 // The ISA values are bit sets, each including the ones below it.
 bool onednn_has_bf16(void) {
     return (cpu_isa() & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
@@ -224,6 +231,7 @@ void onednn_release(void) {
 
 bool onednn_built(void) { return false; }
 const char *onednn_isa_name(void) { return "none"; }
+const char *onednn_version(void) { return "none"; }
 bool onednn_has_bf16(void) { return false; }
 void onednn_release(void) {}
 

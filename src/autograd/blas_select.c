@@ -9,6 +9,7 @@
 // match the CPU, it times both on the model's product shapes and keeps the
 // faster (OpenBLAS when they tie within 5%: it is the design's dependency).
 #include <cpuid.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -132,8 +133,25 @@ static double measure_ratio(void) {
 #define CACHE_LINE_MAX 512   // longer lines are not ours: skipped
 #define CACHE_LINES_MAX 64   // machines kept (the oldest go first)
 
+// OpenBLAS's version: the second word of its build string ("OpenBLAS 0.3.21
+// DYNAMIC_ARCH ..."), at most 15 characters of [0-9A-Za-z.-].
+static void openblas_version(char *v, size_t n) {
+    const char *cfg = openblas_get_config(), *p = cfg ? strchr(cfg, ' ') : NULL;
+    size_t len = 0;
+    if (p)
+        for (p++; len + 1 < n && len < 15 && p[len] && (isalnum((unsigned char)p[len]) || strchr(".-", p[len]));)
+            len++;
+    if (len == 0) {
+        snprintf(v, n, "?");
+        return;
+    }
+    memcpy(v, p, len);
+    v[len] = 0;
+}
+
 // CPU brand (cpuid), family / model / stepping, the ISA levels of the CPU and
-// of OpenBLAS's kernels, oneDNN's ISA and the thread count.
+// of OpenBLAS's kernels, both libraries' versions (an upgrade measures again),
+// oneDNN's ISA and the thread count.
 void blas_auto_key(char *key, size_t n) {
     unsigned r[12] = {0}, a = 0, b = 0, c = 0, d = 0;
     char brand[49] = "";
@@ -155,9 +173,11 @@ void blas_auto_key(char *key, size_t n) {
         if (*q == '\t' || *q == '\n' || *q == '\r') *q = ' ';
     size_t len = strlen(p);
     while (len > 0 && p[len - 1] == ' ') p[--len] = 0;
-    snprintf(key, n, "%s|family %u model %u stepping %u|cpu %s|openblas %s|onednn %s|threads %d", p, fam, mod,
-             step, ISA_NAMES[cpu_level()], blas_core_name(), onednn_built() ? onednn_isa_name() : "none",
-             omp_get_max_threads());
+    char obv[16];
+    openblas_version(obv, sizeof obv);
+    snprintf(key, n, "%s|family %u model %u stepping %u|cpu %s|openblas %s %s|onednn %s %s|threads %d", p, fam,
+             mod, step, ISA_NAMES[cpu_level()], obv, blas_core_name(), onednn_version(),
+             onednn_built() ? onednn_isa_name() : "none", omp_get_max_threads());
 }
 
 // ATTNLAB_CACHE_DIR, else $XDG_CACHE_HOME/attnlab, else ~/.cache/attnlab; false when none is set.
