@@ -5,6 +5,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "blas.h"
 #include "test_util.h"
@@ -312,6 +313,11 @@ Test(blas_backend, auto_cache_file_reads_back_and_survives_garbage) {
     for (const char *p = text; *p; p++) lines += *p == '\n';
     cr_assert_eq(lines, 64);
     free(text);
+    // A FIFO in the file's place is not waited on: no verdict.
+    char fifo[700];
+    snprintf(fifo, sizeof fifo, "%s/fifo", test_dir_of(path));
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    cr_assert_not(blas_auto_cache_lookup(fifo, "k", &r, &b));
     // A folder that does not exist: refused, nothing made.
     char missing[700];
     snprintf(missing, sizeof missing, "%s/none/gemm_auto", test_dir_of(path));

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "blas.h"
+#include "fileio.h"
 
 GemmBackend blas_backend = GEMM_OPENBLAS;
 GemmPrecision blas_precision = PRECISION_FP32;
@@ -132,6 +133,7 @@ static double measure_ratio(void) {
 
 #define CACHE_LINE_MAX 512   // longer lines are not ours: skipped
 #define CACHE_LINES_MAX 64   // machines kept (the oldest go first)
+#define CACHE_FILE_MAX (1 << 20)   // a larger file is not ours: no verdict (then rewritten)
 
 // OpenBLAS's version: the second word of its build string ("OpenBLAS 0.3.21
 // DYNAMIC_ARCH ..."), at most 15 characters of [0-9A-Za-z.-].
@@ -208,30 +210,31 @@ static bool cache_parse(char *line, char **key, double *ratio, GemmBackend *b) {
     return true;
 }
 
-// Reads path's well-formed lines (of its first 256); calls f on each. A
-// missing file has none; the file is not trusted: a line too long or with a
-// NUL byte is skipped whole.
+// Reads path's well-formed lines (of its first 256) through file_read_all,
+// as every file the project reads (a regular file, bounded: a FIFO or a
+// device there is never waited on); calls f on each. A missing file has
+// none; the file is not trusted: a line too long or with a NUL byte is
+// skipped whole.
 typedef void (*CacheVisit)(const char *key, double ratio, GemmBackend b, void *ctx);
 static void cache_read(const char *path, CacheVisit f, void *ctx) {
-    FILE *fp = fopen(path, "r");
-    if (!fp) return;
+    uint8_t *data;
+    int64_t n;
+    if (!file_read_all(path, "gemm = auto verdict file", CACHE_FILE_MAX, &data, &n).ok) return;
     char line[CACHE_LINE_MAX + 1];
-    int ch = 0;
-    for (int lines = 0; lines < 4 * CACHE_LINES_MAX && ch != EOF; lines++) {
-        size_t len = 0;
-        bool bad = false;
-        while ((ch = fgetc(fp)) != EOF && ch != '\n') {
-            if (ch == 0 || len == CACHE_LINE_MAX) bad = true;
-            else line[len++] = (char)ch;
-        }
-        if (bad || (len == 0 && ch == EOF)) continue;
+    int64_t at = 0;
+    for (int lines = 0; lines < 4 * CACHE_LINES_MAX && at < n; lines++) {
+        const uint8_t *p = data + at, *nl = memchr(p, '\n', (size_t)(n - at));
+        size_t len = nl ? (size_t)(nl - p) : (size_t)(n - at);
+        at += (int64_t)len + 1;
+        if (len > CACHE_LINE_MAX || memchr(p, 0, len)) continue;
+        memcpy(line, p, len);
         line[len] = 0;
         char *key;
         double r;
         GemmBackend b;
         if (cache_parse(line, &key, &r, &b)) f(key, r, b, ctx);
     }
-    fclose(fp);
+    free(data);
 }
 
 typedef struct Found {
@@ -287,15 +290,12 @@ bool blas_auto_cache_store(const char *path, const char *key, double ratio, Gemm
     cache_format(k->lines[k->n++], key, ratio, b);   // (fits: the key's length was checked)
     // Whole or not at all: a temporary file beside it, renamed over it.
     char tmp[4200];
-    bool ok = snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) < (int)sizeof tmp;
-    int fdsc = ok ? mkstemp(tmp) : -1;
-    FILE *fp = fdsc >= 0 ? fdopen(fdsc, "w") : NULL;
-    ok = fp != NULL;
-    if (!fp && fdsc >= 0) close(fdsc);
-    for (int i = 0; ok && i < k->n; i++) ok = fputs(k->lines[i], fp) >= 0;
-    if (fp) ok = (fclose(fp) == 0) && ok;
+    int fd = snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) < (int)sizeof tmp ? mkstemp(tmp) : -1;
+    bool ok = fd >= 0;
+    for (int i = 0; ok && i < k->n; i++) ok = file_write_all(fd, k->lines[i], strlen(k->lines[i])) == 0;
+    if (fd >= 0) ok = (close(fd) == 0) && ok;
     if (ok) ok = rename(tmp, path) == 0;
-    if (!ok && fdsc >= 0) unlink(tmp);
+    if (!ok && fd >= 0) unlink(tmp);
     free(k);
     return ok;
 }
@@ -308,8 +308,8 @@ bool blas_auto_cache_store(const char *path, const char *key, double ratio, Gemm
 static double auto_ratio(GemmBackend *b, char *where, size_t n) {
     char key[CACHE_LINE_MAX], dir[4096], path[4200], lock[4200];
     blas_auto_key(key, sizeof key);
-    bool have = cache_dir(dir, sizeof dir) && snprintf(path, sizeof path, "%s/gemm_auto", dir) < (int)sizeof path &&
-                snprintf(lock, sizeof lock, "%s.lock", path) < (int)sizeof lock;
+    bool have = cache_dir(dir, sizeof dir) && path_join(path, sizeof path, dir, "gemm_auto").ok &&
+                path_join(lock, sizeof lock, dir, "gemm_auto.lock").ok;
     int lk = -1;
     if (have) {   // mkdir -p of the last two levels (e.g. ~/.cache/attnlab)
         char *slash = strrchr(dir, '/');
