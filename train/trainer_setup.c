@@ -118,8 +118,6 @@ static void keep_gemm_choice(Trainer *t) {
                        blas_backend_name((GemmBackend)b), err);
     }
     t->cfg.train.gemm = b;
-    free(t->cfg.text);
-    t->cfg.text = config_dump_string(&t->cfg);
 }
 
 // The config (the run's effective one) and the threads.
@@ -137,9 +135,6 @@ static Status setup_config(Trainer *t, const TrainerOptions *o) {
     RunConfigArgs args = {t->config_path, o->sets, o->n_sets, o->resume};
     if (s.ok) s = run_config_load(&t->cfg, &args, t->run_dir, sizeof t->run_dir, t->notes, sizeof t->notes);
     if (!s.ok) return s;
-    // The run's effective config: what config.ini and every checkpoint hold.
-    free(t->cfg.text);
-    t->cfg.text = config_dump_string(&t->cfg);
     const TrainConfig *c = &t->cfg;
     dist_set_timeout(c->train.dist_timeout);
     // Threads per rank: [train] threads, else OMP_NUM_THREADS, else (under MPI) the rank's share of the cores.
@@ -154,6 +149,9 @@ static Status setup_config(Trainer *t, const TrainerOptions *o) {
                                 "differently)",
                                 s.msg);
     if (c->train.device == DEVICE_CPU && c->train.gemm == GEMM_AUTO) keep_gemm_choice(t);
+    // The run's effective config (auto's choice in it): what config.ini and every checkpoint hold.
+    free(t->cfg.text);
+    t->cfg.text = config_dump_string(&t->cfg);
     if (snprintf(t->ckpt, sizeof t->ckpt, "%s/checkpoint.h5", t->run_dir) >= (int)sizeof t->ckpt)
         return status_err("[train] run_dir: path too long");
     if (c->data.batch_size < t->ranks)
