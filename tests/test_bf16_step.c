@@ -91,7 +91,7 @@ static void step_free(Step *st, int n) {
 static bool bf16_here(void) { return onednn_built() && onednn_has_bf16(); }
 #endif
 
-// Against plain float32. Rounding an operand to bf16 moves it by up to 2^-9
+// Against plain float32. Rounding an operand to bf16 moves it by up to 2^-8
 // relative; a product's output moves by ~2^-9 of its terms' size, and the loss
 // (a mean over B T = 512 cross-entropies whose errors do not line up) far
 // less: measured 1e-4 relative, allowed 2e-3. Gradients: all of them together,

@@ -42,6 +42,7 @@
 #include "docs.h"
 #include "ops_math.h"
 #include "tile_mm.h"
+#include "tile_mm_bf16.h"
 
 // ---- The op ----
 
@@ -50,16 +51,34 @@ typedef struct AttnDims {
     int bq, bk;           // tile sizes
     int dkp, dvp, bkp;    // dk, dv, bk rounded up to whole vectors (packed row strides)
     real scale;
+    bool bf16;            // the tile products in bf16 (tile_mm_bf16.h)
 } AttnDims;
 
-// iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv, 5 tile_q, 6 tile_k; farg[0] scale.
+// iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv, 5 tile_q, 6 tile_k, 7 bf16 products; farg[0] scale.
 static AttnDims dims_of(const Node *n) {
     AttnDims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], n->iarg[5], n->iarg[6],
-                  0, 0, 0, (real)n->farg[0]};
+                  0, 0, 0, (real)n->farg[0], n->iarg[7] != 0};
     d.dkp = round_vl(d.dk);
     d.dvp = round_vl(d.dv);
     d.bkp = round_vl(d.bk);
     return d;
+}
+
+// Under [train] precision = bf16 the tile products take bf16 operands and sum
+// in float32 (tile_mm_bf16.h): S = Q K^T and dP = dO V^T from Q, K, dO, V
+// rounded to bf16, and P V, P^T dO, dS^T Q, dS K from P and dS rounded to
+// bf16 as well. Everything else stays float32: the scores S and dP as summed,
+// the online max and sum, exp, lse, D and dS = P (dP - D) (rounding P before
+// its row sum would bias l), and the outputs and gradients. Needs even head
+// sizes and tiles (the pairs of vdpbf16ps); otherwise, and where the build
+// has no AVX512_BF16 kernels, the products stay float32.
+bool attn_tiles_bf16(int dk, int dv, int tile_q, int tile_k) {
+#ifdef AG_TILE_BF16
+    return blas_precision == PRECISION_BF16 && dk % 2 == 0 && dv % 2 == 0 && tile_q % 2 == 0 && tile_k % 2 == 0;
+#else
+    (void)dk, (void)dv, (void)tile_q, (void)tile_k;
+    return false;
+#endif
 }
 
 // The forward takes a query tile QB queries at a time, one query per vector
@@ -70,13 +89,19 @@ static AttnDims dims_of(const Node *n) {
 
 // Forward scratch (reals per thread), each piece a whole number of vectors:
 // Qt (dk x bqp), Vp (bk x dvp), St (bk x QB), acc (bq x dvp), m, l (bqp each),
-// with bqp = bq rounded up to QB.
+// with bqp = bq rounded up to QB; with bf16 products also (in pairs, the
+// size of a real) Q^T (dk/2 x bqp), K_j (bk x dk/2), V_j (bk/2 x dvp) and
+// P^T (bk/2 x QB).
 static int forward_bqp(const AttnDims *d) { return (d->bq + QB - 1) / QB * QB; }
 
 static size_t forward_scratch(const AttnDims *d) {
     int bqp = forward_bqp(d);
-    return (size_t)d->dk * bqp + (size_t)d->bk * d->dvp + (size_t)d->bk * QB + (size_t)d->bq * d->dvp +
-           2 * (size_t)bqp;
+    size_t n = (size_t)d->dk * bqp + (size_t)d->bk * d->dvp + (size_t)d->bk * QB + (size_t)d->bq * d->dvp +
+               2 * (size_t)bqp;
+    if (d->bf16)
+        n += (size_t)(d->dk / 2) * bqp + (size_t)round_vl(d->bk * (d->dk / 2)) + (size_t)(d->bk / 2) * d->dvp +
+             (size_t)(d->bk / 2) * QB;
+    return n;
 }
 
 // One query tile of one head: o rows t0..t0+nq-1 and their lse.
@@ -89,7 +114,14 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
     int ldq = d->H * d->dk, ldv = d->H * d->dv, dvp = d->dvp, bqp = forward_bqp(d);
     real *Qt = scratch, *Vp = Qt + (size_t)d->dk * bqp, *St = Vp + (size_t)d->bk * dvp;
     real *acc = St + (size_t)d->bk * QB, *m = acc + (size_t)d->bq * dvp, *l = m + bqp;
-    pack_transposed(Qt, bqp, q + (int64_t)t0 * ldq, ldq, nq, d->dk);
+#ifdef AG_TILE_BF16
+    int dkh = d->dk / 2;   // (bf16: dk, dv, bk even)
+    bfpair *QtP = (bfpair *)(l + bqp), *Kb = QtP + (size_t)dkh * bqp;
+    bfpair *VR = Kb + round_vl(d->bk * dkh), *PP = VR + (size_t)(d->bk / 2) * dvp;
+    if (d->bf16) pack_pair_transposed(QtP, bqp, q + (int64_t)t0 * ldq, ldq, nq, d->dk);
+    else
+#endif
+        pack_transposed(Qt, bqp, q + (int64_t)t0 * ldq, ldq, nq, d->dk);
     for (int i = 0; i < bqp; i++) m[i] = -INFINITY, l[i] = 0;
     memset(acc, 0, (size_t)nq * dvp * sizeof(real));
     bool v_in = in_place(v, ldv, d->dv);   // V rows used where they are (else copied into Vp)
@@ -99,6 +131,12 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
     for (int s0 = s_lo; s0 < s_end; s0 += d->bk) {
         int nk = imin(d->bk, s_end - s0);
         const real *Vj = v_in ? v + (int64_t)s0 * ldv : Vp;   // V_j rows, stride ldvj
+#ifdef AG_TILE_BF16
+        if (d->bf16) {   // K_j's rows and V_j's pairs of rows, in bf16
+            pack_pair_rows(Kb, dkh, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
+            pack_pair_cols(VR, dvp, v + (int64_t)s0 * ldv, ldv, 0, nk, d->dv);
+        } else
+#endif
         if (!v_in) pack_rows(Vp, dvp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
         // Query blocks from the one holding the first query that sees key s0.
         for (int i0 = imax(0, s0 - t0) / QB * QB; i0 < nq; i0 += QB) {
@@ -112,7 +150,13 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
                 if (docs_begin(first, t0 + i0) >= s0 + kmax) continue;   // every query's document begins later
                 for (int i = 0; i < QB; i++) lo[i] = docs_begin(first, t0 + i0 + imin(i, nr - 1)) - s0;
             }
-            tile_mm(kmax, QB, d->dk, d->scale, k + (int64_t)s0 * ldq, ldq, 1, Qt + i0, bqp, St, QB, false);
+#ifdef AG_TILE_BF16
+            if (d->bf16)
+                tile_mm_bf16_band(kmax, QB, d->dk, TILE_FULL(kmax, d->dk), d->scale, Kb, dkh, 1, QtP + i0, bqp, St,
+                                  QB, false);
+            else
+#endif
+                tile_mm(kmax, QB, d->dk, d->scale, k + (int64_t)s0 * ldq, ldq, 1, Qt + i0, bqp, St, QB, false);
             real *mb = m + i0, *lb = l + i0, mx[QB], sum[QB], alpha[QB];
 #pragma omp simd
             for (int i = 0; i < QB; i++) mx[i] = mb[i], sum[i] = 0;
@@ -177,7 +221,13 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
                     for (int j = 0; j < dvp; j++) Ai[j] *= alpha[i];
                 }
             // acc += P V_j, P = St^T.
-            tile_mm_band(nr, dvp, kmax, -nr, lag, 1, St, 1, QB, Vj, ldvj, acc + (int64_t)i0 * dvp, dvp, true);
+#ifdef AG_TILE_BF16
+            if (d->bf16) {   // P's pairs of keys in bf16 (rows kmax .. of St are not scores: zero)
+                pack_pair_cols(PP, QB, St, QB, 0, kmax, QB);
+                tile_mm_bf16_band(nr, dvp, kmax, -nr, lag, 1, PP, 1, QB, VR, dvp, acc + (int64_t)i0 * dvp, dvp, true);
+            } else
+#endif
+                tile_mm_band(nr, dvp, kmax, -nr, lag, 1, St, 1, QB, Vj, ldvj, acc + (int64_t)i0 * dvp, dvp, true);
         }
     }
     for (int i = 0; i < nq; i++) {
@@ -221,22 +271,37 @@ static void flash_forward(Node *n) {
 //   per key tile:   Kt (dk x bkp), Vt (dv x bkp), Kp (bk x dkp), dKj (bk x dkp), dVj (bk x dvp)
 //   per query tile: Qp (bq x dkp), dOp (bq x dvp), P, dS (bq x bkp each), dQi (bq x dkp)
 //   per head:       D (T)
+// and with bf16 products (tile_mm_bf16.h; pairs, the size of a real), Th = T rounded up to even:
+//   per key tile:   KtP (dk/2 x bkp), VtP (dv/2 x bkp), KR (bk/2 x dkp)
+//   per query tile: PR, dSR (bq/2 x bkp each), dSb (bq x bkp/2)
+//   per head:       Qb (T x dk/2), dOb (T x dv/2), QR (Th/2 x dkp), dOR (Th/2 x dvp)
 typedef struct BwdScratch {
     real *Kt, *Vt, *Kp, *dKj, *dVj, *Qp, *dOp, *P, *dS, *dQi, *D;
+    bfpair *KtP, *VtP, *KR, *PR, *dSR, *dSb, *Qb, *dOb, *QR, *dOR;
 } BwdScratch;
 
 // The reals the scratch takes; with w, also points w's pieces into base.
 static size_t backward_scratch(const AttnDims *d, real *base, BwdScratch *w) {
-    size_t sizes[11] = {(size_t)d->dk * d->bkp, (size_t)d->dv * d->bkp, (size_t)d->bk * d->dkp,
+    size_t h = d->bf16, Th = (size_t)(d->T + 1) / 2;
+    size_t sizes[21] = {(size_t)d->dk * d->bkp, (size_t)d->dv * d->bkp, (size_t)d->bk * d->dkp,
                         (size_t)d->bk * d->dkp, (size_t)d->bk * d->dvp, (size_t)d->bq * d->dkp,
                         (size_t)d->bq * d->dvp, (size_t)d->bq * d->bkp, (size_t)d->bq * d->bkp,
-                        (size_t)d->bq * d->dkp, (size_t)d->T};
-    size_t off[12] = {0};
-    for (int i = 0; i < 11; i++) off[i + 1] = off[i] + sizes[i];
-    if (w)
-        *w = (BwdScratch){base + off[0], base + off[1], base + off[2], base + off[3], base + off[4], base + off[5],
-                          base + off[6], base + off[7], base + off[8], base + off[9], base + off[10]};
-    return off[11];
+                        (size_t)d->bq * d->dkp, (size_t)d->T,
+                        h * (d->dk / 2) * d->bkp, h * (d->dv / 2) * d->bkp, h * (d->bk / 2) * d->dkp,
+                        h * (d->bq / 2) * d->bkp, h * (d->bq / 2) * d->bkp, h * d->bq * (d->bkp / 2),
+                        h * d->T * (d->dk / 2), h * d->T * (d->dv / 2), h * Th * d->dkp, h * Th * d->dvp};
+    size_t off[22] = {0};
+    for (int i = 0; i < 21; i++) off[i + 1] = off[i] + (sizes[i] + VL - 1) / VL * VL;
+    if (w) {
+        real *p[21];
+        for (int i = 0; i < 21; i++) p[i] = base + off[i];
+        *w = (BwdScratch){p[0],           p[1],           p[2],           p[3],           p[4],
+                          p[5],           p[6],           p[7],           p[8],           p[9],
+                          p[10],          (bfpair *)p[11], (bfpair *)p[12], (bfpair *)p[13], (bfpair *)p[14],
+                          (bfpair *)p[15], (bfpair *)p[16], (bfpair *)p[17], (bfpair *)p[18], (bfpair *)p[19],
+                          (bfpair *)p[20]};
+    }
+    return off[21];
 }
 
 // All blocks of one (batch, head). Pointers are the head's base in batch b;
@@ -261,13 +326,34 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
     bool q_in = in_place(q, ldq, d->dk), k_in = in_place(k, ldq, d->dk), dO_in = in_place(dO, ldv, d->dv);
     bool dq_in = dq && in_place(dq, ldq, d->dk), dk_in = dk && in_place(dk, ldq, d->dk);
     bool dv_in = dv && in_place(dv, ldv, d->dv);
+#ifdef AG_TILE_BF16
+    // bf16 products: the head's Q and dO rows (for S and dP) and pairs of
+    // rows (for dK and dV) once; the pairs of rows start at even rows, which
+    // the query tiles do too (bq even).
+    int dkh = d->dk / 2, dvh = d->dv / 2;
+    if (d->bf16) {
+        pack_pair_rows(w->Qb, dkh, q, ldq, T, d->dk);
+        if (need_ds) pack_pair_rows(w->dOb, dvh, dO, ldv, T, d->dv);
+        if (dk) pack_pair_cols(w->QR, dkp, q, ldq, 0, T, d->dk);
+        if (dv) pack_pair_cols(w->dOR, dvp, dO, ldv, 0, T, d->dv);
+    }
+#endif
     for (int s0 = 0; s0 < T; s0 += bk) {
         int nk = imin(bk, T - s0), nkv = round_vl(nk);
-        pack_transposed(w->Kt, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
-        if (need_ds) pack_transposed(w->Vt, bkp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
+#ifdef AG_TILE_BF16
+        if (d->bf16) {   // K_j^T and V_j^T in pairs along the head, K_j in pairs of keys
+            pack_pair_transposed(w->KtP, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
+            if (need_ds) pack_pair_transposed(w->VtP, bkp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
+            if (dq) pack_pair_cols(w->KR, dkp, k + (int64_t)s0 * ldq, ldq, 0, nk, d->dk);
+        } else
+#endif
+        {
+            pack_transposed(w->Kt, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
+            if (need_ds) pack_transposed(w->Vt, bkp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
+        }
         const real *Kj = k_in ? k + (int64_t)s0 * ldq : w->Kp;   // K_j rows, stride ldk
         int ldk = k_in ? ldq : dkp;
-        if (dq && !k_in) pack_rows(w->Kp, dkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
+        if (dq && !k_in && !d->bf16) pack_rows(w->Kp, dkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
         real *dKj = dk_in ? dk + (int64_t)s0 * ldq : w->dKj, *dVj = dv_in ? dv + (int64_t)s0 * ldv : w->dVj;
         int lddk = dk_in ? ldq : dkp, lddv = dv_in ? ldv : dvp;
         if (dk && !dk_in) memset(w->dKj, 0, (size_t)nk * dkp * sizeof(real));
@@ -281,14 +367,20 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
             const real *Qi = q + (int64_t)t0 * ldq, *dOi = dO + (int64_t)t0 * ldv;
             const real *Qb = q_in ? Qi : w->Qp, *dOb = dO_in ? dOi : w->dOp;
             int ldqb = q_in ? ldq : dkp, ldob = dO_in ? ldv : dvp;
-            if (dk && !q_in) pack_rows(w->Qp, dkp, Qi, ldq, nq, d->dk);
-            if (dv && !dO_in) pack_rows(w->dOp, dvp, dOi, ldv, nq, d->dv);
+            if (dk && !q_in && !d->bf16) pack_rows(w->Qp, dkp, Qi, ldq, nq, d->dk);
+            if (dv && !dO_in && !d->bf16) pack_rows(w->dOp, dvp, dOi, ldv, nq, d->dv);
             for (int i0 = r0; i0 < nq; i0 += MR) {
                 int nr = imin(MR, nq - i0);
                 int kmax = imin(nk, t0 + i0 + nr - s0);   // keys seen by the block's last row
                 real *P = w->P + (int64_t)i0 * bkp, *dS = w->dS + (int64_t)i0 * bkp;
-                tile_mm(nr, round_vl(kmax), d->dk, d->scale, Qi + (int64_t)i0 * ldq, ldq, 1, w->Kt, bkp, P, bkp,
-                        false);
+#ifdef AG_TILE_BF16
+                if (d->bf16)
+                    tile_mm_bf16_band(nr, round_vl(kmax), d->dk, TILE_FULL(nr, d->dk), d->scale,
+                                      w->Qb + (int64_t)(t0 + i0) * dkh, dkh, 1, w->KtP, bkp, P, bkp, false);
+                else
+#endif
+                    tile_mm(nr, round_vl(kmax), d->dk, d->scale, Qi + (int64_t)i0 * ldq, ldq, 1, w->Kt, bkp, P, bkp,
+                            false);
                 for (int r = 0; r < nr; r++) {
                     real *Pr = P + (int64_t)r * bkp, L = lse[t0 + i0 + r];
                     int nvalid = imin(nk, t0 + i0 + r - s0 + 1);
@@ -297,7 +389,14 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
                     for (int j = 0; j < nkv; j++) Pr[j] = j < nvalid && j >= jlo ? r_exp(Pr[j] - L) : 0;
                 }
                 if (!need_ds) continue;
-                tile_mm(nr, round_vl(kmax), d->dv, 1, dOi + (int64_t)i0 * ldv, ldv, 1, w->Vt, bkp, dS, bkp, false);
+#ifdef AG_TILE_BF16
+                if (d->bf16)
+                    tile_mm_bf16_band(nr, round_vl(kmax), d->dv, TILE_FULL(nr, d->dv), 1,
+                                      w->dOb + (int64_t)(t0 + i0) * dvh, dvh, 1, w->VtP, bkp, dS, bkp, false);
+                else
+#endif
+                    tile_mm(nr, round_vl(kmax), d->dv, 1, dOi + (int64_t)i0 * ldv, ldv, 1, w->Vt, bkp, dS, bkp,
+                            false);
                 for (int r = 0; r < nr; r++) {
                     real *Pr = P + (int64_t)r * bkp, *dSr = dS + (int64_t)r * bkp, Dt = w->D[t0 + i0 + r];
 #pragma omp simd
@@ -307,6 +406,33 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
             // Row r0 + i sees key j of the tile iff j <= i + cut (0 <= cut < bq).
             int nr = nq - r0, cut = t0 + r0 - s0;   // rows that see some key of the tile
             const real *P = w->P + (int64_t)r0 * bkp, *dS = w->dS + (int64_t)r0 * bkp;
+#ifdef AG_TILE_BF16
+            if (d->bf16) {
+                // P and dS in pairs of rows r0 + 2i, r0 + 2i + 1, against the
+                // head's pairs of Q and dO rows from row t0 + r0 (t0 and r0 =
+                // s0 - t0 or 0 are even: the tiles are).
+                int64_t pr = (t0 + r0) / 2;   // the pair of rows t0 + r0, t0 + r0 + 1
+                if (dv) {   // dV_j += P^T dO_i
+                    pack_pair_cols(w->PR, bkp, P, bkp, 0, nr, nk);
+                    tile_mm_bf16_band(nk, dvp, nr, -cut, nr, 1, w->PR, 1, bkp, w->dOR + pr * dvp, dvp, dVj, lddv,
+                                      true);
+                }
+                if (dk) {   // dK_j += scale dS^T Q_i
+                    pack_pair_cols(w->dSR, bkp, dS, bkp, 0, nr, nk);
+                    tile_mm_bf16_band(nk, dkp, nr, -cut, nr, d->scale, w->dSR, 1, bkp, w->QR + pr * dkp, dkp, dKj,
+                                      lddk, true);
+                }
+                if (dq) {   // dQ_i += scale dS K_j
+                    int bkh = bkp / 2;
+                    pack_pair_rows(w->dSb, bkh, dS, bkp, nr, nk);
+                    real *C = dq_in ? dq + (int64_t)(t0 + r0) * ldq : w->dQi;
+                    tile_mm_bf16_band(nr, dkp, nk, -nr, cut, d->scale, w->dSb, bkh, 1, w->KR, dkp, C,
+                                      dq_in ? ldq : dkp, dq_in);
+                    if (!dq_in) add_rows(dq + (int64_t)(t0 + r0) * ldq, ldq, w->dQi, dkp, nr, d->dk);
+                }
+                continue;
+            }
+#endif
             if (dv)   // dV_j += P^T dO_i
                 tile_mm_band(nk, dvp, nr, -cut, nr, 1, P, 1, bkp, dOb + (int64_t)r0 * ldob, ldob, dVj, lddv, true);
             if (dk)   // dK_j += scale dS^T Q_i
@@ -377,6 +503,7 @@ Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_head
     n->iarg[4] = v->shape[2] / n_heads;
     n->iarg[5] = tile_q;
     n->iarg[6] = tile_k;
+    n->iarg[7] = attn_tiles_bf16(n->iarg[3], n->iarg[4], tile_q, tile_k);
     n->farg[0] = scale;
     n->aux = docs_first(tp, doc_start, B, T);
     if (n->recorded) n->saved = tape_dalloc(tp, (size_t)B * n_heads * T * sizeof(real));

@@ -33,6 +33,11 @@ Tensor *op_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, dou
 // The same with explicit tile sizes (tests run several tiles per sequence at small T).
 Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale,
                            const int *doc_start, int tile_q, int tile_k);
+// Whether op_attention's tile products run in bf16 (float32 sums) for these
+// head sizes and tiles now: under [train] precision = bf16 (blas_precision),
+// in float32 builds whose compiler targets AVX512_BF16, with even head sizes
+// and tiles. attn_flash.c says which parts stay float32.
+bool attn_tiles_bf16(int dk, int dv, int tile_q, int tile_k);
 // The O(T^2)-memory reference, same contract as op_attention.
 Tensor *op_attention_naive(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale);
 // The reference restricted to allowed positions: allow (B, T, T), row (b, t)
