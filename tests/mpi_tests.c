@@ -11,7 +11,9 @@
 // losses go on as if never stopped; SIGINT, SIGTERM and SIGUSR1 to mpirun
 // save a checkpoint that resumes; a rank killed with SIGKILL ends the job at once and
 // a stopped (hung) one within the watchdog's timeout, with a message, leaving
-// a loadable checkpoint; the collectives also run over TCP.
+// a loadable checkpoint; the collectives also run over TCP; with bf16
+// products, repeat runs are bit-identical and ranks follow one process to
+// bf16's rounding.
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -20,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "blas.h"
 #include "checkpoint.h"
 #include "model_setup.h"
 #include "test_util.h"
@@ -437,4 +440,41 @@ Test(mpi, indexer_finetuning_equals_one_process, .timeout = 120) {
     double l = loss_diff(&one, &two, 1, 6);
     cr_assert_leq(l, LOSS_TOL, "the distillation KL differs by %.3g", l);
     cr_assert_leq(param_diff(&one, &two), PARAM_TOL);
+}
+
+// bf16 products ([train] precision = bf16) on ranks: repeat runs are the
+// same bits, and 2 ranks follow one process to bf16's own rounding. Not to
+// float32's, as in float32: each rank's loss is the mean over its own rows
+// (scaled by its share of the batch in the reduction), so its output
+// gradients dlogits are the one process's times 5/3 or 5/2, which round to
+// bf16 differently, and every weight gradient carries that difference
+// (~2^-9 relative). SGD, not AdamW: AdamW's first step turns any change in
+// the sign of a near-zero gradient into a jump of 2 lr, which no tolerance
+// of the losses could tell from a fault. Measured 4.5e-4 in the losses over
+// these 12 steps, allowed 2e-3; bf16 and float32 products differ by 1.7e-3
+// (which also says the products were bf16: float32 ranks differ by 2e-6).
+Test(mpi, bf16_ranks_repeat_bitwise_and_follow_one_process, .timeout = 300) {
+#ifdef AG_DOUBLE
+    cr_skip_test("bf16 products are float32 builds only");
+#else
+    if (!(onednn_built() && onednn_has_bf16())) cr_skip_test("this CPU has no AVX512_BF16 (or no oneDNN)");
+    setup_config("mpi_bf16");
+    const char *bf[] = {"--set", "train.precision=bf16", "--set", "train.gemm=onednn", "--set", "train.optimizer=sgd",
+                        NULL};
+    const char *fp[] = {"--set", "train.precision=fp32", "--set", "train.gemm=onednn", "--set", "train.optimizer=sgd",
+                        NULL};
+    Run one = run("one", 0, bf), two = run("two", 2, bf), two_again = run("two_again", 2, bf);
+    Run one_fp32 = run("one_fp32", 0, fp);
+    cr_assert_eq(param_diff(&two, &two_again), 0, "two bf16 runs on 2 ranks differ");
+    cr_assert_eq(loss_diff(&two, &two_again, 1, 12), 0);
+    double l = loss_diff(&one, &two, 1, 12), lf = loss_diff(&one, &one_fp32, 1, 12);
+    cr_log_info("bf16 losses, 2 ranks vs one process: %.1e; bf16 vs float32 products: %.1e", l, lf);
+    cr_assert_leq(l, 2e-3, "bf16: 2 ranks and one process differ by %.3g in the losses", l);
+    cr_assert_geq(lf, 1e-4, "bf16 and float32 products differ by only %.3g: were they bf16?", lf);
+    char p[1500];   // the run keeps its precision
+    snprintf(p, sizeof p, "%s/config.ini", two.dir);
+    char *text = test_read_file(p);
+    cr_assert(text && strstr(text, "precision = bf16"), "%s", text ? text : p);
+    free(text);
+#endif
 }
