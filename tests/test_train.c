@@ -106,6 +106,82 @@ Test(train, resume_is_bit_exact, .timeout = 120) {
     trainer_free(&b);
 }
 
+#ifndef AG_DOUBLE
+// The user's path with bf16 products, chosen by --set (not in the ini): the
+// run keeps precision = bf16 in config.ini and its checkpoint, an
+// interrupted run resumes bit for bit (the attention tiles and the dense
+// products round the same way again), `generate --check` decodes the bf16
+// checkpoint (in float32) equal to its parallel forward, and indexer
+// fine-tuning starts from it, in bf16 too.
+Test(train, bf16_run_resumes_bit_exact_generates_and_finetunes, .timeout = 180) {
+    if (!(onednn_built() && onednn_has_bf16())) cr_skip_test("this CPU has no AVX512_BF16 (or no oneDNN)");
+    enum { N = 6 };
+    const char *dir = scratch("gdn,attn", N, NULL);
+    static Trainer a, b, f;
+    const char *bf[] = {"train.precision=bf16"};
+    TrainerOptions o = opts(dir, false);
+    o.sets = bf;
+    o.n_sets = 1;
+    Status s = trainer_setup(&a, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq((int)blas_precision, PRECISION_BF16);
+    cr_assert_eq(trainer_run(&a, &o), 0);
+    double straight[N];
+    for (int i = 0; i < N; i++) straight[i] = trainer_loss(&a, i);
+    trainer_free(&a);
+    char path[700];
+    snprintf(path, sizeof path, "%s/run/config.ini", dir);
+    char *ini = test_read_file(path);
+    cr_assert(strstr(ini, "\nprecision = bf16\n"), "config.ini should keep the --set: %s", ini);
+    free(ini);
+    o.stop_after = 3;
+    o.overwrite = true;
+    s = trainer_setup(&a, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(trainer_run(&a, &o), 130);
+    trainer_free(&a);
+    test_use_backend(0);   // (float32 products now: the resume must bring bf16 back from the checkpoint)
+    TrainerOptions r = opts(dir, true);
+    s = trainer_setup(&b, &r);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq((int)blas_precision, PRECISION_BF16, "the resumed run must multiply in bf16 again");
+    cr_assert_eq(trainer_run(&b, &r), 0);
+    double resumed[N];
+    for (int i = 3; i < N; i++) resumed[i] = trainer_loss(&b, i);
+    test_assert_resumed_losses(resumed, straight, 3, N);
+    trainer_free(&b);
+    char ckpt[700], err[700];
+    snprintf(ckpt, sizeof ckpt, "%s/run/checkpoint.h5", dir);
+    char *text = NULL;
+    s = checkpoint_read_config(ckpt, &text);
+    cr_assert(s.ok && strstr(text, "\nprecision = bf16\n"), "the checkpoint's config: %s", s.ok ? text : s.msg);
+    free(text);
+    char *gen = (char *)test_program("generate");
+    snprintf(err, sizeof err, "%s/gen.err", dir);
+    char *argv[] = {gen, "--checkpoint", ckpt, "--prompt", "the light", "--max-tokens", "20", "--check", NULL};
+    int rc = test_spawn(argv, NULL, NULL, err, 60, NULL);
+    char *out = test_read_file(err);
+    cr_assert(rc == 0 && out && strstr(out, "OK"), "generate --check on the bf16 checkpoint (exit %d):\n%s", rc,
+              out ? out : "");
+    free(out);
+    // Indexer fine-tuning from it, still bf16 (--set again), into a folder of its own.
+    char init[800], rd[800];
+    snprintf(init, sizeof init, "finetune.init_from=%s", ckpt);
+    snprintf(rd, sizeof rd, "train.run_dir=%s/ft", dir);
+    const char *ft[] = {"finetune.mode=indexer", init, rd, "model.topk=8", "model.index_heads=2",
+                        "model.index_dim=8", "train.steps=3", "train.precision=bf16"};
+    TrainerOptions fo = opts(dir, false);
+    fo.sets = ft;
+    fo.n_sets = 8;
+    s = trainer_setup(&f, &fo);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq((int)blas_precision, PRECISION_BF16);
+    cr_assert_eq(trainer_run(&f, &fo), 0);
+    cr_assert(isfinite(trainer_loss(&f, 2)), "the distillation loss: %g", trainer_loss(&f, 2));
+    trainer_free(&f);
+}
+#endif
+
 // gemm = auto chooses once: the run's config.ini and checkpoint name the
 // backend it chose, and a resume multiplies on that one whatever a new
 // measurement would say (here: whichever backend was selected last).
