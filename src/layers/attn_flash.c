@@ -23,6 +23,8 @@
 // scores MR queries at a time with the keys along the lanes, against K_j^T
 // and V_j^T packed once per key tile. Diagonal blocks skip their masked half
 // (tile_mm_band). Scratch: one slot per thread from tape_thread_slots.
+// Under [train] precision = bf16 the same products run on bf16 operands with
+// float32 sums (tile_mm_bf16.h; attn_tiles_bf16 below says what stays float32).
 //
 // Documents (docs.h): query t sees the keys lo(t) <= s <= t, lo(t) the start
 // of its document (block-diagonal causal). Key tiles wholly before a query
