@@ -47,6 +47,18 @@ static void run_to_end(Trainer *t, const char *dir) {
     cr_assert_eq(trainer_run(t, &o), 0);
 }
 
+// The run of o stopped after `at` steps (as Ctrl-C would), in the same run
+// folder as an earlier run of o; leaves its checkpoint for a resume.
+static void run_interrupted(Trainer *t, TrainerOptions o, int at) {
+    o.stop_after = at;
+    o.overwrite = true;
+    Status s = trainer_setup(t, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(trainer_run(t, &o), 130);
+    cr_assert_eq(t->step, at);
+    trainer_free(t);
+}
+
 Test(train, config_errors_name_file_line_key_and_write_nothing) {
     const char *dir = scratch("gdn", 2, "lerning_rate = 0.1\n");
     static Trainer t;
@@ -86,14 +98,7 @@ Test(train, resume_is_bit_exact, .timeout = 120) {
     double straight[N];
     for (int i = 0; i < N; i++) straight[i] = trainer_loss(&a, i);
     trainer_free(&a);
-    // Interrupted after 3 steps (as Ctrl-C would), then resumed.
-    o.stop_after = 3;
-    o.overwrite = true;   // the same run folder as the uninterrupted run
-    s = trainer_setup(&a, &o);
-    cr_assert(s.ok, "%s", s.msg);
-    cr_assert_eq(trainer_run(&a, &o), 130);
-    cr_assert_eq(a.step, 3);
-    trainer_free(&a);
+    run_interrupted(&a, o, 3);   // then resumed
     TrainerOptions r = opts(dir, true);
     s = trainer_setup(&b, &r);
     cr_assert(s.ok, "%s", s.msg);
@@ -134,12 +139,7 @@ Test(train, bf16_run_resumes_bit_exact_generates_and_finetunes, .timeout = 180) 
     char *ini = test_read_file(path);
     cr_assert(strstr(ini, "\nprecision = bf16\n"), "config.ini should keep the --set: %s", ini);
     free(ini);
-    o.stop_after = 3;
-    o.overwrite = true;
-    s = trainer_setup(&a, &o);
-    cr_assert(s.ok, "%s", s.msg);
-    cr_assert_eq(trainer_run(&a, &o), 130);
-    trainer_free(&a);
+    run_interrupted(&a, o, 3);
     test_use_backend(0);   // (float32 products now: the resume must bring bf16 back from the checkpoint)
     TrainerOptions r = opts(dir, true);
     s = trainer_setup(&b, &r);
