@@ -14,12 +14,18 @@
 typedef uint16_t bf16;
 typedef uint32_t __attribute__((may_alias)) bf16_bits32;   // a float's bits, read in place
 
+// The bf16 bits of a float's 32 bits u (in the low 16 bits), rounded half to
+// even; a NaN stays a NaN, quiet. A select, not a branch, so loops over it
+// vectorise.
+static inline uint32_t bf16_bits(uint32_t u) {
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40 : r;
+}
+
 static inline bf16 bf16_from_float(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);   // NaN: keep it one, quiet
-    u += 0x7fffu + ((u >> 16) & 1u);                                        // round half to even
-    return (bf16)(u >> 16);
+    return (bf16)bf16_bits(u);
 }
 
 static inline float bf16_to_float(bf16 h) {
@@ -34,17 +40,12 @@ static inline float bf16_to_float(bf16 h) {
 static inline float bf16_round(float f) { return bf16_to_float(bf16_from_float(f)); }
 
 // dst (n x w, row stride ldd) = src (n x w, row stride lds) rounded to bf16.
-// The NaN test is a select, so the loop vectorises.
 static inline void bf16_from_rows(bf16 *dst, int64_t ldd, const float *src, int64_t lds, int n, int w) {
     for (int i = 0; i < n; i++) {
         const bf16_bits32 *s = (const bf16_bits32 *)(src + i * lds);
         bf16 *d = dst + i * ldd;
 #pragma omp simd
-        for (int j = 0; j < w; j++) {
-            uint32_t u = s[j];
-            uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-            d[j] = (bf16)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40 : r);
-        }
+        for (int j = 0; j < w; j++) d[j] = (bf16)bf16_bits(s[j]);
     }
 }
 

@@ -28,12 +28,7 @@ typedef uint32_t bfpair;   // two bf16 numbers: element 2p in the low 16 bits, 2
 #define AG_TILE_BF16 1
 #include <immintrin.h>
 
-// The bf16 bits of f's 32 bits u, rounded to nearest even; a NaN stays a quiet NaN (bf16_from_float).
-static inline uint32_t bf16_bits(uint32_t u) {
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40 : r;
-}
-
+// (bf16_bits, bf16.h: one float's bits rounded to bf16, as every bf16 path of the project rounds.)
 static inline bfpair bfpair_of(uint32_t lo, uint32_t hi) { return bf16_bits(lo) | bf16_bits(hi) << 16; }
 
 // Pairs along each row: dst row i (stride ldd pairs) = n rows of w floats of
