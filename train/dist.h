@@ -114,8 +114,9 @@ void dist_grads_free(DistGrads *g);
 // over it; the gradient norm sums over it in both modes).
 void dist_grads_slice(const DistGrads *g, int64_t *lo, int64_t *hi);
 // Before the backward of the last micro-batch (the tape recorded): scale
-// this rank's gradients by `weight` (its share of the global batch) as each
-// bucket starts, and hook the tape to start the buckets.
+// this rank's gradients by `weight` as each bucket starts (the trainer: 1 /
+// accum_steps; its loss is already its share of the global batch's mean, see
+// Tape.loss_rows), and hook the tape to start the buckets.
 void dist_grads_arm(DistGrads *g, Tape *tp, double weight);
 // After that backward: start the buckets not started yet, unhook the tape.
 void dist_grads_flush(DistGrads *g);

@@ -134,11 +134,15 @@ static Status save_checkpoint(Trainer *t) {
 }
 
 // One micro-batch: forward, backward; returns the loss to report (the KL in
-// mode = indexer, the LM loss otherwise) and sets t->last_kl. reduce: the
-// last micro-batch of a step under MPI: its backward starts the gradient
-// reduction, with this rank's weight in the global batch.
+// mode = indexer, the LM loss otherwise) and sets t->last_kl. Under MPI the
+// losses are this rank's share of the global batch's mean (Tape.loss_rows):
+// divided by the global count, so that every row's gradient has the bits it
+// has in one process and the ranks' gradients sum to the global one. reduce:
+// the last micro-batch of a step under MPI: its backward starts the gradient
+// reduction, each gradient scaled by `weight` (1 / accum_steps).
 static double train_micro_batch(Trainer *t, int B, int T, bool reduce, double weight) {
     Tensor *loss, *objective;
+    t->tp.loss_rows = t->bt.B;
     const int *doc = batcher_has_flags(&t->bt) ? t->doc : NULL;
     if (t->cfg.finetune.mode == FT_INDEXER) {
         loss = objective = lm_distill_loss_docs(&t->tp, &t->lm, t->x, doc, B, T);
@@ -157,6 +161,7 @@ static double train_micro_batch(Trainer *t, int B, int T, bool reduce, double we
     tape_backward(&t->tp, objective);
     if (reduce) dist_grads_flush(t->dg);
     tape_reset(&t->tp);
+    t->tp.loss_rows = 0;   // (validation weighs each rank's mean itself)
     return v;
 }
 
@@ -365,18 +370,17 @@ static void train_step(Trainer *t, int warmup, StepResult *r) {
     const TrainConfig *c = &t->cfg;
     int accum = c->train.accum_steps, Bl = batcher_share(&t->bt), T = c->data.seq_len;
     bool dist = t->dg != NULL;
-    double w = share_weight(t);
     memset(r, 0, sizeof *r);
     params_zero_grad(&t->ps);
     double loss_sum = 0;
     for (int a = 0; a < accum; a++) {
         batcher_train(&t->bt, t->x, t->y, t->doc);
-        loss_sum += train_micro_batch(t, Bl, T, dist && a == accum - 1, w / accum);
+        loss_sum += train_micro_batch(t, Bl, T, dist && a == accum - 1, 1.0 / accum);
     }
-    r->loss = loss_sum / accum;
+    r->loss = loss_sum / accum;   // under MPI: this rank's share
     if (dist) {
         dist_grads_wait(t->dg);   // ps->grad: the global batch's gradient (ZeRO-1: on this rank's slice)
-        double v[3] = {w * r->loss, optim_grad_sumsq(&t->ps, t->slice_lo, t->slice_hi), stop_requested ? 1 : 0};
+        double v[3] = {r->loss, optim_grad_sumsq(&t->ps, t->slice_lo, t->slice_hi), stop_requested ? 1 : 0};
         dist_sum(v, 3, "step reduction");
         r->loss = v[0];
         r->gnorm = sqrt(v[1]);

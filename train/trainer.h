@@ -57,7 +57,7 @@ typedef struct Trainer {
     // [finetune] (mode != none): what came from init_from, and the DSA figures.
     ParamsLoadReport init_report;   // parameters loaded from init_from; the missing ones are fresh indexers
     DsaMode dsa_mode;               // the attn_dsa layers' mode while training
-    double last_kl;                 // the last step's KL term (NaN when there is none)
+    double last_kl;                 // the last step's KL term (NaN when there is none; under MPI this rank's share)
     DsaEval last_dsa;               // the last evaluation's DSA figures (NaN when not run)
     double decode_dense_tok_s, decode_sparse_tok_s;   // at the end, at a DSA_DECODE_CTX context
     // Data parallel (dist.h; README "Many processes (MPI)"): rank `rank` of

@@ -64,10 +64,15 @@ Tensor *op_softmax(Tape *tp, Tensor *x) {
 typedef struct CeSaved {
     real *lse;      // (rows) log-sum-exp of each row
     int count;      // rows with a target >= 0
+    double denom;   // what the sum is divided by: count, scaled to the whole batch (Tape.loss_rows)
 } CeSaved;
 
-// aux: targets (rows). out: (1), the mean over counted rows of lse - x[target]
-// (0, with a zero gradient, when every target is ignored).
+// aux: targets (rows). iarg: 0 the logits' dim 0 (B), 1 the whole batch's
+// (Tape.loss_rows; B in one process). out: (1), the sum over counted rows of
+// lse - x[target] divided by count x iarg[1] / iarg[0]: the mean over counted
+// rows, or this share's part of the whole batch's mean (exact when every row
+// of the batch counts as many targets). 0, with a zero gradient, when every
+// target is ignored.
 static void ce_forward(Node *n) {
     const Tensor *x = n->in[0];
     const int *tg = n->aux;
@@ -96,16 +101,18 @@ static void ce_forward(Node *n) {
         sum += loss[r];
         count += tg[r] >= 0;
     }
-    n->out[0]->data[0] = (real)(count ? sum / count : 0.0);
+    double denom = (double)count * n->iarg[1] / n->iarg[0];
+    n->out[0]->data[0] = (real)(count ? sum / denom : 0.0);
     if (n->recorded) {
         CeSaved *sv = tape_alloc(tp, sizeof *sv);
         sv->lse = lse;
         sv->count = count;
+        sv->denom = denom;
         n->saved = sv;
     }
 }
 
-// dlogits = dloss * (softmax - onehot(target)) / count on counted rows.
+// dlogits = dloss * (softmax - onehot(target)) / denom on counted rows.
 static void ce_backward(Node *n) {
     bool fresh;
     real *dx = NODE_GRAD_FRESH(n, 0, &fresh);
@@ -119,7 +126,7 @@ static void ce_backward(Node *n) {
     const int *tg = n->aux;
     int V = x->shape[x->ndim - 1];
     int64_t rows = tensor_rows(x);
-    real c = (real)(n->out[0]->grad[0] / sv->count);
+    real c = n->out[0]->grad[0] / (real)sv->denom;
 #pragma omp parallel for if (x->numel > OPS_PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         real *d = dx + r * V;
@@ -153,6 +160,8 @@ Tensor *op_cross_entropy(Tape *tp, Tensor *logits, const int *targets) {
     Tensor *loss = tape_tensor(tp, 1, (int[]){1});
     Node *n = tape_op(tp, &OP_CROSS_ENTROPY, &logits, 1, &loss, 1);
     n->aux = copy;
+    n->iarg[0] = logits->ndim > 1 ? logits->shape[0] : 1;
+    n->iarg[1] = tape_loss_rows(tp, n->iarg[0], "cross_entropy");
     tape_forward(n);
     return loss;
 }

@@ -115,6 +115,15 @@ void tape_init_on(Tape *tp, Device device) {
     tp->prof = NULL;
     tp->after_node = NULL;
     tp->after_node_ctx = NULL;
+    tp->loss_rows = 0;
+}
+
+int tape_loss_rows(const Tape *tp, int rows, const char *op) {
+    if (tp->loss_rows == 0 || tp->loss_rows == rows) return rows;
+    ASSERT(tp->loss_rows > rows, "%s: the tape's batch of %d rows holds fewer than the loss's %d", op, tp->loss_rows,
+           rows);
+    ASSERT(tp->device == DEVICE_CPU, "%s: a share of a larger batch (loss_rows) on a GPU tape", op);
+    return tp->loss_rows;
 }
 
 void tape_free(Tape *tp) {

@@ -67,6 +67,14 @@ struct Tape {
     // the earliest node that reads it (train/dist.h starts reducing it then).
     void (*after_node)(void *ctx, int i);
     void *after_node_ctx;
+    // The rows (dim 0, e.g. windows) of the whole batch that this tape's
+    // losses are means over, when the tape holds only some of them: under MPI
+    // a rank sets the global batch size while it builds its training loss,
+    // so that the loss is its share of the global mean (the shares sum to
+    // it) and every row's gradient has the bits it has in one process (bf16
+    // products then round them alike). 0 (tape_init): the rows the loss op
+    // is given. Read by cross_entropy, dsa_kl and dsa_sel_kl, CPU tapes only.
+    int loss_rows;
 };
 
 void tape_init(Tape *tp);
@@ -76,6 +84,11 @@ void tape_init_on(Tape *tp, Device device);
 void tape_free(Tape *tp);
 // Forget every node and release every activation (call after the backward).
 void tape_reset(Tape *tp);
+
+// The rows of the whole batch for a loss op given `rows` rows (dim 0): the
+// tape's loss_rows, or `rows` when that is 0. Stops with a message when
+// loss_rows is fewer than `rows`, or when a GPU tape holds a share.
+int tape_loss_rows(const Tape *tp, int rows, const char *op);
 
 // No-grad mode nests: push/pop. Inside it nothing is recorded.
 void tape_no_grad_push(Tape *tp);

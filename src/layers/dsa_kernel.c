@@ -381,8 +381,10 @@ void dsa_attn_target(real *p, const real *q, const real *k, int B, int T, int H,
     free(first);
 }
 
-// iarg: 0 B, 1 T; saved: lse (B*T) of the rows of I over s <= t (s >= lo(t)
-// with documents); aux: first (B, T) or NULL.
+// iarg: 0 B, 1 T, 2 the whole batch's rows (Tape.loss_rows; B in one
+// process): the KL is summed over this B and divided by iarg[2] x T. saved:
+// lse (B*T) of the rows of I over s <= t (s >= lo(t) with documents); aux:
+// first (B, T) or NULL.
 static void kl_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1];
     const real *Isc = n->in[0]->data, *p = n->in[1]->data;
@@ -404,7 +406,7 @@ static void kl_forward(Node *n) {
     }
     double total = 0;   // fixed order: the same for any thread count
     for (int64_t r = 0; r < (int64_t)B * T; r++) total += row_loss[r];
-    n->out[0]->data[0] = (real)(total / ((double)B * T));
+    n->out[0]->data[0] = (real)(total / ((double)n->iarg[2] * T));
 }
 
 static void kl_backward(Node *n) {
@@ -413,7 +415,7 @@ static void kl_backward(Node *n) {
     if (!gI) return;
     const real *Isc = n->in[0]->data, *p = n->in[1]->data, *lse = n->saved;
     const int *first = n->aux;
-    double g = n->out[0]->grad[0] / ((double)B * T);
+    double g = n->out[0]->grad[0] / ((double)n->iarg[2] * T);
     // d/dI_ts sum_s' p_ts' (log p_ts' - I_ts' + lse_t) = softmax(I_t)_s sum_s' p_ts' - p_ts
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < (int64_t)B * T; r++) {
@@ -435,6 +437,7 @@ Tensor *op_dsa_kl(Tape *tp, Tensor *Isc, Tensor *p, const int *doc_start) {
     Node *n = tape_op(tp, &OP_DSA_KL, (Tensor *[]){Isc, p}, 2, &loss, 1);
     n->iarg[0] = Isc->shape[0];
     n->iarg[1] = Isc->shape[1];
+    n->iarg[2] = tape_loss_rows(tp, Isc->shape[0], "dsa_kl");
     n->aux = docs_first(tp, doc_start, Isc->shape[0], Isc->shape[1]);
     if (n->recorded) n->saved = tape_dalloc(tp, (size_t)Isc->shape[0] * Isc->shape[1] * sizeof(real));
     tape_forward(n);

@@ -63,7 +63,9 @@ static void sel_scores(real *Ir, const real *qt, const real *wt, const real *kb,
     }
 }
 
-// iarg: 0 B, 1 T, 2 K, 3 HI, 4 dI. in: qI, kI, w, p.
+// iarg: 0 B, 1 T, 2 K, 3 HI, 4 dI, 5 the whole batch's rows (Tape.loss_rows;
+// B in one process): the KL is summed over this B and divided by iarg[5] x T.
+// in: qI, kI, w, p.
 static void sel_kl_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1], K = n->iarg[2], HI = n->iarg[3], dI = n->iarg[4];
     SelKlSaved *sv = n->saved;
@@ -97,7 +99,7 @@ static void sel_kl_forward(Node *n) {
     }
     double total = 0;   // fixed order: the same for any thread count
     for (int64_t r = 0; r < (int64_t)B * T; r++) total += row_loss[r];
-    n->out[0]->data[0] = (real)(total / ((double)B * T));
+    n->out[0]->data[0] = (real)(total / ((double)n->iarg[5] * T));
     free(row_loss);
 }
 
@@ -107,7 +109,7 @@ static void sel_kl_backward(Node *n) {
     if (!gq && !gk && !gw) return;
     const SelKlSaved *sv = n->saved;
     const real *qI = n->in[0]->data, *kI = n->in[1]->data, *w = n->in[2]->data, *p = n->in[3]->data;
-    double g = n->out[0]->grad[0] / ((double)B * T), c = 1.0 / sqrt(dI);
+    double g = n->out[0]->grad[0] / ((double)n->iarg[5] * T), c = 1.0 / sqrt(dI);
 #pragma omp parallel for schedule(static)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -171,6 +173,7 @@ Tensor *op_dsa_sel_kl(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, const int *se
     n->iarg[2] = K;
     n->iarg[3] = HI;
     n->iarg[4] = dI;
+    n->iarg[5] = tape_loss_rows(tp, B, "dsa_sel_kl");
     n->aux = sel_copy;
     if (n->recorded) {
         SelKlSaved *sv = tape_alloc(tp, sizeof *sv);
