@@ -353,8 +353,6 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
             pack_transposed(w->Kt, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
             if (need_ds) pack_transposed(w->Vt, bkp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
         }
-        const real *Kj = k_in ? k + (int64_t)s0 * ldq : w->Kp;   // K_j rows, stride ldk
-        int ldk = k_in ? ldq : dkp;
         if (dq && !k_in && !d->bf16) pack_rows(w->Kp, dkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
         real *dKj = dk_in ? dk + (int64_t)s0 * ldq : w->dKj, *dVj = dv_in ? dv + (int64_t)s0 * ldv : w->dVj;
         int lddk = dk_in ? ldq : dkp, lddv = dv_in ? ldv : dvp;
@@ -367,8 +365,6 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
             int nq = imin(bq, T - t0);
             int r0 = imax(0, s0 - t0);   // rows before r0 see none of these keys: P = dS = 0 there
             const real *Qi = q + (int64_t)t0 * ldq, *dOi = dO + (int64_t)t0 * ldv;
-            const real *Qb = q_in ? Qi : w->Qp, *dOb = dO_in ? dOi : w->dOp;
-            int ldqb = q_in ? ldq : dkp, ldob = dO_in ? ldv : dvp;
             if (dk && !q_in && !d->bf16) pack_rows(w->Qp, dkp, Qi, ldq, nq, d->dk);
             if (dv && !dO_in && !d->bf16) pack_rows(w->dOp, dvp, dOi, ldv, nq, d->dv);
             for (int i0 = r0; i0 < nq; i0 += MR) {
@@ -435,6 +431,10 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
                 continue;
             }
 #endif
+            // Float32 tiles: Q_i, dO_i and K_j rows in place, or packed above when their rows are padded.
+            const real *Qb = q_in ? Qi : w->Qp, *dOb = dO_in ? dOi : w->dOp;
+            const real *Kj = k_in ? k + (int64_t)s0 * ldq : w->Kp;
+            int ldqb = q_in ? ldq : dkp, ldob = dO_in ? ldv : dvp, ldk = k_in ? ldq : dkp;
             if (dv)   // dV_j += P^T dO_i
                 tile_mm_band(nk, dvp, nr, -cut, nr, 1, P, 1, bkp, dOb + (int64_t)r0 * ldob, ldob, dVj, lddv, true);
             if (dk)   // dK_j += scale dS^T Q_i
