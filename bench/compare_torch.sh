@@ -17,6 +17,10 @@
 #   -a             also PyTorch with bf16 autocast (throughput.py --amp bf16)
 #   -W WARMUP      PyTorch's untimed steps before the timed ones (default 2; C always
 #                  runs 2: its tape arena settles into one block during step 2)
+#   -p             C runs with --profile, and each C variant gets a column "bound": the
+#                  C/torch ratio C would reach if every pass but its products took no
+#                  time (PyTorch's step time / C's matmul time per step, best of the
+#                  rounds each), i.e. how far the products alone let C go on this machine
 #
 # Needs build/train_bench (cmake --build build) and /usr/bin/python3 with
 # python3-torch. THREADS defaults to nproc. Every run of a cell (each C
@@ -41,7 +45,8 @@ LENGTHS=256
 CVARS=auto:fp32,auto:bf16
 AMP=0
 WARMUP=2
-while getopts "t:s:r:w:T:c:aW:" opt; do
+PROFILE=0
+while getopts "t:s:r:w:T:c:aW:p" opt; do
     case $opt in
         t) THREADS=$OPTARG ;;
         s) STEPS=$OPTARG ;;
@@ -51,7 +56,8 @@ while getopts "t:s:r:w:T:c:aW:" opt; do
         c) CVARS=$OPTARG ;;
         a) AMP=1 ;;
         W) WARMUP=$OPTARG ;;
-        *) echo "usage: $0 [-t THREADS] [-s STEPS] [-r ROUNDS] [-w WIDTHS] [-T LENGTHS] [-c GEMM:PREC,...] [-a] [-W WARMUP] [CONFIG...]" >&2
+        p) PROFILE=1 ;;
+        *) echo "usage: $0 [-t THREADS] [-s STEPS] [-r ROUNDS] [-w WIDTHS] [-T LENGTHS] [-c GEMM:PREC,...] [-a] [-W WARMUP] [-p] [CONFIG...]" >&2
            exit 2 ;;
     esac
 done
@@ -95,6 +101,10 @@ else
     LOG=$(mktemp -d)
     trap 'rm -rf "$LOG"' EXIT
 fi
+# the least matmul time per step (ms, forward + backward) of a file of --profile outputs
+matmul_ms() {
+    awk '$1 == "matmul" && NF >= 6 { if (best == "" || $5 < best) best = $5 } END { print best }' "$1"
+}
 # best RESULT line of a file of RESULT lines: the one with the most tokens_per_s
 best() {
     grep '^RESULT' "$1" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^tokens_per_s=/) { split($i, a, "="); v = a[2] }
@@ -113,8 +123,11 @@ for cfg in "${CONFIGS[@]}"; do
             for ((r = 0; r < ROUNDS; r++)); do
                 for ((i = 0; i < ${#CLIST[@]}; i++)); do
                     IFS=: read -r gemm prec <<<"${CLIST[$i]}"
+                    prof=()
+                    [ "$PROFILE" = 1 ] && prof=(--profile)
                     ./build/train_bench --config "$cfg" "${sets[@]}" --set train.threads="$THREADS" \
-                        --set train.gemm="$gemm" --set train.precision="$prec" --steps "$STEPS" >>"$LOG/c${i}_$cell.txt"
+                        --set train.gemm="$gemm" --set train.precision="$prec" --steps "$STEPS" "${prof[@]}" \
+                        >>"$LOG/c${i}_$cell.txt"
                 done
                 "$PY" bench/torch_ref/throughput.py "$cfg" "${sets[@]}" --threads "$THREADS" --steps "$STEPS" \
                     --warmup "$WARMUP" >>"$LOG/t_$cell.txt"
@@ -130,6 +143,7 @@ for cfg in "${CONFIGS[@]}"; do
             for ((i = 0; i < ${#CLIST[@]}; i++)); do
                 c=$(best "$LOG/c${i}_$cell.txt")
                 row="$row|$(field tokens_per_s "$c")|$(field tokens_per_cpu_s "$c")"
+                [ "$PROFILE" = 1 ] && row="$row|$(matmul_ms "$LOG/c${i}_$cell.txt")"
             done
             rows+=("$row")
         done
@@ -153,6 +167,7 @@ sep="| --- | ---: | ---: | ---: |"
 for c in "${CLIST[@]}"; do
     hdr="$hdr C $c tok/s | C/torch | C/torch per CPU-s |"
     sep="$sep ---: | ---: | ---: |"
+    [ "$PROFILE" = 1 ] && { hdr="$hdr bound |"; sep="$sep ---: |"; }
     [ "$AMP" = 1 ] && { hdr="$hdr C/torch bf16 |"; sep="$sep ---: |"; }
 done
 echo "$hdr"
@@ -169,6 +184,10 @@ for r in "${rows[@]}"; do
         line="$line $(awk -v a="$cc" -v b="$tc" 'BEGIN { printf "%.2f", a / b }') |"
         [ "$AMP" = 1 ] && line="$line $(awk -v a="$ct" -v b="$amp" 'BEGIN { printf "%.2f", a / b }') |"
         k=$((k + 2))
+        if [ "$PROFILE" = 1 ]; then   # PyTorch's step (4096 tokens) over C's products alone
+            line="$line $(awk -v m="${f[$k]}" -v b="$tt" 'BEGIN { printf "%.2f", 4096 / b * 1000 / m }') |"
+            k=$((k + 1))
+        fi
     done
     echo "$line"
 done
