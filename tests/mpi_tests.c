@@ -150,6 +150,20 @@ static int losses(const Run *r, double *out) {
     return last;
 }
 
+// The validation loss of metrics.jsonl at `step`.
+static double val_loss(const Run *r, int step) {
+    char p[1500], key[64];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", r->dir);
+    snprintf(key, sizeof key, "{\"type\":\"eval\",\"step\":%d,\"val_loss\":", step);
+    char *text = test_read_file(p);
+    cr_assert_not_null(text, "%s", p);
+    const char *q = strstr(text, key);
+    cr_assert_not_null(q, "no validation at step %d in %s", step, p);
+    double v = strtod(q + strlen(key), NULL);
+    free(text);
+    return v;
+}
+
 // The largest loss difference over steps [from, to].
 static double loss_diff(const Run *a, const Run *b, int from, int to) {
     double la[MAX_LOSSES] = {0}, lb[MAX_LOSSES] = {0};
@@ -215,7 +229,11 @@ Test(mpi, ranks_equal_one_process_and_repeat_bitwise, .timeout = 300) {
     cr_log_info("losses vs one process: 2 ranks %.1e, 3 ranks %.1e; parameters: %.1e, %.1e", l2, l3, p2, p3);
     cr_assert(l2 <= LOSS_TOL && l3 <= LOSS_TOL, "losses differ by %.3g (2 ranks) and %.3g (3 ranks)", l2, l3);
     cr_assert(p2 <= PARAM_TOL && p3 <= PARAM_TOL, "parameters differ by %.3g (2 ranks) and %.3g (3 ranks)", p2, p3);
-    // The validation loss is reduced too: the same evaluation records.
+    // The validation loss is reduced too: each rank's mean weighted by its share (the training
+    // loss's share of the global count must not reach it).
+    double v1 = val_loss(&one, 6), v2 = val_loss(&two, 6), v3 = val_loss(&three, 6);
+    cr_assert(fabs(v2 - v1) <= LOSS_TOL && fabs(v3 - v1) <= LOSS_TOL, "validation: %.6f, 2 ranks %.6f, 3 ranks %.6f",
+              v1, v2, v3);
     char p[1500];
     snprintf(p, sizeof p, "%s/metrics.jsonl", three.dir);
     char *text = test_read_file(p);
