@@ -143,7 +143,11 @@ for cfg in "${CONFIGS[@]}"; do
             for ((i = 0; i < ${#CLIST[@]}; i++)); do
                 c=$(best "$LOG/c${i}_$cell.txt")
                 row="$row|$(field tokens_per_s "$c")|$(field tokens_per_cpu_s "$c")"
-                [ "$PROFILE" = 1 ] && row="$row|$(matmul_ms "$LOG/c${i}_$cell.txt")"
+                if [ "$PROFILE" = 1 ]; then
+                    m=$(matmul_ms "$LOG/c${i}_$cell.txt")
+                    [ -n "$m" ] || { echo "compare_torch: no matmul line in C's op profile ($LOG/c${i}_$cell.txt)" >&2; exit 1; }
+                    row="$row|$m"
+                fi
             done
             rows+=("$row")
         done

@@ -41,14 +41,15 @@ echo "goal2: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1),
 summary=()
 for ((r = 1; r <= ROUNDS; r++)); do
     echo "round $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-    peak_line=$(./build/gemm_bench --rounds 1 --width 128 --cpu 2>/dev/null | grep '^peak')
+    peak_line=$(./build/gemm_bench --rounds 1 --width 128 --cpu 2>/dev/null | grep '^peak' || true)
     echo "  $peak_line"
     peak=$(sed -n 's/.*onednn 1 \([0-9.]*\).*/\1/p' <<<"$peak_line")
     [ -n "$peak" ] || { echo "goal2: no oneDNN peak in gemm_bench's output (oneDNN not built?)" >&2; exit 1; }
     line="round $r (peak $peak):"
     for cfg in "${CONFIGS[@]}"; do
-        res=$(./build/train_bench --config "$cfg" "${W[@]}" --steps "$STEPS" 2>/dev/null | grep '^RESULT')
+        res=$(./build/train_bench --config "$cfg" "${W[@]}" --steps "$STEPS" 2>/dev/null | grep '^RESULT' || true)
         params=$(field params "$res") tcs=$(field tokens_per_cpu_s "$res")
+        [ -n "$params" ] && [ -n "$tcs" ] || { echo "goal2: train_bench gave no RESULT line for $cfg" >&2; exit 1; }
         share=$(awk -v p="$params" -v t="$tcs" -v k="$peak" 'BEGIN { printf "%.1f", 100 * 6 * p * t / 1e9 / k }')
         echo "  $(basename "$cfg"): params $params, step $(field step_ms "$res") ms, $tcs tokens per CPU-s, $share % of the peak"
         line="$line $(basename "$cfg" .ini) $share %,"

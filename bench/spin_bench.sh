@@ -52,7 +52,12 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 run_all() {  # run_all TAG
     for ((r = 0; r < ROUNDS; r++)); do
         for s in "${SLIST[@]}"; do
-            GOMP_SPINCOUNT=$s "$BIN" "${ARGS[@]}" --steps "$STEPS" 2>/dev/null | grep '^RESULT' >>"$tmp/$1-$s.txt"
+            if ! GOMP_SPINCOUNT=$s "$BIN" "${ARGS[@]}" --steps "$STEPS" >"$tmp/out.txt" 2>&1; then
+                echo "spin_bench: train_bench ${ARGS[*]} failed:" >&2
+                tail -3 "$tmp/out.txt" >&2
+                exit 1
+            fi
+            grep '^RESULT' "$tmp/out.txt" >>"$tmp/$1-$s.txt"
         done
     done
 }
