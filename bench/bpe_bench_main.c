@@ -7,18 +7,12 @@
 // tiktoken package, and checks that the ids are the same.
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "bpe.h"
 #include "bpe_train.h"
 #include "corpus.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "runlog.h"
 
 static void print_machine(void) {
     char line[256], model[256] = "unknown";
@@ -41,13 +35,13 @@ static int cmp_double(const void *a, const void *b) {
 
 static int bench_encode(const char *tok, const char *path, const char *ids_out) {
     Status st;
-    double t0 = now();
+    double t0 = runlog_now();
     Bpe *b = bpe_open(tok, &st);
     if (!b) {
         fprintf(stderr, "bpe_bench: %s\n", st.msg);
         return 1;
     }
-    double t_load = now() - t0;
+    double t_load = runlog_now() - t0;
     Corpus c;
     st = corpus_load(&c, path);
     if (!st.ok) {
@@ -58,9 +52,9 @@ static int bench_encode(const char *tok, const char *path, const char *ids_out) 
     double secs[5];
     int64_t m = 0;
     for (int r = 0; r < 5; r++) {
-        t0 = now();
+        t0 = runlog_now();
         m = bpe_encode(b, c.bytes, c.n, ids, 0);
-        secs[r] = now() - t0;
+        secs[r] = runlog_now() - t0;
     }
     qsort(secs, 5, sizeof *secs, cmp_double);
     printf("encode %-12s %s: %lld bytes -> %lld tokens (%.3f bytes/token), %.3f s, %.2f MB/s (median of 5; load %.2f s)\n",
@@ -91,9 +85,9 @@ static int bench_train(const char *path, const char *vocabs) {
         uint8_t *file;
         size_t len;
         BpeTrainStats s;
-        double t0 = now();
+        double t0 = runlog_now();
         st = bpe_train(c.bytes, c.n, &o, &file, &len, &s);
-        double secs = now() - t0;
+        double secs = runlog_now() - t0;
         if (!st.ok) {
             fprintf(stderr, "bpe_bench: %s\n", st.msg);
             return 1;

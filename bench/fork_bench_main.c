@@ -13,20 +13,14 @@
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "bench_util.h"
 #include "model_setup.h"
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "runlog.h"
 
 static void busy_us(double us) {
-    double t0 = now();
-    while ((now() - t0) * 1e6 < us) {
+    double t0 = runlog_now();
+    while ((runlog_now() - t0) * 1e6 < us) {
     }
 }
 
@@ -50,10 +44,10 @@ int main(int argc, char **argv) {
         double total = 0;
         for (int i = 0; i < n; i++) {
             busy_us(gaps[g]);
-            double t0 = now();
+            double t0 = runlog_now();
 #pragma omp parallel
             busy_us(20);
-            total += now() - t0;
+            total += runlog_now() - t0;
         }
         printf("gap %2d us: a region costs %6.1f us beyond its work\n", gaps[g], total / n * 1e6 - 20);
     }
