@@ -63,8 +63,8 @@ Tensor *op_softmax(Tape *tp, Tensor *x) {
 
 typedef struct CeSaved {
     real *lse;      // (rows) log-sum-exp of each row
-    int count;      // rows with a target >= 0
-    double denom;   // what the sum is divided by: count, scaled to the whole batch (Tape.loss_rows)
+    double denom;   // what the sum is divided by: the rows with a target >= 0, scaled to the whole
+                    // batch (Tape.loss_rows); 0 when every target is ignored
 } CeSaved;
 
 // aux: targets (rows). iarg: 0 the logits' dim 0 (B), 1 the whole batch's
@@ -106,7 +106,6 @@ static void ce_forward(Node *n) {
     if (n->recorded) {
         CeSaved *sv = tape_alloc(tp, sizeof *sv);
         sv->lse = lse;
-        sv->count = count;
         sv->denom = denom;
         n->saved = sv;
     }
@@ -119,7 +118,7 @@ static void ce_backward(Node *n) {
     const CeSaved *sv = n->saved;
     const Tensor *x = n->in[0];
     if (!dx) return;
-    if (sv->count == 0) {   // every target ignored: a zero gradient
+    if (sv->denom == 0) {   // every target ignored: a zero gradient
         if (fresh) memset(dx, 0, (size_t)x->numel * sizeof(real));
         return;
     }
