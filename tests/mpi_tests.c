@@ -132,12 +132,18 @@ static Run run(const char *name, int np, const char *const *extra) {
     return r;
 }
 
-// The training losses of metrics.jsonl, by step (1-based); returns the last step.
-static int losses(const Run *r, double *out) {
+// The run's metrics.jsonl (free()).
+static char *metrics(const Run *r) {
     char p[1500];
     snprintf(p, sizeof p, "%s/metrics.jsonl", r->dir);
     char *text = test_read_file(p);
     cr_assert_not_null(text, "%s", p);
+    return text;
+}
+
+// The training losses of metrics.jsonl, by step (1-based); returns the last step.
+static int losses(const Run *r, double *out) {
+    char *text = metrics(r);
     int last = 0;
     for (const char *q = text; (q = strstr(q, "{\"type\":\"train\",\"step\":")); q++) {
         int step = atoi(q + strlen("{\"type\":\"train\",\"step\":"));
@@ -152,13 +158,11 @@ static int losses(const Run *r, double *out) {
 
 // The validation loss of metrics.jsonl at `step`.
 static double val_loss(const Run *r, int step) {
-    char p[1500], key[64];
-    snprintf(p, sizeof p, "%s/metrics.jsonl", r->dir);
+    char key[64];
     snprintf(key, sizeof key, "{\"type\":\"eval\",\"step\":%d,\"val_loss\":", step);
-    char *text = test_read_file(p);
-    cr_assert_not_null(text, "%s", p);
+    char *text = metrics(r);
     const char *q = strstr(text, key);
-    cr_assert_not_null(q, "no validation at step %d in %s", step, p);
+    cr_assert_not_null(q, "no validation at step %d in %s/metrics.jsonl", step, r->dir);
     double v = strtod(q + strlen(key), NULL);
     free(text);
     return v;
@@ -234,9 +238,7 @@ Test(mpi, ranks_equal_one_process_and_repeat_bitwise, .timeout = 300) {
     double v1 = val_loss(&one, 6), v2 = val_loss(&two, 6), v3 = val_loss(&three, 6);
     cr_assert(fabs(v2 - v1) <= LOSS_TOL && fabs(v3 - v1) <= LOSS_TOL, "validation: %.6f, 2 ranks %.6f, 3 ranks %.6f",
               v1, v2, v3);
-    char p[1500];
-    snprintf(p, sizeof p, "%s/metrics.jsonl", three.dir);
-    char *text = test_read_file(p);
+    char *text = metrics(&three);
     cr_assert(strstr(text, "\"type\":\"eval\",\"step\":6") && strstr(text, "\"ranks\":3"), "%s", text);
     // The reduction overlaps the backward: most buckets start before it ends.
     const char *b = strstr(text, "\"buckets\":"), *early = strstr(text, "\"buckets_started_in_backward\":");
