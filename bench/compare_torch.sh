@@ -78,22 +78,7 @@ PY=${PYTHON:-/usr/bin/python3}
 export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
-width_sets() {  # width_sets D -> --set arguments of the width variant
-    case $1 in
-        128) ;;
-        256) echo "--set model.d_model=256 --set model.n_heads=4 --set model.d_k=64 --set model.d_v=64 --set model.d_ff=704" ;;
-        512) echo "--set model.d_model=512 --set model.n_heads=8 --set model.d_k=64 --set model.d_v=64 --set model.d_ff=1408" ;;
-        *) echo "compare_torch: width $1 is not one of 128, 256, 512" >&2; exit 2 ;;
-    esac
-}
-length_sets() {  # length_sets T -> --set arguments: T and B = 4096 / T
-    [ $((4096 % $1)) -eq 0 ] || { echo "compare_torch: T = $1 does not divide 4096" >&2; exit 2; }
-    echo "--set data.seq_len=$1 --set data.batch_size=$((4096 / $1))"
-}
-
-field() {  # field NAME "RESULT ..." -> value
-    sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"
-}
+source bench/bench_lib.sh   # width_sets, length_sets, field
 
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 if [ -n "${COMPARE_LOG:-}" ]; then  # keep every run's output there

@@ -33,9 +33,8 @@ for b in gemm_bench train_bench; do
     [ -x "build/$b" ] || { echo "goal2: build/$b missing: cmake --build build" >&2; exit 1; }
 done
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
-W=(--set model.d_model=256 --set model.n_heads=4 --set model.d_k=64 --set model.d_v=64 --set model.d_ff=704)
-W+=(--set data.seq_len=256 --set data.batch_size=16 --set train.precision=fp32)
-field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
+source bench/bench_lib.sh   # width_sets, length_sets, field
+read -r -a W <<<"$(width_sets 256) $(length_sets 256) --set train.precision=fp32"
 
 echo "goal2: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $OMP_NUM_THREADS threads, d_model 256, B 16 x T 256, $STEPS steps"
 summary=()

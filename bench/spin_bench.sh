@@ -77,15 +77,16 @@ echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "| GOMP_SPINCOUNT | alone: step ms | CPU ms | step vs the first |$([ "$BUSY" = 1 ] && echo ' beside a busy neighbour: step ms | CPU ms | step vs the first |')"
 echo "| ---: | ---: | ---: | ---: |$([ "$BUSY" = 1 ] && echo ' ---: | ---: | ---: |')"
-field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" "$2"; }
-base_idle=$(field step_ms "$tmp/idle-${SLIST[0]}.txt" | median)
-[ "$BUSY" = 1 ] && base_busy=$(field step_ms "$tmp/busy-${SLIST[0]}.txt" | median)
+source bench/bench_lib.sh   # field
+fmed() { field "$1" "$(cat "$2")" | median; }   # fmed NAME FILE -> the median of NAME over FILE's RESULT lines
+base_idle=$(fmed step_ms "$tmp/idle-${SLIST[0]}.txt")
+[ "$BUSY" = 1 ] && base_busy=$(fmed step_ms "$tmp/busy-${SLIST[0]}.txt")
 for s in "${SLIST[@]}"; do
-    st=$(field step_ms "$tmp/idle-$s.txt" | median)
-    line="| $s | $st | $(field cpu_ms "$tmp/idle-$s.txt" | median) | $(awk -v a="$st" -v b="$base_idle" 'BEGIN { printf "%.2f", a / b }') |"
+    st=$(fmed step_ms "$tmp/idle-$s.txt")
+    line="| $s | $st | $(fmed cpu_ms "$tmp/idle-$s.txt") | $(awk -v a="$st" -v b="$base_idle" 'BEGIN { printf "%.2f", a / b }') |"
     if [ "$BUSY" = 1 ]; then
-        sb=$(field step_ms "$tmp/busy-$s.txt" | median)
-        line="$line $sb | $(field cpu_ms "$tmp/busy-$s.txt" | median) | $(awk -v a="$sb" -v b="$base_busy" 'BEGIN { printf "%.2f", a / b }') |"
+        sb=$(fmed step_ms "$tmp/busy-$s.txt")
+        line="$line $sb | $(fmed cpu_ms "$tmp/busy-$s.txt") | $(awk -v a="$sb" -v b="$base_busy" 'BEGIN { printf "%.2f", a / b }') |"
     fi
     echo "$line"
 done

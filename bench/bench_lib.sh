@@ -1,0 +1,24 @@
+# bench/bench_lib.sh: what the benchmark scripts share (sourced, not run).
+
+# width_sets D -> the --set arguments of the bench-only width variants of the
+# bundled configs: 128 = the configs as they are; 256: H 4, d_k = d_v = 64,
+# d_ff 704; 512: H 8, d_k = d_v = 64, d_ff 1408.
+width_sets() {
+    case $1 in
+        128) ;;
+        256) echo "--set model.d_model=256 --set model.n_heads=4 --set model.d_k=64 --set model.d_v=64 --set model.d_ff=704" ;;
+        512) echo "--set model.d_model=512 --set model.n_heads=8 --set model.d_k=64 --set model.d_v=64 --set model.d_ff=1408" ;;
+        *) echo "bench: width $1 is not one of 128, 256, 512" >&2; exit 2 ;;
+    esac
+}
+
+# length_sets T -> the --set arguments of T and B = 4096 / T (4096 tokens a step).
+length_sets() {
+    [ $((4096 % $1)) -eq 0 ] || { echo "bench: T = $1 does not divide 4096" >&2; exit 2; }
+    echo "--set data.seq_len=$1 --set data.batch_size=$((4096 / $1))"
+}
+
+# field NAME TEXT -> the value of NAME=... on each RESULT line of TEXT.
+field() {
+    sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"
+}
