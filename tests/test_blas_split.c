@@ -149,3 +149,84 @@ Test(blas_split, matmul_split_paths_equal_direct_loops) {
         matmul_case();
     }
 }
+
+// gemm_rows_multi and gemm_multi_backward (op_matmul_multi) against the
+// single products they stand for: three weights of one input, the second
+// output without a gradient, dB_0 and dB_2 written fresh and added to. The
+// weight gradients use gemm_sum_rows's blocks (the same bits as it, on any
+// thread count); bf16 rounds the same slabs as gemm_rows (the same bits).
+static void multi_case(const char *what, bool bf16) {
+    enum { M3 = 3 };
+    const int Nm[M3] = {40, 24, 40};
+    real *A = test_randn((int64_t)R * K, 21), *Bw[M3], *dC[M3], *C[2][M3], *ref[M3], *dB[2][M3], *dB0[M3];
+    for (int i = 0; i < M3; i++) {
+        Bw[i] = test_randn((int64_t)K * Nm[i], 22 + i);
+        dC[i] = i == 1 ? NULL : test_randn((int64_t)R * Nm[i], 25 + i);
+        dB0[i] = test_randn((int64_t)K * Nm[i], 28 + i);
+        ref[i] = xmalloc((size_t)R * Nm[i] * sizeof(real));
+        for (int t = 0; t < 2; t++) {
+            C[t][i] = xmalloc((size_t)R * Nm[i] * sizeof(real));
+            dB[t][i] = xmalloc((size_t)K * Nm[i] * sizeof(real));
+        }
+    }
+    real *dA[2] = {xmalloc((size_t)R * K * sizeof(real)), xmalloc((size_t)R * K * sizeof(real))};
+    real *dAref = xmalloc((size_t)R * K * sizeof(real)), *dA0 = test_randn((int64_t)R * K, 31);
+    real *dBref = xmalloc((size_t)K * 40 * sizeof(real));
+    size_t np = gemm_multi_scratch(M3, K, Nm, R);
+    cr_assert_gt(np, 0, "R = %d rows: the weight gradients split into blocks", R);
+    real *part = xmalloc(np * sizeof(real)), *part1 = xmalloc(gemm_sum_rows_scratch(K, 40, R) * sizeof(real));
+    const real beta_b[M3] = {0, 1, 1};
+    int saved = omp_get_max_threads();
+    for (int th = 1; th <= 2; th++) {
+        omp_set_num_threads(th);
+        gemm_rows_multi(M3, R, K, A, (const real *const *)Bw, Nm, C[th - 1]);
+        memcpy(dA[th - 1], dA0, (size_t)R * K * sizeof(real));
+        for (int i = 0; i < M3; i++) memcpy(dB[th - 1][i], dB0[i], (size_t)K * Nm[i] * sizeof(real));
+        gemm_multi_backward(M3, R, K, A, (const real *const *)Bw, Nm, (const real *const *)dC, dA[th - 1], 1,
+                            dB[th - 1], beta_b, part);
+    }
+    omp_set_num_threads(saved);
+    memcpy(dAref, dA0, (size_t)R * K * sizeof(real));
+    for (int i = 0; i < M3; i++) {
+        gemm_rows(false, R, Nm[i], K, A, K, Bw[i], Nm[i], 0, ref[i], Nm[i]);
+        int64_t n = (int64_t)R * Nm[i];
+        for (int64_t e = 0; e < n; e++)
+            cr_assert(fabs(C[1][i][e] - ref[i][e]) <= SPLIT_TOL * (1 + fabs(ref[i][e])) &&
+                          fabs(C[0][i][e] - C[1][i][e]) <= SPLIT_TOL * (1 + fabs(ref[i][e])),
+                      "%s: C_%d[%lld] %g (1 thread %g), gemm_rows %g", what, i, (long long)e, (double)C[1][i][e],
+                      (double)C[0][i][e], (double)ref[i][e]);
+        if (bf16) cr_assert_eq(memcmp(C[1][i], ref[i], (size_t)n * sizeof(real)), 0, "%s: C_%d not gemm_rows's bits", what, i);
+        if (!dC[i]) {   // no gradient: dB_1 untouched
+            cr_assert_eq(memcmp(dB[1][i], dB0[i], (size_t)K * Nm[i] * sizeof(real)), 0, "%s: dB_1 was written", what);
+            continue;
+        }
+        gemm_rows(true, R, K, Nm[i], dC[i], Nm[i], Bw[i], Nm[i], 1, dAref, K);
+        memcpy(dBref, dB0[i], (size_t)K * Nm[i] * sizeof(real));
+        gemm_sum_rows(K, Nm[i], R, A, K, dC[i], Nm[i], beta_b[i], dBref, Nm[i], part1);
+        for (int t = 0; t < 2; t++)
+            cr_assert_eq(memcmp(dB[t][i], dBref, (size_t)K * Nm[i] * sizeof(real)), 0,
+                         "%s: dB_%d on %d threads is not gemm_sum_rows's bits", what, i, t + 1);
+    }
+    for (int64_t e = 0; e < (int64_t)R * K; e++)
+        cr_assert(fabs(dA[1][e] - dAref[e]) <= SPLIT_TOL * (1 + fabs(dAref[e])) &&
+                      fabs(dA[0][e] - dA[1][e]) <= SPLIT_TOL * (1 + fabs(dAref[e])),
+                  "%s: dA[%lld] %g (1 thread %g), the single products %g", what, (long long)e, (double)dA[1][e],
+                  (double)dA[0][e], (double)dAref[e]);
+    for (int i = 0; i < M3; i++) {
+        free(Bw[i]), free(dC[i]), free(dB0[i]), free(ref[i]);
+        for (int t = 0; t < 2; t++) free(C[t][i]), free(dB[t][i]);
+    }
+    free(A), free(dA[0]), free(dA[1]), free(dAref), free(dA0), free(dBref), free(part), free(part1);
+}
+
+Test(blas_split, multi_products_equal_the_single_ones_on_any_thread_count) {
+    for (int i = 0; i < test_n_backends(); i++) multi_case(test_use_backend(i), false);
+#ifndef AG_DOUBLE
+    if (onednn_built() && onednn_has_bf16()) {
+        char err[256];
+        cr_assert(blas_select(GEMM_ONEDNN, PRECISION_BF16, err, sizeof err), "%s", err);
+        multi_case("onednn bf16", true);
+        test_use_backend(0);
+    }
+#endif
+}

@@ -1,4 +1,6 @@
 // Gradient checks for matmul, elementwise, reductions and reshape.
+#include <math.h>
+
 #include "test_util.h"
 
 typedef struct {
@@ -34,6 +36,68 @@ Test(ops_basic, matmul_gradcheck_all_transposes) {
             for (int tb = 0; tb < 2; tb++)
                 for (int bb = 0; bb < 2; bb++) check_matmul(ta, tb, bb);
     }
+}
+
+// op_matmul_multi: three weights of one input, the second output unused, so
+// that no gradient flows back through it (its weight's must stay 0), at 6
+// rows (one product each) and at 1300 (slabs of rows, and the weight
+// gradients in blocks of rows summed after: blas.c).
+static int f_matmul_multi(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    (void)n, (void)ctx;
+    Tensor *y[3];
+    op_matmul_multi(tp, in[0], (Tensor *[]){in[1], in[2], in[3]}, 3, y);
+    out[0] = y[0];
+    out[1] = y[2];
+    return 2;
+}
+
+Test(ops_basic, matmul_multi_gradcheck_one_node_and_an_unused_output) {
+    for (int i = 0; i < test_n_backends(); i++) {
+        test_use_backend(i);
+        for (int rows = 3; rows <= 650; rows += 647) {
+            Tensor *x = tensor_newv(true, 3, 2, rows, 6);
+            Tensor *w[3] = {tensor_newv(true, 2, 6, 10), tensor_newv(true, 2, 6, 12), tensor_newv(true, 2, 6, 9)};
+            fill_normal(x, 11, 1.0);
+            for (int j = 0; j < 3; j++) fill_normal(w[j], 12 + j, 0.5);
+            // The outputs are linear in each input, so central differences are exact at any step:
+            // a step of 1e-3 keeps the rounding of f (a sum over 25,000 products at 1300 rows; at
+            // the default 1e-6 in float64 it is 5e-6 of the smallest gradients) under the tolerance.
+            GradcheckOptions o = gradcheck_defaults();
+            o.eps = fmax(o.eps, 1e-3);
+            GradcheckResult r = gradcheck("matmul_multi", f_matmul_multi, (Tensor *[]){x, w[0], w[1], w[2]}, 4,
+                                          NULL, &o);
+            ASSERT_GRADCHECK(r, "matmul_multi");
+            cr_assert_gt(r.n_checked, 0);
+            for (int64_t e = 0; e < w[1]->numel; e++)
+                cr_assert_eq(w[1]->grad[e], 0, "the unused output's weight got a gradient at %lld", (long long)e);
+            // One node on a CPU tape (a GPU tape or a narrow weight gets op_matmul's).
+            Tape tp;
+            tape_init(&tp);
+            Tensor *y[3];
+            op_matmul_multi(&tp, x, w, 3, y);
+            cr_assert_eq(tp.n_nodes, 1);
+            cr_assert_str_eq(tp.nodes[0]->op->name, "matmul_multi");
+            cr_assert(y[1]->ndim == 3 && y[1]->shape[0] == 2 && y[1]->shape[1] == rows && y[1]->shape[2] == 12);
+            tape_free(&tp);
+            tensor_free(x);
+            for (int j = 0; j < 3; j++) tensor_free(w[j]);
+        }
+    }
+}
+
+Test(ops_basic, matmul_multi_refuses_mismatched_and_repeated_weights) {
+    Tape tp;
+    tape_init(&tp);
+    Tensor *x = tensor_newv(false, 2, 3, 4), *w = tensor_newv(false, 2, 4, 16), *bad = tensor_newv(false, 2, 5, 16);
+    Tensor *y[2];
+    cr_assert(EXPECT_FAILURE(op_matmul_multi(&tp, x, (Tensor *[]){w, bad}, 2, y)));
+    cr_assert(strstr(ag_last_error(), "matmul_multi") && strstr(ag_last_error(), "(5, 16)"), "got: %s",
+              ag_last_error());
+    cr_assert(EXPECT_FAILURE(op_matmul_multi(&tp, x, (Tensor *[]){w, w}, 2, y)));
+    cr_assert(strstr(ag_last_error(), "one tensor"), "got: %s", ag_last_error());
+    cr_assert(EXPECT_FAILURE(op_matmul_multi(&tp, x, (Tensor *[]){w, w, w, w, w}, 5, y)));
+    tensor_free(x), tensor_free(w), tensor_free(bad);
+    tape_free(&tp);
 }
 
 static void matmul_values(void) {

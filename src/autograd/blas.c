@@ -95,22 +95,24 @@ size_t gemm_sum_rows_scratch(int M, int N, int R) {
     return nb < 2 || n * sizeof(real) > SUM_MAX_BYTES ? 0 : n;
 }
 
+// One row c (N) (= or +=, beta 0 or 1) of the nb partials whose first row
+// is p0, part_n elements apart, in block order.
+static inline void sum_partial_row(int N, int nb, size_t part_n, const real *p0, real beta, real *c) {
+    if (beta == 0)
+        for (int j = 0; j < N; j++) c[j] = p0[j];
+    else
+        for (int j = 0; j < N; j++) c[j] += p0[j];
+    for (int b = 1; b < nb; b++) {
+        const real *pb = p0 + b * part_n;
+        for (int j = 0; j < N; j++) c[j] += pb[j];
+    }
+}
+
 // C (M, N) (= or +=, beta 0 or 1) the nb partials (M, N) of part, in block order.
 static void sum_partials(int M, int N, int nb, const real *part, real beta, real *C, int ldc) {
     size_t part_n = (size_t)M * N;
 #pragma omp parallel for schedule(static) if (!run_alone() && (int64_t)part_n * nb > OPS_PAR_MIN)
-    for (int i = 0; i < M; i++) {
-        real *c = C + (int64_t)i * ldc;
-        const real *p0 = part + (size_t)i * N;
-        if (beta == 0)
-            for (int j = 0; j < N; j++) c[j] = p0[j];
-        else
-            for (int j = 0; j < N; j++) c[j] += p0[j];
-        for (int b = 1; b < nb; b++) {
-            const real *pb = p0 + b * part_n;
-            for (int j = 0; j < N; j++) c[j] += pb[j];
-        }
-    }
+    for (int i = 0; i < M; i++) sum_partial_row(N, nb, part_n, part + (size_t)i * N, beta, C + (int64_t)i * ldc);
 }
 
 static void sum_rows_real(int M, int N, int R, const real *X, int ldx, const real *Y, int ldy, real beta, real *C,
@@ -133,11 +135,13 @@ static void sum_rows_real(int M, int N, int R, const real *X, int ldx, const rea
 
 #ifndef AG_DOUBLE
 // Per-thread bf16 buffers, grown as needed: slot 0 for a whole operand (on
-// the calling thread), 1 and 2 for the rows a thread rounds.
+// the calling thread), 1 and 2 for the rows a thread rounds, BF16_SLOT_W + i
+// for weight i of the multi products (on the calling thread).
+#define BF16_SLOT_W 3
 static _Thread_local struct {
     bf16 *p;
     size_t n;
-} bf16_buf[3];
+} bf16_buf[BF16_SLOT_W + GEMM_MULTI_MAX];
 
 static bf16 *bf16_scratch(int slot, size_t n) {
     if (n > bf16_buf[slot].n) {
@@ -206,6 +210,140 @@ static void sum_rows_bf16(int M, int N, int R, const float *X, int ldx, const fl
     sum_partials(M, N, nb, part, beta, C, ldc);
 }
 #endif
+
+// ---- several products of one input (gemm_rows_multi, gemm_multi_backward) ----
+//
+// The same products as m calls of gemm_rows and gemm_sum_rows, with the same
+// slabs and blocks (so dB_i, and in bf16 every C_i, are the same bits as
+// theirs), but in one parallel region: a region costs 50-70 us on a 2-core
+// KVM guest under OMP_WAIT_POLICY=PASSIVE (bench/fork_bench), and a tiny
+// config's step forked 228 of them, 132 for its products.
+
+static bool products_bf16(void) {
+#ifndef AG_DOUBLE
+    return blas_precision == PRECISION_BF16;
+#else
+    return false;
+#endif
+}
+
+void gemm_rows_multi(int m, int R, int K, const real *A, const real *const *B, const int *N, real *const *C) {
+    ASSERT(m >= 1 && m <= GEMM_MULTI_MAX, "gemm_rows_multi: %d products, 1 to %d", m, GEMM_MULTI_MAX);
+    bool h = products_bf16();
+    int maxN = 1;
+    for (int i = 0; i < m; i++) maxN = imax(maxN, N[i]);
+    int slab = h ? BF16_SLAB_ROWS : rows_slab(R, maxN), ns = (R + slab - 1) / slab;
+#ifndef AG_DOUBLE
+    const bf16 *Bh[GEMM_MULTI_MAX] = {NULL};
+    if (h)
+        for (int i = 0; i < m; i++) Bh[i] = bf16_pack(BF16_SLOT_W + i, B[i], K, N[i], N[i]);
+#endif
+#pragma omp parallel for schedule(static) if (ns > 1 && !run_alone())
+    for (int s = 0; s < ns; s++) {
+        int r0 = s * slab, n = imin(slab, R - r0);
+        const real *a = A + (int64_t)r0 * K;
+#ifndef AG_DOUBLE
+        if (h) {
+            const bf16 *Ah = bf16_pack(1, a, n, K, K);   // once for the m products
+            for (int i = 0; i < m; i++)
+                onednn_gemm_bf16(false, false, n, N[i], K, Ah, K, Bh[i], N[i], 0, C[i] + (int64_t)r0 * N[i], N[i]);
+            continue;
+        }
+#endif
+        for (int i = 0; i < m; i++)
+            gemm(false, false, n, N[i], K, 1, a, K, B[i], N[i], 0, C[i] + (int64_t)r0 * N[i], N[i]);
+    }
+}
+
+size_t gemm_multi_scratch(int m, int K, const int *N, int R) {
+    size_t n = 0;
+    for (int i = 0; i < m; i++) n += gemm_sum_rows_scratch(K, N[i], R);
+    return n;
+}
+
+// d (n, K) = beta d + g (n, Ni) B^T, B (K, Ni); Bh: B in bf16 when the products are.
+static void multi_dA(bool h, int n, int K, int Ni, const real *g, const real *B, const void *Bh, real beta,
+                     real *d) {
+#ifndef AG_DOUBLE
+    if (h) {
+        const bf16 *gh = bf16_pack(1, g, n, Ni, Ni);
+        onednn_gemm_bf16(false, true, n, K, Ni, gh, Ni, Bh, Ni, beta, d, K);
+        return;
+    }
+#endif
+    (void)h, (void)Bh;
+    gemm(false, true, n, K, Ni, 1, g, Ni, B, Ni, beta, d, K);
+}
+
+// p (K, Ni) = a^T g over n rows, a (n, K), g (n, Ni).
+static void multi_dB(bool h, int n, int K, int Ni, const real *a, const real *g, real *p) {
+#ifndef AG_DOUBLE
+    if (h) {
+        const bf16 *ah = bf16_pack(1, a, n, K, K), *gh = bf16_pack(2, g, n, Ni, Ni);
+        onednn_gemm_bf16(true, false, K, Ni, n, ah, K, gh, Ni, 0, p, Ni);
+        return;
+    }
+#endif
+    (void)h;
+    gemm(true, false, K, Ni, n, 1, a, K, g, Ni, 0, p, Ni);
+}
+
+void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *B, const int *N,
+                         const real *const *dC, real *dA, real beta_a, real *const *dB, const real *beta_b,
+                         real *part) {
+    ASSERT(m >= 1 && m <= GEMM_MULTI_MAX, "gemm_multi_backward: %d products, 1 to %d", m, GEMM_MULTI_MAX);
+    bool h = products_bf16();
+    // The weight gradients split into row blocks (the rest: one product each, after).
+    int wi[GEMM_MULTI_MAX], nw = 0, nb = (R + SUM_ROWS - 1) / SUM_ROWS;
+    size_t off[GEMM_MULTI_MAX] = {0}, used = 0;
+    for (int i = 0; i < m; i++)
+        if (dC[i] && dB[i] && gemm_sum_rows_scratch(K, N[i], R) > 0) {
+            wi[nw++] = i;
+            off[i] = used;
+            used += gemm_sum_rows_scratch(K, N[i], R);
+        }
+    ASSERT(!nw || part, "gemm_multi_backward: the weight gradients need gemm_multi_scratch elements of part");
+    int slab = h ? BF16_SLAB_ROWS : rows_slab(R, K), ns = dA ? (R + slab - 1) / slab : 0;
+    const void *Bh[GEMM_MULTI_MAX] = {NULL};
+#ifndef AG_DOUBLE
+    if (h && dA)
+        for (int i = 0; i < m; i++)
+            if (dC[i]) Bh[i] = bf16_pack(BF16_SLOT_W + i, B[i], K, N[i], N[i]);
+#endif
+#pragma omp parallel if (!run_alone() && ns + nb * nw > 1)
+    {
+        // dA by slabs of rows, each summing the m products in order.
+#pragma omp for schedule(static) nowait
+        for (int s = 0; s < ns; s++) {
+            int r0 = s * slab, n = imin(slab, R - r0);
+            real beta = beta_a;
+            for (int i = 0; i < m; i++)
+                if (dC[i]) {
+                    multi_dA(h, n, K, N[i], dC[i] + (int64_t)r0 * N[i], B[i], Bh[i], beta, dA + (int64_t)r0 * K);
+                    beta = 1;
+                }
+        }
+        if (nw) {
+            // The partials of every weight gradient, block by block ...
+#pragma omp for schedule(static)
+            for (int t = 0; t < nb * nw; t++) {
+                int b = t / nw, i = wi[t % nw], r0 = b * SUM_ROWS, n = imin(SUM_ROWS, R - r0);
+                multi_dB(h, n, K, N[i], A + (int64_t)r0 * K, dC[i] + (int64_t)r0 * N[i],
+                         part + off[i] + (size_t)b * K * N[i]);
+            }
+            // ... then summed in block order, as gemm_sum_rows sums them.
+#pragma omp for schedule(static)
+            for (int t = 0; t < nw * K; t++) {
+                int i = wi[t / K], k = t % K;
+                sum_partial_row(N[i], nb, (size_t)K * N[i], part + off[i] + (size_t)k * N[i], beta_b[i],
+                                dB[i] + (int64_t)k * N[i]);
+            }
+        }
+    }
+    for (int i = 0; i < m; i++)   // too few rows to split (or too large partials): one product each
+        if (dC[i] && dB[i] && gemm_sum_rows_scratch(K, N[i], R) == 0)
+            gemm_sum_rows(K, N[i], R, A, K, dC[i], N[i], beta_b[i], dB[i], N[i], NULL);
+}
 
 // ---- the entry points ----
 

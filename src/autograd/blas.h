@@ -70,6 +70,25 @@ size_t gemm_sum_rows_scratch(int M, int N, int R);
 void gemm_sum_rows(int M, int N, int R, const real *X, int ldx, const real *Y, int ldy, real beta, real *C,
                    int ldc, real *part);
 
+// Several products of one input (op_matmul_multi): the q, k, v and gate
+// projections of a mixer, the two up projections of the MLP. One parallel
+// region does what m calls of the above would do in 3 m (with the backward),
+// each slab of rows runs all m products while its rows of A are in cache,
+// and in bf16 a slab of A is rounded once for all m. m <= GEMM_MULTI_MAX.
+#define GEMM_MULTI_MAX 4
+// C_i (R, N_i) = A (R, K) B_i (K, N_i), i < m (written: beta 0).
+void gemm_rows_multi(int m, int R, int K, const real *A, const real *const *B, const int *N, real *const *C);
+// The backward of gemm_rows_multi, given the output gradients dC_i (R, N_i)
+// (NULL: that output has none, and contributes nothing):
+//   dA (R, K) = beta_a dA + sum_i dC_i B_i^T       (dA NULL: not wanted)
+//   dB_i (K, N_i) = beta_b[i] dB_i + A^T dC_i      (dB_i NULL: not wanted)
+// with beta 0 or 1. dB_i as gemm_sum_rows computes it, the same bits on any
+// thread count; part: gemm_multi_scratch elements (0: not needed, may be NULL).
+size_t gemm_multi_scratch(int m, int K, const int *N, int R);
+void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *B, const int *N,
+                         const real *const *dC, real *dA, real beta_a, real *const *dB, const real *beta_b,
+                         real *part);
+
 // ---- choosing the backend (blas_select.c) ----
 
 // Set the backend and the precision for what follows. GEMM_AUTO picks oneDNN

@@ -14,6 +14,13 @@
 // either 2-D (shared by every leading index of a, e.g. a weight) or has the
 // same leading dimensions as a (batched). Returns (..., M, N).
 Tensor *op_matmul(Tape *tp, Tensor *a, Tensor *b, bool ta, bool tb);
+// out[i] = x w[i] for m <= MATMUL_MULTI_MAX weights (K, N_i) of one input x
+// (..., K): the same as m op_matmul calls, run as one node (blas.h,
+// gemm_rows_multi: one parallel region for the m products, one for their
+// backward). On a GPU tape, or with a narrow weight (N_i <= 8), it builds
+// the m op_matmul nodes instead.
+#define MATMUL_MULTI_MAX 4
+void op_matmul_multi(Tape *tp, Tensor *x, Tensor *const *w, int m, Tensor **out);
 
 // ---- elementwise with suffix broadcasting (ops_elementwise.c) ----
 Tensor *op_add(Tape *tp, Tensor *a, Tensor *b);

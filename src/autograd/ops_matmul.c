@@ -114,6 +114,14 @@ static void matmul_backward(Node *n) {
         }
         return;
     }
+    if (!ta && !tb && !bb) {   // a weight (K, N) shared by every row: one parallel region for both gradients
+        int R = nb * M;
+        size_t np = db ? gemm_multi_scratch(1, K, &N, R) : 0;
+        real *part = np ? tape_alloc(n->tape, np * sizeof(real)) : NULL;
+        gemm_multi_backward(1, R, K, a->data, (const real *[]){b->data}, &N, (const real *[]){dc}, da, ba,
+                            (real *[]){db}, &bb_, part);
+        return;
+    }
     if (!ta && !bb) {   // flattened rows
         int R = nb * M;
         // d op(A) = dC op(B)^T ; A (R, K)
@@ -180,4 +188,80 @@ Tensor *op_matmul(Tape *tp, Tensor *a, Tensor *b, bool ta, bool tb) {
     n->iarg[6] = batched_b;
     tape_forward(n);
     return c;
+}
+
+// ---- several products of one input: out_i = x w_i (gemm_rows_multi) ----
+//
+// in: x (..., K), then w_0 .. w_{m-1}, each (K, N_i); out_i (..., N_i).
+// iarg: 0 m, 1 rows R (x's elements / K), 2 K.
+
+static void multi_args(const Node *n, const real **B, int *N) {
+    for (int i = 0; i < n->iarg[0]; i++) {
+        B[i] = n->in[1 + i]->data;
+        N[i] = n->in[1 + i]->shape[1];
+    }
+}
+
+static void matmul_multi_forward(Node *n) {
+    int m = n->iarg[0];
+    const real *B[GEMM_MULTI_MAX];
+    int N[GEMM_MULTI_MAX];
+    real *C[GEMM_MULTI_MAX];
+    multi_args(n, B, N);
+    for (int i = 0; i < m; i++) C[i] = n->out[i]->data;
+    gemm_rows_multi(m, n->iarg[1], n->iarg[2], n->in[0]->data, B, N, C);
+}
+
+static void matmul_multi_backward(Node *n) {
+    int m = n->iarg[0], R = n->iarg[1], K = n->iarg[2];
+    const real *B[GEMM_MULTI_MAX], *dC[GEMM_MULTI_MAX];
+    int N[GEMM_MULTI_MAX];
+    real *dB[GEMM_MULTI_MAX], beta_b[GEMM_MULTI_MAX];
+    multi_args(n, B, N);
+    for (int i = 0; i < m; i++) {   // an output nobody used has no gradient and adds nothing
+        dC[i] = n->out[i]->grad;
+        bool f = false;
+        dB[i] = dC[i] ? NODE_GRAD_FRESH(n, 1 + i, &f) : NULL;
+        beta_b[i] = f ? 0 : 1;
+    }
+    bool fx;
+    real *dx = NODE_GRAD_FRESH(n, 0, &fx);
+    size_t np = gemm_multi_scratch(m, K, N, R);
+    real *part = np ? tape_alloc(n->tape, np * sizeof(real)) : NULL;
+    gemm_multi_backward(m, R, K, n->in[0]->data, B, N, dC, dx, fx ? 0 : 1, dB, beta_b, part);
+}
+
+static const OpDef OP_MATMUL_MULTI = {"matmul_multi", matmul_multi_forward, matmul_multi_backward, NULL, NULL};
+
+void op_matmul_multi(Tape *tp, Tensor *x, Tensor *const *w, int m, Tensor **out) {
+    _Static_assert(MATMUL_MULTI_MAX == GEMM_MULTI_MAX, "ops.h and blas.h disagree on the products per call");
+    ASSERT(m >= 1 && m <= MATMUL_MULTI_MAX, "matmul_multi: %d weights, 1 to %d", m, MATMUL_MULTI_MAX);
+    ASSERT(x->ndim >= 2, "matmul_multi: x %s needs 2 or more dimensions", SHAPE(x));
+    int K = x->shape[x->ndim - 1];
+    ASSERT(K > 0, "matmul_multi: x %s has an empty last dimension", SHAPE(x));
+    bool fused = m > 1 && tp->device == DEVICE_CPU;   // a GPU tape: op_matmul's kernels
+    for (int i = 0; i < m; i++) {
+        ASSERT(w[i] && w[i]->ndim == 2 && w[i]->shape[0] == K, "matmul_multi: weight %d %s must be (%d, N)", i,
+               w[i] ? SHAPE(w[i]) : "(none)", K);
+        ASSERT(w[i] != x, "matmul_multi: weight %d is x itself", i);
+        for (int j = 0; j < i; j++) ASSERT(w[j] != w[i], "matmul_multi: weights %d and %d are one tensor", j, i);
+        if (w[i]->shape[1] <= NARROW_N) fused = false;   // narrow products have loops of their own
+    }
+    if (!fused) {
+        for (int i = 0; i < m; i++) out[i] = op_matmul(tp, x, w[i], false, false);
+        return;
+    }
+    int shape[TENSOR_MAX_DIMS];
+    for (int d = 0; d < x->ndim; d++) shape[d] = x->shape[d];
+    for (int i = 0; i < m; i++) {
+        shape[x->ndim - 1] = w[i]->shape[1];
+        out[i] = tape_tensor(tp, x->ndim, shape);
+    }
+    Tensor *in[1 + MATMUL_MULTI_MAX] = {x};
+    for (int i = 0; i < m; i++) in[1 + i] = w[i];
+    Node *n = tape_op(tp, &OP_MATMUL_MULTI, in, 1 + m, out, m);
+    n->iarg[0] = m;
+    n->iarg[1] = (int)(x->numel / K);
+    n->iarg[2] = K;
+    tape_forward(n);
 }

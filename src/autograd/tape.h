@@ -21,7 +21,7 @@ extern "C" {
 #endif
 
 #define NODE_MAX_IN 8
-#define NODE_MAX_OUT 2
+#define NODE_MAX_OUT 4   // op_matmul_multi: q, k, v and the gate
 
 typedef struct Node Node;
 typedef struct Tape Tape;
