@@ -88,9 +88,13 @@ else
     LOG=$(mktemp -d)
     trap 'rm -rf "$LOG"' EXIT
 fi
-# the least matmul time per step (ms, forward + backward) of a file of --profile outputs
+# the least matmul time per step (ms, forward + backward) of a file of --profile outputs:
+# per run (an "op profile" table), its matmul and matmul_multi rows (op_matmul_multi) summed
 matmul_ms() {
-    awk '$1 == "matmul" && NF >= 6 { if (best == "" || $5 < best) best = $5 } END { print best }' "$1"
+    awk 'function done() { if (run != "" && (best == "" || run < best)) best = run; run = "" }
+         /^op profile/ { done() }
+         ($1 == "matmul" || $1 == "matmul_multi") && NF >= 6 { run += $5 }
+         END { done(); print best }' "$1"
 }
 # best RESULT line of a file of RESULT lines: the one with the most tokens_per_s
 best() {

@@ -50,9 +50,11 @@ static Tensor *rope_at(Tape *tp, Tensor *x, int hd, int pos0, const int *pos, do
 void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, int pos0, const int *pos,
                     Tensor **q, Tensor **k, Tensor **v) {
     ASSERT(u->ndim == 3 && u->shape[2] == c->d_model, "attn: u %s must be (B, T, %d)", SHAPE(u), c->d_model);
-    *q = rope_at(tp, op_matmul(tp, u, L->wq, false, false), c->d_k, pos0, pos, c->rope_base);
-    *k = rope_at(tp, op_matmul(tp, u, L->wk, false, false), c->d_k, pos0, pos, c->rope_base);
-    *v = op_matmul(tp, u, L->wv, false, false);
+    Tensor *x[3];   // u Wq, u Wk, u Wv in one node
+    op_matmul_multi(tp, u, (Tensor *[]){L->wq, L->wk, L->wv}, 3, x);
+    *q = rope_at(tp, x[0], c->d_k, pos0, pos, c->rope_base);
+    *k = rope_at(tp, x[1], c->d_k, pos0, pos, c->rope_base);
+    *v = x[2];
 }
 
 int *attn_doc_positions(Tape *tp, const int *doc_start, int B, int T) {

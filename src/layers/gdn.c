@@ -65,16 +65,17 @@ static void gdn_create(Mixer *m, ParamStore *ps, const char *prefix) {
 
 static void gdn_destroy(Mixer *m) { free(m->impl); }
 
-// q, k, v, beta, g of positions u (B, T, D), the convolutions either over the
+// q, k, v, beta, g and the output gate's projection gz of positions u (B, T, D), the convolutions either over the
 // whole sequence (cache NULL; doc_start (B, T) or NULL), one step through the
 // cache, or (carry) a window continuing the streams in the cache.
 static void gdn_inputs(Tape *tp, const Mixer *m, GdnCache *cache, bool carry, Tensor *u, const int *doc_start,
-                       Tensor **q, Tensor **k, Tensor **v, Tensor **beta, Tensor **g) {
+                       Tensor **q, Tensor **k, Tensor **v, Tensor **beta, Tensor **g, Tensor **gz) {
     const Gdn *p = m->impl;
     int dk = m->cfg.d_k;
-    Tensor *xq = op_matmul(tp, u, p->wq, false, false);
-    Tensor *xk = op_matmul(tp, u, p->wk, false, false);
-    Tensor *xv = op_matmul(tp, u, p->wv, false, false);
+    Tensor *x[4];   // u Wq, u Wk, u Wv and the output gate's u Wg, in one node
+    op_matmul_multi(tp, u, (Tensor *[]){p->wq, p->wk, p->wv, p->gate.wg}, 4, x);
+    Tensor *xq = x[0], *xk = x[1], *xv = x[2];
+    *gz = x[3];
     if (carry) {
         xq = shortconv_forward_carry(tp, &p->conv_q, xq, doc_start, &cache->cq);
         xk = shortconv_forward_carry(tp, &p->conv_k, xk, doc_start, &cache->ck);
@@ -100,10 +101,10 @@ static Tensor *gdn_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
     const Gdn *p = m->impl;
     const MixerConfig *c = &m->cfg;
     ASSERT(u->ndim == 3 && u->shape[2] == c->d_model, "gdn: u %s must be (B, T, %d)", SHAPE(u), c->d_model);
-    Tensor *q, *k, *v, *beta, *g;
-    gdn_inputs(tp, m, NULL, false, u, doc_start, &q, &k, &v, &beta, &g);
+    Tensor *q, *k, *v, *beta, *g, *gz;
+    gdn_inputs(tp, m, NULL, false, u, doc_start, &q, &k, &v, &beta, &g, &gz);
     Tensor *o = op_gdn(tp, q, k, v, beta, g, s_in, doc_start, c->n_heads, c->form, c->chunk_size, s_out);
-    return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
+    return op_matmul(tp, outgate_apply(tp, &p->gate, o, gz), p->wo, false, false);
 }
 
 static void *gdn_cache_new(const Mixer *m, int B, int max_T, Device dev) {
@@ -138,11 +139,11 @@ static Tensor *gdn_step(Tape *tp, Mixer *m, void *ptr, Tensor *u) {
            device_name(tp->device));
     ASSERT(u->ndim == 3 && u->shape[0] == cache->S->shape[0] && u->shape[1] == 1 && u->shape[2] == c->d_model,
            "gdn step: u %s must be (%d, 1, %d)", SHAPE(u), cache->S->shape[0], c->d_model);
-    Tensor *q, *k, *v, *beta, *g, *sT;
-    gdn_inputs(tp, m, cache, false, u, NULL, &q, &k, &v, &beta, &g);
+    Tensor *q, *k, *v, *beta, *g, *gz, *sT;
+    gdn_inputs(tp, m, cache, false, u, NULL, &q, &k, &v, &beta, &g, &gz);
     Tensor *o = op_gdn(tp, q, k, v, beta, g, cache->S, NULL, c->n_heads, MIXER_FORM_RECURRENT, 1, &sT);
     dev_copy(cache->dev, cache->S->data, sT->data, (size_t)sT->numel * sizeof(real));
-    return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
+    return op_matmul(tp, outgate_apply(tp, &p->gate, o, gz), p->wo, false, false);
 }
 
 static void gdn_cache_reset(const Mixer *m, void *ptr, int b) {
@@ -166,11 +167,11 @@ static Tensor *gdn_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_s
            device_name(tp->device));
     ASSERT(u->ndim == 3 && u->shape[0] == S->shape[0] && u->shape[2] == c->d_model,
            "gdn carried window: u %s must be (%d, T, %d)", SHAPE(u), S->shape[0], c->d_model);
-    Tensor *q, *k, *v, *beta, *g, *sT, *s_in = tape_tensor_copy_dev(tp, 4, S->shape, S->data);
-    gdn_inputs(tp, m, cache, true, u, doc_start, &q, &k, &v, &beta, &g);
+    Tensor *q, *k, *v, *beta, *g, *gz, *sT, *s_in = tape_tensor_copy_dev(tp, 4, S->shape, S->data);
+    gdn_inputs(tp, m, cache, true, u, doc_start, &q, &k, &v, &beta, &g, &gz);
     Tensor *o = op_gdn(tp, q, k, v, beta, g, s_in, doc_start, c->n_heads, c->form, c->chunk_size, &sT);
     dev_copy(cache->dev, S->data, sT->data, (size_t)sT->numel * sizeof(real));
-    return op_matmul(tp, outgate_forward(tp, &p->gate, o, u), p->wo, false, false);
+    return op_matmul(tp, outgate_apply(tp, &p->gate, o, gz), p->wo, false, false);
 }
 
 static int gdn_cache_state(const Mixer *m, void *ptr, real **bufs, int64_t *sizes) {

@@ -28,19 +28,30 @@ static Tensor *conv(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor *x,
     return cc ? shortconv_step(tp, c, cc, x) : shortconv_forward(tp, c, x, doc_start);
 }
 
+// u Wq, u Wk, u Wv and the gate's u Wg, in one node.
+static void project(Tape *tp, const GlaLayer *L, Tensor *u, Tensor **p) {
+    op_matmul_multi(tp, u, (Tensor *[]){L->wq, L->wk, L->wv, L->gate.wg}, 4, p);
+}
+
 void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, const int *doc_start, Tensor **q,
-                   Tensor **k, Tensor **v) {
+                   Tensor **k, Tensor **v, Tensor **gz) {
     ASSERT(!(cache && doc_start), "gla_layer_qkv: documents in decoding are cache resets (gla_cache_reset)");
-    *q = conv(tp, &L->conv_q, cache ? &cache->cq : NULL, op_matmul(tp, u, L->wq, false, false), doc_start);
-    *k = conv(tp, &L->conv_k, cache ? &cache->ck : NULL, op_matmul(tp, u, L->wk, false, false), doc_start);
-    *v = conv(tp, &L->conv_v, cache ? &cache->cv : NULL, op_matmul(tp, u, L->wv, false, false), doc_start);
+    Tensor *p[4];
+    project(tp, L, u, p);
+    *q = conv(tp, &L->conv_q, cache ? &cache->cq : NULL, p[0], doc_start);
+    *k = conv(tp, &L->conv_k, cache ? &cache->ck : NULL, p[1], doc_start);
+    *v = conv(tp, &L->conv_v, cache ? &cache->cv : NULL, p[2], doc_start);
+    *gz = p[3];
 }
 
 void gla_layer_qkv_carry(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, const int *doc_start, Tensor **q,
-                         Tensor **k, Tensor **v) {
-    *q = shortconv_forward_carry(tp, &L->conv_q, op_matmul(tp, u, L->wq, false, false), doc_start, &cache->cq);
-    *k = shortconv_forward_carry(tp, &L->conv_k, op_matmul(tp, u, L->wk, false, false), doc_start, &cache->ck);
-    *v = shortconv_forward_carry(tp, &L->conv_v, op_matmul(tp, u, L->wv, false, false), doc_start, &cache->cv);
+                         Tensor **k, Tensor **v, Tensor **gz) {
+    Tensor *p[4];
+    project(tp, L, u, p);
+    *q = shortconv_forward_carry(tp, &L->conv_q, p[0], doc_start, &cache->cq);
+    *k = shortconv_forward_carry(tp, &L->conv_k, p[1], doc_start, &cache->ck);
+    *v = shortconv_forward_carry(tp, &L->conv_v, p[2], doc_start, &cache->cv);
+    *gz = p[3];
 }
 
 Tensor *gla_cache_state_in(Tape *tp, const GlaCache *cache, const Tensor *u) {
@@ -62,8 +73,8 @@ int gla_cache_buffers(const GlaLayer *L, GlaCache *c, real **bufs, int64_t *size
     return n;
 }
 
-Tensor *gla_layer_out(Tape *tp, const GlaLayer *L, Tensor *o, Tensor *u) {
-    return op_matmul(tp, outgate_forward(tp, &L->gate, o, u), L->wo, false, false);
+Tensor *gla_layer_out(Tape *tp, const GlaLayer *L, Tensor *o, Tensor *gz) {
+    return op_matmul(tp, outgate_apply(tp, &L->gate, o, gz), L->wo, false, false);
 }
 
 GlaCache *gla_cache_new(const GlaLayer *L, const MixerConfig *cfg, int B, Device dev) {

@@ -27,16 +27,17 @@ void gla_layer_create(GlaLayer *L, ParamStore *ps, const char *prefix, const Mix
 // u: (B, T, D) -> q, k (B, T, H*dk), v (B, T, H*dv), each projected then
 // SiLU(conv(.)) (just projected when conv_size is 0). With a cache (decoding,
 // T = 1) the convolutions read and advance it. doc_start: (B, T) or NULL
-// (docs.h), without a cache only.
+// (docs.h), without a cache only. gz: the output gate's projection u Wg
+// (B, T, H*dv), made with the other three in one op_matmul_multi.
 void gla_layer_qkv(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, const int *doc_start, Tensor **q,
-                   Tensor **k, Tensor **v);
-// o: (B, T, H*dv) -> OutGate(o, u) wo, (B, T, D).
-Tensor *gla_layer_out(Tape *tp, const GlaLayer *L, Tensor *o, Tensor *u);
+                   Tensor **k, Tensor **v, Tensor **gz);
+// o: (B, T, H*dv), gz from gla_layer_qkv -> OutGate(o, u) wo, (B, T, D).
+Tensor *gla_layer_out(Tape *tp, const GlaLayer *L, Tensor *o, Tensor *gz);
 
 // The same for a window that continues the streams in cache (carried state):
 // the convolutions read and then update its inputs (shortconv_forward_carry).
 void gla_layer_qkv_carry(Tape *tp, const GlaLayer *L, GlaCache *cache, Tensor *u, const int *doc_start, Tensor **q,
-                         Tensor **k, Tensor **v);
+                         Tensor **k, Tensor **v, Tensor **gz);
 // cache->S as a constant on tp (the initial state of a carried window), checked against u's B.
 Tensor *gla_cache_state_in(Tape *tp, const GlaCache *cache, const Tensor *u);
 // The buffers of the carried state: S, then the q, k, v convolution inputs (MixerKind.cache_state).

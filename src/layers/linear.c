@@ -17,19 +17,19 @@ static void linear_create(Mixer *m, ParamStore *ps, const char *prefix) {
 static void linear_destroy(Mixer *m) { free(m->impl); }
 
 // From q, k, v (after the convolutions) to the layer's output.
-static Tensor *linear_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *q, Tensor *k, Tensor *v, const int *doc_start,
-                          Tensor *s_in, MixerForm form, Tensor **s_out) {
+static Tensor *linear_mix(Tape *tp, const Mixer *m, Tensor *gz, Tensor *q, Tensor *k, Tensor *v,
+                          const int *doc_start, Tensor *s_in, MixerForm form, Tensor **s_out) {
     const MixerConfig *c = &m->cfg;
     q = op_scale(tp, op_l2norm_heads(tp, q, c->d_k), 1.0 / sqrt(c->d_k));
     k = op_l2norm_heads(tp, k, c->d_k);
     Tensor *o = op_gla(tp, q, k, v, NULL, s_in, doc_start, c->n_heads, form, c->chunk_size, s_out);
-    return gla_layer_out(tp, m->impl, o, u);
+    return gla_layer_out(tp, m->impl, o, gz);
 }
 
 static Tensor *linear_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out) {
-    Tensor *q, *k, *v;
-    gla_layer_qkv(tp, m->impl, NULL, u, doc_start, &q, &k, &v);
-    return linear_mix(tp, m, u, q, k, v, doc_start, s_in, m->cfg.form, s_out);
+    Tensor *q, *k, *v, *gz;
+    gla_layer_qkv(tp, m->impl, NULL, u, doc_start, &q, &k, &v, &gz);
+    return linear_mix(tp, m, gz, q, k, v, doc_start, s_in, m->cfg.form, s_out);
 }
 
 static void *linear_cache_new(const Mixer *m, int B, int max_T, Device dev) {
@@ -42,9 +42,9 @@ static Tensor *linear_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     GlaCache *c = cache;
     ASSERT(c->dev == tp->device, "%s step: a %s cache on a %s tape", m->kind->name, device_name(c->dev),
            device_name(tp->device));
-    Tensor *q, *k, *v, *s;
-    gla_layer_qkv(tp, m->impl, c, u, NULL, &q, &k, &v);
-    Tensor *y = linear_mix(tp, m, u, q, k, v, NULL, c->S, MIXER_FORM_RECURRENT, &s);
+    Tensor *q, *k, *v, *gz, *s;
+    gla_layer_qkv(tp, m->impl, c, u, NULL, &q, &k, &v, &gz);
+    Tensor *y = linear_mix(tp, m, gz, q, k, v, NULL, c->S, MIXER_FORM_RECURRENT, &s);
     dev_copy(c->dev, c->S->data, s->data, (size_t)s->numel * sizeof(real));
     return y;
 }
@@ -53,9 +53,9 @@ static void linear_cache_reset(const Mixer *m, void *cache, int b) { gla_cache_r
 
 static Tensor *linear_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, void *cache) {
     GlaCache *c = cache;
-    Tensor *q, *k, *v, *s, *s_in = gla_cache_state_in(tp, c, u);
-    gla_layer_qkv_carry(tp, m->impl, c, u, doc_start, &q, &k, &v);
-    Tensor *y = linear_mix(tp, m, u, q, k, v, doc_start, s_in, m->cfg.form, &s);
+    Tensor *q, *k, *v, *gz, *s, *s_in = gla_cache_state_in(tp, c, u);
+    gla_layer_qkv_carry(tp, m->impl, c, u, doc_start, &q, &k, &v, &gz);
+    Tensor *y = linear_mix(tp, m, gz, q, k, v, doc_start, s_in, m->cfg.form, &s);
     dev_copy(c->dev, c->S->data, s->data, (size_t)s->numel * sizeof(real));
     return y;
 }

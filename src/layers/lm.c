@@ -68,9 +68,9 @@ void lm_destroy(LM *lm) {
 }
 
 static Tensor *mlp_forward(Tape *tp, const LMBlock *b, Tensor *u) {
-    Tensor *a = op_matmul(tp, u, b->w1, false, false);
-    Tensor *c = op_matmul(tp, u, b->w3, false, false);
-    return op_matmul(tp, op_silu_mul(tp, a, c), b->w2, false, false);   // silu(a) * c
+    Tensor *x[2];   // a = u W1 and c = u W3, in one node
+    op_matmul_multi(tp, u, (Tensor *[]){b->w1, b->w3}, 2, x);
+    return op_matmul(tp, op_silu_mul(tp, x[0], x[1]), b->w2, false, false);   // silu(a) * c
 }
 
 // Logits from the final normed residual stream h = RMSNorm(x) norm_f.

@@ -38,8 +38,8 @@ static void mamba_create(Mixer *m, ParamStore *ps, const char *prefix) {
 
 static void mamba_destroy(Mixer *m) { free(m->impl); }
 
-static Tensor *mamba_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *q, Tensor *k, Tensor *v, const int *doc_start,
-                         Tensor *s_in, MixerForm form, Tensor **s_out) {
+static Tensor *mamba_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *gz, Tensor *q, Tensor *k, Tensor *v,
+                         const int *doc_start, Tensor *s_in, MixerForm form, Tensor **s_out) {
     const MixerConfig *c = &m->cfg;
     const Mamba *M = m->impl;
     Tensor *dt = op_softplus(tp, op_add(tp, op_matmul(tp, u, M->w_dt, false, false), M->dt_bias));   // (B, T, H)
@@ -48,14 +48,14 @@ static Tensor *mamba_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *q, Tensor 
     Tensor *o = op_gla_dt(tp, q, k, v, g, dt, s_in, doc_start, c->n_heads, form, c->chunk_size, s_out);
     Tensor *Dflat = op_reshape(tp, M->D, 1, (int[]){c->n_heads * c->d_v});
     o = op_add(tp, o, op_mul(tp, v, Dflat));   // + D ⊙ v
-    return gla_layer_out(tp, &M->L, o, u);
+    return gla_layer_out(tp, &M->L, o, gz);
 }
 
 static Tensor *mamba_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out) {
     Mamba *M = m->impl;
-    Tensor *q, *k, *v;
-    gla_layer_qkv(tp, &M->L, NULL, u, doc_start, &q, &k, &v);
-    return mamba_mix(tp, m, u, q, k, v, doc_start, s_in, m->cfg.form, s_out);
+    Tensor *q, *k, *v, *gz;
+    gla_layer_qkv(tp, &M->L, NULL, u, doc_start, &q, &k, &v, &gz);
+    return mamba_mix(tp, m, u, gz, q, k, v, doc_start, s_in, m->cfg.form, s_out);
 }
 
 static void *mamba_cache_new(const Mixer *m, int B, int max_T, Device dev) {
@@ -70,9 +70,9 @@ static Tensor *mamba_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     GlaCache *c = cache;
     ASSERT(c->dev == tp->device, "%s step: a %s cache on a %s tape", m->kind->name, device_name(c->dev),
            device_name(tp->device));
-    Tensor *q, *k, *v, *s;
-    gla_layer_qkv(tp, &M->L, c, u, NULL, &q, &k, &v);
-    Tensor *y = mamba_mix(tp, m, u, q, k, v, NULL, c->S, MIXER_FORM_RECURRENT, &s);
+    Tensor *q, *k, *v, *gz, *s;
+    gla_layer_qkv(tp, &M->L, c, u, NULL, &q, &k, &v, &gz);
+    Tensor *y = mamba_mix(tp, m, u, gz, q, k, v, NULL, c->S, MIXER_FORM_RECURRENT, &s);
     dev_copy(c->dev, c->S->data, s->data, (size_t)s->numel * sizeof(real));
     return y;
 }
@@ -85,9 +85,9 @@ static void mamba_cache_reset(const Mixer *m, void *cache, int b) {
 static Tensor *mamba_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, void *cache) {
     Mamba *M = m->impl;
     GlaCache *c = cache;
-    Tensor *q, *k, *v, *s, *s_in = gla_cache_state_in(tp, c, u);
-    gla_layer_qkv_carry(tp, &M->L, c, u, doc_start, &q, &k, &v);
-    Tensor *y = mamba_mix(tp, m, u, q, k, v, doc_start, s_in, m->cfg.form, &s);
+    Tensor *q, *k, *v, *gz, *s, *s_in = gla_cache_state_in(tp, c, u);
+    gla_layer_qkv_carry(tp, &M->L, c, u, doc_start, &q, &k, &v, &gz);
+    Tensor *y = mamba_mix(tp, m, u, gz, q, k, v, doc_start, s_in, m->cfg.form, &s);
     dev_copy(c->dev, c->S->data, s->data, (size_t)s->numel * sizeof(real));
     return y;
 }

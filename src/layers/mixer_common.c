@@ -150,8 +150,15 @@ Tensor *outgate_forward(Tape *tp, const OutGate *g, Tensor *o, Tensor *u) {
     ASSERT(o->ndim == 3 && o->shape[2] == H * dv && u->ndim == 3 && u->shape[0] == o->shape[0] &&
                u->shape[1] == o->shape[1] && u->shape[2] == D,
            "outgate: o %s must be (B, T, %d) and u %s (B, T, %d)", SHAPE(o), H * dv, SHAPE(u), D);
+    return outgate_apply(tp, g, o, op_matmul(tp, u, g->wg, false, false));
+}
+
+Tensor *outgate_apply(Tape *tp, const OutGate *g, Tensor *o, Tensor *gz) {
+    int H = g->n_heads, dv = g->d_v;
+    ASSERT(o->ndim == 3 && o->shape[2] == H * dv && tensor_same_shape(o, gz),
+           "outgate: o %s and the gate's projection %s must both be (B, T, %d)", SHAPE(o), SHAPE(gz), H * dv);
     // RMSNorm_head(o) * silu(u Wg), fused (ops_norm.c)
-    return op_rmsnorm_gate(tp, o, g->norm_w, op_matmul(tp, u, g->wg, false, false), dv, g->eps);
+    return op_rmsnorm_gate(tp, o, g->norm_w, gz, dv, g->eps);
 }
 
 void init_A_log(real *x, int64_t n, Rng *r, double a0, double a1) {

@@ -55,6 +55,9 @@ void outgate_create(OutGate *g, ParamStore *ps, const char *prefix, int d_model,
                     double eps);
 // o: (B, T, H*dv), u: (B, T, D) -> RMSNorm_head(o) * SiLU(u Wg), (B, T, H*dv). Works for T = 1.
 Tensor *outgate_forward(Tape *tp, const OutGate *g, Tensor *o, Tensor *u);
+// The same given the gate's projection gz = u Wg (B, T, H*dv), which a layer
+// computes with its other projections of u in one op_matmul_multi.
+Tensor *outgate_apply(Tape *tp, const OutGate *g, Tensor *o, Tensor *gz);
 
 // Mamba-2 initialisation of the decay, shared by mamba and gdn (INIT_FN):
 // A_log = log(a), a uniform in [a0, a1] (Mamba-2: [1, 16]);
