@@ -1,5 +1,7 @@
 // Optimisers, clipping and the learning-rate schedule against hand-computed values.
 #include <math.h>
+#include <omp.h>
+#include <string.h>
 
 #include "optim.h"
 #include "test_util.h"
@@ -172,4 +174,84 @@ Test(optim, quadratic_converges) {
     double e_sgd = minimise_quadratic(OPTIM_SGD, 400, 0.1);
     cr_assert_lt(e_adam, 1e-3, "AdamW max |x - c| = %g", e_adam);
     cr_assert_lt(e_sgd, 1e-4, "SGD max |x - c| = %g", e_sgd);
+}
+
+// A step over enough elements to run in one parallel region, whose threads'
+// shares cut parameters anywhere (optim_update_slices): the same bits on 1,
+// 2 and 3 threads, and each element as the formula gives it alone, for
+// AdamW and SGD, whole and sharded (ZeRO-1's [lo, hi) cuts a and e).
+// Sizes: 60000, 3 (no decay), 70001 (frozen), 129, 25000: 85,132 elements
+// to update (over 65,536: a region), 69,999 in the shard.
+static void big_make(ParamStore *ps, Tensor **p) {
+    params_init(ps);
+    const int n[5] = {60000, 3, 70001, 129, 25000};
+    for (int i = 0; i < 5; i++) {
+        char name[8] = {(char)('a' + i), 0};
+        p[i] = params_add(ps, name, 1, (int[]){n[i]}, init_normal(1.0), i == 1 ? TENSOR_NO_DECAY : 0);
+    }
+    params_finalize(ps, 7);
+    params_set_frozen(ps, p[2], true);
+}
+
+static void big_grads(ParamStore *ps, int step) {
+    for (int64_t e = 0; e < ps->numel; e++) ps->grad[e] = (real)sin(0.37 * e + step) * (e % 5 ? 1 : 1e-3);
+}
+
+static void big_case(bool adamw, int64_t lo, int64_t hi) {
+    real *after[3];
+    ParamStore ps;
+    Tensor *p[5];
+    for (int th = 1; th <= 3; th++) {
+        big_make(&ps, p);
+        real *p0 = xmalloc((size_t)ps.numel * sizeof(real));
+        memcpy(p0, ps.data, (size_t)ps.numel * sizeof(real));
+        Optimizer opt;
+        if (adamw) adamw_init(&opt, &ps, 0.9, 0.999, 1e-8, 0.1);
+        else sgd_init(&opt, &ps, 0.9, 0.1);
+        if (hi) optim_set_shard(&opt, lo, hi);
+        else lo = 0, hi = ps.numel;
+        int saved = omp_get_max_threads();
+        omp_set_num_threads(th);
+        for (int s = 1; s <= 2; s++) {
+            big_grads(&ps, s);
+            if (s == 2) {   // the formula, element by element, for the step about to run
+                for (int64_t e = 0; e < ps.numel; e++) {
+                    int i = 0;
+                    while (e >= ps.offsets[i] + ps.params[i]->numel) i++;
+                    double x = ps.data[e], want = x;
+                    if (e >= lo && e < hi && i != 2) {
+                        double g = ps.grad[e], wd = i == 1 ? 0 : 0.1, lr = 0.01;
+                        if (adamw) {
+                            double m = 0.9 * opt.m[e - lo] + 0.1 * g, v = 0.999 * opt.v[e - lo] + 0.001 * g * g;
+                            want = x - lr * wd * x - lr * (m / (1 - 0.81)) / (sqrt(v / (1 - 0.998001)) + 1e-8);
+                        } else {
+                            want = x - lr * wd * x - lr * (0.9 * opt.m[e - lo] + g);
+                        }
+                    }
+                    p0[e] = (real)want;
+                }
+            }
+            optim_step(&opt, &ps, 0.01);
+        }
+        omp_set_num_threads(saved);
+        for (int64_t e = 0; e < ps.numel; e++)
+            cr_assert(fabs(ps.data[e] - p0[e]) <= 1e-5 * (1 + fabs(p0[e])), "%s, %d threads: element %lld %.9g, want %.9g",
+                      adamw ? "adamw" : "sgd", th, (long long)e, (double)ps.data[e], (double)p0[e]);
+        after[th - 1] = p0;
+        memcpy(p0, ps.data, (size_t)ps.numel * sizeof(real));
+        optim_free(&opt);
+        if (th < 3) params_free(&ps);
+    }
+    for (int th = 2; th <= 3; th++)
+        cr_assert_eq(memcmp(after[0], after[th - 1], (size_t)ps.numel * sizeof(real)), 0,
+                     "%s [%lld, %lld): 1 and %d threads differ", adamw ? "adamw" : "sgd", (long long)lo, (long long)hi, th);
+    for (int th = 0; th < 3; th++) free(after[th]);
+    params_free(&ps);
+}
+
+Test(optim, one_region_steps_are_the_formula_on_any_thread_count) {
+    for (int adamw = 0; adamw < 2; adamw++) {
+        big_case(adamw, 0, 0);
+        big_case(adamw, 10000, 150000);
+    }
 }

@@ -33,10 +33,10 @@ void adamw_init(Optimizer *opt, const ParamStore *ps, double beta1, double beta2
     opt->weight_decay = weight_decay;
 }
 
-// One parameter's slice: p, g, m, v of length n.
+// One piece of a parameter: p, g, m, v of length n (one thread's).
 static void adamw_update(real *restrict p, const real *restrict g, real *restrict m, real *restrict v,
                          int64_t n, real lr, real decay, real b1, real b2, real bc1, real bc2, real eps) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp simd
     for (int64_t i = 0; i < n; i++) {
         real gi = g[i];
         real pi = p[i] - lr * decay * p[i];
@@ -48,6 +48,19 @@ static void adamw_update(real *restrict p, const real *restrict g, real *restric
     }
 }
 
+typedef struct AdamwStep {
+    Optimizer *opt;
+    ParamStore *ps;
+    real lr, bc1, bc2;
+} AdamwStep;
+
+static void adamw_piece(void *ctx, const OptimSlice *s, int64_t a, int64_t n) {
+    AdamwStep *st = ctx;
+    Optimizer *o = st->opt;
+    adamw_update(st->ps->data + a, st->ps->grad + a, o->m + (a - o->lo), o->v + (a - o->lo), n, st->lr, s->decay,
+                 (real)o->beta1, (real)o->beta2, st->bc1, st->bc2, (real)o->eps);
+}
+
 void adamw_step(Optimizer *opt, ParamStore *ps, double lr) {
     ASSERT(opt->kind == OPTIM_ADAMW, "adamw_step on a %s optimizer", optim_name(opt->kind));
     ASSERT(opt->numel == ps->numel, "adamw_step: optimizer made for %lld elements, ParamStore has %lld",
@@ -57,20 +70,23 @@ void adamw_step(Optimizer *opt, ParamStore *ps, double lr) {
     int64_t t = opt->step + 1;
     real bc1 = (real)(1.0 - pow(opt->beta1, (double)t));
     real bc2 = (real)(1.0 - pow(opt->beta2, (double)t));
-    for (int i = 0; i < ps->n; i++) {
+    if (ps->device == DEVICE_CPU) {
+        optim_update_slices(opt, ps, adamw_piece, &(AdamwStep){opt, ps, (real)lr, bc1, bc2});
+        opt->step = t;
+        return;
+    }
+    for (int i = 0; i < ps->n; i++) {   // a GPU ParamStore: a kernel per parameter
         Tensor *p = ps->params[i];
         int64_t a, b;
         if (!p->grad || (p->flags & TENSOR_FROZEN) || !optim_owned(opt, ps->offsets[i], p->numel, &a, &b)) continue;
         real decay = (p->flags & TENSOR_NO_DECAY) ? 0 : (real)opt->weight_decay;
 #ifdef AG_CUDA
-        if (ps->device == DEVICE_CUDA) {
-            cu_adamw_update(ps->data + a, ps->grad + a, opt->m + (a - opt->lo), opt->v + (a - opt->lo), b - a,
-                            (real)lr, decay, (real)opt->beta1, (real)opt->beta2, bc1, bc2, (real)opt->eps);
-            continue;
-        }
+        cu_adamw_update(ps->data + a, ps->grad + a, opt->m + (a - opt->lo), opt->v + (a - opt->lo), b - a, (real)lr,
+                        decay, (real)opt->beta1, (real)opt->beta2, bc1, bc2, (real)opt->eps);
+#else
+        (void)a, (void)b, (void)decay;
+        FAIL("adamw_step: a %s ParamStore in a build without CUDA", device_name(ps->device));
 #endif
-        adamw_update(ps->data + a, ps->grad + a, opt->m + (a - opt->lo), opt->v + (a - opt->lo), b - a, (real)lr,
-                     decay, (real)opt->beta1, (real)opt->beta2, bc1, bc2, (real)opt->eps);
     }
     opt->step = t;
 }

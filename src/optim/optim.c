@@ -1,6 +1,7 @@
 // optim.c: what every optimizer shares: dispatch, names, freeing, sharding.
 #include "optim.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,30 @@ void optim_step(Optimizer *opt, ParamStore *ps, double lr) {
     case OPTIM_SGD: sgd_step(opt, ps, lr); break;
     default: FAIL("optim_step: unknown optimizer kind %d", opt->kind);
     }
+}
+
+void optim_update_slices(const Optimizer *opt, const ParamStore *ps, OptimUpdate update, void *ctx) {
+    OptimSlice *sl = xmalloc((size_t)(ps->n ? ps->n : 1) * sizeof *sl);
+    int ns = 0;
+    int64_t total = 0;
+    for (int i = 0; i < ps->n; i++) {
+        const Tensor *p = ps->params[i];
+        int64_t a, b;
+        if (!p->grad || (p->flags & TENSOR_FROZEN) || !optim_owned(opt, ps->offsets[i], p->numel, &a, &b)) continue;
+        sl[ns++] = (OptimSlice){a, b, (p->flags & TENSOR_NO_DECAY) ? 0 : (real)opt->weight_decay};
+        total += b - a;
+    }
+#pragma omp parallel if (total > 65536)
+    {
+        int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        int64_t lo = total * t / nt, hi = total * (t + 1) / nt, at = 0;   // this thread's share, and
+        for (int s = 0; s < ns && at < hi; s++) {                           // where slice s starts in it all
+            int64_t len = sl[s].b - sl[s].a, x0 = lo > at ? lo : at, x1 = hi < at + len ? hi : at + len;
+            if (x0 < x1) update(ctx, &sl[s], sl[s].a + (x0 - at), x1 - x0);
+            at += len;
+        }
+    }
+    free(sl);
 }
 
 void optim_free(Optimizer *opt) {

@@ -76,6 +76,21 @@ static inline bool optim_owned(const Optimizer *opt, int64_t off, int64_t n, int
     return *a < *b;
 }
 
+// The slices of the flat block a step updates: each trainable parameter with
+// a gradient, cut to [lo, hi), with its weight decay (0 for TENSOR_NO_DECAY).
+typedef struct OptimSlice {
+    int64_t a, b;   // elements [a, b) of ps->data and ps->grad
+    real decay;
+} OptimSlice;
+// Calls update(ctx, slice, a, n) for elements [a, a + n) of every slice, in
+// one parallel region (a host ParamStore): the elements of all slices are
+// shared evenly among the threads, one thread's share cut wherever it falls.
+// A small model's tensors are each too small to be worth a region of their
+// own, and a region per tensor costs 50-70 us on a 2-core KVM guest
+// (bench/fork_bench). The updates are elementwise: the same on any threads.
+typedef void (*OptimUpdate)(void *ctx, const OptimSlice *s, int64_t a, int64_t n);
+void optim_update_slices(const Optimizer *opt, const ParamStore *ps, OptimUpdate update, void *ctx);
+
 // Gradient helpers over the whole grad block (frozen parameters' gradients
 // are zero there, so they do not contribute).
 void optim_scale_grads(ParamStore *ps, double factor);   // e.g. 1/accum_steps

@@ -21,12 +21,24 @@ void sgd_init(Optimizer *opt, const ParamStore *ps, double momentum, double weig
 
 static void sgd_update(real *restrict p, const real *restrict g, real *restrict m, int64_t n, real lr,
                        real decay, real mu) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp simd
     for (int64_t i = 0; i < n; i++) {
         real mi = mu * m[i] + g[i];
         m[i] = mi;
         p[i] = p[i] - lr * decay * p[i] - lr * mi;
     }
+}
+
+typedef struct SgdStep {
+    Optimizer *opt;
+    ParamStore *ps;
+    real lr;
+} SgdStep;
+
+static void sgd_piece(void *ctx, const OptimSlice *s, int64_t a, int64_t n) {
+    SgdStep *st = ctx;
+    sgd_update(st->ps->data + a, st->ps->grad + a, st->opt->m + (a - st->opt->lo), n, st->lr, s->decay,
+               (real)st->opt->momentum);
 }
 
 void sgd_step(Optimizer *opt, ParamStore *ps, double lr) {
@@ -35,19 +47,22 @@ void sgd_step(Optimizer *opt, ParamStore *ps, double lr) {
            (long long)opt->numel, (long long)ps->numel);
     ASSERT(opt->device == ps->device, "sgd_step: momentum on %s, parameters on %s", device_name(opt->device),
            device_name(ps->device));
-    for (int i = 0; i < ps->n; i++) {
+    if (ps->device == DEVICE_CPU) {
+        optim_update_slices(opt, ps, sgd_piece, &(SgdStep){opt, ps, (real)lr});
+        opt->step++;
+        return;
+    }
+    for (int i = 0; i < ps->n; i++) {   // a GPU ParamStore: a kernel per parameter
         Tensor *p = ps->params[i];
         int64_t a, b;
         if (!p->grad || (p->flags & TENSOR_FROZEN) || !optim_owned(opt, ps->offsets[i], p->numel, &a, &b)) continue;
         real decay = (p->flags & TENSOR_NO_DECAY) ? 0 : (real)opt->weight_decay;
 #ifdef AG_CUDA
-        if (ps->device == DEVICE_CUDA) {
-            cu_sgd_update(ps->data + a, ps->grad + a, opt->m + (a - opt->lo), b - a, (real)lr, decay,
-                          (real)opt->momentum);
-            continue;
-        }
+        cu_sgd_update(ps->data + a, ps->grad + a, opt->m + (a - opt->lo), b - a, (real)lr, decay, (real)opt->momentum);
+#else
+        (void)a, (void)b, (void)decay;
+        FAIL("sgd_step: a %s ParamStore in a build without CUDA", device_name(ps->device));
 #endif
-        sgd_update(ps->data + a, ps->grad + a, opt->m + (a - opt->lo), b - a, (real)lr, decay, (real)opt->momentum);
     }
     opt->step++;
 }
