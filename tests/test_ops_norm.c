@@ -188,10 +188,12 @@ Test(ops_norm, add_rmsnorm_equals_add_then_rmsnorm) {
 
 typedef struct {
     int hd;
+    double scale;   // 0: op_l2norm_heads
 } L2Ctx;
 
 static int f_l2norm(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
-    out[0] = op_l2norm_heads(tp, in[0], ((L2Ctx *)ctx)->hd);
+    const L2Ctx *c = ctx;
+    out[0] = c->scale ? op_l2norm_heads_scaled(tp, in[0], c->hd, c->scale) : op_l2norm_heads(tp, in[0], c->hd);
     return 1;
 }
 
@@ -200,13 +202,16 @@ Test(ops_norm, l2norm_heads_gradcheck) {
     fill_normal(x, 6, 1.0);
     int hds[] = {4, 3, 12};
     for (int k = 0; k < 3; k++) {
-        L2Ctx c = {hds[k]};
+        L2Ctx c = {hds[k], 0};
         GradcheckResult r = gradcheck("l2norm_heads", f_l2norm, &x, 1, &c, NULL);
         ASSERT_GRADCHECK(r, "l2norm_heads");
+        c.scale = 0.35;   // the scaled form, as linear and gdn scale q
+        r = gradcheck("l2norm_heads_scaled", f_l2norm, &x, 1, &c, NULL);
+        ASSERT_GRADCHECK(r, "l2norm_heads_scaled");
     }
     Tensor *x4 = tensor_newv(true, 4, 2, 3, 2, 8);
     fill_normal(x4, 7, 1.0);
-    L2Ctx c = {4};
+    L2Ctx c = {4, 0};
     GradcheckResult r = gradcheck("l2norm_heads", f_l2norm, &x4, 1, &c, NULL);
     ASSERT_GRADCHECK(r, "l2norm_heads 4-d");
     tensor_free(x);
@@ -225,6 +230,26 @@ Test(ops_norm, l2norm_heads_values) {
     cr_assert_float_eq(y->data[1], 4 / sqrt(25 + 1e-6), 1e-7);
     cr_assert_float_eq(y->data[2], 0, 0);
     cr_assert_float_eq(y->data[3], 2 / sqrt(4 + 1e-6), 1e-7);
+    // Scaled: one node, each value s times the above, the gradient as scale's after l2norm's.
+    Tensor *xs = tensor_newv(true, 1, 4);
+    memcpy(xs->data, xv, sizeof xv);
+    Tape t2;
+    tape_init(&t2);
+    Tensor *ys = op_l2norm_heads_scaled(&t2, xs, 2, 0.25);
+    cr_assert_eq(t2.n_nodes, 1);
+    for (int j = 0; j < 4; j++) cr_assert_float_eq(ys->data[j], 0.25 * y->data[j], 1e-7);
+    real seed[] = {1, -2, 0.5, 3};
+    tape_backward_multi(&t2, &ys, (const real *[]){seed}, 1);
+    real got[4];
+    memcpy(got, xs->grad, sizeof got);
+    tape_free(&t2);
+    memset(xs->grad, 0, 4 * sizeof(real));
+    tape_init(&t2);
+    Tensor *y2 = op_scale(&t2, op_l2norm_heads(&t2, xs, 2), 0.25);
+    tape_backward_multi(&t2, &y2, (const real *[]){seed}, 1);
+    for (int j = 0; j < 4; j++) cr_assert_float_eq(got[j], xs->grad[j], 1e-6, "dx[%d]", j);
+    tape_free(&t2);
+    tensor_free(xs);
     tensor_free(x);
     tape_free(&tp);
 }

@@ -73,6 +73,10 @@ Tensor *op_add_rmsnorm(Tape *tp, Tensor *a, Tensor *b, Tensor *g, double eps, Te
 // Per-head L2 normalisation: the last dimension is split into groups of
 // head_dim, each scaled to z / sqrt(sum z^2 + 1e-6).
 Tensor *op_l2norm_heads(Tape *tp, Tensor *x, int head_dim);
+// The same times scale > 0 in one pass (q's 1/sqrt(d_k) in linear and gdn):
+// op_scale(op_l2norm_heads(x)) without a node, a pass over memory forward and
+// backward, and two parallel regions. A GPU tape builds those two nodes.
+Tensor *op_l2norm_heads_scaled(Tape *tp, Tensor *x, int head_dim, double scale);
 
 // ---- position and time (ops_rope.c, ops_conv.c) ----
 // doc_start (B, T) or NULL: document boundaries inside the rows (docs.h).

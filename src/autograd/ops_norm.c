@@ -341,10 +341,12 @@ typedef struct L2Saved {
     real *rinv;     // (groups) 1 / sqrt(sum z^2 + 1e-6)
 } L2Saved;
 
-// x, y: (groups, hd) with hd = iarg[0]
+// x, y: (groups, hd) with hd = iarg[0]; y = s z r with s = farg[0] (1 but
+// for op_l2norm_heads_scaled).
 static void l2norm_forward(Node *n) {
     const Tensor *x = n->in[0];
     int hd = n->iarg[0];
+    real s = (real)n->farg[0];
     int64_t groups = x->numel / hd;
     real *rinv = NULL;
     if (n->recorded) {
@@ -361,39 +363,55 @@ static void l2norm_forward(Node *n) {
         for (int j = 0; j < hd; j++) ss += (double)z[j] * z[j];
         real ri = (real)(1.0 / sqrt(ss + L2NORM_EPS));
         if (rinv) rinv[r] = ri;
-        for (int j = 0; j < hd; j++) y[j] = z[j] * ri;
+        if (s == 1)
+            for (int j = 0; j < hd; j++) y[j] = z[j] * ri;
+        else
+            for (int j = 0; j < hd; j++) y[j] = z[j] * ri * s;
     }
 }
 
-// dz = r (dy - y <dy, y>)
+// With yh = z r = y / s and dyh = s dy:  dz = r (dyh - yh <dyh, yh>)
+// = r (s dy - y <dy, y> / s), written when dz is fresh, else added.
 static void l2norm_backward(Node *n) {
-    real *dx = NODE_GRAD_IN(n, 0);
+    bool fresh;
+    real *dx = NODE_GRAD_FRESH(n, 0, &fresh);
     if (!dx) return;
     const L2Saved *sv = n->saved;
     int hd = n->iarg[0];
+    real s = (real)n->farg[0];
     int64_t groups = n->in[0]->numel / hd;
     const real *Y = n->out[0]->data, *G = n->out[0]->grad;
 #pragma omp parallel for if (n->in[0]->numel > OPS_PAR_MIN) schedule(static)
     for (int64_t r = 0; r < groups; r++) {
         const real *y = Y + r * hd, *g = G + r * hd;
+        real *d = dx + r * hd;
         double dot = 0;
 #pragma omp simd reduction(+ : dot)
         for (int j = 0; j < hd; j++) dot += (double)g[j] * y[j];
-        real ri = sv->rinv[r], c = (real)dot;
-        for (int j = 0; j < hd; j++) dx[r * hd + j] += ri * (g[j] - y[j] * c);
+        real ri = sv->rinv[r], c = (real)(dot / s);
+        if (fresh)
+            for (int j = 0; j < hd; j++) d[j] = ri * (s * g[j] - y[j] * c);
+        else
+            for (int j = 0; j < hd; j++) d[j] += ri * (s * g[j] - y[j] * c);
     }
 }
 
 static const OpDef OP_L2NORM_HEADS = {"l2norm_heads", l2norm_forward, l2norm_backward,
                                       CUDA_PAIR(cu_l2norm_forward, cu_l2norm_backward)};
 
-Tensor *op_l2norm_heads(Tape *tp, Tensor *x, int head_dim) {
+Tensor *op_l2norm_heads_scaled(Tape *tp, Tensor *x, int head_dim, double scale) {
     int D = x->shape[x->ndim - 1];
     ASSERT(head_dim > 0 && D % head_dim == 0,
            "l2norm_heads: the last dimension of %s is not a multiple of head_dim %d", SHAPE(x), head_dim);
+    ASSERT(scale > 0 && isfinite(scale), "l2norm_heads: scale %g must be positive and finite", scale);
+    if (scale != 1 && tp->device != DEVICE_CPU)   // the GPU kernels have no scale: two nodes
+        return op_scale(tp, op_l2norm_heads_scaled(tp, x, head_dim, 1), scale);
     Tensor *y = tape_tensor(tp, x->ndim, x->shape);
     Node *n = tape_op(tp, &OP_L2NORM_HEADS, &x, 1, &y, 1);
     n->iarg[0] = head_dim;
+    n->farg[0] = scale;
     tape_forward(n);
     return y;
 }
+
+Tensor *op_l2norm_heads(Tape *tp, Tensor *x, int head_dim) { return op_l2norm_heads_scaled(tp, x, head_dim, 1); }

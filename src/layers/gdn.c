@@ -89,7 +89,7 @@ static void gdn_inputs(Tape *tp, const Mixer *m, GdnCache *cache, bool carry, Te
         xk = shortconv_forward(tp, &p->conv_k, xk, doc_start);
         xv = shortconv_forward(tp, &p->conv_v, xv, doc_start);
     }
-    *q = op_scale(tp, op_l2norm_heads(tp, xq, dk), 1.0 / sqrt((double)dk));
+    *q = op_l2norm_heads_scaled(tp, xq, dk, 1.0 / sqrt((double)dk));
     *k = op_l2norm_heads(tp, xk, dk);
     *v = xv;
     *beta = op_sigmoid(tp, op_matmul(tp, u, p->w_beta, false, false));

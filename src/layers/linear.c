@@ -20,7 +20,7 @@ static void linear_destroy(Mixer *m) { free(m->impl); }
 static Tensor *linear_mix(Tape *tp, const Mixer *m, Tensor *gz, Tensor *q, Tensor *k, Tensor *v,
                           const int *doc_start, Tensor *s_in, MixerForm form, Tensor **s_out) {
     const MixerConfig *c = &m->cfg;
-    q = op_scale(tp, op_l2norm_heads(tp, q, c->d_k), 1.0 / sqrt(c->d_k));
+    q = op_l2norm_heads_scaled(tp, q, c->d_k, 1.0 / sqrt(c->d_k));
     k = op_l2norm_heads(tp, k, c->d_k);
     Tensor *o = op_gla(tp, q, k, v, NULL, s_in, doc_start, c->n_heads, form, c->chunk_size, s_out);
     return gla_layer_out(tp, m->impl, o, gz);
