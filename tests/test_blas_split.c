@@ -230,3 +230,30 @@ Test(blas_split, multi_products_equal_the_single_ones_on_any_thread_count) {
     }
 #endif
 }
+
+// X X of a square X with enough rows to split the weight gradient: both
+// gradients land in X's one buffer, so op_matmul's backward writes them one
+// after the other (not in the one region it uses for a weight): dX = G X^T +
+// X^T G, against two plain products.
+Test(blas_split, matmul_of_a_tensor_with_itself_sums_both_gradients) {
+    enum { S = 1040 };
+    for (int bi = 0; bi < test_n_backends(); bi++) {
+        const char *backend = test_use_backend(bi);
+        Tape tp;
+        tape_init(&tp);
+        Tensor *x = tensor_newv(true, 2, S, S);
+        fill_normal(x, 41, 0.1);
+        Tensor *y = op_matmul(&tp, x, x, false, false);
+        real *seed = test_randn((int64_t)S * S, 42);
+        tape_backward_multi(&tp, &y, (const real *[]){seed}, 1);
+        real *want = xmalloc((size_t)S * S * sizeof(real));
+        gemm(false, true, S, S, S, 1, seed, S, x->data, S, 0, want, S);   // G X^T
+        gemm(true, false, S, S, S, 1, x->data, S, seed, S, 1, want, S);   // + X^T G
+        for (int64_t e = 0; e < (int64_t)S * S; e++)
+            cr_assert(fabs(x->grad[e] - want[e]) <= SPLIT_TOL * (1 + fabs(want[e])), "%s: dX[%lld] %g, want %g",
+                      backend, (long long)e, (double)x->grad[e], (double)want[e]);
+        free(seed), free(want);
+        tensor_free(x);
+        tape_free(&tp);
+    }
+}

@@ -214,8 +214,9 @@ static void sum_rows_bf16(int M, int N, int R, const float *X, int ldx, const fl
 // ---- several products of one input (gemm_rows_multi, gemm_multi_backward) ----
 //
 // The same products as m calls of gemm_rows and gemm_sum_rows, with the same
-// slabs and blocks (so dB_i, and in bf16 every C_i, are the same bits as
-// theirs), but in one parallel region: a region costs 50-70 us on a 2-core
+// slabs and blocks (so dB_i, and with OpenBLAS or in bf16 every C_i, are the
+// same bits as theirs; oneDNN's float32 C_i may round otherwise where the
+// widest N sets other slabs), but in one parallel region: a region costs 50-70 us on a 2-core
 // KVM guest under OMP_WAIT_POLICY=PASSIVE (bench/fork_bench), and a tiny
 // config's step forked 228 of them, 132 for its products.
 
@@ -233,6 +234,7 @@ void gemm_rows_multi(int m, int R, int K, const real *A, const real *const *B, c
     int maxN = 1;
     for (int i = 0; i < m; i++) maxN = imax(maxN, N[i]);
     int slab = h ? BF16_SLAB_ROWS : rows_slab(R, maxN), ns = (R + slab - 1) / slab;
+    if (!h && (ns < 2 || run_alone())) slab = R, ns = 1;   // as rows_real: one product of all rows each
 #ifndef AG_DOUBLE
     const bf16 *Bh[GEMM_MULTI_MAX] = {NULL};
     if (h)
@@ -304,6 +306,7 @@ void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *
         }
     ASSERT(!nw || part, "gemm_multi_backward: the weight gradients need gemm_multi_scratch elements of part");
     int slab = h ? BF16_SLAB_ROWS : rows_slab(R, K), ns = dA ? (R + slab - 1) / slab : 0;
+    if (dA && !h && (ns < 2 || run_alone())) slab = R, ns = 1;   // as rows_real: one product of all rows each
     const void *Bh[GEMM_MULTI_MAX] = {NULL};
 #ifndef AG_DOUBLE
     if (h && dA)
@@ -331,7 +334,9 @@ void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *
                 multi_dB(h, n, K, N[i], A + (int64_t)r0 * K, dC[i] + (int64_t)r0 * N[i],
                          part + off[i] + (size_t)b * K * N[i]);
             }
-            // ... then summed in block order, as gemm_sum_rows sums them.
+            // ... then summed in block order, as gemm_sum_rows sums them. The
+            // barrier before this loop also ends the dA loop (nowait): when A
+            // and a B_i are one tensor (X X), dB_i adds to dA's finished rows.
 #pragma omp for schedule(static)
             for (int t = 0; t < nw * K; t++) {
                 int i = wi[t / K], k = t % K;

@@ -65,9 +65,10 @@ static void gdn_create(Mixer *m, ParamStore *ps, const char *prefix) {
 
 static void gdn_destroy(Mixer *m) { free(m->impl); }
 
-// q, k, v, beta, g and the output gate's projection gz of positions u (B, T, D), the convolutions either over the
-// whole sequence (cache NULL; doc_start (B, T) or NULL), one step through the
-// cache, or (carry) a window continuing the streams in the cache.
+// q, k, v, beta, g and the output gate's projection gz of positions u
+// (B, T, D), the convolutions either over the whole sequence (cache NULL;
+// doc_start (B, T) or NULL), one step through the cache, or (carry) a window
+// continuing the streams in the cache.
 static void gdn_inputs(Tape *tp, const Mixer *m, GdnCache *cache, bool carry, Tensor *u, const int *doc_start,
                        Tensor **q, Tensor **k, Tensor **v, Tensor **beta, Tensor **g, Tensor **gz) {
     const Gdn *p = m->impl;
