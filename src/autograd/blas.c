@@ -51,12 +51,12 @@ static bool run_alone(void) { return omp_get_max_threads() < 2 || omp_in_paralle
 // (median 2069 against 2184 ms), and the step ran 4.7 % more tokens per
 // CPU-second; one slab per thread varied more and did not beat either.
 //
-// Either way the slab count is then rounded up to a multiple of the thread
-// count and the rows shared evenly among the slabs, so that each thread of
-// the static schedule gets the same rows. Before (stop 32), 4096 rows of an
-// MLP up product (N 384 at d_model 128) made 6 slabs of 682 rows and one of
-// 4: one thread ran 2728 rows, the other 1368, and the product ran at
-// ~150 against ~190 GFLOP/s as one call (bench/gemm_bench, "MLP up").
+// Either way a split's slab count is then rounded up to a multiple of the
+// thread count and the rows shared evenly among the slabs, so that each
+// thread of the static schedule gets the same rows. Before (stop 32), 4096
+// rows of an MLP up product (N 384 at d_model 128) made 6 slabs of 682 rows
+// and one of 4: one thread ran 2728 rows, the other 1368, and the product
+// ran at ~150 against ~190 GFLOP/s as one call (bench/gemm_bench, "MLP up").
 static int rows_slab(int R, int N) {
     int nt = imax(1, omp_get_max_threads()), rows;
     if (blas_backend == GEMM_ONEDNN) {
@@ -67,8 +67,9 @@ static int rows_slab(int R, int N) {
         rows = imax(16, imin(1024, SLAB_BYTES / (int)sizeof(real) / imax(N, 1)));
     }
     int64_t ns = ((int64_t)R + rows - 1) / rows;
+    if (ns < 2) return rows;   // one slab: one product (a few rows, e.g. decoding, fork no region)
     ns = (ns + nt - 1) / nt * nt;
-    return (int)imax(1, (int)(((int64_t)R + ns - 1) / ns));
+    return (int)(((int64_t)R + ns - 1) / ns);
 }
 
 static void rows_real(bool tb, int R, int N, int K, const real *A, int lda, const real *B, int ldb, real beta,
