@@ -116,22 +116,6 @@ static void sum_partials(int M, int N, int nb, const real *part, real beta, real
     for (int i = 0; i < M; i++) sum_partial_row(N, nb, part_n, part + (size_t)i * N, beta, C + (int64_t)i * ldc);
 }
 
-static void sum_rows_real(int M, int N, int R, const real *X, int ldx, const real *Y, int ldy, real beta, real *C,
-                          int ldc, real *part) {
-    if (gemm_sum_rows_scratch(M, N, R) == 0) {
-        gemm(true, false, M, N, R, 1, X, ldx, Y, ldy, beta, C, ldc);
-        return;
-    }
-    int nb = (R + SUM_ROWS - 1) / SUM_ROWS;
-#pragma omp parallel for schedule(static) if (!run_alone())
-    for (int b = 0; b < nb; b++) {
-        int r0 = b * SUM_ROWS;
-        gemm(true, false, M, N, imin(SUM_ROWS, R - r0), 1, X + (int64_t)r0 * ldx, ldx, Y + (int64_t)r0 * ldy,
-             ldy, 0, part + (size_t)b * M * N, N);
-    }
-    sum_partials(M, N, nb, part, beta, C, ldc);
-}
-
 // ---- bf16 (float32 builds) ----
 
 #ifndef AG_DOUBLE
@@ -193,24 +177,50 @@ static void rows_bf16(bool tb, int R, int N, int K, const float *A, int lda, con
     }
 }
 
-static void sum_rows_bf16(int M, int N, int R, const float *X, int ldx, const float *Y, int ldy, float beta,
-                          float *C, int ldc, float *part) {
+#endif
+
+static bool products_bf16(void) {
+#ifndef AG_DOUBLE
+    return blas_precision == PRECISION_BF16;
+#else
+    return false;
+#endif
+}
+
+// C (M, N) = beta C + X^T Y over n rows, X (n, M) and Y (n, N) with row
+// strides ldx, ldy; with h both rounded to bf16 (slots 1, 2), float32 sums.
+// gemm_sum_rows's blocks and gemm_multi_backward's weight gradients.
+static void xty(bool h, int n, int M, int N, const real *X, int ldx, const real *Y, int ldy, real beta, real *C,
+                int ldc) {
+#ifndef AG_DOUBLE
+    if (h) {
+        const bf16 *Xh = bf16_pack(1, X, n, M, ldx), *Yh = bf16_pack(2, Y, n, N, ldy);
+        onednn_gemm_bf16(true, false, M, N, n, Xh, M, Yh, N, beta, C, ldc);
+        return;
+    }
+#endif
+    (void)h;
+    gemm(true, false, M, N, n, 1, X, ldx, Y, ldy, beta, C, ldc);
+}
+
+// gemm_sum_rows (blas.h): a partial product per fixed block of rows, summed
+// in block order; too few rows (or too large partials): one product.
+static void sum_rows(int M, int N, int R, const real *X, int ldx, const real *Y, int ldy, real beta, real *C,
+                     int ldc, real *part) {
+    bool h = products_bf16();
     if (gemm_sum_rows_scratch(M, N, R) == 0) {
-        const bf16 *Xh = bf16_pack(1, X, R, M, ldx), *Yh = bf16_pack(2, Y, R, N, ldy);
-        onednn_gemm_bf16(true, false, M, N, R, Xh, M, Yh, N, beta, C, ldc);
+        xty(h, R, M, N, X, ldx, Y, ldy, beta, C, ldc);
         return;
     }
     int nb = (R + SUM_ROWS - 1) / SUM_ROWS;
 #pragma omp parallel for schedule(static) if (!run_alone())
     for (int b = 0; b < nb; b++) {
-        int r0 = b * SUM_ROWS, n = imin(SUM_ROWS, R - r0);
-        const bf16 *Xh = bf16_pack(1, X + (int64_t)r0 * ldx, n, M, ldx);
-        const bf16 *Yh = bf16_pack(2, Y + (int64_t)r0 * ldy, n, N, ldy);
-        onednn_gemm_bf16(true, false, M, N, n, Xh, M, Yh, N, 0, part + (size_t)b * M * N, N);
+        int r0 = b * SUM_ROWS;
+        xty(h, imin(SUM_ROWS, R - r0), M, N, X + (int64_t)r0 * ldx, ldx, Y + (int64_t)r0 * ldy, ldy, 0,
+            part + (size_t)b * M * N, N);
     }
     sum_partials(M, N, nb, part, beta, C, ldc);
 }
-#endif
 
 // ---- several products of one input (gemm_rows_multi, gemm_multi_backward) ----
 //
@@ -220,14 +230,6 @@ static void sum_rows_bf16(int M, int N, int R, const float *X, int ldx, const fl
 // widest N sets other slabs), but in one parallel region: a region costs 50-70 us on a 2-core
 // KVM guest under OMP_WAIT_POLICY=PASSIVE (bench/fork_bench), and a tiny
 // config's step forked 228 of them, 132 for its products.
-
-static bool products_bf16(void) {
-#ifndef AG_DOUBLE
-    return blas_precision == PRECISION_BF16;
-#else
-    return false;
-#endif
-}
 
 void gemm_rows_multi(int m, int R, int K, const real *A, const real *const *B, const int *N, real *const *C) {
     ASSERT(m >= 1 && m <= GEMM_MULTI_MAX, "gemm_rows_multi: %d products, 1 to %d", m, GEMM_MULTI_MAX);
@@ -278,19 +280,6 @@ static void multi_dA(bool h, int n, int K, int Ni, const real *g, const real *B,
     gemm(false, true, n, K, Ni, 1, g, Ni, B, Ni, beta, d, K);
 }
 
-// p (K, Ni) = a^T g over n rows, a (n, K), g (n, Ni).
-static void multi_dB(bool h, int n, int K, int Ni, const real *a, const real *g, real *p) {
-#ifndef AG_DOUBLE
-    if (h) {
-        const bf16 *ah = bf16_pack(1, a, n, K, K), *gh = bf16_pack(2, g, n, Ni, Ni);
-        onednn_gemm_bf16(true, false, K, Ni, n, ah, K, gh, Ni, 0, p, Ni);
-        return;
-    }
-#endif
-    (void)h;
-    gemm(true, false, K, Ni, n, 1, a, K, g, Ni, 0, p, Ni);
-}
-
 void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *B, const int *N,
                          const real *const *dC, real *dA, real beta_a, real *const *dB, const real *beta_b,
                          real *part) {
@@ -332,8 +321,8 @@ void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *
 #pragma omp for schedule(static)
             for (int t = 0; t < nb * nw; t++) {
                 int b = t / nw, i = wi[t % nw], r0 = b * SUM_ROWS, n = imin(SUM_ROWS, R - r0);
-                multi_dB(h, n, K, N[i], A + (int64_t)r0 * K, dC[i] + (int64_t)r0 * N[i],
-                         part + off[i] + (size_t)b * K * N[i]);
+                xty(h, n, K, N[i], A + (int64_t)r0 * K, K, dC[i] + (int64_t)r0 * N[i], N[i], 0,
+                    part + off[i] + (size_t)b * K * N[i], N[i]);
             }
             // ... then summed in block order, as gemm_sum_rows sums them. The
             // barrier before this loop also ends the dA loop (nowait): when A
@@ -366,11 +355,5 @@ void gemm_rows(bool tb, int R, int N, int K, const real *A, int lda, const real 
 
 void gemm_sum_rows(int M, int N, int R, const real *X, int ldx, const real *Y, int ldy, real beta, real *C,
                    int ldc, real *part) {
-#ifndef AG_DOUBLE
-    if (blas_precision == PRECISION_BF16) {
-        sum_rows_bf16(M, N, R, X, ldx, Y, ldy, beta, C, ldc, part);
-        return;
-    }
-#endif
-    sum_rows_real(M, N, R, X, ldx, Y, ldy, beta, C, ldc, part);
+    sum_rows(M, N, R, X, ldx, Y, ldy, beta, C, ldc, part);
 }

@@ -122,16 +122,14 @@ static void matmul_backward(Node *n) {
                             (real *[]){db}, &bb_, part);
         return;
     }
-    if (!ta && !bb) {   // flattened rows
+    if (!ta && !bb) {   // flattened rows, b stored (N, K) (tb: a tied LM head)
         int R = nb * M;
-        // d op(A) = dC op(B)^T ; A (R, K)
-        if (da) gemm_rows(!tb, R, K, N, dc, N, b->data, ldb, ba, da, lda);
-        // d op(B) = A^T dC  (K, N); stored (N, K) when tb: dB = dC^T A
+        // d A = dC B (R, K); dB = dC^T A (N, K)
+        if (da) gemm_rows(false, R, K, N, dc, N, b->data, ldb, ba, da, lda);
         if (db) {
-            size_t np = !tb ? gemm_sum_rows_scratch(K, N, R) : gemm_sum_rows_scratch(N, K, R);
+            size_t np = gemm_sum_rows_scratch(N, K, R);
             real *part = np ? tape_alloc(n->tape, np * sizeof(real)) : NULL;
-            if (!tb) gemm_sum_rows(K, N, R, a->data, lda, dc, N, bb_, db, ldb, part);
-            else gemm_sum_rows(N, K, R, dc, N, a->data, lda, bb_, db, ldb, part);
+            gemm_sum_rows(N, K, R, dc, N, a->data, lda, bb_, db, ldb, part);
         }
         return;
     }
