@@ -122,8 +122,25 @@ static _Thread_local struct {
     size_t bytes;
 } scratch;
 
+// Freed when its thread ends (blas.c's bf16 buffers say why).
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_thread_end(void *unused) {
+    (void)unused;
+    free(scratch.p);
+    scratch.p = NULL;
+    scratch.bytes = 0;
+}
+
+static void scratch_key_make(void) {
+    ASSERT(pthread_key_create(&scratch_key, scratch_thread_end) == 0, "oneDNN scratch: no thread key");
+}
+
 static void *thread_scratch(size_t bytes) {
     if (bytes > scratch.bytes) {
+        pthread_once(&scratch_once, scratch_key_make);
+        pthread_setspecific(scratch_key, &scratch);   // non-NULL: the destructor runs
         free(scratch.p);
         scratch.bytes = (bytes + 4095) & ~(size_t)4095;
         scratch.p = xaligned(scratch.bytes);
