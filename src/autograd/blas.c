@@ -300,6 +300,65 @@ static void multi_dA(bool h, int n, int K, int Ni, const real *g, const real *B,
     gemm(false, true, n, K, Ni, 1, g, Ni, B, Ni, beta, d, K);
 }
 
+// The weight gradients' partials, (K, N_i) for block b, summed in block
+// order into dB_i (= or +=, beta_b), rows k of all nw gradients shared out.
+// Inside a parallel region (an orphaned omp for).
+static void multi_sum_partials(int K, const int *N, real *const *dB, const real *beta_b, const real *part,
+                               const int *wi, int nw, const size_t *off, int nb) {
+#pragma omp for schedule(static)
+    for (int t = 0; t < nw * K; t++) {
+        int i = wi[t / K], k = t % K;
+        sum_partial_row(N[i], nb, (size_t)K * N[i], part + off[i] + (size_t)k * N[i], beta_b[i],
+                        dB[i] + (int64_t)k * N[i]);
+    }
+}
+
+#ifndef AG_DOUBLE
+// gemm_multi_backward in bf16 when every weight gradient asked for splits
+// into gemm_sum_rows's blocks and there are at least as many blocks as
+// threads: one task per block of SUM_ROWS rows rounds A's rows once for all
+// m weight gradients, and each dC_i's rows once for both of their products
+// (dA's rows and dB_i's partial). The general path rounds A once per weight
+// gradient and dC_i twice (stop 33: 5 % of a bf16 step at d_model 256 went
+// to rounding). The partials are the same products as xty's, so dB_i keeps
+// gemm_sum_rows's bits; dA's rows are the same sums in slabs of SUM_ROWS
+// rows rather than BF16_SLAB_ROWS. Returns false (nothing done) otherwise.
+static bool multi_backward_bf16_blocks(int m, int R, int K, const real *A, const real *const *B, const int *N,
+                                       const real *const *dC, real *dA, real beta_a, real *const *dB,
+                                       const real *beta_b, real *part, const int *wi, int nw, const size_t *off) {
+    int nb = (R + SUM_ROWS - 1) / SUM_ROWS, with_dB = 0;
+    for (int i = 0; i < m; i++) with_dB += dC[i] && dB[i];
+    if (nw == 0 || with_dB != nw || nb < imax(1, omp_get_max_threads())) return false;
+    const bf16 *Bh[GEMM_MULTI_MAX] = {NULL};
+    if (dA)
+        for (int i = 0; i < m; i++)
+            if (dC[i]) Bh[i] = bf16_pack(BF16_SLOT_W + i, B[i], K, N[i], N[i]);
+#pragma omp parallel if (!run_alone() && nb > 1)
+    {
+#pragma omp for schedule(static)
+        for (int b = 0; b < nb; b++) {
+            int r0 = b * SUM_ROWS, n = imin(SUM_ROWS, R - r0);
+            const bf16 *Ah = bf16_pack(1, A + (int64_t)r0 * K, n, K, K);
+            float beta = beta_a;
+            for (int i = 0; i < m; i++) {
+                if (!dC[i]) continue;
+                const bf16 *Gh = bf16_pack(2, dC[i] + (int64_t)r0 * N[i], n, N[i], N[i]);
+                if (dA) {
+                    onednn_gemm_bf16(false, true, n, K, N[i], Gh, N[i], Bh[i], N[i], beta, dA + (int64_t)r0 * K, K);
+                    beta = 1;
+                }
+                if (dB[i])
+                    onednn_gemm_bf16(true, false, K, N[i], n, Ah, K, Gh, N[i], 0, part + off[i] + (size_t)b * K * N[i],
+                                     N[i]);
+            }
+        }
+        // The barrier ending the loop above also orders dA before dB_i (X X).
+        multi_sum_partials(K, N, dB, beta_b, part, wi, nw, off, nb);
+    }
+    return true;
+}
+#endif
+
 void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *B, const int *N,
                          const real *const *dC, real *dA, real beta_a, real *const *dB, const real *beta_b,
                          real *part) {
@@ -315,6 +374,10 @@ void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *
             used += gemm_sum_rows_scratch(K, N[i], R);
         }
     ASSERT(!nw || part, "gemm_multi_backward: the weight gradients need gemm_multi_scratch elements of part");
+#ifndef AG_DOUBLE
+    if (h && multi_backward_bf16_blocks(m, R, K, A, B, N, dC, dA, beta_a, dB, beta_b, part, wi, nw, off))
+        return;
+#endif
     int slab = h ? BF16_SLAB_ROWS : rows_slab(R, K), ns = dA ? (R + slab - 1) / slab : 0;
     if (dA && !h && (ns < 2 || run_alone())) slab = R, ns = 1;   // as rows_real: one product of all rows each
     const void *Bh[GEMM_MULTI_MAX] = {NULL};
@@ -347,12 +410,7 @@ void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *
             // ... then summed in block order, as gemm_sum_rows sums them. The
             // barrier before this loop also ends the dA loop (nowait): when A
             // and a B_i are one tensor (X X), dB_i adds to dA's finished rows.
-#pragma omp for schedule(static)
-            for (int t = 0; t < nw * K; t++) {
-                int i = wi[t / K], k = t % K;
-                sum_partial_row(N[i], nb, (size_t)K * N[i], part + off[i] + (size_t)k * N[i], beta_b[i],
-                                dB[i] + (int64_t)k * N[i]);
-            }
+            multi_sum_partials(K, N, dB, beta_b, part, wi, nw, off, nb);
         }
     }
     for (int i = 0; i < m; i++)   // too few rows to split (or too large partials): one product each
