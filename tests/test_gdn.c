@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
+#include "blas.h"
 #include "gdn_kernel.h"
 #include "test_util.h"
 
@@ -207,6 +210,96 @@ Test(gdn, chunked_equals_recurrent_tile_sized_heads) {
         check_forms_agree_dims(100, 32, reg, 16, 32);
         check_forms_agree_dims(100, 64, reg, 32, 16);
     }
+}
+
+// ---- bf16 chunk products (precision = bf16) ----
+
+#ifdef AG_TILE_BF16
+typedef struct {
+    int H, chunk;
+    const int *doc_start;   // (B, T) or NULL
+} GdnDocsCtx;
+
+static int f_gdn_docs(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    GdnDocsCtx *c = ctx;
+    out[0] = op_gdn(tp, in[0], in[1], in[2], in[3], in[4], n > 5 ? in[5] : NULL, c->doc_start, c->H,
+                    MIXER_FORM_CHUNKED, c->chunk, &out[1]);
+    return 2;
+}
+
+// The chunked form's outputs and gradients (o, S_T, dq, dk, dv, dbeta, dg,
+// ds0) under the products selected now, on `threads` threads.
+static void run_chunked(GdnInputs *in, int chunk, const int *doc_start, int threads, real *res[8]) {
+    GdnDocsCtx c = {in->H, chunk, doc_start};
+    Tensor *ts[] = {in->q, in->k, in->v, in->beta, in->g, in->s0};
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    cr_assert_eq(gradcheck_run(f_gdn_docs, ts, 6, &c, 7, res, NULL), 2);
+    omp_set_num_threads(saved);
+    for (int i = 0; i < 6; i++) {
+        res[2 + i] = xmalloc(ts[i]->numel * sizeof(real));
+        memcpy(res[2 + i], ts[i]->grad, ts[i]->numel * sizeof(real));
+    }
+}
+#endif
+
+// Under precision = bf16 the chunk products take bf16 operands and sum in
+// float32 (gdn_chunk.c; each product is held to the exact product of its
+// rounded operands in tile_mm/tile_gemm_rows_bf16_*). Here the whole op
+// against its float32 self: heads of whole vectors (16, 32), chunks of 32
+// and 64, T = 100 (a last chunk of 36 or 4 rows: its L x L products are
+// not whole vectors and stay float32), documents, an initial state, and the
+// decays of three regimes. Rounding an operand moves it by up to 2^-9 of
+// itself, a product by about 2^-9 of its terms' size, and the chunk's
+// outputs go through two to four products in a row (K K^T, the solve, R,
+// Tm R, P Delta): normwise (largest difference over largest value, per
+// array) measured 1.5e-3..9e-3 (the largest: dbeta and dg under g ~ -20,
+// sums over the chunk with cancellation), allowed 2e-2. Were the products
+// not bf16, both runs would be one float32 computation: every array must
+// differ by more than 1e-4. Bit for bit on 1 and 2 threads.
+Test(gdn, bf16_chunk_products_follow_float32) {
+#ifndef AG_TILE_BF16
+    cr_skip_test("this build has no bf16 tile products (float64, or no AVX512_BF16 target)");
+#else
+    if (!(onednn_built() && onednn_has_bf16())) cr_skip_test("this CPU has no AVX512_BF16 (or no oneDNN)");
+    static const char *const names[8] = {"o", "S_T", "dq", "dk", "dv", "dbeta", "dg", "ds0"};
+    enum { B = 2, T = 100, H = 2 };
+    int doc_start[B * T] = {0};
+    doc_start[40] = doc_start[T + 77] = 1;   // a document inside a chunk of each row
+    char err[256];
+    double lo = INFINITY, hi = 0;
+    for (int r = 0; r < 3; r++) {
+        Regime reg = r == 0 ? REG_PLAIN : r == 1 ? REG_G_M20 : REG_REPEAT;
+        for (int shape = 0; shape < 2; shape++) {
+            int dk = shape ? 16 : 32, dv = shape ? 32 : 16, chunk = shape ? 32 : 64;
+            GdnInputs in = make_inputs(B, T, H, dk, dv, reg, true, 2000 + 10 * r + shape);
+            real *f[8], *h[8], *h1[8];
+            cr_assert(blas_select(GEMM_ONEDNN, PRECISION_FP32, err, sizeof err), "%s", err);
+            cr_assert(!gdn_tiles_bf16());
+            run_chunked(&in, chunk, doc_start, 2, f);
+            cr_assert(blas_select(GEMM_ONEDNN, PRECISION_BF16, err, sizeof err), "%s", err);
+            cr_assert(gdn_tiles_bf16());
+            run_chunked(&in, chunk, doc_start, 2, h);
+            run_chunked(&in, chunk, doc_start, 1, h1);
+            int64_t n[8] = {(int64_t)B * T * H * dv, in.s0->numel, in.q->numel, in.k->numel, in.v->numel,
+                            in.beta->numel, in.g->numel, in.s0->numel};
+            for (int i = 0; i < 8; i++) {
+                double e = max_rel_diff(f[i], h[i], n[i]);
+                cr_assert_leq(e, 2e-2, "%s dk %d dv %d C %d: bf16 %s differs from float32 by %.3g", REG_NAMES[reg],
+                              dk, dv, chunk, names[i], e);
+                lo = fmin(lo, e), hi = fmax(hi, e);
+                cr_assert_eq(memcmp(h[i], h1[i], (size_t)n[i] * sizeof(real)), 0,
+                             "%s dk %d dv %d C %d: bf16 %s differs on 1 and 2 threads", REG_NAMES[reg], dk, dv, chunk,
+                             names[i]);
+                free(f[i]), free(h[i]), free(h1[i]);
+            }
+            free_inputs(&in);
+        }
+    }
+    cr_assert_gt(lo, 1e-4, "an array is within %.3g of float32: were the chunk products bf16?", lo);
+    cr_log_info("gdn bf16 against float32, normwise: %.3g .. %.3g", lo, hi);
+    test_use_backend(0);
+#endif
 }
 
 // ---- semantics ----

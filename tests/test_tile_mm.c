@@ -118,3 +118,79 @@ Test(tile_mm, tile_gemm_lower_equals_element_loop_on_and_below_the_diagonal) {
             free(C0);
         }
 }
+
+#include "tile_mm_bf16.h"
+
+// tile_gemm_rows_bf16 (tile_mm_bf16.h), the chunk kernels' products under
+// precision = bf16, against a loop in double over the operands rounded to
+// bf16: every (ta, tb), beta 0 and 1, rs NULL or not, lower or not, no band,
+// the causal band (op(A)(i, k) = 0 for k > i) and its transpose (k < i), odd
+// K (a pair padded with zero), M not a multiple of MR. A product of two bf16
+// numbers is exact in float32, so the only error is the float32 sums':
+// within K 2^-24 sum |terms|. Outside the band A holds large numbers (as
+// the kernels' "unspecified" halves may): a pair that took one in fails.
+// The same products in float32 differ by far more (the path is bf16).
+Test(tile_mm, tile_gemm_rows_bf16_equals_the_product_of_rounded_operands) {
+#ifndef AG_TILE_BF16
+    cr_skip_test("this build has no bf16 tile products (float64, or no AVX512_BF16 target)");
+#else
+    const int sizes[][3] = {{2 * MR + 3, 32, 21}, {64, 64, 64}, {5, 16, 2 * MR + 1}, {48, 48, 48}};   // M, N, K
+    double worst_f32 = 0;
+    for (size_t sz = 0; sz < sizeof sizes / sizeof sizes[0]; sz++) {
+        int M = sizes[sz][0], N = sizes[sz][1], K = sizes[sz][2], ldc = N + 16;
+        for (int variant = 0; variant < 96; variant++) {
+            bool ta = variant & 1, tb = variant & 2, add = variant & 4, scaled = variant & 8, lower = variant & 16;
+            int band = variant / 32;   // 0 none, 1 causal (k <= i), 2 anti-causal (k >= i)
+            if (lower && M != N) continue;
+            int lo = band == 2 ? 0 : -M, hi = band == 1 ? 0 : K;
+            int lda = ta ? M + 3 : K + 1, ldb = tb ? K + 5 : N + 16;
+            real *A = test_randn((int64_t)(ta ? K : M) * lda, 41 + variant);
+            real *B = test_randn((int64_t)(tb ? N : K) * ldb, 43 + variant);
+            real *rs = test_randn(M, 47 + variant);
+            real *C = xaligned((size_t)M * ldc * sizeof(real)), *C32 = xaligned((size_t)M * ldc * sizeof(real));
+            real *C0 = test_randn((int64_t)M * ldc, 53 + variant);
+            bfpair *pa = xaligned((size_t)imax(M, N) * (K + 1) * sizeof(bfpair));   // N rows: tb scratch
+            bfpair *pb = xaligned((size_t)(K + 1) * N * sizeof(bfpair));
+            real *pack = xaligned((size_t)K * N * sizeof(real));
+            for (int i = 0; i < M; i++)   // outside the band: large numbers the product must not read
+                for (int k = 0; k < K; k++)
+                    if (k < i + lo || k > i + hi) A[ta ? (int64_t)k * lda + i : (int64_t)i * lda + k] = 1e6f;
+            memcpy(C, C0, (size_t)M * ldc * sizeof(real));
+            memcpy(C32, C0, (size_t)M * ldc * sizeof(real));
+            real alpha = (real)-0.75;
+            cr_assert(tile_gemm_rows_bf16(ta, tb, lower, M, N, K, alpha, scaled ? rs : NULL, A, lda, B, ldb,
+                                          add ? 1 : 0, C, ldc, lo, hi, pa, pb));
+            tile_gemm_rows(ta, tb, M, N, K, alpha, scaled ? rs : NULL, A, lda, B, ldb, add ? 1 : 0, C32, ldc, lo,
+                           hi, pack);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < (lower ? i + 1 : N); j++) {
+                    double s = 0, mag = 0;
+                    for (int k = imax(0, i + lo); k <= imin(K - 1, i + hi); k++) {
+                        double a = bf16_round(A[ta ? (int64_t)k * lda + i : (int64_t)i * lda + k]);
+                        double b = bf16_round(B[tb ? (int64_t)j * ldb + k : (int64_t)k * ldb + j]);
+                        s += a * b;
+                        mag += fabs(a * b);
+                    }
+                    double f = alpha * (scaled ? rs[i] : 1), c0 = add ? C0[(int64_t)i * ldc + j] : 0;
+                    double want = f * s + c0;
+                    double tol = K * 0x1p-24 * fabs(f) * mag + 0x1p-24 * (fabs(f * s) + fabs(c0)) * 2;
+                    double got = C[(int64_t)i * ldc + j];
+                    cr_assert(fabs(got - want) <= tol,
+                              "M %d N %d K %d ta %d tb %d add %d rs %d lower %d band %d: C[%d][%d] = %.9g, want "
+                              "%.9g (tol %.3g)",
+                              M, N, K, ta, tb, add, scaled, lower, band, i, j, got, want, tol);
+                    worst_f32 = fmax(worst_f32, fabs(C32[(int64_t)i * ldc + j] - want) / (fabs(f) * mag + 1e-30));
+                }
+            free(A), free(B), free(rs), free(C), free(C32), free(C0), free(pa), free(pb), free(pack);
+        }
+    }
+    cr_assert_gt(worst_f32, 1e-4, "the float32 products are within %.3g of the bf16 reference: is it bf16?", worst_f32);
+    // Refused (the caller runs float32): N or ldc not whole vectors, C not aligned.
+    real *C = xaligned(64 * 48 * sizeof(real)), *X = test_randn(64 * 64, 5);
+    bfpair *pa = xaligned(64 * 64 * sizeof(bfpair)), *pb = xaligned(64 * 64 * sizeof(bfpair));
+    cr_assert(!tile_gemm_rows_bf16(false, false, false, 8, 24, 8, 1, NULL, X, 8, X, 24, 0, C, 32, -8, 8, pa, pb));
+    cr_assert(!tile_gemm_rows_bf16(false, false, false, 8, 16, 8, 1, NULL, X, 8, X, 16, 0, C, 24, -8, 8, pa, pb));
+    cr_assert(!tile_gemm_rows_bf16(false, false, false, 8, 16, 8, 1, NULL, X, 8, X, 16, 0, C + 4, 16, -8, 8, pa, pb));
+    free(C), free(X), free(pa), free(pb);
+#endif
+}

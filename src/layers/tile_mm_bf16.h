@@ -28,20 +28,42 @@ typedef uint32_t bfpair;   // two bf16 numbers: element 2p in the low 16 bits, 2
 #define AG_TILE_BF16 1
 #include <immintrin.h>
 
-// (bf16_bits, bf16.h: one float's bits rounded to bf16, as every bf16 path of the project rounds.)
-static inline bfpair bfpair_of(uint32_t lo, uint32_t hi) { return bf16_bits(lo) | bf16_bits(hi) << 16; }
+// The packers round with AVX512_BF16's vcvtne2ps2bf16 (nearest even, as
+// bf16_bits in bf16.h, the rounding of every bf16 path of the project;
+// subnormal inputs become zero, which changes no product: vdpbf16ps takes
+// subnormal bf16 inputs as zero anyway). Rounding 32 floats is one
+// instruction; the element loops they replace (stop 33) cost as much as the
+// GDN chunk products they fed.
+
+// 32 floats x[0..31] -> 16 pairs (x[2p], x[2p + 1]): vcvtne2ps2bf16 puts its
+// second operand's 16 numbers first, so the bf16 numbers come out in x's order.
+static inline __m512i pairs_along(__m512 x0, __m512 x1) { return (__m512i)_mm512_cvtne2ps_pbh(x1, x0); }
+
+// 16 floats of each of two rows -> 16 pairs (a[c], b[c]): rounded as
+// [a0..a15, b0..b15], then interleaved.
+static inline __m512i pairs_across(__m512 a, __m512 b) {
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+static inline __mmask16 mask16(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
 
 // Pairs along each row: dst row i (stride ldd pairs) = n rows of w floats of
 // src (stride lds) as bf16, a zero after an odd w, pairs up to ldd zero.
 static inline void pack_pair_rows(bfpair *dst, int ldd, const float *src, int lds, int n, int w) {
-    int wp = (w + 1) / 2;
     for (int i = 0; i < n; i++) {
-        const bf16_bits32 *s = (const bf16_bits32 *)(src + (int64_t)i * lds);
+        const float *s = src + (int64_t)i * lds;
         bfpair *d = dst + (int64_t)i * ldd;
-#pragma omp simd
-        for (int p = 0; p < w / 2; p++) d[p] = bfpair_of(s[2 * p], s[2 * p + 1]);
-        if (w % 2) d[w / 2] = bf16_bits(s[w - 1]);
-        for (int p = wp; p < ldd; p++) d[p] = 0;
+        int c = 0;
+        for (; c + 32 <= w; c += 32)
+            _mm512_storeu_si512((void *)(d + c / 2), pairs_along(_mm512_loadu_ps(s + c), _mm512_loadu_ps(s + c + 16)));
+        for (; c < w; c += 32) {   // the last 1..31 floats, zeros after them
+            int r = w - c;
+            __m512 x0 = _mm512_maskz_loadu_ps(mask16(r), s + c), x1 = _mm512_maskz_loadu_ps(mask16(r - 16 > 0 ? r - 16 : 0), s + c + 16);
+            _mm512_mask_storeu_epi32(d + c / 2, mask16((r + 1) / 2), pairs_along(x0, x1));
+        }
+        for (int p = (w + 1) / 2; p < ldd; p++) d[p] = 0;
     }
 }
 
@@ -53,17 +75,12 @@ static inline void pack_pair_cols(bfpair *dst, int ldd, const float *src, int ld
     for (int p = r0 / 2; 2 * p < r1; p++) {
         bfpair *d = dst + (int64_t)(p - r0 / 2) * ldd;
         int a = 2 * p, b = 2 * p + 1;
-        const bf16_bits32 *sa = (const bf16_bits32 *)(src + (int64_t)a * lds);
-        const bf16_bits32 *sb = (const bf16_bits32 *)(src + (int64_t)b * lds);
-        if (a >= r0 && b < r1) {
-#pragma omp simd
-            for (int c = 0; c < w; c++) d[c] = bfpair_of(sa[c], sb[c]);
-        } else if (a >= r0) {
-#pragma omp simd
-            for (int c = 0; c < w; c++) d[c] = bf16_bits(sa[c]);
-        } else {
-#pragma omp simd
-            for (int c = 0; c < w; c++) d[c] = bf16_bits(sb[c]) << 16;
+        const float *sa = a >= r0 ? src + (int64_t)a * lds : NULL, *sb = b < r1 ? src + (int64_t)b * lds : NULL;
+        for (int c = 0; c < w; c += 16) {
+            __mmask16 m = mask16(w - c);
+            __m512 va = sa ? _mm512_maskz_loadu_ps(m, sa + c) : _mm512_setzero_ps();
+            __m512 vb = sb ? _mm512_maskz_loadu_ps(m, sb + c) : _mm512_setzero_ps();
+            _mm512_mask_storeu_epi32(d + c, m, pairs_across(va, vb));
         }
         for (int c = w; c < ldd; c++) d[c] = 0;
     }
@@ -71,6 +88,10 @@ static inline void pack_pair_cols(bfpair *dst, int ldd, const float *src, int ld
 
 // Pairs along the columns, transposed: dst row p (stride ldd) = (src[i][2p],
 // src[i][2p + 1]) for the n rows i, zero from n to ldd; (w + 1) / 2 rows.
+// Element by element (the attention kernel's packs of Q^T, K^T, V^T, where
+// they are a small part of the work).
+static inline bfpair bfpair_of(uint32_t lo, uint32_t hi) { return bf16_bits(lo) | bf16_bits(hi) << 16; }
+
 static inline void pack_pair_transposed(bfpair *dst, int ldd, const float *src, int lds, int n, int w) {
     for (int p = 0; p < (w + 1) / 2; p++) {
         bfpair *d = dst + (int64_t)p * ldd;
@@ -86,12 +107,23 @@ static inline void pack_pair_transposed(bfpair *dst, int ldd, const float *src, 
     }
 }
 
-// One register block, as mm_block: C (R x NV vectors) (+)= alpha sum over the
-// pairs p0 .. p1-1 of A(r, p) B(p, :).
+// The same through tmp (n x (w + 1) / 2 pairs): the pairs of each row
+// (pack_pair_rows), then transposed as 32-bit words in register blocks
+// (pack_transposed), several times faster than the element loop; the chunk
+// kernels' products pack their transposed operands this way.
+static inline void pack_pair_transposed_via(bfpair *dst, int ldd, const float *src, int lds, int n, int w,
+                                            bfpair *tmp) {
+    int wp = (w + 1) / 2;
+    pack_pair_rows(tmp, wp, src, lds, n, w);
+    pack_transposed((float *)dst, ldd, (const float *)tmp, wp, n, wp);
+}
+
+// One register block, as mm_block: C (R x NV vectors) (+)= alpha s_r sum
+// over the pairs p0 .. p1-1 of A(r, p) B(p, :), s_r = rs[r] (rs NULL: 1).
 static inline __attribute__((always_inline)) void mm_block_bf16(const int R, const int NV, int p0, int p1,
-                                                                float alpha, const bfpair *A, int lda, int ak,
-                                                                const bfpair *B, int ldb, float *C, int ldc,
-                                                                bool add) {
+                                                                float alpha, const float *rs, const bfpair *A,
+                                                                int lda, int ak, const bfpair *B, int ldb, float *C,
+                                                                int ldc, bool add) {
     __m512 c[MR][2];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < NV; v++) c[r][v] = _mm512_setzero_ps();
@@ -103,44 +135,109 @@ static inline __attribute__((always_inline)) void mm_block_bf16(const int R, con
             for (int v = 0; v < NV; v++) c[r][v] = _mm512_dpbf16_ps(c[r][v], (__m512bh)a, (__m512bh)b[v]);
         }
     }
-    __m512 s = _mm512_set1_ps(alpha);
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
+        __m512 s = _mm512_set1_ps(rs ? alpha * rs[r] : alpha);
         for (int v = 0; v < NV; v++) {
             float *cv = C + (int64_t)r * ldc + v * 16;
             __m512 x = _mm512_mul_ps(s, c[r][v]);
             _mm512_store_ps(cv, add ? _mm512_add_ps(_mm512_load_ps(cv), x) : x);
         }
+    }
 }
 
 static inline __attribute__((always_inline)) void mm_rows_bf16(const int R, bool two, int p0, int p1, float alpha,
-                                                               const bfpair *A, int lda, int ak, const bfpair *B,
-                                                               int ldb, float *C, int ldc, bool add) {
-    if (two) mm_block_bf16(R, 2, p0, p1, alpha, A, lda, ak, B, ldb, C, ldc, add);
-    else mm_block_bf16(R, 1, p0, p1, alpha, A, lda, ak, B, ldb, C, ldc, add);
+                                                               const float *rs, const bfpair *A, int lda, int ak,
+                                                               const bfpair *B, int ldb, float *C, int ldc,
+                                                               bool add) {
+    if (two) mm_block_bf16(R, 2, p0, p1, alpha, rs, A, lda, ak, B, ldb, C, ldc, add);
+    else mm_block_bf16(R, 1, p0, p1, alpha, rs, A, lda, ak, B, ldb, C, ldc, add);
 }
 
-// C (M x N) (+)= alpha A B with K elements along k (pairs (K + 1) / 2), as
-// tile_mm_band: A(i, k) is zero outside i + lo <= k <= i + hi, and each
-// block of rows takes only the pairs that hold such k (the other element of
-// a pair at the band's edge must then be a zero of A too, which the callers'
-// masks give). N, ldb and ldc multiples of 16; B and C 64-byte aligned.
-static inline void tile_mm_bf16_band(int M, int N, int K, int lo, int hi, float alpha, const bfpair *A, int lda,
-                                     int ak, const bfpair *B, int ldb, float *C, int ldc, bool add) {
+// C (M x N) (+)= alpha diag(rs) A B with K elements along k (pairs (K + 1) /
+// 2), as tile_mm_band_part (tile_mm.h): A(i, k) is zero outside i + lo <= k
+// <= i + hi, and each block of rows takes only the pairs that hold such k
+// (the other element of a pair at the band's edge must then be a zero of A
+// too, which the callers' masks give); lower: only the blocks of C on or
+// below the diagonal; rs NULL: no row scale. N, ldb and ldc multiples of 16;
+// B and C 64-byte aligned.
+static inline void tile_mm_bf16_band_part(int M, int N, int K, int lo, int hi, bool lower, float alpha,
+                                          const float *rs, const bfpair *A, int lda, int ak, const bfpair *B,
+                                          int ldb, float *C, int ldc, bool add) {
     for (int j = 0; j < N; j += 32) {
-        bool two = j + 32 <= N;
-        for (int i = 0; i < M;) {
+        bool two_j = j + 32 <= N;
+        for (int i = lower ? j / MR * MR : 0; i < M;) {
             int R = M - i >= MR ? MR : M - i >= 4 ? 4 : M - i >= 2 ? 2 : 1;
             int k0 = imax(0, i + lo), k1 = imin(K, i + R - 1 + hi + 1);
             int p0 = k0 / 2, p1 = k1 > k0 ? (k1 + 1) / 2 : p0;
             const bfpair *Ai = A + (int64_t)i * lda, *Bj = B + j;
             float *Ci = C + (int64_t)i * ldc + j;
-            if (R == MR) mm_rows_bf16(MR, two, p0, p1, alpha, Ai, lda, ak, Bj, ldb, Ci, ldc, add);
-            else if (R == 4) mm_rows_bf16(4, two, p0, p1, alpha, Ai, lda, ak, Bj, ldb, Ci, ldc, add);
-            else if (R == 2) mm_rows_bf16(2, two, p0, p1, alpha, Ai, lda, ak, Bj, ldb, Ci, ldc, add);
-            else mm_rows_bf16(1, two, p0, p1, alpha, Ai, lda, ak, Bj, ldb, Ci, ldc, add);
+            const float *ri = rs ? rs + i : NULL;
+            bool two = two_j && !(lower && i + R <= j + 16);   // lower: rows that end before the second vector
+            if (R == MR) mm_rows_bf16(MR, two, p0, p1, alpha, ri, Ai, lda, ak, Bj, ldb, Ci, ldc, add);
+            else if (R == 4) mm_rows_bf16(4, two, p0, p1, alpha, ri, Ai, lda, ak, Bj, ldb, Ci, ldc, add);
+            else if (R == 2) mm_rows_bf16(2, two, p0, p1, alpha, ri, Ai, lda, ak, Bj, ldb, Ci, ldc, add);
+            else mm_rows_bf16(1, two, p0, p1, alpha, ri, Ai, lda, ak, Bj, ldb, Ci, ldc, add);
             i += R;
         }
     }
+}
+
+static inline void tile_mm_bf16_band(int M, int N, int K, int lo, int hi, float alpha, const bfpair *A, int lda,
+                                     int ak, const bfpair *B, int ldb, float *C, int ldc, bool add) {
+    tile_mm_bf16_band_part(M, N, K, lo, hi, false, alpha, NULL, A, lda, ak, B, ldb, C, ldc, add);
+}
+
+// Pairs of A packed as tile_mm_bf16_band_part reads them, A(i, p) at
+// pa[i lda + p ak], with every element outside the band lo <= k - i <= hi
+// zero within MR + 1 of its edges (as far as a block of MR rows reads past a
+// row's own band): the chunk kernels' operands may hold anything there
+// ("above: unspecified"), which the float32 path skips but a pair at the
+// edge would take in.
+static inline void pack_band_zero(bfpair *pa, int lda, int ak, int M, int K, int lo, int hi) {
+    int KP = (K + 1) / 2;
+    for (int i = 0; i < M; i++) {
+        bfpair *a = pa + (int64_t)i * lda;
+        int klo = i + lo, khi = i + hi;   // row i's band, maybe beyond [0, K)
+        if (klo > 0 && klo - MR - 1 < K) {   // below: the elements max(0, klo - MR - 1) .. klo - 1
+            int pe = imin(klo / 2, KP);
+            for (int p = imax(0, klo - MR - 1) / 2; p < pe; p++) a[p * ak] = 0;
+            if (klo % 2 && klo / 2 < KP) a[(klo / 2) * ak] &= 0xffff0000u;   // its element klo - 1 (low half)
+        }
+        if (khi < K - 1 && khi + MR + 2 > 0) {   // above: the elements max(0, khi + 1) .. khi + MR + 1
+            int k0 = imax(0, khi + 1);
+            if (k0 % 2) a[(k0 / 2) * ak] &= 0x0000ffffu, k0++;   // its element k0 (high half)
+            for (int p = k0 / 2; p < imin(KP, (khi + MR + 3) / 2); p++) a[p * ak] = 0;
+        }
+    }
+}
+
+// tile_gemm_rows (tile_mm.h) with bf16 operands and float32 sums: C (M x N)
+// = diag(rs) alpha op(A) op(B) + beta C (beta 0 or 1, rs NULL: none), op(A)
+// zero outside the band lo, hi; lower: only the blocks of C on or below the
+// diagonal (as tile_gemm_lower, M = N), the rest left as it was. Both
+// operands are rounded into pairs along k: pa (at least M ((K + 1) / 2)
+// pairs, and N ((K + 1) / 2) when tb) and pb ((K + 1) / 2 N pairs), 64-byte
+// aligned. Needs N and ldc
+// multiples of 16 and C 64-byte aligned; returns false (nothing done)
+// otherwise, and the caller runs the float32 product.
+static inline bool tile_gemm_rows_bf16(bool ta, bool tb, bool lower, int M, int N, int K, float alpha,
+                                       const float *rs, const float *A, int lda, const float *B, int ldb, float beta,
+                                       float *C, int ldc, int lo, int hi, bfpair *pa, bfpair *pb) {
+    if (N % 16 || ldc % 16 || (uintptr_t)C % 64) return false;
+    if (M == 0 || N == 0) return true;
+    int KP = (K + 1) / 2, plda, pak;
+    if (tb) pack_pair_transposed_via(pb, N, B, ldb, N, K, pa);   // op(B)(k, j) = B[j ldb + k]; pa as scratch
+    else pack_pair_cols(pb, N, B, ldb, 0, K, N);
+    if (ta) {   // op(A)(i, k) = A[k lda + i]: pairs across A's rows, pa[p M + i]
+        pack_pair_cols(pa, M, A, lda, 0, K, M);
+        plda = 1, pak = M;
+    } else {    // op(A)(i, k) = A[i lda + k]: pairs along A's rows, pa[i KP + p]
+        pack_pair_rows(pa, KP, A, lda, M, K);
+        plda = KP, pak = 1;
+    }
+    if (lo > -M || hi < K) pack_band_zero(pa, plda, pak, M, K, lo, hi);
+    tile_mm_bf16_band_part(M, N, K, lo, hi, lower, alpha, rs, pa, plda, pak, pb, N, C, ldc, beta != 0);
+    return true;
 }
 
 #endif
