@@ -2,8 +2,11 @@
 // three forms against each other, the decay regimes g = 0 and g ≈ −20 per
 // step, state carried across segments, and a hand-computed case.
 #include <math.h>
+#include <omp.h>
 
+#include "blas.h"
 #include "gla.h"
+#include "tile_mm_bf16.h"
 #include "test_util.h"
 
 enum { IN_Q, IN_K, IN_V, IN_G, IN_DT, IN_S0, N_IN };
@@ -13,6 +16,7 @@ typedef struct GlaCase {
     MixerForm form;
     bool use_g, use_dt, use_s0;
     double g_lo, g_hi;   // g uniform in [g_lo, g_hi]
+    const int *docs;     // doc_start (B, T), or NULL
 } GlaCase;
 
 static const MixerForm FORMS[] = {MIXER_FORM_PARALLEL, MIXER_FORM_CHUNKED, MIXER_FORM_RECURRENT};
@@ -34,7 +38,7 @@ static void inputs_free(Tensor **x) {
 
 static Tensor *run_gla(Tape *tp, Tensor *const *in, const GlaCase *c, Tensor **s_out) {
     return op_gla_dt(tp, in[IN_Q], in[IN_K], in[IN_V], c->use_g ? in[IN_G] : NULL, c->use_dt ? in[IN_DT] : NULL,
-                     c->use_s0 ? in[IN_S0] : NULL, NULL, c->H, c->form, c->chunk, s_out);
+                     c->use_s0 ? in[IN_S0] : NULL, c->docs, c->H, c->form, c->chunk, s_out);
 }
 
 static int f_gla(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
@@ -206,6 +210,63 @@ Test(gla, tile_products_gradcheck_and_forms_agree) {
     GlaCase plain = {2, 37, 2, 32, 16, 16, MIXER_FORM_CHUNKED, false, false, false, 0, 0};
     check_case_eps(plain, "tile-sized gla plain", TILE_EPS);
     check_forms_agree(plain, "tile-sized gla plain");
+}
+
+// Under precision = bf16 the chunked form's products take bf16 operands and
+// sum in float32 (gla.c; each product is held to the exact product of its
+// rounded operands in tile_mm/tile_gemm_rows_bf16_*): the op against its
+// float32 self, with g, dt, an initial state and documents, heads of whole
+// vectors (16, 32), chunks of 32 and 64 and T = 100 (a last chunk of 4 or
+// 36 rows, whose L x L products stay float32), the three decay regimes.
+// Each output and gradient, normwise (largest difference over largest
+// value): measured 2e-3..6.5e-3, allowed 2e-2 (rounding moves an operand by up
+// to 2^-9 of itself, and an output passes through two products in a row:
+// the scores, then A V). Were the products not bf16, both runs would be one
+// float32 computation: every part must differ by more than 1e-4. Bit for
+// bit on 1 and 2 threads.
+Test(gla, bf16_chunk_products_follow_float32) {
+#ifndef AG_TILE_BF16
+    cr_skip_test("this build has no bf16 tile products (float64, or no AVX512_BF16 target)");
+#else
+    if (!(onednn_built() && onednn_has_bf16())) cr_skip_test("this CPU has no AVX512_BF16 (or no oneDNN)");
+    static const char *names[] = {"o", "s_out", "dq", "dk", "dv", "dg", "ddt", "ds0"};
+    enum { B = 2, T = 100 };
+    int docs[B * T] = {0};
+    docs[40] = docs[T + 77] = 1;   // a document inside a chunk of each row
+    char err[256];
+    double lo = INFINITY, hi = 0;
+    for (size_t r = 0; r < 3; r++)
+        for (int shape = 0; shape < 2; shape++) {
+            GlaCase c = {B, T, 2, shape ? 16 : 32, shape ? 32 : 16, shape ? 32 : 64, MIXER_FORM_CHUNKED, true, true,
+                         true, REGIMES[r].lo, REGIMES[r].hi, docs};
+            Tensor *x[N_IN];
+            inputs_make(x, &c, 300 + r);
+            cr_assert(blas_select(GEMM_ONEDNN, PRECISION_FP32, err, sizeof err), "%s", err);
+            Result f = run_all(c, x);
+            cr_assert(blas_select(GEMM_ONEDNN, PRECISION_BF16, err, sizeof err), "%s", err);
+            Result h = run_all(c, x);
+            int saved = omp_get_max_threads();
+            omp_set_num_threads(saved == 1 ? 2 : 1);
+            Result h1 = run_all(c, x);
+            omp_set_num_threads(saved);
+            cr_assert_eq(memcmp(h.all, h1.all, (size_t)h.n * sizeof(real)), 0,
+                         "%s dk %d: bf16 results differ on 1 and 2 threads", REGIMES[r].name, c.dk);
+            int64_t sizes[8] = {x[IN_V]->numel, x[IN_S0]->numel}, off = 0;
+            for (int i = 0; i < N_IN; i++) sizes[2 + i] = x[i]->numel;
+            for (int p = 0; p < 8; p++) {
+                double d = max_rel_diff(f.all + off, h.all + off, sizes[p]);
+                cr_assert_leq(d, 2e-2, "%s dk %d dv %d C %d: bf16 %s differs from float32 by %.3g",
+                              REGIMES[r].name, c.dk, c.dv, c.chunk, names[p], d);
+                lo = fmin(lo, d), hi = fmax(hi, d);
+                off += sizes[p];
+            }
+            free(f.all), free(h.all), free(h1.all);
+            inputs_free(x);
+        }
+    cr_assert_gt(lo, 1e-4, "a part is within %.3g of float32: were the chunk products bf16?", lo);
+    cr_log_info("gla bf16 against float32, normwise: %.3g .. %.3g", lo, hi);
+    test_use_backend(0);
+#endif
 }
 
 // A forward alone (no output seeded) of f on device_default() (AG_DEVICE=cuda:

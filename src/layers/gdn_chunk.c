@@ -23,7 +23,7 @@
 //
 // Under [train] precision = bf16 (gdn_tiles_bf16, kept in the node) every
 // chunk product above and in the backward takes bf16 operands and sums in
-// float32 (gdn_mm, tile_mm_bf16.h), as flash-linear-attention's chunk
+// float32 (tile_ctx_gemm, tile_mm_bf16.h), as flash-linear-attention's chunk
 // kernels do. Everything else stays float32: the state carried from chunk
 // to chunk and its update's sums (a bf16 state would lose what the decays
 // leave of it), the decays and their exp, the triangular solve (its
@@ -39,13 +39,7 @@
 #include "gdn_kernel.h"
 #include "tile_mm.h"
 
-bool gdn_tiles_bf16(void) {
-#ifdef AG_TILE_BF16
-    return blas_precision == PRECISION_BF16;
-#else
-    return false;
-#endif
-}
+bool gdn_tiles_bf16(void) { return tile_products_bf16(); }
 
 GdnDims gdn_dims(const Node *n) {
     GdnDims d;
@@ -86,11 +80,11 @@ static size_t chunk_layout(GdnChunk *ws, unsigned char *mem, int C, int dk, int 
     TAKE(db, C, int);
     int m = imax(C, imax(dk, dv));
     TAKE(pack, (size_t)m * m, real);
-    TAKE(pa, (size_t)m * ((m + 1) / 2), bfpair);
-    TAKE(pb, (size_t)m * ((m + 1) / 2), bfpair);
+    TAKE(tc.pa, (size_t)m * ((m + 1) / 2), bfpair);
+    TAKE(tc.pb, (size_t)m * ((m + 1) / 2), bfpair);
 #undef TAKE
     if (mem) {
-        ws->bf16 = false;
+        ws->tc.bf16 = false;
         ws->dk = dk;
         ws->dv = dv;
         ws->L = 0;
@@ -168,7 +162,7 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
     pack_transposed(Kt, L, k, ldk, L, dk);
 
     // A = strictly-lower (beta_i E_ij k_i.k_j).
-    gdn_mm_lower(ws, L, dk, 1, k, ldk, Kt, L, 0, KK, L);
+    tile_ctx_gemm_lower(&ws->tc, L, dk, 1, k, ldk, Kt, L, 0, KK, L);
     for (int i = 0; i < L; i++)
         for (int j = 0; j < L; j++) A[i * L + j] = j < i ? bet[i] * E[i * L + j] * KK[i * L + j] : 0;
 
@@ -181,11 +175,11 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
         for (int c = 0; c < dk; c++) ws->Xw[i * dk + c] = sw * k[(int64_t)i * ldk + c];
         for (int c = 0; c < dv; c++) ws->R[i * dv + c] = su * v[(int64_t)i * ldv + c];
     }
-    gdn_mm(ws, false, false, L, dv, dk, -1, ws->Xw, dk, S0, dv, 1, ws->R, dv, TILE_FULL(L, dk), NULL);
-    gdn_mm(ws, false, false, L, dv, L, 1, Tm, ws->ldt, ws->R, dv, 0, ws->Dl, dv, -L, 0, NULL);   // Tm lower
+    tile_ctx_gemm(&ws->tc, false, false, L, dv, dk, -1, ws->Xw, dk, S0, dv, 1, ws->R, dv, TILE_FULL(L, dk), NULL);
+    tile_ctx_gemm(&ws->tc, false, false, L, dv, L, 1, Tm, ws->ldt, ws->R, dv, 0, ws->Dl, dv, -L, 0, NULL);   // Tm lower
 
     // P = (Q K^T) * E, lower with the diagonal, zero above.
-    gdn_mm_lower(ws, L, dk, 1, q, ldk, Kt, L, 0, P, L);
+    tile_ctx_gemm_lower(&ws->tc, L, dk, 1, q, ldk, Kt, L, 0, P, L);
     for (int i = 0; i < L; i++) {
         real *Pi = P + (size_t)i * L;
         const real *Ei = E + (size_t)i * L;
@@ -216,7 +210,7 @@ void gdn_chunk_forward(Node *n) {
         for (int h = 0; h < d.H; h++) {
             GdnChunk ws;
             gdn_chunk_bind(&ws, slots + stride * (size_t)omp_get_thread_num(), d.C, d.dk, d.dv);
-            ws.bf16 = n->iarg[GDN_ARG_BF16];
+            ws.tc.bf16 = n->iarg[GDN_ARG_BF16];
             real *S = sT + gdn_off_s(&d, b, h);   // the running state, (dk, dv)
             if (s0) memcpy(S, s0 + gdn_off_s(&d, b, h), SS * sizeof(real));
             else memset(S, 0, SS * sizeof(real));
@@ -230,16 +224,16 @@ void gdn_chunk_forward(Node *n) {
                                   g + gdn_off_h(&d, b, t0, h), d.ldk, d.ldv, d.H, S, db);
                 // O = diag(b) Q S0 + P Delta
                 real *oc = o + gdn_off_v(&d, b, t0, h);
-                gdn_mm(&ws, false, false, L, d.dv, d.dk, 1, qc, d.ldk, S, d.dv, 0, oc, d.ldv, TILE_FULL(L, d.dk), NULL);
+                tile_ctx_gemm(&ws.tc, false, false, L, d.dv, d.dk, 1, qc, d.ldk, S, d.dv, 0, oc, d.ldv, TILE_FULL(L, d.dk), NULL);
                 for (int i = 0; i < L; i++) {
                     real bi = ws.bm[i];
                     for (int j = 0; j < d.dv; j++) oc[(int64_t)i * d.ldv + j] *= bi;
                 }
-                gdn_mm(&ws, false, false, L, d.dv, L, 1, ws.P, L, ws.Dl, d.dv, 1, oc, d.ldv, -L, 0, NULL);   // P lower
+                tile_ctx_gemm(&ws.tc, false, false, L, d.dv, L, 1, ws.P, L, ws.Dl, d.dv, 1, oc, d.ldv, -L, 0, NULL);   // P lower
                 // S_C = b_{L-1} S0 + Kd^T Delta
                 real bl = ws.bl;
                 for (int64_t i = 0; i < SS; i++) S[i] *= bl;
-                gdn_mm(&ws, true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv, TILE_FULL(d.dk, L),
+                tile_ctx_gemm(&ws.tc, true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv, TILE_FULL(d.dk, L),
                           NULL);
             }
         }

@@ -92,9 +92,9 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     for (int64_t i = 0; i < SS; i++) dS0[i] = bl * dS[i];
     dG[L - 1] += bl * dot(dS, S0, (int)SS);
     // dDelta = Kd dS
-    gdn_mm(ws, false, false, L, dv, dk, 1, ws->Kd, dk, dS, dv, 0, gr->dDl, dv, TILE_FULL(L, dk), NULL);
+    tile_ctx_gemm(&ws->tc, false, false, L, dv, dk, 1, ws->Kd, dk, dS, dv, 0, gr->dDl, dv, TILE_FULL(L, dk), NULL);
     real *dKd = gr->dKd;
-    gdn_mm(ws, false, true, L, dk, dv, 1, ws->Dl, dv, dS, dv, 0, dKd, dk, TILE_FULL(L, dv), pk);   // dKd = Delta dS^T
+    tile_ctx_gemm(&ws->tc, false, true, L, dk, dv, 1, ws->Dl, dv, dS, dv, 0, dKd, dk, TILE_FULL(L, dv), pk);   // dKd = Delta dS^T
     for (int j = 0; j < L; j++) {
         real e = ws->ek[j];
         const real *kj = k + (int64_t)j * ldk;
@@ -114,7 +114,7 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     // dGamma_i += b_i dO_i . (Q S0)_i = b_i q_i . Z_i, so Q S0 is not formed.
     if (dO) {
         real *Y = gr->Y, *Z = gr->Z;
-        gdn_mm(ws, false, false, L, dk, dv, 1, dO, ldv, S0t, dk, 0, Z, dk, TILE_FULL(L, dv), NULL);
+        tile_ctx_gemm(&ws->tc, false, false, L, dk, dv, 1, dO, ldv, S0t, dk, 0, Z, dk, TILE_FULL(L, dv), NULL);
         for (int i = 0; i < L; i++) {
             real bi = ws->bm[i];
             const real *doi = dO + (int64_t)i * ldv, *zi = Z + i * dk;
@@ -124,11 +124,11 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
             for (int c = 0; c < dv; c++) Y[i * dv + c] = bi * doi[c];   // dY
         }
         // dS0 += Q^T dY
-        gdn_mm(ws, true, false, dk, dv, L, 1, q, ldk, Y, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
+        tile_ctx_gemm(&ws->tc, true, false, dk, dv, L, 1, q, ldk, Y, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
         real *dP = dA;
-        gdn_mm_lower(ws, L, dv, 1, dO, ldv, Dlt, L, 0, dP, L);   // dP = dO Delta^T, lower (the rest is zeroed below)
+        tile_ctx_gemm_lower(&ws->tc, L, dv, 1, dO, ldv, Dlt, L, 0, dP, L);   // dP = dO Delta^T, lower (the rest is zeroed below)
         // dDelta += P^T dO (P^T upper)
-        gdn_mm(ws, true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
+        tile_ctx_gemm(&ws->tc, true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
         // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j: row sums,
         // and column sums in colZ.
         double *colZ = gr->colZ;
@@ -141,16 +141,16 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
             for (int j = i + 1; j < L; j++) dpi[j] = 0;
         }
         for (int j = 0; j < L; j++) dG[j] -= colZ[j];
-        if (dq) gdn_mm(ws, false, false, L, dk, L, 1, dP, L, k, ldk, 1, dq, ldk, -L, 0, NULL);   // dQ += dQK K (lower)
-        gdn_mm(ws, true, false, L, dk, L, 1, dP, L, q, ldk, 1, dK, dk, 0, L, NULL);               // dK += dQK^T Q
+        if (dq) tile_ctx_gemm(&ws->tc, false, false, L, dk, L, 1, dP, L, k, ldk, 1, dq, ldk, -L, 0, NULL);   // dQ += dQK K (lower)
+        tile_ctx_gemm(&ws->tc, true, false, L, dk, L, 1, dP, L, q, ldk, 1, dK, dk, 0, L, NULL);               // dK += dQK^T Q
     }
 
     // Delta = Tm R, R = Xu - Xw S0 (header): dR = Tm^T dDelta, dXw = -dR S0^T,
     // dS0 -= Xw^T dR, dA = -dR Delta^T (lower: only j < i is read; the rest is zeroed below).
-    gdn_mm(ws, true, false, L, dv, L, 1, ws->Tm, ws->ldt, gr->dDl, dv, 0, gr->dXu, dv, 0, L, NULL);   // Tm^T upper
-    gdn_mm(ws, false, false, L, dk, dv, -1, gr->dXu, dv, S0t, dk, 0, gr->dXw, dk, TILE_FULL(L, dv), NULL);
-    gdn_mm(ws, true, false, dk, dv, L, -1, ws->Xw, dk, gr->dXu, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
-    gdn_mm_lower(ws, L, dv, -1, gr->dXu, dv, Dlt, L, 0, dA, L);
+    tile_ctx_gemm(&ws->tc, true, false, L, dv, L, 1, ws->Tm, ws->ldt, gr->dDl, dv, 0, gr->dXu, dv, 0, L, NULL);   // Tm^T upper
+    tile_ctx_gemm(&ws->tc, false, false, L, dk, dv, -1, gr->dXu, dv, S0t, dk, 0, gr->dXw, dk, TILE_FULL(L, dv), NULL);
+    tile_ctx_gemm(&ws->tc, true, false, dk, dv, L, -1, ws->Xw, dk, gr->dXu, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
+    tile_ctx_gemm_lower(&ws->tc, L, dv, -1, gr->dXu, dv, Dlt, L, 0, dA, L);
 
     // Xw_i = beta_i b_i k_i, Xu_i = beta_i v_i.
     for (int i = 0; i < L; i++) {
@@ -182,8 +182,8 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
         for (int j = i; j < L; j++) dai[j] = 0;
     }
     for (int j = 0; j < L; j++) dG[j] -= colZ[j];
-    gdn_mm(ws, false, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk, -L, 0, NULL);   // dK += dKK K (lower)
-    gdn_mm(ws, true, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk, 0, L, NULL);     // dK += dKK^T K
+    tile_ctx_gemm(&ws->tc, false, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk, -L, 0, NULL);   // dK += dKK K (lower)
+    tile_ctx_gemm(&ws->tc, true, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk, 0, L, NULL);     // dK += dKK^T K
 
     if (dk_out)
         for (int i = 0; i < L; i++)
@@ -223,7 +223,7 @@ void gdn_chunk_backward(Node *n) {
             GdnChunkGrad gr;
             gdn_chunk_bind(&ws, slot, d.C, d.dk, d.dv);
             grad_layout(&gr, slot + b_ws, d.C, d.dk, d.dv);
-            ws.bf16 = n->iarg[GDN_ARG_BF16];
+            ws.tc.bf16 = n->iarg[GDN_ARG_BF16];
             real *dS = (real *)(slot + b_ws + b_gr);   // gradient of the state leaving the chunk
             if (dsT) memcpy(dS, dsT + gdn_off_s(&d, b, h), SS * sizeof(real));
             else memset(dS, 0, SS * sizeof(real));

@@ -124,39 +124,12 @@ typedef struct GdnChunk {
     real bl;         // m_{L-1} b_{L-1}: the factor of S0 in S_C
     int *db;         // (C) the chunk's documents (gdn_chunk_docs)
     real *pack;      // (m, m), m = max(C, dk, dv): K^T in gdn_chunk_prepare, then a transposed operand of tile_gemm
-    bfpair *pa, *pb; // (m, (m + 1) / 2) pairs each: a bf16 product's operands (gdn_mm)
-    bool bf16;       // the products in bf16 (gdn_tiles_bf16), set by the caller after gdn_chunk_bind
+    TileCtx tc;      // its products: bf16 (pairs (m, (m + 1) / 2) each) or float32; tc.bf16 set by the caller
 } GdnChunk;
 
-// Whether op_gdn's chunk products run in bf16 (float32 sums) now: under
-// [train] precision = bf16 where the build has the bf16 tile products
-// (tile_mm_bf16.h). Kept in the node (GDN_ARG_BF16), so that its backward
-// rounds as its forward did. What stays float32: gdn_chunk.c's header.
+// Whether op_gdn's chunk products run in bf16 now (tile_products_bf16),
+// kept in the node (GDN_ARG_BF16). What stays float32: gdn_chunk.c's header.
 bool gdn_tiles_bf16(void);
-
-// A chunk product, as tile_gemm (tile_mm.h), with bf16 operands and float32
-// sums when ws->bf16 (tile_gemm_rows_bf16); a shape that path does not take
-// (N not whole vectors) runs in float32.
-static inline void gdn_mm(const GdnChunk *ws, bool ta, bool tb, int M, int N, int K, real alpha, const real *A,
-                          int lda, const real *B, int ldb, real beta, real *C, int ldc, int lo, int hi, real *pack) {
-#ifdef AG_TILE_BF16
-    if (ws->bf16 &&
-        tile_gemm_rows_bf16(ta, tb, false, M, N, K, alpha, NULL, A, lda, B, ldb, beta, C, ldc, lo, hi, ws->pa, ws->pb))
-        return;
-#endif
-    tile_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, lo, hi, pack);
-}
-
-// tile_gemm_lower the same way.
-static inline void gdn_mm_lower(const GdnChunk *ws, int M, int K, real alpha, const real *A, int lda, const real *B,
-                                int ldb, real beta, real *C, int ldc) {
-#ifdef AG_TILE_BF16
-    if (ws->bf16 &&
-        tile_gemm_rows_bf16(false, false, true, M, M, K, alpha, NULL, A, lda, B, ldb, beta, C, ldc, -M, K, ws->pa, ws->pb))
-        return;
-#endif
-    tile_gemm_lower(M, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
 
 // Workspace of one chunk: gdn_chunk_bytes of memory (64-byte aligned; the
 // size is a multiple of 64), bound to ws. The kernels take one slot per OpenMP thread from the tape's arena

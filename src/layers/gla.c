@@ -1,5 +1,11 @@
 // gla.c: op_gla, its forward kernels (chunked/parallel and recurrent) and the
 // op builder. The backward is in gla_backward.c. Math: gla.h.
+//
+// Under [train] precision = bf16 (tile_products_bf16 when the op is built,
+// kept in farg[0]) the chunk products of both directions take bf16 operands
+// and sum in float32 (tile_ctx_gemm, tile_mm_bf16.h), as the GDN kernel's
+// do (gdn_chunk.c says what stays float32: the carried state, the decays,
+// the products' outputs, the recurrent form).
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,9 +15,9 @@
 #include "docs.h"
 #include "gla_internal.h"
 
-void gla_chunk_scores(const real *Q, int ldq, const real *Kt, const double *G, const int *db, int L, int dk,
-                      real *A, real *D) {
-    tile_gemm_lower(L, dk, 1, Q, ldq, Kt, L, 0, A, L);
+void gla_chunk_scores(const TileCtx *tc, const real *Q, int ldq, const real *Kt, const double *G, const int *db, int L,
+                      int dk, real *A, real *D) {
+    tile_ctx_gemm_lower(tc, L, dk, 1, Q, ldq, Kt, L, 0, A, L);
     for (int i = 0; i < L; i++) {
         real *row = A + (int64_t)i * L, *drow = D ? D + (int64_t)i * L : NULL;
         int j0 = db ? imax(db[i], 0) : 0;   // earlier rows belong to another document
@@ -42,6 +48,7 @@ typedef struct FwdScratch {
     real *bm, *ek, *dtv;   // (seg) row decay factors (gla_chunk_decays), the chunk's dt
     double *G;    // (seg) chunk-local cumulative log decay
     int *db;      // (seg) the chunk's documents (gla_chunk_docs)
+    TileCtx tc;   // the products: bf16 or float32 (gla_tiles)
 } FwdScratch;
 
 // One head, chunk by chunk (PARALLEL: one chunk of T). S: (dk, dv) the running
@@ -78,15 +85,15 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
         if (!plain) gla_chunk_decays(w->bm, w->ek, G, db, L);
         // O = ((Q K̃ᵀ) ⊙ M ⊙ decay) V  +  diag(exp(G)) Q S_in
         gla_pack_keys(w->Kt, K, ldk, dtv, L, dk);
-        gla_chunk_scores(Q, ldk, w->Kt, G, db, L, dk, w->A, NULL);
+        gla_chunk_scores(&w->tc, Q, ldk, w->Kt, G, db, L, dk, w->A, NULL);
         if (c + 1 < d->n_seg) {
             int L1 = imin(d->seg, d->T - t0 - L);
             prefetch_rows(Q + (int64_t)L * ldk, ldk, L1, dk, 0);
             prefetch_rows(K + (int64_t)L * ldk, ldk, L1, dk, 0);
         }
-        tile_gemm(false, false, L, dv, L, 1, w->A, L, V, ldv, 0, O, ldv, -L, 0, NULL);   // A lower triangular
+        tile_ctx_gemm(&w->tc, false, false, L, dv, L, 1, w->A, L, V, ldv, 0, O, ldv, -L, 0, NULL);   // A lower triangular
         if (nonzero && (!db || db[0] < 0))   // (db[0] >= 0: a document begins at t0, no row reads S_in)
-            tile_gemm_rows(false, false, L, dv, dk, 1, plain ? NULL : w->bm, Q, ldk, S, dv, 1, O, ldv,
+            tile_ctx_gemm_rows(&w->tc, false, false, L, dv, dk, 1, plain ? NULL : w->bm, Q, ldk, S, dv, 1, O, ldv,
                            TILE_FULL(L, dk), NULL);
         // S_out = exp(G_L) S_in + (diag(exp(G_L − G)) K̃)ᵀ V, over the last document only
         bool keep = nonzero && (!db || db[L - 1] < 0);   // S_in reaches S_out
@@ -106,7 +113,7 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
             Xd = w->Xd;
             ldx = dk;
         }
-        tile_gemm(true, false, dk, dv, L, 1, Xd, ldx, V, ldv, keep ? 1 : 0, S, dv, TILE_FULL(dk, L), NULL);
+        tile_ctx_gemm(&w->tc, true, false, dk, dv, L, 1, Xd, ldx, V, ldv, keep ? 1 : 0, S, dv, TILE_FULL(dk, L), NULL);
         nonzero = true;
     }
 }
@@ -139,7 +146,7 @@ static void recurrent_head_forward(const GlaDims *d, const GlaHead *x, real *S, 
 }
 
 static void gla_forward(Node *n) {
-    GlaDims d = gla_dims_of(n->iarg);
+    GlaDims d = gla_dims_of(n);
     Tensor *const *in = n->in;
     const real *g = in[GLA_IN_G] ? in[GLA_IN_G]->data : NULL;
     const real *dt = in[GLA_IN_DT] ? in[GLA_IN_DT]->data : NULL;
@@ -163,6 +170,7 @@ static void gla_forward(Node *n) {
             w.dtv = xmalloc((size_t)seg * sizeof(real));
             w.G = xmalloc((size_t)seg * sizeof(double));
             w.db = xmalloc((size_t)seg * sizeof(int));
+            w.tc = gla_tiles(&d);
         }
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < d.B; b++)
@@ -182,6 +190,7 @@ static void gla_forward(Node *n) {
         free(w.dtv);
         free(w.G);
         free(w.db);
+        gla_tiles_free(&w.tc);
     }
 }
 
@@ -218,6 +227,7 @@ Tensor *op_gla_dt(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *
     Node *n = tape_op(tp, &OP_GLA, in, GLA_N_IN, (Tensor *[]){o, st}, 2);
     int iarg[8] = {B, T, H, dk, dv, form, seg, (T + seg - 1) / seg};
     memcpy(n->iarg, iarg, sizeof iarg);
+    n->farg[0] = tp->device == DEVICE_CPU && tile_products_bf16();   // GlaDims.bf16
     n->aux = docs_first(tp, doc_start, B, T);
     tape_forward(n);
     if (s_out) *s_out = st;

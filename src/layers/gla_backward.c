@@ -55,6 +55,7 @@ typedef struct BwdScratch {
     int *db;                   // (seg) the chunk's documents (gla_chunk_docs)
     real *Sbuf;                // (seg + 1, dk, dv) states of one segment (recurrent form)
     real *dkt;                 // (dk)
+    TileCtx tc;                // the products: bf16 or float32 (gla_tiles)
 } BwdScratch;
 
 // In double, vectorised (the reduction order is fixed by the build, not the data).
@@ -125,7 +126,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         if (dS_nonzero) {   // the terms through S_out
             if (need_k || need_g) {
                 // dK̃ = diag(exp(G_L − G)) V dSᵀ
-                tile_gemm_rows(false, true, L, dk, dv, 1, ek, V, ldv, dS, dv, 0, w->dKs, dk, TILE_FULL(L, dv),
+                tile_ctx_gemm_rows(&w->tc, false, true, L, dk, dv, 1, ek, V, ldv, dS, dv, 0, w->dKs, dk, TILE_FULL(L, dv),
                                w->pack);
                 dk_set = true;
                 if (need_g)
@@ -136,22 +137,22 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                     }
             }
             if (dV) {   // dV = diag(exp(G_L − G)) K̃ dS
-                tile_gemm_rows(false, false, L, dv, dk, 1, ek, K, ldkk, dS, dv, 0, dV, dv, TILE_FULL(L, dk), NULL);
+                tile_ctx_gemm_rows(&w->tc, false, false, L, dv, dk, 1, ek, K, ldkk, dS, dv, 0, dV, dv, TILE_FULL(L, dk), NULL);
                 dv_set = true;
             }
             if (need_g && S_in && keep) dG[L - 1] += exp(gL) * dot(dS, S_in, (int)SZ);
         }
         if (dO) {   // the terms through O
             gla_pack_keys(w->Kt, K, ldkk, NULL, L, dk);
-            gla_chunk_scores(Q, ldk, w->Kt, G, db, L, dk, w->A, w->D);
+            gla_chunk_scores(&w->tc, Q, ldk, w->Kt, G, db, L, dk, w->A, w->D);
             if (dV) {   // Aᵀ upper
-                tile_gemm(true, false, L, dv, L, 1, w->A, L, dO, ldv, dv_set, dV, dv, 0, L, NULL);
+                tile_ctx_gemm(&w->tc, true, false, L, dv, L, 1, w->A, L, dO, ldv, dv_set, dV, dv, 0, L, NULL);
                 dv_set = true;
             }
             if (dq || need_k || need_g) {
                 real *dA = w->dA;   // becomes dP in place
                 pack_transposed(w->pack, L, V, ldv, L, dv);
-                tile_gemm_lower(L, dv, 1, dO, ldv, w->pack, L, 0, dA, L);
+                tile_ctx_gemm_lower(&w->tc, L, dv, 1, dO, ldv, w->pack, L, 0, dA, L);
                 // Z = dA ⊙ A: row sums into dG_i, column sums (colZ) out of
                 // dG_j; j == i cancels, so it is skipped (it is O(1) when the
                 // rest is tiny).
@@ -181,7 +182,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                 }
                 if (S_in && (dq || need_g)) {   // o += exp(G) S_inᵀ q: Z = diag(exp(G)) dO S_inᵀ
                     real *Z = w->dQc;
-                    tile_gemm_rows(false, true, L, dk, dv, 1, bm, dO, ldv, S_in, dv, 0, Z, dk, TILE_FULL(L, dv),
+                    tile_ctx_gemm_rows(&w->tc, false, true, L, dk, dv, 1, bm, dO, ldv, S_in, dv, 0, Z, dk, TILE_FULL(L, dv),
                                    w->pack);
                     dq_set = true;
                     if (need_g)
@@ -189,11 +190,11 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                             if (!db || db[i] < 0) dG[i] += dot(Q + (int64_t)i * ldk, Z + (int64_t)i * dk, dk);
                 }
                 if (dq) {   // dP lower
-                    tile_gemm(false, false, L, dk, L, 1, dA, L, K, ldkk, dq_set, dq, dk, -L, 0, NULL);
+                    tile_ctx_gemm(&w->tc, false, false, L, dk, L, 1, dA, L, K, ldkk, dq_set, dq, dk, -L, 0, NULL);
                     dq_set = true;
                 }
                 if (need_k) {   // dPᵀ upper
-                    tile_gemm(true, false, L, dk, L, 1, dA, L, Q, ldk, dk_set, w->dKs, dk, 0, L, NULL);
+                    tile_ctx_gemm(&w->tc, true, false, L, dk, L, 1, dA, L, Q, ldk, dk_set, w->dKs, dk, 0, L, NULL);
                     dk_set = true;
                 }
             }
@@ -216,7 +217,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                     Xd = w->Xd;
                     ldx = dk;
                 }
-                tile_gemm(true, false, dk, dv, L, 1, Xd, ldx, dO, ldv, dS_nonzero ? 1 : 0, dS, dv, TILE_FULL(dk, L),
+                tile_ctx_gemm(&w->tc, true, false, dk, dv, L, 1, Xd, ldx, dO, ldv, dS_nonzero ? 1 : 0, dS, dv, TILE_FULL(dk, L),
                           NULL);
                 dS_nonzero = true;
             }
@@ -298,7 +299,7 @@ static void recurrent_head_backward(const GlaDims *d, const GlaHead *x, const Gl
 }
 
 void gla_backward(Node *n) {
-    GlaDims d = gla_dims_of(n->iarg);
+    GlaDims d = gla_dims_of(n);
     Tensor *const *in = n->in;
     const real *g = in[GLA_IN_G] ? in[GLA_IN_G]->data : NULL;
     const real *dt = in[GLA_IN_DT] ? in[GLA_IN_DT]->data : NULL;
@@ -350,6 +351,7 @@ void gla_backward(Node *n) {
             w.dG = xmalloc((size_t)seg * sizeof(double));
             w.colZ = xmalloc((size_t)seg * sizeof(double));
             w.db = xmalloc((size_t)seg * sizeof(int));
+            w.tc = gla_tiles(&d);
         }
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < d.B; b++)
@@ -387,5 +389,6 @@ void gla_backward(Node *n) {
         free(w.db);
         free(w.Sbuf);
         free(w.dkt);
+        gla_tiles_free(&w.tc);
     }
 }

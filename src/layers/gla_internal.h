@@ -7,6 +7,7 @@
 
 #include "ops_math.h"
 #include "tile_mm.h"
+#include "tile_mm_bf16.h"
 
 #include "gla.h"
 
@@ -16,12 +17,14 @@ typedef struct GlaDims {
     int form;      // MixerForm
     int seg;       // positions per chunk (CHUNKED, RECURRENT checkpoints); T for PARALLEL
     int n_seg;     // ceil(T / seg): saved states per (b, h)
+    bool bf16;     // the chunk products in bf16 (tile_products_bf16 at the build; the node's farg[0])
 } GlaDims;
 
 enum { GLA_IN_Q, GLA_IN_K, GLA_IN_V, GLA_IN_G, GLA_IN_DT, GLA_IN_S0, GLA_N_IN };
 
-static inline GlaDims gla_dims_of(const int *iarg) {
-    return (GlaDims){iarg[0], iarg[1], iarg[2], iarg[3], iarg[4], iarg[5], iarg[6], iarg[7]};
+static inline GlaDims gla_dims_of(const Node *n) {
+    const int *iarg = n->iarg;
+    return (GlaDims){iarg[0], iarg[1], iarg[2], iarg[3], iarg[4], iarg[5], iarg[6], iarg[7], n->farg[0] != 0};
 }
 
 // Below this much work (B·H·T·dk·dv multiply-adds) a call runs on one thread:
@@ -124,6 +127,24 @@ static inline size_t gla_pack_elems(const GlaDims *d) {
     return m * m;
 }
 
+// The chunk's products through tc (tile_mm_bf16.h): bf16 when d->bf16, with
+// pairs of m ((m + 1) / 2) each, m the largest size of a product; freed
+// with gla_tiles_free.
+static inline TileCtx gla_tiles(const GlaDims *d) {
+    TileCtx tc = {d->bf16, NULL, NULL};
+    if (d->bf16) {
+        size_t m = (size_t)imax(imax(d->dk, d->dv), d->seg), n = m * ((m + 1) / 2);
+        tc.pa = xaligned(n * sizeof(bfpair));
+        tc.pb = xaligned(n * sizeof(bfpair));
+    }
+    return tc;
+}
+
+static inline void gla_tiles_free(TileCtx *tc) {
+    free(tc->pa);
+    free(tc->pb);
+}
+
 // The row decay factors of one chunk, in the build's precision (gla_exp):
 // bm[i] = exp(G_i), the factor of row i's read of S_in (0 when row i's
 // document begins in the chunk); ek[i] = exp(G_L − G_i), the factor of row
@@ -154,8 +175,8 @@ static inline void gla_pack_keys(real *Kt, const real *K, int ldk, const real *d
 // NULL. db (L) or NULL: the chunk's documents (gla_chunk_docs); entries j <
 // db[i] are zero in A and D (M is then the block-diagonal causal mask), and
 // their exp is not taken.
-void gla_chunk_scores(const real *Q, int ldq, const real *Kt, const double *G, const int *db, int L, int dk,
-                      real *A, real *D);
+void gla_chunk_scores(const TileCtx *tc, const real *Q, int ldq, const real *Kt, const double *G, const int *db, int L,
+                      int dk, real *A, real *D);
 
 // The op's backward (gla_backward.c).
 void gla_backward(Node *n);

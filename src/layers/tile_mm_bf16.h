@@ -241,4 +241,58 @@ static inline bool tile_gemm_rows_bf16(bool ta, bool tb, bool lower, int M, int 
 }
 
 #endif
+
+// The chunk kernels' products (gla, gdn): bf16 operands with float32 sums
+// when `bf16` (tile_gemm_rows_bf16; pa, pb its pairs, each at least
+// m ((m + 1) / 2) for products of sizes up to m), else float32 (tile_gemm_rows).
+typedef struct TileCtx {
+    bool bf16;
+    bfpair *pa, *pb;
+} TileCtx;
+
+// Whether the chunk kernels' products run in bf16 now: under [train]
+// precision = bf16 where the build has the bf16 tile products. A node keeps
+// the answer of its build, so that its backward rounds as its forward did.
+static inline bool tile_products_bf16(void) {
+#ifdef AG_TILE_BF16
+    return blas_precision == PRECISION_BF16;
+#else
+    return false;
+#endif
+}
+
+// tile_gemm_rows (tile_mm.h) through tc; a shape the bf16 path does not take
+// (N not whole vectors) runs in float32.
+static inline void tile_ctx_gemm_rows(const TileCtx *tc, bool ta, bool tb, int M, int N, int K, real alpha,
+                                      const real *rs, const real *A, int lda, const real *B, int ldb, real beta,
+                                      real *C, int ldc, int lo, int hi, real *pack) {
+#ifdef AG_TILE_BF16
+    if (tc->bf16 && tile_gemm_rows_bf16(ta, tb, false, M, N, K, alpha, rs, A, lda, B, ldb, beta, C, ldc, lo, hi,
+                                        tc->pa, tc->pb))
+        return;
+#else
+    (void)tc;
+#endif
+    tile_gemm_rows(ta, tb, M, N, K, alpha, rs, A, lda, B, ldb, beta, C, ldc, lo, hi, pack);
+}
+
+static inline void tile_ctx_gemm(const TileCtx *tc, bool ta, bool tb, int M, int N, int K, real alpha, const real *A,
+                                 int lda, const real *B, int ldb, real beta, real *C, int ldc, int lo, int hi,
+                                 real *pack) {
+    tile_ctx_gemm_rows(tc, ta, tb, M, N, K, alpha, NULL, A, lda, B, ldb, beta, C, ldc, lo, hi, pack);
+}
+
+// tile_gemm_lower (tile_mm.h) through tc.
+static inline void tile_ctx_gemm_lower(const TileCtx *tc, int M, int K, real alpha, const real *A, int lda,
+                                       const real *B, int ldb, real beta, real *C, int ldc) {
+#ifdef AG_TILE_BF16
+    if (tc->bf16 &&
+        tile_gemm_rows_bf16(false, false, true, M, M, K, alpha, NULL, A, lda, B, ldb, beta, C, ldc, -M, K, tc->pa, tc->pb))
+        return;
+#else
+    (void)tc;
+#endif
+    tile_gemm_lower(M, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 #endif
