@@ -201,8 +201,8 @@ static void multi_case(const char *what, bool bf16) {
                           "%s: C_%d[%lld] %g on %d threads, gemm_rows %g", what, i, (long long)e,
                           (double)C[t][i][e], threads[t], (double)ref[i][e]);
         for (int t = 0; bf16 && t < NTH; t++)
-            cr_assert_eq(memcmp(C[t][i], ref[i], (size_t)n * sizeof(real)), 0, "%s: C_%d on %d threads not gemm_rows's bits",
-                         what, i, threads[t]);
+            cr_assert_eq(memcmp(C[t][i], ref[i], (size_t)n * sizeof(real)), 0,
+                         "%s: C_%d on %d threads not gemm_rows's bits", what, i, threads[t]);
         if (!dC[i]) {   // no gradient: dB_1 untouched
             cr_assert_eq(memcmp(dB[1][i], dB0[i], (size_t)K * Nm[i] * sizeof(real)), 0, "%s: dB_1 was written", what);
             continue;

@@ -160,8 +160,8 @@ Test(tile_mm, tile_gemm_rows_bf16_equals_the_product_of_rounded_operands) {
             real alpha = (real)-0.75;
             cr_assert(tile_gemm_rows_bf16(ta, tb, lower, M, N, K, alpha, scaled ? rs : NULL, A, lda, B, ldb,
                                           add ? 1 : 0, C, ldc, lo, hi, pa, pb));
-            tile_gemm_rows(ta, tb, M, N, K, alpha, scaled ? rs : NULL, A, lda, B, ldb, add ? 1 : 0, C32, ldc, lo,
-                           hi, pack);
+            tile_gemm_rows(ta, tb, M, N, K, alpha, scaled ? rs : NULL, A, lda, B, ldb, add ? 1 : 0, C32, ldc, lo, hi,
+                           pack);
             for (int i = 0; i < M; i++)
                 for (int j = 0; j < (lower ? i + 1 : N); j++) {
                     double s = 0, mag = 0;

@@ -144,7 +144,9 @@ static void bf16_thread_end(void *unused) {
     }
 }
 
-static void bf16_key_make(void) { ASSERT(pthread_key_create(&bf16_key, bf16_thread_end) == 0, "bf16 buffers: no thread key"); }
+static void bf16_key_make(void) {
+    ASSERT(pthread_key_create(&bf16_key, bf16_thread_end) == 0, "bf16 buffers: no thread key");
+}
 
 static bf16 *bf16_scratch(int slot, size_t n) {
     if (n > bf16_buf[slot].n) {
@@ -375,8 +377,7 @@ void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *
         }
     ASSERT(!nw || part, "gemm_multi_backward: the weight gradients need gemm_multi_scratch elements of part");
 #ifndef AG_DOUBLE
-    if (h && multi_backward_bf16_blocks(m, R, K, A, B, N, dC, dA, beta_a, dB, beta_b, part, wi, nw, off))
-        return;
+    if (h && multi_backward_bf16_blocks(m, R, K, A, B, N, dC, dA, beta_a, dB, beta_b, part, wi, nw, off)) return;
 #endif
     int slab = h ? BF16_SLAB_ROWS : rows_slab(R, K), ns = dA ? (R + slab - 1) / slab : 0;
     if (dA && !h && (ns < 2 || run_alone())) slab = R, ns = 1;   // as rows_real: one product of all rows each

@@ -224,17 +224,19 @@ void gdn_chunk_forward(Node *n) {
                                   g + gdn_off_h(&d, b, t0, h), d.ldk, d.ldv, d.H, S, db);
                 // O = diag(b) Q S0 + P Delta
                 real *oc = o + gdn_off_v(&d, b, t0, h);
-                tile_ctx_gemm(&ws.tc, false, false, L, d.dv, d.dk, 1, qc, d.ldk, S, d.dv, 0, oc, d.ldv, TILE_FULL(L, d.dk), NULL);
+                tile_ctx_gemm(&ws.tc, false, false, L, d.dv, d.dk, 1, qc, d.ldk, S, d.dv, 0, oc, d.ldv,
+                              TILE_FULL(L, d.dk), NULL);
                 for (int i = 0; i < L; i++) {
                     real bi = ws.bm[i];
                     for (int j = 0; j < d.dv; j++) oc[(int64_t)i * d.ldv + j] *= bi;
                 }
-                tile_ctx_gemm(&ws.tc, false, false, L, d.dv, L, 1, ws.P, L, ws.Dl, d.dv, 1, oc, d.ldv, -L, 0, NULL);   // P lower
+                // P lower
+                tile_ctx_gemm(&ws.tc, false, false, L, d.dv, L, 1, ws.P, L, ws.Dl, d.dv, 1, oc, d.ldv, -L, 0, NULL);
                 // S_C = b_{L-1} S0 + Kd^T Delta
                 real bl = ws.bl;
                 for (int64_t i = 0; i < SS; i++) S[i] *= bl;
-                tile_ctx_gemm(&ws.tc, true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv, TILE_FULL(d.dk, L),
-                          NULL);
+                tile_ctx_gemm(&ws.tc, true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv,
+                              TILE_FULL(d.dk, L), NULL);
             }
         }
 }

@@ -94,7 +94,8 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     // dDelta = Kd dS
     tile_ctx_gemm(&ws->tc, false, false, L, dv, dk, 1, ws->Kd, dk, dS, dv, 0, gr->dDl, dv, TILE_FULL(L, dk), NULL);
     real *dKd = gr->dKd;
-    tile_ctx_gemm(&ws->tc, false, true, L, dk, dv, 1, ws->Dl, dv, dS, dv, 0, dKd, dk, TILE_FULL(L, dv), pk);   // dKd = Delta dS^T
+    // dKd = Delta dS^T
+    tile_ctx_gemm(&ws->tc, false, true, L, dk, dv, 1, ws->Dl, dv, dS, dv, 0, dKd, dk, TILE_FULL(L, dv), pk);
     for (int j = 0; j < L; j++) {
         real e = ws->ek[j];
         const real *kj = k + (int64_t)j * ldk;
@@ -126,7 +127,8 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
         // dS0 += Q^T dY
         tile_ctx_gemm(&ws->tc, true, false, dk, dv, L, 1, q, ldk, Y, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
         real *dP = dA;
-        tile_ctx_gemm_lower(&ws->tc, L, dv, 1, dO, ldv, Dlt, L, 0, dP, L);   // dP = dO Delta^T, lower (the rest is zeroed below)
+        // dP = dO Delta^T, lower (the rest is zeroed below)
+        tile_ctx_gemm_lower(&ws->tc, L, dv, 1, dO, ldv, Dlt, L, 0, dP, L);
         // dDelta += P^T dO (P^T upper)
         tile_ctx_gemm(&ws->tc, true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
         // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j: row sums,
@@ -141,13 +143,16 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
             for (int j = i + 1; j < L; j++) dpi[j] = 0;
         }
         for (int j = 0; j < L; j++) dG[j] -= colZ[j];
-        if (dq) tile_ctx_gemm(&ws->tc, false, false, L, dk, L, 1, dP, L, k, ldk, 1, dq, ldk, -L, 0, NULL);   // dQ += dQK K (lower)
-        tile_ctx_gemm(&ws->tc, true, false, L, dk, L, 1, dP, L, q, ldk, 1, dK, dk, 0, L, NULL);               // dK += dQK^T Q
+        // dQ += dQK K (lower)
+        if (dq) tile_ctx_gemm(&ws->tc, false, false, L, dk, L, 1, dP, L, k, ldk, 1, dq, ldk, -L, 0, NULL);
+        // dK += dQK^T Q
+        tile_ctx_gemm(&ws->tc, true, false, L, dk, L, 1, dP, L, q, ldk, 1, dK, dk, 0, L, NULL);
     }
 
     // Delta = Tm R, R = Xu - Xw S0 (header): dR = Tm^T dDelta, dXw = -dR S0^T,
     // dS0 -= Xw^T dR, dA = -dR Delta^T (lower: only j < i is read; the rest is zeroed below).
-    tile_ctx_gemm(&ws->tc, true, false, L, dv, L, 1, ws->Tm, ws->ldt, gr->dDl, dv, 0, gr->dXu, dv, 0, L, NULL);   // Tm^T upper
+    // Tm^T upper
+    tile_ctx_gemm(&ws->tc, true, false, L, dv, L, 1, ws->Tm, ws->ldt, gr->dDl, dv, 0, gr->dXu, dv, 0, L, NULL);
     tile_ctx_gemm(&ws->tc, false, false, L, dk, dv, -1, gr->dXu, dv, S0t, dk, 0, gr->dXw, dk, TILE_FULL(L, dv), NULL);
     tile_ctx_gemm(&ws->tc, true, false, dk, dv, L, -1, ws->Xw, dk, gr->dXu, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
     tile_ctx_gemm_lower(&ws->tc, L, dv, -1, gr->dXu, dv, Dlt, L, 0, dA, L);
@@ -183,7 +188,7 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     }
     for (int j = 0; j < L; j++) dG[j] -= colZ[j];
     tile_ctx_gemm(&ws->tc, false, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk, -L, 0, NULL);   // dK += dKK K (lower)
-    tile_ctx_gemm(&ws->tc, true, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk, 0, L, NULL);     // dK += dKK^T K
+    tile_ctx_gemm(&ws->tc, true, false, L, dk, L, 1, dA, L, k, ldk, 1, dK, dk, 0, L, NULL);   // dK += dKK^T K
 
     if (dk_out)
         for (int i = 0; i < L; i++)

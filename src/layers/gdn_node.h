@@ -9,6 +9,7 @@
 #define GDN_NODE_H
 
 enum { GDN_IN_Q, GDN_IN_K, GDN_IN_V, GDN_IN_BETA, GDN_IN_G, GDN_IN_S0, GDN_N_IN };
-enum { GDN_ARG_B, GDN_ARG_T, GDN_ARG_H, GDN_ARG_DK, GDN_ARG_DV, GDN_ARG_C, GDN_ARG_BF16 };   // BF16: CPU chunk products in bf16
+// BF16: CPU chunk products in bf16
+enum { GDN_ARG_B, GDN_ARG_T, GDN_ARG_H, GDN_ARG_DK, GDN_ARG_DV, GDN_ARG_C, GDN_ARG_BF16 };
 
 #endif

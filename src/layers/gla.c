@@ -91,10 +91,11 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
             prefetch_rows(Q + (int64_t)L * ldk, ldk, L1, dk, 0);
             prefetch_rows(K + (int64_t)L * ldk, ldk, L1, dk, 0);
         }
-        tile_ctx_gemm(&w->tc, false, false, L, dv, L, 1, w->A, L, V, ldv, 0, O, ldv, -L, 0, NULL);   // A lower triangular
+        // A lower triangular
+        tile_ctx_gemm(&w->tc, false, false, L, dv, L, 1, w->A, L, V, ldv, 0, O, ldv, -L, 0, NULL);
         if (nonzero && (!db || db[0] < 0))   // (db[0] >= 0: a document begins at t0, no row reads S_in)
             tile_ctx_gemm_rows(&w->tc, false, false, L, dv, dk, 1, plain ? NULL : w->bm, Q, ldk, S, dv, 1, O, ldv,
-                           TILE_FULL(L, dk), NULL);
+                               TILE_FULL(L, dk), NULL);
         // S_out = exp(G_L) S_in + (diag(exp(G_L − G)) K̃)ᵀ V, over the last document only
         bool keep = nonzero && (!db || db[L - 1] < 0);   // S_in reaches S_out
         if (keep && G)

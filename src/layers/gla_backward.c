@@ -126,8 +126,8 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
         if (dS_nonzero) {   // the terms through S_out
             if (need_k || need_g) {
                 // dK̃ = diag(exp(G_L − G)) V dSᵀ
-                tile_ctx_gemm_rows(&w->tc, false, true, L, dk, dv, 1, ek, V, ldv, dS, dv, 0, w->dKs, dk, TILE_FULL(L, dv),
-                               w->pack);
+                tile_ctx_gemm_rows(&w->tc, false, true, L, dk, dv, 1, ek, V, ldv, dS, dv, 0, w->dKs, dk,
+                                   TILE_FULL(L, dv), w->pack);
                 dk_set = true;
                 if (need_g)
                     for (int i = j0; i < L - 1; i++) {   // i == L-1 cancels, as below
@@ -137,7 +137,8 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                     }
             }
             if (dV) {   // dV = diag(exp(G_L − G)) K̃ dS
-                tile_ctx_gemm_rows(&w->tc, false, false, L, dv, dk, 1, ek, K, ldkk, dS, dv, 0, dV, dv, TILE_FULL(L, dk), NULL);
+                tile_ctx_gemm_rows(&w->tc, false, false, L, dv, dk, 1, ek, K, ldkk, dS, dv, 0, dV, dv, TILE_FULL(L, dk),
+                                   NULL);
                 dv_set = true;
             }
             if (need_g && S_in && keep) dG[L - 1] += exp(gL) * dot(dS, S_in, (int)SZ);
@@ -182,8 +183,8 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                 }
                 if (S_in && (dq || need_g)) {   // o += exp(G) S_inᵀ q: Z = diag(exp(G)) dO S_inᵀ
                     real *Z = w->dQc;
-                    tile_ctx_gemm_rows(&w->tc, false, true, L, dk, dv, 1, bm, dO, ldv, S_in, dv, 0, Z, dk, TILE_FULL(L, dv),
-                                   w->pack);
+                    tile_ctx_gemm_rows(&w->tc, false, true, L, dk, dv, 1, bm, dO, ldv, S_in, dv, 0, Z, dk,
+                                       TILE_FULL(L, dv), w->pack);
                     dq_set = true;
                     if (need_g)
                         for (int i = 0; i < L; i++)
@@ -217,8 +218,8 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                     Xd = w->Xd;
                     ldx = dk;
                 }
-                tile_ctx_gemm(&w->tc, true, false, dk, dv, L, 1, Xd, ldx, dO, ldv, dS_nonzero ? 1 : 0, dS, dv, TILE_FULL(dk, L),
-                          NULL);
+                tile_ctx_gemm(&w->tc, true, false, dk, dv, L, 1, Xd, ldx, dO, ldv, dS_nonzero ? 1 : 0, dS, dv,
+                              TILE_FULL(dk, L), NULL);
                 dS_nonzero = true;
             }
         }

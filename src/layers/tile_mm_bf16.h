@@ -60,7 +60,8 @@ static inline void pack_pair_rows(bfpair *dst, int ldd, const float *src, int ld
             _mm512_storeu_si512((void *)(d + c / 2), pairs_along(_mm512_loadu_ps(s + c), _mm512_loadu_ps(s + c + 16)));
         for (; c < w; c += 32) {   // the last 1..31 floats, zeros after them
             int r = w - c;
-            __m512 x0 = _mm512_maskz_loadu_ps(mask16(r), s + c), x1 = _mm512_maskz_loadu_ps(mask16(r - 16 > 0 ? r - 16 : 0), s + c + 16);
+            __m512 x0 = _mm512_maskz_loadu_ps(mask16(r), s + c);
+            __m512 x1 = _mm512_maskz_loadu_ps(mask16(r > 16 ? r - 16 : 0), s + c + 16);
             _mm512_mask_storeu_epi32(d + c / 2, mask16((r + 1) / 2), pairs_along(x0, x1));
         }
         for (int p = (w + 1) / 2; p < ldd; p++) d[p] = 0;
@@ -286,8 +287,8 @@ static inline void tile_ctx_gemm(const TileCtx *tc, bool ta, bool tb, int M, int
 static inline void tile_ctx_gemm_lower(const TileCtx *tc, int M, int K, real alpha, const real *A, int lda,
                                        const real *B, int ldb, real beta, real *C, int ldc) {
 #ifdef AG_TILE_BF16
-    if (tc->bf16 &&
-        tile_gemm_rows_bf16(false, false, true, M, M, K, alpha, NULL, A, lda, B, ldb, beta, C, ldc, -M, K, tc->pa, tc->pb))
+    if (tc->bf16 && tile_gemm_rows_bf16(false, false, true, M, M, K, alpha, NULL, A, lda, B, ldb, beta, C, ldc, -M, K,
+                                        tc->pa, tc->pb))
         return;
 #else
     (void)tc;
