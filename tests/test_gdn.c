@@ -277,10 +277,10 @@ Test(gdn, bf16_chunk_products_follow_float32) {
             GdnInputs in = make_inputs(B, T, H, dk, dv, reg, true, 2000 + 10 * r + shape);
             real *f[8], *h[8], *h1[8];
             cr_assert(blas_select(GEMM_ONEDNN, PRECISION_FP32, err, sizeof err), "%s", err);
-            cr_assert(!gdn_tiles_bf16());
+            cr_assert(!tile_products_bf16());
             run_chunked(&in, chunk, doc_start, 2, f);
             cr_assert(blas_select(GEMM_ONEDNN, PRECISION_BF16, err, sizeof err), "%s", err);
-            cr_assert(gdn_tiles_bf16());
+            cr_assert(tile_products_bf16());
             run_chunked(&in, chunk, doc_start, 2, h);
             run_chunked(&in, chunk, doc_start, 1, h1);
             int64_t n[8] = {(int64_t)B * T * H * dv, in.s0->numel, in.q->numel, in.k->numel, in.v->numel,

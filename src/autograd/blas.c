@@ -325,16 +325,15 @@ static void multi_sum_partials(int K, const int *N, real *const *dB, const real 
 // to rounding). The partials are the same products as xty's, so dB_i keeps
 // gemm_sum_rows's bits; dA's rows are the same sums in slabs of SUM_ROWS
 // rows rather than BF16_SLAB_ROWS. Returns false (nothing done) otherwise.
-static bool multi_backward_bf16_blocks(int m, int R, int K, const real *A, const real *const *B, const int *N,
+// Bh: the weights B_i in bf16 (those with dC_i, when dA), as the caller
+// rounded them; nb blocks, wi, nw, off: the caller's weight gradients.
+static bool multi_backward_bf16_blocks(int m, int R, int K, const real *A, const void *const *Bh, const int *N,
                                        const real *const *dC, real *dA, real beta_a, real *const *dB,
-                                       const real *beta_b, real *part, const int *wi, int nw, const size_t *off) {
-    int nb = (R + SUM_ROWS - 1) / SUM_ROWS, with_dB = 0;
+                                       const real *beta_b, real *part, int nb, const int *wi, int nw,
+                                       const size_t *off) {
+    int with_dB = 0;
     for (int i = 0; i < m; i++) with_dB += dC[i] && dB[i];
     if (nw == 0 || with_dB != nw || nb < imax(1, omp_get_max_threads())) return false;
-    const bf16 *Bh[GEMM_MULTI_MAX] = {NULL};
-    if (dA)
-        for (int i = 0; i < m; i++)
-            if (dC[i]) Bh[i] = bf16_pack(BF16_SLOT_W + i, B[i], K, N[i], N[i]);
 #pragma omp parallel if (!run_alone() && nb > 1)
     {
 #pragma omp for schedule(static)
@@ -346,7 +345,8 @@ static bool multi_backward_bf16_blocks(int m, int R, int K, const real *A, const
                 if (!dC[i]) continue;
                 const bf16 *Gh = bf16_pack(2, dC[i] + (int64_t)r0 * N[i], n, N[i], N[i]);
                 if (dA) {
-                    onednn_gemm_bf16(false, true, n, K, N[i], Gh, N[i], Bh[i], N[i], beta, dA + (int64_t)r0 * K, K);
+                    onednn_gemm_bf16(false, true, n, K, N[i], Gh, N[i], (const bf16 *)Bh[i], N[i], beta,
+                                     dA + (int64_t)r0 * K, K);
                     beta = 1;
                 }
                 if (dB[i])
@@ -376,17 +376,16 @@ void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *
             used += gemm_sum_rows_scratch(K, N[i], R);
         }
     ASSERT(!nw || part, "gemm_multi_backward: the weight gradients need gemm_multi_scratch elements of part");
-#ifndef AG_DOUBLE
-    if (h && multi_backward_bf16_blocks(m, R, K, A, B, N, dC, dA, beta_a, dB, beta_b, part, wi, nw, off)) return;
-#endif
-    int slab = h ? BF16_SLAB_ROWS : rows_slab(R, K), ns = dA ? (R + slab - 1) / slab : 0;
-    if (dA && !h && (ns < 2 || run_alone())) slab = R, ns = 1;   // as rows_real: one product of all rows each
     const void *Bh[GEMM_MULTI_MAX] = {NULL};
 #ifndef AG_DOUBLE
     if (h && dA)
         for (int i = 0; i < m; i++)
             if (dC[i]) Bh[i] = bf16_pack(BF16_SLOT_W + i, B[i], K, N[i], N[i]);
+    if (h && multi_backward_bf16_blocks(m, R, K, A, Bh, N, dC, dA, beta_a, dB, beta_b, part, nb, wi, nw, off))
+        return;
 #endif
+    int slab = h ? BF16_SLAB_ROWS : rows_slab(R, K), ns = dA ? (R + slab - 1) / slab : 0;
+    if (dA && !h && (ns < 2 || run_alone())) slab = R, ns = 1;   // as rows_real: one product of all rows each
 #pragma omp parallel if (!run_alone() && ns + nb * nw > 1)
     {
         // dA by slabs of rows, each summing the m products in order.

@@ -21,7 +21,7 @@
 // Documents mask E, b and the rows reaching S_C (gdn_kernel.h): the decay
 // factors of gdn_chunk_prepare (E, bm, ek, bl) are the only ones used.
 //
-// Under [train] precision = bf16 (gdn_tiles_bf16, kept in the node) every
+// Under [train] precision = bf16 (tile_products_bf16, kept in the node) every
 // chunk product above and in the backward takes bf16 operands and sums in
 // float32 (tile_ctx_gemm, tile_mm_bf16.h), as flash-linear-attention's chunk
 // kernels do. Everything else stays float32: the state carried from chunk
@@ -38,8 +38,6 @@
 #include "docs.h"
 #include "gdn_kernel.h"
 #include "tile_mm.h"
-
-bool gdn_tiles_bf16(void) { return tile_products_bf16(); }
 
 GdnDims gdn_dims(const Node *n) {
     GdnDims d;
@@ -275,7 +273,7 @@ Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *
     n->iarg[GDN_ARG_DK] = dk;
     n->iarg[GDN_ARG_DV] = dv;
     n->iarg[GDN_ARG_C] = chunk;
-    n->iarg[GDN_ARG_BF16] = tp->device == DEVICE_CPU && gdn_tiles_bf16();
+    n->iarg[GDN_ARG_BF16] = tp->device == DEVICE_CPU && tile_products_bf16();
     n->aux = docs_first(tp, doc_start, B, T);
     if (n->recorded) {
         GdnDims d = gdn_dims(n);

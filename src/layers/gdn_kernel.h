@@ -124,12 +124,10 @@ typedef struct GdnChunk {
     real bl;         // m_{L-1} b_{L-1}: the factor of S0 in S_C
     int *db;         // (C) the chunk's documents (gdn_chunk_docs)
     real *pack;      // (m, m), m = max(C, dk, dv): K^T in gdn_chunk_prepare, then a transposed operand of tile_gemm
-    TileCtx tc;      // its products: bf16 (pairs (m, (m + 1) / 2) each) or float32; tc.bf16 set by the caller
+    // Its products: bf16 (pairs (m, (m + 1) / 2) each) or float32. tc.bf16 is set by the caller from the node
+    // (GDN_ARG_BF16: tile_products_bf16 when it was built); what stays float32: gdn_chunk.c's header.
+    TileCtx tc;
 } GdnChunk;
-
-// Whether op_gdn's chunk products run in bf16 now (tile_products_bf16),
-// kept in the node (GDN_ARG_BF16). What stays float32: gdn_chunk.c's header.
-bool gdn_tiles_bf16(void);
 
 // Workspace of one chunk: gdn_chunk_bytes of memory (64-byte aligned; the
 // size is a multiple of 64), bound to ws. The kernels take one slot per OpenMP thread from the tape's arena
