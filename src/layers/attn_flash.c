@@ -75,12 +75,7 @@ static AttnDims dims_of(const Node *n) {
 // sizes and tiles (the pairs of vdpbf16ps); otherwise, and where the build
 // has no AVX512_BF16 kernels, the products stay float32.
 bool attn_tiles_bf16(int dk, int dv, int tile_q, int tile_k) {
-#ifdef AG_TILE_BF16
-    return blas_precision == PRECISION_BF16 && dk % 2 == 0 && dv % 2 == 0 && tile_q % 2 == 0 && tile_k % 2 == 0;
-#else
-    (void)dk, (void)dv, (void)tile_q, (void)tile_k;
-    return false;
-#endif
+    return tile_products_bf16() && dk % 2 == 0 && dv % 2 == 0 && tile_q % 2 == 0 && tile_k % 2 == 0;
 }
 
 // The forward takes a query tile QB queries at a time, one query per vector
