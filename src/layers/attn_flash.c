@@ -87,8 +87,8 @@ bool attn_tiles_bf16(int dk, int dv, int tile_q, int tile_k) {
 // Forward scratch (reals per thread), each piece a whole number of vectors:
 // Qt (dk x bqp), Vp (bk x dvp), St (bk x QB), acc (bq x dvp), m, l (bqp each),
 // with bqp = bq rounded up to QB; with bf16 products also (in pairs, the
-// size of a real) Q^T (dk/2 x bqp), K_j (bk x dk/2), V_j (bk/2 x dvp) and
-// P^T (bk/2 x QB).
+// size of a real) Q^T (dk/2 x bqp), K_j (bk x dk/2), V_j (bk/2 x dvp), P^T
+// (bk/2 x QB) and Q's pairs of columns before their transpose (bq x dk/2).
 static int forward_bqp(const AttnDims *d) { return (d->bq + QB - 1) / QB * QB; }
 
 static size_t forward_scratch(const AttnDims *d) {
@@ -97,7 +97,7 @@ static size_t forward_scratch(const AttnDims *d) {
                2 * (size_t)bqp;
     if (d->bf16)
         n += (size_t)(d->dk / 2) * bqp + (size_t)round_vl(d->bk * (d->dk / 2)) + (size_t)(d->bk / 2) * d->dvp +
-             (size_t)(d->bk / 2) * QB;
+             (size_t)(d->bk / 2) * QB + (size_t)round_vl(d->bq * (d->dk / 2));
     return n;
 }
 
@@ -114,8 +114,8 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
 #ifdef AG_TILE_BF16
     int dkh = d->dk / 2;   // (bf16: dk, dv, bk even)
     bfpair *QtP = (bfpair *)(l + bqp), *Kb = QtP + (size_t)dkh * bqp;
-    bfpair *VR = Kb + round_vl(d->bk * dkh), *PP = VR + (size_t)(d->bk / 2) * dvp;
-    if (d->bf16) pack_pair_transposed(QtP, bqp, q + (int64_t)t0 * ldq, ldq, nq, d->dk);
+    bfpair *VR = Kb + round_vl(d->bk * dkh), *PP = VR + (size_t)(d->bk / 2) * dvp, *tmp = PP + (size_t)(d->bk / 2) * QB;
+    if (d->bf16) pack_pair_transposed(QtP, bqp, q + (int64_t)t0 * ldq, ldq, nq, d->dk, tmp);
     else
 #endif
         pack_transposed(Qt, bqp, q + (int64_t)t0 * ldq, ldq, nq, d->dk);
@@ -269,36 +269,38 @@ static void flash_forward(Node *n) {
 //   per query tile: Qp (bq x dkp), dOp (bq x dvp), P, dS (bq x bkp each), dQi (bq x dkp)
 //   per head:       D (T)
 // and with bf16 products (tile_mm_bf16.h; pairs, the size of a real), Th = T rounded up to even:
-//   per key tile:   KtP (dk/2 x bkp), VtP (dv/2 x bkp), KR (bk/2 x dkp)
+//   per key tile:   KtP (dk/2 x bkp), VtP (dv/2 x bkp), KR (bk/2 x dkp), and Tp (bk x max(dk, dv)/2),
+//                   the pairs of K_j's and V_j's rows before their transpose
 //   per query tile: PR, dSR (bq/2 x bkp each), dSb (bq x bkp/2)
 //   per head:       Qb (T x dk/2), dOb (T x dv/2), QR (Th/2 x dkp), dOR (Th/2 x dvp)
 typedef struct BwdScratch {
     real *Kt, *Vt, *Kp, *dKj, *dVj, *Qp, *dOp, *P, *dS, *dQi, *D;
-    bfpair *KtP, *VtP, *KR, *PR, *dSR, *dSb, *Qb, *dOb, *QR, *dOR;
+    bfpair *KtP, *VtP, *KR, *PR, *dSR, *dSb, *Qb, *dOb, *QR, *dOR, *Tp;
 } BwdScratch;
 
 // The reals the scratch takes; with w, also points w's pieces into base.
 static size_t backward_scratch(const AttnDims *d, real *base, BwdScratch *w) {
     size_t h = d->bf16, Th = (size_t)(d->T + 1) / 2;
-    size_t sizes[21] = {(size_t)d->dk * d->bkp, (size_t)d->dv * d->bkp, (size_t)d->bk * d->dkp,
+    size_t sizes[22] = {(size_t)d->dk * d->bkp, (size_t)d->dv * d->bkp, (size_t)d->bk * d->dkp,
                         (size_t)d->bk * d->dkp, (size_t)d->bk * d->dvp, (size_t)d->bq * d->dkp,
                         (size_t)d->bq * d->dvp, (size_t)d->bq * d->bkp, (size_t)d->bq * d->bkp,
                         (size_t)d->bq * d->dkp, (size_t)d->T,
                         h * (d->dk / 2) * d->bkp, h * (d->dv / 2) * d->bkp, h * (d->bk / 2) * d->dkp,
                         h * (d->bq / 2) * d->bkp, h * (d->bq / 2) * d->bkp, h * d->bq * (d->bkp / 2),
-                        h * d->T * (d->dk / 2), h * d->T * (d->dv / 2), h * Th * d->dkp, h * Th * d->dvp};
-    size_t off[22] = {0};
-    for (int i = 0; i < 21; i++) off[i + 1] = off[i] + (sizes[i] + VL - 1) / VL * VL;
+                        h * d->T * (d->dk / 2), h * d->T * (d->dv / 2), h * Th * d->dkp, h * Th * d->dvp,
+                        h * d->bk * (size_t)(imax(d->dk, d->dv) / 2)};
+    size_t off[23] = {0};
+    for (int i = 0; i < 22; i++) off[i + 1] = off[i] + (sizes[i] + VL - 1) / VL * VL;
     if (w) {
-        real *p[21];
-        for (int i = 0; i < 21; i++) p[i] = base + off[i];
+        real *p[22];
+        for (int i = 0; i < 22; i++) p[i] = base + off[i];
         *w = (BwdScratch){p[0],           p[1],           p[2],           p[3],           p[4],
                           p[5],           p[6],           p[7],           p[8],           p[9],
                           p[10],          (bfpair *)p[11], (bfpair *)p[12], (bfpair *)p[13], (bfpair *)p[14],
                           (bfpair *)p[15], (bfpair *)p[16], (bfpair *)p[17], (bfpair *)p[18], (bfpair *)p[19],
-                          (bfpair *)p[20]};
+                          (bfpair *)p[20], (bfpair *)p[21]};
     }
-    return off[21];
+    return off[22];
 }
 
 // All blocks of one (batch, head). Pointers are the head's base in batch b;
@@ -339,8 +341,8 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
         int nk = imin(bk, T - s0), nkv = round_vl(nk);
 #ifdef AG_TILE_BF16
         if (d->bf16) {   // K_j^T and V_j^T in pairs along the head, K_j in pairs of keys
-            pack_pair_transposed(w->KtP, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
-            if (need_ds) pack_pair_transposed(w->VtP, bkp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
+            pack_pair_transposed(w->KtP, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk, w->Tp);
+            if (need_ds) pack_pair_transposed(w->VtP, bkp, v + (int64_t)s0 * ldv, ldv, nk, d->dv, w->Tp);
             if (dq) pack_pair_cols(w->KR, dkp, k + (int64_t)s0 * ldq, ldq, 0, nk, d->dk);
         } else
 #endif

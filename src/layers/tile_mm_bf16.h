@@ -89,30 +89,12 @@ static inline void pack_pair_cols(bfpair *dst, int ldd, const float *src, int ld
 
 // Pairs along the columns, transposed: dst row p (stride ldd) = (src[i][2p],
 // src[i][2p + 1]) for the n rows i, zero from n to ldd; (w + 1) / 2 rows.
-// Element by element (the attention kernel's packs of Q^T, K^T, V^T, where
-// they are a small part of the work).
-static inline bfpair bfpair_of(uint32_t lo, uint32_t hi) { return bf16_bits(lo) | bf16_bits(hi) << 16; }
-
-static inline void pack_pair_transposed(bfpair *dst, int ldd, const float *src, int lds, int n, int w) {
-    for (int p = 0; p < (w + 1) / 2; p++) {
-        bfpair *d = dst + (int64_t)p * ldd;
-        const bf16_bits32 *s = (const bf16_bits32 *)(src + 2 * p);
-        if (2 * p + 1 < w) {
-#pragma omp simd
-            for (int i = 0; i < n; i++) d[i] = bfpair_of(s[(int64_t)i * lds], s[(int64_t)i * lds + 1]);
-        } else {   // (a loop of its own: never read past the w columns)
-#pragma omp simd
-            for (int i = 0; i < n; i++) d[i] = bf16_bits(s[(int64_t)i * lds]);
-        }
-        for (int i = n; i < ldd; i++) d[i] = 0;
-    }
-}
-
-// The same through tmp (n x (w + 1) / 2 pairs): the pairs of each row
+// Through tmp (n x (w + 1) / 2 pairs): the pairs of each row
 // (pack_pair_rows), then transposed as 32-bit words in register blocks
-// (pack_transposed), several times faster than the element loop; the chunk
-// kernels' products pack their transposed operands this way.
-static inline void pack_pair_transposed_via(bfpair *dst, int ldd, const float *src, int lds, int n, int w,
+// (pack_transposed), several times faster than an element loop. The
+// attention tiles (Q^T, K^T, V^T) and the chunk kernels' transposed operands
+// are packed this way.
+static inline void pack_pair_transposed(bfpair *dst, int ldd, const float *src, int lds, int n, int w,
                                             bfpair *tmp) {
     int wp = (w + 1) / 2;
     pack_pair_rows(tmp, wp, src, lds, n, w);
@@ -227,7 +209,7 @@ static inline bool tile_gemm_rows_bf16(bool ta, bool tb, bool lower, int M, int 
     if (N % 16 || ldc % 16 || (uintptr_t)C % 64) return false;
     if (M == 0 || N == 0) return true;
     int KP = (K + 1) / 2, plda, pak;
-    if (tb) pack_pair_transposed_via(pb, N, B, ldb, N, K, pa);   // op(B)(k, j) = B[j ldb + k]; pa as scratch
+    if (tb) pack_pair_transposed(pb, N, B, ldb, N, K, pa);   // op(B)(k, j) = B[j ldb + k]; pa as scratch
     else pack_pair_cols(pb, N, B, ldb, 0, K, N);
     if (ta) {   // op(A)(i, k) = A[k lda + i]: pairs across A's rows, pa[p M + i]
         pack_pair_cols(pa, M, A, lda, 0, K, M);
