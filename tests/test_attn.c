@@ -299,6 +299,63 @@ Test(attn_kernel, decode_kernel_equals_last_row) {
     qkv_free(&x);
 }
 
+// The decoding kernel over long caches: its keys are cut into parts of 256
+// (attn_flash.c), merged by their maxima and sums. Caches of 1 to 1100 keys
+// (one part, a part and one key, several parts), rows whose document starts
+// later (key0: fewer parts than the longest row), head sizes that are not
+// whole vectors, and scores large enough that each part's max differs:
+// against softmax attention in double over the same keys, and bit for bit
+// the same on 1 and 2 threads.
+Test(attn_kernel, decode_kernel_over_parts_equals_softmax_attention) {
+    int B = 3, H = 2, dk = 5, dv = 3, max_T = 1100;
+    int ldq = H * dk, ldv = H * dv;
+    real *q = test_randn((int64_t)B * ldq, 91), *kc = test_randn((int64_t)B * max_T * ldq, 92);
+    real *vc = test_randn((int64_t)B * max_T * ldv, 93);
+    real *got = xmalloc((size_t)B * ldv * sizeof(real)), *got2 = xmalloc((size_t)B * ldv * sizeof(real));
+    const int ns[] = {1, 7, 256, 257, 700, 1100}, k0[] = {0, 300, 699};
+    double scale = 2.0;   // scores of several units: the parts' maxima differ
+    for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+        int n = ns[t], key0[3];
+        for (int b = 0; b < B; b++) key0[b] = k0[b] < n ? k0[b] : n - 1;
+        int saved = omp_get_max_threads();
+        omp_set_num_threads(1);
+        attn_decode_forward(got, q, kc, vc, B, max_T, n, key0, H, dk, dv, scale);
+        omp_set_num_threads(2);
+        attn_decode_forward(got2, q, kc, vc, B, max_T, n, key0, H, dk, dv, scale);
+        omp_set_num_threads(saved);
+        cr_assert(memcmp(got, got2, (size_t)B * ldv * sizeof(real)) == 0, "n=%d: 1 and 2 threads differ", n);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++) {
+                const real *qh = q + (int64_t)b * ldq + h * dk;
+                double mx = -INFINITY, l = 0, want[3] = {0};
+                double *sc = xmalloc((size_t)n * sizeof(double));
+                for (int j = key0[b]; j < n; j++) {
+                    const real *kj = kc + ((int64_t)b * max_T + j) * ldq + h * dk;
+                    double d = 0;
+                    for (int c = 0; c < dk; c++) d += (double)qh[c] * kj[c];
+                    sc[j] = scale * d;
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int j = key0[b]; j < n; j++) {
+                    double w = exp(sc[j] - mx);
+                    l += w;
+                    for (int c = 0; c < dv; c++) want[c] += w * vc[((int64_t)b * max_T + j) * ldv + h * dv + c];
+                }
+                free(sc);
+                for (int c = 0; c < dv; c++) {
+                    double w = want[c] / l, e = fabs(got[b * ldv + h * dv + c] - w);
+                    cr_assert_leq(e, FORM_TOL * (1 + fabs(w)), "n=%d b=%d h=%d c=%d: %.9g, want %.9g", n, b, h, c,
+                                  (double)got[b * ldv + h * dv + c], w);
+                }
+            }
+    }
+    free(q);
+    free(kc);
+    free(vc);
+    free(got);
+    free(got2);
+}
+
 Test(attn_kernel, shape_errors_name_the_op) {
     Tape tp;
     tape_init(&tp);
