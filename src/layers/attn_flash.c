@@ -521,13 +521,14 @@ Tensor *op_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, dou
 // order and once: its scores, its max m_p, its sum l_p and its unnormalised
 // output o_p = sum_j exp(s_j - m_p) V_j. The parts are then merged in
 // order: m = max_p m_p, o = sum_p exp(m_p - m) o_p / sum_p exp(m_p - m) l_p.
-// Before (stop 34), one pass per head through gemm() left tiny_attn's
+// Before stop 34, one pass per head through gemm() left tiny_attn's
 // decoding at 16k keys at 96 tokens/s: a one-row product packed all of K
 // before its first sum, and each head's pass read the cache at a stride.
 #define DECODE_PART 256
 // Scores DECODE_KB keys at a time: transposed into Kt (dk x DECODE_KB), so
 // that each key's sum runs along a vector lane, not across one.
 #define DECODE_KB (4 * VL)
+_Static_assert(DECODE_PART % DECODE_KB == 0, "a part is whole blocks of keys (decode_part stores whole vectors)");
 // Rows of V asked for ahead of their use (prefetch_rows; addresses past the
 // cache are never read, a prefetch does not fault).
 #define DECODE_AHEAD 32
@@ -625,7 +626,10 @@ void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc,
                 int n = n_keys - (key0 ? key0[b] : 0), parts = (n + DECODE_PART - 1) / DECODE_PART;
                 size_t at = (size_t)b * np * H + h;   // part p of (b, h) at at + p H
                 real mx = pm[at];
-                for (int p = 1; p < parts; p++) mx = (pm[at + (size_t)p * H] > mx ? pm[at + (size_t)p * H] : mx);
+                for (int p = 1; p < parts; p++) {
+                    real mp = pm[at + (size_t)p * H];
+                    mx = mp > mx ? mp : mx;
+                }
                 double l = 0;
                 real *ob = o + (int64_t)b * ldv + h * dv;
                 for (int c = 0; c < dv; c++) ob[c] = 0;

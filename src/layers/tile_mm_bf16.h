@@ -95,7 +95,7 @@ static inline void pack_pair_cols(bfpair *dst, int ldd, const float *src, int ld
 // attention tiles (Q^T, K^T, V^T) and the chunk kernels' transposed operands
 // are packed this way.
 static inline void pack_pair_transposed(bfpair *dst, int ldd, const float *src, int lds, int n, int w,
-                                            bfpair *tmp) {
+                                        bfpair *tmp) {
     int wp = (w + 1) / 2;
     pack_pair_rows(tmp, wp, src, lds, n, w);
     pack_transposed((float *)dst, ldd, (const float *)tmp, wp, n, wp);
