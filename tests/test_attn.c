@@ -305,9 +305,11 @@ Test(attn_kernel, decode_kernel_equals_last_row) {
 // later (key0: fewer parts than the longest row), head sizes that are not
 // whole vectors, and scores large enough that each part's max differs:
 // against softmax attention in double over the same keys, and bit for bit
-// the same on 1 and 2 threads.
+// the same on 1 and 2 threads, and with attn_decode_set_threads (generate).
 Test(attn_kernel, decode_kernel_over_parts_equals_softmax_attention) {
-    int B = 3, H = 2, dk = 5, dv = 3, max_T = 1100;
+    int B = 3, H = 8, dk = 5, dv = 3, max_T = 1100;
+    // The longest caches are long enough for attn_decode_set_threads to take effect.
+    cr_assert_geq((int64_t)(1100 + 800 + 401) * H, ATTN_DECODE_PAR_KEYS);
     int ldq = H * dk, ldv = H * dv;
     real *q = test_randn((int64_t)B * ldq, 91), *kc = test_randn((int64_t)B * max_T * ldq, 92);
     real *vc = test_randn((int64_t)B * max_T * ldv, 93);
@@ -322,8 +324,14 @@ Test(attn_kernel, decode_kernel_over_parts_equals_softmax_attention) {
         attn_decode_forward(got, q, kc, vc, B, max_T, n, key0, H, dk, dv, scale);
         omp_set_num_threads(2);
         attn_decode_forward(got2, q, kc, vc, B, max_T, n, key0, H, dk, dv, scale);
-        omp_set_num_threads(saved);
         cr_assert(memcmp(got, got2, (size_t)B * ldv * sizeof(real)) == 0, "n=%d: 1 and 2 threads differ", n);
+        omp_set_num_threads(1);   // generate's small models: one thread, attention's long caches on two
+        attn_decode_set_threads(2);
+        attn_decode_forward(got2, q, kc, vc, B, max_T, n, key0, H, dk, dv, scale);
+        attn_decode_set_threads(0);
+        omp_set_num_threads(saved);
+        cr_assert(memcmp(got, got2, (size_t)B * ldv * sizeof(real)) == 0, "n=%d: attn_decode_set_threads(2) differs",
+                  n);
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++) {
                 const real *qh = q + (int64_t)b * ldq + h * dk;

@@ -11,9 +11,11 @@
 // that the token-by-token logits equal it at every position.
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_kernel.h"
 #include "blas.h"
 #include "checkpoint.h"
 #include "fileio.h"
@@ -37,7 +39,8 @@ static void usage(FILE *f) {
             "  --top-k K            sample among the K most likely tokens; 0 = all (default 40)\n"
             "  --seed S             sampling seed, 0..2^64-1 (default 1)\n"
             "  --threads N          threads for decoding, 1..%d (default: 1 below 10M parameters, where one\n"
-            "                       token's work is too small to share, else all cores)\n"
+            "                       token's work is too small to share, except attention over a long\n"
+            "                       cache, which takes all cores; else all cores)\n"
             "  --device D           cpu (default) or cuda: decode on the GPU (a build with -DAG_CUDA=ON)\n"
             "  --no-echo            print only the sampled text, not the prompt\n"
             "  --check              verify token-by-token logits against the parallel forward (at most %d\n"
@@ -225,7 +228,14 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     // waking a second thread per op costs more than it saves (measured: 880
     // tokens/s on 1 thread vs 450 on 2 for tiny_gdn).
     long long req = a->threads > 0 ? a->threads : params_count(ps, false) < 10000000 ? 1 : 0;
+    int all = omp_get_max_threads();   // before model_set_threads: OMP_NUM_THREADS, or every core
     int threads = model_set_threads((int)req);
+    // Attention over a long cache is work enough for every core even where
+    // the rest of a token is not (attn_kernel.h): given them unless --threads.
+    bool attention = false;   // an attn or attn_dsa layer: a cache that grows with the context
+    for (int l = 0; l < lm->cfg.n_layers; l++) attention |= !strncmp(lm->cfg.layers[l], "attn", 4);
+    int attn_threads = attention && a->threads <= 0 && threads < all ? all : threads;
+    if (attn_threads > threads) attn_decode_set_threads(attn_threads);
     blas_select_from_env();   // float32 products on ATTNLAB_GEMM's backend (default auto)
     int V = lm->cfg.vocab_size;
     // The prompt's tokens. An empty prompt conditions on a document start: the
@@ -279,10 +289,14 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     fflush(stdout);
     double gen_s = t_gen > 0 ? t_end - t_gen : 0;
     double tps = gen_s > 0 ? (double)(total - n_in) / gen_s : 0.0;
+    char attn_note[64] = "";
+    if (attn_threads > threads) snprintf(attn_note, sizeof attn_note, "; attention over long caches on %d", attn_threads);
     if (a->device == DEVICE_CPU)
-        fprintf(stderr, "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (%d thread%s, GEMM %s)\n",
+        fprintf(stderr,
+                "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (%d thread%s%s, GEMM "
+                "%s)\n",
                 (long long)n_in, a->max_tokens, t_end - t0, tps, threads, threads == 1 ? "" : "s",
-                blas_backend_name(blas_backend));
+                attn_note, blas_backend_name(blas_backend));
     else
         fprintf(stderr, "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (GPU %s)\n",
                 (long long)n_in, a->max_tokens, t_end - t0, tps, device_describe(a->device));

@@ -593,6 +593,10 @@ static void decode_part(DecodePart r, const real *q, const real *K, const real *
         }
 }
 
+static int decode_threads;   // attn_decode_set_threads (attn_kernel.h); 0: the team's size
+
+void attn_decode_set_threads(int threads) { decode_threads = threads > 0 ? threads : 0; }
+
 void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
                          int n_keys, const int *key0, int H, int dk, int dv, double scale) {
     ASSERT(n_keys >= 1 && n_keys <= max_T, "attn_decode_forward: %d keys in a cache of %d", n_keys, max_T);
@@ -603,7 +607,11 @@ void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc,
     size_t nr = (size_t)B * np * H;                                                  // (b, part, head) results
     real *pm = xmalloc(nr * sizeof(real)), *po = xmalloc(nr * dv * sizeof(real));
     double *pl = xmalloc(nr * sizeof(double));
-#pragma omp parallel
+    int64_t work = 0;   // keys x heads over the rows
+    for (int b = 0; b < B; b++) work += (int64_t)(n_keys - (key0 ? key0[b] : 0)) * H;
+    int team = omp_get_max_threads();
+    if (decode_threads > team && work >= ATTN_DECODE_PAR_KEYS) team = decode_threads;
+#pragma omp parallel num_threads(team)
     {
         real *s = xaligned((size_t)H * DECODE_PART * sizeof(real));   // (H, DECODE_PART) scores, then weights
         real *Kt = xaligned((size_t)dk * DECODE_KB * sizeof(real));   // (dk, DECODE_KB)

@@ -53,4 +53,13 @@ Tensor *op_attention_naive_masked(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int
 void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
                          int n_keys, const int *key0, int H, int dk, int dv, double scale);
 
+// Threads attn_decode_forward may take for a long cache (at least
+// ATTN_DECODE_PAR_KEYS keys x heads) when the rest of decoding runs on fewer:
+// generate runs a small model on one thread, whose products of one row a
+// second thread only slows, while attention over a 16k cache is work enough
+// to share. 0 (the default): the team's size, omp_get_max_threads().
+// Results do not depend on it (the kernel's parts are fixed).
+#define ATTN_DECODE_PAR_KEYS 16384
+void attn_decode_set_threads(int threads);
+
 #endif
