@@ -547,8 +547,10 @@ static void decode_part(DecodePart r, const real *q, const real *K, const real *
     int ldk = H * dk, ldv = H * dv;
     for (int j0 = 0; j0 < n; j0 += DECODE_KB) {
         int nk = imin(DECODE_KB, n - j0);
-        prefetch_rows(K + (int64_t)(j0 + DECODE_KB) * ldk, ldk, DECODE_KB, ldk, 0);   // the next block's rows
         for (int h = 0; h < H; h++) {
+            // The next block's rows, a share per head, not all in one burst.
+            int p0 = h * DECODE_KB / H, p1 = (h + 1) * DECODE_KB / H;
+            prefetch_rows(K + (int64_t)(j0 + DECODE_KB + p0) * ldk, ldk, p1 - p0, ldk, 0);
             pack_transposed(Kt, DECODE_KB, K + (int64_t)j0 * ldk + h * dk, ldk, nk, dk);
             const real *qh = q + h * dk;
             vreal acc[4] = {{0}};
