@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -15,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "attn_kernel.h"
 #include "checkpoint.h"
 #include "model_setup.h"
 #include "device.h"
@@ -142,6 +144,49 @@ Test(programs, generate_starts_fresh_after_end_of_text, .timeout = 180) {
                         &out, &err);
     cr_assert_eq(code, 0, "%s", err);
     cr_assert(strstr(err, "OK"), "%s", err);
+    free(out), free(err);
+}
+
+// A prompt long enough (over 8192 tokens of 2 heads: past attn_kernel.h's
+// 16384 keys x heads) that generate gives attention every core while the rest of
+// the small model decodes on one thread; --check compares every position's
+// logits with the parallel forward, and the status line names the rule.
+Test(programs, generate_long_prompt_shares_attention_and_checks, .timeout = 300) {
+    const char *ckpt = trained_checkpoint("gen_long", "attn");
+    char dir[1500], pf[1600];
+    snprintf(dir, sizeof dir, "%s", test_dir_of(ckpt));
+    snprintf(pf, sizeof pf, "%s/long_prompt.txt", dir);
+    // Bytes from a fixed generator: nothing for the test config's tokenizer
+    // to merge, so about a token a byte (checked below).
+    char *text = xmalloc(8801);
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 8800; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        text[i] = "abcdefghijklmnopqrstuvwxyz ,.;"[x % 30];
+    }
+    text[8800] = 0;
+    test_write_file(pf, text);
+    free(text);
+    char *out, *err;
+    int code = run_program("generate", dir,
+                           (char *[]){"--checkpoint", (char *)ckpt, "--prompt-file", pf, "--max-tokens", "4", "--check",
+                                      "--no-echo", NULL},
+                           240, &out, &err);
+    cr_assert_eq(code, 0, "%s", err);
+    cr_assert(strstr(err, "OK"), "%s", err);
+    long long n_prompt = 0;
+    cr_assert(sscanf(err, "generate: %lld prompt", &n_prompt) == 1 && n_prompt * 2 >= ATTN_DECODE_PAR_KEYS, "%s",
+              err);
+    if (omp_get_num_procs() > 1 && !getenv("OMP_NUM_THREADS"))
+        cr_assert(strstr(err, "(1 thread; attention over long caches on "), "%s", err);
+    free(out), free(err);
+    // --threads keeps every part on the threads it names.
+    code = run_program("generate", dir,
+                       (char *[]){"--checkpoint", (char *)ckpt, "--prompt-file", pf, "--max-tokens", "4", "--threads",
+                                  "1", "--no-echo", NULL},
+                       240, &out, &err);
+    cr_assert_eq(code, 0, "%s", err);
+    cr_assert(strstr(err, "(1 thread, GEMM"), "%s", err);
     free(out), free(err);
 }
 
