@@ -290,7 +290,8 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     double gen_s = t_gen > 0 ? t_end - t_gen : 0;
     double tps = gen_s > 0 ? (double)(total - n_in) / gen_s : 0.0;
     char attn_note[64] = "";
-    if (attn_threads > threads) snprintf(attn_note, sizeof attn_note, "; attention over long caches on %d", attn_threads);
+    if (attn_threads > threads)
+        snprintf(attn_note, sizeof attn_note, "; attention over long caches on %d", attn_threads);
     if (a->device == DEVICE_CPU)
         fprintf(stderr,
                 "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (%d thread%s%s, GEMM "
