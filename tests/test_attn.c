@@ -364,6 +364,63 @@ Test(attn_kernel, decode_kernel_over_parts_equals_softmax_attention) {
     free(got2);
 }
 
+// The prefill kernel (attn_prefix_forward): windows of queries whose keys
+// are cached with the window's own. Windows of several query and key tiles
+// (64), windows after cached keys and rows whose document starts later
+// (key0), one-query windows, head sizes that are not whole vectors: each
+// query against softmax attention in double over its row's keys key0 .. its
+// own slot, and bit for bit the same on 1 and 2 threads.
+Test(attn_kernel, prefix_kernel_equals_softmax_attention) {
+    int B = 3, H = 3, dk = 5, dv = 3, max_T = 330;
+    int ldq = H * dk, ldv = H * dv;
+    real *kc = test_randn((int64_t)B * max_T * ldq, 94), *vc = test_randn((int64_t)B * max_T * ldv, 95);
+    real *qall = test_randn((int64_t)B * max_T * ldq, 96);
+    const int wins[][2] = {{0, 150}, {37, 100}, {130, 1}, {200, 130}};   // {pos, T0}
+    Tape tp;
+    tape_init(&tp);
+    double scale = 1.5;
+    for (size_t w = 0; w < sizeof wins / sizeof wins[0]; w++) {
+        int pos = wins[w][0], T0 = wins[w][1], key0[3] = {0, pos < 20 ? pos : 20, pos < 150 ? pos : 150};
+        size_t bytes = (size_t)B * T0 * ldv * sizeof(real);
+        real *q = qall, *got = xmalloc(bytes), *got2 = xmalloc(bytes);
+        int saved = omp_get_max_threads();
+        omp_set_num_threads(1);
+        attn_prefix_forward(&tp, got, q, kc, vc, B, max_T, pos, T0, key0, H, dk, dv, scale);
+        omp_set_num_threads(2);
+        attn_prefix_forward(&tp, got2, q, kc, vc, B, max_T, pos, T0, key0, H, dk, dv, scale);
+        omp_set_num_threads(saved);
+        cr_assert(memcmp(got, got2, bytes) == 0, "pos %d: 1 and 2 threads differ", pos);
+        double *sc = xmalloc((size_t)max_T * sizeof(double));
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < T0; i++)
+                for (int h = 0; h < H; h++) {
+                    const real *qh = q + ((int64_t)b * T0 + i) * ldq + h * dk;
+                    double mx = -INFINITY, l = 0, want[3] = {0};
+                    for (int j = key0[b]; j <= pos + i; j++) {
+                        const real *kj = kc + ((int64_t)b * max_T + j) * ldq + h * dk;
+                        double d = 0;
+                        for (int c = 0; c < dk; c++) d += (double)qh[c] * kj[c];
+                        sc[j] = scale * d;
+                        mx = fmax(mx, sc[j]);
+                    }
+                    for (int j = key0[b]; j <= pos + i; j++) {
+                        double e = exp(sc[j] - mx);
+                        l += e;
+                        for (int c = 0; c < dv; c++) want[c] += e * vc[((int64_t)b * max_T + j) * ldv + h * dv + c];
+                    }
+                    for (int c = 0; c < dv; c++) {
+                        double x = want[c] / l, g = got[((int64_t)b * T0 + i) * ldv + h * dv + c];
+                        cr_assert_leq(fabs(g - x), FORM_TOL * (1 + fabs(x)),
+                                      "pos %d b=%d i=%d h=%d c=%d: %.9g, want %.9g", pos, b, i, h, c, g, x);
+                    }
+                }
+        free(sc), free(got), free(got2);
+        tape_reset(&tp);
+    }
+    tape_free(&tp);
+    free(kc), free(vc), free(qall);
+}
+
 Test(attn_kernel, shape_errors_name_the_op) {
     Tape tp;
     tape_init(&tp);

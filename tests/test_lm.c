@@ -101,6 +101,105 @@ Test(lm, decode_equals_parallel_every_mixer) {
     check_decode("gdn,attn,mamba,linear");
 }
 
+// Prefill (lm_prefill): windows of a prompt decoded in one parallel forward
+// each, with steps between them, give the logits token-by-token decoding
+// gives at the windows' last positions and at every step after them, and
+// leave the caches as the steps would. With `docs` every window but the
+// first begins a document in both rows (lm_cache_reset_row); without, the
+// windows continue the rows (attention over the cached keys, recurrent
+// states carried). Windows of 5 and 4 positions exceed attn_dsa's topk (3):
+// its sparse path; one of 2 does not: its dense one. `window` is the
+// cache's prefill_window (the LM's own windows; 0: the default); `stepped`:
+// the kinds' prefill removed, so the LM steps the attention layers' windows
+// (as it would a kind without one).
+static void check_prefill(const char *layers, bool docs, bool distill, int window, bool stepped) {
+    LMConfig cfg = test_tiny_lm_config(layers);
+    ParamStore ps;
+    params_init(&ps);
+    LM lm;
+    lm_create(&lm, &cfg, &ps);
+    params_finalize(&ps, 7);
+    if (distill) lm_set_dsa_mode(&lm, DSA_DISTILL);
+    MixerKind plain[LM_MAX_LAYERS];
+    for (int l = 0; stepped && l < cfg.n_layers; l++) {
+        plain[l] = *lm.blocks[l].mixer->kind;
+        plain[l].prefill = NULL;
+        lm.blocks[l].mixer->kind = &plain[l];
+    }
+    enum { B = 2, T = 16 };
+    const int win[][2] = {{0, 5}, {7, 4}, {12, 2}};   // {first position, length}; steps fill the rest
+    int V = cfg.vocab_size, tokens[B * T], flags[B * T];
+    memset(flags, 0, sizeof flags);
+    for (int i = 0; i < B * T; i++) tokens[i] = (i * 5 + 3 + i / T) % V;
+    for (int w = 1; docs && w < 3; w++) flags[0 * T + win[w][0]] = flags[1 * T + win[w][0]] = 1;
+    Device d = device_default();
+    if (d != DEVICE_CPU) params_to_device(&ps, d);
+    real *par = NULL, *ref = test_lm_decode_logits_docs(&lm, d, tokens, docs ? flags : NULL, B, T, &par);
+    Tape tp;
+    tape_init_on(&tp, d);
+    tape_no_grad_push(&tp);
+    LMCache *c = lm_cache_new_on(&lm, B, T, d);
+    if (window) c->prefill_window = window;
+    real *got = xmalloc((size_t)B * V * sizeof(real));
+    int tok[B * T];
+    double worst = 0, worst_par = 0;
+    int worst_t = -1, checked = 0;
+    for (int t = 0, w = 0; t < T;) {
+        Tensor *lg;
+        int n = 1;
+        if (w < 3 && t == win[w][0]) {   // a window: rows' tokens t .. t+n-1, row by row
+            n = win[w++][1];
+            for (int b = 0; b < B; b++) {
+                if (flags[b * T + t]) lm_cache_reset_row(&lm, c, b);
+                memcpy(tok + b * n, tokens + b * T + t, (size_t)n * sizeof(int));
+            }
+            lg = lm_prefill(&tp, &lm, c, tok, n);
+        } else {
+            for (int b = 0; b < B; b++) tok[b] = tokens[b * T + t];
+            lg = lm_step(&tp, &lm, c, tok);
+        }
+        cr_assert(lg->ndim == 3 && lg->shape[0] == B && lg->shape[1] == 1 && lg->shape[2] == V, "%s", SHAPE(lg));
+        cr_assert_eq(c->pos, t + n, "%s: the cache is at %d after position %d", layers, c->pos, t + n - 1);
+        t += n;   // the logits are position t-1's
+        dev_to_host(got, lg->data, (size_t)B * V * sizeof(real), d);
+        for (int b = 0; b < B; b++) {
+            double e = max_rel_diff(got + b * V, ref + ((size_t)(t - 1) * B + b) * V, V);
+            double ep = max_rel_diff(got + b * V, par + ((size_t)b * T + t - 1) * V, V);
+            if (e > worst) worst = e, worst_t = t - 1;
+            worst_par = fmax(worst_par, ep);
+        }
+        checked++;
+        tape_reset(&tp);
+    }
+#ifdef AG_DOUBLE
+    double tol = 1e-9;   // MODEL.md, Decoding
+#else
+    double tol = 1e-4;
+#endif
+    cr_assert_eq(checked, 3 + 2 + 1 + 2, "%s: %d calls", layers, checked);
+    cr_assert_leq(worst, tol, "%s%s%s, window %d%s: prefill + steps vs token by token differ by %.3e at position %d",
+                  layers, docs ? " (documents)" : "", distill ? " (distill)" : "", window,
+                  stepped ? " (stepped)" : "", worst, worst_t);
+    cr_assert_leq(worst_par, tol, "%s: prefill + steps vs the parallel forward differ by %.3e", layers, worst_par);
+    free(got), free(ref), free(par);
+    lm_cache_free(&lm, c);
+    tape_no_grad_pop(&tp);
+    tape_free(&tp);
+    lm_destroy(&lm);
+    params_free(&ps);
+}
+
+Test(lm, prefill_then_steps_equal_token_by_token_every_mixer) {
+    const char *kinds[] = {"attn", "linear", "mamba", "gdn", "attn_dsa", "gdn,attn,mamba,linear,attn_dsa"};
+    for (int i = 0; i < 6; i++)
+        for (int docs = 0; docs < 2; docs++) check_prefill(kinds[i], docs, false, 0, false);
+    for (int docs = 0; docs < 2; docs++) check_prefill("attn_dsa,gdn", docs, true, 0, false);   // dense, as stepped
+    // The LM's own windows of 3 (5 = 3 + 2, 4 = 3 + 1), and attention stepped.
+    check_prefill("gdn,attn,mamba,linear,attn_dsa", false, false, 3, false);
+    check_prefill("gdn,attn,attn_dsa", true, false, 3, true);
+    check_prefill("attn,attn_dsa", false, true, 0, true);
+}
+
 Test(lm, parse_layers_rejects_unknown_mixer) {
     LMConfig c;
     memset(&c, 0, sizeof c);

@@ -107,11 +107,46 @@ int *kvcache_positions(Tape *tp, const KVCache *kc, int T0) {
 }
 
 void kvcache_put(KVCache *kc, const Tensor *k, const Tensor *v) {
-    ASSERT(kc->pos < kc->max_T, "attn step: the KV cache is full (%d positions)", kc->max_T);
+    int T0 = k->shape[1];
+    ASSERT(kc->pos + T0 <= kc->max_T, "attn: the KV cache holds %d positions, %d are taken and %d more asked",
+           kc->max_T, kc->pos, T0);
     size_t wk = (size_t)k->shape[2] * sizeof(real), wv = (size_t)v->shape[2] * sizeof(real);
-    // Row b's new key and value to slot pos of row b.
-    dev_copy2d(kc->dev, (char *)kc->k + (size_t)kc->pos * wk, (size_t)kc->max_T * wk, k->data, wk, wk, (size_t)kc->B);
-    dev_copy2d(kc->dev, (char *)kc->v + (size_t)kc->pos * wv, (size_t)kc->max_T * wv, v->data, wv, wv, (size_t)kc->B);
+    // Row b's T0 new keys and values to slots pos .. pos+T0-1 of row b.
+    dev_copy2d(kc->dev, (char *)kc->k + (size_t)kc->pos * wk, (size_t)kc->max_T * wk, k->data, T0 * wk, T0 * wk,
+               (size_t)kc->B);
+    dev_copy2d(kc->dev, (char *)kc->v + (size_t)kc->pos * wv, (size_t)kc->max_T * wv, v->data, T0 * wv, T0 * wv,
+               (size_t)kc->B);
+}
+
+bool kvcache_fresh(const KVCache *kc) {
+    for (int b = 0; b < kc->B; b++)
+        if (kc->start[b] != kc->pos) return false;
+    return true;
+}
+
+Tensor *attn_layer_prefill(Tape *tp, const AttnLayer *L, const MixerConfig *c, KVCache *kc, Tensor *u) {
+    int B = kc->B, T0 = u->shape[1], H = c->n_heads;
+    ASSERT(u->ndim == 3 && u->shape[0] == B && u->shape[2] == c->d_model && kc->pos + T0 <= kc->max_T,
+           "attn prefill: u %s must be (%d, T0, %d) with T0 <= %d free positions", SHAPE(u), B, c->d_model,
+           kc->max_T - kc->pos);
+    ASSERT(!tape_grad_enabled(tp), "attn prefill: runs in no-grad mode (tape_no_grad_push first)");
+    ASSERT(kc->dev == tp->device, "attn prefill: a %s cache on a %s tape", device_name(kc->dev),
+           device_name(tp->device));
+    bool cpu = tp->device == DEVICE_CPU;
+    if (!cpu && !kvcache_fresh(kc)) return NULL;   // the GPU has no kernel for a window after cached keys
+    Tensor *q, *k, *v;   // rotated at the positions the steps would rotate them
+    attn_layer_qkv(tp, L, c, u, kc->pos, kvcache_positions(tp, kc, T0), &q, &k, &v);
+    kvcache_put(kc, k, v);
+    double scale = 1.0 / sqrt(c->d_k);
+    Tensor *o;
+    if (cpu) {   // the window's queries over the cache, its own keys included
+        o = tape_tensorv(tp, 3, B, T0, H * c->d_v);
+        attn_prefix_forward(tp, o->data, q->data, kc->k, kc->v, B, kc->max_T, kc->pos, T0, kc->start, H, c->d_k,
+                            c->d_v, scale);
+    } else {
+        o = op_attention(tp, q, k, v, H, scale, NULL);
+    }
+    return op_matmul(tp, o, L->wo, false, false);
 }
 
 // ---- the `attn` kind ----
@@ -174,6 +209,13 @@ static Tensor *attn_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
 
 static void attn_cache_reset(const Mixer *m, void *cache, int b) { kvcache_reset(cache, b); }
 
+static Tensor *attn_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
+    KVCache *kc = cache;
+    Tensor *y = attn_layer_prefill(tp, m->impl, &m->cfg, kc, u);
+    if (y) kc->pos += u->shape[1];
+    return y;
+}
+
 const MixerKind MIXER_ATTN = {
     .name = "attn",
     .recurrent = false,
@@ -183,6 +225,7 @@ const MixerKind MIXER_ATTN = {
     .cache_free = attn_cache_free,
     .step = attn_step,
     .cache_reset = attn_cache_reset,
+    .prefill = attn_prefill,
     .destroy = attn_destroy,
     .check = attn_layer_check,
 };

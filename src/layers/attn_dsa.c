@@ -345,15 +345,19 @@ void attn_dsa_indexer_params(const Mixer *m, Tensor *out[3]) {
     out[2] = L->ww_idx;
 }
 
-// Copy rows of src (B, T0, d) into a cache (B, max_T, d) at positions pos..., on dev.
-static void cache_rows(Device dev, real *dst, const real *src, int B, int max_T, int pos, int T0, int d) {
-    if (dev != DEVICE_CPU) {
-        size_t w = (size_t)T0 * d * sizeof(real);
-        dev_copy2d(dev, dst + (int64_t)pos * d, (size_t)max_T * d * sizeof(real), src, w, w, (size_t)B);
-        return;
-    }
-    for (int b = 0; b < B; b++)
-        memcpy(dst + ((int64_t)b * max_T + pos) * d, src + (int64_t)b * T0 * d, (size_t)T0 * d * sizeof(real));
+// The indexer keys of u (B, T0, D) into the cache's slots pos... (as the
+// steps would rotate them), then the cache advanced by T0; k and v are in already.
+static void put_index_keys(Tape *tp, const Mixer *m, DsaCache *dc, Tensor *u) {
+    const MixerConfig *c = &m->cfg;
+    const DsaLayer *L = m->impl;
+    KVCache *kv = &dc->kv;
+    int T0 = u->shape[1];
+    const int *rp = kvcache_positions(tp, kv, T0);
+    Tensor *kI = rope_at(tp, op_matmul(tp, u, L->wk_idx, false, false), c->index_dim, kv->pos, rp, c->rope_base);
+    size_t w = (size_t)c->index_dim * sizeof(real);
+    dev_copy2d(kv->dev, (char *)dc->kI + (size_t)kv->pos * w, (size_t)kv->max_T * w, kI->data, T0 * w, T0 * w,
+               (size_t)kv->B);
+    kv->pos += T0;
 }
 
 void attn_cache_prefill(Tape *tp, const Mixer *m, void *cache, Tensor *u) {
@@ -366,22 +370,47 @@ void attn_cache_prefill(Tape *tp, const Mixer *m, void *cache, Tensor *u) {
     ASSERT(u->ndim == 3 && u->shape[0] == kv->B && u->shape[2] == c->d_model && kv->pos + T0 <= kv->max_T,
            "attn_cache_prefill: u %s must be (%d, T0, %d) with T0 <= %d free positions", SHAPE(u), kv->B,
            c->d_model, kv->max_T - kv->pos);
+    ASSERT(kv->dev == tp->device, "attn_cache_prefill: a %s cache on a %s tape", device_name(kv->dev),
+           device_name(tp->device));
     tape_no_grad_push(tp);
     Tensor *q, *k, *v;
     const AttnLayer *A = dsa ? &((const DsaLayer *)m->impl)->attn : m->impl;
-    const int *rp = kvcache_positions(tp, kv, T0);
-    attn_layer_qkv(tp, A, c, u, kv->pos, rp, &q, &k, &v);
-    ASSERT(kv->dev == tp->device, "attn_cache_prefill: a %s cache on a %s tape", device_name(kv->dev),
-           device_name(tp->device));
-    cache_rows(kv->dev, kv->k, k->data, kv->B, kv->max_T, kv->pos, T0, c->n_heads * c->d_k);
-    cache_rows(kv->dev, kv->v, v->data, kv->B, kv->max_T, kv->pos, T0, c->n_heads * c->d_v);
-    if (dsa) {
-        const DsaLayer *L = m->impl;
-        Tensor *kI = rope_at(tp, op_matmul(tp, u, L->wk_idx, false, false), c->index_dim, kv->pos, rp, c->rope_base);
-        cache_rows(kv->dev, ((DsaCache *)cache)->kI, kI->data, kv->B, kv->max_T, kv->pos, T0, c->index_dim);
-    }
+    attn_layer_qkv(tp, A, c, u, kv->pos, kvcache_positions(tp, kv, T0), &q, &k, &v);
+    kvcache_put(kv, k, v);
+    if (dsa) put_index_keys(tp, m, cache, u);
+    else kv->pos += T0;
     tape_no_grad_pop(tp);
-    kv->pos += T0;
+}
+
+// MixerKind.prefill: the output the steps would give. They attend densely in
+// DSA_DISTILL mode, and sparsely otherwise (DSA_SPARSE_KL too, without a KL):
+// the window runs the forward of that attention, without any KL, whose
+// DSA_DISTILL target would be a (B, T0, T0) matrix. A sparse window after
+// cached keys (whose indexer would score them) is left to the steps: NULL.
+static Tensor *dsa_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
+    const MixerConfig *c = &m->cfg;
+    DsaLayer *L = m->impl;
+    DsaCache *dc = cache;
+    ASSERT(u->ndim == 3 && u->shape[0] == dc->kv.B && u->shape[2] == c->d_model,
+           "attn_dsa prefill: u %s must be (%d, T, %d)", SHAPE(u), dc->kv.B, c->d_model);
+    Tensor *y;
+    if (L->mode == DSA_DISTILL) {   // dense attention over the cache
+        if (!(y = attn_layer_prefill(tp, &L->attn, c, &dc->kv, u))) return NULL;
+    } else {
+        if (!kvcache_fresh(&dc->kv)) return NULL;
+        ASSERT(!tape_grad_enabled(tp), "attn_dsa prefill: runs in no-grad mode (tape_no_grad_push first)");
+        ASSERT(dc->kv.dev == tp->device, "attn_dsa prefill: a %s cache on a %s tape", device_name(dc->kv.dev),
+               device_name(tp->device));
+        DsaMode mode = L->mode;
+        L->mode = DSA_SPARSE;
+        y = dsa_forward(tp, m, u, NULL, NULL, NULL);   // topk >= T0: dense, the same selection
+        L->mode = mode;
+        Tensor *q, *k, *v;   // the window's keys and values again (dsa_forward keeps them to itself)
+        attn_layer_qkv(tp, &L->attn, c, u, dc->kv.pos, kvcache_positions(tp, &dc->kv, u->shape[1]), &q, &k, &v);
+        kvcache_put(&dc->kv, k, v);
+    }
+    put_index_keys(tp, m, dc, u);
+    return y;
 }
 
 const MixerKind MIXER_ATTN_DSA = {
@@ -393,6 +422,7 @@ const MixerKind MIXER_ATTN_DSA = {
     .cache_free = dsa_cache_free,
     .step = dsa_step,
     .cache_reset = dsa_cache_reset,
+    .prefill = dsa_prefill,
     .destroy = dsa_destroy,
     .check = dsa_check,
 };

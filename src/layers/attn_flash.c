@@ -101,12 +101,14 @@ static size_t forward_scratch(const AttnDims *d) {
     return n;
 }
 
-// One query tile of one head: o rows t0..t0+nq-1 and their lse.
-// q, k: head-h base pointers of batch b (row stride ldq); v, o: (row stride ldv).
+// One query tile of one head: the queries at positions t0..t0+nq-1, which
+// see keys 0 .. t, and their outputs and lse. k, v: head-h base pointers of
+// batch b's keys and values (rows 0 ..; row strides ldq, ldv); q, o and lse
+// hold position t at row t - qoff (0 but for attn_prefix_forward's windows).
 // first: the row's (T) document index (docs.h), or NULL.
 // The running max m and sum l stay in `real`: m is a max (exact), l a sum of
 // at most T terms in [0, 1].
-static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q, const real *k,
+static void flash_forward_tile(const AttnDims *d, int t0, int nq, int qoff, const real *q, const real *k,
                                const real *v, real *o, real *lse, const int *first, real *scratch) {
     int ldq = d->H * d->dk, ldv = d->H * d->dv, dvp = d->dvp, bqp = forward_bqp(d);
     real *Qt = scratch, *Vp = Qt + (size_t)d->dk * bqp, *St = Vp + (size_t)d->bk * dvp;
@@ -115,10 +117,10 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
     int dkh = d->dk / 2;   // (bf16: dk, dv, bk even)
     bfpair *QtP = (bfpair *)(l + bqp), *Kb = QtP + (size_t)dkh * bqp;
     bfpair *VR = Kb + round_vl(d->bk * dkh), *PP = VR + (size_t)(d->bk / 2) * dvp, *tmp = PP + (size_t)(d->bk / 2) * QB;
-    if (d->bf16) pack_pair_transposed(QtP, bqp, q + (int64_t)t0 * ldq, ldq, nq, d->dk, tmp);
+    if (d->bf16) pack_pair_transposed(QtP, bqp, q + (int64_t)(t0 - qoff) * ldq, ldq, nq, d->dk, tmp);
     else
 #endif
-        pack_transposed(Qt, bqp, q + (int64_t)t0 * ldq, ldq, nq, d->dk);
+        pack_transposed(Qt, bqp, q + (int64_t)(t0 - qoff) * ldq, ldq, nq, d->dk);
     for (int i = 0; i < bqp; i++) m[i] = -INFINITY, l[i] = 0;
     memset(acc, 0, (size_t)nq * dvp * sizeof(real));
     bool v_in = in_place(v, ldv, d->dv);   // V rows used where they are (else copied into Vp)
@@ -228,9 +230,9 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, const real *q,
         }
     }
     for (int i = 0; i < nq; i++) {
-        real *Oi = o + (int64_t)(t0 + i) * ldv;   // a division: one rounding, not two (1/l, then a product)
+        real *Oi = o + (int64_t)(t0 - qoff + i) * ldv;   // a division: one rounding, not two (1/l, then a product)
         for (int j = 0; j < d->dv; j++) Oi[j] = acc[(int64_t)i * dvp + j] / l[i];
-        if (lse) lse[t0 + i] = m[i] + (real)log(l[i]);
+        if (lse) lse[t0 - qoff + i] = m[i] + (real)log(l[i]);
     }
 }
 
@@ -256,7 +258,7 @@ static void flash_forward(Node *n) {
                 for (int it = 0; it < n_tiles; it++) {
                     int t0 = it * d.bq, nq = imin(d.bq, d.T - t0);
                     int64_t row0 = (int64_t)b * d.T;
-                    flash_forward_tile(&d, t0, nq, q + row0 * ldq + h * d.dk, k + row0 * ldq + h * d.dk,
+                    flash_forward_tile(&d, t0, nq, 0, q + row0 * ldq + h * d.dk, k + row0 * ldq + h * d.dk,
                                        v + row0 * ldv + h * d.dv, o + row0 * ldv + h * d.dv,
                                        lse ? lse + ((int64_t)b * d.H + h) * d.T : NULL, first ? first + row0 : NULL,
                                        scratch);
@@ -512,6 +514,38 @@ Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_head
 
 Tensor *op_attention(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale, const int *doc_start) {
     return op_attention_tiled(tp, q, k, v, n_heads, scale, doc_start, ATTN_TILE_Q, ATTN_TILE_K);
+}
+
+void attn_prefix_forward(Tape *tp, real *o, const real *q, const real *kc, const real *vc, int B, int max_T, int pos,
+                         int T0, const int *key0, int H, int dk, int dv, double scale) {
+    ASSERT(B >= 1 && T0 >= 1 && pos >= 0 && pos + T0 <= max_T && H >= 1 && dk >= 1 && dv >= 1,
+           "attn_prefix_forward: B %d, window %d at slot %d of %d, H %d, dk %d, dv %d", B, T0, pos, max_T, H, dk,
+           dv);
+    for (int b = 0; key0 && b < B; b++)
+        ASSERT(key0[b] >= 0 && key0[b] <= pos, "attn_prefix_forward: row %d's keys begin at %d, its window at %d", b,
+               key0[b], pos);
+    AttnDims d = {B, T0, H, dk, dv, ATTN_TILE_Q, ATTN_TILE_K, round_vl(dk), round_vl(dv), round_vl(ATTN_TILE_K),
+                  (real)scale, attn_tiles_bf16(dk, dv, ATTN_TILE_Q, ATTN_TILE_K)};
+    int ldq = H * dk, ldv = H * dv, n_tiles = (T0 + d.bq - 1) / d.bq;
+    size_t stride;
+    unsigned char *slots = tape_thread_slots(tp, forward_scratch(&d) * sizeof(real), &stride);
+    ASSERT((uintptr_t)slots % VEC_BYTES == 0 && stride % VEC_BYTES == 0, "attention: scratch not aligned");
+#pragma omp parallel
+    {
+        real *scratch = (real *)(slots + stride * (size_t)omp_get_thread_num());
+#pragma omp for collapse(3) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int it = 0; it < n_tiles; it++) {
+                    // Positions count from the row's first key: the keys are
+                    // cut into tiles there, as op_attention cuts a document
+                    // that starts a sequence.
+                    int k0 = key0 ? key0[b] : 0, p0 = pos - k0, t0 = p0 + it * d.bq, nq = imin(d.bq, p0 + T0 - t0);
+                    int64_t r0 = (int64_t)b * max_T + k0;   // the row's first key
+                    flash_forward_tile(&d, t0, nq, p0, q + (int64_t)b * T0 * ldq + h * dk, kc + r0 * ldq + h * dk,
+                                       vc + r0 * ldv + h * dv, o + (int64_t)b * T0 * ldv + h * dv, NULL, NULL, scratch);
+                }
+    }
 }
 
 // Decoding: one query per (row b, head h) against the cached keys s0 ..

@@ -53,6 +53,15 @@ Tensor *op_attention_naive_masked(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int
 void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
                          int n_keys, const int *key0, int H, int dk, int dv, double scale);
 
+// Prefill: a window of T0 new queries per sequence, at slots pos ..
+// pos+T0-1, whose keys and values are in the cache already; query t attends
+// causally to slots key0[b] .. t of row b (NULL: from 0). q: (B, T0, H*dk);
+// o: (B, T0, H*dv); kc, vc as above. FlashAttention's forward tiles (its
+// scratch on tp), so that the window's outputs equal op_attention's over the
+// row's whole document to rounding. No autograd.
+void attn_prefix_forward(Tape *tp, real *o, const real *q, const real *kc, const real *vc, int B, int max_T, int pos,
+                         int T0, const int *key0, int H, int dk, int dv, double scale);
+
 // Threads attn_decode_forward may take for a long cache (at least
 // ATTN_DECODE_PAR_KEYS keys x heads) when the rest of decoding runs on fewer:
 // generate runs a small model on one thread, whose products of one row a

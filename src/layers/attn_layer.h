@@ -37,8 +37,17 @@ int *attn_doc_positions(Tape *tp, const int *doc_start, int B, int T);
 
 void kvcache_init(KVCache *kc, const MixerConfig *c, int B, int max_T, Device dev);
 void kvcache_free(KVCache *kc);
-// Store k (B, 1, H*dk), v (B, 1, H*dv) at position kc->pos (does not advance it).
+// Store k (B, T0, H*dk), v (B, T0, H*dv) at slots kc->pos .. kc->pos+T0-1 (does not advance kc->pos).
 void kvcache_put(KVCache *kc, const Tensor *k, const Tensor *v);
+// Whether every row's document begins at the next slot (nothing cached to attend to).
+bool kvcache_fresh(const KVCache *kc);
+// The prefill of attention (MixerKind.prefill): the window u (B, T0, D) of
+// the next T0 positions, its rotated keys and values stored at slots
+// kc->pos..., and its output as T0 steps would give it, each query attending
+// to its row's cached keys and the window's up to itself (kc->pos is not
+// advanced). On a GPU only for a fresh cache (kvcache_fresh); else NULL and
+// nothing done. No-grad mode.
+Tensor *attn_layer_prefill(Tape *tp, const AttnLayer *L, const MixerConfig *c, KVCache *kc, Tensor *u);
 // Row b's next token begins a new document: it and the tokens after it
 // attend from slot kc->pos on, at RoPE positions counted from there.
 void kvcache_reset(KVCache *kc, int b);

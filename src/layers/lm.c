@@ -239,6 +239,7 @@ LMCache *lm_cache_new_on(const LM *lm, int B, int max_T, Device d) {
     c->B = B;
     c->max_T = max_T;
     c->device = d;
+    c->prefill_window = LM_PREFILL_WINDOW;
     for (int l = 0; l < lm->cfg.n_layers; l++) {
         const Mixer *m = lm->blocks[l].mixer;
         c->mixer[l] = m->kind->cache_new(m, B, max_T, d);
@@ -279,4 +280,60 @@ Tensor *lm_step(Tape *tp, LM *lm, LMCache *c, const int *tokens) {
     }
     c->pos++;
     return head_forward(tp, lm, u);
+}
+
+// Layer l over a window by its steps: u (B, T0, D) -> (B, T0, D) on tp.
+static Tensor *step_window(Tape *tp, const Mixer *m, void *cache, Tensor *u) {
+    int B = u->shape[0], T0 = u->shape[1], D = u->shape[2];
+    Tensor *y = tape_tensorv(tp, 3, B, T0, D), *ut = tape_tensorv(tp, 3, B, 1, D);
+    size_t w = (size_t)D * sizeof(real);
+    for (int t = 0; t < T0; t++) {   // row b's position t in and out
+        dev_copy2d(tp->device, ut->data, w, u->data + (int64_t)t * D, (size_t)T0 * w, w, (size_t)B);
+        Tensor *yt = m->kind->step(tp, (Mixer *)m, cache, ut);
+        dev_copy2d(tp->device, y->data + (int64_t)t * D, (size_t)T0 * w, yt->data, w, w, (size_t)B);
+    }
+    return y;
+}
+
+Tensor *lm_prefill(Tape *tp, LM *lm, LMCache *c, const int *tokens, int T) {
+    ASSERT(!tape_grad_enabled(tp), "lm_prefill: decode on a tape in no-grad mode (tape_no_grad_push)");
+    ASSERT(T >= 1 && c->pos + T <= c->max_T, "lm_prefill: %d positions into a cache of %d that holds %d", T,
+           c->max_T, c->pos);
+    ASSERT(c->device == tp->device, "lm_prefill: a %s cache on a %s tape", device_name(c->device),
+           device_name(tp->device));
+    ASSERT(c->prefill_window >= 1, "lm_prefill: window %d", c->prefill_window);
+    int B = c->B, D = lm->cfg.d_model, W = imin(T, c->prefill_window);
+    double eps = lm->cfg.norm_eps;
+    // Layer l runs on own[l % 2]: only two layers' activations are alive at a time.
+    Tape own[2];
+    for (int i = 0; i < 2; i++) tape_init_on(&own[i], tp->device), tape_no_grad_push(&own[i]);
+    int *win = xmalloc((size_t)B * W * sizeof(int));
+    Tensor *last = tape_tensorv(tp, 3, B, 1, D);   // each row's last position, normed by norm_f
+    for (int t0 = 0; t0 < T; t0 += W) {
+        int T0 = imin(W, T - t0);
+        for (int b = 0; b < B; b++)
+            memcpy(win + (int64_t)b * T0, tokens + (int64_t)b * T + t0, (size_t)T0 * sizeof(int));
+        tape_reset(&own[0]);
+        Tensor *x = op_embedding(&own[0], lm->embed, win, 2, (int[]){B, T0});
+        Tensor *u = op_rmsnorm(&own[0], x, lm->blocks[0].norm1, eps);
+        for (int l = 0; l < lm->cfg.n_layers; l++) {   // as run_blocks
+            Tape *t = &own[l % 2];
+            if (l >= 1) tape_reset(t);   // layer l-2's; layer l reads layer l-1's x and u on the other tape
+            LMBlock *b = &lm->blocks[l];
+            const MixerKind *k = b->mixer->kind;
+            Tensor *y = k->forward_carry ? k->forward_carry(t, b->mixer, u, NULL, c->mixer[l])
+                        : k->prefill     ? k->prefill(t, b->mixer, c->mixer[l], u)
+                                         : NULL;
+            if (!y) y = step_window(t, b->mixer, c->mixer[l], u);
+            Tensor *h;
+            Tensor *m = mlp_forward(t, b, op_add_rmsnorm(t, x, y, b->norm2, eps, &h));
+            u = op_add_rmsnorm(t, h, m, norm_after(lm, l), eps, &x);
+        }
+        size_t w = (size_t)D * sizeof(real);
+        dev_copy2d(tp->device, last->data, w, u->data + (int64_t)(T0 - 1) * D, (size_t)T0 * w, w, (size_t)B);
+        c->pos += T0;
+    }
+    free(win);
+    for (int i = 0; i < 2; i++) tape_no_grad_pop(&own[i]), tape_free(&own[i]);
+    return head_forward(tp, lm, last);
 }

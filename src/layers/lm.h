@@ -91,10 +91,14 @@ Tensor *lm_distill_loss_docs(Tape *tp, LM *lm, const int *tokens, const int *doc
 double lm_dsa_mass(const LM *lm);
 
 // Recurrent decoding: one cache per layer.
+// lm_prefill's default window: its activations at d_model 512 (d_ff 1408)
+// are ~0.2 GB per layer, against ~2 GB for the whole of a 16k prompt.
+#define LM_PREFILL_WINDOW 4096
 typedef struct LMCache {
     void *mixer[LM_MAX_LAYERS];
     int B, max_T, pos;
     Device device;   // where its buffers live: lm_step runs on a tape of this device
+    int prefill_window;   // positions lm_prefill runs at once (LM_PREFILL_WINDOW)
 } LMCache;
 
 LMCache *lm_cache_new(const LM *lm, int B, int max_T);   // on the CPU
@@ -103,6 +107,15 @@ LMCache *lm_cache_new_on(const LM *lm, int B, int max_T, Device d);
 void lm_cache_free(const LM *lm, LMCache *c);
 // tokens: (B) ids at position c->pos; call on a tape in no-grad mode. Returns logits (B, 1, V).
 Tensor *lm_step(Tape *tp, LM *lm, LMCache *c, const int *tokens);
+// Decode T positions of every row at once (a prompt): tokens (B*T) ids, row
+// by row. Returns the logits of each row's last position, (B, 1, V), equal
+// to the T-th lm_step's, and leaves the cache as T lm_step()s would. Runs
+// windows of at most c->prefill_window positions, each layer over a whole
+// window: the recurrent kinds by forward_carry, attention by its prefill
+// (MixerKind.prefill), and a kind with neither, or a window its prefill
+// declines, position by position with step(). Keeps two layers' activations
+// of one window at a time. No-grad mode.
+Tensor *lm_prefill(Tape *tp, LM *lm, LMCache *c, const int *tokens, int T);
 // Row b's next token begins a new document (a doc_start flag in decoding):
 // every layer forgets row b's history (MixerKind.cache_reset). The logits
 // that follow equal lm_forward_docs's with a flag at that position.

@@ -89,6 +89,13 @@ typedef struct MixerKind {
     // computes, and decoding may continue from them. A doc_start flag at t = 0
     // starts the row afresh (cache_reset does so between windows).
     Tensor *(*forward_carry)(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, void *cache);
+    // Attention kinds (NULL for the recurrent kinds, whose forward_carry does
+    // this): decode a window at once. u (B, T0, D) in no-grad mode holds the
+    // next T0 positions of every row; returns the output T0 step()s would
+    // give and leaves the cache as they would, or returns NULL, having done
+    // nothing, for a window the kind cannot take at once (the LM then steps
+    // it: lm_prefill). NULL: always stepped.
+    Tensor *(*prefill)(Tape *tp, Mixer *m, void *cache, Tensor *u);
     // The buffers that hold a recurrent cache's carried state (for
     // checkpoints): writes up to 4 pointers and element counts, returns how
     // many; the buffers are in the cache's device's memory. NULL for the
