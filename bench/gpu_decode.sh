@@ -7,7 +7,7 @@
 #
 #   CONTEXTS  prompt lengths in bytes, comma list (default 256,16384)
 #   TOKENS    sampled tokens timed after the prompt (default 128)
-#   -C        also run --check on the GPU (its token-by-token logits against
+#   -C        also run --check on the GPU (its decoded logits against
 #             its own parallel forward over prompt + sample; the verdict is
 #             printed with the figures)
 #   -G        the GPU only (models too big to decode on the CPU in reasonable time)
@@ -77,7 +77,7 @@ for cfg in "$@"; do
             out=$("$GEN" --checkpoint "$ckpt" --device cuda --prompt-file "$TMP/prompt" --max-tokens "$TOKENS" \
                 --seed 1 --no-echo --check 2>&1 >/dev/null | grep -- '--check' || true)
             echo "$name P=$P device=cuda $out" >>"$RESULTS"
-            verdict=" $(sed -n 's/.*difference token-by-token vs parallel \([^ ]*\).*: \(.*\)$/\1 \2/p' <<<"$out") |"
+            verdict=" $(sed -n 's/.*difference decoding vs parallel \([^ ]*\).*: \(.*\)$/\1 \2/p' <<<"$out") |"
         fi
         ratio=$(awk -v g="${tps[0]:-0}" -v c="${tps[1]:-0}" 'BEGIN { if (c > 0) printf "%.1fx", g / c; else print "-" }')
         cpu=${tps[1]:-failed}

@@ -145,12 +145,31 @@ Test(programs, generate_starts_fresh_after_end_of_text, .timeout = 180) {
     cr_assert_eq(code, 0, "%s", err);
     cr_assert(strstr(err, "OK"), "%s", err);
     free(out), free(err);
+    // A prompt (ordinary text: the end-of-text's text is not the token, so
+    // one document) prefilled in one parallel forward, then decoded, and the
+    // same stepped token by token with --no-prefill: --check passes both, and
+    // sampling (same seed) from logits equal to rounding picks the same tokens.
+    const char *prompt = "In the beginning God created<|endoftext|>And the earth was";
+    char *text[2];
+    for (int i = 0; i < 2; i++) {
+        code = generate(dir, (char *[]){"--checkpoint", ckpt, "--prompt", (char *)prompt, "--max-tokens", "48",
+                                        "--temperature", "1", "--top-k", "0", "--check", i ? "--no-prefill" : NULL,
+                                        NULL},
+                        &out, &err);
+        cr_assert_eq(code, 0, "%s", err);
+        cr_assert(strstr(err, "OK") && strstr(err, i ? "token by token" : "in parallel"), "%s", err);
+        text[i] = out;
+        free(err);
+    }
+    cr_assert_str_eq(text[0], text[1], "prefill and steps sampled differently");
+    free(text[0]), free(text[1]);
 }
 
 // A prompt long enough (over 8192 tokens of 2 heads: past attn_kernel.h's
 // 16384 keys x heads) that generate gives attention every core while the rest of
-// the small model decodes on one thread; --check compares every position's
-// logits with the parallel forward, and the status line names the rule.
+// the small model decodes on one thread; --check compares the decoded logits
+// with the parallel forward (after the prefill, and with --no-prefill at every
+// position), and the status line names the rule.
 Test(programs, generate_long_prompt_shares_attention_and_checks, .timeout = 300) {
     const char *ckpt = trained_checkpoint("gen_long", "attn");
     char dir[1500], pf[1600];
@@ -179,6 +198,15 @@ Test(programs, generate_long_prompt_shares_attention_and_checks, .timeout = 300)
               err);
     if (omp_get_num_procs() > 1 && !getenv("OMP_NUM_THREADS"))
         cr_assert(strstr(err, "(1 thread; attention over long caches on "), "%s", err);
+    free(out), free(err);
+    // The prompt token by token: --check then covers every position, each
+    // step attending over the cache with the kernel's threads.
+    code = run_program("generate", dir,
+                       (char *[]){"--checkpoint", (char *)ckpt, "--prompt-file", pf, "--max-tokens", "4", "--check",
+                                  "--no-prefill", "--no-echo", NULL},
+                       240, &out, &err);
+    cr_assert_eq(code, 0, "%s", err);
+    cr_assert(strstr(err, "OK") && strstr(err, "token by token"), "%s", err);
     free(out), free(err);
     // --threads keeps every part on the threads it names.
     code = run_program("generate", dir,

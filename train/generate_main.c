@@ -7,8 +7,11 @@
 // The model is rebuilt from the config stored in the checkpoint: no config
 // file is needed. The text goes to stdout (the prompt, then the sample) and
 // everything else to stderr, so `generate ... > out.txt` keeps only text.
+// The prompt is decoded in one parallel forward (lm_prefill), which fills the
+// caches and states; --no-prefill steps it token by token.
 // --check also runs the parallel forward over the whole sequence and verifies
-// that the token-by-token logits equal it at every position.
+// that the logits decoding computed (every position with --no-prefill; the
+// prompt's last and every sampled one with prefill) equal it.
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
@@ -43,7 +46,9 @@ static void usage(FILE *f) {
             "                       cache, which takes all cores; else all cores)\n"
             "  --device D           cpu (default) or cuda: decode on the GPU (a build with -DAG_CUDA=ON)\n"
             "  --no-echo            print only the sampled text, not the prompt\n"
-            "  --check              verify token-by-token logits against the parallel forward (at most %d\n"
+            "  --no-prefill         step the prompt token by token instead of one parallel forward (on\n"
+            "                       all cores unless --threads)\n"
+            "  --check              verify the decoded logits against the parallel forward (at most %d\n"
             "                       positions in all)\n"
             "The text goes to standard output, statistics and errors to standard error.\n",
             MAX_TOKENS_LIMIT, MODEL_MAX_THREADS, CHECK_LIMIT);
@@ -146,13 +151,14 @@ typedef struct GenArgs {
     long long max_tokens, top_k, threads;
     double temperature;
     uint64_t seed;
-    bool check, echo;
+    bool check, echo, prefill;
     Device device;
 } GenArgs;
 
 // 0: parsed; 1: --help shown; 2: bad arguments (reported).
 static int parse_args(int argc, char **argv, GenArgs *a) {
-    *a = (GenArgs){.max_tokens = 200, .top_k = 40, .threads = -1, .temperature = 0.8, .seed = 1, .echo = true};
+    *a = (GenArgs){.max_tokens = 200, .top_k = 40, .threads = -1, .temperature = 0.8, .seed = 1, .echo = true,
+                  .prefill = true};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         bool has = i + 1 < argc;
@@ -162,6 +168,7 @@ static int parse_args(int argc, char **argv, GenArgs *a) {
             return 1;
         } else if (!strcmp(o, "--check")) a->check = true;
         else if (!strcmp(o, "--no-echo")) a->echo = false;
+        else if (!strcmp(o, "--no-prefill")) a->prefill = false;
         else if (!has) {
             fprintf(stderr, "generate: unknown or incomplete argument '%s' (see generate --help)\n", o);
             return 2;
@@ -269,11 +276,28 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     if (a->echo && !unconditional) fwrite(prompt, 1, (size_t)n_prompt, stdout);
     fflush(stdout);
     double t0 = runlog_now(), t_gen = 0;
-    for (int64_t n = 0; n < total; n++) {
-        if (n == n_in) t_gen = runlog_now();
-        if (docs_after_eot && n > 0 && tokens[n - 1] == tk->eot) lm_cache_reset_row(lm, cache, 0);
-        Tensor *lg = lm_step(&tp, lm, cache, &tokens[n]);
+    // The prompt in one parallel forward: work enough for every core even
+    // where a token's is not. It is one document (encoded as ordinary text,
+    // an end-of-text's text is not the token), as attention's prefill needs.
+    bool prefill = a->prefill;
+    int prefill_threads = a->threads > 0 ? threads : all;
+    int64_t first = 0;   // the first position whose logits decoding computes
+    if (prefill) {
+        model_set_threads(prefill_threads);
+        Tensor *lg = lm_prefill(&tp, lm, cache, tokens, (int)n_in);
         dev_to_host(logits, lg->data, (size_t)V * sizeof(real), a->device);
+        tape_reset(&tp);
+        model_set_threads(threads);
+        first = n_in - 1;
+    }
+    for (int64_t n = first; n < total; n++) {
+        if (n == n_in) t_gen = runlog_now();
+        if (n >= n_in || !prefill) {   // else the prefill gave position n_in - 1's logits
+            if (docs_after_eot && n > 0 && tokens[n - 1] == tk->eot) lm_cache_reset_row(lm, cache, 0);
+            Tensor *lg = lm_step(&tp, lm, cache, &tokens[n]);
+            dev_to_host(logits, lg->data, (size_t)V * sizeof(real), a->device);
+            tape_reset(&tp);
+        }
         if (step_logits) memcpy(step_logits + (size_t)n * V, logits, (size_t)V * sizeof(real));
         if (n + 1 >= n_in && n + 1 < total) {
             int next = sample(logits, V, a->temperature, (int)a->top_k, &rng, probs, order);
@@ -281,7 +305,6 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
             fwrite(piece, 1, (size_t)tokenizer_stream_push(tk, &ts, next, piece), stdout);   // whole characters
             fflush(stdout);
         }
-        tape_reset(&tp);
     }
     double t_end = runlog_now();
     fwrite(piece, 1, (size_t)tokenizer_stream_flush(tk, &ts, piece), stdout);
@@ -289,18 +312,25 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     fflush(stdout);
     double gen_s = t_gen > 0 ? t_end - t_gen : 0;
     double tps = gen_s > 0 ? (double)(total - n_in) / gen_s : 0.0;
-    char attn_note[64] = "";
+    char attn_note[64] = "", prompt_note[96];
     if (attn_threads > threads)
         snprintf(attn_note, sizeof attn_note, "; attention over long caches on %d", attn_threads);
+    double prompt_s = (t_gen > 0 ? t_gen : t_end) - t0;
+    if (!prefill) snprintf(prompt_note, sizeof prompt_note, "prompt %.2f s token by token", prompt_s);
+    else if (a->device == DEVICE_CPU)
+        snprintf(prompt_note, sizeof prompt_note, "prompt %.2f s in parallel on %d thread%s", prompt_s,
+                 prefill_threads, prefill_threads == 1 ? "" : "s");
+    else snprintf(prompt_note, sizeof prompt_note, "prompt %.2f s in parallel", prompt_s);
     if (a->device == DEVICE_CPU)
         fprintf(stderr,
-                "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (%d thread%s%s, GEMM "
-                "%s)\n",
-                (long long)n_in, a->max_tokens, t_end - t0, tps, threads, threads == 1 ? "" : "s",
+                "generate: %lld prompt + %lld sampled tokens in %.2f s (%s); decoding %.1f tokens/s (%d thread%s%s, "
+                "GEMM %s)\n",
+                (long long)n_in, a->max_tokens, t_end - t0, prompt_note, tps, threads, threads == 1 ? "" : "s",
                 attn_note, blas_backend_name(blas_backend));
     else
-        fprintf(stderr, "generate: %lld prompt + %lld sampled tokens in %.2f s; decoding %.1f tokens/s (GPU %s)\n",
-                (long long)n_in, a->max_tokens, t_end - t0, tps, device_describe(a->device));
+        fprintf(stderr,
+                "generate: %lld prompt + %lld sampled tokens in %.2f s (%s); decoding %.1f tokens/s (GPU %s)\n",
+                (long long)n_in, a->max_tokens, t_end - t0, prompt_note, tps, device_describe(a->device));
     int code = 0;
     if (a->check) {
         int *flags = xcalloc((size_t)total, sizeof *flags);   // the same document starts, in parallel
@@ -311,7 +341,7 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
         dev_to_host(par, pt->data, (size_t)pt->numel * sizeof(real), a->device);
         // Normwise relative difference: max |a - b| / max |a| (docs/MODEL.md, project notes).
         double worst = 0, scale = 0;
-        for (int64_t i = 0; i < pt->numel; i++) {
+        for (int64_t i = first * V; i < pt->numel; i++) {
             scale = fmax(scale, fmax(fabs((double)par[i]), fabs((double)step_logits[i])));
             worst = fmax(worst, fabs((double)par[i] - step_logits[i]));
         }
@@ -322,9 +352,10 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
 #else
         double tol = 1e-4;
 #endif
-        fprintf(stderr, "generate --check: %lld positions, max relative difference token-by-token vs parallel %.3e "
+        fprintf(stderr, "generate --check: %lld positions%s, max relative difference decoding vs parallel %.3e "
                         "(tolerance %.0e): %s\n",
-                (long long)total, worst, tol, worst <= tol ? "OK" : "MISMATCH");
+                (long long)(total - first), prefill ? " (the prompt's last and every sampled one)" : "", worst, tol,
+                worst <= tol ? "OK" : "MISMATCH");
         code = worst <= tol ? 0 : 1;
     }
     tape_no_grad_pop(&tp);
