@@ -111,8 +111,9 @@ Test(lm, decode_equals_parallel_every_mixer) {
 // its sparse path; one of 2 does not: its dense one. `window` is the
 // cache's prefill_window (the LM's own windows; 0: the default); `stepped`:
 // the kinds' prefill removed, so the LM steps the attention layers' windows
-// (as it would a kind without one).
-static void check_prefill(const char *layers, bool docs, bool distill, int window, bool stepped) {
+// (as it would a kind without one); `all`: the windows by lm_prefill_all,
+// every position's logits compared.
+static void check_prefill(const char *layers, bool docs, bool distill, int window, bool stepped, bool all) {
     LMConfig cfg = test_tiny_lm_config(layers);
     ParamStore ps;
     params_init(&ps);
@@ -140,7 +141,7 @@ static void check_prefill(const char *layers, bool docs, bool distill, int windo
     tape_no_grad_push(&tp);
     LMCache *c = lm_cache_new_on(&lm, B, T, d);
     if (window) c->prefill_window = window;
-    real *got = xmalloc((size_t)B * V * sizeof(real));
+    real *got = xmalloc((size_t)B * T * V * sizeof(real));
     int tok[B * T];
     double worst = 0, worst_par = 0;
     int worst_t = -1, checked = 0;
@@ -153,21 +154,25 @@ static void check_prefill(const char *layers, bool docs, bool distill, int windo
                 if (flags[b * T + t]) lm_cache_reset_row(&lm, c, b);
                 memcpy(tok + b * n, tokens + b * T + t, (size_t)n * sizeof(int));
             }
-            lg = lm_prefill(&tp, &lm, c, tok, n);
+            lg = all ? lm_prefill_all(&tp, &lm, c, tok, n) : lm_prefill(&tp, &lm, c, tok, n);
         } else {
             for (int b = 0; b < B; b++) tok[b] = tokens[b * T + t];
             lg = lm_step(&tp, &lm, c, tok);
         }
-        cr_assert(lg->ndim == 3 && lg->shape[0] == B && lg->shape[1] == 1 && lg->shape[2] == V, "%s", SHAPE(lg));
+        int np = lg->shape[1];   // positions t+n-np .. t+n-1: the last one, or the window's all
+        cr_assert(lg->ndim == 3 && lg->shape[0] == B && lg->shape[2] == V && (np == 1 || (all && np == n)), "%s",
+                  SHAPE(lg));
         cr_assert_eq(c->pos, t + n, "%s: the cache is at %d after position %d", layers, c->pos, t + n - 1);
-        t += n;   // the logits are position t-1's
-        dev_to_host(got, lg->data, (size_t)B * V * sizeof(real), d);
-        for (int b = 0; b < B; b++) {
-            double e = max_rel_diff(got + b * V, ref + ((size_t)(t - 1) * B + b) * V, V);
-            double ep = max_rel_diff(got + b * V, par + ((size_t)b * T + t - 1) * V, V);
-            if (e > worst) worst = e, worst_t = t - 1;
-            worst_par = fmax(worst_par, ep);
-        }
+        t += n;
+        dev_to_host(got, lg->data, (size_t)B * np * V * sizeof(real), d);
+        for (int b = 0; b < B; b++)
+            for (int j = 0, p = t - np; j < np; j++, p++) {
+                const real *g = got + ((size_t)b * np + j) * V;
+                double e = max_rel_diff(g, ref + ((size_t)p * B + b) * V, V);
+                double ep = max_rel_diff(g, par + ((size_t)b * T + p) * V, V);
+                if (e > worst) worst = e, worst_t = p;
+                worst_par = fmax(worst_par, ep);
+            }
         checked++;
         tape_reset(&tp);
     }
@@ -192,12 +197,15 @@ static void check_prefill(const char *layers, bool docs, bool distill, int windo
 Test(lm, prefill_then_steps_equal_token_by_token_every_mixer) {
     const char *kinds[] = {"attn", "linear", "mamba", "gdn", "attn_dsa", "gdn,attn,mamba,linear,attn_dsa"};
     for (int i = 0; i < 6; i++)
-        for (int docs = 0; docs < 2; docs++) check_prefill(kinds[i], docs, false, 0, false);
-    for (int docs = 0; docs < 2; docs++) check_prefill("attn_dsa,gdn", docs, true, 0, false);   // dense, as stepped
+        for (int docs = 0; docs < 2; docs++) check_prefill(kinds[i], docs, false, 0, false, false);
+    for (int docs = 0; docs < 2; docs++) check_prefill("attn_dsa,gdn", docs, true, 0, false, false);   // dense
     // The LM's own windows of 3 (5 = 3 + 2, 4 = 3 + 1), and attention stepped.
-    check_prefill("gdn,attn,mamba,linear,attn_dsa", false, false, 3, false);
-    check_prefill("gdn,attn,attn_dsa", true, false, 3, true);
-    check_prefill("attn,attn_dsa", false, true, 0, true);
+    check_prefill("gdn,attn,mamba,linear,attn_dsa", false, false, 3, false, false);
+    check_prefill("gdn,attn,attn_dsa", true, false, 3, true, false);
+    check_prefill("attn,attn_dsa", false, true, 0, true, false);
+    // Every position's logits (lm_prefill_all), across the LM's windows too.
+    check_prefill("gdn,attn,mamba,linear,attn_dsa", false, false, 0, false, true);
+    check_prefill("gdn,attn,mamba,linear,attn_dsa", true, false, 3, false, true);
 }
 
 Test(lm, parse_layers_rejects_unknown_mixer) {

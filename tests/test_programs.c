@@ -462,12 +462,12 @@ static double evaluate_loss(const char *dir, char *const args[]) {
     return loss;
 }
 
-// dir/probe.txt: the first n bytes of the scratch corpus beside dir; returns its path.
+// dir/probe<n>.txt: the first n bytes of the scratch corpus beside dir; returns its path.
 static const char *write_probe(const char *dir, int n) {
     static char probe[1600];
     char text[1600];
     snprintf(text, sizeof text, "%s/../corpus.txt", dir);
-    snprintf(probe, sizeof probe, "%s/probe.txt", dir);
+    snprintf(probe, sizeof probe, "%s/probe%d.txt", dir, n);
     char *all = test_read_file(text);
     all[n] = 0;
     test_write_file(probe, all);
@@ -489,6 +489,20 @@ Test(programs, evaluate_scores_every_token_once, .timeout = 120) {
     cr_assert(fabs(lw - ls) <= 1e-5 * lw, "window %.8f vs stream %.8f", lw, ls);
     cr_assert(fabs(json_number(w, "bits_per_byte") - lw / log(2.0)) < 1e-5);
     free(w), free(s);
+    // A text of three of the stream's windows (LM_PREFILL_WINDOW, 1024): the
+    // windows carry the state and the KV cache across as the steps do
+    // (--no-prefill), and one window over the whole text agrees with both.
+    char probe2[1600];
+    snprintf(probe2, sizeof probe2, "%s", write_probe(dir, 2600));
+    cr_assert_lt(LM_PREFILL_WINDOW * 2, 2599);
+    char *ck = (char *)ckpt;
+    double lp = evaluate_loss(dir, (char *[]){"--checkpoint", ck, "--text", probe2, "--stream", "--json", NULL});
+    double lt = evaluate_loss(dir, (char *[]){"--checkpoint", ck, "--text", probe2, "--stream", "--no-prefill",
+                                              "--json", NULL});
+    double l1 =
+        evaluate_loss(dir, (char *[]){"--checkpoint", ck, "--text", probe2, "--window", "2599", "--json", NULL});
+    cr_assert(fabs(lp - lt) <= 1e-5 * lt && fabs(lp - l1) <= 1e-5 * l1, "stream %.8f, token by token %.8f, window %.8f",
+              lp, lt, l1);
     // Non-overlapping windows of 100 (the last one shifted to end with the text): the same sum as
     // lm_loss over those windows, each target once.
     char *o = evaluate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--window", "100", "--stride",

@@ -10,11 +10,12 @@
 //                      every token sees at least T - S tokens of context (the
 //                      strided evaluation of the Hugging Face perplexity guide).
 //                      Windows run in parallel batches; any model.
-//   --stream           the text as one sequence, token by token with the
-//                      decoder: recurrent layers carry their state across the
-//                      whole text in constant memory; attention layers keep a
-//                      KV cache of everything before (memory grows with the
-//                      text). Every token sees all the text before it.
+//   --stream           the text as one sequence through the decoder, in
+//                      parallel windows (lm_prefill_all; --no-prefill: token
+//                      by token): recurrent layers carry their state across
+//                      the whole text in constant memory; attention layers
+//                      keep a KV cache of everything before (memory grows with
+//                      the text). Every token sees all the text before it.
 // The figures go to stdout (one line, or a JSON object with --json).
 // --device cuda scores on the GPU (a build with -DAG_CUDA=ON), windows,
 // --stream and --positions alike; the model loads on the host and its values
@@ -60,8 +61,11 @@ static void usage(FILE *f) {
             "                     window is scored with at least T - S tokens of context\n"
             "  --batch B          windows per forward pass (default 8)\n"
             "  --stream           score the text as one sequence with the decoder (recurrent state carried\n"
-            "                     through the whole text; attention keeps a KV cache of all of it)\n"
-            "  --threads N        threads (default: all cores; with --stream 1 below 10M parameters)\n"
+            "                     through the whole text; attention keeps a KV cache of all of it), in\n"
+            "                     parallel windows of %d tokens\n"
+            "  --no-prefill       with --stream: token by token instead (the decoding path of generate)\n"
+            "  --threads N        threads (default: all cores; with --stream --no-prefill 1 below 10M\n"
+            "                     parameters)\n"
             "  --device D         cpu (default) or cuda: score on the GPU (a build with -DAG_CUDA=ON)\n"
             "  --json             print the figures as one JSON object\n"
             "  --logits FILE      also write the logits of the first window, (T, V) in the build's precision,\n"
@@ -80,7 +84,8 @@ static void usage(FILE *f) {
             "  --doc-sep STR      a new document begins after each STR in the text (escapes \\n \\t \\\\ \\xHH);\n"
             "                     documents are tokenized apart and positions count from each one's start\n"
             "Prints the loss per token (nats), bits per byte and perplexity of the whole text; with --positions\n"
-            "also per position bucket (with --json one JSON line per bucket, then the total).\n");
+            "also per position bucket (with --json one JSON line per bucket, then the total).\n",
+            LM_PREFILL_WINDOW);
 }
 
 static bool parse_int(const char *opt, const char *v, long long lo, long long hi, long long *out) {
@@ -169,24 +174,31 @@ static Score score_windows(LM *lm, const Tokenizer *tk, const int *tok, int64_t 
     return sc;
 }
 
-// The whole text as one sequence through the decoder.
-static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n, Device dev) {
+// The whole text as one sequence through the decoder: windows of
+// LM_PREFILL_WINDOW positions at once (lm_prefill_all), or with steps one
+// position at a time.
+static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n, Device dev, bool steps) {
     Score sc = {0, 0, 0};
     if (n < 2 || n > INT32_MAX) return sc;
     Tape tp;
     tape_init_on(&tp, dev);
     tape_no_grad_push(&tp);
     LMCache *cache = lm_cache_new_on(lm, 1, (int)n, dev);
-    int V = lm->cfg.vocab_size;
-    real *lg = xmalloc((size_t)V * sizeof(real));   // a step's logits on the host
-    for (int64_t i = 0; i + 1 < n; i++) {
-        dev_to_host(lg, lm_step(&tp, lm, cache, &tok[i])->data, (size_t)V * sizeof(real), dev);
-        double mx = lg[0], z = 0;
-        for (int v = 1; v < V; v++) mx = fmax(mx, (double)lg[v]);
-        for (int v = 0; v < V; v++) z += exp((double)lg[v] - mx);
-        sc.nll += mx + log(z) - (double)lg[tok[i + 1]];
-        sc.tokens++;
-        sc.bytes += tokenizer_token_len(tk, tok[i + 1]);
+    int V = lm->cfg.vocab_size, W = steps ? 1 : LM_PREFILL_WINDOW;
+    real *lg = xmalloc((size_t)W * V * sizeof(real));   // a window's logits on the host
+    for (int64_t i = 0; i + 1 < n; i += W) {   // positions i .. i+w-1 predict tokens i+1 .. i+w
+        int w = (int)(n - 1 - i < W ? n - 1 - i : W);
+        Tensor *out = steps ? lm_step(&tp, lm, cache, &tok[i]) : lm_prefill_all(&tp, lm, cache, &tok[i], w);
+        dev_to_host(lg, out->data, (size_t)w * V * sizeof(real), dev);
+        for (int j = 0; j < w; j++) {
+            const real *l = lg + (size_t)j * V;
+            double mx = l[0], z = 0;
+            for (int v = 1; v < V; v++) mx = fmax(mx, (double)l[v]);
+            for (int v = 0; v < V; v++) z += exp((double)l[v] - mx);
+            sc.nll += mx + log(z) - (double)l[tok[i + j + 1]];
+            sc.tokens++;
+            sc.bytes += tokenizer_token_len(tk, tok[i + j + 1]);
+        }
         tape_reset(&tp);
     }
     free(lg);
@@ -309,7 +321,7 @@ int main(int argc, char **argv) {
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     const char *ckpt = NULL, *text = NULL, *logits_path = NULL;
     long long window = 0, stride = 0, batch = 8, threads = 0, limit = 0, chunk = 2048, seq = 0;
-    bool stream = false, json = false, val = false, positions = false;
+    bool stream = false, json = false, val = false, positions = false, steps = false;
     Device device = DEVICE_CPU;
     PosOptions po = {0};
     for (int i = 1; i < argc; i++) {
@@ -319,6 +331,7 @@ int main(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else if (!strcmp(o, "--stream")) stream = true;
+        else if (!strcmp(o, "--no-prefill")) steps = true;
         else if (!strcmp(o, "--json")) json = true;
         else if (!strcmp(o, "--val")) val = true;
         else if (!strcmp(o, "--positions")) positions = true;
@@ -360,6 +373,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "evaluate: --checkpoint FILE and --text FILE are required (see evaluate --help)\n");
         return 2;
     }
+    if (steps && !stream) {
+        fprintf(stderr, "evaluate: --no-prefill applies to --stream only\n");
+        return 2;
+    }
     if (positions && (stream || logits_path)) {
         fprintf(stderr, "evaluate: --positions scores with --context; --stream and --logits do not apply\n");
         return 2;
@@ -391,7 +408,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "evaluate: --stride %d is more than the window of %d tokens\n", S, T);
         return 2;
     }
-    if (!threads && stream && params_count(&ps, false) < 10000000) threads = 1;   // as generate
+    if (!threads && stream && steps && params_count(&ps, false) < 10000000) threads = 1;   // as generate
     int nthreads = model_set_threads((int)threads);
     blas_select_from_env();   // float32 products on ATTNLAB_GEMM's backend (default auto), as generate
     int *all_ids = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
@@ -416,7 +433,7 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < n; i++) text_bytes += tokenizer_token_len(&tok, ids[i]);
         double t0 = runlog_now();
         Status ws = status_ok();
-        Score sc = stream ? score_stream(&lm, &tok, ids, n, device)
+        Score sc = stream ? score_stream(&lm, &tok, ids, n, device, steps)
                           : score_windows(&lm, &tok, ids, n, T, S, (int)batch, logits_path, &ws, device);
         if (!ws.ok) fprintf(stderr, "evaluate: --logits: %s\n", ws.msg);
         double secs = runlog_now() - t0;

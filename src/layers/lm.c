@@ -295,7 +295,8 @@ static Tensor *step_window(Tape *tp, const Mixer *m, void *cache, Tensor *u) {
     return y;
 }
 
-Tensor *lm_prefill(Tape *tp, LM *lm, LMCache *c, const int *tokens, int T) {
+// lm_prefill, and with `all` lm_prefill_all.
+static Tensor *prefill(Tape *tp, LM *lm, LMCache *c, const int *tokens, int T, bool all) {
     ASSERT(!tape_grad_enabled(tp), "lm_prefill: decode on a tape in no-grad mode (tape_no_grad_push)");
     ASSERT(T >= 1 && c->pos + T <= c->max_T, "lm_prefill: %d positions into a cache of %d that holds %d", T,
            c->max_T, c->pos);
@@ -308,7 +309,9 @@ Tensor *lm_prefill(Tape *tp, LM *lm, LMCache *c, const int *tokens, int T) {
     Tape own[2];
     for (int i = 0; i < 2; i++) tape_init_on(&own[i], tp->device), tape_no_grad_push(&own[i]);
     int *win = xmalloc((size_t)B * W * sizeof(int));
-    Tensor *last = tape_tensorv(tp, 3, B, 1, D);   // each row's last position, normed by norm_f
+    int V = lm->cfg.vocab_size;
+    // Each row's last position normed by norm_f, or every position's logits.
+    Tensor *out = all ? tape_tensorv(tp, 3, B, T, V) : tape_tensorv(tp, 3, B, 1, D);
     for (int t0 = 0; t0 < T; t0 += W) {
         int T0 = imin(W, T - t0);
         for (int b = 0; b < B; b++)
@@ -329,11 +332,26 @@ Tensor *lm_prefill(Tape *tp, LM *lm, LMCache *c, const int *tokens, int T) {
             Tensor *m = mlp_forward(t, b, op_add_rmsnorm(t, x, y, b->norm2, eps, &h));
             u = op_add_rmsnorm(t, h, m, norm_after(lm, l), eps, &x);
         }
-        size_t w = (size_t)D * sizeof(real);
-        dev_copy2d(tp->device, last->data, w, u->data + (int64_t)(T0 - 1) * D, (size_t)T0 * w, w, (size_t)B);
+        if (all) {   // the window's logits to columns t0 .. t0+T0-1 of out
+            Tensor *lg = head_forward(&own[(lm->cfg.n_layers - 1) % 2], lm, u);
+            size_t w = (size_t)T0 * V * sizeof(real);
+            dev_copy2d(tp->device, out->data + (int64_t)t0 * V, (size_t)T * V * sizeof(real), lg->data, w, w,
+                       (size_t)B);
+        } else {
+            size_t w = (size_t)D * sizeof(real);
+            dev_copy2d(tp->device, out->data, w, u->data + (int64_t)(T0 - 1) * D, (size_t)T0 * w, w, (size_t)B);
+        }
         c->pos += T0;
     }
     free(win);
     for (int i = 0; i < 2; i++) tape_no_grad_pop(&own[i]), tape_free(&own[i]);
-    return head_forward(tp, lm, last);
+    return all ? out : head_forward(tp, lm, out);
+}
+
+Tensor *lm_prefill(Tape *tp, LM *lm, LMCache *c, const int *tokens, int T) {
+    return prefill(tp, lm, c, tokens, T, false);
+}
+
+Tensor *lm_prefill_all(Tape *tp, LM *lm, LMCache *c, const int *tokens, int T) {
+    return prefill(tp, lm, c, tokens, T, true);
 }

@@ -117,6 +117,9 @@ Tensor *lm_step(Tape *tp, LM *lm, LMCache *c, const int *tokens);
 // declines, position by position with step(). Keeps two layers' activations
 // of one window at a time. No-grad mode.
 Tensor *lm_prefill(Tape *tp, LM *lm, LMCache *c, const int *tokens, int T);
+// The same, returning every position's logits, (B, T, V), each equal to its
+// lm_step's (e.g. to score a text as one stream: evaluate --stream).
+Tensor *lm_prefill_all(Tape *tp, LM *lm, LMCache *c, const int *tokens, int T);
 // Row b's next token begins a new document (a doc_start flag in decoding):
 // every layer forgets row b's history (MixerKind.cache_reset). The logits
 // that follow equal lm_forward_docs's with a flag at that position.
