@@ -503,6 +503,10 @@ Test(programs, evaluate_scores_every_token_once, .timeout = 120) {
         evaluate_loss(dir, (char *[]){"--checkpoint", ck, "--text", probe2, "--window", "2599", "--json", NULL});
     cr_assert(fabs(lp - lt) <= 1e-5 * lt && fabs(lp - l1) <= 1e-5 * l1, "stream %.8f, token by token %.8f, window %.8f",
               lp, lt, l1);
+    char *out, *err;   // --no-prefill says what it needs
+    int code = evaluate_run(dir, (char *[]){"--checkpoint", ck, "--text", probe2, "--no-prefill", NULL}, &out, &err);
+    cr_assert(code == 2 && strstr(err, "evaluate: --no-prefill applies to --stream only"), "%d %s", code, err);
+    free(out), free(err);
     // Non-overlapping windows of 100 (the last one shifted to end with the text): the same sum as
     // lm_loss over those windows, each target once.
     char *o = evaluate(dir, (char *[]){"--checkpoint", (char *)ckpt, "--text", probe, "--window", "100", "--stride",
