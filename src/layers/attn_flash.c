@@ -560,8 +560,13 @@ void attn_prefix_forward(Tape *tp, real *o, const real *q, const real *kc, const
 // before its first sum, and each head's pass read the cache at a stride.
 #define DECODE_PART 256
 // Scores DECODE_KB keys at a time: transposed into Kt (dk x DECODE_KB), so
-// that each key's sum runs along a vector lane, not across one.
-#define DECODE_KB (4 * VL)
+// that each key's sum runs along a vector lane, not across one. One vector
+// of keys (16 rows of all heads, 8 KB at tiny_attn's shape) rather than four
+// (32 KB, the size of L1, read once per head): from memory the kernel read
+// 13.3-15.5 GB/s on one thread against 10.3-12.0, on two 20.2-25.8 against
+// 16.4-20.7 (bench/decode_kernel_bench, stop 35; prefetching 2 or 4 blocks
+// ahead instead of one changed nothing beyond the noise).
+#define DECODE_KB VL
 _Static_assert(DECODE_PART % DECODE_KB == 0, "a part is whole blocks of keys (decode_part stores whole vectors)");
 // Rows of V asked for ahead of their use (prefetch_rows; addresses past the
 // cache are never read, a prefetch does not fault).
@@ -587,12 +592,9 @@ static void decode_part(DecodePart r, const real *q, const real *K, const real *
             prefetch_rows(K + (int64_t)(j0 + DECODE_KB + p0) * ldk, ldk, p1 - p0, ldk, 0);
             pack_transposed(Kt, DECODE_KB, K + (int64_t)j0 * ldk + h * dk, ldk, nk, dk);
             const real *qh = q + h * dk;
-            vreal acc[4] = {{0}};
-            for (int c = 0; c < dk; c++) {
-                const vreal *row = (const vreal *)(Kt + (int64_t)c * DECODE_KB);
-                for (int v = 0; v < 4; v++) acc[v] += qh[c] * row[v];
-            }
-            for (int v = 0; v < 4; v++) *(vreal *)(s + (int64_t)h * DECODE_PART + j0 + v * VL) = scale * acc[v];
+            vreal acc = {0};
+            for (int c = 0; c < dk; c++) acc += qh[c] * *(const vreal *)(Kt + (int64_t)c * DECODE_KB);
+            *(vreal *)(s + (int64_t)h * DECODE_PART + j0) = scale * acc;
         }
     }
     for (int h = 0; h < H; h++) {
