@@ -62,7 +62,7 @@ static void usage(FILE *f) {
             "  --batch B          windows per forward pass (default 8)\n"
             "  --stream           score the text as one sequence with the decoder (recurrent state carried\n"
             "                     through the whole text; attention keeps a KV cache of all of it), in\n"
-            "                     parallel windows of %d tokens\n"
+            "                     parallel windows of %d tokens (on a GPU larger)\n"
             "  --no-prefill       with --stream: token by token instead (the decoding path of generate)\n"
             "  --threads N        threads (default: all cores; with --stream --no-prefill 1 below 10M\n"
             "                     parameters)\n"
@@ -174,9 +174,10 @@ static Score score_windows(LM *lm, const Tokenizer *tk, const int *tok, int64_t 
     return sc;
 }
 
-// The whole text as one sequence through the decoder: windows of
-// LM_PREFILL_WINDOW positions at once (lm_prefill_all), or with steps one
-// position at a time.
+// The whole text as one sequence through the decoder: windows of the
+// cache's prefill_window positions at once (lm_prefill_all), or with steps
+// one position at a time. A window's logits come to the host: at most 16M
+// of them (64 MB in float32; 1024 positions at least).
 static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n, Device dev, bool steps) {
     Score sc = {0, 0, 0};
     if (n < 2 || n > INT32_MAX) return sc;
@@ -184,7 +185,8 @@ static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n
     tape_init_on(&tp, dev);
     tape_no_grad_push(&tp);
     LMCache *cache = lm_cache_new_on(lm, 1, (int)n, dev);
-    int V = lm->cfg.vocab_size, W = steps ? 1 : LM_PREFILL_WINDOW;
+    int V = lm->cfg.vocab_size, W = imin(cache->prefill_window, imax(LM_PREFILL_WINDOW, (1 << 24) / V));
+    if (steps) W = 1;
     real *lg = xmalloc((size_t)W * V * sizeof(real));   // a window's logits on the host
     for (int64_t i = 0; i + 1 < n; i += W) {   // positions i .. i+w-1 predict tokens i+1 .. i+w
         int w = (int)(n - 1 - i < W ? n - 1 - i : W);

@@ -239,7 +239,7 @@ LMCache *lm_cache_new_on(const LM *lm, int B, int max_T, Device d) {
     c->B = B;
     c->max_T = max_T;
     c->device = d;
-    c->prefill_window = LM_PREFILL_WINDOW;
+    c->prefill_window = d == DEVICE_CPU ? LM_PREFILL_WINDOW : LM_PREFILL_WINDOW_GPU;
     for (int l = 0; l < lm->cfg.n_layers; l++) {
         const Mixer *m = lm->blocks[l].mixer;
         c->mixer[l] = m->kind->cache_new(m, B, max_T, d);

@@ -95,11 +95,16 @@ double lm_dsa_mass(const LM *lm);
 // threads): windows of 1024 run as fast as 4096 (tiny_attn 2.4-2.7 s,
 // tiny_hybrid 0.85-1.1 s), in 75-126 MB against 195-219 MB of memory.
 #define LM_PREFILL_WINDOW 1024
+// On a GPU, whose memory holds a long window's activations (~1.6 GB for 16k
+// positions at d_model 1024) and whose attention has no kernel for a window
+// after cached keys (those windows are stepped), a prompt of up to 64k
+// positions runs as one window.
+#define LM_PREFILL_WINDOW_GPU 65536
 typedef struct LMCache {
     void *mixer[LM_MAX_LAYERS];
     int B, max_T, pos;
     Device device;   // where its buffers live: lm_step runs on a tape of this device
-    int prefill_window;   // positions lm_prefill runs at once (LM_PREFILL_WINDOW)
+    int prefill_window;   // positions lm_prefill runs at once (LM_PREFILL_WINDOW, or _GPU on a GPU)
 } LMCache;
 
 LMCache *lm_cache_new(const LM *lm, int B, int max_T);   // on the CPU
