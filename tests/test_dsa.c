@@ -462,6 +462,69 @@ Test(dsa, fused_select_equals_scores_then_topk) {
     tensor_free(w);
 }
 
+// Decoding's scores of one query (dsa_index_row): against the definition in
+// double, for keys in rows ld apart, a number of keys that is not whole
+// vectors and an index head size that is not either.
+Test(dsa, index_row_equals_definition) {
+    int n = 300, HI = 3, dI = 5, ld = 8;
+    real *qI = test_randn(HI * dI, 71), *w = test_randn(HI, 72), *kI = test_randn((int64_t)n * ld, 73);
+    real *got = xmalloc((size_t)n * sizeof(real));
+    dsa_index_row(got, qI, w, kI, ld, n, HI, dI);
+    for (int s = 0; s < n; s++) {
+        double acc = 0, mag = 0;
+        for (int j = 0; j < HI; j++) {
+            double z = 0;
+            for (int i = 0; i < dI; i++) z += (double)qI[j * dI + i] * kI[(int64_t)s * ld + i];
+            if (z > 0) acc += w[j] * z / sqrt(dI), mag += fabs(w[j] * z / sqrt(dI));
+        }
+        cr_assert_leq(fabs(got[s] - acc), FORM_TOL * (1 + mag), "key %d: %.9g, want %.9g", s, (double)got[s], acc);
+    }
+    free(qI), free(w), free(kI), free(got);
+}
+
+// The prefill's selection (dsa_prefix_select): a window of queries after
+// cached indexer keys picks, for each query, what dsa_index_select picks for
+// the same query at the end of a sequence made of the row's cached keys
+// from key0 on (its document). Windows of several query tiles and key
+// blocks, after 0 and after 300 cached keys, rows whose keys begin at 0 and
+// at 250, a one-query window.
+Test(dsa, prefix_select_equals_select_over_the_whole_row) {
+    int B = 2, max_T = 700, HI = 3, dI = 4, K = 10;
+    const int wins[][2] = {{0, 130}, {300, 200}, {650, 1}}, key0s[][2] = {{0, 0}, {0, 250}, {0, 250}};
+    Tensor *kc = tensor_newv(false, 3, B, max_T, dI), *qa = tensor_newv(false, 3, B, max_T, HI * dI);
+    Tensor *wa = tensor_newv(false, 3, B, max_T, HI);
+    fill_index_inputs(qa, kc, wa, HI, 61, false);
+    for (size_t c = 0; c < sizeof wins / sizeof wins[0]; c++) {
+        int pos = wins[c][0], T0 = wins[c][1], key0[2] = {key0s[c][0], key0s[c][1]};
+        // The window's queries and weights: rows pos .. pos+T0-1 of qa, wa.
+        real *q = xmalloc((size_t)B * T0 * HI * dI * sizeof(real)), *w = xmalloc((size_t)B * T0 * HI * sizeof(real));
+        for (int b = 0; b < B; b++) {
+            memcpy(q + (int64_t)b * T0 * HI * dI, qa->data + ((int64_t)b * max_T + pos) * HI * dI,
+                   (size_t)T0 * HI * dI * sizeof(real));
+            memcpy(w + (int64_t)b * T0 * HI, wa->data + ((int64_t)b * max_T + pos) * HI,
+                   (size_t)T0 * HI * sizeof(real));
+        }
+        int *got = xmalloc((size_t)B * T0 * K * sizeof(int));
+        dsa_prefix_select(got, q, w, kc->data, B, max_T, pos, T0, key0, HI, dI, K);
+        for (int b = 0; b < B; b++) {   // row b alone, from key0[b]: a sequence of n positions
+            int k0 = key0[b], n = pos + T0 - k0;
+            int *want = xmalloc((size_t)n * K * sizeof(int));
+            int64_t r0 = (int64_t)b * max_T + k0;
+            dsa_index_select(want, qa->data + r0 * HI * dI, kc->data + r0 * dI, wa->data + r0 * HI, 1, n, HI, dI, K,
+                             NULL);
+            for (int t = 0; t < T0; t++)
+                for (int j = 0; j < K; j++) {
+                    int g = got[((int64_t)b * T0 + t) * K + j], x = want[(int64_t)(pos - k0 + t) * K + j];
+                    cr_assert_eq(g, x < 0 ? -1 : x + k0, "window at %d, row %d, query %d, pick %d: %d, want %d", pos, b,
+                                 t, j, g, x < 0 ? -1 : x + k0);
+                }
+            free(want);
+        }
+        free(got), free(q), free(w);
+    }
+    tensor_free(kc), tensor_free(qa), tensor_free(wa);
+}
+
 #include <omp.h>
 
 // Gradients of the indexer and of the sparse attention with 1 and 2 threads.

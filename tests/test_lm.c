@@ -104,16 +104,18 @@ Test(lm, decode_equals_parallel_every_mixer) {
 // Prefill (lm_prefill): windows of a prompt decoded in one parallel forward
 // each, with steps between them, give the logits token-by-token decoding
 // gives at the windows' last positions and at every step after them, and
-// leave the caches as the steps would. With `docs` every window but the
-// first begins a document in both rows (lm_cache_reset_row); without, the
-// windows continue the rows (attention over the cached keys, recurrent
-// states carried). Windows of 5 and 4 positions exceed attn_dsa's topk (3):
+// leave the caches as the steps would. With docs = 1 every window but the
+// first begins a document in both rows (lm_cache_reset_row); with docs = 2
+// documents begin one step before the second and third windows, which then
+// continue them (attention over the document's cached keys from a slot after
+// 0); with docs = 0 the windows continue the rows (attention over the cached
+// keys, recurrent states carried). Windows of 5 and 4 positions exceed attn_dsa's topk (3):
 // its sparse path; one of 2 does not: its dense one. `window` is the
 // cache's prefill_window (the LM's own windows; 0: the default); `stepped`:
 // the kinds' prefill removed, so the LM steps the attention layers' windows
 // (as it would a kind without one); `all`: the windows by lm_prefill_all,
 // every position's logits compared.
-static void check_prefill(const char *layers, bool docs, bool distill, int window, bool stepped, bool all) {
+static void check_prefill(const char *layers, int docs, bool distill, int window, bool stepped, bool all) {
     LMConfig cfg = test_tiny_lm_config(layers);
     ParamStore ps;
     params_init(&ps);
@@ -132,7 +134,10 @@ static void check_prefill(const char *layers, bool docs, bool distill, int windo
     int V = cfg.vocab_size, tokens[B * T], flags[B * T];
     memset(flags, 0, sizeof flags);
     for (int i = 0; i < B * T; i++) tokens[i] = (i * 5 + 3 + i / T) % V;
-    for (int w = 1; docs && w < 3; w++) flags[0 * T + win[w][0]] = flags[1 * T + win[w][0]] = 1;
+    for (int w = 1; docs && w < 3; w++) {
+        int at = win[w][0] - (docs == 2);   // the window's start, or the step before it
+        flags[0 * T + at] = flags[1 * T + at] = 1;
+    }
     Device d = device_default();
     if (d != DEVICE_CPU) params_to_device(&ps, d);
     real *par = NULL, *ref = test_lm_decode_logits_docs(&lm, d, tokens, docs ? flags : NULL, B, T, &par);
@@ -156,7 +161,10 @@ static void check_prefill(const char *layers, bool docs, bool distill, int windo
             }
             lg = all ? lm_prefill_all(&tp, &lm, c, tok, n) : lm_prefill(&tp, &lm, c, tok, n);
         } else {
-            for (int b = 0; b < B; b++) tok[b] = tokens[b * T + t];
+            for (int b = 0; b < B; b++) {
+                if (flags[b * T + t]) lm_cache_reset_row(&lm, c, b);
+                tok[b] = tokens[b * T + t];
+            }
             lg = lm_step(&tp, &lm, c, tok);
         }
         int np = lg->shape[1];   // positions t+n-np .. t+n-1: the last one, or the window's all
@@ -183,7 +191,8 @@ static void check_prefill(const char *layers, bool docs, bool distill, int windo
 #endif
     cr_assert_eq(checked, 3 + 2 + 1 + 2, "%s: %d calls", layers, checked);
     cr_assert_leq(worst, tol, "%s%s%s, window %d%s: prefill + steps vs token by token differ by %.3e at position %d",
-                  layers, docs ? " (documents)" : "", distill ? " (distill)" : "", window,
+                  layers, docs == 1 ? " (documents)" : docs == 2 ? " (documents begun before)" : "",
+                  distill ? " (distill)" : "", window,
                   stepped ? " (stepped)" : "", worst, worst_t);
     cr_assert_leq(worst_par, tol, "%s: prefill + steps vs the parallel forward differ by %.3e", layers, worst_par);
     free(got), free(ref), free(par);
@@ -197,15 +206,17 @@ static void check_prefill(const char *layers, bool docs, bool distill, int windo
 Test(lm, prefill_then_steps_equal_token_by_token_every_mixer) {
     const char *kinds[] = {"attn", "linear", "mamba", "gdn", "attn_dsa", "gdn,attn,mamba,linear,attn_dsa"};
     for (int i = 0; i < 6; i++)
-        for (int docs = 0; docs < 2; docs++) check_prefill(kinds[i], docs, false, 0, false, false);
-    for (int docs = 0; docs < 2; docs++) check_prefill("attn_dsa,gdn", docs, true, 0, false, false);   // dense
+        for (int docs = 0; docs < 3; docs++) check_prefill(kinds[i], docs, false, 0, false, false);
+    for (int docs = 0; docs < 3; docs++) check_prefill("attn_dsa,gdn", docs, true, 0, false, false);   // dense
     // The LM's own windows of 3 (5 = 3 + 2, 4 = 3 + 1), and attention stepped.
-    check_prefill("gdn,attn,mamba,linear,attn_dsa", false, false, 3, false, false);
-    check_prefill("gdn,attn,attn_dsa", true, false, 3, true, false);
-    check_prefill("attn,attn_dsa", false, true, 0, true, false);
+    check_prefill("gdn,attn,mamba,linear,attn_dsa", 0, false, 3, false, false);
+    check_prefill("gdn,attn,attn_dsa", 1, false, 3, true, false);
+    check_prefill("gdn,attn,attn_dsa", 2, false, 3, true, false);
+    check_prefill("attn,attn_dsa", 0, true, 0, true, false);
     // Every position's logits (lm_prefill_all), across the LM's windows too.
-    check_prefill("gdn,attn,mamba,linear,attn_dsa", false, false, 0, false, true);
-    check_prefill("gdn,attn,mamba,linear,attn_dsa", true, false, 3, false, true);
+    check_prefill("gdn,attn,mamba,linear,attn_dsa", 0, false, 0, false, true);
+    check_prefill("gdn,attn,mamba,linear,attn_dsa", 1, false, 3, false, true);
+    check_prefill("gdn,attn,mamba,linear,attn_dsa", 2, false, 3, false, true);
 }
 
 Test(lm, parse_layers_rejects_unknown_mixer) {

@@ -346,7 +346,7 @@ void attn_dsa_indexer_params(const Mixer *m, Tensor *out[3]) {
 }
 
 // The indexer keys of u (B, T0, D) into the cache's slots pos... (as the
-// steps would rotate them), then the cache advanced by T0; k and v are in already.
+// steps would rotate them); the cache is not advanced.
 static void put_index_keys(Tape *tp, const Mixer *m, DsaCache *dc, Tensor *u) {
     const MixerConfig *c = &m->cfg;
     const DsaLayer *L = m->impl;
@@ -357,7 +357,6 @@ static void put_index_keys(Tape *tp, const Mixer *m, DsaCache *dc, Tensor *u) {
     size_t w = (size_t)c->index_dim * sizeof(real);
     dev_copy2d(kv->dev, (char *)dc->kI + (size_t)kv->pos * w, (size_t)kv->max_T * w, kI->data, T0 * w, T0 * w,
                (size_t)kv->B);
-    kv->pos += T0;
 }
 
 void attn_cache_prefill(Tape *tp, const Mixer *m, void *cache, Tensor *u) {
@@ -378,29 +377,66 @@ void attn_cache_prefill(Tape *tp, const Mixer *m, void *cache, Tensor *u) {
     attn_layer_qkv(tp, A, c, u, kv->pos, kvcache_positions(tp, kv, T0), &q, &k, &v);
     kvcache_put(kv, k, v);
     if (dsa) put_index_keys(tp, m, cache, u);
-    else kv->pos += T0;
+    kv->pos += T0;
     tape_no_grad_pop(tp);
+}
+
+// A sparse window after cached keys, on the CPU: every query of the window
+// as its step would take it (its top-k by the indexer over its row's cached
+// keys and the window's up to itself, then attention over those), the
+// scores by products (dsa_prefix_select) and the queries in parallel.
+static Tensor *sparse_after_cache(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
+    const MixerConfig *c = &m->cfg;
+    const DsaLayer *L = m->impl;
+    KVCache *kv = &dc->kv;
+    int B = kv->B, T0 = u->shape[1], H = c->n_heads, HI = c->index_heads, dI = c->index_dim, K = c->topk;
+    int pos = kv->pos;
+    const int *rp = kvcache_positions(tp, kv, T0);
+    Tensor *q, *k, *v;
+    attn_layer_qkv(tp, &L->attn, c, u, pos, rp, &q, &k, &v);
+    kvcache_put(kv, k, v);
+    put_index_keys(tp, m, dc, u);
+    Tensor *qI = rope_at(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, rp, c->rope_base);
+    Tensor *w = op_matmul(tp, u, L->ww_idx, false, false);
+    int *sel = tape_alloc(tp, (size_t)B * T0 * K * sizeof(int));
+    dsa_prefix_select(sel, qI->data, w->data, dc->kI, B, kv->max_T, pos, T0, kv->start, HI, dI, K);
+    Tensor *o = tape_tensorv(tp, 3, B, T0, H * c->d_v);
+    int ldq = H * c->d_k, ldv = H * c->d_v;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T0; t++) {
+            int64_t r = (int64_t)b * T0 + t;
+            dsa_sparse_decode(o->data + r * ldv, q->data + r * ldq, kv->k + (int64_t)b * kv->max_T * ldq,
+                              kv->v + (int64_t)b * kv->max_T * ldv, 1, kv->max_T, sel + r * K, K, H, c->d_k, c->d_v,
+                              1.0 / sqrt(c->d_k));
+        }
+    return op_matmul(tp, o, L->attn.wo, false, false);
 }
 
 // MixerKind.prefill: the output the steps would give. They attend densely in
 // DSA_DISTILL mode, and sparsely otherwise (DSA_SPARSE_KL too, without a KL):
-// the window runs the forward of that attention, without any KL, whose
-// DSA_DISTILL target would be a (B, T0, T0) matrix. A sparse window after
-// cached keys (whose indexer would score them) is left to the steps: NULL.
+// a fresh window runs the forward of that attention, without any KL, whose
+// DSA_DISTILL target would be a (B, T0, T0) matrix; a sparse window after
+// cached keys sparse_after_cache on the CPU, and the steps on a GPU (NULL).
 static Tensor *dsa_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     const MixerConfig *c = &m->cfg;
     DsaLayer *L = m->impl;
     DsaCache *dc = cache;
     ASSERT(u->ndim == 3 && u->shape[0] == dc->kv.B && u->shape[2] == c->d_model,
            "attn_dsa prefill: u %s must be (%d, T, %d)", SHAPE(u), dc->kv.B, c->d_model);
+    ASSERT(!tape_grad_enabled(tp), "attn_dsa prefill: runs in no-grad mode (tape_no_grad_push first)");
+    ASSERT(dc->kv.dev == tp->device && dc->kv.pos + u->shape[1] <= dc->kv.max_T,
+           "attn_dsa prefill: a %s cache on a %s tape, %d positions into %d free", device_name(dc->kv.dev),
+           device_name(tp->device), u->shape[1], dc->kv.max_T - dc->kv.pos);
     Tensor *y;
     if (L->mode == DSA_DISTILL) {   // dense attention over the cache
         if (!(y = attn_layer_prefill(tp, &L->attn, c, &dc->kv, u))) return NULL;
+    } else if (!kvcache_fresh(&dc->kv)) {
+        if (tp->device != DEVICE_CPU) return NULL;
+        y = sparse_after_cache(tp, m, dc, u);
+        dc->kv.pos += u->shape[1];
+        return y;
     } else {
-        if (!kvcache_fresh(&dc->kv)) return NULL;
-        ASSERT(!tape_grad_enabled(tp), "attn_dsa prefill: runs in no-grad mode (tape_no_grad_push first)");
-        ASSERT(dc->kv.dev == tp->device, "attn_dsa prefill: a %s cache on a %s tape", device_name(dc->kv.dev),
-               device_name(tp->device));
         DsaMode mode = L->mode;
         L->mode = DSA_SPARSE;
         y = dsa_forward(tp, m, u, NULL, NULL, NULL);   // topk >= T0: dense, the same selection
@@ -410,6 +446,7 @@ static Tensor *dsa_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
         kvcache_put(&dc->kv, k, v);
     }
     put_index_keys(tp, m, dc, u);
+    dc->kv.pos += u->shape[1];
     return y;
 }
 

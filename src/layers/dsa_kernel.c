@@ -27,31 +27,32 @@
 #include "cuda_ops.h"
 #include "docs.h"
 #include "dsa_kernel.h"
+#include "tile_mm.h"
 
 // ---- indexer scores ----
 
-// Rows t0 .. t0+nq-1 of the scores of batch element b: I_t,s for s <= t,
-// written to out + i*ldo, zeros after s = t up to ldo (ldo = T for the full
-// matrix). The keys go in blocks of DSA_KEY_BLOCK, so that Z stays in cache
+// The scores of the queries at positions t0 .. t0+nq-1 of one row: I_t,s
+// for s <= t, written to out + i*ldo, zeros after s = t up to ldo (ldo = T
+// for the full matrix). Q and W hold the tile's queries and weights (rows
+// 0 .., i.e. position t at row t - t0), K the row's keys (row s = position
+// s). The keys go in blocks of DSA_KEY_BLOCK, so that Z stays in cache
 // between the product and the pass that reads it, and that pass writes each
 // score once: I = 0 + term_0 + term_1 + ..., the index heads in order.
-// first: the documents (docs.h, (B, T)) or NULL: then only s in [lo(t), t]
-// is scored, and the entries before lo(t) are zeroed when `full` (else left
-// as they are: the caller reads [lo(t), t] only).
+// first: the row's document starts (docs.h, (T)) or NULL: then only s in
+// [lo(t), t] is scored, and the entries before lo(t) are zeroed when `full`
+// (else left as they are: the caller reads [lo(t), t] only).
 // Z: scratch (nq*HI, DSA_KEY_BLOCK).
-static void index_tile(real *out, int64_t ldo, const real *qI, const real *kI, const real *w, const int *first,
-                       bool full, int b, int t0, int nq, int T, int HI, int dI, real *Z) {
+static void index_tile(real *out, int64_t ldo, const real *Q, const real *K, const real *W, const int *first,
+                       bool full, int t0, int nq, int HI, int dI, real *Z) {
     real c = (real)(1.0 / sqrt(dI));
     int s_end = t0 + nq;
-    int64_t r0 = (int64_t)b * T + t0;
-    const real *Q = qI + r0 * HI * dI, *K = kI + (int64_t)b * T * dI;
-    for (int s0 = docs_begin(first, r0) / DSA_KEY_BLOCK * DSA_KEY_BLOCK; s0 < s_end; s0 += DSA_KEY_BLOCK) {
+    for (int s0 = docs_begin(first, t0) / DSA_KEY_BLOCK * DSA_KEY_BLOCK; s0 < s_end; s0 += DSA_KEY_BLOCK) {
         int ns = imin(DSA_KEY_BLOCK, s_end - s0);
         gemm(false, true, nq * HI, ns, dI, 1, Q, dI, K + (int64_t)s0 * dI, dI, 0, Z, ns);
         for (int i = imax(0, s0 - t0); i < nq; i++) {   // rows t >= s0
             int t = t0 + i, m = imin(ns, t + 1 - s0);
             real *It = out + (int64_t)i * ldo + s0;
-            const real *wt = w + ((int64_t)b * T + t) * HI, *Zi = Z + (int64_t)i * HI * ns;
+            const real *wt = W + (int64_t)i * HI, *Zi = Z + (int64_t)i * HI * ns;
 #pragma omp simd
             for (int s = 0; s < m; s++) {
                 real acc = 0;
@@ -66,7 +67,7 @@ static void index_tile(real *out, int64_t ldo, const real *qI, const real *kI, c
     for (int i = 0; i < nq; i++) {
         int t = t0 + i;
         memset(out + (int64_t)i * ldo + t + 1, 0, (size_t)(ldo - t - 1) * sizeof(real));
-        if (full && first) memset(out + (int64_t)i * ldo, 0, (size_t)docs_begin(first, r0 + i) * sizeof(real));
+        if (full && first) memset(out + (int64_t)i * ldo, 0, (size_t)docs_begin(first, t) * sizeof(real));
     }
 }
 
@@ -83,8 +84,11 @@ static void index_forward(Node *n) {
         for (int b = 0; b < B; b++)
             for (int it = 0; it < n_tiles; it++) {
                 int t0 = it * DSA_TILE;
-                index_tile(n->out[0]->data + ((int64_t)b * T + t0) * T, T, n->in[0]->data, n->in[1]->data,
-                           n->in[2]->data, n->aux, true, b, t0, imin(DSA_TILE, T - t0), T, HI, dI, Z);
+                int64_t r0 = (int64_t)b * T + t0;
+                const int *first = n->aux;
+                index_tile(n->out[0]->data + r0 * T, T, n->in[0]->data + r0 * HI * dI,
+                           n->in[1]->data + (int64_t)b * T * dI, n->in[2]->data + r0 * HI, first ? first + b * T : NULL,
+                           true, t0, imin(DSA_TILE, T - t0), HI, dI, Z);
             }
     }
 }
@@ -158,16 +162,38 @@ Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int ind
     return Isc;
 }
 
+// VL keys at a time, transposed so that each key's dot products run along
+// a vector lane (as attention's decoding kernel does), with the arithmetic
+// of index_tile: I = sum_j (c w_j) z_j over z_j > 0, in real. Until stop 35
+// a scalar loop in double: sparse decoding at 16k keys ran slower than
+// dense attention (tiny_attn's indexer, 4 x 16 per key, against 4 x 64).
 void dsa_index_row(real *scores, const real *qI, const real *w, const real *kI, int64_t ld, int n, int HI, int dI) {
-    double c = 1.0 / sqrt(dI);
-    for (int s = 0; s < n; s++) {
-        double acc = 0;
+    real c = (real)(1.0 / sqrt(dI));
+    real Kt[dI * VL] __attribute__((aligned(VEC_BYTES)));   // (dI x VL): VL keys' columns
+    int s = 0;
+    for (; s + VL <= n; s += VL) {
+        pack_transposed(Kt, VL, kI + (int64_t)s * ld, (int)ld, VL, dI);
+        real acc[VL] = {0};
         for (int j = 0; j < HI; j++) {
-            double z = 0;
-            for (int i = 0; i < dI; i++) z += (double)qI[j * dI + i] * kI[s * ld + i];
-            if (z > 0) acc += w[j] * z;
+            real z[VL] = {0}, cw = c * w[j];
+            for (int i = 0; i < dI; i++) {
+                real a = qI[j * dI + i];
+#pragma omp simd
+                for (int k = 0; k < VL; k++) z[k] += a * Kt[i * VL + k];
+            }
+#pragma omp simd
+            for (int k = 0; k < VL; k++) acc[k] += z[k] > 0 ? cw * z[k] : 0;
         }
-        scores[s] = (real)(c * acc);
+        memcpy(scores + s, acc, sizeof acc);
+    }
+    for (; s < n; s++) {   // the last keys, one at a time: the same sums
+        real acc = 0;
+        for (int j = 0; j < HI; j++) {
+            real z = 0;
+            for (int i = 0; i < dI; i++) z += qI[j * dI + i] * kI[s * ld + i];
+            acc += z > 0 ? c * w[j] * z : 0;
+        }
+        scores[s] = acc;
     }
 }
 
@@ -333,7 +359,9 @@ void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, i
         for (int b = 0; b < B; b++)
             for (int it = 0; it < n_tiles; it++) {
                 int t0 = it * DSA_TILE, nq = imin(DSA_TILE, T - t0);
-                index_tile(rows, t0 + nq, qI, kI, w, first, false, b, t0, nq, T, HI, dI, Z);
+                int64_t r0 = (int64_t)b * T + t0;
+                index_tile(rows, t0 + nq, qI + r0 * HI * dI, kI + (int64_t)b * T * dI, w + r0 * HI,
+                           first ? first + (int64_t)b * T : NULL, false, t0, nq, HI, dI, Z);
                 for (int i = 0; i < nq; i++) {
                     int64_t r = (int64_t)b * T + t0 + i;
                     dsa_topk_from(sel + r * K, rows + (int64_t)i * (t0 + nq), docs_begin(first, r), t0 + i + 1, K,
@@ -345,6 +373,38 @@ void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, i
         free(cand);
     }
     free(first);
+}
+
+void dsa_prefix_select(int *sel, const real *qI, const real *w, const real *kIc, int B, int max_T, int pos, int T0,
+                       const int *key0, int HI, int dI, int K) {
+    ASSERT(K >= 1 && T0 >= 1 && pos >= 0 && pos + T0 <= max_T, "dsa_prefix_select: K %d, window %d at %d of %d", K,
+           T0, pos, max_T);
+    int n_tiles = (T0 + DSA_TILE - 1) / DSA_TILE, most = pos + T0;   // the longest row of scores
+#pragma omp parallel
+    {
+        real *Z = xmalloc((size_t)DSA_TILE * HI * DSA_KEY_BLOCK * sizeof(real));
+        real *rows = xmalloc((size_t)DSA_TILE * most * sizeof(real));   // (nq, t0+nq) one tile of scores
+        void *cand = xmalloc(DSA_TOPK_WORK(most));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int it = 0; it < n_tiles; it++) {
+                // Positions count from the row's first key k0: the window's
+                // first query is at p0; its selections are made absolute.
+                int k0 = key0 ? key0[b] : 0, p0 = pos - k0, t0 = p0 + it * DSA_TILE;
+                int nq = imin(DSA_TILE, p0 + T0 - t0);
+                int64_t r0 = (int64_t)b * T0 + t0 - p0;   // the tile's first query row
+                index_tile(rows, t0 + nq, qI + r0 * HI * dI, kIc + ((int64_t)b * max_T + k0) * dI, w + r0 * HI, NULL,
+                           false, t0, nq, HI, dI, Z);
+                for (int i = 0; i < nq; i++) {
+                    int *row = sel + (r0 + i) * K;
+                    dsa_topk_row(row, rows + (int64_t)i * (t0 + nq), t0 + i + 1, K, cand);
+                    for (int j = 0; j < K && row[j] >= 0; j++) row[j] += k0;
+                }
+            }
+        free(Z);
+        free(rows);
+        free(cand);
+    }
 }
 
 // ---- distillation target and loss ----

@@ -40,6 +40,14 @@ void dsa_topk(int *sel, const real *Isc, int B, int T, int K, const int *doc_sta
 // dsa_topk(op_dsa_index_scores(qI, kI, w)).
 void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
                       int K, const int *doc_start);
+// Prefill after cached keys (attn_dsa's windows, no autograd): the T0
+// queries of a window at slots pos .. pos+T0-1 of a decode cache, whose
+// indexer keys kIc (B, max_T, dI) hold slots key0[b] .. pos+T0-1 of row b
+// (key0 NULL: 0), the window's own included. qI (B, T0, HI*dI), w (B, T0,
+// HI) -> sel (B, T0, K): query t's top K among slots key0[b] .. pos+t, as
+// cache slots, ascending, -1 padded. Scores as dsa_index_select's.
+void dsa_prefix_select(int *sel, const real *qI, const real *w, const real *kIc, int B, int max_T, int pos, int T0,
+                       const int *key0, int HI, int dI, int K);
 // One row: row (K) <- the top K of scores[0..n), ascending, -1 padded when n < K.
 // work: scratch of DSA_TOPK_WORK(n) bytes. O(n): a bound on the K-th largest
 // leaves a few candidates, a bitwise search for the K-th among those.
