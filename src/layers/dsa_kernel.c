@@ -345,40 +345,12 @@ void dsa_topk(int *sel, const real *Isc, int B, int T, int K, const int *doc_sta
     free(first);
 }
 
-void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
-                      int K, const int *doc_start) {
-    ASSERT(K >= 1, "dsa_index_select: K = %d", K);
-    int n_tiles = (T + DSA_TILE - 1) / DSA_TILE;
-    int *first = first_of(doc_start, B, T);
-#pragma omp parallel
-    {
-        real *Z = xmalloc((size_t)DSA_TILE * HI * DSA_KEY_BLOCK * sizeof(real));
-        real *rows = xmalloc((size_t)DSA_TILE * T * sizeof(real));   // (nq, t0+nq) one tile of scores
-        void *cand = xmalloc(DSA_TOPK_WORK(T));
-#pragma omp for collapse(2) schedule(dynamic, 1)
-        for (int b = 0; b < B; b++)
-            for (int it = 0; it < n_tiles; it++) {
-                int t0 = it * DSA_TILE, nq = imin(DSA_TILE, T - t0);
-                int64_t r0 = (int64_t)b * T + t0;
-                index_tile(rows, t0 + nq, qI + r0 * HI * dI, kI + (int64_t)b * T * dI, w + r0 * HI,
-                           first ? first + (int64_t)b * T : NULL, false, t0, nq, HI, dI, Z);
-                for (int i = 0; i < nq; i++) {
-                    int64_t r = (int64_t)b * T + t0 + i;
-                    dsa_topk_from(sel + r * K, rows + (int64_t)i * (t0 + nq), docs_begin(first, r), t0 + i + 1, K,
-                                  cand);
-                }
-            }
-        free(Z);
-        free(rows);
-        free(cand);
-    }
-    free(first);
-}
-
-void dsa_prefix_select(int *sel, const real *qI, const real *w, const real *kIc, int B, int max_T, int pos, int T0,
-                       const int *key0, int HI, int dI, int K) {
-    ASSERT(K >= 1 && T0 >= 1 && pos >= 0 && pos + T0 <= max_T, "dsa_prefix_select: K %d, window %d at %d of %d", K,
-           T0, pos, max_T);
+// dsa_index_select (pos 0, T0 = max_T = T, key0 NULL, documents first) and
+// dsa_prefix_select (no documents): the queries of rows 0 .. T0-1 of qI, w
+// (B, T0, ...) at slots pos.., the keys of row b at kI + b max_T dI from
+// slot key0[b] on; positions count from key0[b], selections are slots.
+static void select_rows(int *sel, const real *qI, const real *w, const real *kI, int B, int max_T, int pos, int T0,
+                        const int *key0, const int *first, int HI, int dI, int K) {
     int n_tiles = (T0 + DSA_TILE - 1) / DSA_TILE, most = pos + T0;   // the longest row of scores
 #pragma omp parallel
     {
@@ -388,23 +360,40 @@ void dsa_prefix_select(int *sel, const real *qI, const real *w, const real *kIc,
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
             for (int it = 0; it < n_tiles; it++) {
-                // Positions count from the row's first key k0: the window's
-                // first query is at p0; its selections are made absolute.
-                int k0 = key0 ? key0[b] : 0, p0 = pos - k0, t0 = p0 + it * DSA_TILE;
+                int k0 = key0 ? key0[b] : 0, p0 = pos - k0, t0 = p0 + it * DSA_TILE;   // the tile's first query
                 int nq = imin(DSA_TILE, p0 + T0 - t0);
-                int64_t r0 = (int64_t)b * T0 + t0 - p0;   // the tile's first query row
-                index_tile(rows, t0 + nq, qI + r0 * HI * dI, kIc + ((int64_t)b * max_T + k0) * dI, w + r0 * HI, NULL,
+                int64_t r0 = (int64_t)b * T0 + t0 - p0;   // its row
+                const int *fb = first ? first + (int64_t)b * T0 : NULL;
+                index_tile(rows, t0 + nq, qI + r0 * HI * dI, kI + ((int64_t)b * max_T + k0) * dI, w + r0 * HI, fb,
                            false, t0, nq, HI, dI, Z);
                 for (int i = 0; i < nq; i++) {
                     int *row = sel + (r0 + i) * K;
-                    dsa_topk_row(row, rows + (int64_t)i * (t0 + nq), t0 + i + 1, K, cand);
-                    for (int j = 0; j < K && row[j] >= 0; j++) row[j] += k0;
+                    dsa_topk_from(row, rows + (int64_t)i * (t0 + nq), docs_begin(fb, t0 + i), t0 + i + 1, K, cand);
+                    for (int j = 0; k0 && j < K && row[j] >= 0; j++) row[j] += k0;
                 }
             }
         free(Z);
         free(rows);
         free(cand);
     }
+}
+
+void dsa_index_select(int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI, int dI,
+                      int K, const int *doc_start) {
+    ASSERT(K >= 1, "dsa_index_select: K = %d", K);
+    int *first = first_of(doc_start, B, T);
+    select_rows(sel, qI, w, kI, B, T, 0, T, NULL, first, HI, dI, K);
+    free(first);
+}
+
+void dsa_prefix_select(int *sel, const real *qI, const real *w, const real *kIc, int B, int max_T, int pos, int T0,
+                       const int *key0, int HI, int dI, int K) {
+    ASSERT(K >= 1 && T0 >= 1 && pos >= 0 && pos + T0 <= max_T, "dsa_prefix_select: K %d, window %d at %d of %d", K,
+           T0, pos, max_T);
+    for (int b = 0; key0 && b < B; b++)
+        ASSERT(key0[b] >= 0 && key0[b] <= pos, "dsa_prefix_select: row %d's keys begin at %d, its window at %d", b,
+               key0[b], pos);
+    select_rows(sel, qI, w, kIc, B, max_T, pos, T0, key0, NULL, HI, dI, K);
 }
 
 // ---- distillation target and loss ----
