@@ -417,7 +417,8 @@ static Tensor *sparse_after_cache(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
 // DSA_DISTILL mode, and sparsely otherwise (DSA_SPARSE_KL too, without a KL):
 // a fresh window runs the forward of that attention, without any KL, whose
 // DSA_DISTILL target would be a (B, T0, T0) matrix; a sparse window after
-// cached keys sparse_after_cache on the CPU, and the steps on a GPU (NULL).
+// cached keys goes to sparse_after_cache on the CPU, to the steps on a GPU
+// (NULL).
 static Tensor *dsa_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     const MixerConfig *c = &m->cfg;
     DsaLayer *L = m->impl;
@@ -439,7 +440,7 @@ static Tensor *dsa_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     } else {
         DsaMode mode = L->mode;
         L->mode = DSA_SPARSE;
-        y = dsa_forward(tp, m, u, NULL, NULL, NULL);   // topk >= T0: dense, the same selection
+        y = dsa_forward(tp, m, u, NULL, NULL, NULL);   // (dense when topk >= T0: every key is selected)
         L->mode = mode;
         Tensor *q, *k, *v;   // the window's keys and values again (dsa_forward keeps them to itself)
         attn_layer_qkv(tp, &L->attn, c, u, dc->kv.pos, kvcache_positions(tp, &dc->kv, u->shape[1]), &q, &k, &v);
