@@ -63,7 +63,7 @@ static void usage(FILE *f) {
             "  --stream           score the text as one sequence with the decoder (recurrent state carried\n"
             "                     through the whole text; attention keeps a KV cache of all of it), in\n"
             "                     parallel windows of %d tokens (on a GPU larger)\n"
-            "  --no-prefill       with --stream: token by token instead (the decoding path of generate)\n"
+            "  --no-prefill       with --stream: token by token instead (as generate samples)\n"
             "  --threads N        threads (default: all cores; with --stream --no-prefill 1 below 10M\n"
             "                     parameters)\n"
             "  --device D         cpu (default) or cuda: score on the GPU (a build with -DAG_CUDA=ON)\n"

@@ -7,7 +7,7 @@
 // The model is rebuilt from the config stored in the checkpoint: no config
 // file is needed. The text goes to stdout (the prompt, then the sample) and
 // everything else to stderr, so `generate ... > out.txt` keeps only text.
-// The prompt is decoded in one parallel forward (lm_prefill), which fills the
+// The prompt is decoded in parallel windows (lm_prefill), which fill the
 // caches and states; --no-prefill steps it token by token.
 // --check also runs the parallel forward over the whole sequence and verifies
 // that the logits decoding computed (every position with --no-prefill; the
@@ -46,8 +46,8 @@ static void usage(FILE *f) {
             "                       cache, which takes all cores; else all cores)\n"
             "  --device D           cpu (default) or cuda: decode on the GPU (a build with -DAG_CUDA=ON)\n"
             "  --no-echo            print only the sampled text, not the prompt\n"
-            "  --no-prefill         step the prompt token by token instead of one parallel forward (on\n"
-            "                       all cores unless --threads)\n"
+            "  --no-prefill         step the prompt token by token instead of running it in parallel\n"
+            "                       windows (on all cores unless --threads)\n"
             "  --check              verify the decoded logits against the parallel forward (at most %d\n"
             "                       positions in all)\n"
             "The text goes to standard output, statistics and errors to standard error.\n",
@@ -276,8 +276,8 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     if (a->echo && !unconditional) fwrite(prompt, 1, (size_t)n_prompt, stdout);
     fflush(stdout);
     double t0 = runlog_now(), t_gen = 0;
-    // The prompt in one parallel forward: work enough for every core even
-    // where a token's is not. It is one document (encoded as ordinary text,
+    // The prompt in parallel windows: work enough for every core even where
+    // a token's is not. It is one document (encoded as ordinary text,
     // an end-of-text's text is not the token), as attention's prefill needs.
     bool prefill = a->prefill;
     int prefill_threads = a->threads > 0 ? threads : all;
