@@ -164,15 +164,17 @@ Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int ind
 
 // VL keys at a time, transposed so that each key's dot products run along
 // a vector lane (as attention's decoding kernel does), with the arithmetic
-// of index_tile: I = sum_j (c w_j) z_j over z_j > 0, in real. Until stop 35
-// a scalar loop in double: sparse decoding at 16k keys ran slower than
-// dense attention (tiny_attn's indexer, 4 x 16 per key, against 4 x 64).
+// of index_tile: I = sum_j (c w_j) z_j over z_j > 0, in real. The last block
+// may be partial: pack_transposed zeroes its missing keys' lanes, whose
+// scores are not stored. Until stop 35 a scalar loop in double: sparse
+// decoding at 16k keys ran slower than dense attention (tiny_attn's
+// indexer, 4 x 16 per key, against 4 x 64).
 void dsa_index_row(real *scores, const real *qI, const real *w, const real *kI, int64_t ld, int n, int HI, int dI) {
     real c = (real)(1.0 / sqrt(dI));
     real Kt[dI * VL] __attribute__((aligned(VEC_BYTES)));   // (dI x VL): VL keys' columns
-    int s = 0;
-    for (; s + VL <= n; s += VL) {
-        pack_transposed(Kt, VL, kI + (int64_t)s * ld, (int)ld, VL, dI);
+    for (int s = 0; s < n; s += VL) {
+        int nk = imin(VL, n - s);
+        pack_transposed(Kt, VL, kI + (int64_t)s * ld, (int)ld, nk, dI);
         real acc[VL] = {0};
         for (int j = 0; j < HI; j++) {
             real z[VL] = {0}, cw = c * w[j];
@@ -184,16 +186,7 @@ void dsa_index_row(real *scores, const real *qI, const real *w, const real *kI, 
 #pragma omp simd
             for (int k = 0; k < VL; k++) acc[k] += z[k] > 0 ? cw * z[k] : 0;
         }
-        memcpy(scores + s, acc, sizeof acc);
-    }
-    for (; s < n; s++) {   // the last keys, one at a time: the same sums
-        real acc = 0;
-        for (int j = 0; j < HI; j++) {
-            real z = 0;
-            for (int i = 0; i < dI; i++) z += qI[j * dI + i] * kI[s * ld + i];
-            acc += z > 0 ? c * w[j] * z : 0;
-        }
-        scores[s] = acc;
+        memcpy(scores + s, acc, (size_t)nk * sizeof(real));
     }
 }
 
