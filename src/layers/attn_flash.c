@@ -236,16 +236,18 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, int qoff, cons
     }
 }
 
-static void flash_forward(Node *n) {
-    AttnDims d = dims_of(n);
-    const real *q = n->in[0]->data, *k = n->in[1]->data, *v = n->in[2]->data;
-    const int *first = n->aux;
-    real *o = n->out[0]->data;
-    real *lse = n->saved;   // (B, H, T) or NULL when no backward will run
-    int ldq = d.H * d.dk, ldv = d.H * d.dv;
-    int n_tiles = (d.T + d.bq - 1) / d.bq;
+// The forward's tiles, for op_attention (pos 0, T0 = max_T = T, key0 NULL)
+// and attn_prefix_forward (no documents, no lse): the queries of rows
+// 0 .. T0-1 of q (B, T0, H*dk) at slots pos.., the keys and values of row b
+// at kc, vc + b max_T rows from slot key0[b] on; positions count from
+// key0[b], so the keys are cut into tiles there, as op_attention cuts a
+// document that starts a sequence. o (B, T0, H*dv); lse (B, H, T0), first
+// (B, T0) or NULL. Scratch from tp.
+static void forward_rows(Tape *tp, const AttnDims *d, real *o, real *lse, const real *q, const real *kc,
+                         const real *vc, int max_T, int pos, int T0, const int *key0, const int *first) {
+    int ldq = d->H * d->dk, ldv = d->H * d->dv, n_tiles = (T0 + d->bq - 1) / d->bq;
     size_t stride;
-    unsigned char *slots = tape_thread_slots(n->tape, forward_scratch(&d) * sizeof(real), &stride);
+    unsigned char *slots = tape_thread_slots(tp, forward_scratch(d) * sizeof(real), &stride);
     ASSERT((uintptr_t)slots % VEC_BYTES == 0 && stride % VEC_BYTES == 0, "attention: scratch not aligned");
 #pragma omp parallel
     {
@@ -253,17 +255,24 @@ static void flash_forward(Node *n) {
         // Later query tiles see more keys: hand tiles out dynamically. Each
         // task writes its own rows, so the result is the same for any schedule.
 #pragma omp for collapse(3) schedule(dynamic, 1)
-        for (int b = 0; b < d.B; b++)
-            for (int h = 0; h < d.H; h++)
+        for (int b = 0; b < d->B; b++)
+            for (int h = 0; h < d->H; h++)
                 for (int it = 0; it < n_tiles; it++) {
-                    int t0 = it * d.bq, nq = imin(d.bq, d.T - t0);
-                    int64_t row0 = (int64_t)b * d.T;
-                    flash_forward_tile(&d, t0, nq, 0, q + row0 * ldq + h * d.dk, k + row0 * ldq + h * d.dk,
-                                       v + row0 * ldv + h * d.dv, o + row0 * ldv + h * d.dv,
-                                       lse ? lse + ((int64_t)b * d.H + h) * d.T : NULL, first ? first + row0 : NULL,
+                    int k0 = key0 ? key0[b] : 0, p0 = pos - k0, t0 = p0 + it * d->bq, nq = imin(d->bq, p0 + T0 - t0);
+                    int64_t r0 = (int64_t)b * max_T + k0, row0 = (int64_t)b * T0;   // the first key, query
+                    flash_forward_tile(d, t0, nq, p0, q + row0 * ldq + h * d->dk, kc + r0 * ldq + h * d->dk,
+                                       vc + r0 * ldv + h * d->dv, o + row0 * ldv + h * d->dv,
+                                       lse ? lse + ((int64_t)b * d->H + h) * T0 : NULL, first ? first + row0 : NULL,
                                        scratch);
                 }
     }
+}
+
+static void flash_forward(Node *n) {
+    AttnDims d = dims_of(n);
+    // lse: (B, H, T) or NULL when no backward will run.
+    forward_rows(n->tape, &d, n->out[0]->data, n->saved, n->in[0]->data, n->in[1]->data, n->in[2]->data, d.T, 0, d.T,
+                 NULL, n->aux);
 }
 
 // Backward scratch (reals per thread), each piece a whole number of vectors:
@@ -526,26 +535,7 @@ void attn_prefix_forward(Tape *tp, real *o, const real *q, const real *kc, const
                key0[b], pos);
     AttnDims d = {B, T0, H, dk, dv, ATTN_TILE_Q, ATTN_TILE_K, round_vl(dk), round_vl(dv), round_vl(ATTN_TILE_K),
                   (real)scale, attn_tiles_bf16(dk, dv, ATTN_TILE_Q, ATTN_TILE_K)};
-    int ldq = H * dk, ldv = H * dv, n_tiles = (T0 + d.bq - 1) / d.bq;
-    size_t stride;
-    unsigned char *slots = tape_thread_slots(tp, forward_scratch(&d) * sizeof(real), &stride);
-    ASSERT((uintptr_t)slots % VEC_BYTES == 0 && stride % VEC_BYTES == 0, "attention: scratch not aligned");
-#pragma omp parallel
-    {
-        real *scratch = (real *)(slots + stride * (size_t)omp_get_thread_num());
-#pragma omp for collapse(3) schedule(dynamic, 1)
-        for (int b = 0; b < B; b++)
-            for (int h = 0; h < H; h++)
-                for (int it = 0; it < n_tiles; it++) {
-                    // Positions count from the row's first key: the keys are
-                    // cut into tiles there, as op_attention cuts a document
-                    // that starts a sequence.
-                    int k0 = key0 ? key0[b] : 0, p0 = pos - k0, t0 = p0 + it * d.bq, nq = imin(d.bq, p0 + T0 - t0);
-                    int64_t r0 = (int64_t)b * max_T + k0;   // the row's first key
-                    flash_forward_tile(&d, t0, nq, p0, q + (int64_t)b * T0 * ldq + h * dk, kc + r0 * ldq + h * dk,
-                                       vc + r0 * ldv + h * dv, o + (int64_t)b * T0 * ldv + h * dv, NULL, NULL, scratch);
-                }
-    }
+    forward_rows(tp, &d, o, NULL, q, kc, vc, max_T, pos, T0, key0, NULL);
 }
 
 // Decoding: one query per (row b, head h) against the cached keys s0 ..
