@@ -430,23 +430,21 @@ static Tensor *dsa_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
            "attn_dsa prefill: a %s cache on a %s tape, %d positions into %d free", device_name(dc->kv.dev),
            device_name(tp->device), u->shape[1], dc->kv.max_T - dc->kv.pos);
     Tensor *y;
-    if (L->mode == DSA_DISTILL) {   // dense attention over the cache
+    if (L->mode == DSA_DISTILL) {   // dense attention over the cache (keys and values put)
         if (!(y = attn_layer_prefill(tp, &L->attn, c, &dc->kv, u))) return NULL;
+        put_index_keys(tp, m, dc, u);
     } else if (!kvcache_fresh(&dc->kv)) {
         if (tp->device != DEVICE_CPU) return NULL;
         y = sparse_after_cache(tp, m, dc, u);
-        dc->kv.pos += u->shape[1];
-        return y;
     } else {
         DsaMode mode = L->mode;
         L->mode = DSA_SPARSE;
         y = dsa_forward(tp, m, u, NULL, NULL, NULL);   // (dense when topk >= T0: every key is selected)
         L->mode = mode;
-        Tensor *q, *k, *v;   // the window's keys and values again (dsa_forward keeps them to itself)
-        attn_layer_qkv(tp, &L->attn, c, u, dc->kv.pos, kvcache_positions(tp, &dc->kv, u->shape[1]), &q, &k, &v);
-        kvcache_put(&dc->kv, k, v);
+        // The window's keys, values and indexer keys again (dsa_forward keeps them to itself).
+        attn_cache_prefill(tp, m, dc, u);
+        return y;   // (the cache advanced)
     }
-    put_index_keys(tp, m, dc, u);
     dc->kv.pos += u->shape[1];
     return y;
 }
