@@ -22,3 +22,11 @@ length_sets() {
 field() {
     sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"
 }
+
+# one_step_checkpoint WHO TRAIN CONFIG DIR -> DIR/checkpoint.h5: CONFIG trained
+# for one step by the train program TRAIN (the decoding benchmarks: speed does
+# not depend on the weights); WHO names the caller in the error.
+one_step_checkpoint() {
+    "$2" --config "$3" --set train.steps=1 --set train.eval_every=0 --set "train.run_dir=$4" >/dev/null 2>&1 ||
+        { echo "$1: training $(basename "$3" .ini) failed" >&2; exit 1; }
+}

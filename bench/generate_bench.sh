@@ -23,6 +23,7 @@
 # and backends. Needs cache/kjv.txt (scripts/get_corpus.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/bench_lib.sh   # one_step_checkpoint
 
 CONTEXTS=256,16384
 TOKENS=64
@@ -58,8 +59,7 @@ rows=()
 for cfg in "${CONFIGS[@]}"; do
     name=$(basename "$cfg" .ini)
     ckpt=$TMP/$name/checkpoint.h5
-    "${BUILDS[0]}/train" --config "$cfg" --set train.steps=1 --set train.eval_every=0 \
-        --set "train.run_dir=$TMP/$name" >/dev/null 2>&1 || { echo "generate_bench: training $name failed" >&2; exit 1; }
+    one_step_checkpoint generate_bench "${BUILDS[0]}/train" "$cfg" "$TMP/$name"
     for P in "${CLIST[@]}"; do
         head -c "$P" cache/kjv.txt >"$TMP/prompt"
         declare -A best=()

@@ -19,6 +19,7 @@
 # and activations). Needs cache/kjv.txt (scripts/get_corpus.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/bench_lib.sh   # one_step_checkpoint
 
 CONTEXTS=1024,16384
 ROUNDS=2
@@ -67,8 +68,7 @@ rows=()
 for cfg in "${CONFIGS[@]}"; do
     name=$(basename "$cfg" .ini)
     ckpt=$TMP/$name/checkpoint.h5
-    "$BUILD/train" --config "$cfg" --set train.steps=1 --set train.eval_every=0 \
-        --set "train.run_dir=$TMP/$name" >/dev/null 2>&1 || { echo "prefill_bench: training $name failed" >&2; exit 1; }
+    one_step_checkpoint prefill_bench "$BUILD/train" "$cfg" "$TMP/$name"
     for P in "${CLIST[@]}"; do
         head -c "$P" cache/kjv.txt >"$TMP/prompt"
         best_p=1e9 best_s=1e9 mem_p=0 mem_s=0
