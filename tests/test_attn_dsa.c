@@ -236,3 +236,111 @@ Test(attn_dsa, lm_decode_equals_forward_logits) {
     lm_destroy(&lm);
     params_free(&ps);
 }
+
+// The mixer's forward of u (1, T, D) on device d in no-grad mode, with the
+// replay m has set: the output (T, D) on the host.
+static real *forward_rows(Mixer *m, const Tensor *u, Device d) {
+    Tape tp;
+    tape_init_on(&tp, d);
+    tape_no_grad_push(&tp);
+    Tensor *y = m->kind->forward(&tp, m, tape_tensor_copy(&tp, 3, u->shape, u->data), NULL, NULL, NULL);
+    real *out = xmalloc((size_t)y->numel * sizeof(real));
+    dev_to_host(out, y->data, (size_t)y->numel * sizeof(real), d);
+    tape_free(&tp);
+    return out;
+}
+
+// u (1, T, D) through a recording cache, in windows of the given lengths
+// (each through the kind's prefill, stepped where the prefill declines; a
+// length 1 is a step): the record (T, topk).
+static int *record_windows(Mixer *m, const Tensor *u, Device d, const int *len, int n_len) {
+    int T = u->shape[1], D = u->shape[2], K = m->cfg.topk;
+    int *rec = xmalloc((size_t)T * K * sizeof(int));
+    for (int i = 0; i < T * K; i++) rec[i] = DSA_REC_NONE;
+    attn_dsa_record(m, rec, T);
+    void *cache = m->kind->cache_new(m, 1, T, d);
+    Tape tp;
+    tape_init_on(&tp, d);
+    tape_no_grad_push(&tp);
+    int t0 = 0;
+    for (int w = 0; w < n_len; w++) {
+        int n = len[w];
+        Tensor *x = tape_tensor_copy(&tp, 3, (int[]){1, n, D}, u->data + (int64_t)t0 * D);
+        if (n == 1 || !m->kind->prefill(&tp, m, cache, x))
+            for (int t = t0; t < t0 + n; t++)
+                m->kind->step(&tp, m, cache, tape_tensor_copy(&tp, 3, (int[]){1, 1, D}, u->data + (int64_t)t * D));
+        tape_reset(&tp);
+        t0 += n;
+    }
+    cr_assert_eq(t0, T);
+    attn_dsa_record(m, NULL, 0);
+    m->kind->cache_free(cache);
+    tape_free(&tp);
+    return rec;
+}
+
+// generate --check's replay (attn_dsa.h): decoding records each position's
+// picks, through steps and through prefill windows alike; the parallel
+// forward replaying them is the forward itself when they are its own; a
+// pick changed by hand moves that row's output alone and is reported with a
+// positive score gap; a pick that is no candidate is reported as infinite
+// and not replayed.
+Test(attn_dsa, replay_of_decoding_picks) {
+    ParamStore ps;
+    int T = 40, D = 16, K = 8;
+    Mixer *m = dsa_new("attn_dsa", &ps, D, K, 21);
+    Device d = device_default();
+    if (d != DEVICE_CPU) params_to_device(&ps, d);
+    Tensor *u = tensor_newv(false, 3, 1, T, D);
+    fill_normal(u, 22, 1.0);
+    int steps[40];
+    for (int i = 0; i < T; i++) steps[i] = 1;
+    int *rec = record_windows(m, u, d, steps, T);
+    int *win = record_windows(m, u, d, (int[]){24, 16}, 2);   // a fresh window, then one after cached keys
+    for (int t = 0; t < T; t++) {
+        cr_assert_neq(rec[t * K], DSA_REC_NONE, "position %d not recorded", t);
+        for (int i = 0; i < K; i++)
+            cr_assert_eq(rec[t * K + i], win[t * K + i], "position %d pick %d: steps %d, windows %d", t, i,
+                         rec[t * K + i], win[t * K + i]);
+        for (int i = 0; i < K; i++)   // the first rows: every candidate, then -1
+            if (t < K) cr_assert_eq(rec[t * K + i], i <= t ? i : -1, "position %d pick %d", t, i);
+    }
+    real *y0 = forward_rows(m, u, d);
+    attn_dsa_replay(m, rec, T);
+    real *y1 = forward_rows(m, u, d);
+    DsaReplayReport r = attn_dsa_replay_report(m);
+    cr_assert(r.rows == T && r.differ == 0, "rows %lld, differ %lld", (long long)r.rows, (long long)r.differ);
+    cr_assert(!memcmp(y0, y1, (size_t)T * D * sizeof(real)), "replaying the forward's own picks changed it");
+    // Row 30 takes the first candidate it lacks in place of its first pick.
+    int t = 30, *row = rec + t * K, s = 0;
+    for (int i = 0; i < K && row[i] == s; i++) s++;   // the picks are ascending
+    int changed[8], n = 0;
+    for (int i = 1; i < K; i++) changed[n++] = row[i];
+    int at = 0;
+    while (at < n && changed[at] < s) at++;
+    memmove(changed + at + 1, changed + at, (size_t)(n - at) * sizeof(int));
+    changed[at] = s;
+    memcpy(row, changed, sizeof changed);
+    attn_dsa_replay(m, rec, T);
+    real *y2 = forward_rows(m, u, d);
+    r = attn_dsa_replay_report(m);
+    cr_assert(r.rows == T && r.differ == 1 && r.worst_row == t, "rows %lld, differ %lld at %lld", (long long)r.rows,
+              (long long)r.differ, (long long)r.worst_row);
+    cr_assert(r.worst > 0 && isfinite(r.worst), "gap %g", r.worst);
+    for (int p = 0; p < T; p++) {
+        bool same = !memcmp(y0 + p * D, y2 + p * D, (size_t)D * sizeof(real));
+        cr_assert(p == t ? !same : same, "position %d: %s", p, same ? "unchanged" : "changed");
+    }
+    row[K - 1] = t + 1;   // a key after the query: no selection
+    attn_dsa_replay(m, rec, T);
+    real *y3 = forward_rows(m, u, d);
+    r = attn_dsa_replay_report(m);
+    cr_assert(r.differ == 1 && r.worst_row == t && isinf(r.worst), "differ %lld, gap %g", (long long)r.differ,
+              r.worst);
+    cr_assert(!memcmp(y0, y3, (size_t)T * D * sizeof(real)), "a pick that is no candidate was replayed");
+    attn_dsa_replay(m, NULL, 0);
+    free(y0), free(y1), free(y2), free(y3), free(rec), free(win);
+    tensor_free(u);
+    mixer_destroy(m);
+    params_free(&ps);
+}

@@ -331,6 +331,8 @@ Test(train, generate_check_parity_on_a_hybrid_of_every_mixer, .timeout = 120) {
     }
     cr_assert_eq(rc, 0, "generate --check failed:\n%s", out);
     cr_assert(strstr(out, "OK"), "got:\n%s", out);
+    // The attn_dsa layer's picks were recorded at every position and replayed (attn_dsa.h).
+    cr_assert(strstr(out, "are its own top-k at 39 of 39 rows"), "got:\n%s", out);
 }
 
 Test(train, nonfinite_loss_stops_and_keeps_the_last_checkpoint, .timeout = 120) {

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_dsa.h"
 #include "attn_kernel.h"
 #include "blas.h"
 #include "checkpoint.h"
@@ -49,7 +50,8 @@ static void usage(FILE *f) {
             "  --no-prefill         step the prompt token by token instead of running it in parallel\n"
             "                       windows (on all cores unless --threads)\n"
             "  --check              verify the decoded logits against the parallel forward (at most %d\n"
-            "                       positions in all)\n"
+            "                       positions in all); attn_dsa layers: the forward replays decoding's\n"
+            "                       picks, which must be its own top-k up to near-ties of the scores\n"
             "The text goes to standard output, statistics and errors to standard error.\n",
             MAX_TOKENS_LIMIT, MODEL_MAX_THREADS, CHECK_LIMIT);
 }
@@ -273,6 +275,16 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     tape_init_on(&tp, a->device);
     tape_no_grad_push(&tp);
     LMCache *cache = lm_cache_new_on(lm, 1, (int)total, a->device);
+    // --check: each attn_dsa layer's picks, position by position, for the parallel forward to replay (attn_dsa.h).
+    int *picks[LM_MAX_LAYERS] = {0};
+    for (int l = 0; a->check && l < lm->cfg.n_layers; l++) {
+        Mixer *m = lm->blocks[l].mixer;
+        if (strcmp(m->kind->name, "attn_dsa")) continue;
+        size_t n = (size_t)total * m->cfg.topk;
+        picks[l] = xmalloc(n * sizeof(int));
+        for (size_t i = 0; i < n; i++) picks[l][i] = DSA_REC_NONE;
+        attn_dsa_record(m, picks[l], (int)total);
+    }
     if (a->echo && !unconditional) fwrite(prompt, 1, (size_t)n_prompt, stdout);
     fflush(stdout);
     double t0 = runlog_now(), t_gen = 0;
@@ -335,29 +347,77 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     if (a->check) {
         int *flags = xcalloc((size_t)total, sizeof *flags);   // the same document starts, in parallel
         for (int64_t n = 1; docs_after_eot && n < total; n++) flags[n] = tokens[n - 1] == tk->eot;
+        for (int l = 0; l < lm->cfg.n_layers; l++)
+            if (picks[l]) {
+                attn_dsa_record(lm->blocks[l].mixer, NULL, 0);
+                attn_dsa_replay(lm->blocks[l].mixer, picks[l], (int)total);
+            }
         Tensor *pt = lm_forward_docs(&tp, lm, tokens, flags, 1, (int)total, NULL, NULL);
         free(flags);
         real *par = xmalloc((size_t)pt->numel * sizeof(real));
         dev_to_host(par, pt->data, (size_t)pt->numel * sizeof(real), a->device);
         // Normwise relative difference: max |a - b| / max |a| (docs/MODEL.md, project notes).
-        double worst = 0, scale = 0;
-        for (int64_t i = first * V; i < pt->numel; i++) {
+        double scale = 0;
+        for (int64_t i = first * V; i < pt->numel; i++)
             scale = fmax(scale, fmax(fabs((double)par[i]), fabs((double)step_logits[i])));
-            worst = fmax(worst, fabs((double)par[i] - step_logits[i]));
-        }
-        free(par);
-        worst = scale > 0 ? worst / scale : worst;
+        if (scale == 0) scale = 1;
 #ifdef AG_DOUBLE
         double tol = 1e-9;
 #else
         double tol = 1e-4;
 #endif
+        // Each position's difference: a mismatch says where, and whether it is one position or many.
+        double worst = 0;
+        int64_t worst_at = first, n_over = 0, first_over = -1;
+        for (int64_t n = first; n < total; n++) {
+            double d = 0;
+            for (int64_t i = n * V; i < (n + 1) * V; i++) d = fmax(d, fabs((double)par[i] - step_logits[i]));
+            d /= scale;
+            if (d > worst) worst = d, worst_at = n;
+            if (d > tol && n_over++ == 0) first_over = n;
+        }
+        free(par);
         fprintf(stderr, "generate --check: %lld positions%s, max relative difference decoding vs parallel %.3e "
-                        "(tolerance %.0e): %s\n",
-                (long long)(total - first), prefill ? " (the prompt's last and every sampled one)" : "", worst, tol,
-                worst <= tol ? "OK" : "MISMATCH");
+                        "at position %lld (tolerance %.0e): %s\n",
+                (long long)(total - first), prefill ? " (the prompt's last and every sampled one)" : "", worst,
+                (long long)worst_at, tol, worst <= tol ? "OK" : "MISMATCH");
+        if (n_over)
+            fprintf(stderr, "generate --check: %lld position%s over the tolerance, the first at %lld\n",
+                    (long long)n_over, n_over == 1 ? "" : "s", (long long)first_over);
         code = worst <= tol ? 0 : 1;
+        // The sparse layers' picks: replayed above, so the logits compare; checked here against the
+        // forward's own top K (a near-tie of two scores may go either way in float arithmetic).
+        DsaReplayReport all = {0};
+        int worst_layer = -1;
+        for (int l = 0; l < lm->cfg.n_layers; l++) {
+            if (!picks[l]) continue;
+            DsaReplayReport r = attn_dsa_replay_report(lm->blocks[l].mixer);
+            attn_dsa_replay(lm->blocks[l].mixer, NULL, 0);
+            all.rows += r.rows;
+            all.differ += r.differ;
+            if (r.differ && (worst_layer < 0 || r.worst > all.worst))
+                all.worst = r.worst, all.worst_row = r.worst_row, worst_layer = l;
+        }
+        if (all.rows) {
+            bool ok = all.worst <= tol;
+            fprintf(stderr, "generate --check: the attn_dsa picks of decoding, replayed by the parallel forward, "
+                            "are its own top-k at %lld of %lld rows (layers x positions)",
+                    (long long)(all.rows - all.differ), (long long)all.rows);
+            if (all.differ)
+                fprintf(stderr, "; the other %lld differ%s by near-ties, the largest score gap %.3e of the "
+                                "scores' size (layer %d, position %lld; tolerance %.0e): %s",
+                        (long long)all.differ, all.differ == 1 ? "s" : "", all.worst, worst_layer,
+                        (long long)all.worst_row, tol,
+                        ok ? "OK" : "MISMATCH");
+            fprintf(stderr, "\n");
+            if (!ok) code = 1;
+        }
     }
+    for (int l = 0; l < lm->cfg.n_layers; l++)
+        if (picks[l]) {
+            attn_dsa_record(lm->blocks[l].mixer, NULL, 0);
+            free(picks[l]);
+        }
     tape_no_grad_pop(&tp);
     lm_cache_free(lm, cache);
     tape_free(&tp);

@@ -43,6 +43,13 @@ typedef struct DsaLayer {
     double last_mass;
     double *mass_dev;   // (1) GPU memory: the last GPU DSA_DISTILL forward's mass, or NULL (never ran)
     bool mass_on_dev;   // the last DSA_DISTILL forward ran on the GPU: *mass_dev is the figure
+    // attn_dsa_record / attn_dsa_replay (attn_dsa.h): the caller's buffers.
+    int *rec;           // (rec_rows, topk), or NULL
+    int rec_rows;
+    int rec_at;         // >= 0 while dsa_prefill runs a fresh window through dsa_forward: its first slot
+    const int *replay;  // (replay_rows, topk), or NULL
+    int replay_rows;
+    DsaReplayReport report;
 } DsaLayer;
 
 // In the memory of kv.dev (on the GPU: kI, scores and sel; cand is NULL).
@@ -80,6 +87,7 @@ static void dsa_create(Mixer *m, ParamStore *ps, const char *prefix) {
     L->wq_idx = param_linear(ps, prefix, "wq_idx", c->d_model, c->index_heads * c->index_dim, std);
     L->wk_idx = param_linear(ps, prefix, "wk_idx", c->d_model, c->index_dim, std);
     L->ww_idx = param_linear(ps, prefix, "ww_idx", c->d_model, c->index_heads, std);
+    L->rec_at = -1;
     m->impl = L;
 }
 
@@ -102,6 +110,118 @@ static Tensor *stop_gradient(Tape *tp, Tensor *u) {
 // RoPE at pos (B, T) or, when NULL, at pos0 + t.
 static Tensor *rope_at(Tape *tp, Tensor *x, int hd, int pos0, const int *pos, double base) {
     return pos ? op_rope_pos(tp, x, hd, pos, base) : op_rope(tp, x, hd, pos0, base);
+}
+
+// ---------------------------------------------------------------- record and replay (attn_dsa.h)
+
+// Slots slot0 .. slot0+n-1 of the record (a one-row cache) <- n selection rows (host).
+static void record_rows(const DsaLayer *L, int K, int slot0, const int *sel, int n) {
+    ASSERT(slot0 >= 0 && slot0 + n <= L->rec_rows, "attn_dsa record: slots %d .. %d of a record of %d", slot0,
+           slot0 + n - 1, L->rec_rows);
+    memcpy(L->rec + (int64_t)slot0 * K, sel, (size_t)n * K * sizeof(int));
+}
+
+// Query t's indexer score of key k in double, and into *mag the size of its
+// rounding: c sum_j |w_j| sum_i |qI_ji kI_i|.
+static double score_of(const real *q, const real *w, const real *k, int HI, int dI, double *mag) {
+    double acc = 0, m = 0, c = 1.0 / sqrt((double)dI);
+    for (int j = 0; j < HI; j++) {
+        double z = 0, za = 0;
+        for (int i = 0; i < dI; i++) {
+            z += (double)q[j * dI + i] * k[i];
+            za += fabs((double)q[j * dI + i] * k[i]);
+        }
+        if (z > 0) acc += w[j] * z;
+        m += fabs((double)w[j]) * za;
+    }
+    *mag = c * m;
+    return c * acc;
+}
+
+// The relative score gap of recorded picks r against the forward's own o
+// (both ascending, -1 padded, K) for query t whose candidates are [lo, t]:
+// INFINITY when r is not a valid selection (a key out of range, out of
+// order, or a different count than o's).
+static double pick_gap(const int *r, const int *o, int K, int t, int lo, const real *q, const real *w,
+                       const real *kI, int HI, int dI) {
+    int nr = 0, no = 0;
+    for (int i = 0; i < K; i++) {
+        if (r[i] >= 0) {
+            if (r[i] < lo || r[i] > t || (i > 0 && r[i] <= r[i - 1]) || nr != i) return INFINITY;
+            nr++;
+        } else if (r[i] != -1) return INFINITY;
+        no += o[i] >= 0;
+    }
+    if (nr != no) return INFINITY;
+    double best_missed = -INFINITY, worst_taken = INFINITY, mag = 0, m;
+    int i = 0, j = 0;   // a merge of the two ascending lists
+    while (i < nr || j < no) {
+        if (j >= no || (i < nr && r[i] < o[j])) {   // a recorded pick the forward did not make
+            worst_taken = fmin(worst_taken, score_of(q, w, kI + (int64_t)r[i++] * dI, HI, dI, &m));
+            mag = fmax(mag, m);
+        } else if (i >= nr || o[j] < r[i]) {        // the forward's own pick the record lacks
+            best_missed = fmax(best_missed, score_of(q, w, kI + (int64_t)o[j++] * dI, HI, dI, &m));
+            mag = fmax(mag, m);
+        } else i++, j++;
+    }
+    double gap = best_missed - worst_taken;
+    return gap <= 0 ? 0 : gap / (mag > 0 ? mag : 1);
+}
+
+// After a sparse forward's own selection sel (1, T, K; in the tape's device
+// memory): a prefill window records it, a check's replay puts the recorded
+// rows in its place and reports how they differ.
+static void record_or_replay(Tape *tp, DsaLayer *L, const MixerConfig *c, int *sel, Tensor *qI, Tensor *kI,
+                             Tensor *w, const int *doc_start, int B, int T, int K) {
+    bool record = L->rec && L->rec_at >= 0, replay = L->replay && L->rec_at < 0;
+    if (!record && !replay) return;
+    ASSERT(B == 1 && K == c->topk, "attn_dsa %s: one row (got %d) of topk picks", record ? "record" : "replay", B);
+    size_t bytes = (size_t)T * K * sizeof(int);
+    bool dev = tp->device != DEVICE_CPU;
+    int *own = dev ? xmalloc(bytes) : sel;
+    if (dev) dev_to_host(own, sel, bytes, tp->device);
+    if (record) {
+        record_rows(L, K, L->rec_at, own, T);
+        if (dev) free(own);
+        return;
+    }
+    ASSERT(T <= L->replay_rows, "attn_dsa replay: %d positions, %d recorded", T, L->replay_rows);
+    const int *first = docs_first(tp, doc_start, B, T);
+    int HI = c->index_heads, dI = c->index_dim;
+    real *hq = NULL, *hk = NULL, *hw = NULL;   // the indexer's inputs on the host, read once a row differs
+    bool changed = false;
+    for (int t = 0; t < T; t++) {
+        const int *r = L->replay + (int64_t)t * K;
+        int *o = own + (int64_t)t * K;
+        if (r[0] == DSA_REC_NONE) continue;
+        L->report.rows++;
+        if (!memcmp(r, o, (size_t)K * sizeof(int))) continue;
+        L->report.differ++;
+        if (!hq) {
+            hq = dev ? xmalloc(qI->numel * sizeof(real)) : qI->data;
+            hk = dev ? xmalloc(kI->numel * sizeof(real)) : kI->data;
+            hw = dev ? xmalloc(w->numel * sizeof(real)) : w->data;
+            if (dev) {
+                dev_to_host(hq, qI->data, qI->numel * sizeof(real), tp->device);
+                dev_to_host(hk, kI->data, kI->numel * sizeof(real), tp->device);
+                dev_to_host(hw, w->data, w->numel * sizeof(real), tp->device);
+            }
+        }
+        int lo = first && first[t] > 0 ? first[t] : 0;
+        double g = pick_gap(r, o, K, t, lo, hq + (int64_t)t * HI * dI, hw + (int64_t)t * HI, hk, HI, dI);
+        if (L->report.differ == 1 || g > L->report.worst) {   // (g >= 0)
+            L->report.worst = g;
+            L->report.worst_row = t;
+        }
+        if (isinf(g)) continue;   // not a selection: the forward keeps its own row
+        memcpy(o, r, (size_t)K * sizeof(int));
+        changed = true;
+    }
+    if (dev) {
+        if (changed) dev_from_host(sel, tp->device, own, bytes);
+        free(own);
+        if (hq) free(hq), free(hk), free(hw);
+    }
 }
 
 #ifdef AG_CUDA
@@ -134,6 +254,7 @@ static Tensor *dsa_attend_gpu(Tape *tp, DsaLayer *L, const MixerConfig *c, Tenso
         L->mass_on_dev = true;
     } else {
         cu_dsa_index_select(tp, sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K, first);
+        record_or_replay(tp, L, c, sel, qI, kI, w, doc_start, B, T, K);
         if (L->mode == DSA_SPARSE) tape_no_grad_pop(tp);
         o = op_sparse_attention(tp, q, k, v, sel, K, H, scale);
         if (L->mode == DSA_SPARSE_KL) {
@@ -187,6 +308,7 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
         L->mass_on_dev = false;
     } else {   // scores and selection tile by tile: no (B, T, T) matrix
         dsa_index_select(sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K, doc_start);
+        record_or_replay(tp, L, c, sel, qI, kI, w, doc_start, B, T, K);
         if (L->mode == DSA_SPARSE) tape_no_grad_pop(tp);
         o = op_sparse_attention(tp, q, k, v, sel, K, H, scale);
         if (L->mode == DSA_SPARSE_KL) {   // the KL over the selection: O(T K) memory
@@ -265,6 +387,11 @@ static Tensor *dsa_step_gpu(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
     cu_dsa_decode_select(dc->sel, dc->scores, qI->data, wt->data, dc->kI, B, kv->max_T, kv->pos, kv->start_dev, HI, dI,
                          K);
     cu_dsa_decode_sparse(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v, scale);
+    if (L->rec) {
+        ASSERT(B == 1, "attn_dsa record: one row (got %d)", B);
+        ASSERT(pos < L->rec_rows, "attn_dsa record: slot %d of a record of %d", pos, L->rec_rows);
+        dev_to_host(L->rec + (int64_t)pos * K, dc->sel, (size_t)K * sizeof(int), kv->dev);
+    }
     return op_matmul(tp, o, L->attn.wo, false, false);
 }
 #endif
@@ -307,6 +434,10 @@ static Tensor *dsa_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
                       dc->kI + ((int64_t)b * kv->max_T + s0) * dI, dI, kv->pos - s0, HI, dI);
         dsa_topk_from(dc->sel + (int64_t)b * K, dc->scores, s0, kv->pos, K, dc->cand);
     }
+    if (L->rec) {
+        ASSERT(B == 1, "attn_dsa record: one row (got %d)", B);
+        record_rows(L, K, pos, dc->sel, 1);
+    }
     dsa_sparse_decode(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v,
                       1.0 / sqrt(c->d_k));
     return op_matmul(tp, o, L->attn.wo, false, false);
@@ -344,6 +475,23 @@ void attn_dsa_indexer_params(const Mixer *m, Tensor *out[3]) {
     out[1] = L->wk_idx;
     out[2] = L->ww_idx;
 }
+
+void attn_dsa_record(Mixer *m, int *rec, int n_rows) {
+    DsaLayer *L = dsa_impl(m, "attn_dsa_record");
+    ASSERT(!rec || n_rows >= 0, "attn_dsa_record: %d rows", n_rows);
+    L->rec = rec;
+    L->rec_rows = rec ? n_rows : 0;
+}
+
+void attn_dsa_replay(Mixer *m, const int *rec, int n_rows) {
+    DsaLayer *L = dsa_impl(m, "attn_dsa_replay");
+    ASSERT(!rec || n_rows >= 0, "attn_dsa_replay: %d rows", n_rows);
+    L->replay = rec;
+    L->replay_rows = rec ? n_rows : 0;
+    memset(&L->report, 0, sizeof L->report);
+}
+
+DsaReplayReport attn_dsa_replay_report(const Mixer *m) { return dsa_impl(m, "attn_dsa_replay_report")->report; }
 
 // The indexer keys of u (B, T0, D) into the cache's slots pos... (as the
 // steps would rotate them); the cache is not advanced.
@@ -400,6 +548,10 @@ static Tensor *sparse_after_cache(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
     Tensor *w = op_matmul(tp, u, L->ww_idx, false, false);
     int *sel = tape_alloc(tp, (size_t)B * T0 * K * sizeof(int));
     dsa_prefix_select(sel, qI->data, w->data, dc->kI, B, kv->max_T, pos, T0, kv->start, HI, dI, K);
+    if (L->rec) {
+        ASSERT(B == 1, "attn_dsa record: one row (got %d)", B);
+        record_rows(L, K, pos, sel, T0);
+    }
     Tensor *o = tape_tensorv(tp, 3, B, T0, H * c->d_v);
     int ldq = H * c->d_k, ldv = H * c->d_v;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -439,7 +591,9 @@ static Tensor *dsa_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     } else {
         DsaMode mode = L->mode;
         L->mode = DSA_SPARSE;
+        L->rec_at = dc->kv.pos;   // a record's slots for the window (record_or_replay)
         y = dsa_forward(tp, m, u, NULL, NULL, NULL);   // (dense when topk >= T0: every key is selected)
+        L->rec_at = -1;
         L->mode = mode;
         // The window's keys, values and indexer keys again (dsa_forward keeps them to itself).
         attn_cache_prefill(tp, m, dc, u);

@@ -38,4 +38,39 @@ void attn_dsa_indexer_params(const Mixer *m, Tensor *out[3]);
 // the cache by T0. Runs in no-grad mode on tp.
 void attn_cache_prefill(Tape *tp, const Mixer *m, void *cache, Tensor *u);
 
+// Checking decoding against the parallel forward (generate --check). The
+// selection is a discontinuous function of the scores: where a row's K-th and
+// (K+1)-th scores are within rounding of each other, the step and the
+// parallel forward, whose sums round differently, may pick different keys and
+// their outputs then differ by far more than rounding. So the check replays
+// the steps' picks in the parallel forward, which makes the outputs comparable
+// everywhere, and checks the picks apart: each must be the forward's own top
+// K up to scores within the check's tolerance of each other.
+//
+// attn_dsa_record(m, rec, n): every later sparse step and prefill window of a
+// one-row cache writes its positions' selections (topk ints each, ascending,
+// -1 padded) to rec + slot * topk; the caller fills rec (n rows) with
+// DSA_REC_NONE first. A window that attends densely (topk >= its length)
+// writes nothing: every candidate is picked there. NULL stops recording.
+// attn_dsa_replay(m, rec, n): later sparse forwards of one row of T <= n
+// positions attend over rec's recorded rows (a row never recorded keeps the
+// forward's own) and report in attn_dsa_replay_report. NULL stops replaying.
+#define DSA_REC_NONE (-2)
+
+typedef struct DsaReplayReport {
+    int64_t rows;     // recorded rows replayed
+    int64_t differ;   // of them, rows whose recorded picks are not the forward's own
+    double worst;     // the largest relative score gap of those: INFINITY for a pick that is not a candidate
+    int64_t worst_row;
+} DsaReplayReport;
+
+void attn_dsa_record(Mixer *m, int *rec, int n_rows);
+void attn_dsa_replay(Mixer *m, const int *rec, int n_rows);
+// Since attn_dsa_replay: the rows replayed, how many differ, and by how much.
+// A differing row's gap is max over the forward's own picks it lacks of the
+// score minus min over its picks the forward lacks, in double from the
+// forward's indexer inputs, relative to sum_j |w_j| |qI_j| . |kI_s| / sqrt(dI)
+// of those keys (the size of a score's rounding, up to a factor of eps).
+DsaReplayReport attn_dsa_replay_report(const Mixer *m);
+
 #endif
