@@ -241,8 +241,8 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     int threads = model_set_threads((int)req);
     // Attention over a long cache is work enough for every core even where
     // the rest of a token is not (attn_kernel.h): given them unless --threads.
-    bool attention = false;   // an attn or attn_dsa layer: a cache that grows with the context
-    for (int l = 0; l < lm->cfg.n_layers; l++) attention |= !strncmp(lm->cfg.layers[l], "attn", 4);
+    bool attention = false;   // a layer without a recurrent state (attn, attn_dsa): a cache that grows
+    for (int l = 0; l < lm->cfg.n_layers; l++) attention |= !lm->blocks[l].mixer->kind->recurrent;
     int attn_threads = attention && a->threads <= 0 && threads < all ? all : threads;
     if (attn_threads > threads) attn_decode_set_threads(attn_threads);
     blas_select_from_env();   // float32 products on ATTNLAB_GEMM's backend (default auto)
