@@ -30,6 +30,45 @@ Test(ops_rope, gradcheck) {
     tensor_free(x);
 }
 
+// A recorded rope reuses the table of an earlier one of the same positions,
+// head size and base (ops_rope.c): on one tape, ropes that differ in each of
+// them give the bits each gives alone on a fresh tape, forward and backward.
+Test(ops_rope, shared_tables_only_between_equal_ropes) {
+    RopeCtx cs[] = {{8, 0, 10000.0}, {8, 0, 10000.0}, {8, 2, 10000.0}, {4, 0, 10000.0}, {8, 0, 500.0}};
+    int n = 5, numel = 2 * 7 * 24;
+    Tensor *x = tensor_newv(true, 3, 2, 7, 24);
+    fill_normal(x, 4, 1.0);
+    Tape tp;
+    tape_init(&tp);
+    Tensor *y[5], *sum = NULL;
+    for (int k = 0; k < n; k++) {
+        y[k] = op_rope(&tp, x, cs[k].hd, cs[k].pos0, cs[k].base);
+        Tensor *w = op_scale(&tp, y[k], k + 1.0);   // distinct seeds reach each rope's backward
+        sum = sum ? op_add(&tp, sum, w) : w;
+    }
+    real *seed = xmalloc((size_t)numel * sizeof(real));
+    for (int i = 0; i < numel; i++) seed[i] = (real)(0.25 * (i % 7) - 0.5);
+    tape_backward_from(&tp, sum, seed);
+    real *grad = xmalloc((size_t)numel * sizeof(real));
+    memcpy(grad, x->grad, (size_t)numel * sizeof(real));
+    real *want = xcalloc((size_t)numel, sizeof(real));   // the same, each rope on a tape of its own
+    for (int k = 0; k < n; k++) {
+        Tape one;
+        tape_init(&one);
+        memset(x->grad, 0, (size_t)numel * sizeof(real));
+        Tensor *z = op_rope(&one, x, cs[k].hd, cs[k].pos0, cs[k].base);
+        cr_assert(!memcmp(z->data, y[k]->data, (size_t)numel * sizeof(real)), "rope %d: forward", k);
+        Tensor *w = op_scale(&one, z, k + 1.0);
+        tape_backward_from(&one, w, seed);
+        for (int i = 0; i < numel; i++) want[i] += x->grad[i];
+        tape_free(&one);
+    }
+    cr_assert_leq(max_rel_diff(grad, want, numel), 1e-6, "backward: %.3e", max_rel_diff(grad, want, numel));
+    free(seed), free(grad), free(want);
+    tape_free(&tp);
+    tensor_free(x);
+}
+
 Test(ops_rope, rotates_by_the_known_angle) {
     Tape tp;
     tape_init(&tp);

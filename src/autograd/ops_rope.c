@@ -14,6 +14,7 @@
 // at long, per-row positions, where a table up to the position would cost
 // O(pos) per step).
 #include <math.h>
+#include <stdlib.h>
 
 #include "ops.h"
 #include "ops_layout.h"
@@ -23,23 +24,52 @@ typedef struct RopeSaved {
     real *cs;       // (n_pos, hd/2, 2): cos, sin of each table entry's angles
 } RopeSaved;
 
-// cs (n_pos, hd/2, 2); angles computed in double.
+// cs (n_pos, hd/2, 2); angles computed in double, each from its position and
+// frequency alone (the same bits whoever computes the entry).
 static void rope_table(real *cs, const RopeTable *tb, int hd, double base) {
+    int half = hd / 2;
+    double *freq = xmalloc((size_t)imax(half, 1) * sizeof(double));
+    for (int i = 0; i < half; i++) freq[i] = pow(base, -2.0 * i / hd);
+#pragma omp parallel for if ((int64_t)tb->n_pos * half >= 2048) schedule(static)
     for (int e = 0; e < tb->n_pos; e++) {
         int p = tb->pos ? tb->pos[e] : tb->pos0 + e;
-        for (int i = 0; i < hd / 2; i++) {
-            double a = (double)p * pow(base, -2.0 * i / hd);
-            cs[((int64_t)e * (hd / 2) + i) * 2] = (real)cos(a);
-            cs[((int64_t)e * (hd / 2) + i) * 2 + 1] = (real)sin(a);
+        for (int i = 0; i < half; i++) {
+            double a = (double)p * freq[i];
+            cs[((int64_t)e * half + i) * 2] = (real)cos(a);
+            cs[((int64_t)e * half + i) * 2 + 1] = (real)sin(a);
         }
     }
+    free(freq);
 }
 
-// Rotate src into dst (dst = R src, or dst += R^T src when back).
+// The table of an earlier rope node of this step whose entries are this
+// node's (the same positions pos0 .. pos0+n_pos-1, head size and base): the
+// queries' and keys' ropes of every layer share one, which saves
+// 2 n_pos hd/2 sines and cosines per op (half of a tiny_attn rope's time).
+// NULL when none of the last ROPE_REUSE_SCAN recorded nodes has it.
+#define ROPE_REUSE_SCAN 256
+static const OpDef OP_ROPE;
+static real *rope_table_reuse(const Node *n) {
+    const RopeTable *tb = n->aux;
+    if (tb->pos) return NULL;   // per-row positions (decoding): not shared
+    const Tape *tp = n->tape;
+    for (int i = tp->n_nodes - 1, seen = 0; i >= 0 && seen < ROPE_REUSE_SCAN; i--, seen++) {
+        const Node *o = tp->nodes[i];
+        if (o == n || o->op != &OP_ROPE || !o->saved) continue;
+        const RopeTable *ot = o->aux;
+        if (!ot->pos && ot->pos0 == tb->pos0 && ot->n_pos == tb->n_pos && o->iarg[0] == n->iarg[0] &&
+            o->farg[0] == n->farg[0])
+            return ((const RopeSaved *)o->saved)->cs;
+    }
+    return NULL;
+}
+
+// Rotate src into dst (dst = R src; when back, dst += R^T src, or dst = R^T
+// src when dst is a fresh gradient).
 // src, dst: (B, T, H*hd); cs: the table, row r rotated by entry idx[r] (idx
 // (B*T)), or by entry t when idx is NULL.
 static void rope_apply(real *dst, const real *src, const real *cs, const int *idx, int B, int T, int H, int hd,
-                       bool back) {
+                       bool back, bool fresh) {
     int half = hd / 2;
 #pragma omp parallel for collapse(2) if ((int64_t)B * T * H * hd > OPS_PAR_MIN) schedule(static)
     for (int b = 0; b < B; b++)
@@ -51,7 +81,10 @@ static void rope_apply(real *dst, const real *src, const real *cs, const int *id
                 real *d = dst + base + (int64_t)h * hd;
                 for (int i = 0; i < half; i++) {
                     real c = ct[2 * i], sn = ct[2 * i + 1], x0 = s[2 * i], x1 = s[2 * i + 1];
-                    if (back) {
+                    if (back && fresh) {
+                        d[2 * i] = x0 * c + x1 * sn;
+                        d[2 * i + 1] = -x0 * sn + x1 * c;
+                    } else if (back) {
                         d[2 * i] += x0 * c + x1 * sn;
                         d[2 * i + 1] += -x0 * sn + x1 * c;
                     } else {
@@ -68,9 +101,12 @@ static void rope_forward(Node *n) {
     const Tensor *x = n->in[0];
     const RopeTable *tb = n->aux;
     int B = x->shape[0], T = x->shape[1], hd = n->iarg[0], H = x->shape[2] / hd;
-    real *cs = tape_alloc(n->tape, (size_t)imax(tb->n_pos * hd, 1) * sizeof(real));
-    rope_table(cs, tb, hd, n->farg[0]);
-    rope_apply(n->out[0]->data, x->data, cs, tb->idx, B, T, H, hd, false);
+    real *cs = n->recorded ? rope_table_reuse(n) : NULL;   // (the tape keeps only recorded nodes)
+    if (!cs) {
+        cs = tape_alloc(n->tape, (size_t)imax(tb->n_pos * hd, 1) * sizeof(real));
+        rope_table(cs, tb, hd, n->farg[0]);
+    }
+    rope_apply(n->out[0]->data, x->data, cs, tb->idx, B, T, H, hd, false, false);
     if (n->recorded) {
         RopeSaved *sv = tape_alloc(n->tape, sizeof *sv);
         sv->cs = cs;
@@ -79,13 +115,14 @@ static void rope_forward(Node *n) {
 }
 
 static void rope_backward(Node *n) {
-    real *dx = NODE_GRAD_IN(n, 0);
+    bool fresh = false;
+    real *dx = NODE_GRAD_FRESH(n, 0, &fresh);
     if (!dx) return;
     const Tensor *x = n->in[0];
     const RopeSaved *sv = n->saved;
     const RopeTable *tb = n->aux;
     int B = x->shape[0], T = x->shape[1], hd = n->iarg[0], H = x->shape[2] / hd;
-    rope_apply(dx, n->out[0]->grad, sv->cs, tb->idx, B, T, H, hd, true);
+    rope_apply(dx, n->out[0]->grad, sv->cs, tb->idx, B, T, H, hd, true, fresh);
 }
 
 static const OpDef OP_ROPE = {"rope", rope_forward, rope_backward, CUDA_PAIR(cu_rope_forward, cu_rope_backward)};
