@@ -174,8 +174,9 @@ static double pick_gap(const int *r, const int *o, int K, int t, int lo, const r
 static void record_or_replay(Tape *tp, DsaLayer *L, const MixerConfig *c, int *sel, Tensor *qI, Tensor *kI,
                              Tensor *w, const int *doc_start, int B, int T, int K) {
     bool record = L->rec && L->rec_at >= 0, replay = L->replay && L->rec_at < 0;
-    if (!record && !replay) return;
-    ASSERT(B == 1 && K == c->topk, "attn_dsa %s: one row (got %d) of topk picks", record ? "record" : "replay", B);
+    // K < topk (DSA_SPARSE_KL over T <= topk positions): every candidate is picked, as decoding picks them.
+    if ((!record && !replay) || K != c->topk) return;
+    ASSERT(B == 1, "attn_dsa %s: one row (got %d)", record ? "record" : "replay", B);
     size_t bytes = (size_t)T * K * sizeof(int);
     bool dev = tp->device != DEVICE_CPU;
     int *own = dev ? xmalloc(bytes) : sel;
