@@ -369,7 +369,8 @@ Test(attn_kernel, decode_kernel_over_parts_equals_softmax_attention) {
 // (64), windows after cached keys and rows whose document starts later
 // (key0), one-query windows, head sizes that are not whole vectors: each
 // query against softmax attention in double over its row's keys key0 .. its
-// own slot, and bit for bit the same on 1 and 2 threads.
+// own slot, and bit for bit the same on 1 and 2 threads. Under AG_DEVICE=cuda
+// the GPU's twin (cu_attn_prefix_forward) against the same reference.
 Test(attn_kernel, prefix_kernel_equals_softmax_attention) {
     int B = 3, H = 3, dk = 5, dv = 3, max_T = 330;
     int ldq = H * dk, ldv = H * dv;
@@ -390,6 +391,25 @@ Test(attn_kernel, prefix_kernel_equals_softmax_attention) {
         attn_prefix_forward(&tp, got2, q, kc, vc, B, max_T, pos, T0, key0, H, dk, dv, scale);
         omp_set_num_threads(saved);
         cr_assert(memcmp(got, got2, bytes) == 0, "pos %d: 1 and 2 threads differ", pos);
+        real *res[2] = {got, NULL};   // the CPU's, and under AG_DEVICE=cuda the GPU's twin
+#ifdef AG_CUDA
+        if (device_default() == DEVICE_CUDA) {
+            size_t bq = (size_t)B * T0 * ldq * sizeof(real), bk = (size_t)B * max_T * ldq * sizeof(real),
+                   bv = (size_t)B * max_T * ldv * sizeof(real);
+            real *gq = dev_alloc(DEVICE_CUDA, bq), *gk = dev_alloc(DEVICE_CUDA, bk), *gv = dev_alloc(DEVICE_CUDA, bv),
+                 *go = dev_alloc(DEVICE_CUDA, bytes);
+            int *g0 = dev_alloc(DEVICE_CUDA, sizeof key0);
+            dev_from_host(gq, DEVICE_CUDA, q, bq);
+            dev_from_host(gk, DEVICE_CUDA, kc, bk);
+            dev_from_host(gv, DEVICE_CUDA, vc, bv);
+            dev_from_host(g0, DEVICE_CUDA, key0, sizeof key0);
+            cu_attn_prefix_forward(go, gq, gk, gv, B, max_T, pos, T0, key0, g0, H, dk, dv, scale);
+            res[1] = got2;   // (equal to got: its buffer is free)
+            dev_to_host(res[1], go, bytes, DEVICE_CUDA);
+            dev_free(DEVICE_CUDA, gq), dev_free(DEVICE_CUDA, gk), dev_free(DEVICE_CUDA, gv);
+            dev_free(DEVICE_CUDA, go), dev_free(DEVICE_CUDA, g0);
+        }
+#endif
         double *sc = xmalloc((size_t)max_T * sizeof(double));
         for (int b = 0; b < B; b++)
             for (int i = 0; i < T0; i++)
@@ -408,11 +428,13 @@ Test(attn_kernel, prefix_kernel_equals_softmax_attention) {
                         l += e;
                         for (int c = 0; c < dv; c++) want[c] += e * vc[((int64_t)b * max_T + j) * ldv + h * dv + c];
                     }
-                    for (int c = 0; c < dv; c++) {
-                        double x = want[c] / l, g = got[((int64_t)b * T0 + i) * ldv + h * dv + c];
-                        cr_assert_leq(fabs(g - x), FORM_TOL * (1 + fabs(x)),
-                                      "pos %d b=%d i=%d h=%d c=%d: %.9g, want %.9g", pos, b, i, h, c, g, x);
-                    }
+                    for (int c = 0; c < dv; c++)
+                        for (int d = 0; d < 2 && res[d]; d++) {
+                            double x = want[c] / l, g = res[d][((int64_t)b * T0 + i) * ldv + h * dv + c];
+                            cr_assert_leq(fabs(g - x), FORM_TOL * (1 + fabs(x)),
+                                          "%s, pos %d b=%d i=%d h=%d c=%d: %.9g, want %.9g", d ? "GPU" : "CPU", pos,
+                                          b, i, h, c, g, x);
+                        }
                 }
         free(sc), free(got), free(got2);
         tape_reset(&tp);

@@ -45,6 +45,11 @@ void cu_set_tf32(bool on);
 void cu_attn_decode(Tape *tp, real *o, const real *q, const real *kc, const real *vc, int B, int max_T, int n_keys,
                     const int *key0, const int *key0_dev, int H, int dk, int dv, double scale);
 
+// ---- prefill (src/cuda/attn_flash.cu): attn_prefix_forward's GPU twin,
+// key0 and key0_dev as cu_attn_decode's. q, o: (B, T0, H*dk / H*dv).
+void cu_attn_prefix_forward(real *o, const real *q, const real *kc, const real *vc, int B, int max_T, int pos, int T0,
+                            const int *key0, const int *key0_dev, int H, int dk, int dv, double scale);
+
 // ---- ops (src/cuda/ops_*.cu), named after their CPU twins ----
 void cu_matmul_forward(Node *n);        // ops_matmul.cu (cuBLAS)
 void cu_matmul_backward(Node *n);

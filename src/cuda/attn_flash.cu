@@ -92,6 +92,12 @@
 typedef struct FaDims {
     int B, T, H, dk, dv;
     real scale;
+    // The forward of a prefill window (cu_attn_prefix_forward): the T
+    // queries of a row sit at slots qoff .. qoff+T-1 of its keys, which are
+    // Tk rows a batch row (a decoding cache), and row b's document begins at
+    // key0[b] (device memory). op_attention: qoff 0, Tk = T, key0 NULL.
+    int Tk, qoff;
+    const int *key0;
 } FaDims;
 
 // The largest dynamic shared memory a block may opt in to (227 KB on Hopper).
@@ -317,7 +323,7 @@ static const int *fa_first_on_device(Node *n, int B, int T) {
 }
 
 static FaDims fa_dims(const Node *n) {
-    FaDims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], (real)n->farg[0]};
+    FaDims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], (real)n->farg[0], n->iarg[1], 0, NULL};
     ASSERT(d.dk <= FA_MAXD && d.dv <= FA_MAXD,
            "attention on the GPU: head dims dk %d, dv %d; the flash kernels take up to %d", d.dk, d.dv, FA_MAXD);
     return d;
@@ -358,8 +364,9 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB_FWD(NG))
     int dk = d.dk, dv = d.dv, ngv = fa_groups(dv), ldk_s = fa_ldr(dk), ldv_s = fa_ldr(dv);
     real sc2 = d.scale * FA_LOG2E;   // the scale in fa_exp's units
     int t0 = (gridDim.y - 1 - blockIdx.y) * FA_B, nq = min(FA_B, d.T - t0);
-    int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T;
-    const real *qh = q + row0 * ldq + h * dk, *kh = k + row0 * ldq + h * dk, *vh = v + row0 * ldv + h * dv;
+    int ta = d.qoff + t0;   // the key slot of the tile's first query
+    int64_t ldq = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv, row0 = (int64_t)b * d.T, row0k = (int64_t)b * d.Tk;
+    const real *qh = q + row0 * ldq + h * dk, *kh = k + row0k * ldq + h * dk, *vh = v + row0k * ldv + h * dv;
     const int *fr = first ? first + row0 : NULL;
     real *Qs = (real *)fa_smem, *Ks = Qs + FA_B * ldk_s, *Vs = Ks + FA_B * ldk_s, *PT = Vs + FA_B * ldv_s;
 
@@ -370,7 +377,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB_FWD(NG))
     for (int r = 0; r < FA_RM; r++) {
         m[r] = -INFINITY;
         l[r] = 0;
-        lo[r] = ra + r < nq ? fa_lo(fr, t0 + ra + r) : 0;
+        lo[r] = ra + r >= nq ? 0 : d.key0 ? d.key0[b] : fa_lo(fr, t0 + ra + r);
 #pragma unroll
         for (int g = 0; g < NG; g++)
 #pragma unroll
@@ -380,7 +387,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB_FWD(NG))
     // any query of the tile sees) to its last query.
     // K of a key tile is loaded behind the previous tile's P V (which reads
     // P^T and V only), V at the start of its own.
-    int s_end = t0 + nq, s_first = fa_lo(fr, t0);
+    int s_end = ta + nq, s_first = d.key0 ? d.key0[b] : fa_lo(fr, t0);
     fa_load_rows(Ks, ldk_s, kh, ldq, s_first, min(FA_B, s_end - s_first), dk);
     for (int s0 = s_first; s0 < s_end; s0 += FA_B) {
         int nk = min(FA_B, s_end - s0);
@@ -401,7 +408,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB_FWD(NG))
             real mx = m[r];
 #pragma unroll
             for (int c = 0; c < FA_R; c++) {
-                bool seen = fa_seen(i, tx + c * FA_TX, nq, nk, t0, s0, lo[r]);
+                bool seen = fa_seen(i, tx + c * FA_TX, nq, nk, ta, s0, lo[r]);
                 s[r][c] = seen ? sc2 * s[r][c] : (real)-INFINITY;
                 mx = fa_max(mx, s[r][c]);
             }
@@ -426,7 +433,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB_FWD(NG))
         if (s0 + FA_B < s_end) fa_load_rows(Ks, ldk_s, kh, ldq, s0 + FA_B, min(FA_B, s_end - s0 - FA_B), dk);
         // A += P V, over the keys this thread's last query sees (causal:
         // P is 0 from key t0 + ra + FA_RM - 1 - s0 on).
-        fa_tile_acc<NG>(acc, PT + ra, Vs + cb, ldv_s, 0, min(nk, t0 - s0 + ra + FA_RM), ngv);
+        fa_tile_acc<NG>(acc, PT + ra, Vs + cb, ldv_s, 0, min(nk, ta - s0 + ra + FA_RM), ngv);
     }
     // l: the row's 16 parts; every query sees itself, so l > 0.
 #pragma unroll
@@ -469,6 +476,27 @@ extern "C" void cu_flash_forward(Node *n) {
         fwd_launch<1>(d, q, k, v, first, n->out[0]->data, (real *)n->saved);
     else
         fwd_launch<FA_NG>(d, q, k, v, first, n->out[0]->data, (real *)n->saved);
+}
+
+// A prefill window (attn_prefix_forward's GPU twin): the forward above with
+// the window's queries at slots pos .. pos+T0-1 of a decoding cache (kc, vc:
+// (B, max_T, H*dk / H*dv)) whose keys and values are there already, row b
+// from slot key0[b] on. No autograd.
+extern "C" void cu_attn_prefix_forward(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
+                                       int pos, int T0, const int *key0, const int *key0_dev, int H, int dk, int dv,
+                                       double scale) {
+    ASSERT(B >= 1 && T0 >= 1 && pos >= 0 && pos + T0 <= max_T && (key0 == NULL) == (key0_dev == NULL),
+           "attn prefill (GPU): %d rows, a window of %d after %d of %d slots", B, T0, pos, max_T);
+    for (int b = 0; key0 && b < B; b++)
+        ASSERT(key0[b] >= 0 && key0[b] <= pos, "attn prefill (GPU): row %d starts at slot %d, after the window's %d",
+               b, key0[b], pos);
+    FaDims d = {B, T0, H, dk, dv, (real)scale, max_T, pos, key0_dev};
+    ASSERT(d.dk <= FA_MAXD && d.dv <= FA_MAXD,
+           "attention on the GPU: head dims dk %d, dv %d; the flash kernels take up to %d", d.dk, d.dv, FA_MAXD);
+    if (fa_one_group(&d))
+        fwd_launch<1>(d, q, kc, vc, NULL, o, NULL);
+    else
+        fwd_launch<FA_NG>(d, q, kc, vc, NULL, o, NULL);
 }
 
 // ---------------------------------------------------------------- flash backward

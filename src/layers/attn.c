@@ -132,19 +132,23 @@ Tensor *attn_layer_prefill(Tape *tp, const AttnLayer *L, const MixerConfig *c, K
     ASSERT(!tape_grad_enabled(tp), "attn prefill: runs in no-grad mode (tape_no_grad_push first)");
     ASSERT(kc->dev == tp->device, "attn prefill: a %s cache on a %s tape", device_name(kc->dev),
            device_name(tp->device));
-    bool cpu = tp->device == DEVICE_CPU;
-    if (!cpu && !kvcache_fresh(kc)) return NULL;   // the GPU has no kernel for a window after cached keys
     Tensor *q, *k, *v;   // rotated at the positions the steps would rotate them
     attn_layer_qkv(tp, L, c, u, kc->pos, kvcache_positions(tp, kc, T0), &q, &k, &v);
     kvcache_put(kc, k, v);
     double scale = 1.0 / sqrt(c->d_k);
     Tensor *o;
-    if (cpu) {   // the window's queries over the cache, its own keys included
-        o = tape_tensorv(tp, 3, B, T0, H * c->d_v);
-        attn_prefix_forward(tp, o->data, q->data, kc->k, kc->v, B, kc->max_T, kc->pos, T0, kc->start, H, c->d_k,
-                            c->d_v, scale);
-    } else {
+    if (tp->device != DEVICE_CPU && kvcache_fresh(kc)) {   // nothing cached before the window: the forward's op
         o = op_attention(tp, q, k, v, H, scale, NULL);
+    } else {   // the window's queries over the cache, its own keys included
+        o = tape_tensorv(tp, 3, B, T0, H * c->d_v);
+        if (tp->device == DEVICE_CPU)
+            attn_prefix_forward(tp, o->data, q->data, kc->k, kc->v, B, kc->max_T, kc->pos, T0, kc->start, H,
+                                c->d_k, c->d_v, scale);
+#ifdef AG_CUDA
+        else
+            cu_attn_prefix_forward(o->data, q->data, kc->k, kc->v, B, kc->max_T, kc->pos, T0, kc->start,
+                                   kc->start_dev, H, c->d_k, c->d_v, scale);
+#endif
     }
     return op_matmul(tp, o, L->wo, false, false);
 }

@@ -96,9 +96,9 @@ double lm_dsa_mass(const LM *lm);
 // tiny_hybrid 0.85-1.1 s), in 75-126 MB against 195-219 MB of memory.
 #define LM_PREFILL_WINDOW 1024
 // On a GPU, whose memory holds a long window's activations (~1.6 GB for 16k
-// positions at d_model 1024) and whose attention has no kernel for a window
-// after cached keys (those windows are stepped), a prompt of up to 64k
-// positions runs as one window.
+// positions at d_model 1024), a prompt of up to 64k positions runs as one
+// window (the windows after it: cu_attn_prefix_forward; attn_dsa's sparse
+// windows after cached keys are stepped there).
 #define LM_PREFILL_WINDOW_GPU 65536
 typedef struct LMCache {
     void *mixer[LM_MAX_LAYERS];
