@@ -306,6 +306,7 @@ Test(attn_kernel, decode_kernel_equals_last_row) {
 // whole vectors, and scores large enough that each part's max differs:
 // against softmax attention in double over the same keys, and bit for bit
 // the same on 1 and 2 threads, and with attn_decode_set_threads (generate).
+// Under AG_DEVICE=cuda the GPU's twin (cu_attn_decode, its parts of 256) too.
 Test(attn_kernel, decode_kernel_over_parts_equals_softmax_attention) {
     int B = 3, H = 8, dk = 5, dv = 3, max_T = 1100;
     // The longest caches are long enough for attn_decode_set_threads to take effect.
@@ -332,6 +333,26 @@ Test(attn_kernel, decode_kernel_over_parts_equals_softmax_attention) {
         omp_set_num_threads(saved);
         cr_assert(memcmp(got, got2, (size_t)B * ldv * sizeof(real)) == 0, "n=%d: attn_decode_set_threads(2) differs",
                   n);
+        real *res[2] = {got, NULL};   // the CPU's, and under AG_DEVICE=cuda the GPU's twin (cu_attn_decode)
+#ifdef AG_CUDA
+        if (device_default() == DEVICE_CUDA) {
+            Tape gt;
+            tape_init_on(&gt, DEVICE_CUDA);
+            size_t bq = (size_t)B * ldq * sizeof(real), bk = (size_t)B * max_T * ldq * sizeof(real),
+                   bv = (size_t)B * max_T * ldv * sizeof(real), bo = (size_t)B * ldv * sizeof(real);
+            real *gq = tape_dalloc(&gt, bq), *gk = tape_dalloc(&gt, bk), *gv = tape_dalloc(&gt, bv);
+            real *go = tape_dalloc(&gt, bo);
+            int *g0 = tape_dalloc(&gt, sizeof key0);
+            dev_from_host(gq, DEVICE_CUDA, q, bq);
+            dev_from_host(gk, DEVICE_CUDA, kc, bk);
+            dev_from_host(gv, DEVICE_CUDA, vc, bv);
+            dev_from_host(g0, DEVICE_CUDA, key0, sizeof key0);
+            cu_attn_decode(&gt, go, gq, gk, gv, B, max_T, n, key0, g0, H, dk, dv, scale);
+            res[1] = got2;
+            dev_to_host(res[1], go, bo, DEVICE_CUDA);
+            tape_free(&gt);
+        }
+#endif
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++) {
                 const real *qh = q + (int64_t)b * ldq + h * dk;
@@ -350,11 +371,12 @@ Test(attn_kernel, decode_kernel_over_parts_equals_softmax_attention) {
                     for (int c = 0; c < dv; c++) want[c] += w * vc[((int64_t)b * max_T + j) * ldv + h * dv + c];
                 }
                 free(sc);
-                for (int c = 0; c < dv; c++) {
-                    double w = want[c] / l, e = fabs(got[b * ldv + h * dv + c] - w);
-                    cr_assert_leq(e, FORM_TOL * (1 + fabs(w)), "n=%d b=%d h=%d c=%d: %.9g, want %.9g", n, b, h, c,
-                                  (double)got[b * ldv + h * dv + c], w);
-                }
+                for (int c = 0; c < dv; c++)
+                    for (int d = 0; d < 2 && res[d]; d++) {
+                        double w = want[c] / l, e = fabs(res[d][b * ldv + h * dv + c] - w);
+                        cr_assert_leq(e, FORM_TOL * (1 + fabs(w)), "%s, n=%d b=%d h=%d c=%d: %.9g, want %.9g",
+                                      d ? "GPU" : "CPU", n, b, h, c, (double)res[d][b * ldv + h * dv + c], w);
+                    }
             }
     }
     free(q);
