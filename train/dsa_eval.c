@@ -39,18 +39,24 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+// Seconds for `steps` tokens; on a GPU the last token's logits are read back
+// (a copy to the host waits for the stream), as generate reads each token's.
 static double time_steps(Tape *tp, LM *lm, LMCache *c, Rng *r, int steps) {
     double t0 = runlog_now();
     for (int i = 0; i < steps; i++) {
         int tok = (int)rng_below(r, (uint64_t)lm->cfg.vocab_size);
-        lm_step(tp, lm, c, &tok);
+        Tensor *lg = lm_step(tp, lm, c, &tok);
+        if (i == steps - 1 && c->device != DEVICE_CPU) {
+            real x;
+            dev_to_host(&x, lg->data, sizeof x, c->device);
+        }
         tape_reset(tp);
     }
     return runlog_now() - t0;
 }
 
-void dsa_eval_decode_speed(LM *lm, int ctx, int steps, uint64_t seed, DsaMode restore, double *dense_tok_s,
-                           double *sparse_tok_s) {
+void dsa_eval_decode_speed(LM *lm, Device dev, int ctx, int steps, uint64_t seed, DsaMode restore,
+                           double *dense_tok_s, double *sparse_tok_s) {
     // One cache, prefilled once (attn and attn_dsa layers: random keys and
     // values; decode time does not depend on their contents beyond the
     // top-k's bookkeeping). Then rounds of `steps` tokens, dense and sparse
@@ -58,20 +64,21 @@ void dsa_eval_decode_speed(LM *lm, int ctx, int steps, uint64_t seed, DsaMode re
     // other work on the machine moves one round, not the figure.
     const int warm = 8;
     int D = lm->cfg.d_model;
-    LMCache *c = lm_cache_new(lm, 1, ctx + warm + 2 * DSA_DECODE_ROUNDS * steps);
+    LMCache *c = lm_cache_new_on(lm, 1, ctx + warm + 2 * DSA_DECODE_ROUNDS * steps, dev);
     Tape tp;
-    tape_init(&tp);
+    tape_init_on(&tp, dev);
     tape_no_grad_push(&tp);
     Rng r;
     rng_seed(&r, seed);
+    real *x = xmalloc((size_t)ctx * D * sizeof(real));
     for (int l = 0; l < lm->cfg.n_layers; l++) {
         const Mixer *m = lm->blocks[l].mixer;
         if (strcmp(m->kind->name, "attn") != 0 && strcmp(m->kind->name, "attn_dsa") != 0) continue;
-        Tensor *u = tape_tensorv(&tp, 3, 1, ctx, D);
-        for (int64_t i = 0; i < u->numel; i++) u->data[i] = (real)rng_normal(&r);
-        attn_cache_prefill(&tp, m, c->mixer[l], u);
+        for (int64_t i = 0; i < (int64_t)ctx * D; i++) x[i] = (real)rng_normal(&r);
+        attn_cache_prefill(&tp, m, c->mixer[l], tape_tensor_copy(&tp, 3, (int[]){1, ctx, D}, x));
         tape_reset(&tp);
     }
+    free(x);
     c->pos = ctx;
     lm_set_dsa_mode(lm, DSA_DISTILL);
     time_steps(&tp, lm, c, &r, warm / 2);

@@ -29,8 +29,9 @@ void dsa_eval_run(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, in
 // (attn_cache_prefill: no attention is computed; decode time does not depend
 // on what the keys are, beyond the top-k's bookkeeping); recurrent layers
 // decode from their zero state. Leaves the attn_dsa layers in `restore` mode.
+// dev: where the LM's parameters live (a GPU run decodes on its GPU).
 #define DSA_DECODE_ROUNDS 7
-void dsa_eval_decode_speed(LM *lm, int ctx, int steps, uint64_t seed, DsaMode restore, double *dense_tok_s,
-                           double *sparse_tok_s);
+void dsa_eval_decode_speed(LM *lm, Device dev, int ctx, int steps, uint64_t seed, DsaMode restore,
+                           double *dense_tok_s, double *sparse_tok_s);
 
 #endif

@@ -281,10 +281,10 @@ static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
     const TrainConfig *c = &t->cfg;
     char json[768];
     evaluate(t, rl, (int)t->step, o->quiet);
-    // (a timing: rank 0 alone; attn_dsa decoding runs on the CPU only, so a GPU run has no figure)
-    if (lm_dsa_count(&t->lm) > 0 && t->rank == 0 && c->train.device == DEVICE_CPU) {
-        dsa_eval_decode_speed(&t->lm, DSA_DECODE_CTX, DSA_DECODE_STEPS, (uint64_t)c->train.seed, t->dsa_mode,
-                              &t->decode_dense_tok_s, &t->decode_sparse_tok_s);
+    // (a timing: rank 0 alone, on the run's device)
+    if (lm_dsa_count(&t->lm) > 0 && t->rank == 0) {
+        dsa_eval_decode_speed(&t->lm, (Device)c->train.device, DSA_DECODE_CTX, DSA_DECODE_STEPS,
+                              (uint64_t)c->train.seed, t->dsa_mode, &t->decode_dense_tok_s, &t->decode_sparse_tok_s);
         snprintf(json, sizeof json,
                  "{\"type\":\"dsa_decode\",\"context\":%d,\"rounds\":%d,\"steps_per_round\":%d,"
                  "\"dense_tok_per_s\":%.1f,\"sparse_tok_per_s\":%.1f,\"topk\":%d}",
