@@ -237,19 +237,6 @@ Test(attn_dsa, lm_decode_equals_forward_logits) {
     params_free(&ps);
 }
 
-// The mixer's forward of u (1, T, D) on device d in no-grad mode, with the
-// replay m has set: the output (T, D) on the host.
-static real *forward_rows(Mixer *m, const Tensor *u, Device d) {
-    Tape tp;
-    tape_init_on(&tp, d);
-    tape_no_grad_push(&tp);
-    Tensor *y = m->kind->forward(&tp, m, tape_tensor_copy(&tp, 3, u->shape, u->data), NULL, NULL, NULL);
-    real *out = xmalloc((size_t)y->numel * sizeof(real));
-    dev_to_host(out, y->data, (size_t)y->numel * sizeof(real), d);
-    tape_free(&tp);
-    return out;
-}
-
 // u (1, T, D) through a recording cache, in windows of the given lengths
 // (each through the kind's prefill, stepped where the prefill declines; a
 // length 1 is a step): the record (T, topk).
@@ -305,9 +292,9 @@ Test(attn_dsa, replay_of_decoding_picks) {
         for (int i = 0; i < K; i++)   // the first rows: every candidate, then -1
             if (t < K) cr_assert_eq(rec[t * K + i], i <= t ? i : -1, "position %d pick %d", t, i);
     }
-    real *y0 = forward_rows(m, u, d);
+    real *y0 = test_mixer_forward_host(m, u, NULL, d);
     attn_dsa_replay(m, rec, T);
-    real *y1 = forward_rows(m, u, d);
+    real *y1 = test_mixer_forward_host(m, u, NULL, d);
     DsaReplayReport r = attn_dsa_replay_report(m);
     cr_assert(r.rows == T && r.differ == 0, "rows %lld, differ %lld", (long long)r.rows, (long long)r.differ);
     cr_assert(!memcmp(y0, y1, (size_t)T * D * sizeof(real)), "replaying the forward's own picks changed it");
@@ -322,7 +309,7 @@ Test(attn_dsa, replay_of_decoding_picks) {
     changed[at] = s;
     memcpy(row, changed, sizeof changed);
     attn_dsa_replay(m, rec, T);
-    real *y2 = forward_rows(m, u, d);
+    real *y2 = test_mixer_forward_host(m, u, NULL, d);
     r = attn_dsa_replay_report(m);
     cr_assert(r.rows == T && r.differ == 1 && r.worst_row == t, "rows %lld, differ %lld at %lld", (long long)r.rows,
               (long long)r.differ, (long long)r.worst_row);
@@ -333,7 +320,7 @@ Test(attn_dsa, replay_of_decoding_picks) {
     }
     row[K - 1] = t + 1;   // a key after the query: no selection
     attn_dsa_replay(m, rec, T);
-    real *y3 = forward_rows(m, u, d);
+    real *y3 = test_mixer_forward_host(m, u, NULL, d);
     r = attn_dsa_replay_report(m);
     cr_assert(r.differ == 1 && r.worst_row == t && isinf(r.worst), "differ %lld, gap %g", (long long)r.differ,
               r.worst);

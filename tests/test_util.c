@@ -418,17 +418,23 @@ void test_gla_inputs(Tensor **x, int B, int T, int H, int dk, int dv, bool grad_
     fill_normal(x[5], seed + 6, 0.5);
 }
 
+real *test_mixer_forward_host(Mixer *m, const Tensor *u, const int *doc_start, Device d) {
+    Tape tp;
+    tape_init_on(&tp, d);
+    tape_no_grad_push(&tp);
+    Tensor *y = m->kind->forward(&tp, m, tape_tensor_copy(&tp, u->ndim, u->shape, u->data), doc_start, NULL, NULL);
+    real *out = xmalloc((size_t)y->numel * sizeof(real));
+    dev_to_host(out, y->data, (size_t)y->numel * sizeof(real), d);
+    tape_free(&tp);
+    return out;
+}
+
 double test_mixer_decode_docs_diff(Mixer *m, ParamStore *ps, const Tensor *u, const int *doc_start, int *worst_t,
                                    int *worst_b) {
     Device d = device_default();
     if (d != DEVICE_CPU) params_to_device(ps, d);
     int B = u->shape[0], T = u->shape[1], D = u->shape[2];
-    Tape tp;
-    tape_init_on(&tp, d);
-    tape_no_grad_push(&tp);
-    Tensor *y = m->kind->forward(&tp, m, tape_tensor_copy(&tp, 3, u->shape, u->data), doc_start, NULL, NULL);
-    real *full = xmalloc((size_t)y->numel * sizeof(real));
-    dev_to_host(full, y->data, (size_t)y->numel * sizeof(real), d);
+    real *full = test_mixer_forward_host(m, u, doc_start, d);
     void *cache = m->kind->cache_new(m, B, T, d);
     Tape ts;
     tape_init_on(&ts, d);
@@ -457,7 +463,6 @@ double test_mixer_decode_docs_diff(Mixer *m, ParamStore *ps, const Tensor *u, co
     m->kind->cache_free(cache);
     free(in), free(got), free(full);
     tape_free(&ts);
-    tape_free(&tp);
     return worst;
 }
 

@@ -42,6 +42,10 @@ void test_gla_inputs(Tensor **x, int B, int T, int H, int dk, int dv, bool grad_
 // 1e-4 at a 1e-3 floor, i.e. make 1e-4 unreachable for correct code.)
 double max_rel_diff(const real *a, const real *b, int64_t n);
 
+// The mixer's forward of u (B, T, D) on device d (parameters already there)
+// in no-grad mode: its output on the host (the caller frees it).
+real *test_mixer_forward_host(Mixer *m, const Tensor *u, const int *doc_start, Device d);
+
 // Decode parity on device_default() (AG_DEVICE=cuda: the GPU). A mixer's
 // forward over u (B, T, D, host), then step() at every position from a fresh
 // cache of max_T = T, each step's output of each row against the forward's
