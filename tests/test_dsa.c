@@ -4,6 +4,9 @@
 #include <string.h>
 
 #include "attn_kernel.h"
+#ifdef AG_CUDA
+#include "cuda_ops.h"
+#endif
 #include "dsa_kernel.h"
 #include "test_util.h"
 
@@ -482,12 +485,57 @@ Test(dsa, index_row_equals_definition) {
     free(qI), free(w), free(kI), free(got);
 }
 
+#ifdef AG_CUDA
+// The GPU's window selection (cu_dsa_prefix_select) against its decoding
+// step (cu_dsa_decode_select) query by query: the same scores, so the same
+// picks exactly. q (B, T0, HI*dI), w (B, T0, HI), kc (B, max_T, dI), key0 (B) on the host.
+static void prefix_select_gpu_equals_steps(const real *q, const real *w, const real *kc, int B, int max_T, int pos,
+                                           int T0, const int *key0, int HI, int dI, int K) {
+    Tape gt;
+    tape_init_on(&gt, DEVICE_CUDA);
+    size_t bq = (size_t)B * T0 * HI * dI * sizeof(real), bw = (size_t)B * T0 * HI * sizeof(real);
+    size_t bk = (size_t)B * max_T * dI * sizeof(real), bs = (size_t)B * T0 * K * sizeof(int);
+    real *gq = tape_dalloc(&gt, bq), *gw = tape_dalloc(&gt, bw), *gk = tape_dalloc(&gt, bk);
+    int *g0 = tape_dalloc(&gt, (size_t)B * sizeof(int)), *gsel = tape_dalloc(&gt, bs);
+    dev_from_host(gq, DEVICE_CUDA, q, bq);
+    dev_from_host(gw, DEVICE_CUDA, w, bw);
+    dev_from_host(gk, DEVICE_CUDA, kc, bk);
+    dev_from_host(g0, DEVICE_CUDA, key0, (size_t)B * sizeof(int));
+    cu_dsa_prefix_select(&gt, gsel, gq, gw, gk, B, max_T, pos, T0, g0, HI, dI, K);
+    int *win = xmalloc(bs), *step = xmalloc((size_t)B * K * sizeof(int));
+    dev_to_host(win, gsel, bs, DEVICE_CUDA);
+    real *qt = xmalloc((size_t)B * HI * dI * sizeof(real)), *wt = xmalloc((size_t)B * HI * sizeof(real));
+    real *dq = tape_dalloc(&gt, (size_t)B * HI * dI * sizeof(real));
+    real *dw = tape_dalloc(&gt, (size_t)B * HI * sizeof(real));
+    real *dsc = tape_dalloc(&gt, (size_t)B * max_T * sizeof(real));
+    int *dsel = tape_dalloc(&gt, (size_t)B * K * sizeof(int));
+    for (int t = 0; t < T0; t++) {   // query t of every row, as the step at slot pos + t takes it
+        for (int b = 0; b < B; b++) {
+            memcpy(qt + (int64_t)b * HI * dI, q + ((int64_t)b * T0 + t) * HI * dI, (size_t)HI * dI * sizeof(real));
+            memcpy(wt + (int64_t)b * HI, w + ((int64_t)b * T0 + t) * HI, (size_t)HI * sizeof(real));
+        }
+        dev_from_host(dq, DEVICE_CUDA, qt, (size_t)B * HI * dI * sizeof(real));
+        dev_from_host(dw, DEVICE_CUDA, wt, (size_t)B * HI * sizeof(real));
+        cu_dsa_decode_select(dsel, dsc, dq, dw, gk, B, max_T, pos + t + 1, g0, HI, dI, K);
+        dev_to_host(step, dsel, (size_t)B * K * sizeof(int), DEVICE_CUDA);
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < K; j++)
+                cr_assert_eq(win[((int64_t)b * T0 + t) * K + j], step[b * K + j],
+                             "GPU window at %d, row %d, query %d, pick %d: %d, the step's %d", pos, b, t, j,
+                             win[((int64_t)b * T0 + t) * K + j], step[b * K + j]);
+    }
+    free(win), free(step), free(qt), free(wt);
+    tape_free(&gt);
+}
+#endif
+
 // The prefill's selection (dsa_prefix_select): a window of queries after
 // cached indexer keys picks, for each query, what dsa_index_select picks for
 // the same query at the end of a sequence made of the row's cached keys
 // from key0 on (its document). Windows of several query tiles and key
 // blocks, after 0 and after 300 cached keys, rows whose keys begin at 0 and
-// at 250, a one-query window.
+// at 250, a one-query window. Under AG_DEVICE=cuda the GPU's window
+// selection against its decoding step, query by query.
 Test(dsa, prefix_select_equals_select_over_the_whole_row) {
     int B = 2, max_T = 700, HI = 3, dI = 4, K = 10;
     const int wins[][2] = {{0, 130}, {300, 200}, {650, 1}}, key0s[][2] = {{0, 0}, {0, 250}, {0, 250}};
@@ -520,6 +568,10 @@ Test(dsa, prefix_select_equals_select_over_the_whole_row) {
                 }
             free(want);
         }
+#ifdef AG_CUDA
+        if (device_default() == DEVICE_CUDA) prefix_select_gpu_equals_steps(q, w, kc->data, B, max_T, pos, T0, key0,
+                                                                            HI, dI, K);
+#endif
         free(got), free(q), free(w);
     }
     tensor_free(kc), tensor_free(qa), tensor_free(wa);

@@ -135,6 +135,15 @@ void cu_dsa_decode_select(int *sel, real *scores, const real *qI, const real *w,
                           int n_keys, const int *start, int HI, int dI, int K);
 void cu_dsa_decode_sparse(real *o, const real *q, const real *kc, const real *vc, int B, int max_T, const int *sel,
                           int K, int H, int dk, int dv, double scale);
+// A prefill window after cached keys (dsa_prefix_select's and the sparse
+// steps' twins): the T0 queries of each row at slots pos .. pos+T0-1 (qI
+// (B, T0, HI*dI), w (B, T0, HI)), each's top K of slots start[b] .. its own
+// into sel (B, T0, K) by the decoding step's scores (scratch from tp); then
+// their sparse attention, q (B, T0, H*dk), o (B, T0, H*dv).
+void cu_dsa_prefix_select(Tape *tp, int *sel, const real *qI, const real *w, const real *kIc, int B, int max_T,
+                          int pos, int T0, const int *start, int HI, int dI, int K);
+void cu_dsa_prefix_sparse(real *o, const real *q, const real *kc, const real *vc, int B, int T0, int max_T,
+                          const int *sel, int K, int H, int dk, int dv, double scale);
 #endif
 
 #ifdef __cplusplus

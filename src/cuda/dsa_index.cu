@@ -541,44 +541,69 @@ extern "C" void cu_dsa_selected_mass(double *out, const real *p, const int *sel,
 
 // ---------------------------------------------------------------- decoding
 
-// Thread per cached key s of row b (grid (key blocks, B)), s in [start_b,
-// n_keys): scores[b, s] = c sum_j w_bj ReLU(qI_bj . kI_bs), in double as
-// dsa_index_row. kIc: (B, max_T, dI).
-__global__ void k_dec_scores(const real *qI, const real *w, const real *kIc, const int *start, int max_T,
-                             int n_keys, int HI, int dI, double c, real *scores) {
-    int b = blockIdx.y, s = start[b] + blockIdx.x * blockDim.x + threadIdx.x;
-    if (s >= n_keys) return;
-    const real *ks = kIc + ((int64_t)b * max_T + s) * dI, *q = qI + (int64_t)b * HI * dI, *wb = w + (int64_t)b * HI;
+// Queries r0 + blockIdx.y of a window of T0 per batch row (r = b T0 + t,
+// slot pos + t, qI (., HI*dI) and w (., HI) by r), a thread per cached key s
+// of row b in [start_b, pos + t]: scores[blockIdx.y, s] = c sum_j w_rj
+// ReLU(qI_rj . kI_bs), in double as dsa_index_row. kIc: (B, max_T, dI).
+// Decoding is the window of one query at slot pos = n_keys - 1.
+__global__ void k_dec_scores(const real *qI, const real *w, const real *kIc, const int *start, int max_T, int pos,
+                             int T0, int64_t r0, int HI, int dI, double c, real *scores) {
+    int64_t r = r0 + blockIdx.y;
+    int b = (int)(r / T0), t = (int)(r % T0), s = start[b] + blockIdx.x * blockDim.x + threadIdx.x;
+    if (s > pos + t) return;
+    const real *ks = kIc + ((int64_t)b * max_T + s) * dI, *q = qI + r * HI * dI, *wb = w + r * HI;
     double acc = 0;
     for (int j = 0; j < HI; j++) {
         double z = 0;
         for (int i = 0; i < dI; i++) z += (double)q[j * dI + i] * ks[i];
         if (z > 0) acc += wb[j] * z;
     }
-    scores[(int64_t)b * max_T + s] = (real)(c * acc);
+    scores[(int64_t)blockIdx.y * max_T + s] = (real)(c * acc);
 }
 
-// A block per row b: the top K of slots [start_b, n_keys) into sel (B, K).
+// A block per query of k_dec_scores' rows: its top K of slots [start_b, pos + t] into sel (rows of K, by r).
 __global__ void __launch_bounds__(TK_THREADS)
-    k_dec_topk(const real *scores, const int *start, int max_T, int n_keys, int K, int *sel, int cache_n) {
+    k_dec_topk(const real *scores, const int *start, int max_T, int pos, int T0, int64_t r0, int K, int *sel,
+               int cache_n) {
     extern __shared__ __align__(16) unsigned char tk_smem[];
     __shared__ int shm[32];
-    int b = blockIdx.x, lo = start[b];
-    topk_one(scores + (int64_t)b * max_T + lo, n_keys - lo, lo, K, sel + (int64_t)b * K, (rkey_t *)tk_smem, cache_n,
-             shm);
+    int64_t r = r0 + blockIdx.x;
+    int b = (int)(r / T0), t = (int)(r % T0), lo = start[b];
+    topk_one(scores + (int64_t)blockIdx.x * max_T + lo, pos + t + 1 - lo, lo, K, sel + r * K, (rkey_t *)tk_smem,
+             cache_n, shm);
+}
+
+// Rows [r0, r0 + n) of a window: their scores into scores (n, max_T), then their top K.
+static void dec_select_rows(int *sel, real *scores, const real *qI, const real *w, const real *kIc, int max_T,
+                            int pos, int T0, int64_t r0, int n, int n_max, const int *start, int HI, int dI, int K) {
+    dim3 grid((unsigned)((n_max + DSA_THREADS - 1) / DSA_THREADS), (unsigned)n);
+    k_dec_scores<<<grid, DSA_THREADS, 0, cu_stream>>>(qI, w, kIc, start, max_T, pos, T0, r0, HI, dI,
+                                                      1.0 / sqrt((double)dI), scores);
+    CU_LAUNCHED();
+    int cache_n = (int)(SMEM_CACHE_BYTES / sizeof(rkey_t));
+    if (cache_n > max_T) cache_n = max_T;
+    k_dec_topk<<<(unsigned)n, TK_THREADS, (size_t)cache_n * sizeof(rkey_t), cu_stream>>>(scores, start, max_T, pos,
+                                                                                         T0, r0, K, sel, cache_n);
+    CU_LAUNCHED();
 }
 
 extern "C" void cu_dsa_decode_select(int *sel, real *scores, const real *qI, const real *w, const real *kIc, int B,
                                      int max_T, int n_keys, const int *start, int HI, int dI, int K) {
     ASSERT(K >= 1 && n_keys >= 1 && n_keys <= max_T && B <= 65535,
            "attn_dsa step on the GPU: K %d, %d cached keys of %d, %d rows", K, n_keys, max_T, B);
-    dim3 grid((unsigned)((n_keys + DSA_THREADS - 1) / DSA_THREADS), (unsigned)B);
-    k_dec_scores<<<grid, DSA_THREADS, 0, cu_stream>>>(qI, w, kIc, start, max_T, n_keys, HI, dI,
-                                                      1.0 / sqrt((double)dI), scores);
-    CU_LAUNCHED();
-    int cache_n = (int)(SMEM_CACHE_BYTES / sizeof(rkey_t));
-    if (cache_n > max_T) cache_n = max_T;
-    k_dec_topk<<<(unsigned)B, TK_THREADS, (size_t)cache_n * sizeof(rkey_t), cu_stream>>>(scores, start, max_T, n_keys,
-                                                                                         K, sel, cache_n);
-    CU_LAUNCHED();
+    dec_select_rows(sel, scores, qI, w, kIc, max_T, n_keys - 1, 1, 0, B, n_keys, start, HI, dI, K);
+}
+
+extern "C" void cu_dsa_prefix_select(Tape *tp, int *sel, const real *qI, const real *w, const real *kIc, int B,
+                                     int max_T, int pos, int T0, const int *start, int HI, int dI, int K) {
+    ASSERT(K >= 1 && T0 >= 1 && pos >= 0 && pos + T0 <= max_T,
+           "attn_dsa prefill on the GPU: K %d, a window of %d after %d of %d slots", K, T0, pos, max_T);
+    int64_t rows = (int64_t)B * T0;
+    // Rows of scores at a time: at most SELECT_CHUNK reals of scratch and 65535 blocks of the grid's y.
+    int chunk = (int)imin(65535, (int)imax(1, (int)(SELECT_CHUNK / max_T)));
+    real *scores = (real *)tape_dalloc(tp, (size_t)imin(chunk, (int)imin(rows, 65535)) * max_T * sizeof(real));
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        int n = (int)(rows - r0 < chunk ? rows - r0 : chunk);
+        dec_select_rows(sel, scores, qI, w, kIc, max_T, pos, T0, r0, n, pos + T0, start, HI, dI, K);
+    }
 }

@@ -206,17 +206,24 @@ extern "C" void cu_sparse_forward(Node *n) {
     CU_LAUNCHED();
 }
 
-// Decoding: dsa_sparse_decode's twin. One query per batch row, q (B, H*dk),
-// over the cache slots in sel (B, K); kc, vc (B, max_T, H*dk / H*dv).
-extern "C" void cu_dsa_decode_sparse(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
-                                     const int *sel, int K, int H, int dk, int dv, double scale) {
-    SpDims d = {B, 1, H, dk, dv, K, (real)scale, max_T};
-    int64_t blocks = (int64_t)B * H;
+// Decoding: dsa_sparse_decode's twin. T0 queries per batch row (1 when
+// decoding, a prefill window's otherwise), q (B, T0, H*dk), each over the
+// cache slots in its row of sel (B, T0, K); kc, vc (B, max_T, H*dk / H*dv).
+extern "C" void cu_dsa_prefix_sparse(real *o, const real *q, const real *kc, const real *vc, int B, int T0,
+                                     int max_T, const int *sel, int K, int H, int dk, int dv, double scale) {
+    SpDims d = {B, T0, H, dk, dv, K, (real)scale, max_T};
+    int64_t blocks = (int64_t)B * T0 * H;
     if (blocks == 0) return;
+    ASSERT(blocks <= INT_MAX, "attn_dsa on the GPU: %lld queries x heads exceed the grid", (long long)blocks);
     size_t smem = sp_smem(d, 1, 1);
     dsa_smem_prepare((const void *)k_sparse_fwd, smem, "attn_dsa step on the GPU");
     k_sparse_fwd<<<(unsigned)blocks, DSA_THREADS, smem, cu_stream>>>(d, q, kc, vc, sel, o, NULL);
     CU_LAUNCHED();
+}
+
+extern "C" void cu_dsa_decode_sparse(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
+                                     const int *sel, int K, int H, int dk, int dv, double scale) {
+    cu_dsa_prefix_sparse(o, q, kc, vc, B, 1, max_T, sel, K, H, dk, dv, scale);
 }
 
 // A block per (row r, head h): P and dS of the row into Pg, dSg (B, T, H, K);

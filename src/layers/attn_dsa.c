@@ -530,10 +530,11 @@ void attn_cache_prefill(Tape *tp, const Mixer *m, void *cache, Tensor *u) {
     tape_no_grad_pop(tp);
 }
 
-// A sparse window after cached keys, on the CPU: every query of the window
-// as its step would take it (its top-k by the indexer over its row's cached
-// keys and the window's up to itself, then attention over those), the
-// scores by products (dsa_prefix_select) and the queries in parallel.
+// A sparse window after cached keys: every query of the window as its step
+// would take it (its top-k by the indexer over its row's cached keys and
+// the window's up to itself, then attention over those). On the CPU the
+// scores by products (dsa_prefix_select) and the queries in parallel; on a
+// GPU the decoding step's kernels over the window's queries at once.
 static Tensor *sparse_after_cache(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
     const MixerConfig *c = &m->cfg;
     const DsaLayer *L = m->impl;
@@ -547,22 +548,38 @@ static Tensor *sparse_after_cache(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
     put_index_keys(tp, m, dc, u);
     Tensor *qI = rope_at(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, rp, c->rope_base);
     Tensor *w = op_matmul(tp, u, L->ww_idx, false, false);
-    int *sel = tape_alloc(tp, (size_t)B * T0 * K * sizeof(int));
-    dsa_prefix_select(sel, qI->data, w->data, dc->kI, B, kv->max_T, pos, T0, kv->start, HI, dI, K);
+    size_t sel_bytes = (size_t)B * T0 * K * sizeof(int);
+    Tensor *o = tape_tensorv(tp, 3, B, T0, H * c->d_v);
+    int *sel;
+    if (tp->device == DEVICE_CPU) {
+        sel = tape_alloc(tp, sel_bytes);
+        dsa_prefix_select(sel, qI->data, w->data, dc->kI, B, kv->max_T, pos, T0, kv->start, HI, dI, K);
+        int ldq = H * c->d_k, ldv = H * c->d_v;
+#pragma omp parallel for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T0; t++) {
+                int64_t r = (int64_t)b * T0 + t;
+                dsa_sparse_decode(o->data + r * ldv, q->data + r * ldq, kv->k + (int64_t)b * kv->max_T * ldq,
+                                  kv->v + (int64_t)b * kv->max_T * ldv, 1, kv->max_T, sel + r * K, K, H, c->d_k,
+                                  c->d_v, 1.0 / sqrt(c->d_k));
+            }
+    } else {
+#ifdef AG_CUDA
+        sel = tape_dalloc(tp, sel_bytes);
+        cu_dsa_prefix_select(tp, sel, qI->data, w->data, dc->kI, B, kv->max_T, pos, T0, kv->start_dev, HI, dI, K);
+        cu_dsa_prefix_sparse(o->data, q->data, kv->k, kv->v, B, T0, kv->max_T, sel, K, H, c->d_k, c->d_v,
+                             1.0 / sqrt(c->d_k));
+#else
+        FAIL("attn_dsa prefill: a %s tape in a build without CUDA", device_name(tp->device));
+#endif
+    }
     if (L->rec) {
         ASSERT(B == 1, "attn_dsa record: one row (got %d)", B);
-        record_rows(L, K, pos, sel, T0);
+        int *host = tp->device == DEVICE_CPU ? sel : xmalloc(sel_bytes);
+        if (host != sel) dev_to_host(host, sel, sel_bytes, tp->device);
+        record_rows(L, K, pos, host, T0);
+        if (host != sel) free(host);
     }
-    Tensor *o = tape_tensorv(tp, 3, B, T0, H * c->d_v);
-    int ldq = H * c->d_k, ldv = H * c->d_v;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T0; t++) {
-            int64_t r = (int64_t)b * T0 + t;
-            dsa_sparse_decode(o->data + r * ldv, q->data + r * ldq, kv->k + (int64_t)b * kv->max_T * ldq,
-                              kv->v + (int64_t)b * kv->max_T * ldv, 1, kv->max_T, sel + r * K, K, H, c->d_k, c->d_v,
-                              1.0 / sqrt(c->d_k));
-        }
     return op_matmul(tp, o, L->attn.wo, false, false);
 }
 
@@ -570,8 +587,7 @@ static Tensor *sparse_after_cache(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
 // DSA_DISTILL mode, and sparsely otherwise (DSA_SPARSE_KL too, without a KL):
 // a fresh window runs the forward of that attention, without any KL, whose
 // DSA_DISTILL target would be a (B, T0, T0) matrix; a sparse window after
-// cached keys goes to sparse_after_cache on the CPU, to the steps on a GPU
-// (NULL).
+// cached keys goes to sparse_after_cache.
 static Tensor *dsa_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     const MixerConfig *c = &m->cfg;
     DsaLayer *L = m->impl;
@@ -587,7 +603,6 @@ static Tensor *dsa_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
         if (!(y = attn_layer_prefill(tp, &L->attn, c, &dc->kv, u))) return NULL;
         put_index_keys(tp, m, dc, u);
     } else if (!kvcache_fresh(&dc->kv)) {
-        if (tp->device != DEVICE_CPU) return NULL;
         y = sparse_after_cache(tp, m, dc, u);
     } else {
         DsaMode mode = L->mode;

@@ -97,8 +97,8 @@ double lm_dsa_mass(const LM *lm);
 #define LM_PREFILL_WINDOW 1024
 // On a GPU, whose memory holds a long window's activations (~1.6 GB for 16k
 // positions at d_model 1024), a prompt of up to 64k positions runs as one
-// window (the windows after it: cu_attn_prefix_forward; attn_dsa's sparse
-// windows after cached keys are stepped there).
+// window (the windows after it: cu_attn_prefix_forward, and attn_dsa's
+// cu_dsa_prefix_select and cu_dsa_prefix_sparse).
 #define LM_PREFILL_WINDOW_GPU 65536
 typedef struct LMCache {
     void *mixer[LM_MAX_LAYERS];
