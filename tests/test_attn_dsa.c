@@ -239,8 +239,9 @@ Test(attn_dsa, lm_decode_equals_forward_logits) {
 
 // u (1, T, D) through a recording cache, in windows of the given lengths
 // (each through the kind's prefill, stepped where the prefill declines; a
-// length 1 is a step): the record (T, topk).
-static int *record_windows(Mixer *m, const Tensor *u, Device d, const int *len, int n_len) {
+// length 1 is a step), the row reset (a document begins) at position
+// reset_at (-1: never; a window begins there): the record (T, topk).
+static int *record_windows(Mixer *m, const Tensor *u, Device d, const int *len, int n_len, int reset_at) {
     int T = u->shape[1], D = u->shape[2], K = m->cfg.topk;
     int *rec = xmalloc((size_t)T * K * sizeof(int));
     for (int i = 0; i < T * K; i++) rec[i] = DSA_REC_NONE;
@@ -252,6 +253,7 @@ static int *record_windows(Mixer *m, const Tensor *u, Device d, const int *len, 
     int t0 = 0;
     for (int w = 0; w < n_len; w++) {
         int n = len[w];
+        if (t0 == reset_at) m->kind->cache_reset(m, cache, 0);
         Tensor *x = tape_tensor_copy(&tp, 3, (int[]){1, n, D}, u->data + (int64_t)t0 * D);
         if (n == 1 || !m->kind->prefill(&tp, m, cache, x))
             for (int t = t0; t < t0 + n; t++)
@@ -282,8 +284,8 @@ Test(attn_dsa, replay_of_decoding_picks) {
     fill_normal(u, 22, 1.0);
     int steps[40];
     for (int i = 0; i < T; i++) steps[i] = 1;
-    int *rec = record_windows(m, u, d, steps, T);
-    int *win = record_windows(m, u, d, (int[]){24, 16}, 2);   // a fresh window, then one after cached keys
+    int *rec = record_windows(m, u, d, steps, T, -1);
+    int *win = record_windows(m, u, d, (int[]){24, 16}, 2, -1);   // a fresh window, then one after cached keys
     for (int t = 0; t < T; t++) {
         cr_assert_neq(rec[t * K], DSA_REC_NONE, "position %d not recorded", t);
         for (int i = 0; i < K; i++)
@@ -327,6 +329,46 @@ Test(attn_dsa, replay_of_decoding_picks) {
     cr_assert(!memcmp(y0, y3, (size_t)T * D * sizeof(real)), "a pick that is no candidate was replayed");
     attn_dsa_replay(m, NULL, 0);
     free(y0), free(y1), free(y2), free(y3), free(rec), free(win);
+    tensor_free(u);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+// The user's path through documents: generate resets the row where a
+// document begins (after an end-of-text token) and its parallel forward
+// flags the same position. The record keeps the cache's slots, a query
+// after the start picks only keys of its own document, and the forward over
+// the same documents replays the picks as its own, through steps and
+// through windows (fresh, fresh after the reset, after cached keys) alike.
+Test(attn_dsa, replay_across_a_document_start) {
+    ParamStore ps;
+    int T = 40, D = 16, K = 8, f = 20;
+    Mixer *m = dsa_new("attn_dsa", &ps, D, K, 31);
+    Device d = device_default();
+    if (d != DEVICE_CPU) params_to_device(&ps, d);
+    Tensor *u = tensor_newv(false, 3, 1, T, D);
+    fill_normal(u, 32, 1.0);
+    int steps[40], docs[40] = {0};
+    for (int i = 0; i < T; i++) steps[i] = 1;
+    docs[f] = 1;
+    int *rec = record_windows(m, u, d, steps, T, f);
+    int *win = record_windows(m, u, d, (int[]){f, 12, 8}, 3, f);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < K; i++) {
+            int p = rec[t * K + i];
+            cr_assert_eq(p, win[t * K + i], "position %d pick %d: steps %d, windows %d", t, i, p, win[t * K + i]);
+            if (t >= f) cr_assert(p == -1 || (p >= f && p <= t), "position %d picks %d outside its document", t, p);
+            if (t >= f && t - f < K) cr_assert_eq(p, i <= t - f ? f + i : -1, "position %d pick %d", t, i);
+        }
+    real *y0 = test_mixer_forward_host(m, u, docs, d);
+    attn_dsa_replay(m, rec, T);
+    real *y1 = test_mixer_forward_host(m, u, docs, d);
+    DsaReplayReport r = attn_dsa_replay_report(m);
+    attn_dsa_replay(m, NULL, 0);
+    cr_assert(r.rows == T && r.differ == 0, "rows %lld, differ %lld (row %lld, gap %g)", (long long)r.rows,
+              (long long)r.differ, (long long)r.worst_row, r.worst);
+    cr_assert(!memcmp(y0, y1, (size_t)T * D * sizeof(real)), "replaying the forward's own picks changed it");
+    free(y0), free(y1), free(rec), free(win);
     tensor_free(u);
     mixer_destroy(m);
     params_free(&ps);

@@ -181,8 +181,11 @@ static void record_or_replay(Tape *tp, DsaLayer *L, const MixerConfig *c, int *s
     bool dev = tp->device != DEVICE_CPU;
     int *own = dev ? xmalloc(bytes) : sel;
     if (dev) dev_to_host(own, sel, bytes, tp->device);
-    if (record) {
-        record_rows(L, K, L->rec_at, own, T);
+    if (record) {   // the window's positions are its own (0 ..): the cache's slots from rec_at on
+        int *slots = xmalloc(bytes);
+        for (int64_t i = 0; i < (int64_t)T * K; i++) slots[i] = own[i] < 0 ? own[i] : own[i] + L->rec_at;
+        record_rows(L, K, L->rec_at, slots, T);
+        free(slots);
         if (dev) free(own);
         return;
     }
