@@ -404,11 +404,10 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
                             "are its own top-k at %lld of %lld rows (layers x positions)",
                     (long long)(all.rows - all.differ), (long long)all.rows);
             if (all.differ)
-                fprintf(stderr, "; the other %lld differ%s by near-ties, the largest score gap %.3e of the "
-                                "scores' size (layer %d, position %lld; tolerance %.0e): %s",
+                fprintf(stderr, "; the other %lld differ%s, the largest score gap %.3e of the scores' size "
+                                "(layer %d, position %lld; tolerance %.0e): %s",
                         (long long)all.differ, all.differ == 1 ? "s" : "", all.worst, worst_layer,
-                        (long long)all.worst_row, tol,
-                        ok ? "OK" : "MISMATCH");
+                        (long long)all.worst_row, tol, ok ? "OK (near-ties)" : "MISMATCH");
             fprintf(stderr, "\n");
             if (!ok) code = 1;
         }
