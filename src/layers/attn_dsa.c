@@ -33,6 +33,8 @@
 #include "dsa_sel_kl.h"
 #include "mixer_common.h"
 
+struct DsaCache;
+
 typedef struct DsaLayer {
     AttnLayer attn;
     Tensor *wq_idx;     // (D, HI*dI)
@@ -46,7 +48,9 @@ typedef struct DsaLayer {
     // attn_dsa_record / attn_dsa_replay (attn_dsa.h): the caller's buffers.
     int *rec;           // (rec_rows, topk), or NULL
     int rec_rows;
-    int rec_at;         // >= 0 while dsa_prefill runs a fresh window through dsa_forward: its first slot
+    // While dsa_prefill runs a fresh window through dsa_forward: the cache its
+    // keys, values and indexer keys go to, at slots fill->kv.pos... (else NULL).
+    struct DsaCache *fill;
     const int *replay;  // (replay_rows, topk), or NULL
     int replay_rows;
     DsaReplayReport report;
@@ -87,7 +91,6 @@ static void dsa_create(Mixer *m, ParamStore *ps, const char *prefix) {
     L->wq_idx = param_linear(ps, prefix, "wq_idx", c->d_model, c->index_heads * c->index_dim, std);
     L->wk_idx = param_linear(ps, prefix, "wk_idx", c->d_model, c->index_dim, std);
     L->ww_idx = param_linear(ps, prefix, "ww_idx", c->d_model, c->index_heads, std);
-    L->rec_at = -1;
     m->impl = L;
 }
 
@@ -173,7 +176,7 @@ static double pick_gap(const int *r, const int *o, int K, int t, int lo, const r
 // rows in its place and reports how they differ.
 static void record_or_replay(Tape *tp, DsaLayer *L, const MixerConfig *c, int *sel, Tensor *qI, Tensor *kI,
                              Tensor *w, const int *doc_start, int B, int T, int K) {
-    bool record = L->rec && L->rec_at >= 0, replay = L->replay && L->rec_at < 0;
+    bool record = L->rec && L->fill, replay = L->replay && !L->fill;
     // K < topk (DSA_SPARSE_KL over T <= topk positions): every candidate is picked, as decoding picks them.
     if ((!record && !replay) || K != c->topk) return;
     ASSERT(B == 1, "attn_dsa %s: one row (got %d)", record ? "record" : "replay", B);
@@ -181,10 +184,10 @@ static void record_or_replay(Tape *tp, DsaLayer *L, const MixerConfig *c, int *s
     bool dev = tp->device != DEVICE_CPU;
     int *own = dev ? xmalloc(bytes) : sel;
     if (dev) dev_to_host(own, sel, bytes, tp->device);
-    if (record) {   // the window's positions are its own (0 ..): the cache's slots from rec_at on
-        int *slots = xmalloc(bytes);
-        for (int64_t i = 0; i < (int64_t)T * K; i++) slots[i] = own[i] < 0 ? own[i] : own[i] + L->rec_at;
-        record_rows(L, K, L->rec_at, slots, T);
+    if (record) {   // the window's positions are its own (0 ..): the cache's slots from its pos on
+        int at = L->fill->kv.pos, *slots = xmalloc(bytes);
+        for (int64_t i = 0; i < (int64_t)T * K; i++) slots[i] = own[i] < 0 ? own[i] : own[i] + at;
+        record_rows(L, K, at, slots, T);
         free(slots);
         if (dev) free(own);
         return;
@@ -227,6 +230,9 @@ static void record_or_replay(Tape *tp, DsaLayer *L, const MixerConfig *c, int *s
         if (hq) free(hq), free(hk), free(hw);
     }
 }
+
+static void put_index_keys(Tape *tp, const Mixer *m, struct DsaCache *dc, Tensor *u);
+static void store_index_keys(struct DsaCache *dc, const Tensor *kI);
 
 #ifdef AG_CUDA
 // The selection and the attention on a GPU tape: dsa_forward's steps after
@@ -283,9 +289,11 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
     if (!pos) doc_start = NULL;
     Tensor *q, *k, *v;
     attn_layer_qkv(tp, &L->attn, c, u, 0, pos, &q, &k, &v);
+    if (L->fill) kvcache_put(&L->fill->kv, k, v);   // a fresh prefill window: the rows the steps would cache
     double scale = 1.0 / sqrt(c->d_k);
     Tensor *o;
     if (L->mode == DSA_SPARSE && c->topk >= T) {   // everything is selected: the dense kernel is the same math
+        if (L->fill) put_index_keys(tp, m, L->fill, u);
         return op_matmul(tp, op_attention(tp, q, k, v, H, scale, doc_start), L->attn.wo, false, false);
     }
     // The indexer only needs a graph when its KL will be back-propagated.
@@ -294,6 +302,7 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
     Tensor *qI = rope_at(tp, op_matmul(tp, ub, L->wq_idx, false, false), c->index_dim, 0, pos, c->rope_base);
     Tensor *kI = rope_at(tp, op_matmul(tp, ub, L->wk_idx, false, false), c->index_dim, 0, pos, c->rope_base);
     Tensor *w = op_matmul(tp, ub, L->ww_idx, false, false);
+    if (L->fill) store_index_keys(L->fill, kI);
 #ifdef AG_CUDA
     if (tp->device == DEVICE_CUDA) {
         o = dsa_attend_gpu(tp, L, c, q, k, v, qI, kI, w, doc_start, B, T, K);
@@ -497,18 +506,23 @@ void attn_dsa_replay(Mixer *m, const int *rec, int n_rows) {
 
 DsaReplayReport attn_dsa_replay_report(const Mixer *m) { return dsa_impl(m, "attn_dsa_replay_report")->report; }
 
+// Rotated indexer keys kI (B, T0, dI) into the cache's slots pos...; the cache is not advanced.
+static void store_index_keys(DsaCache *dc, const Tensor *kI) {
+    KVCache *kv = &dc->kv;
+    size_t w = (size_t)kI->shape[2] * sizeof(real), T0 = (size_t)kI->shape[1];
+    dev_copy2d(kv->dev, (char *)dc->kI + (size_t)kv->pos * w, (size_t)kv->max_T * w, kI->data, T0 * w, T0 * w,
+               (size_t)kv->B);
+}
+
 // The indexer keys of u (B, T0, D) into the cache's slots pos... (as the
 // steps would rotate them); the cache is not advanced.
 static void put_index_keys(Tape *tp, const Mixer *m, DsaCache *dc, Tensor *u) {
     const MixerConfig *c = &m->cfg;
     const DsaLayer *L = m->impl;
     KVCache *kv = &dc->kv;
-    int T0 = u->shape[1];
-    const int *rp = kvcache_positions(tp, kv, T0);
-    Tensor *kI = rope_at(tp, op_matmul(tp, u, L->wk_idx, false, false), c->index_dim, kv->pos, rp, c->rope_base);
-    size_t w = (size_t)c->index_dim * sizeof(real);
-    dev_copy2d(kv->dev, (char *)dc->kI + (size_t)kv->pos * w, (size_t)kv->max_T * w, kI->data, T0 * w, T0 * w,
-               (size_t)kv->B);
+    const int *rp = kvcache_positions(tp, kv, u->shape[1]);
+    store_index_keys(dc, rope_at(tp, op_matmul(tp, u, L->wk_idx, false, false), c->index_dim, kv->pos, rp,
+                                 c->rope_base));
 }
 
 void attn_cache_prefill(Tape *tp, const Mixer *m, void *cache, Tensor *u) {
@@ -589,8 +603,10 @@ static Tensor *sparse_after_cache(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
 // MixerKind.prefill: the output the steps would give. They attend densely in
 // DSA_DISTILL mode, and sparsely otherwise (DSA_SPARSE_KL too, without a KL):
 // a fresh window runs the forward of that attention, without any KL, whose
-// DSA_DISTILL target would be a (B, T0, T0) matrix; a sparse window after
-// cached keys goes to sparse_after_cache.
+// DSA_DISTILL target would be a (B, T0, T0) matrix, and which puts the
+// window's keys, values and indexer keys in the cache as it makes them
+// (DsaLayer.fill); a sparse window after cached keys goes to
+// sparse_after_cache.
 static Tensor *dsa_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     const MixerConfig *c = &m->cfg;
     DsaLayer *L = m->impl;
@@ -610,13 +626,10 @@ static Tensor *dsa_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     } else {
         DsaMode mode = L->mode;
         L->mode = DSA_SPARSE;
-        L->rec_at = dc->kv.pos;   // a record's slots for the window (record_or_replay)
+        L->fill = dc;   // the window's keys, values and indexer keys to the cache (and a record's slots)
         y = dsa_forward(tp, m, u, NULL, NULL, NULL);   // (dense when topk >= T0: every key is selected)
-        L->rec_at = -1;
+        L->fill = NULL;
         L->mode = mode;
-        // The window's keys, values and indexer keys again (dsa_forward keeps them to itself).
-        attn_cache_prefill(tp, m, dc, u);
-        return y;   // (the cache advanced)
     }
     dc->kv.pos += u->shape[1];
     return y;
