@@ -601,7 +601,8 @@ extern "C" void cu_dsa_prefix_select(Tape *tp, int *sel, const real *qI, const r
     int64_t rows = (int64_t)B * T0;
     // Rows of scores at a time: at most SELECT_CHUNK reals of scratch and 65535 blocks of the grid's y.
     int chunk = (int)imin(65535, (int)imax(1, (int)(SELECT_CHUNK / max_T)));
-    real *scores = (real *)tape_dalloc(tp, (size_t)imin(chunk, (int)imin(rows, 65535)) * max_T * sizeof(real));
+    if (rows < chunk) chunk = (int)rows;
+    real *scores = (real *)tape_dalloc(tp, (size_t)chunk * max_T * sizeof(real));
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         int n = (int)(rows - r0 < chunk ? rows - r0 : chunk);
         dec_select_rows(sel, scores, qI, w, kIc, max_T, pos, T0, r0, n, pos + T0, start, HI, dI, K);

@@ -117,11 +117,16 @@ static Tensor *rope_at(Tape *tp, Tensor *x, int hd, int pos0, const int *pos, do
 
 // ---------------------------------------------------------------- record and replay (attn_dsa.h)
 
-// Slots slot0 .. slot0+n-1 of the record (a one-row cache) <- n selection rows (host).
-static void record_rows(const DsaLayer *L, int K, int slot0, const int *sel, int n) {
+// Slots slot0 .. slot0+n-1 of the record (a cache of B = 1 row) <- n
+// selection rows sel in dev's memory, each pick plus `shift` (a fresh
+// window selects by its own positions 0..: its slots are shift + those).
+static void record_rows(const DsaLayer *L, int B, int K, int slot0, const int *sel, int n, Device dev, int shift) {
+    ASSERT(B == 1, "attn_dsa record: one row (got %d)", B);
     ASSERT(slot0 >= 0 && slot0 + n <= L->rec_rows, "attn_dsa record: slots %d .. %d of a record of %d", slot0,
            slot0 + n - 1, L->rec_rows);
-    memcpy(L->rec + (int64_t)slot0 * K, sel, (size_t)n * K * sizeof(int));
+    int *r = L->rec + (int64_t)slot0 * K;
+    dev_to_host(r, sel, (size_t)n * K * sizeof(int), dev);
+    for (int64_t i = 0; shift && i < (int64_t)n * K; i++) r[i] += r[i] < 0 ? 0 : shift;
 }
 
 // Query t's indexer score of key k in double, and into *mag the size of its
@@ -179,20 +184,16 @@ static void record_or_replay(Tape *tp, DsaLayer *L, const MixerConfig *c, int *s
     bool record = L->rec && L->fill, replay = L->replay && !L->fill;
     // K < topk (DSA_SPARSE_KL over T <= topk positions): every candidate is picked, as decoding picks them.
     if ((!record && !replay) || K != c->topk) return;
-    ASSERT(B == 1, "attn_dsa %s: one row (got %d)", record ? "record" : "replay", B);
+    if (record) {   // the window's positions are its own (0 ..): the cache's slots from its pos on
+        record_rows(L, B, K, L->fill->kv.pos, sel, T, tp->device, L->fill->kv.pos);
+        return;
+    }
+    ASSERT(B == 1, "attn_dsa replay: one row (got %d)", B);
+    ASSERT(T <= L->replay_rows, "attn_dsa replay: %d positions, %d recorded", T, L->replay_rows);
     size_t bytes = (size_t)T * K * sizeof(int);
     bool dev = tp->device != DEVICE_CPU;
     int *own = dev ? xmalloc(bytes) : sel;
     if (dev) dev_to_host(own, sel, bytes, tp->device);
-    if (record) {   // the window's positions are its own (0 ..): the cache's slots from its pos on
-        int at = L->fill->kv.pos, *slots = xmalloc(bytes);
-        for (int64_t i = 0; i < (int64_t)T * K; i++) slots[i] = own[i] < 0 ? own[i] : own[i] + at;
-        record_rows(L, K, at, slots, T);
-        free(slots);
-        if (dev) free(own);
-        return;
-    }
-    ASSERT(T <= L->replay_rows, "attn_dsa replay: %d positions, %d recorded", T, L->replay_rows);
     const int *first = docs_first(tp, doc_start, B, T);
     int HI = c->index_heads, dI = c->index_dim;
     real *hq = NULL, *hk = NULL, *hw = NULL;   // the indexer's inputs on the host, read once a row differs
@@ -400,11 +401,7 @@ static Tensor *dsa_step_gpu(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
     cu_dsa_decode_select(dc->sel, dc->scores, qI->data, wt->data, dc->kI, B, kv->max_T, kv->pos, kv->start_dev, HI, dI,
                          K);
     cu_dsa_decode_sparse(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v, scale);
-    if (L->rec) {
-        ASSERT(B == 1, "attn_dsa record: one row (got %d)", B);
-        ASSERT(pos < L->rec_rows, "attn_dsa record: slot %d of a record of %d", pos, L->rec_rows);
-        dev_to_host(L->rec + (int64_t)pos * K, dc->sel, (size_t)K * sizeof(int), kv->dev);
-    }
+    if (L->rec) record_rows(L, B, K, pos, dc->sel, 1, kv->dev, 0);
     return op_matmul(tp, o, L->attn.wo, false, false);
 }
 #endif
@@ -447,10 +444,7 @@ static Tensor *dsa_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
                       dc->kI + ((int64_t)b * kv->max_T + s0) * dI, dI, kv->pos - s0, HI, dI);
         dsa_topk_from(dc->sel + (int64_t)b * K, dc->scores, s0, kv->pos, K, dc->cand);
     }
-    if (L->rec) {
-        ASSERT(B == 1, "attn_dsa record: one row (got %d)", B);
-        record_rows(L, K, pos, dc->sel, 1);
-    }
+    if (L->rec) record_rows(L, B, K, pos, dc->sel, 1, DEVICE_CPU, 0);
     dsa_sparse_decode(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v,
                       1.0 / sqrt(c->d_k));
     return op_matmul(tp, o, L->attn.wo, false, false);
@@ -590,13 +584,7 @@ static Tensor *sparse_after_cache(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
         FAIL("attn_dsa prefill: a %s tape in a build without CUDA", device_name(tp->device));
 #endif
     }
-    if (L->rec) {
-        ASSERT(B == 1, "attn_dsa record: one row (got %d)", B);
-        int *host = tp->device == DEVICE_CPU ? sel : xmalloc(sel_bytes);
-        if (host != sel) dev_to_host(host, sel, sel_bytes, tp->device);
-        record_rows(L, K, pos, host, T0);
-        if (host != sel) free(host);
-    }
+    if (L->rec) record_rows(L, B, K, pos, sel, T0, tp->device, 0);
     return op_matmul(tp, o, L->attn.wo, false, false);
 }
 
