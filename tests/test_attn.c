@@ -299,6 +299,15 @@ Test(attn_kernel, decode_kernel_equals_last_row) {
     qkv_free(&x);
 }
 
+#ifdef AG_CUDA
+// A copy of host memory on the GPU tape gt, freed with it: the GPU twins' inputs.
+static void *gpu_copy(Tape *gt, const void *host, size_t bytes) {
+    void *d = tape_dalloc(gt, bytes);
+    dev_from_host(d, DEVICE_CUDA, host, bytes);
+    return d;
+}
+#endif
+
 // The decoding kernel over long caches: its keys are cut into parts of 256
 // (attn_flash.c), merged by their maxima and sums. Caches of 1 to 1100 keys
 // (one part, a part and one key, several parts), rows whose document starts
@@ -340,14 +349,9 @@ Test(attn_kernel, decode_kernel_over_parts_equals_softmax_attention) {
             tape_init_on(&gt, DEVICE_CUDA);
             size_t bq = (size_t)B * ldq * sizeof(real), bk = (size_t)B * max_T * ldq * sizeof(real),
                    bv = (size_t)B * max_T * ldv * sizeof(real), bo = (size_t)B * ldv * sizeof(real);
-            real *gq = tape_dalloc(&gt, bq), *gk = tape_dalloc(&gt, bk), *gv = tape_dalloc(&gt, bv);
             real *go = tape_dalloc(&gt, bo);
-            int *g0 = tape_dalloc(&gt, sizeof key0);
-            dev_from_host(gq, DEVICE_CUDA, q, bq);
-            dev_from_host(gk, DEVICE_CUDA, kc, bk);
-            dev_from_host(gv, DEVICE_CUDA, vc, bv);
-            dev_from_host(g0, DEVICE_CUDA, key0, sizeof key0);
-            cu_attn_decode(&gt, go, gq, gk, gv, B, max_T, n, key0, g0, H, dk, dv, scale);
+            cu_attn_decode(&gt, go, gpu_copy(&gt, q, bq), gpu_copy(&gt, kc, bk), gpu_copy(&gt, vc, bv), B, max_T, n,
+                           key0, gpu_copy(&gt, key0, sizeof key0), H, dk, dv, scale);
             res[1] = got2;
             dev_to_host(res[1], go, bo, DEVICE_CUDA);
             tape_free(&gt);
@@ -416,20 +420,16 @@ Test(attn_kernel, prefix_kernel_equals_softmax_attention) {
         real *res[2] = {got, NULL};   // the CPU's, and under AG_DEVICE=cuda the GPU's twin
 #ifdef AG_CUDA
         if (device_default() == DEVICE_CUDA) {
+            Tape gt;
+            tape_init_on(&gt, DEVICE_CUDA);
             size_t bq = (size_t)B * T0 * ldq * sizeof(real), bk = (size_t)B * max_T * ldq * sizeof(real),
                    bv = (size_t)B * max_T * ldv * sizeof(real);
-            real *gq = dev_alloc(DEVICE_CUDA, bq), *gk = dev_alloc(DEVICE_CUDA, bk), *gv = dev_alloc(DEVICE_CUDA, bv),
-                 *go = dev_alloc(DEVICE_CUDA, bytes);
-            int *g0 = dev_alloc(DEVICE_CUDA, sizeof key0);
-            dev_from_host(gq, DEVICE_CUDA, q, bq);
-            dev_from_host(gk, DEVICE_CUDA, kc, bk);
-            dev_from_host(gv, DEVICE_CUDA, vc, bv);
-            dev_from_host(g0, DEVICE_CUDA, key0, sizeof key0);
-            cu_attn_prefix_forward(go, gq, gk, gv, B, max_T, pos, T0, key0, g0, H, dk, dv, scale);
+            real *go = tape_dalloc(&gt, bytes);
+            cu_attn_prefix_forward(go, gpu_copy(&gt, q, bq), gpu_copy(&gt, kc, bk), gpu_copy(&gt, vc, bv), B, max_T,
+                                   pos, T0, key0, gpu_copy(&gt, key0, sizeof key0), H, dk, dv, scale);
             res[1] = got2;   // (equal to got: its buffer is free)
             dev_to_host(res[1], go, bytes, DEVICE_CUDA);
-            dev_free(DEVICE_CUDA, gq), dev_free(DEVICE_CUDA, gk), dev_free(DEVICE_CUDA, gv);
-            dev_free(DEVICE_CUDA, go), dev_free(DEVICE_CUDA, g0);
+            tape_free(&gt);
         }
 #endif
         double *sc = xmalloc((size_t)max_T * sizeof(double));

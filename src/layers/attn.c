@@ -136,20 +136,16 @@ Tensor *attn_layer_prefill(Tape *tp, const AttnLayer *L, const MixerConfig *c, K
     attn_layer_qkv(tp, L, c, u, kc->pos, kvcache_positions(tp, kc, T0), &q, &k, &v);
     kvcache_put(kc, k, v);
     double scale = 1.0 / sqrt(c->d_k);
-    Tensor *o;
-    if (tp->device != DEVICE_CPU && kvcache_fresh(kc)) {   // nothing cached before the window: the forward's op
-        o = op_attention(tp, q, k, v, H, scale, NULL);
-    } else {   // the window's queries over the cache, its own keys included
-        o = tape_tensorv(tp, 3, B, T0, H * c->d_v);
-        if (tp->device == DEVICE_CPU)
-            attn_prefix_forward(tp, o->data, q->data, kc->k, kc->v, B, kc->max_T, kc->pos, T0, kc->start, H,
-                                c->d_k, c->d_v, scale);
+    // The window's queries over the cache, its own keys included (a fresh window too: its keys start at its slot).
+    Tensor *o = tape_tensorv(tp, 3, B, T0, H * c->d_v);
+    if (tp->device == DEVICE_CPU)
+        attn_prefix_forward(tp, o->data, q->data, kc->k, kc->v, B, kc->max_T, kc->pos, T0, kc->start, H, c->d_k,
+                            c->d_v, scale);
 #ifdef AG_CUDA
-        else
-            cu_attn_prefix_forward(o->data, q->data, kc->k, kc->v, B, kc->max_T, kc->pos, T0, kc->start,
-                                   kc->start_dev, H, c->d_k, c->d_v, scale);
+    else
+        cu_attn_prefix_forward(o->data, q->data, kc->k, kc->v, B, kc->max_T, kc->pos, T0, kc->start, kc->start_dev,
+                               H, c->d_k, c->d_v, scale);
 #endif
-    }
     return op_matmul(tp, o, L->wo, false, false);
 }
 
