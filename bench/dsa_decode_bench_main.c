@@ -1,7 +1,7 @@
 // dsa_decode_bench: decoding time per token against context length for one
 // mixer layer: dense `attn`, `attn_dsa` with topk 64 and 256, and `gdn`.
 //
-//   dsa_decode_bench [max_ctx=32768] [steps=32]
+//   dsa_decode_bench [--device cpu|cuda] [max_ctx=32768] [steps=32]
 //
 // One layer, d_model 256, H 4, dk = dv 64; the indexer has H_I 4 heads of
 // d_I 32. Batch 1. For each context n in 1k, 2k, ..., max_ctx the cache is
@@ -16,6 +16,9 @@
 // most). gdn keeps an O(1) state: its cache is not filled (its time per token
 // does not depend on n; it is measured at every n as a check).
 //
+// On a GPU (--device cuda, a build with AG_CUDA) the layer, its cache and
+// the step run there; each step's time ends at a device sync.
+//
 // Per token, attn reads n keys and values (O(n (dk + dv) H)); attn_dsa scores
 // n indexer keys (O(n H_I d_I), here half of attn's key reads) plus topk
 // selection, then attends to topk positions (O(topk (dk + dv) H)).
@@ -27,6 +30,7 @@
 #include <time.h>
 
 #include "blas.h"
+#include "device.h"
 #include "bench_util.h"
 #include "attn_dsa.h"
 #include "mixer.h"
@@ -37,7 +41,7 @@
 enum { D = 256, H = 4, DK = 64, HI = 4, DI = 32, WARM = 2 };
 
 // Mean seconds per decoded token after a context of n positions.
-static double time_decode(const char *kind, int topk, int n, int steps, Rng *r) {
+static double time_decode(const char *kind, int topk, int n, int steps, Rng *r, Device dev) {
     MixerConfig cfg = mixer_config_default(D, H, DK, DK);
     cfg.index_heads = HI;
     cfg.index_dim = DI;
@@ -46,26 +50,31 @@ static double time_decode(const char *kind, int topk, int n, int steps, Rng *r) 
     params_init(&ps);
     Mixer *m = mixer_create(kind, &cfg, &ps, "bench.");
     params_finalize(&ps, 1);
-    void *cache = m->kind->cache_new(m, 1, n + WARM + steps, DEVICE_CPU);
+    if (dev != DEVICE_CPU) params_to_device(&ps, dev);
+    void *cache = m->kind->cache_new(m, 1, n + WARM + steps, dev);
     Tape tp;
-    tape_init(&tp);
+    tape_init_on(&tp, dev);
     tape_no_grad_push(&tp);
     if (strcmp(kind, "gdn") != 0) {
-        Tensor *u = tape_tensorv(&tp, 3, 1, n, D);
-        for (int64_t i = 0; i < u->numel; i++) u->data[i] = (real)rng_normal(r);
-        attn_cache_prefill(&tp, m, cache, u);
+        real *h = xmalloc((size_t)n * D * sizeof(real));
+        for (int64_t i = 0; i < (int64_t)n * D; i++) h[i] = (real)rng_normal(r);
+        attn_cache_prefill(&tp, m, cache, tape_tensor_copy(&tp, 3, (int[]){1, n, D}, h));
+        free(h);
         tape_reset(&tp);
     }
-    Tensor *u = tensor_newv(false, 3, 1, 1, D);
+    real u[D];
     double t0 = 0;
     for (int i = 0; i < WARM + steps; i++) {
-        if (i == WARM) t0 = runlog_now();
-        for (int j = 0; j < D; j++) u->data[j] = (real)rng_normal(r);
-        m->kind->step(&tp, m, cache, u);
+        if (i == WARM) {
+            dev_sync(dev);
+            t0 = runlog_now();
+        }
+        for (int j = 0; j < D; j++) u[j] = (real)rng_normal(r);
+        m->kind->step(&tp, m, cache, tape_tensor_copy(&tp, 3, (int[]){1, 1, D}, u));
         tape_reset(&tp);
     }
+    dev_sync(dev);
     double dt = (runlog_now() - t0) / steps;
-    tensor_free(u);
     tape_free(&tp);
     m->kind->cache_free(cache);
     mixer_destroy(m);
@@ -74,17 +83,32 @@ static double time_decode(const char *kind, int topk, int n, int steps, Rng *r) 
 }
 
 int main(int argc, char **argv) {
-    if (bench_help(argc, argv, "usage: dsa_decode_bench [MAX_CONTEXT [STEPS]]\n  time per decoded token of one layer (attn, attn_dsa top-64 and top-256, gdn) after contexts of\n  1024, 2048, ... up to MAX_CONTEXT positions (default 32768), STEPS timed steps each (default 32)\n")) return 0;
+    if (bench_help(argc, argv, "usage: dsa_decode_bench [--device cpu|cuda] [MAX_CONTEXT [STEPS]]\n  time per decoded token of one layer (attn, attn_dsa top-64 and top-256, gdn) after contexts of\n  1024, 2048, ... up to MAX_CONTEXT positions (default 32768), STEPS timed steps each (default 32)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     blas_select_from_env();     // ATTNLAB_GEMM=auto|openblas|onednn (default auto)
+    Device dev = DEVICE_CPU;
+    if (argc > 2 && strcmp(argv[1], "--device") == 0) {
+        int d = device_parse(argv[2]);
+        if (d < 0) {
+            fprintf(stderr, "dsa_decode_bench: unknown device '%.64s'\n", argv[2]);
+            return 2;
+        }
+        char err[256];
+        if (d == DEVICE_CUDA && !device_cuda_init(err, sizeof err)) {
+            fprintf(stderr, "dsa_decode_bench: no GPU: %s\n", err);
+            return 2;
+        }
+        dev = (Device)d;
+        argv += 2, argc -= 2;
+    }
     int max_ctx = argc > 1 ? atoi(argv[1]) : 32768;
     int steps = argc > 2 ? atoi(argv[2]) : 32;
     char cpu[256];
     runlog_cpu_name(cpu, sizeof cpu);
     struct utsname un;
     uname(&un);
-    printf("dsa_decode_bench: %s (%s), %d OpenMP threads, %s, gemm %s\n", cpu, un.machine, omp_get_max_threads(),
-           REAL_NAME, blas_describe());
+    printf("dsa_decode_bench: %s (%s), %d OpenMP threads, %s, gemm %s, device %s\n", cpu, un.machine,
+           omp_get_max_threads(), REAL_NAME, blas_describe(), device_describe(dev));
     printf("one layer, d_model %d, H %d, dk = dv = %d, indexer H_I %d x d_I %d, batch 1, %d steps after %d warm-up\n",
            D, H, DK, HI, DI, steps, WARM);
     printf("time per decoded token (ms) after a context of n positions (cache prefilled, see the source)\n\n");
@@ -93,10 +117,10 @@ int main(int argc, char **argv) {
     Rng r;
     rng_seed(&r, 7);
     for (int n = 1024; n <= max_ctx; n *= 2) {
-        double a = time_decode("attn", 64, n, steps, &r);
-        double s64 = time_decode("attn_dsa", 64, n, steps, &r);
-        double s256 = time_decode("attn_dsa", 256, n, steps, &r);
-        double g = time_decode("gdn", 64, n, steps, &r);
+        double a = time_decode("attn", 64, n, steps, &r, dev);
+        double s64 = time_decode("attn_dsa", 64, n, steps, &r, dev);
+        double s256 = time_decode("attn_dsa", 256, n, steps, &r, dev);
+        double g = time_decode("gdn", 64, n, steps, &r, dev);
         printf("%8d | %10.4f | %14.4f | %15.4f | %10.4f\n", n, 1e3 * a, 1e3 * s64, 1e3 * s256, 1e3 * g);
         fflush(stdout);
     }

@@ -18,11 +18,15 @@
 //
 // Top-k. A block per row over its candidates [lo(t), t] (the CPU's order:
 // larger score, on a tie the later position): the scores as unsigned keys in
-// the same order (-0 as +0), the K-th largest key built bit by bit from the
-// top (a block count per bit), then one ordered pass (ballots and warp
-// prefix counts) keeps every key above it and, of the keys equal to it, the
-// latest ones; positions come out ascending, -1 padded. The same set as
-// dsa_topk_row, exactly.
+// the same order (-0 as +0), the K-th largest key found a digit of 8 bits
+// at a time from the top (a radix select: a shared-memory histogram of the
+// digit over the keys that share the higher digits, 4 passes over the row in
+// float32, where a bit at a time took up to 32), then one ordered pass
+// (block scans of each thread's counts) keeps every key above it and, of the
+// keys equal to it, the latest ones; positions come out ascending, -1
+// padded. The same set as dsa_topk_row, exactly. The passes read the row in
+// vectors of 16 bytes, several in flight per thread. Decoding's few rows get
+// blocks of 1024 threads: a step's row is one block on one SM.
 #include <math.h>
 
 #include "dsa_common.cuh"
@@ -30,7 +34,10 @@
 #define IX_T 32          // queries and keys per tile
 #define IX_THREADS 256   // 8 warps
 #define IX_ROWS (IX_T / (IX_THREADS / 32))   // query rows per thread: 4
-#define TK_THREADS 256
+#define TK_THREADS 256       // a block per row of the training's top-k and a window's rows
+#define TK_DEC_THREADS 1024  // a block per row of a decoding step (a few rows: few blocks)
+#define TK_DIGIT 8           // the top-k's radix: bits of a digit, and its histogram's bins
+#define TK_BINS (1 << TK_DIGIT)
 #define SMEM_CACHE_BYTES (40 * 1024)          // a row kept in shared memory up to this size (with the
                                               // kernels' static arrays, under the default 48 KB)
 #define SELECT_CHUNK ((int64_t)1 << 24)       // reals of scores per block of rows in dsa_index_select
@@ -262,73 +269,181 @@ __device__ __forceinline__ rkey_t tk_key(real x) {
 }
 #endif
 
-// The exclusive count of set flags before this thread (thread order) and the
-// block's total. Begins with a barrier; shm: 32 ints.
-__device__ __forceinline__ int tk_scan(bool f, int *total, int *shm) {
+// The exclusive sum of v over the threads before this one (thread order) and
+// the block's total. Begins with a barrier; shm: 32 ints.
+__device__ __forceinline__ int tk_scan_count(int v, int *total, int *shm) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    unsigned m = __ballot_sync(0xffffffffu, f);
-    int before = __popc(m & ((1u << lane) - 1u));
+    int incl = v;   // inclusive sum within the warp
+    for (int o = 1; o < 32; o <<= 1) {
+        int x = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += x;
+    }
     __syncthreads();
-    if (lane == 0) shm[warp] = __popc(m);
+    if (lane == 31) shm[warp] = incl;
     __syncthreads();
     int pre = 0, tot = 0;
-    for (int v = 0; v < nw; v++) {
-        int c = shm[v];
-        if (v < warp) pre += c;
+    for (int w = 0; w < nw; w++) {
+        int c = shm[w];
+        if (w < warp) pre += c;
         tot += c;
     }
     *total = tot;
-    return pre + before;
+    return pre + incl - v;
+}
+
+// The digit d of the histogram hist (TK_BINS counts, by digit) where the
+// count from the top reaches rest: keys of digits above d < rest <= keys of
+// digits >= d. Warp 0 finds it (lane l sums bins 8l .. 8l+7, a suffix scan
+// over the lanes) and writes *digit and *above (the keys of digits above d).
+// Every thread; ends with a barrier. At least rest keys are counted.
+__device__ __forceinline__ void tk_find_digit(const int *hist, int rest, int *digit, int *above) {
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x, per = TK_BINS / 32, mine = 0;
+        for (int j = 0; j < per; j++) mine += hist[lane * per + j];
+        int suffix = mine;   // keys of lanes >= this one
+        for (int o = 1; o < 32; o <<= 1) {
+            int v = __shfl_down_sync(0xffffffffu, suffix, o);
+            if (lane + o < 32) suffix += v;
+        }
+        int cum = suffix - mine;   // keys of digits above this lane's bins
+        if (cum < rest && rest <= suffix)
+            for (int j = per - 1; j >= 0; j--) {
+                int c = hist[lane * per + j];
+                if (cum + c >= rest) {
+                    *digit = lane * per + j;
+                    *above = cum;
+                    break;
+                }
+                cum += c;
+            }
+    }
+    __syncthreads();
+}
+
+// A row's keys in vectors of 16 bytes (TK_VEC keys), so that each thread has
+// several loads in flight: group g holds keys g*TK_VEC - mis .. + TK_VEC-1 of
+// the row, mis (< TK_VEC) the row's offset from a 16-byte boundary; keys
+// outside 0 .. n-1 are not valid. From the scores (global memory, read whole
+// vectors: no vector crosses an allocation's end) or from the keys kept in
+// shared memory at index i + mis.
+#define TK_VEC (16 / (int)sizeof(real))
+struct __align__(16) TkRealVec {
+    real x[TK_VEC];
+};
+struct __align__(16) TkKeyVec {
+    rkey_t x[TK_VEC];
+};
+struct TkRow {
+    const real *base;   // the row's scores minus mis (16-byte aligned)
+    const rkey_t *kept;   // the keys in shared memory, or NULL
+    int n, mis, groups;
+};
+
+__device__ __forceinline__ void tk_group(const TkRow &r, int g, rkey_t k[TK_VEC], bool ok[TK_VEC]) {
+    if (r.kept) {
+        TkKeyVec v = ((const TkKeyVec *)r.kept)[g];
+        for (int u = 0; u < TK_VEC; u++) k[u] = v.x[u];
+    } else {
+        TkRealVec v = ((const TkRealVec *)r.base)[g];
+        for (int u = 0; u < TK_VEC; u++) k[u] = tk_key(v.x[u]);
+    }
+    for (int u = 0; u < TK_VEC; u++) {
+        int i = g * TK_VEC + u - r.mis;
+        ok[u] = i >= 0 && i < r.n;
+    }
 }
 
 // One row's top K, by the whole block: candidates row[0 .. n) at positions
 // lo .. lo+n-1, the selection (K, ascending, -1 padded) into out. keys:
-// dynamic shared memory for cache_n keys (the row's are kept there when it
-// fits); shm: 32 ints.
+// dynamic shared memory for cache_n keys (a multiple of TK_VEC; the row's are
+// kept there when they fit with the row's misalignment); shm: 32 ints. Any
+// block size of whole warps up to 1024.
 __device__ void topk_one(const real *row, int n, int lo, int K, int *out, rkey_t *keys, int cache_n, int *shm) {
-    int tid = threadIdx.x;
+    __shared__ int hist[TK_BINS];
+    __shared__ int found[2];   // the digit, the keys of digits above it
+    int tid = threadIdx.x, nthr = blockDim.x;
     if (n <= K) {   // every candidate
-        for (int j = tid; j < K; j += TK_THREADS) out[j] = j < n ? lo + j : -1;
+        for (int j = tid; j < K; j += nthr) out[j] = j < n ? lo + j : -1;
         return;
     }
-    bool cached = n <= cache_n;
-    if (cached) {
-        for (int i = tid; i < n; i += TK_THREADS) keys[i] = tk_key(row[i]);
+    TkRow r;
+    r.mis = (int)(((uintptr_t)row / sizeof(real)) % TK_VEC);
+    r.base = row - r.mis;
+    r.n = n;
+    r.groups = (n + r.mis + TK_VEC - 1) / TK_VEC;
+    r.kept = NULL;
+    if (r.groups * TK_VEC <= cache_n) {
+        for (int g = tid; g < r.groups; g += nthr) {
+            TkRealVec v = ((const TkRealVec *)r.base)[g];
+            for (int u = 0; u < TK_VEC; u++) keys[g * TK_VEC + u] = tk_key(v.x[u]);
+        }
         __syncthreads();
+        r.kept = keys;
     }
-#define TK_KEY(i) (cached ? keys[i] : tk_key(row[i]))
-    // th = the K-th largest key: a bit stays set when at least K keys are >= the value so far.
-    rkey_t th = 0;
-    for (int bit = 8 * (int)sizeof(rkey_t) - 1; bit >= 0; bit--) {
-        rkey_t cand = th | ((rkey_t)1 << bit);
-        int cnt = 0;
-        for (int i = tid; i < n; i += TK_THREADS) cnt += TK_KEY(i) >= cand;
-        cnt = dsa_block_count(cnt, shm);
-        if (cnt >= K) th = cand;
-        if (cnt == K) break;
+    // th = the K-th largest key, TK_DIGIT bits at a time from the top: a histogram of the next digit over the keys
+    // whose higher digits equal th's, then the digit where the count from the top reaches the keys still wanted.
+    // After the last digit, K - rest keys are above th and hist[digit] equal it.
+    rkey_t th = 0, mask = 0;
+    int rest = K, eq = 0;
+    for (int shift = 8 * (int)sizeof(rkey_t) - TK_DIGIT; shift >= 0; shift -= TK_DIGIT) {
+        for (int j = tid; j < TK_BINS; j += nthr) hist[j] = 0;
+        __syncthreads();
+        // Two groups per thread at a time: loads in flight. (Adding once per warp for lanes of the same bin,
+        // by __match_any_sync, measured slower on an H200: 0.40 against 0.35 ms per step at 131,072 keys.)
+        for (int g0 = tid; g0 < r.groups; g0 += 2 * nthr) {
+            rkey_t k[2][TK_VEC];
+            bool ok[2][TK_VEC];
+            for (int h = 0; h < 2; h++) {
+                int g = g0 + h * nthr;
+                if (g < r.groups) tk_group(r, g, k[h], ok[h]);
+                else
+                    for (int u = 0; u < TK_VEC; u++) ok[h][u] = false;
+            }
+            for (int h = 0; h < 2; h++)
+                for (int u = 0; u < TK_VEC; u++)
+                    if (ok[h][u] && (k[h][u] & mask) == th)
+                        atomicAdd(&hist[(int)(k[h][u] >> shift) & (TK_BINS - 1)], 1);
+        }
+        __syncthreads();
+        tk_find_digit(hist, rest, &found[0], &found[1]);
+        int d = found[0];
+        rest -= found[1];
+        eq = hist[d];
+        th |= (rkey_t)d << shift;
+        mask |= (rkey_t)(TK_BINS - 1) << shift;
+        __syncthreads();   // hist and found are read before the next digit clears them
     }
-    int gt = 0, eq = 0;
-    for (int i = tid; i < n; i += TK_THREADS) {
-        rkey_t k = TK_KEY(i);
-        gt += k > th;
-        eq += k == th;
-    }
-    gt = dsa_block_count(gt, shm);
-    eq = dsa_block_count(eq, shm);
-    int skip = eq - (K - gt);   // the earliest ties stay out
+    // The ordered pass: a tile of nthr groups at a time, thread tid's group its TK_VEC keys in position order, so
+    // thread order is position order: a scan of the threads' ties and of their kept keys places each kept key.
+    int skip = eq - rest;   // the earliest ties stay out
     int base = 0, ties = 0;
-    for (int c0 = 0; c0 < n; c0 += TK_THREADS) {
-        int i = c0 + tid, n_eq, n_keep;
-        rkey_t k = i < n ? TK_KEY(i) : 0;
-        bool is_gt = i < n && k > th, is_eq = i < n && k == th;
-        int tie_rank = ties + tk_scan(is_eq, &n_eq, shm);
-        bool keep = is_gt || (is_eq && tie_rank >= skip);
-        int at = base + tk_scan(keep, &n_keep, shm);
-        if (keep) out[at] = lo + i;
+    for (int c0 = 0; c0 < r.groups; c0 += nthr) {
+        int g = c0 + tid, my_eq = 0, n_eq, n_keep;
+        rkey_t k[TK_VEC];
+        bool ok[TK_VEC];
+        if (g < r.groups) tk_group(r, g, k, ok);
+        else
+            for (int u = 0; u < TK_VEC; u++) ok[u] = false;
+        for (int u = 0; u < TK_VEC; u++) my_eq += ok[u] && k[u] == th;
+        int tie = ties + tk_scan_count(my_eq, &n_eq, shm), my_keep = 0;
+        bool keep[TK_VEC];
+        for (int u = 0; u < TK_VEC; u++) {
+            keep[u] = ok[u] && (k[u] > th || (k[u] == th && tie++ >= skip));
+            my_keep += keep[u];
+        }
+        int at = base + tk_scan_count(my_keep, &n_keep, shm);
+        for (int u = 0; u < TK_VEC; u++)
+            if (keep[u]) out[at++] = lo + g * TK_VEC + u - r.mis;
         base += n_keep;
         ties += n_eq;
     }
-#undef TK_KEY
+}
+
+// Keys kept in shared memory for rows of up to n candidates: room for the
+// longest row and its misalignment, a whole number of vectors, at most SMEM_CACHE_BYTES.
+static int tk_cache_keys(int n) {
+    int most = (int)(SMEM_CACHE_BYTES / sizeof(rkey_t)), want = (n + 2 * TK_VEC - 1) / TK_VEC * TK_VEC;
+    return want < most ? want : most;
 }
 
 // A block per row: row l of nb x nt rows (batch b0 + l / nt, position
@@ -351,8 +466,7 @@ static void topk_rows(int *sel, const real *S, int64_t lds, int T, int K, const 
                       int t_begin, int nt) {
     int64_t rows = (int64_t)nb * nt;
     if (rows == 0) return;
-    int cache_n = (int)(SMEM_CACHE_BYTES / sizeof(rkey_t));
-    if (cache_n > T) cache_n = T;
+    int cache_n = tk_cache_keys(T);
     k_topk<<<(unsigned)rows, TK_THREADS, (size_t)cache_n * sizeof(rkey_t), cu_stream>>>(S, lds, T, K, first, b0,
                                                                                         t_begin, nt, sel, cache_n);
     CU_LAUNCHED();
@@ -542,27 +656,34 @@ extern "C" void cu_dsa_selected_mass(double *out, const real *p, const int *sel,
 // ---------------------------------------------------------------- decoding
 
 // Queries r0 + blockIdx.y of a window of T0 per batch row (r = b T0 + t,
-// slot pos + t, qI (., HI*dI) and w (., HI) by r), a thread per cached key s
-// of row b in [start_b, pos + t]: scores[blockIdx.y, s] = c sum_j w_rj
-// ReLU(qI_rj . kI_bs), in double as dsa_index_row. kIc: (B, max_T, dI).
-// Decoding is the window of one query at slot pos = n_keys - 1.
+// slot pos + t, qI (., HI*dI) and w (., HI) by r), DEC_LANES lanes per cached
+// key s of row b in [start_b, pos + t]: scores[blockIdx.y, s] = c sum_j w_rj
+// ReLU(qI_rj . kI_bs), in double. Lane l of a key sums dimensions l, l + 8,
+// ..., then the key's lanes add theirs (a fixed tree), so that a warp's load
+// reads 4 keys' consecutive dimensions, not one dimension of 32 keys' rows.
+// kIc: (B, max_T, dI). Decoding is the window of one query at slot
+// pos = n_keys - 1.
+#define DEC_LANES 8
 __global__ void k_dec_scores(const real *qI, const real *w, const real *kIc, const int *start, int max_T, int pos,
                              int T0, int64_t r0, int HI, int dI, double c, real *scores) {
     int64_t r = r0 + blockIdx.y;
-    int b = (int)(r / T0), t = (int)(r % T0), s = start[b] + blockIdx.x * blockDim.x + threadIdx.x;
-    if (s > pos + t) return;
+    int b = (int)(r / T0), t = (int)(r % T0), lane = threadIdx.x & 31, sub = lane & (DEC_LANES - 1);
+    int s = start[b] + (int)((blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / DEC_LANES);
+    if (s > pos + t) return;   // the key's lanes leave together: the shuffles below are within a key's lanes
+    unsigned lanes = ((1u << DEC_LANES) - 1) << (lane - sub);
     const real *ks = kIc + ((int64_t)b * max_T + s) * dI, *q = qI + r * HI * dI, *wb = w + r * HI;
     double acc = 0;
     for (int j = 0; j < HI; j++) {
         double z = 0;
-        for (int i = 0; i < dI; i++) z += (double)q[j * dI + i] * ks[i];
+        for (int i = sub; i < dI; i += DEC_LANES) z += (double)q[j * dI + i] * ks[i];
+        for (int o = DEC_LANES / 2; o > 0; o >>= 1) z += __shfl_xor_sync(lanes, z, o, DEC_LANES);
         if (z > 0) acc += wb[j] * z;
     }
-    scores[(int64_t)blockIdx.y * max_T + s] = (real)(c * acc);
+    if (sub == 0) scores[(int64_t)blockIdx.y * max_T + s] = (real)(c * acc);
 }
 
 // A block per query of k_dec_scores' rows: its top K of slots [start_b, pos + t] into sel (rows of K, by r).
-__global__ void __launch_bounds__(TK_THREADS)
+__global__ void __launch_bounds__(TK_DEC_THREADS)
     k_dec_topk(const real *scores, const int *start, int max_T, int pos, int T0, int64_t r0, int K, int *sel,
                int cache_n) {
     extern __shared__ __align__(16) unsigned char tk_smem[];
@@ -576,14 +697,15 @@ __global__ void __launch_bounds__(TK_THREADS)
 // Rows [r0, r0 + n) of a window: their scores into scores (n, max_T), then their top K.
 static void dec_select_rows(int *sel, real *scores, const real *qI, const real *w, const real *kIc, int max_T,
                             int pos, int T0, int64_t r0, int n, int n_max, const int *start, int HI, int dI, int K) {
-    dim3 grid((unsigned)((n_max + DSA_THREADS - 1) / DSA_THREADS), (unsigned)n);
+    dim3 grid((unsigned)(((int64_t)n_max * DEC_LANES + DSA_THREADS - 1) / DSA_THREADS), (unsigned)n);
     k_dec_scores<<<grid, DSA_THREADS, 0, cu_stream>>>(qI, w, kIc, start, max_T, pos, T0, r0, HI, dI,
                                                       1.0 / sqrt((double)dI), scores);
     CU_LAUNCHED();
-    int cache_n = (int)(SMEM_CACHE_BYTES / sizeof(rkey_t));
-    if (cache_n > max_T) cache_n = max_T;
-    k_dec_topk<<<(unsigned)n, TK_THREADS, (size_t)cache_n * sizeof(rkey_t), cu_stream>>>(scores, start, max_T, pos,
-                                                                                         T0, r0, K, sel, cache_n);
+    int cache_n = tk_cache_keys(max_T);
+    // A step's few rows: large blocks (the rows are the only parallelism); a window's many rows: blocks of 256.
+    int threads = n <= 32 ? TK_DEC_THREADS : TK_THREADS;
+    k_dec_topk<<<(unsigned)n, threads, (size_t)cache_n * sizeof(rkey_t), cu_stream>>>(scores, start, max_T, pos, T0,
+                                                                                      r0, K, sel, cache_n);
     CU_LAUNCHED();
 }
 

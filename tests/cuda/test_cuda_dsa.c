@@ -796,3 +796,47 @@ Test(cuda_dsa, decode_sparse) { check_dsa_decode(&(DsaDecodeCase){"attn_dsa,gdn,
 Test(cuda_dsa, decode_dense) { check_dsa_decode(&(DsaDecodeCase){"attn_dsa,attn_dsa", 23, 9, 5, DSA_DISTILL}); }
 // 300 positions, top 64: rows longer than K, the top-k's ordered pass over several blocks of threads.
 Test(cuda_dsa, decode_sparse_long) { check_dsa_decode(&(DsaDecodeCase){"attn_dsa", 300, 120, 64, DSA_SPARSE}); }
+
+// A decoding step's selection (cu_dsa_decode_select: the scores, then one
+// block of 1024 threads per row) against the CPU step's (dsa_index_row, then
+// dsa_topk_from) on integer inputs (exact scores, ties everywhere): caches
+// shorter than K, kept in shared memory, and far longer than it (20,000
+// keys), rows whose keys begin later (start).
+Test(cuda_dsa, decode_select_equals_cpu_over_long_caches) {
+    cuda_require();
+    int B = 2, max_T = 20000, HI = 2, dI = 4, K = 64;
+    Tensor *kI = ints(B, max_T, dI, 81), *qI = ints(B, 1, HI * dI, 82), *w = ints(B, 1, HI, 83);
+    const int lens[] = {40, 3000, 12000, 20000}, starts[][2] = {{0, 0}, {0, 30}, {0, 1500}, {0, 19000}};
+    Tape tp;
+    tape_init_on(&tp, DEVICE_CUDA);
+    real *dk = tape_dalloc(&tp, (size_t)kI->numel * sizeof(real));
+    real *dq = tape_dalloc(&tp, (size_t)qI->numel * sizeof(real));
+    real *dw = tape_dalloc(&tp, (size_t)w->numel * sizeof(real));
+    real *dsc = tape_dalloc(&tp, (size_t)B * max_T * sizeof(real));
+    int *dstart = tape_dalloc(&tp, (size_t)B * sizeof(int)), *dsel = tape_dalloc(&tp, (size_t)B * K * sizeof(int));
+    dev_from_host(dk, DEVICE_CUDA, kI->data, (size_t)kI->numel * sizeof(real));
+    dev_from_host(dq, DEVICE_CUDA, qI->data, (size_t)qI->numel * sizeof(real));
+    dev_from_host(dw, DEVICE_CUDA, w->data, (size_t)w->numel * sizeof(real));
+    real *sc = malloc((size_t)max_T * sizeof(real));
+    void *work = malloc(DSA_TOPK_WORK(max_T));
+    int cpu[64], gpu[2 * 64];
+    for (size_t c = 0; c < sizeof lens / sizeof lens[0]; c++) {
+        int n = lens[c];
+        dev_from_host(dstart, DEVICE_CUDA, starts[c], (size_t)B * sizeof(int));
+        cu_dsa_decode_select(dsel, dsc, dq, dw, dk, B, max_T, n, dstart, HI, dI, K);
+        dev_to_host(gpu, dsel, (size_t)B * K * sizeof(int), DEVICE_CUDA);
+        for (int b = 0; b < B; b++) {
+            int s0 = starts[c][b];
+            dsa_index_row(sc + s0, qI->data + (int64_t)b * HI * dI, w->data + (int64_t)b * HI,
+                          kI->data + ((int64_t)b * max_T + s0) * dI, dI, n - s0, HI, dI);
+            dsa_topk_from(cpu, sc, s0, n, K, work);
+            for (int j = 0; j < K; j++)
+                cr_assert_eq(gpu[b * K + j], cpu[j], "%d keys, row %d from %d, pick %d: GPU %d, CPU %d", n, b, s0, j,
+                             gpu[b * K + j], cpu[j]);
+        }
+    }
+    free(sc);
+    free(work);
+    tape_free(&tp);
+    tensor_free(kI), tensor_free(qI), tensor_free(w);
+}
