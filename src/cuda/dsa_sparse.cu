@@ -5,8 +5,10 @@
 //
 // Sparse attention. Forward: a block per (row, head): a warp per selected
 // key for the scores (lanes over the head dim, a fixed shuffle tree), the
-// row's max and sum of exponentials (double, fixed trees), then one thread
-// per output column summing the selected values in selection order.
+// row's max and sum of exponentials (double, fixed trees), then each warp
+// sums the values of every 4th selected key (lanes over the columns) and
+// the warps' sums add in warp order. Each warp keeps 4 keys' scattered
+// loads in flight.
 // Backward: (1) a block per (row, head) recomputes P = exp(scale q.k - lse),
 // dS = scale P dO.(v - o), keeps both (B, T, H, K) and writes dq_t = sum_j
 // dS_j k_sj; (2) the selection transposed: every entry (b, t, j) sorted by
@@ -145,7 +147,11 @@ static size_t sp_smem(const SpDims &d, int nr, int nv) {
     return ((size_t)nr * d.K + (size_t)nv * (d.dk > d.dv ? d.dk : d.dv)) * sizeof(real) + ints * sizeof(int);
 }
 
-// A block per (row r, head h), blockIdx.x = r H + h.
+#define SP_WARPS (DSA_THREADS / 32)
+#define SP_INFLIGHT 4   // scattered loads a warp keeps in flight in k_sparse_fwd
+
+// A block per (row r, head h), blockIdx.x = r H + h. Dynamic shared memory:
+// sp_smem(d, 1, 1 + SP_WARPS) (a, qs, the warps' partial outputs, sel's row).
 __global__ void __launch_bounds__(DSA_THREADS)
     k_sparse_fwd(SpDims d, const real *q, const real *k, const real *v, const int *sel, real *o, real *lse) {
     extern __shared__ __align__(16) unsigned char sp_smem_[];
@@ -155,19 +161,31 @@ __global__ void __launch_bounds__(DSA_THREADS)
     int64_t bid = blockIdx.x, r = bid / d.H, b = r / d.T;
     int h = (int)(bid % d.H), t = (int)(r % d.T), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int64_t ldk = (int64_t)d.H * d.dk, ldv = (int64_t)d.H * d.dv;
-    real *a = (real *)sp_smem_, *qs = a + d.K;
-    int *si = (int *)(qs + (d.dk > d.dv ? d.dk : d.dv));
+    int dm = d.dk > d.dv ? d.dk : d.dv;
+    real *a = (real *)sp_smem_, *qs = a + d.K, *part = qs + dm;   // part: SP_WARPS rows of dv
+    int *si = (int *)(part + SP_WARPS * dm);
     const int *sr = sel + r * d.K;
     for (int j = tid; j < d.K; j += DSA_THREADS) si[j] = sr[j];
     for (int x = tid; x < d.dk; x += DSA_THREADS) qs[x] = q[r * ldk + h * d.dk + x];
     int n = sel_count(sr, d.K, shi);   // (its barriers publish si and qs)
     const real *kh = k + b * d.Tk * ldk + h * d.dk, *vh = v + b * d.Tk * ldv + h * d.dv;
-    for (int j = warp; j < n; j += DSA_THREADS / 32) {
-        const real *ks = kh + (int64_t)si[j] * ldk;
-        real part = 0;
-        for (int x = lane; x < d.dk; x += 32) part = fma(qs[x], ks[x], part);
-        part = dsa_warp_sum(part);
-        if (lane == 0) a[j] = part * d.scale;
+    // The selected keys are scattered over the cache: each warp takes SP_INFLIGHT of them at a time so that their
+    // loads are in flight together (a key's sum is the same fixed tree as one at a time).
+    for (int j0 = warp; j0 < n; j0 += SP_INFLIGHT * SP_WARPS) {
+        real part[SP_INFLIGHT];
+        const real *ks[SP_INFLIGHT];
+        for (int u = 0; u < SP_INFLIGHT; u++) {
+            int j = j0 + u * SP_WARPS;
+            ks[u] = kh + (int64_t)si[j < n ? j : j0] * ldk;
+            part[u] = 0;
+        }
+        for (int x = lane; x < d.dk; x += 32)
+            for (int u = 0; u < SP_INFLIGHT; u++) part[u] = fma(qs[x], ks[u][x], part[u]);
+        for (int u = 0; u < SP_INFLIGHT; u++) {
+            int j = j0 + u * SP_WARPS;
+            part[u] = dsa_warp_sum(part[u]);
+            if (lane == 0 && j < n) a[j] = part[u] * d.scale;
+        }
     }
     __syncthreads();
     real mx = -INFINITY;
@@ -181,9 +199,26 @@ __global__ void __launch_bounds__(DSA_THREADS)
     }
     sum = cu_block_sum(sum, shd);   // (its barriers publish a)
     real rs = (real)sum;
+    // o = sum_j a_j v_sj / sum: warp w sums the keys j = w, w + SP_WARPS, ... (lanes over the columns,
+    // SP_INFLIGHT keys' loads in flight), then the warps' sums add in warp order. (A thread per column summing
+    // all K keys waited for K scattered loads one after the other: 31 us for K = 64 at decoding's 4 blocks.)
+    for (int x0 = 0; x0 < d.dv; x0 += 32) {
+        int x = x0 + lane;
+        if (x >= d.dv) break;
+        real acc = 0;
+        int j = warp;
+        for (; j + (SP_INFLIGHT - 1) * SP_WARPS < n; j += SP_INFLIGHT * SP_WARPS) {
+            real vj[SP_INFLIGHT];
+            for (int u = 0; u < SP_INFLIGHT; u++) vj[u] = vh[(int64_t)si[j + u * SP_WARPS] * ldv + x];
+            for (int u = 0; u < SP_INFLIGHT; u++) acc = fma(a[j + u * SP_WARPS], vj[u], acc);
+        }
+        for (; j < n; j += SP_WARPS) acc = fma(a[j], vh[(int64_t)si[j] * ldv + x], acc);
+        part[warp * d.dv + x] = acc;
+    }
+    __syncthreads();
     for (int x = tid; x < d.dv; x += DSA_THREADS) {
         real acc = 0;
-        for (int j = 0; j < n; j++) acc = fma(a[j], vh[(int64_t)si[j] * ldv + x], acc);
+        for (int w = 0; w < SP_WARPS; w++) acc += part[w * d.dv + x];
         o[r * ldv + h * d.dv + x] = acc / rs;
     }
     if (lse && tid == 0) lse[(b * d.H + h) * d.T + t] = (real)((double)mx + log(sum));
@@ -198,7 +233,7 @@ extern "C" void cu_sparse_forward(Node *n) {
     ASSERT(blocks <= INT_MAX, "sparse_attention: %lld rows x heads exceed the GPU grid", (long long)blocks);
     const int *sel = (const int *)n->aux;
     sel_check(sel, d.B, d.T, d.K, 0);
-    size_t smem = sp_smem(d, 1, 1);
+    size_t smem = sp_smem(d, 1, 1 + SP_WARPS);
     dsa_smem_prepare((const void *)k_sparse_fwd, smem, "sparse_attention on the GPU");
     k_sparse_fwd<<<(unsigned)blocks, DSA_THREADS, smem, cu_stream>>>(d, n->in[0]->data, n->in[1]->data,
                                                                      n->in[2]->data, sel, n->out[0]->data,
@@ -215,7 +250,7 @@ extern "C" void cu_dsa_prefix_sparse(real *o, const real *q, const real *kc, con
     int64_t blocks = (int64_t)B * T0 * H;
     if (blocks == 0) return;
     ASSERT(blocks <= INT_MAX, "attn_dsa on the GPU: %lld queries x heads exceed the grid", (long long)blocks);
-    size_t smem = sp_smem(d, 1, 1);
+    size_t smem = sp_smem(d, 1, 1 + SP_WARPS);
     dsa_smem_prepare((const void *)k_sparse_fwd, smem, "attn_dsa step on the GPU");
     k_sparse_fwd<<<(unsigned)blocks, DSA_THREADS, smem, cu_stream>>>(d, q, kc, vc, sel, o, NULL);
     CU_LAUNCHED();
