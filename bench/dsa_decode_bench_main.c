@@ -16,6 +16,9 @@
 // most). gdn keeps an O(1) state: its cache is not filled (its time per token
 // does not depend on n; it is measured at every n as a check).
 //
+// --indexer times the CPU step's indexer alone: its scores on one thread and
+// on the team generate gives long caches, and its top-k.
+//
 // On a GPU (--device cuda, a build with AG_CUDA) the layer, its cache and
 // the step run there; each step's time ends at a device sync.
 //
@@ -33,6 +36,8 @@
 #include "device.h"
 #include "bench_util.h"
 #include "attn_dsa.h"
+#include "attn_kernel.h"
+#include "dsa_kernel.h"
 #include "mixer.h"
 #include "rng.h"
 #include "runlog.h"
@@ -82,12 +87,52 @@ static double time_decode(const char *kind, int topk, int n, int steps, Rng *r, 
     return dt;
 }
 
+// --indexer: a step's indexer alone over one row of n keys (dsa_index_row, then dsa_topk_row's top-64), best
+// of 3 runs of `reps` queries, on one thread and on one thread with attn_decode_set_threads(every core) (generate's
+// choice for a small model: its long rows' scores are shared by every core). Indexer keys in [-0.5, 0.5).
+static void indexer_bench(int max_ctx, int reps, Rng *r) {
+    int all = omp_get_max_threads(), K = 64;
+    printf("the step's indexer alone: one row, H_I %d x d_I %d, top-%d; ms per query, best of 3 runs of %d\n\n", HI,
+           DI, K, reps);
+    printf("%8s | %16s | %16s | %10s\n", "n", "scores 1 thread", "scores decode", "top-k");
+    printf("---------+------------------+------------------+-----------\n");
+    real q[HI * DI], w[HI];
+    for (int i = 0; i < HI * DI; i++) q[i] = (real)rng_normal(r);
+    for (int i = 0; i < HI; i++) w[i] = (real)rng_normal(r);
+    for (int n = 1024; n <= max_ctx; n *= 2) {
+        real *kI = xmalloc((size_t)n * DI * sizeof(real)), *sc = xmalloc((size_t)n * sizeof(real));
+        for (int64_t i = 0; i < (int64_t)n * DI; i++) kI[i] = (real)(rng_uniform(r) - 0.5);
+        void *work = xmalloc(DSA_TOPK_WORK(n));
+        int sel[64];
+        double best[3] = {1e30, 1e30, 1e30};
+        omp_set_num_threads(1);
+        for (int run = 0; run < 3; run++)
+            for (int mode = 0; mode < 3; mode++) {
+                attn_decode_set_threads(mode == 1 ? all : 0);
+                double t0 = runlog_now();
+                for (int i = 0; i < reps; i++) {
+                    if (mode < 2) dsa_index_row(sc, q, w, kI, DI, n, HI, DI);
+                    else dsa_topk_row(sel, sc, n, K, work);
+                }
+                double dt = (runlog_now() - t0) / reps;
+                best[mode] = dt < best[mode] ? dt : best[mode];
+            }
+        attn_decode_set_threads(0);
+        omp_set_num_threads(all);
+        printf("%8d | %16.4f | %16.4f | %10.4f\n", n, 1e3 * best[0], 1e3 * best[1], 1e3 * best[2]);
+        fflush(stdout);
+        free(kI), free(sc), free(work);
+    }
+}
+
 int main(int argc, char **argv) {
-    if (bench_help(argc, argv, "usage: dsa_decode_bench [--device cpu|cuda] [MAX_CONTEXT [STEPS]]\n  time per decoded token of one layer (attn, attn_dsa top-64 and top-256, gdn) after contexts of\n  1024, 2048, ... up to MAX_CONTEXT positions (default 32768), STEPS timed steps each (default 32)\n")) return 0;
+    if (bench_help(argc, argv, "usage: dsa_decode_bench [--device cpu|cuda | --indexer] [MAX_CONTEXT [STEPS]]\n  time per decoded token of one layer (attn, attn_dsa top-64 and top-256, gdn) after contexts of\n  1024, 2048, ... up to MAX_CONTEXT positions (default 32768), STEPS timed steps each (default 32);\n  --indexer: the CPU step's indexer alone (scores on one thread and on the decoding team, top-k)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     blas_select_from_env();     // ATTNLAB_GEMM=auto|openblas|onednn (default auto)
     Device dev = DEVICE_CPU;
-    if (argc > 2 && strcmp(argv[1], "--device") == 0) {
+    bool indexer = argc > 1 && strcmp(argv[1], "--indexer") == 0;
+    if (indexer) argv++, argc--;
+    else if (argc > 2 && strcmp(argv[1], "--device") == 0) {
         int d = device_parse(argv[2]);
         if (d < 0) {
             fprintf(stderr, "dsa_decode_bench: unknown device '%.64s'\n", argv[2]);
@@ -109,13 +154,17 @@ int main(int argc, char **argv) {
     uname(&un);
     printf("dsa_decode_bench: %s (%s), %d OpenMP threads, %s, gemm %s, device %s\n", cpu, un.machine,
            omp_get_max_threads(), REAL_NAME, blas_describe(), device_describe(dev));
+    Rng r;
+    rng_seed(&r, 7);
+    if (indexer) {
+        indexer_bench(max_ctx, steps, &r);
+        return 0;
+    }
     printf("one layer, d_model %d, H %d, dk = dv = %d, indexer H_I %d x d_I %d, batch 1, %d steps after %d warm-up\n",
            D, H, DK, HI, DI, steps, WARM);
     printf("time per decoded token (ms) after a context of n positions (cache prefilled, see the source)\n\n");
     printf("%8s | %10s | %14s | %15s | %10s\n", "n", "attn", "attn_dsa k=64", "attn_dsa k=256", "gdn");
     printf("---------+------------+----------------+-----------------+-----------\n");
-    Rng r;
-    rng_seed(&r, 7);
     for (int n = 1024; n <= max_ctx; n *= 2) {
         double a = time_decode("attn", 64, n, steps, &r, dev);
         double s64 = time_decode("attn_dsa", 64, n, steps, &r, dev);

@@ -1,6 +1,7 @@
 // DeepSeek sparse-attention pieces: indexer scores, top-k selection, sparse
 // attention, the distillation target and KL loss.
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "attn_kernel.h"
@@ -467,12 +468,29 @@ Test(dsa, fused_select_equals_scores_then_topk) {
 
 // Decoding's scores of one query (dsa_index_row): against the definition in
 // double, for keys in rows ld apart, a number of keys that is not whole
-// vectors and an index head size that is not either.
+// vectors and an index head size that is not either. A row long enough to
+// be shared by threads (9,000 keys: blocks of 2,048 and a partial one) gives
+// the same scores bit for bit on 1 and 2 threads and with
+// attn_decode_set_threads(2) on one (generate's small models).
 Test(dsa, index_row_equals_definition) {
-    int n = 300, HI = 3, dI = 5, ld = 8;
+    int n = 9000, HI = 3, dI = 5, ld = 8;
+    cr_assert_geq((int64_t)n * HI, ATTN_DECODE_PAR_KEYS);
     real *qI = test_randn(HI * dI, 71), *w = test_randn(HI, 72), *kI = test_randn((int64_t)n * ld, 73);
-    real *got = xmalloc((size_t)n * sizeof(real));
+    real *got = xmalloc((size_t)n * sizeof(real)), *got2 = xmalloc((size_t)n * sizeof(real));
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
     dsa_index_row(got, qI, w, kI, ld, n, HI, dI);
+    attn_decode_set_threads(2);
+    dsa_index_row(got2, qI, w, kI, ld, n, HI, dI);
+    attn_decode_set_threads(0);
+    cr_assert(memcmp(got, got2, (size_t)n * sizeof(real)) == 0, "attn_decode_set_threads(2) changes the scores");
+    omp_set_num_threads(2);
+    dsa_index_row(got2, qI, w, kI, ld, n, HI, dI);
+    omp_set_num_threads(saved);
+    cr_assert(memcmp(got, got2, (size_t)n * sizeof(real)) == 0, "2 threads change the scores");
+    // the short row of one block: a key near the start (s = 300) of the long row reads the same
+    dsa_index_row(got2, qI, w, kI, ld, 300, HI, dI);
+    cr_assert(memcmp(got, got2, 300 * sizeof(real)) == 0, "the first 300 keys alone score differently");
     for (int s = 0; s < n; s++) {
         double acc = 0, mag = 0;
         for (int j = 0; j < HI; j++) {
@@ -482,7 +500,7 @@ Test(dsa, index_row_equals_definition) {
         }
         cr_assert_leq(fabs(got[s] - acc), FORM_TOL * (1 + mag), "key %d: %.9g, want %.9g", s, (double)got[s], acc);
     }
-    free(qI), free(w), free(kI), free(got);
+    free(qI), free(w), free(kI), free(got), free(got2);
 }
 
 #ifdef AG_CUDA
@@ -576,8 +594,6 @@ Test(dsa, prefix_select_equals_select_over_the_whole_row) {
     }
     tensor_free(kc), tensor_free(qa), tensor_free(wa);
 }
-
-#include <omp.h>
 
 // Gradients of the indexer and of the sparse attention with 1 and 2 threads.
 static void dsa_grads(Tensor *const *x, const int *sel, int K, real *out) {

@@ -625,6 +625,11 @@ static int decode_threads;   // attn_decode_set_threads (attn_kernel.h); 0: the 
 
 void attn_decode_set_threads(int threads) { decode_threads = threads > 0 ? threads : 0; }
 
+int attn_decode_team(int64_t work) {
+    int team = omp_get_max_threads();
+    return decode_threads > team && work >= ATTN_DECODE_PAR_KEYS ? decode_threads : team;
+}
+
 void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
                          int n_keys, const int *key0, int H, int dk, int dv, double scale) {
     ASSERT(n_keys >= 1 && n_keys <= max_T, "attn_decode_forward: %d keys in a cache of %d", n_keys, max_T);
@@ -637,8 +642,7 @@ void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc,
     double *pl = xmalloc(nr * sizeof(double));
     int64_t work = 0;   // keys x heads over the rows
     for (int b = 0; b < B; b++) work += (int64_t)(n_keys - (key0 ? key0[b] : 0)) * H;
-    int team = omp_get_max_threads();
-    if (decode_threads > team && work >= ATTN_DECODE_PAR_KEYS) team = decode_threads;
+    int team = attn_decode_team(work);
 #pragma omp parallel num_threads(team)
     {
         real *s = xaligned((size_t)H * DECODE_PART * sizeof(real));   // (H, DECODE_PART) scores, then weights

@@ -70,5 +70,9 @@ void attn_prefix_forward(Tape *tp, real *o, const real *q, const real *kc, const
 // Results do not depend on it (the kernel's parts are fixed).
 #define ATTN_DECODE_PAR_KEYS 16384
 void attn_decode_set_threads(int threads);
+// The team for `work` keys x heads of such a kernel: attn_decode_set_threads's
+// threads at ATTN_DECODE_PAR_KEYS or more, else omp_get_max_threads(). Also
+// the attn_dsa step's indexer over a long cache (dsa_index_row).
+int attn_decode_team(int64_t work);
 
 #endif
