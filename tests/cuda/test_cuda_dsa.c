@@ -2,8 +2,9 @@
 // (src/cuda/dsa_index.cu, dsa_sparse.cu) against the CPU: op_dsa_index_scores,
 // op_sparse_attention, op_dsa_kl, op_dsa_sel_kl (outputs and input gradients,
 // 1e-4 / 1e-10 normwise, every way the gradients can arrive), the selection
-// (top-k from a score matrix and fused with the scores) equal to the CPU's
-// exactly, with ties and documents, the targets and the kept mass, whole LMs
+// (top-k from a score matrix, fused with the scores, and a decoding step's
+// over long caches) equal to the CPU's exactly, with ties and documents,
+// the targets and the kept mass, whole LMs
 // with attn_dsa layers in each mode (loss, every parameter's gradient, AdamW
 // steps), and repeated runs bit for bit.
 #include <criterion/criterion.h>
