@@ -1,7 +1,7 @@
 // dsa_decode_bench: decoding time per token against context length for one
 // mixer layer: dense `attn`, `attn_dsa` with topk 64 and 256, and `gdn`.
 //
-//   dsa_decode_bench [--device cpu|cuda] [max_ctx=32768] [steps=32]
+//   dsa_decode_bench [--device cpu|cuda | --indexer] [max_ctx=32768] [steps=32]
 //
 // One layer, d_model 256, H 4, dk = dv 64; the indexer has H_I 4 heads of
 // d_I 32. Batch 1. For each context n in 1k, 2k, ..., max_ctx the cache is
