@@ -212,7 +212,7 @@ static void attn_cache_reset(const Mixer *m, void *cache, int b) { kvcache_reset
 static Tensor *attn_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     KVCache *kc = cache;
     Tensor *y = attn_layer_prefill(tp, m->impl, &m->cfg, kc, u);
-    if (y) kc->pos += u->shape[1];
+    kc->pos += u->shape[1];
     return y;
 }
 

@@ -607,7 +607,7 @@ static Tensor *dsa_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
            device_name(tp->device), u->shape[1], dc->kv.max_T - dc->kv.pos);
     Tensor *y;
     if (L->mode == DSA_DISTILL) {   // dense attention over the cache (keys and values put)
-        if (!(y = attn_layer_prefill(tp, &L->attn, c, &dc->kv, u))) return NULL;
+        y = attn_layer_prefill(tp, &L->attn, c, &dc->kv, u);
         put_index_keys(tp, m, dc, u);
     } else if (!kvcache_fresh(&dc->kv)) {
         y = sparse_after_cache(tp, m, dc, u);

@@ -45,8 +45,8 @@ bool kvcache_fresh(const KVCache *kc);
 // the next T0 positions, its rotated keys and values stored at slots
 // kc->pos..., and its output as T0 steps would give it, each query attending
 // to its row's cached keys and the window's up to itself (kc->pos is not
-// advanced): attn_prefix_forward (cu_attn_prefix_forward on a GPU, or there
-// op_attention when the cache is fresh). No-grad mode.
+// advanced): attn_prefix_forward (cu_attn_prefix_forward on a GPU), fresh
+// window or not. No-grad mode.
 Tensor *attn_layer_prefill(Tape *tp, const AttnLayer *L, const MixerConfig *c, KVCache *kc, Tensor *u);
 // Row b's next token begins a new document: it and the tokens after it
 // attend from slot kc->pos on, at RoPE positions counted from there.

@@ -92,9 +92,9 @@ typedef struct MixerKind {
     // Attention kinds (NULL for the recurrent kinds, whose forward_carry does
     // this): decode a window at once. u (B, T0, D) in no-grad mode holds the
     // next T0 positions of every row; returns the output T0 step()s would
-    // give and leaves the cache as they would, or returns NULL, having done
-    // nothing, for a window the kind cannot take at once (the LM then steps
-    // it: lm_prefill). NULL: always stepped.
+    // give and leaves the cache as they would (every window, on either
+    // device). NULL (a kind without it): the LM steps each window
+    // (lm_prefill).
     Tensor *(*prefill)(Tape *tp, Mixer *m, void *cache, Tensor *u);
     // The buffers that hold a recurrent cache's carried state (for
     // checkpoints): writes up to 4 pointers and element counts, returns how
