@@ -299,15 +299,6 @@ Test(attn_kernel, decode_kernel_equals_last_row) {
     qkv_free(&x);
 }
 
-#ifdef AG_CUDA
-// A copy of host memory on the GPU tape gt, freed with it: the GPU twins' inputs.
-static void *gpu_copy(Tape *gt, const void *host, size_t bytes) {
-    void *d = tape_dalloc(gt, bytes);
-    dev_from_host(d, DEVICE_CUDA, host, bytes);
-    return d;
-}
-#endif
-
 // The decoding kernel over long caches: its keys are cut into parts of 256
 // (attn_flash.c), merged by their maxima and sums. Caches of 1 to 1100 keys
 // (one part, a part and one key, several parts), rows whose document starts
@@ -350,8 +341,8 @@ Test(attn_kernel, decode_kernel_over_parts_equals_softmax_attention) {
             size_t bq = (size_t)B * ldq * sizeof(real), bk = (size_t)B * max_T * ldq * sizeof(real),
                    bv = (size_t)B * max_T * ldv * sizeof(real), bo = (size_t)B * ldv * sizeof(real);
             real *go = tape_dalloc(&gt, bo);
-            cu_attn_decode(&gt, go, gpu_copy(&gt, q, bq), gpu_copy(&gt, kc, bk), gpu_copy(&gt, vc, bv), B, max_T, n,
-                           key0, gpu_copy(&gt, key0, sizeof key0), H, dk, dv, scale);
+            cu_attn_decode(&gt, go, test_dev_copy(&gt, q, bq), test_dev_copy(&gt, kc, bk), test_dev_copy(&gt, vc, bv),
+                           B, max_T, n, key0, test_dev_copy(&gt, key0, sizeof key0), H, dk, dv, scale);
             res[1] = got2;
             dev_to_host(res[1], go, bo, DEVICE_CUDA);
             tape_free(&gt);
@@ -425,8 +416,9 @@ Test(attn_kernel, prefix_kernel_equals_softmax_attention) {
             size_t bq = (size_t)B * T0 * ldq * sizeof(real), bk = (size_t)B * max_T * ldq * sizeof(real),
                    bv = (size_t)B * max_T * ldv * sizeof(real);
             real *go = tape_dalloc(&gt, bytes);
-            cu_attn_prefix_forward(go, gpu_copy(&gt, q, bq), gpu_copy(&gt, kc, bk), gpu_copy(&gt, vc, bv), B, max_T,
-                                   pos, T0, key0, gpu_copy(&gt, key0, sizeof key0), H, dk, dv, scale);
+            cu_attn_prefix_forward(go, test_dev_copy(&gt, q, bq), test_dev_copy(&gt, kc, bk),
+                                   test_dev_copy(&gt, vc, bv), B, max_T, pos, T0, key0,
+                                   test_dev_copy(&gt, key0, sizeof key0), H, dk, dv, scale);
             res[1] = got2;   // (equal to got: its buffer is free)
             dev_to_host(res[1], go, bytes, DEVICE_CUDA);
             tape_free(&gt);

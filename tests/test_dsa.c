@@ -513,13 +513,10 @@ static void prefix_select_gpu_equals_steps(const real *q, const real *w, const r
     tape_init_on(&gt, DEVICE_CUDA);
     size_t bq = (size_t)B * T0 * HI * dI * sizeof(real), bw = (size_t)B * T0 * HI * sizeof(real);
     size_t bk = (size_t)B * max_T * dI * sizeof(real), bs = (size_t)B * T0 * K * sizeof(int);
-    real *gq = tape_dalloc(&gt, bq), *gw = tape_dalloc(&gt, bw), *gk = tape_dalloc(&gt, bk);
-    int *g0 = tape_dalloc(&gt, (size_t)B * sizeof(int)), *gsel = tape_dalloc(&gt, bs);
-    dev_from_host(gq, DEVICE_CUDA, q, bq);
-    dev_from_host(gw, DEVICE_CUDA, w, bw);
-    dev_from_host(gk, DEVICE_CUDA, kc, bk);
-    dev_from_host(g0, DEVICE_CUDA, key0, (size_t)B * sizeof(int));
-    cu_dsa_prefix_select(&gt, gsel, gq, gw, gk, B, max_T, pos, T0, g0, HI, dI, K);
+    real *gk = test_dev_copy(&gt, kc, bk);
+    int *g0 = test_dev_copy(&gt, key0, (size_t)B * sizeof(int)), *gsel = tape_dalloc(&gt, bs);
+    cu_dsa_prefix_select(&gt, gsel, test_dev_copy(&gt, q, bq), test_dev_copy(&gt, w, bw), gk, B, max_T, pos, T0, g0, HI,
+                         dI, K);
     int *win = xmalloc(bs), *step = xmalloc((size_t)B * K * sizeof(int));
     dev_to_host(win, gsel, bs, DEVICE_CUDA);
     real *qt = xmalloc((size_t)B * HI * dI * sizeof(real)), *wt = xmalloc((size_t)B * HI * sizeof(real));

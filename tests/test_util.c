@@ -418,6 +418,12 @@ void test_gla_inputs(Tensor **x, int B, int T, int H, int dk, int dv, bool grad_
     fill_normal(x[5], seed + 6, 0.5);
 }
 
+void *test_dev_copy(Tape *tp, const void *host, size_t bytes) {
+    void *d = tape_dalloc(tp, bytes);
+    dev_from_host(d, tp->device, host, bytes);
+    return d;
+}
+
 real *test_mixer_forward_host(Mixer *m, const Tensor *u, const int *doc_start, Device d) {
     Tape tp;
     tape_init_on(&tp, d);

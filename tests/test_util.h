@@ -45,6 +45,9 @@ double max_rel_diff(const real *a, const real *b, int64_t n);
 // The mixer's forward of u (B, T, D) on device d (parameters already there)
 // in no-grad mode: its output on the host (the caller frees it).
 real *test_mixer_forward_host(Mixer *m, const Tensor *u, const int *doc_start, Device d);
+// A copy of `bytes` of host memory in tp's device memory (tape_dalloc: freed
+// with the tape): a kernel's inputs for its GPU twin.
+void *test_dev_copy(Tape *tp, const void *host, size_t bytes);
 
 // Decode parity on device_default() (AG_DEVICE=cuda: the GPU). A mixer's
 // forward over u (B, T, D, host), then step() at every position from a fresh

@@ -810,14 +810,11 @@ Test(cuda_dsa, decode_select_equals_cpu_over_long_caches) {
     const int lens[] = {40, 3000, 12000, 20000}, starts[][2] = {{0, 0}, {0, 30}, {0, 1500}, {0, 19000}};
     Tape tp;
     tape_init_on(&tp, DEVICE_CUDA);
-    real *dk = tape_dalloc(&tp, (size_t)kI->numel * sizeof(real));
-    real *dq = tape_dalloc(&tp, (size_t)qI->numel * sizeof(real));
-    real *dw = tape_dalloc(&tp, (size_t)w->numel * sizeof(real));
+    real *dk = test_dev_copy(&tp, kI->data, (size_t)kI->numel * sizeof(real));
+    real *dq = test_dev_copy(&tp, qI->data, (size_t)qI->numel * sizeof(real));
+    real *dw = test_dev_copy(&tp, w->data, (size_t)w->numel * sizeof(real));
     real *dsc = tape_dalloc(&tp, (size_t)B * max_T * sizeof(real));
     int *dstart = tape_dalloc(&tp, (size_t)B * sizeof(int)), *dsel = tape_dalloc(&tp, (size_t)B * K * sizeof(int));
-    dev_from_host(dk, DEVICE_CUDA, kI->data, (size_t)kI->numel * sizeof(real));
-    dev_from_host(dq, DEVICE_CUDA, qI->data, (size_t)qI->numel * sizeof(real));
-    dev_from_host(dw, DEVICE_CUDA, w->data, (size_t)w->numel * sizeof(real));
     real *sc = malloc((size_t)max_T * sizeof(real));
     void *work = malloc(DSA_TOPK_WORK(max_T));
     int cpu[64], gpu[2 * 64];
