@@ -64,8 +64,10 @@ void gemm_rows(bool tb, int R, int N, int K, const real *A, int lda, const real 
                int ldc);
 // C (M, N) = X^T Y + beta C with X (R, M), Y (R, N), beta 0 or 1 (a weight
 // gradient summed over R rows): a partial product per fixed block of rows,
-// summed in block order. part: gemm_sum_rows_scratch(M, N, R) elements of
-// scratch (0: the product is one gemm() call and part may be NULL).
+// summed in block order, or with oneDNN in float32 and M >= 512 a product
+// per fixed block of C's rows (blas.c, sum_split). part:
+// gemm_sum_rows_scratch(M, N, R) elements of scratch (0: no partials, and
+// part may be NULL).
 size_t gemm_sum_rows_scratch(int M, int N, int R);
 void gemm_sum_rows(int M, int N, int R, const real *X, int ldx, const real *Y, int ldy, real beta, real *C,
                    int ldc, real *part);
