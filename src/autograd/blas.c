@@ -99,27 +99,27 @@ static bool products_bf16(void);
 // one product over all R rows, written where it belongs, so there are no
 // partials to write and sum again, and each product sums R terms rather than
 // SUM_ROWS. Measured at stop 38 (Zen 5, 2 threads, oneDNN 2.6, 4096 rows,
-// median of 21 alternating runs each): (M, N) (512, 512) 402 against 388
-// GFLOP/s, (512, 1408) 413 against 392, (1408, 512) 401 against 378. With
-// fewer than 8 blocks there would be fewer tasks than the 8 row blocks give
-// at R = 4096, so M under GRAD_MIN_M keeps the row blocks (at M 128 and 256,
-// a grid of both kinds of blocks measured no faster than the row blocks).
+// median of 21 alternating runs each, blocks of 64 rows): (M, N) (512, 512)
+// 402 against 388 GFLOP/s, (512, 1408) 413 against 392, (1408, 512) 401
+// against 378; (704, 256) 353-363 against 339-376. Blocks of 48 rows ran
+// 0-11 % slower than 64. With fewer than 8 blocks there would be fewer
+// tasks than the 8 row blocks give at R = 4096, so M under GRAD_MIN_M keeps
+// the row blocks (at M 128 and 256, a grid of both kinds of blocks measured
+// no faster than the row blocks).
 // OpenBLAS ran these products slower than its row blocks (180-190 against
 // 190-200), and bf16 would round every R row once per block: both keep the
 // row blocks. The blocks depend on M alone, so the result is the same bits
 // on any thread count.
-#define GRAD_MIN_M 512
-#define GRAD_BLOCKS_PER_MIN 8   // blocks per GRAD_MIN_M rows of M (or part of them)
+#define GRAD_BLOCK_ROWS 64
+#define GRAD_MIN_M (8 * GRAD_BLOCK_ROWS)
 
 // How gemm_sum_rows computes X^T Y (M, N) over R rows: as one product (0),
 // by partials over blocks of SUM_ROWS rows of X and Y (-1), or by blocks of
-// this many rows of M (> 0, a multiple of 16).
+// this many rows of M (> 0).
 static int sum_split(int M, int N, int R) {
     size_t nb = (size_t)(R + SUM_ROWS - 1) / SUM_ROWS;
     if (nb < 2 || nb * M * N * sizeof(real) > SUM_MAX_BYTES) return 0;
-    if (M < GRAD_MIN_M || blas_backend != GEMM_ONEDNN || products_bf16()) return -1;
-    int blocks = GRAD_BLOCKS_PER_MIN * ((M + GRAD_MIN_M - 1) / GRAD_MIN_M);
-    return ((M + blocks - 1) / blocks + 15) & ~15;
+    return M < GRAD_MIN_M || blas_backend != GEMM_ONEDNN || products_bf16() ? -1 : GRAD_BLOCK_ROWS;
 }
 
 size_t gemm_sum_rows_scratch(int M, int N, int R) {
