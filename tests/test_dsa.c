@@ -531,7 +531,7 @@ static void prefix_select_gpu_equals_steps(const real *q, const real *w, const r
         }
         dev_from_host(dq, DEVICE_CUDA, qt, (size_t)B * HI * dI * sizeof(real));
         dev_from_host(dw, DEVICE_CUDA, wt, (size_t)B * HI * sizeof(real));
-        cu_dsa_decode_select(dsel, dsc, dq, dw, gk, B, max_T, pos + t + 1, g0, HI, dI, K);
+        cu_dsa_decode_select(&gt, dsel, dsc, dq, dw, gk, B, max_T, pos + t + 1, g0, HI, dI, K);
         dev_to_host(step, dsel, (size_t)B * K * sizeof(int), DEVICE_CUDA);
         for (int b = 0; b < B; b++)
             for (int j = 0; j < K; j++)

@@ -131,8 +131,9 @@ void cu_dsa_selected_mass(double *out, const real *p, const int *sel, int B, int
 // its cached keys, slots start[b] .. n_keys-1 (start: (B) on the device), into
 // scores (B, max_T), and their top K into sel (B, K); then the sparse
 // attention of one query per row over those slots (dsa_sparse_decode).
-void cu_dsa_decode_select(int *sel, real *scores, const real *qI, const real *w, const real *kIc, int B, int max_T,
-                          int n_keys, const int *start, int HI, int dI, int K);
+// Scratch for the top-k of long rows comes from tp.
+void cu_dsa_decode_select(Tape *tp, int *sel, real *scores, const real *qI, const real *w, const real *kIc, int B,
+                          int max_T, int n_keys, const int *start, int HI, int dI, int K);
 void cu_dsa_decode_sparse(real *o, const real *q, const real *kc, const real *vc, int B, int max_T, const int *sel,
                           int K, int H, int dk, int dv, double scale);
 // A prefill window after cached keys (dsa_prefix_select's and the sparse

@@ -26,7 +26,8 @@
 // keys equal to it, the latest ones; positions come out ascending, -1
 // padded. The same set as dsa_topk_row, exactly. The passes read the row in
 // vectors of 16 bytes, several in flight per thread. Decoding's few rows get
-// blocks of 1024 threads: a step's row is one block on one SM.
+// blocks of 1024 threads, and a long one (16,384 keys or more) segments of
+// 4,096 keys, a block each, whose picks one block then narrows to K.
 #include <math.h>
 
 #include "dsa_common.cuh"
@@ -694,13 +695,84 @@ __global__ void __launch_bounds__(TK_DEC_THREADS)
              cache_n, shm);
 }
 
+// A decoding step's long rows split over several blocks (dec_topk_split):
+// segments of seg keys, each's top K by a block (k_dec_topk_seg), then a
+// block per row picks the top K of the segments' picks (k_dec_topk_merge).
+// One block per row left the GPU's other SMs idle: at 131,072 keys its
+// top-64 took ~40 us of a 0.29 ms step.
+#define TK_SPLIT_MIN 16384   // rows at least this long split
+#define TK_SPLIT_SEG 4096    // keys per segment (at least K, a multiple of TK_VEC)
+
+// Row l's segment blockIdx.x: its top K (positions ascending, -1 padded: only
+// a segment shorter than K pads) into cand + (l * nseg + blockIdx.x) K.
+__global__ void __launch_bounds__(TK_THREADS)
+    k_dec_topk_seg(const real *scores, const int *start, int max_T, int pos, int T0, int64_t r0, int K, int seg,
+                   int nseg, int *cand, int cache_n) {
+    extern __shared__ __align__(16) unsigned char tk_smem[];
+    __shared__ int shm[32];
+    int64_t l = blockIdx.y, r = r0 + l;
+    int b = (int)(r / T0), t = (int)(r % T0), lo = start[b], n = pos + t + 1 - lo, a = blockIdx.x * seg;
+    if (a >= n) return;
+    int m = n - a < seg ? n - a : seg;
+    topk_one(scores + l * max_T + lo + a, m, lo + a, K, cand + (l * nseg + blockIdx.x) * K, (rkey_t *)tk_smem,
+             cache_n, shm);
+}
+
+// Row l: the top K of its segments' picks into sel. The picks are in position
+// order (segments in order, each ascending) and only the last segment may
+// pad, so they are a prefix of cand's row; their scores go to vals, and the
+// top K of those, by topk_one over the picks' indices (idx), is the top K of
+// the row: a key in the row's top K is in its segment's, and the ties' rule
+// (the later position) is the later index among the picks. The same set as
+// one block over the row.
+__global__ void __launch_bounds__(TK_DEC_THREADS)
+    k_dec_topk_merge(const real *scores, const int *start, int max_T, int pos, int T0, int64_t r0, int K, int seg,
+                     int nseg, const int *cand, real *vals, int *idx, int *sel, int cache_n) {
+    extern __shared__ __align__(16) unsigned char tk_smem[];
+    __shared__ int shm[32];
+    int64_t l = blockIdx.x, r = r0 + l;
+    int b = (int)(r / T0), t = (int)(r % T0), lo = start[b], n = pos + t + 1 - lo;
+    int full = n / seg, rest = n - full * seg, m = full * K + (rest < K ? rest : K);
+    const int *c = cand + l * nseg * K;
+    real *v = vals + l * nseg * K;
+    int *ix = idx + l * K;
+    for (int i = threadIdx.x; i < m; i += blockDim.x) v[i] = scores[l * max_T + c[i]];
+    __syncthreads();
+    topk_one(v, m, 0, K, ix, (rkey_t *)tk_smem, cache_n, shm);
+    __syncthreads();
+    for (int j = threadIdx.x; j < K; j += blockDim.x) sel[r * K + j] = ix[j] >= 0 ? c[ix[j]] : -1;
+}
+
+// The top K of rows [r0, r0 + n) of a decoding step (scores (n, max_T)) whose
+// longest row has n_max keys, by segments (the kernels above); scratch from tp.
+static void dec_topk_split(Tape *tp, int *sel, const real *scores, const int *start, int max_T, int pos, int T0,
+                           int64_t r0, int n, int n_max, int K) {
+    int seg = (int)imax(TK_SPLIT_SEG, (K + TK_VEC - 1) / TK_VEC * TK_VEC), nseg = (n_max + seg - 1) / seg;
+    size_t picks = (size_t)n * nseg * K;
+    int *cand = (int *)tape_dalloc(tp, picks * sizeof(int)), *idx = (int *)tape_dalloc(tp, (size_t)n * K * sizeof(int));
+    real *vals = (real *)tape_dalloc(tp, picks * sizeof(real));
+    int cache_seg = tk_cache_keys(seg), cache_merge = tk_cache_keys(nseg * K);
+    k_dec_topk_seg<<<dim3((unsigned)nseg, (unsigned)n), TK_THREADS, (size_t)cache_seg * sizeof(rkey_t), cu_stream>>>(
+        scores, start, max_T, pos, T0, r0, K, seg, nseg, cand, cache_seg);
+    CU_LAUNCHED();
+    k_dec_topk_merge<<<(unsigned)n, TK_DEC_THREADS, (size_t)cache_merge * sizeof(rkey_t), cu_stream>>>(
+        scores, start, max_T, pos, T0, r0, K, seg, nseg, cand, vals, idx, sel, cache_merge);
+    CU_LAUNCHED();
+}
+
 // Rows [r0, r0 + n) of a window: their scores into scores (n, max_T), then their top K.
-static void dec_select_rows(int *sel, real *scores, const real *qI, const real *w, const real *kIc, int max_T,
-                            int pos, int T0, int64_t r0, int n, int n_max, const int *start, int HI, int dI, int K) {
+// tp: scratch for a decoding step's long rows (NULL: one block per row always).
+static void dec_select_rows(Tape *tp, int *sel, real *scores, const real *qI, const real *w, const real *kIc,
+                            int max_T, int pos, int T0, int64_t r0, int n, int n_max, const int *start, int HI, int dI,
+                            int K) {
     dim3 grid((unsigned)(((int64_t)n_max * DEC_LANES + DSA_THREADS - 1) / DSA_THREADS), (unsigned)n);
     k_dec_scores<<<grid, DSA_THREADS, 0, cu_stream>>>(qI, w, kIc, start, max_T, pos, T0, r0, HI, dI,
                                                       1.0 / sqrt((double)dI), scores);
     CU_LAUNCHED();
+    if (tp && n <= 32 && n_max >= TK_SPLIT_MIN && n_max > K) {
+        dec_topk_split(tp, sel, scores, start, max_T, pos, T0, r0, n, n_max, K);
+        return;
+    }
     int cache_n = tk_cache_keys(max_T);
     // A step's few rows: large blocks (the rows are the only parallelism); a window's many rows: blocks of 256.
     int threads = n <= 32 ? TK_DEC_THREADS : TK_THREADS;
@@ -709,11 +781,12 @@ static void dec_select_rows(int *sel, real *scores, const real *qI, const real *
     CU_LAUNCHED();
 }
 
-extern "C" void cu_dsa_decode_select(int *sel, real *scores, const real *qI, const real *w, const real *kIc, int B,
-                                     int max_T, int n_keys, const int *start, int HI, int dI, int K) {
+extern "C" void cu_dsa_decode_select(Tape *tp, int *sel, real *scores, const real *qI, const real *w,
+                                     const real *kIc, int B, int max_T, int n_keys, const int *start, int HI, int dI,
+                                     int K) {
     ASSERT(K >= 1 && n_keys >= 1 && n_keys <= max_T && B <= 65535,
            "attn_dsa step on the GPU: K %d, %d cached keys of %d, %d rows", K, n_keys, max_T, B);
-    dec_select_rows(sel, scores, qI, w, kIc, max_T, n_keys - 1, 1, 0, B, n_keys, start, HI, dI, K);
+    dec_select_rows(tp, sel, scores, qI, w, kIc, max_T, n_keys - 1, 1, 0, B, n_keys, start, HI, dI, K);
 }
 
 extern "C" void cu_dsa_prefix_select(Tape *tp, int *sel, const real *qI, const real *w, const real *kIc, int B,
@@ -727,6 +800,6 @@ extern "C" void cu_dsa_prefix_select(Tape *tp, int *sel, const real *qI, const r
     real *scores = (real *)tape_dalloc(tp, (size_t)chunk * max_T * sizeof(real));
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         int n = (int)(rows - r0 < chunk ? rows - r0 : chunk);
-        dec_select_rows(sel, scores, qI, w, kIc, max_T, pos, T0, r0, n, pos + T0, start, HI, dI, K);
+        dec_select_rows(NULL, sel, scores, qI, w, kIc, max_T, pos, T0, r0, n, pos + T0, start, HI, dI, K);
     }
 }

@@ -398,8 +398,8 @@ static Tensor *dsa_step_gpu(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
     }
     Tensor *qI = rope_at(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, rp, c->rope_base);
     Tensor *wt = op_matmul(tp, u, L->ww_idx, false, false);
-    cu_dsa_decode_select(dc->sel, dc->scores, qI->data, wt->data, dc->kI, B, kv->max_T, kv->pos, kv->start_dev, HI, dI,
-                         K);
+    cu_dsa_decode_select(tp, dc->sel, dc->scores, qI->data, wt->data, dc->kI, B, kv->max_T, kv->pos, kv->start_dev, HI,
+                         dI, K);
     cu_dsa_decode_sparse(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v, scale);
     if (L->rec) record_rows(L, B, K, pos, dc->sel, 1, kv->dev, 0);
     return op_matmul(tp, o, L->attn.wo, false, false);

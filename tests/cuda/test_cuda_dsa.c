@@ -799,15 +799,19 @@ Test(cuda_dsa, decode_dense) { check_dsa_decode(&(DsaDecodeCase){"attn_dsa,attn_
 Test(cuda_dsa, decode_sparse_long) { check_dsa_decode(&(DsaDecodeCase){"attn_dsa", 300, 120, 64, DSA_SPARSE}); }
 
 // A decoding step's selection (cu_dsa_decode_select: the scores, then one
-// block of 1024 threads per row) against the CPU step's (dsa_index_row, then
-// dsa_topk_from) on integer inputs (exact scores, ties everywhere): caches
-// shorter than K, kept in shared memory, and far longer than it (20,000
-// keys), rows whose keys begin later (start).
+// block of 1024 threads per row, or for rows of 16,384 keys or more segments
+// of 4,096 keys and a merge) against the CPU step's (dsa_index_row, then
+// dsa_topk_from) on integer inputs (exact scores, ties everywhere, across
+// segments too): caches shorter than K, kept in shared memory, and far
+// longer than it (40,000 keys), rows whose keys begin later (start), a last
+// segment shorter than K (16,414 keys) and a row too short to split beside
+// one that splits.
 Test(cuda_dsa, decode_select_equals_cpu_over_long_caches) {
     cuda_require();
-    int B = 2, max_T = 20000, HI = 2, dI = 4, K = 64;
+    int B = 2, max_T = 40000, HI = 2, dI = 4, K = 64;
     Tensor *kI = ints(B, max_T, dI, 81), *qI = ints(B, 1, HI * dI, 82), *w = ints(B, 1, HI, 83);
-    const int lens[] = {40, 3000, 12000, 20000}, starts[][2] = {{0, 0}, {0, 30}, {0, 1500}, {0, 19000}};
+    const int lens[] = {40, 3000, 12000, 20000, 16414, 40000},
+              starts[][2] = {{0, 0}, {0, 30}, {0, 1500}, {0, 19000}, {0, 0}, {9, 30000}};
     Tape tp;
     tape_init_on(&tp, DEVICE_CUDA);
     real *dk = test_dev_copy(&tp, kI->data, (size_t)kI->numel * sizeof(real));
@@ -821,7 +825,7 @@ Test(cuda_dsa, decode_select_equals_cpu_over_long_caches) {
     for (size_t c = 0; c < sizeof lens / sizeof lens[0]; c++) {
         int n = lens[c];
         dev_from_host(dstart, DEVICE_CUDA, starts[c], (size_t)B * sizeof(int));
-        cu_dsa_decode_select(dsel, dsc, dq, dw, dk, B, max_T, n, dstart, HI, dI, K);
+        cu_dsa_decode_select(&tp, dsel, dsc, dq, dw, dk, B, max_T, n, dstart, HI, dI, K);
         dev_to_host(gpu, dsel, (size_t)B * K * sizeof(int), DEVICE_CUDA);
         for (int b = 0; b < B; b++) {
             int s0 = starts[c][b];
