@@ -27,6 +27,11 @@ static void assert_close(const real *got, const double *want, int64_t n, const c
 // oneDNN in float32 (blas.c, sum_split), the last one partial too.
 enum { R = 2600, K = 24, N = 40, KW = 520 };
 
+// Does a gradient of k rows take blocks of its own rows (no partials) on the backend now selected?
+static bool grads_by_own_rows(int k) {
+    return k >= KW && blas_backend == GEMM_ONEDNN && blas_precision == PRECISION_FP32;
+}
+
 static void gemm_rows_case(const char *backend) {
     real *A = test_randn((int64_t)R * K, 1), *B = test_randn((int64_t)K * N, 2), *C0 = test_randn((int64_t)R * N, 3);
     double *want = xmalloc((size_t)R * N * sizeof(double));
@@ -65,8 +70,8 @@ static void gemm_sum_rows_case(const char *backend, int K) {
     real *X = test_randn((int64_t)R * K, 4), *Y = test_randn((int64_t)R * N, 5), *C0 = test_randn((int64_t)K * N, 6);
     size_t np = gemm_sum_rows_scratch(K, N, R);
     // Partials over blocks of R's rows, or none where the blocks are the gradient's own rows (oneDNN, float32).
-    bool own_rows = K >= KW && blas_backend == GEMM_ONEDNN && blas_precision == PRECISION_FP32;
-    cr_assert_eq(np == 0, own_rows, "%s, %d x %d over R = %d rows: %zu elements of partials", backend, K, N, R, np);
+    cr_assert_eq(np == 0, grads_by_own_rows(K), "%s, %d x %d over R = %d rows: %zu elements of partials", backend, K, N,
+                 R, np);
     real *part = xmalloc((np ? np : 1) * sizeof(real));
     double *want = xmalloc((size_t)K * N * sizeof(double));
     real *C[2] = {xmalloc((size_t)K * N * sizeof(real)), xmalloc((size_t)K * N * sizeof(real))};
@@ -186,8 +191,7 @@ static void multi_case(const char *what, bool bf16, int K) {
     real *dAref = xmalloc((size_t)R * K * sizeof(real)), *dA0 = test_randn((int64_t)R * K, 31);
     real *dBref = xmalloc((size_t)K * 40 * sizeof(real));
     size_t np = gemm_multi_scratch(M3, K, Nm, R), np1 = gemm_sum_rows_scratch(K, 40, R);
-    bool own_rows = K >= KW && blas_backend == GEMM_ONEDNN && blas_precision == PRECISION_FP32;
-    cr_assert_eq(np == 0, own_rows, "%s, K %d over R = %d rows: %zu elements of partials", what, K, R, np);
+    cr_assert_eq(np == 0, grads_by_own_rows(K), "%s, K %d over R = %d rows: %zu elements of partials", what, K, R, np);
     real *part = xmalloc((np ? np : 1) * sizeof(real)), *part1 = xmalloc((np1 ? np1 : 1) * sizeof(real));
     const real beta_b[M3] = {0, 1, 1};
     int saved = omp_get_max_threads();

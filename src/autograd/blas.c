@@ -422,7 +422,7 @@ void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *
         if (split < 0) {
             wi[nw++] = i;
             off[i] = used;
-            used += gemm_sum_rows_scratch(K, N[i], R);
+            used += (size_t)nb * K * N[i];   // its partials (gemm_sum_rows_scratch)
         } else if (split > 0) {
             gi[ng] = i;
             gmb[ng] = split;

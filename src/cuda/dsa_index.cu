@@ -683,6 +683,13 @@ __global__ void k_dec_scores(const real *qI, const real *w, const real *kIc, con
     if (sub == 0) scores[(int64_t)blockIdx.y * max_T + s] = (real)(c * acc);
 }
 
+// Query r = r0 + l of a window of T0 per batch row (slot pos + t): its candidates are slots lo .. lo + n - 1.
+__device__ __forceinline__ void dec_row(const int *start, int pos, int T0, int64_t r, int *lo, int *n) {
+    int b = (int)(r / T0), t = (int)(r % T0);
+    *lo = start[b];
+    *n = pos + t + 1 - *lo;
+}
+
 // A block per query of k_dec_scores' rows: its top K of slots [start_b, pos + t] into sel (rows of K, by r).
 __global__ void __launch_bounds__(TK_DEC_THREADS)
     k_dec_topk(const real *scores, const int *start, int max_T, int pos, int T0, int64_t r0, int K, int *sel,
@@ -690,9 +697,9 @@ __global__ void __launch_bounds__(TK_DEC_THREADS)
     extern __shared__ __align__(16) unsigned char tk_smem[];
     __shared__ int shm[32];
     int64_t r = r0 + blockIdx.x;
-    int b = (int)(r / T0), t = (int)(r % T0), lo = start[b];
-    topk_one(scores + (int64_t)blockIdx.x * max_T + lo, pos + t + 1 - lo, lo, K, sel + r * K, (rkey_t *)tk_smem,
-             cache_n, shm);
+    int lo, n;
+    dec_row(start, pos, T0, r, &lo, &n);
+    topk_one(scores + (int64_t)blockIdx.x * max_T + lo, n, lo, K, sel + r * K, (rkey_t *)tk_smem, cache_n, shm);
 }
 
 // A decoding step's long rows split over several blocks (dec_topk_split):
@@ -710,8 +717,9 @@ __global__ void __launch_bounds__(TK_THREADS)
                    int nseg, int *cand, int cache_n) {
     extern __shared__ __align__(16) unsigned char tk_smem[];
     __shared__ int shm[32];
-    int64_t l = blockIdx.y, r = r0 + l;
-    int b = (int)(r / T0), t = (int)(r % T0), lo = start[b], n = pos + t + 1 - lo, a = blockIdx.x * seg;
+    int64_t l = blockIdx.y;
+    int lo, n, a = blockIdx.x * seg;
+    dec_row(start, pos, T0, r0 + l, &lo, &n);
     if (a >= n) return;
     int m = n - a < seg ? n - a : seg;
     topk_one(scores + l * max_T + lo + a, m, lo + a, K, cand + (l * nseg + blockIdx.x) * K, (rkey_t *)tk_smem,
@@ -731,7 +739,8 @@ __global__ void __launch_bounds__(TK_DEC_THREADS)
     extern __shared__ __align__(16) unsigned char tk_smem[];
     __shared__ int shm[32];
     int64_t l = blockIdx.x, r = r0 + l;
-    int b = (int)(r / T0), t = (int)(r % T0), lo = start[b], n = pos + t + 1 - lo;
+    int lo, n;
+    dec_row(start, pos, T0, r, &lo, &n);
     int full = n / seg, rest = n - full * seg, m = full * K + (rest < K ? rest : K);
     const int *c = cand + l * nseg * K;
     real *v = vals + l * nseg * K;

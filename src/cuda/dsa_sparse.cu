@@ -172,19 +172,19 @@ __global__ void __launch_bounds__(DSA_THREADS)
     // The selected keys are scattered over the cache: each warp takes SP_INFLIGHT of them at a time so that their
     // loads are in flight together (a key's sum is the same fixed tree as one at a time).
     for (int j0 = warp; j0 < n; j0 += SP_INFLIGHT * SP_WARPS) {
-        real part[SP_INFLIGHT];
+        real dot[SP_INFLIGHT];
         const real *ks[SP_INFLIGHT];
         for (int u = 0; u < SP_INFLIGHT; u++) {
             int j = j0 + u * SP_WARPS;
             ks[u] = kh + (int64_t)si[j < n ? j : j0] * ldk;
-            part[u] = 0;
+            dot[u] = 0;
         }
         for (int x = lane; x < d.dk; x += 32)
-            for (int u = 0; u < SP_INFLIGHT; u++) part[u] = fma(qs[x], ks[u][x], part[u]);
+            for (int u = 0; u < SP_INFLIGHT; u++) dot[u] = fma(qs[x], ks[u][x], dot[u]);
         for (int u = 0; u < SP_INFLIGHT; u++) {
             int j = j0 + u * SP_WARPS;
-            part[u] = dsa_warp_sum(part[u]);
-            if (lane == 0 && j < n) a[j] = part[u] * d.scale;
+            dot[u] = dsa_warp_sum(dot[u]);
+            if (lane == 0 && j < n) a[j] = dot[u] * d.scale;
         }
     }
     __syncthreads();
