@@ -1,8 +1,17 @@
 // h5io.h: HDF5 datasets written with a checksum and read as hostile input.
 //
 // Checkpoints and token caches are files a user may have copied, truncated,
-// edited or been handed. Everything read through h5io_check / h5io_read is
-// checked before a byte is allocated or read:
+// edited or been handed. libhdf5 itself is not safe on such files (crafted
+// object headers crash it or make it ask for 2^63 bytes), so the reading
+// side never runs libhdf5 on an untrusted file in the calling process:
+// h5io_open forks a child, with bounded memory, CPU time and wall time,
+// that walks the file's structure with libhdf5 and hands back a catalog of
+// its objects (data/h5io_walk.c). A crash, limit or timeout there becomes
+// "corrupt file" here. The parent then reads every dataset's bytes itself,
+// at the address the catalog gives, bounds-checked against the file.
+//
+// Everything read through h5io_check / h5io_read is checked before a byte is
+// allocated or read:
 //   - the path names a regular file that HDF5 recognises;
 //   - every link on the way to a dataset is a hard link (no external or soft
 //     links that would open other files), and the object is a dataset;
@@ -36,11 +45,13 @@ typedef enum {
     H5IO_TYPE_COUNT
 } H5ioType;
 
+typedef struct H5ioCatalog H5ioCatalog;   // data/h5io_walk.h
+
 typedef struct H5ioFile {
-    hid_t f;
+    int fd;                // the file opened; every read and map is of this one
     const char *path;      // for messages (not owned)
     int64_t file_size;     // bytes
-    uint64_t dev, ino;     // the file opened (h5io_map maps that one, not a file renamed over it since)
+    H5ioCatalog *cat;      // its objects, as the sandboxed walk saw them
 } H5ioFile;
 
 typedef struct H5ioInfo {
@@ -51,14 +62,18 @@ typedef struct H5ioInfo {
     size_t elem_size;      // bytes per element (strings: the string length)
 } H5ioInfo;
 
-// Open an existing HDF5 file read-only; `what` names it in messages
-// ("checkpoint", "token cache"). Also turns off HDF5's error printing.
+// Open an existing HDF5 file read-only and catalog its objects in a
+// sandboxed child; `what` names it in messages ("checkpoint", "token cache").
 Status h5io_open(H5ioFile *hf, const char *path, const char *what);
 void h5io_close(H5ioFile *hf);
 
 // Does the hard link `name` (absolute, "/a/b") exist? Errors (a soft or
 // external link on the way) are reported through *st when st is non-NULL.
 bool h5io_exists(const H5ioFile *hf, const char *name, Status *st);
+
+// The names (without the group's path) of the objects linked from group
+// `group`, in name order: the i-th of them, or NULL past the last.
+const char *h5io_child(const H5ioFile *hf, const char *group, int i);
 
 // Check dataset `name` as described above. `types` is a bit set of the
 // accepted H5ioType values (1u << H5IO_F32 | ...). rank < 0 accepts any rank;

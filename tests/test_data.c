@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <hdf5.h>
@@ -388,4 +389,47 @@ Test(data, tampered_token_caches_are_rebuilt) {
     expect_rebuilt("int.txt", tokens_out_of_range, "/tokens: token 0 is 300, outside [0, 256)");
     expect_rebuilt("junk.txt", garbage, "not an HDF5 file");
     expect_rebuilt("old.txt", stale_format, "format 1 with a vocabulary of 256 ids");
+}
+
+// A token cache truncated under a running program (its tokens are mapped,
+// not copied) faults where its pages were: the program stops with a
+// sentence naming the file instead of dying of SIGBUS.
+Test(data, token_cache_truncated_while_mapped_stops_with_a_sentence) {
+    Tokenizer byte_tok;
+    tokenizer_bytes(&byte_tok);
+    char f[256], cache[256], cpath[CACHE_PATH_MAX];
+    static char text[64 * 1024];
+    for (size_t i = 0; i + 1 < sizeof text; i++) text[i] = (char)('a' + i % 23);
+    write_file(tpath(f, "long.txt"), text);
+    tpath(cache, "cache_bus");
+    Corpus c;
+    TokenData td;
+    bool built = false;
+    cr_assert(corpus_load(&c, f).ok);
+    Status st = token_cache_load(cache, f, &c, &byte_tok, &(DocSpec){DOCS_NONE}, &td, &built, cpath);
+    cr_assert(st.ok && built, "%s", st.msg);
+    token_data_free(&td);
+    st = token_cache_load(cache, f, &c, &byte_tok, &(DocSpec){DOCS_NONE}, &td, &built, NULL);
+    cr_assert(st.ok && !built && td.mapped, "the cache's tokens must be mapped: %s", st.msg);
+    int err[2];
+    cr_assert_eq(pipe(err), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(err[1], STDERR_FILENO);
+        if (truncate(cpath, 0) != 0) _exit(3);
+        volatile int sum = 0;
+        for (int64_t i = 0; i < td.n; i += 1024) sum += td.tokens[i];
+        _exit(sum == -1 ? 4 : 5);   // reached only if the truncation did not fault
+    }
+    close(err[1]);
+    char msg[512] = "";
+    ssize_t n = read(err[0], msg, sizeof msg - 1);
+    msg[n > 0 ? n : 0] = 0;
+    close(err[0]);
+    int ws = 0;
+    cr_assert_eq(waitpid(pid, &ws, 0), pid);
+    cr_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 1, "status %d", ws);
+    cr_assert(strstr(msg, cpath) && strstr(msg, "truncated or rewritten while this program was reading it"), "%s", msg);
+    token_data_free(&td);
+    corpus_free(&c);
 }

@@ -145,19 +145,10 @@ static void list_add(char *out, size_t n, int *count, const char *name) {
 static int unused_params(const H5ioFile *hf, const ParamStore *ps, char *out, size_t n) {
     out[0] = 0;
     if (!h5io_exists(hf, "/params", NULL)) return 0;
-    hid_t g = H5Gopen2(hf->f, "/params", H5P_DEFAULT);
-    if (g < 0) return 0;
-    H5G_info_t info;
     int count = 0;
-    if (H5Gget_info(g, &info) >= 0)
-        for (hsize_t i = 0; i < info.nlinks; i++) {
-            char name[512];
-            ssize_t len = H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
-            if (len < 0) continue;
-            if (len < (ssize_t)sizeof name && params_find(ps, name)) continue;
-            list_add(out, n, &count, name);
-        }
-    H5Gclose(g);
+    const char *name;
+    for (int i = 0; (name = h5io_child(hf, "/params", i)); i++)
+        if (!params_find(ps, name)) list_add(out, n, &count, name);
     return count;
 }
 
