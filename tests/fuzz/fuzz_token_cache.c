@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "fuzz_util.h"
+#include "h5io_walk.h"
 #include "token_cache.h"
 
 static Corpus corpus;
@@ -19,6 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     snprintf(dir, sizeof dir, "%s", fuzz_path("cache"));
     snprintf(spec, sizeof spec, "%s", fuzz_path("corpus.txt"));
     if (!base_image) {
+        h5io_sandbox(false);   // libhdf5 wrote every file this target reads: its edits test our checks
         static const char text[] = "In the beginning God created the heaven and the earth.\n\n\xff\x00\x01\n \nAnd.";
         fuzz_write_file(spec, text, sizeof text - 1);
         if (!corpus_load(&corpus, spec).ok) abort();

@@ -2,12 +2,13 @@
 // sequence of choices, a scratch folder per process, and structure-aware
 // edits of an HDF5 file.
 //
-// The checkpoint and token-cache targets do not mutate HDF5's bytes (that
-// would fuzz the HDF5 library, not this project): they start from a valid
+// The structure-aware checkpoint and token-cache targets start from a valid
 // file this project wrote and apply edits an attacker could make with HDF5
 // itself (replace a dataset with another type, rank, shape or content, drop
 // or falsify its checksum, link elsewhere, leave it unwritten, flip stored
-// bytes), then hand the file to the project's loaders.
+// bytes), then hand the file to the project's loaders; they reach the
+// loaders' own checks. fuzz_checkpoint_raw mutates the file's bytes instead,
+// which reaches libhdf5 inside h5io's sandbox.
 #ifndef FUZZ_UTIL_H
 #define FUZZ_UTIL_H
 
