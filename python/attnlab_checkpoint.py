@@ -119,18 +119,22 @@ def run_catalog(path, fd, timeout=CHILD_TIMEOUT, child=None):
 
 # ---------------------------------------------------------------- checks (data/h5io.c)
 
-class H5File:
-    """A checkpoint: its descriptor, size and catalog."""
+class CheckedFile:
+    """A file opened as open_regular opens it, read by its descriptor; `opened()` checks what it holds
+    (the descriptor is closed if that fails). A context manager; err() makes "PATH: ..." errors."""
 
-    def __init__(self, path):
+    def __init__(self, path, what):
         self.path = path
-        self.fd = open_regular(path, "checkpoint")
+        self.fd = open_regular(path, what)
         try:
             self.size = os.fstat(self.fd).st_size
-            self.catalog = run_catalog(path, self.fd)
+            self.opened()
         except BaseException:
             os.close(self.fd)
             raise
+
+    def opened(self):
+        pass
 
     def close(self):
         os.close(self.fd)
@@ -143,6 +147,16 @@ class H5File:
 
     def err(self, fmt, *args):
         return CheckpointError(("%s: " + fmt) % ((self.path,) + args))
+
+
+class H5File(CheckedFile):
+    """A checkpoint: its descriptor, size and catalog."""
+
+    def __init__(self, path):
+        super().__init__(path, "checkpoint")
+
+    def opened(self):
+        self.catalog = run_catalog(self.path, self.fd)
 
     def exists(self, name):
         """h5io_exists: does the hard link `name` exist? A soft or external link on the way is an error."""

@@ -10,12 +10,11 @@ the data are read only afterwards, tensor by tensor, with pread.
 """
 
 import json
-import os
 import struct
 
 import torch
 
-from attnlab_checkpoint import MAX_NUMEL, MAX_RANK, CheckpointError, open_regular, pread_exact
+from attnlab_checkpoint import MAX_NUMEL, MAX_RANK, CheckedFile, pread_exact
 
 HEADER_MAX = 16 << 20                    # bytes of JSON header (the config in it is at most 1 MiB)
 TENSORS_MAX = 1 << 16
@@ -41,30 +40,14 @@ def _is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-class SafetensorsFile:
+class SafetensorsFile(CheckedFile):
     """The checked header of a safetensors file: tensors (name -> (dtype, shape, begin, end)) and metadata."""
 
     def __init__(self, path):
-        self.path = path
-        self.fd = open_regular(path, "safetensors file")
-        try:
-            self.size = os.fstat(self.fd).st_size
-            self._read_header()
-        except BaseException:
-            os.close(self.fd)
-            raise
+        super().__init__(path, "safetensors file")
 
-    def close(self):
-        os.close(self.fd)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def err(self, fmt, *args):
-        return CheckpointError(("%s: " + fmt) % ((self.path,) + args))
+    def opened(self):
+        self._read_header()
 
     def _read_header(self):
         if self.size < 8:

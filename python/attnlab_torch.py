@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attnlab_model import LM, param_shapes  # noqa: E402
 from attnlab_config import VOCAB_MAX, ConfigError, model_config  # noqa: E402
 from attnlab_checkpoint import (CheckpointError, open_checkpoint, open_regular, pread_exact,  # noqa: E402
-                                read_config, read_params)
+                                read_config, read_params, vocab_rows)
 from attnlab_safetensors import SafetensorsFile  # noqa: E402
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -43,15 +43,20 @@ BYTE_VOCAB = 256
 
 
 def checked_config(path, text, rows):
-    """The ModelConfig of a file's config text; `rows` (the embedding's rows in the file) is the vocabulary."""
+    """(ModelConfig, its parameters' shapes) of a file's config text; `rows` (the embedding's rows in the
+    file) is the vocabulary."""
     if rows is None:
         raise CheckpointError("%s: no 'embed' parameter of two dimensions (not an attnlab model?)" % path)
     if not 1 <= rows <= VOCAB_MAX:
         raise CheckpointError("%s: embed: %d rows, a vocabulary has 1 to %d ids" % (path, rows, VOCAB_MAX))
     try:
-        return model_config(text, path, rows)
+        cfg = model_config(text, path, rows)
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
+    try:
+        return cfg, param_shapes(cfg)
+    except ValueError as e:   # a mixer the C programs know and this reference does not (attn_dsa)
+        raise CheckpointError("%s: %s" % (path, e)) from None
 
 
 def read_checkpoint(path):
@@ -59,13 +64,8 @@ def read_checkpoint(path):
     with open_checkpoint(path) as h:
         text = read_config(h)
         # The vocabulary: 256 bytes unless the checkpoint carries a tokenizer (then the embedding's rows).
-        rows = BYTE_VOCAB
-        if h.exists("/tokenizer"):
-            d = h.catalog.get("/params/embed")
-            rows = d["dims"][0] if isinstance(d, dict) and isinstance(d.get("dims"), list) and \
-                len(d["dims"]) == 2 and isinstance(d["dims"][0], int) else None
-        cfg = checked_config(path, text, rows)
-        arrays = read_params(h, param_shapes(cfg))
+        cfg, shapes = checked_config(path, text, vocab_rows(h) if h.exists("/tokenizer") else BYTE_VOCAB)
+        arrays = read_params(h, shapes)
     return cfg, {name: torch.from_numpy(a) for name, a in arrays.items()}
 
 
@@ -74,8 +74,7 @@ def read_safetensors(path):
     with SafetensorsFile(path) as st:
         text = st.format_and_config()
         embed = st.tensors.get("embed")
-        cfg = checked_config(path, text, embed[1][0] if embed and len(embed[1]) == 2 else None)
-        shapes = param_shapes(cfg)
+        cfg, shapes = checked_config(path, text, embed[1][0] if embed and len(embed[1]) == 2 else None)
         st.check_shapes(shapes)
         return cfg, {name: st.read(name) for name in shapes}
 

@@ -6,7 +6,6 @@ message, and the crafted files of tests/fixtures/hostile/ refused cleanly.
 """
 
 import os
-import signal
 import sys
 import tempfile
 import unittest
@@ -65,7 +64,8 @@ class CheckpointChecks(LoaderTest):
         self.refused(L.write_checkpoint(self.path("v1.h5"), version=1),
                      "/format_version: 1, this build reads version 2 (version 1 checkpoints carry no checksums; "
                      "retrain, or load it with the build that wrote it)")
-        self.refused(L.write_checkpoint(self.path("v.h5"), version=None), "/format_version: missing (not a checkpoint?)")
+        self.refused(L.write_checkpoint(self.path("v.h5"), version=None),
+                     "/format_version: missing (not a checkpoint?)")
 
     def test_nan_and_infinite_parameters(self):
         for bad, shown in ((np.nan, "nan"), (np.inf, "inf"), (-np.inf, "-inf")):
@@ -180,6 +180,16 @@ class CheckpointChecks(LoaderTest):
             f["params"].create_group(WQ)
         self.refused(L.write_checkpoint(self.path("group.h5"), skip=(WQ,), edit=group),
                      "/params/%s: not a dataset" % WQ)
+
+    def test_vocabulary_from_the_tokenizer(self):
+        params = L.model_params(vocab=300)
+
+        def tokenizer(f, p):
+            L.put(f, "tokenizer", np.frombuffer(b"#attnlab-bpe 1\n", dtype="u1"))
+        lm = attnlab_torch.load(L.write_checkpoint(self.path("bpe.h5"), params, edit=tokenizer))
+        self.assertEqual(lm.cfg.vocab_size, 300)
+        self.refused(L.write_checkpoint(self.path("bytes.h5"), params),
+                     "/params/embed: shape (300, 16) in the file, (256, 16) in the model")
 
     def test_config_text(self):
         self.refused(L.write_checkpoint(self.path("nul.h5"), config=L.CONFIG + "\0# more\n"),

@@ -49,7 +49,8 @@ class SafetensorsChecks(LoaderTest):
             return self.write_raw(struct.pack("<Q", len(text)) + text)
         self.refused_like(with_header(b"{\"a\": "), "the header is not valid JSON: ")
         self.refused_like(with_header(b"[" * 100000 + b"]" * 100000), "the header is not ")
-        self.refused_like(with_header(b"{\"a\": 1, \"a\": 2}"), "the header is not valid JSON: the key 'a' appears twice")
+        self.refused_like(with_header(b"{\"a\": 1, \"a\": 2}"),
+                          "the header is not valid JSON: the key 'a' appears twice")
         self.refused_like(with_header(b"{\"a\": NaN}"), "the header is not valid JSON: NaN is not JSON")
         self.refused(with_header(b"[1, 2]"), "the header is not a JSON object")
         self.refused(with_header(b"{\"__metadata__\": {\"a\": 1}}"), "__metadata__ is not an object of strings")
@@ -90,7 +91,8 @@ class SafetensorsChecks(LoaderTest):
                 if "data_offsets" in info and info["data_offsets"][0] >= e:
                     info["data_offsets"] = [x + 4 for x in info["data_offsets"]]
         data = L.safetensors_bytes(params, header_edit=hole) + b"\0" * 4
-        self.refused_like(self.write_raw(data, "hole.safetensors"), "leave bytes [%d, %d) of the data unused" % (e, e + 4))
+        self.refused_like(self.write_raw(data, "hole.safetensors"),
+                          "leave bytes [%d, %d) of the data unused" % (e, e + 4))
         data = L.safetensors_bytes(params) + b"\0" * 8
         self.refused(self.write_raw(data, "trail.safetensors"),
                      "8 bytes of data after the last tensor (the data section is %d bytes)" % (n + 8))
@@ -109,7 +111,8 @@ class SafetensorsChecks(LoaderTest):
         self.refused(self.write("nan.safetensors", params), "%s: element 7 is nan (not a finite number)" % WQ)
         params = L.model_params()
         params[WQ] = params[WQ][:, :8]
-        self.refused(self.write("shape.safetensors", params), "%s: shape (16, 8) in the file, (16, 16) in the model" % WQ)
+        self.refused(self.write("shape.safetensors", params),
+                     "%s: shape (16, 8) in the file, (16, 16) in the model" % WQ)
         params = L.model_params()
         params["extra"] = np.zeros(2, dtype="<f4")
         self.refused(self.write("extra.safetensors", params),
@@ -202,6 +205,12 @@ class ConfigBounds(LoaderTest):
         self.config_refused(self.swap("d_ff = 32", "d_ff = 1048576").replace("d_model = 16", "d_model = 4096"),
                             "3: [model] d_model: a weight of 4096 x 1048576 elements is more than this build's "
                             "2147483647 per tensor")
+
+    def test_a_mixer_this_reference_lacks(self):
+        meta = {"format": "pt", "attnlab_format": "1",
+                "attnlab_config": self.swap("layers = attn,linear,mamba,gdn", "layers = attn_dsa")}
+        path = L.write_safetensors(self.path("dsa.safetensors"), L.model_params(), meta=meta)
+        self.refused(path, "layer 0: mixer 'attn_dsa' is not in this reference (attn, linear, mamba, gdn)")
 
     def test_vocabulary_bounds(self):
         meta = {"format": "pt", "attnlab_format": "1", "attnlab_config": L.CONFIG}
