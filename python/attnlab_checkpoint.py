@@ -89,7 +89,8 @@ def run_catalog(path, fd, timeout=CHILD_TIMEOUT, child=None):
             name = signal.Signals(-r.returncode).name
         except ValueError:
             name = "signal %d" % -r.returncode
-        why = "hit its CPU time limit" if -r.returncode in (signal.SIGXCPU, signal.SIGKILL) else "crashed (%s)" % name
+        why = ("hit its CPU time limit" if -r.returncode == signal.SIGXCPU else
+               "was killed (SIGKILL: out of memory?)" if -r.returncode == signal.SIGKILL else "crashed (%s)" % name)
         raise CheckpointError("%s: corrupt checkpoint: the HDF5 reader %s on it" % (path, why))
     out = r.stdout[:CATALOG_MAX + 1]
     try:

@@ -118,6 +118,8 @@ def strip_inline_comment(s):
 def read_model_section(text, source):
     """{key: (value text, line)} of [model], every line checked as the C reader checks it."""
     section, found = None, {}
+    if text.startswith("\ufeff"):   # a UTF-8 byte order mark, which the C reader skips too
+        text = text[1:]
     for n, line in enumerate(text.split("\n"), 1):
         where = "%s:%d: " % (source, n)
         if "\r" in line.rstrip("\r"):

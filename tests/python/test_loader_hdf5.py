@@ -232,6 +232,26 @@ class ChildProcess(LoaderTest):
         path, msg = self.catalog(self.child("os.kill(os.getpid(), signal.SIGSEGV)"))
         self.assertEqual(msg, path + ": corrupt checkpoint: the HDF5 reader crashed (SIGSEGV) on it")
 
+    def test_the_child_limits_itself(self):
+        import json
+        import subprocess
+        child = self.child("import attnlab_h5catalog, json, resource\nattnlab_h5catalog.limit_self()\n"
+                           "print(json.dumps([resource.getrlimit(r) for r in (resource.RLIMIT_AS, "
+                           "resource.RLIMIT_CPU, resource.RLIMIT_CORE)]))")
+        got = json.loads(subprocess.run([sys.executable, child], stdout=subprocess.PIPE, check=True).stdout)
+        import resource
+
+        def want(res, value):   # a lower hard limit this process already has is kept
+            hard = resource.getrlimit(res)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            return [value, value]
+        self.assertEqual(got, [want(resource.RLIMIT_AS, 2 << 30), want(resource.RLIMIT_CPU, 60),
+                               want(resource.RLIMIT_CORE, 0)])
+
+    def test_the_cpu_limit(self):
+        path, msg = self.catalog(self.child("os.kill(os.getpid(), signal.SIGXCPU)"))
+        self.assertEqual(msg, path + ": corrupt checkpoint: the HDF5 reader hit its CPU time limit on it")
+
     def test_the_memory_limit_holds(self):
         path, msg = self.catalog(self.child("import attnlab_h5catalog\nattnlab_h5catalog.limit_self()\n"
                                             "x = bytearray(3 << 30)"))
