@@ -236,6 +236,39 @@ def _uniform(shape, lo, hi, gen, dtype):
     return torch.rand(shape, generator=gen, dtype=dtype) * (hi - lo) + lo
 
 
+def param_shapes(cfg):
+    """name -> shape of every parameter of the model of cfg, in the C model's registration order
+    (docs/checkpoint.md). Nothing is allocated: a loader checks a file's shapes against these first."""
+    D, F_, V, H = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.n_heads
+    dk, dv, W = cfg.d_k, cfg.d_v, cfg.conv_size
+    s = {"embed": (V, D)}
+    for l, kind in enumerate(cfg.layers):
+        if kind not in ("attn", "linear", "mamba", "gdn"):
+            raise ValueError("layer %d: mixer '%s' is not in this reference (attn, linear, mamba, gdn)" % (l, kind))
+        p = "layers.%d." % l
+        m = p + "mixer."
+        s[p + "norm1"] = (D,)
+        s[m + "wq"], s[m + "wk"], s[m + "wv"] = (D, H * dk), (D, H * dk), (D, H * dv)
+        if kind != "attn":
+            if W > 0:
+                s[m + "conv_q"], s[m + "conv_k"], s[m + "conv_v"] = (H * dk, W), (H * dk, W), (H * dv, W)
+            s[m + "out_norm"] = (dv,)
+            s[m + "wg"] = (D, H * dv)
+            if kind in ("mamba", "gdn"):
+                s[m + "w_dt"], s[m + "dt_bias"], s[m + "A_log"] = (D, H), (H,), (H,)
+            if kind == "mamba":
+                s[m + "D"] = (H, dv)
+            if kind == "gdn":
+                s[m + "w_beta"] = (D, H)
+        s[m + "wo"] = (H * dv, D)
+        s[p + "norm2"] = (D,)
+        s[p + "mlp.w1"], s[p + "mlp.w3"], s[p + "mlp.w2"] = (D, F_), (D, F_), (F_, D)
+    s["norm_f"] = (D,)
+    if not cfg.tied_embeddings:
+        s["lm_head"] = (D, V)
+    return s
+
+
 class LM:
     """The LM of MODEL.md. params: dict name -> leaf tensor (C checkpoint names and shapes).
 
@@ -247,61 +280,30 @@ class LM:
         self.params = {}
         self.no_decay = set()
         gen = torch.Generator().manual_seed(seed)
-        D, F_, V, L = cfg.d_model, cfg.d_ff, cfg.vocab_size, len(cfg.layers)
-        H, dk, dv = cfg.n_heads, cfg.d_k, cfg.d_v
+        D, F_, L, H = cfg.d_model, cfg.d_ff, len(cfg.layers), cfg.n_heads
         in_std, res = 1 / math.sqrt(D), 1 / math.sqrt(2 * L)
-        out_std = res / math.sqrt(H * dv)
-
-        def add(name, value, decay=True):
+        out_std = res / math.sqrt(H * cfg.d_v)
+        for name, shape in param_shapes(cfg).items():
+            leaf = name.rsplit(".", 1)[-1]
+            decay = leaf not in ("norm1", "norm2", "norm_f", "out_norm", "D", "dt_bias", "A_log")
+            if name == "embed":
+                value = _normal(shape, in_std if cfg.tied_embeddings else 1.0, gen, dtype)
+            elif not decay and leaf not in ("dt_bias", "A_log"):
+                value = torch.ones(shape)
+            elif leaf.startswith("conv_"):
+                a = 1 / math.sqrt(cfg.conv_size)
+                value = _uniform(shape, -a, a, gen, dtype)
+            elif leaf == "dt_bias":   # softplus^-1(dt0), dt0 log-uniform in [1e-3, 1e-1]
+                dt0 = torch.exp(_uniform(shape, math.log(1e-3), math.log(1e-1), gen, torch.float64))
+                value = dt0 + torch.log(-torch.expm1(-dt0))
+            elif leaf == "A_log":
+                value = torch.log(_uniform(shape, 1.0, 16.0, gen, torch.float64))
+            else:
+                std = out_std if leaf == "wo" else res / math.sqrt(F_) if name.endswith("mlp.w2") else in_std
+                value = _normal(shape, std, gen, dtype)
             self.params[name] = value.to(dtype).requires_grad_(True)
             if not decay:
                 self.no_decay.add(name)
-
-        def dense(name, i, o, std):
-            add(name, _normal((i, o), std, gen, dtype))
-
-        def conv(name, ch):
-            if cfg.conv_size > 0:
-                a = 1 / math.sqrt(cfg.conv_size)
-                add(name, _uniform((ch, cfg.conv_size), -a, a, gen, dtype))
-
-        def dt_bias(name):   # softplus^-1(dt0), dt0 log-uniform in [1e-3, 1e-1]
-            dt0 = torch.exp(_uniform((H,), math.log(1e-3), math.log(1e-1), gen, torch.float64))
-            add(name, dt0 + torch.log(-torch.expm1(-dt0)), decay=False)
-
-        add("embed", _normal((V, D), in_std if cfg.tied_embeddings else 1.0, gen, dtype))
-        for l, kind in enumerate(cfg.layers):
-            p = "layers.%d." % l
-            add(p + "norm1", torch.ones(D), decay=False)
-            m = p + "mixer."
-            dense(m + "wq", D, H * dk, in_std)
-            dense(m + "wk", D, H * dk, in_std)
-            dense(m + "wv", D, H * dv, in_std)
-            if kind in ("linear", "mamba", "gdn"):
-                conv(m + "conv_q", H * dk)
-                conv(m + "conv_k", H * dk)
-                conv(m + "conv_v", H * dv)
-                add(m + "out_norm", torch.ones(dv), decay=False)
-                dense(m + "wg", D, H * dv, in_std)
-                if kind in ("mamba", "gdn"):
-                    dense(m + "w_dt", D, H, in_std)
-                    dt_bias(m + "dt_bias")
-                    add(m + "A_log", torch.log(_uniform((H,), 1.0, 16.0, gen, torch.float64)), decay=False)
-                if kind == "mamba":
-                    add(m + "D", torch.ones(H, dv), decay=False)
-                if kind == "gdn":
-                    dense(m + "w_beta", D, H, in_std)
-            elif kind != "attn":
-                raise ValueError("layer %d: mixer '%s' is not in this reference (attn, linear, mamba, gdn)"
-                                 % (l, kind))
-            dense(m + "wo", H * dv, D, out_std)
-            add(p + "norm2", torch.ones(D), decay=False)
-            dense(p + "mlp.w1", D, F_, in_std)
-            dense(p + "mlp.w3", D, F_, in_std)
-            dense(p + "mlp.w2", F_, D, res / math.sqrt(F_))
-        add("norm_f", torch.ones(D), decay=False)
-        if not cfg.tied_embeddings:
-            dense("lm_head", D, V, in_std)
 
     def parameters(self):
         return list(self.params.values())

@@ -9,10 +9,14 @@ PyTorch implementation of the spec (attnlab_model.LM, docs/MODEL.md).
     logits = lm.forward(tokens)                                # (1, T, 256), float32
 
 The config comes from the file itself (a checkpoint's /config, or the
-safetensors metadata "attnlab_config"). HDF5 needs h5py (Debian's python3-h5py);
-safetensors is read with the standard library and torch alone, following the
-format's specification (8-byte little-endian header length, JSON header, raw
-little-endian data). Each HDF5 dataset's crc32 attribute is checked.
+safetensors metadata "attnlab_config"). Files are read as hostile input, with
+the C loader's checks and messages (docs/checkpoint.md): the config's values
+in the C programs' bounds, every parameter's shape checked against the config
+before anything is allocated, checksums verified, every value finite; a file
+refused raises CheckpointError (a ValueError) that names the file and what is
+wrong. HDF5 needs h5py (Debian's python3-h5py), which runs only in a child
+process under memory and CPU limits (attnlab_checkpoint.py); safetensors is
+read with the standard library and torch alone (attnlab_safetensors.py).
 
 Mixers: attn, linear, mamba, gdn (attn_dsa is not in the reference: loading a
 model with it raises ValueError). form "chunked" (fast) or "recurrent" (the
@@ -22,81 +26,69 @@ As a program: attnlab_torch.py FILE [--text TEXT] prints the model and the
 most likely next bytes; --logits-npy OUT writes the logits of TEXT.
 """
 
-import json
 import os
-import struct
 import sys
-import zlib
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attnlab_model import LM, model_config_from_ini  # noqa: E402
+from attnlab_model import LM, param_shapes  # noqa: E402
+from attnlab_config import VOCAB_MAX, ConfigError, model_config  # noqa: E402
+from attnlab_checkpoint import (CheckpointError, open_checkpoint, open_regular, pread_exact,  # noqa: E402
+                                read_config, read_params, vocab_rows)
+from attnlab_safetensors import SafetensorsFile  # noqa: E402
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-SAFETENSORS_DTYPES = {"F32": (torch.float32, 4), "F64": (torch.float64, 8), "F16": (torch.float16, 2),
-                      "BF16": (torch.bfloat16, 2)}
+BYTE_VOCAB = 256
 
 
-def read_safetensors(path):
-    """(tensors: name -> torch tensor, metadata: dict) of a safetensors file."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 8:
-        raise ValueError("%s: too short for safetensors" % path)
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > len(data) - 8:
-        raise ValueError("%s: header length %d runs past the end of the file" % (path, n))
-    header = json.loads(data[8:8 + n].decode("utf-8"))
-    meta = header.pop("__metadata__", {}) or {}
-    body = data[8 + n:]
-    tensors = {}
-    for name, info in header.items():
-        if info["dtype"] not in SAFETENSORS_DTYPES:
-            raise ValueError("%s: %s: dtype %s is not supported here" % (path, name, info["dtype"]))
-        dtype, size = SAFETENSORS_DTYPES[info["dtype"]]
-        begin, end = info["data_offsets"]
-        shape = list(info["shape"])
-        count = 1
-        for d in shape:
-            count *= d
-        if not (0 <= begin <= end <= len(body)) or end - begin != count * size:
-            raise ValueError("%s: %s: data_offsets %s do not fit shape %s" % (path, name, (begin, end), shape))
-        t = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype) if count else torch.empty(0, dtype=dtype)
-        tensors[name] = t.reshape(shape)
-    return tensors, meta
+def checked_config(path, text, rows):
+    """(ModelConfig, its parameters' shapes) of a file's config text; `rows` (the embedding's rows in the
+    file) is the vocabulary."""
+    if rows is None:
+        raise CheckpointError("%s: no 'embed' parameter of two dimensions (not an attnlab model?)" % path)
+    if not 1 <= rows <= VOCAB_MAX:
+        raise CheckpointError("%s: embed: %d rows, a vocabulary has 1 to %d ids" % (path, rows, VOCAB_MAX))
+    try:
+        cfg = model_config(text, path, rows)
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+    try:
+        return cfg, param_shapes(cfg)
+    except ValueError as e:   # a mixer the C programs know and this reference does not (attn_dsa)
+        raise CheckpointError("%s: %s" % (path, e)) from None
 
 
 def read_checkpoint(path):
-    """(tensors: name -> torch tensor, config text) of an HDF5 checkpoint (checksums verified)."""
-    import h5py  # Debian: python3-h5py
-    with h5py.File(path, "r") as f:
-        config = f["config"][()]
-        config = config.decode() if isinstance(config, bytes) else str(config)
-        tensors = {}
-        for name, d in f["params"].items():
-            a = d[()]
-            crc = zlib.crc32(a.astype("<f4").tobytes())
-            if "crc32" in d.attrs and crc != int(d.attrs["crc32"]):
-                raise ValueError("%s: /params/%s: checksum mismatch" % (path, name))
-            tensors[name] = torch.from_numpy(a.copy())
-    return tensors, config
+    """(ModelConfig, tensors: name -> torch tensor) of an HDF5 checkpoint, every check of the C loader passed."""
+    with open_checkpoint(path) as h:
+        text = read_config(h)
+        # The vocabulary: 256 bytes unless the checkpoint carries a tokenizer (then the embedding's rows).
+        cfg, shapes = checked_config(path, text, vocab_rows(h) if h.exists("/tokenizer") else BYTE_VOCAB)
+        arrays = read_params(h, shapes)
+    return cfg, {name: torch.from_numpy(a) for name, a in arrays.items()}
+
+
+def read_safetensors(path):
+    """(ModelConfig, tensors: name -> torch tensor) of a safetensors export, checked before anything is read."""
+    with SafetensorsFile(path) as st:
+        text = st.format_and_config()
+        embed = st.tensors.get("embed")
+        cfg, shapes = checked_config(path, text, embed[1][0] if embed and len(embed[1]) == 2 else None)
+        st.check_shapes(shapes)
+        return cfg, {name: st.read(name) for name in shapes}
 
 
 def load(path, dtype=torch.float32, form="chunked"):
-    """The model in `path` (an HDF5 checkpoint or a safetensors export) as attnlab_model.LM."""
-    with open(path, "rb") as f:
-        magic = f.read(8)
-    if magic == HDF5_MAGIC:
-        tensors, config = read_checkpoint(path)
-    else:
-        tensors, meta = read_safetensors(path)
-        config = meta.get("attnlab_config")
-        if config is None:
-            raise ValueError("%s: no attnlab_config in the safetensors metadata (not written by export_model?)" % path)
-    if "embed" not in tensors:
-        raise ValueError("%s: no 'embed' tensor (not an attnlab model?)" % path)
-    cfg = model_config_from_ini(config, vocab_size=int(tensors["embed"].shape[0]))   # 256 bytes, or a BPE's ids
+    """The model in `path` (an HDF5 checkpoint or a safetensors export) as attnlab_model.LM.
+
+    A file refused raises CheckpointError (a ValueError) whose message names the file and what is wrong."""
+    fd = open_regular(path, "model file")
+    try:
+        magic = pread_exact(fd, 8, 0)
+    finally:
+        os.close(fd)
+    cfg, tensors = read_checkpoint(path) if magic == HDF5_MAGIC else read_safetensors(path)
     lm = LM(cfg, dtype=dtype, form=form)
     lm.load(tensors)
     for p in lm.params.values():
@@ -113,7 +105,10 @@ def main(argv):
     ap.add_argument("--logits-npy", help="write the logits (T, V) of the text here")
     ap.add_argument("--float64", action="store_true", help="run in float64")
     a = ap.parse_args(argv)
-    lm = load(a.file, dtype=torch.float64 if a.float64 else torch.float32)
+    try:
+        lm = load(a.file, dtype=torch.float64 if a.float64 else torch.float32)
+    except (CheckpointError, ValueError) as e:
+        sys.exit(str(e))
     text = open(a.text_file, "rb").read() if a.text_file else a.text.encode("utf-8")
     if lm.cfg.vocab_size != 256:
         sys.exit("%s: a BPE model: encode the text with bin/tokenize encode and pass ids to lm.forward" % a.file)

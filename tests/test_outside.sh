@@ -7,7 +7,10 @@
 #     find_package) and run (a custom op's gradcheck, a custom mixer's LM
 #     that learns);
 #  3. the README's example error messages equal what train prints;
-#  4. a tiny model of every reference mixer trained, exported with
+#  4. the PyTorch loader refuses hostile checkpoints and exports (crafted
+#     HDF5 and safetensors files, tests/fixtures/hostile/) with the C loader's
+#     messages (tests/python/test_loader_*.py);
+#     a tiny model of every reference mixer trained, exported with
 #     export_model (safetensors checked against the format's specification),
 #     and loaded by python/attnlab_torch.py from the checkpoint and from the
 #     export: its logits equal the C model's (evaluate --logits), to 1e-4
@@ -49,7 +52,13 @@ while IFS=$'\t' read -r cmd want; do
 done < <(awk '/^\$ bin\/train / {cmd = substr($0, 3); getline out; print cmd "\t" out}' "$ROOT/README.md")
 echo "outside ($precision): the README's example messages: OK"
 
-# 4. export and the PyTorch loader
+# 4. export and the PyTorch loader: first its refusals of hostile files, then
+# its logits against the C model's.
+for t in "$ROOT"/tests/python/test_loader_*.py; do
+    TMPDIR="$TMP" $PY "$t" 2>"$TMP/pytest.log" || { cat "$TMP/pytest.log"; echo "$t failed"; exit 1; }
+    tail -1 "$TMP/pytest.log" | grep -qx OK || { cat "$TMP/pytest.log"; echo "$t: no OK"; exit 1; }
+done
+echo "outside ($precision): the PyTorch loader refuses hostile files with the C loader's messages: OK"
 python_text() {   # deterministic English-like text
     $PY -c "
 import random
