@@ -143,10 +143,10 @@ void dist_wait_all(int n, MPI_Request *reqs, double timeout, const char *what) {
 // record itself, so they cost no second collective, and every rank sums them
 // in rank order (the same bits on every rank).
 
-
 void dist_count_step(void) { g_steps++; }
 
-// "rank 1: 'evaluation' (after 6 steps)" for the records that differ from rank 0's (the first few).
+// Stops every rank: rank 0 says where it is and where each rank that is
+// elsewhere is (the first few: "rank 1 at 'evaluation' after 6 steps").
 static _Noreturn void out_of_step(const DistRecord *all) {
     char msg[1400];
     int n = snprintf(msg, sizeof msg,
@@ -165,8 +165,8 @@ static _Noreturn void out_of_step(const DistRecord *all) {
     }
     if (more) n += snprintf(msg + n, sizeof msg - (size_t)n, "; and %d more rank%s", more, more == 1 ? "" : "s");
     snprintf(msg + n, sizeof msg - (size_t)n,
-             ". They ran different code paths (different configs or arguments per rank?) or one stopped alone "
-             "(its message, if any, is above): stopping every rank");
+             ". They took different paths (arguments of their own?) or one stopped alone (its message, if any, is "
+             "above): stopping every rank");
     // Every rank saw the same records: rank 0 speaks, and all leave together (no MPI_Abort, nothing pending).
     if (g_rank == 0) fprintf(stderr, "train: %s\n", msg);
     fflush(NULL);
@@ -188,6 +188,7 @@ const DistRecord *dist_records(const char *what, const double *v, int n, double 
                               MPI_COMM_WORLD, &r),
                what);
     dist_wait_all(1, &r, timeout, what);
+    for (int k = 0; k < g_size; k++) g_records[k].label[sizeof mine.label - 1] = 0;   // (whatever another rank sent)
     for (int k = 0; k < g_size; k++)
         if (strcmp(g_records[k].label, mine.label) || g_records[k].seq != mine.seq) out_of_step(g_records);
     return g_records;
