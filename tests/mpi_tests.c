@@ -13,7 +13,7 @@
 // a stopped (hung) one within the watchdog's timeout, with a message, leaving
 // a loadable checkpoint; the collectives also run over TCP; with bf16
 // products too, repeat runs are bit-identical and ranks equal one process to
-// float32 rounding.
+// float32 rounding. Ranks that differ: mpi_ranks.c.
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -25,11 +25,8 @@
 #include "blas.h"
 #include "checkpoint.h"
 #include "model_setup.h"
+#include "mpi_tests.h"
 #include "test_util.h"
-
-#ifndef MPIEXEC
-#define MPIEXEC "mpiexec"
-#endif
 
 // Float32 rounding through a dozen steps of a tiny model: the sums over the
 // batch happen in another order (per rank, then across ranks), so the losses
@@ -46,17 +43,11 @@
 
 #define MAX_LOSSES 64
 
-typedef struct Run {
-    char dir[1300];      // run folder
-    char err[2600];      // its stderr
-    int code;
-} Run;
-
-static const char *cfg_path;   // the test's tiny.ini
+const char *cfg_path;   // the test's tiny.ini
 
 // A constant learning rate (min_lr = lr) so that a run stopped at step k and
 // resumed to n steps follows the same schedule as a run of n steps.
-static void setup_config(const char *tag) {
+void setup_config(const char *tag) {
     static char path[1400];
     // Buckets of 4 KiB: the tiny model's gradient (38 KiB) goes in 12 collectives, most of them
     // started while the backward still runs.

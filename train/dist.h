@@ -33,6 +33,16 @@
 // Every wait polls with MPI_Test and gives up after `timeout` seconds with
 // MPI_Abort and a message naming the operation: a rank that hangs ends the
 // job instead of leaving the others waiting forever.
+//
+// Ranks that take different paths (a setting or an argument only one rank
+// has, a rank that stopped alone) would otherwise post different
+// collectives, which Open MPI answers with an internal error or a wait
+// without end. Every collective here but the gradient buckets and the ZeRO-1
+// all-gather is preceded by (or carried in) a small exchange of what each
+// rank is about to do (dist.c, "checked collectives"), and dist_grads_arm and
+// dist_finalize make one too: the first time the ranks disagree, every rank
+// stops with one message naming where each one is. dist_same_settings
+// compares the ranks' settings before the first step.
 #ifndef TRAIN_DIST_H
 #define TRAIN_DIST_H
 
@@ -72,6 +82,14 @@ _Noreturn void dist_abort(int code, const char *fmt, ...) __attribute__((format(
 // rank 0 only. When other ranks failed, each prints its message prefixed with
 // its rank, and every rank gets an error saying which ranks failed.
 Status dist_agree(Status s, const char *prog);
+
+// Start-up: are the ranks' settings the same? `mine` holds this rank's as
+// lines "name = value" (the same names in the same order on every rank, no
+// newline in a value). Rank 0 compares every rank's with its own; every
+// rank gets the same verdict: ok, or an error naming each rank that differs,
+// the names and both values: "the ranks' <what> differ: rank 1: train.lr =
+// 0.001, rank 0 has 0.002; ...". (A group of one: ok.)
+Status dist_same_settings(const char *mine, const char *what);
 
 // This rank's share of n items split in contiguous parts (uneven splits: the
 // first n % size ranks get one more): [*lo, *hi).

@@ -215,6 +215,11 @@ static void after_node(void *ctx, int i) {
 
 void dist_grads_arm(DistGrads *g, Tape *tp, double weight) {
     if (!g) return;
+    // The buckets are collectives the records do not precede one by one: the
+    // ranks first agree that each is at a step's reduction (dist.c); from
+    // there every rank starts the same buckets in the same order.
+    dist_records("gradient reduction", NULL, 0, dist_timeout());
+    dist_count_step();
     const ParamStore *ps = g->ps;
     for (int i = 0; i < ps->n; i++) g->first_use[i] = INT32_MAX;   // never read: complete (zero) from the start
     for (int n = tp->n_nodes - 1; n >= 0; n--) {
@@ -273,6 +278,8 @@ void dist_grads_wait(DistGrads *g) {
 
 void dist_params_allgather(DistGrads *g) {
     if (!g || !g->zero) return;
+    // (No record first: it follows the step's reduction of the loss and the
+    // norm, whose sums give every rank the same verdict on going on.)
     MPI_Request *reqs = xmalloc((size_t)(g->nb ? g->nb : 1) * sizeof *reqs);
     for (int k = 0; k < g->nb; k++) {
         Bucket *b = &g->b[k];
@@ -287,6 +294,7 @@ void dist_params_allgather(DistGrads *g) {
 void dist_gather_moments(DistGrads *g, const Optimizer *opt, real *m_full, real *v_full) {
     ASSERT(g && opt->lo == g->slice[g->rank] && opt->hi == g->slice[g->rank + 1],
            "dist_gather_moments: the optimizer is not sharded over this rank's slice");
+    dist_records("gathering the optimizer state", NULL, 0, dist_timeout());
     MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int n = g->slice_counts[g->rank];
     dist_check(MPI_Igatherv(opt->m, n, DIST_REAL, m_full, g->slice_counts, g->slice_displs, DIST_REAL, 0,
@@ -301,12 +309,11 @@ void dist_gather_moments(DistGrads *g, const Optimizer *opt, real *m_full, real 
 
 bool dist_params_agree(const DistGrads *g) {
     if (!g) return true;
-    uint32_t crc = h5io_crc32(g->ps->data, (size_t)g->ps->numel * sizeof(real));
-    uint32_t v[2] = {crc, ~crc};   // max(crc) == crc and max(~crc) == ~crc only when every rank has crc
-    MPI_Request r;
-    dist_check(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT32_T, MPI_MAX, MPI_COMM_WORLD, &r), "parameter check");
-    dist_wait_all(1, &r, dist_timeout(), "parameter check");
-    return v[0] == crc && v[1] == ~crc;
+    double crc = (double)h5io_crc32(g->ps->data, (size_t)g->ps->numel * sizeof(real));
+    const DistRecord *all = dist_records("parameter check", &crc, 1, dist_timeout());
+    for (int r = 0; r < g->size; r++)   // (every rank sees every CRC: the same verdict on all)
+        if (all[r].v[0] != crc) return false;
+    return true;
 }
 
 DistStats dist_grads_stats(const DistGrads *g) { return g ? g->st : (DistStats){0}; }

@@ -37,12 +37,12 @@ static void usage(FILE *f) {
     config_help(f);
 }
 
-// 0: parsed; 1: --help shown; 2: bad arguments (reported by rank 0).
-static int parse_args(int argc, char **argv, TrainerOptions *o, const char **sets, const char **dump_path) {
-    FILE *err = dist_rank() == 0 ? stderr : NULL;   // one message, not one per rank
+// 0: parsed; 1: --help shown (by rank 0); 2: bad arguments (*why says what).
+static int parse_args(int argc, char **argv, TrainerOptions *o, const char **sets, const char **dump_path,
+                      Status *why) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            if (err) usage(stdout);
+            if (dist_rank() == 0) usage(stdout);
             return 1;
         } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
             o->config = argv[++i];
@@ -55,23 +55,23 @@ static int parse_args(int argc, char **argv, TrainerOptions *o, const char **set
         } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
             const char *d = argv[++i];
             if (strcmp(d, "cpu") && strcmp(d, "cuda")) {
-                if (err) fprintf(err, "train: --device '%.40s': expected cpu or cuda\n", d);
+                *why = status_err("--device '%.40s': expected cpu or cuda", d);
                 return 2;
             }
             sets[o->n_sets++] = strcmp(d, "cuda") ? "train.device=cpu" : "train.device=cuda";
         } else if (!strcmp(argv[i], "--dump-state") && i + 1 < argc) {
             *dump_path = argv[++i];
         } else {
-            if (err) fprintf(err, "train: unknown or incomplete argument '%s' (see train --help)\n", argv[i]);
+            *why = status_err("unknown or incomplete argument '%.200s' (see train --help)", argv[i]);
             return 2;
         }
     }
     if (!o->config) {
-        if (err) fprintf(err, "train: --config FILE is required (see train --help)\n");
+        *why = status_err("--config FILE is required (see train --help)");
         return 2;
     }
     if (o->resume && o->overwrite) {
-        if (err) fprintf(err, "train: --resume continues the run in run_dir, --overwrite replaces it: give one\n");
+        *why = status_err("--resume continues the run in run_dir, --overwrite replaces it: give one");
         return 2;
     }
     return 0;
@@ -81,9 +81,14 @@ static int run(int argc, char **argv) {
     TrainerOptions o = {0};
     const char *dump_path = NULL;
     const char **sets = calloc((size_t)argc, sizeof *sets);
-    int code = parse_args(argc, argv, &o, sets, &dump_path);
+    Status why = status_ok();
+    int code = parse_args(argc, argv, &o, sets, &dump_path, &why);
     o.sets = sets;
-    if (code) {
+    // Under an MPMD launch each rank has arguments of its own: one rank's bad
+    // ones stop all (rank 0 tells its own, the others theirs prefixed).
+    if (code != 1) why = dist_agree(why, "train");
+    if (!why.ok && dist_rank() == 0) fprintf(stderr, "train: %s\n", why.msg);
+    if (code || !why.ok) {
         free(sets);
         return code == 1 ? 0 : 2;
     }

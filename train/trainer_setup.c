@@ -19,6 +19,7 @@
 #include "blas.h"
 #include "corpus.h"
 #include "run_config.h"
+#include "trainer_ranks.h"
 
 // Is p one of an attn_dsa layer's indexer weights?
 static bool is_indexer_param(const LM *lm, const Tensor *p) {
@@ -120,7 +121,7 @@ static void keep_gemm_choice(Trainer *t) {
     t->cfg.train.gemm = b;
 }
 
-// The config (the run's effective one) and the threads.
+// The config: the file, --set and defaults (or the run's stored one on --resume).
 static Status setup_config(Trainer *t, const TrainerOptions *o) {
     t->last_val_loss = NAN;
     t->last_kl = NAN;
@@ -134,9 +135,14 @@ static Status setup_config(Trainer *t, const TrainerOptions *o) {
     Status s = config_find(o->config, CONFIG_SEARCH_DIRS, CONFIG_N_SEARCH_DIRS, t->config_path, sizeof t->config_path);
     RunConfigArgs args = {t->config_path, o->sets, o->n_sets, o->resume};
     if (s.ok) s = run_config_load(&t->cfg, &args, t->run_dir, sizeof t->run_dir, t->notes, sizeof t->notes);
-    if (!s.ok) return s;
+    if (s.ok) dist_set_timeout(t->cfg.train.dist_timeout);
+    return s;
+}
+
+// The threads and the products (a rank may fail here alone: this CPU lacks bf16).
+static Status setup_threads(Trainer *t, const TrainerOptions *o) {
     const TrainConfig *c = &t->cfg;
-    dist_set_timeout(c->train.dist_timeout);
+    Status s;
     // Threads per rank: [train] threads, else OMP_NUM_THREADS, else (under MPI) the rank's share of the cores.
     int threads = c->train.threads;
     if (threads == 0 && !getenv("OMP_NUM_THREADS")) threads = dist_default_threads();
@@ -148,6 +154,12 @@ static Status setup_config(Trainer *t, const TrainerOptions *o) {
                                 "bit; --set train.gemm=auto lets this machine choose, and the products then round "
                                 "differently)",
                                 s.msg);
+    return status_ok();
+}
+
+// gemm = auto's choice (on every rank at once), and the run's effective config.
+static Status setup_effective(Trainer *t) {
+    const TrainConfig *c = &t->cfg;
     if (c->train.device == DEVICE_CPU && c->train.gemm == GEMM_AUTO) keep_gemm_choice(t);
     // The run's effective config (auto's choice in it): what config.ini and every checkpoint hold.
     free(t->cfg.text);
@@ -280,25 +292,38 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
         params_to_device(&t->ps, (Device)c->train.device);
         optim_to_device(&t->opt, (Device)c->train.device);
     }
-    if (t->rank != 0) return status_ok();
-    // Last: the run folder (locked, and refused when it holds another run).
-    s = run_dir_open(&t->rd, t->run_dir, o->resume ? RUN_RESUME : RUN_FRESH, o->overwrite);
+    return status_ok();
+}
+
+// Last (rank 0): the run folder (locked, and refused when it holds another run).
+static Status setup_run_dir(Trainer *t, const TrainerOptions *o) {
+    Status s = run_dir_open(&t->rd, t->run_dir, o->resume ? RUN_RESUME : RUN_FRESH, o->overwrite);
     if (s.ok && o->resume) s = run_dir_trim_logs(&t->rd, t->step);
     return s;
 }
 
+// Every rank passes every agreement once, failed or not; after one, s.ok is
+// the same on every rank, and so is the verdict of each trainer_ranks_same_*:
+// the ranks train the same thing, or none opens the run folder.
 static Status setup(Trainer *t, const TrainerOptions *o) {
     Status s = setup_config(t, o);
-    // Every rank passes every agreement once, failed or not.
+    s = dist_agree(s, "train");
+    if (s.ok) s = trainer_ranks_same_config(t, o);   // (before any rank prepares data for its own)
+    if (s.ok) s = setup_threads(t, o);
+    s = dist_agree(s, "train");
+    if (s.ok) s = setup_effective(t);
     if (s.ok && t->rank == 0) s = setup_data(t, o);
     s = dist_agree(s, "train");
     if (s.ok && t->rank != 0) s = setup_data(t, o);
     s = dist_agree(s, "train");
+    if (s.ok) s = trainer_ranks_same_data(t);
     if (s.ok) s = setup_model(t, o);
     s = dist_agree(s, "train");
+    if (s.ok) s = trainer_ranks_same_start(t);
     if (s.ok && !dist_params_agree(t->dg))
         s = status_err("the ranks built different parameters (are they all running the same build of train?)");
-    return s;
+    if (s.ok && t->rank == 0) s = setup_run_dir(t, o);
+    return dist_agree(s, "train");
 }
 
 Status trainer_setup(Trainer *t, const TrainerOptions *o) {
