@@ -255,3 +255,44 @@ Test(optim, one_region_steps_are_the_formula_on_any_thread_count) {
         big_case(adamw, 10000, 150000);
     }
 }
+
+Test(optim, the_kind_table_names_each_kind) {
+    cr_assert_str_eq(optim_kind(OPTIM_ADAMW)->name, "adamw");
+    cr_assert_str_eq(optim_kind(OPTIM_SGD)->name, "sgd");
+    for (int k = 0; k < OPTIM_COUNT; k++) {
+        cr_assert_not_null(optim_kind((OptimKind)k)->step, "kind %d has no step", k);
+        cr_assert_str_eq(optim_name((OptimKind)k), optim_kind((OptimKind)k)->name);
+    }
+    cr_assert_str_eq(optim_name(OPTIM_COUNT), "?");
+}
+
+// The finite check names the first parameter with a non-finite value or
+// moment (of the elements a shard owns), whichever block it is in.
+Test(optim, the_finite_check_names_the_first_bad_parameter) {
+    ParamStore ps;
+    params_init(&ps);
+    Tensor *w = params_add(&ps, "w", 2, (int[]){37, 53}, init_normal(0.5), 0);
+    Tensor *gain = params_add(&ps, "gain", 1, (int[]){53}, init_ones(), TENSOR_NO_DECAY);
+    Tensor *big = params_add(&ps, "big", 1, (int[]){20003}, init_normal(0.1), 0);
+    params_finalize(&ps, 7);
+    Optimizer opt;
+    adamw_init(&opt, &ps, 0.9, 0.95, 1e-8, 0.1);
+    cr_assert_null(optim_nonfinite_param(&ps, &opt));
+    big->data[12345] = (real)NAN;
+    cr_assert_eq(optim_nonfinite_param(&ps, &opt), big);
+    cr_assert_eq(optim_nonfinite_param(&ps, NULL), big);
+    int64_t goff = gain->data - ps.data;
+    opt.v[goff + 3] = (real)INFINITY;   // an earlier parameter's second moment
+    cr_assert_eq(optim_nonfinite_param(&ps, &opt), gain);
+    cr_assert_eq(optim_nonfinite_param(&ps, NULL), big);   // without the moments: only values count
+    opt.m[5] = (real)NAN;               // and the first one's first moment
+    cr_assert_eq(optim_nonfinite_param(&ps, &opt), w);
+    big->data[12345] = 0;
+    // A shard owning only 'big' sees its own moments: none of them is bad.
+    optim_set_shard(&opt, big->data - ps.data, ps.numel);
+    cr_assert_null(optim_nonfinite_param(&ps, &opt));
+    opt.m[7] = (real)NAN;               // big's element 7
+    cr_assert_eq(optim_nonfinite_param(&ps, &opt), big);
+    optim_free(&opt);
+    params_free(&ps);
+}

@@ -531,3 +531,15 @@ double test_lm_decode_diff(LM *lm, ParamStore *ps, const int *tokens, int B, int
     free(par);
     return e;
 }
+
+void test_assert_kernels_set(const DeviceKernels *k, const char *dev) {
+    typedef void (*Fn)(void);   // every entry is a function pointer: look at them slot by slot
+    size_t n = sizeof *k / sizeof(Fn);
+    cr_assert_eq(n * sizeof(Fn), sizeof *k, "DeviceKernels holds something other than function pointers");
+    cr_assert(n >= 17, "DeviceKernels has %zu entries", n);
+    for (size_t i = 0; i < n; i++) {
+        Fn f;
+        memcpy(&f, (const char *)k + i * sizeof f, sizeof f);
+        cr_assert(f != NULL, "the %s table's entry %zu is not set", dev, i);
+    }
+}

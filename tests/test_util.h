@@ -154,6 +154,10 @@ int test_jsonl_check(const char *path, char *bad_line, size_t n);
 int test_n_backends(void);
 const char *test_use_backend(int i);
 
+// Every entry of a device's DeviceKernels (device.h) is set: an entry added
+// to the struct but not to that device's table is NULL there.
+void test_assert_kernels_set(const DeviceKernels *k, const char *dev);
+
 // Tolerances of the two builds for "two forms of the same math agree".
 #ifdef AG_DOUBLE
 #define FORM_TOL 1e-10

@@ -38,6 +38,8 @@ void cu_add_from_host(real *dst, const real *src, int64_t n);
 void cu_fill(real *p, int64_t n, real v);
 void cu_sync(const char *where);
 void cu_set_tf32(bool on);
+// The GPU's DeviceKernels (device.h), the cu_* below (src/cuda/dispatch_cuda.cu).
+const DeviceKernels *cu_device_kernels(void);
 
 // ---- decoding (src/cuda/attn_decode.cu): attn_decode_forward's GPU twin.
 // key0: (B) on the host (checked), key0_dev: the same on the GPU. Scratch

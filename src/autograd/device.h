@@ -61,6 +61,66 @@ void device_set_tf32(Device d, bool on);
 // illegal address, a launch error) with where it was noticed.
 void dev_sync(Device d);
 
+// The kernels that are not ops, one table per device, like an OpDef's pair:
+// a caller takes its device's table once (device_kernels(tp->device)) and
+// calls through it, so that layers and optimizers name no backend. The CPU
+// table is device_kernels.c's (the CPU functions of src/layers and
+// src/optim); the GPU's is src/cuda/dispatch_cuda.cu's (the cu_* functions
+// of cuda_ops.h). Pointers are in d's memory unless an entry says "host".
+typedef struct Tape Tape;
+typedef struct DeviceKernels {
+    // ---- decoding over a KV cache (attn, attn_dsa; attn_kernel.h) ----
+    // attn_decode_forward and attn_prefix_forward. key0 (B): where each
+    // row's document begins, on the host (NULL: 0); key0_dev: the same in
+    // d's memory (the GPU reads it there). Scratch comes from tp.
+    void (*attn_decode)(Tape *tp, real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
+                        int n_keys, const int *key0, const int *key0_dev, int H, int dk, int dv, double scale);
+    void (*attn_prefix)(Tape *tp, real *o, const real *q, const real *kc, const real *vc, int B, int max_T, int pos,
+                        int T0, const int *key0, const int *key0_dev, int H, int dk, int dv, double scale);
+    // ---- DSA's selection and targets (attn_dsa; dsa_kernel.h, dsa_sel_kl.h) ----
+    // The documents argument `docs` of the entries below, made from the
+    // host's doc_start (B, T) or NULL: the CPU's kernels take doc_start
+    // itself, the GPU's docs.h's index in its memory (from tp's arena).
+    const int *(*dsa_docs)(Tape *tp, const int *doc_start, int B, int T);
+    void (*dsa_topk)(int *sel, const real *Isc, int B, int T, int K, const int *docs);
+    void (*dsa_index_select)(Tape *tp, int *sel, const real *qI, const real *kI, const real *w, int B, int T, int HI,
+                             int dI, int K, const int *docs);
+    void (*dsa_attn_target)(real *p, const real *q, const real *k, int B, int T, int H, int dk, double scale,
+                            const int *docs);
+    void (*dsa_sparse_target)(real *p, const real *q, const real *k, const int *sel, int B, int T, int K, int H,
+                              int dk, double scale);
+    // *out (one double, in d's memory) = dsa_selected_mass(p, sel, ...).
+    void (*dsa_selected_mass)(double *out, const real *p, const int *sel, int B, int T, int K);
+    // A decoding step's top-k: each row's indexer scores over its cached
+    // keys, slots start[b] .. n_keys-1, and their top K into sel (B, K).
+    // start on the host, start_dev in d's memory; scores: the cache's
+    // buffer (the CPU's one row of max_T, the GPU's B rows); work: the CPU's
+    // DSA_TOPK_WORK(max_T) bytes of top-k scratch (the GPU's comes from tp).
+    void (*dsa_decode_select)(Tape *tp, int *sel, real *scores, const real *qI, const real *w, const real *kIc, int B,
+                              int max_T, int n_keys, const int *start, const int *start_dev, int HI, int dI, int K,
+                              void *work);
+    void (*dsa_decode_sparse)(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
+                              const int *sel, int K, int H, int dk, int dv, double scale);
+    // A prefill window after cached keys: dsa_prefix_select, then every
+    // query's dsa_sparse_decode over its selection (sel (B, T0, K)).
+    void (*dsa_prefix_select)(Tape *tp, int *sel, const real *qI, const real *w, const real *kIc, int B, int max_T,
+                              int pos, int T0, const int *start, const int *start_dev, int HI, int dI, int K);
+    void (*dsa_prefix_sparse)(real *o, const real *q, const real *kc, const real *vc, int B, int T0, int max_T,
+                              const int *sel, int K, int H, int dk, int dv, double scale);
+    // ---- optimizers, clipping and finite checks (src/optim/; optim_kernels.h) ----
+    // The elementwise updates of n elements (optim.h states them).
+    void (*adamw_update)(real *p, const real *g, real *m, real *v, int64_t n, real lr, real decay, real b1, real b2,
+                         real bc1, real bc2, real eps);
+    void (*sgd_update)(real *p, const real *g, real *m, int64_t n, real lr, real decay, real mu);
+    void (*scale)(real *x, int64_t n, real f);               // x *= f
+    double (*sumsq)(const real *x, int64_t n);               // in double, the same for any thread count
+    int64_t (*first_nonfinite)(const real *x, int64_t n);    // the first NaN or inf, -1 when none
+} DeviceKernels;
+
+// d's table; stops with a message naming d when this build has no kernels
+// for it.
+const DeviceKernels *device_kernels(Device d);
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,9 +20,6 @@
 
 #include "attn_kernel.h"
 #include "attn_layer.h"
-#ifdef AG_CUDA
-#include "cuda_ops.h"
-#endif
 #include "docs.h"
 #include "mixer_common.h"
 
@@ -138,14 +135,8 @@ Tensor *attn_layer_prefill(Tape *tp, const AttnLayer *L, const MixerConfig *c, K
     double scale = 1.0 / sqrt(c->d_k);
     // The window's queries over the cache, its own keys included (a fresh window too: its keys start at its slot).
     Tensor *o = tape_tensorv(tp, 3, B, T0, H * c->d_v);
-    if (tp->device == DEVICE_CPU)
-        attn_prefix_forward(tp, o->data, q->data, kc->k, kc->v, B, kc->max_T, kc->pos, T0, kc->start, H, c->d_k,
-                            c->d_v, scale);
-#ifdef AG_CUDA
-    else
-        cu_attn_prefix_forward(o->data, q->data, kc->k, kc->v, B, kc->max_T, kc->pos, T0, kc->start, kc->start_dev,
-                               H, c->d_k, c->d_v, scale);
-#endif
+    device_kernels(tp->device)->attn_prefix(tp, o->data, q->data, kc->k, kc->v, B, kc->max_T, kc->pos, T0, kc->start,
+                                            kc->start_dev, H, c->d_k, c->d_v, scale);
     return op_matmul(tp, o, L->wo, false, false);
 }
 
@@ -196,14 +187,8 @@ static Tensor *attn_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     kvcache_put(kc, k, v);
     kc->pos++;
     Tensor *o = tape_tensorv(tp, 3, kc->B, 1, c->n_heads * c->d_v);
-#ifdef AG_CUDA
-    if (tp->device == DEVICE_CUDA)
-        cu_attn_decode(tp, o->data, q->data, kc->k, kc->v, kc->B, kc->max_T, kc->pos, kc->start, kc->start_dev,
-                       c->n_heads, c->d_k, c->d_v, 1.0 / sqrt(c->d_k));
-    else
-#endif
-        attn_decode_forward(o->data, q->data, kc->k, kc->v, kc->B, kc->max_T, kc->pos, kc->start, c->n_heads,
-                            c->d_k, c->d_v, 1.0 / sqrt(c->d_k));
+    device_kernels(tp->device)->attn_decode(tp, o->data, q->data, kc->k, kc->v, kc->B, kc->max_T, kc->pos, kc->start,
+                                            kc->start_dev, c->n_heads, c->d_k, c->d_v, 1.0 / sqrt(c->d_k));
     return op_matmul(tp, o, ((const AttnLayer *)m->impl)->wo, false, false);
 }
 

@@ -8,15 +8,16 @@
 //   o_t = softmax over Sel_t of q_t . k_s / sqrt(dk), times v       op_sparse_attention
 // With topk >= T every position is selected and the dense op_attention runs.
 // Decoding keeps the KV cache plus the indexer keys kI (in the GPU's memory
-// for a GPU cache: dsa_step_gpu).
+// for a GPU cache).
 // Modes (attn_dsa.h): DSA_SPARSE as above; DSA_DISTILL dense attention plus
 // the KL over all s <= t; DSA_SPARSE_KL sparse attention plus the KL over Sel_t.
 // Documents (docs.h): the attention, the indexer's candidates (and so Sel_t),
 // the target and the KL stay inside each document, s in [lo(t), t], with RoPE
 // positions (of q, k, qI, kI) restarting at every document, as in `attn`.
 // In decoding, a reset row indexes and attends from its document's first slot.
-// On a GPU tape (tp->device) the same steps run on the device: the selection
-// (B, T, K), the targets and the kept mass never leave it (dsa_attend_gpu).
+// On a GPU tape (tp->device) the same steps run on the device, through its
+// DeviceKernels (device.h): the selection (B, T, K), the targets and the
+// kept mass never leave it (dsa_attend).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +25,6 @@
 #include "attn_dsa.h"
 #include "attn_kernel.h"
 #include "attn_layer.h"
-#ifdef AG_CUDA
-#include "cuda_ops.h"
-#endif
 #include "device.h"
 #include "docs.h"
 #include "dsa_kernel.h"
@@ -235,48 +233,41 @@ static void record_or_replay(Tape *tp, DsaLayer *L, const MixerConfig *c, int *s
 static void put_index_keys(Tape *tp, const Mixer *m, struct DsaCache *dc, Tensor *u);
 static void store_index_keys(struct DsaCache *dc, const Tensor *kI);
 
-#ifdef AG_CUDA
-// The selection and the attention on a GPU tape: dsa_forward's steps after
-// the projections, with the selection, the targets and the kept mass in
-// device memory (nothing is read back). Pops the no-grad mode DSA_SPARSE
-// pushed, as dsa_forward does.
-static Tensor *dsa_attend_gpu(Tape *tp, DsaLayer *L, const MixerConfig *c, Tensor *q, Tensor *k, Tensor *v,
-                              Tensor *qI, Tensor *kI, Tensor *w, const int *doc_start, int B, int T, int K) {
+// The selection and the attention: dsa_forward's steps after the
+// projections, on the tape's device (there the selection, the targets and
+// the kept mass stay). Pops the no-grad mode DSA_SPARSE pushed, as
+// dsa_forward does.
+static Tensor *dsa_attend(Tape *tp, DsaLayer *L, const MixerConfig *c, Tensor *q, Tensor *k, Tensor *v, Tensor *qI,
+                          Tensor *kI, Tensor *w, const int *doc_start, int B, int T, int K) {
+    const DeviceKernels *dk = device_kernels(tp->device);
     int H = c->n_heads;
     double scale = 1.0 / sqrt(c->d_k);
-    const int *first = NULL;   // docs.h's index, on the device
-    const int *first_host = docs_first(tp, doc_start, B, T);
-    if (first_host) {
-        int *fd = tape_dalloc(tp, (size_t)B * T * sizeof(int));
-        dev_from_host(fd, DEVICE_CUDA, first_host, (size_t)B * T * sizeof(int));
-        first = fd;
-    }
+    const int *docs = dk->dsa_docs(tp, doc_start, B, T);
     int *sel = tape_dalloc(tp, (size_t)B * T * K * sizeof(int));
     Tensor *o;
-    if (L->mode == DSA_DISTILL) {
+    if (L->mode == DSA_DISTILL) {   // the KL needs every score and the dense target: O(T^2) memory
         Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads, doc_start);
-        cu_dsa_topk(sel, Isc->data, B, T, K, first);
+        dk->dsa_topk(sel, Isc->data, B, T, K, docs);
         o = op_attention(tp, q, k, v, H, scale, doc_start);
         Tensor *p = tape_tensorv(tp, 3, B, T, T);   // the target: a constant
-        cu_dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale, first);
+        dk->dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale, docs);
         L->last_kl = op_dsa_kl(tp, Isc, p, doc_start);
-        if (!L->mass_dev) L->mass_dev = dev_alloc(DEVICE_CUDA, sizeof(double));
-        cu_dsa_selected_mass(L->mass_dev, p->data, sel, B, T, K);
-        L->mass_on_dev = true;
-    } else {
-        cu_dsa_index_select(tp, sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K, first);
+        L->mass_on_dev = tp->device != DEVICE_CPU;   // then read back only when asked (attn_dsa_last_mass)
+        if (L->mass_on_dev && !L->mass_dev) L->mass_dev = dev_alloc(tp->device, sizeof(double));
+        dk->dsa_selected_mass(L->mass_on_dev ? L->mass_dev : &L->last_mass, p->data, sel, B, T, K);
+    } else {   // scores and selection tile by tile: no (B, T, T) matrix
+        dk->dsa_index_select(tp, sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K, docs);
         record_or_replay(tp, L, c, sel, qI, kI, w, doc_start, B, T, K);
         if (L->mode == DSA_SPARSE) tape_no_grad_pop(tp);
         o = op_sparse_attention(tp, q, k, v, sel, K, H, scale);
-        if (L->mode == DSA_SPARSE_KL) {
+        if (L->mode == DSA_SPARSE_KL) {   // the KL over the selection: O(T K) memory
             Tensor *p = tape_tensorv(tp, 3, B, T, K);
-            cu_dsa_sparse_target(p->data, q->data, k->data, sel, B, T, K, H, c->d_k, scale);
+            dk->dsa_sparse_target(p->data, q->data, k->data, sel, B, T, K, H, c->d_k, scale);
             L->last_kl = op_dsa_sel_kl(tp, qI, kI, w, sel, K, p, c->index_heads);
         }
     }
     return o;
 }
-#endif
 
 static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out) {
     const MixerConfig *c = &m->cfg;
@@ -304,33 +295,7 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
     Tensor *kI = rope_at(tp, op_matmul(tp, ub, L->wk_idx, false, false), c->index_dim, 0, pos, c->rope_base);
     Tensor *w = op_matmul(tp, ub, L->ww_idx, false, false);
     if (L->fill) store_index_keys(L->fill, kI);
-#ifdef AG_CUDA
-    if (tp->device == DEVICE_CUDA) {
-        o = dsa_attend_gpu(tp, L, c, q, k, v, qI, kI, w, doc_start, B, T, K);
-        return op_matmul(tp, o, L->attn.wo, false, false);
-    }
-#endif
-    int *sel = tape_alloc(tp, (size_t)B * T * K * sizeof(int));
-    if (L->mode == DSA_DISTILL) {   // the KL needs every score and the dense target: O(T^2) memory
-        Tensor *Isc = op_dsa_index_scores(tp, qI, kI, w, c->index_heads, doc_start);
-        dsa_topk(sel, Isc->data, B, T, K, doc_start);
-        o = op_attention(tp, q, k, v, H, scale, doc_start);
-        Tensor *p = tape_tensorv(tp, 3, B, T, T);   // the target: a constant
-        dsa_attn_target(p->data, q->data, k->data, B, T, H, c->d_k, scale, doc_start);
-        L->last_kl = op_dsa_kl(tp, Isc, p, doc_start);
-        L->last_mass = dsa_selected_mass(p->data, sel, B, T, K);
-        L->mass_on_dev = false;
-    } else {   // scores and selection tile by tile: no (B, T, T) matrix
-        dsa_index_select(sel, qI->data, kI->data, w->data, B, T, c->index_heads, c->index_dim, K, doc_start);
-        record_or_replay(tp, L, c, sel, qI, kI, w, doc_start, B, T, K);
-        if (L->mode == DSA_SPARSE) tape_no_grad_pop(tp);
-        o = op_sparse_attention(tp, q, k, v, sel, K, H, scale);
-        if (L->mode == DSA_SPARSE_KL) {   // the KL over the selection: O(T K) memory
-            Tensor *p = tape_tensorv(tp, 3, B, T, K);
-            dsa_sparse_target(p->data, q->data, k->data, sel, B, T, K, H, c->d_k, scale);
-            L->last_kl = op_dsa_sel_kl(tp, qI, kI, w, sel, K, p, c->index_heads);
-        }
-    }
+    o = dsa_attend(tp, L, c, q, k, v, qI, kI, w, doc_start, B, T, K);
     return op_matmul(tp, o, L->attn.wo, false, false);
 }
 
@@ -373,39 +338,8 @@ static void dsa_cache_free(void *cache) {
     free(dc);
 }
 
-#ifdef AG_CUDA
-// dsa_step on a GPU cache: the same steps, the indexer's scores, the top-k
-// and the sparse attention of every row at once on the device.
-static Tensor *dsa_step_gpu(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
-    const MixerConfig *c = &m->cfg;
-    const DsaLayer *L = m->impl;
-    KVCache *kv = &dc->kv;
-    int B = kv->B, HI = c->index_heads, dI = c->index_dim, K = c->topk, pos = kv->pos;
-    double scale = 1.0 / sqrt(c->d_k);
-    const int *rp = kvcache_positions(tp, kv, 1);
-    Tensor *q, *k, *v;
-    attn_layer_qkv(tp, &L->attn, c, u, pos, rp, &q, &k, &v);
-    kvcache_put(kv, k, v);
-    Tensor *kI = rope_at(tp, op_matmul(tp, u, L->wk_idx, false, false), dI, pos, rp, c->rope_base);
-    size_t w = (size_t)dI * sizeof(real);   // row b's key to slot pos of row b
-    dev_copy2d(kv->dev, (char *)dc->kI + (size_t)pos * w, (size_t)kv->max_T * w, kI->data, w, w, (size_t)B);
-    kv->pos++;
-    Tensor *o = tape_tensorv(tp, 3, B, 1, c->n_heads * c->d_v);
-    if (L->mode == DSA_DISTILL) {
-        cu_attn_decode(tp, o->data, q->data, kv->k, kv->v, B, kv->max_T, kv->pos, kv->start, kv->start_dev,
-                       c->n_heads, c->d_k, c->d_v, scale);
-        return op_matmul(tp, o, L->attn.wo, false, false);
-    }
-    Tensor *qI = rope_at(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, rp, c->rope_base);
-    Tensor *wt = op_matmul(tp, u, L->ww_idx, false, false);
-    cu_dsa_decode_select(tp, dc->sel, dc->scores, qI->data, wt->data, dc->kI, B, kv->max_T, kv->pos, kv->start_dev, HI,
-                         dI, K);
-    cu_dsa_decode_sparse(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v, scale);
-    if (L->rec) record_rows(L, B, K, pos, dc->sel, 1, kv->dev, 0);
-    return op_matmul(tp, o, L->attn.wo, false, false);
-}
-#endif
-
+// On either device the same steps; a GPU's indexer scores, top-k and
+// sparse attention take every row at once.
 static Tensor *dsa_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     const MixerConfig *c = &m->cfg;
     const DsaLayer *L = m->impl;
@@ -418,35 +352,27 @@ static Tensor *dsa_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     ASSERT(!tape_grad_enabled(tp), "attn_dsa step: decoding runs in no-grad mode (tape_no_grad_push first)");
     ASSERT(kv->dev == tp->device, "attn_dsa step: a %s cache on a %s tape", device_name(kv->dev),
            device_name(tp->device));
-#ifdef AG_CUDA
-    if (tp->device == DEVICE_CUDA) return dsa_step_gpu(tp, m, dc, u);
-#endif
+    const DeviceKernels *dk = device_kernels(tp->device);
     int pos = kv->pos;
+    double scale = 1.0 / sqrt(c->d_k);
     const int *rp = kvcache_positions(tp, kv, 1);   // RoPE positions of reset rows (NULL: pos)
     Tensor *q, *k, *v;
     attn_layer_qkv(tp, &L->attn, c, u, pos, rp, &q, &k, &v);
     kvcache_put(kv, k, v);
-    Tensor *kI = rope_at(tp, op_matmul(tp, u, L->wk_idx, false, false), dI, pos, rp, c->rope_base);
-    for (int b = 0; b < B; b++)
-        memcpy(dc->kI + ((int64_t)b * kv->max_T + pos) * dI, kI->data + (int64_t)b * dI, (size_t)dI * sizeof(real));
+    store_index_keys(dc, rope_at(tp, op_matmul(tp, u, L->wk_idx, false, false), dI, pos, rp, c->rope_base));
     kv->pos++;
     Tensor *o = tape_tensorv(tp, 3, B, 1, c->n_heads * c->d_v);
     if (L->mode == DSA_DISTILL) {   // the main model as trained: dense attention over the cache
-        attn_decode_forward(o->data, q->data, kv->k, kv->v, B, kv->max_T, kv->pos, kv->start, c->n_heads, c->d_k,
-                            c->d_v, 1.0 / sqrt(c->d_k));
+        dk->attn_decode(tp, o->data, q->data, kv->k, kv->v, B, kv->max_T, kv->pos, kv->start, kv->start_dev,
+                        c->n_heads, c->d_k, c->d_v, scale);
         return op_matmul(tp, o, L->attn.wo, false, false);
     }
     Tensor *qI = rope_at(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, rp, c->rope_base);
     Tensor *w = op_matmul(tp, u, L->ww_idx, false, false);
-    for (int b = 0; b < B; b++) {   // the keys of row b's document: slots start[b] .. pos
-        int s0 = kv->start[b];
-        dsa_index_row(dc->scores + s0, qI->data + (int64_t)b * HI * dI, w->data + (int64_t)b * HI,
-                      dc->kI + ((int64_t)b * kv->max_T + s0) * dI, dI, kv->pos - s0, HI, dI);
-        dsa_topk_from(dc->sel + (int64_t)b * K, dc->scores, s0, kv->pos, K, dc->cand);
-    }
-    if (L->rec) record_rows(L, B, K, pos, dc->sel, 1, DEVICE_CPU, 0);
-    dsa_sparse_decode(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v,
-                      1.0 / sqrt(c->d_k));
+    dk->dsa_decode_select(tp, dc->sel, dc->scores, qI->data, w->data, dc->kI, B, kv->max_T, kv->pos, kv->start,
+                          kv->start_dev, HI, dI, K, dc->cand);
+    dk->dsa_decode_sparse(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v, scale);
+    if (L->rec) record_rows(L, B, K, pos, dc->sel, 1, kv->dev, 0);
     return op_matmul(tp, o, L->attn.wo, false, false);
 }
 
@@ -559,31 +485,13 @@ static Tensor *sparse_after_cache(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
     put_index_keys(tp, m, dc, u);
     Tensor *qI = rope_at(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, rp, c->rope_base);
     Tensor *w = op_matmul(tp, u, L->ww_idx, false, false);
-    size_t sel_bytes = (size_t)B * T0 * K * sizeof(int);
     Tensor *o = tape_tensorv(tp, 3, B, T0, H * c->d_v);
-    int *sel;
-    if (tp->device == DEVICE_CPU) {
-        sel = tape_alloc(tp, sel_bytes);
-        dsa_prefix_select(sel, qI->data, w->data, dc->kI, B, kv->max_T, pos, T0, kv->start, HI, dI, K);
-        int ldq = H * c->d_k, ldv = H * c->d_v;
-#pragma omp parallel for collapse(2) schedule(static)
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < T0; t++) {
-                int64_t r = (int64_t)b * T0 + t;
-                dsa_sparse_decode(o->data + r * ldv, q->data + r * ldq, kv->k + (int64_t)b * kv->max_T * ldq,
-                                  kv->v + (int64_t)b * kv->max_T * ldv, 1, kv->max_T, sel + r * K, K, H, c->d_k,
-                                  c->d_v, 1.0 / sqrt(c->d_k));
-            }
-    } else {
-#ifdef AG_CUDA
-        sel = tape_dalloc(tp, sel_bytes);
-        cu_dsa_prefix_select(tp, sel, qI->data, w->data, dc->kI, B, kv->max_T, pos, T0, kv->start_dev, HI, dI, K);
-        cu_dsa_prefix_sparse(o->data, q->data, kv->k, kv->v, B, T0, kv->max_T, sel, K, H, c->d_k, c->d_v,
-                             1.0 / sqrt(c->d_k));
-#else
-        FAIL("attn_dsa prefill: a %s tape in a build without CUDA", device_name(tp->device));
-#endif
-    }
+    const DeviceKernels *dk = device_kernels(tp->device);
+    int *sel = tape_dalloc(tp, (size_t)B * T0 * K * sizeof(int));
+    dk->dsa_prefix_select(tp, sel, qI->data, w->data, dc->kI, B, kv->max_T, pos, T0, kv->start, kv->start_dev, HI, dI,
+                          K);
+    dk->dsa_prefix_sparse(o->data, q->data, kv->k, kv->v, B, T0, kv->max_T, sel, K, H, c->d_k, c->d_v,
+                          1.0 / sqrt(c->d_k));
     if (L->rec) record_rows(L, B, K, pos, sel, T0, tp->device, 0);
     return op_matmul(tp, o, L->attn.wo, false, false);
 }

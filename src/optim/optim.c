@@ -1,41 +1,25 @@
-// optim.c: what every optimizer shares: dispatch, names, freeing, sharding.
+// optim.c: the table of optimizer kinds, and what every optimizer has
+// whatever its kind: its moments' memory (freeing, moving, sharding).
+// What the kinds' steps share is optim_common.c's.
 #include "optim.h"
 
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
-void optim_step(Optimizer *opt, ParamStore *ps, double lr) {
-    switch (opt->kind) {
-    case OPTIM_ADAMW: adamw_step(opt, ps, lr); break;
-    case OPTIM_SGD: sgd_step(opt, ps, lr); break;
-    default: FAIL("optim_step: unknown optimizer kind %d", opt->kind);
-    }
+// One line per optimizer kind (each defined in its own file), in the order of OptimKind.
+extern const OptimizerKind OPTIMIZER_ADAMW;   // adamw.c
+extern const OptimizerKind OPTIMIZER_SGD;     // sgd.c
+static const OptimizerKind *const KINDS[OPTIM_COUNT] = {
+    [OPTIM_ADAMW] = &OPTIMIZER_ADAMW,
+    [OPTIM_SGD] = &OPTIMIZER_SGD,
+};
+
+const OptimizerKind *optim_kind(OptimKind kind) {
+    ASSERT(kind >= 0 && kind < OPTIM_COUNT, "optim_kind: unknown optimizer kind %d", (int)kind);
+    return KINDS[kind];
 }
 
-void optim_update_slices(const Optimizer *opt, const ParamStore *ps, OptimUpdate update, void *ctx) {
-    OptimSlice *sl = xmalloc((size_t)(ps->n ? ps->n : 1) * sizeof *sl);
-    int ns = 0;
-    int64_t total = 0;
-    for (int i = 0; i < ps->n; i++) {
-        const Tensor *p = ps->params[i];
-        int64_t a, b;
-        if (!p->grad || (p->flags & TENSOR_FROZEN) || !optim_owned(opt, ps->offsets[i], p->numel, &a, &b)) continue;
-        sl[ns++] = (OptimSlice){a, b, (p->flags & TENSOR_NO_DECAY) ? 0 : (real)opt->weight_decay};
-        total += b - a;
-    }
-#pragma omp parallel if (total > 65536)
-    {
-        int nt = omp_get_num_threads(), t = omp_get_thread_num();
-        int64_t lo = total * t / nt, hi = total * (t + 1) / nt, at = 0;   // this thread's share, and
-        for (int s = 0; s < ns && at < hi; s++) {                           // where slice s starts in it all
-            int64_t len = sl[s].b - sl[s].a, x0 = lo > at ? lo : at, x1 = hi < at + len ? hi : at + len;
-            if (x0 < x1) update(ctx, &sl[s], sl[s].a + (x0 - at), x1 - x0);
-            at += len;
-        }
-    }
-    free(sl);
-}
+void optim_step(Optimizer *opt, ParamStore *ps, double lr) { optim_kind(opt->kind)->step(opt, ps, lr); }
 
 void optim_free(Optimizer *opt) {
     dev_free(opt->device, opt->m);
@@ -63,10 +47,7 @@ void optim_pull_moments(const Optimizer *opt, real *m, real *v) {
     if (v && opt->v) dev_to_host(v, opt->v, bytes, opt->device);
 }
 
-const char *optim_name(OptimKind kind) {
-    static const char *names[OPTIM_COUNT] = {"adamw", "sgd"};
-    return (kind >= 0 && kind < OPTIM_COUNT) ? names[kind] : "?";
-}
+const char *optim_name(OptimKind kind) { return (kind >= 0 && kind < OPTIM_COUNT) ? KINDS[kind]->name : "?"; }
 
 void optim_set_shard(Optimizer *opt, int64_t lo, int64_t hi) {
     ASSERT(0 <= lo && lo <= hi && hi <= opt->numel, "optim_set_shard: [%lld, %lld) outside [0, %lld)", (long long)lo,

@@ -39,6 +39,18 @@ typedef struct Optimizer {
     Device device;        // where m and v live: the ParamStore's device at init (docs/cuda.md)
 } Optimizer;
 
+// An optimizer kind, as a mixer kind (mixer.h): defined in its own file
+// (adamw.c, sgd.c) with its init, and listed once in optim.c's table, in
+// the order of OptimKind.
+typedef struct OptimizerKind {
+    const char *name;   // the checkpoint's /optim kind
+    // One update of the trainable elements [opt->lo, opt->hi) at learning
+    // rate lr, on the ParamStore's device; increments opt->step.
+    void (*step)(Optimizer *opt, ParamStore *ps, double lr);
+} OptimizerKind;
+// kind's entry; stops on a kind outside the table.
+const OptimizerKind *optim_kind(OptimKind kind);
+
 // AdamW, per trainable element, at step t = opt->step + 1 (1-based):
 //   p -= lr * wd * p                                  (unless TENSOR_NO_DECAY)
 //   m  = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
@@ -46,14 +58,12 @@ typedef struct Optimizer {
 // (the same update as torch.optim.AdamW.)
 void adamw_init(Optimizer *opt, const ParamStore *ps, double beta1, double beta2, double eps,
                 double weight_decay);
-void adamw_step(Optimizer *opt, ParamStore *ps, double lr);
 
 // SGD with momentum, per trainable element (torch.optim.SGD, dampening 0):
 //   p -= lr * wd * p  (unless TENSOR_NO_DECAY);   m = mu m + g;   p -= lr * m
 void sgd_init(Optimizer *opt, const ParamStore *ps, double momentum, double weight_decay);
-void sgd_step(Optimizer *opt, ParamStore *ps, double lr);
 
-// Dispatch on opt->kind; increments opt->step.
+// The step of opt->kind (optim_kind); increments opt->step.
 void optim_step(Optimizer *opt, ParamStore *ps, double lr);
 void optim_free(Optimizer *opt);
 // Move the moments to `device` (after loading them from a checkpoint on the
@@ -75,21 +85,6 @@ static inline bool optim_owned(const Optimizer *opt, int64_t off, int64_t n, int
     *b = off + n < opt->hi ? off + n : opt->hi;
     return *a < *b;
 }
-
-// The slices of the flat block a step updates: each trainable parameter with
-// a gradient, cut to [lo, hi), with its weight decay (0 for TENSOR_NO_DECAY).
-typedef struct OptimSlice {
-    int64_t a, b;   // elements [a, b) of ps->data and ps->grad
-    real decay;
-} OptimSlice;
-// Calls update(ctx, slice, a, n) for elements [a, a + n) of every slice, in
-// one parallel region (a host ParamStore): the elements of all slices are
-// shared evenly among the threads, one thread's share cut wherever it falls.
-// A small model's tensors are each too small to be worth a region of their
-// own, and a region per tensor costs 50-70 us on a 2-core KVM guest
-// (bench/fork_bench). The updates are elementwise: the same on any threads.
-typedef void (*OptimUpdate)(void *ctx, const OptimSlice *s, int64_t a, int64_t n);
-void optim_update_slices(const Optimizer *opt, const ParamStore *ps, OptimUpdate update, void *ctx);
 
 // Gradient helpers over the whole grad block (frozen parameters' gradients
 // are zero there, so they do not contribute).

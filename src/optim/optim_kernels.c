@@ -1,0 +1,85 @@
+// optim_kernels.c: the CPU loops of optim_kernels.h.
+#include "optim_kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#ifdef AG_DOUBLE
+#define SQRT_REAL sqrt
+#else
+#define SQRT_REAL sqrtf
+#endif
+
+void optim_cpu_adamw_update(real *restrict p, const real *restrict g, real *restrict m, real *restrict v, int64_t n,
+                            real lr, real decay, real b1, real b2, real bc1, real bc2, real eps) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        real gi = g[i];
+        real pi = p[i] - lr * decay * p[i];
+        real mi = b1 * m[i] + (1 - b1) * gi;
+        real vi = b2 * v[i] + (1 - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi - lr * (mi / bc1) / (SQRT_REAL(vi / bc2) + eps);
+    }
+}
+
+void optim_cpu_sgd_update(real *restrict p, const real *restrict g, real *restrict m, int64_t n, real lr, real decay,
+                          real mu) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        real mi = mu * m[i] + g[i];
+        m[i] = mi;
+        p[i] = p[i] - lr * decay * p[i] - lr * mi;
+    }
+}
+
+void optim_cpu_scale(real *x, int64_t n, real f) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) x[i] *= f;
+}
+
+// The chunks of optim_cpu_sumsq: its partial sums, added in chunk order, do
+// not depend on the thread count.
+#define SUMSQ_CHUNK 65536
+
+double optim_cpu_sumsq(const real *x, int64_t n) {
+    int64_t nchunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    if (nchunks == 0) return 0;
+    double *part = xmalloc((size_t)nchunks * sizeof *part);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+    for (int64_t c = 0; c < nchunks; c++) {
+        int64_t lo = c * SUMSQ_CHUNK, hi = lo + SUMSQ_CHUNK < n ? lo + SUMSQ_CHUNK : n;
+        double s = 0;
+#pragma omp simd reduction(+ : s)   // without it the sum runs one add at a time
+        for (int64_t i = lo; i < hi; i++) s += (double)x[i] * (double)x[i];
+        part[c] = s;
+    }
+    double total = 0;
+    for (int64_t c = 0; c < nchunks; c++) total += part[c];
+    free(part);
+    return total;
+}
+
+// Finite check of one block; a NaN or inf anywhere makes the sum non-finite
+// (x - x is 0 for every finite x), so the loop vectorises and exits once.
+static bool all_finite(const real *x, int64_t n) {
+    real acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < n; i++) acc += x[i] - x[i];
+    return acc == 0;
+}
+
+// Blocks checked at once: a vectorised pass over each, and the element by
+// element search only in the first block that fails.
+#define FINITE_BLOCK 4096
+
+int64_t optim_cpu_first_nonfinite(const real *x, int64_t n) {
+    for (int64_t a = 0; a < n; a += FINITE_BLOCK) {
+        int64_t len = n - a < FINITE_BLOCK ? n - a : FINITE_BLOCK;
+        if (all_finite(x + a, len)) continue;
+        for (int64_t i = a; i < a + len; i++)
+            if (x[i] - x[i] != 0) return i;
+    }
+    return -1;
+}
