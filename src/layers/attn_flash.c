@@ -102,6 +102,73 @@ static size_t forward_scratch(const AttnDims *d) {
     return n;
 }
 
+// The online softmax of one block of the forward, lane-wise over its QB
+// queries: St (kmax keys x QB queries) holds the block's scores, query i sees
+// key j iff j <= lag + i (and j >= lo[i] when a document boundary cuts the
+// block; lo NULL: none does). The scores become the weights exp(S - m') (0
+// for a key the query does not see), the running max mb and sum lb move on,
+// and alpha receives exp(m - m'), the factor of the accumulated output.
+static inline void block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
+    real mx[QB], sum[QB];
+    bool cut = lo != NULL;
+#pragma omp simd
+    for (int i = 0; i < QB; i++) mx[i] = mb[i], sum[i] = 0;
+    // Keys j < jall are seen by every query of the block; the rest
+    // (the diagonal) by queries i >= j - lag only. A block that a
+    // document boundary cuts tests both bounds on every key.
+    int jall = cut ? 0 : imax(0, imin(kmax, lag + 1));
+    for (int j = 0; j < jall; j++) {
+        const real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+        for (int i = 0; i < QB; i++) mx[i] = Sj[i] > mx[i] ? Sj[i] : mx[i];
+    }
+    if (cut)
+        for (int j = 0; j < kmax; j++) {
+            const real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+            for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && j >= lo[i] && Sj[i] > mx[i] ? Sj[i] : mx[i];
+        }
+    for (int j = jall; j < kmax && !cut; j++) {
+        const real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+        for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && Sj[i] > mx[i] ? Sj[i] : mx[i];
+    }
+    for (int j = 0; j < jall; j++) {
+        real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+        for (int i = 0; i < QB; i++) {
+            Sj[i] = r_exp(Sj[i] - mx[i]);
+            sum[i] += Sj[i];
+        }
+    }
+    if (cut)
+        for (int j = 0; j < kmax; j++) {
+            real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+            for (int i = 0; i < QB; i++) {
+                Sj[i] = j <= lag + i && j >= lo[i] ? r_exp(Sj[i] - mx[i]) : 0;
+                sum[i] += Sj[i];
+            }
+        }
+    for (int j = jall; j < kmax && !cut; j++) {
+        real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+        for (int i = 0; i < QB; i++) {
+            Sj[i] = j <= lag + i ? r_exp(Sj[i] - mx[i]) : 0;
+            sum[i] += Sj[i];
+        }
+    }
+    // alpha = exp(m - m'): 0 on a query's first keys (m = -inf); 1
+    // when the max did not move, also for a query that sees none of
+    // these keys yet (m = m' = -inf, where m - m' is not a number).
+#pragma omp simd
+    for (int i = 0; i < QB; i++) {
+        alpha[i] = mb[i] == mx[i] ? 1 : r_exp(mb[i] - mx[i]);
+        lb[i] = alpha[i] * lb[i] + sum[i];
+        mb[i] = mx[i];
+    }
+}
+
 // One query tile of one head: the queries at positions t0..t0+nq-1, which
 // see keys 0 .. t, and their outputs and lse. k, v: head-h base pointers of
 // batch b's keys and values (rows 0 ..; row strides ldq, ldv); q, o and lse
@@ -157,63 +224,8 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, int qoff, cons
             else
 #endif
                 tile_mm(kmax, QB, d->dk, d->scale, k + (int64_t)s0 * ldq, ldq, 1, Qt + i0, bqp, St, QB, false);
-            real *mb = m + i0, *lb = l + i0, mx[QB], sum[QB], alpha[QB];
-#pragma omp simd
-            for (int i = 0; i < QB; i++) mx[i] = mb[i], sum[i] = 0;
-            // Keys j < jall are seen by every query of the block; the rest
-            // (the diagonal) by queries i >= j - lag only. A block that a
-            // document boundary cuts tests both bounds on every key.
-            int jall = cut ? 0 : imax(0, imin(kmax, lag + 1));
-            for (int j = 0; j < jall; j++) {
-                const real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-                for (int i = 0; i < QB; i++) mx[i] = Sj[i] > mx[i] ? Sj[i] : mx[i];
-            }
-            if (cut)
-                for (int j = 0; j < kmax; j++) {
-                    const real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-                    for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && j >= lo[i] && Sj[i] > mx[i] ? Sj[i] : mx[i];
-                }
-            for (int j = jall; j < kmax && !cut; j++) {
-                const real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-                for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && Sj[i] > mx[i] ? Sj[i] : mx[i];
-            }
-            for (int j = 0; j < jall; j++) {
-                real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-                for (int i = 0; i < QB; i++) {
-                    Sj[i] = r_exp(Sj[i] - mx[i]);
-                    sum[i] += Sj[i];
-                }
-            }
-            if (cut)
-                for (int j = 0; j < kmax; j++) {
-                    real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-                    for (int i = 0; i < QB; i++) {
-                        Sj[i] = j <= lag + i && j >= lo[i] ? r_exp(Sj[i] - mx[i]) : 0;
-                        sum[i] += Sj[i];
-                    }
-                }
-            for (int j = jall; j < kmax && !cut; j++) {
-                real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-                for (int i = 0; i < QB; i++) {
-                    Sj[i] = j <= lag + i ? r_exp(Sj[i] - mx[i]) : 0;
-                    sum[i] += Sj[i];
-                }
-            }
-            // alpha = exp(m - m'): 0 on a query's first keys (m = -inf); 1
-            // when the max did not move, also for a query that sees none of
-            // these keys yet (m = m' = -inf, where m - m' is not a number).
-#pragma omp simd
-            for (int i = 0; i < QB; i++) {
-                alpha[i] = mb[i] == mx[i] ? 1 : r_exp(mb[i] - mx[i]);
-                lb[i] = alpha[i] * lb[i] + sum[i];
-                mb[i] = mx[i];
-            }
+            real alpha[QB];
+            block_softmax(St, kmax, lag, cut ? lo : NULL, m + i0, l + i0, alpha);
             for (int i = 0; i < nr; i++)
                 if (alpha[i] != 1) {
                     real *Ai = acc + (int64_t)(i0 + i) * dvp;
@@ -315,6 +327,53 @@ static size_t backward_scratch(const AttnDims *d, real *base, BwdScratch *w) {
     return off[22];
 }
 
+// P and, when a gradient needs it, dS of the rows r0 .. nq-1 of a query tile
+// (queries t0 ..) against a key tile (nk keys from s0), MR rows at a time:
+// P = exp(scale Q_i K_j^T - lse), 0 for a key a row does not see, and
+// dS = P . (dO_i V_j^T - D) into w->P and w->dS. Qi, dOi: the tile's first
+// rows of q and dO.
+static void tile_p_ds(const AttnDims *d, const BwdScratch *w, const real *Qi, const real *dOi, const real *lse,
+                      const int *first, int t0, int s0, int nq, int nk, int r0, bool need_ds) {
+    int ldq = d->H * d->dk, ldv = d->H * d->dv, bkp = d->bkp, nkv = round_vl(nk);
+#ifdef AG_TILE_BF16
+    int dkh = d->dk / 2, dvh = d->dv / 2;
+#endif
+    for (int i0 = r0; i0 < nq; i0 += MR) {
+        int nr = imin(MR, nq - i0);
+        int kmax = imin(nk, t0 + i0 + nr - s0);   // keys seen by the block's last row
+        real *P = w->P + (int64_t)i0 * bkp, *dS = w->dS + (int64_t)i0 * bkp;
+#ifdef AG_TILE_BF16
+        if (d->bf16)
+            tile_mm_bf16_band(nr, round_vl(kmax), d->dk, TILE_FULL(nr, d->dk), d->scale,
+                              w->Qb + (int64_t)(t0 + i0) * dkh, dkh, 1, w->KtP, bkp, P, bkp, false);
+        else
+#endif
+            tile_mm(nr, round_vl(kmax), d->dk, d->scale, Qi + (int64_t)i0 * ldq, ldq, 1, w->Kt, bkp, P, bkp,
+                    false);
+        for (int r = 0; r < nr; r++) {
+            real *Pr = P + (int64_t)r * bkp, L = lse[t0 + i0 + r];
+            int nvalid = imin(nk, t0 + i0 + r - s0 + 1);
+            int jlo = docs_begin(first, t0 + i0 + r) - s0;   // keys before it: another document
+#pragma omp simd
+            for (int j = 0; j < nkv; j++) Pr[j] = j < nvalid && j >= jlo ? r_exp(Pr[j] - L) : 0;
+        }
+        if (!need_ds) continue;
+#ifdef AG_TILE_BF16
+        if (d->bf16)
+            tile_mm_bf16_band(nr, round_vl(kmax), d->dv, TILE_FULL(nr, d->dv), 1,
+                              w->dOb + (int64_t)(t0 + i0) * dvh, dvh, 1, w->VtP, bkp, dS, bkp, false);
+        else
+#endif
+            tile_mm(nr, round_vl(kmax), d->dv, 1, dOi + (int64_t)i0 * ldv, ldv, 1, w->Vt, bkp, dS, bkp,
+                    false);
+        for (int r = 0; r < nr; r++) {
+            real *Pr = P + (int64_t)r * bkp, *dSr = dS + (int64_t)r * bkp, Dt = w->D[t0 + i0 + r];
+#pragma omp simd
+            for (int j = 0; j < nkv; j++) dSr[j] = j < kmax ? Pr[j] * (dSr[j] - Dt) : 0;
+        }
+    }
+}
+
 // All blocks of one (batch, head). Pointers are the head's base in batch b;
 // gradient pointers may be NULL (that input takes no gradient). first, end:
 // the row's (T) documents (docs.h), or NULL. Operands
@@ -350,7 +409,7 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
     }
 #endif
     for (int s0 = 0; s0 < T; s0 += bk) {
-        int nk = imin(bk, T - s0), nkv = round_vl(nk);
+        int nk = imin(bk, T - s0);
 #ifdef AG_TILE_BF16
         if (d->bf16) {   // K_j^T and V_j^T in pairs along the head, K_j in pairs of keys
             pack_pair_transposed(w->KtP, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk, w->Tp);
@@ -376,40 +435,7 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
             const real *Qi = q + (int64_t)t0 * ldq, *dOi = dO + (int64_t)t0 * ldv;
             if (dk && !q_in && !d->bf16) pack_rows(w->Qp, dkp, Qi, ldq, nq, d->dk);
             if (dv && !dO_in && !d->bf16) pack_rows(w->dOp, dvp, dOi, ldv, nq, d->dv);
-            for (int i0 = r0; i0 < nq; i0 += MR) {
-                int nr = imin(MR, nq - i0);
-                int kmax = imin(nk, t0 + i0 + nr - s0);   // keys seen by the block's last row
-                real *P = w->P + (int64_t)i0 * bkp, *dS = w->dS + (int64_t)i0 * bkp;
-#ifdef AG_TILE_BF16
-                if (d->bf16)
-                    tile_mm_bf16_band(nr, round_vl(kmax), d->dk, TILE_FULL(nr, d->dk), d->scale,
-                                      w->Qb + (int64_t)(t0 + i0) * dkh, dkh, 1, w->KtP, bkp, P, bkp, false);
-                else
-#endif
-                    tile_mm(nr, round_vl(kmax), d->dk, d->scale, Qi + (int64_t)i0 * ldq, ldq, 1, w->Kt, bkp, P, bkp,
-                            false);
-                for (int r = 0; r < nr; r++) {
-                    real *Pr = P + (int64_t)r * bkp, L = lse[t0 + i0 + r];
-                    int nvalid = imin(nk, t0 + i0 + r - s0 + 1);
-                    int jlo = docs_begin(first, t0 + i0 + r) - s0;   // keys before it: another document
-#pragma omp simd
-                    for (int j = 0; j < nkv; j++) Pr[j] = j < nvalid && j >= jlo ? r_exp(Pr[j] - L) : 0;
-                }
-                if (!need_ds) continue;
-#ifdef AG_TILE_BF16
-                if (d->bf16)
-                    tile_mm_bf16_band(nr, round_vl(kmax), d->dv, TILE_FULL(nr, d->dv), 1,
-                                      w->dOb + (int64_t)(t0 + i0) * dvh, dvh, 1, w->VtP, bkp, dS, bkp, false);
-                else
-#endif
-                    tile_mm(nr, round_vl(kmax), d->dv, 1, dOi + (int64_t)i0 * ldv, ldv, 1, w->Vt, bkp, dS, bkp,
-                            false);
-                for (int r = 0; r < nr; r++) {
-                    real *Pr = P + (int64_t)r * bkp, *dSr = dS + (int64_t)r * bkp, Dt = w->D[t0 + i0 + r];
-#pragma omp simd
-                    for (int j = 0; j < nkv; j++) dSr[j] = j < kmax ? Pr[j] * (dSr[j] - Dt) : 0;
-                }
-            }
+            tile_p_ds(d, w, Qi, dOi, lse, first, t0, s0, nq, nk, r0, need_ds);
             // Row r0 + i sees key j of the tile iff j <= i + cut (0 <= cut < bq).
             int nr = nq - r0, cut = t0 + r0 - s0;   // rows that see some key of the tile
             const real *P = w->P + (int64_t)r0 * bkp, *dS = w->dS + (int64_t)r0 * bkp;
