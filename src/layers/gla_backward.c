@@ -114,7 +114,7 @@ static bool chunk_state_grad(const GlaDims *d, const GlaHead *x, BwdScratch *w, 
         memset(dS, 0, SZ * sizeof(real));
         dS_nonzero = false;
     } else if (G) {
-        for (real eL = gla_exp(gL), *e = dS; e < dS + SZ; e++) *e *= eL;
+        for (real eL = r_exp_decay(gL), *e = dS; e < dS + SZ; e++) *e *= eL;
     }
     if (dO && (!db || db[0] < 0)) {
         const real *Xd = Q;
@@ -286,7 +286,7 @@ static void recurrent_head_backward(const GlaDims *d, const GlaHead *x, const Gl
         memcpy(w->Sbuf, saved + c * SZ, SZ * sizeof(real));
         for (int i = 0; i < L; i++) {   // Sbuf[i+1] = state after token t0+i
             int64_t t = t0 + i;
-            real gam = gla_restarts(x, t) ? 0 : x->g ? gla_exp((double)x->g[t * H]) : 1;
+            real gam = gla_restarts(x, t) ? 0 : x->g ? r_exp_decay((double)x->g[t * H]) : 1;
             real beta = x->dt ? x->dt[t * H] : 1;
             const real *k = x->k + t * x->ldk, *v = x->v + t * x->ldv;
             const real *Sp = w->Sbuf + i * SZ;
@@ -296,7 +296,7 @@ static void recurrent_head_backward(const GlaDims *d, const GlaHead *x, const Gl
         }
         for (int i = L - 1; i >= 0; i--) {
             int64_t t = t0 + i;
-            real gam = gla_restarts(x, t) ? 0 : x->g ? gla_exp((double)x->g[t * H]) : 1;
+            real gam = gla_restarts(x, t) ? 0 : x->g ? r_exp_decay((double)x->g[t * H]) : 1;
             real beta = x->dt ? x->dt[t * H] : 1;
             const real *q = x->q + t * x->ldk, *k = x->k + t * x->ldk, *v = x->v + t * x->ldv;
             const real *St = w->Sbuf + (i + 1) * SZ, *Sp = w->Sbuf + i * SZ;
