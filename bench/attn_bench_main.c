@@ -36,6 +36,41 @@ static void fill(Tensor *t, Rng *r) {
     for (int64_t i = 0; i < t->numel; i++) t->data[i] = (real)rng_normal(r);
 }
 
+// The flash kernel's best forward (no grad) and forward + backward times of
+// `reps` rounds after a warm-up, into best[0], best[1]; with bf16 each round
+// also times bf16 tile products, into best[2], best[3].
+static void time_flash(Tape *tp, Tensor *q, Tensor *k, Tensor *v, const real *seed, int H, double scale, int reps,
+                       bool bf16, GemmBackend backend, double best[4]) {
+    double fwd = INFINITY, fb = INFINITY, fwd_h = INFINITY, fb_h = INFINITY, t0;
+    char err[256];
+    for (int p = 0; p <= (int)bf16; p++) {   // warm-up
+        blas_select(backend, p ? PRECISION_BF16 : PRECISION_FP32, err, sizeof err);
+        tape_no_grad_push(tp);
+        op_attention(tp, q, k, v, H, scale, NULL);
+        tape_reset(tp);
+        tape_no_grad_pop(tp);
+    }
+    for (int r = 0; r < reps; r++)
+        for (int p = 0; p <= (int)bf16; p++) {
+            blas_select(backend, p ? PRECISION_BF16 : PRECISION_FP32, err, sizeof err);
+            tape_no_grad_push(tp);
+            t0 = runlog_now();
+            op_attention(tp, q, k, v, H, scale, NULL);
+            double dt = runlog_now() - t0;
+            *(p ? &fwd_h : &fwd) = fmin(p ? fwd_h : fwd, dt);
+            tape_reset(tp);
+            tape_no_grad_pop(tp);
+            t0 = runlog_now();
+            Tensor *o = op_attention(tp, q, k, v, H, scale, NULL);
+            tape_backward_from(tp, o, seed);
+            dt = runlog_now() - t0;
+            *(p ? &fb_h : &fb) = fmin(p ? fb_h : fb, dt);
+            tape_reset(tp);
+        }
+    blas_select(backend, PRECISION_FP32, err, sizeof err);
+    best[0] = fwd, best[1] = fb, best[2] = fwd_h, best[3] = fb_h;
+}
+
 int main(int argc, char **argv) {
     if (bench_help(argc, argv, "usage: attn_bench [TOKENS [HEADS [HEAD_DIM [REPS [MAX_T [PRECISION]]]]]]\n  flash attention forward and forward+backward, decoding and sparse attention at T = 256 ... MAX_T\n  (default 16384), TOKENS = B x T per step (default 16384), HEADS (4), HEAD_DIM (64), best of REPS (1);\n  PRECISION bf16: the flash kernel with bf16 tile products too, alternating with fp32 (default fp32 only)\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
@@ -91,33 +126,10 @@ int main(int argc, char **argv) {
 
         // Forward only (no saved state), after a warm-up; then forward +
         // backward. With bf16, each round times float32, then bf16.
-        double fwd = INFINITY, fb = INFINITY, fwd_h = INFINITY, fb_h = INFINITY, t0;
+        double best[4];   // fwd, fwd+bwd; then the same in bf16
+        time_flash(&tp, q, k, v, seed, H, scale, reps, bf16, backend, best);
+        double fwd = best[0], fb = best[1], fwd_h = best[2], fb_h = best[3], t0;
         Tensor *o;
-        for (int p = 0; p <= (int)bf16; p++) {   // warm-up
-            blas_select(backend, p ? PRECISION_BF16 : PRECISION_FP32, err, sizeof err);
-            tape_no_grad_push(&tp);
-            op_attention(&tp, q, k, v, H, scale, NULL);
-            tape_reset(&tp);
-            tape_no_grad_pop(&tp);
-        }
-        for (int r = 0; r < reps; r++)
-            for (int p = 0; p <= (int)bf16; p++) {
-                blas_select(backend, p ? PRECISION_BF16 : PRECISION_FP32, err, sizeof err);
-                tape_no_grad_push(&tp);
-                t0 = runlog_now();
-                op_attention(&tp, q, k, v, H, scale, NULL);
-                double dt = runlog_now() - t0;
-                *(p ? &fwd_h : &fwd) = fmin(p ? fwd_h : fwd, dt);
-                tape_reset(&tp);
-                tape_no_grad_pop(&tp);
-                t0 = runlog_now();
-                o = op_attention(&tp, q, k, v, H, scale, NULL);
-                tape_backward_from(&tp, o, seed);
-                dt = runlog_now() - t0;
-                *(p ? &fb_h : &fb) = fmin(p ? fb_h : fb, dt);
-                tape_reset(&tp);
-            }
-        blas_select(backend, PRECISION_FP32, err, sizeof err);
 
         // Decoding: B queries over a full cache of T keys (the k, v above).
         real *qrow = xmalloc((size_t)B * H * d * sizeof(real)), *orow = xmalloc((size_t)B * H * d * sizeof(real));

@@ -175,6 +175,159 @@ static int matched_d_ff(const char *mixer, int L, int D, int V, long target) {
     return F < 1 ? 1 : (int)F;
 }
 
+// The command line's settings.
+typedef struct Opts {
+    Task task;
+    char mixers[MAX_LIST][16];
+    int n_mixers, n_lens, n_depths;
+    double lens[MAX_LIST], depths[MAX_LIST];
+    int L, D, train_len, steps, B, eval_every, min_seqs;
+    long test_tokens, target_params;
+    double lr, stop_at;
+    uint64_t seed;
+    const char *tsv, *curve;
+} Opts;
+
+// Read the arguments over the defaults and check them; false (after a
+// message) when one is bad.
+static bool parse_opts(int argc, char **argv, Opts *o) {
+    *o = (Opts){.task = {.passkey = true, .pk = {64, 2, 0}, .mq = {64, 8, 8, 0}}, .L = 2, .D = 64, .train_len = 256,
+                .steps = 2000, .B = 16, .eval_every = 250, .min_seqs = 8, .test_tokens = 262144, .lr = 3e-3,
+                .stop_at = 0.99, .seed = 1};
+    o->n_mixers = bench_parse_names("attn,linear,mamba,gdn,hybrid", o->mixers, MAX_LIST);
+    o->n_lens = parse_numbers("256,1024,4096,16384,32768", o->lens, MAX_LIST);
+    o->n_depths = parse_numbers("0,0.25,0.5,0.75,1", o->depths, MAX_LIST);
+    for (int i = 1; i < argc; i++) {
+        bool has = i + 1 < argc, ok = true;
+        const char *a = argv[i], *v = has ? argv[i + 1] : "";
+        if (!has) ok = false;
+        else if (!strcmp(a, "--task")) ok = !strcmp(v, "passkey") || !strcmp(v, "mqar_gap"), o->task.passkey = !strcmp(v, "passkey");
+        else if (!strcmp(a, "--mixers")) o->n_mixers = bench_parse_names(v, o->mixers, MAX_LIST);
+        else if (!strcmp(a, "--layers")) o->L = atoi(v), ok = o->L >= 1 && o->L <= LM_MAX_LAYERS;
+        else if (!strcmp(a, "--width")) o->D = atoi(v), ok = o->D >= 4 && o->D % 4 == 0;
+        else if (!strcmp(a, "--params")) o->target_params = atol(v), ok = o->target_params >= 0;
+        else if (!strcmp(a, "--train-len")) o->train_len = atoi(v), ok = o->train_len > 0;
+        else if (!strcmp(a, "--test-lens")) ok = (o->n_lens = parse_numbers(v, o->lens, MAX_LIST)) > 0;
+        else if (!strcmp(a, "--depths")) ok = (o->n_depths = parse_numbers(v, o->depths, MAX_LIST)) > 0;
+        else if (!strcmp(a, "--digits")) o->task.pk.n_digits = atoi(v);
+        else if (!strcmp(a, "--pairs")) o->task.mq.n_pairs = atoi(v);
+        else if (!strcmp(a, "--queries")) o->task.mq.n_queries = atoi(v);
+        else if (!strcmp(a, "--vocab")) o->task.pk.vocab = o->task.mq.vocab = atoi(v);
+        else if (!strcmp(a, "--steps")) o->steps = atoi(v), ok = o->steps > 0;
+        else if (!strcmp(a, "--batch")) o->B = atoi(v), ok = o->B > 0;
+        else if (!strcmp(a, "--lr")) o->lr = atof(v), ok = o->lr > 0;
+        else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--eval-every")) o->eval_every = atoi(v), ok = o->eval_every >= 0;
+        else if (!strcmp(a, "--stop-at")) o->stop_at = atof(v);
+        else if (!strcmp(a, "--test-tokens")) o->test_tokens = atol(v), ok = o->test_tokens > 0;
+        else if (!strcmp(a, "--min-seqs")) o->min_seqs = atoi(v), ok = o->min_seqs > 0 && o->min_seqs <= 64;
+        else if (!strcmp(a, "--tsv")) o->tsv = v;
+        else if (!strcmp(a, "--curve")) o->curve = v;
+        else ok = false;
+        if (!ok) {
+            fprintf(stderr, "longctx: bad or incomplete argument '%s%s%s' (see --help)\n", a, has ? " " : "", v);
+            return false;
+        }
+        i++;
+    }
+    if (!o->task.passkey) o->n_depths = 1, o->depths[0] = -1;   // MQAR has no depth: its gap is fixed by the length
+    for (int k = -1; k < o->n_lens; k++) {
+        int T = k < 0 ? o->train_len : (int)o->lens[k];
+        Status s = T > 0 ? task_check(&o->task, T) : status_err("length %g", o->lens[k]);
+        if (!s.ok) {
+            fprintf(stderr, "longctx: %s\n", s.msg);
+            return false;
+        }
+    }
+    for (int m = 0; m < o->n_mixers; m++)
+        if (strcmp(o->mixers[m], "hybrid") && !mixer_kind_find(o->mixers[m])) {
+            fprintf(stderr, "longctx: unknown mixer '%s' (known: %s, hybrid)\n", o->mixers[m], mixer_kind_names());
+            return false;
+        }
+    return true;
+}
+
+// Train mixer m's model until o->steps or a check at --stop-at; returns the
+// steps taken, with the last check's accuracy and the seconds spent outside
+// the checks in *train_acc and *train_secs. x, y: (B, train_len) buffers.
+static int train_model(const Opts *o, int m, LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, int *x, int *y,
+                       FILE *cout, double *train_acc_out, double *train_secs) {
+    const char *task_name = o->task.passkey ? "passkey" : "mqar_gap";
+    Rng r;
+    rng_seed(&r, o->seed * 1000 + 7);
+    double t0 = runlog_now(), eval_secs = 0, loss_sum = 0, train_acc = NAN;
+    int step = 0, loss_n = 0;
+    while (step < o->steps) {
+        task_batch(&o->task, o->train_len, &r, o->B, -1, x, y);
+        params_zero_grad(ps);
+        Tensor *loss = lm_loss(tp, lm, x, y, o->B, o->train_len, NULL);
+        loss_sum += loss->data[0], loss_n++;
+        tape_backward(tp, loss);
+        tape_reset(tp);
+        optim_clip_grad_norm(ps, 1.0);
+        optim_step(opt, ps, lr_cosine(step, o->steps / 10, o->steps, o->lr, o->lr / 10));
+        step++;
+        if (o->eval_every > 0 && (step % o->eval_every == 0 || step == o->steps)) {
+            double e0 = runlog_now();
+            train_acc = acc_main(
+                &o->task, evaluate(lm, &o->task, o->train_len, -1, 4 * o->B, o->seed + 1000000 + (uint64_t)step));
+            eval_secs += runlog_now() - e0;
+            printf("  %s step %5d: loss %.4f, accuracy %5.1f%% at T = %d\n", o->mixers[m], step, loss_sum / loss_n,
+                   100 * train_acc, o->train_len);
+            fflush(stdout);
+            if (cout) {
+                fprintf(cout, "%s\t%s\t%d\t%.4f\t%.4f\n", task_name, o->mixers[m], step, loss_sum / loss_n, train_acc);
+                fflush(cout);
+            }
+            loss_sum = 0, loss_n = 0;
+            if (train_acc >= o->stop_at) break;
+        }
+    }
+    *train_secs = runlog_now() - t0 - eval_secs;
+    *train_acc_out = train_acc;
+    return step;
+}
+
+// Test mixer m's trained model at every length and depth: a line of the
+// table each, and a row of the TSV (out, may be NULL).
+static void test_model(const Opts *o, int m, LM *lm, long long n_params, int F, int step, double train_secs,
+                       double train_acc, FILE *out) {
+    const char *task_name = o->task.passkey ? "passkey" : "mqar_gap";
+    for (int k = 0; k < o->n_lens; k++)
+        for (int d = 0; d < o->n_depths; d++) {
+            int T = (int)o->lens[k];
+            long want = o->test_tokens / T;
+            int n = want < o->min_seqs ? o->min_seqs : (want > 64 ? 64 : (int)want);
+            double e0 = runlog_now();
+            Acc a =
+                evaluate(lm, &o->task, T, o->depths[d], n, o->seed + 99 + 7919 * (uint64_t)k + 104729 * (uint64_t)d);
+            double secs = runlog_now() - e0;
+            // Passkey: the depth; MQAR: the gap (filler tokens between the last pair and the first query).
+            char depth[16];
+            int gap = -1;
+            if (o->depths[d] < 0) {
+                MqarGapSpec g = o->task.mq;
+                g.T = T;
+                gap = mqar_gap_length(&g);
+                snprintf(depth, sizeof depth, "-");
+            } else {
+                snprintf(depth, sizeof depth, "%g", o->depths[d]);
+            }
+            char col[16];
+            if (o->task.passkey) snprintf(col, sizeof col, "%s", depth);
+            else snprintf(col, sizeof col, "%d", gap);
+            printf("%-8s %8lld %5d %10.1f %6d %8d %7s %6d %8.1f%% %8.1f%% %8.1f\n", o->mixers[m], n_params, F,
+                   train_secs, step, T, col, n, 100 * acc_main(&o->task, a), 100 * a.token, secs);
+            fflush(stdout);
+            if (out) {
+                fprintf(out, "%s\t%s\t%d\t%d\t%d\t%lld\t%d\t%.1f\t%.4f\t%d\t%s\t%d\t%d\t%.4f\t%.4f\t%.1f\t%llu\n",
+                        task_name, o->mixers[m], o->L, o->D, F, n_params, step, train_secs, train_acc, T, depth, gap, n,
+                        acc_main(&o->task, a), a.token, secs, (unsigned long long)o->seed);
+                fflush(out);
+            }
+        }
+}
+
 int main(int argc, char **argv) {
     if (bench_help(argc, argv,
                    "usage: longctx [--task passkey|mqar_gap] [--mixers attn,linear,mamba,gdn,hybrid] [--layers 2]\n"
@@ -185,160 +338,48 @@ int main(int argc, char **argv) {
                    "  trains each mixer on a synthetic long-range task at --train-len and tests it at longer lengths\n"))
         return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
-    char mixers[MAX_LIST][16];
-    int n_mixers = bench_parse_names("attn,linear,mamba,gdn,hybrid", mixers, MAX_LIST);
-    double lens[MAX_LIST], depths[MAX_LIST];
-    int n_lens = parse_numbers("256,1024,4096,16384,32768", lens, MAX_LIST);
-    int n_depths = parse_numbers("0,0.25,0.5,0.75,1", depths, MAX_LIST);
-    Task task = {.passkey = true, .pk = {64, 2, 0}, .mq = {64, 8, 8, 0}};
-    int L = 2, D = 64, train_len = 256, steps = 2000, B = 16, eval_every = 250, min_seqs = 8;
-    long test_tokens = 262144, target_params = 0;
-    double lr = 3e-3, stop_at = 0.99;
-    uint64_t seed = 1;
-    const char *tsv = NULL, *curve = NULL;
-    for (int i = 1; i < argc; i++) {
-        bool has = i + 1 < argc, ok = true;
-        const char *o = argv[i], *v = has ? argv[i + 1] : "";
-        if (!has) ok = false;
-        else if (!strcmp(o, "--task")) ok = !strcmp(v, "passkey") || !strcmp(v, "mqar_gap"), task.passkey = !strcmp(v, "passkey");
-        else if (!strcmp(o, "--mixers")) n_mixers = bench_parse_names(v, mixers, MAX_LIST);
-        else if (!strcmp(o, "--layers")) L = atoi(v), ok = L >= 1 && L <= LM_MAX_LAYERS;
-        else if (!strcmp(o, "--width")) D = atoi(v), ok = D >= 4 && D % 4 == 0;
-        else if (!strcmp(o, "--params")) target_params = atol(v), ok = target_params >= 0;
-        else if (!strcmp(o, "--train-len")) train_len = atoi(v), ok = train_len > 0;
-        else if (!strcmp(o, "--test-lens")) ok = (n_lens = parse_numbers(v, lens, MAX_LIST)) > 0;
-        else if (!strcmp(o, "--depths")) ok = (n_depths = parse_numbers(v, depths, MAX_LIST)) > 0;
-        else if (!strcmp(o, "--digits")) task.pk.n_digits = atoi(v);
-        else if (!strcmp(o, "--pairs")) task.mq.n_pairs = atoi(v);
-        else if (!strcmp(o, "--queries")) task.mq.n_queries = atoi(v);
-        else if (!strcmp(o, "--vocab")) task.pk.vocab = task.mq.vocab = atoi(v);
-        else if (!strcmp(o, "--steps")) steps = atoi(v), ok = steps > 0;
-        else if (!strcmp(o, "--batch")) B = atoi(v), ok = B > 0;
-        else if (!strcmp(o, "--lr")) lr = atof(v), ok = lr > 0;
-        else if (!strcmp(o, "--seed")) seed = strtoull(v, NULL, 10);
-        else if (!strcmp(o, "--eval-every")) eval_every = atoi(v), ok = eval_every >= 0;
-        else if (!strcmp(o, "--stop-at")) stop_at = atof(v);
-        else if (!strcmp(o, "--test-tokens")) test_tokens = atol(v), ok = test_tokens > 0;
-        else if (!strcmp(o, "--min-seqs")) min_seqs = atoi(v), ok = min_seqs > 0 && min_seqs <= 64;
-        else if (!strcmp(o, "--tsv")) tsv = v;
-        else if (!strcmp(o, "--curve")) curve = v;
-        else ok = false;
-        if (!ok) {
-            fprintf(stderr, "longctx: bad or incomplete argument '%s%s%s' (see --help)\n", o, has ? " " : "", v);
-            return 2;
-        }
-        i++;
-    }
-    if (!task.passkey) n_depths = 1, depths[0] = -1;   // MQAR has no depth: its gap is fixed by the length
-    for (int k = -1; k < n_lens; k++) {
-        int T = k < 0 ? train_len : (int)lens[k];
-        Status s = T > 0 ? task_check(&task, T) : status_err("length %g", lens[k]);
-        if (!s.ok) {
-            fprintf(stderr, "longctx: %s\n", s.msg);
-            return 2;
-        }
-    }
-    for (int m = 0; m < n_mixers; m++)
-        if (strcmp(mixers[m], "hybrid") && !mixer_kind_find(mixers[m])) {
-            fprintf(stderr, "longctx: unknown mixer '%s' (known: %s, hybrid)\n", mixers[m], mixer_kind_names());
-            return 2;
-        }
-    FILE *out = tsv ? fopen(tsv, "w") : NULL, *cout = curve ? fopen(curve, "w") : NULL;
-    if ((tsv && !out) || (curve && !cout)) {
-        fprintf(stderr, "longctx: cannot write '%s'\n", tsv && !out ? tsv : curve);
+    Opts op;
+    if (!parse_opts(argc, argv, &op)) return 2;
+    const Opts *o = &op;
+    FILE *out = o->tsv ? fopen(o->tsv, "w") : NULL, *cout = o->curve ? fopen(o->curve, "w") : NULL;
+    if ((o->tsv && !out) || (o->curve && !cout)) {
+        fprintf(stderr, "longctx: cannot write '%s'\n", o->tsv && !out ? o->tsv : o->curve);
         return 2;
     }
     struct utsname un;
     uname(&un);
     int threads = omp_get_max_threads();
-    if (task.passkey)
-        printf("# passkey: %d digits, vocab %d", task.pk.n_digits, task.pk.vocab);
+    if (o->task.passkey)
+        printf("# passkey: %d digits, vocab %d", o->task.pk.n_digits, o->task.pk.vocab);
     else
-        printf("# mqar_gap: %d pairs, %d queries, vocab %d", task.mq.n_pairs, task.mq.n_queries, task.mq.vocab);
-    printf("; %d-layer models of width %d trained at T = %d: up to %d steps of batch %d, lr %.0e, seed %llu; %s, "
-           "%d thread%s, %s\n",
-           L, D, train_len, steps, B, lr, (unsigned long long)seed, un.machine, threads, threads == 1 ? "" : "s",
-           REAL_NAME);
+        printf("# mqar_gap: %d pairs, %d queries, vocab %d", o->task.mq.n_pairs, o->task.mq.n_queries,
+               o->task.mq.vocab);
+    printf(
+        "; %d-layer models of width %d trained at T = %d: up to %d steps of batch %d, lr %.0e, seed %llu; %s, "
+        "%d thread%s, %s\n",
+        o->L, o->D, o->train_len, o->steps, o->B, o->lr, (unsigned long long)o->seed, un.machine, threads,
+        threads == 1 ? "" : "s", REAL_NAME);
     printf("%-8s %8s %5s %10s %6s %8s %7s %6s %9s %9s %8s\n", "mixer", "params", "d_ff", "train_s", "steps", "test_T",
-           task.passkey ? "depth" : "gap", "seqs", "accuracy", "per_token", "test_s");
+           o->task.passkey ? "depth" : "gap", "seqs", "accuracy", "per_token", "test_s");
     if (out)
         fprintf(out, "task\tmixer\tlayers\twidth\td_ff\tparams\tsteps\ttrain_s\ttrain_acc\ttest_T\tdepth\tgap\tseqs\t"
                      "accuracy\ttoken_accuracy\ttest_s\tseed\n");
     if (cout) fprintf(cout, "task\tmixer\tstep\tloss\taccuracy\n");
-    const char *task_name = task.passkey ? "passkey" : "mqar_gap";
-    int *x = xmalloc((size_t)B * train_len * sizeof(int)), *y = xmalloc((size_t)B * train_len * sizeof(int));
-    for (int m = 0; m < n_mixers; m++) {
+    int *x = xmalloc((size_t)o->B * o->train_len * sizeof(int)),
+        *y = xmalloc((size_t)o->B * o->train_len * sizeof(int));
+    for (int m = 0; m < o->n_mixers; m++) {
         LM lm;
         ParamStore ps;
-        int F = matched_d_ff(mixers[m], L, D, task_vocab(&task), target_params);
-        build_model(&lm, &ps, mixers[m], L, D, F, task_vocab(&task), seed);
+        int F = matched_d_ff(o->mixers[m], o->L, o->D, task_vocab(&o->task), o->target_params);
+        build_model(&lm, &ps, o->mixers[m], o->L, o->D, F, task_vocab(&o->task), o->seed);
         long long n_params = (long long)params_count(&ps, false);
         Optimizer opt;
         adamw_init(&opt, &ps, 0.9, 0.98, 1e-8, 0.1);
         Tape tp;
         tape_init(&tp);
-        Rng r;
-        rng_seed(&r, seed * 1000 + 7);
-        double t0 = runlog_now(), eval_secs = 0, loss_sum = 0, train_acc = NAN;
-        int step = 0, loss_n = 0;
-        while (step < steps) {
-            task_batch(&task, train_len, &r, B, -1, x, y);
-            params_zero_grad(&ps);
-            Tensor *loss = lm_loss(&tp, &lm, x, y, B, train_len, NULL);
-            loss_sum += loss->data[0], loss_n++;
-            tape_backward(&tp, loss);
-            tape_reset(&tp);
-            optim_clip_grad_norm(&ps, 1.0);
-            optim_step(&opt, &ps, lr_cosine(step, steps / 10, steps, lr, lr / 10));
-            step++;
-            if (eval_every > 0 && (step % eval_every == 0 || step == steps)) {
-                double e0 = runlog_now();
-                train_acc = acc_main(&task, evaluate(&lm, &task, train_len, -1, 4 * B, seed + 1000000 + (uint64_t)step));
-                eval_secs += runlog_now() - e0;
-                printf("  %s step %5d: loss %.4f, accuracy %5.1f%% at T = %d\n", mixers[m], step, loss_sum / loss_n,
-                       100 * train_acc, train_len);
-                fflush(stdout);
-                if (cout) {
-                    fprintf(cout, "%s\t%s\t%d\t%.4f\t%.4f\n", task_name, mixers[m], step, loss_sum / loss_n, train_acc);
-                    fflush(cout);
-                }
-                loss_sum = 0, loss_n = 0;
-                if (train_acc >= stop_at) break;
-            }
-        }
-        double train_secs = runlog_now() - t0 - eval_secs;
-        for (int k = 0; k < n_lens; k++)
-            for (int d = 0; d < n_depths; d++) {
-                int T = (int)lens[k];
-                long want = test_tokens / T;
-                int n = want < min_seqs ? min_seqs : (want > 64 ? 64 : (int)want);
-                double e0 = runlog_now();
-                Acc a = evaluate(&lm, &task, T, depths[d], n, seed + 99 + 7919 * (uint64_t)k + 104729 * (uint64_t)d);
-                double secs = runlog_now() - e0;
-                // Passkey: the depth; MQAR: the gap (filler tokens between the last pair and the first query).
-                char depth[16];
-                int gap = -1;
-                if (depths[d] < 0) {
-                    MqarGapSpec g = task.mq;
-                    g.T = T;
-                    gap = mqar_gap_length(&g);
-                    snprintf(depth, sizeof depth, "-");
-                } else {
-                    snprintf(depth, sizeof depth, "%g", depths[d]);
-                }
-                char col[16];
-                if (task.passkey) snprintf(col, sizeof col, "%s", depth);
-                else snprintf(col, sizeof col, "%d", gap);
-                printf("%-8s %8lld %5d %10.1f %6d %8d %7s %6d %8.1f%% %8.1f%% %8.1f\n", mixers[m], n_params, F,
-                       train_secs, step, T, col, n, 100 * acc_main(&task, a), 100 * a.token, secs);
-                fflush(stdout);
-                if (out) {
-                    fprintf(out, "%s\t%s\t%d\t%d\t%d\t%lld\t%d\t%.1f\t%.4f\t%d\t%s\t%d\t%d\t%.4f\t%.4f\t%.1f\t%llu\n",
-                            task_name, mixers[m], L, D, F, n_params, step, train_secs, train_acc, T, depth, gap, n,
-                            acc_main(&task, a), a.token, secs, (unsigned long long)seed);
-                    fflush(out);
-                }
-            }
+        double train_acc, train_secs;
+        int step = train_model(o, m, &lm, &ps, &opt, &tp, x, y, cout, &train_acc, &train_secs);
+        test_model(o, m, &lm, n_params, F, step, train_secs, train_acc, out);
         tape_free(&tp);
         optim_free(&opt);
         lm_destroy(&lm);

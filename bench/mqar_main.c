@@ -62,6 +62,66 @@ static double evaluate(LM *lm, const MqarSpec *s, int B, int n_batches, uint64_t
     return total ? (double)right / total : 0;
 }
 
+// A 2-layer model of `mixer` and width D (H = 2 heads of D/2, MLP 2D, tied
+// head), its parameters drawn from seed.
+static void build_model(LM *lm, ParamStore *ps, const char *mixer, int D, int vocab, uint64_t seed) {
+    LMConfig c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = vocab;
+    c.d_model = D;
+    c.d_ff = 2 * D;
+    c.tied = true;
+    c.norm_eps = 1e-6;
+    c.mixer = mixer_config_default(D, 2, D / 2, D / 2);
+    c.mixer.chunk_size = 32;
+    c.mixer.topk = 32;
+    char layers[64];
+    snprintf(layers, sizeof layers, "%s,%s", mixer, mixer);
+    lm_parse_layers(&c, layers);
+    params_init(ps);
+    lm_create(lm, &c, ps);
+    params_finalize(ps, seed);
+}
+
+// Train for `steps` (or until a check every eval_every steps reaches
+// stop_at, each also a line of the curve file cout when given); returns the
+// steps taken and in *secs the seconds of training alone.
+static int train_model(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const MqarSpec *spec, const char *mixer, int D,
+                       double lr, int steps, int B, int eval_every, double stop_at, uint64_t seed, FILE *cout, int *x,
+                       int *y, double *secs) {
+    Rng r;
+    rng_seed(&r, seed * 1000 + 7);
+    double t0 = runlog_now(), eval_secs = 0, loss_sum = 0;
+    int step = 0, loss_n = 0;
+    while (step < steps) {
+        mqar_batch(spec, &r, B, x, y);
+        params_zero_grad(ps);
+        Tensor *loss = lm_loss(tp, lm, x, y, B, spec->T, NULL);
+        loss_sum += loss->data[0], loss_n++;
+        tape_backward(tp, loss);
+        tape_reset(tp);
+        optim_clip_grad_norm(ps, 1.0);
+        optim_step(opt, ps, lr_cosine(step, steps / 10, steps, lr, lr / 10));
+        step++;
+        if (eval_every > 0 && (step % eval_every == 0 || step == steps)) {
+            double e0 = runlog_now();
+            double a = evaluate(lm, spec, B, 4, seed + 1000000 + (uint64_t)step);
+            eval_secs += runlog_now() - e0;
+            printf("  %s d%d lr %.0e step %5d: loss %.4f, accuracy %5.1f%%\n", mixer, D, lr, step,
+                   loss_sum / loss_n, 100 * a);
+            fflush(stdout);
+            if (cout) {
+                fprintf(cout, "%s\t%d\t%g\t%d\t%.4f\t%.4f\n", mixer, D, lr, step, loss_sum / loss_n, a);
+                fflush(cout);
+            }
+            loss_sum = 0, loss_n = 0;
+            if (a >= stop_at) break;
+        }
+    }
+    *secs = runlog_now() - t0 - eval_secs;
+    return step;
+}
+
 int main(int argc, char **argv) {
     if (bench_help(argc, argv, "usage: mqar [--mixers attn,gdn,mamba,linear] [--widths 32,64] [--pairs 16] [--seq 128] [--vocab 256]\n            [--steps 1500] [--batch 32] [--lr 3e-3[,1e-3...]] [--seed 1] [--tsv FILE] [--eval-every N]\n            [--stop-at ACC] [--curve FILE]\n  multi-query associative recall: trains 2-layer models of each mixer and width, prints accuracy\n")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
@@ -140,58 +200,16 @@ int main(int argc, char **argv) {
             for (int l = 0; l < n_lrs; l++) {
                 int D = atoi(widths_s[w]);
                 double lr = lrs[l];
-                LMConfig c;
-                memset(&c, 0, sizeof c);
-                c.vocab_size = spec.vocab;
-                c.d_model = D;
-                c.d_ff = 2 * D;
-                c.tied = true;
-                c.norm_eps = 1e-6;
-                c.mixer = mixer_config_default(D, 2, D / 2, D / 2);
-                c.mixer.chunk_size = 32;
-                c.mixer.topk = 32;
-                char layers[64];
-                snprintf(layers, sizeof layers, "%s,%s", mixers[m], mixers[m]);
-                lm_parse_layers(&c, layers);
                 ParamStore ps;
-                params_init(&ps);
                 LM lm;
-                lm_create(&lm, &c, &ps);
-                params_finalize(&ps, seed);
+                build_model(&lm, &ps, mixers[m], D, spec.vocab, seed);
                 Optimizer opt;
                 adamw_init(&opt, &ps, 0.9, 0.98, 1e-8, 0.1);
                 Tape tp;
                 tape_init(&tp);
-                Rng r;
-                rng_seed(&r, seed * 1000 + 7);
-                double t0 = runlog_now(), eval_secs = 0, loss_sum = 0;
-                int step = 0, loss_n = 0;
-                while (step < steps) {
-                    mqar_batch(&spec, &r, B, x, y);
-                    params_zero_grad(&ps);
-                    Tensor *loss = lm_loss(&tp, &lm, x, y, B, spec.T, NULL);
-                    loss_sum += loss->data[0], loss_n++;
-                    tape_backward(&tp, loss);
-                    tape_reset(&tp);
-                    optim_clip_grad_norm(&ps, 1.0);
-                    optim_step(&opt, &ps, lr_cosine(step, steps / 10, steps, lr, lr / 10));
-                    step++;
-                    if (eval_every > 0 && (step % eval_every == 0 || step == steps)) {
-                        double e0 = runlog_now();
-                        double a = evaluate(&lm, &spec, B, 4, seed + 1000000 + (uint64_t)step);
-                        eval_secs += runlog_now() - e0;
-                        printf("  %s d%d lr %.0e step %5d: loss %.4f, accuracy %5.1f%%\n", mixers[m], D, lr, step,
-                               loss_sum / loss_n, 100 * a);
-                        fflush(stdout);
-                        if (cout) {
-                            fprintf(cout, "%s\t%d\t%g\t%d\t%.4f\t%.4f\n", mixers[m], D, lr, step, loss_sum / loss_n, a);
-                            fflush(cout);
-                        }
-                        loss_sum = 0, loss_n = 0;
-                        if (a >= stop_at) break;
-                    }
-                }
-                double secs = runlog_now() - t0 - eval_secs;   // training only
+                double secs;   // training only
+                int step = train_model(&lm, &ps, &opt, &tp, &spec, mixers[m], D, lr, steps, B, eval_every, stop_at,
+                                       seed, cout, x, y, &secs);
                 double acc = evaluate(&lm, &spec, B, 16, seed + 99);
                 bool rec = lm.blocks[0].mixer->kind->recurrent;
                 long state = rec ? 2L * (D / 2) * (D / 2) : 2L * spec.T * D;   // attn: its KV cache at length T

@@ -61,6 +61,60 @@ static void usage(FILE *f) {
                "  --profile also prints the time of each op kind (forward, backward) per step\n");
 }
 
+// The header: the machine, the config (file name base) and its model, the
+// threads and products, the device.
+static void print_setup(const char *base, const LM *lm, const ParamStore *ps, const TrainConfig *cfg, int threads,
+                        Device device) {
+    int B = cfg->data.batch_size, T = cfg->data.seq_len;
+    print_machine();
+    printf("config: %s   layers:", base);
+    for (int l = 0; l < lm->cfg.n_layers; l++) printf("%s%s", l ? "," : " ", lm->cfg.layers[l]);
+    printf("   B %d, T %d, D %d, params %lld, form %s, chunk %d\n", B, T, lm->cfg.d_model,
+           (long long)params_count(ps, false), mixer_form_name(cfg->model.form), cfg->model.chunk_size);
+    printf("threads: %d (omp_get_max_threads)   precision: %s   OpenBLAS core: %s\nGEMM: %s\n", threads, REAL_NAME,
+           blas_core_name(), blas_describe());
+    if (device != DEVICE_CPU) printf("device: %s\n", device_describe(device));
+}
+
+// warmup untimed training steps, then `steps` timed ones on the tokens x, y
+// (B = batch_size rows of T = seq_len): each part's wall time (forward,
+// backward, clip + optimizer, the step) and the step's CPU time into tf, tb,
+// to, ts, tc. With profile the tape profiles the timed steps. Returns the
+// last step's loss.
+static double run_steps(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const TrainConfig *cfg, const int *x,
+                        const int *y, int warmup, int steps, bool profile, double *tf, double *tb, double *to,
+                        double *ts, double *tc) {
+    int B = cfg->data.batch_size, T = cfg->data.seq_len;
+    double last_loss = 0;
+    for (int it = 0; it < warmup + steps; it++) {
+        if (profile && it == warmup) tape_profile(tp, true);
+        double c0 = runlog_cpu_now(), t0 = runlog_now();
+        params_zero_grad(ps);
+        Tensor *loss = lm_loss(tp, lm, x, y, B, T, NULL);
+        dev_sync(tp->device);
+        double t1 = runlog_now();
+        tape_backward(tp, loss);
+        real l;
+        dev_to_host(&l, loss->data, sizeof l, tp->device);   // (waits for the backward on a GPU)
+        last_loss = l;
+        tape_reset(tp);
+        double t2 = runlog_now();
+        optim_clip_grad_norm(ps, cfg->train.grad_clip);   // (reads the norm back: waits)
+        optim_step(opt, ps, cfg->train.lr);
+        dev_sync(tp->device);
+        double t3 = runlog_now(), c3 = runlog_cpu_now();
+        if (it >= warmup) {
+            int j = it - warmup;
+            tf[j] = t1 - t0;
+            tb[j] = t2 - t1;
+            to[j] = t3 - t2;
+            ts[j] = t3 - t0;
+            tc[j] = c3 - c0;
+        }
+    }
+    return last_loss;
+}
+
 int main(int argc, char **argv) {
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     const char *config = NULL;
@@ -134,47 +188,14 @@ int main(int argc, char **argv) {
         y[i] = (int)rng_below(&r, (uint64_t)lm.cfg.vocab_size);
     }
 
-    print_machine();
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    printf("config: %s   layers:", base);
-    for (int l = 0; l < lm.cfg.n_layers; l++) printf("%s%s", l ? "," : " ", lm.cfg.layers[l]);
-    printf("   B %d, T %d, D %d, params %lld, form %s, chunk %d\n", B, T, lm.cfg.d_model,
-           (long long)params_count(&ps, false), mixer_form_name(cfg.model.form), cfg.model.chunk_size);
-    printf("threads: %d (omp_get_max_threads)   precision: %s   OpenBLAS core: %s\nGEMM: %s\n", threads, REAL_NAME,
-           blas_core_name(), blas_describe());
-    if (device != DEVICE_CPU) printf("device: %s\n", device_describe(device));
+    print_setup(base, &lm, &ps, &cfg, threads, device);
 
     double *tf = xmalloc((size_t)steps * sizeof(double)), *tb = xmalloc((size_t)steps * sizeof(double));
     double *to = xmalloc((size_t)steps * sizeof(double)), *ts = xmalloc((size_t)steps * sizeof(double));
     double *tc = xmalloc((size_t)steps * sizeof(double));
-    double last_loss = 0;
-    for (int it = 0; it < warmup + steps; it++) {
-        if (profile && it == warmup) tape_profile(&tp, true);
-        double c0 = runlog_cpu_now(), t0 = runlog_now();
-        params_zero_grad(&ps);
-        Tensor *loss = lm_loss(&tp, &lm, x, y, B, T, NULL);
-        dev_sync(device);
-        double t1 = runlog_now();
-        tape_backward(&tp, loss);
-        real l;
-        dev_to_host(&l, loss->data, sizeof l, device);   // (waits for the backward on a GPU)
-        last_loss = l;
-        tape_reset(&tp);
-        double t2 = runlog_now();
-        optim_clip_grad_norm(&ps, cfg.train.grad_clip);   // (reads the norm back: waits)
-        optim_step(&opt, &ps, cfg.train.lr);
-        dev_sync(device);
-        double t3 = runlog_now(), c3 = runlog_cpu_now();
-        if (it >= warmup) {
-            int j = it - warmup;
-            tf[j] = t1 - t0;
-            tb[j] = t2 - t1;
-            to[j] = t3 - t2;
-            ts[j] = t3 - t0;
-            tc[j] = c3 - c0;
-        }
-    }
+    double last_loss = run_steps(&lm, &ps, &opt, &tp, &cfg, x, y, warmup, steps, profile, tf, tb, to, ts, tc);
     double mf = median(tf, steps), mb = median(tb, steps), mo = median(to, steps), ms = median(ts, steps);
     double mc = median(tc, steps);
     printf("per step (median of %d after %d warm-up): forward %.1f ms, backward %.1f ms, clip+AdamW %.1f ms, "

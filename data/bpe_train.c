@@ -14,7 +14,7 @@
 
 #include "bpe_impl.h"
 
-typedef struct Trainer {
+typedef struct BpeTrainer {
     // words: unique pieces
     int64_t n_words, cap_words;
     int64_t *w_text;      // (n_words) where the piece first occurs in the corpus
@@ -51,11 +51,11 @@ typedef struct Trainer {
     int n_touched, cap_touched;
     int merge_no;
     const uint8_t *text;
-} Trainer;
+} BpeTrainer;
 
 // ---------------------------------------------------------------- words
 
-static void words_grow_table(Trainer *t) {
+static void words_grow_table(BpeTrainer *t) {
     uint64_t size = t->w_mask ? 2 * (t->w_mask + 1) : 1 << 16;
     free(t->w_table);
     t->w_table = xcalloc(size, sizeof *t->w_table);
@@ -67,7 +67,7 @@ static void words_grow_table(Trainer *t) {
     }
 }
 
-static void words_add(Trainer *t, int64_t at, int len) {
+static void words_add(BpeTrainer *t, int64_t at, int len) {
     const uint8_t *p = t->text + at;
     uint64_t i = bpe_bytes_hash(p, len) & t->w_mask;
     for (uint32_t w; (w = t->w_table[i]) != 0; i = (i + 1) & t->w_mask) {
@@ -92,7 +92,7 @@ static void words_add(Trainer *t, int64_t at, int len) {
 
 // ---------------------------------------------------------------- tokens
 
-static int token_find(const Trainer *t, const uint8_t *p, int len) {
+static int token_find(const BpeTrainer *t, const uint8_t *p, int len) {
     uint32_t i = (uint32_t)bpe_bytes_hash(p, len) & t->t_mask;
     for (uint32_t id; (id = t->t_table[i]) != 0; i = (i + 1) & t->t_mask) {
         id--;
@@ -101,7 +101,7 @@ static int token_find(const Trainer *t, const uint8_t *p, int len) {
     return -1;
 }
 
-static int token_add(Trainer *t, const uint8_t *p, int len) {
+static int token_add(BpeTrainer *t, const uint8_t *p, int len) {
     if (t->t_blob_n + len > t->t_blob_cap) {
         t->t_blob_cap = 2 * t->t_blob_cap + len;
         t->t_blob = xrealloc(t->t_blob, (size_t)t->t_blob_cap);
@@ -118,24 +118,24 @@ static int token_add(Trainer *t, const uint8_t *p, int len) {
 
 // ---------------------------------------------------------------- pairs and the heap
 
-static inline bool pair_better(const Trainer *t, int p, int q) {
+static inline bool pair_better(const BpeTrainer *t, int p, int q) {
     if (t->cnt[p] != t->cnt[q]) return t->cnt[p] > t->cnt[q];
     if (t->pa[p] != t->pa[q]) return t->pa[p] < t->pa[q];
     return t->pb[p] < t->pb[q];
 }
 
-static void heap_set(Trainer *t, int i, int p) {
+static void heap_set(BpeTrainer *t, int i, int p) {
     t->heap[i] = p;
     t->hpos[p] = i;
 }
 
-static void sift_up(Trainer *t, int i) {
+static void heap_sift_up(BpeTrainer *t, int i) {
     int p = t->heap[i];
     for (; i > 0 && pair_better(t, p, t->heap[(i - 1) / 2]); i = (i - 1) / 2) heap_set(t, i, t->heap[(i - 1) / 2]);
     heap_set(t, i, p);
 }
 
-static void sift_down(Trainer *t, int i) {
+static void heap_sift_down(BpeTrainer *t, int i) {
     int p = t->heap[i];
     for (;;) {
         int c = 2 * i + 1;
@@ -148,13 +148,13 @@ static void sift_down(Trainer *t, int i) {
     heap_set(t, i, p);
 }
 
-static uint32_t pair_slot(const Trainer *t, int a, int b) {
+static uint32_t pair_slot(const BpeTrainer *t, int a, int b) {
     uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
     k *= 0x9E3779B97F4A7C15ull;
     return (uint32_t)(k >> 32) & t->p_mask;
 }
 
-static void pairs_grow(Trainer *t) {
+static void pairs_grow(BpeTrainer *t) {
     int cap = t->cap_pairs ? 2 * t->cap_pairs : 1 << 16;
     t->pa = xrealloc(t->pa, (size_t)cap * sizeof *t->pa);
     t->pb = xrealloc(t->pb, (size_t)cap * sizeof *t->pb);
@@ -179,7 +179,7 @@ static void pairs_grow(Trainer *t) {
 }
 
 // Add delta to the count of (a, b) as seen in word w (creating the pair).
-static void pair_add(Trainer *t, int a, int b, int64_t delta, int32_t w) {
+static void pair_add(BpeTrainer *t, int a, int b, int64_t delta, int32_t w) {
     if (t->t_len[a] + t->t_len[b] > BPE_TOKEN_MAX) return;   // never merged, so never counted
     uint32_t i = pair_slot(t, a, b);
     int p = -1;
@@ -200,7 +200,7 @@ static void pair_add(Trainer *t, int a, int b, int64_t delta, int32_t w) {
         t->pa[p] = a, t->pb[p] = b, t->cnt[p] = 0, t->pending[p] = 0;
         t->occ[p] = NULL, t->occ_n[p] = t->occ_cap[p] = 0, t->occ_last[p] = -1, t->touch[p] = -1;
         heap_set(t, p, p);   // at the end of the heap with count 0 (init_words heapifies at its end)
-        if (t->merge_no >= 0) sift_up(t, p);
+        if (t->merge_no >= 0) heap_sift_up(t, p);
     }
     // While merging, counts change only in fix_touched, one at a time, so the
     // heap is whole before each sift (sifting several changed keys in one pass
@@ -225,26 +225,26 @@ static void pair_add(Trainer *t, int a, int b, int64_t delta, int32_t w) {
     }
 }
 
-static void word_pairs(Trainer *t, int32_t w, int64_t sign) {
+static void word_pairs(BpeTrainer *t, int32_t w, int64_t sign) {
     const int32_t *s = t->sym + t->w_start[w];
     for (int i = 0; i + 1 < t->w_len[w]; i++) pair_add(t, s[i], s[i + 1], sign * t->w_freq[w], w);
 }
 
-static void fix_touched(Trainer *t) {
+static void fix_touched(BpeTrainer *t) {
     for (int k = 0; k < t->n_touched; k++) {
         int p = t->touched[k];
         if (t->pending[p] == 0) continue;
         t->cnt[p] += t->pending[p];
         t->pending[p] = 0;
-        sift_up(t, t->hpos[p]);
-        sift_down(t, t->hpos[p]);
+        heap_sift_up(t, t->hpos[p]);
+        heap_sift_down(t, t->hpos[p]);
     }
     t->n_touched = 0;
 }
 
 // ---------------------------------------------------------------- the steps
 
-static void count_pieces(Trainer *t, const BpeSplit *split, int64_t n, const BpeTrainOpts *o, BpeTrainStats *st) {
+static void count_pieces(BpeTrainer *t, const BpeSplit *split, int64_t n, const BpeTrainOpts *o, BpeTrainStats *st) {
     int64_t pos = 0, last_report = -1;
     BpeSplitIter it;
     while (pos < n) {
@@ -270,7 +270,7 @@ static void count_pieces(Trainer *t, const BpeSplit *split, int64_t n, const Bpe
     st->unique_pieces = t->n_words;
 }
 
-static void init_words(Trainer *t) {
+static void init_words(BpeTrainer *t) {
     t->w_start = xmalloc((size_t)t->n_words * sizeof *t->w_start + 1);
     t->w_len = xmalloc((size_t)t->n_words * sizeof *t->w_len + 1);
     t->w_stamp = xmalloc((size_t)t->n_words * sizeof *t->w_stamp + 1);
@@ -283,12 +283,12 @@ static void init_words(Trainer *t) {
     }
     t->merge_no = -1;
     for (int64_t w = 0; w < t->n_words; w++) word_pairs(t, (int32_t)w, +1);
-    for (int i = t->n_pairs / 2 - 1; i >= 0; i--) sift_down(t, i);
+    for (int i = t->n_pairs / 2 - 1; i >= 0; i--) heap_sift_down(t, i);
     t->n_touched = 0;
 }
 
 // One merge: false when no pair is left.
-static bool merge_best(Trainer *t, BpeTrainStats *st) {
+static bool merge_best(BpeTrainer *t, BpeTrainStats *st) {
     if (t->n_pairs == 0 || t->cnt[t->heap[0]] <= 0) return false;
     int top = t->heap[0], a = t->pa[top], b = t->pb[top];
     uint8_t bytes[2 * BPE_TOKEN_MAX];
@@ -325,7 +325,7 @@ static bool merge_best(Trainer *t, BpeTrainStats *st) {
     return true;
 }
 
-static void trainer_free(Trainer *t) {
+static void bpe_trainer_free(BpeTrainer *t) {
     free(t->w_text), free(t->w_bytes), free(t->w_start), free(t->w_len), free(t->w_freq), free(t->w_stamp);
     free(t->sym), free(t->w_table);
     free(t->t_off), free(t->t_len), free(t->t_blob), free(t->t_table);
@@ -360,7 +360,7 @@ Status bpe_train(const uint8_t *text, int64_t n, const BpeTrainOpts *o, uint8_t 
     const char *pattern = o->pattern ? o->pattern : bpe_pattern_named("cl100k_base");
     BpeSplit *split = bpe_split_new(pattern, &s);
     if (!split) return s;
-    Trainer t = {.text = text};
+    BpeTrainer t = {.text = text};
     words_grow_table(&t);
     count_pieces(&t, split, n, o, st);
     bpe_split_free(split);
@@ -392,7 +392,7 @@ Status bpe_train(const uint8_t *text, int64_t n, const BpeTrainOpts *o, uint8_t 
     for (int i = 0; i < o->n_specials; i++) sp[i] = (BpeSpecial){o->specials[i], t.n_tok + i};
     Bpe *b = bpe_from_tiktoken((const uint8_t *)tk, m, "trained tokenizer", pattern, sp, o->n_specials, &s);
     free(tk), free(sp);
-    trainer_free(&t);
+    bpe_trainer_free(&t);
     if (!b) return s;
     *file = bpe_to_buffer(b, len);
     bpe_free(b);

@@ -300,7 +300,7 @@ Test(attn_kernel, decode_kernel_equals_last_row) {
 }
 
 // The decoding kernel over long caches: its keys are cut into parts of 256
-// (attn_flash.c), merged by their maxima and sums. Caches of 1 to 1100 keys
+// (attn_decode.c), merged by their maxima and sums. Caches of 1 to 1100 keys
 // (one part, a part and one key, several parts), rows whose document starts
 // later (key0: fewer parts than the longest row), head sizes that are not
 // whole vectors, and scores large enough that each part's max differs:

@@ -206,6 +206,37 @@ Test(config, custom_mixer_checker) {
     config_free(&cfg);
 }
 
+// Without a checker, the names [model] layers accepts are the mixer kinds'
+// registry's (mixer.h), not a list kept beside it: a kind the program
+// registers becomes a known name and appears in the message for an unknown one.
+static void *toy_cache_new(const Mixer *m, int B, int max_T, Device dev) { return NULL; }
+static void toy_cache_free(void *cache) {}
+static void toy_cache_reset(const Mixer *m, void *cache, int b) {}
+static void toy_create(Mixer *m, ParamStore *ps, const char *prefix) {}
+static Tensor *toy_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out) {
+    return u;
+}
+static Tensor *toy_step(Tape *tp, Mixer *m, void *cache, Tensor *u) { return u; }
+
+Test(config, mixer_names_come_from_the_registry) {
+    static const MixerKind toy = {.name = "toy", .create = toy_create, .forward = toy_forward,
+                                  .cache_new = toy_cache_new, .cache_free = toy_cache_free, .step = toy_step,
+                                  .cache_reset = toy_cache_reset};
+    TrainConfig cfg;
+    config_defaults(&cfg, NULL);
+    Status st = config_set(&cfg, "model.layers=toy");
+    cr_assert_str_eq(st.msg, "--set model.layers=toy: [model] layers: 'toy' is not a known mixer (attn, linear, "
+                             "mamba, gdn, attn_dsa)");
+    mixer_kind_register(&toy);   // (each test runs in a process of its own)
+    st = config_set(&cfg, "model.layers=attn,toy");
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_str_eq(cfg.model.layers.name[1], "toy");
+    st = config_set(&cfg, "model.layers=lstm");
+    cr_assert_str_eq(st.msg, "--set model.layers=lstm: [model] layers: 'lstm' is not a known mixer (attn, linear, "
+                             "mamba, gdn, attn_dsa, toy)");
+    config_free(&cfg);
+}
+
 Test(config, cross_key_validation) {
     TrainConfig cfg;
     char path[600], want[1400];

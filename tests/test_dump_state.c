@@ -59,8 +59,8 @@ Test(dump_state, config_attribute_rebuilds_the_same_model) {
     s = config_load_string(&back, text, "dump");
     cr_assert(s.ok, "%s\n%s", s.msg, text);
     LMConfig a, b;
-    cr_assert(model_config_from_train(&cfg, &a).ok);
-    cr_assert(model_config_from_train(&back, &b).ok);
+    cr_assert(config_model(&cfg, &a).ok);
+    cr_assert(config_model(&back, &b).ok);
     cr_assert_eq(a.n_layers, b.n_layers);
     for (int l = 0; l < a.n_layers; l++) cr_assert_str_eq(a.layers[l], b.layers[l]);
     cr_assert(a.d_model == b.d_model && a.d_ff == b.d_ff && a.tied == b.tied && a.norm_eps == b.norm_eps);

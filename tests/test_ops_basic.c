@@ -194,3 +194,42 @@ Test(ops_basic, add_broadcast_mismatch_fails) {
     tensor_free(b);
     tape_free(&tp);
 }
+
+// The checker itself: an op whose backward gives half the true gradient
+// (y = 2x, dx += dy) must fail on every element and every random direction,
+// and the result must name that input (not the correct one beside it), the
+// worst element, and both values.
+static void twice_forward(Node *n) {
+    for (int64_t i = 0; i < n->out[0]->numel; i++) n->out[0]->data[i] = 2 * n->in[0]->data[i];
+}
+static void twice_wrong_backward(Node *n) {
+    real *dx = NODE_GRAD_IN(n, 0);
+    for (int64_t i = 0; dx && i < n->out[0]->numel; i++) dx[i] += n->out[0]->grad[i];
+}
+static const OpDef OP_TWICE_WRONG = {"twice_wrong", twice_forward, twice_wrong_backward, NULL, NULL};
+
+static int f_wrong(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    Tensor *y = tape_tensorv(tp, 2, in[1]->shape[0], in[1]->shape[1]);
+    Node *node = tape_op(tp, &OP_TWICE_WRONG, (Tensor *[]){in[1]}, 1, &y, 1);
+    tape_forward(node);
+    out[0] = op_add(tp, in[0], y);
+    return 1;
+}
+
+Test(ops_basic, gradcheck_finds_a_wrong_gradient) {
+    Tensor *a = tensor_newv(true, 2, 3, 4), *b = tensor_newv(true, 2, 3, 4);
+    fill_normal(a, 3, 1.0);
+    fill_normal(b, 4, 1.0);
+    GradcheckResult r = gradcheck("twice_wrong", f_wrong, (Tensor *[]){a, b}, 2, NULL, NULL);
+    GradcheckOptions o = gradcheck_defaults();
+    cr_assert(!r.passed);
+    cr_assert_eq(r.worst_input, 1);
+    cr_assert_eq(r.n_checked, 2 * (12 + o.n_directions));   // every element of both, and the directions
+    cr_assert_gt(r.max_rel, 0.45);
+    cr_assert_lt(r.max_rel, 0.55);   // |g/2 - g| / |g|
+    if (r.worst_index >= 0) cr_assert_lt(r.worst_index, 12);
+    cr_assert(fabs(r.analytic - r.numeric / 2) <= 0.1 * fabs(r.numeric), "analytic %g, numeric %g", r.analytic,
+              r.numeric);
+    tensor_free(a);
+    tensor_free(b);
+}

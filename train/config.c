@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include "fileio.h"
-#include "model_setup.h"
 #include "documents.h"
 #include "tokenizer.h"
 
@@ -331,6 +330,47 @@ static Status check_round_trip(const TrainConfig *cfg) {
     return s;
 }
 
+Status config_model(const TrainConfig *tc, LMConfig *lc) {
+    memset(lc, 0, sizeof *lc);
+    lc->vocab_size = tc->vocab_size > 0 ? tc->vocab_size : TOKENIZER_BYTE_VOCAB;
+    lc->d_model = tc->model.d_model;
+    lc->d_ff = tc->model.d_ff;
+    lc->tied = tc->model.tied_embeddings;
+    lc->norm_eps = tc->model.norm_eps;
+    if (tc->model.layers.n > LM_MAX_LAYERS) return status_err("[model] layers: more than %d layers", LM_MAX_LAYERS);
+    lc->n_layers = tc->model.layers.n;
+    for (int l = 0; l < lc->n_layers; l++) {
+        if (!mixer_kind_find(tc->model.layers.name[l]))
+            return status_err("[model] layers: mixer '%s' is not built into this program (known: %s)",
+                              tc->model.layers.name[l], mixer_kind_names());
+        snprintf(lc->layers[l], sizeof lc->layers[l], "%s", tc->model.layers.name[l]);
+    }
+    MixerConfig mc = mixer_config_default(tc->model.d_model, tc->model.n_heads, tc->model.d_k, tc->model.d_v);
+    mc.chunk_size = tc->model.chunk_size;
+    mc.conv_size = tc->model.conv_size;
+    mc.form = tc->model.form;
+    mc.rope_base = tc->model.rope_base;
+    mc.norm_eps = tc->model.norm_eps;
+    mc.index_heads = tc->model.index_heads;
+    mc.index_dim = tc->model.index_dim;
+    mc.topk = tc->model.topk;
+    lc->mixer = mc;
+    return status_ok();
+}
+
+// Every constraint the model built from cfg would assert (lm_config_check,
+// through the mixer kinds' registry): the [model] or [data] key at fault and
+// why, or NULL.
+static const char *check_model(const TrainConfig *cfg, char *why, size_t n) {
+    LMConfig lc;
+    Status s = config_model(cfg, &lc);
+    if (!s.ok) {
+        snprintf(why, n, "%.*s", (int)n - 1, s.msg);   // cut to why's size
+        return "layers";
+    }
+    return lm_config_check(&lc, (int64_t)cfg->data.batch_size * cfg->data.seq_len, why, n);
+}
+
 Status config_validate(const TrainConfig *cfg) {
     if (cfg->train.min_lr > cfg->train.lr)
         return status_err("%s: [train] min_lr: %g is above lr = %g", WHERE("train", "min_lr"), cfg->train.min_lr,
@@ -364,7 +404,7 @@ Status config_validate(const TrainConfig *cfg) {
                           "none or sparse)",
                           WHERE("train", "carry_state"));
     char why[600];
-    const char *key = model_check(cfg, why, sizeof why);
+    const char *key = check_model(cfg, why, sizeof why);
     if (key) {
         const char *sec = schema_find("model", key) ? "model" : "data";
         return status_err("%s: [%s] %s: %s", WHERE(sec, key), sec, key, why);

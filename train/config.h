@@ -5,7 +5,7 @@
 // text and the dump of the effective config. Use:
 //
 //     TrainConfig cfg;
-//     config_defaults(&cfg, NULL);                  // NULL: fixed mixer list
+//     config_defaults(&cfg, NULL);                  // NULL: the mixer registry's names
 //     char path[CONFIG_STR_MAX];
 //     const char *dirs[] = {".", SOURCE_DIR};
 //     Status st = config_find(argv_cfg, dirs, 2, path, sizeof path);
@@ -28,6 +28,7 @@
 #include <stdio.h>
 
 #include "common.h"
+#include "lm.h"
 #include "mixer.h"
 
 #define CONFIG_MAX_LAYERS 64   // longest [model] layers / [finetune] dsa_layers list
@@ -54,8 +55,8 @@ typedef struct ConfigInts {    // a comma list of integers, e.g. "1,3"
     int v[CONFIG_MAX_LAYERS];
 } ConfigInts;
 
-// Checks a mixer name of [model] layers; NULL uses the fixed list
-// attn, linear, mamba, gdn, attn_dsa.
+// Checks a mixer name of [model] layers; NULL asks the mixer kinds' registry
+// (mixer_kind_find: the built-in kinds and those mixer_kind_register added).
 typedef bool (*MixerNameCheck)(const char *name);
 
 typedef struct TrainConfig {
@@ -120,7 +121,7 @@ typedef struct TrainConfig {
     char *text;                  // raw text of the last file/string loaded (malloc'd) or NULL
     char source[CONFIG_STR_MAX]; // its path (or the name given to config_load_string)
     int origin[CONFIG_MAX_KEYS]; // per schema row: 0 default, >0 line in `source`, -1 --set
-    MixerNameCheck check_mixer;  // NULL = fixed list
+    MixerNameCheck check_mixer;  // NULL = the mixer registry (mixer_kind_find)
     int vocab_size;              // the tokenizer's, once a program knows it (0: the byte tokenizer's 256)
 } TrainConfig;
 
@@ -137,10 +138,14 @@ Status config_set(TrainConfig *cfg, const char *assignment);
 // The same; *key_index (may be NULL) receives the key's index (config_key_ref).
 Status config_set_key(TrainConfig *cfg, const char *assignment, int *key_index);
 // Cross-key checks (min_lr <= lr, dsa_layers inside the model, ...), every
-// constraint the layers assert (model_check), and that every value survives
+// constraint the layers assert (lm_config_check of config_model's LMConfig), and that every value survives
 // being written by config_dump and read back. Call after the file and the
 // overrides; errors name where the key was set (file:line, --set, default).
 Status config_validate(const TrainConfig *cfg);
+
+// The LMConfig the [model] section describes (vocabulary: cfg->vocab_size,
+// or the byte tokenizer's when 0). An error names a mixer this program lacks.
+Status config_model(const TrainConfig *cfg, LMConfig *lc);
 
 // The warm-up steps a run uses: warmup_steps, or warmup_fraction x steps.
 int config_warmup_steps(const TrainConfig *cfg);

@@ -11,86 +11,9 @@
 
 bool model_mixer_known(const char *name) { return mixer_kind_find(name) != NULL; }
 
-Status model_config_from_train(const TrainConfig *tc, LMConfig *lc) {
-    memset(lc, 0, sizeof *lc);
-    lc->vocab_size = tc->vocab_size > 0 ? tc->vocab_size : TOKENIZER_BYTE_VOCAB;
-    lc->d_model = tc->model.d_model;
-    lc->d_ff = tc->model.d_ff;
-    lc->tied = tc->model.tied_embeddings;
-    lc->norm_eps = tc->model.norm_eps;
-    if (tc->model.layers.n > LM_MAX_LAYERS) return status_err("[model] layers: more than %d layers", LM_MAX_LAYERS);
-    lc->n_layers = tc->model.layers.n;
-    for (int l = 0; l < lc->n_layers; l++) {
-        if (!mixer_kind_find(tc->model.layers.name[l]))
-            return status_err("[model] layers: mixer '%s' is not built into this program (known: %s)",
-                              tc->model.layers.name[l], mixer_kind_names());
-        snprintf(lc->layers[l], sizeof lc->layers[l], "%s", tc->model.layers.name[l]);
-    }
-    MixerConfig mc = mixer_config_default(tc->model.d_model, tc->model.n_heads, tc->model.d_k, tc->model.d_v);
-    mc.chunk_size = tc->model.chunk_size;
-    mc.conv_size = tc->model.conv_size;
-    mc.form = tc->model.form;
-    mc.rope_base = tc->model.rope_base;
-    mc.norm_eps = tc->model.norm_eps;
-    mc.index_heads = tc->model.index_heads;
-    mc.index_dim = tc->model.index_dim;
-    mc.topk = tc->model.topk;
-    lc->mixer = mc;
-    return status_ok();
-}
-
-// Sizes beyond which a tensor's element count or a loop index would leave
-// int32 (the kernels index rows and columns with int).
-#define MODEL_MAX_TENSOR ((int64_t)INT32_MAX)
-
-const char *model_check(const TrainConfig *tc, char *why, size_t n) {
-    LMConfig lc;
-    Status s = model_config_from_train(tc, &lc);
-    if (!s.ok) {
-        snprintf(why, n, "%s", s.msg);
-        return "layers";
-    }
-    bool form_used = false;
-    for (int l = 0; l < lc.n_layers; l++) {
-        const char *key = mixer_config_check(lc.layers[l], &lc.mixer, why, n);
-        if (key) {
-            char msg[300];
-            snprintf(msg, sizeof msg, "%s", why);
-            snprintf(why, n, "layer %d: %s", l, msg);
-            return key;
-        }
-        form_used |= mixer_kind_find(lc.layers[l])->forms != 0;
-    }
-    if (!form_used && tc->model.form != MIXER_FORM_CHUNKED) {
-        snprintf(why, n, "form = %s has no effect: none of the layers (%s...) has training forms to choose "
-                         "between (only linear, mamba and gdn do); remove the key",
-                 mixer_form_name(tc->model.form), lc.layers[0]);
-        return "form";
-    }
-    // Every tensor of a step must stay within int32 elements.
-    const MixerConfig *m = &lc.mixer;
-    int64_t D = lc.d_model, F = lc.d_ff, V = lc.vocab_size, H = m->n_heads;
-    int64_t widest = D;
-    const int64_t widths[] = {F, V, H * m->d_k, H * m->d_v, (int64_t)m->index_heads * m->index_dim};
-    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
-        if (widths[i] > widest) widest = widths[i];
-    int64_t rows = (int64_t)tc->data.batch_size * tc->data.seq_len;
-    if (D * F > MODEL_MAX_TENSOR || D * widest > MODEL_MAX_TENSOR || V * D > MODEL_MAX_TENSOR) {
-        snprintf(why, n, "a weight of %lld x %lld elements is more than this build's %lld per tensor",
-                 (long long)D, (long long)widest, (long long)MODEL_MAX_TENSOR);
-        return "d_model";
-    }
-    if (rows * widest > MODEL_MAX_TENSOR || rows * m->topk > MODEL_MAX_TENSOR) {
-        snprintf(why, n, "batch_size x seq_len = %lld rows of up to %lld numbers is more than %lld per tensor",
-                 (long long)rows, (long long)(widest > m->topk ? widest : m->topk), (long long)MODEL_MAX_TENSOR);
-        return "seq_len";
-    }
-    return NULL;
-}
-
 Status model_build(const TrainConfig *tc, LM *lm, ParamStore *ps, const char *ckpt) {
     LMConfig lc;
-    Status s = model_config_from_train(tc, &lc);
+    Status s = config_model(tc, &lc);
     if (!s.ok) return s;
     params_init(ps);
     lm_create(lm, &lc, ps);

@@ -8,13 +8,6 @@
 #include "lm.h"
 #include "tokenizer.h"
 
-// Fill an LMConfig from the [model] section (vocabulary: the byte tokenizer's).
-Status model_config_from_train(const TrainConfig *tc, LMConfig *lc);
-// Every constraint the layers would assert, for config validation: returns
-// the [model] or [data] key at fault and writes why, or NULL when the model
-// can be built (each layer's mixer_config_check; the form applies to some
-// layer; every tensor of a step within int32 elements).
-const char *model_check(const TrainConfig *tc, char *why, size_t n);
 // Build the LM and finalize its parameters from the config's seed. ckpt
 // non-NULL: first check that this checkpoint holds exactly the model's
 // parameters (checkpoint_check_params), before anything is allocated.
@@ -46,7 +39,7 @@ int model_set_threads(int threads);
 // here (no oneDNN in this build, bf16 in the float64 build or on a CPU
 // without AVX512_BF16).
 Status model_set_products(const TrainConfig *tc);
-// Is this a known mixer name? (for config validation)
+// Is this a known mixer name? (mixer_kind_find; the same as config_defaults' NULL)
 bool model_mixer_known(const char *name);
 // Mean validation loss over n_batches fixed validation batches (no-grad).
 double model_eval_loss(Tape *tp, LM *lm, const Batcher *bt, int n_batches, int *x, int *y, int *doc);

@@ -21,7 +21,7 @@ bool poseval_all_recurrent(const LM *lm) {
 }
 
 // The widest row of any tensor a forward of `rows` positions makes, as
-// model_check counts it: rows x widest must stay within int32 elements.
+// lm_config_check (lm.h) counts it: rows x widest must stay within int32 elements.
 static bool rows_fit(const LM *lm, int64_t rows) {
     const LMConfig *c = &lm->cfg;
     const MixerConfig *m = &c->mixer;

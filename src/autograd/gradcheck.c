@@ -135,6 +135,100 @@ static double rel_err(double a, double n, double floor) {
     return den > 0 ? d / den : d;
 }
 
+// The elements of input i (x, its host values hx, its analytic gradient an)
+// against central differences: all of them, or opt->max_elems drawn at
+// random. Each error goes into res (the worst one's place and values) and
+// *worst_here; returns how many were checked.
+static int64_t check_elements(Probe *p, const GradcheckOptions *opt, Rng *rng, Tensor *x, real *hx, const real *an,
+                              int i, GradcheckResult *res, double *worst_here) {
+    Device dev = p->tp->device;
+    int64_t n = x->numel;
+    bool all = n <= opt->max_elems;
+    int64_t count = all ? n : opt->max_elems;
+    int64_t *idx = xmalloc((size_t)count * sizeof *idx);
+    for (int64_t j = 0; j < count; j++) idx[j] = all ? j : (int64_t)rng_below(rng, (uint64_t)n);
+    double *num = xmalloc((size_t)count * sizeof *num);
+    double scale = 0;
+    for (int64_t j = 0; j < count; j++) {
+        real saved = hx[idx[j]];
+        hx[idx[j]] = (real)(saved + opt->eps);
+        push_values(x, hx, idx[j], 1, dev);
+        double fp = probe_eval(p);
+        hx[idx[j]] = (real)(saved - opt->eps);
+        push_values(x, hx, idx[j], 1, dev);
+        double fm = probe_eval(p);
+        hx[idx[j]] = saved;
+        push_values(x, hx, idx[j], 1, dev);
+        num[j] = (fp - fm) / (2 * opt->eps);
+        scale = fmax(scale, fabs(num[j]));
+    }
+    for (int64_t j = 0; j < count; j++) scale = fmax(scale, fabs((double)an[idx[j]]));
+    double floor = fmax(opt->floor_frac * scale, 1e-12);
+    for (int64_t j = 0; j < count; j++) {
+        double e = rel_err(an[idx[j]], num[j], floor);
+        res->n_checked++;
+        if (e > *worst_here) *worst_here = e;
+        if (e > res->max_rel || res->worst_input < 0) {
+            res->max_rel = fmax(res->max_rel, e);
+            res->worst_input = i;
+            res->worst_index = idx[j];
+            res->analytic = an[idx[j]];
+            res->numeric = num[j];
+        }
+    }
+    free(idx);
+    free(num);
+    return count;
+}
+
+// Input i along opt->n_directions random unit directions over all of it:
+// the analytic directional derivative against a central difference, into
+// res (worst_index -1) and *worst_here.
+static void check_directions(Probe *p, const GradcheckOptions *opt, Rng *rng, Tensor *x, real *hx, const real *an,
+                             int i, GradcheckResult *res, double *worst_here) {
+    Device dev = p->tp->device;
+    int64_t n = x->numel;
+    real *dir = xmalloc((size_t)n * sizeof(real));
+    real *saved = xmalloc((size_t)n * sizeof(real));
+    memcpy(saved, hx, (size_t)n * sizeof(real));
+    for (int d = 0; d < opt->n_directions; d++) {
+        double norm = 0;
+        for (int64_t j = 0; j < n; j++) {
+            dir[j] = (real)rng_normal(rng);
+            norm += (double)dir[j] * dir[j];
+        }
+        norm = sqrt(norm);
+        double dot = 0;
+        for (int64_t j = 0; j < n; j++) {
+            dir[j] = (real)(dir[j] / norm);
+            dot += (double)an[j] * dir[j];
+        }
+        for (int64_t j = 0; j < n; j++) hx[j] = (real)(saved[j] + opt->eps * dir[j]);
+        push_values(x, hx, 0, n, dev);
+        double fp = probe_eval(p);
+        for (int64_t j = 0; j < n; j++) hx[j] = (real)(saved[j] - opt->eps * dir[j]);
+        push_values(x, hx, 0, n, dev);
+        double fm = probe_eval(p);
+        memcpy(hx, saved, (size_t)n * sizeof(real));
+        push_values(x, hx, 0, n, dev);
+        double numd = (fp - fm) / (2 * opt->eps);
+        double dscale = 0;
+        for (int64_t j = 0; j < n; j++) dscale += (double)an[j] * an[j];
+        double e = rel_err(dot, numd, fmax(opt->floor_frac * sqrt(dscale), 1e-12));
+        res->n_checked++;
+        if (e > *worst_here) *worst_here = e;
+        if (e > res->max_rel) {
+            res->max_rel = e;
+            res->worst_input = i;
+            res->worst_index = -1;
+            res->analytic = dot;
+            res->numeric = numd;
+        }
+    }
+    free(dir);
+    free(saved);
+}
+
 GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *inputs, int n_inputs,
                           void *ctx, const GradcheckOptions *opt_in) {
     GradcheckOptions opt = opt_in ? *opt_in : gradcheck_defaults();
@@ -183,87 +277,13 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
     for (int i = 0; i < n_inputs; i++) {
         Tensor *x = inputs[i];
         if (!x->requires_grad) continue;
-        int64_t n = x->numel;
-        bool all = n <= opt.max_elems;
-        int64_t count = all ? n : opt.max_elems;
-        int64_t *idx = xmalloc((size_t)count * sizeof *idx);
-        for (int64_t j = 0; j < count; j++) idx[j] = all ? j : (int64_t)rng_below(&rng, (uint64_t)n);
-        double *num = xmalloc((size_t)count * sizeof *num);
-        double scale = 0;
         real *hx = host_values(inputs, mv, i);
-        for (int64_t j = 0; j < count; j++) {
-            real saved = hx[idx[j]];
-            hx[idx[j]] = (real)(saved + opt.eps);
-            push_values(x, hx, idx[j], 1, dev);
-            double fp = probe_eval(&p);
-            hx[idx[j]] = (real)(saved - opt.eps);
-            push_values(x, hx, idx[j], 1, dev);
-            double fm = probe_eval(&p);
-            hx[idx[j]] = saved;
-            push_values(x, hx, idx[j], 1, dev);
-            num[j] = (fp - fm) / (2 * opt.eps);
-            scale = fmax(scale, fabs(num[j]));
-        }
-        for (int64_t j = 0; j < count; j++) scale = fmax(scale, fabs((double)analytic[i][idx[j]]));
-        double floor = fmax(opt.floor_frac * scale, 1e-12);
         double worst_here = 0;
-        for (int64_t j = 0; j < count; j++) {
-            double e = rel_err(analytic[i][idx[j]], num[j], floor);
-            res.n_checked++;
-            if (e > worst_here) worst_here = e;
-            if (e > res.max_rel || res.worst_input < 0) {
-                res.max_rel = fmax(res.max_rel, e);
-                res.worst_input = i;
-                res.worst_index = idx[j];
-                res.analytic = analytic[i][idx[j]];
-                res.numeric = num[j];
-            }
-        }
-        // Random directions over the whole input.
-        real *dir = xmalloc((size_t)n * sizeof(real));
-        real *saved = xmalloc((size_t)n * sizeof(real));
-        memcpy(saved, hx, (size_t)n * sizeof(real));
-        for (int d = 0; d < opt.n_directions; d++) {
-            double norm = 0;
-            for (int64_t j = 0; j < n; j++) {
-                dir[j] = (real)rng_normal(&rng);
-                norm += (double)dir[j] * dir[j];
-            }
-            norm = sqrt(norm);
-            double dot = 0;
-            for (int64_t j = 0; j < n; j++) {
-                dir[j] = (real)(dir[j] / norm);
-                dot += (double)analytic[i][j] * dir[j];
-            }
-            for (int64_t j = 0; j < n; j++) hx[j] = (real)(saved[j] + opt.eps * dir[j]);
-            push_values(x, hx, 0, n, dev);
-            double fp = probe_eval(&p);
-            for (int64_t j = 0; j < n; j++) hx[j] = (real)(saved[j] - opt.eps * dir[j]);
-            push_values(x, hx, 0, n, dev);
-            double fm = probe_eval(&p);
-            memcpy(hx, saved, (size_t)n * sizeof(real));
-            push_values(x, hx, 0, n, dev);
-            double numd = (fp - fm) / (2 * opt.eps);
-            double dscale = 0;
-            for (int64_t j = 0; j < n; j++) dscale += (double)analytic[i][j] * analytic[i][j];
-            double e = rel_err(dot, numd, fmax(opt.floor_frac * sqrt(dscale), 1e-12));
-            res.n_checked++;
-            if (e > worst_here) worst_here = e;
-            if (e > res.max_rel) {
-                res.max_rel = e;
-                res.worst_input = i;
-                res.worst_index = -1;
-                res.analytic = dot;
-                res.numeric = numd;
-            }
-        }
+        int64_t count = check_elements(&p, &opt, &rng, x, hx, analytic[i], i, &res, &worst_here);
+        check_directions(&p, &opt, &rng, x, hx, analytic[i], i, &res, &worst_here);
         if (opt.verbose)
             fprintf(stderr, "gradcheck %s: input %d '%s' %s: max rel err %.3e over %lld elements\n", label, i,
                     x->name ? x->name : "?", SHAPE(x), worst_here, (long long)count);
-        free(dir);
-        free(saved);
-        free(idx);
-        free(num);
     }
     res.passed = res.max_rel <= opt.tol;
     if (!res.passed) {

@@ -104,6 +104,18 @@ static inline real r_sqrt(real x) { return sqrtf(x); }
 static inline real r_sigmoid(real x) { return 1.0f / (1.0f + r_exp(-x)); }
 #endif
 
+// exp of a non-positive difference of cumulative log decays, taken in double
+// (the decay factors of the gated mixers: gla_internal.h, gdn_kernel.h),
+// evaluated in the build's precision. float32: the inline r_exp, not libm's
+// expf, so the loops over a chunk's (L, L) decay matrix vectorise.
+static inline real r_exp_decay(double x) {
+#ifdef AG_DOUBLE
+    return exp(x);
+#else
+    return r_exp((float)x);
+#endif
+}
+
 // d silu / dx = s (1 + x (1 - s)), s = sigmoid(x).
 static inline real r_silu_grad(real x) {
     real s = r_sigmoid(x);

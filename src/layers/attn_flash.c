@@ -1,5 +1,6 @@
-// attn_flash.c: causal softmax attention, FlashAttention-2 style, and the
-// one-query decoding kernel. The reference form is attn_naive.c.
+// attn_flash.c: causal softmax attention, FlashAttention-2 style. The
+// reference form is attn_naive.c; the one-query decoding kernel is
+// attn_decode.c.
 //
 // Forward, per (batch, head, query tile Q_i of bq rows), over the key tiles
 // K_j, V_j (bk rows) that hold positions s <= the tile's last query:
@@ -101,6 +102,73 @@ static size_t forward_scratch(const AttnDims *d) {
     return n;
 }
 
+// The online softmax of one block of the forward, lane-wise over its QB
+// queries: St (kmax keys x QB queries) holds the block's scores, query i sees
+// key j iff j <= lag + i (and j >= lo[i] when a document boundary cuts the
+// block; lo NULL: none does). The scores become the weights exp(S - m') (0
+// for a key the query does not see), the running max mb and sum lb move on,
+// and alpha receives exp(m - m'), the factor of the accumulated output.
+static inline void block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
+    real mx[QB], sum[QB];
+    bool cut = lo != NULL;
+#pragma omp simd
+    for (int i = 0; i < QB; i++) mx[i] = mb[i], sum[i] = 0;
+    // Keys j < jall are seen by every query of the block; the rest
+    // (the diagonal) by queries i >= j - lag only. A block that a
+    // document boundary cuts tests both bounds on every key.
+    int jall = cut ? 0 : imax(0, imin(kmax, lag + 1));
+    for (int j = 0; j < jall; j++) {
+        const real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+        for (int i = 0; i < QB; i++) mx[i] = Sj[i] > mx[i] ? Sj[i] : mx[i];
+    }
+    if (cut)
+        for (int j = 0; j < kmax; j++) {
+            const real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+            for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && j >= lo[i] && Sj[i] > mx[i] ? Sj[i] : mx[i];
+        }
+    for (int j = jall; j < kmax && !cut; j++) {
+        const real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+        for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && Sj[i] > mx[i] ? Sj[i] : mx[i];
+    }
+    for (int j = 0; j < jall; j++) {
+        real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+        for (int i = 0; i < QB; i++) {
+            Sj[i] = r_exp(Sj[i] - mx[i]);
+            sum[i] += Sj[i];
+        }
+    }
+    if (cut)
+        for (int j = 0; j < kmax; j++) {
+            real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+            for (int i = 0; i < QB; i++) {
+                Sj[i] = j <= lag + i && j >= lo[i] ? r_exp(Sj[i] - mx[i]) : 0;
+                sum[i] += Sj[i];
+            }
+        }
+    for (int j = jall; j < kmax && !cut; j++) {
+        real *Sj = St + (int64_t)j * QB;
+#pragma omp simd
+        for (int i = 0; i < QB; i++) {
+            Sj[i] = j <= lag + i ? r_exp(Sj[i] - mx[i]) : 0;
+            sum[i] += Sj[i];
+        }
+    }
+    // alpha = exp(m - m'): 0 on a query's first keys (m = -inf); 1
+    // when the max did not move, also for a query that sees none of
+    // these keys yet (m = m' = -inf, where m - m' is not a number).
+#pragma omp simd
+    for (int i = 0; i < QB; i++) {
+        alpha[i] = mb[i] == mx[i] ? 1 : r_exp(mb[i] - mx[i]);
+        lb[i] = alpha[i] * lb[i] + sum[i];
+        mb[i] = mx[i];
+    }
+}
+
 // One query tile of one head: the queries at positions t0..t0+nq-1, which
 // see keys 0 .. t, and their outputs and lse. k, v: head-h base pointers of
 // batch b's keys and values (rows 0 ..; row strides ldq, ldv); q, o and lse
@@ -156,63 +224,8 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, int qoff, cons
             else
 #endif
                 tile_mm(kmax, QB, d->dk, d->scale, k + (int64_t)s0 * ldq, ldq, 1, Qt + i0, bqp, St, QB, false);
-            real *mb = m + i0, *lb = l + i0, mx[QB], sum[QB], alpha[QB];
-#pragma omp simd
-            for (int i = 0; i < QB; i++) mx[i] = mb[i], sum[i] = 0;
-            // Keys j < jall are seen by every query of the block; the rest
-            // (the diagonal) by queries i >= j - lag only. A block that a
-            // document boundary cuts tests both bounds on every key.
-            int jall = cut ? 0 : imax(0, imin(kmax, lag + 1));
-            for (int j = 0; j < jall; j++) {
-                const real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-                for (int i = 0; i < QB; i++) mx[i] = Sj[i] > mx[i] ? Sj[i] : mx[i];
-            }
-            if (cut)
-                for (int j = 0; j < kmax; j++) {
-                    const real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-                    for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && j >= lo[i] && Sj[i] > mx[i] ? Sj[i] : mx[i];
-                }
-            for (int j = jall; j < kmax && !cut; j++) {
-                const real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-                for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && Sj[i] > mx[i] ? Sj[i] : mx[i];
-            }
-            for (int j = 0; j < jall; j++) {
-                real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-                for (int i = 0; i < QB; i++) {
-                    Sj[i] = r_exp(Sj[i] - mx[i]);
-                    sum[i] += Sj[i];
-                }
-            }
-            if (cut)
-                for (int j = 0; j < kmax; j++) {
-                    real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-                    for (int i = 0; i < QB; i++) {
-                        Sj[i] = j <= lag + i && j >= lo[i] ? r_exp(Sj[i] - mx[i]) : 0;
-                        sum[i] += Sj[i];
-                    }
-                }
-            for (int j = jall; j < kmax && !cut; j++) {
-                real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-                for (int i = 0; i < QB; i++) {
-                    Sj[i] = j <= lag + i ? r_exp(Sj[i] - mx[i]) : 0;
-                    sum[i] += Sj[i];
-                }
-            }
-            // alpha = exp(m - m'): 0 on a query's first keys (m = -inf); 1
-            // when the max did not move, also for a query that sees none of
-            // these keys yet (m = m' = -inf, where m - m' is not a number).
-#pragma omp simd
-            for (int i = 0; i < QB; i++) {
-                alpha[i] = mb[i] == mx[i] ? 1 : r_exp(mb[i] - mx[i]);
-                lb[i] = alpha[i] * lb[i] + sum[i];
-                mb[i] = mx[i];
-            }
+            real alpha[QB];
+            block_softmax(St, kmax, lag, cut ? lo : NULL, m + i0, l + i0, alpha);
             for (int i = 0; i < nr; i++)
                 if (alpha[i] != 1) {
                     real *Ai = acc + (int64_t)(i0 + i) * dvp;
@@ -314,6 +327,53 @@ static size_t backward_scratch(const AttnDims *d, real *base, BwdScratch *w) {
     return off[22];
 }
 
+// P and, when a gradient needs it, dS of the rows r0 .. nq-1 of a query tile
+// (queries t0 ..) against a key tile (nk keys from s0), MR rows at a time:
+// P = exp(scale Q_i K_j^T - lse), 0 for a key a row does not see, and
+// dS = P . (dO_i V_j^T - D) into w->P and w->dS. Qi, dOi: the tile's first
+// rows of q and dO.
+static void tile_p_ds(const AttnDims *d, const BwdScratch *w, const real *Qi, const real *dOi, const real *lse,
+                      const int *first, int t0, int s0, int nq, int nk, int r0, bool need_ds) {
+    int ldq = d->H * d->dk, ldv = d->H * d->dv, bkp = d->bkp, nkv = round_vl(nk);
+#ifdef AG_TILE_BF16
+    int dkh = d->dk / 2, dvh = d->dv / 2;
+#endif
+    for (int i0 = r0; i0 < nq; i0 += MR) {
+        int nr = imin(MR, nq - i0);
+        int kmax = imin(nk, t0 + i0 + nr - s0);   // keys seen by the block's last row
+        real *P = w->P + (int64_t)i0 * bkp, *dS = w->dS + (int64_t)i0 * bkp;
+#ifdef AG_TILE_BF16
+        if (d->bf16)
+            tile_mm_bf16_band(nr, round_vl(kmax), d->dk, TILE_FULL(nr, d->dk), d->scale,
+                              w->Qb + (int64_t)(t0 + i0) * dkh, dkh, 1, w->KtP, bkp, P, bkp, false);
+        else
+#endif
+            tile_mm(nr, round_vl(kmax), d->dk, d->scale, Qi + (int64_t)i0 * ldq, ldq, 1, w->Kt, bkp, P, bkp,
+                    false);
+        for (int r = 0; r < nr; r++) {
+            real *Pr = P + (int64_t)r * bkp, L = lse[t0 + i0 + r];
+            int nvalid = imin(nk, t0 + i0 + r - s0 + 1);
+            int jlo = docs_begin(first, t0 + i0 + r) - s0;   // keys before it: another document
+#pragma omp simd
+            for (int j = 0; j < nkv; j++) Pr[j] = j < nvalid && j >= jlo ? r_exp(Pr[j] - L) : 0;
+        }
+        if (!need_ds) continue;
+#ifdef AG_TILE_BF16
+        if (d->bf16)
+            tile_mm_bf16_band(nr, round_vl(kmax), d->dv, TILE_FULL(nr, d->dv), 1,
+                              w->dOb + (int64_t)(t0 + i0) * dvh, dvh, 1, w->VtP, bkp, dS, bkp, false);
+        else
+#endif
+            tile_mm(nr, round_vl(kmax), d->dv, 1, dOi + (int64_t)i0 * ldv, ldv, 1, w->Vt, bkp, dS, bkp,
+                    false);
+        for (int r = 0; r < nr; r++) {
+            real *Pr = P + (int64_t)r * bkp, *dSr = dS + (int64_t)r * bkp, Dt = w->D[t0 + i0 + r];
+#pragma omp simd
+            for (int j = 0; j < nkv; j++) dSr[j] = j < kmax ? Pr[j] * (dSr[j] - Dt) : 0;
+        }
+    }
+}
+
 // All blocks of one (batch, head). Pointers are the head's base in batch b;
 // gradient pointers may be NULL (that input takes no gradient). first, end:
 // the row's (T) documents (docs.h), or NULL. Operands
@@ -349,7 +409,7 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
     }
 #endif
     for (int s0 = 0; s0 < T; s0 += bk) {
-        int nk = imin(bk, T - s0), nkv = round_vl(nk);
+        int nk = imin(bk, T - s0);
 #ifdef AG_TILE_BF16
         if (d->bf16) {   // K_j^T and V_j^T in pairs along the head, K_j in pairs of keys
             pack_pair_transposed(w->KtP, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk, w->Tp);
@@ -375,40 +435,7 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
             const real *Qi = q + (int64_t)t0 * ldq, *dOi = dO + (int64_t)t0 * ldv;
             if (dk && !q_in && !d->bf16) pack_rows(w->Qp, dkp, Qi, ldq, nq, d->dk);
             if (dv && !dO_in && !d->bf16) pack_rows(w->dOp, dvp, dOi, ldv, nq, d->dv);
-            for (int i0 = r0; i0 < nq; i0 += MR) {
-                int nr = imin(MR, nq - i0);
-                int kmax = imin(nk, t0 + i0 + nr - s0);   // keys seen by the block's last row
-                real *P = w->P + (int64_t)i0 * bkp, *dS = w->dS + (int64_t)i0 * bkp;
-#ifdef AG_TILE_BF16
-                if (d->bf16)
-                    tile_mm_bf16_band(nr, round_vl(kmax), d->dk, TILE_FULL(nr, d->dk), d->scale,
-                                      w->Qb + (int64_t)(t0 + i0) * dkh, dkh, 1, w->KtP, bkp, P, bkp, false);
-                else
-#endif
-                    tile_mm(nr, round_vl(kmax), d->dk, d->scale, Qi + (int64_t)i0 * ldq, ldq, 1, w->Kt, bkp, P, bkp,
-                            false);
-                for (int r = 0; r < nr; r++) {
-                    real *Pr = P + (int64_t)r * bkp, L = lse[t0 + i0 + r];
-                    int nvalid = imin(nk, t0 + i0 + r - s0 + 1);
-                    int jlo = docs_begin(first, t0 + i0 + r) - s0;   // keys before it: another document
-#pragma omp simd
-                    for (int j = 0; j < nkv; j++) Pr[j] = j < nvalid && j >= jlo ? r_exp(Pr[j] - L) : 0;
-                }
-                if (!need_ds) continue;
-#ifdef AG_TILE_BF16
-                if (d->bf16)
-                    tile_mm_bf16_band(nr, round_vl(kmax), d->dv, TILE_FULL(nr, d->dv), 1,
-                                      w->dOb + (int64_t)(t0 + i0) * dvh, dvh, 1, w->VtP, bkp, dS, bkp, false);
-                else
-#endif
-                    tile_mm(nr, round_vl(kmax), d->dv, 1, dOi + (int64_t)i0 * ldv, ldv, 1, w->Vt, bkp, dS, bkp,
-                            false);
-                for (int r = 0; r < nr; r++) {
-                    real *Pr = P + (int64_t)r * bkp, *dSr = dS + (int64_t)r * bkp, Dt = w->D[t0 + i0 + r];
-#pragma omp simd
-                    for (int j = 0; j < nkv; j++) dSr[j] = j < kmax ? Pr[j] * (dSr[j] - Dt) : 0;
-                }
-            }
+            tile_p_ds(d, w, Qi, dOi, lse, first, t0, s0, nq, nk, r0, need_ds);
             // Row r0 + i sees key j of the tile iff j <= i + cut (0 <= cut < bq).
             int nr = nq - r0, cut = t0 + r0 - s0;   // rows that see some key of the tile
             const real *P = w->P + (int64_t)r0 * bkp, *dS = w->dS + (int64_t)r0 * bkp;
@@ -536,155 +563,4 @@ void attn_prefix_forward(Tape *tp, real *o, const real *q, const real *kc, const
     AttnDims d = {B, T0, H, dk, dv, ATTN_TILE_Q, ATTN_TILE_K, round_vl(dk), round_vl(dv), round_vl(ATTN_TILE_K),
                   (real)scale, attn_tiles_bf16(dk, dv, ATTN_TILE_Q, ATTN_TILE_K)};
     forward_rows(tp, &d, o, NULL, q, kc, vc, max_T, pos, T0, key0, NULL);
-}
-
-// Decoding: one query per (row b, head h) against the cached keys s0 ..
-// n_keys-1 of its row (flash-decoding). The keys are cut into parts of
-// DECODE_PART, the same cut for any thread count. A part takes every head
-// at once, so that the cache's rows (H heads side by side) are read in
-// order and once: its scores, its max m_p, its sum l_p and its unnormalised
-// output o_p = sum_j exp(s_j - m_p) V_j. The parts are then merged in
-// order: m = max_p m_p, o = sum_p exp(m_p - m) o_p / sum_p exp(m_p - m) l_p.
-// Before stop 34, one pass per head through gemm() left tiny_attn's
-// decoding at 16k keys at 96 tokens/s: a one-row product packed all of K
-// before its first sum, and each head's pass read the cache at a stride.
-#define DECODE_PART 256
-// Scores DECODE_KB keys at a time: transposed into Kt (dk x DECODE_KB), so
-// that each key's sum runs along a vector lane, not across one. One vector
-// of keys (16 rows of all heads, 8 KB at tiny_attn's shape) rather than four
-// (32 KB, the size of L1, read once per head): from memory the kernel read
-// 13.3-15.5 GB/s on one thread against 10.3-12.0, on two 20.2-25.8 against
-// 16.4-20.7 (bench/decode_kernel_bench, stop 35; prefetching 2 or 4 blocks
-// ahead instead of one changed nothing beyond the noise).
-#define DECODE_KB VL
-_Static_assert(DECODE_PART % DECODE_KB == 0, "a part is whole blocks of keys (decode_part stores whole vectors)");
-// Rows of V asked for ahead of their use (prefetch_rows; addresses past the
-// cache are never read, a prefetch does not fault).
-#define DECODE_AHEAD 32
-
-typedef struct DecodePart {
-    real *m;     // (H) the part's max score per head
-    double *l;   // (H) sum_j exp(s_j - m)
-    real *o;     // (H, dv) sum_j exp(s_j - m) V_j
-} DecodePart;
-
-// One part of n <= DECODE_PART keys: K, V point at its first key's row (all
-// heads; row strides ldk = H dk, ldv = H dv). Scratch: s (H x DECODE_PART),
-// Kt (dk x DECODE_KB).
-static void decode_part(DecodePart r, const real *q, const real *K, const real *V, int n, int H, int dk, int dv,
-                        real scale, real *s, real *Kt) {
-    int ldk = H * dk, ldv = H * dv;
-    for (int j0 = 0; j0 < n; j0 += DECODE_KB) {
-        int nk = imin(DECODE_KB, n - j0);
-        for (int h = 0; h < H; h++) {
-            // The next block's rows, a share per head, not all in one burst.
-            int p0 = h * DECODE_KB / H, p1 = (h + 1) * DECODE_KB / H;
-            prefetch_rows(K + (int64_t)(j0 + DECODE_KB + p0) * ldk, ldk, p1 - p0, ldk, 0);
-            pack_transposed(Kt, DECODE_KB, K + (int64_t)j0 * ldk + h * dk, ldk, nk, dk);
-            const real *qh = q + h * dk;
-            vreal acc = {0};
-            for (int c = 0; c < dk; c++) acc += qh[c] * *(const vreal *)(Kt + (int64_t)c * DECODE_KB);
-            *(vreal *)(s + (int64_t)h * DECODE_PART + j0) = scale * acc;
-        }
-    }
-    for (int h = 0; h < H; h++) {
-        real *sh = s + (int64_t)h * DECODE_PART, mx = sh[0];
-#pragma omp simd reduction(max : mx)
-        for (int j = 1; j < n; j++) mx = sh[j] > mx ? sh[j] : mx;
-#pragma omp simd
-        for (int j = 0; j < n; j++) sh[j] = r_exp(sh[j] - mx);
-        double sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < n; j++) sum += sh[j];
-        r.m[h] = mx;
-        r.l[h] = sum;
-    }
-    memset(r.o, 0, (size_t)H * dv * sizeof(real));
-    int j = 0;
-    for (; j + 4 <= n; j += 4) {   // four rows a pass: o is loaded and stored once per four
-        const real *v0 = V + (int64_t)j * ldv;
-        prefetch_rows(v0 + (int64_t)DECODE_AHEAD * ldv, ldv, 4, ldv, 0);
-        for (int h = 0; h < H; h++) {
-            const real *w = s + (int64_t)h * DECODE_PART + j, *vh = v0 + h * dv;
-            real *oh = r.o + (int64_t)h * dv;
-#pragma omp simd
-            for (int c = 0; c < dv; c++)
-                oh[c] += (w[0] * vh[c] + w[1] * vh[ldv + c]) + (w[2] * vh[2 * ldv + c] + w[3] * vh[3 * ldv + c]);
-        }
-    }
-    for (; j < n; j++)
-        for (int h = 0; h < H; h++) {
-            real w = s[(int64_t)h * DECODE_PART + j], *oh = r.o + (int64_t)h * dv;
-            const real *vh = V + (int64_t)j * ldv + h * dv;
-#pragma omp simd
-            for (int c = 0; c < dv; c++) oh[c] += w * vh[c];
-        }
-}
-
-static int decode_threads;   // attn_decode_set_threads (attn_kernel.h); 0: the team's size
-
-void attn_decode_set_threads(int threads) { decode_threads = threads > 0 ? threads : 0; }
-
-int attn_decode_team(int64_t work) {
-    int team = omp_get_max_threads();
-    return decode_threads > team && work >= ATTN_DECODE_PAR_KEYS ? decode_threads : team;
-}
-
-void attn_decode_forward(real *o, const real *q, const real *kc, const real *vc, int B, int max_T,
-                         int n_keys, const int *key0, int H, int dk, int dv, double scale) {
-    ASSERT(n_keys >= 1 && n_keys <= max_T, "attn_decode_forward: %d keys in a cache of %d", n_keys, max_T);
-    for (int b = 0; key0 && b < B; b++)
-        ASSERT(key0[b] >= 0 && key0[b] < n_keys, "attn_decode_forward: row %d starts at key %d of %d", b, key0[b],
-               n_keys);
-    int ldq = H * dk, ldv = H * dv, np = (n_keys + DECODE_PART - 1) / DECODE_PART;   // parts of the longest row
-    size_t nr = (size_t)B * np * H;                                                  // (b, part, head) results
-    real *pm = xmalloc(nr * sizeof(real)), *po = xmalloc(nr * dv * sizeof(real));
-    double *pl = xmalloc(nr * sizeof(double));
-    int64_t work = 0;   // keys x heads over the rows
-    for (int b = 0; b < B; b++) work += (int64_t)(n_keys - (key0 ? key0[b] : 0)) * H;
-    int team = attn_decode_team(work);
-#pragma omp parallel num_threads(team)
-    {
-        real *s = xaligned((size_t)H * DECODE_PART * sizeof(real));   // (H, DECODE_PART) scores, then weights
-        real *Kt = xaligned((size_t)dk * DECODE_KB * sizeof(real));   // (dk, DECODE_KB)
-#pragma omp for collapse(2) schedule(static)
-        for (int b = 0; b < B; b++)
-            for (int p = 0; p < np; p++) {
-                int s0 = (key0 ? key0[b] : 0) + p * DECODE_PART;   // row b's keys: its document's
-                if (s0 >= n_keys) continue;
-                size_t at = ((size_t)b * np + p) * H;
-                DecodePart r = {pm + at, pl + at, po + at * dv};
-                decode_part(r, q + (int64_t)b * ldq, kc + ((int64_t)b * max_T + s0) * ldq,
-                            vc + ((int64_t)b * max_T + s0) * ldv, imin(DECODE_PART, n_keys - s0), H, dk, dv,
-                            (real)scale, s, Kt);
-            }
-        free(s);
-        free(Kt);
-#pragma omp for collapse(2) schedule(static)
-        for (int b = 0; b < B; b++)
-            for (int h = 0; h < H; h++) {
-                int n = n_keys - (key0 ? key0[b] : 0), parts = (n + DECODE_PART - 1) / DECODE_PART;
-                size_t at = (size_t)b * np * H + h;   // part p of (b, h) at at + p H
-                real mx = pm[at];
-                for (int p = 1; p < parts; p++) {
-                    real mp = pm[at + (size_t)p * H];
-                    mx = mp > mx ? mp : mx;
-                }
-                double l = 0;
-                real *ob = o + (int64_t)b * ldv + h * dv;
-                for (int c = 0; c < dv; c++) ob[c] = 0;
-                for (int p = 0; p < parts; p++) {
-                    size_t i = at + (size_t)p * H;
-                    real f = r_exp(pm[i] - mx);
-                    l += f * pl[i];
-#pragma omp simd
-                    for (int c = 0; c < dv; c++) ob[c] += f * po[i * dv + c];
-                }
-#pragma omp simd
-                for (int c = 0; c < dv; c++) ob[c] = (real)(ob[c] / l);
-            }
-    }
-    free(pm);
-    free(po);
-    free(pl);
 }

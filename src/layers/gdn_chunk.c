@@ -143,15 +143,15 @@ void gdn_chunk_prepare(GdnChunk *ws, int L, const real *q, const real *k, const 
         real *Ei = E + (size_t)i * L;
         double Gi = G[i];
         for (int j = 0; j < j0; j++) Ei[j] = 0;
-        for (int j = j0; j <= i; j++) Ei[j] = gdn_exp(Gi - G[j]);
+        for (int j = j0; j <= i; j++) Ei[j] = r_exp_decay(Gi - G[j]);
         for (int j = i + 1; j < L; j++) Ei[j] = 0;
     }
     // The factors through S0 (0 for rows whose document begins in the chunk)
     // and to the end of the chunk (0 before its last document).
     int jL = db ? imax(db[L - 1], 0) : 0;
     for (int i = 0; i < L; i++) {
-        ws->bm[i] = db && db[i] >= 0 ? 0 : gdn_exp(G[i]);
-        ws->ek[i] = i < jL ? 0 : gdn_exp(G[L - 1] - G[i]);
+        ws->bm[i] = db && db[i] >= 0 ? 0 : r_exp_decay(G[i]);
+        ws->ek[i] = i < jL ? 0 : r_exp_decay(G[L - 1] - G[i]);
     }
     ws->bl = ws->bm[L - 1];
 

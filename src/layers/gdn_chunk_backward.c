@@ -72,6 +72,51 @@ static size_t grad_layout(GdnChunkGrad *gr, unsigned char *mem, int C, int dk, i
     return at;
 }
 
+// The terms through O = diag(b) Q S0 + P Delta, for dO (rows of stride ldv).
+// With Z = dO S0^T: dQ += diag(b) Z, and dGamma_i += b_i dO_i . (Q S0)_i =
+// b_i q_i . Z_i, so Q S0 is not formed. Reads gr->S0t and gr->Dlt; adds into
+// dq (may be NULL), gr->dK, gr->dG, gr->dS0 and gr->dDl; leaves dQK in gr->dA.
+static void output_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *dO, const real *q, const real *k, int ldk,
+                            int ldv, real *dq) {
+    int L = ws->L, dk = ws->dk, dv = ws->dv;
+    const real *E = ws->E, *P = ws->P, *S0t = gr->S0t, *Dlt = gr->Dlt;
+    double *dG = gr->dG;
+    real *dK = gr->dK, *dA = gr->dA, *dS0 = gr->dS0;
+    real *Y = gr->Y, *Z = gr->Z;
+    tile_ctx_gemm(&ws->tc, false, false, L, dk, dv, 1, dO, ldv, S0t, dk, 0, Z, dk, TILE_FULL(L, dv), NULL);
+    for (int i = 0; i < L; i++) {
+        real bi = ws->bm[i];
+        const real *doi = dO + (int64_t)i * ldv, *zi = Z + i * dk;
+        dG[i] += bi * dot(q + (int64_t)i * ldk, zi, dk);
+        if (dq)
+            for (int c = 0; c < dk; c++) dq[(int64_t)i * ldk + c] += bi * zi[c];
+        for (int c = 0; c < dv; c++) Y[i * dv + c] = bi * doi[c];   // dY
+    }
+    // dS0 += Q^T dY
+    tile_ctx_gemm(&ws->tc, true, false, dk, dv, L, 1, q, ldk, Y, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
+    real *dP = dA;
+    // dP = dO Delta^T, lower (the rest is zeroed below)
+    tile_ctx_gemm_lower(&ws->tc, L, dv, 1, dO, ldv, Dlt, L, 0, dP, L);
+    // dDelta += P^T dO (P^T upper)
+    tile_ctx_gemm(&ws->tc, true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
+    // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j: row sums,
+    // and column sums in colZ.
+    double *colZ = gr->colZ;
+    memset(colZ, 0, L * sizeof(double));
+    for (int i = 0; i < L; i++) {
+        real *dpi = dP + i * L;
+        const real *Ei = E + i * L;
+        dG[i] += dot_into_cols(dpi, P + i * L, i, colZ);
+        for (int j = 0; j <= i; j++) dpi[j] *= Ei[j];   // now dQK
+        for (int j = i + 1; j < L; j++) dpi[j] = 0;
+    }
+    for (int j = 0; j < L; j++) dG[j] -= colZ[j];
+    // dQ += dQK K (lower)
+    if (dq) tile_ctx_gemm(&ws->tc, false, false, L, dk, L, 1, dP, L, k, ldk, 1, dq, ldk, -L, 0, NULL);
+    // dK += dQK^T Q
+    tile_ctx_gemm(&ws->tc, true, false, L, dk, L, 1, dP, L, q, ldk, 1, dK, dk, 0, L, NULL);
+}
+
 // One chunk: given dS (the gradient of S_C) and dO (rows of stride ldv, or
 // NULL), add into dq, dk, dv, dbeta, dg (each may be NULL) and write the
 // gradient of the entering state into gr->dS0.
@@ -80,7 +125,7 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
                            real *dk_out, real *dv_out, real *dbeta_out, real *dg_out) {
     int L = ws->L, dk = ws->dk, dv = ws->dv;
     int64_t SS = (int64_t)dk * dv;
-    const real *E = ws->E, *P = ws->P, *bet = ws->bet;
+    const real *E = ws->E, *bet = ws->bet;
     double *dG = gr->dG, *dbeta = gr->dbeta;
     real *dK = gr->dK, *dA = gr->dA, *dS0 = gr->dS0, *pk = ws->pack;
     memset(dG, 0, L * sizeof(double));
@@ -111,43 +156,8 @@ static void chunk_backward(const GdnChunk *ws, GdnChunkGrad *gr, const real *S0,
     pack_transposed(S0t, dk, S0, dv, dk, dv);
     pack_transposed(Dlt, L, ws->Dl, dv, L, dv);
 
-    // O = diag(b) Q S0 + P Delta. With Z = dO S0^T: dQ += diag(b) Z, and
-    // dGamma_i += b_i dO_i . (Q S0)_i = b_i q_i . Z_i, so Q S0 is not formed.
-    if (dO) {
-        real *Y = gr->Y, *Z = gr->Z;
-        tile_ctx_gemm(&ws->tc, false, false, L, dk, dv, 1, dO, ldv, S0t, dk, 0, Z, dk, TILE_FULL(L, dv), NULL);
-        for (int i = 0; i < L; i++) {
-            real bi = ws->bm[i];
-            const real *doi = dO + (int64_t)i * ldv, *zi = Z + i * dk;
-            dG[i] += bi * dot(q + (int64_t)i * ldk, zi, dk);
-            if (dq)
-                for (int c = 0; c < dk; c++) dq[(int64_t)i * ldk + c] += bi * zi[c];
-            for (int c = 0; c < dv; c++) Y[i * dv + c] = bi * doi[c];   // dY
-        }
-        // dS0 += Q^T dY
-        tile_ctx_gemm(&ws->tc, true, false, dk, dv, L, 1, q, ldk, Y, dv, 1, dS0, dv, TILE_FULL(dk, L), NULL);
-        real *dP = dA;
-        // dP = dO Delta^T, lower (the rest is zeroed below)
-        tile_ctx_gemm_lower(&ws->tc, L, dv, 1, dO, ldv, Dlt, L, 0, dP, L);
-        // dDelta += P^T dO (P^T upper)
-        tile_ctx_gemm(&ws->tc, true, false, L, dv, L, 1, P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
-        // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j: row sums,
-        // and column sums in colZ.
-        double *colZ = gr->colZ;
-        memset(colZ, 0, L * sizeof(double));
-        for (int i = 0; i < L; i++) {
-            real *dpi = dP + i * L;
-            const real *Ei = E + i * L;
-            dG[i] += dot_into_cols(dpi, P + i * L, i, colZ);
-            for (int j = 0; j <= i; j++) dpi[j] *= Ei[j];   // now dQK
-            for (int j = i + 1; j < L; j++) dpi[j] = 0;
-        }
-        for (int j = 0; j < L; j++) dG[j] -= colZ[j];
-        // dQ += dQK K (lower)
-        if (dq) tile_ctx_gemm(&ws->tc, false, false, L, dk, L, 1, dP, L, k, ldk, 1, dq, ldk, -L, 0, NULL);
-        // dK += dQK^T Q
-        tile_ctx_gemm(&ws->tc, true, false, L, dk, L, 1, dP, L, q, ldk, 1, dK, dk, 0, L, NULL);
-    }
+    // O = diag(b) Q S0 + P Delta.
+    if (dO) output_backward(ws, gr, dO, q, k, ldk, ldv, dq);
 
     // Delta = Tm R, R = Xu - Xw S0 (header): dR = Tm^T dDelta, dXw = -dR S0^T,
     // dS0 -= Xw^T dR, dA = -dR Delta^T (lower: only j < i is read; the rest is zeroed below).

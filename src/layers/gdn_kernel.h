@@ -92,17 +92,6 @@ static inline void *gdn_carve(unsigned char *mem, size_t *at, size_t n, size_t s
     return p;
 }
 
-// exp of a non-positive log decay difference, in the build's precision.
-// float32: the inline r_exp (ops_math.h), not libm's expf, so the loops over
-// a chunk's (L, L) decay matrix vectorise.
-static inline real gdn_exp(double x) {
-#ifdef AG_DOUBLE
-    return exp(x);
-#else
-    return r_exp((float)x);
-#endif
-}
-
 // Everything the WY form computes inside one chunk of L <= C positions
 // before its outputs, recomputed by the backward. All row-major, per head.
 typedef struct GdnChunk {

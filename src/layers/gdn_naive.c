@@ -20,7 +20,7 @@
 
 // gamma_t: 0 where a document begins at t (first: the node's (B, T) or NULL).
 static inline real naive_gamma(const int *first, const GdnDims *d, int b, int t, real g) {
-    return first && first[(int64_t)b * d->T + t] == t ? 0 : gdn_exp(g);
+    return first && first[(int64_t)b * d->T + t] == t ? 0 : r_exp_decay(g);
 }
 
 // One token: S (dk, dv) holds S_{t-1} on entry, S_t on return; o may be NULL.

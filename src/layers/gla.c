@@ -29,12 +29,12 @@ void gla_chunk_scores(const TileCtx *tc, const real *Q, int ldq, const real *Kt,
             double Gi = G[i];
             if (drow)
                 for (int j = j0; j <= i; j++) {
-                    real e = gla_exp(Gi - G[j]);
+                    real e = r_exp_decay(Gi - G[j]);
                     row[j] *= e;
                     drow[j] = e;
                 }
             else
-                for (int j = j0; j <= i; j++) row[j] *= gla_exp(Gi - G[j]);
+                for (int j = j0; j <= i; j++) row[j] *= r_exp_decay(Gi - G[j]);
         }
         for (int j = i + 1; j < L; j++) row[j] = 0;
     }
@@ -99,7 +99,7 @@ static void chunked_head_forward(const GlaDims *d, const GlaHead *x, real *S, re
         // S_out = exp(G_L) S_in + (diag(exp(G_L − G)) K̃)ᵀ V, over the last document only
         bool keep = nonzero && (!db || db[L - 1] < 0);   // S_in reaches S_out
         if (keep && G)
-            for (real eL = gla_exp(G[L - 1]), *e = S; e < S + SZ; e++) *e *= eL;
+            for (real eL = r_exp_decay(G[L - 1]), *e = S; e < S + SZ; e++) *e *= eL;
         const real *Xd = K;
         int ldx = ldk;
         if (!plain || dtv) {   // Xd = diag(exp(G_L − G)) K̃
@@ -129,7 +129,7 @@ static void recurrent_head_forward(const GlaDims *d, const GlaHead *x, real *S, 
     for (int t = 0; t < d->T; t++) {
         if (saved && t % d->seg == 0) memcpy(saved + (t / d->seg) * SZ, S, SZ * sizeof(real));
         // A document starting at t: the state before it is not read (γ = 0).
-        real gam = gla_restarts(x, t) ? 0 : x->g ? gla_exp((double)x->g[(int64_t)t * d->H]) : 1;
+        real gam = gla_restarts(x, t) ? 0 : x->g ? r_exp_decay((double)x->g[(int64_t)t * d->H]) : 1;
         real beta = x->dt ? x->dt[(int64_t)t * d->H] : 1;
         const real *q = x->q + (int64_t)t * x->ldk, *k = x->k + (int64_t)t * x->ldk;
         const real *v = x->v + (int64_t)t * x->ldv;

@@ -73,6 +73,92 @@ static void store_rows(real *dst, int ld, real *src, int L, int n, bool fresh, b
     for (int i = 0; i < L; i++) grad_store(dst + (int64_t)i * ld, src + (int64_t)i * n, n, fresh);
 }
 
+// dA (the gradient of the scores A, lower triangle) becomes dP in place: times
+// the decay factors D, 0 above the diagonal and before the row's document
+// (db). With need_g, Z = dA ⊙ A adds its row sums into dG and takes its
+// column sums out of it.
+static void chunk_dp(BwdScratch *w, double *dG, bool decay, const int *db, int L, bool need_g) {
+    real *dA = w->dA;
+    // Z = dA ⊙ A: row sums into dG_i, column sums (colZ) out of
+    // dG_j; j == i cancels, so it is skipped (it is O(1) when the
+    // rest is tiny).
+    double *colZ = w->colZ;
+    if (need_g)
+        for (int j = 0; j < L; j++) colZ[j] = 0;
+    for (int i = 0; i < L; i++) {
+        real *r = dA + (int64_t)i * L;
+        const real *a = w->A + (int64_t)i * L;
+        if (need_g) dG[i] += dot_into_cols(r, a, i, colZ);
+        if (decay) {   // (D is 0 across a boundary)
+            const real *dec = w->D + (int64_t)i * L;
+            for (int j = 0; j <= i; j++) r[j] *= dec[j];
+        } else if (db) {
+            for (int j = 0; j < db[i]; j++) r[j] = 0;
+        }
+        for (int j = i + 1; j < L; j++) r[j] = 0;
+    }
+    if (need_g)
+        for (int j = 0; j < L; j++) dG[j] -= colZ[j];
+}
+
+// dS_in = exp(G_L) dS + (diag(exp(G)) Q)ᵀ dO, each term over the rows that
+// read S_in (keep: S_in reaches S_out; db: the chunk's documents). dS holds
+// dS_out on entry (all zero when !dS_nonzero) and dS_in on return; returns
+// whether it may be nonzero.
+static bool chunk_state_grad(const GlaDims *d, const GlaHead *x, BwdScratch *w, real *dS, bool dS_nonzero, bool keep,
+                             const double *G, double gL, const real *dO, const int *db, const real *Q, const real *bm,
+                             int L) {
+    int dk = d->dk, dv = d->dv, ldk = x->ldk, ldv = x->ldv;
+    int64_t SZ = (int64_t)dk * dv;
+    if (!keep) {
+        memset(dS, 0, SZ * sizeof(real));
+        dS_nonzero = false;
+    } else if (G) {
+        for (real eL = r_exp_decay(gL), *e = dS; e < dS + SZ; e++) *e *= eL;
+    }
+    if (dO && (!db || db[0] < 0)) {
+        const real *Xd = Q;
+        int ldx = ldk;
+        if (bm) {
+            for (int i = 0; i < L; i++)
+                for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = bm[i] * Q[(int64_t)i * ldk + a];
+            Xd = w->Xd;
+            ldx = dk;
+        }
+        tile_ctx_gemm(&w->tc, true, false, dk, dv, L, 1, Xd, ldx, dO, ldv, dS_nonzero ? 1 : 0, dS, dv,
+                      TILE_FULL(dk, L), NULL);
+        dS_nonzero = true;
+    }
+    return dS_nonzero;
+}
+
+// dK̃ -> dk, ddt; dG -> dg (reverse cumulative sum inside the chunk), for the
+// chunk of L rows from t0 (dk_set: some term wrote w->dKs).
+static void chunk_key_grads(const GlaDims *d, const GlaHead *x, const GlaGrad *gr, GlaFresh fr, BwdScratch *w, int t0,
+                            int L, bool dk_set, bool need_k, bool need_g) {
+    int dk = d->dk, ldk = x->ldk, H = d->H;
+    double *dG = w->dG;
+    if (need_k) {
+        if (!dk_set) memset(w->dKs, 0, (size_t)L * dk * sizeof(real));
+        if (x->dt)
+            for (int i = 0; i < L; i++) {
+                int64_t t = t0 + i;
+                real *dks = w->dKs + (int64_t)i * dk;
+                if (gr->ddt) gr->ddt[t * H] += (real)dot(x->k + t * ldk, dks, dk);
+                real s = x->dt[t * H];
+                for (int a = 0; a < dk; a++) dks[a] *= s;
+            }
+        if (gr->dk) store_rows(gr->dk + (int64_t)t0 * ldk, ldk, w->dKs, L, dk, fr.k, true);
+    }
+    if (need_g) {
+        double acc = 0;
+        for (int i = L - 1; i >= 0; i--) {
+            acc += dG[i];
+            gr->dg[(int64_t)(t0 + i) * H] += (real)acc;
+        }
+    }
+}
+
 // One head, chunks in reverse. dS: (dk, dv) in: gradient of the final state;
 // out: gradient of s0, formed only when need_ds0 (else the first chunk's dS_in
 // is not computed).
@@ -154,26 +240,7 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                 real *dA = w->dA;   // becomes dP in place
                 pack_transposed(w->pack, L, V, ldv, L, dv);
                 tile_ctx_gemm_lower(&w->tc, L, dv, 1, dO, ldv, w->pack, L, 0, dA, L);
-                // Z = dA ⊙ A: row sums into dG_i, column sums (colZ) out of
-                // dG_j; j == i cancels, so it is skipped (it is O(1) when the
-                // rest is tiny).
-                double *colZ = w->colZ;
-                if (need_g)
-                    for (int j = 0; j < L; j++) colZ[j] = 0;
-                for (int i = 0; i < L; i++) {
-                    real *r = dA + (int64_t)i * L;
-                    const real *a = w->A + (int64_t)i * L;
-                    if (need_g) dG[i] += dot_into_cols(r, a, i, colZ);
-                    if (G) {   // (D is 0 across a boundary)
-                        const real *dec = w->D + (int64_t)i * L;
-                        for (int j = 0; j <= i; j++) r[j] *= dec[j];
-                    } else if (db) {
-                        for (int j = 0; j < db[i]; j++) r[j] = 0;
-                    }
-                    for (int j = i + 1; j < L; j++) r[j] = 0;
-                }
-                if (need_g)
-                    for (int j = 0; j < L; j++) dG[j] -= colZ[j];
+                chunk_dp(w, dG, G != NULL, db, L, need_g);
                 if (c > 0) {   // the next chunk's inputs, while this one computes
                     int tp = t0 - d->seg;
                     prefetch_rows(x->q + (int64_t)tp * ldk, ldk, d->seg, dk, 0);
@@ -200,51 +267,11 @@ static void chunked_head_backward(const GlaDims *d, const GlaHead *x, const GlaG
                 }
             }
         }
-        // dS_in = exp(G_L) dS + (diag(exp(G)) Q)ᵀ dO, each term over the rows
-        // that read S_in; not formed for the first chunk unless ds0 is wanted
-        if (c > 0 || need_ds0) {
-            if (!keep) {
-                memset(dS, 0, SZ * sizeof(real));
-                dS_nonzero = false;
-            } else if (G) {
-                for (real eL = gla_exp(gL), *e = dS; e < dS + SZ; e++) *e *= eL;
-            }
-            if (dO && (!db || db[0] < 0)) {
-                const real *Xd = Q;
-                int ldx = ldk;
-                if (bm) {
-                    for (int i = 0; i < L; i++)
-                        for (int a = 0; a < dk; a++) w->Xd[(int64_t)i * dk + a] = bm[i] * Q[(int64_t)i * ldk + a];
-                    Xd = w->Xd;
-                    ldx = dk;
-                }
-                tile_ctx_gemm(&w->tc, true, false, dk, dv, L, 1, Xd, ldx, dO, ldv, dS_nonzero ? 1 : 0, dS, dv,
-                              TILE_FULL(dk, L), NULL);
-                dS_nonzero = true;
-            }
-        }
+        if (c > 0 || need_ds0)   // not formed for the first chunk unless ds0 is wanted
+            dS_nonzero = chunk_state_grad(d, x, w, dS, dS_nonzero, keep, G, gL, dO, db, Q, bm, L);
         if (dq) store_rows(gr->dq + (int64_t)t0 * ldk, ldk, dq, L, dk, fr.q, dq_set);
         if (dV) store_rows(gr->dv + (int64_t)t0 * ldv, ldv, dV, L, dv, fr.v, dv_set);
-        // dK̃ -> dk, ddt; dG -> dg (reverse cumulative sum inside the chunk)
-        if (need_k) {
-            if (!dk_set) memset(w->dKs, 0, (size_t)L * dk * sizeof(real));
-            if (x->dt)
-                for (int i = 0; i < L; i++) {
-                    int64_t t = t0 + i;
-                    real *dks = w->dKs + (int64_t)i * dk;
-                    if (gr->ddt) gr->ddt[t * H] += (real)dot(x->k + t * ldk, dks, dk);
-                    real s = x->dt[t * H];
-                    for (int a = 0; a < dk; a++) dks[a] *= s;
-                }
-            if (gr->dk) store_rows(gr->dk + (int64_t)t0 * ldk, ldk, w->dKs, L, dk, fr.k, true);
-        }
-        if (need_g) {
-            double acc = 0;
-            for (int i = L - 1; i >= 0; i--) {
-                acc += dG[i];
-                gr->dg[(int64_t)(t0 + i) * H] += (real)acc;
-            }
-        }
+        chunk_key_grads(d, x, gr, fr, w, t0, L, dk_set, need_k, need_g);
     }
 }
 
@@ -259,7 +286,7 @@ static void recurrent_head_backward(const GlaDims *d, const GlaHead *x, const Gl
         memcpy(w->Sbuf, saved + c * SZ, SZ * sizeof(real));
         for (int i = 0; i < L; i++) {   // Sbuf[i+1] = state after token t0+i
             int64_t t = t0 + i;
-            real gam = gla_restarts(x, t) ? 0 : x->g ? gla_exp((double)x->g[t * H]) : 1;
+            real gam = gla_restarts(x, t) ? 0 : x->g ? r_exp_decay((double)x->g[t * H]) : 1;
             real beta = x->dt ? x->dt[t * H] : 1;
             const real *k = x->k + t * x->ldk, *v = x->v + t * x->ldv;
             const real *Sp = w->Sbuf + i * SZ;
@@ -269,7 +296,7 @@ static void recurrent_head_backward(const GlaDims *d, const GlaHead *x, const Gl
         }
         for (int i = L - 1; i >= 0; i--) {
             int64_t t = t0 + i;
-            real gam = gla_restarts(x, t) ? 0 : x->g ? gla_exp((double)x->g[t * H]) : 1;
+            real gam = gla_restarts(x, t) ? 0 : x->g ? r_exp_decay((double)x->g[t * H]) : 1;
             real beta = x->dt ? x->dt[t * H] : 1;
             const real *q = x->q + t * x->ldk, *k = x->k + t * x->ldk, *v = x->v + t * x->ldv;
             const real *St = w->Sbuf + (i + 1) * SZ, *Sp = w->Sbuf + i * SZ;

@@ -107,19 +107,6 @@ static inline int gla_keys(const GlaHead *x, int dk, int t0, int L, real *buf, c
     return dk;
 }
 
-// exp(x) of a non-positive difference of cumulative sums, taken in double and
-// evaluated in the build's precision (expf in float32: faster, as accurate
-// as the result can hold).
-// float32: the inline r_exp (ops_math.h), not libm's expf, so the loops over
-// a chunk's (L, L) decay matrix vectorise.
-static inline real gla_exp(double x) {
-#ifdef AG_DOUBLE
-    return exp(x);
-#else
-    return r_exp((float)x);
-#endif
-}
-
 // Elements of tile_gemm's `pack` scratch for any product of a chunk: the
 // transposed operand is at most max(dk, dv, seg) on each side.
 static inline size_t gla_pack_elems(const GlaDims *d) {
@@ -145,7 +132,7 @@ static inline void gla_tiles_free(TileCtx *tc) {
     free(tc->pb);
 }
 
-// The row decay factors of one chunk, in the build's precision (gla_exp):
+// The row decay factors of one chunk, in the build's precision (r_exp_decay):
 // bm[i] = exp(G_i), the factor of row i's read of S_in (0 when row i's
 // document begins in the chunk); ek[i] = exp(G_L − G_i), the factor of row
 // i's write into S_out (0 before the chunk's last document, j0). G NULL: 1.
@@ -153,8 +140,8 @@ static inline void gla_chunk_decays(real *bm, real *ek, const double *G, const i
     double gL = G ? G[L - 1] : 0;
     int j0 = db ? imax(db[L - 1], 0) : 0;
     for (int i = 0; i < L; i++) {
-        bm[i] = db && db[i] >= 0 ? 0 : G ? gla_exp(G[i]) : 1;
-        ek[i] = i < j0 ? 0 : G ? gla_exp(gL - G[i]) : 1;
+        bm[i] = db && db[i] >= 0 ? 0 : G ? r_exp_decay(G[i]) : 1;
+        ek[i] = i < j0 ? 0 : G ? r_exp_decay(gL - G[i]) : 1;
     }
 }
 

@@ -31,6 +31,48 @@ Status lm_parse_layers(LMConfig *cfg, const char *list) {
     return status_ok();
 }
 
+// Sizes beyond which a tensor's element count or a loop index would leave
+// int32 (the kernels index rows and columns with int).
+#define LM_MAX_TENSOR ((int64_t)INT32_MAX)
+
+const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n) {
+    bool form_used = false;
+    for (int l = 0; l < c->n_layers; l++) {
+        const char *key = mixer_config_check(c->layers[l], &c->mixer, why, n);
+        if (key) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "%s", why);
+            snprintf(why, n, "layer %d: %s", l, msg);
+            return key;
+        }
+        form_used |= mixer_kind_find(c->layers[l])->forms != 0;
+    }
+    if (!form_used && c->mixer.form != MIXER_FORM_CHUNKED) {
+        snprintf(why, n, "form = %s has no effect: none of the layers (%s...) has training forms to choose "
+                         "between (only linear, mamba and gdn do); remove the key",
+                 mixer_form_name(c->mixer.form), c->layers[0]);
+        return "form";
+    }
+    // Every tensor of a step must stay within int32 elements.
+    const MixerConfig *m = &c->mixer;
+    int64_t D = c->d_model, F = c->d_ff, V = c->vocab_size, H = m->n_heads;
+    int64_t widest = D;
+    const int64_t widths[] = {F, V, H * m->d_k, H * m->d_v, (int64_t)m->index_heads * m->index_dim};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
+        if (widths[i] > widest) widest = widths[i];
+    if (D * F > LM_MAX_TENSOR || D * widest > LM_MAX_TENSOR || V * D > LM_MAX_TENSOR) {
+        snprintf(why, n, "a weight of %lld x %lld elements is more than this build's %lld per tensor",
+                 (long long)D, (long long)widest, (long long)LM_MAX_TENSOR);
+        return "d_model";
+    }
+    if (rows * widest > LM_MAX_TENSOR || rows * m->topk > LM_MAX_TENSOR) {
+        snprintf(why, n, "batch_size x seq_len = %lld rows of up to %lld numbers is more than %lld per tensor",
+                 (long long)rows, (long long)(widest > m->topk ? widest : m->topk), (long long)LM_MAX_TENSOR);
+        return "seq_len";
+    }
+    return NULL;
+}
+
 void lm_create(LM *lm, const LMConfig *cfg, ParamStore *ps) {
     memset(lm, 0, sizeof *lm);
     lm->cfg = *cfg;

@@ -48,6 +48,15 @@ typedef struct LM {
 
 // Parse "gdn,gdn,attn" into cfg->layers / n_layers. Returns a Status naming the bad entry.
 Status lm_parse_layers(LMConfig *cfg, const char *list);
+// Every constraint lm_create and the layers would assert, as a recoverable
+// error, so that a config can be checked before a model is built (as
+// mixer_config_check is for one mixer): each layer's mixer_config_check
+// (the kinds' registry, mixer.h), a form other than chunked applies to some
+// layer, and every tensor of a step over `rows` (batch x sequence) positions
+// stays within int32 elements. Returns the config key at fault ("d_k",
+// "form", "d_model", "seq_len", ...) and writes why, or NULL when the model
+// can be built.
+const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n);
 // Register every parameter in ps (the caller then calls params_finalize).
 void lm_create(LM *lm, const LMConfig *cfg, ParamStore *ps);
 void lm_destroy(LM *lm);

@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!config_validate(&back).ok) fail("the dump does not validate", dump, NULL);
         // Register the model's parameters (no allocation of their values).
         LMConfig lc;
-        if (model_config_from_train(&cfg, &lc).ok) {
+        if (config_model(&cfg, &lc).ok) {
             ParamStore ps;
             LM lm;
             params_init(&ps);
