@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -107,8 +108,13 @@ Test(fileio, only_a_regular_file_or_a_new_name_is_replaced) {
     expect_refused(file_replace(at(dir, "fifo"), "output", "x", 1, 0), at(dir, "fifo"), "is a FIFO");
     struct stat sb;
     cr_assert(lstat(at(dir, "fifo"), &sb) == 0 && S_ISFIFO(sb.st_mode), "the FIFO is still there");
-    expect_refused(file_replace("/dev/null", "output", "x", 1, 0), "/dev/null", "is a character device");
-    cr_assert(lstat("/dev/null", &sb) == 0 && S_ISCHR(sb.st_mode));
+    // A device node of our own (the null device's numbers): a regression replaces it, not /dev/null.
+    if (mknod(at(dir, "device"), S_IFCHR | 0666, makedev(1, 3)) == 0) {
+        expect_refused(file_replace(at(dir, "device"), "output", "x", 1, 0), at(dir, "device"), "is a character device");
+        cr_assert(lstat(at(dir, "device"), &sb) == 0 && S_ISCHR(sb.st_mode));
+    } else {
+        cr_log_warn("not root: no device node to write to, the device case is not tested");
+    }
     cr_assert_eq(mkdir(at(dir, "folder"), 0755), 0);
     expect_refused(file_replace(at(dir, "folder"), "output", "x", 1, 0), at(dir, "folder"), "is a directory");
     expect_refused(file_replace(at(dir, "folder/"), "output", "x", 1, 0), at(dir, "folder/"), "folder");
