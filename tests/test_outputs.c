@@ -31,7 +31,7 @@ static const char *at(const char *dir, const char *name) {
     static char p[4][1600];
     static int k;
     k = (k + 1) % 4;
-    snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
+    cr_assert_lt(snprintf(p[k], sizeof p[k], "%s/%s", dir, name), (int)sizeof p[k], "path too long");
     return p[k];
 }
 
@@ -303,4 +303,33 @@ Test(outputs, train_dump_state_is_written_whole_and_only_to_a_file, .timeout = 1
     free(err);
     cr_assert(is_kind(at(dir, "state.h5"), S_IFREG));
     cr_assert_eq(count_temporaries(dir), 0);
+}
+
+// The run folder's files: a link planted at the plot script is not written
+// through, and a FIFO at a log is refused, not waited on for ever.
+Test(outputs, train_run_files_never_follow_a_link_or_wait_on_a_fifo, .timeout = 120) {
+    const char *cfg = test_tiny_config("out_runfiles", "gdn", 2, NULL, NULL);
+    char dir[1500], run_dir[1600];
+    snprintf(dir, sizeof dir, "%s", test_dir_of(cfg));
+    snprintf(run_dir, sizeof run_dir, "%s/run", dir);
+    cr_assert_eq(mkdir(run_dir, 0755), 0);
+    test_write_file(at(dir, "victim"), "precious");
+    cr_assert_eq(symlink(at(dir, "victim"), at(run_dir, "loss.gp")), 0);
+    char *err;
+    int code = run("train", dir, NULL, (char *[]){"--config", (char *)cfg, NULL}, &err);
+    cr_assert_eq(code, 0, "%s", err);
+    cr_assert(strstr(err, "loss.gp") && strstr(err, "symbolic link") && strstr(err, "no loss plot"), "%s", err);
+    free(err);
+    char *text = test_read_file(at(dir, "victim"));
+    cr_assert_str_eq(text, "precious");
+    free(text);
+    cr_assert(is_kind(at(run_dir, "loss.gp"), S_IFLNK) && is_kind(at(run_dir, "checkpoint.h5"), S_IFREG));
+    cr_assert_eq(count_temporaries(run_dir), 0);
+    cr_assert_eq(mkfifo(at(run_dir, "metrics.jsonl.new"), 0644), 0);
+    cr_assert_eq(rename(at(run_dir, "metrics.jsonl.new"), at(run_dir, "metrics.jsonl")), 0);
+    code = run("train", dir, NULL, (char *[]){"--config", (char *)cfg, "--resume", NULL}, &err);
+    cr_assert(code != 0 && code != TEST_TIMED_OUT && strstr(err, "metrics.jsonl") && strstr(err, "is a FIFO"),
+              "exit %d\n%s", code, err);
+    free(err);
+    cr_assert(is_kind(at(run_dir, "metrics.jsonl"), S_IFIFO));
 }
