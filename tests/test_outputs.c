@@ -305,8 +305,8 @@ Test(outputs, train_dump_state_is_written_whole_and_only_to_a_file, .timeout = 1
     cr_assert_eq(count_temporaries(dir), 0);
 }
 
-// The run folder's files: a link planted at the plot script is not written
-// through, and a FIFO at a log is refused, not waited on for ever.
+// The run folder's files: a link planted at the plot script or the lock file
+// is not written through, and a FIFO at a log is refused, not waited on for ever.
 Test(outputs, train_run_files_never_follow_a_link_or_wait_on_a_fifo, .timeout = 120) {
     const char *cfg = test_tiny_config("out_runfiles", "gdn", 2, NULL, NULL);
     char dir[1500], run_dir[1600];
@@ -332,4 +332,13 @@ Test(outputs, train_run_files_never_follow_a_link_or_wait_on_a_fifo, .timeout = 
               "exit %d\n%s", code, err);
     free(err);
     cr_assert(is_kind(at(run_dir, "metrics.jsonl"), S_IFIFO));
+    // The lock file (truncated, then given the pid) is not written through a link either.
+    cr_assert_eq(unlink(at(run_dir, ".lock")), 0);
+    cr_assert_eq(symlink(at(dir, "victim"), at(run_dir, ".lock")), 0);
+    code = run("train", dir, NULL, (char *[]){"--config", (char *)cfg, "--resume", NULL}, &err);
+    cr_assert(code == 2 && strstr(err, ".lock") && strstr(err, "symbolic link"), "exit %d\n%s", code, err);
+    free(err);
+    text = test_read_file(at(dir, "victim"));
+    cr_assert_str_eq(text, "precious");
+    free(text);
 }

@@ -59,8 +59,17 @@ Status run_dir_open(RunDir *rd, const char *path, RunDirMode mode, bool overwrit
     char lock[RUN_DIR_PATH_MAX + 32];
     s = run_dir_file(rd, ".lock", lock, sizeof lock);
     if (!s.ok) return s;
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // The lock file is truncated and written (the pid): never through a link
+    // (O_NOFOLLOW), and only a regular file (a FIFO or device is refused).
+    s = file_check_output(lock, "lock file");
+    if (!s.ok) return s;
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (fd < 0) return status_err("%s: cannot create the lock file: %s", lock, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return status_err("%s: the lock file is not a regular file", lock);
+    }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         int e = errno;
         char pid[32] = "";

@@ -317,7 +317,7 @@ static double auto_ratio(GemmBackend *b, char *where, size_t n) {
             *slash = '/';
         }
         mkdir(dir, 0755);
-        lk = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        lk = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);   // (a link there: no lock, no cache)
         if (lk >= 0) flock(lk, LOCK_EX);
     }
     double r;
