@@ -57,7 +57,7 @@ void bpe_free(Bpe *b);
 // The canonical file (our format, uncompressed): bpe_from_buffer of it gives
 // an equal tokenizer, and writing that again gives the same bytes. Caller frees.
 uint8_t *bpe_to_buffer(const Bpe *b, size_t *len);
-Status bpe_save(const Bpe *b, const char *path);   // via <path>.tmp.<pid> and rename
+Status bpe_save(const Bpe *b, const char *path);   // whole or not at all (file_replace, fileio.h)
 
 int bpe_vocab_size(const Bpe *b);    // 1 + the largest id (ids may have holes: cl100k_base)
 int bpe_n_ranks(const Bpe *b);       // mergeable tokens

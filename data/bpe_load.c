@@ -12,6 +12,7 @@
 
 #include "bpe_impl.h"
 #include "corpus.h"   // fnv1a64
+#include "fileio.h"   // file_replace
 
 #ifndef ATTNLAB_DATA_DIR
 #define ATTNLAB_DATA_DIR "/usr/local/share/attnlab"
@@ -490,19 +491,7 @@ Status bpe_save(const Bpe *b, const char *path) {
         free(buf);
         buf = gz, n = m;
     }
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        free(buf);
-        return status_err("%s: cannot write: %s", tmp, strerror(errno));
-    }
-    bool ok = fwrite(buf, 1, n, f) == n;
-    ok &= fclose(f) == 0;
+    Status s = file_replace(path, "tokenizer file", buf, n, 0);
     free(buf);
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return status_err("%s: cannot write the tokenizer file: %s", path, strerror(errno));
-    }
-    return status_ok();
+    return s;
 }

@@ -98,41 +98,13 @@ hid_t h5io_create_memory_aligned(hsize_t alignment) {
     return f;
 }
 
-// fsync a file or directory by path.
-static bool sync_path(const char *path, bool dir) {
-    int fd = open(path, (dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-    if (fd < 0) return false;
-    bool ok = fsync(fd) == 0;
-    close(fd);
-    return ok;
-}
-
-Status h5io_commit(hid_t f, const char *path, const char *tmp) {
+Status h5io_commit(hid_t f, const char *path, const char *what) {
     ssize_t size = H5Fflush(f, H5F_SCOPE_GLOBAL) >= 0 ? H5Fget_file_image(f, NULL, 0) : -1;
     void *image = size > 0 ? malloc((size_t)size) : NULL;
     bool ok = image && H5Fget_file_image(f, image, (size_t)size) == size;
     ok = H5Fclose(f) >= 0 && ok;
-    if (!ok) {
-        free(image);
-        return status_err("%s: building the file in memory failed", path);
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        Status s = status_err("%s: cannot create: %s", tmp, strerror(errno));
-        free(image);
-        return s;
-    }
-    int e = file_write_all(fd, image, (size_t)size);
+    Status s = ok ? file_replace(path, what, image, (size_t)size, 0)
+                  : status_err("%s: building the %s in memory failed", path, what);
     free(image);
-    if (!e && fsync(fd) != 0) e = errno;
-    if (close(fd) != 0 && !e) e = errno;
-    if (!e && rename(tmp, path) != 0) e = errno;
-    if (e) {
-        unlink(tmp);
-        return status_err("%s: writing failed: %s; nothing was written", path, strerror(e));
-    }
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    sync_path(dirname(dir), true);   // make the rename durable; best effort
-    return status_ok();
+    return s;
 }

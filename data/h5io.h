@@ -117,9 +117,11 @@ hid_t h5io_create_memory(void);
 // The same, with every object of `alignment` bytes or more placed at a file
 // address that is a multiple of it (4096: datasets that h5io_map can map).
 hid_t h5io_create_memory_aligned(hsize_t alignment);
-// Write the in-memory file f to `tmp`, fsync it and rename it over `path`,
-// then close f. On any error f is closed, tmp removed and path untouched.
-Status h5io_commit(hid_t f, const char *path, const char *tmp);
+// Write the in-memory file f over `path` through file_replace (fileio.h: a
+// new temporary beside it, fsync'd and renamed; only a regular file or a new
+// name is replaced), then close f. On any error f is closed and path
+// untouched; `what` ("checkpoint") names the file in messages.
+Status h5io_commit(hid_t f, const char *path, const char *what);
 
 // CRC-32 of n bytes (zlib's polynomial), for callers that checksum their own data.
 uint32_t h5io_crc32(const void *data, size_t n);

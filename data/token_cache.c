@@ -100,8 +100,6 @@ static Status cache_read(const char *path, const Corpus *c, const Tokenizer *tok
 static Status cache_write(const char *path, const Corpus *c, const Tokenizer *tok, const int *tokens, int64_t n_tok,
                           const int64_t *starts, int64_t n_docs) {
     int vocab = tok->vocab;
-    char tmp[CACHE_PATH_MAX + 24];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());   // per process: concurrent builds do not collide
     hid_t f = h5io_create_memory_aligned(4096);   // the tokens on a page boundary: mappable
     if (f < 0) return status_err("%s: cannot create the token cache in memory", path);
     hsize_t n = (hsize_t)n_tok;
@@ -114,8 +112,7 @@ static Status cache_write(const char *path, const Corpus *c, const Tokenizer *to
         H5Fclose(f);
         return status_err("%s: building the token cache failed", path);
     }
-    Status s = h5io_commit(f, path, tmp);
-    return s.ok ? s : status_err("token cache %s", s.msg);
+    return h5io_commit(f, path, "token cache");   // (a temporary of its own: concurrent builds do not collide)
 }
 
 Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Corpus *c, const Tokenizer *tok,

@@ -15,8 +15,8 @@
 // the version, vocabulary, corpus hash and count match, and every id is in
 // [0, vocab); otherwise it is rebuilt from the corpus and TokenData.note
 // says why (a tampered or stale cache is never used, and never aborts).
-// A build writes <file>.tmp.<pid> and renames it over the old file, so a
-// reader never sees a half-written cache.
+// A build writes a temporary of its own beside the file (fileio.h) and
+// renames it over the old one, so a reader never sees a half-written cache.
 //
 // The tokens are not copied into memory: the dataset's bytes are mapped
 // read-only from the file (after the same checks, the checksum computed over

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "blas.h"
 #include "test_util.h"
@@ -322,6 +323,27 @@ Test(blas_backend, auto_cache_file_reads_back_and_survives_garbage) {
     char missing[700];
     snprintf(missing, sizeof missing, "%s/none/gemm_auto", test_dir_of(path));
     cr_assert_not(blas_auto_cache_store(missing, "k", 1, GEMM_ONEDNN));
+}
+
+// The kept measurement is written like every output (fileio.h): a link or a
+// FIFO at its path is refused, not followed or replaced.
+Test(blas_backend, auto_cache_file_is_never_written_through_a_link) {
+    const char *dir = test_tmpdir("gemm_cache_link");
+    char path[600], victim[600], fifo[600];
+    snprintf(path, sizeof path, "%s/gemm_auto", dir);
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    test_write_file(victim, "precious");
+    cr_assert_eq(symlink(victim, path), 0);
+    cr_assert_not(blas_auto_cache_store(path, "k", 1.3, GEMM_OPENBLAS));
+    char *text = test_read_file(victim);
+    cr_assert_str_eq(text, "precious");
+    free(text);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    cr_assert_not(blas_auto_cache_store(fifo, "k", 1.3, GEMM_OPENBLAS));
+    struct stat sb;
+    cr_assert(lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode));
+    cr_assert(lstat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode));
 }
 
 // auto takes the kept verdict for this machine (where OpenBLAS's kernels

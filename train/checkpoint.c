@@ -83,18 +83,13 @@ static bool write_contents(hid_t f, const ParamStore *ps, const Optimizer *opt, 
 
 Status checkpoint_save(const char *path, const ParamStore *ps, const Optimizer *opt, const CheckpointState *st) {
     ASSERT(ps->finalized, "checkpoint_save before params_finalize");
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return status_err("%.200s...: checkpoint path too long", path);
     hid_t f = h5io_create_memory();
     if (f < 0) return status_err("%s: cannot create the checkpoint in memory", path);
     if (!write_contents(f, ps, opt, st)) {
         H5Fclose(f);
         return status_err("%s: building the checkpoint failed", path);
     }
-    Status s = h5io_commit(f, path, tmp);
-    if (!s.ok) return status_err("checkpoint %s", s.msg);
-    return s;
+    return h5io_commit(f, path, "checkpoint");
 }
 
 // ---------------------------------------------------------------- reading

@@ -14,8 +14,9 @@
 //   /config              string      the run's effective config (INI text, config_dump)
 //   /tokenizer           uint8 (n)   the tokenizer file (tokenizer.h; absent: bytes)
 // Every dataset carries a "crc32" attribute over its stored bytes (h5io.h).
-// Writing goes to "<path>.tmp", which is flushed, fsync'd and renamed over
-// <path>: a crash mid-write leaves the previous checkpoint intact.
+// Writing goes to a new temporary beside <path> ("<name>.tmp.<random>",
+// fileio.h), which is flushed, fsync'd and renamed over <path>: a crash
+// mid-write leaves the previous checkpoint intact.
 // Values are stored as float32 in either build; a float64 build converts on
 // load (and loses nothing it saved from float32 training).
 //

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "h5io.h"
+
 // Reals in the build's precision (float64 in the float64 build), so an
 // independent float64 reference can check them to 1e-9 and below.
 static herr_t put_reals(hid_t loc, const char *name, int ndim, const int *shape, const real *data) {
@@ -45,11 +47,12 @@ Status dump_state_write(const char *path, Tape *tp, LM *lm, ParamStore *ps, cons
     Tensor *loss = distill ? lm_distill_loss(tp, lm, x, B, T) : lm_loss(tp, lm, x, y, B, T, &logits);
     tape_backward(tp, loss);
 
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    // Built in memory, then written whole over path (h5io_commit: never
+    // through a link or onto a device, and nothing half-written left).
+    hid_t f = h5io_create_memory();
     if (f < 0) {
         tape_reset(tp);
-        return status_err("cannot create '%s'", path);
+        return status_err("%s: cannot create the state dump in memory", path);
     }
     hsize_t bt[2] = {(hsize_t)B, (hsize_t)T};
     herr_t e = 0;
@@ -72,8 +75,10 @@ Status dump_state_write(const char *path, Tape *tp, LM *lm, ParamStore *ps, cons
     e |= H5LTset_attribute_string(f, "/", "precision", REAL_NAME);
     e |= H5LTset_attribute_int(f, "/", "vocab_size", &lm->cfg.vocab_size, 1);
     free(ini);
-    e |= H5Fclose(f) < 0 ? -1 : 0;
     tape_reset(tp);
-    if (e < 0) return status_err("writing '%s' failed", path);
-    return status_ok();
+    if (e < 0) {
+        H5Fclose(f);
+        return status_err("%s: building the state dump failed", path);
+    }
+    return h5io_commit(f, path, "state dump");
 }

@@ -39,6 +39,7 @@
 #include "corpus.h"
 #include "blas.h"
 #include "doctext.h"
+#include "fileio.h"
 #include "model_setup.h"
 #include "poseval.h"
 #include "runlog.h"
@@ -114,8 +115,10 @@ static Status write_npy(const char *path, const real *x, int rows, int cols) {
                        (int)sizeof(real), rows, cols);
     int total = 10 + len + 1;
     int pad = (64 - total % 64) % 64;   // the data starts 64-byte aligned
-    FILE *f = fopen(path, "wb");
-    if (!f) return status_err("%s: cannot create: %s", path, strerror(errno));
+    FileOut o;   // whole or not at all; never through a link or onto a device (fileio.h)
+    Status s = file_out_open(&o, path, "logits file", 0);
+    if (!s.ok) return s;
+    FILE *f = file_out_stream(&o);
     uint16_t hl = (uint16_t)(len + pad + 1);
     fwrite("\x93NUMPY\x01\x00", 1, 8, f);
     fputc(hl & 0xff, f);
@@ -124,9 +127,7 @@ static Status write_npy(const char *path, const real *x, int rows, int cols) {
     for (int i = 0; i < pad; i++) fputc(' ', f);
     fputc('\n', f);
     fwrite(x, sizeof(real), (size_t)rows * cols, f);
-    bool ok = !ferror(f);
-    ok = fclose(f) == 0 && ok;
-    return ok ? status_ok() : status_err("%s: writing failed", path);
+    return file_out_commit(&o);
 }
 
 // Windows of T advancing by S; targets already scored are ignored (-1).
@@ -319,8 +320,24 @@ static int run_positions(LM *lm, const Tokenizer *tk, const char *ckpt, const ch
     return code;
 }
 
+static void free_model(LM *lm, ParamStore *ps, Tokenizer *tok) {
+    tokenizer_free(tok);
+    lm_destroy(lm);
+    params_free(ps);
+}
+
+// --logits: a regular file or a new name, and neither the checkpoint nor a
+// file of the text.
+static Status check_logits_path(const char *path, const char *ckpt, const Corpus *text) {
+    Status s = file_check_distinct(path, "logits file (--logits)", ckpt, "checkpoint");
+    for (int i = 0; s.ok && i < text->n_files; i++)
+        s = file_check_distinct(path, "logits file (--logits)", text->files[i], "text file");
+    return s.ok ? file_check_output(path, "logits file") : s;
+}
+
 int main(int argc, char **argv) {
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
+    file_check_stdout_at_exit("evaluate");
     const char *ckpt = NULL, *text = NULL, *logits_path = NULL;
     long long window = 0, stride = 0, batch = 8, threads = 0, limit = 0, chunk = 2048, seq = 0;
     bool stream = false, json = false, val = false, positions = false, steps = false;
@@ -388,26 +405,26 @@ int main(int argc, char **argv) {
     ParamStore ps;
     Tokenizer tok;
     Status s = model_load_checkpoint(ckpt, &cfg, &lm, &ps, &tok);
+    bool loaded = s.ok;   // (on failure the loader frees what it built)
     if (s.ok && !text) text = cfg.data.corpus;
     if (s.ok && val && !(cfg.data.val_fraction > 0))
         s = status_err("%s: --val: the run held out no validation split (val_fraction 0)", ckpt);
     Corpus corpus = {0};
     if (s.ok) s = corpus_load(&corpus, text);
+    if (s.ok && logits_path) s = check_logits_path(logits_path, ckpt, &corpus);
     if (s.ok && device != DEVICE_CPU) {   // the model is loaded on the host: now its values move
         char err[512];
         if (device_cuda_init(err, sizeof err)) params_to_device(&ps, device);
         else s = status_err("--device cuda: %s; or score on the CPU: --device cpu", err);
     }
-    if (!s.ok) {
-        fprintf(stderr, "evaluate: %s\n", s.msg);
-        corpus_free(&corpus);
-        config_free(&cfg);
-        return 2;
-    }
     int T = window ? (int)window : cfg.data.seq_len;
     int S = stride ? (int)stride : (T > 1 ? T / 2 : 1);
-    if (S > T) {
-        fprintf(stderr, "evaluate: --stride %d is more than the window of %d tokens\n", S, T);
+    if (s.ok && S > T) s = status_err("--stride %d is more than the window of %d tokens", S, T);
+    if (!s.ok) {
+        fprintf(stderr, "evaluate: %s\n", s.msg);
+        if (loaded) free_model(&lm, &ps, &tok);
+        corpus_free(&corpus);
+        config_free(&cfg);
         return 2;
     }
     if (!threads && stream && steps && params_count(&ps, false) < 10000000) threads = 1;   // as generate
@@ -466,10 +483,8 @@ int main(int argc, char **argv) {
     }
     free(all_ids);
     free(all_flags);
-    tokenizer_free(&tok);
+    free_model(&lm, &ps, &tok);
     corpus_free(&corpus);
-    lm_destroy(&lm);
-    params_free(&ps);
     config_free(&cfg);
     return code;
 }

@@ -16,7 +16,10 @@
 // u W. Beside it, config.json (or --config-json PATH) describes the model in
 // JSON, and a BPE model's tokenizer file goes to tokenizer.bpe (named in
 // config.json's "tokenizer"; "byte" for the byte tokenizer). Every file is
-// written whole or not at all.
+// written whole or not at all (fileio.h's FileOut), its folders created; an
+// output that is the checkpoint or another output, or whose path is not a
+// regular file or a new name (a device, FIFO, folder, symbolic link), is
+// refused before anything is written.
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -56,20 +59,17 @@ static void put(Buf *b, const char *fmt, ...) {
     }
 }
 
-// Write `n` bytes of `data` (then `m` of `more`) to path through path.tmp + rename.
-static Status write_whole(const char *path, const void *data, size_t n, const void *more, size_t m) {
-    char tmp[4200];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return status_err("%s: path too long", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return status_err("%s: cannot create: %s", tmp, strerror(errno));
-    bool ok = fwrite(data, 1, n, f) == n && (!m || fwrite(more, 1, m, f) == m);
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        Status s = status_err("%s: writing failed: %s", path, strerror(errno));
-        unlink(tmp);
-        return s;
-    }
-    return status_ok();
+// Write `n` bytes of `data`, then `m` of `more`, to path whole or not at all
+// (fileio.h: a new temporary beside it, renamed over it); its folders are
+// created.
+static Status write_whole(const char *path, const char *what, const void *data, size_t n, const void *more,
+                          size_t m) {
+    FileOut o;
+    Status s = file_out_open(&o, path, what, FILE_OUT_MAKE_DIRS);
+    if (!s.ok) return s;
+    file_out_write(&o, data, n);
+    if (m) file_out_write(&o, more, m);
+    return file_out_commit(&o);
 }
 
 static Status write_safetensors(const char *path, const ParamStore *ps, const char *config_text) {
@@ -96,7 +96,7 @@ static Status write_safetensors(const char *path, const ParamStore *ps, const ch
     memcpy(out + 8, h.p, h.n);
     float *data = xmalloc(offset ? offset : 4);
     for (int64_t i = 0; i < ps->numel; i++) data[i] = (float)ps->data[i];   // registration order = block order
-    Status s = write_whole(path, out, 8 + h.n, data, offset);
+    Status s = write_whole(path, "safetensors file", out, 8 + h.n, data, offset);
     free(out);
     free(data);
     free(h.p);
@@ -115,13 +115,34 @@ static Status write_config_json(const char *path, const TrainConfig *c, const To
         tok->vocab, tok->bpe ? tok_file : "byte", c->model.d_model, c->model.n_heads, c->model.d_k, c->model.d_v, c->model.d_ff,
         c->model.tied_embeddings ? "true" : "false", c->model.conv_size, c->model.chunk_size, c->model.norm_eps,
         c->model.rope_base, c->model.index_heads, c->model.index_dim, c->model.topk);
-    Status s = write_whole(path, b.p, b.n, NULL, 0);
+    Status s = write_whole(path, "config JSON", b.p, b.n, NULL, 0);
     free(b.p);
     return s;
 }
 
+// Before anything is written: no output is the checkpoint or another output,
+// and each may be replaced (a regular file or a new name). tok_path NULL: no
+// tokenizer file is written.
+static Status check_outputs(const char *ckpt, const char *out, const char *cfg_json, bool cfg_given,
+                            const char *tok_path) {
+    const char *path[3] = {out, cfg_json, tok_path}, *what[3] = {"safetensors file", "config JSON", "tokenizer file"};
+    const char *flag[3] = {"--out", cfg_given ? "--config-json" : "beside --out", "beside the config JSON"};
+    for (int i = 0; i < 3; i++) {
+        if (!path[i]) continue;
+        Status s = file_check_distinct(path[i], what[i], ckpt, "checkpoint");
+        for (int j = 0; s.ok && j < i; j++)
+            if (file_same(path[i], path[j]))
+                s = status_err("%s: the %s (%s) and the %s (%s) would be the same file; give another path", path[i],
+                               what[j], flag[j], what[i], flag[i]);
+        if (s.ok) s = file_check_output(path[i], what[i]);
+        if (!s.ok) return s;
+    }
+    return status_ok();
+}
+
 int main(int argc, char **argv) {
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
+    file_check_stdout_at_exit("export_model");
     const char *ckpt = NULL, *out = NULL, *cfg_json = NULL;
     for (int i = 1; i < argc; i++) {
         bool has = i + 1 < argc;
@@ -154,6 +175,7 @@ int main(int argc, char **argv) {
     ParamStore ps;
     Tokenizer tok;
     Status s = model_load_checkpoint(ckpt, &cfg, &lm, &ps, &tok);
+    if (s.ok) s = check_outputs(ckpt, out, cfg_json, cfg_json != json_path, tok.bpe ? tok_path : NULL);
     if (s.ok) s = write_safetensors(out, &ps, cfg.text ? cfg.text : "");
     if (s.ok) s = write_config_json(cfg_json, &cfg, &tok, "tokenizer.bpe");
     if (s.ok && tok.bpe) s = bpe_save(tok.bpe, tok_path);

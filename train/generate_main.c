@@ -430,6 +430,7 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
 
 int main(int argc, char **argv) {
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
+    file_check_stdout_at_exit("generate");
     GenArgs a;
     int code = parse_args(argc, argv, &a);
     if (code) return code == 1 ? 0 : 2;

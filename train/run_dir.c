@@ -59,8 +59,17 @@ Status run_dir_open(RunDir *rd, const char *path, RunDirMode mode, bool overwrit
     char lock[RUN_DIR_PATH_MAX + 32];
     s = run_dir_file(rd, ".lock", lock, sizeof lock);
     if (!s.ok) return s;
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // The lock file is truncated and written (the pid): never through a link
+    // (O_NOFOLLOW), and only a regular file (a FIFO or device is refused).
+    s = file_check_output(lock, "lock file");
+    if (!s.ok) return s;
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (fd < 0) return status_err("%s: cannot create the lock file: %s", lock, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return status_err("%s: the lock file is not a regular file", lock);
+    }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         int e = errno;
         char pid[32] = "";
@@ -88,7 +97,11 @@ Status run_dir_open(RunDir *rd, const char *path, RunDirMode mode, bool overwrit
         }
         remove_files(rd, RUN_FILES, sizeof RUN_FILES / sizeof RUN_FILES[0]);
     }
-    remove_files(rd, STALE_FILES, sizeof STALE_FILES / sizeof STALE_FILES[0]);
+    remove_files(rd, STALE_FILES, sizeof STALE_FILES / sizeof STALE_FILES[0]);   // (names of older builds)
+    for (size_t i = 0; i < sizeof RUN_FILES / sizeof RUN_FILES[0]; i++) {   // a killed writer's temporaries
+        char p[RUN_DIR_PATH_MAX + 32];
+        if (run_dir_file(rd, RUN_FILES[i], p, sizeof p).ok) file_out_remove_stale(p);
+    }
     return status_ok();
 }
 
@@ -98,20 +111,9 @@ void run_dir_close(RunDir *rd) {
 }
 
 Status run_dir_write_file(const RunDir *rd, const char *name, const char *text) {
-    char path[RUN_DIR_PATH_MAX + 32], tmp[RUN_DIR_PATH_MAX + 40];
+    char path[RUN_DIR_PATH_MAX + 32];
     Status s = run_dir_file(rd, name, path, sizeof path);
-    if (!s.ok) return s;
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return status_err("cannot write '%s': %s", tmp, strerror(errno));
-    int e = file_write_all(fd, text, strlen(text));
-    if (close(fd) != 0 && !e) e = errno;
-    if (!e && rename(tmp, path) != 0) e = errno;
-    if (e) {
-        unlink(tmp);
-        return status_err("cannot write '%s': %s", path, strerror(e));
-    }
-    return status_ok();
+    return s.ok ? file_replace(path, name, text, strlen(text), 0) : s;
 }
 
 // The step of a log line: the number after "step":  (JSON) or at the start

@@ -8,7 +8,7 @@
 //
 // The lock is an flock on <dir>/.lock held for the life of the run: a second
 // `train` on the same folder is refused with the first one's pid, instead of
-// both writing checkpoint.h5.tmp and metrics.jsonl. The kernel drops the lock
+// both writing checkpoint.h5 and metrics.jsonl. The kernel drops the lock
 // when the process dies, so a killed run never leaves the folder locked.
 #ifndef RUN_DIR_H
 #define RUN_DIR_H
@@ -27,7 +27,7 @@ typedef enum { RUN_FRESH, RUN_RESUME } RunDirMode;
 // Create the folder (and its parents) and take the lock. RUN_FRESH: a folder
 // holding a previous run (checkpoint.h5 or metrics.jsonl) is refused unless
 // `overwrite`, which deletes that run's checkpoint and logs. Either mode
-// removes stale temporary files (checkpoint.h5.tmp, loss.png.tmp).
+// removes the temporary files a killed run left (fileio.h's, loss.png.tmp).
 Status run_dir_open(RunDir *rd, const char *path, RunDirMode mode, bool overwrite);
 void run_dir_close(RunDir *rd);
 

@@ -45,8 +45,22 @@ void runlog_cpu_name(char *buf, size_t n) {
 static int open_log(const char *dir, const char *name, bool append, char *path, size_t n, Status *s) {
     *s = path_join(path, n, dir, name);
     if (!s->ok) return -1;
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0644);
+    // Appended to in place, so not through FileOut; but only a regular file or
+    // a new name (fileio.h), and never through a link (O_NOFOLLOW) nor waiting
+    // on a FIFO (O_NONBLOCK, then the kind is checked on what was opened).
+    *s = file_check_output(path, name);
+    if (!s->ok) return -1;
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (append ? 0 : O_TRUNC),
+                  0644);
     if (fd < 0) *s = status_err("cannot write '%s': %s", path, strerror(errno));
+    struct stat sb;
+    if (fd >= 0 && (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))) {
+        close(fd);
+        *s = file_check_output(path, name);   // (what lies there now, in words)
+        if (s->ok) *s = status_err("cannot write '%s': not a regular file", path);
+        return -1;
+    }
+    if (fd >= 0) fcntl(fd, F_SETFL, O_APPEND);
     return fd;
 }
 
@@ -181,16 +195,15 @@ static void gp_str(FILE *f, const char *s) {
     fputc('\'', f);
 }
 
-// Run `argv` with the working directory `dir`, its output to /dev/null; returns its exit status (-1: not run).
-static int run_in(const char *dir, char *const argv[]) {
+// Run `argv` with the working directory `dir`, its standard output to out_fd
+// and its errors to /dev/null; returns its exit status (-1: not run).
+static int run_in(const char *dir, char *const argv[], int out_fd) {
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
         int null = open("/dev/null", O_RDWR);
-        if (null >= 0) {
-            dup2(null, 1);
-            dup2(null, 2);
-        }
+        if (null >= 0) dup2(null, 2);
+        dup2(out_fd, 1);
         if (chdir(dir) != 0) _exit(126);
         execvp(argv[0], argv);
         _exit(127);
@@ -215,13 +228,17 @@ static bool png_complete(const char *path) {
 bool runlog_plot(const RunLog *r, const RunLogPlot *p) {
     char script[1100];
     if (!path_join(script, sizeof script, r->dir, "loss.gp").ok) return false;
-    FILE *f = fopen(script, "w");
-    if (!f) {
-        fprintf(stderr, "note: cannot write %s (%s): no loss plot\n", script, strerror(errno));
+    FileOut gp;
+    Status s = file_out_open(&gp, script, "plot script", 0);
+    if (!s.ok) {
+        fprintf(stderr, "note: %s: no loss plot\n", s.msg);
         return false;
     }
+    FILE *f = file_out_stream(&gp);
     // Relative paths: gnuplot runs inside the run folder, so no path is quoted.
-    fputs("set terminal pngcairo size 900,540 noenhanced\nset output 'loss.png.tmp'\n", f);
+    // The PNG goes to its standard output: our temporary for loss.png (FileOut),
+    // never a file gnuplot would open by name (through a link planted there).
+    fputs("set terminal pngcairo size 900,540 noenhanced\n", f);
     fputs("set grid\nset datafile missing 'NaN'\nset key top right\n", f);
     if (p->separate) {
         fputs("set multiplot layout 2,1 title ", f);
@@ -244,14 +261,15 @@ bool runlog_plot(const RunLog *r, const RunLogPlot *p) {
               "'' using 1:3 with linespoints lw 2 pt 7 ps 0.6 lc rgb '#cc3311' title 'validation'\n",
               f);
     }
-    bool wrote = !ferror(f);
-    wrote = fclose(f) == 0 && wrote;
-    char tmp[1100], png[1100];
-    path_join(tmp, sizeof tmp, r->dir, "loss.png.tmp");
-    path_join(png, sizeof png, r->dir, "loss.png");
-    int rc = wrote ? run_in(r->dir, (char *const[]){"gnuplot", "loss.gp", NULL}) : -1;
-    if (rc == 0 && png_complete(tmp) && rename(tmp, png) == 0) return true;
-    unlink(tmp);
+    bool wrote = file_out_commit(&gp).ok;
+    char png[1100];
+    FileOut o;
+    int rc = -1;
+    if (wrote && path_join(png, sizeof png, r->dir, "loss.png").ok && file_out_open(&o, png, "loss plot", 0).ok) {
+        rc = run_in(r->dir, (char *const[]){"gnuplot", "loss.gp", NULL}, o.fd);
+        if (rc == 0 && png_complete(o.tmp) && file_out_commit(&o).ok) return true;
+        file_out_abort(&o);
+    }
     if (rc == 127) fprintf(stderr, "note: gnuplot not found, no loss plot (apt-get install gnuplot-nox)\n");
     else fprintf(stderr, "note: gnuplot failed (%s), no loss plot\n", wrote ? "see loss.gp" : "script not written");
     return false;

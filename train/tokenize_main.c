@@ -12,11 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bpe.h"
 #include "bpe_split.h"
 #include "bpe_train.h"
 #include "corpus.h"
+#include "fileio.h"
 
 #define MAX_SPECIALS 64
 
@@ -136,19 +138,33 @@ static uint8_t *read_all(const char *cmd, const char *path, int64_t *n) {
     return buf;
 }
 
-static FILE *open_out(const char *cmd, const char *path) {
-    if (!path) return stdout;
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        char msg[600];
-        snprintf(msg, sizeof msg, "%s: %s", path, strerror(errno));
-        fail(cmd, msg);
-    }
-    return f;
+// --out is written whole or not at all (fileio.h), and never over an input:
+// the text read (--in) or the tokenizer file.
+static FileOut out_file;
+
+static FILE *open_out(const char *cmd, const Args *a) {
+    if (!a->out) return stdout;
+    Status st = file_check_distinct(a->out, "output (--out)", a->in, "input (--in)");
+    if (st.ok && access(a->tokenizer, F_OK) == 0)   // (not a file: a tiktoken encoding's name)
+        st = file_check_distinct(a->out, "output (--out)", a->tokenizer, "tokenizer file");
+    if (st.ok) st = file_out_open(&out_file, a->out, "output", 0);
+    if (!st.ok) fail(cmd, st.msg);
+    return file_out_stream(&out_file);
 }
 
 static void close_out(const char *cmd, FILE *f) {
-    if (fflush(f) != 0 || ferror(f) || (f != stdout && fclose(f) != 0)) fail(cmd, "write error");
+    if (f == stdout) return;   // (checked at exit: file_check_stdout_at_exit)
+    Status st = file_out_commit(&out_file);
+    if (!st.ok) fail(cmd, st.msg);
+}
+
+// tokenize train's --out: a regular file or a new name, and no file of the
+// corpus (checked before the training, which can take long).
+static void check_train_out(const char *out, const Corpus *c) {
+    Status st = file_check_output(out, "tokenizer file");
+    for (int i = 0; st.ok && i < c->n_files; i++)
+        st = file_check_distinct(out, "tokenizer file (--out)", c->files[i], "corpus file");
+    if (!st.ok) fail("train", st.msg);
 }
 
 static Bpe *open_tokenizer(const char *cmd, const char *spec) {
@@ -184,6 +200,7 @@ static int cmd_train(int argc, char **argv) {
     Corpus c;
     Status st = corpus_load(&c, a.corpus);
     if (!st.ok) fail("train", st.msg);
+    check_train_out(a.out, &c);
     BpeTrainOpts o = {.vocab = (int)a.vocab, .pattern = pattern, .specials = a.specials, .n_specials = a.n_specials,
                       .progress = progress};
     train_t0 = now();
@@ -213,7 +230,7 @@ static int cmd_encode(int argc, char **argv) {
     uint8_t *text = read_all("encode", a.in, &n);
     int *ids = xmalloc((size_t)(n + 1) * sizeof *ids);
     int64_t m = bpe_encode(b, text, n, ids, a.allow_special ? BPE_ALLOW_SPECIAL : 0);
-    FILE *f = open_out("encode", a.out);
+    FILE *f = open_out("encode", &a);
     for (int64_t i = 0; i < m; i++) fprintf(f, i ? " %d" : "%d", ids[i]);
     fputc('\n', f);
     close_out("encode", f);
@@ -245,7 +262,7 @@ static int cmd_decode(int argc, char **argv) {
     int64_t len;
     uint8_t *bytes = bpe_decode(b, ids, m, &len, &st);
     if (!bytes) fail("decode", st.msg);
-    FILE *f = open_out("decode", a.out);
+    FILE *f = open_out("decode", &a);
     fwrite(bytes, 1, (size_t)len, f);
     close_out("decode", f);
     free(bytes), free(ids), free(text), bpe_free(b);
@@ -274,6 +291,7 @@ int main(int argc, char **argv) {
         fputs(USAGE, stderr);
         return 2;
     }
+    file_check_stdout_at_exit("tokenize");
     const char *cmd = argv[1];
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         fputs(USAGE, stdout);

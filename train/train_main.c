@@ -10,6 +10,7 @@
 
 #include "dist.h"
 #include "dump_state.h"
+#include "fileio.h"
 #include "trainer.h"
 #include "model_setup.h"
 
@@ -124,6 +125,7 @@ static int run(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it (may re-execute: before MPI)
+    file_check_stdout_at_exit("train");
     dist_init(&argc, &argv);    // MPI only when mpirun started this process
     int code = run(argc, argv);
     if (code == 130 && dist_size() > 1) {

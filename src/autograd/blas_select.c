@@ -288,14 +288,12 @@ bool blas_auto_cache_store(const char *path, const char *key, double ratio, Gemm
     k->skip = key;
     cache_read(path, keep_visit, k);
     cache_format(k->lines[k->n++], key, ratio, b);   // (fits: the key's length was checked)
-    // Whole or not at all: a temporary file beside it, renamed over it.
-    char tmp[4200];
-    int fd = snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) < (int)sizeof tmp ? mkstemp(tmp) : -1;
-    bool ok = fd >= 0;
-    for (int i = 0; ok && i < k->n; i++) ok = file_write_all(fd, k->lines[i], strlen(k->lines[i])) == 0;
-    if (fd >= 0) ok = (close(fd) == 0) && ok;
-    if (ok) ok = rename(tmp, path) == 0;
-    if (!ok && fd >= 0) unlink(tmp);
+    // Whole or not at all, and only over a regular file (fileio.h).
+    FileOut o;
+    bool ok = file_out_open(&o, path, "GEMM cache", 0).ok;
+    for (int i = 0; ok && i < k->n; i++) ok = file_out_write(&o, k->lines[i], strlen(k->lines[i]));
+    if (ok) ok = file_out_commit(&o).ok;
+    else file_out_abort(&o);
     free(k);
     return ok;
 }
@@ -319,7 +317,7 @@ static double auto_ratio(GemmBackend *b, char *where, size_t n) {
             *slash = '/';
         }
         mkdir(dir, 0755);
-        lk = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        lk = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);   // (a link there: no lock, no cache)
         if (lk >= 0) flock(lk, LOCK_EX);
     }
     double r;
