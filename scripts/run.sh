@@ -92,6 +92,9 @@ main)
     "$ROOT/scripts/main_job.sh"
     ;;
 test)
+    # npm fetches the pinned llama.cpp build the GGUF test runs (tests/test_llama.sh);
+    # Debian's npm only where no npm is installed already.
+    command -v npm >/dev/null || TEST_PACKAGES+=(npm)
     install_packages "${TEST_PACKAGES[@]}"
     start=$(date +%s)
     build build-f32
@@ -112,6 +115,8 @@ test)
     for dir in build-f32 build-f64; do
         tests/test_outside.sh "$dir" || { echo "== FAILED: tests/test_outside.sh $dir"; exit 1; }
     done
+    echo "== llama.cpp runs the exported GGUF models (the npm package @node-llama-cpp/linux-x64)"
+    tests/test_llama.sh build-f32 || { echo "== FAILED: tests/test_llama.sh"; exit 1; }
     echo "== fuzz smoke (each target on its seed corpus)"
     tests/fuzz/run.sh 12 || { echo "== FAILED: fuzzing"; exit 1; }
     # The CUDA backend (docs/cuda.md) is compiled wherever nvcc is, in both

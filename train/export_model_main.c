@@ -1,6 +1,8 @@
-// export_model: a checkpoint's model as safetensors, for other tools.
+// export_model: a checkpoint's model as safetensors, for other tools, or as
+// GGUF, for llama.cpp (export_gguf.h).
 //
 //   export_model --checkpoint runs/tiny_gdn/checkpoint.h5 --out model.safetensors
+//   export_model --checkpoint runs/tiny_attn/checkpoint.h5 --format gguf --out model.gguf
 //
 // (Named export_model, not export: `export` is a shell builtin, so a program
 // of that name could not be run by name from a shell.)
@@ -26,6 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "export_gguf.h"
 #include "fileio.h"
 #include "model_setup.h"
 #include "runlog.h"
@@ -33,8 +36,13 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: export_model --checkpoint FILE --out MODEL.safetensors [--config-json FILE]\n"
-               "  writes the checkpoint's parameters as safetensors (float32) and the model's description as\n"
-               "  JSON (default: config.json in the folder of --out)\n");
+               "       export_model --checkpoint FILE --format gguf --out MODEL.gguf [--type T] [--overwrite]\n"
+               "  safetensors (the default): the checkpoint's parameters (float32), the model's description as\n"
+               "  JSON (default: config.json in the folder of --out) and a BPE model's tokenizer.bpe beside it\n"
+               "  gguf: one file that llama.cpp runs (the model, its metadata and its tokenizer); only what\n"
+               "  llama.cpp computes exactly is written (docs/export.md), anything else is refused\n"
+               "  --type T      gguf weights: f32 (default), f16 or q8_0 (norms stay f32)\n"
+               "  --overwrite   gguf: replace an existing --out (without it an existing file is kept)\n");
 }
 
 // Append printf output to a growing buffer.
@@ -140,10 +148,45 @@ static Status check_outputs(const char *ckpt, const char *out, const char *cfg_j
     return status_ok();
 }
 
+// --format gguf: the model in one GGUF file (checked to be exportable first).
+static Status export_gguf(const char *ckpt, const char *out, GgufType type, bool overwrite) {
+    Status s = file_check_distinct(out, "GGUF file", ckpt, "checkpoint");
+    if (s.ok) s = file_check_output(out, "GGUF file");
+    if (s.ok && !overwrite && access(out, F_OK) == 0)
+        s = status_err("%s: exists; give another --out, or --overwrite to replace it", out);
+    if (!s.ok) return s;
+    TrainConfig cfg;
+    LM lm;
+    ParamStore ps;
+    Tokenizer tok;
+    s = model_load_checkpoint(ckpt, &cfg, &lm, &ps, &tok);
+    uint8_t *bytes = NULL;
+    size_t n = 0;
+    if (s.ok) s = export_gguf_bytes(&cfg, &ps, &tok, type, &bytes, &n);
+    if (!s.ok && strncmp(s.msg, ckpt, strlen(ckpt)) != 0) {
+        char msg[sizeof s.msg];
+        snprintf(msg, sizeof msg, "%s", s.msg);
+        s = status_err("%s: %s", ckpt, msg);
+    }
+    if (s.ok) s = write_whole(out, "GGUF file", bytes, n, NULL, 0);
+    if (s.ok)
+        fprintf(stderr, "export_model: %lld parameters, %zu bytes (%s) -> %s\n", (long long)ps.numel, n,
+                type == GGUF_F32 ? "f32" : type == GGUF_F16 ? "f16" : "q8_0", out);
+    free(bytes);
+    if (ps.finalized) {
+        lm_destroy(&lm);
+        params_free(&ps);
+        tokenizer_free(&tok);
+    }
+    config_free(&cfg);
+    return s;
+}
+
 int main(int argc, char **argv) {
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     file_check_stdout_at_exit("export_model");
-    const char *ckpt = NULL, *out = NULL, *cfg_json = NULL;
+    const char *ckpt = NULL, *out = NULL, *cfg_json = NULL, *format = "safetensors", *type = NULL;
+    bool overwrite = false;
     for (int i = 1; i < argc; i++) {
         bool has = i + 1 < argc;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -152,6 +195,9 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--checkpoint") && has) ckpt = argv[++i];
         else if (!strcmp(argv[i], "--out") && has) out = argv[++i];
         else if (!strcmp(argv[i], "--config-json") && has) cfg_json = argv[++i];
+        else if (!strcmp(argv[i], "--format") && has) format = argv[++i];
+        else if (!strcmp(argv[i], "--type") && has) type = argv[++i];
+        else if (!strcmp(argv[i], "--overwrite")) overwrite = true;
         else {
             fprintf(stderr, "export_model: unknown or incomplete argument '%s' (see --help)\n", argv[i]);
             return 2;
@@ -160,6 +206,31 @@ int main(int argc, char **argv) {
     if (!ckpt || !out) {
         fprintf(stderr, "export_model: --checkpoint FILE and --out FILE are required (see --help)\n");
         return 2;
+    }
+    bool gguf = !strcmp(format, "gguf");
+    if (!gguf && strcmp(format, "safetensors") != 0) {
+        fprintf(stderr, "export_model: --format %s: expected safetensors or gguf\n", format);
+        return 2;
+    }
+    if (!gguf && (type || overwrite)) {
+        fprintf(stderr, "export_model: --type and --overwrite go with --format gguf\n");
+        return 2;
+    }
+    if (gguf) {
+        GgufType t = GGUF_F32;
+        if (type && !strcmp(type, "f16")) t = GGUF_F16;
+        else if (type && !strcmp(type, "q8_0")) t = GGUF_Q8_0;
+        else if (type && strcmp(type, "f32") != 0) {
+            fprintf(stderr, "export_model: --type %s: expected f32, f16 or q8_0\n", type);
+            return 2;
+        }
+        if (cfg_json) {
+            fprintf(stderr, "export_model: --config-json goes with safetensors (a GGUF file holds its metadata)\n");
+            return 2;
+        }
+        Status s = export_gguf(ckpt, out, t, overwrite);
+        if (!s.ok) fprintf(stderr, "export_model: %s\n", s.msg);
+        return s.ok ? 0 : 1;
     }
     char json_path[4200];
     if (!cfg_json) {

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# tests/test_llama.sh BUILD_DIR: models exported as GGUF run in the real
+# llama.cpp with attnlab's logits.
+#
+# llama.cpp comes from the npm registry, pinned: @node-llama-cpp/linux-x64
+# ships a prebuilt libllama and its CPU backends, and node-llama-cpp ships
+# the llama.cpp source they were built from (a git bundle), whose headers
+# build tests/llama/llama_check.c. Both are unpacked under cache/ once.
+# For each layout the test trains a small model a few steps, exports it, and
+# llama_check compares llama.cpp's logits at every position (one batch, and
+# token by token) with `evaluate --logits`, its tokenizer's ids with the
+# text's bytes, and 64 greedy tokens with `generate --temperature 0`; a
+# model the exporter cannot map must be refused with a sentence and no file.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=$(cd "${1:?usage: tests/test_llama.sh BUILD_DIR}" && pwd)
+VERSION=3.22.1
+LLAMA=$ROOT/cache/llama-$VERSION
+CC=${CC:-cc}
+
+if [ ! -f "$LLAMA/ready" ]; then
+    command -v npm >/dev/null || { echo "test_llama: npm not found (apt-get install npm)" >&2; exit 2; }
+    rm -rf "$LLAMA" && mkdir -p "$LLAMA/lib" "$LLAMA/include"
+    (cd "$LLAMA" && npm pack --silent "@node-llama-cpp/linux-x64@$VERSION" "node-llama-cpp@$VERSION" >/dev/null)
+    tar xzf "$LLAMA/node-llama-cpp-linux-x64-$VERSION.tgz" -C "$LLAMA/lib" --strip-components=3 package/bins/linux-x64
+    tar xzf "$LLAMA/node-llama-cpp-$VERSION.tgz" -C "$LLAMA" package/llama/gitRelease.bundle
+    git clone -q --no-checkout "$LLAMA/package/llama/gitRelease.bundle" "$LLAMA/src"
+    git -C "$LLAMA/src" archive HEAD include ggml/include | tar x -C "$LLAMA/include"
+    rm -rf "$LLAMA/src" "$LLAMA/package" "$LLAMA"/*.tgz
+    touch "$LLAMA/ready"
+fi
+CHECK=$BUILD/llama_check
+"$CC" -O1 -std=c11 -Wall -Werror -I"$LLAMA/include/include" -I"$LLAMA/include/ggml/include" \
+    "$ROOT/tests/llama/llama_check.c" -o "$CHECK" -L"$LLAMA/lib" -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so \
+    -l:libggml-base.so -Wl,-rpath,"$LLAMA/lib" -lm
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/attnlab-llama-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+cat "$ROOT"/docs/*.md >"$tmp/corpus.txt"
+printf 'And God said, Let there be light: and there was light. Und Gott sprach: Es werde Licht! Et Dieu dit: Que la lumière soit! И сказал Бог: да будет свет. 神说：要有光，就有了光。' >"$tmp/text.txt"
+fail=0
+
+train() {  # train NAME [--set ...]: a few steps of a small model into $tmp/NAME
+    local name=$1
+    shift
+    cat >"$tmp/$name.ini" <<EOF
+[model]
+layers = attn,attn
+d_model = 64
+n_heads = 4
+d_k = 16
+d_v = 16
+d_ff = 128
+[data]
+corpus = $tmp/corpus.txt
+cache_dir = $tmp/cache
+seq_len = 64
+batch_size = 4
+val_fraction = 0
+[train]
+steps = 8
+lr = 3e-3
+eval_every = 0
+log_every = 8
+seed = 7
+EOF
+    "$BUILD/train" --config "$tmp/$name.ini" --set train.run_dir="$tmp/$name" "$@" >"$tmp/$name.log" 2>&1 ||
+        { cat "$tmp/$name.log"; echo "test_llama: training $name failed"; exit 1; }
+}
+
+check() {  # check NAME TYPE TOL [defaults]
+    local name=$1 type=$2 tol=$3 mode=${4:-}
+    "$BUILD/export_model" --checkpoint "$tmp/$name/checkpoint.h5" --format gguf --type "$type" --overwrite \
+        --out "$tmp/$name-$type.gguf" >/dev/null
+    "$BUILD/evaluate" --checkpoint "$tmp/$name/checkpoint.h5" --text "$tmp/text.txt" --window 160 \
+        --logits "$tmp/$name.npy" >/dev/null 2>&1
+    echo "== llama.cpp: $name, $type ${mode:-(no flash attention, f32 cache)}"
+    "$CHECK" "$LLAMA/lib" "$tmp/$name-$type.gguf" "$tmp/text.txt" "$tmp/$name.npy" "$tol" $mode || fail=1
+}
+
+greedy() {  # greedy NAME: 64 greedy tokens after the text, llama.cpp against generate
+    local name=$1
+    "$BUILD/generate" --checkpoint "$tmp/$name/checkpoint.h5" --prompt-file "$tmp/text.txt" --temperature 0 \
+        --max-tokens 64 --no-echo 2>/dev/null | od -An -tu1 -v >"$tmp/$name.ids"
+    "$CHECK" "$LLAMA/lib" "$tmp/$name-f32.gguf" "$tmp/text.txt" --greedy 64 "$tmp/$name.ids" || fail=1
+}
+
+train attn_tied
+check attn_tied f32 1e-5
+check attn_tied f32 1e-3 defaults
+greedy attn_tied
+check attn_tied f16 2e-3
+check attn_tied q8_0 3e-2
+train attn_untied --set model.tied_embeddings=false
+check attn_untied f32 1e-5
+greedy attn_untied
+
+# What cannot be written exactly is refused, naming the layer, and no file is left.
+train gdn --set model.layers=attn,gdn
+if "$BUILD/export_model" --checkpoint "$tmp/gdn/checkpoint.h5" --format gguf --out "$tmp/gdn.gguf" 2>"$tmp/gdn.err"; then
+    echo "test_llama: a gdn layer was exported"; fail=1
+elif ! grep -q "layer 1 is 'gdn'" "$tmp/gdn.err" || [ -e "$tmp/gdn.gguf" ]; then
+    echo "test_llama: the refusal of a gdn layer: $(cat "$tmp/gdn.err")"; fail=1
+fi
+[ $fail -eq 0 ] && echo "test_llama: every exported model runs in llama.cpp $VERSION with attnlab's logits"
+exit $fail

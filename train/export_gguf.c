@@ -1,0 +1,144 @@
+// export_gguf.c: an attnlab model as llama.cpp's GGUF (export_gguf.h).
+//
+// attnlab applies dense weights on the right (y = u W, W stored (in, out));
+// ggml multiplies by a matrix whose rows are its outputs (ne = {in, out}), so
+// every dense weight is written transposed. The embedding is already one row
+// per token, as ggml's token_embd is.
+#include "export_gguf.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+Status export_gguf_check(const TrainConfig *cfg, const Tokenizer *tok) {
+    for (int l = 0; l < cfg->model.layers.n; l++)
+        if (strcmp(cfg->model.layers.name[l], "attn") != 0)
+            return status_err("layer %d is '%s': GGUF export maps only models whose layers are all 'attn' (llama.cpp's "
+                              "'llama' architecture); that mixer has no exact counterpart there yet",
+                              l, cfg->model.layers.name[l]);
+    if (cfg->model.d_k != cfg->model.d_v)
+        return status_err("d_k = %d and d_v = %d: llama.cpp's 'llama' architecture has one head size for keys and "
+                          "values; train with d_k = d_v to export",
+                          cfg->model.d_k, cfg->model.d_v);
+    if (tok->bpe)
+        return status_err("the model's tokenizer is a BPE: GGUF export writes only the byte tokenizer's vocabulary so "
+                          "far (train with tokenizer = byte to export)");
+    return status_ok();
+}
+
+// GPT-2's byte-level alphabet: byte b as the UTF-8 of one code point, the
+// printable bytes as themselves and the others as 256 + their order.
+static size_t byte_token(int b, char out[4]) {
+    bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    int cp = b;
+    if (!printable) {
+        int n = 0;
+        for (int c = 0; c < b; c++)
+            if (!((c >= '!' && c <= '~') || (c >= 0xa1 && c <= 0xac) || (c >= 0xae && c <= 0xff))) n++;
+        cp = 256 + n;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    out[0] = (char)(0xc0 | (cp >> 6));
+    out[1] = (char)(0x80 | (cp & 0x3f));
+    return 2;
+}
+
+static void byte_vocabulary(Gguf *g) {
+    static char text[TOKENIZER_BYTE_VOCAB][4];
+    const char *tokens[TOKENIZER_BYTE_VOCAB];
+    size_t lens[TOKENIZER_BYTE_VOCAB];
+    int32_t types[TOKENIZER_BYTE_VOCAB];
+    for (int b = 0; b < TOKENIZER_BYTE_VOCAB; b++) {
+        lens[b] = byte_token(b, text[b]);
+        tokens[b] = text[b];
+        types[b] = 1;   // LLAMA_TOKEN_TYPE_NORMAL
+    }
+    gguf_kv_str(g, "tokenizer.ggml.model", "gpt2");
+    gguf_kv_str(g, "tokenizer.ggml.pre", "default");
+    gguf_kv_strs(g, "tokenizer.ggml.tokens", tokens, lens, TOKENIZER_BYTE_VOCAB);
+    gguf_kv_i32s(g, "tokenizer.ggml.token_type", types, TOKENIZER_BYTE_VOCAB);
+    gguf_kv_strs(g, "tokenizer.ggml.merges", NULL, NULL, 0);
+    gguf_kv_bool(g, "tokenizer.ggml.add_bos_token", false);
+    gguf_kv_bool(g, "tokenizer.ggml.add_eos_token", false);
+}
+
+// A parameter (it must exist: the model was built from this config).
+static const Tensor *param(const ParamStore *ps, const char *fmt, int l) {
+    char name[128];
+    snprintf(name, sizeof name, fmt, l);
+    const Tensor *t = params_find(ps, name);
+    ASSERT(t, "export_gguf: the model has no parameter '%s'", name);
+    return t;
+}
+
+static void vector(Gguf *g, const char *name, const Tensor *t) {
+    float *f = xmalloc((size_t)t->numel * sizeof *f);
+    for (int64_t i = 0; i < t->numel; i++) f[i] = (float)t->data[i];
+    gguf_tensor(g, name, 1, (int64_t[]){t->numel}, GGUF_F32, f);
+    free(f);
+}
+
+// A (rows, cols) parameter as ggml's {cols, rows} (as stored) or, transposed, {rows, cols}.
+static void matrix(Gguf *g, const char *name, const Tensor *t, bool transpose, GgufType type) {
+    int64_t r = t->shape[0], c = t->shape[1], row = transpose ? r : c, rows = transpose ? c : r;
+    float *f = xmalloc((size_t)(r * c) * sizeof *f);
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < c; j++) f[transpose ? j * r + i : i * c + j] = (float)t->data[i * c + j];
+    if (type == GGUF_Q8_0 && row % 32 != 0) type = GGUF_F16;
+    gguf_tensor(g, name, 2, (int64_t[]){row, rows}, type, f);
+    free(f);
+}
+
+static void llama_metadata(Gguf *g, const TrainConfig *cfg, int vocab) {
+    gguf_kv_str(g, "general.architecture", "llama");
+    gguf_kv_str(g, "general.name", "attnlab");
+    gguf_kv_u32(g, "general.alignment", GGUF_ALIGNMENT);
+    // RoPE sets no hard limit: the context llama.cpp offers by default is the
+    // training window, but at least 4096 tokens, as attnlab's generate decodes.
+    gguf_kv_u32(g, "llama.context_length", (uint32_t)(cfg->data.seq_len > 4096 ? cfg->data.seq_len : 4096));
+    gguf_kv_u32(g, "llama.embedding_length", (uint32_t)cfg->model.d_model);
+    gguf_kv_u32(g, "llama.block_count", (uint32_t)cfg->model.layers.n);
+    gguf_kv_u32(g, "llama.feed_forward_length", (uint32_t)cfg->model.d_ff);
+    gguf_kv_u32(g, "llama.attention.head_count", (uint32_t)cfg->model.n_heads);
+    gguf_kv_u32(g, "llama.attention.head_count_kv", (uint32_t)cfg->model.n_heads);
+    gguf_kv_u32(g, "llama.attention.key_length", (uint32_t)cfg->model.d_k);
+    gguf_kv_u32(g, "llama.attention.value_length", (uint32_t)cfg->model.d_v);
+    gguf_kv_u32(g, "llama.rope.dimension_count", (uint32_t)cfg->model.d_k);
+    gguf_kv_f32(g, "llama.rope.freq_base", (float)cfg->model.rope_base);
+    gguf_kv_f32(g, "llama.attention.layer_norm_rms_epsilon", (float)cfg->model.norm_eps);
+    gguf_kv_u32(g, "llama.vocab_size", (uint32_t)vocab);
+}
+
+Status export_gguf_bytes(const TrainConfig *cfg, const ParamStore *ps, const Tokenizer *tok, GgufType type,
+                         uint8_t **bytes, size_t *n) {
+    Status s = export_gguf_check(cfg, tok);
+    if (!s.ok) return s;
+    Gguf *g = gguf_new();
+    llama_metadata(g, cfg, tok->vocab);
+    byte_vocabulary(g);
+    matrix(g, "token_embd.weight", param(ps, "embed", 0), false, type);
+    vector(g, "output_norm.weight", param(ps, "norm_f", 0));
+    if (!cfg->model.tied_embeddings) matrix(g, "output.weight", param(ps, "lm_head", 0), true, type);
+    static const struct {
+        const char *gguf, *ours;
+    } dense[] = {{"attn_q", "mixer.wq"}, {"attn_k", "mixer.wk"}, {"attn_v", "mixer.wv"}, {"attn_output", "mixer.wo"},
+                 {"ffn_gate", "mlp.w1"}, {"ffn_up", "mlp.w3"},   {"ffn_down", "mlp.w2"}};
+    for (int l = 0; l < cfg->model.layers.n; l++) {
+        char name[96], ours[96];
+        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
+        vector(g, name, param(ps, "layers.%d.norm1", l));
+        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
+        vector(g, name, param(ps, "layers.%d.norm2", l));
+        for (size_t k = 0; k < sizeof dense / sizeof dense[0]; k++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, dense[k].gguf);
+            snprintf(ours, sizeof ours, "layers.%%d.%s", dense[k].ours);
+            matrix(g, name, param(ps, ours, l), true, type);
+        }
+    }
+    *bytes = gguf_bytes(g, n);
+    gguf_free(g);
+    return status_ok();
+}

@@ -1,0 +1,32 @@
+// export_gguf.h: an attnlab model as a GGUF file that llama.cpp runs with
+// the same logits (docs/export.md).
+//
+// What maps, exactly:
+//   - a stack of `attn` layers -> llama.cpp's `llama` architecture: RMSNorm,
+//     softmax attention with RoPE on interleaved pairs (llama.cpp's "normal"
+//     RoPE is that pairing) and 1/sqrt(d_k), SwiGLU MLP, tied or untied
+//     output. Needs d_k = d_v (llama.cpp has one head size for both).
+//   - the byte tokenizer -> a byte-level "gpt2" vocabulary of 256 tokens and
+//     no merges, so llama.cpp's tokenizer gives every byte its own id, the
+//     byte's value, whatever its pre-tokenizer splits.
+// Anything else (other mixers, a BPE tokenizer) is refused with a sentence
+// that names the layer or tokenizer and why: never a file that loads and
+// computes something else.
+#ifndef TRAIN_EXPORT_GGUF_H
+#define TRAIN_EXPORT_GGUF_H
+
+#include "config.h"
+#include "gguf.h"
+#include "params.h"
+#include "tokenizer.h"
+
+// Can this model be written exactly? An error names what cannot.
+Status export_gguf_check(const TrainConfig *cfg, const Tokenizer *tok);
+
+// The model's GGUF file: its bytes (malloc'd), *n its size. Weights of type
+// `type`; norms stay float32, and a matrix whose rows are not a multiple of
+// 32 long is stored as float16 when Q8_0 is asked for.
+Status export_gguf_bytes(const TrainConfig *cfg, const ParamStore *ps, const Tokenizer *tok, GgufType type,
+                         uint8_t **bytes, size_t *n);
+
+#endif
