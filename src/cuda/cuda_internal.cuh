@@ -108,6 +108,25 @@ __device__ __forceinline__ real cu_block_max(real v, real *shm) {
     return v;
 }
 
+// The largest dynamic shared memory a block may opt in to (227 KB on Hopper).
+static inline size_t cu_smem_optin(void) {
+    static int bytes = 0;
+    if (!bytes) {
+        int dev = 0;
+        CU_CHECK(cudaGetDevice(&dev));
+        CU_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    }
+    return (size_t)bytes;
+}
+
+// Check a kernel's shared memory fits, and opt in above the default 48 KB.
+static inline void cu_smem_prepare(const void *kernel, size_t bytes, const char *what, int dk, int dv) {
+    ASSERT(bytes <= cu_smem_optin(), "%s: head dims dk %d, dv %d need %zu bytes of shared memory, the GPU has %zu",
+           what, dk, dv, bytes, cu_smem_optin());
+    if (bytes > 48 * 1024)
+        CU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
 // The last step of the column sums that several backwards make in two
 // passes (a fixed grid of partial sums in double, then their total):
 // out[o(i)] = (or +=, unless fresh) sum_{k < nblk} part[k n + i] for i < n,
