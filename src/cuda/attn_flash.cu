@@ -137,7 +137,7 @@ template <int NG> static void fwd_launch(const FaDims &d, const real *q, const r
 extern "C" void cu_flash_forward(Node *n) {
     FaDims d = fa_dims(n);
     if ((int64_t)d.B * d.H * d.T == 0) return;
-    const int *first = fa_first_on_device(n, d.B, d.T);
+    const int *first = cu_first_to_device(n->tape, (const int *)n->aux, d.B, d.T);
     const real *q = n->in[0]->data, *k = n->in[1]->data, *v = n->in[2]->data;
     if (fa_one_group(&d))
         fwd_launch<1>(d, q, k, v, first, n->out[0]->data, (real *)n->saved);

@@ -98,7 +98,7 @@ __device__ __forceinline__ real fa_max(real a, real b) { return b > a ? b : a; }
 #ifdef AG_DOUBLE
 #define FA_LOG2E ((real)1)
 #define FA_LN2 ((real)1)
-__device__ __forceinline__ real fa_exp(real x) { return exp(x); }
+__device__ __forceinline__ real fa_exp(real x) { return d_exp(x); }
 #else
 #define FA_LOG2E 1.4426950408889634f
 #define FA_LN2 0.6931471805599453f
@@ -273,15 +273,6 @@ __device__ __forceinline__ void fa_write_acc(real *dst, int64_t ld, real acc[NG]
             }
         }
     }
-}
-
-// The documents' index (docs.h, host memory in aux) copied to the device, or NULL.
-static const int *fa_first_on_device(Node *n, int B, int T) {
-    if (!n->aux) return NULL;
-    size_t bytes = (size_t)B * T * sizeof(int);
-    int *d = (int *)tape_dalloc(n->tape, bytes);
-    cu_from_host(d, n->aux, bytes);
-    return d;
 }
 
 static FaDims fa_dims(const Node *n) {

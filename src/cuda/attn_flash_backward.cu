@@ -227,7 +227,7 @@ extern "C" void cu_flash_backward(Node *n) {
     if ((!gq && !gk && !gv) || (int64_t)d.B * d.H * d.T == 0) return;
     const real *q = n->in[0]->data, *k = n->in[1]->data, *v = n->in[2]->data;
     const real *o = n->out[0]->data, *dO = n->out[0]->grad, *lse = (const real *)n->saved;
-    const int *first = fa_first_on_device(n, d.B, d.T);
+    const int *first = cu_first_to_device(n->tape, (const int *)n->aux, d.B, d.T);
     int64_t rows = (int64_t)d.B * d.H * d.T;
     real *D = NULL;
     if (gq || gk) {

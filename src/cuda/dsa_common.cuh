@@ -24,25 +24,11 @@ __device__ __forceinline__ bool dsa_seen(const int *first, int64_t rb, int t, in
     return s <= t && s >= dsa_lo(first, rb + t);
 }
 
-// A host index (B*T ints, docs.h's first) copied to the tape's device memory, or NULL.
-static inline const int *dsa_first_to_device(Tape *tp, const int *first, int B, int T) {
-    if (!first) return NULL;
-    size_t bytes = (size_t)B * T * sizeof(int);
-    int *d = (int *)tape_dalloc(tp, bytes);
-    cu_from_host(d, first, bytes);
-    return d;
-}
-
 // Check a kernel's dynamic shared memory fits the GPU (with up to 1 KB of
 // static arrays beside it), and opt in to more than the default 48 KB.
 static inline void dsa_smem_prepare(const void *kernel, size_t bytes, const char *what) {
-    static int optin = 0;
-    if (!optin) {
-        int dev = 0;
-        CU_CHECK(cudaGetDevice(&dev));
-        CU_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    }
-    ASSERT(bytes + 1024 <= (size_t)optin, "%s needs %zu bytes of shared memory per block, the GPU has %d", what,
+    size_t optin = cu_smem_optin();
+    ASSERT(bytes + 1024 <= optin, "%s needs %zu bytes of shared memory per block, the GPU has %zu", what,
            bytes + 1024, optin);
     if (bytes + 1024 > 48 * 1024)
         CU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
@@ -50,19 +36,13 @@ static inline void dsa_smem_prepare(const void *kernel, size_t bytes, const char
 
 // Block-wide sum of one int per thread; every thread gets it. shm: 32 ints.
 __device__ __forceinline__ int dsa_block_count(int v, int *shm) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = warp_sum(v);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     __syncthreads();
     if (lane == 0) shm[warp] = v;
     __syncthreads();
     v = lane < nw ? shm[lane] : 0;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// A warp's sum of one real per lane (a fixed tree); every lane gets it.
-__device__ __forceinline__ real dsa_warp_sum(real v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = warp_sum(v);
     return v;
 }
 

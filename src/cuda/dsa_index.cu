@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(IX_THREADS)
                 real gv = in ? g[(rb + t) * d.T + s] : (real)0;
                 bool on = in && z[r] > 0;
                 double part = on ? (double)gv * z[r] : 0.0;
-                for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+                part = warp_sum(part);
                 dw[r] += part;
                 DZ[i][tx] = on ? d.c * w[(rb + t) * d.HI + j] * gv : (real)0;
             }
@@ -211,7 +211,7 @@ static void ix_scores(real *out, const real *qI, const real *kI, const real *w, 
 extern "C" void cu_dsa_index_forward(Node *n) {
     int B = n->iarg[0], T = n->iarg[1], HI = n->iarg[2], dI = n->iarg[3];
     if ((int64_t)B * T == 0) return;
-    const int *first = dsa_first_to_device(n->tape, (const int *)n->aux, B, T);
+    const int *first = cu_first_to_device(n->tape, (const int *)n->aux, B, T);
     ix_scores(n->out[0]->data, n->in[0]->data, n->in[1]->data, n->in[2]->data, first, 0, B, 0, T, T, HI, dI, true);
 }
 
@@ -221,7 +221,7 @@ extern "C" void cu_dsa_index_backward(Node *n) {
     real *gq = CU_GRAD_FRESH(n, 0, &fq), *gk = CU_GRAD_FRESH(n, 1, &fk), *gw = CU_GRAD_FRESH(n, 2, &fw);
     if ((!gq && !gk && !gw) || (int64_t)B * T == 0) return;
     ASSERT(B <= 65535, "dsa_index_scores backward: %d batch rows exceed the GPU grid", B);
-    const int *first = dsa_first_to_device(n->tape, (const int *)n->aux, B, T);
+    const int *first = cu_first_to_device(n->tape, (const int *)n->aux, B, T);
     const real *qI = n->in[0]->data, *kI = n->in[1]->data, *w = n->in[2]->data, *g = n->out[0]->grad;
     IxDims d = ix_dims(T, HI, dI);
     dim3 grid((unsigned)((T + IX_T - 1) / IX_T), (unsigned)B);
@@ -350,7 +350,7 @@ extern "C" void cu_dsa_kl_forward(Node *n) {
     int64_t rows = (int64_t)B * T;
     double *row_loss = (double *)tape_dalloc(n->tape, (size_t)(rows > 0 ? rows : 1) * sizeof(double));
     if (rows > 0) {
-        const int *first = dsa_first_to_device(n->tape, (const int *)n->aux, B, T);
+        const int *first = cu_first_to_device(n->tape, (const int *)n->aux, B, T);
         k_kl_fwd<<<(unsigned)rows, DSA_THREADS, 0, cu_stream>>>(n->in[0]->data, n->in[1]->data, first, T, row_loss,
                                                                (real *)n->saved);
         CU_LAUNCHED();
@@ -388,7 +388,7 @@ extern "C" void cu_dsa_kl_backward(Node *n) {
     real *gI = CU_GRAD_FRESH(n, 0, &fresh);
     int64_t rows = (int64_t)B * T;
     if (!gI || rows == 0) return;
-    const int *first = dsa_first_to_device(n->tape, (const int *)n->aux, B, T);
+    const int *first = cu_first_to_device(n->tape, (const int *)n->aux, B, T);
     k_kl_bwd<<<(unsigned)rows, DSA_THREADS, 0, cu_stream>>>(n->in[0]->data, n->in[1]->data, (const real *)n->saved,
                                                            first, T, 1.0 / (double)rows, n->out[0]->grad, gI, fresh);
     CU_LAUNCHED();

@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(DSA_THREADS)
             for (int u = 0; u < SP_INFLIGHT; u++) dot[u] = fma(qs[x], ks[u][x], dot[u]);
         for (int u = 0; u < SP_INFLIGHT; u++) {
             int j = j0 + u * SP_WARPS;
-            dot[u] = dsa_warp_sum(dot[u]);
+            dot[u] = warp_sum(dot[u]);
             if (lane == 0 && j < n) a[j] = dot[u] * d.scale;
         }
     }
@@ -279,8 +279,8 @@ __global__ void __launch_bounds__(DSA_THREADS)
         for (int x = lane; x < d.dk; x += 32) s1 = fma(qs[x], ks[x], s1);
         // dO . v_s - D as dO . (v_s - o): no cancellation (as the CPU)
         for (int x = lane; x < d.dv; x += 32) s2 = fma(dos[x], vs[x] - os[x], s2);
-        s1 = dsa_warp_sum(s1);
-        s2 = dsa_warp_sum(s2);
+        s1 = warp_sum(s1);
+        s2 = warp_sum(s2);
         if (lane == 0) {
             real p = exp(d.scale * s1 - L), ds = d.scale * p * s2;
             dS[j] = ds;

@@ -184,13 +184,6 @@ __device__ __forceinline__ void blk_gemm(Tiles *sh, bool ta, bool tb, int M, int
 
 #define GDN_NW (GDN_NT / 32)   // warps of a block of the chunked form
 
-// The sum over a warp's lanes of one double each: a butterfly of shuffles,
-// the same order every time, the same bits in every lane (x + y = y + x).
-__device__ __forceinline__ double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // sum_c x_c y_c over c < n in double by the calling warp (lane l takes c =
 // l, l + 32, ... in order, then warp_sum), returned to every lane: the CPU's
 // dot, in another fixed order.
@@ -307,9 +300,6 @@ __device__ __forceinline__ Item item_of(const GdnArgs &a, int64_t it) {
     return m;
 }
 
-// exp of a non-positive log decay difference (gdn_exp), in `real`.
-__device__ __forceinline__ real gdn_dexp(double x) { return exp((real)x); }
-
 // What chunk_prepare computes beyond the decays (G, bet, db, E, bm, ek).
 enum {
     PREP_SOLVE = 1,   // KK, A, Tm
@@ -396,13 +386,13 @@ static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, in
     for (int e = tid; e < L * L; e += GDN_NT) {
         int i = e / L, j = e % L;
         int j0 = docs && w.db[i] > 0 ? w.db[i] : 0;
-        w.E[e] = j >= j0 && j <= i ? gdn_dexp(w.G[i] - w.G[j]) : (real)0;
+        w.E[e] = j >= j0 && j <= i ? d_decay(w.G[i] - w.G[j]) : (real)0;
     }
     // The factors through S0 and to the end of the chunk (gdn_kernel.h).
     int jL = docs && w.db[L - 1] > 0 ? w.db[L - 1] : 0;
     for (int i = tid; i < L; i += GDN_NT) {
-        w.bm[i] = docs && w.db[i] >= 0 ? (real)0 : gdn_dexp(w.G[i]);
-        w.ek[i] = i < jL ? (real)0 : gdn_dexp(w.G[L - 1] - w.G[i]);
+        w.bm[i] = docs && w.db[i] >= 0 ? (real)0 : d_decay(w.G[i]);
+        w.ek[i] = i < jL ? (real)0 : d_decay(w.G[L - 1] - w.G[i]);
     }
     __syncthreads();
     if (what & PREP_SOLVE) {

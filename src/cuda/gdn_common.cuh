@@ -155,21 +155,8 @@ static inline GdnArgs gdn_args(const Node *n) {
     a.sT = n->out[1]->data;
     a.saved = (real *)n->saved;
     // n->aux is host memory: the kernels read a device copy.
-    if (n->aux) {
-        size_t bytes = (size_t)a.B * a.T * sizeof(int);
-        int *f = (int *)tape_dalloc(n->tape, bytes);
-        cu_from_host(f, n->aux, bytes);
-        a.first = f;
-    }
+    a.first = cu_first_to_device(n->tape, (const int *)n->aux, a.B, a.T);
     return a;
-}
-
-// Byte offsets of a per-block workspace: `take` advances by n elements of
-// `size` bytes, every offset 16-aligned.
-static __host__ __device__ inline size_t ws_take(size_t *at, size_t n, size_t size) {
-    size_t o = *at;
-    *at += (n * size + 15) & ~(size_t)15;
-    return o;
 }
 
 // Four consecutive reals of shared memory, 16-byte aligned.

@@ -216,14 +216,13 @@ template <bool BWD> __global__ void __launch_bounds__(GDN_NT) k_gdn_scan_join(Gd
 
 // The GPU's multiprocessors and the most shared memory a block may opt in to.
 static void cu_gpu_limits(int *sms, size_t *optin) {
-    static int s = 0, o = 0;
+    static int s = 0;
     if (!s) {
         int dev = 0;
         CU_CHECK(cudaGetDevice(&dev));
         CU_CHECK(cudaDeviceGetAttribute(&s, cudaDevAttrMultiProcessorCount, dev));
-        CU_CHECK(cudaDeviceGetAttribute(&o, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     }
-    *sms = s, *optin = (size_t)o;
+    *sms = s, *optin = cu_smem_optin();
 }
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }

@@ -29,7 +29,7 @@ __global__ void k_gla_outer(Dims d, bool bwd, const real *x, const real *y, cons
         i0 = max(r.db[k.L - 1], 0);
         i1 = k.L;
         if (threadIdx.x == 0)
-            lam[k.bh * d.nc + k.c] = r.db[k.L - 1] >= 0 ? (real)0 : g ? gexp(r.G[k.L - 1]) : (real)1;
+            lam[k.bh * d.nc + k.c] = r.db[k.L - 1] >= 0 ? (real)0 : g ? d_decay(r.G[k.L - 1]) : (real)1;
     } else {
         dst = states + (k.bh * (d.nc + 1) + k.c) * SZ;
         while (i1 < k.L && r.db[i1] < 0) i1++;   // (they come first: first[] never decreases)
@@ -86,7 +86,7 @@ __global__ void k_gla_out(Dims d, const real *q, const real *kk, const real *v, 
         if (reads(&r, i, s)) {
             real qk = 0;
             for (int a = 0; a < dk; a++) qk += Q[(int64_t)i * ldk + a] * K[(int64_t)s * ldk + a];
-            val = qk * r.dt[s] * (g ? gexp(r.G[i] - r.G[s]) : (real)1);
+            val = qk * r.dt[s] * (g ? d_decay(r.G[i] - r.G[s]) : (real)1);
         }
         A[i * GLA_C + s] = val;
     }
@@ -116,7 +116,7 @@ extern "C" void cu_gla_forward(Node *n) {
     Dims d = dims_of(n);
     Tensor *const *in = n->in;
     const real *g = data_or_null(in[IN_G]), *dt = data_or_null(in[IN_DT]), *s0 = data_or_null(in[IN_S0]);
-    const int *first = first_on_device(n, d);
+    const int *first = cu_first_to_device(n->tape, (const int *)n->aux, d.B, d.T);
     int64_t BH = (int64_t)d.B * d.H, SZ = (int64_t)d.dk * d.dv;
     // The scan's slots are the saved states, so they are kept recorded or not.
     real *states = (real *)tape_dalloc(n->tape, (size_t)(BH * d.nc * (SZ + 1)) * sizeof(real));

@@ -84,7 +84,7 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
             if (reads(&r, i, s)) {
                 real qk = 0;
                 for (int a = 0; a < dk; a++) qk += Q[(int64_t)i * ldk + a] * K[(int64_t)s * ldk + a];
-                av = qk * r.dt[s] * (g ? gexp(r.G[i] - r.G[s]) : (real)1);
+                av = qk * r.dt[s] * (g ? d_decay(r.G[i] - r.G[s]) : (real)1);
                 for (int j = 0; j < dv; j++) da += DO[(int64_t)i * ldv + j] * V[(int64_t)s * ldv + j];
             }
             A[i * GLA_C + s] = av;
@@ -110,7 +110,7 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
         if (g) {   // dP = dA ⊙ [exp(G_i − G_s)] (entries outside M are zeros already)
             for (int x = tid; x < L * L; x += blockDim.x) {
                 int i = x / L, s = x % L;
-                if (reads(&r, i, s)) dP[i * GLA_C + s] *= gexp(r.G[i] - r.G[s]);
+                if (reads(&r, i, s)) dP[i * GLA_C + s] *= d_decay(r.G[i] - r.G[s]);
             }
             __syncthreads();
         }
@@ -245,7 +245,7 @@ extern "C" void cu_gla_backward(Node *n) {
         any = true;
     }
     if (!any) return;
-    const int *first = first_on_device(n, d);
+    const int *first = cu_first_to_device(n->tape, (const int *)n->aux, d.B, d.T);
     real *dstates = (real *)tape_dalloc(n->tape, (size_t)(BH * (d.nc + 1) * SZ) * sizeof(real));
     unsigned blocks = (unsigned)(BH * d.nc);
     if (dO) {

@@ -63,22 +63,6 @@ __device__ __forceinline__ Chunk chunk_of(const Dims &d) {
     return k;
 }
 
-// exp of a difference of cumulative sums (taken in double), in the build's
-// precision, as gla_exp.
-__device__ __forceinline__ real gexp(double x) {
-#ifdef AG_DOUBLE
-    return exp(x);
-#else
-    return expf((float)x);
-#endif
-}
-
-// Every lane gets the same total (a butterfly adds the same pairs on each).
-__device__ __forceinline__ double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 __device__ __forceinline__ void put(real *p, real v, bool fresh) { *p = fresh ? v : *p + v; }
 
 // Fills r for chunk k. Every thread of the block must call it (barriers).
@@ -101,8 +85,8 @@ static __device__ void rows_load(Rows *r, const Dims &d, const Chunk &k, const r
     int j0 = max(r->db[k.L - 1], 0);
     double gL = r->G[k.L - 1];
     for (int i = threadIdx.x; i < k.L; i += blockDim.x) {
-        r->eS[i] = r->db[i] >= 0 ? (real)0 : g ? gexp(r->G[i]) : (real)1;
-        r->eL[i] = i < j0 ? (real)0 : g ? gexp(gL - r->G[i]) : (real)1;
+        r->eS[i] = r->db[i] >= 0 ? (real)0 : g ? d_decay(r->G[i]) : (real)1;
+        r->eL[i] = i < j0 ? (real)0 : g ? d_decay(gL - r->G[i]) : (real)1;
     }
     __syncthreads();
 }
@@ -115,15 +99,6 @@ static inline Dims dims_of(const Node *n) {
     ASSERT((int64_t)d.B * d.H * d.nc < (int64_t)1 << 31, "gla: %d x %d x %d chunks are too many blocks", d.B, d.H,
            d.nc);
     return d;
-}
-
-// The document starts (n->aux, host memory, (B, T) or NULL) on the device.
-static inline const int *first_on_device(Node *n, const Dims &d) {
-    if (!n->aux) return NULL;
-    size_t bytes = (size_t)d.B * d.T * sizeof(int);
-    int *p = (int *)tape_dalloc(n->tape, bytes);
-    cu_from_host(p, n->aux, bytes);
-    return p;
 }
 
 static inline const real *data_or_null(const Tensor *t) { return t ? t->data : NULL; }
