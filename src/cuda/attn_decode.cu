@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
     const real *kv = kc + ((int64_t)b * max_T + j) * ld + (int64_t)h * dk;
     real acc = 0;
     for (int d = lane; d < dk; d += 32) acc += qv[d] * kv[d];
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    acc = warp_sum(acc);
     if (lane == 0) s[(int64_t)bh * n_keys + (j - s0)] = scale * acc;
 }
 

@@ -1,5 +1,8 @@
 // cuda_internal.cuh: what the CUDA kernels share: the one stream, the
-// cuBLAS handle, error checks, launch shapes and device math in `real`.
+// cuBLAS handle, error checks, launch shapes, device math in `real`, the
+// block- and warp-wide sums in a fixed order, workspace offsets, the
+// documents' index on the device and the shared-memory opt-in. The one
+// header of device helpers: a helper two .cu files need goes here.
 // Included by src/cuda/*.cu only.
 #ifndef AG_CUDA_INTERNAL_CUH
 #define AG_CUDA_INTERNAL_CUH
@@ -75,16 +78,25 @@ __device__ __forceinline__ real d_silu_grad(real x) {
     return s * ((real)1 + x * ((real)1 - s));
 }
 
+// The sum over a warp's lanes of one value each, in T, the type of v
+// (double, real or int: a caller's double sum stays double): a butterfly of
+// shuffles, the same order every time, the same bits in every lane
+// (x + y = y + x).
+template <typename T> __device__ __forceinline__ T warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // Block-wide sum of one double per thread (blockDim.x a multiple of 32, at
 // most 1024); every thread gets the total. `shm` holds 32 doubles.
 __device__ __forceinline__ double cu_block_sum(double v, double *shm) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = warp_sum(v);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     __syncthreads();   // shm may still be read by a previous call
     if (lane == 0) shm[warp] = v;
     __syncthreads();
     v = lane < nw ? shm[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = warp_sum(v);
     return v;
 }
 
@@ -106,6 +118,48 @@ __device__ __forceinline__ real cu_block_max(real v, real *shm) {
         v = w > v ? w : v;
     }
     return v;
+}
+
+// A decay factor exp(x), x a (non-positive) difference of cumulative log
+// decays summed in double (gdn_exp, gla_exp): x rounded to the build's
+// precision, then exp in it.
+__device__ __forceinline__ real d_decay(double x) { return exp((real)x); }
+
+// Byte offsets of a per-block workspace (or of dynamic shared memory):
+// `take` advances by n elements of `size` bytes, every offset 16-aligned.
+static __host__ __device__ inline size_t ws_take(size_t *at, size_t n, size_t size) {
+    size_t o = *at;
+    *at += (n * size + 15) & ~(size_t)15;
+    return o;
+}
+
+// A documents' index (docs.h's first: B*T ints in host memory, an op's aux)
+// copied to the tape's device memory, or NULL when there is none.
+static inline const int *cu_first_to_device(Tape *tp, const int *first, int B, int T) {
+    if (!first) return NULL;
+    size_t bytes = (size_t)B * T * sizeof(int);
+    int *d = (int *)tape_dalloc(tp, bytes);
+    cu_from_host(d, first, bytes);
+    return d;
+}
+
+// The largest dynamic shared memory a block may opt in to (227 KB on Hopper).
+static inline size_t cu_smem_optin(void) {
+    static int bytes = 0;
+    if (!bytes) {
+        int dev = 0;
+        CU_CHECK(cudaGetDevice(&dev));
+        CU_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    }
+    return (size_t)bytes;
+}
+
+// Check a kernel's shared memory fits, and opt in above the default 48 KB.
+static inline void cu_smem_prepare(const void *kernel, size_t bytes, const char *what, int dk, int dv) {
+    ASSERT(bytes <= cu_smem_optin(), "%s: head dims dk %d, dv %d need %zu bytes of shared memory, the GPU has %zu",
+           what, dk, dv, bytes, cu_smem_optin());
+    if (bytes > 48 * 1024)
+        CU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
 // The last step of the column sums that several backwards make in two

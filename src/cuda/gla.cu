@@ -1,107 +1,11 @@
-// gla.cu: op_gla_dt (the linear and mamba mixers) on the GPU, every form.
-//
-// The three forms compute one function (src/layers/gla.h), so the GPU runs
-// one algorithm for all of them: chunks of GLA_C positions (the mixers'
-// default chunk; T need not be a multiple, T = 1 is one chunk of one row),
-// the masked form inside a chunk and the state across chunks, with the
-// formulas of gla.c / gla_backward.c. Where the CPU walks each (b, h)
-// through its chunks in order, here the chunks run side by side and only a
-// scan per state element is sequential:
-//   forward   1. per chunk c: its own part of the state leaving it,
-//                ΔS_c = (diag(exp(G_L − G)) K̃)ᵀ V over its last document, and
-//                λ_c = exp(G_L) (0 when a document begins in the chunk);
-//             2. per state element: S_{c+1} = λ_c S_c + ΔS_c from s0;
-//             3. per chunk: O = A V + diag(exp(G)) Q S_c.
-//   backward  1. per chunk: ΔdS_c = (diag(exp(G)) Q)ᵀ dO over the rows that read S_c;
-//             2. per state element, in reverse: dS_c = λ_c dS_{c+1} + ΔdS_c
-//                from the final state's gradient; dS_0 is s0's;
-//             3. per chunk: dq, dk, dv, dg, ddt from S_c and dS_{c+1}.
-// Saved (n->saved, tape_dalloc): the states entering each chunk (B, H, NC,
-// dk, dv), then λ (B, H, NC). Every sum has a fixed order (no atomics).
-#include "cuda_internal.cuh"
-
-#define GLA_C 64          // positions per chunk, every form
-#define GLA_THREADS 256   // per chunk block: 8 warps
-
-enum { IN_Q, IN_K, IN_V, IN_G, IN_DT, IN_S0, N_IN };   // as gla_internal.h
-
-typedef struct {
-    int B, T, H, dk, dv;
-    int nc;   // chunks per row, ceil(T / GLA_C)
-} Dims;
-
-// The rows of one chunk as every kernel needs them (shared memory).
-typedef struct {
-    double G[GLA_C];   // chunk-local cumulative log decay (zeros without g)
-    int db[GLA_C];     // where row i's document begins in the chunk, -1: before it (gla_chunk_docs)
-    real dt[GLA_C];    // β (1 without dt)
-    real eS[GLA_C];    // exp(G_i) for the rows that read the entering state, else 0
-    real eL[GLA_C];    // exp(G_L − G_i) for the rows of the last document (they reach the leaving state), else 0
-} Rows;
-
-// The chunk of a block: blocks are (b, h) major, chunk minor.
-typedef struct {
-    int b, h, c, t0, L;
-    int64_t bh;
-} Chunk;
-
-__device__ __forceinline__ Chunk chunk_of(const Dims &d) {
-    Chunk k;
-    k.c = (int)(blockIdx.x % d.nc);
-    k.bh = blockIdx.x / d.nc;
-    k.b = (int)(k.bh / d.H);
-    k.h = (int)(k.bh % d.H);
-    k.t0 = k.c * GLA_C;
-    k.L = min(GLA_C, d.T - k.t0);
-    return k;
-}
-
-// exp of a difference of cumulative sums (taken in double), in the build's
-// precision, as gla_exp.
-__device__ __forceinline__ real gexp(double x) {
-#ifdef AG_DOUBLE
-    return exp(x);
-#else
-    return expf((float)x);
-#endif
-}
-
-// Every lane gets the same total (a butterfly adds the same pairs on each).
-__device__ __forceinline__ double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ void put(real *p, real v, bool fresh) { *p = fresh ? v : *p + v; }
-
-// Fills r for chunk k. Every thread of the block must call it (barriers).
-__device__ void rows_load(Rows *r, const Dims &d, const Chunk &k, const real *g, const real *dt,
-                          const int *first) {
-    int64_t gb = (int64_t)k.b * d.T * d.H + k.h;   // (b, t = 0, h) of a (B, T, H) tensor
-    if (threadIdx.x == 0) {
-        double acc = 0;
-        for (int i = 0; i < k.L; i++) {
-            if (g) acc += (double)g[gb + (int64_t)(k.t0 + i) * d.H];
-            r->G[i] = acc;
-        }
-    }
-    for (int i = threadIdx.x; i < k.L; i += blockDim.x) {
-        int f = first ? first[(int64_t)k.b * d.T + k.t0 + i] : -1;
-        r->db[i] = f >= k.t0 ? f - k.t0 : -1;
-        r->dt[i] = dt ? dt[gb + (int64_t)(k.t0 + i) * d.H] : (real)1;
-    }
-    __syncthreads();
-    int j0 = max(r->db[k.L - 1], 0);
-    double gL = r->G[k.L - 1];
-    for (int i = threadIdx.x; i < k.L; i += blockDim.x) {
-        r->eS[i] = r->db[i] >= 0 ? (real)0 : g ? gexp(r->G[i]) : (real)1;
-        r->eL[i] = i < j0 ? (real)0 : g ? gexp(gL - r->G[i]) : (real)1;
-    }
-    __syncthreads();
-}
-
-// Whether row i reads row s of its chunk (causal, same document).
-__device__ __forceinline__ bool reads(const Rows *r, int i, int s) { return s <= i && s >= r->db[i]; }
+// gla.cu: the forward of op_gla_dt (the linear and mamba mixers) on the GPU,
+// every form, following gla.c (math: gla.h); the backward is
+// gla_backward.cu. Per chunk of L positions with chunk-local cumulative log
+// decay G, entry state S_c and keys K̃ = diag(dt) K:
+//   O = ((Q K̃ᵀ) ⊙ M ⊙ [exp(G_i − G_j)]) V + diag(exp(G)) Q S_c,
+//   S_{c+1} = λ_c S_c + ΔS_c,  ΔS_c = (diag(exp(G_L − G)) K̃)ᵀ V,  λ_c = exp(G_L).
+// gla_common.cuh has the plan of both passes.
+#include "gla_common.cuh"
 
 // Σ_i w_i x_i y_iᵀ (dk, dv) over one chunk, a thread per element:
 //  - forward (bwd false): x = k, y = v, w = β exp(G_L − G) over the last
@@ -125,7 +29,7 @@ __global__ void k_gla_outer(Dims d, bool bwd, const real *x, const real *y, cons
         i0 = max(r.db[k.L - 1], 0);
         i1 = k.L;
         if (threadIdx.x == 0)
-            lam[k.bh * d.nc + k.c] = r.db[k.L - 1] >= 0 ? (real)0 : g ? gexp(r.G[k.L - 1]) : (real)1;
+            lam[k.bh * d.nc + k.c] = r.db[k.L - 1] >= 0 ? (real)0 : g ? d_decay(r.G[k.L - 1]) : (real)1;
     } else {
         dst = states + (k.bh * (d.nc + 1) + k.c) * SZ;
         while (i1 < k.L && r.db[i1] < 0) i1++;   // (they come first: first[] never decreases)
@@ -182,7 +86,7 @@ __global__ void k_gla_out(Dims d, const real *q, const real *kk, const real *v, 
         if (reads(&r, i, s)) {
             real qk = 0;
             for (int a = 0; a < dk; a++) qk += Q[(int64_t)i * ldk + a] * K[(int64_t)s * ldk + a];
-            val = qk * r.dt[s] * (g ? gexp(r.G[i] - r.G[s]) : (real)1);
+            val = qk * r.dt[s] * (g ? d_decay(r.G[i] - r.G[s]) : (real)1);
         }
         A[i * GLA_C + s] = val;
     }
@@ -202,228 +106,17 @@ __global__ void k_gla_out(Dims d, const real *q, const real *kk, const real *v, 
     }
 }
 
-// Per state element, the chunks in reverse from the final state's gradient
-// (zeros when NULL): slot NC of dstates gets it, slot c (holding ΔdS_c when
-// parts) becomes dS_c = λ_c dS_{c+1} + ΔdS_c, the gradient of the state
-// entering chunk c; dS_0 goes to ds0 (= when fresh, else +=).
-__global__ void k_gla_scan_back(Dims d, const real *dSf, real *dstates, const real *lam, bool parts, real *ds0,
-                                bool fresh) {
-    int64_t SZ = (int64_t)d.dk * d.dv, n = (int64_t)d.B * d.H * SZ;
-    CU_FOR(idx, n) {
-        int64_t bh = idx / SZ, e = idx % SZ;
-        real *p = dstates + bh * (d.nc + 1) * SZ + e;
-        const real *lv = lam + bh * d.nc;
-        real dS = dSf ? dSf[idx] : (real)0;
-        bool nz = dSf != NULL;
-        p[d.nc * SZ] = dS;
-        for (int c = d.nc - 1; c >= 0; c--) {
-            real part = parts ? p[c * SZ] : (real)0;
-            dS = nz ? lv[c] * dS + part : part;
-            nz = nz || parts;
-            p[c * SZ] = dS;
-        }
-        if (ds0) put(ds0 + idx, dS, fresh);
-    }
+void gla_outer(unsigned blocks, Dims d, bool bwd, const real *x, const real *y, const real *g, const real *dt,
+               const int *first, real *states, real *sfinal, real *lam) {
+    k_gla_outer<<<blocks, GLA_THREADS, 0, cu_stream>>>(d, bwd, x, y, g, dt, first, states, sfinal, lam);
+    CU_LAUNCHED();
 }
-
-// The gradient buffers of the chunk kernel; NULL: not wanted. f*: fresh
-// (written whole, =) rather than added to.
-typedef struct {
-    real *dq, *dk, *dv, *dg, *ddt;
-    bool fq, fk, fv, fg, fdt;
-} GlaGrads;
-
-// The gradients of one chunk (gla_backward.c's formulas) given the state
-// entering it S_c (states) and the gradient of the state leaving it dS_{c+1}
-// (dstates); dO may be NULL (only the final state is seeded). Dynamic shared
-// memory: A and dP, (GLA_C, GLA_C) each. dv: a thread per element; dq and
-// dK̃: a warp per row (lanes over dk), whose sums give dG's terms through
-// S_c and dS, and ddt.
-__global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v, const real *g, const real *dt,
-                           const int *first, const real *dO, const real *states, const real *dstates, bool has_s0,
-                           GlaGrads go) {
-    extern __shared__ double gla_dyn[];
-    real *A = (real *)gla_dyn, *dP = A + GLA_C * GLA_C;
-    __shared__ Rows r;
-    // dG_i = rowZ_i − colZ_i + sq_i − cst_i (+ Σ cst + ss at the last row)
-    __shared__ double rowZ[GLA_C], colZ[GLA_C], sq[GLA_C], cst[GLA_C], red[32];
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-    for (int i = tid; i < GLA_C; i += blockDim.x) rowZ[i] = colZ[i] = sq[i] = cst[i] = 0;
-    Chunk k = chunk_of(d);
-    rows_load(&r, d, k, g, dt, first);   // (its barriers also order the zeroing)
-    int L = k.L, dk = d.dk, dv = d.dv, ldk = d.H * dk, ldv = d.H * dv, H = d.H;
-    int64_t SZ = (int64_t)dk * dv;
-    int64_t rk = ((int64_t)k.b * d.T + k.t0) * ldk + (int64_t)k.h * dk;
-    int64_t rv = ((int64_t)k.b * d.T + k.t0) * ldv + (int64_t)k.h * dv;
-    int64_t rg = ((int64_t)k.b * d.T + k.t0) * H + k.h;
-    const real *Q = q + rk, *K = kk + rk, *V = v + rv, *DO = dO ? dO + rv : NULL;
-    const real *S = states + (k.bh * d.nc + k.c) * SZ;
-    const real *dS = dstates + (k.bh * (d.nc + 1) + k.c + 1) * SZ;
-    bool need_k = go.dk || go.ddt, need_g = go.dg != NULL;
-    bool sin = (k.c > 0 || has_s0) && r.db[0] < 0;   // some row reads a non-zero S_c
-    bool keep = r.db[L - 1] < 0;                      // S_c reaches the leaving state
-    int j0 = max(r.db[L - 1], 0);                     // rows from j0 reach it
-
-    if (DO) {
-        // A, and dA = (dO Vᵀ) ⊙ M in dP's place
-        for (int x = tid; x < L * L; x += blockDim.x) {
-            int i = x / L, s = x % L;
-            real av = 0, da = 0;
-            if (reads(&r, i, s)) {
-                real qk = 0;
-                for (int a = 0; a < dk; a++) qk += Q[(int64_t)i * ldk + a] * K[(int64_t)s * ldk + a];
-                av = qk * r.dt[s] * (g ? gexp(r.G[i] - r.G[s]) : (real)1);
-                for (int j = 0; j < dv; j++) da += DO[(int64_t)i * ldv + j] * V[(int64_t)s * ldv + j];
-            }
-            A[i * GLA_C + s] = av;
-            dP[i * GLA_C + s] = da;
-        }
-        __syncthreads();
-        // Z = dA ⊙ A (products exact in double): row sums into dG_i, column
-        // sums out of dG_s; the diagonal cancels and is skipped.
-        if (need_g)
-            for (int x = tid; x < 2 * L; x += blockDim.x) {
-                double t = 0;
-                if (x < L) {
-                    for (int s = max(r.db[x], 0); s < x; s++)
-                        t += (double)dP[x * GLA_C + s] * (double)A[x * GLA_C + s];
-                    rowZ[x] = t;
-                } else {
-                    int s = x - L;
-                    for (int i = s + 1; i < L; i++) t += (double)dP[i * GLA_C + s] * (double)A[i * GLA_C + s];
-                    colZ[s] = t;
-                }
-            }
-        __syncthreads();
-        if (g) {   // dP = dA ⊙ [exp(G_i − G_s)] (entries outside M are zeros already)
-            for (int x = tid; x < L * L; x += blockDim.x) {
-                int i = x / L, s = x % L;
-                if (reads(&r, i, s)) dP[i * GLA_C + s] *= gexp(r.G[i] - r.G[s]);
-            }
-            __syncthreads();
-        }
-    }
-
-    // dV = Aᵀ dO + diag(exp(G_L − G)) K̃ dS
-    if (go.dv)
-        for (int64_t x = tid; x < (int64_t)L * dv; x += blockDim.x) {
-            int s = (int)(x / dv), j = (int)(x % dv);
-            real acc = 0;
-            if (DO)
-                for (int i = s; i < L; i++) acc += A[i * GLA_C + s] * DO[(int64_t)i * ldv + j];
-            if (s >= j0) {
-                real u = 0;
-                for (int a = 0; a < dk; a++) u += K[(int64_t)s * ldk + a] * dS[(int64_t)a * dv + j];
-                acc += r.eL[s] * r.dt[s] * u;
-            }
-            put(go.dv + rv + (int64_t)s * ldv + j, acc, go.fv);
-        }
-
-    // dQ = dP K̃ + diag(exp(G)) dO S_cᵀ; sq_i = exp(G_i) q_i·(S_c dO_i)
-    if (go.dq || (need_g && sin && DO))
-        for (int i = warp; i < L; i += nw) {
-            bool rs = sin && DO && r.db[i] < 0;   // row i reads S_c
-            double part = 0;
-            for (int a = lane; a < dk; a += 32) {
-                real acc = 0;
-                if (DO && go.dq)
-                    for (int s = max(r.db[i], 0); s <= i; s++)
-                        acc += dP[i * GLA_C + s] * r.dt[s] * K[(int64_t)s * ldk + a];
-                if (rs) {
-                    real u = 0;
-                    for (int j = 0; j < dv; j++) u += DO[(int64_t)i * ldv + j] * S[(int64_t)a * dv + j];
-                    acc += r.eS[i] * u;
-                    part += (double)Q[(int64_t)i * ldk + a] * u;
-                }
-                if (go.dq) put(go.dq + rk + (int64_t)i * ldk + a, acc, go.fq);
-            }
-            if (need_g && rs) {   // (warp-uniform)
-                part = warp_sum(part);
-                if (lane == 0) sq[i] = (double)r.eS[i] * part;
-            }
-        }
-
-    // dK̃ = dPᵀ Q + diag(exp(G_L − G)) V dSᵀ; dk = β dK̃, ddt = k·dK̃;
-    // cst_s = exp(G_L − G_s) k̃_s·(dS v_s) (the last row's cancels)
-    if (need_k || need_g)
-        for (int s = warp; s < L; s += nw) {
-            bool last = s >= j0;   // row s reaches the leaving state
-            double pk = 0, pc = 0;
-            for (int a = lane; a < dk; a += 32) {
-                real acc = 0;
-                if (DO && need_k)
-                    for (int i = s; i < L; i++) acc += dP[i * GLA_C + s] * Q[(int64_t)i * ldk + a];
-                if (last) {
-                    real u = 0;
-                    for (int j = 0; j < dv; j++) u += V[(int64_t)s * ldv + j] * dS[(int64_t)a * dv + j];
-                    acc += r.eL[s] * u;
-                    pc += (double)(r.dt[s] * K[(int64_t)s * ldk + a]) * u;
-                }
-                if (need_k) {
-                    pk += (double)K[(int64_t)s * ldk + a] * acc;
-                    if (go.dk) put(go.dk + rk + (int64_t)s * ldk + a, r.dt[s] * acc, go.fk);
-                }
-            }
-            if (go.ddt) {   // (block-uniform)
-                pk = warp_sum(pk);
-                if (lane == 0) put(go.ddt + rg + (int64_t)s * H, (real)pk, go.fdt);
-            }
-            if (need_g && last && s < L - 1) {   // (warp-uniform)
-                pc = warp_sum(pc);
-                if (lane == 0) cst[s] = (double)r.eL[s] * pc;
-            }
-        }
-    __syncthreads();
-
-    // dG_L += exp(G_L) <dS, S_c> when S_c reaches the leaving state; then
-    // dg = the reverse cumulative sum of dG inside the chunk.
-    if (need_g) {
-        double ss = 0;
-        if (sin && keep) {   // (block-uniform: cu_block_sum has barriers)
-            double p = 0;
-            for (int64_t e = tid; e < SZ; e += blockDim.x) p += (double)dS[e] * (double)S[e];
-            ss = cu_block_sum(p, red) * exp(r.G[L - 1]);
-        }
-        if (tid == 0) {
-            double sc = 0, acc = 0;
-            for (int s = 0; s < L - 1; s++) sc += cst[s];
-            for (int i = L - 1; i >= 0; i--) {
-                double dG = rowZ[i] - colZ[i] + sq[i] - cst[i];
-                if (i == L - 1) dG += sc + ss;
-                acc += dG;
-                put(go.dg + rg + (int64_t)i * H, (real)acc, go.fg);
-            }
-        }
-    }
-}
-
-__global__ void k_gla_add(real *dst, const real *src, int64_t n) {
-    CU_FOR(i, n) dst[i] += src[i];
-}
-
-static Dims dims_of(const Node *n) {
-    Dims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], (n->iarg[1] + GLA_C - 1) / GLA_C};
-    ASSERT((int64_t)d.B * d.H * d.nc < (int64_t)1 << 31, "gla: %d x %d x %d chunks are too many blocks", d.B, d.H,
-           d.nc);
-    return d;
-}
-
-// The document starts (n->aux, host memory, (B, T) or NULL) on the device.
-static const int *first_on_device(Node *n, const Dims &d) {
-    if (!n->aux) return NULL;
-    size_t bytes = (size_t)d.B * d.T * sizeof(int);
-    int *p = (int *)tape_dalloc(n->tape, bytes);
-    cu_from_host(p, n->aux, bytes);
-    return p;
-}
-
-static const real *data_or_null(const Tensor *t) { return t ? t->data : NULL; }
 
 extern "C" void cu_gla_forward(Node *n) {
     Dims d = dims_of(n);
     Tensor *const *in = n->in;
     const real *g = data_or_null(in[IN_G]), *dt = data_or_null(in[IN_DT]), *s0 = data_or_null(in[IN_S0]);
-    const int *first = first_on_device(n, d);
+    const int *first = cu_first_to_device(n->tape, (const int *)n->aux, d.B, d.T);
     int64_t BH = (int64_t)d.B * d.H, SZ = (int64_t)d.dk * d.dv;
     // The scan's slots are the saved states, so they are kept recorded or not.
     real *states = (real *)tape_dalloc(n->tape, (size_t)(BH * d.nc * (SZ + 1)) * sizeof(real));
@@ -431,73 +124,10 @@ extern "C" void cu_gla_forward(Node *n) {
     n->saved = states;
     real *sfinal = n->out[1]->data;
     unsigned blocks = (unsigned)(BH * d.nc);
-    k_gla_outer<<<blocks, GLA_THREADS, 0, cu_stream>>>(d, false, in[IN_K]->data, in[IN_V]->data, g, dt, first,
-                                                       states, sfinal, lam);
-    CU_LAUNCHED();
+    gla_outer(blocks, d, false, in[IN_K]->data, in[IN_V]->data, g, dt, first, states, sfinal, lam);
     k_gla_scan<<<cu_grid(BH * SZ), CU_THREADS, 0, cu_stream>>>(d, s0, states, sfinal, lam);
     CU_LAUNCHED();
     k_gla_out<<<blocks, GLA_THREADS, 0, cu_stream>>>(d, in[IN_Q]->data, in[IN_K]->data, in[IN_V]->data, g, dt,
                                                      first, states, s0 != NULL, n->out[0]->data);
     CU_LAUNCHED();
-}
-
-extern "C" void cu_gla_backward(Node *n) {
-    Dims d = dims_of(n);
-    Tensor *const *in = n->in;
-    const real *g = data_or_null(in[IN_G]), *dt = data_or_null(in[IN_DT]);
-    const real *dO = n->out[0]->grad, *dSf = n->out[1]->grad;
-    const real *states = (const real *)n->saved;
-    ASSERT(states, "gla backward: no saved states");
-    int64_t BH = (int64_t)d.B * d.H, SZ = (int64_t)d.dk * d.dv;
-    const real *lam = states + BH * d.nc * SZ;
-    // Gradient buffers in input order. An input that is an earlier one's
-    // tensor (q = k, g = dt, ...) gets a scratch buffer, written by the
-    // kernels and added into the shared one after them.
-    real *gb[N_IN], *into[N_IN];
-    bool fr[N_IN];
-    bool any = false;
-    for (int i = 0; i < N_IN; i++) {
-        gb[i] = into[i] = NULL;
-        fr[i] = false;
-        const Tensor *t = in[i];
-        if (!t || !t->requires_grad) continue;
-        int j = 0;
-        while (j < i && in[j] != t) j++;
-        if (j < i) {
-            gb[i] = (real *)tape_dalloc(n->tape, (size_t)t->numel * sizeof(real));
-            fr[i] = true;
-            into[i] = gb[j];
-        } else {
-            gb[i] = CU_GRAD_FRESH(n, i, &fr[i]);
-        }
-        any = true;
-    }
-    if (!any) return;
-    const int *first = first_on_device(n, d);
-    real *dstates = (real *)tape_dalloc(n->tape, (size_t)(BH * (d.nc + 1) * SZ) * sizeof(real));
-    unsigned blocks = (unsigned)(BH * d.nc);
-    if (dO) {
-        k_gla_outer<<<blocks, GLA_THREADS, 0, cu_stream>>>(d, true, in[IN_Q]->data, dO, g, dt, first, dstates,
-                                                           NULL, NULL);
-        CU_LAUNCHED();
-    }
-    k_gla_scan_back<<<cu_grid(BH * SZ), CU_THREADS, 0, cu_stream>>>(d, dSf, dstates, lam, dO != NULL, gb[IN_S0],
-                                                                    fr[IN_S0]);
-    CU_LAUNCHED();
-    GlaGrads go = {gb[IN_Q], gb[IN_K], gb[IN_V], gb[IN_G], gb[IN_DT], fr[IN_Q], fr[IN_K], fr[IN_V], fr[IN_G],
-                   fr[IN_DT]};
-    if (go.dq || go.dk || go.dv || go.dg || go.ddt) {
-        size_t smem = 2 * GLA_C * GLA_C * sizeof(real);   // A and dP: 64 KiB in float64
-        CU_CHECK(cudaFuncSetAttribute(k_gla_grad, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        k_gla_grad<<<blocks, GLA_THREADS, smem, cu_stream>>>(d, in[IN_Q]->data, in[IN_K]->data, in[IN_V]->data, g,
-                                                             dt, first, dO, states, dstates,
-                                                             in[IN_S0] != NULL, go);
-        CU_LAUNCHED();
-    }
-    for (int i = 0; i < N_IN; i++)
-        if (into[i]) {
-            int64_t m = in[i]->numel;
-            k_gla_add<<<cu_grid(m), CU_THREADS, 0, cu_stream>>>(into[i], gb[i], m);
-            CU_LAUNCHED();
-        }
 }

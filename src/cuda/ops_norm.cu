@@ -42,13 +42,6 @@ static unsigned norm_grid(int64_t rows) {
     for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; r < (rows);         \
          r += ((int64_t)gridDim.x * blockDim.x) >> 5)
 
-// Sum over the 32 lanes; every lane gets the same total (the xor butterfly
-// adds the same pairs on each side).
-__device__ __forceinline__ double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // ---- RMSNorm ----
 
 // y = x r g (g NULL: 1), r = 1 / sqrt(mean(x^2) + eps) per row of D; rinv

@@ -37,7 +37,7 @@ __global__ void k_sum_parts(const double *part, int64_t n, int nblk, real *out, 
          i += (int64_t)gridDim.x * blockDim.x / 32) {
         double t = 0;
         for (int k = lane; k < nblk; k += 32) t += part[(int64_t)k * n + i];
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        t = warp_sum(t);
         if (lane == 0) {
             int64_t at = C > 0 ? (i % C) * (n / C) + i / C : i;
             out[at] = fresh ? (real)t : out[at] + (real)t;

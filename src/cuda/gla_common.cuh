@@ -1,0 +1,110 @@
+// gla_common.cuh: what the GPU files of op_gla_dt (the linear and mamba
+// mixers, every form) share: gla.cu (the forward) and gla_backward.cu. The
+// chunk's rows (cumulative log decay G, documents, decay factors) as every
+// kernel needs them, the chunk of a block, and the per-chunk outer product
+// that both passes launch (gla_outer).
+//
+// The three forms compute one function (src/layers/gla.h), so the GPU runs
+// one algorithm for all of them: chunks of GLA_C positions (the mixers'
+// default chunk; T need not be a multiple, T = 1 is one chunk of one row),
+// the masked form inside a chunk and the state across chunks, with the
+// formulas of gla.c / gla_backward.c. Where the CPU walks each (b, h)
+// through its chunks in order, here the chunks run side by side and only a
+// scan per state element is sequential:
+//   forward   1. per chunk c: its own part of the state leaving it,
+//                ΔS_c = (diag(exp(G_L − G)) K̃)ᵀ V over its last document, and
+//                λ_c = exp(G_L) (0 when a document begins in the chunk);
+//             2. per state element: S_{c+1} = λ_c S_c + ΔS_c from s0;
+//             3. per chunk: O = A V + diag(exp(G)) Q S_c.
+//   backward  1. per chunk: ΔdS_c = (diag(exp(G)) Q)ᵀ dO over the rows that read S_c;
+//             2. per state element, in reverse: dS_c = λ_c dS_{c+1} + ΔdS_c
+//                from the final state's gradient; dS_0 is s0's;
+//             3. per chunk: dq, dk, dv, dg, ddt from S_c and dS_{c+1}.
+// Saved (n->saved, tape_dalloc): the states entering each chunk (B, H, NC,
+// dk, dv), then λ (B, H, NC). Every sum has a fixed order (no atomics).
+#ifndef AG_GLA_COMMON_CUH
+#define AG_GLA_COMMON_CUH
+
+#include "cuda_internal.cuh"
+
+#define GLA_C 64          // positions per chunk, every form
+#define GLA_THREADS 256   // per chunk block: 8 warps
+
+enum { IN_Q, IN_K, IN_V, IN_G, IN_DT, IN_S0, N_IN };   // as gla_internal.h
+
+typedef struct {
+    int B, T, H, dk, dv;
+    int nc;   // chunks per row, ceil(T / GLA_C)
+} Dims;
+
+// The rows of one chunk as every kernel needs them (shared memory).
+typedef struct {
+    double G[GLA_C];   // chunk-local cumulative log decay (zeros without g)
+    int db[GLA_C];     // where row i's document begins in the chunk, -1: before it (gla_chunk_docs)
+    real dt[GLA_C];    // β (1 without dt)
+    real eS[GLA_C];    // exp(G_i) for the rows that read the entering state, else 0
+    real eL[GLA_C];    // exp(G_L − G_i) for the rows of the last document (they reach the leaving state), else 0
+} Rows;
+
+// The chunk of a block: blocks are (b, h) major, chunk minor.
+typedef struct {
+    int b, h, c, t0, L;
+    int64_t bh;
+} Chunk;
+
+__device__ __forceinline__ Chunk chunk_of(const Dims &d) {
+    Chunk k;
+    k.c = (int)(blockIdx.x % d.nc);
+    k.bh = blockIdx.x / d.nc;
+    k.b = (int)(k.bh / d.H);
+    k.h = (int)(k.bh % d.H);
+    k.t0 = k.c * GLA_C;
+    k.L = min(GLA_C, d.T - k.t0);
+    return k;
+}
+
+__device__ __forceinline__ void put(real *p, real v, bool fresh) { *p = fresh ? v : *p + v; }
+
+// Fills r for chunk k. Every thread of the block must call it (barriers).
+static __device__ void rows_load(Rows *r, const Dims &d, const Chunk &k, const real *g, const real *dt,
+                                 const int *first) {
+    int64_t gb = (int64_t)k.b * d.T * d.H + k.h;   // (b, t = 0, h) of a (B, T, H) tensor
+    if (threadIdx.x == 0) {
+        double acc = 0;
+        for (int i = 0; i < k.L; i++) {
+            if (g) acc += (double)g[gb + (int64_t)(k.t0 + i) * d.H];
+            r->G[i] = acc;
+        }
+    }
+    for (int i = threadIdx.x; i < k.L; i += blockDim.x) {
+        int f = first ? first[(int64_t)k.b * d.T + k.t0 + i] : -1;
+        r->db[i] = f >= k.t0 ? f - k.t0 : -1;
+        r->dt[i] = dt ? dt[gb + (int64_t)(k.t0 + i) * d.H] : (real)1;
+    }
+    __syncthreads();
+    int j0 = max(r->db[k.L - 1], 0);
+    double gL = r->G[k.L - 1];
+    for (int i = threadIdx.x; i < k.L; i += blockDim.x) {
+        r->eS[i] = r->db[i] >= 0 ? (real)0 : g ? d_decay(r->G[i]) : (real)1;
+        r->eL[i] = i < j0 ? (real)0 : g ? d_decay(gL - r->G[i]) : (real)1;
+    }
+    __syncthreads();
+}
+
+// Whether row i reads row s of its chunk (causal, same document).
+__device__ __forceinline__ bool reads(const Rows *r, int i, int s) { return s <= i && s >= r->db[i]; }
+
+static inline Dims dims_of(const Node *n) {
+    Dims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], (n->iarg[1] + GLA_C - 1) / GLA_C};
+    ASSERT((int64_t)d.B * d.H * d.nc < (int64_t)1 << 31, "gla: %d x %d x %d chunks are too many blocks", d.B, d.H,
+           d.nc);
+    return d;
+}
+
+static inline const real *data_or_null(const Tensor *t) { return t ? t->data : NULL; }
+
+// gla.cu: k_gla_outer (below, there) on `blocks` blocks of GLA_THREADS.
+void gla_outer(unsigned blocks, Dims d, bool bwd, const real *x, const real *y, const real *g, const real *dt,
+               const int *first, real *states, real *sfinal, real *lam);
+
+#endif
