@@ -263,3 +263,44 @@ Test(bpe_hostile, fifo_tokenizer_refused, .timeout = 30) {
     st = tokenizer_open(&t, path);
     cr_assert_str_eq(st.msg, want);
 }
+
+// bpe:N with no valid N says which N are valid (and names no file).
+Test(bpe_hostile, bpe_n_spec_says_the_range) {
+    const char *bad[] = {"bpe:abc", "bpe:0", "bpe:", "bpe:256", "bpe:4194305", "bpe: 300", "bpe:+300", "bpe:300x"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int v = -1;
+        cr_assert(tokenizer_spec_is_named(bad[i], &v) && v == 0, "%s", bad[i]);
+        Tokenizer t;
+        Status st = tokenizer_open(&t, bad[i]);
+        char want[200];
+        snprintf(want, sizeof want, "'%s': bpe:N trains a tokenizer of N ids, N a whole number from 257 (256 bytes "
+                 "and <|endoftext|>) to 4194304", bad[i]);
+        cr_assert_str_eq(st.msg, want);
+    }
+    int v;
+    cr_assert(tokenizer_spec_is_named("bpe:257", &v) && v == 257);
+    Tokenizer t;
+    Status st = tokenizer_open(&t, "bpe:257");
+    cr_assert_str_eq(st.msg, "bpe:257: a tokenizer to train on the corpus, not one to open");
+}
+
+// cl100k_base leaves ids unused between its ranks and specials: a model may
+// emit only the others (generate samples among these).
+Test(bpe_hostile, emittable_ids_skip_holes) {
+    Tokenizer t;
+    Status st = tokenizer_open(&t, "cl100k_base");
+    cr_assert(st.ok, "%s", st.msg);
+    int *ids = malloc((size_t)t.vocab * sizeof *ids);
+    int n = tokenizer_emittable_ids(&t, t.vocab, ids);
+    cr_assert_eq(t.vocab, 100277);
+    cr_assert_eq(n, 100256 + 5, "100256 ranks and 5 specials");
+    for (int i = 0; i < n; i++) cr_assert_gt(tokenizer_token_len(&t, ids[i]), 0);
+    cr_assert_eq(ids[100255], 100255);
+    cr_assert_eq(ids[100256], 100257, "100256 is a hole");
+    cr_assert_eq(ids[n - 1], 100276);
+    free(ids);
+    tokenizer_free(&t);
+    tokenizer_bytes(&t);
+    int b[300];
+    cr_assert_eq(tokenizer_emittable_ids(&t, 300, b), 256, "ids past the byte tokenizer's 256 print nothing");
+}
