@@ -304,3 +304,59 @@ Test(bpe_hostile, emittable_ids_skip_holes) {
     int b[300];
     cr_assert_eq(tokenizer_emittable_ids(&t, 300, b), 256, "ids past the byte tokenizer's 256 print nothing");
 }
+
+// tokenize as users run it.
+static int tokenize(const char *dir, char *const args[], const char *in, char **err) {
+    char *argv[16] = {(char *)test_program("tokenize")};
+    int n = 1;
+    for (; args[n - 1]; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    char o[1500], e[1500];
+    snprintf(o, sizeof o, "%s/tokenize.out", dir);
+    snprintf(e, sizeof e, "%s/tokenize.err", dir);
+    int code = test_spawn(argv, in, o, e, 60, NULL);
+    *err = test_read_file(e);
+    return code;
+}
+
+Test(bpe_hostile, tokenize_bounds_its_input, .timeout = 240) {
+    const char *dir = test_tmpdir("tokenize_in");
+    char *err;
+    // stdin without end (/dev/zero) stops at the limit, with how to raise it.
+    int code = tokenize(dir, (char *[]){"encode", "--tokenizer", "gpt2", "--max-input", "100000", NULL}, "/dev/zero",
+                        &err);
+    cr_assert_eq(code, 1);
+    cr_assert_str_eq(err, "tokenize encode: standard input: more than 100000 bytes, the limit (raise it with "
+                          "--max-input BYTES, or split the text)\n");
+    free(err);
+    // --in a directory, a FIFO, a file over the limit.
+    code = tokenize(dir, (char *[]){"encode", "--tokenizer", "gpt2", "--in", (char *)dir, NULL}, NULL, &err);
+    cr_assert_eq(code, 1);
+    char want[2000];
+    snprintf(want, sizeof want, "tokenize encode: %s: the input is a directory, not a regular file\n", dir);
+    cr_assert_str_eq(err, want);
+    free(err);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/in.fifo", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    code = tokenize(dir, (char *[]){"stats", "--tokenizer", "gpt2", "--in", path, NULL}, NULL, &err);
+    cr_assert(code == 1 && strstr(err, "the input is a FIFO (named pipe), not a regular file"), "%d %s", code, err);
+    free(err);
+    code = tokenize(dir, (char *[]){"encode", "--tokenizer", path, NULL}, NULL, &err);
+    cr_assert(code == 1 && strstr(err, "the tokenizer file is a FIFO (named pipe)"), "%d %s", code, err);
+    free(err);
+    code = tokenize(dir, (char *[]){"decode", "--tokenizer", "gpt2", "--in", HOSTILE "a28x20.txt", "--max-input", "100",
+                                    NULL}, NULL, &err);
+    cr_assert(code == 1 && strstr(err, "a28x20.txt: the input is 580 bytes, more than the 100 this program reads (raise "
+                                       "it with --max-input BYTES, or split the file)"), "%d %s", code, err);
+    free(err);
+    // The attacks' tokenizer files and patterns: refused at once.
+    code = tokenize(dir, (char *[]){"encode", "--tokenizer", HOSTILE "nested_quantifier_pattern.tok", "--in",
+                                    HOSTILE "a28x20.txt", NULL}, NULL, &err);
+    cr_assert(code == 1 && strstr(err, "split pattern: not one of the known patterns"), "%d %s", code, err);
+    free(err);
+    code = tokenize(dir, (char *[]){"train", "--corpus", HOSTILE "a28x20.txt", "--vocab", "300", "--pattern",
+                                    "(a|a)*c", "--out", "unused.tok", NULL}, NULL, &err);
+    cr_assert(code == 2 && strstr(err, "--pattern '(a|a)*c': not gpt2, cl100k_base or o200k_base"), "%d %s", code, err);
+    free(err);
+}
