@@ -1,6 +1,7 @@
 // bpe.c: the encoder and the decoder (bpe.h). Loading and writing files is
 // in bpe_load.c, the split pattern in bpe_split.c, training in bpe_train.c.
 #define _GNU_SOURCE   // memmem
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,20 +161,24 @@ int bpe_merge_piece(const Bpe *b, const uint8_t *p, int len, int *ids) {
 
 // ---------------------------------------------------------------- encoding
 
-static int64_t encode_ordinary(const Bpe *b, const uint8_t *text, int64_t n, int *ids) {
+// text[0..n) holds bytes base.. of what the caller encodes (for the message).
+static int64_t encode_ordinary(const Bpe *b, const uint8_t *text, int64_t n, int *ids, int64_t base, Status *st) {
     BpeSplitIter it;
     bpe_split_begin(&it, b->split, text, n);
     int64_t m = 0, s, e;
-    while (bpe_split_next(&it, &s, &e)) {
-        ASSERT(e - s < (1 << 30), "bpe_encode: a piece of %lld bytes (limit 2^30)", (long long)(e - s));
-        m += bpe_merge_piece(b, text + s, (int)(e - s), ids + m);
-    }
+    while (bpe_split_next(&it, &s, &e)) m += bpe_merge_piece(b, text + s, (int)(e - s), ids + m);
+    Status sp = bpe_split_status(&it, base);
     bpe_split_end(&it);
+    if (!sp.ok) {
+        *st = status_err("tokenizer %s: %s", b->source, sp.msg);
+        return -1;
+    }
     return m;
 }
 
-int64_t bpe_encode(const Bpe *b, const uint8_t *text, int64_t n, int *ids, int flags) {
-    if (!(flags & BPE_ALLOW_SPECIAL) || b->n_specials == 0) return encode_ordinary(b, text, n, ids);
+int64_t bpe_encode_checked(const Bpe *b, const uint8_t *text, int64_t n, int *ids, int flags, Status *st) {
+    *st = status_ok();
+    if (!(flags & BPE_ALLOW_SPECIAL) || b->n_specials == 0) return encode_ordinary(b, text, n, ids, 0, st);
     int ns = b->n_specials;
     int64_t *next_at = xmalloc((size_t)ns * sizeof *next_at);   // next occurrence of each, n: none
     for (int i = 0; i < ns; i++) next_at[i] = -1;
@@ -192,12 +197,27 @@ int64_t bpe_encode(const Bpe *b, const uint8_t *text, int64_t n, int *ids, int f
             if (next_at[i] < at || (next_at[i] == at && at < n && len > b->len[b->special_ids[which]]))
                 at = next_at[i], which = i;
         }
-        m += encode_ordinary(b, text + pos, at - pos, ids + m);
+        int64_t k = encode_ordinary(b, text + pos, at - pos, ids + m, pos, st);
+        if (k < 0) {
+            m = -1;
+            break;
+        }
+        m += k;
         if (which < 0) break;
         ids[m++] = b->special_ids[which];
         pos = at + b->len[b->special_ids[which]];
     }
     free(next_at);
+    return m;
+}
+
+int64_t bpe_encode(const Bpe *b, const uint8_t *text, int64_t n, int *ids, int flags) {
+    Status st;
+    int64_t m = bpe_encode_checked(b, text, n, ids, flags, &st);
+    if (m < 0) {   // no caller of this form can go on without the ids: stop with the sentence, not an abort
+        fprintf(stderr, "error: %s\n", st.msg);
+        exit(1);
+    }
     return m;
 }
 
@@ -303,5 +323,6 @@ void bpe_free(Bpe *b) {
     if (!b) return;
     free(b->kind), free(b->off), free(b->len), free(b->blob), free(b->table), free(b->special_ids);
     bpe_split_free(b->split);
+    free(b->source);
     free(b);
 }

@@ -74,7 +74,12 @@ const uint8_t *bpe_token_bytes(const Bpe *b, int id, int *len);
 // byte); returns the number written. flags: BPE_ALLOW_SPECIAL makes the text
 // of a special token encode as its id (tiktoken's allowed_special="all");
 // otherwise it is ordinary text (encode_ordinary).
+// A split that hits its work limit (bpe_split.h; the known patterns never do
+// on any text) is an error: bpe_encode_checked returns -1 and sets *st (the
+// tokenizer's source and the byte offset); bpe_encode prints that sentence
+// and exits with status 1.
 #define BPE_ALLOW_SPECIAL 1
+int64_t bpe_encode_checked(const Bpe *b, const uint8_t *text, int64_t n, int *ids, int flags, Status *st);
 int64_t bpe_encode(const Bpe *b, const uint8_t *text, int64_t n, int *ids, int flags);
 
 // Decoding: the bytes of ids, concatenated (malloc'd, *len bytes, plus a NUL

@@ -24,6 +24,7 @@ struct Bpe {
     int *special_ids;       // (n_specials) ascending
     BpeSplit *split;
     uint64_t hash;          // bpe_hash
+    char *source;           // the file or buffer it was read from, for messages
 };
 
 // A hash of a byte string, for the rank table (and the trainer's tables).

@@ -247,6 +247,31 @@ static bool parse_line(Parsed *p, const uint8_t *s, int n, int line, bool header
     return true;
 }
 
+// Ids are dense where it matters: the ranks are exactly 0 .. n_ranks-1 (so a
+// special, whose id no rank has, comes after them) and the specials lie in
+// the next BPE_SPECIALS_MAX ids (tiktoken's cl100k_base and o200k_base leave
+// a few ids there unused). A model has one embedding row per id, so one far
+// id would make it huge, and an id without bytes is one a model could learn
+// to emit and nothing could print.
+static bool check_ids(const Bpe *b, const int *line_of, const char *what, Status *st) {
+    int last_rank = -1;
+    for (int id = 0; id < b->vocab; id++)
+        if (b->kind[id] == BPE_ID_RANK) last_rank = id;
+    if (last_rank != b->n_ranks - 1) {
+        int hole = 0;
+        while (b->kind[hole] == BPE_ID_RANK) hole++;
+        return PERR(line_of[last_rank], "rank %d, but no token has id %d: ranks must be 0 to %d with none missing",
+                    last_rank, hole, b->n_ranks - 1);
+    }
+    for (int i = 0; i < b->n_specials; i++) {
+        int id = b->special_ids[i];
+        if (id >= b->n_ranks + BPE_SPECIALS_MAX)
+            return PERR(line_of[id], "special token id %d: more than %d ids after the last rank (%d)", id,
+                        BPE_SPECIALS_MAX, b->n_ranks - 1);
+    }
+    return true;
+}
+
 static int cmp_special(const void *a, const void *b) {
     int x = *(const int *)a, y = *(const int *)b;
     return (x > y) - (x < y);
@@ -305,11 +330,13 @@ static Bpe *assemble(Parsed *p, const char *what, Status *st) {
             goto fail;
         }
     }
+    if (!check_ids(b, line_of, what, st)) goto fail;
     b->split = bpe_split_new(p->pattern, st);
     if (!b->split) {
         prefix(st, what, p->pattern_line);
         goto fail;
     }
+    b->source = strdup(what);
     size_t len;
     uint8_t *canon = bpe_to_buffer(b, &len);
     b->hash = fnv1a64(FNV1A_INIT, canon, len);
@@ -385,27 +412,12 @@ Bpe *bpe_from_tiktoken(const uint8_t *buf, size_t n, const char *what, const cha
 }
 
 static uint8_t *read_file(const char *path, size_t *n, Status *st) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        *st = status_err("%s: cannot open tokenizer file: %s", path, strerror(errno));
-        return NULL;
-    }
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > BPE_FILE_MAX) {
-        fclose(f);
-        *st = status_err("%s: not a regular file, or larger than %d bytes", path, BPE_FILE_MAX);
-        return NULL;
-    }
-    uint8_t *buf = xmalloc((size_t)sb.st_size + 1);
-    size_t got = fread(buf, 1, (size_t)sb.st_size, f);
-    bool bad = ferror(f) || got != (size_t)sb.st_size;
-    fclose(f);
-    if (bad) {
-        free(buf);
-        *st = status_err("%s: cannot read tokenizer file", path);
-        return NULL;
-    }
-    *n = got;
+    uint8_t *buf;
+    int64_t got;
+    // A regular file only (a FIFO would block the open), of at most BPE_FILE_MAX bytes.
+    *st = file_read_all(path, "tokenizer file", BPE_FILE_MAX, &buf, &got);
+    if (!st->ok) return NULL;
+    *n = (size_t)got;
     return buf;
 }
 

@@ -28,6 +28,14 @@ static const struct {
 static const char WHITE_SPACE[] = "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}"
                                   "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
 
+// Measured (docs/tokenizer.md, "Bounded splitting"): the known patterns,
+// over the KJV and over runs built to make them backtrack most, need at most
+// 2^21 matches (cl100k_base and o200k_base on a 1 MiB window of spaces or
+// newlines, linear in the window), a depth of 2^3 and no heap beyond
+// PCRE2's first frames. The limits leave 16x, 2048x and 16 MiB; a pattern
+// that backtracks catastrophically reaches 2^25 at its first piece.
+BpeSplitLimits bpe_split_limits = {.match = 1u << 25, .depth = 1u << 14, .heap_kib = 1u << 14, .window_min = 256};
+
 struct BpeSplit {
     char *pattern;          // tiktoken syntax, as given
     pcre2_code *code;       // compiled from the translation, JIT'd where PCRE2 has a JIT
@@ -148,12 +156,33 @@ static pcre2_code *compile(const char *pattern, bool add_new, Status *st) {
         *st = status_err("split pattern: can match the empty string (every piece must hold at least one character)");
         return NULL;
     }
-    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);   // without a JIT (an unsupported CPU) the interpreter runs
+    // (without a JIT, on an unsupported CPU, the interpreter runs)
+    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
     *st = status_ok();
     return code;
 }
 
+// The classic split at white space, linear like tiktoken's (the tests' small
+// tokenizers use it). Known, but not a name --pattern takes.
+static const char WHITESPACE_SPLIT[] = "\\S+|\\s+";
+
+bool bpe_pattern_known(const char *pattern) {
+    for (size_t i = 0; i < sizeof NAMED / sizeof NAMED[0]; i++)
+        if (strcmp(NAMED[i].pattern, pattern) == 0) return true;
+    return strcmp(pattern, WHITESPACE_SPLIT) == 0;
+}
+
 BpeSplit *bpe_split_new(const char *pattern, Status *st) {
+    if (!bpe_pattern_known(pattern)) {
+        *st = status_err("split pattern: not one of the known patterns (gpt2 = r50k_base, cl100k_base, o200k_base, "
+                         "\\S+|\\s+; byte for byte): a pattern from a file could take time exponential in the text "
+                         "(ReDoS), so no other is accepted");
+        return NULL;
+    }
+    return bpe_split_new_any(pattern, st);
+}
+
+BpeSplit *bpe_split_new_any(const char *pattern, Status *st) {
     size_t len = strnlen(pattern, BPE_PATTERN_MAX + 1);
     if (len == 0 || len > BPE_PATTERN_MAX) {
         *st = status_err("split pattern: %zu bytes, must be 1 to %d", len, BPE_PATTERN_MAX);
@@ -221,42 +250,75 @@ void bpe_split_begin(BpeSplitIter *it, const BpeSplit *s, const uint8_t *text, i
     it->match_data = pcre2_match_data_create_from_pattern(it->code, NULL);
     pcre2_match_context *mc = pcre2_match_context_create(NULL);
     ASSERT(it->match_data && mc, "bpe_split_begin: out of memory");
-    // The bundled patterns backtrack at most once over a run of whitespace
-    // (\s+(?!\S)), so their work is linear in the run: lift the limits that
-    // guard against catastrophic patterns, which a long run would hit.
-    pcre2_set_match_limit(mc, UINT32_MAX);
-    pcre2_set_depth_limit(mc, UINT32_MAX);
+    // Every search looks at most BPE_PIECE_MAX bytes ahead, so the work of one
+    // is bounded for every pattern; these limits bound it (bpe_split.h).
+    pcre2_set_match_limit(mc, bpe_split_limits.match);
+    pcre2_set_depth_limit(mc, bpe_split_limits.depth);
+    pcre2_set_heap_limit(mc, bpe_split_limits.heap_kib);
     it->match_ctx = mc;   // the JIT's own 32 KB stack first; a larger one only if a match needs it
 }
 
-bool bpe_split_next(BpeSplitIter *it, int64_t *start, int64_t *end) {
-    if (it->pos >= it->n) return false;
-    if (it->match_start < 0) {   // find the next match from pos
-        int rc = pcre2_match(it->code, it->text, (PCRE2_SIZE)it->n, (PCRE2_SIZE)it->pos, 0, it->match_data,
-                             it->match_ctx);
+// Where a search from pos with a window of w bytes stops: w bytes on (or the
+// end of the text), moved back to the start of a UTF-8 character so that none
+// is cut in two.
+static int64_t window_end(const BpeSplitIter *it, int64_t w) {
+    if (it->n - it->pos <= w) return it->n;
+    int64_t we = it->pos + w;
+    for (int k = 0; k < 3 && (it->text[we] & 0xC0) == 0x80; k++) we--;
+    return we;
+}
+
+static int match(BpeSplitIter *it, int64_t we, uint32_t opt) {
+    if (bpe_split_limits.interpreter) opt |= PCRE2_NO_JIT;
+    return pcre2_match(it->code, it->text, (PCRE2_SIZE)we, (PCRE2_SIZE)it->pos, opt, it->match_data, it->match_ctx);
+}
+
+// The next match from pos, in a window that grows until what it found does
+// not depend on where the window ends: PCRE2_PARTIAL_HARD reports any path
+// of the search that reached the window's end (a repeat or a lookahead that
+// wanted more, or no match at all), and then the window grows 16-fold. So a
+// text whose pieces are shorter than BPE_PIECE_MAX splits as if searched
+// whole, and a search costs what its piece does (PCRE2's interpreter checks
+// the UTF-8 of the subject to its end on every call). At BPE_PIECE_MAX the
+// window's end is taken as the end of the text. *we receives the window's end.
+static int search(BpeSplitIter *it, int64_t *we) {
+    int rc = 0;
+    for (int64_t w = bpe_split_limits.window_min;; w *= 16) {
+        if (w > BPE_PIECE_MAX) w = BPE_PIECE_MAX;
+        *we = window_end(it, w);
+        bool last = *we == it->n || w >= BPE_PIECE_MAX;
+        rc = match(it, *we, last ? 0 : PCRE2_PARTIAL_HARD);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !it->jit_stack) {
-            it->jit_stack = pcre2_jit_stack_create(256 * 1024, 64 * 1024 * 1024, NULL);
+            it->jit_stack = pcre2_jit_stack_create(256 * 1024, BPE_SPLIT_JIT_STACK_MAX, NULL);
             ASSERT(it->jit_stack, "bpe_split_next: cannot allocate a JIT stack");
             pcre2_jit_stack_assign(it->match_ctx, NULL, it->jit_stack);
-            rc = pcre2_match(it->code, it->text, (PCRE2_SIZE)it->n, (PCRE2_SIZE)it->pos, 0, it->match_data,
-                             it->match_ctx);
+            rc = match(it, *we, last ? 0 : PCRE2_PARTIAL_HARD);
         }
-        if (rc == PCRE2_ERROR_NOMATCH) {
-            it->match_start = it->match_end = it->n;
-        } else {
-            if (rc < 0) {
-                PCRE2_UCHAR msg[256];
-                pcre2_get_error_message(rc, msg, sizeof msg);
-                FAIL("bpe_split_next: PCRE2 match failed at byte %lld: %s", (long long)it->pos, (char *)msg);
-            }
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(it->match_data);
-            it->match_start = (int64_t)ov[0];
-            it->match_end = (int64_t)ov[1];
-            // A lookbehind or \K could end a match before pos or leave it empty:
-            // never let the pieces go backwards or stall.
-            if (it->match_start < it->pos) it->match_start = it->pos;
-            if (it->match_end <= it->match_start) it->match_start = it->match_end = -1, it->match_end = -2;
+        if (last || (rc != PCRE2_ERROR_PARTIAL && rc != PCRE2_ERROR_NOMATCH)) return rc;
+    }
+}
+
+bool bpe_split_next(BpeSplitIter *it, int64_t *start, int64_t *end) {
+    if (it->pos >= it->n || it->error) return false;
+    if (it->match_start < 0) {   // find the next match from pos
+        int64_t we;
+        int rc = search(it, &we);
+        if (rc == PCRE2_ERROR_NOMATCH) {   // the rest of the window is a gap
+            *start = it->pos, *end = we;
+            it->pos = we;
+            return true;
         }
+        if (rc < 0) {   // a limit: the caller reports it (bpe_split_status)
+            it->error = rc;
+            return false;
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(it->match_data);
+        it->match_start = (int64_t)ov[0];
+        it->match_end = (int64_t)ov[1];
+        // A lookbehind or \K could end a match before pos or leave it empty:
+        // never let the pieces go backwards or stall.
+        if (it->match_start < it->pos) it->match_start = it->pos;
+        if (it->match_end <= it->match_start) it->match_start = it->match_end = -1, it->match_end = -2;
     }
     if (it->match_end == -2) {   // an empty match: one byte becomes a piece of its own
         *start = it->pos, *end = it->pos + 1;
@@ -269,6 +331,14 @@ bool bpe_split_next(BpeSplitIter *it, int64_t *start, int64_t *end) {
     }
     it->pos = *end;
     return true;
+}
+
+Status bpe_split_status(const BpeSplitIter *it, int64_t base) {
+    if (!it->error) return status_ok();
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(it->error, msg, sizeof msg);
+    return status_err("the split pattern gave up on the piece at byte %lld of the text: %s (the work one piece may "
+                      "take is bounded)", (long long)(base + it->pos), (char *)msg);
 }
 
 void bpe_split_end(BpeSplitIter *it) {

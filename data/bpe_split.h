@@ -20,12 +20,36 @@
 // So a valid UTF-8 text splits exactly as tiktoken splits it, and every byte
 // of any input lands in exactly one piece (nothing is dropped, unlike
 // tiktoken, which skips what its pattern does not match).
+//
+// Bounded work. A regex from a file could backtrack for a time exponential
+// in the text ("(a|a)*c" on a run of a's), so only the known patterns below
+// are accepted, byte for byte; and for them too each search looks at no more
+// than BPE_PIECE_MAX bytes from where it starts, under PCRE2 match, depth and
+// heap limits far above what they need there (measured: docs/tokenizer.md).
+// The one difference from tiktoken this makes: a piece longer than
+// BPE_PIECE_MAX bytes (a run of one character class that long, which no
+// natural text holds) is cut into pieces of at most that many bytes, at
+// character boundaries; it also bounds the memory the merging of one piece
+// takes. A limit hit ends the split with an error (bpe_split_status), never
+// an abort.
 #ifndef DATA_BPE_SPLIT_H
 #define DATA_BPE_SPLIT_H
 
 #include "common.h"
 
-#define BPE_PATTERN_MAX 4096   // bytes of a pattern, tiktoken syntax
+#define BPE_PATTERN_MAX 4096         // bytes of a pattern, tiktoken syntax
+#define BPE_PIECE_MAX (1 << 20)      // bytes one search looks at, so the most a piece holds
+#define BPE_SPLIT_JIT_STACK_MAX (64 << 20)   // bytes of the JIT's stack, for a match that needs more than 32 KB
+
+// PCRE2's limits on one search (pcre2_set_match_limit, _depth_limit,
+// _heap_limit; the JIT heeds the first only). Tests of the limits and the
+// measurement may change them before splitting; nothing else does.
+typedef struct BpeSplitLimits {
+    uint32_t match, depth, heap_kib;
+    bool interpreter;     // PCRE2's interpreter even where the JIT compiled (what a CPU without a JIT runs)
+    int64_t window_min;   // bytes a search looks at first (it grows 16-fold to BPE_PIECE_MAX)
+} BpeSplitLimits;
+extern BpeSplitLimits bpe_split_limits;
 
 // The characters of Unicode 15 and 16 in general category class `cls` (L,
 // Lu, Ll, Lt, Lm, Lo, M, N) as the body of a PCRE2 class, or NULL for other
@@ -38,12 +62,20 @@ bool bpe_unicode_is_new(uint32_t c);   // one of those characters (any class)
 // pattern), "cl100k_base", "o200k_base". NULL for any other name.
 const char *bpe_pattern_named(const char *name);
 
+// Whether pattern is one of those, or \S+|\s+ (the classic split at white
+// space), byte for byte.
+bool bpe_pattern_known(const char *pattern);
+
 typedef struct BpeSplit BpeSplit;   // a compiled pattern; read-only once built
 
-// Compile `pattern` (tiktoken syntax). Errors: too long, contains a NUL or a
-// newline, \S inside a character class, can match the empty string, or does
-// not compile (PCRE2's message and offset). NULL and *st set on error.
+// Compile `pattern`, which must be a known one (bpe_pattern_known). NULL and
+// *st set on error.
 BpeSplit *bpe_split_new(const char *pattern, Status *st);
+// Any pattern (tiktoken syntax), for the tests of the translation and of the
+// limits only: never one from a file. Errors: too long, contains a newline,
+// \S inside a character class, can match the empty string, or does not
+// compile (PCRE2's message and offset).
+BpeSplit *bpe_split_new_any(const char *pattern, Status *st);
 void bpe_split_free(BpeSplit *s);
 const char *bpe_split_pattern(const BpeSplit *s);   // as given (tiktoken syntax)
 
@@ -56,11 +88,16 @@ typedef struct BpeSplitIter {
     const uint8_t *text;
     int64_t n, pos;
     int64_t match_start, match_end;   // the next match found but not yet returned
+    int error;                        // PCRE2's error code once a search failed (a limit), else 0
 } BpeSplitIter;
 
 void bpe_split_begin(BpeSplitIter *it, const BpeSplit *s, const uint8_t *text, int64_t n);
-// The next piece [*start, *end), non-empty; false at the end of the text.
+// The next piece [*start, *end), non-empty, at most BPE_PIECE_MAX bytes;
+// false at the end of the text, or when a search hit a limit: then
+// bpe_split_status says so, and the text is not split.
 bool bpe_split_next(BpeSplitIter *it, int64_t *start, int64_t *end);
+// The error, naming the piece's byte offset (base + its offset in this text).
+Status bpe_split_status(const BpeSplitIter *it, int64_t base);
 void bpe_split_end(BpeSplitIter *it);
 
 #endif

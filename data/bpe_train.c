@@ -244,7 +244,7 @@ static void fix_touched(BpeTrainer *t) {
 
 // ---------------------------------------------------------------- the steps
 
-static void count_pieces(BpeTrainer *t, const BpeSplit *split, int64_t n, const BpeTrainOpts *o, BpeTrainStats *st) {
+static Status count_pieces(BpeTrainer *t, const BpeSplit *split, int64_t n, const BpeTrainOpts *o, BpeTrainStats *st) {
     int64_t pos = 0, last_report = -1;
     BpeSplitIter it;
     while (pos < n) {
@@ -264,10 +264,13 @@ static void count_pieces(BpeTrainer *t, const BpeSplit *split, int64_t n, const 
                 o->progress(o->progress_ctx, "split", pos + e, n);
             }
         }
+        Status sp = bpe_split_status(&it, pos);
         bpe_split_end(&it);
+        if (!sp.ok) return status_err("corpus: %s", sp.msg);
         pos = end + len_sp;
     }
     st->unique_pieces = t->n_words;
+    return status_ok();
 }
 
 static void init_words(BpeTrainer *t) {
@@ -362,8 +365,12 @@ Status bpe_train(const uint8_t *text, int64_t n, const BpeTrainOpts *o, uint8_t 
     if (!split) return s;
     BpeTrainer t = {.text = text};
     words_grow_table(&t);
-    count_pieces(&t, split, n, o, st);
+    s = count_pieces(&t, split, n, o, st);
     bpe_split_free(split);
+    if (!s.ok) {
+        bpe_trainer_free(&t);
+        return s;
+    }
     t.cap_tok = o->vocab;
     t.t_off = xmalloc((size_t)t.cap_tok * sizeof *t.t_off);
     t.t_len = xmalloc((size_t)t.cap_tok * sizeof *t.t_len);

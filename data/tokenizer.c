@@ -27,11 +27,10 @@ bool tokenizer_spec_is_named(const char *spec, int *train_vocab) {
     char *end;
     errno = 0;
     long v = strtol(spec + 4, &end, 10);
-    if (spec[4] && !*end && !errno && v > 0 && v <= BPE_VOCAB_MAX) {
-        if (train_vocab) *train_vocab = (int)v;
-        return true;
-    }
-    return false;
+    bool digits = spec[4] >= '0' && spec[4] <= '9';   // (strtol would take " 5" and "+5")
+    if (digits && !*end && !errno && v >= TOKENIZER_TRAIN_VOCAB_MIN && v <= BPE_VOCAB_MAX && train_vocab)
+        *train_vocab = (int)v;
+    return true;   // a malformed bpe:N too: it names no file (tokenizer_open says what is wrong)
 }
 
 static void adopt(Tokenizer *t, Bpe *b) {
@@ -45,7 +44,12 @@ static void adopt(Tokenizer *t, Bpe *b) {
 Status tokenizer_open(Tokenizer *t, const char *spec) {
     tokenizer_bytes(t);
     if (!strcmp(spec, "byte")) return status_ok();
-    if (!strncmp(spec, "bpe:", 4)) return status_err("%s: a tokenizer to train on the corpus, not one to open", spec);
+    int train_vocab;
+    if (!strncmp(spec, "bpe:", 4) && tokenizer_spec_is_named(spec, &train_vocab) && train_vocab)
+        return status_err("%s: a tokenizer to train on the corpus, not one to open", spec);
+    if (!strncmp(spec, "bpe:", 4))
+        return status_err("'%s': bpe:N trains a tokenizer of N ids, N a whole number from %d (256 bytes and %s) "
+                          "to %d", spec, TOKENIZER_TRAIN_VOCAB_MIN, TOKENIZER_EOT, BPE_VOCAB_MAX);
     Status st = status_ok();
     Bpe *b = bpe_open(spec, &st);
     if (!b) return st;
@@ -102,6 +106,13 @@ int tokenizer_token_len(const Tokenizer *t, int id) {
     if (!t->bpe) return id >= 0 && id < TOKENIZER_BYTE_VOCAB ? 1 : 0;
     int len = 0;
     return bpe_token_bytes(t->bpe, id, &len) ? len : 0;
+}
+
+int tokenizer_emittable_ids(const Tokenizer *t, int vocab, int *ids) {
+    int n = 0;
+    for (int id = 0; id < vocab; id++)
+        if (tokenizer_token_len(t, id) > 0) ids[n++] = id;
+    return n;
 }
 
 int tokenizer_stream_push(const Tokenizer *t, TokenizerStream *s, int id, uint8_t *out) {

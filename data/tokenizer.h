@@ -21,6 +21,7 @@
 
 #define TOKENIZER_BYTE_VOCAB 256
 #define TOKENIZER_EOT "<|endoftext|>"   // the end-of-text special of trained tokenizers
+#define TOKENIZER_TRAIN_VOCAB_MIN 257   // bpe:N: the 256 bytes and TOKENIZER_EOT at least
 
 typedef struct Tokenizer {
     Bpe *bpe;          // NULL: bytes
@@ -31,8 +32,10 @@ typedef struct Tokenizer {
 
 // The byte tokenizer.
 void tokenizer_bytes(Tokenizer *t);
-// Is spec "byte", a tiktoken encoding's name, or "bpe:N" (not a file)?
-// *train_vocab receives N for "bpe:N", else 0.
+// Is spec "byte", a tiktoken encoding's name, or "bpe:..." (not a file)?
+// *train_vocab receives N for "bpe:N" with N in [TOKENIZER_TRAIN_VOCAB_MIN,
+// BPE_VOCAB_MAX], else 0 (a malformed "bpe:..." is a name too, never a file:
+// tokenizer_open says which N are valid).
 bool tokenizer_spec_is_named(const char *spec, int *train_vocab);
 // Open a spec other than "bpe:N" (errors name the spec or file and line).
 Status tokenizer_open(Tokenizer *t, const char *spec);
@@ -52,6 +55,11 @@ const char *tokenizer_describe(const Tokenizer *t, char *buf, size_t n);
 int64_t tokenizer_encode(const Tokenizer *t, const uint8_t *bytes, int64_t n, int *ids);
 // The number of bytes id stands for (0 for an id that is no token).
 int tokenizer_token_len(const Tokenizer *t, int id);
+// The ids of [0, vocab) that stand for bytes, ascending, into ids (room for
+// vocab): what a model may emit. A BPE may leave ids unused (tiktoken's
+// cl100k_base and o200k_base, between their specials); a sampler that picked
+// one would print nothing. Returns the count.
+int tokenizer_emittable_ids(const Tokenizer *t, int vocab, int *ids);
 
 // Decoding for printing as tokens come: only whole UTF-8 characters come out
 // of a BPE (an incomplete one waits for the next token); bytes come out as

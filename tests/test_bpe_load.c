@@ -81,9 +81,11 @@ Test(bpe_load, malformed_lines_name_file_and_line) {
     EXPECT_ERROR("#special 257 <|end|>", "#special x <|end|>", "tok.bpe:3: expected '#special <id> <text>'");
     EXPECT_ERROR("#special 257 <|end|>", "#special 257 ", "tok.bpe:3: special token text of 0 bytes");
     EXPECT_ERROR("#special 257 <|end|>", "#spacial 257 <|end|>", "tok.bpe:3: unknown header line");
-    EXPECT_ERROR("#pattern \\S+|\\s+", "#pattern (\\S+", "tok.bpe:2: split pattern: does not compile: missing closing parenthesis");
-    EXPECT_ERROR("#pattern \\S+|\\s+", "#pattern a*", "tok.bpe:2: split pattern: can match the empty string");
-    EXPECT_ERROR("#pattern \\S+|\\s+", "#pattern [\\S]", "tok.bpe:2: split pattern: \\S inside a character class");
+    // Only the known patterns load (a regex from a file could take exponential
+    // time); test_bpe_hostile.c has the messages of patterns that do not compile.
+    EXPECT_ERROR("#pattern \\S+|\\s+", "#pattern (\\S+", "tok.bpe:2: split pattern: not one of the known patterns");
+    EXPECT_ERROR("#pattern \\S+|\\s+", "#pattern \\S+|\\s+ ", "tok.bpe:2: split pattern: not one of the known patterns");
+    EXPECT_ERROR("#pattern \\S+|\\s+", "#pattern \\s+|\\S+", "tok.bpe:2: split pattern: not one of the known patterns");
     EXPECT_ERROR("#pattern \\S+|\\s+\n", "", "tok.bpe: no #pattern line");
     // A token longer than BPE_TOKEN_MAX (513 bytes of 'A' in base64).
     char big[1024];
@@ -152,6 +154,6 @@ Test(bpe_load, gzip_plain_tiktoken_and_missing_files) {
     cr_assert_null(bpe_load("/nonexistent/tok.bpe", &st));
     cr_assert_str_eq(st.msg, "/nonexistent/tok.bpe: cannot open tokenizer file: No such file or directory");
     cr_assert_null(bpe_load("/tmp", &st));
-    cr_assert(strstr(st.msg, "/tmp: not a regular file"), "%s", st.msg);
+    cr_assert_str_eq(st.msg, "/tmp: the tokenizer file is a directory, not a regular file");
     free(gz), free(s);
 }

@@ -63,7 +63,8 @@ Test(data, tokenizer_round_trip) {
     cr_assert(tokenizer_spec_is_named("byte", &v) && v == 0);
     cr_assert(tokenizer_spec_is_named("cl100k_base", &v) && v == 0);
     cr_assert(tokenizer_spec_is_named("bpe:4096", &v) && v == 4096);
-    cr_assert(!tokenizer_spec_is_named("bpe:x", &v) && !tokenizer_spec_is_named("my.tok", &v));
+    cr_assert(tokenizer_spec_is_named("bpe:x", &v) && v == 0, "a malformed bpe:N is no file name");
+    cr_assert(!tokenizer_spec_is_named("my.tok", &v));
 }
 
 // A BPE trained on a corpus: its token cache is keyed by the tokenizer (a byte

@@ -101,17 +101,20 @@ static bool parse_real(const char *opt, const char *v, double lo, double hi, dou
     return true;
 }
 
-// Sample from logits (V) with temperature and top-k.
-static int sample(const real *logits, int V, double temperature, int top_k, Rng *rng, double *probs, int *order) {
-    int best = 0;
-    for (int i = 1; i < V; i++)
-        if (logits[i] > logits[best]) best = i;
+// Sample from logits with temperature and top-k, among the ids of cand
+// (n_cand >= 1, ascending): those that stand for bytes, so that a model never
+// emits an id that prints nothing (a hole in a BPE's ids).
+static int sample(const real *logits, const int *cand, int n_cand, double temperature, int top_k, Rng *rng,
+                  double *probs, int *order) {
+    int best = cand[0];
+    for (int i = 1; i < n_cand; i++)
+        if (logits[cand[i]] > logits[best]) best = cand[i];
     if (temperature <= 0) return best;
-    for (int i = 0; i < V; i++) order[i] = i;
-    int K = top_k > 0 && top_k < V ? top_k : V;
+    memcpy(order, cand, (size_t)n_cand * sizeof *order);
+    int K = top_k > 0 && top_k < n_cand ? top_k : n_cand;
     for (int i = 0; i < K; i++) {   // partial selection sort: the K largest first
         int m = i;
-        for (int j = i + 1; j < V; j++)
+        for (int j = i + 1; j < n_cand; j++)
             if (logits[order[j]] > logits[order[m]]) m = j;
         int tmp = order[i];
         order[i] = order[m];
@@ -268,6 +271,9 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     real *step_logits = a->check ? xmalloc((size_t)total * V * sizeof(real)) : NULL;
     double *probs = xmalloc((size_t)V * sizeof(double));
     int *order = xmalloc((size_t)V * sizeof(int));
+    int *cand = xmalloc((size_t)V * sizeof(int));   // the ids sample may pick
+    int n_cand = tokenizer_emittable_ids(tk, V, cand);
+    ASSERT(n_cand > 0, "generate: none of the model's %d ids stands for bytes in its tokenizer", V);
     Rng rng;
     rng_seed(&rng, a->seed);
     real *logits = xmalloc((size_t)V * sizeof(real));   // this step's, on the host
@@ -312,7 +318,7 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
         }
         if (step_logits) memcpy(step_logits + (size_t)n * V, logits, (size_t)V * sizeof(real));
         if (n + 1 >= n_in && n + 1 < total) {
-            int next = sample(logits, V, a->temperature, (int)a->top_k, &rng, probs, order);
+            int next = sample(logits, cand, n_cand, a->temperature, (int)a->top_k, &rng, probs, order);
             tokens[n + 1] = next;
             fwrite(piece, 1, (size_t)tokenizer_stream_push(tk, &ts, next, piece), stdout);   // whole characters
             fflush(stdout);
@@ -425,6 +431,7 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     free(logits);
     free(probs);
     free(order);
+    free(cand);
     return code;
 }
 

@@ -1,9 +1,9 @@
 // tokenize: train, use and measure byte-level BPE tokenizers (data/bpe.h).
 //
 //   tokenize train  --corpus SPEC --vocab N [--special TEXT]... [--pattern P] --out FILE
-//   tokenize encode --tokenizer T [--in FILE] [--out FILE] [--allow-special]
-//   tokenize decode --tokenizer T [--in FILE] [--out FILE]
-//   tokenize stats  --tokenizer T --in FILE
+//   tokenize encode --tokenizer T [--in FILE] [--out FILE] [--allow-special] [--max-input BYTES]
+//   tokenize decode --tokenizer T [--in FILE] [--out FILE] [--max-input BYTES]
+//   tokenize stats  --tokenizer T --in FILE [--max-input BYTES]
 //
 // T is a tiktoken encoding name (gpt2, r50k_base, cl100k_base, o200k_base) or
 // a tokenizer file. Ids are decimal text, space-separated, on one line.
@@ -20,7 +20,11 @@
 #include "corpus.h"
 #include "fileio.h"
 
+#include "fileio.h"
+
 #define MAX_SPECIALS 64
+#define INPUT_MAX_DEFAULT (256LL << 20)   // bytes of input read by default (a byte can cost 4 more as an id)
+#define INPUT_MAX_LIMIT (1LL << 40)
 
 static const char *USAGE =
     "usage: tokenize COMMAND [options]   (tokenize COMMAND --help for its options)\n"
@@ -35,27 +39,31 @@ static const char *HELP_TRAIN =
     "  --vocab N        ids in all: 256 bytes + merges + special tokens, 256 + specials .. 4194304\n"
     "  --special TEXT   a special token (repeatable), e.g. '<|endoftext|>'; the corpus is cut at its\n"
     "                   occurrences (document boundaries); specials take the last ids\n"
-    "  --pattern P      split pattern: gpt2, cl100k_base (default), o200k_base, or a regex (tiktoken syntax)\n"
+    "  --pattern P      split pattern: gpt2, cl100k_base (default) or o200k_base (tiktoken's; no other\n"
+    "                   regex is accepted: one could take time exponential in the text)\n"
     "  --out FILE       the tokenizer file to write (gzip'd if it ends in .gz)\n"
     "Progress goes to stderr.\n";
 
 static const char *HELP_ENCODE =
-    "usage: tokenize encode --tokenizer T [--in FILE] [--out FILE] [--allow-special]\n"
+    "usage: tokenize encode --tokenizer T [--in FILE] [--out FILE] [--allow-special] [--max-input BYTES]\n"
     "  --tokenizer T     gpt2, r50k_base, cl100k_base, o200k_base, or a tokenizer file\n"
-    "  --in FILE         text to encode (default: stdin)\n"
+    "  --in FILE         text to encode, a regular file (default: stdin)\n"
     "  --out FILE        where the ids go, decimal, space-separated, one line (default: stdout)\n"
-    "  --allow-special   special tokens' text encodes as their ids (default: as ordinary text)\n";
+    "  --allow-special   special tokens' text encodes as their ids (default: as ordinary text)\n"
+    "  --max-input N     read at most N bytes (default 268435456; the text and its ids are in memory)\n";
 
 static const char *HELP_DECODE =
-    "usage: tokenize decode --tokenizer T [--in FILE] [--out FILE]\n"
+    "usage: tokenize decode --tokenizer T [--in FILE] [--out FILE] [--max-input BYTES]\n"
     "  --tokenizer T   gpt2, r50k_base, cl100k_base, o200k_base, or a tokenizer file\n"
-    "  --in FILE       ids, decimal, separated by white space (default: stdin)\n"
-    "  --out FILE      the bytes (default: stdout)\n";
+    "  --in FILE       ids, decimal, separated by white space, a regular file (default: stdin)\n"
+    "  --out FILE      the bytes (default: stdout)\n"
+    "  --max-input N   read at most N bytes (default 268435456)\n";
 
 static const char *HELP_STATS =
-    "usage: tokenize stats --tokenizer T --in FILE\n"
+    "usage: tokenize stats --tokenizer T --in FILE [--max-input BYTES]\n"
     "  --tokenizer T   gpt2, r50k_base, cl100k_base, o200k_base, or a tokenizer file\n"
     "  --in FILE       the text to measure\n"
+    "  --max-input N   read at most N bytes (default 268435456)\n"
     "Prints bytes, tokens, bytes per token and the encoding speed (one thread).\n";
 
 typedef struct Args {
@@ -63,6 +71,7 @@ typedef struct Args {
     const char *specials[MAX_SPECIALS];
     int n_specials;
     long vocab;
+    long long max_input;
     bool allow_special;
 } Args;
 
@@ -80,7 +89,7 @@ static _Noreturn void fail(const char *cmd, const char *msg) {
 
 // Options of one command; `allowed` lists the option names it takes.
 static Args parse_args(const char *cmd, int argc, char **argv, const char *allowed, const char *help) {
-    Args a = {.vocab = -1};
+    Args a = {.vocab = -1, .max_input = INPUT_MAX_DEFAULT};
     for (int i = 0; i < argc; i++) {
         const char *opt = argv[i];
         if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) {
@@ -112,27 +121,50 @@ static Args parse_args(const char *cmd, int argc, char **argv, const char *allow
             if (errno || end == v || *end || n < 256 || n > BPE_VOCAB_MAX)
                 usage_error(cmd, "--vocab '%s': not a whole number in [256, 4194304]", v);
             a.vocab = n;
+        } else if (strcmp(opt, "--max-input") == 0) {
+            char *end;
+            errno = 0;
+            long long n = strtoll(v, &end, 10);
+            if (errno || end == v || *end || n < 1 || n > INPUT_MAX_LIMIT)
+                usage_error(cmd, "--max-input '%s': not a whole number of bytes in [1, 2^40]", v);
+            a.max_input = n;
         }
     }
     return a;
 }
 
-static uint8_t *read_all(const char *cmd, const char *path, int64_t *n) {
-    FILE *f = path ? fopen(path, "rb") : stdin;
-    if (!f) {
-        char msg[600];
-        snprintf(msg, sizeof msg, "%s: %s", path, strerror(errno));
+// The whole input in memory (ids take 4 bytes a byte more): at most max
+// bytes, so that a endless stream (/dev/zero) is refused instead of growing
+// until the machine runs out of memory. --in must be a regular file (a FIFO
+// or a directory is refused with what it is); a pipe comes on stdin.
+static size_t size_min(size_t a, size_t b) { return a < b ? a : b; }
+
+static uint8_t *read_all(const char *cmd, const char *path, int64_t max, int64_t *n) {
+    uint8_t *buf;
+    char msg[1200];
+    if (path) {
+        Status st = file_read_all(path, "input", max, &buf, n);
+        if (st.ok) return buf;
+        snprintf(msg, sizeof msg, "%s%s", st.msg,
+                 strstr(st.msg, " this program reads") ? " (raise it with --max-input BYTES, or split the file)" : "");
         fail(cmd, msg);
     }
     size_t cap = 1 << 16, got = 0;
-    uint8_t *buf = xmalloc(cap);
-    for (size_t r; (r = fread(buf + got, 1, cap - got - 1, f)) > 0;) {
+    buf = xmalloc(cap);
+    // (never more than max + 1 bytes: one past the limit tells it is exceeded)
+    for (size_t r; (r = fread(buf + got, 1, size_min(cap - got - 1, (size_t)max + 1 - got), stdin)) > 0;) {
         got += r;
+        if ((int64_t)got > max) {
+            snprintf(msg, sizeof msg, "standard input: more than %lld bytes, the limit (raise it with --max-input BYTES, "
+                     "or split the text)", (long long)max);
+            fail(cmd, msg);
+        }
         if (got == cap - 1) buf = xrealloc(buf, cap *= 2);
     }
-    bool err = ferror(f);
-    if (path) fclose(f);
-    if (err) fail(cmd, "read error");
+    if (ferror(stdin)) {
+        snprintf(msg, sizeof msg, "standard input: cannot read: %s", strerror(errno));
+        fail(cmd, msg);
+    }
     buf[got] = 0;
     *n = (int64_t)got;
     return buf;
@@ -196,7 +228,10 @@ static int cmd_train(int argc, char **argv) {
     if (!a.out) usage_error("train", "--out is required%s", "");
     if (a.vocab < 256 + a.n_specials) usage_error("train", "--vocab must leave room for the 256 bytes and the %s",
                                                   "special tokens");
-    const char *pattern = a.pattern ? bpe_pattern_named(a.pattern) ? bpe_pattern_named(a.pattern) : a.pattern : NULL;
+    const char *pattern = a.pattern ? bpe_pattern_named(a.pattern) : NULL;
+    if (a.pattern && !pattern)
+        usage_error("train", "--pattern '%s': not gpt2, cl100k_base or o200k_base (no other regex is accepted: one "
+                    "could take time exponential in the text)", a.pattern);
     Corpus c;
     Status st = corpus_load(&c, a.corpus);
     if (!st.ok) fail("train", st.msg);
@@ -224,12 +259,14 @@ static int cmd_train(int argc, char **argv) {
 }
 
 static int cmd_encode(int argc, char **argv) {
-    Args a = parse_args("encode", argc, argv, " --tokenizer --in --out --allow-special ", HELP_ENCODE);
+    Args a = parse_args("encode", argc, argv, " --tokenizer --in --out --allow-special --max-input ", HELP_ENCODE);
     Bpe *b = open_tokenizer("encode", a.tokenizer);
     int64_t n;
-    uint8_t *text = read_all("encode", a.in, &n);
+    uint8_t *text = read_all("encode", a.in, a.max_input, &n);
     int *ids = xmalloc((size_t)(n + 1) * sizeof *ids);
-    int64_t m = bpe_encode(b, text, n, ids, a.allow_special ? BPE_ALLOW_SPECIAL : 0);
+    Status st;
+    int64_t m = bpe_encode_checked(b, text, n, ids, a.allow_special ? BPE_ALLOW_SPECIAL : 0, &st);
+    if (m < 0) fail("encode", st.msg);
     FILE *f = open_out("encode", &a);
     for (int64_t i = 0; i < m; i++) fprintf(f, i ? " %d" : "%d", ids[i]);
     fputc('\n', f);
@@ -239,10 +276,10 @@ static int cmd_encode(int argc, char **argv) {
 }
 
 static int cmd_decode(int argc, char **argv) {
-    Args a = parse_args("decode", argc, argv, " --tokenizer --in --out ", HELP_DECODE);
+    Args a = parse_args("decode", argc, argv, " --tokenizer --in --out --max-input ", HELP_DECODE);
     Bpe *b = open_tokenizer("decode", a.tokenizer);
     int64_t n, m = 0;
-    char *text = (char *)read_all("decode", a.in, &n), *p = text;
+    char *text = (char *)read_all("decode", a.in, a.max_input, &n), *p = text;
     int *ids = xmalloc((size_t)(n / 2 + 1) * sizeof *ids);
     for (;;) {
         while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
@@ -270,14 +307,16 @@ static int cmd_decode(int argc, char **argv) {
 }
 
 static int cmd_stats(int argc, char **argv) {
-    Args a = parse_args("stats", argc, argv, " --tokenizer --in ", HELP_STATS);
+    Args a = parse_args("stats", argc, argv, " --tokenizer --in --max-input ", HELP_STATS);
     if (!a.in) usage_error("stats", "--in is required%s", "");
     Bpe *b = open_tokenizer("stats", a.tokenizer);
     int64_t n;
-    uint8_t *text = read_all("stats", a.in, &n);
+    uint8_t *text = read_all("stats", a.in, a.max_input, &n);
     int *ids = xmalloc((size_t)(n + 1) * sizeof *ids);
     double t0 = now();
-    int64_t m = bpe_encode(b, text, n, ids, 0);
+    Status st;
+    int64_t m = bpe_encode_checked(b, text, n, ids, 0, &st);
+    if (m < 0) fail("stats", st.msg);
     double secs = now() - t0;
     printf("%s: %lld bytes, %lld tokens, %.3f bytes/token, vocabulary %d; encoded in %.3f s (%.1f MB/s, one thread)\n",
            a.in, (long long)n, (long long)m, m ? (double)n / (double)m : 0.0, bpe_vocab_size(b), secs,

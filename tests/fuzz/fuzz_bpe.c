@@ -4,9 +4,15 @@
 // The first byte picks what the rest is:
 //   0: a tokenizer file in our format (bpe_from_buffer; gzip'd or not)
 //   1: a plain .tiktoken file, with the gpt2 pattern and one special token
-//   2+: text, encoded with r50k_base (loaded once) with and without specials
+//   3: a split pattern (to the first newline) and a text: any pattern that
+//      compiles (bpe_split_new_any) splits the text under the work limits;
+//      the pieces must tile the text, or the split must stop with a limit's
+//      error (a catastrophic pattern), never hang or crash
+//   2, 4+: text, encoded with r50k_base (loaded once) with and without specials
 // Whatever loads must encode any text so that decoding gives it back, and the
-// streaming decoder must give the same bytes; a violation aborts.
+// streaming decoder must give the same bytes; a violation aborts. Files with
+// #pattern lines (the known patterns, and the attacks' catastrophic ones,
+// which must be refused) are among the seeds.
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +40,30 @@ static void check_round_trip(const Bpe *b, const uint8_t *x, size_t n, int flags
     free(ids);
 }
 
+static void split_any(const uint8_t *x, size_t n) {
+    const uint8_t *nl = memchr(x, '\n', n);
+    if (!nl || nl == x || nl - x > BPE_PATTERN_MAX) return;
+    char *pattern = strndup((const char *)x, (size_t)(nl - x));
+    Status st;
+    BpeSplit *s = strlen(pattern) == (size_t)(nl - x) ? bpe_split_new_any(pattern, &st) : NULL;
+    free(pattern);
+    if (!s) return;
+    // A lower match limit than the library's: every input stays fast, and the
+    // limit is what stops a catastrophic pattern, as it would the library's.
+    bpe_split_limits.match = 100000;
+    const uint8_t *t = nl + 1;
+    int64_t len = (int64_t)(n - (size_t)(nl + 1 - x)), a, b, pos = 0;
+    BpeSplitIter it;
+    bpe_split_begin(&it, s, t, len);
+    while (bpe_split_next(&it, &a, &b)) {
+        if (a != pos || b <= a) abort();
+        pos = b;
+    }
+    if (it.error ? bpe_split_status(&it, 0).ok : pos != len) abort();
+    bpe_split_end(&it);
+    bpe_split_free(s);
+}
+
 static const uint8_t SAMPLE[] = "Hello, world! I'LL we'Re 123456 \xe5\xad\x97\xf0\x9f\x98\x80 \xff\xc0\x80  \n\n<|endoftext|>x";
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -55,6 +85,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         bpe_free(c);
         free(buf);
         bpe_free(b);
+        return 0;
+    }
+    if (data[0] == 3) {
+        split_any(rest, n);
         return 0;
     }
     static Bpe *r50k;
