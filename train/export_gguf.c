@@ -5,6 +5,7 @@
 // every dense weight is written transposed. The embedding is already one row
 // per token, as ggml's token_embd is.
 #include "export_gguf.h"
+#include "export_gguf_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,53 +21,11 @@ Status export_gguf_check(const TrainConfig *cfg, const Tokenizer *tok) {
         return status_err("d_k = %d and d_v = %d: llama.cpp's 'llama' architecture has one head size for keys and "
                           "values; train with d_k = d_v to export",
                           cfg->model.d_k, cfg->model.d_v);
-    if (tok->bpe)
-        return status_err("the model's tokenizer is a BPE: GGUF export writes only the byte tokenizer's vocabulary so "
-                          "far (train with tokenizer = byte to export)");
-    return status_ok();
-}
-
-// GPT-2's byte-level alphabet: byte b as the UTF-8 of one code point, the
-// printable bytes as themselves and the others as 256 + their order.
-static size_t byte_token(int b, char out[4]) {
-    bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-    int cp = b;
-    if (!printable) {
-        int n = 0;
-        for (int c = 0; c < b; c++)
-            if (!((c >= '!' && c <= '~') || (c >= 0xa1 && c <= 0xac) || (c >= 0xae && c <= 0xff))) n++;
-        cp = 256 + n;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    out[0] = (char)(0xc0 | (cp >> 6));
-    out[1] = (char)(0x80 | (cp & 0x3f));
-    return 2;
-}
-
-static void byte_vocabulary(Gguf *g) {
-    static char text[TOKENIZER_BYTE_VOCAB][4];
-    const char *tokens[TOKENIZER_BYTE_VOCAB];
-    size_t lens[TOKENIZER_BYTE_VOCAB];
-    int32_t types[TOKENIZER_BYTE_VOCAB];
-    for (int b = 0; b < TOKENIZER_BYTE_VOCAB; b++) {
-        lens[b] = byte_token(b, text[b]);
-        tokens[b] = text[b];
-        types[b] = 1;   // LLAMA_TOKEN_TYPE_NORMAL
-    }
-    gguf_kv_str(g, "tokenizer.ggml.model", "gpt2");
-    gguf_kv_str(g, "tokenizer.ggml.pre", "default");
-    gguf_kv_strs(g, "tokenizer.ggml.tokens", tokens, lens, TOKENIZER_BYTE_VOCAB);
-    gguf_kv_i32s(g, "tokenizer.ggml.token_type", types, TOKENIZER_BYTE_VOCAB);
-    gguf_kv_strs(g, "tokenizer.ggml.merges", NULL, NULL, 0);
-    gguf_kv_bool(g, "tokenizer.ggml.add_bos_token", false);
-    gguf_kv_bool(g, "tokenizer.ggml.add_eos_token", false);
+    return gguf_vocabulary_check(tok);
 }
 
 // A parameter (it must exist: the model was built from this config).
-static const Tensor *param(const ParamStore *ps, const char *fmt, int l) {
+const Tensor *gguf_param(const ParamStore *ps, const char *fmt, int l) {
     char name[128];
     snprintf(name, sizeof name, fmt, l);
     const Tensor *t = params_find(ps, name);
@@ -74,7 +33,7 @@ static const Tensor *param(const ParamStore *ps, const char *fmt, int l) {
     return t;
 }
 
-static void vector(Gguf *g, const char *name, const Tensor *t) {
+void gguf_vector(Gguf *g, const char *name, const Tensor *t) {
     float *f = xmalloc((size_t)t->numel * sizeof *f);
     for (int64_t i = 0; i < t->numel; i++) f[i] = (float)t->data[i];
     gguf_tensor(g, name, 1, (int64_t[]){t->numel}, GGUF_F32, f);
@@ -82,7 +41,7 @@ static void vector(Gguf *g, const char *name, const Tensor *t) {
 }
 
 // A (rows, cols) parameter as ggml's {cols, rows} (as stored) or, transposed, {rows, cols}.
-static void matrix(Gguf *g, const char *name, const Tensor *t, bool transpose, GgufType type) {
+void gguf_matrix(Gguf *g, const char *name, const Tensor *t, bool transpose, GgufType type) {
     int64_t r = t->shape[0], c = t->shape[1], row = transpose ? r : c, rows = transpose ? c : r;
     float *f = xmalloc((size_t)(r * c) * sizeof *f);
     for (int64_t i = 0; i < r; i++)
@@ -118,10 +77,10 @@ Status export_gguf_bytes(const TrainConfig *cfg, const ParamStore *ps, const Tok
     if (!s.ok) return s;
     Gguf *g = gguf_new();
     llama_metadata(g, cfg, tok->vocab);
-    byte_vocabulary(g);
-    matrix(g, "token_embd.weight", param(ps, "embed", 0), false, type);
-    vector(g, "output_norm.weight", param(ps, "norm_f", 0));
-    if (!cfg->model.tied_embeddings) matrix(g, "output.weight", param(ps, "lm_head", 0), true, type);
+    gguf_vocabulary(g, tok);
+    gguf_matrix(g, "token_embd.weight", gguf_param(ps, "embed", 0), false, type);
+    gguf_vector(g, "output_norm.weight", gguf_param(ps, "norm_f", 0));
+    if (!cfg->model.tied_embeddings) gguf_matrix(g, "output.weight", gguf_param(ps, "lm_head", 0), true, type);
     static const struct {
         const char *gguf, *ours;
     } dense[] = {{"attn_q", "mixer.wq"}, {"attn_k", "mixer.wk"}, {"attn_v", "mixer.wv"}, {"attn_output", "mixer.wo"},
@@ -129,13 +88,13 @@ Status export_gguf_bytes(const TrainConfig *cfg, const ParamStore *ps, const Tok
     for (int l = 0; l < cfg->model.layers.n; l++) {
         char name[96], ours[96];
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
-        vector(g, name, param(ps, "layers.%d.norm1", l));
+        gguf_vector(g, name, gguf_param(ps, "layers.%d.norm1", l));
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
-        vector(g, name, param(ps, "layers.%d.norm2", l));
+        gguf_vector(g, name, gguf_param(ps, "layers.%d.norm2", l));
         for (size_t k = 0; k < sizeof dense / sizeof dense[0]; k++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, dense[k].gguf);
             snprintf(ours, sizeof ours, "layers.%%d.%s", dense[k].ours);
-            matrix(g, name, param(ps, ours, l), true, type);
+            gguf_matrix(g, name, gguf_param(ps, ours, l), true, type);
         }
     }
     *bytes = gguf_bytes(g, n);

@@ -1,0 +1,21 @@
+// export_gguf_internal.h: what the GGUF exporter's files share: the
+// tokenizer's keys (export_gguf_vocab.c) and the writing of parameters.
+#ifndef TRAIN_EXPORT_GGUF_INTERNAL_H
+#define TRAIN_EXPORT_GGUF_INTERNAL_H
+
+#include "export_gguf.h"
+
+// Can the tokenizer be written so that llama.cpp gives attnlab's ids?
+Status gguf_vocabulary_check(const Tokenizer *tok);
+// Its tokenizer.ggml.* keys (model, pre-tokenizer, tokens, types, merges, specials).
+void gguf_vocabulary(Gguf *g, const Tokenizer *tok);
+
+// The parameter named by fmt with the layer index l (it must exist).
+const Tensor *gguf_param(const ParamStore *ps, const char *fmt, int l);
+// A vector, always float32.
+void gguf_vector(Gguf *g, const char *name, const Tensor *t);
+// A (rows, cols) parameter as ggml's {cols, rows} (as stored) or, transposed,
+// {rows, cols}; Q8_0 falls back to float16 for rows not a multiple of 32 long.
+void gguf_matrix(Gguf *g, const char *name, const Tensor *t, bool transpose, GgufType type);
+
+#endif
