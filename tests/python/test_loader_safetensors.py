@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import loader_files as L  # noqa: E402
 import attnlab_torch  # noqa: E402
 from test_loader_hdf5 import WQ, LoaderTest  # noqa: E402
+from attnlab_checkpoint import CheckpointError  # noqa: E402
 
 
 class SafetensorsChecks(LoaderTest):
@@ -218,6 +219,48 @@ class ConfigBounds(LoaderTest):
         params["embed"] = np.zeros((0, 16), dtype="<f4")
         path = L.write_safetensors(self.path("v0.safetensors"), params, meta=meta)
         self.refused(path, "embed: 0 rows, a vocabulary has 1 to 4194304 ids")
+
+
+class SafetensorsMutations(LoaderTest):
+    """A fuzz smoke of the reader: a valid export with bytes flipped, cut,
+    repeated or overwritten (a fixed seed, so a failure reproduces) must load
+    with finite values or be refused with a CheckpointError naming the file:
+    never another exception, and never a load of absurd size."""
+
+    def test_mutated_exports_load_or_are_refused_by_name(self):
+        import random
+        path = L.write_safetensors(self.path("base.safetensors"), L.model_params())
+        with open(path, "rb") as f:
+            base = f.read()
+        rng = random.Random(46)
+        outcomes = {"loaded": 0, "refused": 0}
+        for i in range(int(os.environ.get("ATTNLAB_MUTATIONS", "400"))):
+            data = bytearray(base)
+            for _ in range(rng.randint(1, 4)):
+                kind, at = rng.randrange(4), rng.randrange(len(data))
+                if kind == 0:
+                    data[at] ^= 1 << rng.randrange(8)
+                elif kind == 1:
+                    del data[at:at + rng.randint(1, 64)]
+                elif kind == 2:
+                    data[at:at] = data[at:at + rng.randint(1, 64)]
+                else:
+                    data[at] = rng.choice(b'0123456789{}[]",:e-. ')
+            mutated = self.path("m%d.safetensors" % i)
+            with open(mutated, "wb") as f:
+                f.write(bytes(data))
+            try:
+                lm = attnlab_torch.load(mutated)
+            except CheckpointError as e:
+                self.assertIn(mutated, str(e))
+                outcomes["refused"] += 1
+            else:
+                for name, t in lm.params.items():
+                    self.assertTrue(bool(torch.isfinite(t).all()), "%s: %s is not finite" % (mutated, name))
+                outcomes["loaded"] += 1
+            os.remove(mutated)
+        self.assertGreater(outcomes["refused"], 0)
+        print("safetensors mutations: %(loaded)d loaded, %(refused)d refused" % outcomes, file=sys.stderr)
 
 
 if __name__ == "__main__":
