@@ -16,9 +16,9 @@
 # into a temporary folder (decoding speed does not depend on the weights; an
 # older build cannot read a newer build's checkpoint, whose config has keys it
 # does not know, so list the oldest build first). generate runs as it does
-# by default: one thread below 10M parameters, and (since stop 34) every core
-# for attention over a cache of 16384 keys x heads or more; builds before
-# stop 34 use one thread throughout. Each figure is the best of
+# by default: one thread below 10M parameters, and every core for attention
+# over a cache of 16384 keys x heads or more (older builds may use one
+# thread throughout). Each figure is the best of
 # ROUNDS (default 3) runs, the runs of one cell alternating between builds
 # and backends. Needs cache/kjv.txt (scripts/get_corpus.sh).
 set -euo pipefail
@@ -85,7 +85,7 @@ for cfg in "${CONFIGS[@]}"; do
     done
 done
 
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; generate's default threads (1 below 10M parameters; since stop 34 attention over a long cache on all)"
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; generate's default threads (1 below 10M parameters; attention over a long cache on all)"
 echo "decoding tokens/s after a prompt of P bytes, $TOKENS sampled tokens, best of $ROUNDS alternating runs"
 echo
 hdr="| config | context P |"

@@ -471,11 +471,10 @@ Test(mpi, indexer_finetuning_equals_one_process, .timeout = 120) {
 // moves a weight by float32 rounding; AdamW moves a weight whose gradient is
 // near zero by 2 lr when that flips its sign; and bf16 rounds each weight in
 // every product, so a weight near a rounding boundary moves by a bf16 step.
-// These compound. Measured over 12 steps on 4 data sets, before and after
-// stop 32's changes: 1e-6 to 9e-4 in the losses, steps 1-3 equal in every
-// run. Stop 32's new order of summing the input gradients (op_matmul_multi)
-// moved this test's data from 4e-6 to 1e-4 (the other way round, 2e-4)
-// without moving step 1. So the 12 steps are held to a quarter of what bf16
+// These compound. Measured over 12 steps on 4 data sets: 1e-6 to 9e-4 in
+// the losses, steps 1-3 equal in every run; a change in the order of
+// summing the input gradients (op_matmul_multi) alone moves this test's
+// data between 4e-6 and 2e-4 without moving step 1. So the 12 steps are held to a quarter of what bf16
 // itself changes (bf16 against float32 products: 7e-3 in the losses, 2e-3
 // in the parameters), which the code before loss_rows failed too (2.3e-3
 // and 1.1e-3). Indexer fine-tuning in bf16 on 2 ranks follows one process.

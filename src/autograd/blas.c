@@ -47,17 +47,17 @@ static bool run_alone(void) { return omp_get_max_threads() < 2 || omp_in_paralle
 // and its single-thread kernels run short products slower: slabs of
 // ONEDNN_SLAB_BYTES of output, but no larger than the rows per thread
 // (rounded up to 16), so that every thread gets a slab. Measured
-// at stop 28 (2 threads, d_model 512, tiny_linear's step, 6 alternating
+// (2 threads, d_model 512, tiny_linear's step, 6 alternating
 // runs): the step's products took 5 % less CPU time than with 256 KiB slabs
 // (median 2069 against 2184 ms), and the step ran 4.7 % more tokens per
 // CPU-second; one slab per thread varied more and did not beat either.
 //
 // Either way a split's slab count is then rounded up to a multiple of the
 // thread count and the rows shared evenly among the slabs, so that each
-// thread of the static schedule gets the same rows. Before (stop 32), 4096
-// rows of an MLP up product (N 384 at d_model 128) made 6 slabs of 682 rows
-// and one of 4: one thread ran 2728 rows, the other 1368, and the product
-// ran at ~150 against ~190 GFLOP/s as one call (bench/gemm_bench, "MLP up").
+// thread of the static schedule gets the same rows. Without that, 4096
+// rows of an MLP up product (N 384 at d_model 128) make 6 slabs of 682 rows
+// and one of 4: one thread runs 2728 rows, the other 1368, and the product
+// runs at ~150 against ~190 GFLOP/s as one call (bench/gemm_bench, "MLP up").
 static int rows_slab(int R, int N) {
     int nt = imax(1, omp_get_max_threads()), rows;
     if (blas_backend == GEMM_ONEDNN) {
@@ -98,7 +98,7 @@ static bool products_bf16(void);
 // into fixed blocks of its own rows rather than of the R rows: each block is
 // one product over all R rows, written where it belongs, so there are no
 // partials to write and sum again, and each product sums R terms rather than
-// SUM_ROWS. Measured at stop 38 (Zen 5, 2 threads, oneDNN 2.6, 4096 rows,
+// SUM_ROWS. Measured on a Zen 5 (2 threads, oneDNN 2.6, 4096 rows,
 // median of 21 alternating runs each, blocks of 64 rows): (M, N) (512, 512)
 // 402 against 388 GFLOP/s, (512, 1408) 413 against 392, (1408, 512) 401
 // against 378; (704, 256) 353-363 against 339-376. Blocks of 48 rows ran
@@ -167,7 +167,7 @@ static _Thread_local struct {
 
 // A thread that ends (an OpenMP team made smaller) frees its buffers: a
 // key whose destructor runs on the thread's way out, set once the thread
-// has a buffer (stop 33: a test on 8 then 2 threads leaked them).
+// has a buffer (otherwise a run on 8 then 2 threads leaks them).
 static pthread_key_t bf16_key;
 static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
 
@@ -365,8 +365,8 @@ static void multi_sum_partials(int K, const int *N, real *const *dB, const real 
 // threads: one task per block of SUM_ROWS rows rounds A's rows once for all
 // m weight gradients, and each dC_i's rows once for both of their products
 // (dA's rows and dB_i's partial). The general path rounds A once per weight
-// gradient and dC_i twice (stop 33: 5 % of a bf16 step at d_model 256 went
-// to rounding). The partials are the same products as xty's, so dB_i keeps
+// gradient and dC_i twice (5 % of a bf16 step at d_model 256 went to
+// rounding that way). The partials are the same products as xty's, so dB_i keeps
 // gemm_sum_rows's bits; dA's rows are the same sums in slabs of SUM_ROWS
 // rows rather than BF16_SLAB_ROWS. Returns false (nothing done) otherwise.
 // Bh: the weights B_i in bf16 (those with dC_i, when dA), as the caller

@@ -128,8 +128,8 @@ static SpDims sp_dims(const Node *n) {
 // 16-byte vectors. The padding may be read but is never used. In float64 the
 // ints sit on an 8-byte boundary, and the compiled k_sparse_fwd reads the
 // last entry of an odd K with one 8-byte load that takes the 4 bytes after
-// it too: compute-sanitizer's memcheck reported those reads past the end
-// (stop 28).
+// it too: compute-sanitizer's memcheck reports those reads past the end
+// without the padding.
 static size_t sp_smem(const SpDims &d, int nr, int nv) {
     size_t ints = ((size_t)d.K + 3) & ~(size_t)3;
     return ((size_t)nr * d.K + (size_t)nv * (d.dk > d.dv ? d.dk : d.dv)) * sizeof(real) + ints * sizeof(int);

@@ -19,17 +19,17 @@
 // order and once: its scores, its max m_p, its sum l_p and its unnormalised
 // output o_p = sum_j exp(s_j - m_p) V_j. The parts are then merged in
 // order: m = max_p m_p, o = sum_p exp(m_p - m) o_p / sum_p exp(m_p - m) l_p.
-// Before stop 34, one pass per head through gemm() left tiny_attn's
-// decoding at 16k keys at 96 tokens/s: a one-row product packed all of K
-// before its first sum, and each head's pass read the cache at a stride.
+// Not one pass per head through gemm(): a one-row product packs all of K
+// before its first sum, and a head's pass reads the cache at a stride
+// (tiny_attn decoded 96 tokens/s at 16k keys that way).
 #define DECODE_PART 256
 // Scores DECODE_KB keys at a time: transposed into Kt (dk x DECODE_KB), so
 // that each key's sum runs along a vector lane, not across one. One vector
 // of keys (16 rows of all heads, 8 KB at tiny_attn's shape) rather than four
 // (32 KB, the size of L1, read once per head): from memory the kernel read
 // 13.3-15.5 GB/s on one thread against 10.3-12.0, on two 20.2-25.8 against
-// 16.4-20.7 (bench/decode_kernel_bench, stop 35; prefetching 2 or 4 blocks
-// ahead instead of one changed nothing beyond the noise).
+// 16.4-20.7 (bench/decode_kernel_bench; prefetching 2 or 4 blocks ahead
+// instead of one changed nothing beyond the noise).
 #define DECODE_KB VL
 _Static_assert(DECODE_PART % DECODE_KB == 0, "a part is whole blocks of keys (decode_part stores whole vectors)");
 // Rows of V asked for ahead of their use (prefetch_rows; addresses past the

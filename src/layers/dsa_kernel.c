@@ -167,9 +167,9 @@ Tensor *op_dsa_index_scores(Tape *tp, Tensor *qI, Tensor *kI, Tensor *w, int ind
 // a vector lane (as attention's decoding kernel does), with the arithmetic
 // of index_tile: I = sum_j (c w_j) z_j over z_j > 0, in real. The last block
 // may be partial: pack_transposed zeroes its missing keys' lanes, whose
-// scores are not stored. Until stop 35 a scalar loop in double: sparse
-// decoding at 16k keys ran slower than dense attention (tiny_attn's
-// indexer, 4 x 16 per key, against 4 x 64).
+// scores are not stored. (A scalar loop in double made sparse decoding at
+// 16k keys slower than dense attention: tiny_attn's indexer, 4 x 16 per
+// key, against 4 x 64.)
 static void index_keys(real *scores, const real *qI, const real *w, const real *kI, int64_t ld, int n, int HI,
                        int dI) {
     real c = (real)(1.0 / sqrt(dI));

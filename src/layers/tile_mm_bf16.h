@@ -32,8 +32,8 @@ typedef uint32_t bfpair;   // two bf16 numbers: element 2p in the low 16 bits, 2
 // bf16_bits in bf16.h, the rounding of every bf16 path of the project;
 // subnormal inputs become zero, which changes no product: vdpbf16ps takes
 // subnormal bf16 inputs as zero anyway). Rounding 32 floats is one
-// instruction; the element loops they replace (stop 33) cost as much as the
-// GDN chunk products they fed.
+// instruction; element loops would cost as much as the GDN chunk products
+// they feed.
 
 // 32 floats x[0..31] -> 16 pairs (x[2p], x[2p + 1]): vcvtne2ps2bf16 puts its
 // second operand's 16 numbers first, so the bf16 numbers come out in x's order.
