@@ -101,15 +101,15 @@ int64_t cu_first_nonfinite(const real *x, int64_t n); // first NaN/inf index, -1
 // ---- mixers (src/cuda/<layer>.cu) ----
 void cu_gla_forward(Node *n);           // gla.cu: op_gla_dt (linear, mamba), every form
 void cu_gla_backward(Node *n);
-void cu_gdn_chunk_forward(Node *n);     // gdn.cu: op_gdn, chunked form
+void cu_gdn_chunk_forward(Node *n);     // gdn_chunk.cu / gdn_chunk_backward.cu: op_gdn, chunked form
 void cu_gdn_chunk_backward(Node *n);
-void cu_gdn_naive_forward(Node *n);     // gdn.cu: op_gdn, recurrent form
+void cu_gdn_naive_forward(Node *n);     // gdn_naive.cu: op_gdn, recurrent form
 void cu_gdn_naive_backward(Node *n);
-void cu_flash_forward(Node *n);         // attn_flash.cu: op_attention (tiled, O(T) memory)
+void cu_flash_forward(Node *n);         // attn_flash.cu / attn_flash_backward.cu: op_attention (tiled, O(T) memory)
 void cu_flash_backward(Node *n);
-void cu_naive_attn_forward(Node *n);    // attn_flash.cu: op_attention_naive (the masked-parallel reference)
+void cu_naive_attn_forward(Node *n);    // attn_naive.cu: op_attention_naive (the masked-parallel reference)
 void cu_naive_attn_backward(Node *n);
-// ---- DSA (src/cuda/dsa_index.cu, dsa_sparse.cu): the ops of dsa_kernel.h and
+// ---- DSA (src/cuda/dsa_index.cu, dsa_topk.cu, dsa_sparse.cu, dsa_sel_kl.cu): the ops of dsa_kernel.h and
 // dsa_sel_kl.h, and the layer's selection and targets on the device. first:
 // docs.h's index (B*T) in device memory, or NULL; sel (B, T, K) in device memory.
 void cu_dsa_index_forward(Node *n);     // op_dsa_index_scores

@@ -1,5 +1,5 @@
 // attn_decode.cu: one decoding step of softmax attention over a KV cache on
-// the GPU (attn_decode_forward in attn_flash.c is the CPU twin, whose
+// the GPU (attn_decode_forward in attn_decode.c is the CPU twin, whose
 // arithmetic this follows: scores in `real`, the max, exp, their sum in
 // double, then the weighted sum of the values scaled by 1 / sum).
 //
@@ -22,7 +22,7 @@
 
 #define DEC_WARPS 8
 #define DEC_THREADS (32 * DEC_WARPS)
-#define DEC_PART 256   // keys a part (attn_flash.c's DECODE_PART)
+#define DEC_PART 256   // keys a part (attn_decode.c's DECODE_PART)
 
 // s[(b H + h) n_keys + j - s0] = scale q_bh . k_{b, j, h} for j in [s0, n_keys).
 __global__ void __launch_bounds__(DEC_THREADS)

@@ -121,7 +121,7 @@ __device__ __forceinline__ real cu_block_max(real v, real *shm) {
 }
 
 // A decay factor exp(x), x a (non-positive) difference of cumulative log
-// decays summed in double (gdn_exp, gla_exp): x rounded to the build's
+// decays summed in double (r_exp_decay): x rounded to the build's
 // precision, then exp in it.
 __device__ __forceinline__ real d_decay(double x) { return exp((real)x); }
 

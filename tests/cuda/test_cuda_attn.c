@@ -1,4 +1,4 @@
-// test_cuda_attn.c: causal softmax attention on the GPU (src/cuda/attn_flash.cu):
+// test_cuda_attn.c: causal softmax attention on the GPU (src/cuda/attn_flash.cu, attn_flash_backward.cu, attn_naive.cu):
 // op_attention (the flash kernels) and op_attention_naive (the reference)
 // against the CPU at sequence lengths that are and are not multiples of the
 // tiles, head dims up to 128 (dk = dv and dk != dv), several batch rows and

@@ -1,5 +1,5 @@
 // test_cuda_dsa.c: the DeepSeek sparse-attention pieces on the GPU
-// (src/cuda/dsa_index.cu, dsa_sparse.cu) against the CPU: op_dsa_index_scores,
+// (src/cuda/dsa_index.cu, dsa_topk.cu, dsa_sparse.cu, dsa_sel_kl.cu) against the CPU: op_dsa_index_scores,
 // op_sparse_attention, op_dsa_kl, op_dsa_sel_kl (outputs and input gradients,
 // 1e-4 / 1e-10 normwise, every way the gradients can arrive), the selection
 // (top-k from a score matrix, fused with the scores, and a decoding step's

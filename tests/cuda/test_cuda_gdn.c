@@ -152,7 +152,7 @@ Test(cuda_gdn, documents) {
 
 Test(cuda_gdn, chunks_side_by_side_long_rows) {
     // The chunked form runs the chunks side by side and scans the state by
-    // blocks of 32 of its dv columns (gdn.cu). One row of many chunks (66 of
+    // blocks of 32 of its dv columns (gdn_scan.cu). One row of many chunks (66 of
     // 16, the last partial), documents beginning at the first token, at chunk
     // edges, just after one, inside chunks, at a chunk's last position and at
     // the last token; dv = 40 (a whole column block and a partial one).
@@ -374,7 +374,7 @@ Test(cuda_gdn, gpu_chunked_equals_gpu_recurrent) {
     }
 }
 
-// The scans' choices that gdn.cu lets the environment force: the column
+// The scans' choices that gdn_scan.cu lets the environment force: the column
 // block (chosen from B H and dv; SCAN_COLS = 8, 16 or 32) and the two-level
 // form (groups of chunks, each alone, joined, then each again from its
 // entering state; chosen from B H, dv and the chunks; SCAN_GROUP = G chunks
