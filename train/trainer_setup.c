@@ -284,6 +284,13 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
     // Last: the run folder (locked, and refused when it holds another run).
     s = run_dir_open(&t->rd, t->run_dir, o->resume ? RUN_RESUME : RUN_FRESH, o->overwrite);
     if (s.ok && o->resume) s = run_dir_trim_logs(&t->rd, t->step);
+    if (s.ok && t->rd.restarted) {
+        size_t used = strlen(t->notes);
+        snprintf(t->notes + used, sizeof t->notes - used,
+                 "%s: the run there stopped before its first checkpoint (nothing to --resume): started afresh, its "
+                 "logs replaced\n",
+                 t->run_dir);
+    }
     return s;
 }
 
