@@ -256,3 +256,10 @@ bool runlog_plot(const RunLog *r, const RunLogPlot *p) {
     else fprintf(stderr, "note: gnuplot failed (%s), no loss plot\n", wrote ? "see loss.gp" : "script not written");
     return false;
 }
+
+RunLogPlot runlog_plot_labels(const char *title, bool kl, bool bpe) {
+    if (kl)
+        return (RunLogPlot){title, "distillation KL (nats)",
+                            bpe ? "validation LM loss (nats/token)" : "validation LM loss (nats/byte)", true};
+    return (RunLogPlot){title, bpe ? "loss (nats/token)" : "loss (nats/byte)", "validation", false};
+}

@@ -57,5 +57,9 @@ typedef struct RunLogPlot {
 // written to the run folder. Returns false (with a note) if gnuplot is
 // missing or fails; a failed plot leaves no loss.png behind.
 bool runlog_plot(const RunLog *r, const RunLogPlot *p);
+// The plot's title and labels: a loss is per token, which is a byte only
+// for the byte tokenizer (bpe: a BPE run); kl: an indexer distillation,
+// whose training curve is a KL divergence beside the validation LM loss.
+RunLogPlot runlog_plot_labels(const char *title, bool kl, bool bpe);
 
 #endif

@@ -320,9 +320,8 @@ static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
     bool plotted = false;
     if (!o->quiet) {
         const char *base = strrchr(t->config_path, '/');
-        bool kl = c->finetune.mode == FT_INDEXER;
-        RunLogPlot p = {base ? base + 1 : t->config_path, kl ? "distillation KL (nats)" : "loss (nats/byte)",
-                        kl ? "validation LM loss (nats/byte)" : "validation", kl};
+        RunLogPlot p = runlog_plot_labels(base ? base + 1 : t->config_path, c->finetune.mode == FT_INDEXER,
+                                          t->tok.bpe != NULL);
         plotted = runlog_plot(rl, &p);
     }
     char err[200];
