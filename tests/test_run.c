@@ -15,6 +15,7 @@
 #include "checkpoint.h"
 #include "h5io.h"
 #include "model_setup.h"
+#include "runlog.h"
 #include "test_util.h"
 #include "trainer.h"
 
@@ -367,4 +368,39 @@ Test(run, a_bpe_run_keeps_its_tokenizer, .timeout = 120) {
     s = model_load_checkpoint(ckpt, &c, &lm, &ps, NULL);
     cr_assert(!s.ok && strstr(s.msg, "/tokenizer"), "%s", s.msg);
     config_free(&c);
+}
+
+// A run killed before its first checkpoint leaves logs and no checkpoint:
+// --resume has nothing to continue, so a plain start takes the folder again
+// and says so, instead of pointing at --resume.
+Test(run, a_run_stopped_before_its_first_checkpoint_starts_afresh, .timeout = 60) {
+    const char *cfg = test_tiny_config("run_nockpt", "gdn", 2, NULL, NULL);
+    static Trainer t;
+    TrainerOptions o = opts(cfg, false, NULL, 0);
+    cr_assert_eq(run(&t, o), 0);
+    char ckpt[1500], log[1500];
+    snprintf(ckpt, sizeof ckpt, "%s", t.ckpt);
+    snprintf(log, sizeof log, "%s/metrics.jsonl", t.run_dir);
+    trainer_free(&t);
+    cr_assert_eq(unlink(ckpt), 0);
+    Status s = trainer_setup(&t, &(TrainerOptions){.config = cfg, .resume = true, .quiet = true});
+    cr_assert(!s.ok && strstr(s.msg, "start the run without --resume"), "%s", s.msg);
+    s = trainer_setup(&t, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert(strstr(t.notes, "stopped before its first checkpoint") && strstr(t.notes, "started afresh"), "%s",
+              t.notes);
+    cr_assert_neq(access(log, F_OK), 0, "the stopped run's logs are replaced");
+    cr_assert_eq(trainer_run(&t, &o), 0);
+    cr_assert_eq(access(ckpt, F_OK), 0);
+    trainer_free(&t);
+}
+
+// loss.png names the unit of the loss: nats per token, a byte only for the byte tokenizer.
+Test(run, the_loss_plot_names_its_unit) {
+    RunLogPlot b = runlog_plot_labels("t.ini", false, false), p = runlog_plot_labels("t.ini", false, true);
+    cr_assert_str_eq(b.train_label, "loss (nats/byte)");
+    cr_assert_str_eq(p.train_label, "loss (nats/token)");
+    RunLogPlot k = runlog_plot_labels("t.ini", true, true);
+    cr_assert(k.separate && strstr(k.val_label, "nats/token"), "%s", k.val_label);
+    cr_assert(strstr(runlog_plot_labels("t.ini", true, false).val_label, "nats/byte"));
 }
