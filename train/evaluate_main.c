@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "version.h"
 #include "corpus.h"
 #include "blas.h"
 #include "doctext.h"
@@ -320,6 +321,7 @@ static int run_positions(LM *lm, const Tokenizer *tk, const char *ckpt, const ch
 }
 
 int main(int argc, char **argv) {
+    if (program_version(argc, argv, "evaluate")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     const char *ckpt = NULL, *text = NULL, *logits_path = NULL;
     long long window = 0, stride = 0, batch = 8, threads = 0, limit = 0, chunk = 2048, seq = 0;

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "version.h"
 #include "fileio.h"
 #include "model_setup.h"
 #include "runlog.h"
@@ -121,6 +122,7 @@ static Status write_config_json(const char *path, const TrainConfig *c, const To
 }
 
 int main(int argc, char **argv) {
+    if (program_version(argc, argv, "export_model")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     const char *ckpt = NULL, *out = NULL, *cfg_json = NULL;
     for (int i = 1; i < argc; i++) {

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "version.h"
 #include "dist.h"
 #include "dump_state.h"
 #include "trainer.h"
@@ -118,6 +119,7 @@ static int run(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    if (program_version(argc, argv, "train")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it (may re-execute: before MPI)
     dist_init(&argc, &argv);    // MPI only when mpirun started this process
     int code = run(argc, argv);
