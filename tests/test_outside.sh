@@ -30,6 +30,19 @@ tol=$([ "$precision" = float64 ] && echo 1e-9 || echo 1e-4)
 cmake --install "$BUILD" --prefix "$TMP/prefix" >/dev/null
 "$TMP/prefix/bin/train" --help >/dev/null
 "$TMP/prefix/bin/generate" --help >/dev/null
+for p in train generate evaluate export_model tokenize; do
+    "$TMP/prefix/bin/$p" --version | grep -q "^$p (attnlab " || { echo "outside: $p --version" >&2; exit 1; }
+done
+# A prefix other than the configured one: the installed train finds its
+# configs in that prefix's share/attnlab (a config only there is found, and
+# its error names where it was found).
+printf '[train]\nno_such_key = 1\n' > "$TMP/prefix/share/attnlab/configs/only_in_prefix.ini"
+got=$(cd "$TMP" && "$TMP/prefix/bin/train" --config only_in_prefix 2>&1 >/dev/null || true)
+case "$got" in
+*"$TMP/prefix/share/attnlab/configs/only_in_prefix.ini"*"no_such_key"*) ;;
+*) echo "outside: the installed train did not find its prefix's configs: $got" >&2; exit 1 ;;
+esac
+rm "$TMP/prefix/share/attnlab/configs/only_in_prefix.ini"
 export PKG_CONFIG_PATH="$TMP/prefix/lib/pkgconfig"
 
 # 2. examples, both ways
