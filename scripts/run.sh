@@ -112,6 +112,8 @@ test)
     for dir in build-f32 build-f64; do
         tests/test_outside.sh "$dir" || { echo "== FAILED: tests/test_outside.sh $dir"; exit 1; }
     done
+    echo "== the README's first hour, as written, in a fresh clone"
+    tests/test_first_hour.sh build-f32 || { echo "== FAILED: tests/test_first_hour.sh"; exit 1; }
     echo "== fuzz smoke (each target on its seed corpus)"
     tests/fuzz/run.sh 12 || { echo "== FAILED: fuzzing"; exit 1; }
     # The CUDA backend (docs/cuda.md) is compiled wherever nvcc is, in both
