@@ -354,11 +354,34 @@ Test(run, a_bpe_run_keeps_its_tokenizer, .timeout = 120) {
     cr_assert_eq(run(&t, opts(cfg, false, cont, 2)), 0);
     cr_assert_eq(t.tok.hash, hash);
     trainer_free(&t);
+    // The config that trained it (its bpe:300 of the same corpus) builds the model's tokenizer: accepted.
+    const char *same[] = {from, rd, "data.tokenizer=bpe:300"};
+    TrainerOptions os = opts(cfg, false, same, 3);
+    os.overwrite = true;
+    s = trainer_setup(&t, &os);
+    cr_assert(s.ok, "continuing a model with the config that trained it: %s", s.msg);
+    cr_assert_eq(t.tok.hash, hash);
+    trainer_free(&t);
     const char *other[] = {from, rd, "data.tokenizer=gpt2"};
     TrainerOptions oo = opts(cfg, false, other, 3);
     oo.overwrite = true;
     s = trainer_setup(&t, &oo);
-    cr_assert(!s.ok && strstr(s.msg, "not the tokenizer the model of"), "%s", s.msg);
+    cr_assert(!s.ok && strstr(s.msg, "was trained with another tokenizer (BPE") && strstr(s.msg, "than this one (") &&
+                  strstr(s.msg, "--set data.tokenizer=byte"),
+              "%s", s.msg);
+    // Another corpus's bpe:300 is another tokenizer: refused, naming the file the config would use.
+    char corpus2[1700];
+    snprintf(corpus2, sizeof corpus2, "data.corpus=%s/bpe_other.txt", test_tmpdir("run_bpe_other"));
+    FILE *f2 = fopen(corpus2 + strlen("data.corpus="), "w");
+    cr_assert(f2);
+    for (int i = 0; i < 400; i++) fprintf(f2, "zebra quartz %d vexing jumbo %d\n", i, i * 7);
+    fclose(f2);
+    const char *newtext[] = {from, rd, "data.tokenizer=bpe:300", corpus2};
+    TrainerOptions on = opts(cfg, false, newtext, 4);
+    on.overwrite = true;
+    s = trainer_setup(&t, &on);
+    cr_assert(!s.ok && strstr(s.msg, "was trained with another tokenizer") && strstr(s.msg, ".bpe, hash"), "%s",
+              s.msg);
     // A stored tokenizer that is not a tokenizer file (with a valid checksum).
     hid_t f = H5Fopen(ckpt, H5F_ACC_RDWR, H5P_DEFAULT);
     H5Ldelete(f, "/tokenizer", H5P_DEFAULT);

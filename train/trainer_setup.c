@@ -59,10 +59,51 @@ static Status init_from_load(Trainer *t) {
     return status_ok();
 }
 
+// bpe:N of this corpus: trained on its training split (the validation split
+// is not seen) once, and kept in cache_dir by corpus and size.
+static Status corpus_bpe(const TrainConfig *c, const Corpus *corpus, int vocab, Tokenizer *tok, char *path, size_t n) {
+    if (snprintf(path, n, "%s/tokenizer-%016llx-%d.bpe", c->data.cache_dir, (unsigned long long)corpus->hash, vocab) >=
+        (int)n)
+        return status_err("[data] cache_dir: path too long");
+    if (access(path, F_OK) == 0 && tokenizer_open(tok, path).ok) return status_ok();
+    int64_t n_train = corpus->n - (int64_t)((double)corpus->n * c->data.val_fraction);
+    Status s = tokenizer_train(tok, corpus->bytes, n_train, vocab);
+    if (!s.ok) return status_err("[data] tokenizer = %s: %s", c->data.tokenizer, s.msg);
+    s = token_cache_make_dir(c->data.cache_dir);   // (a new run's cache folder does not exist yet)
+    if (s.ok) s = bpe_save(tok->bpe, path);
+    if (!s.ok) fprintf(stderr, "train: note: the trained tokenizer could not be kept (%s); it is in the checkpoints\n",
+                       s.msg);
+    return status_ok();
+}
+
+// init_from with a [data] tokenizer the config sets: the model's vocabulary is
+// fixed, so the setting must name the tokenizer the model has. It does when
+// it builds the same one (compared by hash): a model continued with the
+// config that trained it (bpe:N of the same corpus) is accepted.
+static Status check_init_tokenizer(Trainer *t, const Corpus *corpus, const char *from, int train_vocab) {
+    const char *spec = t->cfg.data.tokenizer;
+    Tokenizer mine;
+    char path[CONFIG_STR_MAX + 64] = "";
+    Status s = train_vocab ? corpus_bpe(&t->cfg, corpus, train_vocab, &mine, path, sizeof path)
+                           : tokenizer_open(&mine, spec);
+    if (!s.ok) return s;
+    bool same = mine.hash == t->tok.hash;
+    char a[64], b[64];
+    tokenizer_describe(&t->tok, a, sizeof a);
+    tokenizer_describe(&mine, b, sizeof b);
+    if (!same)
+        s = status_err("[data] tokenizer = %s: the model of %s was trained with another tokenizer (%s, hash %016llx) "
+                       "than this one (%s%s%s, hash %016llx); a model keeps its tokenizer: leave [data] tokenizer "
+                       "at its default (--set data.tokenizer=byte), which takes the model's",
+                       spec, from, a, (unsigned long long)t->tok.hash, b, path[0] ? ", " : "", path,
+                       (unsigned long long)mine.hash);
+    tokenizer_free(&mine);
+    return s;
+}
+
 // The run's tokenizer: the checkpoint's when resuming or starting from
 // init_from (the model's vocabulary is fixed there: a [data] tokenizer the
-// config sets must be that one), else [data] tokenizer; bpe:N is trained on
-// the corpus's training split once and kept in cache_dir.
+// config sets must be that one), else [data] tokenizer.
 static Status setup_tokenizer(Trainer *t, const Corpus *corpus, const TrainerOptions *o) {
     const TrainConfig *c = &t->cfg;
     const char *from = o->resume ? t->ckpt : c->finetune.init_from[0] ? c->finetune.init_from : NULL;
@@ -73,33 +114,14 @@ static Status setup_tokenizer(Trainer *t, const Corpus *corpus, const TrainerOpt
         Status s = checkpoint_read_tokenizer(from, &t->tok);
         if (!s.ok) return status_err("%s%s", o->resume ? "--resume: " : "[finetune] init_from: ", s.msg);
         if (o->resume || !strcmp(spec, "byte")) return status_ok();   // (byte: the default, not a choice)
-        Tokenizer mine;
-        s = train_vocab ? status_err("[data] tokenizer = %s: the model of %s has its tokenizer already", spec, from)
-                        : tokenizer_open(&mine, spec);
-        bool same = s.ok && mine.hash == t->tok.hash;
-        if (s.ok) tokenizer_free(&mine);
-        if (s.ok && !same)
-            s = status_err("[data] tokenizer = %s: not the tokenizer the model of %s was trained with", spec, from);
-        return s;
+        return check_init_tokenizer(t, corpus, from, train_vocab);
     }
     if (!train_vocab) {
         Status s = tokenizer_open(&t->tok, spec);
         return s.ok ? s : status_err("[data] tokenizer: %s", s.msg);
     }
-    // bpe:N: the training split's text (the validation split is not seen), cached by corpus and size.
     char path[CONFIG_STR_MAX + 64];
-    if (snprintf(path, sizeof path, "%s/tokenizer-%016llx-%d.bpe", c->data.cache_dir,
-                 (unsigned long long)corpus->hash, train_vocab) >= (int)sizeof path)
-        return status_err("[data] cache_dir: path too long");
-    if (access(path, F_OK) == 0 && tokenizer_open(&t->tok, path).ok) return status_ok();
-    int64_t n_train = corpus->n - (int64_t)((double)corpus->n * c->data.val_fraction);
-    Status s = tokenizer_train(&t->tok, corpus->bytes, n_train, train_vocab);
-    if (!s.ok) return status_err("[data] tokenizer = %s: %s", spec, s.msg);
-    s = token_cache_make_dir(c->data.cache_dir);   // (a new run's cache folder does not exist yet)
-    if (s.ok) s = bpe_save(t->tok.bpe, path);
-    if (!s.ok) fprintf(stderr, "train: note: the trained tokenizer could not be kept (%s); it is in the checkpoints\n",
-                       s.msg);
-    return status_ok();
+    return corpus_bpe(c, corpus, train_vocab, &t->tok, path, sizeof path);
 }
 
 // gemm = auto decides once per run. Where the two backends are close, its
