@@ -12,6 +12,7 @@
 #include "corpus.h"
 #include "run_config.h"
 #include "signals.h"
+#include "vocab_cost.h"
 
 #ifndef SOURCE_DIR
 #define SOURCE_DIR "."
@@ -233,6 +234,9 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
             t->tokens.mapped ? ", mapped" : "", t->cache_path,
             (long long)batcher_train_tokens(&t->bt), (long long)batcher_val_tokens(&t->bt), c->data.batch_size,
             c->data.seq_len, c->train.accum_steps);
+    char cost[400];
+    vocab_cost_describe(&t->ps, cost, sizeof cost);
+    if (cost[0]) fprintf(stderr, "train: %s\n", cost);
     if (t->tokens.note[0]) fprintf(stderr, "train: token cache: %s\n", t->tokens.note);
     if (t->tokens.n_docs > 0)
         fprintf(stderr, "train: %lld documents ([data] documents = %s), %.0f tokens each on average\n",
