@@ -48,7 +48,8 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: evaluate --checkpoint FILE --text FILE[,FILE...|DIR] [--window T] [--stride S] [--batch B]\n"
-            "                [--stream] [--threads N] [--json] [--val] [--limit N]\n"
+            "                [--stream [--no-prefill]] [--threads N] [--device cpu|cuda] [--json] [--val]\n"
+            "                [--limit N] [--logits FILE]\n"
             "       evaluate --checkpoint FILE [--text SPEC] [--val] --positions [--context carry|full|window]\n"
             "                [--chunk N] [--window T] [--stride S] [--buckets E1,E2,...] [--seq N] [--doc-sep STR]\n"
             "  --checkpoint FILE  a checkpoint written by train (the model comes from its stored config)\n"
@@ -189,6 +190,7 @@ static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n
     int V = lm->cfg.vocab_size, W = imin(cache->prefill_window, imax(LM_PREFILL_WINDOW, (1 << 24) / V));
     if (steps) W = 1;
     real *lg = xmalloc((size_t)W * V * sizeof(real));   // a window's logits on the host
+    double t0 = runlog_now(), shown = 0;   // a long text says how far it got, every few seconds
     for (int64_t i = 0; i + 1 < n; i += W) {   // positions i .. i+w-1 predict tokens i+1 .. i+w
         int w = (int)(n - 1 - i < W ? n - 1 - i : W);
         Tensor *out = steps ? lm_step(&tp, lm, cache, &tok[i]) : lm_prefill_all(&tp, lm, cache, &tok[i], w);
@@ -203,7 +205,9 @@ static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n
             sc.bytes += tokenizer_token_len(tk, tok[i + j + 1]);
         }
         tape_reset(&tp);
+        runlog_progress(stderr, "evaluate: --stream", i + w + 1, n, t0, &shown, 5.0, false);
     }
+    runlog_progress(stderr, "evaluate: --stream", n, n, t0, &shown, 5.0, true);
     free(lg);
     lm_cache_free(lm, cache);
     tape_no_grad_pop(&tp);
@@ -353,7 +357,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "--buckets")) positions = true, ok = (po.n_edges = parse_edges(argv[++i], po.edges, 64)) > 0;
         else if (!strcmp(o, "--device")) {
             int d = device_parse(argv[++i]);
-            if (d < 0) fprintf(stderr, "evaluate: --device: '%s' is not a device (cpu or cuda)\n", argv[i]);
+            if (d < 0) fprintf(stderr, "evaluate: --device '%.40s': expected cpu or cuda\n", argv[i]);
             else device = (Device)d;
             ok = d >= 0;
         } else if (!strcmp(o, "--context")) {
@@ -369,7 +373,8 @@ int main(int argc, char **argv) {
             ok = po.seplen > 0;
         } else ok = false;
         if (!ok) {
-            if (!has || !strncmp(o, "--", 2)) fprintf(stderr, "evaluate: bad or incomplete argument '%s' (see --help)\n", o);
+            if (!has || !strncmp(o, "--", 2))
+                fprintf(stderr, "evaluate: unknown or incomplete argument '%s' (see evaluate --help)\n", o);
             return 2;
         }
     }

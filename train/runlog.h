@@ -62,4 +62,11 @@ bool runlog_plot(const RunLog *r, const RunLogPlot *p);
 // whose training curve is a KL divergence beside the validation LM loss.
 RunLogPlot runlog_plot_labels(const char *title, bool kl, bool bpe);
 
+// A long job's progress on f (stderr): "<what>: 1200 / 5000 tokens (24%),
+// 310 tokens/s", at most every `every_s` seconds (*last: when the last line
+// went out, 0 at first; t0: when the job started) and once with final set.
+// On a terminal the line is rewritten in place, elsewhere (a log) one line each.
+void runlog_progress(FILE *f, const char *what, int64_t done, int64_t total, double t0, double *last, double every_s,
+                     bool final);
+
 #endif
