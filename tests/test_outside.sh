@@ -187,3 +187,20 @@ grep -qF "3 kernel launches, 5.00 ms of kernel time" <<<"$table" && grep -qxF "$
     grep -qxF "$want_b" <<<"$table" || { echo "ncu_table.py on tests/fixtures/ncu_small.csv printed:"; echo "$table"; exit 1; }
 ! $PY "$ROOT/bench/ncu_table.py" "$ROOT/README.md" 2>/dev/null || { echo "ncu_table.py accepted a file with no ncu CSV"; exit 1; }
 echo "outside: bench/ncu_table.py's per-kernel table on a counted fixture: OK"
+
+# 7. A bench script replaces committed results only when --out names their
+# folder: by default it writes under BUILD/bench/<script> (here: the plots and
+# tables of bench/longctx_tasks.sh from a copy of the committed passkey runs).
+sum_docs() { (cd "$ROOT" && find docs/bench/longctx docs/img -type f -print0 | sort -z | xargs -0 md5sum); }
+before=$(sum_docs)
+mkdir -p "$TMP/bench_build/bench/longctx_tasks" "$TMP/lc_out"
+cp "$ROOT/docs/bench/longctx/passkey.tsv" "$TMP/bench_build/bench/longctx_tasks/"
+cp "$ROOT/docs/bench/longctx/passkey.tsv" "$TMP/lc_out/"
+BUILD="$TMP/bench_build" "$ROOT/bench/longctx_tasks.sh" plot >/dev/null
+BUILD="$TMP/bench_build" "$ROOT/bench/longctx_tasks.sh" --out "$TMP/lc_out" plot >/dev/null
+for d in "$TMP/bench_build/bench/longctx_tasks" "$TMP/lc_out"; do
+    [ -s "$d/passkey_table.md" ] && [ -s "$d/longctx_passkey.png" ] ||
+        { echo "outside: bench/longctx_tasks.sh plot wrote no table or plot in $d"; exit 1; }
+done
+[ "$before" = "$(sum_docs)" ] || { echo "outside: bench/longctx_tasks.sh changed committed results without --out"; exit 1; }
+echo "outside: bench/longctx_tasks.sh writes under the build folder or --out, never over docs/: OK"
