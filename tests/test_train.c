@@ -388,4 +388,11 @@ Test(train, the_vocabulary_cost_is_said) {
                   !strstr(line, "most of"),
               "%s", line);
     params_free(&ps);
+    params_init(&ps);   // a tiny byte-level model: its embedding is most of it, but no smaller vocabulary exists
+    params_add(&ps, "embed", 2, (int[]){256, 16}, init_zeros(), 0);
+    params_add(&ps, "blocks", 2, (int[]){16, 100}, init_zeros(), 0);
+    params_finalize(&ps, 1);
+    vocab_cost_describe(&ps, line, sizeof line);
+    cr_assert(strstr(line, "72% of the model's") && !strstr(line, "most of"), "%s", line);
+    params_free(&ps);
 }

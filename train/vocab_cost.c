@@ -21,7 +21,8 @@ void vocab_cost_describe(const ParamStore *ps, char *buf, size_t n) {
     snprintf(buf, n, "vocabulary %d ids: embedding %d x %d%s = %s parameters, %.0f%% of the model's %s%s", e->shape[0],
              e->shape[0], e->shape[1], head ? " and the output layer (untied)" : "",
              count_str(vocab_params, a, sizeof a), 100 * share, count_str(total, b, sizeof b),
-             share > 0.5 ? " (most of the model is its vocabulary: each step and the checkpoint grow with it; a "
-                           "smaller tokenizer, e.g. bpe:N, costs less)"
-                         : "");
+             // (bytes are the smallest vocabulary: no advice for a tiny byte-level model)
+             share > 0.5 && e->shape[0] > 256 ? " (most of the model is its vocabulary: each step and the checkpoint "
+                                                "grow with it; a smaller vocabulary, e.g. bpe:N, costs less)"
+                                              : "");
 }
