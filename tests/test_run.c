@@ -427,3 +427,41 @@ Test(run, the_loss_plot_names_its_unit) {
     cr_assert(k.separate && strstr(k.val_label, "nats/token"), "%s", k.val_label);
     cr_assert(strstr(runlog_plot_labels("t.ini", true, false).val_label, "nats/byte"));
 }
+
+// init_from: the model's data settings are the run's unless the command line
+// gives them; a config file written for other data (the bundled indexer_ft.ini
+// names the KJV) is overridden, and each key it changed is said.
+Test(run, init_from_keeps_the_models_data_unless_told, .timeout = 90) {
+    const char *first = test_tiny_config("run_ftdata_a", "gdn", 2, NULL, NULL);
+    const char *docs[] = {"data.documents=blank_line"};
+    static Trainer t;
+    cr_assert_eq(run(&t, opts(first, false, docs, 1)), 0);
+    char ckpt[1500], corpus_a[1500];
+    snprintf(ckpt, sizeof ckpt, "%s", t.ckpt);
+    snprintf(corpus_a, sizeof corpus_a, "%s", t.cfg.data.corpus);
+    trainer_free(&t);
+    char from[1600], other_corpus[1500];
+    snprintf(from, sizeof from, "finetune.init_from=%s", ckpt);
+    const char *second = test_tiny_config("run_ftdata_b", "gdn", 2, NULL, NULL);
+    const char *sets[] = {from};
+    Status s = trainer_setup(&t, &(TrainerOptions){.config = second, .quiet = true, .sets = sets, .n_sets = 1});
+    cr_assert(s.ok, "%s", s.msg);
+    snprintf(other_corpus, sizeof other_corpus, "%s", t.cfg.data.corpus);
+    cr_assert_str_eq(t.cfg.data.corpus, corpus_a, "the model's corpus, not the file's");
+    cr_assert_str_eq(t.cfg.data.documents, "blank_line");
+    cr_assert(strstr(t.notes, "[finetune] init_from: [data] corpus = ") && strstr(t.notes, "tiny.ini:") &&
+                  strstr(t.notes, "[data] documents = blank_line, as the model was trained (default says none"),
+              "%s", t.notes);
+    trainer_free(&t);
+    // The command line chooses: the file's corpus given with --set is used, and not reported.
+    const char *b_dir = test_dir_of(second);
+    char corpus_b[1600];
+    snprintf(corpus_b, sizeof corpus_b, "data.corpus=%s/corpus.txt", b_dir);
+    const char *chosen[] = {from, corpus_b, "data.documents=none"};
+    s = trainer_setup(&t, &(TrainerOptions){.config = second, .quiet = true, .sets = chosen, .n_sets = 3});
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_str_eq(t.cfg.data.corpus, corpus_b + strlen("data.corpus="));
+    cr_assert_str_eq(t.cfg.data.documents, "none");
+    cr_assert(!strstr(t.notes, "[data] corpus") && !strstr(t.notes, "[data] documents"), "%s", t.notes);
+    trainer_free(&t);
+}

@@ -113,7 +113,9 @@ static Status setup_tokenizer(Trainer *t, const Corpus *corpus, const TrainerOpt
     if (from) {
         Status s = checkpoint_read_tokenizer(from, &t->tok);
         if (!s.ok) return status_err("%s%s", o->resume ? "--resume: " : "[finetune] init_from: ", s.msg);
-        if (o->resume || !strcmp(spec, "byte")) return status_ok();   // (byte: the default, not a choice)
+        // (byte: the default, not a choice; a file's tokenizer is replaced by the model's run's: run_config.h)
+        if (o->resume || !strcmp(spec, "byte") || !run_config_from_command_line(c, "data", "tokenizer"))
+            return status_ok();
         return check_init_tokenizer(t, corpus, from, train_vocab);
     }
     if (!train_vocab) {
