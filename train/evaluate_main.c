@@ -44,6 +44,9 @@
 #include "poseval.h"
 #include "runlog.h"
 #include "tokenizer.h"
+#include "documents.h"
+#include "run_config.h"
+#include "val_split.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -213,6 +216,35 @@ static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n
     tape_no_grad_pop(&tp);
     tape_free(&tp);
     return sc;
+}
+
+// --val of a run that held out whole documents ([data] val_choice =
+// documents): the run's documents, reordered as training split them, so the
+// held-out ones are the tail from *first on, flagged at their starts. Leaves
+// everything as it is for a run that held out the tail.
+static void val_documents(const TrainConfig *cfg, const Corpus *corpus, const Tokenizer *tok, int **ids, int **flags,
+                          int64_t *n, int64_t *first) {
+    DocSpec docs;
+    if (cfg->data.val_choice != CFG_VAL_DOCUMENTS || !doc_spec_parse(cfg->data.documents, &docs).ok ||
+        docs.mode == DOCS_NONE)
+        return;
+    int *tokens, *split;
+    int64_t nt, n_docs, *starts, *split_starts, train_end;
+    documents_tokenize(corpus, &docs, tok, &tokens, &nt, &starts, &n_docs);
+    if (n_docs >= 2 && val_split_documents(tokens, nt, starts, n_docs, cfg->data.val_fraction, (uint64_t)cfg->train.seed,
+                                           &split, &split_starts, &train_end).ok) {
+        free(*ids);
+        free(*flags);
+        *ids = split;
+        *flags = xmalloc((size_t)(nt ? nt : 1) * sizeof **flags);
+        memset(*flags, 0, (size_t)nt * sizeof **flags);
+        for (int64_t d = 0; d < n_docs; d++) (*flags)[split_starts[d]] = 1;
+        free(split_starts);
+        *n = nt;
+        *first = train_end;
+    }
+    free(tokens);
+    free(starts);
 }
 
 // Parse "256,1k,4k" (k = x1024) into increasing positive edges; returns how
@@ -395,6 +427,7 @@ int main(int argc, char **argv) {
     ParamStore ps;
     Tokenizer tok;
     Status s = model_load_checkpoint(ckpt, &cfg, &lm, &ps, &tok);
+    if (s.ok) run_config_stored_compat(&cfg);
     if (s.ok && !text) text = cfg.data.corpus;
     if (s.ok && val && !(cfg.data.val_fraction > 0))
         s = status_err("%s: --val: the run held out no validation split (val_fraction 0)", ckpt);
@@ -423,8 +456,10 @@ int main(int argc, char **argv) {
     int *all_ids = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
     int *all_flags = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
     int64_t n = doctext_encode(&tok, corpus.bytes, corpus.n, po.seplen ? po.sep : NULL, po.seplen, all_ids, all_flags);
-    // --val: the last val_fraction of the tokens, as the batcher holds them out; --limit: the first tokens of that.
+    // --val: the tokens the run held out (the last val_fraction of them, or its
+    // documents drawn at random: val_split.h); --limit: the first tokens of that.
     int64_t first = val ? n - (int64_t)((double)n * cfg.data.val_fraction) : 0;
+    if (val && !po.seplen) val_documents(&cfg, &corpus, &tok, &all_ids, &all_flags, &n, &first);
     int *ids = all_ids + first, *flags = all_flags + first;
     n -= first;
     if (limit && n > limit) n = limit;

@@ -44,12 +44,22 @@ static void note(char *notes, size_t n, const char *fmt, ...) {
     if (used + 1 < n) strcat(notes, "\n");
 }
 
+void run_config_stored_compat(TrainConfig *cfg) {
+    for (int i = 0; i < config_n_keys(); i++) {
+        ConfigKeyRef r = config_key_ref(i);
+        // [data] val_choice: a run from before the key held out the tail.
+        if (!strcmp(r.section, "data") && !strcmp(r.key, "val_choice") && cfg->origin[i] == 0)
+            cfg->data.val_choice = CFG_VAL_TAIL;
+    }
+}
+
 // Read the config stored in checkpoint `ck` into *out (defaults, then its text).
 static Status stored_config(const char *ck, const TrainConfig *like, TrainConfig *out) {
     char *text = NULL;
     Status s = checkpoint_read_config(ck, &text);
     config_defaults(out, like->check_mixer);
     if (s.ok) s = config_load_string(out, text, ck);
+    if (s.ok) run_config_stored_compat(out);
     if (s.ok) s = config_validate(out);
     free(text);
     if (!s.ok) config_free(out);

@@ -39,6 +39,9 @@ Status run_config_load(TrainConfig *cfg, const RunConfigArgs *a, char *run_dir, 
 // The attn layers named by dsa_layers (every attn layer when empty) become
 // attn_dsa; an error when the model has none.
 Status run_config_add_indexers(TrainConfig *c);
+// A config read from a checkpoint: keys its text lacks (it was written before
+// they existed) take the behaviour the run had then, not today's default.
+void run_config_stored_compat(TrainConfig *cfg);
 // Was [section] key set on the command line (--set)?
 bool run_config_from_command_line(const TrainConfig *cfg, const char *section, const char *key);
 

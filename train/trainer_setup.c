@@ -19,6 +19,7 @@
 #include "blas.h"
 #include "corpus.h"
 #include "run_config.h"
+#include "val_split.h"
 
 // Is p one of an attn_dsa layer's indexer weights?
 static bool is_indexer_param(const LM *lm, const Tensor *p) {
@@ -185,6 +186,36 @@ static Status setup_config(Trainer *t, const TrainerOptions *o) {
     return status_ok();
 }
 
+// [data] val_choice = documents with documents: hold out whole documents
+// drawn at random (val_split.h). The tokens and document starts are replaced
+// by their reordered copies (owned by t->tokens from then on); *train_end
+// receives where the held-out documents begin, -1 when the split stays the
+// tail (val_choice = tail, no documents, or no validation).
+static Status split_documents(Trainer *t, int64_t *train_end) {
+    const TrainConfig *c = &t->cfg;
+    TokenData *td = &t->tokens;
+    *train_end = -1;
+    if (c->data.val_choice != CFG_VAL_DOCUMENTS || !(c->data.val_fraction > 0) || td->n_docs < 1) return status_ok();
+    if (td->n_docs < 2) {   // nothing to draw from: said, not refused (the default must work on any corpus)
+        size_t used = strlen(t->notes);
+        snprintf(t->notes + used, sizeof t->notes - used,
+                 "[data] val_choice = documents: the corpus is one document, so the validation split is its tail\n");
+        return status_ok();
+    }
+    int *tokens;
+    int64_t *starts;
+    Status s = val_split_documents(td->tokens, td->n, td->doc_starts, td->n_docs, c->data.val_fraction,
+                                   (uint64_t)c->train.seed, &tokens, &starts, train_end);
+    if (!s.ok) return status_err("[data] %s", s.msg);
+    free(td->owned);   // (a mapped cache stays mapped until token_data_free)
+    free(td->doc_starts);
+    td->owned = tokens;
+    td->tokens = tokens;
+    td->doc_starts = starts;
+    td->mapped = false;
+    return status_ok();
+}
+
 // Corpus, tokenizer, token cache, batches.
 static Status setup_data(Trainer *t, const TrainerOptions *o) {
     const TrainConfig *c = &t->cfg;
@@ -208,8 +239,13 @@ static Status setup_data(Trainer *t, const TrainerOptions *o) {
     if (!s.ok) return s;
     t->cfg.vocab_size = t->tok.vocab;
     t->tok_buf = tokenizer_to_buffer(&t->tok, &t->tok_len);
-    s = batcher_init(&t->bt, t->tokens.tokens, t->tokens.n, c->data.val_fraction, c->data.batch_size,
-                     c->data.seq_len, (uint64_t)c->train.seed);
+    int64_t train_end = -1;
+    s = split_documents(t, &train_end);
+    if (s.ok)
+        s = train_end >= 0 ? batcher_init_at(&t->bt, t->tokens.tokens, t->tokens.n, train_end, c->data.batch_size,
+                                             c->data.seq_len, (uint64_t)c->train.seed)
+                           : batcher_init(&t->bt, t->tokens.tokens, t->tokens.n, c->data.val_fraction,
+                                          c->data.batch_size, c->data.seq_len, (uint64_t)c->train.seed);
     if (!s.ok) return status_err("[data]: %s", s.msg);
     batcher_set_documents(&t->bt, t->tokens.doc_starts, t->tokens.n_docs);
     if (c->data.order == CFG_ORDER_STREAMS) {
