@@ -204,3 +204,39 @@ for d in "$TMP/bench_build/bench/longctx_tasks" "$TMP/lc_out"; do
 done
 [ "$before" = "$(sum_docs)" ] || { echo "outside: bench/longctx_tasks.sh changed committed results without --out"; exit 1; }
 echo "outside: bench/longctx_tasks.sh writes under the build folder or --out, never over docs/: OK"
+
+# 8. train --dump-state of a run with documents and carried states against the
+# PyTorch reference (bench/torch_ref/compare_dump.py): the dump's document
+# flags are what the step used (with them cleared, the reference disagrees), a
+# frozen parameter's missing gradient is listed, not a KeyError, and carried
+# states that are not zero are refused with a sentence.
+$PY - "$TMP/dump_corpus.txt" <<'PYEOF'
+import random, sys
+random.seed(1)
+words = "the light and darkness was good evening morning day".split()
+with open(sys.argv[1], "w") as f:
+    for _ in range(300):
+        f.write(" ".join(random.choice(words) for _ in range(random.randint(3, 30))) + "\n\n")
+PYEOF
+"$BUILD/train" --config "$ROOT/configs/tiny_hybrid.ini" --set "data.corpus=$TMP/dump_corpus.txt" \
+    --set "data.cache_dir=$TMP/dump_cache" --set data.documents=blank_line --set data.seq_len=64 \
+    --set data.batch_size=4 --set data.order=streams --set train.carry_state=true \
+    --set "train.run_dir=$TMP/dump_run" --dump-state "$TMP/dump.h5" >/dev/null 2>&1 ||
+    { echo "outside: train --dump-state failed"; exit 1; }
+cmp_dump() { $PY "$ROOT/bench/torch_ref/compare_dump.py" --tol "$tol" "$@"; }
+cmp_dump "$TMP/dump.h5" >"$TMP/cmp.txt" || { echo "outside: compare_dump on a documents + carry dump:"; cat "$TMP/cmp.txt"; exit 1; }
+cp "$TMP/dump.h5" "$TMP/dump_edit.h5"
+$PY -c 'import h5py, sys; f = h5py.File(sys.argv[1], "r+"); assert f["doc_start"][:, 1:].any(); f["doc_start"][...] = 0' \
+    "$TMP/dump_edit.h5"
+! cmp_dump "$TMP/dump_edit.h5" >/dev/null || { echo "outside: compare_dump ignores the dump's document flags"; exit 1; }
+cp "$TMP/dump.h5" "$TMP/dump_edit.h5"
+$PY -c 'import h5py, sys; f = h5py.File(sys.argv[1], "r+"); del f["grads/norm_f"]' "$TMP/dump_edit.h5"
+out=$(cmp_dump "$TMP/dump_edit.h5") || { echo "outside: compare_dump with a frozen parameter:"; echo "$out"; exit 1; }
+grep -q "no gradient in the dump (frozen in the C step), not compared: norm_f" <<<"$out" ||
+    { echo "outside: compare_dump did not list the frozen parameter:"; echo "$out"; exit 1; }
+cp "$TMP/dump.h5" "$TMP/dump_edit.h5"
+$PY -c 'import h5py, sys; f = h5py.File(sys.argv[1], "r+"); f["initial_state/0"][0] = 1' "$TMP/dump_edit.h5"
+msg=$(cmp_dump "$TMP/dump_edit.h5" 2>&1 || true)
+grep -q "starts from carried states that are not zero (initial_state 0" <<<"$msg" ||
+    { echo "outside: compare_dump on nonzero carried states printed:"; echo "$msg"; exit 1; }
+echo "outside: --dump-state of a documents + carry run equals the PyTorch reference; frozen and carried cases: OK"

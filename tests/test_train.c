@@ -282,8 +282,8 @@ Test(train, dump_state_holds_loss_logits_params_and_grads) {
     batcher_train(&t.bt, t.x, t.y, NULL);
     char path[600];
     snprintf(path, sizeof path, "%s/state.h5", dir);
-    s = dump_state_write(path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size, t.cfg.data.seq_len,
-                         false);
+    s = dump_state_write(path, &t.tp, &t.lm, &t.ps,
+                         &(DumpBatch){t.x, t.y, NULL, t.cfg.data.batch_size, t.cfg.data.seq_len, NULL, false});
     cr_assert(s.ok, "%s", s.msg);
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     cr_assert_geq(f, 0);
