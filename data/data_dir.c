@@ -1,6 +1,7 @@
 #include "data_dir.h"
 
 #include <limits.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -22,8 +23,10 @@ const char *attnlab_data_dir_for(const char *exe_path, char *out, size_t n) {
     int len = snprintf(dir, sizeof dir, "%.*s/%s", (int)(slash - exe_path), exe_path, ATTNLAB_DATA_FROM_BIN);
     struct stat sb;
     // A build tree's program (build/train) has no share/attnlab beside it: the configured path stays.
-    if (len > 0 && len < (int)sizeof dir && (size_t)len < n && stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode))
-        snprintf(out, n, "%s", dir);
+    if (len > 0 && len < (int)sizeof dir && (size_t)len < n && stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        char real[PATH_MAX];   // P/share/attnlab in messages, not P/bin/../share/attnlab
+        snprintf(out, n, "%s", realpath(dir, real) && strlen(real) < n ? real : dir);
+    }
     return out;
 }
 

@@ -39,7 +39,7 @@ done
 printf '[train]\nno_such_key = 1\n' > "$TMP/prefix/share/attnlab/configs/only_in_prefix.ini"
 got=$(cd "$TMP" && "$TMP/prefix/bin/train" --config only_in_prefix 2>&1 >/dev/null || true)
 case "$got" in
-*"$TMP/prefix/share/attnlab/configs/only_in_prefix.ini"*"no_such_key"*) ;;
+*"$(cd "$TMP" && pwd -P)/prefix/share/attnlab/configs/only_in_prefix.ini"*"no_such_key"*) ;;
 *) echo "outside: the installed train did not find its prefix's configs: $got" >&2; exit 1 ;;
 esac
 rm "$TMP/prefix/share/attnlab/configs/only_in_prefix.ini"
