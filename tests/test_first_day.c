@@ -26,8 +26,8 @@ static int run_prog(const char *name, char *const args[], char **out, char **err
 }
 
 Test(first_day, every_program_answers_version) {
-    static const char *const progs[] = {"train", "generate", "evaluate", "export_model", "tokenize"};
-    for (int i = 0; i < 5; i++) {
+    static const char *const progs[] = {"train", "generate", "evaluate", "export_model", "tokenize", "longctx"};
+    for (int i = 0; i < 6; i++) {
         char *out, *err;
         int code = run_prog(progs[i], (char *[]){"--version", NULL}, &out, &err);
         char want[64];
