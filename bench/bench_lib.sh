@@ -30,3 +30,27 @@ one_step_checkpoint() {
     "$2" --config "$3" --set train.steps=1 --set train.eval_every=0 --set "train.run_dir=$4" >/dev/null 2>&1 ||
         { echo "$1: training $(basename "$3" .ini) failed" >&2; exit 1; }
 }
+
+# bench_out NAME ARGS... -> OUT (tables, data) and IMG (figures) from leading
+# `--out DIR` and `--img DIR` options; the arguments after them in REST.
+# Committed results are replaced only when asked: without --out a script
+# writes under $BUILD/bench/NAME (BUILD: the build folder), never into docs/.
+# --img defaults to the --out folder.
+bench_out() {
+    local name=$1
+    shift
+    OUT="" IMG=""
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --out) [ $# -ge 2 ] || { echo "$name: --out needs a folder" >&2; exit 2; }; OUT=$2; shift 2 ;;
+            --img) [ $# -ge 2 ] || { echo "$name: --img needs a folder" >&2; exit 2; }; IMG=$2; shift 2 ;;
+            *) break ;;
+        esac
+    done
+    OUT=${OUT:-${BUILD:?}/bench/$name}
+    IMG=${IMG:-$OUT}
+    mkdir -p "$OUT" "$IMG"
+    OUT=$(cd "$OUT" && pwd)
+    IMG=$(cd "$IMG" && pwd)
+    REST=("$@")
+}

@@ -5,8 +5,9 @@
 # (train them first: build/train --config tiny_X.ini), then one plot with a
 # line per model.
 #
-#   bench/longctx_eval.sh              evaluate every model in MODELS, then plot
-#   bench/longctx_eval.sh plot         only the plot and the tables, from docs/bench/longctx/
+#   bench/longctx_eval.sh              evaluate every model in MODELS, then plot, in build/bench/longctx_eval/
+#   bench/longctx_eval.sh --out docs/bench/longctx --img docs/img    into the committed results (replaces them)
+#   bench/longctx_eval.sh [--out DIR] plot    only the plot and the tables, from DIR
 #   MODELS="gdn attn" bench/longctx_eval.sh
 #
 # Contexts (evaluate --context), two per model: the long one, where every
@@ -20,7 +21,7 @@
 # to the model (positive: it helps), free of the text's own ups and downs.
 # THREADS (default 2) threads each.
 #
-# Output: docs/bench/longctx/eval_<model>_<context>.jsonl (JSON lines:
+# Output (--out DIR; the committed ones: docs/bench/longctx, docs/img): DIR/eval_<model>_<context>.jsonl (JSON lines:
 # buckets of powers of 2), docs/bench/longctx/positions.tsv (all of them),
 # coarse.tsv (the buckets 0-256, 256-1k, 1k-4k, 4k-16k, 16k-64k, 64k+,
 # pooled from the fine ones), docs/img/longctx_position.png (left: bits per
@@ -30,12 +31,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BUILD=${BUILD:-$ROOT/build}
-DATA=$ROOT/docs/bench/longctx
-IMG=$ROOT/docs/img
+# shellcheck source=bench/bench_lib.sh
+. "$ROOT/bench/bench_lib.sh"
+bench_out longctx_eval "$@"   # OUT, IMG: --out DIR (default $BUILD/bench/longctx_eval), --img DIR
+set -- "${REST[@]+"${REST[@]}"}"
+DATA=$OUT
 MODELS=${MODELS:-gdn mamba linear hybrid attn}
 THREADS=${THREADS:-2}
 export OMP_WAIT_POLICY=PASSIVE
-mkdir -p "$DATA" "$IMG"
 FINE=16,32,64,128,256,512,1k,2k,4k,8k,16k,32k,64k,128k
 
 long_context() {   # the context in which a model sees the whole split

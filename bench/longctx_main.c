@@ -33,6 +33,7 @@
 #include <string.h>
 #include <sys/utsname.h>
 
+#include "version.h"
 #include "bench_util.h"
 #include "lm.h"
 #include "model_setup.h"
@@ -329,6 +330,7 @@ static void test_model(const Opts *o, int m, LM *lm, long long n_params, int F, 
 }
 
 int main(int argc, char **argv) {
+    if (program_version(argc, argv, "longctx")) return 0;   // (linked into bin/ as a user program)
     if (bench_help(argc, argv,
                    "usage: longctx [--task passkey|mqar_gap] [--mixers attn,linear,mamba,gdn,hybrid] [--layers 2]\n"
                    "               [--width 64] [--params N] [--train-len 256] [--test-lens 256,1024,4096,16384,32768]\n"

@@ -10,29 +10,34 @@
 # run stops once an accuracy check at T = 256 (every 100 steps) reaches 99%.
 # Each test: max(8, 131072 / T) sequences, at most 64.
 #
-#   bench/longctx_tasks.sh                 both tasks, then the plots and tables
-#   bench/longctx_tasks.sh plot            only the plots and tables, from docs/bench/longctx/
+#   bench/longctx_tasks.sh                 both tasks, then the plots and tables, in build/bench/longctx_tasks/
+#   bench/longctx_tasks.sh --out docs/bench/longctx --img docs/img
+#                                          the same into the committed results (replaces them)
+#   bench/longctx_tasks.sh [--out DIR] plot    only the plots and tables, from DIR's .tsv files
 #   TASKS=passkey MIXERS=attn,gdn bench/longctx_tasks.sh    a subset
 #   bench/longctx_tasks.sh long TASK MIXER one mixer on one task with up to 4000 steps
 #                                          (<task>_long_<mixer>.{txt,tsv}): for the
 #                                          runs not solved at 1500 (attn and mamba on
 #                                          the passkey; gdn and mamba on mqar_gap)
 #
-# Output: docs/bench/longctx/<task>.{txt,tsv} (printed table, one line per
-# test), <task>_curve.tsv (accuracy checks during training), <task>_table.md
-# (accuracy by mixer and depth against the test length), and
-# docs/img/longctx_<task>.png.
+# Output (--out DIR, default build/bench/longctx_tasks; the committed ones are
+# docs/bench/longctx and docs/img): DIR/<task>.{txt,tsv} (printed table, one
+# line per test), <task>_curve.tsv (accuracy checks during training),
+# <task>_table.md (accuracy by mixer and depth against the test length), and
+# longctx_<task>.png in the --img folder (default DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BUILD=${BUILD:-$ROOT/build}
-DATA=$ROOT/docs/bench/longctx
-IMG=$ROOT/docs/img
+# shellcheck source=bench/bench_lib.sh
+. "$ROOT/bench/bench_lib.sh"
+bench_out longctx_tasks "$@"   # OUT, IMG: --out DIR (default $BUILD/bench/longctx_tasks), --img DIR
+set -- "${REST[@]+"${REST[@]}"}"
+DATA=$OUT
 TASKS=${TASKS:-passkey mqar_gap}
 MIXERS=${MIXERS:-attn,linear,mamba,gdn}
 STEPS=${STEPS:-1500}
 export OMP_WAIT_POLICY=PASSIVE
-mkdir -p "$DATA" "$IMG"
 
 if [ "${1:-}" = long ]; then
     task=${2:?"usage: bench/longctx_tasks.sh long TASK MIXER"}

@@ -5,19 +5,30 @@
 #include "documents.h"
 
 Status batcher_init(Batcher *b, const int *tokens, int64_t n, double val_fraction, int B, int T, uint64_t seed) {
-    ASSERT(B > 0 && T > 0, "batcher_init: B = %d, T = %d", B, T);
     ASSERT(val_fraction >= 0 && val_fraction < 1, "batcher_init: val_fraction %g outside [0, 1)", val_fraction);
-    memset(b, 0, sizeof *b);
     int64_t n_val = (int64_t)((double)n * val_fraction);
-    int64_t n_train = n - n_val;
+    Status s = batcher_init_at(b, tokens, n, n - n_val, B, T, seed);
+    if (s.ok && val_fraction > 0 && n_val < (int64_t)T + 1)   // (none at all is too small too)
+        s = status_err("corpus of %lld tokens: the validation split (%lld tokens, val_fraction %g) is shorter "
+                       "than one window of seq_len + 1 = %d tokens",
+                       (long long)n, (long long)n_val, val_fraction, T + 1);
+    return s;
+}
+
+Status batcher_init_at(Batcher *b, const int *tokens, int64_t n, int64_t train_end, int B, int T, uint64_t seed) {
+    ASSERT(B > 0 && T > 0, "batcher_init: B = %d, T = %d", B, T);
+    ASSERT(train_end >= 0 && train_end <= n, "batcher_init: train_end %lld outside [0, %lld]", (long long)train_end,
+           (long long)n);
+    memset(b, 0, sizeof *b);
+    int64_t n_train = train_end, n_val = n - train_end;
     if (n_train < (int64_t)T + 1)
         return status_err("corpus of %lld tokens: the training split (%lld tokens) is shorter than one window "
                           "of seq_len + 1 = %d tokens",
                           (long long)n, (long long)n_train, T + 1);
-    if (val_fraction > 0 && n_val < (int64_t)T + 1)
-        return status_err("corpus of %lld tokens: the validation split (%lld tokens, val_fraction %g) is shorter "
-                          "than one window of seq_len + 1 = %d tokens",
-                          (long long)n, (long long)n_val, val_fraction, T + 1);
+    if (n_val > 0 && n_val < (int64_t)T + 1)
+        return status_err("corpus of %lld tokens: the validation split (%lld tokens) is shorter than one window of "
+                          "seq_len + 1 = %d tokens",
+                          (long long)n, (long long)n_val, T + 1);
     b->tokens = tokens;
     b->n = n;
     b->train_end = n_train;

@@ -59,6 +59,9 @@ typedef struct Batcher {
 // Errors (Status) if a split is too small to hold one window of T + 1 tokens
 // (the validation split only matters when val_fraction > 0).
 Status batcher_init(Batcher *b, const int *tokens, int64_t n, double val_fraction, int B, int T, uint64_t seed);
+// The same with the validation split given as where it starts: tokens
+// [train_end, n) (val_split.h reorders documents so that it is their tail).
+Status batcher_init_at(Batcher *b, const int *tokens, int64_t n, int64_t train_end, int B, int T, uint64_t seed);
 // Copy only windows [lo, hi) of each batch from now on (0 <= lo < hi <= B).
 void batcher_set_share(Batcher *b, int lo, int hi);
 // Flag document starts from now on (starts as documents.h: sorted, 0 first).

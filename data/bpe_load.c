@@ -12,11 +12,9 @@
 
 #include "bpe_impl.h"
 #include "corpus.h"   // fnv1a64
+#include "data_dir.h"
 #include "fileio.h"   // file_replace
 
-#ifndef ATTNLAB_DATA_DIR
-#define ATTNLAB_DATA_DIR "/usr/local/share/attnlab"
-#endif
 #ifndef SOURCE_DIR
 #define SOURCE_DIR "."
 #endif
@@ -438,7 +436,7 @@ Bpe *bpe_from_name(const char *name, Status *st) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s.tiktoken.gz", dir && *dir ? dir : SOURCE_DIR "/data/bpe", NAMED[i].file);
         if (!(dir && *dir) && access(path, R_OK) != 0)
-            snprintf(path, sizeof path, "%s/bpe/%s.tiktoken.gz", ATTNLAB_DATA_DIR, NAMED[i].file);
+            snprintf(path, sizeof path, "%s/bpe/%s.tiktoken.gz", attnlab_data_dir(), NAMED[i].file);
         size_t n;
         uint8_t *buf = read_file(path, &n, st);
         if (!buf) return NULL;

@@ -1,6 +1,7 @@
 #include "token_cache.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <hdf5.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,26 @@ static Status cache_write(const char *path, const Corpus *c, const Tokenizer *to
     return h5io_commit(f, path, "token cache");   // (a temporary of its own: concurrent builds do not collide)
 }
 
+// The corpus spec's part of the cache key, by what it names rather than how it
+// is spelled: each comma-separated path by its canonical path (realpath), so
+// data/a.txt, ./data/a.txt and /abs/data/a.txt share one cache. A path that
+// does not resolve is taken as written (the corpus reader reports it).
+uint64_t corpus_spec_key(const char *corpus_spec) {
+    uint64_t key = FNV1A_INIT;
+    const char *p = corpus_spec;
+    for (bool first = true;; first = false) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char part[PATH_MAX], real[PATH_MAX];
+        snprintf(part, sizeof part, "%.*s", (int)(len < sizeof part ? len : sizeof part - 1), p);
+        const char *name = len < sizeof part && realpath(part, real) ? real : part;
+        if (!first) key = fnv1a64(key, ",", 1);
+        key = fnv1a64(key, name, strlen(name));
+        if (!comma) return key;
+        p = comma + 1;
+    }
+}
+
 Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Corpus *c, const Tokenizer *tok,
                         const DocSpec *docs, TokenData *out, bool *built, char *path_out) {
     memset(out, 0, sizeof *out);
@@ -122,7 +143,7 @@ Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Co
     Status st = token_cache_make_dir(cache_dir);
     if (!st.ok) return st;
     char path[CACHE_PATH_MAX];
-    uint64_t key = fnv1a64(FNV1A_INIT, corpus_spec, strlen(corpus_spec));
+    uint64_t key = corpus_spec_key(corpus_spec);
     key = fnv1a64(key, &tok->hash, sizeof tok->hash);
     bool want_docs = docs->mode != DOCS_NONE;
     if (want_docs) {   // (documents = none keeps the key it had before documents existed)

@@ -46,6 +46,10 @@ typedef struct TokenData {
     size_t map_len;
 } TokenData;
 
+// The corpus spec's share of the cache file's name: each comma-separated path
+// by its canonical path, so two spellings of one file share a cache.
+uint64_t corpus_spec_key(const char *corpus_spec);
+
 // Load the corpus's tokens from the cache, building it first if it is
 // missing or stale. *built (may be NULL) says whether it was (re)built.
 // path_out (may be NULL, size CACHE_PATH_MAX) receives the cache file path.

@@ -19,8 +19,9 @@ PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev libdnnl-dev li
 # The test command also builds the libFuzzer targets (clang) for a short smoke
 # run, and checks the PyTorch loader of checkpoints (python3-torch, python3-h5py).
 TEST_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev python3-torch python3-h5py)
-# The user programs, linked into bin/ after `scripts/run.sh main|build`.
-PROGRAMS=(train generate evaluate export_model tokenize)
+# The user programs, linked into bin/ after `scripts/run.sh main|build` (longctx: the
+# synthetic long-context tasks, passkey and MQAR, at growing lengths).
+PROGRAMS=(train generate evaluate export_model tokenize longctx)
 
 install_packages() {  # install_packages [extra packages...]
     local missing=()
@@ -117,6 +118,8 @@ test)
     done
     echo "== llama.cpp runs the exported GGUF models (the npm package @node-llama-cpp/linux-x64)"
     tests/test_llama.sh build-f32 || { echo "== FAILED: tests/test_llama.sh"; exit 1; }
+    echo "== the README's first hour, as written, in a fresh clone"
+    tests/test_first_hour.sh build-f32 || { echo "== FAILED: tests/test_first_hour.sh"; exit 1; }
     echo "== fuzz smoke (each target on its seed corpus)"
     tests/fuzz/run.sh 12 || { echo "== FAILED: fuzzing"; exit 1; }
     # The CUDA backend (docs/cuda.md) is compiled wherever nvcc is, in both

@@ -7,7 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <limits.h>
+
 #include "config.h"
+#include "data_dir.h"
 #include "test_util.h"
 
 // Write `text` to <tmpdir>/<name>; returns the path (static buffer per call site use).
@@ -387,6 +390,52 @@ Test(config, warmup_follows_steps_unless_written) {
     cr_assert(config_validate(&cfg).ok);
     cr_assert_eq(config_warmup_steps(&cfg), 7);
     config_free(&cfg);
+}
+
+// A bundled config writes warmup_fraction: --set train.warmup_steps replaces
+// it (the command line overrides the file), and the reverse; both on the
+// command line still collide.
+Test(config, a_set_warmup_replaces_the_files_other_warmup_key) {
+    TrainConfig cfg;
+    config_defaults(&cfg, NULL);
+    cr_assert(config_load_string(&cfg, "[train]\nsteps = 100\nwarmup_fraction = 0.1\n", "tiny.ini").ok);
+    cr_assert(config_set(&cfg, "train.warmup_steps=5").ok);
+    Status st = config_validate(&cfg);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_eq(config_warmup_steps(&cfg), 5);
+    config_free(&cfg);
+    config_defaults(&cfg, NULL);
+    cr_assert(config_load_string(&cfg, "[train]\nsteps = 100\nwarmup_steps = 30\n", "tiny.ini").ok);
+    cr_assert(config_set(&cfg, "train.warmup_fraction=0.2").ok);
+    st = config_validate(&cfg);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert_eq(config_warmup_steps(&cfg), 20);
+    cr_assert(config_set(&cfg, "train.warmup_steps=3").ok);
+    st = config_validate(&cfg);
+    cr_assert(!st.ok && strstr(st.msg, "set together with warmup_steps = 3"), "%s", st.msg);
+    config_free(&cfg);
+}
+
+// An installed program finds share/attnlab beside its bin/ whatever prefix
+// the install chose; a program with none beside it (a build tree) keeps the
+// configured path.
+Test(config, the_data_folder_is_found_from_the_installed_program) {
+    char root[PATH_MAX];
+    snprintf(root, sizeof root, "%s", test_tmpdir("prefix"));
+    char bin[PATH_MAX + 16], share[PATH_MAX + 16], data[PATH_MAX + 32], exe[PATH_MAX + 32], got[PATH_MAX + 64];
+    snprintf(bin, sizeof bin, "%s/bin", root);
+    snprintf(share, sizeof share, "%s/share", root);
+    snprintf(data, sizeof data, "%s/share/attnlab", root);
+    snprintf(exe, sizeof exe, "%s/train", bin);
+    cr_assert(mkdir(bin, 0755) == 0);
+    cr_assert_str_eq(attnlab_data_dir_for(exe, got, sizeof got), ATTNLAB_DATA_DIR);
+    cr_assert(mkdir(share, 0755) == 0 && mkdir(data, 0755) == 0);
+    attnlab_data_dir_for(exe, got, sizeof got);
+    char real_got[PATH_MAX], real_data[PATH_MAX];
+    cr_assert(realpath(got, real_got) && realpath(data, real_data), "%s", got);
+    cr_assert_str_eq(real_got, real_data);
+    cr_assert_str_eq(attnlab_data_dir_for("train", got, sizeof got), ATTNLAB_DATA_DIR, "no folder in the path");
+    test_remove_tree(root);
 }
 
 // What config.ini and a checkpoint's /config hold must read back as written:

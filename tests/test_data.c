@@ -173,6 +173,42 @@ Test(data, corpus_errors_name_the_path) {
     cr_assert_str_eq(st.msg, "' , ': corpus spec names no file");
 }
 
+// Two spellings of one file (./a, a/../a, an absolute path) share one cache:
+// the key is the canonical path, not the text of the spec.
+Test(data, token_cache_is_keyed_by_the_canonical_path) {
+    Tokenizer byte_tok;
+    tokenizer_bytes(&byte_tok);
+    char f[600], g[600], cache[600], p1[CACHE_PATH_MAX], p2[CACHE_PATH_MAX];
+    write_file(tpath(f, "spelled.txt"), "one file, two spellings\n");
+    write_file(tpath(g, "other.txt"), "another\n");
+    tpath(cache, "cache_spell");
+    char *slash = strrchr(f, '/');
+    char alt[1400];
+    // <dir>/./../<dir name>/spelled.txt
+    char dir[600], *base;
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - f), f);
+    base = strrchr(dir, '/');
+    snprintf(alt, sizeof alt, "%s/./..%s/spelled.txt", dir, base);
+    cr_assert_eq(corpus_spec_key(f), corpus_spec_key(alt), "%s vs %s", f, alt);
+    char list1[2100], list2[2100];
+    snprintf(list1, sizeof list1, "%s,%s", f, g);
+    snprintf(list2, sizeof list2, "%s,%s", alt, g);
+    cr_assert_eq(corpus_spec_key(list1), corpus_spec_key(list2));
+    snprintf(list2, sizeof list2, "%s,%s", g, f);
+    cr_assert_neq(corpus_spec_key(list1), corpus_spec_key(list2), "the order of a list is part of the corpus");
+    Corpus c;
+    TokenData td;
+    bool built = false;
+    cr_assert(corpus_load(&c, f).ok);
+    cr_assert(token_cache_load(cache, f, &c, &byte_tok, &(DocSpec){DOCS_NONE}, &td, &built, p1).ok && built);
+    token_data_free(&td);
+    cr_assert(token_cache_load(cache, alt, &c, &byte_tok, &(DocSpec){DOCS_NONE}, &td, &built, p2).ok);
+    cr_assert(!built, "another spelling of the same file reuses its cache");
+    cr_assert_str_eq(p1, p2);
+    token_data_free(&td);
+    corpus_free(&c);
+}
+
 Test(data, token_cache_reused_and_rebuilt) {
     Tokenizer byte_tok;
     tokenizer_bytes(&byte_tok);

@@ -486,7 +486,8 @@ Test(dsa_finetune, dump_state_in_indexer_mode, .timeout = 60) {
     batcher_train(&t.bt, t.x, t.y, NULL);
     char path[600];
     snprintf(path, sizeof path, "%s/dump.h5", dir);
-    s = dump_state_write(path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size, t.cfg.data.seq_len, true);
+    s = dump_state_write(path, &t.tp, &t.lm, &t.ps,
+                         &(DumpBatch){t.x, t.y, NULL, t.cfg.data.batch_size, t.cfg.data.seq_len, NULL, true});
     cr_assert(s.ok, "%s", s.msg);
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     double kl;

@@ -29,7 +29,7 @@ Test(dump_state, config_attribute_rebuilds_the_same_model) {
     snprintf(path, sizeof path, "%s/dump.h5", test_tmpdir("dump"));
     Tape tp;
     tape_init(&tp);
-    s = dump_state_write(path, &tp, &lm, &ps, x, y, B, T, false);
+    s = dump_state_write(path, &tp, &lm, &ps, &(DumpBatch){x, y, NULL, B, T, NULL, false});
     cr_assert(s.ok, "%s", s.msg);
 
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -73,4 +73,39 @@ Test(dump_state, config_attribute_rebuilds_the_same_model) {
     lm_destroy(&lm);
     params_free(&ps);
     config_free(&cfg);
+}
+
+// train --dump-state on a run with documents and carried states: the dump
+// holds the step's document flags and its initial states, and its loss is
+// the step's own (lm_loss_carry with those flags), not the plain loss.
+Test(dump_state, the_step_of_a_documents_and_carry_run, .timeout = 60) {
+    const char *cfg = test_tiny_config("dump_docs", "gdn,attn", 2, NULL, NULL);
+    char dir[1500], path[1600], err[1600];
+    snprintf(dir, sizeof dir, "%s", test_dir_of(cfg));
+    snprintf(path, sizeof path, "%s/state.h5", dir);
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    char *argv[] = {(char *)test_program("train"), "--config", (char *)cfg, "--set", "data.documents=text:day.",
+                    "--set", "data.order=streams", "--set", "train.carry_state=true", "--dump-state", path, NULL};
+    int code = test_spawn(argv, NULL, NULL, err, 60, NULL);
+    char *text = test_read_file(err);
+    cr_assert_eq(code, 0, "%s", text);
+    free(text);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    cr_assert_geq(f, 0);
+    int B = 3, T = 24, doc[72], tokens[72];
+    cr_assert_geq(H5LTread_dataset_int(f, "/doc_start", doc), 0, "the document flags");
+    cr_assert_geq(H5LTread_dataset_int(f, "/tokens", tokens), 0);
+    int inside = 0;
+    for (int b = 0; b < B; b++) {
+        cr_assert_eq(doc[b * T], 1, "a stream's first window starts afresh");
+        for (int t = 1; t < T; t++) inside += doc[b * T + t];
+    }
+    cr_assert_gt(inside, 0, "documents start inside the windows (\"day.\" ends one every few words)");
+    cr_assert_gt(H5Lexists(f, "/initial_state", H5P_DEFAULT), 0, "the carried states it started from");
+    hsize_t n_states = 0;
+    hid_t g = H5Gopen2(f, "/initial_state", H5P_DEFAULT);
+    H5Gget_num_objs(g, &n_states);
+    cr_assert_gt(n_states, 0);
+    H5Gclose(g);
+    H5Fclose(f);
 }

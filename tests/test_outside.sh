@@ -30,6 +30,19 @@ tol=$([ "$precision" = float64 ] && echo 1e-9 || echo 1e-4)
 cmake --install "$BUILD" --prefix "$TMP/prefix" >/dev/null
 "$TMP/prefix/bin/train" --help >/dev/null
 "$TMP/prefix/bin/generate" --help >/dev/null
+for p in train generate evaluate export_model tokenize; do
+    "$TMP/prefix/bin/$p" --version | grep -q "^$p (attnlab " || { echo "outside: $p --version" >&2; exit 1; }
+done
+# A prefix other than the configured one: the installed train finds its
+# configs in that prefix's share/attnlab (a config only there is found, and
+# its error names where it was found).
+printf '[train]\nno_such_key = 1\n' > "$TMP/prefix/share/attnlab/configs/only_in_prefix.ini"
+got=$(cd "$TMP" && "$TMP/prefix/bin/train" --config only_in_prefix 2>&1 >/dev/null || true)
+case "$got" in
+*"$(cd "$TMP" && pwd -P)/prefix/share/attnlab/configs/only_in_prefix.ini"*"no_such_key"*) ;;
+*) echo "outside: the installed train did not find its prefix's configs: $got" >&2; exit 1 ;;
+esac
+rm "$TMP/prefix/share/attnlab/configs/only_in_prefix.ini"
 export PKG_CONFIG_PATH="$TMP/prefix/lib/pkgconfig"
 
 # 2. examples, both ways
@@ -174,3 +187,56 @@ grep -qF "3 kernel launches, 5.00 ms of kernel time" <<<"$table" && grep -qxF "$
     grep -qxF "$want_b" <<<"$table" || { echo "ncu_table.py on tests/fixtures/ncu_small.csv printed:"; echo "$table"; exit 1; }
 ! $PY "$ROOT/bench/ncu_table.py" "$ROOT/README.md" 2>/dev/null || { echo "ncu_table.py accepted a file with no ncu CSV"; exit 1; }
 echo "outside: bench/ncu_table.py's per-kernel table on a counted fixture: OK"
+
+# 7. A bench script replaces committed results only when --out names their
+# folder: by default it writes under BUILD/bench/<script> (here: the plots and
+# tables of bench/longctx_tasks.sh from a copy of the committed passkey runs).
+sum_docs() { (cd "$ROOT" && find docs/bench/longctx docs/img -type f -print0 | sort -z | xargs -0 md5sum); }
+before=$(sum_docs)
+mkdir -p "$TMP/bench_build/bench/longctx_tasks" "$TMP/lc_out"
+cp "$ROOT/docs/bench/longctx/passkey.tsv" "$TMP/bench_build/bench/longctx_tasks/"
+cp "$ROOT/docs/bench/longctx/passkey.tsv" "$TMP/lc_out/"
+BUILD="$TMP/bench_build" "$ROOT/bench/longctx_tasks.sh" plot >/dev/null
+BUILD="$TMP/bench_build" "$ROOT/bench/longctx_tasks.sh" --out "$TMP/lc_out" plot >/dev/null
+for d in "$TMP/bench_build/bench/longctx_tasks" "$TMP/lc_out"; do
+    [ -s "$d/passkey_table.md" ] && [ -s "$d/longctx_passkey.png" ] ||
+        { echo "outside: bench/longctx_tasks.sh plot wrote no table or plot in $d"; exit 1; }
+done
+[ "$before" = "$(sum_docs)" ] || { echo "outside: bench/longctx_tasks.sh changed committed results without --out"; exit 1; }
+echo "outside: bench/longctx_tasks.sh writes under the build folder or --out, never over docs/: OK"
+
+# 8. train --dump-state of a run with documents and carried states against the
+# PyTorch reference (bench/torch_ref/compare_dump.py): the dump's document
+# flags are what the step used (with them cleared, the reference disagrees), a
+# frozen parameter's missing gradient is listed, not a KeyError, and carried
+# states that are not zero are refused with a sentence.
+$PY - "$TMP/dump_corpus.txt" <<'PYEOF'
+import random, sys
+random.seed(1)
+words = "the light and darkness was good evening morning day".split()
+with open(sys.argv[1], "w") as f:
+    for _ in range(300):
+        f.write(" ".join(random.choice(words) for _ in range(random.randint(3, 30))) + "\n\n")
+PYEOF
+"$BUILD/train" --config "$ROOT/configs/tiny_hybrid.ini" --set "data.corpus=$TMP/dump_corpus.txt" \
+    --set "data.cache_dir=$TMP/dump_cache" --set data.documents=blank_line --set data.seq_len=64 \
+    --set data.batch_size=4 --set data.order=streams --set train.carry_state=true \
+    --set "train.run_dir=$TMP/dump_run" --dump-state "$TMP/dump.h5" >/dev/null 2>&1 ||
+    { echo "outside: train --dump-state failed"; exit 1; }
+cmp_dump() { $PY "$ROOT/bench/torch_ref/compare_dump.py" --tol "$tol" "$@"; }
+cmp_dump "$TMP/dump.h5" >"$TMP/cmp.txt" || { echo "outside: compare_dump on a documents + carry dump:"; cat "$TMP/cmp.txt"; exit 1; }
+cp "$TMP/dump.h5" "$TMP/dump_edit.h5"
+$PY -c 'import h5py, sys; f = h5py.File(sys.argv[1], "r+"); assert f["doc_start"][:, 1:].any(); f["doc_start"][...] = 0' \
+    "$TMP/dump_edit.h5"
+! cmp_dump "$TMP/dump_edit.h5" >/dev/null || { echo "outside: compare_dump ignores the dump's document flags"; exit 1; }
+cp "$TMP/dump.h5" "$TMP/dump_edit.h5"
+$PY -c 'import h5py, sys; f = h5py.File(sys.argv[1], "r+"); del f["grads/norm_f"]' "$TMP/dump_edit.h5"
+out=$(cmp_dump "$TMP/dump_edit.h5") || { echo "outside: compare_dump with a frozen parameter:"; echo "$out"; exit 1; }
+grep -q "no gradient in the dump (frozen in the C step), not compared: norm_f" <<<"$out" ||
+    { echo "outside: compare_dump did not list the frozen parameter:"; echo "$out"; exit 1; }
+cp "$TMP/dump.h5" "$TMP/dump_edit.h5"
+$PY -c 'import h5py, sys; f = h5py.File(sys.argv[1], "r+"); f["initial_state/0"][0] = 1' "$TMP/dump_edit.h5"
+msg=$(cmp_dump "$TMP/dump_edit.h5" 2>&1 || true)
+grep -q "starts from carried states that are not zero (initial_state 0" <<<"$msg" ||
+    { echo "outside: compare_dump on nonzero carried states printed:"; echo "$msg"; exit 1; }
+echo "outside: --dump-state of a documents + carry run equals the PyTorch reference; frozen and carried cases: OK"

@@ -15,6 +15,7 @@
 #include "checkpoint.h"
 #include "h5io.h"
 #include "model_setup.h"
+#include "runlog.h"
 #include "test_util.h"
 #include "trainer.h"
 
@@ -353,11 +354,34 @@ Test(run, a_bpe_run_keeps_its_tokenizer, .timeout = 120) {
     cr_assert_eq(run(&t, opts(cfg, false, cont, 2)), 0);
     cr_assert_eq(t.tok.hash, hash);
     trainer_free(&t);
+    // The config that trained it (its bpe:300 of the same corpus) builds the model's tokenizer: accepted.
+    const char *same[] = {from, rd, "data.tokenizer=bpe:300"};
+    TrainerOptions os = opts(cfg, false, same, 3);
+    os.overwrite = true;
+    s = trainer_setup(&t, &os);
+    cr_assert(s.ok, "continuing a model with the config that trained it: %s", s.msg);
+    cr_assert_eq(t.tok.hash, hash);
+    trainer_free(&t);
     const char *other[] = {from, rd, "data.tokenizer=gpt2"};
     TrainerOptions oo = opts(cfg, false, other, 3);
     oo.overwrite = true;
     s = trainer_setup(&t, &oo);
-    cr_assert(!s.ok && strstr(s.msg, "not the tokenizer the model of"), "%s", s.msg);
+    cr_assert(!s.ok && strstr(s.msg, "was trained with another tokenizer (BPE") && strstr(s.msg, "than this one (") &&
+                  strstr(s.msg, "--set data.tokenizer=byte"),
+              "%s", s.msg);
+    // Another corpus's bpe:300 is another tokenizer: refused, naming the file the config would use.
+    char corpus2[1700];
+    snprintf(corpus2, sizeof corpus2, "data.corpus=%s/bpe_other.txt", test_tmpdir("run_bpe_other"));
+    FILE *f2 = fopen(corpus2 + strlen("data.corpus="), "w");
+    cr_assert(f2);
+    for (int i = 0; i < 400; i++) fprintf(f2, "zebra quartz %d vexing jumbo %d\n", i, i * 7);
+    fclose(f2);
+    const char *newtext[] = {from, rd, "data.tokenizer=bpe:300", corpus2};
+    TrainerOptions on = opts(cfg, false, newtext, 4);
+    on.overwrite = true;
+    s = trainer_setup(&t, &on);
+    cr_assert(!s.ok && strstr(s.msg, "was trained with another tokenizer") && strstr(s.msg, ".bpe, hash"), "%s",
+              s.msg);
     // A stored tokenizer that is not a tokenizer file (with a valid checksum).
     hid_t f = H5Fopen(ckpt, H5F_ACC_RDWR, H5P_DEFAULT);
     H5Ldelete(f, "/tokenizer", H5P_DEFAULT);
@@ -367,4 +391,77 @@ Test(run, a_bpe_run_keeps_its_tokenizer, .timeout = 120) {
     s = model_load_checkpoint(ckpt, &c, &lm, &ps, NULL);
     cr_assert(!s.ok && strstr(s.msg, "/tokenizer"), "%s", s.msg);
     config_free(&c);
+}
+
+// A run killed before its first checkpoint leaves logs and no checkpoint:
+// --resume has nothing to continue, so a plain start takes the folder again
+// and says so, instead of pointing at --resume.
+Test(run, a_run_stopped_before_its_first_checkpoint_starts_afresh, .timeout = 60) {
+    const char *cfg = test_tiny_config("run_nockpt", "gdn", 2, NULL, NULL);
+    static Trainer t;
+    TrainerOptions o = opts(cfg, false, NULL, 0);
+    cr_assert_eq(run(&t, o), 0);
+    char ckpt[1500], log[1500];
+    snprintf(ckpt, sizeof ckpt, "%s", t.ckpt);
+    snprintf(log, sizeof log, "%s/metrics.jsonl", t.run_dir);
+    trainer_free(&t);
+    cr_assert_eq(unlink(ckpt), 0);
+    Status s = trainer_setup(&t, &(TrainerOptions){.config = cfg, .resume = true, .quiet = true});
+    cr_assert(!s.ok && strstr(s.msg, "start the run without --resume"), "%s", s.msg);
+    s = trainer_setup(&t, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert(strstr(t.notes, "stopped before its first checkpoint") && strstr(t.notes, "started afresh"), "%s",
+              t.notes);
+    cr_assert_neq(access(log, F_OK), 0, "the stopped run's logs are replaced");
+    cr_assert_eq(trainer_run(&t, &o), 0);
+    cr_assert_eq(access(ckpt, F_OK), 0);
+    trainer_free(&t);
+}
+
+// loss.png names the unit of the loss: nats per token, a byte only for the byte tokenizer.
+Test(run, the_loss_plot_names_its_unit) {
+    RunLogPlot b = runlog_plot_labels("t.ini", false, false), p = runlog_plot_labels("t.ini", false, true);
+    cr_assert_str_eq(b.train_label, "loss (nats/byte)");
+    cr_assert_str_eq(p.train_label, "loss (nats/token)");
+    RunLogPlot k = runlog_plot_labels("t.ini", true, true);
+    cr_assert(k.separate && strstr(k.val_label, "nats/token"), "%s", k.val_label);
+    cr_assert(strstr(runlog_plot_labels("t.ini", true, false).val_label, "nats/byte"));
+}
+
+// init_from: the model's data settings are the run's unless the command line
+// gives them; a config file written for other data (the bundled indexer_ft.ini
+// names the KJV) is overridden, and each key it changed is said.
+Test(run, init_from_keeps_the_models_data_unless_told, .timeout = 90) {
+    const char *first = test_tiny_config("run_ftdata_a", "gdn", 2, NULL, NULL);
+    const char *docs[] = {"data.documents=blank_line"};
+    static Trainer t;
+    cr_assert_eq(run(&t, opts(first, false, docs, 1)), 0);
+    char ckpt[1500], corpus_a[1500];
+    snprintf(ckpt, sizeof ckpt, "%s", t.ckpt);
+    snprintf(corpus_a, sizeof corpus_a, "%s", t.cfg.data.corpus);
+    trainer_free(&t);
+    char from[1600], other_corpus[1500];
+    snprintf(from, sizeof from, "finetune.init_from=%s", ckpt);
+    const char *second = test_tiny_config("run_ftdata_b", "gdn", 2, NULL, NULL);
+    const char *sets[] = {from};
+    Status s = trainer_setup(&t, &(TrainerOptions){.config = second, .quiet = true, .sets = sets, .n_sets = 1});
+    cr_assert(s.ok, "%s", s.msg);
+    snprintf(other_corpus, sizeof other_corpus, "%s", t.cfg.data.corpus);
+    cr_assert_str_eq(t.cfg.data.corpus, corpus_a, "the model's corpus, not the file's");
+    cr_assert_str_eq(t.cfg.data.documents, "blank_line");
+    cr_assert(strstr(t.notes, "[finetune] init_from: [data] corpus = ") && strstr(t.notes, "tiny.ini:") &&
+                  strstr(t.notes, "[data] documents = blank_line, as the model was trained (default says none"),
+              "%s", t.notes);
+    trainer_free(&t);
+    // The command line chooses: the file's corpus given with --set is used, and not reported.
+    const char *b_dir = test_dir_of(second);
+    char corpus_b[1600];
+    snprintf(corpus_b, sizeof corpus_b, "data.corpus=%s/corpus.txt", b_dir);
+    const char *chosen[] = {from, corpus_b, "data.documents=none"};
+    s = trainer_setup(&t, &(TrainerOptions){.config = second, .quiet = true, .sets = chosen, .n_sets = 3});
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_str_eq(t.cfg.data.corpus, corpus_b + strlen("data.corpus="));
+    cr_assert_str_eq(t.cfg.data.documents, "none");
+    cr_assert(!strstr(t.notes, "[data] corpus") && !strstr(t.notes, "[data] documents"), "%s", t.notes);
+    trainer_free(&t);
 }

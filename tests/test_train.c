@@ -14,6 +14,7 @@
 #include "checkpoint.h"
 #include "dump_state.h"
 #include "test_util.h"
+#include "vocab_cost.h"
 #include "trainer.h"
 
 // A scratch folder with a small corpus and tiny.ini (test_tiny_config); returns the folder.
@@ -281,8 +282,8 @@ Test(train, dump_state_holds_loss_logits_params_and_grads) {
     batcher_train(&t.bt, t.x, t.y, NULL);
     char path[600];
     snprintf(path, sizeof path, "%s/state.h5", dir);
-    s = dump_state_write(path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size, t.cfg.data.seq_len,
-                         false);
+    s = dump_state_write(path, &t.tp, &t.lm, &t.ps,
+                         &(DumpBatch){t.x, t.y, NULL, t.cfg.data.batch_size, t.cfg.data.seq_len, NULL, false});
     cr_assert(s.ok, "%s", s.msg);
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     cr_assert_geq(f, 0);
@@ -361,4 +362,37 @@ Test(train, nonfinite_loss_stops_and_keeps_the_last_checkpoint, .timeout = 120) 
         cr_assert(b.ps.data[i] == (real)(float)good[i], "weight %lld of the checkpoint changed", (long long)i);
     trainer_free(&b);
     free(good);
+}
+
+// Before training, train says what the tokenizer costs: the embedding's (and
+// an untied output layer's) parameters and their share of the model.
+Test(train, the_vocabulary_cost_is_said) {
+    ParamStore ps;
+    params_init(&ps);
+    params_add(&ps, "embed", 2, (int[]){100000, 16}, init_zeros(), 0);
+    params_add(&ps, "blocks", 2, (int[]){16, 1000}, init_zeros(), 0);
+    params_finalize(&ps, 1);
+    char line[400];
+    vocab_cost_describe(&ps, line, sizeof line);
+    cr_assert(strstr(line, "vocabulary 100000 ids: embedding 100000 x 16 = 1.6M parameters, 99% of the model's 1.62M") &&
+                  strstr(line, "most of the model is its vocabulary"),
+              "%s", line);
+    params_free(&ps);
+    params_init(&ps);
+    params_add(&ps, "embed", 2, (int[]){256, 16}, init_zeros(), 0);
+    params_add(&ps, "blocks", 2, (int[]){16, 10000}, init_zeros(), 0);
+    params_add(&ps, "lm_head", 2, (int[]){16, 256}, init_zeros(), 0);
+    params_finalize(&ps, 1);
+    vocab_cost_describe(&ps, line, sizeof line);
+    cr_assert(strstr(line, "embedding 256 x 16 and the output layer (untied) = 8192 parameters, 5% of the model's 168k") &&
+                  !strstr(line, "most of"),
+              "%s", line);
+    params_free(&ps);
+    params_init(&ps);   // a tiny byte-level model: its embedding is most of it, but no smaller vocabulary exists
+    params_add(&ps, "embed", 2, (int[]){256, 16}, init_zeros(), 0);
+    params_add(&ps, "blocks", 2, (int[]){16, 100}, init_zeros(), 0);
+    params_finalize(&ps, 1);
+    vocab_cost_describe(&ps, line, sizeof line);
+    cr_assert(strstr(line, "72% of the model's") && !strstr(line, "most of"), "%s", line);
+    params_free(&ps);
 }

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data_dir.h"
 #include "fileio.h"
 #include "documents.h"
 #include "tokenizer.h"
@@ -244,6 +245,21 @@ Status config_load_file(TrainConfig *cfg, const char *path) {
     return st;
 }
 
+// Keys that say one thing two ways: a --set of one replaces what the file
+// said with the other (it goes back to its default), as a --set replaces the
+// file's value of its own key; both on the command line still collide.
+static void set_replaces_file_twin(TrainConfig *cfg, const ConfigKey *k) {
+    static const char *const TWINS[][3] = {{"train", "warmup_steps", "warmup_fraction"},
+                                           {"train", "warmup_fraction", "warmup_steps"}};
+    for (size_t i = 0; i < sizeof TWINS / sizeof TWINS[0]; i++) {
+        if (strcmp(k->section, TWINS[i][0]) != 0 || strcmp(k->key, TWINS[i][1]) != 0) continue;
+        const ConfigKey *twin = schema_find(TWINS[i][0], TWINS[i][2]);
+        char err[300];
+        if (twin && cfg->origin[twin - CONFIG_SCHEMA] > 0 && schema_set_value(cfg, twin, twin->def, err, sizeof err))
+            cfg->origin[twin - CONFIG_SCHEMA] = 0;
+    }
+}
+
 Status config_set(TrainConfig *cfg, const char *assignment) { return config_set_key(cfg, assignment, NULL); }
 
 Status config_set_key(TrainConfig *cfg, const char *assignment, int *key_index) {
@@ -273,6 +289,7 @@ Status config_set_key(TrainConfig *cfg, const char *assignment, int *key_index) 
         return status_err("--set %s: [%s] %s: %s", shown, section, key, err);
     cfg->origin[k - CONFIG_SCHEMA] = -1;
     if (key_index) *key_index = (int)(k - CONFIG_SCHEMA);
+    set_replaces_file_twin(cfg, k);
     return status_ok();
 }
 
@@ -478,7 +495,9 @@ Status config_find(const char *name, const char *const *dirs, int ndirs, char *o
     for (int d = 0; d < ndirs; d++)
         for (int ext = 0; ext < (has_ext ? 1 : 2); ext++) {
             char path[CONFIG_STR_MAX];
-            if (snprintf(path, sizeof path, "%s/configs/%s%s", dirs[d], name, ext ? ".ini" : "") >= (int)sizeof path)
+            // The install's data folder is where this program was installed (data_dir.h), not only the configured one.
+            const char *dir = strcmp(dirs[d], ATTNLAB_DATA_DIR) == 0 ? attnlab_data_dir() : dirs[d];
+            if (snprintf(path, sizeof path, "%s/configs/%s%s", dir, name, ext ? ".ini" : "") >= (int)sizeof path)
                 continue;
             if ((st = file_state(path, &mode)) < 0)
                 return status_err("%s: is %s, not a config file", path, file_kind_name(mode));

@@ -44,6 +44,7 @@ typedef enum { CFG_OPT_ADAMW, CFG_OPT_SGD, CFG_OPT_COUNT } ConfigOptimizer;
 // [finetune] mode.
 typedef enum { FT_NONE, FT_INDEXER, FT_SPARSE, FT_COUNT } FinetuneMode;
 typedef enum { CFG_ORDER_RANDOM, CFG_ORDER_STREAMS } ConfigOrder;
+typedef enum { CFG_VAL_DOCUMENTS, CFG_VAL_TAIL } ConfigValChoice;
 
 typedef struct ConfigNames {   // a comma list of names, e.g. "attn,gdn,attn"
     int n;
@@ -82,6 +83,7 @@ typedef struct TrainConfig {
         char tokenizer[CONFIG_STR_MAX];  // byte | tiktoken name | bpe:N | a file (tokenizer.h)
         char documents[CONFIG_STR_MAX];  // none | files | blank_line | eot | text:SEP (documents.h)
         ConfigOrder order;               // random windows | each row reads a contiguous stream (batch.h)
+        ConfigValChoice val_choice;      // held-out documents at random | the tail (val_split.h)
         double val_fraction;             // last fraction of the tokens held out
         int seq_len;                     // T
         int batch_size;                  // B

@@ -55,7 +55,10 @@ const ConfigKey CONFIG_SCHEMA[] = {
      "training windows at random starts, or each batch row reading one contiguous stream window after window "
      "(carry_state needs streams)"},
     {"data", "val_fraction", KEY_FLOAT, OFF(data, val_fraction), "0.05", 0, 0.9, NULL, "val_split,validation",
-     "last fraction of the tokens held out for validation"},
+     "fraction of the tokens held out for validation"},
+    {"data", "val_choice", KEY_ENUM, OFF(data, val_choice), "documents", 0, 0, "documents|tail", "val_docs,holdout",
+     "which tokens are held out: whole documents drawn at random (seeded by [train] seed; with documents only, "
+     "else the tail), or the last val_fraction of the tokens"},
     {"data", "seq_len", KEY_INT, OFF(data, seq_len), "256", 1, 1 << 20, NULL, "block_size,context,T",
      "training window length T"},
     {"data", "batch_size", KEY_INT, OFF(data, batch_size), "16", 1, 1 << 16, NULL, "batch,B", "windows per batch B"},

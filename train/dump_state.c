@@ -4,6 +4,7 @@
 #include <hdf5_hl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "h5io.h"
 
@@ -40,11 +41,47 @@ static char *model_ini(const LM *lm) {
     return text;
 }
 
-Status dump_state_write(const char *path, Tape *tp, LM *lm, ParamStore *ps, const int *x, const int *y, int B,
-                        int T, bool distill) {
+#define DUMP_CARRY_MAX (4 * LM_MAX_LAYERS)   // as the trainer's DUMP_CARRY_MAX: conv and state per layer
+
+// The carried states before the forward (the forward leaves its final states
+// in the carry): copies of each buffer, in lm_carry_buffers order.
+static int copy_carry(LM *lm, LMCache *carry, real **copies, int64_t *sizes) {
+    if (!carry) return 0;
+    real *bufs[DUMP_CARRY_MAX];
+    int n = lm_carry_buffers(lm, carry, bufs, sizes, DUMP_CARRY_MAX);
+    for (int i = 0; i < n; i++) {
+        copies[i] = xmalloc((size_t)(sizes[i] ? sizes[i] : 1) * sizeof(real));
+        memcpy(copies[i], bufs[i], (size_t)sizes[i] * sizeof(real));
+    }
+    return n;
+}
+
+// /doc_start and /initial_state/<i>: what the step started from besides the tokens.
+static herr_t put_start(hid_t f, const int *doc, int B, int T, real *const *init, const int64_t *sizes, int n_init) {
+    herr_t e = 0;
+    if (doc) e |= H5LTmake_dataset_int(f, "/doc_start", 2, (hsize_t[]){(hsize_t)B, (hsize_t)T}, doc);
+    if (n_init == 0) return e;
+    hid_t g = H5Gcreate2(f, "initial_state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    for (int i = 0; i < n_init; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "%d", i);
+        e |= put_reals(g, name, 1, (int[]){(int)sizes[i]}, init[i]);
+    }
+    return e | (H5Gclose(g) < 0 ? -1 : 0);
+}
+
+Status dump_state_write(const char *path, Tape *tp, LM *lm, ParamStore *ps, const DumpBatch *b) {
+    const int *x = b->x, *y = b->y, *doc = b->doc;
+    int B = b->B, T = b->T;
     params_zero_grad(ps);
+    real *init[DUMP_CARRY_MAX];
+    int64_t sizes[DUMP_CARRY_MAX];
+    int n_init = copy_carry(lm, b->carry, init, sizes);
     Tensor *logits = NULL;
-    Tensor *loss = distill ? lm_distill_loss(tp, lm, x, B, T) : lm_loss(tp, lm, x, y, B, T, &logits);
+    // The loss the training step computes: documents restart every layer, a carry starts from its states.
+    Tensor *loss = b->distill ? lm_distill_loss_docs(tp, lm, x, doc, B, T)
+                   : b->carry ? lm_loss_carry(tp, lm, x, y, doc, B, T, b->carry, &logits)
+                              : lm_loss_docs(tp, lm, x, y, doc, B, T, &logits);
     tape_backward(tp, loss);
 
     // Built in memory, then written whole over path (h5io_commit: never
@@ -52,6 +89,7 @@ Status dump_state_write(const char *path, Tape *tp, LM *lm, ParamStore *ps, cons
     hid_t f = h5io_create_memory();
     if (f < 0) {
         tape_reset(tp);
+        for (int i = 0; i < n_init; i++) free(init[i]);
         return status_err("%s: cannot create the state dump in memory", path);
     }
     hsize_t bt[2] = {(hsize_t)B, (hsize_t)T};
@@ -60,6 +98,8 @@ Status dump_state_write(const char *path, Tape *tp, LM *lm, ParamStore *ps, cons
     e |= H5LTmake_dataset_int(f, "/targets", 2, bt, y);
     if (logits) e |= put_reals(f, "/logits", 3, logits->shape, logits->data);
     e |= put_reals(f, "/loss", 1, (int[]){1}, loss->data);
+    e |= put_start(f, doc, B, T, init, sizes, n_init);
+    for (int i = 0; i < n_init; i++) free(init[i]);
     hid_t gp = H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     hid_t gg = H5Gcreate2(f, "grads", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     for (int i = 0; i < ps->n; i++) {
@@ -71,7 +111,7 @@ Status dump_state_write(const char *path, Tape *tp, LM *lm, ParamStore *ps, cons
     H5Gclose(gg);
     char *ini = model_ini(lm);
     e |= H5LTset_attribute_string(f, "/", "config", ini);
-    e |= H5LTset_attribute_string(f, "/", "objective", distill ? "distill" : "lm");
+    e |= H5LTset_attribute_string(f, "/", "objective", b->distill ? "distill" : "lm");
     e |= H5LTset_attribute_string(f, "/", "precision", REAL_NAME);
     e |= H5LTset_attribute_int(f, "/", "vocab_size", &lm->cfg.vocab_size, 1);
     free(ini);

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "version.h"
 #include "corpus.h"
 #include "blas.h"
 #include "doctext.h"
@@ -44,11 +45,15 @@
 #include "poseval.h"
 #include "runlog.h"
 #include "tokenizer.h"
+#include "documents.h"
+#include "run_config.h"
+#include "val_split.h"
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: evaluate --checkpoint FILE --text FILE[,FILE...|DIR] [--window T] [--stride S] [--batch B]\n"
-            "                [--stream] [--threads N] [--json] [--val] [--limit N]\n"
+            "                [--stream [--no-prefill]] [--threads N] [--device cpu|cuda] [--json] [--val]\n"
+            "                [--limit N] [--logits FILE]\n"
             "       evaluate --checkpoint FILE [--text SPEC] [--val] --positions [--context carry|full|window]\n"
             "                [--chunk N] [--window T] [--stride S] [--buckets E1,E2,...] [--seq N] [--doc-sep STR]\n"
             "  --checkpoint FILE  a checkpoint written by train (the model comes from its stored config)\n"
@@ -189,6 +194,7 @@ static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n
     int V = lm->cfg.vocab_size, W = imin(cache->prefill_window, imax(LM_PREFILL_WINDOW, (1 << 24) / V));
     if (steps) W = 1;
     real *lg = xmalloc((size_t)W * V * sizeof(real));   // a window's logits on the host
+    double t0 = runlog_now(), shown = 0;   // a long text says how far it got, every few seconds
     for (int64_t i = 0; i + 1 < n; i += W) {   // positions i .. i+w-1 predict tokens i+1 .. i+w
         int w = (int)(n - 1 - i < W ? n - 1 - i : W);
         Tensor *out = steps ? lm_step(&tp, lm, cache, &tok[i]) : lm_prefill_all(&tp, lm, cache, &tok[i], w);
@@ -203,12 +209,43 @@ static Score score_stream(LM *lm, const Tokenizer *tk, const int *tok, int64_t n
             sc.bytes += tokenizer_token_len(tk, tok[i + j + 1]);
         }
         tape_reset(&tp);
+        runlog_progress(stderr, "evaluate: --stream", i + w + 1, n, t0, &shown, 5.0, false);
     }
+    runlog_progress(stderr, "evaluate: --stream", n, n, t0, &shown, 5.0, true);
     free(lg);
     lm_cache_free(lm, cache);
     tape_no_grad_pop(&tp);
     tape_free(&tp);
     return sc;
+}
+
+// --val of a run that held out whole documents ([data] val_choice =
+// documents): the run's documents, reordered as training split them, so the
+// held-out ones are the tail from *first on, flagged at their starts. Leaves
+// everything as it is for a run that held out the tail.
+static void val_documents(const TrainConfig *cfg, const Corpus *corpus, const Tokenizer *tok, int **ids, int **flags,
+                          int64_t *n, int64_t *first) {
+    DocSpec docs;
+    if (cfg->data.val_choice != CFG_VAL_DOCUMENTS || !doc_spec_parse(cfg->data.documents, &docs).ok ||
+        docs.mode == DOCS_NONE)
+        return;
+    int *tokens, *split;
+    int64_t nt, n_docs, *starts, *split_starts, train_end;
+    documents_tokenize(corpus, &docs, tok, &tokens, &nt, &starts, &n_docs);
+    if (n_docs >= 2 && val_split_documents(tokens, nt, starts, n_docs, cfg->data.val_fraction, (uint64_t)cfg->train.seed,
+                                           &split, &split_starts, &train_end).ok) {
+        free(*ids);
+        free(*flags);
+        *ids = split;
+        *flags = xmalloc((size_t)(nt ? nt : 1) * sizeof **flags);
+        memset(*flags, 0, (size_t)nt * sizeof **flags);
+        for (int64_t d = 0; d < n_docs; d++) (*flags)[split_starts[d]] = 1;
+        free(split_starts);
+        *n = nt;
+        *first = train_end;
+    }
+    free(tokens);
+    free(starts);
 }
 
 // Parse "256,1k,4k" (k = x1024) into increasing positive edges; returns how
@@ -336,6 +373,7 @@ static Status check_logits_path(const char *path, const char *ckpt, const Corpus
 }
 
 int main(int argc, char **argv) {
+    if (program_version(argc, argv, "evaluate")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     file_check_stdout_at_exit("evaluate");
     const char *ckpt = NULL, *text = NULL, *logits_path = NULL;
@@ -368,7 +406,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "--buckets")) positions = true, ok = (po.n_edges = parse_edges(argv[++i], po.edges, 64)) > 0;
         else if (!strcmp(o, "--device")) {
             int d = device_parse(argv[++i]);
-            if (d < 0) fprintf(stderr, "evaluate: --device: '%s' is not a device (cpu or cuda)\n", argv[i]);
+            if (d < 0) fprintf(stderr, "evaluate: --device '%.40s': expected cpu or cuda\n", argv[i]);
             else device = (Device)d;
             ok = d >= 0;
         } else if (!strcmp(o, "--context")) {
@@ -384,7 +422,8 @@ int main(int argc, char **argv) {
             ok = po.seplen > 0;
         } else ok = false;
         if (!ok) {
-            if (!has || !strncmp(o, "--", 2)) fprintf(stderr, "evaluate: bad or incomplete argument '%s' (see --help)\n", o);
+            if (!has || !strncmp(o, "--", 2))
+                fprintf(stderr, "evaluate: unknown or incomplete argument '%s' (see evaluate --help)\n", o);
             return 2;
         }
     }
@@ -406,6 +445,7 @@ int main(int argc, char **argv) {
     Tokenizer tok;
     Status s = model_load_checkpoint(ckpt, &cfg, &lm, &ps, &tok);
     bool loaded = s.ok;   // (on failure the loader frees what it built)
+    if (s.ok) run_config_stored_compat(&cfg);
     if (s.ok && !text) text = cfg.data.corpus;
     if (s.ok && val && !(cfg.data.val_fraction > 0))
         s = status_err("%s: --val: the run held out no validation split (val_fraction 0)", ckpt);
@@ -433,8 +473,10 @@ int main(int argc, char **argv) {
     int *all_ids = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
     int *all_flags = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
     int64_t n = doctext_encode(&tok, corpus.bytes, corpus.n, po.seplen ? po.sep : NULL, po.seplen, all_ids, all_flags);
-    // --val: the last val_fraction of the tokens, as the batcher holds them out; --limit: the first tokens of that.
+    // --val: the tokens the run held out (the last val_fraction of them, or its
+    // documents drawn at random: val_split.h); --limit: the first tokens of that.
     int64_t first = val ? n - (int64_t)((double)n * cfg.data.val_fraction) : 0;
+    if (val && !po.seplen) val_documents(&cfg, &corpus, &tok, &all_ids, &all_flags, &n, &first);
     int *ids = all_ids + first, *flags = all_flags + first;
     n -= first;
     if (limit && n > limit) n = limit;

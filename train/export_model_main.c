@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "export_gguf.h"
+#include "version.h"
 #include "fileio.h"
 #include "model_setup.h"
 #include "runlog.h"
@@ -183,6 +184,7 @@ static Status export_gguf(const char *ckpt, const char *out, GgufType type, bool
 }
 
 int main(int argc, char **argv) {
+    if (program_version(argc, argv, "export_model")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     file_check_stdout_at_exit("export_model");
     const char *ckpt = NULL, *out = NULL, *cfg_json = NULL, *format = "safetensors", *type = NULL;

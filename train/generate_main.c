@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "version.h"
 #include "attn_dsa.h"
 #include "attn_kernel.h"
 #include "blas.h"
@@ -436,6 +437,7 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
 }
 
 int main(int argc, char **argv) {
+    if (program_version(argc, argv, "generate")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     file_check_stdout_at_exit("generate");
     GenArgs a;

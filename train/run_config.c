@@ -44,12 +44,22 @@ static void note(char *notes, size_t n, const char *fmt, ...) {
     if (used + 1 < n) strcat(notes, "\n");
 }
 
+void run_config_stored_compat(TrainConfig *cfg) {
+    for (int i = 0; i < config_n_keys(); i++) {
+        ConfigKeyRef r = config_key_ref(i);
+        // [data] val_choice: a run from before the key held out the tail.
+        if (!strcmp(r.section, "data") && !strcmp(r.key, "val_choice") && cfg->origin[i] == 0)
+            cfg->data.val_choice = CFG_VAL_TAIL;
+    }
+}
+
 // Read the config stored in checkpoint `ck` into *out (defaults, then its text).
 static Status stored_config(const char *ck, const TrainConfig *like, TrainConfig *out) {
     char *text = NULL;
     Status s = checkpoint_read_config(ck, &text);
     config_defaults(out, like->check_mixer);
     if (s.ok) s = config_load_string(out, text, ck);
+    if (s.ok) run_config_stored_compat(out);
     if (s.ok) s = config_validate(out);
     free(text);
     if (!s.ok) config_free(out);
@@ -115,9 +125,50 @@ Status run_config_add_indexers(TrainConfig *c) {
                       config_finetune_name(c->finetune.mode), c->finetune.init_from);
 }
 
-static Status fresh_config(TrainConfig *cfg, const RunConfigArgs *a) {
+bool run_config_from_command_line(const TrainConfig *cfg, const char *section, const char *key) {
+    for (int i = 0; i < config_n_keys(); i++) {
+        ConfigKeyRef r = config_key_ref(i);
+        if (!strcmp(r.section, section) && !strcmp(r.key, key)) return cfg->origin[i] < 0;
+    }
+    return false;
+}
+
+// [finetune] init_from: what the model was trained on is its data unless the
+// command line says otherwise. A config file written for another model (the
+// bundled indexer_ft.ini names the KJV) would otherwise switch the corpus
+// and its documents without a word: each key the file or a default sets
+// differently is replaced by the model's run's value and said in the notes.
+// (The tokenizer is the model's own in any case: setup_tokenizer.)
+static Status adopt_init_data(TrainConfig *cfg, char *notes, size_t nn) {
+    static const char *const KEYS[] = {"corpus", "documents", "tokenizer", "val_fraction"};
+    TrainConfig base;
+    Status s = stored_config(cfg->finetune.init_from, cfg, &base);
+    if (!s.ok) return status_err("[finetune] init_from: %s", s.msg);
+    for (int i = 0; s.ok && i < config_n_keys(); i++) {
+        ConfigKeyRef r = config_key_ref(i);
+        bool data = false;
+        for (size_t k = 0; k < sizeof KEYS / sizeof KEYS[0]; k++) data |= !strcmp(r.section, "data") && !strcmp(r.key, KEYS[k]);
+        if (!data || cfg->origin[i] < 0) continue;
+        char mine[CONFIG_STR_MAX + 64], theirs[CONFIG_STR_MAX + 64], where[CONFIG_STR_MAX + 16];
+        config_format_key(cfg, i, mine, sizeof mine);
+        config_format_key(&base, i, theirs, sizeof theirs);
+        if (!strcmp(mine, theirs)) continue;
+        config_key_where(cfg, i, where, sizeof where);
+        char assign[2 * CONFIG_STR_MAX];
+        snprintf(assign, sizeof assign, "data.%s=%s", r.key, theirs);
+        s = config_set(cfg, assign);
+        cfg->origin[i] = 0;   // nobody set it here: the model's run did
+        note(notes, nn, "[finetune] init_from: [data] %s = %s, as the model was trained (%s says %s; --set data.%s=... "
+             "to choose)", r.key, theirs, where, mine, r.key);
+    }
+    config_free(&base);
+    return s;
+}
+
+static Status fresh_config(TrainConfig *cfg, const RunConfigArgs *a, char *notes, size_t nn) {
     Status s = status_ok();
     if (cfg->finetune.init_from[0]) s = adopt_init_model(cfg, a);
+    if (s.ok && cfg->finetune.init_from[0]) s = adopt_init_data(cfg, notes, nn);
     if (s.ok) s = config_validate(cfg);
     if (s.ok && cfg->finetune.mode != FT_NONE) {
         s = run_config_add_indexers(cfg);
@@ -183,5 +234,5 @@ Status run_config_load(TrainConfig *cfg, const RunConfigArgs *a, char *run_dir, 
     Status s = load_file_and_sets(cfg, a);
     if (s.ok) s = default_run_dir(cfg, run_dir, run_dir_n);
     if (!s.ok) return s;
-    return a->resume ? resume_config(cfg, a, run_dir, notes, notes_n) : fresh_config(cfg, a);
+    return a->resume ? resume_config(cfg, a, run_dir, notes, notes_n) : fresh_config(cfg, a, notes, notes_n);
 }

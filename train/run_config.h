@@ -8,7 +8,9 @@
 //   key that defines the trained function (KEYF_ARCH), except the indexer's
 //   keys when the run adds indexers. mode = indexer | sparse then turns the
 //   attn layers named by dsa_layers into attn_dsa; mode = none continues
-//   training X's model as it is (on this config's data).
+//   training X's model as it is. X's data settings (corpus, documents,
+//   tokenizer, val_fraction) are the run's unless --set gives them; a file
+//   value that differs is replaced and reported in the notes.
 // --resume: the config stored in <run_dir>/checkpoint.h5 is the run's. An
 //   override that changes a key is applied only if the key is resumable
 //   (steps, eval_every, ...: how long and how verbosely the run goes on) and
@@ -37,5 +39,10 @@ Status run_config_load(TrainConfig *cfg, const RunConfigArgs *a, char *run_dir, 
 // The attn layers named by dsa_layers (every attn layer when empty) become
 // attn_dsa; an error when the model has none.
 Status run_config_add_indexers(TrainConfig *c);
+// A config read from a checkpoint: keys its text lacks (it was written before
+// they existed) take the behaviour the run had then, not today's default.
+void run_config_stored_compat(TrainConfig *cfg);
+// Was [section] key set on the command line (--set)?
+bool run_config_from_command_line(const TrainConfig *cfg, const char *section, const char *key);
 
 #endif

@@ -87,7 +87,15 @@ Status run_dir_open(RunDir *rd, const char *path, RunDirMode mode, bool overwrit
     int len = snprintf(me, sizeof me, "%d\n", (int)getpid());
     if (ftruncate(fd, 0) == 0) (void)!pwrite(fd, me, (size_t)len, 0);
     rd->lock_fd = fd;
-    if (mode == RUN_FRESH && (exists_nonempty(rd, "checkpoint.h5") || exists_nonempty(rd, "metrics.jsonl"))) {
+    bool has_ckpt = exists_nonempty(rd, "checkpoint.h5");
+    if (mode == RUN_FRESH && !has_ckpt && !overwrite && exists_nonempty(rd, "metrics.jsonl")) {
+        // A run stopped before its first checkpoint: nothing to resume and
+        // nothing its logs describe can be had again, so it starts afresh
+        // (the caller says so; run_dir_restarted).
+        remove_files(rd, RUN_FILES, sizeof RUN_FILES / sizeof RUN_FILES[0]);
+        rd->restarted = true;
+    }
+    if (mode == RUN_FRESH && (has_ckpt || exists_nonempty(rd, "metrics.jsonl"))) {
         if (!overwrite) {
             run_dir_close(rd);
             return status_err("%s holds a previous run (checkpoint.h5, metrics.jsonl): continue it with --resume, "

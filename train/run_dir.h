@@ -20,14 +20,17 @@
 typedef struct RunDir {
     char path[RUN_DIR_PATH_MAX];
     int lock_fd;            // -1 when not held
+    bool restarted;         // RUN_FRESH found the logs of a run with no checkpoint, and deleted them
 } RunDir;
 
 typedef enum { RUN_FRESH, RUN_RESUME } RunDirMode;
 
 // Create the folder (and its parents) and take the lock. RUN_FRESH: a folder
 // holding a previous run (checkpoint.h5 or metrics.jsonl) is refused unless
-// `overwrite`, which deletes that run's checkpoint and logs. Either mode
-// removes the temporary files a killed run left (fileio.h's, loss.png.tmp).
+// `overwrite`, which deletes that run's checkpoint and logs; a folder with
+// logs but no checkpoint (a run stopped before its first checkpoint, which
+// --resume cannot continue) is started afresh and rd->restarted set. Either
+// mode removes the temporary files a killed run left (fileio.h's, loss.png.tmp).
 Status run_dir_open(RunDir *rd, const char *path, RunDirMode mode, bool overwrite);
 void run_dir_close(RunDir *rd);
 

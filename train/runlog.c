@@ -274,3 +274,23 @@ bool runlog_plot(const RunLog *r, const RunLogPlot *p) {
     else fprintf(stderr, "note: gnuplot failed (%s), no loss plot\n", wrote ? "see loss.gp" : "script not written");
     return false;
 }
+
+RunLogPlot runlog_plot_labels(const char *title, bool kl, bool bpe) {
+    if (kl)
+        return (RunLogPlot){title, "distillation KL (nats)",
+                            bpe ? "validation LM loss (nats/token)" : "validation LM loss (nats/byte)", true};
+    return (RunLogPlot){title, bpe ? "loss (nats/token)" : "loss (nats/byte)", "validation", false};
+}
+
+void runlog_progress(FILE *f, const char *what, int64_t done, int64_t total, double t0, double *last, double every_s,
+                     bool final) {
+    double now = runlog_now();
+    if (!final && now - (*last ? *last : t0) < every_s) return;
+    if (final && !*last) return;   // a job too short to have shown progress says nothing
+    *last = now;
+    bool tty = isatty(fileno(f));
+    fprintf(f, "%s%s: %lld / %lld tokens (%.0f%%), %.0f tokens/s%s", tty ? "\r" : "", what, (long long)done,
+            (long long)total, total > 0 ? 100.0 * (double)done / (double)total : 100.0,
+            now > t0 ? (double)done / (now - t0) : 0.0, tty && !final ? "" : "\n");
+    fflush(f);
+}

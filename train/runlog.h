@@ -57,5 +57,16 @@ typedef struct RunLogPlot {
 // written to the run folder. Returns false (with a note) if gnuplot is
 // missing or fails; a failed plot leaves no loss.png behind.
 bool runlog_plot(const RunLog *r, const RunLogPlot *p);
+// The plot's title and labels: a loss is per token, which is a byte only
+// for the byte tokenizer (bpe: a BPE run); kl: an indexer distillation,
+// whose training curve is a KL divergence beside the validation LM loss.
+RunLogPlot runlog_plot_labels(const char *title, bool kl, bool bpe);
+
+// A long job's progress on f (stderr): "<what>: 1200 / 5000 tokens (24%),
+// 310 tokens/s", at most every `every_s` seconds (*last: when the last line
+// went out, 0 at first; t0: when the job started) and once with final set.
+// On a terminal the line is rewritten in place, elsewhere (a log) one line each.
+void runlog_progress(FILE *f, const char *what, int64_t done, int64_t total, double t0, double *last, double every_s,
+                     bool final);
 
 #endif

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "version.h"
 #include "bpe.h"
 #include "bpe_split.h"
 #include "bpe_train.h"
@@ -326,6 +327,7 @@ static int cmd_stats(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    if (program_version(argc, argv, "tokenize")) return 0;
     if (argc < 2) {
         fputs(USAGE, stderr);
         return 2;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "version.h"
 #include "dist.h"
 #include "dump_state.h"
 #include "fileio.h"
@@ -107,9 +108,12 @@ static int run(int argc, char **argv) {
         code = 0;
         if (t.rank == 0) {
             batcher_set_share(&t.bt, 0, t.cfg.data.batch_size);
-            batcher_train(&t.bt, t.x, t.y, NULL);
-            s = dump_state_write(dump_path, &t.tp, &t.lm, &t.ps, t.x, t.y, t.cfg.data.batch_size,
-                                 t.cfg.data.seq_len, t.cfg.finetune.mode == FT_INDEXER);
+            // The batch and loss of the run's first step: its document flags and carried states too.
+            int *doc = batcher_has_flags(&t.bt) ? t.doc : NULL;
+            batcher_train(&t.bt, t.x, t.y, doc);
+            DumpBatch b = {t.x, t.y, doc, t.cfg.data.batch_size, t.cfg.data.seq_len, t.carry,
+                           t.cfg.finetune.mode == FT_INDEXER};
+            s = dump_state_write(dump_path, &t.tp, &t.lm, &t.ps, &b);
             if (s.ok) printf("train: wrote the state of one forward and backward to %s\n", dump_path);
             else fprintf(stderr, "train: --dump-state: %s\n", s.msg);
             code = s.ok ? 0 : 1;
@@ -124,6 +128,7 @@ static int run(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    if (program_version(argc, argv, "train")) return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it (may re-execute: before MPI)
     file_check_stdout_at_exit("train");
     dist_init(&argc, &argv);    // MPI only when mpirun started this process

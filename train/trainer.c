@@ -12,6 +12,7 @@
 #include "corpus.h"
 #include "run_config.h"
 #include "signals.h"
+#include "vocab_cost.h"
 
 #ifndef SOURCE_DIR
 #define SOURCE_DIR "."
@@ -233,6 +234,9 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
             t->tokens.mapped ? ", mapped" : "", t->cache_path,
             (long long)batcher_train_tokens(&t->bt), (long long)batcher_val_tokens(&t->bt), c->data.batch_size,
             c->data.seq_len, c->train.accum_steps);
+    char cost[400];
+    vocab_cost_describe(&t->ps, cost, sizeof cost);
+    if (cost[0]) fprintf(stderr, "train: %s\n", cost);
     if (t->tokens.note[0]) fprintf(stderr, "train: token cache: %s\n", t->tokens.note);
     if (t->tokens.n_docs > 0)
         fprintf(stderr, "train: %lld documents ([data] documents = %s), %.0f tokens each on average\n",
@@ -320,9 +324,8 @@ static int finish(Trainer *t, RunLog *rl, const TrainerOptions *o) {
     bool plotted = false;
     if (!o->quiet) {
         const char *base = strrchr(t->config_path, '/');
-        bool kl = c->finetune.mode == FT_INDEXER;
-        RunLogPlot p = {base ? base + 1 : t->config_path, kl ? "distillation KL (nats)" : "loss (nats/byte)",
-                        kl ? "validation LM loss (nats/byte)" : "validation", kl};
+        RunLogPlot p = runlog_plot_labels(base ? base + 1 : t->config_path, c->finetune.mode == FT_INDEXER,
+                                          t->tok.bpe != NULL);
         plotted = runlog_plot(rl, &p);
     }
     char err[200];

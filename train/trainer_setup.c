@@ -20,6 +20,7 @@
 #include "corpus.h"
 #include "run_config.h"
 #include "trainer_ranks.h"
+#include "val_split.h"
 
 // Is p one of an attn_dsa layer's indexer weights?
 static bool is_indexer_param(const LM *lm, const Tensor *p) {
@@ -60,10 +61,51 @@ static Status init_from_load(Trainer *t) {
     return status_ok();
 }
 
+// bpe:N of this corpus: trained on its training split (the validation split
+// is not seen) once, and kept in cache_dir by corpus and size.
+static Status corpus_bpe(const TrainConfig *c, const Corpus *corpus, int vocab, Tokenizer *tok, char *path, size_t n) {
+    if (snprintf(path, n, "%s/tokenizer-%016llx-%d.bpe", c->data.cache_dir, (unsigned long long)corpus->hash, vocab) >=
+        (int)n)
+        return status_err("[data] cache_dir: path too long");
+    if (access(path, F_OK) == 0 && tokenizer_open(tok, path).ok) return status_ok();
+    int64_t n_train = corpus->n - (int64_t)((double)corpus->n * c->data.val_fraction);
+    Status s = tokenizer_train(tok, corpus->bytes, n_train, vocab);
+    if (!s.ok) return status_err("[data] tokenizer = %s: %s", c->data.tokenizer, s.msg);
+    s = token_cache_make_dir(c->data.cache_dir);   // (a new run's cache folder does not exist yet)
+    if (s.ok) s = bpe_save(tok->bpe, path);
+    if (!s.ok) fprintf(stderr, "train: note: the trained tokenizer could not be kept (%s); it is in the checkpoints\n",
+                       s.msg);
+    return status_ok();
+}
+
+// init_from with a [data] tokenizer the config sets: the model's vocabulary is
+// fixed, so the setting must name the tokenizer the model has. It does when
+// it builds the same one (compared by hash): a model continued with the
+// config that trained it (bpe:N of the same corpus) is accepted.
+static Status check_init_tokenizer(Trainer *t, const Corpus *corpus, const char *from, int train_vocab) {
+    const char *spec = t->cfg.data.tokenizer;
+    Tokenizer mine;
+    char path[CONFIG_STR_MAX + 64] = "";
+    Status s = train_vocab ? corpus_bpe(&t->cfg, corpus, train_vocab, &mine, path, sizeof path)
+                           : tokenizer_open(&mine, spec);
+    if (!s.ok) return s;
+    bool same = mine.hash == t->tok.hash;
+    char a[64], b[64];
+    tokenizer_describe(&t->tok, a, sizeof a);
+    tokenizer_describe(&mine, b, sizeof b);
+    if (!same)
+        s = status_err("[data] tokenizer = %s: the model of %s was trained with another tokenizer (%s, hash %016llx) "
+                       "than this one (%s%s%s, hash %016llx); a model keeps its tokenizer: leave [data] tokenizer "
+                       "at its default (--set data.tokenizer=byte), which takes the model's",
+                       spec, from, a, (unsigned long long)t->tok.hash, b, path[0] ? ", " : "", path,
+                       (unsigned long long)mine.hash);
+    tokenizer_free(&mine);
+    return s;
+}
+
 // The run's tokenizer: the checkpoint's when resuming or starting from
 // init_from (the model's vocabulary is fixed there: a [data] tokenizer the
-// config sets must be that one), else [data] tokenizer; bpe:N is trained on
-// the corpus's training split once and kept in cache_dir.
+// config sets must be that one), else [data] tokenizer.
 static Status setup_tokenizer(Trainer *t, const Corpus *corpus, const TrainerOptions *o) {
     const TrainConfig *c = &t->cfg;
     const char *from = o->resume ? t->ckpt : c->finetune.init_from[0] ? c->finetune.init_from : NULL;
@@ -73,34 +115,17 @@ static Status setup_tokenizer(Trainer *t, const Corpus *corpus, const TrainerOpt
     if (from) {
         Status s = checkpoint_read_tokenizer(from, &t->tok);
         if (!s.ok) return status_err("%s%s", o->resume ? "--resume: " : "[finetune] init_from: ", s.msg);
-        if (o->resume || !strcmp(spec, "byte")) return status_ok();   // (byte: the default, not a choice)
-        Tokenizer mine;
-        s = train_vocab ? status_err("[data] tokenizer = %s: the model of %s has its tokenizer already", spec, from)
-                        : tokenizer_open(&mine, spec);
-        bool same = s.ok && mine.hash == t->tok.hash;
-        if (s.ok) tokenizer_free(&mine);
-        if (s.ok && !same)
-            s = status_err("[data] tokenizer = %s: not the tokenizer the model of %s was trained with", spec, from);
-        return s;
+        // (byte: the default, not a choice; a file's tokenizer is replaced by the model's run's: run_config.h)
+        if (o->resume || !strcmp(spec, "byte") || !run_config_from_command_line(c, "data", "tokenizer"))
+            return status_ok();
+        return check_init_tokenizer(t, corpus, from, train_vocab);
     }
     if (!train_vocab) {
         Status s = tokenizer_open(&t->tok, spec);
         return s.ok ? s : status_err("[data] tokenizer: %s", s.msg);
     }
-    // bpe:N: the training split's text (the validation split is not seen), cached by corpus and size.
     char path[CONFIG_STR_MAX + 64];
-    if (snprintf(path, sizeof path, "%s/tokenizer-%016llx-%d.bpe", c->data.cache_dir,
-                 (unsigned long long)corpus->hash, train_vocab) >= (int)sizeof path)
-        return status_err("[data] cache_dir: path too long");
-    if (access(path, F_OK) == 0 && tokenizer_open(&t->tok, path).ok) return status_ok();
-    int64_t n_train = corpus->n - (int64_t)((double)corpus->n * c->data.val_fraction);
-    Status s = tokenizer_train(&t->tok, corpus->bytes, n_train, train_vocab);
-    if (!s.ok) return status_err("[data] tokenizer = %s: %s", spec, s.msg);
-    s = token_cache_make_dir(c->data.cache_dir);   // (a new run's cache folder does not exist yet)
-    if (s.ok) s = bpe_save(t->tok.bpe, path);
-    if (!s.ok) fprintf(stderr, "train: note: the trained tokenizer could not be kept (%s); it is in the checkpoints\n",
-                       s.msg);
-    return status_ok();
+    return corpus_bpe(c, corpus, train_vocab, &t->tok, path, sizeof path);
 }
 
 // gemm = auto decides once per run. Where the two backends are close, its
@@ -173,6 +198,36 @@ static Status setup_effective(Trainer *t) {
     return status_ok();
 }
 
+// [data] val_choice = documents with documents: hold out whole documents
+// drawn at random (val_split.h). The tokens and document starts are replaced
+// by their reordered copies (owned by t->tokens from then on); *train_end
+// receives where the held-out documents begin, -1 when the split stays the
+// tail (val_choice = tail, no documents, or no validation).
+static Status split_documents(Trainer *t, int64_t *train_end) {
+    const TrainConfig *c = &t->cfg;
+    TokenData *td = &t->tokens;
+    *train_end = -1;
+    if (c->data.val_choice != CFG_VAL_DOCUMENTS || !(c->data.val_fraction > 0) || td->n_docs < 1) return status_ok();
+    if (td->n_docs < 2) {   // nothing to draw from: said, not refused (the default must work on any corpus)
+        size_t used = strlen(t->notes);
+        snprintf(t->notes + used, sizeof t->notes - used,
+                 "[data] val_choice = documents: the corpus is one document, so the validation split is its tail\n");
+        return status_ok();
+    }
+    int *tokens;
+    int64_t *starts;
+    Status s = val_split_documents(td->tokens, td->n, td->doc_starts, td->n_docs, c->data.val_fraction,
+                                   (uint64_t)c->train.seed, &tokens, &starts, train_end);
+    if (!s.ok) return status_err("[data] %s", s.msg);
+    free(td->owned);   // (a mapped cache stays mapped until token_data_free)
+    free(td->doc_starts);
+    td->owned = tokens;
+    td->tokens = tokens;
+    td->doc_starts = starts;
+    td->mapped = false;
+    return status_ok();
+}
+
 // Corpus, tokenizer, token cache, batches.
 static Status setup_data(Trainer *t, const TrainerOptions *o) {
     const TrainConfig *c = &t->cfg;
@@ -196,8 +251,13 @@ static Status setup_data(Trainer *t, const TrainerOptions *o) {
     if (!s.ok) return s;
     t->cfg.vocab_size = t->tok.vocab;
     t->tok_buf = tokenizer_to_buffer(&t->tok, &t->tok_len);
-    s = batcher_init(&t->bt, t->tokens.tokens, t->tokens.n, c->data.val_fraction, c->data.batch_size,
-                     c->data.seq_len, (uint64_t)c->train.seed);
+    int64_t train_end = -1;
+    s = split_documents(t, &train_end);
+    if (s.ok)
+        s = train_end >= 0 ? batcher_init_at(&t->bt, t->tokens.tokens, t->tokens.n, train_end, c->data.batch_size,
+                                             c->data.seq_len, (uint64_t)c->train.seed)
+                           : batcher_init(&t->bt, t->tokens.tokens, t->tokens.n, c->data.val_fraction,
+                                          c->data.batch_size, c->data.seq_len, (uint64_t)c->train.seed);
     if (!s.ok) return status_err("[data]: %s", s.msg);
     batcher_set_documents(&t->bt, t->tokens.doc_starts, t->tokens.n_docs);
     if (c->data.order == CFG_ORDER_STREAMS) {
@@ -299,6 +359,13 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
 static Status setup_run_dir(Trainer *t, const TrainerOptions *o) {
     Status s = run_dir_open(&t->rd, t->run_dir, o->resume ? RUN_RESUME : RUN_FRESH, o->overwrite);
     if (s.ok && o->resume) s = run_dir_trim_logs(&t->rd, t->step);
+    if (s.ok && t->rd.restarted) {
+        size_t used = strlen(t->notes);
+        snprintf(t->notes + used, sizeof t->notes - used,
+                 "%s: the run there stopped before its first checkpoint (nothing to --resume): started afresh, its "
+                 "logs replaced\n",
+                 t->run_dir);
+    }
     return s;
 }
 
