@@ -64,10 +64,10 @@ static void add_document(Out *o, const Tokenizer *tok, const uint8_t *bytes, int
     if (tok->eot >= 0) o->tokens[o->n++] = tok->eot;
 }
 
-// Split one file's bytes [p, end) into documents.
-static void split_file(Out *o, const DocSpec *d, const Tokenizer *tok, const uint8_t *p, const uint8_t *end) {
+// Split one file's bytes [p, end) into documents: each one's bytes to fn.
+static void split_file(const DocSpec *d, const uint8_t *p, const uint8_t *end, DocRangeFn fn, void *arg) {
     if (d->mode == DOCS_FILES) {
-        add_document(o, tok, p, end - p);
+        fn(arg, p, end - p);
     } else if (d->mode == DOCS_BLANK_LINE) {
         const uint8_t *doc = p, *line = p;
         bool seen_text = false, in_blank = false;
@@ -76,23 +76,41 @@ static void split_file(Out *o, const DocSpec *d, const Tokenizer *tok, const uin
             const uint8_t *next = nl ? nl + 1 : end;
             bool blank = blank_line_at(line, end);
             if (!blank && in_blank && seen_text) {   // text after blank lines: a new document
-                add_document(o, tok, doc, line - doc);
+                fn(arg, doc, line - doc);
                 doc = line;
             }
             if (!blank) seen_text = true;
             in_blank = blank;
             line = next;
         }
-        add_document(o, tok, doc, end - doc);
+        fn(arg, doc, end - doc);
     } else {   // DOCS_TEXT
         const uint8_t *doc = p;
         while (doc < end) {
             const uint8_t *hit = memmem(doc, (size_t)(end - doc), d->sep, (size_t)d->sep_len);
             const uint8_t *stop = hit ? hit : end;
-            add_document(o, tok, doc, stop - doc);
+            fn(arg, doc, stop - doc);
             doc = hit ? hit + d->sep_len : end;
         }
     }
+}
+
+void documents_ranges(const Corpus *c, const DocSpec *d, DocRangeFn fn, void *arg) {
+    int64_t lo = 0;
+    for (int f = 0; f < c->n_files; f++) {
+        split_file(d, c->bytes + lo, c->bytes + c->file_end[f], fn, arg);
+        lo = c->file_end[f];
+    }
+}
+
+typedef struct Tokenize {
+    Out *o;
+    const Tokenizer *tok;
+} Tokenize;
+
+static void tokenize_document(void *arg, const uint8_t *bytes, int64_t len) {
+    Tokenize *t = arg;
+    add_document(t->o, t->tok, bytes, len);
 }
 
 void documents_tokenize(const Corpus *c, const DocSpec *d, const Tokenizer *tok, int **tokens, int64_t *n,
@@ -105,11 +123,7 @@ void documents_tokenize(const Corpus *c, const DocSpec *d, const Tokenizer *tok,
     if (d->mode == DOCS_NONE) {
         o.n = tokenizer_encode(tok, c->bytes, c->n, o.tokens);
     } else {
-        int64_t lo = 0;
-        for (int f = 0; f < c->n_files; f++) {
-            split_file(&o, d, tok, c->bytes + lo, c->bytes + c->file_end[f]);
-            lo = c->file_end[f];
-        }
+        documents_ranges(c, d, tokenize_document, &(Tokenize){&o, tok});
     }
     *tokens = xrealloc(o.tokens, (size_t)(o.n ? o.n : 1) * sizeof *o.tokens);   // (the room for 2 per byte back)
     *n = o.n;

@@ -49,6 +49,12 @@ Status doc_spec_parse(const char *text, DocSpec *out);
 void documents_tokenize(const Corpus *c, const DocSpec *d, const Tokenizer *tok, int **tokens, int64_t *n,
                         int64_t **starts, int64_t *n_docs);
 
+// Each document's bytes, in order, as documents_tokenize splits them (d not
+// DOCS_NONE; a document of no bytes is passed too, and documents_tokenize
+// skips it).
+typedef void (*DocRangeFn)(void *arg, const uint8_t *bytes, int64_t len);
+void documents_ranges(const Corpus *c, const DocSpec *d, DocRangeFn fn, void *arg);
+
 // Check a list of document starts read from a file against n tokens:
 // starts[0] = 0, strictly increasing, below n. The error names what fails.
 Status doc_starts_check(const int64_t *starts, int64_t n_docs, int64_t n);

@@ -155,7 +155,12 @@ Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Co
     if (path_out) snprintf(path_out, CACHE_PATH_MAX, "%s", path);
     if (access(path, F_OK) == 0) {
         st = cache_read(path, c, tok, want_docs, out);
-        if (st.ok) return st;
+        if (st.ok) {
+            st = token_cache_verify(c, docs, tok, out);
+            if (st.ok) return st;
+            st = status_err("%s: not this corpus under this tokenizer: %s", path, st.msg);
+            token_data_free(out);
+        }
         snprintf(out->note, sizeof out->note, "rebuilt: %.280s", st.msg);
     }
     // (Re)build from the corpus bytes.

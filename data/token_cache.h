@@ -13,8 +13,11 @@
 // each with a CRC-32 attribute (h5io.h). The cache is read as hostile input:
 // it is reused only when every dataset passes h5io's checks and checksums,
 // the version, vocabulary, corpus hash and count match, and every id is in
-// [0, vocab); otherwise it is rebuilt from the corpus and TokenData.note
-// says why (a tampered or stale cache is never used, and never aborts).
+// [0, vocab), and the tokens are the corpus's under this tokenizer
+// (token_cache_verify: the checksums alone would take a cache forged with
+// checksums of its own); otherwise it is rebuilt from the corpus and
+// TokenData.note says why (a tampered or stale cache is never used, and
+// never aborts).
 // A build writes a temporary of its own beside the file (fileio.h) and
 // renames it over the old one, so a reader never sees a half-written cache.
 //
@@ -57,6 +60,10 @@ uint64_t corpus_spec_key(const char *corpus_spec);
 Status token_cache_load(const char *cache_dir, const char *corpus_spec, const Corpus *c, const Tokenizer *tok,
                         const DocSpec *docs, TokenData *out, bool *built, char *path_out);
 void token_data_free(TokenData *d);
+// Are a cache's tokens this corpus under this tokenizer (token_verify.c)?
+// The lengths of every document and a few documents (or windows) encoded
+// again; an error says what does not match.
+Status token_cache_verify(const Corpus *c, const DocSpec *d, const Tokenizer *tok, const TokenData *td);
 // Create the cache directory and its parents (mkdir -p).
 Status token_cache_make_dir(const char *dir);
 

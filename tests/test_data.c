@@ -470,3 +470,88 @@ Test(data, token_cache_truncated_while_mapped_stops_with_a_sentence) {
     token_data_free(&td);
     corpus_free(&c);
 }
+
+// Rewrite a token cache with other ids for the same text, its checksums
+// recomputed (h5io_write checksums what it writes): what a forger can do.
+static void forge_cache(const char *cpath, const int *ids, int64_t n, const int64_t *starts, int64_t n_docs) {
+    hid_t f = H5Fopen(cpath, H5F_ACC_RDONLY, H5P_DEFAULT);
+    cr_assert_geq(f, 0);
+    uint64_t meta[6];
+    hid_t d = H5Dopen2(f, "/meta", H5P_DEFAULT);
+    cr_assert_geq(H5Dread(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, meta), 0);
+    H5Dclose(d);
+    H5Fclose(f);
+    meta[3] = (uint64_t)n;
+    hid_t m = h5io_create_memory_aligned(4096);
+    hsize_t nn = (hsize_t)n;
+    cr_assert(h5io_write(m, "/tokens", H5IO_I32, 1, &nn, ids));
+    cr_assert(h5io_write(m, "/meta", H5IO_U64, 1, (hsize_t[]){6}, meta));
+    if (n_docs) cr_assert(h5io_write(m, "/doc_starts", H5IO_I64, 1, (hsize_t[]){(hsize_t)n_docs}, starts));
+    Status s = h5io_commit(m, cpath, "token cache");
+    cr_assert(s.ok, "%s", s.msg);
+}
+
+// A cache forged with checksums of its own is not trusted: one whose ids
+// spell other bytes, and one that spells the same bytes with other ids
+// (every byte its own token under a BPE), are both rebuilt.
+Test(data, token_cache_forged_with_its_own_checksums_is_rebuilt) {
+    char f[256], cache[256], cpath[CACHE_PATH_MAX];
+    write_file(tpath(f, "forge.txt"), "In the beginning God created the heaven and the earth.\n\nAnd the earth was "
+                                      "without form, and void.\nAnd darkness was upon the face of the deep.\n");
+    tpath(cache, "cache_forge");
+    Corpus c;
+    cr_assert(corpus_load(&c, f).ok);
+    static const DocSpec none = {DOCS_NONE}, blank = {DOCS_BLANK_LINE};
+    Tokenizer bytes, bpe;
+    tokenizer_bytes(&bytes);
+    Status st = tokenizer_open(&bpe, "gpt2");
+    cr_assert(st.ok, "%s", st.msg);
+    const struct {
+        const Tokenizer *tok;
+        const DocSpec *docs;
+    } runs[] = {{&bytes, &none}, {&bpe, &none}, {&bpe, &blank}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        TokenData td;
+        bool built = false;
+        st = token_cache_load(cache, f, &c, runs[r].tok, runs[r].docs, &td, &built, cpath);
+        cr_assert(st.ok && built, "%s", st.msg);
+        int64_t n = td.n, n_docs = td.n_docs;
+        int *ids = malloc((size_t)(2 * c.n + 2) * sizeof *ids);
+        int64_t *starts = n_docs ? malloc((size_t)n_docs * sizeof *starts) : NULL;
+        if (n_docs) memcpy(starts, td.doc_starts, (size_t)n_docs * sizeof *starts);
+        if (runs[r].tok == &bytes) {   // other bytes: two ids swapped
+            memcpy(ids, td.tokens, (size_t)n * sizeof *ids);
+            int t = ids[3];
+            ids[3] = ids[4], ids[4] = t;
+        } else {   // the same bytes, every one its own token (its single-byte id)
+            int64_t k = 0, at = 0, d = 0;
+            for (int64_t i = 0; i < n; i++) {
+                while (n_docs && d < n_docs && td.doc_starts[d] == i) starts[d++] = k;
+                if (td.tokens[i] == runs[r].tok->eot) {
+                    ids[k++] = td.tokens[i];
+                    continue;
+                }
+                int len = tokenizer_token_len(runs[r].tok, td.tokens[i]);
+                for (int j = 0; j < len; j++) {
+                    int one;
+                    cr_assert_eq(tokenizer_encode(runs[r].tok, c.bytes + at + j, 1, &one), 1);
+                    ids[k++] = one;
+                }
+                at += len;
+            }
+            cr_assert_eq(at, c.n);
+            cr_assert_gt(k, n, "the byte spelling has more ids");
+            n = k;
+        }
+        token_data_free(&td);
+        forge_cache(cpath, ids, n, starts, n_docs);
+        st = token_cache_load(cache, f, &c, runs[r].tok, runs[r].docs, &td, &built, NULL);
+        cr_assert(st.ok && built, "run %zu: a forged cache must be rebuilt (%s)", r, st.msg);
+        cr_assert(strstr(td.note, "not this corpus under this tokenizer"), "run %zu: %s", r, td.note);
+        token_data_free(&td);
+        free(ids);
+        free(starts);
+    }
+    tokenizer_free(&bpe);
+    corpus_free(&c);
+}
