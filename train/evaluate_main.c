@@ -372,54 +372,58 @@ static Status check_logits_path(const char *path, const char *ckpt, const Corpus
     return s.ok ? file_check_output(path, "logits file") : s;
 }
 
-int main(int argc, char **argv) {
-    if (program_version(argc, argv, "evaluate")) return 0;
-    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
-    file_check_stdout_at_exit("evaluate");
-    const char *ckpt = NULL, *text = NULL, *logits_path = NULL;
-    long long window = 0, stride = 0, batch = 8, threads = 0, limit = 0, chunk = 2048, seq = 0;
-    bool stream = false, json = false, val = false, positions = false, steps = false;
-    Device device = DEVICE_CPU;
-    PosOptions po = {0};
+// The command line, parsed.
+typedef struct Args {
+    const char *ckpt, *text, *logits_path;
+    long long window, stride, batch, threads, limit, chunk, seq;
+    bool stream, json, val, positions, steps;
+    Device device;
+    PosOptions po;
+} Args;
+
+// Parse argv into *a: -1 to go on, else the exit code (0 after --help).
+static int parse_args(int argc, char **argv, Args *a) {
+    *a = (Args){.batch = 8, .chunk = 2048, .device = DEVICE_CPU};
+    PosOptions *po = &a->po;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         bool has = i + 1 < argc, ok = true;
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(o, "--stream")) stream = true;
-        else if (!strcmp(o, "--no-prefill")) steps = true;
-        else if (!strcmp(o, "--json")) json = true;
-        else if (!strcmp(o, "--val")) val = true;
-        else if (!strcmp(o, "--positions")) positions = true;
+        } else if (!strcmp(o, "--stream")) a->stream = true;
+        else if (!strcmp(o, "--no-prefill")) a->steps = true;
+        else if (!strcmp(o, "--json")) a->json = true;
+        else if (!strcmp(o, "--val")) a->val = true;
+        else if (!strcmp(o, "--positions")) a->positions = true;
         else if (!has) ok = false;
-        else if (!strcmp(o, "--checkpoint")) ckpt = argv[++i];
-        else if (!strcmp(o, "--text")) text = argv[++i];
-        else if (!strcmp(o, "--logits")) logits_path = argv[++i];
-        else if (!strcmp(o, "--window")) ok = parse_int(o, argv[++i], 1, 1 << 20, &window);
-        else if (!strcmp(o, "--stride")) ok = parse_int(o, argv[++i], 1, 1 << 20, &stride);
-        else if (!strcmp(o, "--batch")) ok = parse_int(o, argv[++i], 1, 4096, &batch);
-        else if (!strcmp(o, "--threads")) ok = parse_int(o, argv[++i], 1, MODEL_MAX_THREADS, &threads);
-        else if (!strcmp(o, "--limit")) ok = parse_int(o, argv[++i], 2, (long long)1 << 40, &limit);
-        else if (!strcmp(o, "--chunk")) positions = true, ok = parse_int(o, argv[++i], 1, 1 << 20, &chunk);
-        else if (!strcmp(o, "--seq")) positions = true, ok = parse_int(o, argv[++i], 2, INT32_MAX, &seq);
-        else if (!strcmp(o, "--buckets")) positions = true, ok = (po.n_edges = parse_edges(argv[++i], po.edges, 64)) > 0;
+        else if (!strcmp(o, "--checkpoint")) a->ckpt = argv[++i];
+        else if (!strcmp(o, "--text")) a->text = argv[++i];
+        else if (!strcmp(o, "--logits")) a->logits_path = argv[++i];
+        else if (!strcmp(o, "--window")) ok = parse_int(o, argv[++i], 1, 1 << 20, &a->window);
+        else if (!strcmp(o, "--stride")) ok = parse_int(o, argv[++i], 1, 1 << 20, &a->stride);
+        else if (!strcmp(o, "--batch")) ok = parse_int(o, argv[++i], 1, 4096, &a->batch);
+        else if (!strcmp(o, "--threads")) ok = parse_int(o, argv[++i], 1, MODEL_MAX_THREADS, &a->threads);
+        else if (!strcmp(o, "--limit")) ok = parse_int(o, argv[++i], 2, (long long)1 << 40, &a->limit);
+        else if (!strcmp(o, "--chunk")) a->positions = true, ok = parse_int(o, argv[++i], 1, 1 << 20, &a->chunk);
+        else if (!strcmp(o, "--seq")) a->positions = true, ok = parse_int(o, argv[++i], 2, INT32_MAX, &a->seq);
+        else if (!strcmp(o, "--buckets")) a->positions = true, ok = (po->n_edges = parse_edges(argv[++i], po->edges, 64)) > 0;
         else if (!strcmp(o, "--device")) {
             int d = device_parse(argv[++i]);
             if (d < 0) fprintf(stderr, "evaluate: --device '%.40s': expected cpu or cuda\n", argv[i]);
-            else device = (Device)d;
+            else a->device = (Device)d;
             ok = d >= 0;
         } else if (!strcmp(o, "--context")) {
-            positions = po.context_given = true;
+            a->positions = po->context_given = true;
             int c = poseval_context_parse(argv[++i]);
             if (c < 0) fprintf(stderr, "evaluate: --context: '%s' is not carry, full or window\n", argv[i]);
-            else po.spec.context = (PosevalContext)c;
+            else po->spec.context = (PosevalContext)c;
             ok = c >= 0;
         } else if (!strcmp(o, "--doc-sep")) {
-            positions = true;
-            po.seplen = doctext_unescape(argv[++i], po.sep, sizeof po.sep);
-            if (po.seplen <= 0) fprintf(stderr, "evaluate: --doc-sep: '%s' is empty, too long or has a bad escape\n", argv[i]);
-            ok = po.seplen > 0;
+            a->positions = true;
+            po->seplen = doctext_unescape(argv[++i], po->sep, sizeof po->sep);
+            if (po->seplen <= 0) fprintf(stderr, "evaluate: --doc-sep: '%s' is empty, too long or has a bad escape\n", argv[i]);
+            ok = po->seplen > 0;
         } else ok = false;
         if (!ok) {
             if (!has || !strncmp(o, "--", 2))
@@ -427,18 +431,67 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (!ckpt || (!text && !val)) {
+    if (!a->ckpt || (!a->text && !a->val)) {
         fprintf(stderr, "evaluate: --checkpoint FILE and --text FILE are required (see evaluate --help)\n");
         return 2;
     }
-    if (steps && !stream) {
+    if (a->steps && !a->stream) {
         fprintf(stderr, "evaluate: --no-prefill applies to --stream only\n");
         return 2;
     }
-    if (positions && (stream || logits_path)) {
+    if (a->positions && (a->stream || a->logits_path)) {
         fprintf(stderr, "evaluate: --positions scores with --context; --stream and --logits do not apply\n");
         return 2;
     }
+    return -1;
+}
+
+// Score ids[0..n) in windows or as one stream and print the figures; the exit code.
+static int score_and_print(LM *lm, const Tokenizer *tok, const Args *a, const char *text, const int *ids, int64_t n,
+                           int T, int S, int nthreads) {
+    int64_t text_bytes = 0;
+    for (int64_t i = 0; i < n; i++) text_bytes += tokenizer_token_len(tok, ids[i]);
+    double t0 = runlog_now();
+    Status ws = status_ok();
+    Score sc = a->stream ? score_stream(lm, tok, ids, n, a->device, a->steps)
+                         : score_windows(lm, tok, ids, n, T, S, (int)a->batch, a->logits_path, &ws, a->device);
+    if (!ws.ok) fprintf(stderr, "evaluate: --logits: %s\n", ws.msg);
+    double secs = runlog_now() - t0;
+    int code = ws.ok ? 0 : 1;
+    if (a->stream && a->logits_path) fprintf(stderr, "evaluate: --logits is written in window mode only\n");
+    if (sc.tokens == 0) {
+        fprintf(stderr, "evaluate: %s: fewer than 2 tokens, nothing to score\n", text);
+        return 2;
+    }
+    double loss = sc.nll / (double)sc.tokens;
+    double bpb = sc.nll / log(2.0) / (double)sc.bytes;   // per byte of the text the scored tokens stand for
+    char mode[64];
+    if (a->stream) snprintf(mode, sizeof mode, "stream");
+    else snprintf(mode, sizeof mode, "windows of %d, stride %d", T > n - 1 ? (int)(n - 1) : T, S);
+    if (a->json) {
+        char tj[1100], mj[100];
+        printf("{\"text\":%s,\"bytes\":%lld,\"tokens_scored\":%lld,\"bytes_scored\":%lld,\"loss\":%.6f,"
+               "\"bits_per_byte\":%.6f,\"perplexity\":%.4f,\"mode\":%s,\"seconds\":%.2f}\n",
+               runlog_json_str(text, tj, sizeof tj), (long long)text_bytes, (long long)sc.tokens, (long long)sc.bytes,
+               loss, bpb, exp(loss), runlog_json_str(mode, mj, sizeof mj), secs);
+    } else {
+        printf("evaluate: %s: %lld bytes, %lld tokens scored | loss %.4f nats/token | %.4f bits/byte | "
+               "perplexity %.3f | %s | %.1f s, %d thread%s\n",
+               text, (long long)text_bytes, (long long)sc.tokens, loss, bpb, exp(loss), mode, secs, nthreads,
+               nthreads == 1 ? "" : "s");
+    }
+    return code;
+}
+
+int main(int argc, char **argv) {
+    if (program_version(argc, argv, "evaluate")) return 0;
+    model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
+    file_check_stdout_at_exit("evaluate");
+    Args a;
+    int code = parse_args(argc, argv, &a);
+    if (code >= 0) return code;
+    const char *ckpt = a.ckpt, *text = a.text;
+    PosOptions po = a.po;
     TrainConfig cfg;
     LM lm;
     ParamStore ps;
@@ -447,18 +500,18 @@ int main(int argc, char **argv) {
     bool loaded = s.ok;   // (on failure the loader frees what it built)
     if (s.ok) run_config_stored_compat(&cfg);
     if (s.ok && !text) text = cfg.data.corpus;
-    if (s.ok && val && !(cfg.data.val_fraction > 0))
+    if (s.ok && a.val && !(cfg.data.val_fraction > 0))
         s = status_err("%s: --val: the run held out no validation split (val_fraction 0)", ckpt);
     Corpus corpus = {0};
     if (s.ok) s = corpus_load(&corpus, text);
-    if (s.ok && logits_path) s = check_logits_path(logits_path, ckpt, &corpus);
-    if (s.ok && device != DEVICE_CPU) {   // the model is loaded on the host: now its values move
+    if (s.ok && a.logits_path) s = check_logits_path(a.logits_path, ckpt, &corpus);
+    if (s.ok && a.device != DEVICE_CPU) {   // the model is loaded on the host: now its values move
         char err[512];
-        if (device_cuda_init(err, sizeof err)) params_to_device(&ps, device);
+        if (device_cuda_init(err, sizeof err)) params_to_device(&ps, a.device);
         else s = status_err("--device cuda: %s; or score on the CPU: --device cpu", err);
     }
-    int T = window ? (int)window : cfg.data.seq_len;
-    int S = stride ? (int)stride : (T > 1 ? T / 2 : 1);
+    int T = a.window ? (int)a.window : cfg.data.seq_len;
+    int S = a.stride ? (int)a.stride : (T > 1 ? T / 2 : 1);
     if (s.ok && S > T) s = status_err("--stride %d is more than the window of %d tokens", S, T);
     if (!s.ok) {
         fprintf(stderr, "evaluate: %s\n", s.msg);
@@ -467,7 +520,8 @@ int main(int argc, char **argv) {
         config_free(&cfg);
         return 2;
     }
-    if (!threads && stream && steps && params_count(&ps, false) < 10000000) threads = 1;   // as generate
+    long long threads = a.threads;
+    if (!threads && a.stream && a.steps && params_count(&ps, false) < 10000000) threads = 1;   // as generate
     int nthreads = model_set_threads((int)threads);
     blas_select_from_env();   // float32 products on ATTNLAB_GEMM's backend (default auto), as generate
     int *all_ids = xmalloc((size_t)(corpus.n ? corpus.n : 1) * sizeof(int));
@@ -475,53 +529,21 @@ int main(int argc, char **argv) {
     int64_t n = doctext_encode(&tok, corpus.bytes, corpus.n, po.seplen ? po.sep : NULL, po.seplen, all_ids, all_flags);
     // --val: the tokens the run held out (the last val_fraction of them, or its
     // documents drawn at random: val_split.h); --limit: the first tokens of that.
-    int64_t first = val ? n - (int64_t)((double)n * cfg.data.val_fraction) : 0;
-    if (val && !po.seplen) val_documents(&cfg, &corpus, &tok, &all_ids, &all_flags, &n, &first);
+    int64_t first = a.val ? n - (int64_t)((double)n * cfg.data.val_fraction) : 0;
+    if (a.val && !po.seplen) val_documents(&cfg, &corpus, &tok, &all_ids, &all_flags, &n, &first);
     int *ids = all_ids + first, *flags = all_flags + first;
     n -= first;
-    if (limit && n > limit) n = limit;
+    if (a.limit && n > a.limit) n = a.limit;
     if (n > 0) flags[0] = 1;
-    int code;
-    if (positions) {
-        if (seq) doctext_cut(flags, n, (int)seq);
-        po.spec.chunk = (int)chunk;
+    if (a.positions) {
+        if (a.seq) doctext_cut(flags, n, (int)a.seq);
+        po.spec.chunk = (int)a.chunk;
         po.spec.window = T;
         po.spec.stride = S;
-        po.spec.batch = (int)batch;
-        code = run_positions(&lm, &tok, ckpt, text, ids, flags, n, &po, json, nthreads, device);
+        po.spec.batch = (int)a.batch;
+        code = run_positions(&lm, &tok, ckpt, text, ids, flags, n, &po, a.json, nthreads, a.device);
     } else {
-        int64_t text_bytes = 0;
-        for (int64_t i = 0; i < n; i++) text_bytes += tokenizer_token_len(&tok, ids[i]);
-        double t0 = runlog_now();
-        Status ws = status_ok();
-        Score sc = stream ? score_stream(&lm, &tok, ids, n, device, steps)
-                          : score_windows(&lm, &tok, ids, n, T, S, (int)batch, logits_path, &ws, device);
-        if (!ws.ok) fprintf(stderr, "evaluate: --logits: %s\n", ws.msg);
-        double secs = runlog_now() - t0;
-        code = ws.ok ? 0 : 1;
-        if (stream && logits_path) fprintf(stderr, "evaluate: --logits is written in window mode only\n");
-        if (sc.tokens == 0) {
-            fprintf(stderr, "evaluate: %s: fewer than 2 tokens, nothing to score\n", text);
-            code = 2;
-        } else {
-            double loss = sc.nll / (double)sc.tokens;
-            double bpb = sc.nll / log(2.0) / (double)sc.bytes;   // per byte of the text the scored tokens stand for
-            char mode[64];
-            if (stream) snprintf(mode, sizeof mode, "stream");
-            else snprintf(mode, sizeof mode, "windows of %d, stride %d", T > n - 1 ? (int)(n - 1) : T, S);
-            if (json) {
-                char tj[1100], mj[100];
-                printf("{\"text\":%s,\"bytes\":%lld,\"tokens_scored\":%lld,\"bytes_scored\":%lld,\"loss\":%.6f,"
-                       "\"bits_per_byte\":%.6f,\"perplexity\":%.4f,\"mode\":%s,\"seconds\":%.2f}\n",
-                       runlog_json_str(text, tj, sizeof tj), (long long)text_bytes, (long long)sc.tokens,
-                       (long long)sc.bytes, loss, bpb, exp(loss), runlog_json_str(mode, mj, sizeof mj), secs);
-            } else {
-                printf("evaluate: %s: %lld bytes, %lld tokens scored | loss %.4f nats/token | %.4f bits/byte | "
-                       "perplexity %.3f | %s | %.1f s, %d thread%s\n",
-                       text, (long long)text_bytes, (long long)sc.tokens, loss, bpb, exp(loss), mode, secs, nthreads,
-                       nthreads == 1 ? "" : "s");
-            }
-        }
+        code = score_and_print(&lm, &tok, &a, text, ids, n, T, S, nthreads);
     }
     free(all_ids);
     free(all_flags);
