@@ -20,6 +20,10 @@
 # Writes OUT_DIR/machine.txt (CPU, cores, ISA flags, torch and its CPU backends),
 # OUT_DIR/compare_tN.txt (compare_torch.sh's output: per-cell progress, header, table) and
 # OUT_DIR/attn_profile_tN.txt; every run's raw output is kept in OUT_DIR/log_tN/.
+# On a machine without our Debian packages, pack train_bench built here with
+# shared/device/pack.sh and pass as -b a wrapper that puts the pack's lib/ on
+# LD_LIBRARY_PATH for train_bench alone (PyTorch keeps its own libraries); the
+# figures and that build are in docs/cpu_perf.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
