@@ -51,13 +51,13 @@ while getopts "t:p:s:r:W:b:P:f" opt; do
 done
 shift $((OPTIND - 1))
 [ $# -eq 1 ] || { echo "xeon_compare: name one OUT_DIR (usage: $0 [options] OUT_DIR)" >&2; exit 2; }
-mkdir -p "$1"
-out=$(cd "$1" && pwd)
 IFS=, read -r -a TLIST <<<"$THREADS"
 IFS=, read -r -a PLIST <<<"$PTHREADS"
 for n in "${TLIST[@]}" "${PLIST[@]}"; do
     [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "xeon_compare: thread count '$n' is not a positive integer" >&2; exit 2; }
 done
+mkdir -p "$1"
+out=$(cd "$1" && pwd)
 
 # what this run writes: refuse to replace any of it unless -f
 targets=("$out/machine.txt")
