@@ -5,7 +5,8 @@
 # thread count, and the ratios C / PyTorch.
 #
 #   bench/compare_torch.sh [-t THREADS] [-s STEPS] [-r ROUNDS] [-w WIDTHS] [-T LENGTHS]
-#                          [-c C_VARIANTS] [-a] [-W WARMUP] [CONFIG...]   default: every configs/tiny_*.ini
+#                          [-c C_VARIANTS] [-a] [-W WARMUP] [-p] [-b TRAIN_BENCH] [-P PYTHON]
+#                          [CONFIG...]   default: every configs/tiny_*.ini
 #
 #   -w WIDTHS      d_model of the bench-only variants, comma list of 128, 256, 512 (default 128):
 #                    128: the bundled configs as they are (H 4, d_k = d_v = 32, d_ff 384)
@@ -23,6 +24,10 @@
 #                  rounds each), i.e. how far the products alone let C go on this machine.
 #                  C's tokens/s then come from profiled runs, which took ~4 % longer per step
 #                  (tiny_mamba bf16, d_model 128: median 170 against 164 ms, 3 rounds)
+#   -b TRAIN_BENCH the C program (default build/train_bench), e.g. one built elsewhere and
+#                  packed with its libraries (a wrapper that sets LD_LIBRARY_PATH for it alone)
+#   -P PYTHON      the interpreter of the PyTorch side (default $PYTHON, else /usr/bin/python3),
+#                  e.g. python3 where a pip PyTorch is installed
 #
 # Needs build/train_bench (cmake --build build) and /usr/bin/python3 with
 # python3-torch. THREADS defaults to nproc. Every run of a cell (each C
@@ -30,7 +35,9 @@
 # times (default 3) alternating; each run's figure is its best round (the
 # median step within a round), so a burst of load from elsewhere on a shared
 # machine hits all of them alike rather than deciding the ratio. Both sides
-# inherit the same OpenBLAS settings (OPENBLAS_CORETYPE, thread counts); the
+# get the same thread counts; OPENBLAS_CORETYPE reaches C alone (it only
+# corrects OpenBLAS's CPU detection, which a PyTorch on MKL and its own
+# kernels does not use, and a pip PyTorch must run as users run it); the
 # kernel set and the backend C ran are printed. The width and length variants
 # are made with --set on both sides (nothing is written to configs/).
 # C/torch is the ratio of tokens/s; "per CPU-s" the ratio of tokens per
@@ -48,7 +55,9 @@ CVARS=auto:fp32,auto:bf16
 AMP=0
 WARMUP=2
 PROFILE=0
-while getopts "t:s:r:w:T:c:aW:p" opt; do
+BIN=build/train_bench
+PY=${PYTHON:-/usr/bin/python3}
+while getopts "t:s:r:w:T:c:aW:pb:P:" opt; do
     case $opt in
         t) THREADS=$OPTARG ;;
         s) STEPS=$OPTARG ;;
@@ -59,7 +68,9 @@ while getopts "t:s:r:w:T:c:aW:p" opt; do
         a) AMP=1 ;;
         W) WARMUP=$OPTARG ;;
         p) PROFILE=1 ;;
-        *) echo "usage: $0 [-t THREADS] [-s STEPS] [-r ROUNDS] [-w WIDTHS] [-T LENGTHS] [-c GEMM:PREC,...] [-a] [-W WARMUP] [-p] [CONFIG...]" >&2
+        b) BIN=$OPTARG ;;
+        P) PY=$OPTARG ;;
+        *) echo "usage: $0 [-t THREADS] [-s STEPS] [-r ROUNDS] [-w WIDTHS] [-T LENGTHS] [-c GEMM:PREC,...] [-a] [-W WARMUP] [-p] [-b TRAIN_BENCH] [-P PYTHON] [CONFIG...]" >&2
            exit 2 ;;
     esac
 done
@@ -70,9 +81,8 @@ IFS=, read -r -a WLIST <<<"$WIDTHS"
 IFS=, read -r -a TLIST <<<"$LENGTHS"
 IFS=, read -r -a CLIST <<<"$CVARS"
 
-PY=${PYTHON:-/usr/bin/python3}
-[ -x build/train_bench ] || { echo "compare_torch: build/train_bench missing: cmake -S . -B build && cmake --build build" >&2; exit 1; }
-"$PY" -c 'import torch' 2>/dev/null || { echo "compare_torch: $PY cannot import torch: apt-get install python3-torch" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "compare_torch: $BIN missing or not executable (cmake -S . -B build && cmake --build build, or -b)" >&2; exit 1; }
+env -u OPENBLAS_CORETYPE "$PY" -c 'import torch' 2>/dev/null || { echo "compare_torch: $PY cannot import torch: apt-get install python3-torch" >&2; exit 1; }
 
 # One thread count for every pool on both sides; idle OpenMP threads sleep.
 export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
@@ -116,14 +126,14 @@ for cfg in "${CONFIGS[@]}"; do
                     IFS=: read -r gemm prec <<<"${CLIST[$i]}"
                     prof=()
                     [ "$PROFILE" = 1 ] && prof=(--profile)
-                    ./build/train_bench --config "$cfg" "${sets[@]}" --set train.threads="$THREADS" \
+                    "$BIN" --config "$cfg" "${sets[@]}" --set train.threads="$THREADS" \
                         --set train.gemm="$gemm" --set train.precision="$prec" --steps "$STEPS" "${prof[@]}" \
                         >>"$LOG/c${i}_$cell.txt"
                 done
-                "$PY" bench/torch_ref/throughput.py "$cfg" "${sets[@]}" --threads "$THREADS" --steps "$STEPS" \
+                env -u OPENBLAS_CORETYPE "$PY" bench/torch_ref/throughput.py "$cfg" "${sets[@]}" --threads "$THREADS" --steps "$STEPS" \
                     --warmup "$WARMUP" >>"$LOG/t_$cell.txt"
                 if [ "$AMP" = 1 ]; then
-                    "$PY" bench/torch_ref/throughput.py "$cfg" "${sets[@]}" --threads "$THREADS" --steps "$STEPS" \
+                    env -u OPENBLAS_CORETYPE "$PY" bench/torch_ref/throughput.py "$cfg" "${sets[@]}" --threads "$THREADS" --steps "$STEPS" \
                         --warmup "$WARMUP" --amp bf16 >>"$LOG/a_$cell.txt"
                 fi
             done
@@ -147,8 +157,8 @@ done
 
 echo
 sed -n 's/^machine: /machine: /p; s/^cpu: /cpu: /p' "$LOG/c0_$first.txt" | head -2
-echo "threads: $THREADS (both sides)   steps timed: $STEPS (median) after 2 (C) / $WARMUP (PyTorch), best of $ROUNDS alternating rounds   torch $("$PY" -c 'import torch; print(torch.__version__)')"
-echo "OpenBLAS kernels: $(sed -n 's/.*blas_core=\([^ ]*\).*/\1/p' "$LOG/c0_$first.txt" | head -1) (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}), shared by both sides"
+echo "threads: $THREADS (both sides)   steps timed: $STEPS (median) after 2 (C) / $WARMUP (PyTorch), best of $ROUNDS alternating rounds   torch $(env -u OPENBLAS_CORETYPE "$PY" -c 'import torch; print(torch.__version__)')"
+echo "OpenBLAS kernels: $(sed -n 's/.*blas_core=\([^ ]*\).*/\1/p' "$LOG/c0_$first.txt" | head -1) (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset} for C, unset for PyTorch)"
 for ((i = 0; i < ${#CLIST[@]}; i++)); do
     echo "C ${CLIST[$i]}: GEMM $(sed -n 's/^GEMM: //p' "$LOG/c${i}_$first.txt" | head -1)"
 done
