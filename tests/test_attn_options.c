@@ -11,8 +11,10 @@
 
 #include "attn_dsa.h"
 #include "config.h"
+#include "checkpoint.h"
 #include "export_gguf.h"
 #include "lm.h"
+#include "model_setup.h"
 #include "test_docs_util.h"
 
 static const char *const PREFIX = "layers.3.mixer.";
@@ -348,4 +350,70 @@ Test(attn_options, gguf_llama_export_refuses_the_options) {
                   st.msg);
         config_free(&cfg);
     }
+}
+
+// The logits of lm over a fixed token pattern (B = 1, T = 9), on the host.
+static void logits_of(LM *lm, real *out, int n) {
+    int tokens[9];
+    for (int i = 0; i < 9; i++) tokens[i] = (i * 5 + 1) % lm->cfg.vocab_size;
+    Tape tp;
+    tape_init(&tp);
+    tape_no_grad_push(&tp);
+    Tensor *lg = lm_forward(&tp, lm, tokens, 1, 9, NULL, NULL);
+    cr_assert_eq(lg->numel, n);
+    memcpy(out, lg->data, (size_t)n * sizeof(real));
+    tape_free(&tp);
+}
+
+// A model with both options through a checkpoint, as generate, evaluate and
+// export rebuild it (model_load_checkpoint): the stored config turns them on,
+// the options' parameters come back by name, and the logits are the saved
+// model's (float32 build: bit for bit; float64: from float32-rounded weights).
+Test(attn_options, checkpoint_round_trip) {
+    TrainConfig tc;
+    config_defaults(&tc, NULL);
+    Status st = config_load_string(&tc,
+                                   "[model]\nlayers = gdn,attn,attn_dsa\nd_model = 8\nn_heads = 2\nd_k = 4\nd_v = 4\n"
+                                   "d_ff = 12\nchunk_size = 4\nindex_heads = 2\nindex_dim = 4\ntopk = 3\n"
+                                   "qk_norm = true\nattn_gate = true\n",
+                                   "x.ini");
+    cr_assert(st.ok && config_validate(&tc).ok, "%s", st.msg);
+    LM a, b;
+    ParamStore pa, pb;
+    cr_assert(model_build(&tc, &a, &pa, NULL).ok);
+    Rng r;
+    rng_seed(&r, 3);
+    for (int64_t i = 0; i < pa.numel; i++) pa.data[i] = (real)(float)(pa.data[i] + 0.1 * rng_normal(&r));
+    const char *names[] = {"layers.1.mixer.q_norm", "layers.1.mixer.k_norm", "layers.1.mixer.w_gate",
+                           "layers.2.mixer.q_norm", "layers.2.mixer.k_norm", "layers.2.mixer.w_gate"};
+    for (int i = 0; i < 6; i++) cr_assert_not_null(params_find(&pa, names[i]), "%s", names[i]);
+    cr_assert_null(params_find(&pa, "layers.0.mixer.q_norm"), "gdn has no q_norm");
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s", test_tmpdir("attn_options"));
+    snprintf(path, sizeof path, "%s/ckpt.h5", dir);
+    CheckpointState cs;
+    memset(&cs, 0, sizeof cs);
+    cs.config_text = config_dump_string(&tc);
+    cr_assert(strstr(cs.config_text, "qk_norm = true") && strstr(cs.config_text, "attn_gate = true"), "%s",
+              cs.config_text);
+    st = checkpoint_save(path, &pa, NULL, &cs);
+    cr_assert(st.ok, "%s", st.msg);
+    TrainConfig tb;
+    st = model_load_checkpoint(path, &tb, &b, &pb, NULL);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert(tb.model.qk_norm && tb.model.attn_gate);
+    cr_assert_eq(pb.n, pa.n);
+    for (int i = 0; i < pa.n; i++) cr_assert_str_eq(pb.params[i]->name, pa.params[i]->name);
+    cr_assert(memcmp(pa.data, pb.data, (size_t)pa.numel * sizeof(real)) == 0, "the weights came back changed");
+    real la[9 * 256], lb[9 * 256];
+    int n = 9 * a.cfg.vocab_size;
+    cr_assert_leq(n, 9 * 256);
+    logits_of(&a, la, n);
+    logits_of(&b, lb, n);
+    cr_assert(memcmp(la, lb, (size_t)n * sizeof(real)) == 0, "the reloaded model's logits differ");
+    free(cs.config_text);
+    lm_destroy(&a), lm_destroy(&b);
+    params_free(&pa), params_free(&pb);
+    config_free(&tc), config_free(&tb);
+    test_remove_tree(dir);
 }
