@@ -42,6 +42,8 @@ MODEL_KEYS = {
     "index_heads": ("int", "4", 1, 1024),
     "index_dim": ("int", "16", 1, 4096),
     "topk": ("int", "64", 1, 1 << 24),
+    "qk_norm": ("bool", "false", 0, 0),
+    "attn_gate": ("bool", "false", 0, 0),
     "form": ("enum", "chunked", 0, 0),
 }
 
@@ -182,6 +184,10 @@ def model_config(text, source, vocab_size):
     if vals["form"] != "chunked" and not any(k in MIXER_FORMS for k in vals["layers"]):
         raise refuse("form", "form = %s has no effect: none of the layers (%s...) has training forms to choose "
                      "between (only linear, mamba and gdn do); remove the key" % (vals["form"], vals["layers"][0]))
+    for key in ("qk_norm", "attn_gate"):
+        if vals[key] and not any(k in ("attn", "attn_dsa") for k in vals["layers"]):
+            raise refuse(key, "%s = true has no effect: none of the layers (%s...) is attn or attn_dsa; remove the key"
+                         % (key, vals["layers"][0]))
     D, F, H, V = vals["d_model"], vals["d_ff"], vals["n_heads"], vocab_size
     widest = max(D, F, V, H * vals["d_k"], H * vals["d_v"], vals["index_heads"] * vals["index_dim"])
     if D * F > INT32_MAX or D * widest > INT32_MAX or V * D > INT32_MAX:
@@ -190,4 +196,4 @@ def model_config(text, source, vocab_size):
     return ModelConfig(layers=vals["layers"], d_model=D, n_heads=H, d_k=vals["d_k"], d_v=vals["d_v"], d_ff=F,
                        tied_embeddings=vals["tied_embeddings"], chunk_size=vals["chunk_size"],
                        conv_size=vals["conv_size"], norm_eps=vals["norm_eps"], rope_base=vals["rope_base"],
-                       vocab_size=V)
+                       vocab_size=V, qk_norm=vals["qk_norm"], attn_gate=vals["attn_gate"])

@@ -33,13 +33,15 @@ class ModelConfig:
     """The [model] section of a config (the keys this reference needs)."""
 
     def __init__(self, layers, d_model=128, n_heads=4, d_k=32, d_v=32, d_ff=512, tied_embeddings=True,
-                 chunk_size=32, conv_size=4, norm_eps=1e-6, rope_base=10000.0, vocab_size=VOCAB):
+                 chunk_size=32, conv_size=4, norm_eps=1e-6, rope_base=10000.0, vocab_size=VOCAB,
+                 qk_norm=False, attn_gate=False):
         self.layers = list(layers)
         self.d_model, self.n_heads, self.d_k, self.d_v, self.d_ff = d_model, n_heads, d_k, d_v, d_ff
         self.tied_embeddings = tied_embeddings
         self.chunk_size, self.conv_size = chunk_size, conv_size
         self.norm_eps, self.rope_base = norm_eps, rope_base
         self.vocab_size = vocab_size
+        self.qk_norm, self.attn_gate = qk_norm, attn_gate   # attn's options (MODEL.md)
 
     def __repr__(self):
         return "ModelConfig(%s)" % ", ".join("%s=%r" % kv for kv in vars(self).items())
@@ -63,7 +65,7 @@ def model_config_from_ini(text, vocab_size=VOCAB):
         tied_embeddings=m.getboolean("tied_embeddings", True),
         chunk_size=m.getint("chunk_size", 32), conv_size=m.getint("conv_size", 4),
         norm_eps=m.getfloat("norm_eps", 1e-6), rope_base=m.getfloat("rope_base", 10000.0),
-        vocab_size=vocab_size)
+        vocab_size=vocab_size, qk_norm=m.getboolean("qk_norm", False), attn_gate=m.getboolean("attn_gate", False))
 
 
 # ---------------------------------------------------------------- small pieces
@@ -261,6 +263,10 @@ def param_shapes(cfg):
             if kind == "gdn":
                 s[m + "w_beta"] = (D, H)
         s[m + "wo"] = (H * dv, D)
+        if kind == "attn" and cfg.qk_norm:
+            s[m + "q_norm"], s[m + "k_norm"] = (dk,), (dk,)
+        if kind == "attn" and cfg.attn_gate:
+            s[m + "w_gate"] = (D, H * dv)
         s[p + "norm2"] = (D,)
         s[p + "mlp.w1"], s[p + "mlp.w3"], s[p + "mlp.w2"] = (D, F_), (D, F_), (F_, D)
     s["norm_f"] = (D,)
@@ -285,7 +291,7 @@ class LM:
         out_std = res / math.sqrt(H * cfg.d_v)
         for name, shape in param_shapes(cfg).items():
             leaf = name.rsplit(".", 1)[-1]
-            decay = leaf not in ("norm1", "norm2", "norm_f", "out_norm", "D", "dt_bias", "A_log")
+            decay = leaf not in ("norm1", "norm2", "norm_f", "out_norm", "q_norm", "k_norm", "D", "dt_bias", "A_log")
             if name == "embed":
                 value = _normal(shape, in_std if cfg.tied_embeddings else 1.0, gen, dtype)
             elif not decay and leaf not in ("dt_bias", "A_log"):
@@ -336,12 +342,18 @@ class LM:
         return (on.reshape(B, T, -1) * F.silu(u @ P[m + "wg"])) @ P[m + "wo"]
 
     def _attn(self, m, u):
+        """With qk_norm each head of q and k is RMS-normalised (one gain of d_k for all heads) before RoPE;
+        with attn_gate the output is multiplied by sigmoid(u W_gate) before Wo (MODEL.md, attn's options)."""
         P, c = self.params, self.cfg
-        q = rope(heads(u @ P[m + "wq"], c.n_heads), c.rope_base)
-        k = rope(heads(u @ P[m + "wk"], c.n_heads), c.rope_base)
+        q, k = heads(u @ P[m + "wq"], c.n_heads), heads(u @ P[m + "wk"], c.n_heads)
+        if c.qk_norm:
+            q, k = rmsnorm(q, P[m + "q_norm"], c.norm_eps), rmsnorm(k, P[m + "k_norm"], c.norm_eps)
+        q, k = rope(q, c.rope_base), rope(k, c.rope_base)
         v = heads(u @ P[m + "wv"], c.n_heads)
-        o = softmax_attention(q, k, v, 1 / math.sqrt(c.d_k), reference=self.form == "recurrent")
-        return unheads(o) @ P[m + "wo"]
+        o = unheads(softmax_attention(q, k, v, 1 / math.sqrt(c.d_k), reference=self.form == "recurrent"))
+        if c.attn_gate:
+            o = o * torch.sigmoid(u @ P[m + "w_gate"])
+        return o @ P[m + "wo"]
 
     def _qkv(self, m, u):
         P, H = self.params, self.cfg.n_heads

@@ -12,7 +12,7 @@
 
 static const char *INI = "[model]\nlayers = gdn,attn,mamba,linear\nd_model = 16\nn_heads = 2\nd_k = 8\nd_v = 6\n"
                          "d_ff = 24\ntied_embeddings = false\nchunk_size = 5\nconv_size = 3\nnorm_eps = 1e-5\n"
-                         "rope_base = 500\n";
+                         "rope_base = 500\nqk_norm = true\nattn_gate = true\n";
 
 Test(dump_state, config_attribute_rebuilds_the_same_model) {
     TrainConfig cfg;
@@ -67,6 +67,7 @@ Test(dump_state, config_attribute_rebuilds_the_same_model) {
     cr_assert(a.mixer.n_heads == b.mixer.n_heads && a.mixer.d_k == b.mixer.d_k && a.mixer.d_v == b.mixer.d_v);
     cr_assert(a.mixer.chunk_size == b.mixer.chunk_size && a.mixer.conv_size == b.mixer.conv_size);
     cr_assert(a.mixer.rope_base == b.mixer.rope_base && a.mixer.form == b.mixer.form);
+    cr_assert(b.mixer.qk_norm && b.mixer.attn_gate, "attn's options must come back on");
     free(text);
     config_free(&back);
     tape_free(&tp);

@@ -14,7 +14,8 @@
 #     export_model (safetensors checked against the format's specification),
 #     and loaded by python/attnlab_torch.py from the checkpoint and from the
 #     export: its logits equal the C model's (evaluate --logits), to 1e-4
-#     normwise in float32 and 1e-9 in float64;
+#     normwise in float32 and 1e-9 in float64; the same for a gdn/attn
+#     hybrid with attn's options qk_norm and attn_gate on;
 #  5. the GPU benchmark's per-layer torch.compile path equals the eager model;
 #  6. bench/ncu_table.py's per-kernel table on a fixture counted by hand.
 set -euo pipefail
@@ -80,9 +81,12 @@ w = 'the light and darkness was good evening morning day of god earth heaven'.sp
 print(' '.join(r.choice(w) for _ in range(6000)))"
 }
 python_text >"$TMP/corpus.txt"
+parity() {   # LAYERS [MODEL KEY LINE]: train a tiny model, its logits in C and in PyTorch
+rm -rf "$TMP/run" "$TMP/cache"
 cat >"$TMP/tiny.ini" <<INI
 [model]
-layers = attn,linear,mamba,gdn
+layers = $1
+${2:-}
 d_model = 32
 n_heads = 2
 d_k = 16
@@ -104,13 +108,13 @@ INI
 "$BUILD/export_model" --checkpoint "$TMP/run/checkpoint.h5" --out "$TMP/model.safetensors" 2>/dev/null
 head -c 200 "$TMP/corpus.txt" >"$TMP/probe.txt"
 "$BUILD/evaluate" --checkpoint "$TMP/run/checkpoint.h5" --text "$TMP/probe.txt" --window 199 --logits "$TMP/c.npy" >/dev/null
-$PY - "$ROOT/python" "$TMP" "$tol" "$precision" <<'PYEOF'
+$PY - "$ROOT/python" "$TMP" "$tol" "$precision" "$1" <<'PYEOF'
 import json, struct, sys
 import numpy as np
 import torch
 sys.path.insert(0, sys.argv[1])
 import attnlab_torch
-tmp, tol, precision = sys.argv[2], float(sys.argv[3]), sys.argv[4]
+tmp, tol, precision, layers = sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5].split(",")
 # The safetensors file against the format's specification.
 data = open(tmp + "/model.safetensors", "rb").read()
 (n,) = struct.unpack("<Q", data[:8])
@@ -125,7 +129,7 @@ for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]
     end = e
 assert 8 + n + end == len(data), "trailing or missing bytes"
 cfg = json.load(open(tmp + "/config.json"))
-assert cfg["layers"] == ["attn", "linear", "mamba", "gdn"] and cfg["vocab_size"] == 256
+assert cfg["layers"] == layers and cfg["vocab_size"] == 256
 # Logits of the C model against the PyTorch reference loaded from both files.
 c = np.load(tmp + "/c.npy").astype(np.float64)
 tokens = torch.tensor([list(open(tmp + "/probe.txt", "rb").read())[:c.shape[0]]])
@@ -136,9 +140,14 @@ for f in ("run/checkpoint.h5", "model.safetensors"):
         with torch.no_grad():
             ref = lm.forward(tokens)[0].double().numpy()
         err = np.abs(ref - c).max() / np.abs(ref).max()
-        print("outside (%s): PyTorch from %s (%s form) vs C logits: %.2e (tolerance %g)" % (precision, f, form, err, tol))
+        print("outside (%s): %s: PyTorch from %s (%s form) vs C logits: %.2e (tolerance %g)"
+              % (precision, ",".join(layers), f, form, err, tol))
         assert err <= tol, "the PyTorch reference disagrees with the C model"
 PYEOF
+}
+parity attn,linear,mamba,gdn
+# attn's options (qk_norm, attn_gate), both on, in a gdn/attn hybrid.
+parity gdn,attn $'qk_norm = true\nattn_gate = true'
 
 # 5. The GPU benchmark's per-layer torch.compile (bench/torch_ref/throughput.py
 # --compile-layers) runs the model's own layers: with the compiler replaced by

@@ -371,6 +371,8 @@ Status config_model(const TrainConfig *tc, LMConfig *lc) {
     mc.index_heads = tc->model.index_heads;
     mc.index_dim = tc->model.index_dim;
     mc.topk = tc->model.topk;
+    mc.qk_norm = tc->model.qk_norm;
+    mc.attn_gate = tc->model.attn_gate;
     lc->mixer = mc;
     return status_ok();
 }

@@ -75,6 +75,8 @@ typedef struct TrainConfig {
         int index_heads;        // H_I, DSA indexer heads
         int index_dim;          // d_I, DSA indexer head size
         int topk;               // DSA positions kept per query
+        bool qk_norm;           // attn, attn_dsa: per-head RMSNorm of q and k before RoPE
+        bool attn_gate;         // attn, attn_dsa: sigmoid output gate before Wo
         MixerForm form;         // chunked | parallel | recurrent
     } model;
     struct {

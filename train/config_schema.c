@@ -36,6 +36,12 @@ const ConfigKey CONFIG_SCHEMA[] = {
     {"model", "index_dim", KEY_INT, OFF(model, index_dim), "16", 1, 4096, NULL, NULL,
      "DSA indexer head size d_I", KEYF_ARCH},
     {"model", "topk", KEY_INT, OFF(model, topk), "64", 1, 1 << 24, NULL, "top_k", "DSA positions kept per query", KEYF_ARCH},
+    {"model", "qk_norm", KEY_BOOL, OFF(model, qk_norm), "false", 0, 0, NULL, NULL,
+     "attn, attn_dsa: RMSNorm of each head of q and k (one learned gain of d_k) before RoPE, as Qwen3; no effect on "
+     "other mixers", KEYF_ARCH},
+    {"model", "attn_gate", KEY_BOOL, OFF(model, attn_gate), "false", 0, 0, NULL, NULL,
+     "attn, attn_dsa: the attention output times sigmoid(u W_gate) before Wo, as Qwen3-Next; no effect on other "
+     "mixers", KEYF_ARCH},
     {"model", "form", KEY_ENUM, OFF(model, form), "chunked", 0, 0, "chunked|parallel|recurrent", "mode",
      "mixer implementation used for training"},
 

@@ -37,6 +37,9 @@ static char *model_ini(const LM *lm) {
             "index_dim = %d\ntopk = %d\nform = %s\n",
             c->d_model, m->n_heads, m->d_k, m->d_v, c->d_ff, c->tied ? "true" : "false", m->chunk_size,
             m->conv_size, c->norm_eps, m->rope_base, m->index_heads, m->index_dim, m->topk, mixer_form_name(m->form));
+    // attn's options only when on: the dump of a model without them reads as it always did.
+    if (m->qk_norm) fprintf(f, "qk_norm = true\n");
+    if (m->attn_gate) fprintf(f, "attn_gate = true\n");
     fclose(f);
     return text;
 }

@@ -17,6 +17,12 @@ Status export_gguf_check(const TrainConfig *cfg, const Tokenizer *tok) {
             return status_err("layer %d is '%s': GGUF export maps only models whose layers are all 'attn' (llama.cpp's "
                               "'llama' architecture); that mixer has no exact counterpart there yet",
                               l, cfg->model.layers.name[l]);
+    // llama.cpp's 'llama' attention has neither option: a file without them would compute something else.
+    if (cfg->model.qk_norm || cfg->model.attn_gate)
+        return status_err("%s = true: llama.cpp's 'llama' architecture has no %s; GGUF export of an attention-only "
+                          "model needs qk_norm = false and attn_gate = false",
+                          cfg->model.qk_norm ? "qk_norm" : "attn_gate",
+                          cfg->model.qk_norm ? "RMSNorm of q and k" : "gate on the attention output");
     if (cfg->model.d_k != cfg->model.d_v)
         return status_err("d_k = %d and d_v = %d: llama.cpp's 'llama' architecture has one head size for keys and "
                           "values; train with d_k = d_v to export",

@@ -4,6 +4,12 @@
 //   o = softmax_{s<=t}(q_t . k_s / sqrt(dk)) v        op_attention (attn_flash.c)
 //   y = o Wo                                          (B, T, D)
 //
+// Options (MODEL.md): qk_norm normalises each head of u Wq and u Wk
+// (RMSNorm, one gain of d_k shared by the heads) before RoPE; attn_gate
+// multiplies o by sigmoid(u W_gate) before Wo. Every path (forward, step,
+// prefill, and attn_dsa's) goes through attn_layer_qkv and attn_layer_out,
+// so decoding applies them exactly as the forward does.
+//
 // No recurrent state. Decoding keeps a KV cache of the rotated keys and the
 // values; a step rotates the new q and k at the current absolute position,
 // appends k and v, and attends over the cache (attn_decode_forward), O(pos d).
@@ -31,12 +37,31 @@ const char *attn_layer_check(const MixerConfig *c, char *why, size_t n) {
     return NULL;
 }
 
+// A norm gain prefix + name of n ones, without weight decay (like every norm gain).
+static Tensor *gain_param(ParamStore *ps, const char *prefix, const char *name, int n) {
+    char full[256];
+    int len = snprintf(full, sizeof full, "%s%s", prefix, name);
+    ASSERT(len < (int)sizeof full, "attn: parameter name '%s%s' too long", prefix, name);
+    return params_add(ps, full, 1, (int[]){n}, init_ones(), TENSOR_NO_DECAY);
+}
+
 void attn_layer_create(AttnLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *c) {
     double std = 1.0 / sqrt(c->d_model);
     L->wq = param_linear(ps, prefix, "wq", c->d_model, c->n_heads * c->d_k, std);
     L->wk = param_linear(ps, prefix, "wk", c->d_model, c->n_heads * c->d_k, std);
     L->wv = param_linear(ps, prefix, "wv", c->d_model, c->n_heads * c->d_v, std);
     L->wo = param_linear(ps, prefix, "wo", c->n_heads * c->d_v, c->d_model, c->out_std);
+    L->q_norm = L->k_norm = L->w_gate = NULL;
+    if (c->qk_norm) {
+        L->q_norm = gain_param(ps, prefix, "q_norm", c->d_k);
+        L->k_norm = gain_param(ps, prefix, "k_norm", c->d_k);
+    }
+    if (c->attn_gate) L->w_gate = param_linear(ps, prefix, "w_gate", c->d_model, c->n_heads * c->d_v, std);
+}
+
+Tensor *attn_layer_out(Tape *tp, const AttnLayer *L, Tensor *o, Tensor *u) {
+    if (L->w_gate) o = op_mul(tp, o, op_sigmoid(tp, op_matmul(tp, u, L->w_gate, false, false)));
+    return op_matmul(tp, o, L->wo, false, false);
 }
 
 // RoPE at pos (B, T) or, when NULL, at pos0 + t.
@@ -49,6 +74,10 @@ void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *
     ASSERT(u->ndim == 3 && u->shape[2] == c->d_model, "attn: u %s must be (B, T, %d)", SHAPE(u), c->d_model);
     Tensor *x[3];   // u Wq, u Wk, u Wv in one node
     op_matmul_multi(tp, u, (Tensor *[]){L->wq, L->wk, L->wv}, 3, x);
+    if (L->q_norm) {   // per head: groups of d_k, one shared gain
+        x[0] = op_rmsnorm_groups(tp, x[0], L->q_norm, c->d_k, c->norm_eps);
+        x[1] = op_rmsnorm_groups(tp, x[1], L->k_norm, c->d_k, c->norm_eps);
+    }
     *q = rope_at(tp, x[0], c->d_k, pos0, pos, c->rope_base);
     *k = rope_at(tp, x[1], c->d_k, pos0, pos, c->rope_base);
     *v = x[2];
@@ -137,7 +166,7 @@ Tensor *attn_layer_prefill(Tape *tp, const AttnLayer *L, const MixerConfig *c, K
     Tensor *o = tape_tensorv(tp, 3, B, T0, H * c->d_v);
     device_kernels(tp->device)->attn_prefix(tp, o->data, q->data, kc->k, kc->v, B, kc->max_T, kc->pos, T0, kc->start,
                                             kc->start_dev, H, c->d_k, c->d_v, scale);
-    return op_matmul(tp, o, L->wo, false, false);
+    return attn_layer_out(tp, L, o, u);
 }
 
 // ---- the `attn` kind ----
@@ -159,7 +188,7 @@ static Tensor *attn_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start,
     Tensor *q, *k, *v;
     attn_layer_qkv(tp, L, c, u, 0, attn_doc_positions(tp, doc_start, u->shape[0], u->shape[1]), &q, &k, &v);
     Tensor *o = op_attention(tp, q, k, v, c->n_heads, 1.0 / sqrt(c->d_k), doc_start);
-    return op_matmul(tp, o, L->wo, false, false);
+    return attn_layer_out(tp, L, o, u);
 }
 
 static void *attn_cache_new(const Mixer *m, int B, int max_T, Device dev) {
@@ -189,7 +218,7 @@ static Tensor *attn_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     Tensor *o = tape_tensorv(tp, 3, kc->B, 1, c->n_heads * c->d_v);
     device_kernels(tp->device)->attn_decode(tp, o->data, q->data, kc->k, kc->v, kc->B, kc->max_T, kc->pos, kc->start,
                                             kc->start_dev, c->n_heads, c->d_k, c->d_v, 1.0 / sqrt(c->d_k));
-    return op_matmul(tp, o, ((const AttnLayer *)m->impl)->wo, false, false);
+    return attn_layer_out(tp, m->impl, o, u);
 }
 
 static void attn_cache_reset(const Mixer *m, void *cache, int b) { kvcache_reset(cache, b); }

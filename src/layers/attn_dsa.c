@@ -286,7 +286,7 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
     Tensor *o;
     if (L->mode == DSA_SPARSE && c->topk >= T) {   // everything is selected: the dense kernel is the same math
         if (L->fill) put_index_keys(tp, m, L->fill, u);
-        return op_matmul(tp, op_attention(tp, q, k, v, H, scale, doc_start), L->attn.wo, false, false);
+        return attn_layer_out(tp, &L->attn, op_attention(tp, q, k, v, H, scale, doc_start), u);
     }
     // The indexer only needs a graph when its KL will be back-propagated.
     if (L->mode == DSA_SPARSE) tape_no_grad_push(tp);
@@ -296,7 +296,7 @@ static Tensor *dsa_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
     Tensor *w = op_matmul(tp, ub, L->ww_idx, false, false);
     if (L->fill) store_index_keys(L->fill, kI);
     o = dsa_attend(tp, L, c, q, k, v, qI, kI, w, doc_start, B, T, K);
-    return op_matmul(tp, o, L->attn.wo, false, false);
+    return attn_layer_out(tp, &L->attn, o, u);
 }
 
 static void *dsa_cache_new(const Mixer *m, int B, int max_T, Device dev) {
@@ -365,7 +365,7 @@ static Tensor *dsa_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     if (L->mode == DSA_DISTILL) {   // the main model as trained: dense attention over the cache
         dk->attn_decode(tp, o->data, q->data, kv->k, kv->v, B, kv->max_T, kv->pos, kv->start, kv->start_dev,
                         c->n_heads, c->d_k, c->d_v, scale);
-        return op_matmul(tp, o, L->attn.wo, false, false);
+        return attn_layer_out(tp, &L->attn, o, u);
     }
     Tensor *qI = rope_at(tp, op_matmul(tp, u, L->wq_idx, false, false), dI, pos, rp, c->rope_base);
     Tensor *w = op_matmul(tp, u, L->ww_idx, false, false);
@@ -373,7 +373,7 @@ static Tensor *dsa_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
                           kv->start_dev, HI, dI, K, dc->cand);
     dk->dsa_decode_sparse(o->data, q->data, kv->k, kv->v, B, kv->max_T, dc->sel, K, c->n_heads, c->d_k, c->d_v, scale);
     if (L->rec) record_rows(L, B, K, pos, dc->sel, 1, kv->dev, 0);
-    return op_matmul(tp, o, L->attn.wo, false, false);
+    return attn_layer_out(tp, &L->attn, o, u);
 }
 
 static void dsa_cache_reset(const Mixer *m, void *cache, int b) { kvcache_reset(&((DsaCache *)cache)->kv, b); }
@@ -493,7 +493,7 @@ static Tensor *sparse_after_cache(Tape *tp, Mixer *m, DsaCache *dc, Tensor *u) {
     dk->dsa_prefix_sparse(o->data, q->data, kv->k, kv->v, B, T0, kv->max_T, sel, K, H, c->d_k, c->d_v,
                           1.0 / sqrt(c->d_k));
     if (L->rec) record_rows(L, B, K, pos, sel, T0, tp->device, 0);
-    return op_matmul(tp, o, L->attn.wo, false, false);
+    return attn_layer_out(tp, &L->attn, o, u);
 }
 
 // MixerKind.prefill: the output the steps would give. They attend densely in

@@ -10,6 +10,8 @@ typedef struct AttnLayer {
     Tensor *wk;   // (D, H*dk)
     Tensor *wv;   // (D, H*dv)
     Tensor *wo;   // (H*dv, D)
+    Tensor *q_norm, *k_norm;   // (dk) each, MixerConfig.qk_norm (else NULL)
+    Tensor *w_gate;            // (D, H*dv), MixerConfig.attn_gate (else NULL)
 } AttnLayer;
 
 typedef struct KVCache {
@@ -22,14 +24,21 @@ typedef struct KVCache {
     int *start_dev;   // (B) a copy of start in dev's memory (the GPU; NULL on the CPU)
 } KVCache;
 
-// wq, wk, wv ~ N(0, 1/D), wo ~ N(0, out_std^2).
+// wq, wk, wv ~ N(0, 1/D), wo ~ N(0, out_std^2); the options' q_norm and
+// k_norm = 1 (no weight decay), w_gate ~ N(0, 1/D), registered after wo so
+// that a model without them draws what it always drew.
 // Constraints of the attention projections (d_k even for RoPE); MixerKind.check.
 const char *attn_layer_check(const MixerConfig *c, char *why, size_t n);
 void attn_layer_create(AttnLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *c);
 // u (B, T, D) -> q = RoPE(u Wq), k = RoPE(u Wk), v = u Wv; RoPE at positions
 // pos (B, T) (docs_positions, kvcache_positions), or pos0 + t when pos is NULL.
+// With qk_norm, each head of u Wq and u Wk is RMS-normalised (gains q_norm,
+// k_norm, eps norm_eps) before its rotation.
 void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, int pos0, const int *pos,
                     Tensor **q, Tensor **k, Tensor **v);
+// The attention output o (B, T, H*dv) of the positions u (B, T, D) to the
+// mixer's output: o Wo, or (o * sigmoid(u W_gate)) Wo with attn_gate.
+Tensor *attn_layer_out(Tape *tp, const AttnLayer *L, Tensor *o, Tensor *u);
 // The RoPE positions of a forward with documents: t - (the start of t's
 // document), on tp's arena; NULL when doc_start flags nothing (positions t).
 // MODEL.md's project notes: positions restart at every document.

@@ -36,7 +36,7 @@ Status lm_parse_layers(LMConfig *cfg, const char *list) {
 #define LM_MAX_TENSOR ((int64_t)INT32_MAX)
 
 const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n) {
-    bool form_used = false;
+    bool form_used = false, attn_used = false;
     for (int l = 0; l < c->n_layers; l++) {
         const char *key = mixer_config_check(c->layers[l], &c->mixer, why, n);
         if (key) {
@@ -46,6 +46,14 @@ const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n
             return key;
         }
         form_used |= mixer_kind_find(c->layers[l])->forms != 0;
+        attn_used |= strcmp(c->layers[l], "attn") == 0 || strcmp(c->layers[l], "attn_dsa") == 0;
+    }
+    // The attention options change no other mixer: set without an attention layer, they would be a silent no-op.
+    if (!attn_used && (c->mixer.qk_norm || c->mixer.attn_gate)) {
+        const char *key = c->mixer.qk_norm ? "qk_norm" : "attn_gate";
+        snprintf(why, n, "%s = true has no effect: none of the layers (%s...) is attn or attn_dsa; remove the key",
+                 key, c->layers[0]);
+        return key;
     }
     if (!form_used && c->mixer.form != MIXER_FORM_CHUNKED) {
         snprintf(why, n, "form = %s has no effect: none of the layers (%s...) has training forms to choose "

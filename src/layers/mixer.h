@@ -25,7 +25,8 @@
 // Parameter names (the checkpoint's) are prefix + a short name: wq (D, H*dk),
 // wk (D, H*dk), wv (D, H*dv), wo (H*dv, D), wg (D, H*dv), conv_q / conv_k
 // (H*dk, W), conv_v (H*dv, W), out_norm (dv), w_dt (D, H), dt_bias (H),
-// A_log (H), D (H, dv), w_beta (D, H); the indexer's: wq_idx, wk_idx, ww_idx.
+// A_log (H), D (H, dv), w_beta (D, H); the indexer's: wq_idx, wk_idx, ww_idx;
+// the attention options': q_norm (dk), k_norm (dk), w_gate (D, H*dv).
 // Weights are stored (in, out) row-major and applied on the right: y = u W.
 #ifndef MIXER_H
 #define MIXER_H
@@ -56,6 +57,8 @@ typedef struct MixerConfig {
     int index_heads;       // attn_dsa: H_I
     int index_dim;         // attn_dsa: d_I
     int topk;              // attn_dsa: positions each query may attend to
+    bool qk_norm;          // attn, attn_dsa: per-head RMSNorm of q and k (gain of d_k shared by the heads) before RoPE
+    bool attn_gate;        // attn, attn_dsa: the output o times sigmoid(u W_gate) before Wo
 } MixerConfig;
 
 MixerConfig mixer_config_default(int d_model, int n_heads, int d_k, int d_v);
