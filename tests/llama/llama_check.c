@@ -71,7 +71,9 @@ static struct llama_context *context(struct llama_model *m, int n_ctx, int defau
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)n_ctx;
     cp.n_batch = cp.n_ubatch = (uint32_t)n_ctx;
-    cp.n_threads = cp.n_threads_batch = 2;
+    // One thread: ggml's workers wait spinning, and on a busy machine the
+    // spinning of a second one cost ten times the work of these small models.
+    cp.n_threads = cp.n_threads_batch = 1;
     if (!defaults) {
         cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
         cp.type_k = cp.type_v = GGML_TYPE_F32;
