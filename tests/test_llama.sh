@@ -133,7 +133,17 @@ for enc in gpt2 cl100k_base o200k_base; do
     bpe "$enc" "$enc"
 done
 train bpe300 "${small[@]}" --set data.tokenizer=bpe:300
-bpe bpe300 "$(ls "$tmp"/cache/tokenizer-*-300.bpe)"
+bpe300=$(ls "$tmp"/cache/tokenizer-*-300.bpe)
+bpe bpe300 "$bpe300"
+
+# A BPE whose split pattern llama.cpp has no pre-tokenizer for is refused, naming it.
+sed '2s/^#pattern .*/#pattern \\S+|\\s+/' "$bpe300" >"$tmp/ws.bpe"
+train ws "${small[@]}" --set train.steps=1 --set data.tokenizer="$tmp/ws.bpe"
+if "$BUILD/export_model" --checkpoint "$tmp/ws/checkpoint.h5" --format gguf --out "$tmp/ws.gguf" 2>"$tmp/ws.err"; then
+    echo "test_llama: a BPE split by \\S+|\\s+ was exported"; fail=1
+elif ! grep -qF "pattern '\S+|\s+'" "$tmp/ws.err" || [ -e "$tmp/ws.gguf" ]; then
+    echo "test_llama: the refusal of a pattern llama.cpp lacks: $(cat "$tmp/ws.err")"; fail=1
+fi
 
 [ $fail -eq 0 ] && echo "test_llama: every exported model runs in llama.cpp $VERSION with attnlab's logits"
 exit $fail
