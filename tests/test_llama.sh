@@ -108,7 +108,7 @@ fi
 # pre-tokenizers split differently: diacritics (composed and combining),
 # Greek, Cyrillic, CJK, Devanagari, emoji, digit and whitespace runs,
 # contractions in both cases, camel case, code.
-printf '%s\n' "Don't stop: WE'LL see, they've I'M. Ça déjà vu, naïve Zürich, Ökonom, eÌteÌ." \
+printf '%s\n' "Don't stop: WE'LL see, they've I'M. Ça déjà vu, naïve Zürich, Ökonom," $'e\xcc\x81te\xcc\x81 Cafe\xcc\x81.' \
     'Αθήνα ΣΟΦΙΑ. Москва — столица, ПриветМир. 東京都と北京市、서울. नमस्ते दुनिया. 😀👍🏽 ok' \
     '12345678 9999 3.14159 0x1F  HTTPServer camelCase' $'\tdef f(x):' '        return x**2  # code' \
     '' '' "  trailing   " >"$tmp/multi.txt"
