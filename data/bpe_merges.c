@@ -39,3 +39,5 @@ int bpe_merges(const Bpe *b, int *left, int *right) {
     free(at);
     return unmade;
 }
+
+int bpe_rank(const Bpe *b, const uint8_t *p, int len) { return len < 1 ? -1 : bpe_rank_of(b, p, len); }

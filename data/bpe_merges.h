@@ -22,4 +22,7 @@
 // Merges in rank order are the ids with left[id] >= 0, ascending.
 int bpe_merges(const Bpe *b, int *left, int *right);
 
+// The rank of the token whose bytes are p[0..len), or -1 if none is.
+int bpe_rank(const Bpe *b, const uint8_t *p, int len);
+
 #endif

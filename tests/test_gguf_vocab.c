@@ -51,9 +51,10 @@ static char *made_up_text(int words, uint32_t seed) {
     return t;
 }
 
-static Bpe *trained(const char *text, int vocab, const char *pattern) {
-    const char *specials[] = {TOKENIZER_EOT};
-    BpeTrainOpts o = {.vocab = vocab, .pattern = pattern, .specials = specials, .n_specials = 1};
+// A BPE of vocab ids trained on text, with TOKENIZER_EOT and, unless NULL, the special `extra`.
+static Bpe *trained(const char *text, int vocab, const char *pattern, const char *extra) {
+    const char *specials[] = {TOKENIZER_EOT, extra};
+    BpeTrainOpts o = {.vocab = vocab, .pattern = pattern, .specials = specials, .n_specials = extra ? 2 : 1};
     uint8_t *file;
     size_t len;
     Status st = bpe_train((const uint8_t *)text, (int64_t)strlen(text), &o, &file, &len, NULL);
@@ -66,7 +67,7 @@ static Bpe *trained(const char *text, int vocab, const char *pattern) {
 
 Test(gguf_vocab, the_merges_of_a_trained_bpe_encode_every_word_as_its_ranks) {
     char *text = made_up_text(3000, 7);
-    Bpe *b = trained(text, 400, "\\S+|\\s+");
+    Bpe *b = trained(text, 400, "\\S+|\\s+", NULL);
     int V = bpe_vocab_size(b), *left = malloc((size_t)V * sizeof *left), *right = malloc((size_t)V * sizeof *right);
     cr_assert_eq(bpe_merges(b, left, right), 0, "a trained tokenizer has no token its pairs cannot make");
     int n_merges = 0;
@@ -225,9 +226,8 @@ Test(gguf_vocab, cl100k_base_is_written_with_its_pre_tokenizer_specials_and_plac
     tokenizer_free(&tok);
 }
 
-Test(gguf_vocab, a_split_pattern_llama_cpp_lacks_is_refused_by_name) {
-    char *text = made_up_text(500, 3);
-    Bpe *b = trained(text, 300, "\\S+|\\s+");
+// export_gguf_check of a one-layer attn model with tokenizer b.
+static Status check_with(const Bpe *b) {
     size_t len;
     uint8_t *file = bpe_to_buffer(b, &len);
     Tokenizer tok;
@@ -239,8 +239,33 @@ Test(gguf_vocab, a_split_pattern_llama_cpp_lacks_is_refused_by_name) {
     snprintf(tc.model.layers.name[0], CONFIG_NAME_MAX, "attn");
     tc.model.d_k = tc.model.d_v = 16;
     s = export_gguf_check(&tc, &tok);
-    cr_assert(!s.ok && strstr(s.msg, "'\\S+|\\s+'") && strstr(s.msg, "no llama.cpp pre-tokenizer"), "%s", s.msg);
     tokenizer_free(&tok);
-    free(file), free(text);
+    free(file);
+    return s;
+}
+
+Test(gguf_vocab, a_split_pattern_llama_cpp_lacks_is_refused_by_name) {
+    char *text = made_up_text(500, 3);
+    Bpe *b = trained(text, 300, "\\S+|\\s+", NULL);
+    Status s = check_with(b);
+    cr_assert(!s.ok && strstr(s.msg, "'\\S+|\\s+'") && strstr(s.msg, "no llama.cpp pre-tokenizer"), "%s", s.msg);
+    free(text);
+    bpe_free(b);
+}
+
+Test(gguf_vocab, a_special_with_an_ordinary_tokens_text_is_refused) {
+    char *text = made_up_text(500, 5);
+    // GPT-2's alphabet writes "é" (merged: the text has many) as "Ã©", and byte 0x0a as "Ċ".
+    const char *clashes[] = {"\xc3\x83\xc2\xa9", "\xc4\x8a"};
+    for (int i = 0; i < 2; i++) {
+        Bpe *b = trained(text, 300, NULL, clashes[i]);
+        Status s = check_with(b);
+        cr_assert(!s.ok && strstr(s.msg, clashes[i]) && strstr(s.msg, "would give one id for both"), "%s", s.msg);
+        bpe_free(b);
+    }
+    Bpe *b = trained(text, 300, NULL, "<|pad|>");
+    Status s = check_with(b);
+    cr_assert(s.ok, "a special no ordinary token spells is written: %s", s.msg);
+    free(text);
     bpe_free(b);
 }

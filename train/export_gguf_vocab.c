@@ -32,24 +32,58 @@ static const char *pre_tokenizer(const char *pattern) {
     return NULL;
 }
 
+// GPT-2's byte-level alphabet: byte b as one code point, the printable
+// bytes as themselves and the others as 256 + their order.
+static bool printable(int b) { return (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff); }
+
+// The bytes whose GPT-2 alphabet form is the UTF-8 text s, into out (room for
+// strlen(s)); -1 if s has a character outside the alphabet.
+static int unmapped(const char *s, uint8_t *out) {
+    const uint8_t *p = (const uint8_t *)s;
+    int n = 0;
+    while (*p) {
+        int cp = *p++;
+        if (cp >= 0xc0 && cp < 0xe0 && (*p & 0xc0) == 0x80) cp = (cp & 0x1f) << 6 | (*p++ & 0x3f);
+        else if (cp >= 0x80) return -1;
+        int b = -1;
+        if (cp < 256 && printable(cp)) b = cp;
+        for (int c = 0, k = 256; b < 0 && c < 256; c++)
+            if (!printable(c) && k++ == cp) b = c;
+        if (b < 0) return -1;
+        out[n++] = (uint8_t)b;
+    }
+    return n;
+}
+
 Status gguf_vocabulary_check(const Tokenizer *tok) {
-    if (tok->bpe && !pre_tokenizer(bpe_pattern(tok->bpe)))
+    if (!tok->bpe) return status_ok();
+    const Bpe *b = tok->bpe;
+    if (!pre_tokenizer(bpe_pattern(b)))
         return status_err("the model's tokenizer splits text with the pattern '%s', which no llama.cpp pre-tokenizer "
                           "implements (llama.cpp has gpt2's, cl100k_base's and o200k_base's): llama.cpp would give "
                           "other ids; train with a tokenizer of one of those patterns to export",
-                          bpe_pattern(tok->bpe));
+                          bpe_pattern(b));
+    // llama.cpp finds tokens by their text: a special written as it is must
+    // not be the text of an ordinary token in GPT-2's alphabet.
+    uint8_t bytes[BPE_TOKEN_MAX];
+    for (int i = 0; i < bpe_n_specials(b); i++) {
+        BpeSpecial sp = bpe_special(b, i);
+        int n = strlen(sp.text) <= BPE_TOKEN_MAX ? unmapped(sp.text, bytes) : -1, rank = bpe_rank(b, bytes, n);
+        if (rank >= 0)
+            return status_err("the special token '%s' (id %d) has the text that token %d has in GPT-2's byte "
+                              "alphabet: llama.cpp finds tokens by their text and would give one id for both; "
+                              "rename the special to export",
+                              sp.text, sp.id, rank);
+    }
     return status_ok();
 }
 
-// GPT-2's byte-level alphabet: byte b as the UTF-8 of one code point, the
-// printable bytes as themselves and the others as 256 + their order.
+// Byte b in GPT-2's alphabet, as UTF-8 into out; returns its length.
 static size_t byte_token(int b, char out[2]) {
-    bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
     int cp = b;
-    if (!printable) {
+    if (!printable(b)) {
         int n = 0;
-        for (int c = 0; c < b; c++)
-            if (!((c >= '!' && c <= '~') || (c >= 0xa1 && c <= 0xac) || (c >= 0xae && c <= 0xff))) n++;
+        for (int c = 0; c < b; c++) n += !printable(c);
         cp = 256 + n;
     }
     if (cp < 0x80) {
