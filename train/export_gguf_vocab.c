@@ -19,10 +19,13 @@
 
 enum { TYPE_NORMAL = 1, TYPE_CONTROL = 3, TYPE_UNUSED = 5 };   // llama.cpp's llama_token_type
 
-// llama.cpp's pre-tokenizer for each split pattern it implements. Its regexes
-// (src/llama-vocab.cpp, llama_tokenizer_bpe) are tiktoken's patterns: "gpt-2"
-// the gpt2 one, "llama-bpe" (LLAMA3) cl100k_base's, "gpt-4o" o200k_base's.
-// "llama-bpe" and "gpt-4o" look a whole piece up before merging, as tiktoken does.
+// llama.cpp's pre-tokenizer for each split pattern it implements (regexes in
+// src/llama-vocab.cpp, llm_tokenizer_bpe): "gpt-2" is gpt2's pattern,
+// "llama-bpe" (LLAMA3) cl100k_base's. For o200k_base's, "granite-embed-
+// multi-97m": its regex keeps combining marks (\p{M}) in letter runs as
+// tiktoken's does, where "gpt-4o"'s drops them and splits Devanagari
+// elsewhere. Both of these look a whole piece up before merging, as tiktoken
+// does; gpt2's tokens are all made by merges (bpe_merges.h), so "gpt-2" needs not.
 static const char *pre_tokenizer(const char *pattern) {
     static const struct {
         const char *encoding, *pre;
