@@ -25,7 +25,8 @@ enum { TYPE_NORMAL = 1, TYPE_CONTROL = 3, TYPE_UNUSED = 5 };   // llama.cpp's ll
 // multi-97m": its regex keeps combining marks (\p{M}) in letter runs as
 // tiktoken's does, where "gpt-4o"'s drops them and splits Devanagari
 // elsewhere. Both of these look a whole piece up before merging, as tiktoken
-// does; gpt2's tokens are all made by merges (bpe_merges.h), so "gpt-2" needs not.
+// does; "gpt-2" merges every piece, which gives gpt2's ids since its ranks
+// are GPT-2's merges in order (every token is made by its pair: bpe_merges.h).
 static const char *pre_tokenizer(const char *pattern) {
     static const struct {
         const char *encoding, *pre;
