@@ -9,8 +9,9 @@
 # For each layout the test trains a small model a few steps, exports it, and
 # llama_check compares llama.cpp's logits at every position (one batch, and
 # token by token) with `evaluate --logits`, its tokenizer's ids with the
-# text's bytes, and 64 greedy tokens with `generate --temperature 0`; a
-# model the exporter cannot map must be refused with a sentence and no file.
+# text's bytes (a BPE: with `tokenize encode`'s ids of a multilingual text),
+# and 64 greedy tokens with `generate --temperature 0`; a model the exporter
+# cannot map must be refused with a sentence and no file.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(cd "${1:?usage: tests/test_llama.sh BUILD_DIR}" && pwd)
@@ -102,5 +103,47 @@ if "$BUILD/export_model" --checkpoint "$tmp/gdn/checkpoint.h5" --format gguf --o
 elif ! grep -q "layer 1 is 'gdn'" "$tmp/gdn.err" || [ -e "$tmp/gdn.gguf" ]; then
     echo "test_llama: the refusal of a gdn layer: $(cat "$tmp/gdn.err")"; fail=1
 fi
+# BPE tokenizers: tiktoken's three and one trained on the corpus. A small
+# d_model keeps the 100k and 200k-row embeddings cheap. The text has what
+# pre-tokenizers split differently: diacritics (composed and combining),
+# Greek, Cyrillic, CJK, Devanagari, emoji, digit and whitespace runs,
+# contractions in both cases, camel case, code.
+printf '%s\n' "Don't stop: WE'LL see, they've I'M. Ça déjà vu, naïve Zürich, Ökonom," $'e\xcc\x81te\xcc\x81 Cafe\xcc\x81.' \
+    'Αθήνα ΣΟΦΙΑ. Москва — столица, ПриветМир. 東京都と北京市、서울. नमस्ते दुनिया. 😀👍🏽 ok' \
+    '12345678 9999 3.14159 0x1F  HTTPServer camelCase' $'\tdef f(x):' '        return x**2  # code' \
+    '' '' "  trailing   " >"$tmp/multi.txt"
+bpe() {  # bpe NAME TOKENIZER: the ids, logits and greedy text of a BPE model on multi.txt
+    local name=$1 tokenizer=$2
+    "$BUILD/export_model" --checkpoint "$tmp/$name/checkpoint.h5" --format gguf --overwrite \
+        --out "$tmp/$name-f32.gguf" >/dev/null
+    "$BUILD/tokenize" encode --tokenizer "$tokenizer" --in "$tmp/multi.txt" --out "$tmp/$name.tok"
+    "$BUILD/evaluate" --checkpoint "$tmp/$name/checkpoint.h5" --text "$tmp/multi.txt" --window 400 \
+        --logits "$tmp/$name.npy" >/dev/null 2>&1
+    # (generate ends its output with a line break of its own)
+    "$BUILD/generate" --checkpoint "$tmp/$name/checkpoint.h5" --prompt-file "$tmp/multi.txt" --temperature 0 \
+        --max-tokens 64 --no-echo 2>/dev/null | head -c -1 >"$tmp/$name.gen"
+    echo "== llama.cpp: $name, f32 (no flash attention, f32 cache)"
+    "$CHECK" "$LLAMA/lib" "$tmp/$name-f32.gguf" "$tmp/multi.txt" --ids "$tmp/$name.tok" "$tmp/$name.npy" 1e-5 || fail=1
+    "$CHECK" "$LLAMA/lib" "$tmp/$name-f32.gguf" "$tmp/multi.txt" --ids "$tmp/$name.tok" \
+        --greedy-text 64 "$tmp/$name.gen" || fail=1
+}
+small=(--set model.d_model=32 --set model.n_heads=2 --set model.d_ff=64 --set train.steps=2)
+for enc in gpt2 cl100k_base o200k_base; do
+    train "$enc" "${small[@]}" --set data.tokenizer=$enc
+    bpe "$enc" "$enc"
+done
+train bpe300 "${small[@]}" --set data.tokenizer=bpe:300
+bpe300=$(ls "$tmp"/cache/tokenizer-*-300.bpe)
+bpe bpe300 "$bpe300"
+
+# A BPE whose split pattern llama.cpp has no pre-tokenizer for is refused, naming it.
+sed '2s/^#pattern .*/#pattern \\S+|\\s+/' "$bpe300" >"$tmp/ws.bpe"
+train ws "${small[@]}" --set train.steps=1 --set data.tokenizer="$tmp/ws.bpe"
+if "$BUILD/export_model" --checkpoint "$tmp/ws/checkpoint.h5" --format gguf --out "$tmp/ws.gguf" 2>"$tmp/ws.err"; then
+    echo "test_llama: a BPE split by \\S+|\\s+ was exported"; fail=1
+elif ! grep -qF "pattern '\S+|\s+'" "$tmp/ws.err" || [ -e "$tmp/ws.gguf" ]; then
+    echo "test_llama: the refusal of a pattern llama.cpp lacks: $(cat "$tmp/ws.err")"; fail=1
+fi
+
 [ $fail -eq 0 ] && echo "test_llama: every exported model runs in llama.cpp $VERSION with attnlab's logits"
 exit $fail

@@ -9,9 +9,12 @@
 //   - the byte tokenizer -> a byte-level "gpt2" vocabulary of 256 tokens and
 //     no merges, so llama.cpp's tokenizer gives every byte its own id, the
 //     byte's value, whatever its pre-tokenizer splits.
-// Anything else (other mixers, a BPE tokenizer) is refused with a sentence
-// that names the layer or tokenizer and why: never a file that loads and
-// computes something else.
+//   - a BPE -> a "gpt2" vocabulary of its ids, the merges that rebuild its
+//     ranks (bpe_merges.h) and the pre-tokenizer of its split pattern
+//     (export_gguf_vocab.c; docs/export.md).
+// Anything else (other mixers, a BPE whose split pattern llama.cpp lacks) is
+// refused with a sentence that names the layer or tokenizer and why: never a
+// file that loads and computes something else.
 #ifndef TRAIN_EXPORT_GGUF_H
 #define TRAIN_EXPORT_GGUF_H
 

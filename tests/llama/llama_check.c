@@ -2,11 +2,14 @@
 // llama.cpp (libllama, as the npm package @node-llama-cpp/linux-x64 ships
 // it) and compares it with attnlab's own outputs.
 //
-//   llama_check LIBDIR MODEL.gguf TEXT LOGITS.npy TOL [defaults]
-//   llama_check LIBDIR MODEL.gguf TEXT --greedy N EXPECTED_IDS
+//   llama_check LIBDIR MODEL.gguf TEXT [--ids IDS] LOGITS.npy TOL [defaults]
+//   llama_check LIBDIR MODEL.gguf TEXT [--ids IDS] --greedy N EXPECTED_IDS
+//   llama_check LIBDIR MODEL.gguf TEXT [--ids IDS] --greedy-text N EXPECTED_TEXT
 //
-// The first form tokenizes TEXT with llama.cpp and checks the ids against
-// the text's bytes (the byte tokenizer), then runs the first T ids (T the
+// Each form first tokenizes TEXT with llama.cpp (no BOS, specials as plain
+// text) and checks the ids against IDS (a file of whitespace-separated ids,
+// attnlab's `tokenize encode`) or, without --ids, against the text's bytes
+// (the byte tokenizer). The first form then runs the first T ids (T the
 // rows of LOGITS.npy, attnlab's `evaluate --logits` of the same text) twice:
 // in one batch and token by token, every position's logits kept, and checks
 // each against attnlab's: the normwise relative error over all positions
@@ -14,7 +17,11 @@
 // attention and float16 cache; without, flash attention is off and the
 // cache float32. The second form decodes N tokens greedily after TEXT and
 // checks the ids against EXPECTED_IDS (a file of whitespace-separated ids,
-// attnlab's `generate --temperature 0`). Prints what it measured; exit 0
+// attnlab's `generate --temperature 0`); --greedy-text checks the text of
+// the N tokens instead (generate prints text, not ids, for a BPE), each
+// token's bytes as llama.cpp gives them, specials as their text; like
+// generate, it never picks a token that stands for no bytes (UNUSED).
+// Prints what it measured; exit 0
 // when every check holds, 1 when one fails, 2 on a usage or load error.
 #include <math.h>
 #include <stdio.h>
@@ -64,7 +71,9 @@ static struct llama_context *context(struct llama_model *m, int n_ctx, int defau
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)n_ctx;
     cp.n_batch = cp.n_ubatch = (uint32_t)n_ctx;
-    cp.n_threads = cp.n_threads_batch = 2;
+    // One thread: ggml's workers wait spinning, and on a busy machine the
+    // spinning of a second one cost ten times the work of these small models.
+    cp.n_threads = cp.n_threads_batch = 1;
     if (!defaults) {
         cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
         cp.type_k = cp.type_v = GGML_TYPE_F32;
@@ -130,42 +139,73 @@ static int check_logits(struct llama_model *m, const llama_token *ids, int n_ids
     return bad;
 }
 
-static int check_greedy(struct llama_model *m, const llama_token *ids, int n_ids, char **argv) {
+// The greedy token after logits row `row`: never an UNUSED one (no bytes).
+static int argmax(const struct llama_vocab *vocab, const float *row, int V) {
+    int best = -1;
+    for (int v = 0; v < V; v++)
+        if (!(llama_vocab_get_attr(vocab, v) & LLAMA_TOKEN_ATTR_UNUSED) && (best < 0 || row[v] > row[best])) best = v;
+    return best;
+}
+
+// as_text: EXPECTED is the tokens' text, else their ids.
+static int check_greedy(struct llama_model *m, const llama_token *ids, int n_ids, char **argv, int as_text) {
     int n = atoi(argv[5]);
     long len;
-    char *text = read_text(argv[6], &len);
-    if (!text || n <= 0) return 2;
-    int V = llama_vocab_n_tokens(llama_model_get_vocab(m)), bad = 0;
+    char *want = read_text(argv[6], &len);
+    if (!want || n <= 0) return 2;
+    const struct llama_vocab *vocab = llama_model_get_vocab(m);
+    int V = llama_vocab_n_tokens(vocab), bad = 0;
     struct llama_context *ctx = context(m, n_ids + n, 0);
     float *logits = malloc((size_t)(n_ids + n) * V * sizeof *logits);
-    llama_token *all = malloc((size_t)(n_ids + n) * sizeof *all);
-    memcpy(all, ids, (size_t)n_ids * sizeof *all);
-    if (!ctx || run(ctx, all, n_ids, n_ids, V, logits) != 0) return 2;
-    char *p = text;
-    for (int i = 0; i < n; i++) {
-        const float *row = logits + (size_t)(n_ids + i - 1) * V;
-        int best = 0;
-        for (int v = 1; v < V; v++)
-            if (row[v] > row[best]) best = v;
-        long expected = strtol(p, &p, 10);
-        if (best != expected) {
-            printf("llama_check: greedy token %d: llama.cpp %d, attnlab %ld\n", i, best, expected);
-            bad = 1;
-            break;
+    char *got = malloc((size_t)n * 1024 + 1);
+    long got_len = 0;
+    if (!ctx || run(ctx, ids, n_ids, n_ids, V, logits) != 0) return 2;
+    char *p = want;
+    for (int i = 0; i < n && !bad; i++) {
+        int best = argmax(vocab, logits + (size_t)(n_ids + i - 1) * V, V);
+        if (as_text) {
+            int k = llama_token_to_piece(vocab, best, got + got_len, 1024, 0, true);
+            if (k < 0) return 2;
+            got_len += k;
+        } else {
+            long expected = strtol(p, &p, 10);
+            if (best != expected) {
+                printf("llama_check: greedy token %d: llama.cpp %d, attnlab %ld\n", i, best, expected);
+                bad = 1;
+            }
         }
-        all[n_ids + i] = best;
         struct llama_batch b = llama_batch_init(1, 0, 1);
         b.n_tokens = 1, b.token[0] = best, b.pos[0] = n_ids + i, b.n_seq_id[0] = 1, b.seq_id[0][0] = 0, b.logits[0] = 1;
         if (llama_decode(ctx, b) != 0) return 2;
         memcpy(logits + (size_t)(n_ids + i) * V, llama_get_logits_ith(ctx, 0), V * sizeof *logits);
         llama_batch_free(b);
     }
-    if (!bad) printf("llama_check: %d greedy tokens equal attnlab's\n", n);
+    if (as_text && (got_len != len || memcmp(got, want, (size_t)len) != 0)) {
+        long at = 0;
+        while (at < got_len && at < len && got[at] == want[at]) at++;
+        printf("llama_check: the text of %d greedy tokens differs from attnlab's at byte %ld of %ld (llama.cpp: %ld)\n",
+               n, at, len, got_len);
+        bad = 1;
+    }
+    if (!bad) printf("llama_check: %d greedy tokens equal attnlab's%s\n", n, as_text ? " (their text)" : "");
     llama_free(ctx);
-    free(all);
+    free(got);
     free(logits);
-    free(text);
+    free(want);
     return bad;
+}
+
+// The ids in a file of whitespace-separated ids (at most cap); -1 if it is not one.
+static int read_ids(const char *path, llama_token *ids, int cap) {
+    long len;
+    char *t = read_text(path, &len), *p = t, *end;
+    if (!t || len < 0) return -1;
+    int n = 0;
+    for (long v; n < cap && (v = strtol(p, &end, 10), end != p); p = end) ids[n++] = (llama_token)v;
+    while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+    n = *p ? -1 : n;
+    free(t);
+    return n;
 }
 
 static bool no_progress(float progress, void *user) {
@@ -178,10 +218,42 @@ static void quiet(enum ggml_log_level level, const char *text, void *user) {
     if (level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
 }
 
+// llama.cpp's ids of TEXT against the expected: IDS, or the text's bytes. 0 when equal.
+static int check_ids(const llama_token *ids, int n_ids, const char *text, long len, const char *ids_path) {
+    llama_token *want = malloc((size_t)(len + 8) * sizeof *want);
+    int n_want = (int)len;
+    if (ids_path) n_want = read_ids(ids_path, want, (int)len + 8);
+    else
+        for (long i = 0; i < len; i++) want[i] = (unsigned char)text[i];
+    if (n_want < 0) {
+        fprintf(stderr, "llama_check: %s: not a file of whitespace-separated token ids\n", ids_path);
+        exit(2);
+    }
+    int at = 0;
+    while (at < n_ids && at < n_want && ids[at] == want[at]) at++;
+    int bad = at != n_ids || at != n_want;
+    printf("llama_check: llama_tokenize of %ld bytes: %d ids, %s", len, n_ids,
+           ids_path ? (bad ? "NOT attnlab's" : "attnlab's") : (bad ? "NOT the bytes" : "the bytes"));
+    if (bad) printf(" (%d expected; the first difference at id %d: llama.cpp %d, attnlab %d)", n_want, at,
+                    at < n_ids ? ids[at] : -1, at < n_want ? want[at] : -1);
+    printf("\n");
+    free(want);
+    return bad;
+}
+
 int main(int argc, char **argv) {
+    const char *ids_path = NULL;   // --ids FILE, taken out of argv
+    for (int i = 4; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--ids") == 0) {
+            ids_path = argv[i + 1];
+            memmove(argv + i, argv + i + 2, (size_t)(argc - i - 2) * sizeof *argv);
+            argc -= 2;
+            break;
+        }
     if (argc < 6) {
-        fprintf(stderr, "usage: llama_check LIBDIR MODEL.gguf TEXT LOGITS.npy TOL [defaults]\n"
-                        "       llama_check LIBDIR MODEL.gguf TEXT --greedy N EXPECTED_IDS\n");
+        fprintf(stderr, "usage: llama_check LIBDIR MODEL.gguf TEXT [--ids IDS] LOGITS.npy TOL [defaults]\n"
+                        "       llama_check LIBDIR MODEL.gguf TEXT [--ids IDS] --greedy N EXPECTED_IDS\n"
+                        "       llama_check LIBDIR MODEL.gguf TEXT [--ids IDS] --greedy-text N EXPECTED_TEXT\n");
         return 2;
     }
     llama_log_set(quiet, NULL);
@@ -200,10 +272,10 @@ int main(int argc, char **argv) {
     if (!text || len <= 0) return 2;
     llama_token *ids = malloc((size_t)(len + 8) * sizeof *ids);
     int n_ids = llama_tokenize(llama_model_get_vocab(m), text, (int32_t)len, ids, (int32_t)len + 8, false, false);
-    int bad = n_ids != len;
-    for (int i = 0; !bad && i < n_ids; i++) bad = ids[i] != (unsigned char)text[i];
-    printf("llama_check: llama_tokenize of %ld bytes: %d ids, %s\n", len, n_ids, bad ? "NOT the bytes" : "the bytes");
-    int r = strcmp(argv[4], "--greedy") == 0 && argc >= 7 ? check_greedy(m, ids, n_ids, argv) : check_logits(m, ids, n_ids, argv, argc);
+    int bad = check_ids(ids, n_ids, text, len, ids_path), r;
+    if (argc >= 7 && strcmp(argv[4], "--greedy") == 0) r = check_greedy(m, ids, n_ids, argv, 0);
+    else if (argc >= 7 && strcmp(argv[4], "--greedy-text") == 0) r = check_greedy(m, ids, n_ids, argv, 1);
+    else r = check_logits(m, ids, n_ids, argv, argc);
     free(ids);
     free(text);
     llama_model_free(m);
