@@ -157,7 +157,7 @@ Test(gguf, a_model_reads_back_transposed_and_exact) {
         int rows = wq->shape[1], cols = wq->shape[0];
         for (int o = 0; o < rows; o++)
             for (int i = 0; i < cols; i++) {
-                double want = wq->data[(size_t)i * rows + o], got;
+                double want = (float)wq->data[(size_t)i * rows + o], got;   // the file holds float32 at best
                 if (t == GGUF_F32) got = ((const float *)f.data)[(size_t)o * cols + i];
                 else if (t == GGUF_F16) got = gguf_f16_to_f32(((const uint16_t *)f.data)[(size_t)o * cols + i]);
                 else {
