@@ -223,7 +223,7 @@ Test(gguf, a_hybrid_that_qwen35_cannot_compute_is_refused_with_what_to_change) {
     static const struct {
         const char *field, *says;
     } cases[] = {{"qk_norm", "qk_norm = true"},     {"attn_gate", "attn_gate = true"},
-                 {"d_v", "one head size"},          {"conv_size", "conv_size >= 2"},
+                 {"d_v", "one head size"},          {"conv_size", "conv_size >= 1"},
                  {"norm_eps", "norm_eps = 1e-06"},  {"gdn only", "at least one 'attn' layer"},
                  {"attn only", "fails without a gdn layer"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

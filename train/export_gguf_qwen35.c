@@ -68,11 +68,9 @@ Status gguf_qwen35_check(const TrainConfig *cfg) {
         return status_err("d_k = %d and d_v = %d: llama.cpp's 'qwen35' architecture has one head size for keys and "
                           "values (its gdn state is d_v x d_v); train with d_k = d_v to export",
                           cfg->model.d_k, cfg->model.d_v);
-    if (cfg->model.conv_size < 2)
-        return status_err("conv_size = %d: llama.cpp's 'qwen35' architecture always runs gdn's short convolution "
-                          "and its SiLU and keeps conv_size - 1 inputs per channel, so it needs conv_size >= 2; "
-                          "train with conv_size >= 2 to export",
-                          cfg->model.conv_size);
+    if (cfg->model.conv_size == 0)
+        return status_err("conv_size = 0: gdn then has no short convolution and no SiLU, and llama.cpp's 'qwen35' "
+                          "architecture always applies both; train with conv_size >= 1 to export");
     if (cfg->model.norm_eps != GDN_L2_EPS)
         return status_err("norm_eps = %g: llama.cpp's 'qwen35' architecture adds the RMSNorm epsilon inside gdn's "
                           "L2 norm of q and k, where attnlab adds %g; train with norm_eps = %g to export",
