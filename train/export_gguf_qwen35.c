@@ -124,7 +124,8 @@ static const Tensor *param(const ParamStore *ps, int l, const char *what) {
 
 static void name_of(char *out, size_t n, int l, const char *what) { snprintf(out, n, "blk.%d.%s", l, what); }
 
-// A vector of floats as float32, values f(x) of the parameter's.
+// A parameter vector as float32: element i is its element order[i] (order
+// NULL: i), and -exp of it with neg_exp (ssm_a from A_log).
 static void vector_map(Gguf *g, const char *name, const Tensor *t, const int *order, bool neg_exp) {
     float *f = xmalloc((size_t)t->numel * sizeof *f);
     for (int64_t i = 0; i < t->numel; i++) {
