@@ -121,7 +121,7 @@ Status export_gguf_bytes(const TrainConfig *cfg, const ParamStore *ps, const Tok
     if (!s.ok) return s;
     Gguf *g = gguf_new();
     bool llama = is_llama(cfg);
-    if (llama) gguf_common_metadata(g, "llama", cfg, tok->vocab);
+    gguf_common_metadata(g, llama ? "llama" : "qwen35", cfg, tok->vocab);
     gguf_vocabulary(g, tok);
     gguf_matrix(g, "token_embd.weight", gguf_param(ps, "embed", 0), false, type);
     gguf_vector(g, "output_norm.weight", gguf_param(ps, "norm_f", 0));
@@ -129,7 +129,7 @@ Status export_gguf_bytes(const TrainConfig *cfg, const ParamStore *ps, const Tok
     if (llama)
         llama_layers(g, cfg, ps, type);
     else
-        gguf_qwen35(g, cfg, ps, tok->vocab, type);
+        gguf_qwen35(g, cfg, ps, type);
     *bytes = gguf_bytes(g, n);
     gguf_free(g);
     return status_ok();

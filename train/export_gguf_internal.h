@@ -24,10 +24,10 @@ void gguf_common_metadata(Gguf *g, const char *arch, const TrainConfig *cfg, int
 // Layer l's SwiGLU MLP (ffn_gate, ffn_up, ffn_down).
 void gguf_mlp(Gguf *g, const ParamStore *ps, int l, GgufType type);
 
-// A gdn/attn hybrid (or attention with q/k norm and gate) as llama.cpp's
-// 'qwen35' (export_gguf_qwen35.c): can it be written exactly? Then its
-// metadata beyond the tokenizer's and its layers.
+// A gdn/attn hybrid as llama.cpp's 'qwen35' (export_gguf_qwen35.c): can it
+// be written exactly (an error says what to change)? Then its keys beyond
+// gguf_common_metadata's and its layers.
 Status gguf_qwen35_check(const TrainConfig *cfg);
-void gguf_qwen35(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, int vocab, GgufType type);
+void gguf_qwen35(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType type);
 
 #endif

@@ -214,8 +214,7 @@ static void qwen35_metadata(Gguf *g, const TrainConfig *cfg) {
     free(recurrent);
 }
 
-void gguf_qwen35(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, int vocab, GgufType type) {
-    gguf_common_metadata(g, "qwen35", cfg, vocab);
+void gguf_qwen35(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType type) {
     qwen35_metadata(g, cfg);
     Outputs o = {0};
     for (int l = 0; l < cfg->model.layers.n; l++) {
