@@ -99,13 +99,13 @@ greedy attn_untied
 
 # gdn/attn hybrids as llama.cpp's qwen35: 3:1 (gdn,gdn,gdn,attn) and 1:1
 # with the attention first (the recurrent layers listed, not a period) and
-# a convolution of one tap (llama.cpp then keeps no convolution state).
+# a convolution of one tap (llama.cpp then keeps no convolution state), untied.
 qwen35=(--set model.qk_norm=true --set model.attn_gate=true)
 train hybrid31 --set model.layers=gdn,gdn,gdn,attn "${qwen35[@]}"
 check hybrid31 f32 1e-5
 check hybrid31 f32 1e-3 defaults
 greedy hybrid31
-train hybrid11 --set model.layers=attn,gdn --set model.conv_size=1 "${qwen35[@]}"
+train hybrid11 --set model.layers=attn,gdn --set model.conv_size=1 --set model.tied_embeddings=false "${qwen35[@]}"
 check hybrid11 f32 1e-5
 greedy hybrid11
 
