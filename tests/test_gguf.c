@@ -191,11 +191,135 @@ Test(gguf, what_llama_cpp_cannot_compute_is_refused_by_name) {
     Tokenizer tok;
     tokenizer_bytes(&tok);
     cr_assert(export_gguf_check(&tc, &tok).ok);
-    snprintf(tc.model.layers.name[1], CONFIG_NAME_MAX, "gdn");
+    snprintf(tc.model.layers.name[1], CONFIG_NAME_MAX, "mamba");
     Status s = export_gguf_check(&tc, &tok);
-    cr_assert(!s.ok && strstr(s.msg, "layer 1 is 'gdn'"), "%s", s.msg);
+    cr_assert(!s.ok && strstr(s.msg, "layer 1 is 'mamba'"), "%s", s.msg);
     snprintf(tc.model.layers.name[1], CONFIG_NAME_MAX, "attn");
     tc.model.d_v = tc.model.d_k * 2;
     s = export_gguf_check(&tc, &tok);
     cr_assert(!s.ok && strstr(s.msg, "d_k = ") && strstr(s.msg, "one head size"), "%s", s.msg);
+}
+
+// A gdn,attn hybrid in qwen35's form (q/k norm and gate on), and its config
+// as the exporter reads it.
+static LMConfig hybrid_config(TrainConfig *tc) {
+    LMConfig c = test_tiny_lm_config("gdn,attn");
+    c.d_model = 32;
+    c.d_ff = 64;
+    c.vocab_size = TOKENIZER_BYTE_VOCAB;
+    c.mixer = mixer_config_default(32, 2, 16, 16);
+    c.mixer.qk_norm = c.mixer.attn_gate = true;
+    train_config_of(tc, &c, true);
+    snprintf(tc->model.layers.name[0], CONFIG_NAME_MAX, "gdn");
+    tc->model.conv_size = c.mixer.conv_size;
+    tc->model.qk_norm = tc->model.attn_gate = true;
+    return c;
+}
+
+Test(gguf, a_hybrid_that_qwen35_cannot_compute_is_refused_with_what_to_change) {
+    TrainConfig tc;
+    hybrid_config(&tc);
+    Tokenizer tok;
+    tokenizer_bytes(&tok);
+    Status s = export_gguf_check(&tc, &tok);
+    cr_assert(s.ok, "%s", s.msg);
+    static const struct {
+        const char *field, *says;
+    } cases[] = {{"qk_norm", "qk_norm = true"},     {"attn_gate", "attn_gate = true"},
+                 {"d_v", "one head size"},          {"conv_size", "conv_size >= 1"},
+                 {"norm_eps", "norm_eps = 1e-06"},  {"gdn only", "at least one 'attn' layer"},
+                 {"attn only", "fails without a gdn layer"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TrainConfig t = tc;
+        if (i == 0) t.model.qk_norm = false;
+        if (i == 1) t.model.attn_gate = false;
+        if (i == 2) t.model.d_v = 2 * t.model.d_k;
+        if (i == 3) t.model.conv_size = 0;
+        if (i == 4) t.model.norm_eps = 1e-5;
+        if (i == 5) snprintf(t.model.layers.name[1], CONFIG_NAME_MAX, "gdn");
+        if (i == 6) snprintf(t.model.layers.name[0], CONFIG_NAME_MAX, "attn");
+        s = export_gguf_check(&t, &tok);
+        cr_assert(!s.ok && strstr(s.msg, cases[i].says), "%s: %s", cases[i].field, s.ok ? "exported" : s.msg);
+    }
+}
+
+static float f32_at(const Found *f, int64_t i) { return ((const float *)f->data)[i]; }
+
+// attnlab's RoPE turns pairs (2i, 2i+1); llama.cpp's qwen35 turns (i, i + dk/2)
+// with the same angles: on a head whose dims are reordered 0, 2, 4, ..., 1,
+// 3, 5, ... (the exporter's order) the two give the same numbers.
+Test(gguf, rope_on_halves_of_the_reordered_head_is_attnlab_rope) {
+    Tape tp;
+    tape_init(&tp);
+    int hd = 16, pos = 37;
+    Tensor *x = tensor_newv(false, 3, 1, 1, hd);
+    fill_normal(x, 5, 1.0);
+    Tensor *y = op_rope(&tp, x, hd, pos, 10000.0);
+    for (int i = 0; i < hd / 2; i++) {
+        double th = pos * pow(10000.0, -2.0 * i / hd), a = x->data[2 * i], b = x->data[2 * i + 1];
+        // ggml's NEOX rotation of the reordered head: its dims i and i + hd/2 are ours 2i and 2i + 1
+        double lo = a * cos(th) - b * sin(th), hi = b * cos(th) + a * sin(th);
+        cr_assert_float_eq(y->data[2 * i], lo, 1e-6 * (1 + fabs(lo)));
+        cr_assert_float_eq(y->data[2 * i + 1], hi, 1e-6 * (1 + fabs(hi)));
+    }
+    tensor_free(x);
+    tape_free(&tp);
+}
+
+Test(gguf, a_hybrid_is_written_in_qwen35s_layout) {
+    TrainConfig tc;
+    LMConfig c = hybrid_config(&tc);
+    ParamStore ps;
+    params_init(&ps);
+    LM lm;
+    lm_create(&lm, &c, &ps);
+    params_finalize(&ps, 3);
+    Tokenizer tok;
+    tokenizer_bytes(&tok);
+    uint8_t *bytes;
+    size_t n;
+    Status s = export_gguf_bytes(&tc, &ps, &tok, GGUF_F32, &bytes, &n);
+    cr_assert(s.ok, "%s", s.msg);
+    int D = 32, H = 2, dk = 16, K = c.mixer.conv_size;
+    Found f;
+    uint32_t u = 0;
+    // attention: per head its q columns (RoPE pairs as halves), then its gate's
+    cr_assert(gguf_find(bytes, n, "blk.1.attn_q.weight", &f, "qwen35.block_count", &u) && u == 2);
+    cr_assert(f.ne[0] == D && f.ne[1] == 2 * H * dk);
+    const Tensor *wq = params_find(&ps, "layers.1.mixer.wq"), *wg = params_find(&ps, "layers.1.mixer.w_gate");
+    for (int o = 0; o < 2 * H * dk; o++) {
+        int h = o / (2 * dk), j = o % (2 * dk);
+        const Tensor *w = j < dk ? wq : wg;
+        int col = j >= dk ? h * dk + j - dk : h * dk + (j < dk / 2 ? 2 * j : 2 * (j - dk / 2) + 1);
+        for (int i = 0; i < D; i++)
+            cr_assert_eq(f32_at(&f, (int64_t)o * D + i), (float)w->data[i * H * dk + col], "attn_q row %d", o);
+    }
+    cr_assert(gguf_find(bytes, n, "blk.1.attn_k_norm.weight", &f, NULL, NULL));
+    const Tensor *kn = params_find(&ps, "layers.1.mixer.k_norm");
+    for (int j = 0; j < dk; j++)
+        cr_assert_eq(f32_at(&f, j), (float)kn->data[j < dk / 2 ? 2 * j : 2 * (j - dk / 2) + 1]);
+    // gdn: q, k, v projections and their convolutions stacked; ssm_a = -exp(A_log)
+    cr_assert(gguf_find(bytes, n, "blk.0.attn_qkv.weight", &f, "qwen35.ssm.conv_kernel", &u) && u == (uint32_t)K);
+    cr_assert(f.ne[0] == D && f.ne[1] == 3 * H * dk);
+    const char *proj[3] = {"layers.0.mixer.wq", "layers.0.mixer.wk", "layers.0.mixer.wv"};
+    for (int o = 0; o < 3 * H * dk; o++)
+        for (int i = 0; i < D; i++)
+            cr_assert_eq(f32_at(&f, (int64_t)o * D + i),
+                         (float)params_find(&ps, proj[o / (H * dk)])->data[i * H * dk + o % (H * dk)]);
+    cr_assert(gguf_find(bytes, n, "blk.0.ssm_conv1d.weight", &f, NULL, NULL));
+    cr_assert(f.ne[0] == K && f.ne[1] == 3 * H * dk && f.type == GGUF_F32, "float32 taps, one row per channel");
+    const char *conv[3] = {"layers.0.mixer.conv_q", "layers.0.mixer.conv_k", "layers.0.mixer.conv_v"};
+    for (int ch = 0; ch < 3 * H * dk; ch++)
+        for (int i = 0; i < K; i++)
+            cr_assert_eq(f32_at(&f, (int64_t)ch * K + i),
+                         (float)params_find(&ps, conv[ch / (H * dk)])->data[(ch % (H * dk)) * K + i]);
+    cr_assert(gguf_find(bytes, n, "blk.0.ssm_a", &f, NULL, NULL) && f.ne[0] == H);
+    const Tensor *A = params_find(&ps, "layers.0.mixer.A_log");
+    for (int h = 0; h < H; h++) cr_assert_float_eq(f32_at(&f, h), -exp(A->data[h]), 1e-6 * exp(A->data[h]));
+    cr_assert(gguf_find(bytes, n, "blk.0.post_attention_norm.weight", &f, NULL, NULL));
+    cr_assert(!gguf_find(bytes, n, "blk.0.attn_q.weight", &f, NULL, NULL));
+    cr_assert(!gguf_find(bytes, n, "blk.1.ssm_a", &f, NULL, NULL));
+    free(bytes);
+    lm_destroy(&lm);
+    params_free(&ps);
 }

@@ -10,8 +10,9 @@
 # llama_check compares llama.cpp's logits at every position (one batch, and
 # token by token) with `evaluate --logits`, its tokenizer's ids with the
 # text's bytes (a BPE: with `tokenize encode`'s ids of a multilingual text),
-# and 64 greedy tokens with `generate --temperature 0`; a model the exporter
-# cannot map must be refused with a sentence and no file.
+# and 64 greedy tokens with `generate --temperature 0`, for attention-only
+# models (llama.cpp's `llama`) and gdn/attn hybrids (its `qwen35`); a model
+# the exporter cannot map must be refused with a sentence and no file.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(cd "${1:?usage: tests/test_llama.sh BUILD_DIR}" && pwd)
@@ -96,13 +97,6 @@ train attn_untied --set model.tied_embeddings=false
 check attn_untied f32 1e-5
 greedy attn_untied
 
-# What cannot be written exactly is refused, naming the layer, and no file is left.
-train gdn --set model.layers=attn,gdn
-if "$BUILD/export_model" --checkpoint "$tmp/gdn/checkpoint.h5" --format gguf --out "$tmp/gdn.gguf" 2>"$tmp/gdn.err"; then
-    echo "test_llama: a gdn layer was exported"; fail=1
-elif ! grep -q "layer 1 is 'gdn'" "$tmp/gdn.err" || [ -e "$tmp/gdn.gguf" ]; then
-    echo "test_llama: the refusal of a gdn layer: $(cat "$tmp/gdn.err")"; fail=1
-fi
 # BPE tokenizers: tiktoken's three and one trained on the corpus. A small
 # d_model keeps the 100k and 200k-row embeddings cheap. The text has what
 # pre-tokenizers split differently: diacritics (composed and combining),
@@ -145,5 +139,35 @@ elif ! grep -qF "pattern '\S+|\s+'" "$tmp/ws.err" || [ -e "$tmp/ws.gguf" ]; then
     echo "test_llama: the refusal of a pattern llama.cpp lacks: $(cat "$tmp/ws.err")"; fail=1
 fi
 
+# gdn/attn hybrids as llama.cpp's qwen35: 3:1 (gdn,gdn,gdn,attn) and 1:1
+# with the attention first (the recurrent layers listed, not a period) and
+# a convolution of one tap (llama.cpp then keeps no convolution state), untied.
+qwen35=(--set model.qk_norm=true --set model.attn_gate=true)
+train hybrid31 --set model.layers=gdn,gdn,gdn,attn "${qwen35[@]}"
+check hybrid31 f32 1e-5
+check hybrid31 f32 1e-3 defaults
+greedy hybrid31
+train hybrid11 --set model.layers=attn,gdn --set model.conv_size=1 --set model.tied_embeddings=false "${qwen35[@]}"
+check hybrid11 f32 1e-5
+greedy hybrid11
+
+# What cannot be written exactly is refused, naming what to change, and no file is left.
+refused() {  # refused NAME EXPECTED [--set ...]: a one-step model that export_model must refuse
+    local name=$1 expected=$2
+    shift 2
+    train "$name" --set train.steps=1 --set train.log_every=1 "$@"
+    if "$BUILD/export_model" --checkpoint "$tmp/$name/checkpoint.h5" --format gguf --out "$tmp/$name.gguf" \
+        2>"$tmp/$name.err"; then
+        echo "test_llama: $name was exported"; fail=1
+    elif ! grep -qF "$expected" "$tmp/$name.err" || [ -e "$tmp/$name.gguf" ]; then
+        echo "test_llama: the refusal of $name: $(cat "$tmp/$name.err")"; fail=1
+    else
+        echo "== refused: $name"
+    fi
+}
+refused mamba "layer 1 is 'mamba'" --set model.layers=attn,mamba
+refused hybrid_plain "qk_norm = true" --set model.layers=gdn,attn
+refused hybrid_nogate "attn_gate = true" --set model.layers=gdn,attn --set model.qk_norm=true
+refused gdn_only "at least one 'attn' layer" --set model.layers=gdn,gdn
 [ $fail -eq 0 ] && echo "test_llama: every exported model runs in llama.cpp $VERSION with attnlab's logits"
 exit $fail

@@ -11,23 +11,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+// Which architecture: 'llama' for plain attention stacks, 'qwen35' for a
+// model with gdn layers or with attention that has qwen35's q/k norm and gate.
+static bool is_llama(const TrainConfig *cfg) {
+    for (int l = 0; l < cfg->model.layers.n; l++)
+        if (strcmp(cfg->model.layers.name[l], "attn") != 0) return false;
+    return !cfg->model.qk_norm && !cfg->model.attn_gate;
+}
+
 Status export_gguf_check(const TrainConfig *cfg, const Tokenizer *tok) {
     for (int l = 0; l < cfg->model.layers.n; l++)
-        if (strcmp(cfg->model.layers.name[l], "attn") != 0)
-            return status_err("layer %d is '%s': GGUF export maps only models whose layers are all 'attn' (llama.cpp's "
-                              "'llama' architecture); that mixer has no exact counterpart there yet",
+        if (strcmp(cfg->model.layers.name[l], "attn") != 0 && strcmp(cfg->model.layers.name[l], "gdn") != 0)
+            return status_err("layer %d is '%s': GGUF export maps only 'attn' layers (llama.cpp's 'llama' "
+                              "architecture) and hybrids of 'gdn' and 'attn' layers (its 'qwen35'); that mixer has "
+                              "no exact counterpart there yet",
                               l, cfg->model.layers.name[l]);
-    // llama.cpp's 'llama' attention has neither option: a file without them would compute something else.
-    if (cfg->model.qk_norm || cfg->model.attn_gate)
-        return status_err("%s = true: llama.cpp's 'llama' architecture has no %s; GGUF export of an attention-only "
-                          "model needs qk_norm = false and attn_gate = false",
-                          cfg->model.qk_norm ? "qk_norm" : "attn_gate",
-                          cfg->model.qk_norm ? "RMSNorm of q and k" : "gate on the attention output");
-    if (cfg->model.d_k != cfg->model.d_v)
-        return status_err("d_k = %d and d_v = %d: llama.cpp's 'llama' architecture has one head size for keys and "
-                          "values; train with d_k = d_v to export",
-                          cfg->model.d_k, cfg->model.d_v);
-    return gguf_vocabulary_check(tok);
+    Status s = is_llama(cfg) ? status_ok() : gguf_qwen35_check(cfg);
+    if (s.ok && cfg->model.d_k != cfg->model.d_v)
+        s = status_err("d_k = %d and d_v = %d: llama.cpp's 'llama' architecture has one head size for keys and "
+                       "values; train with d_k = d_v to export",
+                       cfg->model.d_k, cfg->model.d_v);
+    return s.ok ? gguf_vocabulary_check(tok) : s;
 }
 
 // A parameter (it must exist: the model was built from this config).
@@ -57,40 +61,45 @@ void gguf_matrix(Gguf *g, const char *name, const Tensor *t, bool transpose, Ggu
     free(f);
 }
 
-static void llama_metadata(Gguf *g, const TrainConfig *cfg, int vocab) {
-    gguf_kv_str(g, "general.architecture", "llama");
+void gguf_common_metadata(Gguf *g, const char *arch, const TrainConfig *cfg, int vocab) {
+    char key[96];
+#define KEY(name) (snprintf(key, sizeof key, "%s." name, arch), key)
+    gguf_kv_str(g, "general.architecture", arch);
     gguf_kv_str(g, "general.name", "attnlab");
     gguf_kv_u32(g, "general.alignment", GGUF_ALIGNMENT);
     // RoPE sets no hard limit: the context llama.cpp offers by default is the
     // training window, but at least 4096 tokens, as attnlab's generate decodes.
-    gguf_kv_u32(g, "llama.context_length", (uint32_t)(cfg->data.seq_len > 4096 ? cfg->data.seq_len : 4096));
-    gguf_kv_u32(g, "llama.embedding_length", (uint32_t)cfg->model.d_model);
-    gguf_kv_u32(g, "llama.block_count", (uint32_t)cfg->model.layers.n);
-    gguf_kv_u32(g, "llama.feed_forward_length", (uint32_t)cfg->model.d_ff);
-    gguf_kv_u32(g, "llama.attention.head_count", (uint32_t)cfg->model.n_heads);
-    gguf_kv_u32(g, "llama.attention.head_count_kv", (uint32_t)cfg->model.n_heads);
-    gguf_kv_u32(g, "llama.attention.key_length", (uint32_t)cfg->model.d_k);
-    gguf_kv_u32(g, "llama.attention.value_length", (uint32_t)cfg->model.d_v);
-    gguf_kv_u32(g, "llama.rope.dimension_count", (uint32_t)cfg->model.d_k);
-    gguf_kv_f32(g, "llama.rope.freq_base", (float)cfg->model.rope_base);
-    gguf_kv_f32(g, "llama.attention.layer_norm_rms_epsilon", (float)cfg->model.norm_eps);
-    gguf_kv_u32(g, "llama.vocab_size", (uint32_t)vocab);
+    gguf_kv_u32(g, KEY("context_length"), (uint32_t)(cfg->data.seq_len > 4096 ? cfg->data.seq_len : 4096));
+    gguf_kv_u32(g, KEY("embedding_length"), (uint32_t)cfg->model.d_model);
+    gguf_kv_u32(g, KEY("block_count"), (uint32_t)cfg->model.layers.n);
+    gguf_kv_u32(g, KEY("feed_forward_length"), (uint32_t)cfg->model.d_ff);
+    gguf_kv_u32(g, KEY("attention.head_count"), (uint32_t)cfg->model.n_heads);
+    gguf_kv_u32(g, KEY("attention.head_count_kv"), (uint32_t)cfg->model.n_heads);
+    gguf_kv_u32(g, KEY("attention.key_length"), (uint32_t)cfg->model.d_k);
+    gguf_kv_u32(g, KEY("attention.value_length"), (uint32_t)cfg->model.d_v);
+    gguf_kv_u32(g, KEY("rope.dimension_count"), (uint32_t)cfg->model.d_k);
+    gguf_kv_f32(g, KEY("rope.freq_base"), (float)cfg->model.rope_base);
+    gguf_kv_f32(g, KEY("attention.layer_norm_rms_epsilon"), (float)cfg->model.norm_eps);
+    gguf_kv_u32(g, KEY("vocab_size"), (uint32_t)vocab);
+#undef KEY
 }
 
-Status export_gguf_bytes(const TrainConfig *cfg, const ParamStore *ps, const Tokenizer *tok, GgufType type,
-                         uint8_t **bytes, size_t *n) {
-    Status s = export_gguf_check(cfg, tok);
-    if (!s.ok) return s;
-    Gguf *g = gguf_new();
-    llama_metadata(g, cfg, tok->vocab);
-    gguf_vocabulary(g, tok);
-    gguf_matrix(g, "token_embd.weight", gguf_param(ps, "embed", 0), false, type);
-    gguf_vector(g, "output_norm.weight", gguf_param(ps, "norm_f", 0));
-    if (!cfg->model.tied_embeddings) gguf_matrix(g, "output.weight", gguf_param(ps, "lm_head", 0), true, type);
+void gguf_mlp(Gguf *g, const ParamStore *ps, int l, GgufType type) {
     static const struct {
         const char *gguf, *ours;
-    } dense[] = {{"attn_q", "mixer.wq"}, {"attn_k", "mixer.wk"}, {"attn_v", "mixer.wv"}, {"attn_output", "mixer.wo"},
-                 {"ffn_gate", "mlp.w1"}, {"ffn_up", "mlp.w3"},   {"ffn_down", "mlp.w2"}};
+    } dense[] = {{"ffn_gate", "mlp.w1"}, {"ffn_up", "mlp.w3"}, {"ffn_down", "mlp.w2"}};
+    for (size_t k = 0; k < sizeof dense / sizeof dense[0]; k++) {
+        char name[96], ours[96];
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, dense[k].gguf);
+        snprintf(ours, sizeof ours, "layers.%%d.%s", dense[k].ours);
+        gguf_matrix(g, name, gguf_param(ps, ours, l), true, type);
+    }
+}
+
+static void llama_layers(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType type) {
+    static const struct {
+        const char *gguf, *ours;
+    } dense[] = {{"attn_q", "mixer.wq"}, {"attn_k", "mixer.wk"}, {"attn_v", "mixer.wv"}, {"attn_output", "mixer.wo"}};
     for (int l = 0; l < cfg->model.layers.n; l++) {
         char name[96], ours[96];
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
@@ -102,7 +111,25 @@ Status export_gguf_bytes(const TrainConfig *cfg, const ParamStore *ps, const Tok
             snprintf(ours, sizeof ours, "layers.%%d.%s", dense[k].ours);
             gguf_matrix(g, name, gguf_param(ps, ours, l), true, type);
         }
+        gguf_mlp(g, ps, l, type);
     }
+}
+
+Status export_gguf_bytes(const TrainConfig *cfg, const ParamStore *ps, const Tokenizer *tok, GgufType type,
+                         uint8_t **bytes, size_t *n) {
+    Status s = export_gguf_check(cfg, tok);
+    if (!s.ok) return s;
+    Gguf *g = gguf_new();
+    bool llama = is_llama(cfg);
+    gguf_common_metadata(g, llama ? "llama" : "qwen35", cfg, tok->vocab);
+    gguf_vocabulary(g, tok);
+    gguf_matrix(g, "token_embd.weight", gguf_param(ps, "embed", 0), false, type);
+    gguf_vector(g, "output_norm.weight", gguf_param(ps, "norm_f", 0));
+    if (!cfg->model.tied_embeddings) gguf_matrix(g, "output.weight", gguf_param(ps, "lm_head", 0), true, type);
+    if (llama)
+        llama_layers(g, cfg, ps, type);
+    else
+        gguf_qwen35(g, cfg, ps, type);
     *bytes = gguf_bytes(g, n);
     gguf_free(g);
     return status_ok();

@@ -6,6 +6,9 @@
 //     softmax attention with RoPE on interleaved pairs (llama.cpp's "normal"
 //     RoPE is that pairing) and 1/sqrt(d_k), SwiGLU MLP, tied or untied
 //     output. Needs d_k = d_v (llama.cpp has one head size for both).
+//   - a hybrid of `gdn` and `attn` layers (at least one of each, attention
+//     with qk_norm and attn_gate) -> llama.cpp's `qwen35` architecture
+//     (export_gguf_qwen35.c: the mapping, and why each condition).
 //   - the byte tokenizer -> a byte-level "gpt2" vocabulary of 256 tokens and
 //     no merges, so llama.cpp's tokenizer gives every byte its own id, the
 //     byte's value, whatever its pre-tokenizer splits.

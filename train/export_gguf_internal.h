@@ -18,4 +18,16 @@ void gguf_vector(Gguf *g, const char *name, const Tensor *t);
 // {rows, cols}; Q8_0 falls back to float16 for rows not a multiple of 32 long.
 void gguf_matrix(Gguf *g, const char *name, const Tensor *t, bool transpose, GgufType type);
 
+// The keys every architecture has, under arch's prefix (general.*, sizes,
+// RoPE, the RMSNorm epsilon).
+void gguf_common_metadata(Gguf *g, const char *arch, const TrainConfig *cfg, int vocab);
+// Layer l's SwiGLU MLP (ffn_gate, ffn_up, ffn_down).
+void gguf_mlp(Gguf *g, const ParamStore *ps, int l, GgufType type);
+
+// A gdn/attn hybrid as llama.cpp's 'qwen35' (export_gguf_qwen35.c): can it
+// be written exactly (an error says what to change)? Then its keys beyond
+// gguf_common_metadata's and its layers.
+Status gguf_qwen35_check(const TrainConfig *cfg);
+void gguf_qwen35(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType type);
+
 #endif
