@@ -286,7 +286,7 @@ GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *input
                     x->name ? x->name : "?", SHAPE(x), worst_here, (long long)count);
     }
     res.passed = res.max_rel <= opt.tol;
-    if (!res.passed) {
+    if (!res.passed && !opt.quiet) {
         Tensor *x = inputs[res.worst_input];
         fprintf(stderr,
                 "gradcheck %s FAILED: input %d '%s' %s, %s %lld: analytic %.12g, numeric %.12g, "

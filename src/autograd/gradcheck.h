@@ -40,6 +40,7 @@ typedef struct GradcheckOptions {
     int n_directions;    // random-direction checks per input
     uint64_t seed;
     bool verbose;        // print a line per input
+    bool quiet;          // no line for a failure either (a test that expects one asserts on the result)
     // Tensors the function reads besides the inputs (a constant target,
     // parameters it uses but that are not checked): never perturbed nor
     // checked; under AG_DEVICE=cuda moved to the GPU with the inputs.
@@ -59,7 +60,8 @@ typedef struct GradcheckResult {
 // eps 1e-6, tol 1e-6, floor 1e-3 in float64; eps 1e-2, tol 3e-2, floor 1e-2 in float32.
 GradcheckOptions gradcheck_defaults(void);
 // Checks every input with requires_grad; inputs without it are held fixed.
-// Prints the worst element (input, index, both values) when the check fails.
+// Prints the worst element (input, index, both values) when the check fails
+// (unless opt->quiet).
 GradcheckResult gradcheck(const char *label, GradcheckFn f, Tensor *const *inputs, int n_inputs,
                           void *ctx, const GradcheckOptions *opt);
 
