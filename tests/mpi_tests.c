@@ -343,6 +343,27 @@ static double seconds_since(const struct timespec *t0) {
     return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
 }
 
+// The step of r's checkpoint, which must be past last + 2 (round: for the message).
+static int64_t checkpoint_step_after(const Run *r, int64_t last, int round) {
+    Model m;
+    load(r, &m);
+    int64_t step = m.step;
+    unload(&m);
+    cr_assert_gt(step, last + 2, "round %d: the checkpoint is of step %lld", round, (long long)step);
+    return step;
+}
+
+// The run `name` resumed on 2 ranks trains on from step `last` to a given step.
+static void resume_two_more(const char *name, int64_t last) {
+    char steps[64];
+    snprintf(steps, sizeof steps, "train.steps=%lld", (long long)last + 2);
+    Run r = run(name, 2, (const char *[]){"--resume", "--set", steps, NULL});
+    Model m;
+    load(&r, &m);
+    cr_assert_eq(m.step, last + 2);
+    unload(&m);
+}
+
 // mpirun answers SIGINT and SIGTERM by sending every rank SIGCONT, SIGTERM
 // odls_base_sigkill_timeout seconds later and SIGKILL as long again after
 // that (1 s by default: raised here so that a loaded machine cannot turn the
@@ -370,23 +391,12 @@ Test(mpi, sigint_sigterm_sigusr1_to_mpirun_save_and_resume, .timeout = 300) {
         cr_assert(strstr(text, "interrupted: checkpoint at step") && strstr(text, "continue with --resume"),
                   "%s (exit %d):\n%s", strsignal(sigs[round]), code, text);
         free(text);
-        Model m;
-        load(&r, &m);
-        cr_assert_gt(m.step, last + 2, "round %d: the checkpoint is of step %lld", round, (long long)m.step);
-        last = m.step;
-        unload(&m);
+        last = checkpoint_step_after(&r, last, round);
         char p[1500], bad[512];
         snprintf(p, sizeof p, "%s/metrics.jsonl", r.dir);
         cr_assert_geq(test_jsonl_check(p, bad, sizeof bad), 0, "%s", bad);
     }
-    // And it trains on from there to a given step.
-    char steps[64];
-    snprintf(steps, sizeof steps, "train.steps=%lld", (long long)last + 2);
-    Run r = run("sig", 2, (const char *[]){"--resume", "--set", steps, NULL});
-    Model m;
-    load(&r, &m);
-    cr_assert_eq(m.step, last + 2);
-    unload(&m);
+    resume_two_more("sig", last);   // and it trains on from there to a given step
 }
 
 // SIGUSR1 is the clean stop under mpirun: sent to mpirun (which forwards it)
@@ -419,19 +429,9 @@ Test(mpi, sigusr1_to_mpirun_or_one_rank_stops_cleanly, .timeout = 300) {
         for (size_t i = 0; i < sizeof banners / sizeof banners[0]; i++)
             cr_assert_null(strstr(text, banners[i]), "'%s' after a clean stop:\n%s", banners[i], text);
         free(text);
-        Model m;
-        load(&r, &m);
-        cr_assert_gt(m.step, last + 2, "round %d: the checkpoint is of step %lld", round, (long long)m.step);
-        last = m.step;
-        unload(&m);
+        last = checkpoint_step_after(&r, last, round);
     }
-    char steps[64];
-    snprintf(steps, sizeof steps, "train.steps=%lld", (long long)last + 2);
-    Run r = run("usr1", 2, (const char *[]){"--resume", "--set", steps, NULL});
-    Model m;
-    load(&r, &m);
-    cr_assert_eq(m.step, last + 2);
-    unload(&m);
+    resume_two_more("usr1", last);
 }
 
 // Start a long run on 2 ranks, let it write a checkpoint and go on, then do
