@@ -21,6 +21,7 @@ than 2^20 bytes (a run of one character class that long), this one does not.
 
 import base64
 import binascii
+import heapq
 import os
 import zlib
 
@@ -293,26 +294,44 @@ class Tokenizer:
             start = end
 
     def merge(self, piece):
-        """tiktoken's merging of one piece: the ids of its parts."""
+        """tiktoken's merging of one piece (the adjacent pair of the lowest rank first, the leftmost on a tie):
+        the ids of its parts. A heap of the pairs keeps a long piece (a run of spaces) at n log n, not n^2."""
         tid = self.ranks.get(piece)
         if tid is not None:
             return [tid]
-        at = list(range(len(piece) + 1))
-        big = VOCAB_MAX
+        n = len(piece)
+        nxt = list(range(1, n + 1))            # part starting at i ends at nxt[i]; prev[i]: the part before
+        prev = list(range(-1, n - 1))
+        alive = [True] * n
+        heap = []
 
-        def pair_rank(i):   # the rank of parts i and i + 1 merged
-            return self.ranks.get(piece[at[i]:at[i + 2]], big) if i + 2 < len(at) else big
-        rank = [pair_rank(i) for i in range(len(at) - 1)]
-        while len(at) > 2:
-            best = min(range(len(rank)), key=rank.__getitem__)   # the leftmost on a tie
-            if rank[best] == big:
-                break
-            del at[best + 1]
-            del rank[best + 1]
-            rank[best] = pair_rank(best)
-            if best > 0:
-                rank[best - 1] = pair_rank(best - 1)
-        return [self.ranks[piece[at[i]:at[i + 1]]] for i in range(len(at) - 1)]
+        def push(i):   # the pair of the parts starting at i and at nxt[i], if it is a rank
+            j = nxt[i]
+            if j < n:
+                r = self.ranks.get(piece[i:nxt[j]])
+                if r is not None:
+                    heap.append((r, i, j, nxt[j]))
+        for i in range(n - 1):
+            push(i)
+        heapq.heapify(heap)
+        while heap:
+            r, i, j, end = heapq.heappop(heap)
+            if not (alive[i] and alive[j] and nxt[i] == j and nxt[j] == end):
+                continue   # stale: a part of this pair was merged since
+            alive[j] = False
+            nxt[i] = end
+            if end < n:
+                prev[end] = i
+            for k in (prev[i], i):
+                if k >= 0 and nxt[k] < n:
+                    r2 = self.ranks.get(piece[k:nxt[nxt[k]]])
+                    if r2 is not None:
+                        heapq.heappush(heap, (r2, k, nxt[k], nxt[nxt[k]]))
+        out, i = [], 0
+        while i < n:
+            out.append(self.ranks[piece[i:nxt[i]]])
+            i = nxt[i]
+        return out
 
     def encode(self, data):
         """The ids of bytes `data` (a special's text is ordinary text)."""

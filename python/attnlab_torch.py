@@ -133,20 +133,25 @@ def decode(lm, ids):
     return lm.tokenizer.decode(ids) if lm.tokenizer else bytes(ids)
 
 
-IDS_MAX = 64 << 20     # bytes of an --ids file
+INPUT_MAX = 64 << 20   # bytes of an --ids or --text-file file
 GENERATE_MAX = 4096
+
+
+def read_input(path, what):
+    """The bytes of a regular file of at most INPUT_MAX bytes (a FIFO or a folder refused with what it is)."""
+    fd = open_regular(path, what)
+    try:
+        size = os.fstat(fd).st_size
+        if size > INPUT_MAX:
+            raise CheckpointError("%s: %d bytes, more than the %d a %s may have" % (path, size, INPUT_MAX, what))
+        return pread_exact(fd, size, 0)
+    finally:
+        os.close(fd)
 
 
 def read_ids(path, vocab):
     """Ids as bin/tokenize encode writes them (decimal, separated by white space), each below vocab."""
-    fd = open_regular(path, "ids file")
-    try:
-        size = os.fstat(fd).st_size
-        if size > IDS_MAX:
-            raise CheckpointError("%s: %d bytes, more than the %d an ids file may have" % (path, size, IDS_MAX))
-        words = pread_exact(fd, size, 0).split()
-    finally:
-        os.close(fd)
+    words = read_input(path, "ids file").split()
     ids = []
     for i, w in enumerate(words):
         if not (w.isdigit() and len(w) <= 8 and int(w) < vocab):
@@ -185,11 +190,11 @@ def main(argv):
         if a.ids:
             ids = read_ids(a.ids, lm.cfg.vocab_size)
         else:
-            ids = encode(lm, open(a.text_file, "rb").read() if a.text_file else a.text.encode("utf-8"))
+            ids = encode(lm, read_input(a.text_file, "text file") if a.text_file else a.text.encode("utf-8"))
     except (CheckpointError, ValueError, RuntimeError) as e:
         sys.exit(str(e))
-    except OSError as e:
-        sys.exit("%s: %s" % (e.filename, e.strerror))
+    if not ids:
+        sys.exit("%s: the text is empty: nothing to run" % (a.text_file or "--text"))
     print("%s: layers %s, d_model %d, %d parameters, %s" % (
         a.file, ",".join(lm.cfg.layers), lm.cfg.d_model, sum(p.numel() for p in lm.params.values()),
         "tokenizer %s (%d ids)" % (lm.tokenizer.what, lm.tokenizer.vocab) if lm.tokenizer else "bytes"))

@@ -11,6 +11,7 @@ multilingual text: tests/test_outside.sh.)
 
 import gzip
 import os
+import random
 import subprocess
 import sys
 import unittest
@@ -52,6 +53,25 @@ class Tokenizer(LoaderTest):
         # A special's text is ordinary text; decoding gives it back.
         self.assertEqual(t.encode(b"<|end|>"), list(b"<|end|>"))
         self.assertEqual(t.decode([257, 259, 32]), b"ab<|end|> ")
+
+    def test_merging_equals_tiktoken_s_scan_on_random_pieces(self):
+        # The loader merges through a heap; tiktoken scans every pair for the lowest rank, leftmost on a tie.
+        def scan(t, piece):
+            parts = [piece[i:i + 1] for i in range(len(piece))]
+            while True:
+                ranks = [t.ranks.get(parts[i] + parts[i + 1]) for i in range(len(parts) - 1)]
+                best = min((r, i) for i, r in enumerate(ranks) if r is not None) if any(
+                    r is not None for r in ranks) else None
+                if best is None:
+                    return [t.ranks[p] for p in parts]
+                i = best[1]
+                parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        merges = [b"bc", b"ab", b"aa", b"aaa", b"abc", b"aab", b"ca", b"aaaa", b"bcab", b"cc", b"ccc"]
+        t = T.load_file(self.write(tok_bytes(merges=merges, specials=())))
+        r = random.Random(7)
+        for _ in range(2000):
+            piece = bytes(r.choice(b"abc") for _ in range(r.randint(1, 30)))
+            self.assertEqual(t.merge(piece), scan(t, piece), piece)
 
     def test_bytes_that_are_not_utf8_are_pieces_of_their_own(self):
         t = T.load_file(self.write(tok_bytes()))
@@ -186,6 +206,12 @@ class LoaderWithTokenizer(LoaderTest):
                 f.write(text)
             code, out, err = self.run_program(path, "--ids", ids)
             self.assertEqual((code, err.strip()), (1, ids + ": " + want))
+        os.mkfifo(self.path("fifo"))
+        for args, want in ((("--text-file", self.path("fifo")), self.path("fifo") + ": the text file is a FIFO "
+                            "(named pipe), not a regular file"), (("--text", ""), "--text: the text is empty: nothing "
+                                                                  "to run")):
+            code, out, err = self.run_program(path, *args)
+            self.assertEqual((code, err.strip()), (1, want))
         with open(self.path("tokenizer.bpe"), "ab") as f:
             f.write(b"#special 300 x\n")
         code, out, err = self.run_program(path, "--text", "abc")
