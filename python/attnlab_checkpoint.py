@@ -305,13 +305,6 @@ def read_config(h):
         raise h.err("/config: not UTF-8 text") from None
 
 
-def vocab_rows(h):
-    """The embedding's rows as the file stores them (the vocabulary; checked against the config's bounds later)."""
-    d = h.catalog.get("/params/embed")
-    dims = d.get("dims") if isinstance(d, dict) else None
-    return dims[0] if isinstance(dims, list) and len(dims) == 2 and isinstance(dims[0], int) else None
-
-
 def read_params(h, shapes):
     """Every parameter of `shapes` (name -> shape, from the config) checked, then read and checked finite."""
     infos = {}

@@ -5,25 +5,32 @@ PyTorch implementation of the spec (attnlab_model.LM, docs/MODEL.md).
     import sys; sys.path.insert(0, "python")        # from the project folder
     import torch, attnlab_torch
     lm = attnlab_torch.load("runs/tiny_gdn/checkpoint.h5")     # or "model.safetensors"
-    tokens = torch.tensor([list(b"In the beginning")])         # the byte tokenizer
-    logits = lm.forward(tokens)                                # (1, T, 256), float32
+    ids = attnlab_torch.encode(lm, b"In the beginning")        # bytes, or a BPE model's ids
+    logits = lm.forward(torch.tensor([ids]))                   # (1, T, vocab), float32
+    attnlab_torch.decode(lm, ids)                              # back to bytes
 
 The config comes from the file itself (a checkpoint's /config, or the
-safetensors metadata "attnlab_config"). Files are read as hostile input, with
-the C loader's checks and messages (docs/checkpoint.md): the config's values
-in the C programs' bounds, every parameter's shape checked against the config
-before anything is allocated, checksums verified, every value finite; a file
-refused raises CheckpointError (a ValueError) that names the file and what is
-wrong. HDF5 needs h5py (Debian's python3-h5py), which runs only in a child
-process under memory and CPU limits (attnlab_checkpoint.py); safetensors is
-read with the standard library and torch alone (attnlab_safetensors.py).
+safetensors metadata "attnlab_config"), and a BPE model's tokenizer from the
+checkpoint's /tokenizer or the tokenizer.bpe export_model writes beside the
+safetensors file (lm.tokenizer: attnlab_tokenizer.Tokenizer; None for the
+byte tokenizer). Files are read as hostile input, with the C loader's checks
+and messages (docs/checkpoint.md): the config's values in the C programs'
+bounds, every parameter's shape checked against the config before anything
+is allocated, checksums verified, every value finite, the tokenizer file
+checked as data/bpe_load.c checks it; a file refused raises CheckpointError
+(a ValueError) that names the file and what is wrong. HDF5 needs h5py
+(Debian's python3-h5py), which runs only in a child process under memory and
+CPU limits (attnlab_checkpoint.py); safetensors is read with the standard
+library and torch alone (attnlab_safetensors.py). Encoding text for a BPE
+model needs the regex module (Debian's python3-regex); decoding does not.
 
 Mixers: attn, linear, mamba, gdn (attn_dsa is not in the reference: loading a
-model with it raises ValueError). form "chunked" (fast) or "recurrent" (the
-spec's token-by-token reference).
+model with it raises CheckpointError). form "chunked" (fast) or "recurrent"
+(the spec's token-by-token reference).
 
-As a program: attnlab_torch.py FILE [--text TEXT] prints the model and the
-most likely next bytes; --logits-npy OUT writes the logits of TEXT.
+As a program: attnlab_torch.py FILE [--text TEXT | --text-file F | --ids F]
+prints the model and its greedy continuation of the text, decoded;
+--logits-npy OUT writes the logits of the text.
 """
 
 import os
@@ -35,8 +42,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attnlab_model import LM, param_shapes  # noqa: E402
 from attnlab_config import VOCAB_MAX, ConfigError, model_config  # noqa: E402
 from attnlab_checkpoint import (CheckpointError, open_checkpoint, open_regular, pread_exact,  # noqa: E402
-                                read_config, read_params, vocab_rows)
+                                read_config, read_params)
 from attnlab_safetensors import SafetensorsFile  # noqa: E402
+import attnlab_tokenizer  # noqa: E402
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 BYTE_VOCAB = 256
@@ -59,24 +67,42 @@ def checked_config(path, text, rows):
         raise CheckpointError("%s: %s" % (path, e)) from None
 
 
+def read_tokenizer(h):
+    """The checkpoint's /tokenizer (a tokenizer file's bytes), checked as the C loader checks it."""
+    d = h.check("/tokenizer", ["uint8"], 1, None, attnlab_tokenizer.FILE_MAX)
+    return attnlab_tokenizer.Tokenizer(h.read("/tokenizer", d), "%s: /tokenizer" % h.path)
+
+
 def read_checkpoint(path):
-    """(ModelConfig, tensors: name -> torch tensor) of an HDF5 checkpoint, every check of the C loader passed."""
+    """(ModelConfig, tensors: name -> torch tensor, tokenizer or None) of an HDF5 checkpoint, every check of
+    the C loader passed."""
     with open_checkpoint(path) as h:
         text = read_config(h)
-        # The vocabulary: 256 bytes unless the checkpoint carries a tokenizer (then the embedding's rows).
-        cfg, shapes = checked_config(path, text, vocab_rows(h) if h.exists("/tokenizer") else BYTE_VOCAB)
+        # The vocabulary: 256 bytes unless the checkpoint carries a tokenizer (then its ids, which the
+        # embedding's rows must equal, as in the C loader).
+        tok = read_tokenizer(h) if h.exists("/tokenizer") else None
+        cfg, shapes = checked_config(path, text, tok.vocab if tok else BYTE_VOCAB)
         arrays = read_params(h, shapes)
-    return cfg, {name: torch.from_numpy(a) for name, a in arrays.items()}
+    return cfg, {name: torch.from_numpy(a) for name, a in arrays.items()}, tok
 
 
 def read_safetensors(path):
-    """(ModelConfig, tensors: name -> torch tensor) of a safetensors export, checked before anything is read."""
+    """(ModelConfig, tensors: name -> torch tensor, tokenizer or None) of a safetensors export, checked before
+    anything is read; the tokenizer is the tokenizer.bpe beside it, if there is one."""
     with SafetensorsFile(path) as st:
         text = st.format_and_config()
         embed = st.tensors.get("embed")
-        cfg, shapes = checked_config(path, text, embed[1][0] if embed and len(embed[1]) == 2 else None)
+        rows = embed[1][0] if embed and len(embed[1]) == 2 else None
+        cfg, shapes = checked_config(path, text, rows)
         st.check_shapes(shapes)
-        return cfg, {name: st.read(name) for name in shapes}
+        tok = attnlab_tokenizer.beside(path)
+        if tok is None and rows != BYTE_VOCAB:
+            raise CheckpointError("%s: a model of %d ids and no tokenizer.bpe beside it (export_model writes one "
+                                  "there; copy it with the model)" % (path, rows))
+        if tok is not None and tok.vocab != rows:
+            raise CheckpointError("%s: %d ids, but the model's embedding has %d rows (the tokenizer of another "
+                                  "model?)" % (tok.what, tok.vocab, rows))
+        return cfg, {name: st.read(name) for name in shapes}, tok
 
 
 def load(path, dtype=torch.float32, form="chunked"):
@@ -88,41 +114,97 @@ def load(path, dtype=torch.float32, form="chunked"):
         magic = pread_exact(fd, 8, 0)
     finally:
         os.close(fd)
-    cfg, tensors = read_checkpoint(path) if magic == HDF5_MAGIC else read_safetensors(path)
+    cfg, tensors, tok = read_checkpoint(path) if magic == HDF5_MAGIC else read_safetensors(path)
     lm = LM(cfg, dtype=dtype, form=form)
     lm.load(tensors)
+    lm.tokenizer = tok
     for p in lm.params.values():
         p.requires_grad_(False)
     return lm
+
+
+def encode(lm, data):
+    """The ids of bytes `data` for the model: its bytes, or its BPE tokenizer's ids (needs the regex module)."""
+    return lm.tokenizer.encode(data) if lm.tokenizer else list(data)
+
+
+def decode(lm, ids):
+    """The bytes of ids of the model (a BPE token's bytes, a special's text)."""
+    return lm.tokenizer.decode(ids) if lm.tokenizer else bytes(ids)
+
+
+INPUT_MAX = 64 << 20   # bytes of an --ids or --text-file file
+GENERATE_MAX = 4096
+
+
+def read_input(path, what):
+    """The bytes of a regular file of at most INPUT_MAX bytes (a FIFO or a folder refused with what it is)."""
+    fd = open_regular(path, what)
+    try:
+        size = os.fstat(fd).st_size
+        if size > INPUT_MAX:
+            raise CheckpointError("%s: %d bytes, more than the %d a %s may have" % (path, size, INPUT_MAX, what))
+        return pread_exact(fd, size, 0)
+    finally:
+        os.close(fd)
+
+
+def read_ids(path, vocab):
+    """Ids as bin/tokenize encode writes them (decimal, separated by white space), each below vocab."""
+    words = read_input(path, "ids file").split()
+    ids = []
+    for i, w in enumerate(words):
+        if not (w.isdigit() and len(w) <= 8 and int(w) < vocab):
+            raise CheckpointError("%s: id %d is '%s', not a whole number in [0, %d) (the model's ids)"
+                                  % (path, i + 1, w[:20].decode("latin-1"), vocab))
+        ids.append(int(w))
+    if not ids:
+        raise CheckpointError("%s: no ids (bin/tokenize encode writes them, decimal, space-separated)" % path)
+    return ids
+
+
+def greedy(lm, ids, n):
+    """n more ids, each the most likely after those before it."""
+    ids = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(lm.forward(torch.tensor([ids]))[0, -1].argmax()))
+    return ids
 
 
 def main(argv):
     import argparse
     ap = argparse.ArgumentParser(description="Load an attnlab checkpoint or safetensors export into PyTorch.")
     ap.add_argument("file")
-    ap.add_argument("--text", default="In the beginning", help="text to run (the byte tokenizer)")
+    ap.add_argument("--text", default="In the beginning", help="text to run (encoded with the model's tokenizer)")
     ap.add_argument("--text-file", help="read the text from this file instead")
+    ap.add_argument("--ids", help="run these ids instead (as bin/tokenize encode writes them)")
+    ap.add_argument("--generate", type=int, default=16, help="ids of greedy continuation to print (default 16)")
     ap.add_argument("--logits-npy", help="write the logits (T, V) of the text here")
     ap.add_argument("--float64", action="store_true", help="run in float64")
     a = ap.parse_args(argv)
+    if not 0 <= a.generate <= GENERATE_MAX:
+        sys.exit("--generate %d: 0 to %d" % (a.generate, GENERATE_MAX))
     try:
         lm = load(a.file, dtype=torch.float64 if a.float64 else torch.float32)
-    except (CheckpointError, ValueError) as e:
+        if a.ids:
+            ids = read_ids(a.ids, lm.cfg.vocab_size)
+        else:
+            ids = encode(lm, read_input(a.text_file, "text file") if a.text_file else a.text.encode("utf-8"))
+    except (CheckpointError, ValueError, RuntimeError) as e:
         sys.exit(str(e))
-    text = open(a.text_file, "rb").read() if a.text_file else a.text.encode("utf-8")
-    if lm.cfg.vocab_size != 256:
-        sys.exit("%s: a BPE model: encode the text with bin/tokenize encode and pass ids to lm.forward" % a.file)
-    tokens = torch.tensor([list(text)], dtype=torch.long)
-    with torch.no_grad():
-        logits = lm.forward(tokens)[0]
-    print("%s: layers %s, d_model %d, %d parameters" % (a.file, ",".join(lm.cfg.layers), lm.cfg.d_model,
-                                                        sum(p.numel() for p in lm.params.values())))
-    top = torch.topk(logits[-1], 5).indices.tolist()
-    print("after %r the most likely next bytes: %s" % (text[-40:].decode("utf-8", "replace"),
-                                                      ", ".join(repr(chr(b)) for b in top)))
+    if not ids:
+        sys.exit("%s: the text is empty: nothing to run" % (a.text_file or "--text"))
+    print("%s: layers %s, d_model %d, %d parameters, %s" % (
+        a.file, ",".join(lm.cfg.layers), lm.cfg.d_model, sum(p.numel() for p in lm.params.values()),
+        "tokenizer %s (%d ids)" % (lm.tokenizer.what, lm.tokenizer.vocab) if lm.tokenizer else "bytes"))
     if a.logits_npy:
         import numpy as np
-        np.save(a.logits_npy, logits.float().numpy())
+        with torch.no_grad():
+            np.save(a.logits_npy, lm.forward(torch.tensor([ids]))[0].float().numpy())
+    more = greedy(lm, ids, a.generate)[len(ids):]
+    print("after %r the greedy continuation: %r" % (decode(lm, ids)[-40:].decode("utf-8", "replace"),
+                                                   decode(lm, more).decode("utf-8", "replace")))
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ JOBS=$(nproc)
 PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev libdnnl-dev libhdf5-dev libcriterion-dev
           libinih-dev libpcre2-dev zlib1g-dev gnuplot-nox bible-kjv libopenmpi-dev openmpi-bin)
 # The test command also builds the libFuzzer targets (clang) for a short smoke
-# run, and checks the PyTorch loader of checkpoints (python3-torch, python3-h5py).
-TEST_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev python3-torch python3-h5py)
+# run, and checks the PyTorch loader of checkpoints (python3-torch, python3-h5py) and
+# its BPE encoding (python3-regex: the split patterns' \p{L} classes).
+TEST_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev python3-torch python3-h5py python3-regex)
 # The user programs, linked into bin/ after `scripts/run.sh main|build` (longctx: the
 # synthetic long-context tasks, passkey and MQAR, at growing lengths).
 PROGRAMS=(train generate evaluate export_model tokenize longctx)

@@ -9,7 +9,8 @@
 // one process with the whole batch to float32 rounding; ZeRO-1 equals plain
 // data parallel; a checkpoint resumes on another number of ranks and the
 // losses go on as if never stopped; SIGINT, SIGTERM and SIGUSR1 to mpirun
-// save a checkpoint that resumes; a rank killed with SIGKILL ends the job at once and
+// save a checkpoint that resumes (SIGUSR1, to mpirun or one rank, with exit
+// status 0 and no abort banner); a rank killed with SIGKILL ends the job at once and
 // a stopped (hung) one within the watchdog's timeout, with a message, leaving
 // a loadable checkpoint; the collectives also run over TCP; with bf16
 // products too, repeat runs are bit-identical and ranks equal one process to
@@ -342,6 +343,27 @@ static double seconds_since(const struct timespec *t0) {
     return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
 }
 
+// The step of r's checkpoint, which must be past last + 2 (round: for the message).
+static int64_t checkpoint_step_after(const Run *r, int64_t last, int round) {
+    Model m;
+    load(r, &m);
+    int64_t step = m.step;
+    unload(&m);
+    cr_assert_gt(step, last + 2, "round %d: the checkpoint is of step %lld", round, (long long)step);
+    return step;
+}
+
+// The run `name` resumed on 2 ranks trains on from step `last` to a given step.
+static void resume_two_more(const char *name, int64_t last) {
+    char steps[64];
+    snprintf(steps, sizeof steps, "train.steps=%lld", (long long)last + 2);
+    Run r = run(name, 2, (const char *[]){"--resume", "--set", steps, NULL});
+    Model m;
+    load(&r, &m);
+    cr_assert_eq(m.step, last + 2);
+    unload(&m);
+}
+
 // mpirun answers SIGINT and SIGTERM by sending every rank SIGCONT, SIGTERM
 // odls_base_sigkill_timeout seconds later and SIGKILL as long again after
 // that (1 s by default: raised here so that a loaded machine cannot turn the
@@ -369,23 +391,47 @@ Test(mpi, sigint_sigterm_sigusr1_to_mpirun_save_and_resume, .timeout = 300) {
         cr_assert(strstr(text, "interrupted: checkpoint at step") && strstr(text, "continue with --resume"),
                   "%s (exit %d):\n%s", strsignal(sigs[round]), code, text);
         free(text);
-        Model m;
-        load(&r, &m);
-        cr_assert_gt(m.step, last + 2, "round %d: the checkpoint is of step %lld", round, (long long)m.step);
-        last = m.step;
-        unload(&m);
+        last = checkpoint_step_after(&r, last, round);
         char p[1500], bad[512];
         snprintf(p, sizeof p, "%s/metrics.jsonl", r.dir);
         cr_assert_geq(test_jsonl_check(p, bad, sizeof bad), 0, "%s", bad);
     }
-    // And it trains on from there to a given step.
-    char steps[64];
-    snprintf(steps, sizeof steps, "train.steps=%lld", (long long)last + 2);
-    Run r = run("sig", 2, (const char *[]){"--resume", "--set", steps, NULL});
-    Model m;
-    load(&r, &m);
-    cr_assert_eq(m.step, last + 2);
-    unload(&m);
+    resume_two_more("sig", last);   // and it trains on from there to a given step
+}
+
+// SIGUSR1 is the clean stop under mpirun: sent to mpirun (which forwards it)
+// or to one rank alone, every rank ends the same step, rank 0 saves, and all
+// exit 0 after MPI_Finalize, so the job succeeds and mpirun prints none of
+// its abort banners; the run then resumes.
+Test(mpi, sigusr1_to_mpirun_or_one_rank_stops_cleanly, .timeout = 300) {
+    setup_config("mpi_usr1");
+    static const char *const banners[] = {"job has been aborted", "non-zero", "exited on signal", "MPI_ABORT",
+                                          "killed"};
+    int64_t last = 0;
+    for (int round = 0; round < 2; round++) {
+        const char *args[] = {round ? "--resume" : "--overwrite", "--set", "train.steps=1000000", "--set",
+                              "train.eval_every=0", "--set", "train.checkpoint_every=0", "--set",
+                              "train.log_every=1000000", NULL};
+        Run r;
+        pid_t pid, ranks[2];
+        start(&r, "usr1", 2, args, 0, &pid);
+        wait_steps(&r, (int)last + 30);
+        usleep(1000000);
+        if (round == 0) kill(pid, SIGUSR1);
+        else {
+            cr_assert_eq(children(pid, ranks, 2), 2, "the 2 ranks under mpirun");
+            kill(ranks[1], SIGUSR1);
+        }
+        int code = test_wait(pid, 60);
+        char *text = test_read_file(r.err);
+        cr_assert_eq(code, 0, "SIGUSR1 to %s: exit %d:\n%s", round ? "rank 1" : "mpirun", code, text);
+        cr_assert(strstr(text, "interrupted: checkpoint at step"), "%s", text);
+        for (size_t i = 0; i < sizeof banners / sizeof banners[0]; i++)
+            cr_assert_null(strstr(text, banners[i]), "'%s' after a clean stop:\n%s", banners[i], text);
+        free(text);
+        last = checkpoint_step_after(&r, last, round);
+    }
+    resume_two_more("usr1", last);
 }
 
 // Start a long run on 2 ranks, let it write a checkpoint and go on, then do

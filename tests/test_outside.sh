@@ -15,7 +15,10 @@
 #     and loaded by python/attnlab_torch.py from the checkpoint and from the
 #     export: its logits equal the C model's (evaluate --logits), to 1e-4
 #     normwise in float32 and 1e-9 in float64; the same for a gdn/attn
-#     hybrid with attn's options qk_norm and attn_gate on;
+#     hybrid with attn's options qk_norm and attn_gate on; a BPE model's
+#     tokenizer in Python encodes a multilingual text to bin/tokenize
+#     encode's ids (gpt2, cl100k_base, o200k_base, a trained bpe:300) and
+#     the loader prints the model's greedy continuation decoded;
 #  5. the GPU benchmark's per-layer torch.compile path equals the eager model;
 #  6. bench/ncu_table.py's per-kernel table on a fixture counted by hand.
 set -euo pipefail
@@ -67,7 +70,7 @@ done < <(awk '/^\$ bin\/train / {cmd = substr($0, 3); getline out; print cmd "\t
 echo "outside ($precision): the README's example messages: OK"
 
 # 4. export and the PyTorch loader: first its refusals of hostile files, then
-# its logits against the C model's.
+# its logits against the C model's, then a BPE model's tokenizer.
 for t in "$ROOT"/tests/python/test_loader_*.py; do
     TMPDIR="$TMP" $PY "$t" 2>"$TMP/pytest.log" || { cat "$TMP/pytest.log"; echo "$t failed"; exit 1; }
     tail -1 "$TMP/pytest.log" | grep -qx OK || { cat "$TMP/pytest.log"; echo "$t: no OK"; exit 1; }
@@ -148,6 +151,71 @@ PYEOF
 parity attn,linear,mamba,gdn
 # attn's options (qk_norm, attn_gate), both on, in a gdn/attn hybrid.
 parity gdn,attn $'qk_norm = true\nattn_gate = true'
+
+# A BPE model's tokenizer in Python (python/attnlab_tokenizer.py): its ids for
+# a multilingual text (bytes that are not UTF-8 included) equal bin/tokenize
+# encode's for gpt2, cl100k_base, o200k_base and the tokenizer.bpe of a
+# trained bpe:N model, and decode back to the text; the loader finds that
+# tokenizer beside the export and in the checkpoint, reads --ids and prints
+# the model's greedy continuation decoded as bin/tokenize decode decodes it;
+# the hostile tokenizer files are refused with the C reader's messages.
+printf 'In the beginning God created the heaven and the earth. Don'"'"'t PANIC: 1234567 apples, 3.14 pears!\n\nGrüße aus München, naïve café. Привет, мир! Γειά σου κόσμε. 你好，世界。こんにちは、世界！\nمرحبا بالعالم. नमस्ते दुनिया. 안녕하세요 🙂👍🏽\t tabs\t\there   and   spaces   \r\n<|endoftext|>bad \xff\xfe bytes \xe2\x82 end\n' >"$TMP/multi.txt"
+rm -rf "$TMP/run" "$TMP/cache" "$TMP/bpe_export"
+"$BUILD/train" --config "$TMP/tiny.ini" --set data.tokenizer=bpe:300 >/dev/null 2>&1 ||
+    { echo "outside: training a bpe:300 model failed"; exit 1; }
+"$BUILD/export_model" --checkpoint "$TMP/run/checkpoint.h5" --out "$TMP/bpe_export/model.safetensors" 2>/dev/null
+for t in gpt2 cl100k_base o200k_base "$TMP/bpe_export/tokenizer.bpe"; do
+    "$BUILD/tokenize" encode --tokenizer "$t" --in "$TMP/multi.txt" --out "$TMP/ids_$(basename "$t").txt"
+done
+head -c 120 "$TMP/corpus.txt" >"$TMP/probe.txt"
+"$BUILD/tokenize" encode --tokenizer "$TMP/bpe_export/tokenizer.bpe" --in "$TMP/probe.txt" --out "$TMP/probe_ids.txt"
+$PY - "$ROOT" "$TMP" "$BUILD" <<'PYEOF' || exit 1
+import os, subprocess, sys
+root, tmp, build = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, os.path.join(root, "python"))
+import attnlab_tokenizer, attnlab_torch
+text = open(tmp + "/multi.txt", "rb").read()
+export = tmp + "/bpe_export/model.safetensors"
+for name in ("gpt2", "cl100k_base", "o200k_base", "tokenizer.bpe"):
+    t = attnlab_tokenizer.load_file(tmp + "/bpe_export/" + name) if name == "tokenizer.bpe" else \
+        attnlab_tokenizer.from_name(name, os.path.join(root, "data", "bpe"))
+    want = [int(x) for x in open(tmp + "/ids_%s.txt" % name).read().split()]
+    got = t.encode(text)
+    assert got == want, "%s: Python's ids differ from bin/tokenize encode's at %d" % (
+        name, next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want))))
+    assert t.decode(got) == text, name
+    print("outside: %s: Python's %d ids of a multilingual text equal bin/tokenize encode's" % (name, len(got)))
+lm = attnlab_torch.load(export)
+assert lm.cfg.vocab_size == 300 and lm.tokenizer.vocab == 300
+assert attnlab_torch.load(tmp + "/run/checkpoint.h5").tokenizer.tokens == lm.tokenizer.tokens, "/tokenizer"
+ids = [int(x) for x in open(tmp + "/probe_ids.txt").read().split()]
+assert attnlab_torch.encode(lm, open(tmp + "/probe.txt", "rb").read()) == ids
+run = lambda *a: subprocess.run([sys.executable, os.path.join(root, "python", "attnlab_torch.py"), export] + list(a),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True).stdout.decode()
+by_ids = run("--ids", tmp + "/probe_ids.txt", "--generate", "12")
+by_text = run("--text-file", tmp + "/probe.txt", "--generate", "12")
+more = attnlab_torch.greedy(lm, ids, 12)[len(ids):]
+with open(tmp + "/more_ids.txt", "w") as f:
+    f.write(" ".join(map(str, more)) + "\n")
+c_text = subprocess.run([build + "/tokenize", "decode", "--tokenizer", tmp + "/bpe_export/tokenizer.bpe",
+                         "--in", tmp + "/more_ids.txt"], stdout=subprocess.PIPE, check=True).stdout
+line = "the greedy continuation: %r" % c_text.decode("utf-8", "replace")
+assert line in by_ids and by_ids == by_text, "the loader printed:\n%s\n%s\nexpected: %s" % (by_ids, by_text, line)
+print("outside: the loader's --ids and --text give the greedy continuation, decoded as bin/tokenize decode does")
+for f in sorted(os.listdir(os.path.join(root, "tests", "fixtures", "hostile"))):
+    if not f.endswith(".tok"):
+        continue
+    path = os.path.join(root, "tests", "fixtures", "hostile", f)
+    c = subprocess.run([build + "/tokenize", "encode", "--tokenizer", path], input=b"x",
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).stderr.decode().strip()
+    try:
+        attnlab_tokenizer.load_file(path)
+        py = "loaded"
+    except attnlab_tokenizer.CheckpointError as e:
+        py = "tokenize encode: " + str(e)
+    assert c == py, "%s: C says %r, Python %r" % (f, c, py)
+print("outside: hostile tokenizer files refused with the C reader's messages")
+PYEOF
 
 # 5. The GPU benchmark's per-layer torch.compile (bench/torch_ref/throughput.py
 # --compile-layers) runs the model's own layers: with the compiler replaced by

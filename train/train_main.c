@@ -134,10 +134,16 @@ int main(int argc, char **argv) {
     dist_init(&argc, &argv);    // MPI only when mpirun started this process
     int code = run(argc, argv);
     if (code == 130 && dist_size() > 1) {
-        // Interrupted under mpirun, which is ending the job (Ctrl-C or SIGTERM reach it first): the
-        // checkpoint is saved; leave now, as MPI_Finalize would wait for a job that is being torn down.
-        fflush(NULL);
-        _exit(code);
+        if (trainer_stop_ends_job()) {
+            // SIGINT or SIGTERM: mpirun is ending the job (Ctrl-C or SIGTERM reach it first). The
+            // checkpoint is saved; leave now, as MPI_Finalize would wait for a job being torn down.
+            fflush(NULL);
+            _exit(code);
+        }
+        // SIGUSR1 (mpirun forwards it and keeps the job): a stop asked for, with its checkpoint saved.
+        // Every rank finalizes and exits 0, as mpirun reads any other status as a failed job and prints
+        // its "job aborted" banner; rank 0's "interrupted: checkpoint at step ..." line says what happened.
+        code = 0;
     }
     dist_finalize();
     return code;

@@ -18,8 +18,14 @@
 #define SOURCE_DIR "."
 #endif
 
+// Bits: STOP_KEEP (SIGUSR1, or a request from code: mpirun keeps the job
+// while the ranks save) and STOP_ENDING (SIGINT or SIGTERM: under mpirun,
+// mpirun is ending the job and will kill ranks that linger).
+enum { STOP_KEEP = 1, STOP_ENDING = 2 };
 static volatile sig_atomic_t stop_requested = 0;
-void trainer_request_stop(void) { stop_requested = 1; }
+static bool stop_ended_job = false;   // the last stop had a STOP_ENDING on some rank
+void trainer_request_stop(void) { stop_requested |= STOP_KEEP; }
+bool trainer_stop_ends_job(void) { return stop_ended_job; }
 
 double trainer_loss(const Trainer *t, int64_t step) {
     int64_t i = step - t->first_step;
@@ -209,7 +215,7 @@ static void stop_handler(int sig) {
     // A second Ctrl-C leaves at once; not under mpirun, which may deliver
     // Ctrl-C and its own SIGTERM both (and ends a job that does not stop).
     if (stop_requested && dist_size() == 1) _exit(130);
-    stop_requested = 1;
+    stop_requested |= sig == SIGUSR1 ? STOP_KEEP : STOP_ENDING;
 }
 
 static void print_start(const Trainer *t, const TrainerOptions *o, const struct utsname *un) {
@@ -362,6 +368,7 @@ static int stop_nonfinite(const Trainer *t, const char *what) {
 typedef struct StepResult {
     double loss, gnorm, lr;
     bool stop;          // every rank stops after this step (a signal reached one of them)
+    bool stop_ends_job; // and that signal was SIGINT or SIGTERM on some rank (the same on all)
     char what[300];     // why training cannot go on ("" when it can)
 } StepResult;
 
@@ -383,11 +390,13 @@ static void train_step(Trainer *t, int warmup, StepResult *r) {
     r->loss = loss_sum / accum;   // under MPI: this rank's share
     if (dist) {
         dist_grads_wait(t->dg);   // ps->grad: the global batch's gradient (ZeRO-1: on this rank's slice)
-        double v[3] = {r->loss, optim_grad_sumsq(&t->ps, t->slice_lo, t->slice_hi), stop_requested ? 1 : 0};
-        dist_sum(v, 3, "step reduction");
+        double v[4] = {r->loss, optim_grad_sumsq(&t->ps, t->slice_lo, t->slice_hi), stop_requested ? 1 : 0,
+                       stop_requested & STOP_ENDING ? 1 : 0};
+        dist_sum(v, 4, "step reduction");
         r->loss = v[0];
         r->gnorm = sqrt(v[1]);
         r->stop = v[2] > 0;
+        r->stop_ends_job = v[3] > 0;
     }
     if (!isfinite(r->loss)) {
         snprintf(r->what, sizeof r->what, "the loss is %g", r->loss);
@@ -446,6 +455,7 @@ int trainer_run(Trainer *t, const TrainerOptions *opts) {
     log_start(t, &rl, &un);
 
     stop_requested = 0;
+    stop_ended_job = false;
     // (SIGUSR1: what mpirun forwards to the ranks without ending the job.)
     static const int sigs[] = {SIGINT, SIGTERM, SIGUSR1};
     struct sigaction old_sigs[3];
@@ -474,6 +484,7 @@ int trainer_run(Trainer *t, const TrainerOptions *opts) {
             evaluate(t, &rl, done, o->quiet);
         // One process reads its flag here; ranks act on the flag they summed (the same on all).
         bool stop = t->dg ? r.stop : stop_requested;
+        stop_ended_job = t->dg ? r.stop_ends_job : (stop_requested & STOP_ENDING) != 0;
         if (o->stop_after > 0 && run_steps == o->stop_after) stop = true;
         if ((c->train.checkpoint_every > 0 && done % c->train.checkpoint_every == 0) || stop) {
             s = save_checkpoint(t);

@@ -102,7 +102,7 @@ Status trainer_setup(Trainer *t, const TrainerOptions *o);
 // Train to cfg.train.steps (or until interrupted). Returns the exit code:
 // 0 done, 1 the final checkpoint could not be written, 3 a non-finite loss,
 // gradient or parameter (the last good checkpoint is kept and none is written
-// from the bad state), 130 interrupted (SIGINT or SIGTERM: checkpoint saved).
+// from the bad state), 130 interrupted (SIGINT, SIGTERM or SIGUSR1: checkpoint saved).
 int trainer_run(Trainer *t, const TrainerOptions *o);
 // [train] carry_state: doubles per batch row of the carried states, and
 // copying this rank's rows into (pack) or out of a (batch_size x row) array.
@@ -113,5 +113,9 @@ double trainer_loss(const Trainer *t, int64_t step);
 void trainer_free(Trainer *t);
 // Ask a running trainer to save a checkpoint and stop after the current step (signal-safe).
 void trainer_request_stop(void);
+// Whether the last run's stop (trainer_run returned 130) came from SIGINT or
+// SIGTERM on some rank, rather than SIGUSR1 or trainer_request_stop: every
+// rank answers alike. Under mpirun the former means mpirun is ending the job.
+bool trainer_stop_ends_job(void);
 
 #endif

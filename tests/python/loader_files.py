@@ -3,6 +3,7 @@ train writes it, docs/checkpoint.md) and export (safetensors, as export_model
 writes it, docs/export.md), written here with h5py and the standard library so
 that each test can change one thing about them."""
 
+import base64
 import json
 import os
 import struct
@@ -92,3 +93,16 @@ def write_safetensors(path, tensors=None, **kw):
     with open(path, "wb") as f:
         f.write(safetensors_bytes(model_params() if tensors is None else tensors, **kw))
     return path
+
+
+def rank_line(tok, rank):
+    return base64.b64encode(tok) + b" %d" % rank
+
+
+def tok_bytes(merges=(b"bc", b"ab", b"aa"), pattern=r"\S+|\s+", specials=((259, "<|end|>"),), header=b"#attnlab-bpe 1",
+              skip_byte=None):
+    """A tokenizer file: every byte its own rank (id = byte), then `merges` as ranks 256, 257, ..."""
+    lines = [header, b"#pattern " + pattern.encode()] + [b"#special %d %s" % (i, t.encode()) for i, t in specials]
+    lines += [rank_line(bytes([c]), c) for c in range(256) if c != skip_byte]
+    lines += [rank_line(m, 256 + i) for i, m in enumerate(merges)]
+    return b"\n".join(lines) + b"\n"

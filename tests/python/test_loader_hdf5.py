@@ -184,10 +184,15 @@ class CheckpointChecks(LoaderTest):
     def test_vocabulary_from_the_tokenizer(self):
         params = L.model_params(vocab=300)
 
-        def tokenizer(f, p):
-            L.put(f, "tokenizer", np.frombuffer(b"#attnlab-bpe 1\n", dtype="u1"))
+        def tokenizer(f, p, data=L.tok_bytes(merges=[b"%c%c" % (97 + i // 26, 97 + i % 26) for i in range(43)],
+                                              specials=((299, "<|end|>"),))):
+            L.put(f, "tokenizer", np.frombuffer(data, dtype="u1"))
         lm = attnlab_torch.load(L.write_checkpoint(self.path("bpe.h5"), params, edit=tokenizer))
-        self.assertEqual(lm.cfg.vocab_size, 300)
+        self.assertEqual((lm.cfg.vocab_size, lm.tokenizer.vocab), (300, 300))
+        # The tokenizer is checked as the C loader checks it, not taken for a vocabulary size.
+        path = L.write_checkpoint(self.path("bad.h5"), params,
+                                  edit=lambda f, p: tokenizer(f, p, b"#attnlab-bpe 1\n"))
+        self.refused(path, "/tokenizer: no #pattern line")
         self.refused(L.write_checkpoint(self.path("bytes.h5"), params),
                      "/params/embed: shape (300, 16) in the file, (256, 16) in the model")
 
