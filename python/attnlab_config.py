@@ -21,9 +21,9 @@ LINE_MAX = STR_MAX + 64                  # CONFIG_LINE_MAX
 MAX_LAYERS = 64                          # CONFIG_MAX_LAYERS
 VOCAB_MAX = 1 << 22                      # BPE_VOCAB_MAX: ids are below it
 SECTIONS = ("model", "data", "train", "finetune")
-MIXERS = ("attn", "linear", "mamba", "gdn", "attn_dsa")
+MIXERS = ("attn", "linear", "mamba", "gdn", "attn_dsa", "mamba2")
 FORMS = ("chunked", "parallel", "recurrent")
-MIXER_FORMS = {"linear": FORMS, "mamba": FORMS, "gdn": ("chunked", "recurrent")}   # attn has no forms
+MIXER_FORMS = {"linear": FORMS, "mamba": FORMS, "mamba2": FORMS, "gdn": ("chunked", "recurrent")}   # attn has no forms
 BIG = 1e300
 
 # [model] keys: type, default, min, max (train/config_schema.c).

@@ -14,7 +14,8 @@
 #     export_model (safetensors checked against the format's specification),
 #     and loaded by python/attnlab_torch.py from the checkpoint and from the
 #     export: its logits equal the C model's (evaluate --logits), to 1e-4
-#     normwise in float32 and 1e-9 in float64; the same for a gdn/attn
+#     normwise in float32 and 1e-9 in float64; the same for a mamba2/attn
+#     hybrid (Mamba-2 as llama.cpp computes it) and for a gdn/attn
 #     hybrid with attn's options qk_norm and attn_gate on;
 #  5. the GPU benchmark's per-layer torch.compile path equals the eager model;
 #  6. bench/ncu_table.py's per-kernel table on a fixture counted by hand.
@@ -146,6 +147,8 @@ for f in ("run/checkpoint.h5", "model.safetensors"):
 PYEOF
 }
 parity attn,linear,mamba,gdn
+# Mamba-2 as llama.cpp computes it, next to attention.
+parity mamba2,attn
 # attn's options (qk_norm, attn_gate), both on, in a gdn/attn hybrid.
 parity gdn,attn $'qk_norm = true\nattn_gate = true'
 
