@@ -211,7 +211,7 @@ class ConfigBounds(LoaderTest):
         meta = {"format": "pt", "attnlab_format": "1",
                 "attnlab_config": self.swap("layers = attn,linear,mamba,gdn", "layers = attn_dsa")}
         path = L.write_safetensors(self.path("dsa.safetensors"), L.model_params(), meta=meta)
-        self.refused(path, "layer 0: mixer 'attn_dsa' is not in this reference (attn, linear, mamba, gdn)")
+        self.refused(path, "layer 0: mixer 'attn_dsa' is not in this reference (attn, linear, mamba, gdn, mamba2)")
 
     def test_vocabulary_bounds(self):
         meta = {"format": "pt", "attnlab_format": "1", "attnlab_config": L.CONFIG}
