@@ -216,31 +216,39 @@ static LMConfig hybrid_config(TrainConfig *tc) {
     return c;
 }
 
+// tc exports; each change mutate(t, i) makes to a copy of it is refused
+// with a message that contains says[i] (what to change).
+static void check_refusals(const TrainConfig *tc, void (*mutate)(TrainConfig *t, int i), const char *const *says,
+                           int n) {
+    Tokenizer tok;
+    tokenizer_bytes(&tok);
+    Status s = export_gguf_check(tc, &tok);
+    cr_assert(s.ok, "%s", s.msg);
+    for (int i = 0; i < n; i++) {
+        TrainConfig t = *tc;
+        mutate(&t, i);
+        s = export_gguf_check(&t, &tok);
+        cr_assert(!s.ok && strstr(s.msg, says[i]), "change %d: %s", i, s.ok ? "exported" : s.msg);
+    }
+}
+
+static void qwen35_mutate(TrainConfig *t, int i) {
+    if (i == 0) t->model.qk_norm = false;
+    if (i == 1) t->model.attn_gate = false;
+    if (i == 2) t->model.d_v = 2 * t->model.d_k;
+    if (i == 3) t->model.conv_size = 0;
+    if (i == 4) t->model.norm_eps = 1e-5;
+    if (i == 5) snprintf(t->model.layers.name[1], CONFIG_NAME_MAX, "gdn");
+    if (i == 6) snprintf(t->model.layers.name[0], CONFIG_NAME_MAX, "attn");
+}
+
 Test(gguf, a_hybrid_that_qwen35_cannot_compute_is_refused_with_what_to_change) {
     TrainConfig tc;
     hybrid_config(&tc);
-    Tokenizer tok;
-    tokenizer_bytes(&tok);
-    Status s = export_gguf_check(&tc, &tok);
-    cr_assert(s.ok, "%s", s.msg);
-    static const struct {
-        const char *field, *says;
-    } cases[] = {{"qk_norm", "qk_norm = true"},     {"attn_gate", "attn_gate = true"},
-                 {"d_v", "one head size"},          {"conv_size", "conv_size >= 1"},
-                 {"norm_eps", "norm_eps = 1e-06"},  {"gdn only", "at least one 'attn' layer"},
-                 {"attn only", "fails without a gdn layer"}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TrainConfig t = tc;
-        if (i == 0) t.model.qk_norm = false;
-        if (i == 1) t.model.attn_gate = false;
-        if (i == 2) t.model.d_v = 2 * t.model.d_k;
-        if (i == 3) t.model.conv_size = 0;
-        if (i == 4) t.model.norm_eps = 1e-5;
-        if (i == 5) snprintf(t.model.layers.name[1], CONFIG_NAME_MAX, "gdn");
-        if (i == 6) snprintf(t.model.layers.name[0], CONFIG_NAME_MAX, "attn");
-        s = export_gguf_check(&t, &tok);
-        cr_assert(!s.ok && strstr(s.msg, cases[i].says), "%s: %s", cases[i].field, s.ok ? "exported" : s.msg);
-    }
+    static const char *const says[] = {"qk_norm = true",   "attn_gate = true",          "one head size",
+                                       "conv_size >= 1",   "norm_eps = 1e-06",          "at least one 'attn' layer",
+                                       "fails without a gdn layer"};
+    check_refusals(&tc, qwen35_mutate, says, (int)(sizeof says / sizeof says[0]));
 }
 
 static float f32_at(const Found *f, int64_t i) { return ((const float *)f->data)[i]; }
@@ -338,35 +346,23 @@ static LMConfig mamba2_config(TrainConfig *tc) {
     return c;
 }
 
+static void mamba2_mutate(TrainConfig *t, int i) {
+    static const char *const second[] = {"mamba2", "gdn", "mamba"};
+    if (i < 3) snprintf(t->model.layers.name[1], CONFIG_NAME_MAX, "%s", second[i]);
+    if (i == 3) t->model.n_heads = 2;
+    if (i == 4) t->model.conv_size = 0;
+    if (i == 5) t->model.qk_norm = true;
+    if (i == 6) t->model.attn_gate = true;
+    if (i == 7) t->model.d_k = 2 * t->model.d_v;
+}
+
 Test(gguf, a_mamba2_model_that_granitehybrid_cannot_compute_is_refused_with_what_to_change) {
     TrainConfig tc;
     mamba2_config(&tc);
-    Tokenizer tok;
-    tokenizer_bytes(&tok);
-    Status s = export_gguf_check(&tc, &tok);
-    cr_assert(s.ok, "%s", s.msg);
-    static const struct {
-        const char *field, *says;
-    } cases[] = {{"mamba2 only", "at least one 'attn' layer"},
-                 {"gdn", "layer 1 is 'gdn'"},
-                 {"mamba", "layer 1 is 'mamba'"},
-                 {"width", "n_heads * d_v = 2 * d_model"},
-                 {"conv_size", "conv_size >= 1"},
-                 {"qk_norm", "qk_norm = true"},
-                 {"attn_gate", "attn_gate = true"},
-                 {"d_v", "one head size"}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TrainConfig t = tc;
-        const char *second[] = {"mamba2", "gdn", "mamba"};
-        if (i < 3) snprintf(t.model.layers.name[1], CONFIG_NAME_MAX, "%s", second[i]);
-        if (i == 3) t.model.n_heads = 2;
-        if (i == 4) t.model.conv_size = 0;
-        if (i == 5) t.model.qk_norm = true;
-        if (i == 6) t.model.attn_gate = true;
-        if (i == 7) t.model.d_k = 2 * t.model.d_v;
-        s = export_gguf_check(&t, &tok);
-        cr_assert(!s.ok && strstr(s.msg, cases[i].says), "%s: %s", cases[i].field, s.ok ? "exported" : s.msg);
-    }
+    static const char *const says[] = {"at least one 'attn' layer",   "layer 1 is 'gdn'", "layer 1 is 'mamba'",
+                                       "n_heads * d_v = 2 * d_model", "conv_size >= 1",   "qk_norm = true",
+                                       "attn_gate = true",            "one head size"};
+    check_refusals(&tc, mamba2_mutate, says, (int)(sizeof says / sizeof says[0]));
 }
 
 // Mamba-2's in_proj [z | x | B | C | dt] = [Wg | Wv | Wk | Wq | w_dt], the

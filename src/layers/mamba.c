@@ -123,34 +123,15 @@ static int mamba_cache_state(const Mixer *m, void *cache, real **bufs, int64_t *
     return gla_cache_buffers(&M->L, cache, bufs, sizes);
 }
 
-const MixerKind MIXER_MAMBA = {
-    .name = "mamba",
-    .recurrent = true,
-    .create = mamba_create,
-    .forward = mamba_forward,
-    .cache_new = mamba_cache_new,
-    .cache_free = gla_cache_free,
-    .step = mamba_step,
-    .cache_reset = mamba_cache_reset,
-    .forward_carry = mamba_forward_carry,
-    .cache_state = mamba_cache_state,
-    .destroy = mamba_destroy,
-    .forms = MIXER_FORMS_LINEAR_FAMILY | (1u << MIXER_FORM_PARALLEL),
-};
+// What mamba and mamba2 share: all but the name and create.
+#define MAMBA_FAMILY                                                                                        \
+    .recurrent = true, .forward = mamba_forward, .cache_new = mamba_cache_new, .cache_free = gla_cache_free, \
+    .step = mamba_step, .cache_reset = mamba_cache_reset, .forward_carry = mamba_forward_carry,             \
+    .cache_state = mamba_cache_state, .destroy = mamba_destroy,                                             \
+    .forms = MIXER_FORMS_LINEAR_FAMILY | (1u << MIXER_FORM_PARALLEL)
+
+const MixerKind MIXER_MAMBA = {.name = "mamba", .create = mamba_create, MAMBA_FAMILY};
 
 // One kind apart from `mamba` (not an option of it): its checkpoints, D's
 // shape and out_norm's, and what a GGUF export may map differ.
-const MixerKind MIXER_MAMBA2 = {
-    .name = "mamba2",
-    .recurrent = true,
-    .create = mamba2_create,
-    .forward = mamba_forward,
-    .cache_new = mamba_cache_new,
-    .cache_free = gla_cache_free,
-    .step = mamba_step,
-    .cache_reset = mamba_cache_reset,
-    .forward_carry = mamba_forward_carry,
-    .cache_state = mamba_cache_state,
-    .destroy = mamba_destroy,
-    .forms = MIXER_FORMS_LINEAR_FAMILY | (1u << MIXER_FORM_PARALLEL),
-};
+const MixerKind MIXER_MAMBA2 = {.name = "mamba2", .create = mamba2_create, MAMBA_FAMILY};
