@@ -183,7 +183,8 @@ def model_config(text, source, vocab_size):
                          % (i, vals["d_k"]))
     if vals["form"] != "chunked" and not any(k in MIXER_FORMS for k in vals["layers"]):
         raise refuse("form", "form = %s has no effect: none of the layers (%s...) has training forms to choose "
-                     "between (only linear, mamba and gdn do); remove the key" % (vals["form"], vals["layers"][0]))
+                     "between (only linear, mamba, mamba2 and gdn do); remove the key"
+                     % (vals["form"], vals["layers"][0]))
     for key in ("qk_norm", "attn_gate"):
         if vals[key] and not any(k in ("attn", "attn_dsa") for k in vals["layers"]):
             raise refuse(key, "%s = true has no effect: none of the layers (%s...) is attn or attn_dsa; remove the key"

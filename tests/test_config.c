@@ -345,7 +345,7 @@ Test(config, layer_constraints_are_validation_errors) {
          "[model] form: layer 0: gdn has no 'parallel' form (it has: chunked, recurrent)"},
         {"[model]\nlayers = attn,attn\nform = recurrent\n", 3,
          "[model] form: form = recurrent has no effect: none of the layers (attn...) has training forms to choose "
-         "between (only linear, mamba and gdn do); remove the key"},
+         "between (only linear, mamba, mamba2 and gdn do); remove the key"},
         {"[model]\nlayers = gdn\nd_model = 65536\nd_ff = 1048576\n", 3,
          "[model] d_model: a weight of 65536 x 1048576 elements is more than this build's 2147483647 per tensor"},
     };
