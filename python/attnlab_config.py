@@ -21,9 +21,9 @@ LINE_MAX = STR_MAX + 64                  # CONFIG_LINE_MAX
 MAX_LAYERS = 64                          # CONFIG_MAX_LAYERS
 VOCAB_MAX = 1 << 22                      # BPE_VOCAB_MAX: ids are below it
 SECTIONS = ("model", "data", "train", "finetune")
-MIXERS = ("attn", "linear", "mamba", "gdn", "attn_dsa")
+MIXERS = ("attn", "linear", "mamba", "gdn", "attn_dsa", "mamba2")
 FORMS = ("chunked", "parallel", "recurrent")
-MIXER_FORMS = {"linear": FORMS, "mamba": FORMS, "gdn": ("chunked", "recurrent")}   # attn has no forms
+MIXER_FORMS = {"linear": FORMS, "mamba": FORMS, "mamba2": FORMS, "gdn": ("chunked", "recurrent")}   # attn has no forms
 BIG = 1e300
 
 # [model] keys: type, default, min, max (train/config_schema.c).
@@ -183,7 +183,8 @@ def model_config(text, source, vocab_size):
                          % (i, vals["d_k"]))
     if vals["form"] != "chunked" and not any(k in MIXER_FORMS for k in vals["layers"]):
         raise refuse("form", "form = %s has no effect: none of the layers (%s...) has training forms to choose "
-                     "between (only linear, mamba and gdn do); remove the key" % (vals["form"], vals["layers"][0]))
+                     "between (only linear, mamba, mamba2 and gdn do); remove the key"
+                     % (vals["form"], vals["layers"][0]))
     for key in ("qk_norm", "attn_gate"):
         if vals[key] and not any(k in ("attn", "attn_dsa") for k in vals["layers"]):
             raise refuse(key, "%s = true has no effect: none of the layers (%s...) is attn or attn_dsa; remove the key"

@@ -7,7 +7,7 @@ stored (in, out) and applied on the right, y = u W; names such as
 "layers.0.mixer.wq" are kept as they are in a plain dict (torch modules do not
 allow dots in parameter names), so weights load by name.
 
-Mixers: attn, linear, mamba, gdn. Each recurrent mixer has two forms:
+Mixers: attn, linear, mamba, gdn, mamba2. Each recurrent mixer has two forms:
   "recurrent"  the spec's recurrence, one token at a time (the reference);
   "chunked"    chunks of C positions, matrix products inside a chunk and the
                state carried across chunks (for speed; GLA form for linear and
@@ -245,8 +245,9 @@ def param_shapes(cfg):
     dk, dv, W = cfg.d_k, cfg.d_v, cfg.conv_size
     s = {"embed": (V, D)}
     for l, kind in enumerate(cfg.layers):
-        if kind not in ("attn", "linear", "mamba", "gdn"):
-            raise ValueError("layer %d: mixer '%s' is not in this reference (attn, linear, mamba, gdn)" % (l, kind))
+        if kind not in ("attn", "linear", "mamba", "gdn", "mamba2"):
+            raise ValueError("layer %d: mixer '%s' is not in this reference (attn, linear, mamba, gdn, mamba2)"
+                             % (l, kind))
         p = "layers.%d." % l
         m = p + "mixer."
         s[p + "norm1"] = (D,)
@@ -254,12 +255,14 @@ def param_shapes(cfg):
         if kind != "attn":
             if W > 0:
                 s[m + "conv_q"], s[m + "conv_k"], s[m + "conv_v"] = (H * dk, W), (H * dk, W), (H * dv, W)
-            s[m + "out_norm"] = (dv,)
+            s[m + "out_norm"] = (H * dv,) if kind == "mamba2" else (dv,)
             s[m + "wg"] = (D, H * dv)
-            if kind in ("mamba", "gdn"):
+            if kind in ("mamba", "gdn", "mamba2"):
                 s[m + "w_dt"], s[m + "dt_bias"], s[m + "A_log"] = (D, H), (H,), (H,)
             if kind == "mamba":
                 s[m + "D"] = (H, dv)
+            if kind == "mamba2":
+                s[m + "D"] = (H,)
             if kind == "gdn":
                 s[m + "w_beta"] = (D, H)
         s[m + "wo"] = (H * dv, D)
@@ -383,6 +386,20 @@ class LM:
         o = gla_recurrent(q, k, v, g) if self.form == "recurrent" else gla_chunked(q, k, v, g, c.chunk_size)
         o = o + self.params[m + "D"][None, :, None, :] * v     # + D_h * v_t
         return self._out(m, o, u)
+
+    def _mamba2(self, m, u):
+        """Mamba-2 as llama.cpp computes it: no scale on q, a scalar D per head, then
+        RMSNorm_head(o * SiLU(u Wg)) with a gain per channel, then Wo."""
+        P, c = self.params, self.cfg
+        q, k, v = self._qkv(m, u)
+        dt, g = self._decay(m, u)
+        k = k * dt[..., None]
+        o = gla_recurrent(q, k, v, g) if self.form == "recurrent" else gla_chunked(q, k, v, g, c.chunk_size)
+        o = o + P[m + "D"][None, :, None, None] * v                       # (B, H, T, dv)
+        B, T = u.shape[:2]
+        gated = o.transpose(1, 2) * F.silu(u @ P[m + "wg"]).reshape(B, T, c.n_heads, c.d_v)
+        on = rmsnorm(gated, 1.0, c.norm_eps).reshape(B, T, -1) * P[m + "out_norm"]
+        return on @ P[m + "wo"]
 
     def _gdn(self, m, u):
         c = self.cfg

@@ -109,6 +109,9 @@ static const Case CASES[] = {
     {"mamba", MIXER_FORM_PARALLEL, 0, 64, "mamba parallel"},
     {"mamba", MIXER_FORM_CHUNKED, 0, 64, "mamba chunked"},
     {"mamba", MIXER_FORM_RECURRENT, 0, 64, "mamba recurrent"},
+    {"mamba2", MIXER_FORM_PARALLEL, 0, 64, "mamba2 parallel"},
+    {"mamba2", MIXER_FORM_CHUNKED, 0, 64, "mamba2 chunked"},
+    {"mamba2", MIXER_FORM_RECURRENT, 0, 64, "mamba2 recurrent"},
     {"gdn", MIXER_FORM_CHUNKED, 0, 64, "gdn chunked"},
     {"gdn", MIXER_FORM_RECURRENT, 0, 64, "gdn recurrent"},
     {"attn_dsa", MIXER_FORM_CHUNKED, DSA_SPARSE, 3, "attn_dsa sparse top-3"},
@@ -141,8 +144,8 @@ Test(docs_layers, packed_equals_separate_longer_rows) {
     int *docs = xcalloc((size_t)B * T, sizeof(int));
     int starts[] = {0, 3, 4, 12, 13, 14, 26, 39, /* row 1 */ 45, 47, 60, 64};
     for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++) docs[starts[i]] = 1;
-    const char *kinds[] = {"linear", "mamba", "gdn", "attn", "attn_dsa"};
-    for (int i = 0; i < 5; i++) {
+    const char *kinds[] = {"linear", "mamba", "gdn", "attn", "attn_dsa", "mamba2"};
+    for (int i = 0; i < 6; i++) {
         Layer L;
         layer_make(&L, kinds[i], MIXER_FORM_CHUNKED, DSA_SPARSE, 5, 30 + i);
         layer_inputs(&L, B, T, 40 + i);
@@ -174,7 +177,7 @@ Test(docs_layers, gradcheck_every_mixer_with_boundaries) {
     // KL: test_docs_dsa.c), and every layer in every form is checked packed
     // against separate rows above, whose gradients the layers' own tests
     // check by finite differences.
-    static const int pick[] = {0, 7};
+    static const int pick[] = {0, 10};   // attn, gdn chunked
     GradcheckOptions o = gradcheck_defaults();
     o.eps = 1e-5;   // f is O(10) here: the rounding of f at 1e-6 reaches 1e-6 of small gradients (test_linear_mamba.c)
     g_norm_eps = 1e-2;

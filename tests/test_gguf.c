@@ -216,31 +216,39 @@ static LMConfig hybrid_config(TrainConfig *tc) {
     return c;
 }
 
+// tc exports; each change mutate(t, i) makes to a copy of it is refused
+// with a message that contains says[i] (what to change).
+static void check_refusals(const TrainConfig *tc, void (*mutate)(TrainConfig *t, int i), const char *const *says,
+                           int n) {
+    Tokenizer tok;
+    tokenizer_bytes(&tok);
+    Status s = export_gguf_check(tc, &tok);
+    cr_assert(s.ok, "%s", s.msg);
+    for (int i = 0; i < n; i++) {
+        TrainConfig t = *tc;
+        mutate(&t, i);
+        s = export_gguf_check(&t, &tok);
+        cr_assert(!s.ok && strstr(s.msg, says[i]), "change %d: %s", i, s.ok ? "exported" : s.msg);
+    }
+}
+
+static void qwen35_mutate(TrainConfig *t, int i) {
+    if (i == 0) t->model.qk_norm = false;
+    if (i == 1) t->model.attn_gate = false;
+    if (i == 2) t->model.d_v = 2 * t->model.d_k;
+    if (i == 3) t->model.conv_size = 0;
+    if (i == 4) t->model.norm_eps = 1e-5;
+    if (i == 5) snprintf(t->model.layers.name[1], CONFIG_NAME_MAX, "gdn");
+    if (i == 6) snprintf(t->model.layers.name[0], CONFIG_NAME_MAX, "attn");
+}
+
 Test(gguf, a_hybrid_that_qwen35_cannot_compute_is_refused_with_what_to_change) {
     TrainConfig tc;
     hybrid_config(&tc);
-    Tokenizer tok;
-    tokenizer_bytes(&tok);
-    Status s = export_gguf_check(&tc, &tok);
-    cr_assert(s.ok, "%s", s.msg);
-    static const struct {
-        const char *field, *says;
-    } cases[] = {{"qk_norm", "qk_norm = true"},     {"attn_gate", "attn_gate = true"},
-                 {"d_v", "one head size"},          {"conv_size", "conv_size >= 1"},
-                 {"norm_eps", "norm_eps = 1e-06"},  {"gdn only", "at least one 'attn' layer"},
-                 {"attn only", "fails without a gdn layer"}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TrainConfig t = tc;
-        if (i == 0) t.model.qk_norm = false;
-        if (i == 1) t.model.attn_gate = false;
-        if (i == 2) t.model.d_v = 2 * t.model.d_k;
-        if (i == 3) t.model.conv_size = 0;
-        if (i == 4) t.model.norm_eps = 1e-5;
-        if (i == 5) snprintf(t.model.layers.name[1], CONFIG_NAME_MAX, "gdn");
-        if (i == 6) snprintf(t.model.layers.name[0], CONFIG_NAME_MAX, "attn");
-        s = export_gguf_check(&t, &tok);
-        cr_assert(!s.ok && strstr(s.msg, cases[i].says), "%s: %s", cases[i].field, s.ok ? "exported" : s.msg);
-    }
+    static const char *const says[] = {"qk_norm = true",   "attn_gate = true",          "one head size",
+                                       "conv_size >= 1",   "norm_eps = 1e-06",          "at least one 'attn' layer",
+                                       "fails without a gdn layer"};
+    check_refusals(&tc, qwen35_mutate, says, (int)(sizeof says / sizeof says[0]));
 }
 
 static float f32_at(const Found *f, int64_t i) { return ((const float *)f->data)[i]; }
@@ -319,6 +327,102 @@ Test(gguf, a_hybrid_is_written_in_qwen35s_layout) {
     cr_assert(gguf_find(bytes, n, "blk.0.post_attention_norm.weight", &f, NULL, NULL));
     cr_assert(!gguf_find(bytes, n, "blk.0.attn_q.weight", &f, NULL, NULL));
     cr_assert(!gguf_find(bytes, n, "blk.1.ssm_a", &f, NULL, NULL));
+    free(bytes);
+    lm_destroy(&lm);
+    params_free(&ps);
+}
+
+// A mamba2,attn hybrid exportable as granitehybrid (n_heads * d_v = 2 *
+// d_model), and its config as the exporter reads it.
+static LMConfig mamba2_config(TrainConfig *tc) {
+    LMConfig c = test_tiny_lm_config("mamba2,attn");
+    c.d_model = 16;
+    c.d_ff = 32;
+    c.vocab_size = TOKENIZER_BYTE_VOCAB;
+    c.mixer = mixer_config_default(16, 4, 8, 8);
+    train_config_of(tc, &c, true);
+    snprintf(tc->model.layers.name[0], CONFIG_NAME_MAX, "mamba2");
+    tc->model.conv_size = c.mixer.conv_size;
+    return c;
+}
+
+static void mamba2_mutate(TrainConfig *t, int i) {
+    static const char *const second[] = {"mamba2", "gdn", "mamba"};
+    if (i < 3) snprintf(t->model.layers.name[1], CONFIG_NAME_MAX, "%s", second[i]);
+    if (i == 3) t->model.n_heads = 2;
+    if (i == 4) t->model.conv_size = 0;
+    if (i == 5) t->model.qk_norm = true;
+    if (i == 6) t->model.attn_gate = true;
+    if (i == 7) t->model.d_k = 2 * t->model.d_v;
+}
+
+Test(gguf, a_mamba2_model_that_granitehybrid_cannot_compute_is_refused_with_what_to_change) {
+    TrainConfig tc;
+    mamba2_config(&tc);
+    static const char *const says[] = {"at least one 'attn' layer",   "layer 1 is 'gdn'", "layer 1 is 'mamba'",
+                                       "n_heads * d_v = 2 * d_model", "conv_size >= 1",   "qk_norm = true",
+                                       "attn_gate = true",            "one head size"};
+    check_refusals(&tc, mamba2_mutate, says, (int)(sizeof says / sizeof says[0]));
+}
+
+// Mamba-2's in_proj [z | x | B | C | dt] = [Wg | Wv | Wk | Wq | w_dt], the
+// convolution [conv_v; conv_k; conv_q] with a zero bias, the scalars per head
+// and the per-channel norm gain; the attention layer as llama's.
+Test(gguf, a_mamba2_hybrid_is_written_in_granitehybrids_layout) {
+    TrainConfig tc;
+    LMConfig c = mamba2_config(&tc);
+    ParamStore ps;
+    params_init(&ps);
+    LM lm;
+    lm_create(&lm, &c, &ps);
+    params_finalize(&ps, 3);
+    for (int64_t i = 0; i < ps.numel; i++) ps.data[i] += (real)(0.01 * (double)(i % 7));   // no two alike
+    Tokenizer tok;
+    tokenizer_bytes(&tok);
+    uint8_t *bytes;
+    size_t n;
+    Status s = export_gguf_bytes(&tc, &ps, &tok, GGUF_F32, &bytes, &n);
+    cr_assert(s.ok, "%s", s.msg);
+    int D = 16, H = 4, dk = 8, dv = 8, K = c.mixer.conv_size, width[] = {H * dv, H * dv, H * dk, H * dk, H};
+    const char *proj[] = {"wg", "wv", "wk", "wq", "w_dt"};
+    Found f;
+    uint32_t u = 0;
+    cr_assert(gguf_find(bytes, n, "blk.0.ssm_in.weight", &f, "granitehybrid.ssm.group_count", &u) && u == (uint32_t)H);
+    cr_assert(f.ne[0] == D && f.ne[1] == 2 * H * dv + 2 * H * dk + H, "ssm_in {%lld, %lld}", (long long)f.ne[0],
+              (long long)f.ne[1]);
+    int64_t o = 0;
+    for (int b = 0; b < 5; b++) {
+        char name[64];
+        snprintf(name, sizeof name, "layers.0.mixer.%s", proj[b]);
+        const Tensor *w = params_find(&ps, name);
+        for (int j = 0; j < width[b]; j++, o++)
+            for (int i = 0; i < D; i++)
+                cr_assert_eq(f32_at(&f, o * D + i), (float)w->data[i * width[b] + j], "ssm_in row %lld", (long long)o);
+    }
+    cr_assert(gguf_find(bytes, n, "blk.0.ssm_conv1d.weight", &f, "granitehybrid.ssm.conv_kernel", &u) &&
+              u == (uint32_t)K);
+    int C = H * dv + 2 * H * dk;
+    cr_assert(f.ne[0] == K && f.ne[1] == C && f.type == GGUF_F32);
+    const char *conv[] = {"layers.0.mixer.conv_v", "layers.0.mixer.conv_k", "layers.0.mixer.conv_q"};
+    for (int ch = 0, at = 0; ch < C; ch++) {
+        int b = ch < H * dv ? 0 : ch < H * dv + H * dk ? 1 : 2, start = b == 0 ? 0 : H * dv + (b - 1) * H * dk;
+        for (int i = 0; i < K; i++, at++)
+            cr_assert_eq(f32_at(&f, at), (float)params_find(&ps, conv[b])->data[(ch - start) * K + i]);
+    }
+    cr_assert(gguf_find(bytes, n, "blk.0.ssm_conv1d.bias", &f, NULL, NULL) && f.ne[0] == C);
+    for (int ch = 0; ch < C; ch++) cr_assert_eq(f32_at(&f, ch), 0.0f);
+    const Tensor *A = params_find(&ps, "layers.0.mixer.A_log"), *Dh = params_find(&ps, "layers.0.mixer.D");
+    cr_assert(gguf_find(bytes, n, "blk.0.ssm_a", &f, NULL, NULL) && f.ne[0] == 1 && f.ne[1] == H);
+    for (int h = 0; h < H; h++) cr_assert_float_eq(f32_at(&f, h), -exp(A->data[h]), 1e-6 * exp(A->data[h]));
+    cr_assert(gguf_find(bytes, n, "blk.0.ssm_d", &f, NULL, NULL) && f.ne[0] == 1 && f.ne[1] == H);
+    for (int h = 0; h < H; h++) cr_assert_eq(f32_at(&f, h), (float)Dh->data[h]);
+    const Tensor *w = params_find(&ps, "layers.0.mixer.out_norm");
+    cr_assert(gguf_find(bytes, n, "blk.0.ssm_norm.weight", &f, NULL, NULL) && f.ne[0] == dv && f.ne[1] == H);
+    for (int j = 0; j < H * dv; j++) cr_assert_eq(f32_at(&f, j), (float)w->data[j]);
+    cr_assert(gguf_find(bytes, n, "blk.1.attn_q.weight", &f, NULL, NULL) && f.ne[0] == D && f.ne[1] == H * dk);
+    cr_assert(gguf_find(bytes, n, "blk.0.ffn_norm.weight", &f, NULL, NULL));
+    cr_assert(!gguf_find(bytes, n, "blk.0.attn_q.weight", &f, NULL, NULL));
+    cr_assert(!gguf_find(bytes, n, "blk.1.ssm_in.weight", &f, NULL, NULL));
     free(bytes);
     lm_destroy(&lm);
     params_free(&ps);

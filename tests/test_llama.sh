@@ -11,7 +11,8 @@
 # token by token) with `evaluate --logits`, its tokenizer's ids with the
 # text's bytes (a BPE: with `tokenize encode`'s ids of a multilingual text),
 # and 64 greedy tokens with `generate --temperature 0`, for attention-only
-# models (llama.cpp's `llama`) and gdn/attn hybrids (its `qwen35`); a model
+# models (llama.cpp's `llama`), gdn/attn hybrids (its `qwen35`) and
+# mamba2/attn hybrids (its `granitehybrid`); a model
 # the exporter cannot map must be refused with a sentence and no file.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -151,6 +152,17 @@ train hybrid11 --set model.layers=attn,gdn --set model.conv_size=1 --set model.t
 check hybrid11 f32 1e-5
 greedy hybrid11
 
+# mamba2/attn hybrids as llama.cpp's granitehybrid (its Mamba-2 layers need
+# n_heads * d_v = 2 * d_model): 3:1, and 1:1 with the attention first, untied.
+mamba2=(--set model.n_heads=8 --set model.d_k=16 --set model.d_v=16)
+train mamba2_31 --set model.layers=mamba2,mamba2,mamba2,attn "${mamba2[@]}"
+check mamba2_31 f32 1e-5
+check mamba2_31 f32 1e-3 defaults
+greedy mamba2_31
+train mamba2_11 --set model.layers=attn,mamba2 --set model.tied_embeddings=false "${mamba2[@]}"
+check mamba2_11 f32 1e-5
+greedy mamba2_11
+
 # What cannot be written exactly is refused, naming what to change, and no file is left.
 refused() {  # refused NAME EXPECTED [--set ...]: a one-step model that export_model must refuse
     local name=$1 expected=$2
@@ -169,5 +181,8 @@ refused mamba "layer 1 is 'mamba'" --set model.layers=attn,mamba
 refused hybrid_plain "qk_norm = true" --set model.layers=gdn,attn
 refused hybrid_nogate "attn_gate = true" --set model.layers=gdn,attn --set model.qk_norm=true
 refused gdn_only "at least one 'attn' layer" --set model.layers=gdn,gdn
+refused mamba2_only "at least one 'attn' layer" --set model.layers=mamba2,mamba2 "${mamba2[@]}"
+refused mamba2_narrow "twice d_model" --set model.layers=mamba2,attn
+refused mamba2_gdn "layer 1 is 'gdn'" --set model.layers=mamba2,gdn "${mamba2[@]}"
 [ $fail -eq 0 ] && echo "test_llama: every exported model runs in llama.cpp $VERSION with attnlab's logits"
 exit $fail

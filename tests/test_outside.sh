@@ -14,7 +14,8 @@
 #     export_model (safetensors checked against the format's specification),
 #     and loaded by python/attnlab_torch.py from the checkpoint and from the
 #     export: its logits equal the C model's (evaluate --logits), to 1e-4
-#     normwise in float32 and 1e-9 in float64; the same for a gdn/attn
+#     normwise in float32 and 1e-9 in float64; the same for a mamba2/attn
+#     hybrid (Mamba-2 as llama.cpp computes it) and for a gdn/attn
 #     hybrid with attn's options qk_norm and attn_gate on; a BPE model's
 #     tokenizer in Python encodes a multilingual text to bin/tokenize
 #     encode's ids (gpt2, cl100k_base, o200k_base, a trained bpe:300) and
@@ -149,6 +150,8 @@ for f in ("run/checkpoint.h5", "model.safetensors"):
 PYEOF
 }
 parity attn,linear,mamba,gdn
+# Mamba-2 as llama.cpp computes it, next to attention.
+parity mamba2,attn
 # attn's options (qk_norm, attn_gate), both on, in a gdn/attn hybrid.
 parity gdn,attn $'qk_norm = true\nattn_gate = true'
 

@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Which architecture: 'llama' for plain attention stacks, 'qwen35' for a
+// Which architecture: 'granitehybrid' for a model with mamba2 layers
+// (export_gguf_mamba2.c), 'llama' for plain attention stacks, 'qwen35' for a
 // model with gdn layers or with attention that has qwen35's q/k norm and gate.
 static bool is_llama(const TrainConfig *cfg) {
     for (int l = 0; l < cfg->model.layers.n; l++)
@@ -19,18 +20,23 @@ static bool is_llama(const TrainConfig *cfg) {
     return !cfg->model.qk_norm && !cfg->model.attn_gate;
 }
 
+static const char *architecture(const TrainConfig *cfg) {
+    return gguf_is_granite(cfg) ? "granitehybrid" : is_llama(cfg) ? "llama" : "qwen35";
+}
+
 Status export_gguf_check(const TrainConfig *cfg, const Tokenizer *tok) {
-    for (int l = 0; l < cfg->model.layers.n; l++)
+    bool granite = gguf_is_granite(cfg);
+    for (int l = 0; !granite && l < cfg->model.layers.n; l++)
         if (strcmp(cfg->model.layers.name[l], "attn") != 0 && strcmp(cfg->model.layers.name[l], "gdn") != 0)
             return status_err("layer %d is '%s': GGUF export maps only 'attn' layers (llama.cpp's 'llama' "
-                              "architecture) and hybrids of 'gdn' and 'attn' layers (its 'qwen35'); that mixer has "
-                              "no exact counterpart there yet",
+                              "architecture), hybrids of 'gdn' and 'attn' layers (its 'qwen35') and of 'mamba2' and "
+                              "'attn' layers (its 'granitehybrid'); that mixer has no exact counterpart there yet",
                               l, cfg->model.layers.name[l]);
-    Status s = is_llama(cfg) ? status_ok() : gguf_qwen35_check(cfg);
+    Status s = granite ? gguf_granite_check(cfg) : is_llama(cfg) ? status_ok() : gguf_qwen35_check(cfg);
     if (s.ok && cfg->model.d_k != cfg->model.d_v)
-        s = status_err("d_k = %d and d_v = %d: llama.cpp's 'llama' architecture has one head size for keys and "
+        s = status_err("d_k = %d and d_v = %d: llama.cpp's '%s' architecture has one head size for keys and "
                        "values; train with d_k = d_v to export",
-                       cfg->model.d_k, cfg->model.d_v);
+                       cfg->model.d_k, cfg->model.d_v, architecture(cfg));
     return s.ok ? gguf_vocabulary_check(tok) : s;
 }
 
@@ -74,7 +80,9 @@ void gguf_common_metadata(Gguf *g, const char *arch, const TrainConfig *cfg, int
     gguf_kv_u32(g, KEY("block_count"), (uint32_t)cfg->model.layers.n);
     gguf_kv_u32(g, KEY("feed_forward_length"), (uint32_t)cfg->model.d_ff);
     gguf_kv_u32(g, KEY("attention.head_count"), (uint32_t)cfg->model.n_heads);
-    gguf_kv_u32(g, KEY("attention.head_count_kv"), (uint32_t)cfg->model.n_heads);
+    // granitehybrid's is one per layer (0 marks a recurrent one): gguf_granite writes it.
+    if (strcmp(arch, "granitehybrid") != 0)
+        gguf_kv_u32(g, KEY("attention.head_count_kv"), (uint32_t)cfg->model.n_heads);
     gguf_kv_u32(g, KEY("attention.key_length"), (uint32_t)cfg->model.d_k);
     gguf_kv_u32(g, KEY("attention.value_length"), (uint32_t)cfg->model.d_v);
     gguf_kv_u32(g, KEY("rope.dimension_count"), (uint32_t)cfg->model.d_k);
@@ -96,21 +104,26 @@ void gguf_mlp(Gguf *g, const ParamStore *ps, int l, GgufType type) {
     }
 }
 
-static void llama_layers(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType type) {
+void gguf_attn_plain(Gguf *g, const ParamStore *ps, int l, GgufType type) {
     static const struct {
         const char *gguf, *ours;
     } dense[] = {{"attn_q", "mixer.wq"}, {"attn_k", "mixer.wk"}, {"attn_v", "mixer.wv"}, {"attn_output", "mixer.wo"}};
-    for (int l = 0; l < cfg->model.layers.n; l++) {
+    for (size_t k = 0; k < sizeof dense / sizeof dense[0]; k++) {
         char name[96], ours[96];
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, dense[k].gguf);
+        snprintf(ours, sizeof ours, "layers.%%d.%s", dense[k].ours);
+        gguf_matrix(g, name, gguf_param(ps, ours, l), true, type);
+    }
+}
+
+static void llama_layers(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType type) {
+    for (int l = 0; l < cfg->model.layers.n; l++) {
+        char name[96];
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
         gguf_vector(g, name, gguf_param(ps, "layers.%d.norm1", l));
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
         gguf_vector(g, name, gguf_param(ps, "layers.%d.norm2", l));
-        for (size_t k = 0; k < sizeof dense / sizeof dense[0]; k++) {
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, dense[k].gguf);
-            snprintf(ours, sizeof ours, "layers.%%d.%s", dense[k].ours);
-            gguf_matrix(g, name, gguf_param(ps, ours, l), true, type);
-        }
+        gguf_attn_plain(g, ps, l, type);
         gguf_mlp(g, ps, l, type);
     }
 }
@@ -120,13 +133,15 @@ Status export_gguf_bytes(const TrainConfig *cfg, const ParamStore *ps, const Tok
     Status s = export_gguf_check(cfg, tok);
     if (!s.ok) return s;
     Gguf *g = gguf_new();
-    bool llama = is_llama(cfg);
-    gguf_common_metadata(g, llama ? "llama" : "qwen35", cfg, tok->vocab);
+    const char *arch = architecture(cfg);
+    gguf_common_metadata(g, arch, cfg, tok->vocab);
     gguf_vocabulary(g, tok);
     gguf_matrix(g, "token_embd.weight", gguf_param(ps, "embed", 0), false, type);
     gguf_vector(g, "output_norm.weight", gguf_param(ps, "norm_f", 0));
     if (!cfg->model.tied_embeddings) gguf_matrix(g, "output.weight", gguf_param(ps, "lm_head", 0), true, type);
-    if (llama)
+    if (strcmp(arch, "granitehybrid") == 0)
+        gguf_granite(g, cfg, ps, type);
+    else if (strcmp(arch, "llama") == 0)
         llama_layers(g, cfg, ps, type);
     else
         gguf_qwen35(g, cfg, ps, type);

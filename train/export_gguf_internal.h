@@ -21,6 +21,8 @@ void gguf_matrix(Gguf *g, const char *name, const Tensor *t, bool transpose, Ggu
 // The keys every architecture has, under arch's prefix (general.*, sizes,
 // RoPE, the RMSNorm epsilon).
 void gguf_common_metadata(Gguf *g, const char *arch, const TrainConfig *cfg, int vocab);
+// Layer l's plain attention (attn_q, attn_k, attn_v, attn_output) as llama's.
+void gguf_attn_plain(Gguf *g, const ParamStore *ps, int l, GgufType type);
 // Layer l's SwiGLU MLP (ffn_gate, ffn_up, ffn_down).
 void gguf_mlp(Gguf *g, const ParamStore *ps, int l, GgufType type);
 
@@ -29,5 +31,13 @@ void gguf_mlp(Gguf *g, const ParamStore *ps, int l, GgufType type);
 // gguf_common_metadata's and its layers.
 Status gguf_qwen35_check(const TrainConfig *cfg);
 void gguf_qwen35(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType type);
+
+// A model with mamba2 layers (and attn layers) as llama.cpp's
+// 'granitehybrid' (export_gguf_mamba2.c): does it have one, can it be
+// written exactly (an error says what to change)? Then its keys beyond
+// gguf_common_metadata's and its layers.
+bool gguf_is_granite(const TrainConfig *cfg);
+Status gguf_granite_check(const TrainConfig *cfg);
+void gguf_granite(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType type);
 
 #endif

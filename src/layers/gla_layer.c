@@ -1,5 +1,5 @@
 // gla_layer.c: projections, convolutions, output stage and decode cache
-// shared by linear.c and mamba.c.
+// shared by linear.c and mamba.c (mamba and mamba2).
 #include "gla_layer.h"
 
 #include <math.h>
@@ -8,6 +8,10 @@
 #include <string.h>
 
 void gla_layer_create(GlaLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *cfg) {
+    gla_layer_create_gain(L, ps, prefix, cfg, cfg->d_v);
+}
+
+void gla_layer_create_gain(GlaLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *cfg, int gain_size) {
     int D = cfg->d_model, Hk = cfg->n_heads * cfg->d_k, Hv = cfg->n_heads * cfg->d_v;
     double std = 1.0 / sqrt(D);
     L->wq = param_linear(ps, prefix, "wq", D, Hk, std);
@@ -20,7 +24,7 @@ void gla_layer_create(GlaLayer *L, ParamStore *ps, const char *prefix, const Mix
     shortconv_create(&L->conv_k, ps, name, Hk, cfg->conv_size);
     snprintf(name, sizeof name, "%sconv_v", prefix);
     shortconv_create(&L->conv_v, ps, name, Hv, cfg->conv_size);
-    outgate_create(&L->gate, ps, prefix, D, cfg->n_heads, cfg->d_v, cfg->norm_eps);
+    outgate_create_gain(&L->gate, ps, prefix, D, cfg->n_heads, cfg->d_v, cfg->norm_eps, gain_size);
     L->wo = param_linear(ps, prefix, "wo", Hv, D, cfg->out_std);
 }
 

@@ -24,6 +24,8 @@ typedef struct GlaCache {
 
 // Registers prefix + wq, wk, wv, conv_q, conv_k, conv_v, out_norm, wg, wo.
 void gla_layer_create(GlaLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *cfg);
+// The same with out_norm of gain_size entries (outgate_create_gain).
+void gla_layer_create_gain(GlaLayer *L, ParamStore *ps, const char *prefix, const MixerConfig *cfg, int gain_size);
 // u: (B, T, D) -> q, k (B, T, H*dk), v (B, T, H*dv), each projected then
 // SiLU(conv(.)) (just projected when conv_size is 0). With a cache (decoding,
 // T = 1) the convolutions read and advance it. doc_start: (B, T) or NULL

@@ -57,7 +57,7 @@ const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n
     }
     if (!form_used && c->mixer.form != MIXER_FORM_CHUNKED) {
         snprintf(why, n, "form = %s has no effect: none of the layers (%s...) has training forms to choose "
-                         "between (only linear, mamba and gdn do); remove the key",
+                         "between (only linear, mamba, mamba2 and gdn do); remove the key",
                  mixer_form_name(c->mixer.form), c->layers[0]);
         return "form";
     }

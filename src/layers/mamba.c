@@ -5,6 +5,12 @@
 //   S_t = exp(g_t) S_{t-1} + dt_t k_t v_tᵀ,  o_t = S_tᵀ q_t + D ⊙ v_t
 //   y = (RMSNorm_head(o) ⊙ SiLU(u Wg)) Wo
 // The dt scaling of k is fused into the kernel (op_gla_dt).
+//
+// The `mamba2` mixer (MODEL.md "mamba2") is Mamba-2 as llama.cpp's `mamba2`
+// and `granitehybrid` compute it, on the same recurrence and parameters:
+//   no scale on q (C); o_t = S_tᵀ q_t + D_h v_t with a scalar D_h per head;
+//   y = (RMSNorm_head(o ⊙ SiLU(u Wg)) ⊙ w) Wo, the norm after the gate, per
+//   head (llama.cpp's n_group = H, as B and C are per head here), w (H*dv).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,13 +23,15 @@ typedef struct Mamba {
     Tensor *w_dt;      // (D, H)
     Tensor *dt_bias;   // (H) softplus⁻¹(dt0), dt0 log-uniform in [1e-3, 1e-1]
     Tensor *A_log;     // (H) log(a), a uniform in [1, 16]
-    Tensor *D;         // (H, dv) the skip, init 1
+    Tensor *D;         // (H, dv) the skip, init 1; mamba2: (H)
+    bool v2;           // mamba2
 } Mamba;
 
-static void mamba_create(Mixer *m, ParamStore *ps, const char *prefix) {
+static void mamba_new(Mixer *m, ParamStore *ps, const char *prefix, bool v2) {
     const MixerConfig *c = &m->cfg;
     Mamba *M = xcalloc(1, sizeof *M);
-    gla_layer_create(&M->L, ps, prefix, c);
+    M->v2 = v2;
+    gla_layer_create_gain(&M->L, ps, prefix, c, v2 ? c->n_heads * c->d_v : c->d_v);
     int H = c->n_heads;
     M->w_dt = param_linear(ps, prefix, "w_dt", c->d_model, H, 1.0 / sqrt(c->d_model));
     char name[256];
@@ -32,8 +40,25 @@ static void mamba_create(Mixer *m, ParamStore *ps, const char *prefix) {
     snprintf(name, sizeof name, "%sA_log", prefix);
     M->A_log = params_add(ps, name, 1, (int[]){H}, init_fn(init_A_log, 1, 16), TENSOR_NO_DECAY);
     snprintf(name, sizeof name, "%sD", prefix);
-    M->D = params_add(ps, name, 2, (int[]){H, c->d_v}, init_ones(), TENSOR_NO_DECAY);
+    M->D = v2 ? params_add(ps, name, 1, (int[]){H}, init_ones(), TENSOR_NO_DECAY)
+              : params_add(ps, name, 2, (int[]){H, c->d_v}, init_ones(), TENSOR_NO_DECAY);
     m->impl = M;
+}
+
+static void mamba_create(Mixer *m, ParamStore *ps, const char *prefix) { mamba_new(m, ps, prefix, false); }
+static void mamba2_create(Mixer *m, ParamStore *ps, const char *prefix) { mamba_new(m, ps, prefix, true); }
+
+// mamba2's output stage from o = S_tᵀ q_t: + D_h v, then the gate, the
+// per-head RMSNorm with a gain per channel, Wo. D (H) is spread over each
+// head's dv channels by adding it to a (dv, H) zero constant and
+// transposing: broadcasting in attnlab's ops is over leading dimensions.
+static Tensor *mamba2_out(Tape *tp, const Mamba *M, const MixerConfig *c, Tensor *o, Tensor *v, Tensor *gz) {
+    int H = c->n_heads, dv = c->d_v;
+    Tensor *Dc = op_add(tp, tape_tensor_zeros(tp, 2, (int[]){dv, H}), M->D);   // (dv, H)
+    Tensor *Dflat = op_reshape(tp, op_transpose(tp, Dc, 0, 1), 1, (int[]){H * dv});
+    o = op_add(tp, o, op_mul(tp, v, Dflat));
+    Tensor *y = op_rmsnorm_groups(tp, op_silu_mul(tp, gz, o), NULL, dv, c->norm_eps);
+    return op_matmul(tp, op_mul(tp, y, M->L.gate.norm_w), M->L.wo, false, false);
 }
 
 static void mamba_destroy(Mixer *m) { free(m->impl); }
@@ -44,8 +69,9 @@ static Tensor *mamba_mix(Tape *tp, const Mixer *m, Tensor *u, Tensor *gz, Tensor
     const Mamba *M = m->impl;
     Tensor *dt = op_softplus(tp, op_add(tp, op_matmul(tp, u, M->w_dt, false, false), M->dt_bias));   // (B, T, H)
     Tensor *g = op_mul(tp, dt, op_scale(tp, op_exp(tp, M->A_log), -1.0));                          // (B, T, H)
-    q = op_scale(tp, q, 1.0 / sqrt(c->d_k));
+    if (!M->v2) q = op_scale(tp, q, 1.0 / sqrt(c->d_k));
     Tensor *o = op_gla_dt(tp, q, k, v, g, dt, s_in, doc_start, c->n_heads, form, c->chunk_size, s_out);
+    if (M->v2) return mamba2_out(tp, M, c, o, v, gz);
     Tensor *Dflat = op_reshape(tp, M->D, 1, (int[]){c->n_heads * c->d_v});
     o = op_add(tp, o, op_mul(tp, v, Dflat));   // + D ⊙ v
     return gla_layer_out(tp, &M->L, o, gz);
@@ -65,7 +91,7 @@ static void *mamba_cache_new(const Mixer *m, int B, int max_T, Device dev) {
 }
 
 static Tensor *mamba_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
-    ASSERT(u->ndim == 3 && u->shape[1] == 1, "mamba step: u must be (B, 1, D), got %s", SHAPE(u));
+    ASSERT(u->ndim == 3 && u->shape[1] == 1, "%s step: u must be (B, 1, D), got %s", m->kind->name, SHAPE(u));
     Mamba *M = m->impl;
     GlaCache *c = cache;
     ASSERT(c->dev == tp->device, "%s step: a %s cache on a %s tape", m->kind->name, device_name(c->dev),
@@ -97,17 +123,15 @@ static int mamba_cache_state(const Mixer *m, void *cache, real **bufs, int64_t *
     return gla_cache_buffers(&M->L, cache, bufs, sizes);
 }
 
-const MixerKind MIXER_MAMBA = {
-    .name = "mamba",
-    .recurrent = true,
-    .create = mamba_create,
-    .forward = mamba_forward,
-    .cache_new = mamba_cache_new,
-    .cache_free = gla_cache_free,
-    .step = mamba_step,
-    .cache_reset = mamba_cache_reset,
-    .forward_carry = mamba_forward_carry,
-    .cache_state = mamba_cache_state,
-    .destroy = mamba_destroy,
-    .forms = MIXER_FORMS_LINEAR_FAMILY | (1u << MIXER_FORM_PARALLEL),
-};
+// What mamba and mamba2 share: all but the name and create.
+#define MAMBA_FAMILY                                                                                        \
+    .recurrent = true, .forward = mamba_forward, .cache_new = mamba_cache_new, .cache_free = gla_cache_free, \
+    .step = mamba_step, .cache_reset = mamba_cache_reset, .forward_carry = mamba_forward_carry,             \
+    .cache_state = mamba_cache_state, .destroy = mamba_destroy,                                             \
+    .forms = MIXER_FORMS_LINEAR_FAMILY | (1u << MIXER_FORM_PARALLEL)
+
+const MixerKind MIXER_MAMBA = {.name = "mamba", .create = mamba_create, MAMBA_FAMILY};
+
+// One kind apart from `mamba` (not an option of it): its checkpoints, D's
+// shape and out_norm's, and what a GGUF export may map differ.
+const MixerKind MIXER_MAMBA2 = {.name = "mamba2", .create = mamba2_create, MAMBA_FAMILY};

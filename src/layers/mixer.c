@@ -9,8 +9,9 @@ extern const MixerKind MIXER_LINEAR;     // linear.c
 extern const MixerKind MIXER_MAMBA;      // mamba.c
 extern const MixerKind MIXER_GDN;        // gdn.c
 extern const MixerKind MIXER_ATTN_DSA;   // attn_dsa.c
+extern const MixerKind MIXER_MAMBA2;     // mamba.c
 static const MixerKind *const KINDS[] = {
-    &MIXER_ATTN, &MIXER_LINEAR, &MIXER_MAMBA, &MIXER_GDN, &MIXER_ATTN_DSA,
+    &MIXER_ATTN, &MIXER_LINEAR, &MIXER_MAMBA, &MIXER_GDN, &MIXER_ATTN_DSA, &MIXER_MAMBA2,
 };
 
 static const char *const FORM_NAMES[MIXER_FORM_COUNT] = {"chunked", "parallel", "recurrent"};

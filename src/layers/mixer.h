@@ -1,9 +1,10 @@
 // mixer.h: the interface every token mixer implements (attn, linear, mamba,
-// gdn, attn_dsa), chosen by name so the LM can build any list of them.
+// gdn, attn_dsa, mamba2), chosen by name so the LM can build any list of
+// them.
 //
 // A mixer maps u = RMSNorm(x), shape (B, T, D), to (B, T, D). Recurrent
-// mixers (linear, mamba, gdn) take an optional initial state and return their
-// final state, both differentiable, shape (B, H, dk, dv): S[b,h,i,j] pairs
+// mixers (linear, mamba, mamba2, gdn) take an optional initial state and
+// return their final state, both differentiable, shape (B, H, dk, dv): S[b,h,i,j] pairs
 // key dimension i with value dimension j, and o_t = S_t^T q_t.
 //
 // Documents (docs.h): forward() takes doc_start (B, T), nonzero where a new
@@ -25,7 +26,8 @@
 // Parameter names (the checkpoint's) are prefix + a short name: wq (D, H*dk),
 // wk (D, H*dk), wv (D, H*dv), wo (H*dv, D), wg (D, H*dv), conv_q / conv_k
 // (H*dk, W), conv_v (H*dv, W), out_norm (dv), w_dt (D, H), dt_bias (H),
-// A_log (H), D (H, dv), w_beta (D, H); the indexer's: wq_idx, wk_idx, ww_idx;
+// A_log (H), D (H, dv), w_beta (D, H) (mamba2: D (H), out_norm (H*dv));
+// the indexer's: wq_idx, wk_idx, ww_idx;
 // the attention options': q_norm (dk), k_norm (dk), w_gate (D, H*dv).
 // Weights are stored (in, out) row-major and applied on the right: y = u W.
 #ifndef MIXER_H

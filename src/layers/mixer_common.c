@@ -133,12 +133,17 @@ Tensor *param_linear(ParamStore *ps, const char *prefix, const char *name, int i
 
 void outgate_create(OutGate *g, ParamStore *ps, const char *prefix, int d_model, int n_heads, int d_v,
                     double eps) {
-    ASSERT(d_model > 0 && n_heads > 0 && d_v > 0 && eps >= 0, "outgate '%s': D %d, H %d, dv %d, eps %g", prefix,
-           d_model, n_heads, d_v, eps);
+    outgate_create_gain(g, ps, prefix, d_model, n_heads, d_v, eps, d_v);
+}
+
+void outgate_create_gain(OutGate *g, ParamStore *ps, const char *prefix, int d_model, int n_heads, int d_v,
+                         double eps, int gain_size) {
+    ASSERT(d_model > 0 && n_heads > 0 && d_v > 0 && eps >= 0 && (gain_size == d_v || gain_size == n_heads * d_v),
+           "outgate '%s': D %d, H %d, dv %d, eps %g, gain %d", prefix, d_model, n_heads, d_v, eps, gain_size);
     char name[256];
     int len = snprintf(name, sizeof name, "%sout_norm", prefix);
     ASSERT(len < (int)sizeof name, "outgate: prefix '%s' too long", prefix);
-    g->norm_w = params_add(ps, name, 1, (int[]){d_v}, init_ones(), TENSOR_NO_DECAY);
+    g->norm_w = params_add(ps, name, 1, (int[]){gain_size}, init_ones(), TENSOR_NO_DECAY);
     g->wg = param_linear(ps, prefix, "wg", d_model, n_heads * d_v, 1.0 / sqrt((double)d_model));
     g->n_heads = n_heads;
     g->d_v = d_v;

@@ -45,7 +45,7 @@ int shortconv_cache_buffer(const ShortConv *c, ShortConvCache *cc, real **buf, i
 Tensor *shortconv_step(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor *x);
 
 typedef struct OutGate {
-    Tensor *norm_w;   // (dv)
+    Tensor *norm_w;   // (dv), or (H*dv) from outgate_create_gain (mamba2: a gain per channel)
     Tensor *wg;       // (D, H*dv)
     int n_heads, d_v;
     double eps;
@@ -53,6 +53,11 @@ typedef struct OutGate {
 
 void outgate_create(OutGate *g, ParamStore *ps, const char *prefix, int d_model, int n_heads, int d_v,
                     double eps);
+// The same with the gain out_norm of gain_size entries: dv (one gain that
+// every head shares, as outgate_create) or H*dv (its own for every channel:
+// mamba2, whose output stage is not outgate_apply's).
+void outgate_create_gain(OutGate *g, ParamStore *ps, const char *prefix, int d_model, int n_heads, int d_v,
+                         double eps, int gain_size);
 // o: (B, T, H*dv), u: (B, T, D) -> RMSNorm_head(o) * SiLU(u Wg), (B, T, H*dv). Works for T = 1.
 Tensor *outgate_forward(Tape *tp, const OutGate *g, Tensor *o, Tensor *u);
 // The same given the gate's projection gz = u Wg (B, T, H*dv), which a layer

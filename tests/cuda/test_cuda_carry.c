@@ -112,6 +112,7 @@ static void compare_carry(const char *layers) {
 
 Test(cuda_carry, linear) { compare_carry("linear,linear"); }
 Test(cuda_carry, mamba) { compare_carry("mamba,mamba"); }
+Test(cuda_carry, mamba2) { compare_carry("mamba2,mamba2"); }
 Test(cuda_carry, gdn) { compare_carry("gdn,gdn"); }
 Test(cuda_carry, hybrid_with_attention) { compare_carry("gdn,attn,mamba,linear"); }
 

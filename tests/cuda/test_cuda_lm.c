@@ -103,6 +103,7 @@ static void compare_lm(const char *layers, bool docs) {
 Test(cuda_lm, attention) { compare_lm("attn,attn", false); }
 Test(cuda_lm, linear) { compare_lm("linear,linear", false); }
 Test(cuda_lm, mamba) { compare_lm("mamba,mamba", false); }
+Test(cuda_lm, mamba2) { compare_lm("mamba2,mamba2", false); }
 Test(cuda_lm, gdn) { compare_lm("gdn,gdn", false); }
 Test(cuda_lm, hybrid) { compare_lm("gdn,attn,mamba,linear", false); }
 Test(cuda_lm, hybrid_with_documents) { compare_lm("gdn,attn,mamba,linear", true); }
