@@ -18,7 +18,7 @@ wrong. HDF5 needs h5py (Debian's python3-h5py), which runs only in a child
 process under memory and CPU limits (attnlab_checkpoint.py); safetensors is
 read with the standard library and torch alone (attnlab_safetensors.py).
 
-Mixers: attn, linear, mamba, gdn (attn_dsa is not in the reference: loading a
+Mixers: attn, linear, mamba, gdn, gdp (attn_dsa is not in the reference: loading a
 model with it raises ValueError). form "chunked" (fast) or "recurrent" (the
 spec's token-by-token reference).
 

@@ -204,8 +204,12 @@ static Mixer *make_gdp(ParamStore *ps, const char *kind, int n, MixerForm form, 
     params_init(ps);
     Mixer *m = mixer_create(kind, &c, ps, "m.");
     params_finalize(ps, seed);
-    Tensor *bias = params_find(ps, "m.dt_bias");   // decay ~0.5 per token: the state carries history
-    for (int h = 0; h < H; h++) bias->data[h] = (real)(0.2 + 0.5 * h);
+    // A decay of ~0.6 and ~0.3 per token (g = -exp(A_log) softplus(dt_bias)): the state carries history.
+    Tensor *bias = params_find(ps, "m.dt_bias"), *A = params_find(ps, "m.A_log");
+    for (int h = 0; h < H; h++) {
+        bias->data[h] = (real)(0.2 + 0.5 * h);
+        A->data[h] = (real)(-0.5 + 0.6 * h);
+    }
     return m;
 }
 
@@ -262,6 +266,7 @@ static void layer_ins_free(Tensor **in, DocsInKind *kind) {
 }
 
 #ifdef AG_DOUBLE
+// u, s0 and every parameter, both outputs seeded, with documents.
 Test(gdp_layer, gradcheck) {
     struct {
         int n, conv;
@@ -479,4 +484,19 @@ Test(gdp_config, steps_key) {
     cr_assert(!s.ok && strstr(s.msg, "gdp_steps") && strstr(s.msg, "out of range"), "%s", s.msg);
     s = load("[model]\nlayers = gdp\ngdp_steps = 0\n");
     cr_assert(!s.ok && strstr(s.msg, "gdp_steps"), "%s", s.msg);
+}
+
+Test(gdp_config, bundled_config) {
+    TrainConfig cfg;
+    config_defaults(&cfg, NULL);
+    Status st = config_load_file(&cfg, SOURCE_DIR "/configs/tiny_gdp.ini");
+    cr_assert(st.ok, "%s", st.msg);
+    st = config_validate(&cfg);
+    cr_assert(st.ok, "%s", st.msg);
+    LMConfig lc;
+    cr_assert(config_model(&cfg, &lc).ok);
+    cr_assert_eq(lc.n_layers, 4);
+    cr_assert_str_eq(lc.layers[0], "gdp");
+    cr_assert_eq(lc.mixer.gdp_steps, 2);
+    config_free(&cfg);
 }

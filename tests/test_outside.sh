@@ -15,7 +15,8 @@
 #     and loaded by python/attnlab_torch.py from the checkpoint and from the
 #     export: its logits equal the C model's (evaluate --logits), to 1e-4
 #     normwise in float32 and 1e-9 in float64; the same for a gdn/attn
-#     hybrid with attn's options qk_norm and attn_gate on;
+#     hybrid with attn's options qk_norm and attn_gate on, and for a
+#     gdp/gdn/attn hybrid with gdp_steps = 3;
 #  5. the GPU benchmark's per-layer torch.compile path equals the eager model;
 #  6. bench/ncu_table.py's per-kernel table on a fixture counted by hand.
 set -euo pipefail
@@ -148,6 +149,8 @@ PYEOF
 parity attn,linear,mamba,gdn
 # attn's options (qk_norm, attn_gate), both on, in a gdn/attn hybrid.
 parity gdn,attn $'qk_norm = true\nattn_gate = true'
+# gdp at three delta steps per token (its weights n-fold wide) beside gdn.
+parity gdp,gdn,attn 'gdp_steps = 3'
 
 # 5. The GPU benchmark's per-layer torch.compile (bench/torch_ref/throughput.py
 # --compile-layers) runs the model's own layers: with the compiler replaced by
