@@ -486,6 +486,19 @@ Test(gdp_config, steps_key) {
     cr_assert(!s.ok && strstr(s.msg, "gdp_steps"), "%s", s.msg);
 }
 
+// The kind's own check (what mixer_create asserts), for a config built in code.
+Test(gdp_config, mixer_check) {
+    MixerConfig c = mixer_config_default(D, H, DK, DV);
+    char why[256];
+    cr_assert_null(mixer_config_check("gdp", &c, why, sizeof why));
+    for (int bad = 0; bad < 2; bad++) {
+        c.gdp_steps = bad ? GDP_MAX_STEPS + 1 : 0;
+        const char *key = mixer_config_check("gdp", &c, why, sizeof why);
+        cr_assert(key && !strcmp(key, "gdp_steps") && strstr(why, "must be 1 to 8"), "%s", why);
+    }
+    cr_assert_null(mixer_config_check("gdn", &c, why, sizeof why), "gdn does not read gdp_steps");
+}
+
 Test(gdp_config, bundled_config) {
     TrainConfig cfg;
     config_defaults(&cfg, NULL);

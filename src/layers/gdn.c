@@ -213,20 +213,14 @@ static int gdn_cache_state(const Mixer *m, void *ptr, real **bufs, int64_t *size
     return n;
 }
 
-const MixerKind MIXER_GDN = {
-    .name = "gdn",
-    .recurrent = true,
-    .create = gdn_create,
-    .forward = gdn_forward,
-    .cache_new = gdn_cache_new,
-    .cache_free = gdn_cache_free,
-    .step = gdn_step,
-    .cache_reset = gdn_cache_reset,
-    .forward_carry = gdn_forward_carry,
-    .cache_state = gdn_cache_state,
-    .destroy = gdn_destroy,
-    .forms = MIXER_FORMS_LINEAR_FAMILY,
-};
+// What gdn and gdp share: everything but the name, create (the parameters'
+// widths, and the mixing op gdn_mix picks) and gdp's check of gdp_steps.
+#define GDN_FAMILY_KIND                                                                              \
+    .recurrent = true, .forward = gdn_forward, .cache_new = gdn_cache_new, .cache_free = gdn_cache_free, \
+    .step = gdn_step, .cache_reset = gdn_cache_reset, .forward_carry = gdn_forward_carry,                 \
+    .cache_state = gdn_cache_state, .destroy = gdn_destroy, .forms = MIXER_FORMS_LINEAR_FAMILY
+
+const MixerKind MIXER_GDN = {.name = "gdn", .create = gdn_create, GDN_FAMILY_KIND};
 
 static const char *gdp_check(const MixerConfig *c, char *why, size_t n) {
     if (c->gdp_steps < 1 || c->gdp_steps > GDP_MAX_STEPS) {
@@ -236,20 +230,4 @@ static const char *gdp_check(const MixerConfig *c, char *why, size_t n) {
     return NULL;
 }
 
-// gdn's functions throughout: only the parameters' widths (gdp_create) and
-// the mixing op (gdn_mix) differ.
-const MixerKind MIXER_GDP = {
-    .name = "gdp",
-    .recurrent = true,
-    .create = gdp_create,
-    .forward = gdn_forward,
-    .cache_new = gdn_cache_new,
-    .cache_free = gdn_cache_free,
-    .step = gdn_step,
-    .cache_reset = gdn_cache_reset,
-    .forward_carry = gdn_forward_carry,
-    .cache_state = gdn_cache_state,
-    .destroy = gdn_destroy,
-    .forms = MIXER_FORMS_LINEAR_FAMILY,
-    .check = gdp_check,
-};
+const MixerKind MIXER_GDP = {.name = "gdp", .create = gdp_create, .check = gdp_check, GDN_FAMILY_KIND};
