@@ -148,7 +148,7 @@ Test(config, bad_values) {
     expect_error("[train]\noptimizer = adam\n", 2, "[train] optimizer: 'adam' is not one of adamw|sgd");
     expect_error("[model]\nform = fast\n", 2, "[model] form: 'fast' is not one of chunked|parallel|recurrent");
     expect_error("[model]\nlayers = attn,lstm\n", 2,
-                 "[model] layers: 'lstm' is not a known mixer (attn, linear, mamba, gdn, attn_dsa)");
+                 "[model] layers: 'lstm' is not a known mixer (attn, linear, mamba, gdn, attn_dsa, gdp)");
     expect_error("[model]\nlayers = attn,,gdn\n", 2, "[model] layers: empty item 2 in the list");
     expect_error("[model]\nlayers =\n", 2, "[model] layers: needs at least 1 item(s)");
     expect_error("[finetune]\ndsa_layers = 1,x\n", 2, "[finetune] dsa_layers: item 'x' is not an integer");
@@ -229,14 +229,14 @@ Test(config, mixer_names_come_from_the_registry) {
     config_defaults(&cfg, NULL);
     Status st = config_set(&cfg, "model.layers=toy");
     cr_assert_str_eq(st.msg, "--set model.layers=toy: [model] layers: 'toy' is not a known mixer (attn, linear, "
-                             "mamba, gdn, attn_dsa)");
+                             "mamba, gdn, attn_dsa, gdp)");
     mixer_kind_register(&toy);   // (each test runs in a process of its own)
     st = config_set(&cfg, "model.layers=attn,toy");
     cr_assert(st.ok, "%s", st.msg);
     cr_assert_str_eq(cfg.model.layers.name[1], "toy");
     st = config_set(&cfg, "model.layers=lstm");
     cr_assert_str_eq(st.msg, "--set model.layers=lstm: [model] layers: 'lstm' is not a known mixer (attn, linear, "
-                             "mamba, gdn, attn_dsa, toy)");
+                             "mamba, gdn, attn_dsa, gdp, toy)");
     config_free(&cfg);
 }
 
