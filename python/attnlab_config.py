@@ -21,9 +21,11 @@ LINE_MAX = STR_MAX + 64                  # CONFIG_LINE_MAX
 MAX_LAYERS = 64                          # CONFIG_MAX_LAYERS
 VOCAB_MAX = 1 << 22                      # BPE_VOCAB_MAX: ids are below it
 SECTIONS = ("model", "data", "train", "finetune")
-MIXERS = ("attn", "linear", "mamba", "gdn", "attn_dsa", "mamba2")
+MIXERS = ("attn", "linear", "mamba", "gdn", "attn_dsa", "mamba2", "gdp")
 FORMS = ("chunked", "parallel", "recurrent")
-MIXER_FORMS = {"linear": FORMS, "mamba": FORMS, "mamba2": FORMS, "gdn": ("chunked", "recurrent")}   # attn has no forms
+MIXER_FORMS = {"linear": FORMS, "mamba": FORMS, "mamba2": FORMS, "gdn": ("chunked", "recurrent"),
+               "gdp": ("chunked", "recurrent")}   # attn has no forms
+GDP_MAX_STEPS = 8
 BIG = 1e300
 
 # [model] keys: type, default, min, max (train/config_schema.c).
@@ -44,6 +46,7 @@ MODEL_KEYS = {
     "topk": ("int", "64", 1, 1 << 24),
     "qk_norm": ("bool", "false", 0, 0),
     "attn_gate": ("bool", "false", 0, 0),
+    "gdp_steps": ("int", "2", 1, GDP_MAX_STEPS),
     "form": ("enum", "chunked", 0, 0),
 }
 
@@ -183,18 +186,24 @@ def model_config(text, source, vocab_size):
                          % (i, vals["d_k"]))
     if vals["form"] != "chunked" and not any(k in MIXER_FORMS for k in vals["layers"]):
         raise refuse("form", "form = %s has no effect: none of the layers (%s...) has training forms to choose "
-                     "between (only linear, mamba, mamba2 and gdn do); remove the key"
+                     "between (only linear, mamba, mamba2, gdn and gdp do); remove the key"
                      % (vals["form"], vals["layers"][0]))
     for key in ("qk_norm", "attn_gate"):
         if vals[key] and not any(k in ("attn", "attn_dsa") for k in vals["layers"]):
             raise refuse(key, "%s = true has no effect: none of the layers (%s...) is attn or attn_dsa; remove the key"
                          % (key, vals["layers"][0]))
+    gdp_used = "gdp" in vals["layers"]
+    if not gdp_used and vals["gdp_steps"] != 2:
+        raise refuse("gdp_steps", "gdp_steps = %d has no effect: none of the layers (%s...) is gdp; remove the key"
+                     % (vals["gdp_steps"], vals["layers"][0]))
     D, F, H, V = vals["d_model"], vals["d_ff"], vals["n_heads"], vocab_size
-    widest = max(D, F, V, H * vals["d_k"], H * vals["d_v"], vals["index_heads"] * vals["index_dim"])
+    n = vals["gdp_steps"] if gdp_used else 1   # gdp's wk, wv: n blocks of H*dk, H*dv
+    widest = max(D, F, V, n * H * vals["d_k"], n * H * vals["d_v"], vals["index_heads"] * vals["index_dim"])
     if D * F > INT32_MAX or D * widest > INT32_MAX or V * D > INT32_MAX:
         raise refuse("d_model", "a weight of %d x %d elements is more than this build's %d per tensor"
                      % (D, widest, INT32_MAX))
     return ModelConfig(layers=vals["layers"], d_model=D, n_heads=H, d_k=vals["d_k"], d_v=vals["d_v"], d_ff=F,
                        tied_embeddings=vals["tied_embeddings"], chunk_size=vals["chunk_size"],
                        conv_size=vals["conv_size"], norm_eps=vals["norm_eps"], rope_base=vals["rope_base"],
-                       vocab_size=V, qk_norm=vals["qk_norm"], attn_gate=vals["attn_gate"])
+                       vocab_size=V, qk_norm=vals["qk_norm"], attn_gate=vals["attn_gate"],
+                       gdp_steps=vals["gdp_steps"])

@@ -7,11 +7,12 @@ stored (in, out) and applied on the right, y = u W; names such as
 "layers.0.mixer.wq" are kept as they are in a plain dict (torch modules do not
 allow dots in parameter names), so weights load by name.
 
-Mixers: attn, linear, mamba, gdn, mamba2. Each recurrent mixer has two forms:
+Mixers: attn, linear, mamba, gdn, mamba2, gdp. Each recurrent mixer has two forms:
   "recurrent"  the spec's recurrence, one token at a time (the reference);
   "chunked"    chunks of C positions, matrix products inside a chunk and the
                state carried across chunks (for speed; GLA form for linear and
-               mamba, the WY form of MODEL.md for gdn).
+               mamba, the WY form of MODEL.md for gdn, and for gdp over its
+               interleaved sequence).
 attn uses F.scaled_dot_product_attention when torch has it (>= 2.0) and an
 explicit masked softmax otherwise (or when form is "recurrent", the reference).
 
@@ -34,7 +35,7 @@ class ModelConfig:
 
     def __init__(self, layers, d_model=128, n_heads=4, d_k=32, d_v=32, d_ff=512, tied_embeddings=True,
                  chunk_size=32, conv_size=4, norm_eps=1e-6, rope_base=10000.0, vocab_size=VOCAB,
-                 qk_norm=False, attn_gate=False):
+                 qk_norm=False, attn_gate=False, gdp_steps=2):
         self.layers = list(layers)
         self.d_model, self.n_heads, self.d_k, self.d_v, self.d_ff = d_model, n_heads, d_k, d_v, d_ff
         self.tied_embeddings = tied_embeddings
@@ -42,6 +43,7 @@ class ModelConfig:
         self.norm_eps, self.rope_base = norm_eps, rope_base
         self.vocab_size = vocab_size
         self.qk_norm, self.attn_gate = qk_norm, attn_gate   # attn's options (MODEL.md)
+        self.gdp_steps = gdp_steps                          # gdp: delta steps per token n
 
     def __repr__(self):
         return "ModelConfig(%s)" % ", ".join("%s=%r" % kv for kv in vars(self).items())
@@ -65,7 +67,8 @@ def model_config_from_ini(text, vocab_size=VOCAB):
         tied_embeddings=m.getboolean("tied_embeddings", True),
         chunk_size=m.getint("chunk_size", 32), conv_size=m.getint("conv_size", 4),
         norm_eps=m.getfloat("norm_eps", 1e-6), rope_base=m.getfloat("rope_base", 10000.0),
-        vocab_size=vocab_size, qk_norm=m.getboolean("qk_norm", False), attn_gate=m.getboolean("attn_gate", False))
+        vocab_size=vocab_size, qk_norm=m.getboolean("qk_norm", False), attn_gate=m.getboolean("attn_gate", False),
+        gdp_steps=m.getint("gdp_steps", 2))
 
 
 # ---------------------------------------------------------------- small pieces
@@ -159,6 +162,32 @@ def gdn_recurrent(q, k, v, beta, g):
     return torch.stack(out, dim=2)
 
 
+def gdp_recurrent(q, k, v, beta, g):
+    """Per token S = exp(g_t) S, then for each step j: S = S + k_tj d^T, d = beta_tj (v_tj - S^T k_tj);
+    o_t = S^T q_t. k (B, H, T, n, dk), v (B, H, T, n, dv), beta (B, H, T, n)."""
+    B, H, T, dk = q.shape
+    S = q.new_zeros(B, H, dk, v.shape[-1])
+    out = []
+    for t in range(T):
+        S = torch.exp(g[:, :, t])[..., None, None] * S
+        for j in range(k.shape[3]):
+            kt = k[:, :, t, j]
+            d = beta[:, :, t, j, None] * (v[:, :, t, j] - (kt[..., None] * S).sum(-2))
+            S = S + kt[..., None] * d[..., None, :]
+        out.append((q[:, :, t, :, None] * S).sum(-2))
+    return torch.stack(out, dim=2)
+
+
+def gdp_chunked(q, k, v, beta, g, C):
+    """gdp_recurrent as gdn_chunked over the T*n positions t*n + j (MODEL.md, gdp): step j's k, v, beta there,
+    g_t at j = 0 and 0 after it, q_t at j = n - 1 and 0 before it; the output of each token's last step."""
+    B, H, T, n, dk = k.shape
+    qi = torch.cat((q.new_zeros(B, H, T, n - 1, dk), q[:, :, :, None]), dim=3).reshape(B, H, T * n, dk)
+    gi = torch.cat((g[..., None], g.new_zeros(B, H, T, n - 1)), dim=3).reshape(B, H, T * n)
+    o = gdn_chunked(qi, k.reshape(B, H, T * n, dk), v.reshape(B, H, T * n, -1), beta.reshape(B, H, T * n), gi, C)
+    return o[:, :, n - 1::n]
+
+
 def _chunks(x, C, value=0.0):
     """(B, H, T, ...) -> (B, H, N, C, ...), padding T up to N*C with `value`."""
     T = x.shape[2]
@@ -245,26 +274,27 @@ def param_shapes(cfg):
     dk, dv, W = cfg.d_k, cfg.d_v, cfg.conv_size
     s = {"embed": (V, D)}
     for l, kind in enumerate(cfg.layers):
-        if kind not in ("attn", "linear", "mamba", "gdn", "mamba2"):
-            raise ValueError("layer %d: mixer '%s' is not in this reference (attn, linear, mamba, gdn, mamba2)"
+        if kind not in ("attn", "linear", "mamba", "gdn", "mamba2", "gdp"):
+            raise ValueError("layer %d: mixer '%s' is not in this reference (attn, linear, mamba, gdn, mamba2, gdp)"
                              % (l, kind))
+        n = cfg.gdp_steps if kind == "gdp" else 1   # gdp: n blocks of keys, values and beta
         p = "layers.%d." % l
         m = p + "mixer."
         s[p + "norm1"] = (D,)
-        s[m + "wq"], s[m + "wk"], s[m + "wv"] = (D, H * dk), (D, H * dk), (D, H * dv)
+        s[m + "wq"], s[m + "wk"], s[m + "wv"] = (D, H * dk), (D, n * H * dk), (D, n * H * dv)
         if kind != "attn":
             if W > 0:
-                s[m + "conv_q"], s[m + "conv_k"], s[m + "conv_v"] = (H * dk, W), (H * dk, W), (H * dv, W)
+                s[m + "conv_q"], s[m + "conv_k"], s[m + "conv_v"] = (H * dk, W), (n * H * dk, W), (n * H * dv, W)
             s[m + "out_norm"] = (H * dv,) if kind == "mamba2" else (dv,)
             s[m + "wg"] = (D, H * dv)
-            if kind in ("mamba", "gdn", "mamba2"):
+            if kind in ("mamba", "gdn", "mamba2", "gdp"):
                 s[m + "w_dt"], s[m + "dt_bias"], s[m + "A_log"] = (D, H), (H,), (H,)
             if kind == "mamba":
                 s[m + "D"] = (H, dv)
             if kind == "mamba2":
                 s[m + "D"] = (H,)
-            if kind == "gdn":
-                s[m + "w_beta"] = (D, H)
+            if kind in ("gdn", "gdp"):
+                s[m + "w_beta"] = (D, n * H)
         s[m + "wo"] = (H * dv, D)
         if kind == "attn" and cfg.qk_norm:
             s[m + "q_norm"], s[m + "k_norm"] = (dk,), (dk,)
@@ -411,6 +441,26 @@ class LM:
             o = gdn_recurrent(q, k, v, beta, g)
         else:
             o = gdn_chunked(q, k, v, beta, g, c.chunk_size)
+        return self._out(m, o, u)
+
+    def _gdp(self, m, u):
+        """gdn with n = gdp_steps keys, values and betas per token: block j of u Wk, u Wv, u w_beta is step j."""
+        P, c = self.params, self.cfg
+        B, T, _ = u.shape
+        H, n = c.n_heads, c.gdp_steps
+
+        def steps(z):   # (B, T, n*H*d) -> (B, H, T, n, d)
+            return z.reshape(B, T, n, H, -1).permute(0, 3, 1, 2, 4)
+        q = heads(self._conv(m, "q", u @ P[m + "wq"]), H)
+        k = steps(self._conv(m, "k", u @ P[m + "wk"]))
+        v = steps(self._conv(m, "v", u @ P[m + "wv"]))
+        q, k = l2norm(q) / math.sqrt(c.d_k), l2norm(k)
+        beta = torch.sigmoid(u @ P[m + "w_beta"]).reshape(B, T, n, H).permute(0, 3, 1, 2)
+        _, g = self._decay(m, u)
+        if self.form == "recurrent":
+            o = gdp_recurrent(q, k, v, beta, g)
+        else:
+            o = gdp_chunked(q, k, v, beta, g, c.chunk_size)
         return self._out(m, o, u)
 
     # ---- the LM

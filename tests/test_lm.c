@@ -96,9 +96,10 @@ static void check_decode(const char *layers) {
 }
 
 Test(lm, decode_equals_parallel_every_mixer) {
-    const char *kinds[] = {"attn", "linear", "mamba", "gdn"};
-    for (int i = 0; i < 4; i++) check_decode(kinds[i]);
+    const char *kinds[] = {"attn", "linear", "mamba", "gdn", "gdp"};
+    for (int i = 0; i < 5; i++) check_decode(kinds[i]);
     check_decode("gdn,attn,mamba,linear");
+    check_decode("gdp,attn,gdn");
 }
 
 // Prefill (lm_prefill): windows of a prompt decoded in one parallel forward

@@ -15,11 +15,12 @@
 #     and loaded by python/attnlab_torch.py from the checkpoint and from the
 #     export: its logits equal the C model's (evaluate --logits), to 1e-4
 #     normwise in float32 and 1e-9 in float64; the same for a mamba2/attn
-#     hybrid (Mamba-2 as llama.cpp computes it) and for a gdn/attn
-#     hybrid with attn's options qk_norm and attn_gate on; a BPE model's
-#     tokenizer in Python encodes a multilingual text to bin/tokenize
-#     encode's ids (gpt2, cl100k_base, o200k_base, a trained bpe:300) and
-#     the loader prints the model's greedy continuation decoded;
+#     hybrid (Mamba-2 as llama.cpp computes it), for a gdn/attn hybrid with
+#     attn's options qk_norm and attn_gate on, and for a gdp/gdn/attn hybrid
+#     with gdp_steps = 3; a BPE model's tokenizer in Python encodes a
+#     multilingual text to bin/tokenize encode's ids (gpt2, cl100k_base,
+#     o200k_base, a trained bpe:300) and the loader prints the model's greedy
+#     continuation decoded;
 #  5. the GPU benchmark's per-layer torch.compile path equals the eager model;
 #  6. bench/ncu_table.py's per-kernel table on a fixture counted by hand.
 set -euo pipefail
@@ -154,6 +155,8 @@ parity attn,linear,mamba,gdn
 parity mamba2,attn
 # attn's options (qk_norm, attn_gate), both on, in a gdn/attn hybrid.
 parity gdn,attn $'qk_norm = true\nattn_gate = true'
+# gdp at three delta steps per token (its weights n-fold wide) beside gdn.
+parity gdp,gdn,attn 'gdp_steps = 3'
 
 # A BPE model's tokenizer in Python (python/attnlab_tokenizer.py): its ids for
 # a multilingual text (bytes that are not UTF-8 included) equal bin/tokenize

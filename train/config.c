@@ -373,6 +373,7 @@ Status config_model(const TrainConfig *tc, LMConfig *lc) {
     mc.topk = tc->model.topk;
     mc.qk_norm = tc->model.qk_norm;
     mc.attn_gate = tc->model.attn_gate;
+    mc.gdp_steps = tc->model.gdp_steps;
     lc->mixer = mc;
     return status_ok();
 }

@@ -77,6 +77,7 @@ typedef struct TrainConfig {
         int topk;               // DSA positions kept per query
         bool qk_norm;           // attn, attn_dsa: per-head RMSNorm of q and k before RoPE
         bool attn_gate;         // attn, attn_dsa: sigmoid output gate before Wo
+        int gdp_steps;          // gdp: delta-rule steps per token n_h
         MixerForm form;         // chunked | parallel | recurrent
     } model;
     struct {

@@ -18,7 +18,7 @@ static const char *const TYPE_NAMES[KEY_COUNT] = {"int", "int", "float", "bool",
 
 const ConfigKey CONFIG_SCHEMA[] = {
     {"model", "layers", KEY_NAMES, OFF(model, layers), "attn,gdn", 1, CONFIG_MAX_LAYERS, NULL, "mixers",
-     "comma list of mixer names, one per layer (attn, linear, mamba, gdn, attn_dsa, mamba2)", KEYF_ARCH},
+     "comma list of mixer names, one per layer (attn, linear, mamba, gdn, attn_dsa, mamba2, gdp)", KEYF_ARCH},
     {"model", "d_model", KEY_INT, OFF(model, d_model), "128", 1, 1 << 16, NULL, "dim,width", "model width D", KEYF_ARCH},
     {"model", "n_heads", KEY_INT, OFF(model, n_heads), "4", 1, 1024, NULL, "heads", "heads H", KEYF_ARCH},
     {"model", "d_k", KEY_INT, OFF(model, d_k), "32", 1, 4096, NULL, "head_dim,dk", "key/query head size", KEYF_ARCH},
@@ -42,6 +42,9 @@ const ConfigKey CONFIG_SCHEMA[] = {
     {"model", "attn_gate", KEY_BOOL, OFF(model, attn_gate), "false", 0, 0, NULL, NULL,
      "attn, attn_dsa: the attention output times sigmoid(u W_gate) before Wo, as Qwen3-Next; no effect on other "
      "mixers", KEYF_ARCH},
+    {"model", "gdp_steps", KEY_INT, OFF(model, gdp_steps), "2", 1, GDP_MAX_STEPS, NULL, "num_householder",
+     "gdp: delta-rule steps per token n_h (each with its own key, value and beta); only with a gdp layer",
+     KEYF_ARCH},
     {"model", "form", KEY_ENUM, OFF(model, form), "chunked", 0, 0, "chunked|parallel|recurrent", "mode",
      "mixer implementation used for training"},
 

@@ -40,6 +40,7 @@ static char *model_ini(const LM *lm) {
     // attn's options only when on: the dump of a model without them reads as it always did.
     if (m->qk_norm) fprintf(f, "qk_norm = true\n");
     if (m->attn_gate) fprintf(f, "attn_gate = true\n");
+    if (m->gdp_steps != 2) fprintf(f, "gdp_steps = %d\n", m->gdp_steps);   // else its default (or no gdp layer)
     fclose(f);
     return text;
 }

@@ -9,6 +9,11 @@
 // Everything but op_gdn is composed from small ops. Decoding keeps, per
 // sequence, the state S per head and the three short-convolution caches:
 // constant memory and time per token.
+//
+// The same code is `gdp` (Gated DeltaProduct, MODEL.md): k, v and beta have
+// n_h blocks per token (wk (D, n_h*H*dk), its short convolution over all
+// n_h*H*dk channels, ...), q and g one, and op_gdp runs op_gdn over the n_h
+// substeps of every token (gdp.c). n_h = 1 is gdn with the same parameters.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +29,8 @@ typedef struct Gdn {
     Tensor *dt_bias, *A_log;// (H)
     ShortConv conv_q, conv_k, conv_v;
     OutGate gate;
+    int steps;              // n_h: the blocks of wk, wv, w_beta (gdn: 1)
+    bool product;           // gdp: mix with op_gdp (also at n_h = 1), else op_gdn
 } Gdn;
 
 typedef struct GdnCache {
@@ -39,28 +46,38 @@ static Tensor *param_vec(ParamStore *ps, const char *prefix, const char *name, i
     return params_add(ps, full, 1, (int[]){n}, init, TENSOR_NO_DECAY);
 }
 
-static void gdn_create(Mixer *m, ParamStore *ps, const char *prefix) {
+// gdn (steps 1, op_gdn) or gdp (steps n_h, op_gdp): the parameters of gdn
+// with n_h blocks of columns in wk, wv, w_beta and n_h blocks of channels
+// in conv_k, conv_v, registered in gdn's order under gdn's names.
+static void gdn_build(Mixer *m, ParamStore *ps, const char *prefix, int steps, bool product) {
     const MixerConfig *c = &m->cfg;
-    int D = c->d_model, H = c->n_heads, dk = c->d_k, dv = c->d_v;
+    int D = c->d_model, H = c->n_heads, dk = c->d_k, dv = c->d_v, n = steps;
     double s_in = 1.0 / sqrt((double)D);
     Gdn *g = xcalloc(1, sizeof *g);
+    g->steps = steps;
+    g->product = product;
     char name[256];
     g->wq = param_linear(ps, prefix, "wq", D, H * dk, s_in);
-    g->wk = param_linear(ps, prefix, "wk", D, H * dk, s_in);
-    g->wv = param_linear(ps, prefix, "wv", D, H * dv, s_in);
+    g->wk = param_linear(ps, prefix, "wk", D, n * H * dk, s_in);
+    g->wv = param_linear(ps, prefix, "wv", D, n * H * dv, s_in);
     snprintf(name, sizeof name, "%sconv_q", prefix);
     shortconv_create(&g->conv_q, ps, name, H * dk, c->conv_size);
     snprintf(name, sizeof name, "%sconv_k", prefix);
-    shortconv_create(&g->conv_k, ps, name, H * dk, c->conv_size);
+    shortconv_create(&g->conv_k, ps, name, n * H * dk, c->conv_size);
     snprintf(name, sizeof name, "%sconv_v", prefix);
-    shortconv_create(&g->conv_v, ps, name, H * dv, c->conv_size);
-    g->w_beta = param_linear(ps, prefix, "w_beta", D, H, s_in);
+    shortconv_create(&g->conv_v, ps, name, n * H * dv, c->conv_size);
+    g->w_beta = param_linear(ps, prefix, "w_beta", D, n * H, s_in);
     g->w_dt = param_linear(ps, prefix, "w_dt", D, H, s_in);
     g->dt_bias = param_vec(ps, prefix, "dt_bias", H, init_fn(init_dt_bias, 1e-3, 1e-1));
     g->A_log = param_vec(ps, prefix, "A_log", H, init_fn(init_A_log, 1, 16));
     outgate_create(&g->gate, ps, prefix, D, H, dv, c->norm_eps);
     g->wo = param_linear(ps, prefix, "wo", H * dv, D, c->out_std);
     m->impl = g;
+}
+
+static void gdn_create(Mixer *m, ParamStore *ps, const char *prefix) { gdn_build(m, ps, prefix, 1, false); }
+static void gdp_create(Mixer *m, ParamStore *ps, const char *prefix) {
+    gdn_build(m, ps, prefix, m->cfg.gdp_steps, true);
 }
 
 static void gdn_destroy(Mixer *m) { free(m->impl); }
@@ -98,13 +115,21 @@ static void gdn_inputs(Tape *tp, const Mixer *m, GdnCache *cache, bool carry, Te
     *g = op_scale(tp, op_mul(tp, dt, op_exp(tp, p->A_log)), -1.0);
 }
 
+// The mixing op of the kind: op_gdn, or op_gdp over the n_h substeps.
+static Tensor *gdn_mix(Tape *tp, const Mixer *m, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g,
+                       Tensor *s_in, const int *doc_start, MixerForm form, int chunk, Tensor **s_out) {
+    const Gdn *p = m->impl;
+    if (!p->product) return op_gdn(tp, q, k, v, beta, g, s_in, doc_start, m->cfg.n_heads, form, chunk, s_out);
+    return op_gdp(tp, q, k, v, beta, g, s_in, doc_start, m->cfg.n_heads, p->steps, form, chunk, s_out);
+}
+
 static Tensor *gdn_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, Tensor *s_in, Tensor **s_out) {
     const Gdn *p = m->impl;
     const MixerConfig *c = &m->cfg;
-    ASSERT(u->ndim == 3 && u->shape[2] == c->d_model, "gdn: u %s must be (B, T, %d)", SHAPE(u), c->d_model);
+    ASSERT(u->ndim == 3 && u->shape[2] == c->d_model, "%s: u %s must be (B, T, %d)", m->kind->name, SHAPE(u), c->d_model);
     Tensor *q, *k, *v, *beta, *g, *gz;
     gdn_inputs(tp, m, NULL, false, u, doc_start, &q, &k, &v, &beta, &g, &gz);
-    Tensor *o = op_gdn(tp, q, k, v, beta, g, s_in, doc_start, c->n_heads, c->form, c->chunk_size, s_out);
+    Tensor *o = gdn_mix(tp, m, q, k, v, beta, g, s_in, doc_start, c->form, c->chunk_size, s_out);
     return op_matmul(tp, outgate_apply(tp, &p->gate, o, gz), p->wo, false, false);
 }
 
@@ -135,14 +160,15 @@ static Tensor *gdn_step(Tape *tp, Mixer *m, void *ptr, Tensor *u) {
     const Gdn *p = m->impl;
     const MixerConfig *c = &m->cfg;
     GdnCache *cache = ptr;
-    ASSERT(!tape_grad_enabled(tp), "gdn step: call it in no-grad mode (tape_no_grad_push)");
-    ASSERT(cache->dev == tp->device, "gdn step: a %s cache on a %s tape", device_name(cache->dev),
+    ASSERT(!tape_grad_enabled(tp), "%s step: call it in no-grad mode (tape_no_grad_push)", m->kind->name);
+    ASSERT(cache->dev == tp->device, "%s step: a %s cache on a %s tape", m->kind->name, device_name(cache->dev),
            device_name(tp->device));
     ASSERT(u->ndim == 3 && u->shape[0] == cache->S->shape[0] && u->shape[1] == 1 && u->shape[2] == c->d_model,
-           "gdn step: u %s must be (%d, 1, %d)", SHAPE(u), cache->S->shape[0], c->d_model);
+           "%s step: u %s must be (%d, 1, %d)", m->kind->name, SHAPE(u), cache->S->shape[0], c->d_model);
     Tensor *q, *k, *v, *beta, *g, *gz, *sT;
     gdn_inputs(tp, m, cache, false, u, NULL, &q, &k, &v, &beta, &g, &gz);
-    Tensor *o = op_gdn(tp, q, k, v, beta, g, cache->S, NULL, c->n_heads, MIXER_FORM_RECURRENT, 1, &sT);
+    // gdp: the n_h substeps of the token, one after the other (op_gdp's recurrent form).
+    Tensor *o = gdn_mix(tp, m, q, k, v, beta, g, cache->S, NULL, MIXER_FORM_RECURRENT, 1, &sT);
     dev_copy(cache->dev, cache->S->data, sT->data, (size_t)sT->numel * sizeof(real));
     return op_matmul(tp, outgate_apply(tp, &p->gate, o, gz), p->wo, false, false);
 }
@@ -151,7 +177,7 @@ static void gdn_cache_reset(const Mixer *m, void *ptr, int b) {
     const Gdn *p = m->impl;
     GdnCache *cache = ptr;
     Tensor *S = cache->S;
-    ASSERT(b >= 0 && b < S->shape[0], "gdn cache_reset: row %d of %d", b, S->shape[0]);
+    ASSERT(b >= 0 && b < S->shape[0], "%s cache_reset: row %d of %d", m->kind->name, b, S->shape[0]);
     int64_t row = S->numel / S->shape[0];
     dev_zero(cache->dev, S->data + b * row, (size_t)row * sizeof(real));
     shortconv_cache_reset(&cache->cq, &p->conv_q, b);
@@ -164,13 +190,13 @@ static Tensor *gdn_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_s
     const MixerConfig *c = &m->cfg;
     GdnCache *cache = ptr;
     Tensor *S = cache->S;
-    ASSERT(cache->dev == tp->device, "gdn carried window: a %s carry on a %s tape", device_name(cache->dev),
+    ASSERT(cache->dev == tp->device, "%s carried window: a %s carry on a %s tape", m->kind->name, device_name(cache->dev),
            device_name(tp->device));
     ASSERT(u->ndim == 3 && u->shape[0] == S->shape[0] && u->shape[2] == c->d_model,
-           "gdn carried window: u %s must be (%d, T, %d)", SHAPE(u), S->shape[0], c->d_model);
+           "%s carried window: u %s must be (%d, T, %d)", m->kind->name, SHAPE(u), S->shape[0], c->d_model);
     Tensor *q, *k, *v, *beta, *g, *gz, *sT, *s_in = tape_tensor_copy_dev(tp, 4, S->shape, S->data);
     gdn_inputs(tp, m, cache, true, u, doc_start, &q, &k, &v, &beta, &g, &gz);
-    Tensor *o = op_gdn(tp, q, k, v, beta, g, s_in, doc_start, c->n_heads, c->form, c->chunk_size, &sT);
+    Tensor *o = gdn_mix(tp, m, q, k, v, beta, g, s_in, doc_start, c->form, c->chunk_size, &sT);
     dev_copy(cache->dev, S->data, sT->data, (size_t)sT->numel * sizeof(real));
     return op_matmul(tp, outgate_apply(tp, &p->gate, o, gz), p->wo, false, false);
 }
@@ -187,17 +213,21 @@ static int gdn_cache_state(const Mixer *m, void *ptr, real **bufs, int64_t *size
     return n;
 }
 
-const MixerKind MIXER_GDN = {
-    .name = "gdn",
-    .recurrent = true,
-    .create = gdn_create,
-    .forward = gdn_forward,
-    .cache_new = gdn_cache_new,
-    .cache_free = gdn_cache_free,
-    .step = gdn_step,
-    .cache_reset = gdn_cache_reset,
-    .forward_carry = gdn_forward_carry,
-    .cache_state = gdn_cache_state,
-    .destroy = gdn_destroy,
-    .forms = MIXER_FORMS_LINEAR_FAMILY,
-};
+// What gdn and gdp share: everything but the name, create (the parameters'
+// widths, and the mixing op gdn_mix picks) and gdp's check of gdp_steps.
+#define GDN_FAMILY_KIND                                                                              \
+    .recurrent = true, .forward = gdn_forward, .cache_new = gdn_cache_new, .cache_free = gdn_cache_free, \
+    .step = gdn_step, .cache_reset = gdn_cache_reset, .forward_carry = gdn_forward_carry,                 \
+    .cache_state = gdn_cache_state, .destroy = gdn_destroy, .forms = MIXER_FORMS_LINEAR_FAMILY
+
+const MixerKind MIXER_GDN = {.name = "gdn", .create = gdn_create, GDN_FAMILY_KIND};
+
+static const char *gdp_check(const MixerConfig *c, char *why, size_t n) {
+    if (c->gdp_steps < 1 || c->gdp_steps > GDP_MAX_STEPS) {
+        snprintf(why, n, "gdp: gdp_steps = %d must be 1 to %d", c->gdp_steps, GDP_MAX_STEPS);
+        return "gdp_steps";
+    }
+    return NULL;
+}
+
+const MixerKind MIXER_GDP = {.name = "gdp", .create = gdp_create, .check = gdp_check, GDN_FAMILY_KIND};

@@ -50,6 +50,19 @@
 Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0, const int *doc_start,
                int n_heads, MixerForm form, int chunk, Tensor **s_out);
 
+// Gated DeltaProduct (gdp.c; MODEL.md, section `gdp`): n = steps delta-rule
+// steps per token, the decay once per token, the output after the last step:
+//   S' = gamma_t S_{t-1};  S' = S' + k_tj beta_tj (v_tj - S'^T k_tj)^T, j = 0..n-1;
+//   S_t = S',  o_t = S_t^T q_t.
+// q: (B, T, H*dk) as op_gdn's; k: (B, T, n*H*dk), v: (B, T, n*H*dv),
+// beta: (B, T, n*H), step j of token t in the j-th block of its row; g:
+// (B, T, H). Computed by op_gdn over the interleaved sequence of T*n
+// positions (position t*n + j is step j of token t), so every form, the
+// documents, the states and the devices are op_gdn's. Gradients reach q, k,
+// v, beta, g and s0.
+Tensor *op_gdp(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0, const int *doc_start,
+               int n_heads, int steps, MixerForm form, int chunk, Tensor **s_out);
+
 // ---- internal: shared by gdn_chunk.c, gdn_chunk_backward.c, gdn_naive.c ----
 
 // Node layout of op_gdn: gdn_node.h.

@@ -36,7 +36,7 @@ Status lm_parse_layers(LMConfig *cfg, const char *list) {
 #define LM_MAX_TENSOR ((int64_t)INT32_MAX)
 
 const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n) {
-    bool form_used = false, attn_used = false;
+    bool form_used = false, attn_used = false, gdp_used = false;
     for (int l = 0; l < c->n_layers; l++) {
         const char *key = mixer_config_check(c->layers[l], &c->mixer, why, n);
         if (key) {
@@ -47,6 +47,13 @@ const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n
         }
         form_used |= mixer_kind_find(c->layers[l])->forms != 0;
         attn_used |= strcmp(c->layers[l], "attn") == 0 || strcmp(c->layers[l], "attn_dsa") == 0;
+        gdp_used |= strcmp(c->layers[l], "gdp") == 0;
+    }
+    // gdp_steps shapes only gdp layers: another value than its default, 2, would be a silent no-op.
+    if (!gdp_used && c->mixer.gdp_steps != 2) {
+        snprintf(why, n, "gdp_steps = %d has no effect: none of the layers (%s...) is gdp; remove the key",
+                 c->mixer.gdp_steps, c->layers[0]);
+        return "gdp_steps";
     }
     // The attention options change no other mixer: set without an attention layer, they would be a silent no-op.
     if (!attn_used && (c->mixer.qk_norm || c->mixer.attn_gate)) {
@@ -57,7 +64,7 @@ const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n
     }
     if (!form_used && c->mixer.form != MIXER_FORM_CHUNKED) {
         snprintf(why, n, "form = %s has no effect: none of the layers (%s...) has training forms to choose "
-                         "between (only linear, mamba, mamba2 and gdn do); remove the key",
+                         "between (only linear, mamba, mamba2, gdn and gdp do); remove the key",
                  mixer_form_name(c->mixer.form), c->layers[0]);
         return "form";
     }
@@ -65,7 +72,8 @@ const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n
     const MixerConfig *m = &c->mixer;
     int64_t D = c->d_model, F = c->d_ff, V = c->vocab_size, H = m->n_heads;
     int64_t widest = D;
-    const int64_t widths[] = {F, V, H * m->d_k, H * m->d_v, (int64_t)m->index_heads * m->index_dim};
+    int64_t steps = gdp_used ? m->gdp_steps : 1;   // gdp's wk, wv: n_h blocks of H*dk, H*dv
+    const int64_t widths[] = {F, V, steps * H * m->d_k, steps * H * m->d_v, (int64_t)m->index_heads * m->index_dim};
     for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
         if (widths[i] > widest) widest = widths[i];
     if (D * F > LM_MAX_TENSOR || D * widest > LM_MAX_TENSOR || V * D > LM_MAX_TENSOR) {

@@ -10,8 +10,9 @@ extern const MixerKind MIXER_MAMBA;      // mamba.c
 extern const MixerKind MIXER_GDN;        // gdn.c
 extern const MixerKind MIXER_ATTN_DSA;   // attn_dsa.c
 extern const MixerKind MIXER_MAMBA2;     // mamba.c
+extern const MixerKind MIXER_GDP;        // gdn.c
 static const MixerKind *const KINDS[] = {
-    &MIXER_ATTN, &MIXER_LINEAR, &MIXER_MAMBA, &MIXER_GDN, &MIXER_ATTN_DSA, &MIXER_MAMBA2,
+    &MIXER_ATTN, &MIXER_LINEAR, &MIXER_MAMBA, &MIXER_GDN, &MIXER_ATTN_DSA, &MIXER_MAMBA2, &MIXER_GDP,
 };
 
 static const char *const FORM_NAMES[MIXER_FORM_COUNT] = {"chunked", "parallel", "recurrent"};
@@ -40,6 +41,7 @@ MixerConfig mixer_config_default(int d_model, int n_heads, int d_k, int d_v) {
     c.index_heads = 4;
     c.index_dim = 32;
     c.topk = 64;
+    c.gdp_steps = 2;
     return c;
 }
 

@@ -1,6 +1,6 @@
 // mixer.h: the interface every token mixer implements (attn, linear, mamba,
-// gdn, attn_dsa, mamba2), chosen by name so the LM can build any list of
-// them.
+// gdn, attn_dsa, mamba2, gdp), chosen by name so the LM can build any list
+// of them.
 //
 // A mixer maps u = RMSNorm(x), shape (B, T, D), to (B, T, D). Recurrent
 // mixers (linear, mamba, mamba2, gdn) take an optional initial state and
@@ -26,8 +26,10 @@
 // Parameter names (the checkpoint's) are prefix + a short name: wq (D, H*dk),
 // wk (D, H*dk), wv (D, H*dv), wo (H*dv, D), wg (D, H*dv), conv_q / conv_k
 // (H*dk, W), conv_v (H*dv, W), out_norm (dv), w_dt (D, H), dt_bias (H),
-// A_log (H), D (H, dv), w_beta (D, H) (mamba2: D (H), out_norm (H*dv));
-// the indexer's: wq_idx, wk_idx, ww_idx;
+// A_log (H), D (H, dv), w_beta (D, H) (mamba2: D (H), out_norm (H*dv); gdp:
+// wk (D, n_h*H*dk), wv (D, n_h*H*dv), w_beta (D, n_h*H), conv_k, conv_v
+// likewise: step j's columns are the j-th block); the indexer's: wq_idx,
+// wk_idx, ww_idx;
 // the attention options': q_norm (dk), k_norm (dk), w_gate (D, H*dv).
 // Weights are stored (in, out) row-major and applied on the right: y = u W.
 #ifndef MIXER_H
@@ -61,7 +63,10 @@ typedef struct MixerConfig {
     int topk;              // attn_dsa: positions each query may attend to
     bool qk_norm;          // attn, attn_dsa: per-head RMSNorm of q and k (gain of d_k shared by the heads) before RoPE
     bool attn_gate;        // attn, attn_dsa: the output o times sigmoid(u W_gate) before Wo
+    int gdp_steps;         // gdp: delta-rule steps per token n_h (1..GDP_MAX_STEPS; default 2)
 } MixerConfig;
+
+#define GDP_MAX_STEPS 8
 
 MixerConfig mixer_config_default(int d_model, int n_heads, int d_k, int d_v);
 

@@ -202,7 +202,13 @@ class ConfigBounds(LoaderTest):
         self.config_refused(self.swap("layers = attn,linear,mamba,gdn", "layers = attn").replace(
             "chunk_size = 4", "chunk_size = 4\nform = recurrent"),
             "9: [model] form: form = recurrent has no effect: none of the layers (attn...) has training forms to "
-            "choose between (only linear, mamba, mamba2 and gdn do); remove the key")
+            "choose between (only linear, mamba, mamba2, gdn and gdp do); remove the key")
+        # gdp_steps (its default 2 aside) without a gdp layer, or out of its range, as train refuses it.
+        self.config_refused(self.swap("chunk_size = 4", "chunk_size = 4\ngdp_steps = 3"),
+                            "9: [model] gdp_steps: gdp_steps = 3 has no effect: none of the layers (attn...) is gdp; "
+                            "remove the key")
+        self.config_refused(self.swap("chunk_size = 4", "chunk_size = 4\ngdp_steps = 9"),
+                            "9: [model] gdp_steps: 9 is out of range [1, 8]")
         self.config_refused(self.swap("d_ff = 32", "d_ff = 1048576").replace("d_model = 16", "d_model = 4096"),
                             "3: [model] d_model: a weight of 4096 x 1048576 elements is more than this build's "
                             "2147483647 per tensor")
@@ -211,7 +217,7 @@ class ConfigBounds(LoaderTest):
         meta = {"format": "pt", "attnlab_format": "1",
                 "attnlab_config": self.swap("layers = attn,linear,mamba,gdn", "layers = attn_dsa")}
         path = L.write_safetensors(self.path("dsa.safetensors"), L.model_params(), meta=meta)
-        self.refused(path, "layer 0: mixer 'attn_dsa' is not in this reference (attn, linear, mamba, gdn, mamba2)")
+        self.refused(path, "layer 0: mixer 'attn_dsa' is not in this reference (attn, linear, mamba, gdn, mamba2, gdp)")
 
     def test_vocabulary_bounds(self):
         meta = {"format": "pt", "attnlab_format": "1", "attnlab_config": L.CONFIG}
