@@ -28,6 +28,7 @@ BUILD=${BUILD:-$ROOT/build}
 # shellcheck source=bench/bench_lib.sh
 . "$ROOT/bench/bench_lib.sh"
 bench_opts carry_compare "$@"   # OUT: --out DIR (default $BUILD/bench/carry_compare)
+[ -z "$IMG" ] && [ -z "$PAGE" ] || { echo "carry_compare: --img, --page: this script writes no plots and no page" >&2; exit 2; }
 [ ${#REST[@]} -eq 0 ] || { echo "carry_compare: unexpected argument '${REST[0]}' (options: --out DIR; the rest by STEPS, CONFIGS, VARIANTS)" >&2; exit 2; }
 STEPS=${STEPS:-600}
 CONFIGS=${CONFIGS:-tiny_gdn tiny_mamba}
