@@ -35,7 +35,8 @@ one_step_checkpoint() {
 # `--out DIR` and `--img DIR` options; the arguments after them in REST.
 # Committed results are replaced only when asked: without --out a script
 # writes under $BUILD/bench/NAME (BUILD: the build folder), never into docs/.
-# --img defaults to the --out folder.
+# --img defaults to the --out folder. The scripts run from the repository
+# root, so a relative folder is read from there.
 bench_out() {
     bench_opts "$@"
     bench_dirs "$1"
@@ -78,6 +79,10 @@ bench_dirs() {
     PAGE=${PAGE:-$OUT/$page_name}
     case $PAGE in */) echo "$name: --page $PAGE: names a folder, not a file" >&2; exit 2 ;; esac
     [ "${PAGE%/*}" != "$PAGE" ] || PAGE=./$PAGE
-    mkdir -p "${PAGE%/*}"
-    PAGE=$(cd "${PAGE%/*}" && pwd)/${PAGE##*/}
+    local dir=${PAGE%/*}
+    dir=${dir:-/}
+    mkdir -p "$dir"
+    PAGE=$(cd "$dir" && pwd)/${PAGE##*/}
+    PAGE=${PAGE#/}
+    PAGE=/$PAGE
 }
