@@ -35,22 +35,54 @@ one_step_checkpoint() {
 # `--out DIR` and `--img DIR` options; the arguments after them in REST.
 # Committed results are replaced only when asked: without --out a script
 # writes under $BUILD/bench/NAME (BUILD: the build folder), never into docs/.
-# --img defaults to the --out folder.
+# --img defaults to the --out folder. The scripts run from the repository
+# root, so a relative folder is read from there.
 bench_out() {
+    bench_opts "$@"
+    bench_dirs "$1"
+}
+
+# bench_opts NAME ARGS... -> OUT, IMG, PAGE as given by leading --out, --img
+# and --page options (empty when not given), the rest in REST. For a script
+# that learns its build folder from the arguments after the options: it sets
+# BUILD, then calls bench_dirs.
+bench_opts() {
     local name=$1
     shift
-    OUT="" IMG=""
+    OUT="" IMG="" PAGE=""
     while [ $# -gt 0 ]; do
         case $1 in
             --out) [ $# -ge 2 ] || { echo "$name: --out needs a folder" >&2; exit 2; }; OUT=$2; shift 2 ;;
             --img) [ $# -ge 2 ] || { echo "$name: --img needs a folder" >&2; exit 2; }; IMG=$2; shift 2 ;;
+            --page) [ $# -ge 2 ] || { echo "$name: --page needs a file" >&2; exit 2; }; PAGE=$2; shift 2 ;;
             *) break ;;
         esac
     done
+    REST=("$@")
+}
+
+# bench_dirs NAME [PAGE_NAME] -> OUT and IMG made absolute folders that exist
+# (OUT default $BUILD/bench/NAME, IMG default OUT). A script that writes a
+# Markdown page names it PAGE_NAME: PAGE (--page FILE) defaults to
+# OUT/PAGE_NAME and becomes an absolute path; the other scripts refuse --page.
+bench_dirs() {
+    local name=$1 page_name=${2:-}
     OUT=${OUT:-${BUILD:?}/bench/$name}
     IMG=${IMG:-$OUT}
     mkdir -p "$OUT" "$IMG"
     OUT=$(cd "$OUT" && pwd)
     IMG=$(cd "$IMG" && pwd)
-    REST=("$@")
+    if [ -z "$page_name" ]; then
+        [ -z "$PAGE" ] || { echo "$name: --page $PAGE: this script writes no page" >&2; exit 2; }
+        return 0
+    fi
+    PAGE=${PAGE:-$OUT/$page_name}
+    case $PAGE in */) echo "$name: --page $PAGE: names a folder, not a file" >&2; exit 2 ;; esac
+    [ "${PAGE%/*}" != "$PAGE" ] || PAGE=./$PAGE
+    local dir=${PAGE%/*}
+    dir=${dir:-/}
+    mkdir -p "$dir"
+    PAGE=$(cd "$dir" && pwd)/${PAGE##*/}
+    PAGE=${PAGE#/}
+    PAGE=/$PAGE
 }

@@ -1,24 +1,44 @@
 #!/usr/bin/env bash
 # bench/bf16_curves.sh: train every bundled config twice, with float32 and
 # with bf16 products ([train] precision), and compare: loss curves side by
-# side (docs/img/bf16_curves.png) and the final validation loss and bits/byte.
+# side (bf16_curves.png) and the final validation loss and bits/byte.
 #
-#   bench/bf16_curves.sh [STEPS]      (default: the configs' own, 600)
+#   bench/bf16_curves.sh [STEPS]      (default: the configs' own, 600), into build/bench/bf16_curves/
 #   PLOT_ONLY=1 bench/bf16_curves.sh  (redo the plot and table from the runs)
+#   bench/bf16_curves.sh --out docs/bench --img docs/img [STEPS]
+#                                     the same into the committed results (replaces them)
 #
 # Runs go to runs/<config> (float32; the checkpoints generate_bench.sh
 # decodes) and runs/<config>_bf16. Same seed, data order and everything else:
 # only the products' precision differs. BUILD (default build) names the
-# build folder. The table goes to stdout; the data behind the plot to
-# docs/bench/bf16_curves.tsv.
+# build folder. Output (--out DIR, default build/bench/bf16_curves; the
+# committed ones are docs/bench and docs/img): the table on stdout and in
+# DIR/bf16_curves.txt, the data behind the plot in DIR/bf16_curves.tsv and
+# DIR/bf16_curves_diff.tsv, and bf16_curves.png in the --img folder (default
+# DIR). Without --out nothing under docs/ is written.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
-scripts/get_corpus.sh
+# shellcheck source=bench/bench_lib.sh
+. bench/bench_lib.sh
+bench_out bf16_curves "$@"   # OUT, IMG: --out DIR (default $BUILD/bench/bf16_curves), --img DIR
+set -- "${REST[@]+"${REST[@]}"}"
 steps=${1:-}
+[ -z "$steps" ] || [[ $steps =~ ^[1-9][0-9]*$ ]] || { echo "bf16_curves: STEPS '$steps' is not a positive integer" >&2; exit 2; }
+[ $# -le 1 ] || { echo "bf16_curves: unexpected argument '$2' after STEPS" >&2; exit 2; }
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 NAMES=(tiny_gdn tiny_hybrid tiny_attn tiny_mamba tiny_linear)
-mkdir -p runs docs/img docs/bench
+if [ -n "${PLOT_ONLY:-}" ]; then
+    for name in "${NAMES[@]}"; do
+        for dir in "runs/$name" "runs/${name}_bf16"; do
+            [ -s "$dir/metrics.jsonl" ] && [ -s "$dir.secs" ] ||
+                { echo "bf16_curves: PLOT_ONLY: no run in $dir (metrics.jsonl, $dir.secs): run the script without PLOT_ONLY first" >&2; exit 1; }
+        done
+    done
+else
+    scripts/get_corpus.sh
+fi
+mkdir -p runs
 [ -n "${PLOT_ONLY:-}" ] || cut -d' ' -f1-3 /proc/loadavg >runs/bf16_curves.load0
 for name in "${NAMES[@]}"; do
     [ -n "${PLOT_ONLY:-}" ] && break
@@ -36,7 +56,7 @@ for name in "${NAMES[@]}"; do
 done
 
 # The curves: step and training loss of every train record, per run.
-tsv=docs/bench/bf16_curves.tsv
+tsv=$OUT/bf16_curves.tsv
 {
     printf 'config\tprecision\tstep\tloss\n'
     for name in "${NAMES[@]}"; do
@@ -49,7 +69,7 @@ tsv=docs/bench/bf16_curves.tsv
     done
 } >"$tsv"
 # The difference of the two runs' losses, each a moving mean over 50 steps.
-diffs=docs/bench/bf16_curves_diff.tsv
+diffs=$OUT/bf16_curves_diff.tsv
 awk -F'\t' 'NR > 1 { key = $1 "\t" $3; v[$2, key] = $4; keys[key] = 1 }
              END { for (k in keys) if ((("fp32", k) in v) && (("bf16", k) in v)) print k "\t" v["bf16", k] - v["fp32", k] }' "$tsv" |
     sort -t$'\t' -k1,1 -k2,2n |
@@ -64,11 +84,12 @@ dplot="set title 'bf16 - fp32 (50-step moving means)'; set yrange [-0.05:0.05]; 
 for name in "${NAMES[@]}"; do
     dplot="${dplot}'< grep -P \"^$name\\t\" $diffs' u 2:3 w l lw 1.5 t '$name', "
 done
-gnuplot -e "set terminal pngcairo size 1500,900 font ',10' noenhanced; set output 'docs/img/bf16_curves.png';
+gnuplot -e "set terminal pngcairo size 1500,900 font ',10' noenhanced; set output '$IMG/bf16_curves.png';
             set multiplot layout 2,3 title 'training loss (nats/byte), float32 vs bf16 products, same seed and data';
             set xlabel 'step'; set ylabel 'loss'; set yrange [1:2.5]; set key top right; set grid;
             $plot ${dplot%, }; unset multiplot" 2>/dev/null || echo "bf16_curves: gnuplot failed (apt-get install gnuplot-nox)" >&2
 
+{
 printf '| config | val loss fp32 | val loss bf16 | val bits/byte fp32 | val bits/byte bf16 | bf16 - fp32 (bits/byte) | tokens/s fp32 | tokens/s bf16 | wall fp32 | wall bf16 |\n'
 printf '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n'
 for name in "${NAMES[@]}"; do
@@ -92,3 +113,4 @@ echo
 echo "machine: $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; $(grep -m1 -o 'GEMM [^|]*' runs/${NAMES[0]}_bf16.log || true)"
 [ -n "${PLOT_ONLY:-}" ] || cut -d' ' -f1-3 /proc/loadavg >runs/bf16_curves.load1
 echo "load average before/after the training runs: $(cat runs/bf16_curves.load0 2>/dev/null || echo ?) / $(cat runs/bf16_curves.load1 2>/dev/null || echo ?)"
+} | tee "$OUT/bf16_curves.txt"

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # bench/dist_bench.sh: data-parallel layouts on this machine (not a test).
 #
-#   bench/dist_bench.sh [BUILD_DIR=build] [OUT_TSV=docs/bench/dist.tsv] [ROUNDS=3] [STEPS=12]
+#   bench/dist_bench.sh [--out DIR] [BUILD_DIR=build] [OUT_TSV=DIR/dist.tsv] [ROUNDS=3] [STEPS=12]
+#
+# DIR defaults to BUILD_DIR/bench/dist_bench: without --out or an OUT_TSV
+# nothing under docs/ is written. `bench/dist_bench.sh --out docs/bench`
+# replaces the committed docs/bench/dist.tsv; an OUT_TSV names the file
+# itself (then --out is not needed, and not allowed).
 #
 # For tiny_gdn and tiny_hybrid: 1 rank x 2 threads, 2 ranks x 1 thread, and
 # 2 ranks x 1 thread with ZeRO-1 (build/dist_bench: tokens/s of the real
@@ -15,12 +20,26 @@
 # over the rounds. Writes every RESULT line (with the load average) to OUT_TSV.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/bench_lib.sh
+. bench/bench_lib.sh
+bench_opts dist_bench "$@"   # OUT: --out DIR (default BUILD_DIR/bench/dist_bench)
+set -- "${REST[@]+"${REST[@]}"}"
+[ -z "$IMG" ] && [ -z "$PAGE" ] || { echo "dist_bench.sh: --img, --page: this script writes no plots and no page" >&2; exit 2; }
+[ $# -le 4 ] || { echo "dist_bench.sh: unexpected argument '$5' (BUILD_DIR OUT_TSV ROUNDS STEPS at most)" >&2; exit 2; }
 BUILD=${1:-build}
-OUT=${2:-docs/bench/dist.tsv}
+TSV=${2:-}
 ROUNDS=${3:-3}
 STEPS=${4:-12}
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "dist_bench.sh: ROUNDS '$ROUNDS' is not a positive integer" >&2; exit 2; }
+[[ $STEPS =~ ^[1-9][0-9]*$ ]] || { echo "dist_bench.sh: STEPS '$STEPS' is not a positive integer" >&2; exit 2; }
+[ -z "$TSV" ] || [ -z "$OUT" ] || { echo "dist_bench.sh: --out $OUT and OUT_TSV $TSV both name where to write: give one" >&2; exit 2; }
 BIN=$BUILD/dist_bench
 [ -x "$BIN" ] || { echo "dist_bench.sh: $BIN not built" >&2; exit 1; }
+if [ -z "$TSV" ]; then
+    bench_dirs dist_bench
+    TSV=$OUT/dist.tsv
+fi
+mkdir -p "$(dirname "$TSV")"
 MPIRUN=(mpirun --oversubscribe)
 [ "$(id -u)" -ne 0 ] || MPIRUN+=(--allow-run-as-root)
 export OMP_WAIT_POLICY=PASSIVE
@@ -60,11 +79,11 @@ echo "loadavg at end:   $(cat /proc/loadavg)"
         echo "$rest" | tr ' ' '\n' | cut -d= -f2 | sed 's/^/\t/' | tr -d '\n'
         printf '\n'
     done <"$tmp/results"
-} >"$OUT"
-echo "wrote $OUT"
+} >"$TSV"
+echo "wrote $TSV"
 
 # Medians over the rounds, per config and layout.
-python3 - "$OUT" <<'PY'
+python3 - "$TSV" <<'PY'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter='\t'))
 print("| config | layout | tokens/s | step ms | reduction alone ms | left after the backward ms | hidden | rank 0 waited ms | all-gather ms | optimizer state MB/rank | load |")

@@ -6,20 +6,26 @@
 # same data, batches, schedule, seed and step count; only the layer pattern
 # differs) with build/train (float32), collects each run's final validation
 # loss and bits per byte, parameter count, training tokens/s and wall time into
-# docs/bench/linear_share.tsv (one row per config; the validation curve of
-# each run in docs/bench/linear_share_curves.tsv), and writes from them
-# docs/linear_share.md, docs/img/linear_share.png (val bpb vs linear share)
-# and docs/img/linear_share_curves.png (val bpb vs step).
+# DIR/linear_share.tsv (one row per config; the validation curve of each run
+# in DIR/linear_share_curves.tsv), and writes from them the page
+# linear_share.md, linear_share.png (val bpb vs linear share) and
+# linear_share_curves.png (val bpb vs step).
+#
+# Where (the same options as the other bench scripts, in any order here):
+# --out DIR (default build/bench/linear_share) holds the TSVs, --img DIR the
+# plots (default DIR), --page FILE the page (default DIR/linear_share.md).
+# Without them nothing under docs/ is written; the committed results are
+#   bench/linear_share.sh --out docs/bench --img docs/img --page docs/linear_share.md [OPTIONS]
 #
 #   bench/linear_share.sh                    the sweep: 7 runs, one after the other
 #   bench/linear_share.sh --steps 20         override train.steps (warm-up scaled in proportion):
 #                                            a smoke run, marked as such in the document
 #   bench/linear_share.sh --only all_gdn     train only these configs (repeatable, or a comma
 #                                            list); the other rows are kept from the TSV
-#   bench/linear_share.sh --docs             only the plots and the document, from the TSVs
+#   bench/linear_share.sh --docs             only the plots and the page, from the --out folder's TSVs
 #   bench/linear_share.sh --seed 2           the sweep with another seed (train.seed: weights
 #                                            and batch order); its rows go to
-#                                            docs/bench/linear_share_seeds.tsv (name, seed,
+#                                            DIR/linear_share_seeds.tsv (name, seed,
 #                                            val loss, bits/byte, ...) and the document gains a
 #                                            seed-spread table; the main table stays the
 #                                            configs' own seed
@@ -34,14 +40,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-BUILD=$ROOT/build
+BUILD=${BUILD:-$ROOT/build}
+# shellcheck source=bench/bench_lib.sh
+. "$ROOT/bench/bench_lib.sh"
 RUNS=runs/share
-DATA=$ROOT/docs/bench
-TSV=$DATA/linear_share.tsv
-CURVES=$DATA/linear_share_curves.tsv
-SEEDS_TSV=$DATA/linear_share_seeds.tsv
-IMG=$ROOT/docs/img
-DOC=$ROOT/docs/linear_share.md
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
 # The sweep, in order of linear share. name : label used in tables and plots.
@@ -56,6 +58,7 @@ label() {
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
+OUT="" IMG="" PAGE=""
 STEPS=""
 SEED=""
 ONLY=()
@@ -71,6 +74,9 @@ while [ $# -gt 0 ]; do
         --seed)  [ $# -ge 2 ] || { echo "linear_share: --seed needs a number" >&2; exit 2; }
                  SEED=$2; shift 2
                  [[ $SEED =~ ^[0-9]+$ ]] || { echo "linear_share: --seed '$SEED' is not a non-negative integer" >&2; exit 2; } ;;
+        --out|--img|--page)
+                 [ $# -ge 2 ] || { echo "linear_share: $1 needs a $([ "$1" = --page ] && echo file || echo folder)" >&2; exit 2; }
+                 case $1 in --out) OUT=$2 ;; --img) IMG=$2 ;; --page) PAGE=$2 ;; esac; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "linear_share: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -79,6 +85,12 @@ for n in "${ONLY[@]}"; do
     [ -f "configs/share/$n.ini" ] || { echo "linear_share: --only $n: no configs/share/$n.ini (names: ${NAMES[*]})" >&2; exit 2; }
 done
 [ ${#ONLY[@]} -gt 0 ] && RUN_NAMES=("${ONLY[@]}") || RUN_NAMES=("${NAMES[@]}")
+bench_dirs linear_share linear_share.md   # OUT, IMG, PAGE made absolute (defaults under $BUILD/bench/linear_share)
+DATA=$OUT
+TSV=$DATA/linear_share.tsv
+CURVES=$DATA/linear_share_curves.tsv
+SEEDS_TSV=$DATA/linear_share_seeds.tsv
+DOC=$PAGE
 
 # ini NAME KEY -> the value of KEY in configs/share/NAME.ini (first match).
 ini() { sed -n "s/^$2 *= *//p" "configs/share/$1.ini" | head -1; }
@@ -91,7 +103,6 @@ commit() {  # short hash, "+dirty" for uncommitted changes to tracked files outs
 }
 HEADER="name	label	layers	share	params	steps	config_steps	tokens	val_loss	val_bpb	tok_per_s	wall_s	threads	precision	date	commit	load_start	load_end	openblas_coretype	cpu"
 
-mkdir -p "$DATA" "$IMG"
 if [ "$DOCS_ONLY" = 0 ]; then
     echo "== build (float32) in $BUILD"
     cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -166,7 +177,7 @@ if [ "$DOCS_ONLY" = 0 ]; then
     done
 fi
 if [ ! -s "$TSV" ] || [ "$(wc -l <"$TSV")" -le 1 ]; then
-    echo "linear_share: no results in $TSV: run the sweep first" >&2
+    echo "linear_share: no results in $TSV: run the sweep first, or name its folder with --out" >&2
     exit 1
 fi
 
@@ -218,7 +229,7 @@ plot for [i = 1:words(names)] "$CURVES" using 2:(strcol(1) eq word(names, i) ? \
      with linespoints lw 2 pt 7 ps 0.8 lc rgb colour(word(names, i)) title word(labels, i)
 GP
 
-# ---- docs/linear_share.md ----
+# ---- the page (linear_share.md) ----
 echo "== $DOC"
 uniq_col() { cut -f"$1" "$ORDERED" | sort -u | paste -sd, - | sed 's/,/, /g'; }
 nrows=$(wc -l <"$ORDERED")
@@ -232,9 +243,16 @@ th() { awk -v x="$1" 'BEGIN { s = sprintf("%d", x); while (s ~ /[0-9][0-9][0-9][
 passes() {  # ", X of one pass over the training text" when the corpus is here to measure
     local f
     f=$(ini all_attn corpus)
+    case $f in /*) ;; *) f=configs/share/$f ;; esac   # a config's relative paths are from its own folder
     [ -s "$f" ] || return 0
     awk -v b="$(head -1 "$ORDERED" | cut -f8)" -v n="$(wc -c <"$f")" -v v="$(ini all_attn val_fraction)" \
         'BEGIN {printf ", %.2f of one pass over the training text", b / (n * (1 - v))}'
+}
+warmup_pct() {  # the warm-up as a percentage of the steps: warmup_fraction, or the older warmup_steps
+    local fr
+    fr=$(ini all_attn warmup_fraction)
+    if [ -n "$fr" ]; then awk -v f="$fr" 'BEGIN {printf "%g", 100 * f}'
+    else awk -v w="$(ini all_attn warmup_steps)" -v n="$(ini all_attn steps)" 'BEGIN {printf "%g", 100 * w / n}'; fi
 }
 fmt_s() { awk -v s="$1" 'BEGIN {s = int(s + 0.5); printf "%dm%02ds", s / 60, s % 60}'; }
 B=$(ini all_attn batch_size); T=$(ini all_attn seq_len)
@@ -368,7 +386,10 @@ seed_caveat() {
 cat <<EOF
 # Quality against the linear share
 
-Generated by \`bench/linear_share.sh\` (do not edit by hand: re-run it). Data:
+Generated by
+\`bench/linear_share.sh --out docs/bench --img docs/img --page docs/linear_share.md\`
+(do not edit by hand: re-run it; without those options it writes under
+\`build/bench/linear_share/\` and leaves these files alone). Data:
 [\`docs/bench/linear_share.tsv\`](bench/linear_share.tsv) (one row per run) and
 [\`docs/bench/linear_share_curves.tsv\`](bench/linear_share_curves.tsv) (every
 evaluation); configs: \`configs/share/\`.
@@ -406,7 +427,7 @@ cat <<EOF
 | commit | $(uniq_col 16) |
 | load average (1, 5, 15 min) | first run's start: $(head -1 "$ORDERED" | cut -f17); last run's end: $(tail -1 "$ORDERED" | cut -f18) (every run's in the table) |
 | budget | $steps_list steps of $B x $T bytes each ($(th "$(head -1 "$ORDERED" | cut -f8)") training bytes per run$(passes)), the same batches in the same order for every run (seed $(ini all_attn seed)) |
-| schedule | AdamW, lr $(ini all_attn lr) after a linear warm-up over the first $(awk -v w="$(ini all_attn warmup_steps)" -v n="$(ini all_attn steps)" 'BEGIN {printf "%g", 100 * w / n}')% of the steps, cosine to $(ini all_attn min_lr); weight decay $(ini all_attn weight_decay), gradient clip $(ini all_attn grad_clip) |
+| schedule | AdamW, lr $(ini all_attn lr) after a linear warm-up over the first $(warmup_pct)% of the steps, cosine to $(ini all_attn min_lr); weight decay $(ini all_attn weight_decay), gradient clip $(ini all_attn grad_clip) |
 | model | 8 layers, d_model $(ini all_attn d_model), $(ini all_attn n_heads) heads, dk = dv = $(ini all_attn d_k), d_ff $(ini all_attn d_ff), tied byte embeddings, chunk $(ini all_attn chunk_size), short conv $(ini all_attn conv_size) |
 | validation | the same $(ini all_attn eval_batches) x $B windows of $T bytes from the last $(awk -v f="$(ini all_attn val_fraction)" 'BEGIN {print 100 * f}')% of the text for every run and every evaluation |
 | sweep run time | $(fmt_s "$sweep_s") (sum of the runs' wall times) |
@@ -467,10 +488,11 @@ short ($steps_list steps: see in the curves how far each run is from
 levelling off), so the figures say
 how fast each pattern learns byte-level English at short context, where
 local statistics (spelling, frequent words) dominate the loss and a gated
-recurrence with a short convolution picks them up quickly (the README's
-4-layer runs already have gdn and mamba ahead of attention). The claim is
+recurrence with a short convolution picks them up quickly (the 4-layer
+runs of [training.md](training.md#results-of-the-bundled-configs) already
+have gdn and mamba ahead of attention). The claim is
 about the regime where recall over a long context matters, which this
-set-up exercises little; docs/mqar.md tests recall directly.
+set-up exercises little; [mqar.md](mqar.md) tests recall directly.
 EOF
 } >"$DOC"
 echo "== done: $DOC, $IMG/linear_share.png, $IMG/linear_share_curves.png (data $TSV)"

@@ -8,26 +8,39 @@
 #
 #   bench/mqar_sweep.sh            all 8 runs, then the plot: about 35 minutes
 #                                  (2-6 min a run on one thread of the 2-core
-#                                  machine with a load of 4-8; less when idle)
-#   bench/mqar_sweep.sh plot       only the plot, from docs/bench/mqar/
+#                                  machine with a load of 4-8; less when idle),
+#                                  in build/bench/mqar_sweep/
+#   bench/mqar_sweep.sh --out docs/bench/mqar --img docs/img [MODE]
+#                                  the same into the committed results (replaces them)
+#   bench/mqar_sweep.sh [--out DIR] plot   only the plot, from DIR's runs
 #   MIXERS="attn gdn" LRS="1e-2" bench/mqar_sweep.sh    a subset (files of other
 #                                  runs are kept; the plot uses all of them)
 #   bench/mqar_sweep.sh attn-long  attention's reference point: width 64, lr
 #                                  3e-3, up to 8000 steps (its induction phase
 #                                  change came at ~6500): about 9 minutes
 #
-# Output: docs/bench/mqar/<mixer>_<lr>.{tsv,curve.tsv,txt} (final accuracy,
-# accuracy curve, raw output), docs/bench/mqar/all.tsv, docs/img/mqar_curves.png.
+# Output (--out DIR, default build/bench/mqar_sweep; the committed ones are
+# docs/bench/mqar and docs/img): DIR/<mixer>_<lr>.{tsv,curve.tsv,txt} (final
+# accuracy, accuracy curve, raw output), DIR/all.tsv, DIR/curves.tsv, and
+# mqar_curves.png in the --img folder (default DIR). Without --out nothing
+# under docs/ is written.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-BUILD=$ROOT/build
-DATA=$ROOT/docs/bench/mqar
-IMG=$ROOT/docs/img
+BUILD=${BUILD:-$ROOT/build}
+# shellcheck source=bench/bench_lib.sh
+. "$ROOT/bench/bench_lib.sh"
+bench_out mqar_sweep "$@"   # OUT, IMG: --out DIR (default $BUILD/bench/mqar_sweep), --img DIR
+set -- "${REST[@]+"${REST[@]}"}"
+case ${1:-} in
+    ""|plot|attn-long) ;;
+    *) echo "mqar_sweep: unknown mode '$1' (plot or attn-long, after the --out/--img options)" >&2; exit 2 ;;
+esac
+[ $# -le 1 ] || { echo "mqar_sweep: unexpected argument '$2' after the mode" >&2; exit 2; }
+DATA=$OUT
 MIXERS=${MIXERS:-attn gdn mamba linear}
 LRS=${LRS:-3e-3 1e-2}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
-mkdir -p "$DATA" "$IMG"
 
 if [ "${1:-}" = attn-long ]; then
     cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -54,6 +67,7 @@ elif [ "${1:-}" != plot ]; then
 fi
 
 # all.tsv: every run's final line; curves.tsv: every accuracy check.
+compgen -G "$DATA/*.curve.tsv" >/dev/null || { echo "mqar_sweep: no runs (*.curve.tsv) in $DATA: run the sweep, or name its folder with --out" >&2; exit 1; }
 first=1
 for f in "$DATA"/*_*.tsv; do
     case $f in *.curve.tsv) continue ;; esac

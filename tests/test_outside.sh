@@ -273,9 +273,14 @@ echo "outside: bench/ncu_table.py's per-kernel table on a counted fixture: OK"
 
 # 7. A bench script replaces committed results only when --out names their
 # folder: by default it writes under BUILD/bench/<script> (here: the plots and
-# tables of bench/longctx_tasks.sh from a copy of the committed passkey runs).
-sum_docs() { (cd "$ROOT" && find docs/bench/longctx docs/img -type f -print0 | sort -z | xargs -0 md5sum); }
+# tables of bench/longctx_tasks.sh from a copy of the committed passkey runs,
+# bench/run_all.sh docs, bench/linear_share.sh --docs and bench/mqar_sweep.sh
+# plot from copies of the committed data). The pages the last two write are the committed ones, so a
+# rerun keeps what was edited into them (linear_share.md but its machine
+# lines: CPU cores, kernel and the corpus's size are read where it runs).
+sum_docs() { (cd "$ROOT" && find docs -type f -print0 | sort -z | xargs -0 md5sum); }
 before=$(sum_docs)
+touch "$TMP/docs_mark"   # a file rewritten with the same bytes is newer than this
 mkdir -p "$TMP/bench_build/bench/longctx_tasks" "$TMP/lc_out"
 cp "$ROOT/docs/bench/longctx/passkey.tsv" "$TMP/bench_build/bench/longctx_tasks/"
 cp "$ROOT/docs/bench/longctx/passkey.tsv" "$TMP/lc_out/"
@@ -285,8 +290,43 @@ for d in "$TMP/bench_build/bench/longctx_tasks" "$TMP/lc_out"; do
     [ -s "$d/passkey_table.md" ] && [ -s "$d/longctx_passkey.png" ] ||
         { echo "outside: bench/longctx_tasks.sh plot wrote no table or plot in $d"; exit 1; }
 done
-[ "$before" = "$(sum_docs)" ] || { echo "outside: bench/longctx_tasks.sh changed committed results without --out"; exit 1; }
-echo "outside: bench/longctx_tasks.sh writes under the build folder or --out, never over docs/: OK"
+mkdir -p "$TMP/bench_build/bench/run_all" "$TMP/ra_out"
+for f in train.tsv decode.tsv threads.tsv run.tsv mixer_bench.txt threads.txt; do
+    cp "$ROOT/docs/bench/$f" "$TMP/bench_build/bench/run_all/"
+    cp "$ROOT/docs/bench/$f" "$TMP/ra_out/"
+done
+BUILD="$TMP/bench_build" "$ROOT/bench/run_all.sh" docs >/dev/null
+BUILD="$TMP/bench_build" "$ROOT/bench/run_all.sh" --out "$TMP/ra_out" --img "$TMP/ra_img" --page "$TMP/ra_page/b.md" docs >/dev/null
+for png in train_throughput train_us_per_token train_cpu_per_token memory decode; do
+    [ -s "$TMP/bench_build/bench/run_all/$png.png" ] && [ -s "$TMP/ra_img/$png.png" ] ||
+        { echo "outside: bench/run_all.sh docs wrote no $png.png under the build folder or --img"; exit 1; }
+done
+if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then   # the page's note on old data asks git
+    for page in "$TMP/bench_build/bench/run_all/benchmarks.md" "$TMP/ra_page/b.md"; do
+        cmp -s "$page" "$ROOT/docs/benchmarks.md" ||
+            { echo "outside: bench/run_all.sh docs writes another page than docs/benchmarks.md:"; diff "$page" "$ROOT/docs/benchmarks.md" | head -20; exit 1; }
+    done
+fi
+mkdir -p "$TMP/ls_out"
+cp "$ROOT"/docs/bench/linear_share*.tsv "$TMP/ls_out/"
+"$ROOT/bench/linear_share.sh" --docs --out "$TMP/ls_out" >/dev/null
+machine_lines() { grep -v '^| \(CPU\|kernel\|budget\) |' "$1"; }
+[ "$(machine_lines "$TMP/ls_out/linear_share.md")" = "$(machine_lines "$ROOT/docs/linear_share.md")" ] ||
+    { echo "outside: bench/linear_share.sh --docs writes another page than docs/linear_share.md:"
+      diff <(machine_lines "$TMP/ls_out/linear_share.md") <(machine_lines "$ROOT/docs/linear_share.md") | head -20; exit 1; }
+[ -s "$TMP/ls_out/linear_share.png" ] && [ -s "$TMP/ls_out/linear_share_curves.png" ] ||
+    { echo "outside: bench/linear_share.sh --docs wrote no plots in --out"; exit 1; }
+mkdir -p "$TMP/bench_build/bench/mqar_sweep"
+for f in "$ROOT"/docs/bench/mqar/*_*.tsv "$ROOT"/docs/bench/mqar/*.txt; do cp "$f" "$TMP/bench_build/bench/mqar_sweep/"; done
+BUILD="$TMP/bench_build" "$ROOT/bench/mqar_sweep.sh" plot >/dev/null
+for f in all.tsv curves.tsv; do
+    cmp -s "$TMP/bench_build/bench/mqar_sweep/$f" "$ROOT/docs/bench/mqar/$f" ||
+        { echo "outside: bench/mqar_sweep.sh plot made another $f than docs/bench/mqar/$f from the same runs"; exit 1; }
+done
+[ -s "$TMP/bench_build/bench/mqar_sweep/mqar_curves.png" ] || { echo "outside: bench/mqar_sweep.sh plot wrote no plot"; exit 1; }
+[ "$before" = "$(sum_docs)" ] && [ -z "$(find "$ROOT/docs" -newer "$TMP/docs_mark" -print -quit)" ] ||
+    { echo "outside: a bench script wrote into docs/ without --out"; exit 1; }
+echo "outside: bench/longctx_tasks.sh, run_all.sh, linear_share.sh and mqar_sweep.sh write under the build folder or --out, never over docs/; the pages they write are the committed ones: OK"
 
 # 8. train --dump-state of a run with documents and carried states against the
 # PyTorch reference (bench/torch_ref/compare_dump.py): the dump's document
