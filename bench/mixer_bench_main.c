@@ -156,7 +156,7 @@ static void git_commit(char *buf, size_t n) {
     bool got = fgets(line, sizeof line, p) != NULL;
     if (pclose(p) != 0 || !got) return;
     line[strcspn(line, "\n")] = 0;
-    // docs/ is where run_all.sh writes this run's own results: not a change to the code.
+    // docs/ is where run_all.sh writes results when told to (--out docs/bench): not a change to the code.
     p = popen("git status --porcelain --untracked-files=no -- . ':!docs' 2>/dev/null", "r");
     bool dirty = p && fgetc(p) != EOF;
     if (p) pclose(p);
