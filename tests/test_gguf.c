@@ -128,25 +128,36 @@ static void train_config_of(TrainConfig *tc, const LMConfig *c, bool tied) {
     tc->data.seq_len = 64;
 }
 
+// A model of config c, its parameters drawn (seed 3).
+static void model_of(const LMConfig *c, ParamStore *ps, LM *lm) {
+    params_init(ps);
+    lm_create(lm, c, ps);
+    params_finalize(ps, 3);
+}
+
+// The model's GGUF file as `type`, with the byte tokenizer.
+static uint8_t *gguf_of(const TrainConfig *tc, const ParamStore *ps, GgufType type, size_t *n) {
+    Tokenizer tok;
+    tokenizer_bytes(&tok);
+    uint8_t *bytes = NULL;
+    Status s = export_gguf_bytes(tc, ps, &tok, type, &bytes, n);
+    cr_assert(s.ok, "%s", s.msg);
+    return bytes;
+}
+
 Test(gguf, a_model_reads_back_transposed_and_exact) {
     LMConfig c = attn_config();
     c.tied = false;
     c.vocab_size = TOKENIZER_BYTE_VOCAB;
     ParamStore ps;
-    params_init(&ps);
     LM lm;
-    lm_create(&lm, &c, &ps);
-    params_finalize(&ps, 3);
+    model_of(&c, &ps, &lm);
     TrainConfig tc;
     train_config_of(&tc, &c, false);
-    Tokenizer tok;
-    tokenizer_bytes(&tok);
     for (int type = 0; type < 3; type++) {
         GgufType t = type == 0 ? GGUF_F32 : type == 1 ? GGUF_F16 : GGUF_Q8_0;
-        uint8_t *bytes;
         size_t n;
-        Status s = export_gguf_bytes(&tc, &ps, &tok, t, &bytes, &n);
-        cr_assert(s.ok, "%s", s.msg);
+        uint8_t *bytes = gguf_of(&tc, &ps, t, &n);
         Found f;
         uint32_t layers = 0;
         cr_assert(gguf_find(bytes, n, "blk.1.attn_q.weight", &f, "llama.block_count", &layers));
@@ -278,16 +289,10 @@ Test(gguf, a_hybrid_is_written_in_qwen35s_layout) {
     TrainConfig tc;
     LMConfig c = hybrid_config(&tc);
     ParamStore ps;
-    params_init(&ps);
     LM lm;
-    lm_create(&lm, &c, &ps);
-    params_finalize(&ps, 3);
-    Tokenizer tok;
-    tokenizer_bytes(&tok);
-    uint8_t *bytes;
+    model_of(&c, &ps, &lm);
     size_t n;
-    Status s = export_gguf_bytes(&tc, &ps, &tok, GGUF_F32, &bytes, &n);
-    cr_assert(s.ok, "%s", s.msg);
+    uint8_t *bytes = gguf_of(&tc, &ps, GGUF_F32, &n);
     int D = 32, H = 2, dk = 16, K = c.mixer.conv_size;
     Found f;
     uint32_t u = 0;
@@ -372,17 +377,11 @@ Test(gguf, a_mamba2_hybrid_is_written_in_granitehybrids_layout) {
     TrainConfig tc;
     LMConfig c = mamba2_config(&tc);
     ParamStore ps;
-    params_init(&ps);
     LM lm;
-    lm_create(&lm, &c, &ps);
-    params_finalize(&ps, 3);
+    model_of(&c, &ps, &lm);
     for (int64_t i = 0; i < ps.numel; i++) ps.data[i] += (real)(0.01 * (double)(i % 7));   // no two alike
-    Tokenizer tok;
-    tokenizer_bytes(&tok);
-    uint8_t *bytes;
     size_t n;
-    Status s = export_gguf_bytes(&tc, &ps, &tok, GGUF_F32, &bytes, &n);
-    cr_assert(s.ok, "%s", s.msg);
+    uint8_t *bytes = gguf_of(&tc, &ps, GGUF_F32, &n);
     int D = 16, H = 4, dk = 8, dv = 8, K = c.mixer.conv_size, width[] = {H * dv, H * dv, H * dk, H * dk, H};
     const char *proj[] = {"wg", "wv", "wk", "wq", "w_dt"};
     Found f;
