@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
 # Train every bundled tiny config for the same number of steps and print a
 # table of validation bits per byte and training tokens/s (the README's
-# results table). Usage: scripts/train_all.sh [STEPS]   (default: the configs' own)
+# results table). Usage: scripts/train_all.sh [STEPS [CONFIG ...]]
+# STEPS defaults to the configs' own (pass "" to keep it and name configs);
+# CONFIG names a bundled config without .ini (default: all of them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 scripts/get_corpus.sh
 [ -x bin/train ] || scripts/run.sh build
 steps=${1:-}
+shift $(( $# > 0 ? 1 : 0 ))
+configs=("$@")
+[ ${#configs[@]} -gt 0 ] || configs=(tiny_gdn tiny_hybrid tiny_qwen35 tiny_attn tiny_mamba tiny_mamba2 tiny_linear tiny_gdp)
+for name in "${configs[@]}"; do
+    case $name in
+    *[!A-Za-z0-9_]* | "") echo "train_all: '$name' is not a bundled config name" >&2; exit 2 ;;
+    esac
+    [ -f "configs/$name.ini" ] || { echo "train_all: configs/$name.ini does not exist" >&2; exit 2; }
+done
 printf '| config | layers | parameters | steps | val loss (nats/byte) | val bits/byte | train tokens/s | wall time |\n'
 printf '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n'
-for name in tiny_gdn tiny_hybrid tiny_qwen35 tiny_attn tiny_mamba tiny_mamba2 tiny_linear; do
+for name in "${configs[@]}"; do
     args=(--config "$name.ini" --set "train.run_dir=runs/$name" --overwrite)
     [ -n "$steps" ] && args+=(--set "train.steps=$steps")
     start=$(date +%s)
