@@ -8,7 +8,7 @@
 # compute the same function on one small case.
 #
 #   bench/gpu_vs_fla.sh [-f FLA_DIR] [-o OUT_DIR] [-O OPS] [-T LIST] [-d DK_LIST] [-n TOKENS]
-#                       [-H HEADS] [-w WARMUP] [-r REPS] [-B] [-C]
+#                       [-H HEADS] [-w WARMUP] [-r REPS] [-t SECONDS] [-B] [-C]
 #
 #   -f FLA_DIR  the folder that holds fla/ (a source checkout; default .fla)
 #   -o OUT_DIR  where the results go (default: a new folder under /tmp, named at the end):
@@ -18,6 +18,8 @@
 #   -d DK_LIST  head sizes dk = dv (default 64; 64,128 for both)
 #   -n TOKENS   B*T of every row (default 16384); -H heads (default 8)
 #   -w, -r      warm-up and timed iterations of each row, both sides (default 3 and 20)
+#   -t SECONDS  stop each of the three timing runs after this long (default 0: no limit); the
+#               rows it printed stay in its TSV and in the tables
 #   -B          lift fla's refusal of Triton < 3.7.1 on Hopper for its gated backward (fla
 #               issue 640, a Triton miscompile) for the TIMING runs only; the check never does,
 #               and the fla TSVs say which was done
@@ -30,7 +32,9 @@
 #
 # Meant for the lent GPU machine (docs/cuda.md, "Mixing ops against
 # flash-linear-attention"): build build-cuda/gdn_gpu_bench here, pack it
-# (pack.sh .gpu build-cuda/gdn_gpu_bench), copy fla/ into .fla, carry both.
+# (pack.sh .gpu build-cuda/gdn_gpu_bench) and compress it (tar -czf .gpu.tgz .gpu: the
+# pack alone is about the 64 MiB the tree may travel in), copy fla/ into .fla, carry
+# .gpu.tgz and .fla, and there unpack it first (tar -xzf .gpu.tgz).
 # The programs, from the environment:
 #   GDN_GPU_BENCH  default: .gpu/bin/gdn_gpu_bench, else build-cuda/gdn_gpu_bench; a packed one
 #                  runs with its lib/ folder (pack.sh's) on LD_LIBRARY_PATH, PyTorch without it
@@ -48,11 +52,12 @@ WARMUP=3
 REPS=20
 BYPASS=""
 CHECK=1
+LIMIT=0
 usage() {
-    echo "usage: $0 [-f FLA_DIR] [-o OUT_DIR] [-O OPS] [-T LIST] [-d DK_LIST] [-n TOKENS] [-H HEADS] [-w WARMUP] [-r REPS] [-B] [-C]" >&2
+    echo "usage: $0 [-f FLA_DIR] [-o OUT_DIR] [-O OPS] [-T LIST] [-d DK_LIST] [-n TOKENS] [-H HEADS] [-w WARMUP] [-r REPS] [-t SECONDS] [-B] [-C]" >&2
     exit 2
 }
-while getopts "f:o:O:T:d:n:H:w:r:BC" opt; do
+while getopts "f:o:O:T:d:n:H:w:r:t:BC" opt; do
     case $opt in
         f) FLA=$OPTARG ;;
         o) OUT=$OPTARG ;;
@@ -63,6 +68,7 @@ while getopts "f:o:O:T:d:n:H:w:r:BC" opt; do
         H) HEADS=$OPTARG ;;
         w) WARMUP=$OPTARG ;;
         r) REPS=$OPTARG ;;
+        t) LIMIT=$OPTARG ;;
         B) BYPASS=--bypass-hopper-guard ;;
         C) CHECK=0 ;;
         *) usage ;;
@@ -72,7 +78,7 @@ shift $((OPTIND - 1))
 [ $# -eq 0 ] || usage
 # The values go to the programs as single arguments, never through a shell;
 # they check them. Only the shape of the lists is checked here.
-for v in "$TS" "$DKS" "$TOKENS" "$HEADS" "$WARMUP" "$REPS"; do
+for v in "$TS" "$DKS" "$TOKENS" "$HEADS" "$WARMUP" "$REPS" "$LIMIT"; do
     [[ $v =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "gpu_vs_fla: '$v' is not a number or a comma list of numbers" >&2; exit 2; }
 done
 [[ $OPS =~ ^[a-z0-9]+(,[a-z0-9]+)*$ ]] || { echo "gpu_vs_fla: -O '$OPS' is not a comma list of op names" >&2; exit 2; }
@@ -143,16 +149,24 @@ step() {
     local name=$1 rc=0
     shift
     echo "== $name"
-    "$@" >"$OUT/$name.tsv" 2>"$SCRATCH/$name.err" || rc=$?
+    if [ "$LIMIT" -gt 0 ]; then
+        timeout "$LIMIT" "$@" >"$OUT/$name.tsv" 2>"$SCRATCH/$name.err" || rc=$?
+    else
+        "$@" >"$OUT/$name.tsv" 2>"$SCRATCH/$name.err" || rc=$?
+    fi
     sed 's/^/# stderr: /' "$SCRATCH/$name.err" >>"$OUT/$name.tsv"
-    if [ "$rc" -ne 0 ]; then
+    if [ "$rc" -eq 124 ]; then
+        echo "# $name: stopped after $LIMIT s (-t): later rows missing" >>"$OUT/$name.tsv"
+        echo "gpu_vs_fla: $name stopped after $LIMIT s; its rows so far are kept" >&2
+        failed=1
+    elif [ "$rc" -ne 0 ]; then
         echo "gpu_vs_fla: $name failed (exit $rc); its last lines:" >&2
         tail -5 "$OUT/$name.tsv" | sed 's/^/    /' >&2
         failed=1
     fi
 }
 common=(--ops "$OPS" --T "$TS" --dk "$DKS" --tokens "$TOKENS" --H "$HEADS" --warmup "$WARMUP" --reps "$REPS")
-step attnlab cbench "${common[@]}"
+step attnlab env LD_LIBRARY_PATH="$C_LIBS" "$GDN_GPU_BENCH" --device cuda "${common[@]}"
 step fla_f32 "$PY" "$FLA_PY" bench --fla "$FLA" "${common[@]}" --dtypes f32 $BYPASS
 step fla_tf32_bf16 "$PY" "$FLA_PY" bench --fla "$FLA" "${common[@]}" --dtypes tf32,bf16 $BYPASS
 
