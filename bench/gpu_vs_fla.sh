@@ -108,6 +108,7 @@ if [ -f "$(dirname "$GDN_GPU_BENCH")/../env.sh" ] && [ -d "$(dirname "$GDN_GPU_B
     C_LIBS="$(cd "$(dirname "$GDN_GPU_BENCH")/../lib" && pwd):/usr/local/cuda/lib64${C_LIBS:+:$C_LIBS}"
 fi
 PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1   # a run stopped by -t keeps every line it printed
 "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null || {
     echo "gpu_vs_fla: $PY has no torch that sees a CUDA GPU (set PYTHON)" >&2
     exit 1

@@ -455,7 +455,8 @@ def read_tsv(path):
         if not line.strip():
             continue
         if line.startswith("#"):
-            notes.append(line[1:].strip())
+            if not line[1:].strip().startswith("stderr:"):   # (gpu_vs_fla.sh keeps those in the TSV only)
+                notes.append(line[1:].strip())
             continue
         cells = line.split("\t")
         if header is None:
