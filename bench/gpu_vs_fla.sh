@@ -8,7 +8,7 @@
 # compute the same function on one small case.
 #
 #   bench/gpu_vs_fla.sh [-f FLA_DIR] [-o OUT_DIR] [-O OPS] [-T LIST] [-d DK_LIST] [-n TOKENS]
-#                       [-H HEADS] [-w WARMUP] [-r REPS] [-t SECONDS] [-B] [-C]
+#                       [-H HEADS] [-w WARMUP] [-r REPS] [-t SECONDS] [-B] [-C | -k]
 #
 #   -f FLA_DIR  the folder that holds fla/ (a source checkout; default .fla)
 #   -o OUT_DIR  where the results go (default: a new folder under /tmp, named at the end):
@@ -18,12 +18,12 @@
 #   -d DK_LIST  head sizes dk = dv (default 64; 64,128 for both)
 #   -n TOKENS   B*T of every row (default 16384); -H heads (default 8)
 #   -w, -r      warm-up and timed iterations of each row, both sides (default 3 and 20)
-#   -t SECONDS  stop each of the three timing runs after this long (default 0: no limit); the
-#               rows it printed stay in its TSV and in the tables
+#   -t SECONDS  stop the check's fla part and each of the three timing runs after this long
+#               (default 0: no limit); the rows a timing run printed stay in its TSV and the tables
 #   -B          lift fla's refusal of Triton < 3.7.1 on Hopper for its gated backward (fla
 #               issue 640, a Triton miscompile) for the TIMING runs only; the check never does,
 #               and the fla TSVs say which was done
-#   -C          no check
+#   -C          no check;  -k  the check alone, no timing
 #
 # Three fla columns: f32 (float32 inputs, Triton's float32 products in IEEE
 # float32: TRITON_F32_DEFAULT=ieee, the arithmetic of attnlab's kernels),
@@ -52,12 +52,13 @@ WARMUP=3
 REPS=20
 BYPASS=""
 CHECK=1
+TIMING=1
 LIMIT=0
 usage() {
-    echo "usage: $0 [-f FLA_DIR] [-o OUT_DIR] [-O OPS] [-T LIST] [-d DK_LIST] [-n TOKENS] [-H HEADS] [-w WARMUP] [-r REPS] [-t SECONDS] [-B] [-C]" >&2
+    echo "usage: $0 [-f FLA_DIR] [-o OUT_DIR] [-O OPS] [-T LIST] [-d DK_LIST] [-n TOKENS] [-H HEADS] [-w WARMUP] [-r REPS] [-t SECONDS] [-B] [-C | -k]" >&2
     exit 2
 }
-while getopts "f:o:O:T:d:n:H:w:r:t:BC" opt; do
+while getopts "f:o:O:T:d:n:H:w:r:t:BCk" opt; do
     case $opt in
         f) FLA=$OPTARG ;;
         o) OUT=$OPTARG ;;
@@ -71,11 +72,13 @@ while getopts "f:o:O:T:d:n:H:w:r:t:BC" opt; do
         t) LIMIT=$OPTARG ;;
         B) BYPASS=--bypass-hopper-guard ;;
         C) CHECK=0 ;;
+        k) TIMING=0 ;;
         *) usage ;;
     esac
 done
 shift $((OPTIND - 1))
 [ $# -eq 0 ] || usage
+[ "$CHECK" = 1 ] || [ "$TIMING" = 1 ] || { echo "gpu_vs_fla: -C and -k leave nothing to do" >&2; exit 2; }
 # The values go to the programs as single arguments, never through a shell;
 # they check them. Only the shape of the lists is checked here.
 for v in "$TS" "$DKS" "$TOKENS" "$HEADS" "$WARMUP" "$REPS" "$LIMIT"; do
@@ -121,6 +124,7 @@ SCRATCH=$(mktemp -d)
 trap 'rm -rf "$SCRATCH"' EXIT
 
 cbench() { LD_LIBRARY_PATH=$C_LIBS "$GDN_GPU_BENCH" --device cuda "$@"; }
+limited() { if [ "$LIMIT" -gt 0 ]; then timeout "$LIMIT" "$@"; else "$@"; fi; }
 
 echo "== gpu_vs_fla: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo 'nvidia-smi absent')"
 "$PY" - "$FLA" <<'PY'
@@ -136,7 +140,7 @@ failed=0
 if [ "$CHECK" = 1 ]; then
     echo "== check: the same function on one small case (B 2, T 200, H 4, dk = dv = ${DKS%%,*})"
     if cbench --ops "$OPS" --dk "$DKS" --dump "$SCRATCH" >"$OUT/check.txt" 2>&1 &&
-        "$PY" "$FLA_PY" check --fla "$FLA" --dump "$SCRATCH" --ops "$OPS" --dtypes f32,bf16 >>"$OUT/check.txt" 2>&1; then
+        limited "$PY" "$FLA_PY" check --fla "$FLA" --dump "$SCRATCH" --ops "$OPS" --dtypes f32,bf16 >>"$OUT/check.txt" 2>&1; then
         cat "$OUT/check.txt"
     else
         echo "gpu_vs_fla: the check failed; its last lines:" >&2
@@ -150,11 +154,7 @@ step() {
     local name=$1 rc=0
     shift
     echo "== $name"
-    if [ "$LIMIT" -gt 0 ]; then
-        timeout "$LIMIT" "$@" >"$OUT/$name.tsv" 2>"$SCRATCH/$name.err" || rc=$?
-    else
-        "$@" >"$OUT/$name.tsv" 2>"$SCRATCH/$name.err" || rc=$?
-    fi
+    limited "$@" >"$OUT/$name.tsv" 2>"$SCRATCH/$name.err" || rc=$?
     sed 's/^/# stderr: /' "$SCRATCH/$name.err" >>"$OUT/$name.tsv"
     if [ "$rc" -eq 124 ]; then
         echo "# $name: stopped after $LIMIT s (-t): later rows missing" >>"$OUT/$name.tsv"
@@ -166,17 +166,19 @@ step() {
         failed=1
     fi
 }
-common=(--ops "$OPS" --T "$TS" --dk "$DKS" --tokens "$TOKENS" --H "$HEADS" --warmup "$WARMUP" --reps "$REPS")
-step attnlab env LD_LIBRARY_PATH="$C_LIBS" "$GDN_GPU_BENCH" --device cuda "${common[@]}"
-step fla_f32 "$PY" "$FLA_PY" bench --fla "$FLA" "${common[@]}" --dtypes f32 $BYPASS
-step fla_tf32_bf16 "$PY" "$FLA_PY" bench --fla "$FLA" "${common[@]}" --dtypes tf32,bf16 $BYPASS
+if [ "$TIMING" = 1 ]; then
+    common=(--ops "$OPS" --T "$TS" --dk "$DKS" --tokens "$TOKENS" --H "$HEADS" --warmup "$WARMUP" --reps "$REPS")
+    step attnlab env LD_LIBRARY_PATH="$C_LIBS" "$GDN_GPU_BENCH" --device cuda "${common[@]}"
+    step fla_f32 "$PY" "$FLA_PY" bench --fla "$FLA" "${common[@]}" --dtypes f32 $BYPASS
+    step fla_tf32_bf16 "$PY" "$FLA_PY" bench --fla "$FLA" "${common[@]}" --dtypes tf32,bf16 $BYPASS
 
-tsvs=()
-for f in attnlab fla_f32 fla_tf32_bf16; do
-    grep -q $'^side\top' "$OUT/$f.tsv" 2>/dev/null && tsvs+=("$OUT/$f.tsv")
-done
-if [ ${#tsvs[@]} -gt 0 ]; then
-    "$PY" "$FLA_PY" join "${tsvs[@]}" --out "$OUT/table.md" && cat "$OUT/table.md"
+    tsvs=()
+    for f in attnlab fla_f32 fla_tf32_bf16; do
+        grep -q $'^side\top' "$OUT/$f.tsv" 2>/dev/null && tsvs+=("$OUT/$f.tsv")
+    done
+    if [ ${#tsvs[@]} -gt 0 ]; then
+        "$PY" "$FLA_PY" join "${tsvs[@]}" --out "$OUT/table.md" && cat "$OUT/table.md"
+    fi
 fi
 echo "== results in $OUT"
 exit $failed
