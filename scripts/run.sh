@@ -135,7 +135,7 @@ test)
         # The library with every kernel, the GPU tests and the programs that
         # take --device cuda (float32); the float64 kernels through cuda_tests.
         for prec in OFF ON; do
-            dir=build-cuda targets=(cuda_tests train train_bench generate gpu_ceiling)
+            dir=build-cuda targets=(cuda_tests train train_bench generate gpu_ceiling gdn_gpu_bench)
             if [ $prec = ON ]; then dir=build-cuda-f64 targets=(cuda_tests); fi   # (an `&&` list's status would stop set -e)
             cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DAG_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc_path" \
                 -DAG_DOUBLE=$prec -DAG_ONEDNN=OFF -DAG_MPI=OFF -DAG_NATIVE=OFF >/dev/null &&
