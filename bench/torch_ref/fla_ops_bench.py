@@ -121,6 +121,11 @@ def load_fla(fla_dir):
             mod = types.ModuleType(name)
             mod.__path__ = [os.path.join(root, *name.split("."))]
             sys.modules[name] = mod
+    # fla.utils reads fla.__version__, which the bare package lacks: take it from
+    # fla/__init__.py's text without running that file (it imports transformers).
+    with open(os.path.join(root, "fla", "__init__.py"), encoding="utf-8") as f:
+        m = re.search(r'^__version__\s*=\s*["\']([^"\']+)["\']', f.read(), re.M)
+    sys.modules["fla"].__version__ = m.group(1) if m else "0"
     import importlib
     fns = {
         "gdn": importlib.import_module("fla.ops.gated_delta_rule").chunk_gated_delta_rule,

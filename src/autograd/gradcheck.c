@@ -7,7 +7,7 @@
 #include "device.h"
 
 GradcheckOptions gradcheck_defaults(void) {
-    GradcheckOptions o;
+    GradcheckOptions o = {0};   // every field set: a new one starts at zero / false / NULL
 #ifdef AG_DOUBLE
     o.eps = 1e-6;
     o.tol = 1e-6;
@@ -21,6 +21,7 @@ GradcheckOptions gradcheck_defaults(void) {
     o.n_directions = 2;
     o.seed = 1234;
     o.verbose = false;
+    o.quiet = false;
     o.fixed = NULL;
     o.n_fixed = 0;
     return o;
