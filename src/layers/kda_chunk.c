@@ -117,7 +117,8 @@ void kda_decay_product(KdaChunk *ws, const real *X, int ldx, const real *Y, int 
             const real *xi = X + (int64_t)i * ldx;
             const double *Gi = G + (size_t)i * dk;
             int jmax = strict ? i - 1 : i;
-            for (int j = i0; j <= jmax; j++) {
+            int j0 = ws->docs ? imax(i0, ws->docs[i]) : i0;   // before row i's document: zeroed below
+            for (int j = j0; j <= jmax; j++) {
                 const real *yj = Y + (int64_t)j * ldy;
                 const double *Gj = G + (size_t)j * dk;
                 double s = 0;
@@ -126,7 +127,7 @@ void kda_decay_product(KdaChunk *ws, const real *X, int ldx, const real *Y, int 
                 Mi[j] = (real)s;
             }
             for (int j = jmax + 1; j < L; j++) Mi[j] = 0;
-            if (ws->docs)   // before row i's document
+            if (ws->docs)   // before row i's document (formed through a reference point, or not at all)
                 for (int j = 0; j < ws->docs[i]; j++) Mi[j] = 0;
         }
     }
