@@ -88,7 +88,18 @@ static void gradcheck_kda(MixerForm form, int T, int chunk, Decay decay, bool wi
     char label[128];
     snprintf(label, sizeof label, "kda %s T=%d C=%d %s%s%s%s", mixer_form_name(form), T, chunk, decay.name,
              with_s0 ? " +s0" : "", docs ? " +docs" : "", state_only ? " S_T only" : "");
-    GradcheckResult r = gradcheck(label, f_kda, x, with_s0 ? N_IN : N_IN - 1, &c, NULL);
+    // float64: a step of 1e-5, not the default 1e-6. With a decay per channel
+    // a dg element is about 1/dk of op_gdn's, and at 1e-6 the central
+    // difference's rounding (1e-16 |f| / eps) reached 1.7e-6 of the smaller
+    // ones (a Debug build); at 1e-5 its truncation error (eps^2 f''' / 6) is
+    // still far below, and every check measures 1e-8 .. 1e-7 (tol stays 1e-6).
+    // (quiet set: gradcheck_defaults leaves it unset.)
+    GradcheckOptions opt = gradcheck_defaults();
+    opt.quiet = false;
+#ifdef AG_DOUBLE
+    opt.eps = 1e-5;
+#endif
+    GradcheckResult r = gradcheck(label, f_kda, x, with_s0 ? N_IN : N_IN - 1, &c, &opt);
     ASSERT_GRADCHECK(r, label);
     cr_assert_gt(r.n_checked, 0);
     free_inputs(x);
