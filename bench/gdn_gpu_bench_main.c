@@ -28,7 +28,8 @@
 //
 // Ops: gdn = op_gdn; gdpN = op_gdp with N delta steps per token (k, v, beta
 // N blocks per token, laid out as fla's gated_delta_product takes them);
-// kda: see KDA below.
+// kda = op_kda (a log decay per key channel; the GPU runs its recurrence
+// kernel for both forms, docs/kda.md).
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -38,16 +39,9 @@
 #include "bench_util.h"
 #include "device.h"
 #include "gdn_kernel.h"
+#include "kda_kernel.h"
 #include "model_setup.h"
 #include "runlog.h"
-// KDA: op_kda (src/layers/kda_kernel.h) is not in this tree yet; until it
-// is, --ops kda prints a line saying so and times nothing. When it is:
-//   1 of 3: #include "kda_kernel.h" here;
-//   2 of 3: KDA_BUILT 1 below;
-//   3 of 3: op_build's kda case returns op_kda (the call is written there).
-// inputs_make already gives kda its g of one log decay per key channel, and
-// fla_ops_bench.py check has kda's float64 reference.
-#define KDA_BUILT 0
 
 enum { MAX_LIST = 16, OP_GDN = 0, OP_GDP = 1, OP_KDA = 2 };
 
@@ -173,8 +167,7 @@ static Tensor *op_build(Tape *tp, const Inputs *in, MixerForm form, int chunk) {
     case OP_GDP:
         return op_gdp(tp, in->q, in->k, in->v, in->beta, in->g, NULL, NULL, in->H, in->steps, form, chunk, NULL);
     default:
-        // KDA 3 of 3: return op_kda(tp, in->q, in->k, in->v, in->beta, in->g, NULL, NULL, in->H, form, chunk, NULL);
-        return NULL;
+        return op_kda(tp, in->q, in->k, in->v, in->beta, in->g, NULL, NULL, in->H, form, chunk, NULL);
     }
 }
 
@@ -413,10 +406,6 @@ int main(int argc, char **argv) {
     for (int i = 0; i < o.n_ops; i++) {
         int kind = OP_GDN, steps = 1;
         op_parse(o.ops[i], &kind, &steps);   // (parse_args checked the name)
-        if (kind == OP_KDA && !KDA_BUILT) {
-            printf("# kda: skipped: this gdn_gpu_bench has no op_kda yet (its source: KDA 1 to 3 of 3)\n");
-            continue;
-        }
         if (o.dump) ok = dump_op(o.dump, o.ops[i], kind, steps, o.dks[0], &o) && ok;
         else bench_op(&o, o.ops[i], kind, steps);
     }

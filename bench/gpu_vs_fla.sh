@@ -3,8 +3,8 @@
 # flash-linear-attention's Triton kernels, op by op, on one GPU: tokens/s
 # (forward, and forward + backward) against T with B*T fixed, for gdn
 # (op_gdn, chunked, vs chunk_gated_delta_rule), gdp2 and gdp3 (op_gdp vs
-# chunk_gated_delta_product) and kda (fla's chunk_kda as a reference line;
-# attnlab's row once gdn_gpu_bench has op_kda); first a check that both
+# chunk_gated_delta_product) and kda (op_kda, whose GPU form is a recurrence
+# kernel, vs chunk_kda); first a check that both
 # compute the same function on one small case.
 #
 #   bench/gpu_vs_fla.sh [-f FLA_DIR] [-o OUT_DIR] [-O OPS] [-T LIST] [-d DK_LIST] [-n TOKENS]
