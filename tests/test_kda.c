@@ -1,0 +1,262 @@
+// Tests of op_kda (Kimi Delta Attention's mixing op, kda_kernel.h): gradient
+// checks of both forms with and without documents, initial state and final
+// state; op_gdn as the case of a decay equal over the key channels; the
+// chunked (WY) form against the recurrent reference over lengths, chunk
+// sizes, documents and extreme decays; threads.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "gdn_kernel.h"
+#include "kda_kernel.h"
+#include "test_docs_util.h"
+
+enum { IQ, IK, IV, IBETA, IG, IS0, N_IN };
+static const DocsInKind KDA_KINDS[N_IN] = {DOCS_SEQ, DOCS_SEQ, DOCS_SEQ, DOCS_SEQ, DOCS_SEQ, DOCS_ROW};
+static const char *const NAMES[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
+static const MixerForm FORMS[2] = {MIXER_FORM_RECURRENT, MIXER_FORM_CHUNKED};
+
+// The decays of g (per key channel): uniform in [lo, hi].
+typedef struct Decay {
+    const char *name;
+    double lo, hi;
+} Decay;
+static const Decay MILD = {"mild", -1.0, -0.01}, ZERO = {"g=0", 0, 0}, STRONG = {"g~-30", -31, -29};
+
+// x[IQ..IS0]: q, k L2-normalised per head (q scaled by 1/sqrt(dk)) as the
+// layer feeds them, v ~ N(0, 1), beta a sigmoid of N(0, 1), g per channel
+// from `decay`, s0 ~ N(0, 0.5^2) (NULL without it). All take gradients.
+static void kda_inputs(Tensor **x, int B, int T, int H, int dk, int dv, Decay decay, bool with_s0, uint64_t seed) {
+    x[IQ] = tensor_newv(true, 3, B, T, H * dk);
+    x[IK] = tensor_newv(true, 3, B, T, H * dk);
+    x[IV] = tensor_newv(true, 3, B, T, H * dv);
+    x[IBETA] = tensor_newv(true, 3, B, T, H);
+    x[IG] = tensor_newv(true, 3, B, T, H * dk);
+    x[IS0] = with_s0 ? tensor_newv(true, 4, B, H, dk, dv) : NULL;
+    fill_normal(x[IQ], seed + 1, 1.0);
+    fill_normal(x[IK], seed + 2, 1.0);
+    fill_normal(x[IV], seed + 3, 1.0);
+    if (with_s0) fill_normal(x[IS0], seed + 4, 0.5);
+    test_l2norm_rows(x[IQ], dk, 1.0 / sqrt(dk));
+    test_l2norm_rows(x[IK], dk, 1.0);
+    Rng r;
+    rng_seed(&r, seed + 5);
+    for (int64_t i = 0; i < x[IBETA]->numel; i++) x[IBETA]->data[i] = (real)(1.0 / (1.0 + exp(-rng_normal(&r))));
+    for (int64_t i = 0; i < x[IG]->numel; i++) x[IG]->data[i] = (real)rng_range(&r, decay.lo, decay.hi);
+}
+
+static void free_inputs(Tensor **x) {
+    for (int i = 0; i < N_IN; i++) tensor_free(x[i]);
+}
+
+typedef struct KdaCtx {
+    int H, chunk;
+    MixerForm form;
+    const int *doc_start;   // (B, T) or NULL
+    bool state_only;        // output S_T alone (o's gradient never seeded)
+} KdaCtx;
+
+static int f_kda(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    const KdaCtx *c = ctx;
+    Tensor *sT = NULL;
+    Tensor *o = op_kda(tp, in[IQ], in[IK], in[IV], in[IBETA], in[IG], n > IS0 ? in[IS0] : NULL, c->doc_start, c->H,
+                       c->form, c->chunk, &sT);
+    if (c->state_only) {
+        out[0] = sT;
+        return 1;
+    }
+    out[0] = o;
+    out[1] = sT;
+    return 2;
+}
+
+static int f_kda_docs(Tape *tp, Tensor *const *in, const int *doc_start, void *ctx, Tensor **out) {
+    KdaCtx c = *(const KdaCtx *)ctx;
+    c.doc_start = doc_start;
+    return f_kda(tp, in, N_IN, &c, out);
+}
+
+// ---- gradient checks ----
+
+static void gradcheck_kda(MixerForm form, int T, int chunk, Decay decay, bool with_s0, const int *docs,
+                          bool state_only) {
+    Tensor *x[N_IN];
+    kda_inputs(x, 2, T, 2, 4, 3, decay, with_s0, 100 + T + chunk);
+    KdaCtx c = {2, chunk, form, docs, state_only};
+    char label[128];
+    snprintf(label, sizeof label, "kda %s T=%d C=%d %s%s%s%s", mixer_form_name(form), T, chunk, decay.name,
+             with_s0 ? " +s0" : "", docs ? " +docs" : "", state_only ? " S_T only" : "");
+    GradcheckResult r = gradcheck(label, f_kda, x, with_s0 ? N_IN : N_IN - 1, &c, NULL);
+    ASSERT_GRADCHECK(r, label);
+    cr_assert_gt(r.n_checked, 0);
+    free_inputs(x);
+}
+
+static void gradcheck_form(MixerForm form) {
+    gradcheck_kda(form, 7, 3, MILD, true, NULL, false);    // 3 chunks, the last partial
+    gradcheck_kda(form, 5, 8, MILD, true, NULL, false);    // one chunk longer than T
+    gradcheck_kda(form, 6, 2, MILD, false, NULL, false);   // no initial state
+    gradcheck_kda(form, 6, 4, ZERO, true, NULL, false);    // no decay
+    gradcheck_kda(form, 7, 3, MILD, true, NULL, true);     // through the final state alone
+    int *docs = docs_pattern(11, 4);
+    gradcheck_kda(form, 11, 4, MILD, true, docs, false);
+    gradcheck_kda(form, 11, 4, MILD, true, docs, true);
+    free(docs);
+}
+
+Test(kda, gradcheck_recurrent) { gradcheck_form(MIXER_FORM_RECURRENT); }
+Test(kda, gradcheck_chunked) { gradcheck_form(MIXER_FORM_CHUNKED); }
+
+// ---- documents: packed rows equal one call per document ----
+
+Test(kda, packed_documents_equal_separate_calls) {
+    int B = 2, T = 11, C = 4, H = 2;
+    int *docs = docs_pattern(T, C);
+    const Decay decays[] = {MILD, ZERO, STRONG};
+    for (int f = 0; f < 2; f++)
+        for (int r = 0; r < 3; r++) {
+            Tensor *x[N_IN];
+            kda_inputs(x, B, T, H, 4, 3, decays[r], true, 300 + r);
+            KdaCtx c = {H, C, FORMS[f], NULL, false};
+            DocsFn fn = {f_kda_docs, &c, N_IN, KDA_KINDS};
+            char label[64];
+            snprintf(label, sizeof label, "kda %s %s", mixer_form_name(FORMS[f]), decays[r].name);
+            docs_check_packed(&fn, x, docs, B, T, FORM_TOL, label);
+            free_inputs(x);
+        }
+    free(docs);
+}
+
+// ---- op_gdn: the decay equal over the key channels ----
+
+typedef struct GdnCtx {
+    int H, chunk;
+    MixerForm form;
+    const int *doc_start;
+} GdnCtx;
+
+static int f_gdn(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    const GdnCtx *c = ctx;
+    out[0] = op_gdn(tp, in[IQ], in[IK], in[IV], in[IBETA], in[IG], in[IS0], c->doc_start, c->H, c->form, c->chunk,
+                    &out[1]);
+    return 2;
+}
+
+// The outputs (o, S_T) and gradients of one run, seeded from seed 7 + k.
+typedef struct Run {
+    real *out[2], *grad[N_IN];
+    int64_t n_out[2], n_grad[N_IN];
+} Run;
+
+static Run run_fn(GradcheckFn f, Tensor *const *x, void *ctx) {
+    Run r;
+    cr_assert_eq(gradcheck_run(f, x, N_IN, ctx, 7, r.out, r.n_out), 2);
+    for (int i = 0; i < N_IN; i++) {
+        r.n_grad[i] = x[i]->numel;
+        r.grad[i] = xmalloc((size_t)x[i]->numel * sizeof(real));
+        memcpy(r.grad[i], x[i]->grad, (size_t)x[i]->numel * sizeof(real));
+    }
+    return r;
+}
+
+static void free_run(Run *r) {
+    free(r->out[0]), free(r->out[1]);
+    for (int i = 0; i < N_IN; i++) free(r->grad[i]);
+}
+
+// op_kda with g[b, t, h*dk + c] = g_gdn[b, t, h] for every c is op_gdn:
+// outputs and every gradient, dg summed over the channels, each form against
+// the same form of op_gdn, with and without documents.
+Test(kda, equals_gdn_when_the_decay_is_shared_by_the_channels) {
+    int B = 2, T = 37, H = 2, dk = 8, dv = 8, C = 16;
+    int *docs = docs_pattern(T, C);
+    for (int withdocs = 0; withdocs < 2; withdocs++)
+        for (int f = 0; f < 2; f++) {
+            Tensor *x[N_IN], *y[N_IN];
+            kda_inputs(x, B, T, H, dk, dv, MILD, true, 400 + f);
+            for (int i = 0; i < N_IN; i++) y[i] = x[i];
+            y[IG] = tensor_newv(true, 3, B, T, H);   // op_gdn's g: channel 0 of each head
+            for (int64_t r = 0; r < (int64_t)B * T * H; r++) {
+                y[IG]->data[r] = x[IG]->data[r * dk];
+                for (int c = 1; c < dk; c++) x[IG]->data[r * dk + c] = y[IG]->data[r];
+            }
+            const int *ds = withdocs ? docs : NULL;
+            KdaCtx kc = {H, C, FORMS[f], ds, false};
+            GdnCtx gc = {H, C, FORMS[f], ds};
+            Run a = run_fn(f_kda, x, &kc), b = run_fn(f_gdn, y, &gc);
+            const char *form = mixer_form_name(FORMS[f]);
+            for (int k = 0; k < 2; k++) {
+                double e = max_rel_diff(a.out[k], b.out[k], a.n_out[k]);
+                cr_assert_leq(e, FORM_TOL, "%s docs %d: output %d differs from op_gdn's by %.3e", form, withdocs, k, e);
+            }
+            real *dg = xcalloc((size_t)B * T * H, sizeof(real));   // kda's dg summed over the channels
+            for (int64_t r = 0; r < (int64_t)B * T * H; r++)
+                for (int c = 0; c < dk; c++) dg[r] += a.grad[IG][r * dk + c];
+            for (int i = 0; i < N_IN; i++) {
+                double e = i == IG ? max_rel_diff(dg, b.grad[IG], B * T * H)
+                                   : max_rel_diff(a.grad[i], b.grad[i], a.n_grad[i]);
+                cr_assert_leq(e, FORM_TOL, "%s docs %d: %s differs from op_gdn's by %.3e", form, withdocs, NAMES[i],
+                              e);
+            }
+            cr_log_info("kda %s docs %d equals gdn", form, withdocs);
+            free(dg);
+            free_run(&a);
+            free_run(&b);
+            tensor_free(y[IG]);
+            free_inputs(x);
+        }
+    free(docs);
+}
+
+// A channel whose decay is -30 per step forgets at once while the others
+// remember: with s0 = 0, beta = 1 and unit keys along channels 0 and 1, the
+// second token reads back only what channel 1 (g = 0) kept.
+Test(kda, each_channel_decays_on_its_own) {
+    for (int f = 0; f < 2; f++) {
+        int dk = 2, dv = 1;
+        Tensor *q = tensor_newv(false, 3, 1, 2, dk), *k = tensor_newv(false, 3, 1, 2, dk);
+        Tensor *v = tensor_newv(false, 3, 1, 2, dv), *beta = tensor_newv(false, 3, 1, 2, 1);
+        Tensor *g = tensor_newv(false, 3, 1, 2, dk);
+        // Token 0 writes v = 3 along channel 0 and reads it; token 1 decays
+        // channel 0 by exp(-30), keeps channel 1, writes v = 5 along channel 1
+        // and reads both channels.
+        k->data[0] = 1, v->data[0] = 3, beta->data[0] = 1, q->data[0] = 1;
+        k->data[dk + 1] = 1, v->data[1] = 5, beta->data[1] = 1;
+        q->data[dk + 0] = 1, q->data[dk + 1] = 1;
+        g->data[dk + 0] = -30, g->data[dk + 1] = 0;
+        Tensor *ts[] = {q, k, v, beta, g};
+        KdaCtx c = {1, 64, FORMS[f], NULL, false};
+        real *out[2];
+        cr_assert_eq(gradcheck_run_seeds(f_kda, ts, 5, &c, (const real *[]){NULL, NULL}, out, NULL), 2);
+        cr_assert_float_eq(out[0][0], 3, 1e-6);
+        // Channel 0 kept 3 exp(-30) ~ 2.8e-13 of the first value; channel 1 holds 5.
+        cr_assert_float_eq(out[0][1], 5 + 3 * exp(-30.0), 1e-6, "%s: o_1 = %g", mixer_form_name(FORMS[f]),
+                           out[0][1]);
+        cr_assert_float_eq(out[1][0], 3 * exp(-30.0), 1e-5 * 3 * exp(-30.0));   // S_T row 0, to 1e-5 of itself
+        cr_assert_float_eq(out[1][1], 5, 1e-6);
+        for (int i = 0; i < 5; i++) tensor_free(ts[i]);
+        free(out[0]), free(out[1]);
+    }
+}
+
+Test(kda, rejects_bad_shapes) {
+    Tape tp;
+    tape_init(&tp);
+    Tensor *q = tensor_newv(false, 3, 1, 4, 8), *v = tensor_newv(false, 3, 1, 4, 6);
+    Tensor *bt = tensor_newv(false, 3, 1, 4, 2);
+    cr_assert(EXPECT_FAILURE(op_kda(&tp, q, q, v, bt, bt, NULL, NULL, 2, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(strstr(ag_last_error(), "kda: g"), "message: %s", ag_last_error());
+    cr_assert(EXPECT_FAILURE(op_kda(&tp, q, q, v, q, q, NULL, NULL, 2, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(strstr(ag_last_error(), "beta"), "message: %s", ag_last_error());
+    cr_assert(EXPECT_FAILURE(op_kda(&tp, q, q, v, bt, q, NULL, NULL, 3, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(EXPECT_FAILURE(op_kda(&tp, q, q, v, bt, q, NULL, NULL, 2, MIXER_FORM_PARALLEL, 4, NULL)));
+    cr_assert(EXPECT_FAILURE(op_kda(&tp, q, q, v, bt, q, NULL, NULL, 2, MIXER_FORM_RECURRENT, 0, NULL)));
+    cr_assert(!EXPECT_FAILURE(op_kda(&tp, q, q, v, bt, q, NULL, NULL, 2, MIXER_FORM_CHUNKED, 4, NULL)));
+    cr_assert(!EXPECT_FAILURE(op_kda(&tp, q, q, v, bt, q, NULL, NULL, 2, MIXER_FORM_RECURRENT, 3, NULL)));
+    tensor_free(q);
+    tensor_free(v);
+    tensor_free(bt);
+    tape_free(&tp);
+}
