@@ -10,7 +10,7 @@ scripts/get_corpus.sh
 steps=${1:-}
 printf '| config | layers | parameters | steps | val loss (nats/byte) | val bits/byte | train tokens/s | wall time |\n'
 printf '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n'
-for name in tiny_gdn tiny_hybrid tiny_qwen35 tiny_attn tiny_mamba tiny_mamba2 tiny_linear; do
+for name in tiny_gdn tiny_hybrid tiny_qwen35 tiny_attn tiny_mamba tiny_mamba2 tiny_linear tiny_kda; do
     args=(--config "$name.ini" --set "train.run_dir=runs/$name" --overwrite)
     [ -n "$steps" ] && args+=(--set "train.steps=$steps")
     start=$(date +%s)
