@@ -166,6 +166,11 @@ static void free_run(Run *r) {
     for (int i = 0; i < N_IN; i++) free(r->grad[i]);
 }
 
+static void free_runs(Run *a, Run *b) {
+    free_run(a);
+    free_run(b);
+}
+
 // op_kda with g[b, t, h*dk + c] = g_gdn[b, t, h] for every c is op_gdn:
 // outputs and every gradient, dg summed over the channels, each form against
 // the same form of op_gdn, with and without documents.
@@ -200,13 +205,134 @@ Test(kda, equals_gdn_when_the_decay_is_shared_by_the_channels) {
                 cr_assert_leq(e, FORM_TOL, "%s docs %d: %s differs from op_gdn's by %.3e", form, withdocs, NAMES[i],
                               e);
             }
-            cr_log_info("kda %s docs %d equals gdn", form, withdocs);
+            cr_log_info("kda %s docs %d against gdn: o %.3g, dg %.3g", form, withdocs,
+                        max_rel_diff(a.out[0], b.out[0], a.n_out[0]), max_rel_diff(dg, b.grad[IG], B * T * H));
             free(dg);
-            free_run(&a);
-            free_run(&b);
+            free_runs(&a, &b);
             tensor_free(y[IG]);
             free_inputs(x);
         }
+    free(docs);
+}
+
+// ---- the chunked form against the recurrent one ----
+
+// Documents at random positions (about one position in eight) of B rows of
+// T, row 0 also at position 0 (its s0 not read): a heap array (B*T).
+static int *random_docs(int B, int T, uint64_t seed) {
+    int *d = xcalloc((size_t)B * T, sizeof(int));
+    Rng r;
+    rng_seed(&r, seed);
+    for (int64_t i = 0; i < (int64_t)B * T; i++) d[i] = rng_uniform(&r) < 0.125;
+    d[0] = 1;
+    return d;
+}
+
+// The largest difference check_forms_agree has seen in this test (each test
+// runs in a process of its own), for the log.
+static double worst_seen;
+
+// Both forms on the same inputs (H heads): outputs and gradients agree within
+// FORM_TOL (normwise), and the chunked form's are finite.
+static void check_forms_agree(Tensor **x, int H, int T, int C, const int *docs, const char *label) {
+    double tol = FORM_TOL;
+    KdaCtx rc = {H, C, MIXER_FORM_RECURRENT, docs, false};
+    KdaCtx cc = rc;
+    cc.form = MIXER_FORM_CHUNKED;
+    Run a = run_fn(f_kda, x, &rc), c = run_fn(f_kda, x, &cc);
+    for (int k = 0; k < 2; k++) {
+        double e = max_rel_diff(a.out[k], c.out[k], a.n_out[k]);
+        cr_assert_leq(e, tol, "%s T=%d C=%d: %s differs by %.3e", label, T, C, k ? "S_T" : "o", e);
+        worst_seen = fmax(worst_seen, e);
+        for (int64_t j = 0; j < c.n_out[k]; j++) cr_assert(isfinite(c.out[k][j]), "%s: output not finite", label);
+    }
+    for (int i = 0; i < N_IN; i++) {
+        double e = max_rel_diff(a.grad[i], c.grad[i], a.n_grad[i]);
+        cr_assert_leq(e, tol, "%s T=%d C=%d: %s differs by %.3e", label, T, C, NAMES[i], e);
+        worst_seen = fmax(worst_seen, e);
+        for (int64_t j = 0; j < c.n_grad[i]; j++)
+            cr_assert(isfinite(c.grad[i][j]), "%s T=%d C=%d: %s not finite", label, T, C, NAMES[i]);
+    }
+    free_runs(&a, &c);
+}
+
+static void forms_agree(Decay decay, int dk, int dv) {
+    static const int Ts[] = {1, 17, 63, 64, 65, 150}, Cs[] = {16, 32, 64};
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 3; j++)
+            for (int withdocs = 0; withdocs < 2; withdocs++) {
+                int B = 2, H = 2, T = Ts[i];
+                Tensor *x[N_IN];
+                kda_inputs(x, B, T, H, dk, dv, decay, true, 500 + 10 * i + j);
+                int *docs = withdocs ? random_docs(B, T, 600 + i) : NULL;
+                char label[96];
+                snprintf(label, sizeof label, "kda %s dk %d dv %d%s", decay.name, dk, dv, withdocs ? " +docs" : "");
+                check_forms_agree(x, H, T, Cs[j], docs, label);
+                free(docs);
+                free_inputs(x);
+            }
+    cr_log_info("kda %s dk %d dv %d: chunked against recurrent, worst %.3g", decay.name, dk, dv, worst_seen);
+}
+
+Test(kda, chunked_equals_recurrent_mild) { forms_agree(MILD, 8, 8); }
+Test(kda, chunked_equals_recurrent_g_zero) { forms_agree(ZERO, 8, 8); }
+Test(kda, chunked_equals_recurrent_g_minus30) { forms_agree(STRONG, 8, 8); }
+// Heads of whole vectors in both builds (16, 32): the products between
+// sub-blocks and the chunk products run through tile_mm's register blocks.
+Test(kda, chunked_equals_recurrent_tile_sized_heads) {
+    forms_agree(MILD, 16, 32);
+    forms_agree(STRONG, 32, 16);
+}
+
+// Per channel the decays differ by thirty orders of magnitude per step:
+// half the channels keep everything (g = 0 exactly), half forget at once (g ~
+// -30), or g ~ -1000 (exp(g) = 0 in both builds). Every value is finite and
+// the forms agree; beta near 1 makes I + A nearly singular on top.
+Test(kda, chunked_equals_recurrent_channels_of_opposite_decays) {
+    int B = 2, T = 100, H = 2, dk = 16, dv = 8;
+    const double strong[] = {-30, -1000};
+    for (int s = 0; s < 2; s++)
+        for (int beta_one = 0; beta_one < 2; beta_one++) {
+            Tensor *x[N_IN];
+            kda_inputs(x, B, T, H, dk, dv, MILD, true, 700 + s);
+            for (int64_t i = 0; i < x[IG]->numel; i++) x[IG]->data[i] = i % 2 ? 0 : (real)strong[s];
+            if (beta_one)
+                for (int64_t i = 0; i < x[IBETA]->numel; i++) x[IBETA]->data[i] = (real)(1 - 1e-4 * (1 + i % 3));
+            int *docs = random_docs(B, T, 800 + s);
+            char label[96];
+            snprintf(label, sizeof label, "kda g in {0, %g}%s", strong[s], beta_one ? " beta~1" : "");
+            check_forms_agree(x, H, T, 32, NULL, label);
+            check_forms_agree(x, H, T, 64, docs, label);
+            free(docs);
+            free_inputs(x);
+        }
+    cr_log_info("kda opposite decays: chunked against recurrent, worst %.3g", worst_seen);
+}
+
+// Each (batch, head) is one thread's work from start to end: the results on
+// 1 and 2 threads are the same bits, in both forms.
+Test(kda, same_bits_on_one_and_two_threads) {
+    int B = 2, T = 70, H = 2, dk = 16, dv = 16;
+    int *docs = random_docs(B, T, 900);
+    int saved = omp_get_max_threads();
+    for (int f = 0; f < 2; f++) {
+        Tensor *x[N_IN];
+        kda_inputs(x, B, T, H, dk, dv, MILD, true, 910);
+        KdaCtx c = {H, 32, FORMS[f], docs, false};
+        omp_set_num_threads(1);
+        Run a = run_fn(f_kda, x, &c);
+        omp_set_num_threads(2);
+        Run b = run_fn(f_kda, x, &c);
+        omp_set_num_threads(saved);
+        for (int k = 0; k < 2; k++)
+            cr_assert_eq(memcmp(a.out[k], b.out[k], (size_t)a.n_out[k] * sizeof(real)), 0, "%s: output %d",
+                         mixer_form_name(FORMS[f]), k);
+        for (int i = 0; i < N_IN; i++)
+            cr_assert_eq(memcmp(a.grad[i], b.grad[i], (size_t)a.n_grad[i] * sizeof(real)), 0, "%s: %s",
+                         mixer_form_name(FORMS[f]), NAMES[i]);
+        free_runs(&a, &b);
+        free_inputs(x);
+    }
     free(docs);
 }
 

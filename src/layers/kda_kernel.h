@@ -51,7 +51,60 @@ Tensor *op_kda(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *
 typedef GdnDims KdaDims;
 KdaDims kda_dims(const Node *n);
 
+// Rows per sub-block of a chunk's decayed products (kda_decay_product): the
+// products between sub-blocks go through a reference point, those inside one
+// take an exp per element (docs/kda.md, "Numerics"). As fla's kernels.
+#define KDA_SUB 16
+
+// Everything the WY form computes inside one chunk of L <= C positions before
+// its outputs, recomputed by the backward. All row-major, per head; m_i =
+// [row i reads S0] (no document begins in the chunk at or before i).
+typedef struct KdaChunk {
+    int L, dk, dv;
+    double *G;       // (L, dk) Gamma_i = sum_{j<=i} g_j inside the chunk, per channel
+    real *eG;        // (L, dk) m_i exp(Gamma_i)
+    real *ek;        // (L, dk) exp(Gamma_{L-1} - Gamma_j), 0 before the chunk's last document
+    real *bl;        // (dk) m_{L-1} exp(Gamma_{L-1}): S0's factor in S_C
+    real *bet;       // (L) beta of the chunk, contiguous
+    real *Qg;        // (L, dk) eG * Q
+    real *Xw;        // (L, dk) diag(beta) eG * K
+    real *Kd;        // (L, dk) ek * K: the rows that reach S_C
+    real *KKE;       // (L, L) sum_c k_ic k_jc exp(Gamma_ic - Gamma_jc), j < i in row i's document, else 0
+    real *A;         // (L, L) diag(beta) KKE
+    real *P;         // (L, L) sum_c q_ic k_jc exp(Gamma_ic - Gamma_jc), j <= i in row i's document, else 0
+    real *R;         // (L, dv) diag(beta) V - Xw S0
+    real *Dl;        // (L, dv) Delta = (I + A)^-1 R: the rows delta_i of the recurrence
+    real *Xs, *Ys;   // (L, dk) each: scaled operands of kda_decay_product and its backward
+    real *T1, *T2;   // (L, dk) each: the backward's products before their scale
+    double *acc;     // (max(dk, dv)) one row's sums
+    int *db;         // (C) the chunk's documents (gdn_chunk_docs)
+    const int *docs; // db when the chunk holds a document boundary, else NULL
+    real *pack;      // (m, m), m = max(C, dk, dv): a transposed operand of tile_gemm
+} KdaChunk;
+
+// Workspace of one chunk: kda_chunk_bytes of memory (64-byte aligned; a
+// multiple of 64), bound to ws. One slot per OpenMP thread from the tape's
+// arena (tape_thread_slots).
+size_t kda_chunk_bytes(int C, int dk, int dv);
+void kda_chunk_bind(KdaChunk *ws, void *mem, int C, int dk, int dv);
+// Fill ws for the chunk of L positions whose first rows are q, k, g (stride
+// ldk), v (stride ldv), beta (stride H), entering state S0 (dk x dv); db (L):
+// its documents (gdn_chunk_docs), or NULL.
+void kda_chunk_prepare(KdaChunk *ws, int L, const real *q, const real *k, const real *v, const real *beta,
+                       const real *g, int ldk, int ldv, int H, const real *S0, const int *db);
+// M (L, L) = sum_c X_ic Y_jc exp(Gamma_ic - Gamma_jc) for j <= i (strict: j <
+// i) inside row i's document (j >= db[i]), 0 elsewhere; X, Y rows of stride
+// ldx, ldy. Uses ws->Xs, Ys, pack.
+void kda_decay_product(KdaChunk *ws, const real *X, int ldx, const real *Y, int ldy, bool strict, real *M);
+// The operands of its products between sub-blocks, through the reference
+// point r = i0 (the first row of the sub-block of rows i0 .. i0+n-1):
+// ws->Xs (n, dk) = X_i * exp(Gamma_i - Gamma_r), ws->Ys (i0, dk) = Y_j *
+// exp(Gamma_r - Gamma_j), j < i0; both exponents <= 0.
+void kda_to_reference(KdaChunk *ws, const real *X, int ldx, const real *Y, int ldy, int i0, int n);
+
 // The node functions of the two forms.
+void kda_chunk_forward(Node *n);
+void kda_chunk_backward(Node *n);
 void kda_naive_forward(Node *n);
 void kda_naive_backward(Node *n);
 
