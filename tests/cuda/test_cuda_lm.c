@@ -105,5 +105,6 @@ Test(cuda_lm, linear) { compare_lm("linear,linear", false); }
 Test(cuda_lm, mamba) { compare_lm("mamba,mamba", false); }
 Test(cuda_lm, mamba2) { compare_lm("mamba2,mamba2", false); }
 Test(cuda_lm, gdn) { compare_lm("gdn,gdn", false); }
+Test(cuda_lm, kda) { compare_lm("kda,kda", false); }
 Test(cuda_lm, hybrid) { compare_lm("gdn,attn,mamba,linear", false); }
 Test(cuda_lm, hybrid_with_documents) { compare_lm("gdn,attn,mamba,linear", true); }
