@@ -148,13 +148,14 @@ void docs_gradcheck(const DocsFn *f, Tensor *const *in, const int *doc_start, co
 
 // ---- a recurrent mixer as a DocsFn (the layers' own tests: test_gdp.c, test_kda_layer.c) ----
 
-int docs_mixer_fn(Tape *tp, Tensor *const *in, const int *doc_start, void *ctx, Tensor **out) {
+static int docs_mixer_fn(Tape *tp, Tensor *const *in, const int *doc_start, void *ctx, Tensor **out) {
     Mixer *m = ctx;
     out[0] = m->kind->forward(tp, m, in[0], doc_start, in[1], &out[1]);
     return 2;
 }
 
-Tensor **docs_mixer_inputs(const Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, DocsInKind **kind) {
+static Tensor **docs_mixer_inputs(const Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed,
+                                  DocsInKind **kind) {
     const MixerConfig *c = &m->cfg;
     Tensor **in = xcalloc((size_t)(2 + ps->n), sizeof *in);
     *kind = xcalloc((size_t)(2 + ps->n), sizeof **kind);
@@ -171,11 +172,30 @@ Tensor **docs_mixer_inputs(const Mixer *m, const ParamStore *ps, int B, int T, u
     return in;
 }
 
-void docs_mixer_inputs_free(Tensor **in, DocsInKind *kind) {
+static void docs_mixer_inputs_free(Tensor **in, DocsInKind *kind) {
     tensor_free(in[0]);
     tensor_free(in[1]);
     free(in);
     free(kind);
+}
+
+void docs_mixer_gradcheck(Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, const int *docs,
+                          const char *label) {
+    DocsInKind *kind;
+    Tensor **in = docs_mixer_inputs(m, ps, B, T, seed, &kind);
+    DocsFn f = {docs_mixer_fn, m, 2 + ps->n, kind};
+    GradcheckOptions o = gradcheck_defaults();
+    docs_gradcheck(&f, in, docs, &o, label);
+    docs_mixer_inputs_free(in, kind);
+}
+
+void docs_mixer_check_packed(Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, const int *docs,
+                             double tol, const char *label) {
+    DocsInKind *kind;
+    Tensor **in = docs_mixer_inputs(m, ps, B, T, seed, &kind);
+    DocsFn f = {docs_mixer_fn, m, 2 + ps->n, kind};
+    docs_check_packed(&f, in, docs, B, T, tol, label);
+    docs_mixer_inputs_free(in, kind);
 }
 
 DocsMixerRun docs_mixer_run(Mixer *m, ParamStore *ps, int B, int T, const int *docs) {

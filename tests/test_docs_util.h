@@ -57,16 +57,17 @@ void docs_gradcheck(const DocsFn *f, Tensor *const *in, const int *doc_start, co
 Tensor *docs_time_slice(const Tensor *x, int b, int t0, int len);
 
 // ---- a recurrent mixer (mixer.h) as a DocsFn ----
+// Its inputs: u (B, T, D) ~ N(0, 1) from seed, s0 (B, H, dk, dv) ~ N(0,
+// 0.5^2) from seed + 1, then every parameter of ps (shared); its outputs:
+// y = forward(u, doc_start, s0) and S_T.
 
-// Its forward: in[0] = u (B, T, D), in[1] = s0 (B, H, dk, dv), the
-// parameters after them (ctx: the Mixer); out[0] = y, out[1] = S_T.
-int docs_mixer_fn(Tape *tp, Tensor *const *in, const int *doc_start, void *ctx, Tensor **out);
-// Those inputs: u ~ N(0, 1) from seed, s0 ~ N(0, 0.5^2) from seed + 1, then
-// every parameter of ps (DOCS_SHARED); *kind receives the kinds. Free with
-// docs_mixer_inputs_free (the parameters stay).
-Tensor **docs_mixer_inputs(const Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, DocsInKind **kind);
-void docs_mixer_inputs_free(Tensor **in, DocsInKind *kind);
-// A forward of m over docs_mixer_inputs(seed 5) with the boundaries docs and
+// docs_gradcheck (the default options) and docs_check_packed (tol) of m over
+// those inputs (from seed) with the boundaries docs (B, T).
+void docs_mixer_gradcheck(Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, const int *docs,
+                          const char *label);
+void docs_mixer_check_packed(Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, const int *docs,
+                             double tol, const char *label);
+// A forward of m over those inputs (seed 5) with the boundaries docs and
 // a backward seeded on both outputs (N(0, 1) from seeds 6 and 7): the
 // outputs and the gradients of u, s0 and every parameter, copied out.
 typedef struct DocsMixerRun {

@@ -250,15 +250,10 @@ Test(gdp_layer, gradcheck) {
         Mixer *m = make_gdp(&ps, "gdp", cases[i].n, cases[i].form, cases[i].conv, 41 + i);
         Tensor *w_dt = params_find(&ps, "m.w_dt");   // g varies visibly between tokens
         for (int64_t j = 0; j < w_dt->numel; j++) w_dt->data[j] *= 4;
-        DocsInKind *kind;
-        Tensor **in = docs_mixer_inputs(m, &ps, B, T, 42, &kind);
-        DocsFn f = {docs_mixer_fn, m, 2 + ps.n, kind};
         char label[64];
         snprintf(label, sizeof label, "gdp layer n %d %s conv %d", cases[i].n, mixer_form_name(cases[i].form),
                  cases[i].conv);
-        GradcheckOptions o = gradcheck_defaults();
-        docs_gradcheck(&f, in, docs, &o, label);
-        docs_mixer_inputs_free(in, kind);
+        docs_mixer_gradcheck(m, &ps, B, T, 42, docs, label);
         mixer_destroy(m);
         params_free(&ps);
     }
@@ -340,11 +335,7 @@ Test(gdp_layer, packed_equals_separate) {
     for (int form = 0; form < 2; form++) {
         ParamStore ps;
         Mixer *m = make_gdp(&ps, "gdp", 3, form ? MIXER_FORM_RECURRENT : MIXER_FORM_CHUNKED, 4, 17);
-        DocsInKind *kind;
-        Tensor **in = docs_mixer_inputs(m, &ps, B, T, 18, &kind);
-        DocsFn f = {docs_mixer_fn, m, 2 + ps.n, kind};
-        docs_check_packed(&f, in, docs, B, T, FORM_TOL, "gdp layer n 3");
-        docs_mixer_inputs_free(in, kind);
+        docs_mixer_check_packed(m, &ps, B, T, 18, docs, FORM_TOL, "gdp layer n 3");
         mixer_destroy(m);
         params_free(&ps);
     }

@@ -103,14 +103,9 @@ Test(kda_layer, gradcheck_every_parameter) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ParamStore ps;
         Mixer *m = make_kda(&ps, cases[i].form, cases[i].conv, 41 + i);
-        DocsInKind *kind;
-        Tensor **in = docs_mixer_inputs(m, &ps, B, T, 42, &kind);
-        DocsFn f = {docs_mixer_fn, m, 2 + ps.n, kind};
         char label[64];
         snprintf(label, sizeof label, "kda layer %s conv %d", mixer_form_name(cases[i].form), cases[i].conv);
-        GradcheckOptions o = gradcheck_defaults();
-        docs_gradcheck(&f, in, docs, &o, label);
-        docs_mixer_inputs_free(in, kind);
+        docs_mixer_gradcheck(m, &ps, B, T, 42, docs, label);
         mixer_destroy(m);
         params_free(&ps);
     }
@@ -166,11 +161,7 @@ Test(kda_layer, packed_equals_separate) {
     for (int form = 0; form < 2; form++) {
         ParamStore ps;
         Mixer *m = make_kda(&ps, form ? MIXER_FORM_RECURRENT : MIXER_FORM_CHUNKED, 4, 17);
-        DocsInKind *kind;
-        Tensor **in = docs_mixer_inputs(m, &ps, B, T, 18, &kind);
-        DocsFn f = {docs_mixer_fn, m, 2 + ps.n, kind};
-        docs_check_packed(&f, in, docs, B, T, FORM_TOL, form ? "kda layer recurrent" : "kda layer chunked");
-        docs_mixer_inputs_free(in, kind);
+        docs_mixer_check_packed(m, &ps, B, T, 18, docs, FORM_TOL, form ? "kda layer recurrent" : "kda layer chunked");
         mixer_destroy(m);
         params_free(&ps);
     }
