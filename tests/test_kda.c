@@ -88,7 +88,18 @@ static void gradcheck_kda(MixerForm form, int T, int chunk, Decay decay, bool wi
     char label[128];
     snprintf(label, sizeof label, "kda %s T=%d C=%d %s%s%s%s", mixer_form_name(form), T, chunk, decay.name,
              with_s0 ? " +s0" : "", docs ? " +docs" : "", state_only ? " S_T only" : "");
-    GradcheckResult r = gradcheck(label, f_kda, x, with_s0 ? N_IN : N_IN - 1, &c, NULL);
+    // float64: a step of 1e-5, not the default 1e-6. With a decay per channel
+    // a dg element is about 1/dk of op_gdn's, and at 1e-6 the central
+    // difference's rounding (1e-16 |f| / eps) reached 1.7e-6 of the smaller
+    // ones (a Debug build); at 1e-5 its truncation error (eps^2 f''' / 6) is
+    // still far below, and every check measures 1e-8 .. 1e-7 (tol stays 1e-6).
+    // (quiet set: gradcheck_defaults leaves it unset.)
+    GradcheckOptions opt = gradcheck_defaults();
+    opt.quiet = false;
+#ifdef AG_DOUBLE
+    opt.eps = 1e-5;
+#endif
+    GradcheckResult r = gradcheck(label, f_kda, x, with_s0 ? N_IN : N_IN - 1, &c, &opt);
     ASSERT_GRADCHECK(r, label);
     cr_assert_gt(r.n_checked, 0);
     free_inputs(x);
@@ -126,6 +137,41 @@ Test(kda, packed_documents_equal_separate_calls) {
             docs_check_packed(&fn, x, docs, B, T, FORM_TOL, label);
             free_inputs(x);
         }
+    free(docs);
+}
+
+// At g ~ -30 per step, documents restarting inside chunks: every value is
+// finite, a document's first output is exactly its own term beta (q.k) v
+// (delta = beta v: the state before it is not read), and row 0, whose
+// position 0 begins a document, reads nothing of s0.
+Test(kda, strong_decay_restart_is_exact) {
+    int B = 2, T = 11, H = 1, dk = 2, dv = 2;
+    int *docs = docs_pattern(T, 4);
+    real *ones = test_ones((int64_t)B * T * H * dv);   // the seeds of sum(o) + sum(S_T)
+    for (int f = 0; f < 2; f++) {
+        Tensor *x[N_IN];
+        kda_inputs(x, B, T, H, dk, dv, STRONG, true, 200);
+        KdaCtx c = {H, 8, FORMS[f], NULL, false};
+        DocsFn fn = {f_kda_docs, &c, N_IN, KDA_KINDS};
+        real *out[2];
+        docs_run(&fn, x, docs, (const real *[]){ones, ones}, out, NULL);   // (S_T: B H dk dv <= B T H dv)
+        const char *form = mixer_form_name(FORMS[f]);
+        for (int i = 0; i < N_IN; i++)
+            for (int64_t e = 0; e < x[i]->numel; e++)
+                cr_assert(isfinite(x[i]->grad[e]), "%s: gradient of input %d not finite", form, i);
+        for (int64_t r = 0; r < (int64_t)B * T; r++) {
+            if (!docs[r]) continue;
+            const real *q = x[IQ]->data + r * dk, *k = x[IK]->data + r * dk, *v = x[IV]->data + r * dv;
+            double want = x[IBETA]->data[r] * (q[0] * k[0] + q[1] * k[1]);
+            for (int j = 0; j < dv; j++)
+                cr_assert_float_eq(out[0][r * dv + j], want * v[j], 1e3 * REAL_EPS * (1 + fabs(want * v[j])),
+                                   "%s: row %lld, a document's first output", form, (long long)r);
+        }
+        for (int64_t e = 0; e < x[IS0]->numel / B; e++) cr_assert_eq(x[IS0]->grad[e], 0);
+        free(out[0]), free(out[1]);
+        free_inputs(x);
+    }
+    free(ones);
     free(docs);
 }
 
@@ -334,6 +380,73 @@ Test(kda, same_bits_on_one_and_two_threads) {
         free_inputs(x);
     }
     free(docs);
+}
+
+// Two segments on one tape, the first's final state the second's initial
+// state: in = q, k, v, beta, g of segment 1, the same of segment 2, s0.
+static int f_segments(Tape *tp, Tensor *const *in, int n, void *ctx, Tensor **out) {
+    const KdaCtx *c = ctx;
+    Tensor *const *a = in, *const *b = in + 5;
+    Tensor *s1 = NULL;
+    out[0] = op_kda(tp, a[0], a[1], a[2], a[3], a[4], in[10], NULL, c->H, c->form, c->chunk, &s1);
+    out[1] = op_kda(tp, b[0], b[1], b[2], b[3], b[4], s1, NULL, c->H, c->form, c->chunk, &out[2]);
+    return 3;
+}
+
+// o of two segments (B, T1, F), (B, T2, F) joined along time.
+static real *join_segments(const real *o1, const real *o2, int B, int T1, int T2, int F) {
+    real *cat = xmalloc((size_t)B * (T1 + T2) * F * sizeof(real));
+    for (int b = 0; b < B; b++) {
+        memcpy(cat + (int64_t)b * (T1 + T2) * F, o1 + (int64_t)b * T1 * F, (size_t)T1 * F * sizeof(real));
+        memcpy(cat + ((int64_t)b * (T1 + T2) + T1) * F, o2 + (int64_t)b * T2 * F, (size_t)T2 * F * sizeof(real));
+    }
+    return cat;
+}
+
+// Two segments carrying the state equal one pass over the whole sequence,
+// forward and every gradient, including the one that flows through the
+// carried state into the first segment and s0; in both forms.
+Test(kda, state_carries_across_segments) {
+    int B = 2, T = 50, T1 = 21, H = 2, dk = 8, dv = 8;
+    for (int f = 0; f < 2; f++) {
+        Tensor *x[N_IN], *seg[11];
+        kda_inputs(x, B, T, H, dk, dv, MILD, true, 77);
+        KdaCtx c = {H, 16, FORMS[f], NULL, false};
+        Run whole = run_fn(f_kda, x, &c);
+        for (int i = 0; i < 5; i++) {
+            seg[i] = test_time_slice(x[i], 0, T1);
+            seg[5 + i] = test_time_slice(x[i], T1, T - T1);
+        }
+        seg[10] = x[IS0];
+        // The seeds run_fn used (gradcheck_run: seed 7 + k), o's split at T1.
+        real *ro = test_randn((int64_t)B * T * H * dv, 7), *rs = test_randn(x[IS0]->numel, 8);
+        real *ro1 = xmalloc((size_t)B * T1 * H * dv * sizeof(real));
+        real *ro2 = xmalloc((size_t)B * (T - T1) * H * dv * sizeof(real));
+        for (int b = 0; b < B; b++) {
+            memcpy(ro1 + (int64_t)b * T1 * H * dv, ro + (int64_t)b * T * H * dv, (size_t)T1 * H * dv * sizeof(real));
+            memcpy(ro2 + (int64_t)b * (T - T1) * H * dv, ro + ((int64_t)b * T + T1) * H * dv,
+                   (size_t)(T - T1) * H * dv * sizeof(real));
+        }
+        real *out[3];
+        cr_assert_eq(gradcheck_run_seeds(f_segments, seg, 11, &c, (const real *[]){ro1, ro2, rs}, out, NULL), 3);
+        real *o = join_segments(out[0], out[1], B, T1, T - T1, H * dv);
+        cr_assert_leq(max_rel_diff(o, whole.out[0], whole.n_out[0]), FORM_TOL);
+        cr_assert_leq(max_rel_diff(out[2], whole.out[1], whole.n_out[1]), FORM_TOL);
+        for (int i = 0; i < 5; i++) {
+            int F = (int)(x[i]->numel / ((int64_t)B * T));
+            real *gi = join_segments(seg[i]->grad, seg[5 + i]->grad, B, T1, T - T1, F);
+            double e = max_rel_diff(gi, whole.grad[i], whole.n_grad[i]);
+            cr_assert_leq(e, FORM_TOL, "%s: %s differs by %.3e", mixer_form_name(FORMS[f]), NAMES[i], e);
+            free(gi);
+        }
+        double e = max_rel_diff(x[IS0]->grad, whole.grad[IS0], whole.n_grad[IS0]);
+        cr_assert_leq(e, FORM_TOL, "%s: ds0 differs by %.3e", mixer_form_name(FORMS[f]), e);
+        for (int i = 0; i < 10; i++) tensor_free(seg[i]);
+        for (int k = 0; k < 3; k++) free(out[k]);
+        free(o), free(ro), free(rs), free(ro1), free(ro2);
+        free_run(&whole);
+        free_inputs(x);
+    }
 }
 
 // A channel whose decay is -30 per step forgets at once while the others

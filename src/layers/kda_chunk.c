@@ -55,6 +55,7 @@ static size_t chunk_layout(KdaChunk *ws, unsigned char *mem, int C, int dk, int 
 #define TAKE(field, n, type) (ws->field = (type *)gdn_carve(mem, &at, (size_t)(n), sizeof(type)))
     TAKE(G, Lk, double);
     TAKE(acc, imax(dk, dv), double);
+    TAKE(ex, dk, real);
     TAKE(eG, Lk, real);
     TAKE(ek, Lk, real);
     TAKE(bl, dk, real);
@@ -117,16 +118,17 @@ void kda_decay_product(KdaChunk *ws, const real *X, int ldx, const real *Y, int 
             const real *xi = X + (int64_t)i * ldx;
             const double *Gi = G + (size_t)i * dk;
             int jmax = strict ? i - 1 : i;
-            for (int j = i0; j <= jmax; j++) {
-                const real *yj = Y + (int64_t)j * ldy;
-                const double *Gj = G + (size_t)j * dk;
-                double s = 0;
+            int j0 = ws->docs ? imax(i0, ws->docs[i]) : i0;   // before row i's document: zeroed below
+            for (int j = j0; j <= jmax; j++) {
+                const real *yj = Y + (int64_t)j * ldy, *ex = ws->ex;
+                kda_pair_decays(ws->ex, Gi, G + (size_t)j * dk, dk);
+                real s = 0;
 #pragma omp simd reduction(+ : s)
-                for (int c = 0; c < dk; c++) s += (double)(xi[c] * yj[c]) * r_exp_decay(Gi[c] - Gj[c]);
-                Mi[j] = (real)s;
+                for (int c = 0; c < dk; c++) s += xi[c] * yj[c] * ex[c];
+                Mi[j] = s;
             }
             for (int j = jmax + 1; j < L; j++) Mi[j] = 0;
-            if (ws->docs)   // before row i's document
+            if (ws->docs)   // before row i's document (formed through a reference point, or not at all)
                 for (int j = 0; j < ws->docs[i]; j++) Mi[j] = 0;
         }
     }

@@ -111,13 +111,13 @@ static void decay_product_backward(KdaChunk *ws, real *dM, const real *X, int ld
             for (int j = i0; j < i; j++) {
                 real a = dM[(size_t)i * L + j];
                 if (a == 0) continue;
-                const real *yj = Y + (int64_t)j * ldy;
-                const double *Gj = G + (size_t)j * dk;
+                const real *yj = Y + (int64_t)j * ldy, *ex = ws->ex;
                 real *dyj = dY + (size_t)j * dk;
                 double *dGj = dG + (size_t)j * dk;
+                kda_pair_decays(ws->ex, Gi, G + (size_t)j * dk, dk);
 #pragma omp simd
                 for (int c = 0; c < dk; c++) {
-                    real e = a * r_exp_decay(Gi[c] - Gj[c]);
+                    real e = a * ex[c];
                     double t = (double)(e * yj[c]) * xi[c];
                     dxi[c] += e * yj[c];
                     dyj[c] += e * xi[c];

@@ -77,6 +77,7 @@ typedef struct KdaChunk {
     real *Xs, *Ys;   // (L, dk) each: scaled operands of kda_decay_product and its backward
     real *T1, *T2;   // (L, dk) each: the backward's products before their scale
     double *acc;     // (max(dk, dv)) one row's sums
+    real *ex;        // (dk) one pair's decays (kda_pair_decays)
     int *db;         // (C) the chunk's documents (gdn_chunk_docs)
     const int *docs; // db when the chunk holds a document boundary, else NULL
     real *pack;      // (m, m), m = max(C, dk, dv): a transposed operand of tile_gemm
@@ -101,6 +102,14 @@ void kda_decay_product(KdaChunk *ws, const real *X, int ldx, const real *Y, int 
 // ws->Xs (n, dk) = X_i * exp(Gamma_i - Gamma_r), ws->Ys (i0, dk) = Y_j *
 // exp(Gamma_r - Gamma_j), j < i0; both exponents <= 0.
 void kda_to_reference(KdaChunk *ws, const real *X, int ldx, const real *Y, int ldy, int i0, int n);
+
+// ex (dk) = exp(Gi - Gj) per channel (the decays of one pair inside a
+// sub-block, Gi - Gj <= 0): a loop of its own, so that it vectorises (the
+// exp inlined in the dot product that uses it kept both scalar).
+static inline void kda_pair_decays(real *restrict ex, const double *restrict Gi, const double *restrict Gj, int dk) {
+#pragma omp simd
+    for (int c = 0; c < dk; c++) ex[c] = r_exp_decay(Gi[c] - Gj[c]);
+}
 
 // The node functions of the two forms.
 void kda_chunk_forward(Node *n);
