@@ -8,7 +8,7 @@
 #   bench/gpu_bench.sh [-s STEPS] [-W WARMUP] [-t SECONDS] [-E | -L] RESULTS_FILE [CONFIG...]
 #
 #   RESULTS_FILE  gets every run's RESULT line (C: ... device=cuda; PyTorch: ... device=cuda compile=0|1)
-#   CONFIG        default: configs/tiny_{gdn,hybrid,qwen35,attn,mamba,mamba2,linear,gdp}.ini (those that exist),
+#   CONFIG        default: configs/tiny_{gdn,hybrid,qwen35,attn,mamba,mamba2,linear,gdp,kda}.ini (those that exist),
 #                 configs/gpu_d1024_gdn.ini and configs/gpu_d1024_hybrid.ini
 #   -s STEPS      timed steps of each run (default 5; the median is reported)
 #   -W WARMUP     untimed steps first, both sides (default 2: the C tape arena settles into one
@@ -67,7 +67,7 @@ LOG=${GPU_BENCH_LOG:+$(absolute "$GPU_BENCH_LOG")}
 cd "$(dirname "$0")/.."
 
 if [ ${#CONFIGS[@]} -eq 0 ]; then
-    for name in tiny_gdn tiny_hybrid tiny_qwen35 tiny_attn tiny_mamba tiny_mamba2 tiny_linear tiny_gdp gpu_d1024_gdn gpu_d1024_hybrid; do
+    for name in tiny_gdn tiny_hybrid tiny_qwen35 tiny_attn tiny_mamba tiny_mamba2 tiny_linear tiny_gdp tiny_kda gpu_d1024_gdn gpu_d1024_hybrid; do
         [ -f "configs/$name.ini" ] && CONFIGS+=("configs/$name.ini")
     done
 fi

@@ -21,10 +21,10 @@ LINE_MAX = STR_MAX + 64                  # CONFIG_LINE_MAX
 MAX_LAYERS = 64                          # CONFIG_MAX_LAYERS
 VOCAB_MAX = 1 << 22                      # BPE_VOCAB_MAX: ids are below it
 SECTIONS = ("model", "data", "train", "finetune")
-MIXERS = ("attn", "linear", "mamba", "gdn", "attn_dsa", "mamba2", "gdp")
+MIXERS = ("attn", "linear", "mamba", "gdn", "attn_dsa", "mamba2", "gdp", "kda")
 FORMS = ("chunked", "parallel", "recurrent")
 MIXER_FORMS = {"linear": FORMS, "mamba": FORMS, "mamba2": FORMS, "gdn": ("chunked", "recurrent"),
-               "gdp": ("chunked", "recurrent")}   # attn has no forms
+               "gdp": ("chunked", "recurrent"), "kda": ("chunked", "recurrent")}   # attn has no forms
 GDP_MAX_STEPS = 8
 BIG = 1e300
 
@@ -186,7 +186,7 @@ def model_config(text, source, vocab_size):
                          % (i, vals["d_k"]))
     if vals["form"] != "chunked" and not any(k in MIXER_FORMS for k in vals["layers"]):
         raise refuse("form", "form = %s has no effect: none of the layers (%s...) has training forms to choose "
-                     "between (only linear, mamba, mamba2, gdn and gdp do); remove the key"
+                     "between (only linear, mamba, mamba2, gdn, gdp and kda do); remove the key"
                      % (vals["form"], vals["layers"][0]))
     for key in ("qk_norm", "attn_gate"):
         if vals[key] and not any(k in ("attn", "attn_dsa") for k in vals["layers"]):

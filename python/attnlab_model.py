@@ -7,12 +7,13 @@ stored (in, out) and applied on the right, y = u W; names such as
 "layers.0.mixer.wq" are kept as they are in a plain dict (torch modules do not
 allow dots in parameter names), so weights load by name.
 
-Mixers: attn, linear, mamba, gdn, mamba2, gdp. Each recurrent mixer has two forms:
+Mixers: attn, linear, mamba, gdn, mamba2, gdp, kda. Each recurrent mixer has two forms:
   "recurrent"  the spec's recurrence, one token at a time (the reference);
   "chunked"    chunks of C positions, matrix products inside a chunk and the
                state carried across chunks (for speed; GLA form for linear and
                mamba, the WY form of MODEL.md for gdn, and for gdp over its
-               interleaved sequence).
+               interleaved sequence; for kda the WY form with a decay per key
+               channel, docs/kda.md).
 attn uses F.scaled_dot_product_attention when torch has it (>= 2.0) and an
 explicit masked softmax otherwise (or when form is "recurrent", the reference).
 
@@ -149,12 +150,19 @@ def gla_recurrent(q, k, v, g):
 
 
 def gdn_recurrent(q, k, v, beta, g):
-    """S_t = exp(g_t) S_{t-1} + k_t d_t^T, d_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t), o_t = S_t^T q_t."""
+    """S_t = exp(g_t) S_{t-1} + k_t d_t^T, d_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t), o_t = S_t^T q_t:
+    kda_recurrent with the head's decay on every key channel."""
+    return kda_recurrent(q, k, v, beta, g[..., None].expand(q.shape))
+
+
+def kda_recurrent(q, k, v, beta, g):
+    """S' = Diag(exp(g_t)) S_{t-1} (row i of S times exp(g_t[i])), d_t = beta_t (v_t - S'^T k_t),
+    S_t = S' + k_t d_t^T, o_t = S_t^T q_t; g (B, H, T, dk)."""
     B, H, T, dk = q.shape
     S = q.new_zeros(B, H, dk, v.shape[-1])
     out = []
     for t in range(T):
-        S = torch.exp(g[:, :, t])[..., None, None] * S
+        S = torch.exp(g[:, :, t])[..., None] * S
         kt = k[:, :, t]
         d = beta[:, :, t, None] * (v[:, :, t] - (kt[..., None] * S).sum(-2))
         S = S + kt[..., None] * d[..., None, :]
@@ -257,6 +265,35 @@ def gdn_chunked(q, k, v, beta, g, C):
     return torch.stack(out, dim=2).reshape(B, H, N * C, dv)[:, :, :T]
 
 
+def kda_chunked(q, k, v, beta, g, C):
+    """The chunked WY form of kda_recurrent (docs/kda.md): gdn_chunked's with the decay exp(Gamma_i - Gamma_j)
+    a vector over the key channels inside the products, Gamma (B, H, N, C, dk) the in-chunk sums of g."""
+    B, H, T, dk = q.shape
+    dv = v.shape[-1]
+    qc, kc, vc, bc = _chunks(q, C), _chunks(k, C), _chunks(v, C), _chunks(beta, C)
+    N = qc.shape[2]
+    G = torch.cumsum(_chunks(g, C), dim=3)
+    lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    diff = (G[:, :, :, :, None] - G[:, :, :, None, :]).masked_fill(~lower[..., None], float("-inf"))
+    E = torch.exp(diff)                                         # (B, H, N, C, C, dk), 0 above the diagonal
+    KK = torch.einsum("bhnic,bhnijc,bhnjc->bhnij", kc, E, kc)
+    P = torch.einsum("bhnic,bhnijc,bhnjc->bhnij", qc, E, kc)    # includes the diagonal
+    A = (bc[..., None] * KK).tril(-1)
+    eye = torch.eye(C, dtype=q.dtype, device=q.device)
+    Tm = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)
+    eG = torch.exp(G)
+    W = Tm @ (kc * eG * bc[..., None])                          # (B, H, N, C, dk)
+    U = Tm @ (vc * bc[..., None])                               # (B, H, N, C, dv)
+    qb, kd = qc * eG, kc * torch.exp(G[:, :, :, -1:] - G)
+    S = q.new_zeros(B, H, dk, dv)
+    out = []
+    for n in range(N):
+        D = U[:, :, n] - W[:, :, n] @ S
+        out.append(qb[:, :, n] @ S + P[:, :, n] @ D)
+        S = eG[:, :, n, -1][..., None] * S + kd[:, :, n].transpose(-1, -2) @ D
+    return torch.stack(out, dim=2).reshape(B, H, N * C, dv)[:, :, :T]
+
+
 # ---------------------------------------------------------------- the model
 
 def _normal(shape, std, gen, dtype):
@@ -274,15 +311,21 @@ def param_shapes(cfg):
     dk, dv, W = cfg.d_k, cfg.d_v, cfg.conv_size
     s = {"embed": (V, D)}
     for l, kind in enumerate(cfg.layers):
-        if kind not in ("attn", "linear", "mamba", "gdn", "mamba2", "gdp"):
-            raise ValueError("layer %d: mixer '%s' is not in this reference (attn, linear, mamba, gdn, mamba2, gdp)"
-                             % (l, kind))
+        if kind not in ("attn", "linear", "mamba", "gdn", "mamba2", "gdp", "kda"):
+            raise ValueError("layer %d: mixer '%s' is not in this reference (attn, linear, mamba, gdn, mamba2, gdp, "
+                             "kda)" % (l, kind))
         n = cfg.gdp_steps if kind == "gdp" else 1   # gdp: n blocks of keys, values and beta
         p = "layers.%d." % l
         m = p + "mixer."
         s[p + "norm1"] = (D,)
         s[m + "wq"], s[m + "wk"], s[m + "wv"] = (D, H * dk), (D, n * H * dk), (D, n * H * dv)
-        if kind != "attn":
+        if kind == "kda":   # src/layers/kda.c's order
+            if W > 0:
+                s[m + "conv_q"], s[m + "conv_k"], s[m + "conv_v"] = (H * dk, W), (H * dk, W), (H * dv, W)
+            s[m + "w_beta"], s[m + "w_f1"], s[m + "w_f2"] = (D, H), (D, dv), (dv, H * dk)
+            s[m + "dt_bias"], s[m + "A_log"] = (H * dk,), (H,)
+            s[m + "w_g1"], s[m + "w_g2"], s[m + "b_g2"], s[m + "out_norm"] = (D, dv), (dv, H * dv), (H * dv,), (dv,)
+        elif kind != "attn":
             if W > 0:
                 s[m + "conv_q"], s[m + "conv_k"], s[m + "conv_v"] = (H * dk, W), (n * H * dk, W), (n * H * dv, W)
             s[m + "out_norm"] = (H * dv,) if kind == "mamba2" else (dv,)
@@ -324,9 +367,12 @@ class LM:
         out_std = res / math.sqrt(H * cfg.d_v)
         for name, shape in param_shapes(cfg).items():
             leaf = name.rsplit(".", 1)[-1]
-            decay = leaf not in ("norm1", "norm2", "norm_f", "out_norm", "q_norm", "k_norm", "D", "dt_bias", "A_log")
+            decay = leaf not in ("norm1", "norm2", "norm_f", "out_norm", "q_norm", "k_norm", "D", "dt_bias", "A_log",
+                                 "b_g2")
             if name == "embed":
                 value = _normal(shape, in_std if cfg.tied_embeddings else 1.0, gen, dtype)
+            elif leaf == "b_g2":   # kda's output gate bias: zeros, as fla initialises biases
+                value = torch.zeros(shape)
             elif not decay and leaf not in ("dt_bias", "A_log"):
                 value = torch.ones(shape)
             elif leaf.startswith("conv_"):
@@ -339,6 +385,8 @@ class LM:
                 value = torch.log(_uniform(shape, 1.0, 16.0, gen, torch.float64))
             else:
                 std = out_std if leaf == "wo" else res / math.sqrt(F_) if name.endswith("mlp.w2") else in_std
+                if leaf in ("w_f2", "w_g2"):   # kda's second low-rank factors: fan-in dv
+                    std = 1 / math.sqrt(cfg.d_v)
                 value = _normal(shape, std, gen, dtype)
             self.params[name] = value.to(dtype).requires_grad_(True)
             if not decay:
@@ -462,6 +510,23 @@ class LM:
         else:
             o = gdp_chunked(q, k, v, beta, g, c.chunk_size)
         return self._out(m, o, u)
+
+    def _kda(self, m, u):
+        """gdn's q, k, v and beta; the decay g = -exp(A_log) softplus((u w_f1) w_f2 + dt_bias) per key channel;
+        the output RMSNorm_head(o) times sigmoid((u w_g1) w_g2 + b_g2), then Wo (MODEL.md, kda)."""
+        P, c = self.params, self.cfg
+        B, T, _ = u.shape
+        q, k, v = self._qkv(m, u)
+        q, k = l2norm(q) / math.sqrt(c.d_k), l2norm(k)
+        beta = torch.sigmoid(u @ P[m + "w_beta"]).transpose(1, 2)
+        dt = heads(F.softplus((u @ P[m + "w_f1"]) @ P[m + "w_f2"] + P[m + "dt_bias"]), c.n_heads)   # (B, H, T, dk)
+        g = -torch.exp(P[m + "A_log"])[None, :, None, None] * dt
+        if self.form == "recurrent":
+            o = kda_recurrent(q, k, v, beta, g)
+        else:
+            o = kda_chunked(q, k, v, beta, g, c.chunk_size)
+        on = rmsnorm(o.transpose(1, 2), P[m + "out_norm"], c.norm_eps).reshape(B, T, -1)
+        return (on * torch.sigmoid((u @ P[m + "w_g1"]) @ P[m + "w_g2"] + P[m + "b_g2"])) @ P[m + "wo"]
 
     # ---- the LM
 

@@ -24,7 +24,7 @@ CPU limits (attnlab_checkpoint.py); safetensors is read with the standard
 library and torch alone (attnlab_safetensors.py). Encoding text for a BPE
 model needs the regex module (Debian's python3-regex); decoding does not.
 
-Mixers: attn, linear, mamba, gdn, mamba2, gdp (attn_dsa is not in the
+Mixers: attn, linear, mamba, gdn, mamba2, gdp, kda (attn_dsa is not in the
 reference: loading a model with it raises CheckpointError). form "chunked"
 (fast) or "recurrent" (the spec's token-by-token reference).
 

@@ -12,7 +12,7 @@ scripts/get_corpus.sh
 steps=${1:-}
 shift $(( $# > 0 ? 1 : 0 ))
 configs=("$@")
-[ ${#configs[@]} -gt 0 ] || configs=(tiny_gdn tiny_hybrid tiny_qwen35 tiny_attn tiny_mamba tiny_mamba2 tiny_linear tiny_gdp)
+[ ${#configs[@]} -gt 0 ] || configs=(tiny_gdn tiny_hybrid tiny_qwen35 tiny_attn tiny_mamba tiny_mamba2 tiny_linear tiny_gdp tiny_kda)
 for name in "${configs[@]}"; do
     case $name in
     *[!A-Za-z0-9_]* | "") echo "train_all: '$name' is not a bundled config name" >&2; exit 2 ;;

@@ -149,7 +149,7 @@ Test(config, bad_values) {
     expect_error("[train]\noptimizer = adam\n", 2, "[train] optimizer: 'adam' is not one of adamw|sgd");
     expect_error("[model]\nform = fast\n", 2, "[model] form: 'fast' is not one of chunked|parallel|recurrent");
     expect_error("[model]\nlayers = attn,lstm\n", 2,
-                 "[model] layers: 'lstm' is not a known mixer (attn, linear, mamba, gdn, attn_dsa, mamba2, gdp)");
+                 "[model] layers: 'lstm' is not a known mixer (attn, linear, mamba, gdn, attn_dsa, mamba2, gdp, kda)");
     expect_error("[model]\nlayers = attn,,gdn\n", 2, "[model] layers: empty item 2 in the list");
     expect_error("[model]\nlayers =\n", 2, "[model] layers: needs at least 1 item(s)");
     expect_error("[finetune]\ndsa_layers = 1,x\n", 2, "[finetune] dsa_layers: item 'x' is not an integer");
@@ -230,14 +230,14 @@ Test(config, mixer_names_come_from_the_registry) {
     config_defaults(&cfg, NULL);
     Status st = config_set(&cfg, "model.layers=toy");
     cr_assert_str_eq(st.msg, "--set model.layers=toy: [model] layers: 'toy' is not a known mixer (attn, linear, "
-                             "mamba, gdn, attn_dsa, mamba2, gdp)");
+                             "mamba, gdn, attn_dsa, mamba2, gdp, kda)");
     mixer_kind_register(&toy);   // (each test runs in a process of its own)
     st = config_set(&cfg, "model.layers=attn,toy");
     cr_assert(st.ok, "%s", st.msg);
     cr_assert_str_eq(cfg.model.layers.name[1], "toy");
     st = config_set(&cfg, "model.layers=lstm");
     cr_assert_str_eq(st.msg, "--set model.layers=lstm: [model] layers: 'lstm' is not a known mixer (attn, linear, "
-                             "mamba, gdn, attn_dsa, mamba2, gdp, toy)");
+                             "mamba, gdn, attn_dsa, mamba2, gdp, kda, toy)");
     config_free(&cfg);
 }
 
@@ -345,7 +345,7 @@ Test(config, layer_constraints_are_validation_errors) {
          "[model] form: layer 0: gdn has no 'parallel' form (it has: chunked, recurrent)"},
         {"[model]\nlayers = attn,attn\nform = recurrent\n", 3,
          "[model] form: form = recurrent has no effect: none of the layers (attn...) has training forms to choose "
-         "between (only linear, mamba, mamba2, gdn and gdp do); remove the key"},
+         "between (only linear, mamba, mamba2, gdn, gdp and kda do); remove the key"},
         {"[model]\nlayers = gdn\nd_model = 65536\nd_ff = 1048576\n", 3,
          "[model] d_model: a weight of 65536 x 1048576 elements is more than this build's 2147483647 per tensor"},
     };

@@ -124,7 +124,8 @@ Test(docs_carry, windows_equal_one_pass_every_recurrent_mixer_and_form) {
     } cases[] = {{"linear", MIXER_FORM_PARALLEL}, {"linear", MIXER_FORM_CHUNKED}, {"linear", MIXER_FORM_RECURRENT},
                  {"mamba", MIXER_FORM_PARALLEL},  {"mamba", MIXER_FORM_CHUNKED},  {"mamba", MIXER_FORM_RECURRENT},
                  {"gdn", MIXER_FORM_CHUNKED},     {"gdn", MIXER_FORM_RECURRENT},
-                 {"gdp", MIXER_FORM_CHUNKED},     {"gdp", MIXER_FORM_RECURRENT}};
+                 {"gdp", MIXER_FORM_CHUNKED},     {"gdp", MIXER_FORM_RECURRENT},
+                 {"kda", MIXER_FORM_CHUNKED},     {"kda", MIXER_FORM_RECURRENT}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int docs = 0; docs < 2; docs++) check_mixer(cases[i].kind, cases[i].form, 4, docs);
     check_mixer("gdn", MIXER_FORM_CHUNKED, 0, true);   // no convolution: the state alone

@@ -120,6 +120,8 @@ static const Case CASES[] = {
     {"attn_dsa", MIXER_FORM_CHUNKED, DSA_DISTILL, 3, "attn_dsa distill"},
     {"gdp", MIXER_FORM_CHUNKED, 0, 64, "gdp chunked"},   // gdp_steps 2 (test_gdp.c: 3)
     {"gdp", MIXER_FORM_RECURRENT, 0, 64, "gdp recurrent"},
+    {"kda", MIXER_FORM_CHUNKED, 0, 64, "kda chunked"},
+    {"kda", MIXER_FORM_RECURRENT, 0, 64, "kda recurrent"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -146,8 +148,8 @@ Test(docs_layers, packed_equals_separate_longer_rows) {
     int *docs = xcalloc((size_t)B * T, sizeof(int));
     int starts[] = {0, 3, 4, 12, 13, 14, 26, 39, /* row 1 */ 45, 47, 60, 64};
     for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++) docs[starts[i]] = 1;
-    const char *kinds[] = {"linear", "mamba", "gdn", "attn", "attn_dsa", "mamba2", "gdp"};
-    for (int i = 0; i < 6; i++) {
+    const char *kinds[] = {"linear", "mamba", "gdn", "attn", "attn_dsa", "mamba2", "gdp", "kda"};
+    for (int i = 0; i < (int)(sizeof kinds / sizeof kinds[0]); i++) {
         Layer L;
         layer_make(&L, kinds[i], MIXER_FORM_CHUNKED, DSA_SPARSE, 5, 30 + i);
         layer_inputs(&L, B, T, 40 + i);
@@ -174,12 +176,13 @@ Test(docs_layers, gradcheck_every_mixer_with_boundaries) {
     int B = 2, T = 11;
     int *docs = docs_pattern(T, CHUNK);
     // attn (RoPE positions and the mask together), gdn (chunked, with its
-    // convolutions) and gdp (its document flags mapped to the substeps). The ops of the others have their own gradchecks with
+    // convolutions), gdp (its document flags mapped to the substeps) and kda
+    // (a decay per key channel). The ops of the others have their own gradchecks with
     // boundaries (op_gla: test_docs_recurrent.c; the DSA indexer's scores and
     // KL: test_docs_dsa.c), and every layer in every form is checked packed
     // against separate rows above, whose gradients the layers' own tests
     // check by finite differences.
-    static const int pick[] = {0, 10, 16};   // attn, gdn chunked, gdp chunked
+    static const int pick[] = {0, 10, 16, 18};   // attn, gdn chunked, gdp chunked, kda chunked
     GradcheckOptions o = gradcheck_defaults();
     o.eps = 1e-5;   // f is O(10) here: the rounding of f at 1e-6 reaches 1e-6 of small gradients (test_linear_mamba.c)
     g_norm_eps = 1e-2;

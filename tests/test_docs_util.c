@@ -145,3 +145,125 @@ void docs_gradcheck(const DocsFn *f, Tensor *const *in, const int *doc_start, co
     ASSERT_GRADCHECK(r, label);
     cr_assert_gt(r.n_checked, 0);
 }
+
+// ---- a recurrent mixer as a DocsFn (the layers' own tests: test_gdp.c, test_kda_layer.c) ----
+
+static int docs_mixer_fn(Tape *tp, Tensor *const *in, const int *doc_start, void *ctx, Tensor **out) {
+    Mixer *m = ctx;
+    out[0] = m->kind->forward(tp, m, in[0], doc_start, in[1], &out[1]);
+    return 2;
+}
+
+static Tensor **docs_mixer_inputs(const Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed,
+                                  DocsInKind **kind) {
+    const MixerConfig *c = &m->cfg;
+    Tensor **in = xcalloc((size_t)(2 + ps->n), sizeof *in);
+    *kind = xcalloc((size_t)(2 + ps->n), sizeof **kind);
+    in[0] = tensor_newv(true, 3, B, T, c->d_model);
+    in[1] = tensor_newv(true, 4, B, c->n_heads, c->d_k, c->d_v);
+    fill_normal(in[0], seed, 1.0);
+    fill_normal(in[1], seed + 1, 0.5);
+    (*kind)[0] = DOCS_SEQ;
+    (*kind)[1] = DOCS_ROW;
+    for (int i = 0; i < ps->n; i++) {
+        in[2 + i] = ps->params[i];
+        (*kind)[2 + i] = DOCS_SHARED;
+    }
+    return in;
+}
+
+static void docs_mixer_inputs_free(Tensor **in, DocsInKind *kind) {
+    tensor_free(in[0]);
+    tensor_free(in[1]);
+    free(in);
+    free(kind);
+}
+
+void docs_mixer_gradcheck(Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, const int *docs,
+                          const char *label) {
+    DocsInKind *kind;
+    Tensor **in = docs_mixer_inputs(m, ps, B, T, seed, &kind);
+    DocsFn f = {docs_mixer_fn, m, 2 + ps->n, kind};
+    GradcheckOptions o = gradcheck_defaults();
+    docs_gradcheck(&f, in, docs, &o, label);
+    docs_mixer_inputs_free(in, kind);
+}
+
+void docs_mixer_check_packed(Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, const int *docs,
+                             double tol, const char *label) {
+    DocsInKind *kind;
+    Tensor **in = docs_mixer_inputs(m, ps, B, T, seed, &kind);
+    DocsFn f = {docs_mixer_fn, m, 2 + ps->n, kind};
+    docs_check_packed(&f, in, docs, B, T, tol, label);
+    docs_mixer_inputs_free(in, kind);
+}
+
+DocsMixerRun docs_mixer_run(Mixer *m, ParamStore *ps, int B, int T, const int *docs) {
+    params_zero_grad(ps);
+    DocsInKind *kind;
+    Tensor **in = docs_mixer_inputs(m, ps, B, T, 5, &kind);
+    Tensor *r0 = tensor_new(in[0]->ndim, in[0]->shape, false), *r1 = tensor_new(in[1]->ndim, in[1]->shape, false);
+    fill_normal(r0, 6, 1.0);
+    fill_normal(r1, 7, 1.0);
+    DocsFn f = {docs_mixer_fn, m, 2 + ps->n, kind};
+    DocsMixerRun r;
+    cr_assert_eq(docs_run(&f, in, docs, (const real *[]){r0->data, r1->data}, r.out, r.on), 2);
+    r.grad = copy_of(ps->grad, ps->numel);
+    r.du = copy_of(in[0]->grad, in[0]->numel);
+    r.ds0 = copy_of(in[1]->grad, in[1]->numel);
+    tensor_free(r0);
+    tensor_free(r1);
+    docs_mixer_inputs_free(in, kind);
+    return r;
+}
+
+void docs_mixer_run_free(DocsMixerRun *r) {
+    free(r->out[0]);
+    free(r->out[1]);
+    free(r->grad);
+    free(r->du);
+    free(r->ds0);
+}
+
+void docs_mixer_runs_agree(const DocsMixerRun *a, const DocsMixerRun *b, const ParamStore *ps, double tol,
+                           const char *label) {
+    for (int k = 0; k < 2; k++) {
+        double e = max_rel_diff(a->out[k], b->out[k], a->on[k]);
+        cr_assert_leq(e, tol, "%s: output %d differs by %.3e", label, k, e);
+    }
+    double e = max_rel_diff(a->du, b->du, a->on[0]);
+    cr_assert_leq(e, tol, "%s: du differs by %.3e", label, e);
+    e = max_rel_diff(a->ds0, b->ds0, a->on[1]);
+    cr_assert_leq(e, tol, "%s: ds0 differs by %.3e", label, e);
+    for (int i = 0; i < ps->n; i++) {
+        e = max_rel_diff(a->grad + ps->offsets[i], b->grad + ps->offsets[i], ps->params[i]->numel);
+        cr_assert_leq(e, tol, "%s: the gradient of %s differs by %.3e", label, ps->params[i]->name, e);
+    }
+}
+
+double docs_mixer_carry_diff(Mixer *m, const Tensor *u, const int *docs, const int *wins, int n, void **cache) {
+    int B = u->shape[0], T = u->shape[1], D = u->shape[2];
+    real *whole = test_mixer_forward_host(m, u, docs, DEVICE_CPU);
+    *cache = m->kind->cache_new(m, B, T, DEVICE_CPU);
+    double worst = 0;
+    for (int w = 0, t0 = 0; w < n; t0 += wins[w++]) {
+        int L = wins[w], flags[16 * 16];
+        cr_assert(L <= 16 && B <= 16 && t0 + L <= T, "window %d of %d positions at %d (B %d, T %d)", w, L, t0, B, T);
+        Tensor *uw = tensor_newv(false, 3, B, L, D);
+        for (int b = 0; b < B; b++) {
+            memcpy(uw->data + (int64_t)b * L * D, u->data + ((int64_t)b * T + t0) * D, (size_t)L * D * sizeof(real));
+            if (docs) memcpy(flags + b * L, docs + (int64_t)b * T + t0, (size_t)L * sizeof(int));
+        }
+        Tape tp;
+        tape_init(&tp);
+        Tensor *y = m->kind->forward_carry(&tp, m, uw, docs ? flags : NULL, *cache);
+        for (int b = 0; b < B; b++) {
+            double e = max_rel_diff(y->data + (int64_t)b * L * D, whole + ((int64_t)b * T + t0) * D, (int64_t)L * D);
+            worst = e > worst ? e : worst;
+        }
+        tape_free(&tp);
+        tensor_free(uw);
+    }
+    free(whole);
+    return worst;
+}

@@ -56,4 +56,33 @@ void docs_gradcheck(const DocsFn *f, Tensor *const *in, const int *doc_start, co
 // Time steps [t0, t0+len) of x (B, T, ...) as a new leaf (requires_grad as x).
 Tensor *docs_time_slice(const Tensor *x, int b, int t0, int len);
 
+// ---- a recurrent mixer (mixer.h) as a DocsFn ----
+// Its inputs: u (B, T, D) ~ N(0, 1) from seed, s0 (B, H, dk, dv) ~ N(0,
+// 0.5^2) from seed + 1, then every parameter of ps (shared); its outputs:
+// y = forward(u, doc_start, s0) and S_T.
+
+// docs_gradcheck (the default options) and docs_check_packed (tol) of m over
+// those inputs (from seed) with the boundaries docs (B, T).
+void docs_mixer_gradcheck(Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, const int *docs,
+                          const char *label);
+void docs_mixer_check_packed(Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, const int *docs,
+                             double tol, const char *label);
+// A forward of m over those inputs (seed 5) with the boundaries docs and
+// a backward seeded on both outputs (N(0, 1) from seeds 6 and 7): the
+// outputs and the gradients of u, s0 and every parameter, copied out.
+typedef struct DocsMixerRun {
+    real *out[2], *grad, *du, *ds0;   // grad: ps->numel, in ps's order
+    int64_t on[2];
+} DocsMixerRun;
+DocsMixerRun docs_mixer_run(Mixer *m, ParamStore *ps, int B, int T, const int *docs);
+void docs_mixer_run_free(DocsMixerRun *r);
+// Two such runs of one model (ps: its parameters, for their names) agree: both outputs, du, ds0 and every
+// parameter's gradient within tol (max_rel_diff); label names the case in a failure.
+void docs_mixer_runs_agree(const DocsMixerRun *a, const DocsMixerRun *b, const ParamStore *ps, double tol,
+                           const char *label);
+// m's forward_carry over consecutive windows of u (B, T, D) (lengths wins[0..n-1], summing to T, each at most
+// 16) from a fresh CPU cache, against one forward over u with the boundaries docs (B, T): the largest
+// max_rel_diff over a window's row (docs NULL: no boundaries). The cache is left in *cache (cache_free it).
+double docs_mixer_carry_diff(Mixer *m, const Tensor *u, const int *docs, const int *wins, int n, void **cache);
+
 #endif

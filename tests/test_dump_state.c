@@ -10,7 +10,8 @@
 #include "model_setup.h"
 #include "test_util.h"
 
-static const char *INI = "[model]\nlayers = gdn,attn,mamba,linear,gdp\ngdp_steps = 3\nd_model = 16\nn_heads = 2\nd_k = 8\nd_v = 6\n"
+static const char *INI = "[model]\nlayers = gdn,attn,mamba,linear,gdp,kda\ngdp_steps = 3\nd_model = 16\nn_heads = 2\n"
+                         "d_k = 8\nd_v = 6\n"
                          "d_ff = 24\ntied_embeddings = false\nchunk_size = 5\nconv_size = 3\nnorm_eps = 1e-5\n"
                          "rope_base = 500\nqk_norm = true\nattn_gate = true\n";
 

@@ -242,36 +242,6 @@ Test(gdp_layer, parameters) {
     params_free(&ps);
 }
 
-static int f_layer(Tape *tp, Tensor *const *in, const int *doc_start, void *ctx, Tensor **out) {
-    Mixer *m = ctx;
-    out[0] = m->kind->forward(tp, m, in[0], doc_start, in[1], &out[1]);
-    return 2;
-}
-
-// u, s0 and every parameter as a DocsFn's inputs (freed by layer_ins_free).
-static Tensor **layer_ins(ParamStore *ps, int B, int T, uint64_t seed, DocsInKind **kind) {
-    Tensor **in = xcalloc((size_t)(2 + ps->n), sizeof *in);
-    *kind = xcalloc((size_t)(2 + ps->n), sizeof **kind);
-    in[0] = tensor_newv(true, 3, B, T, D);
-    in[1] = tensor_newv(true, 4, B, H, DK, DV);
-    fill_normal(in[0], seed, 1.0);
-    fill_normal(in[1], seed + 1, 0.5);
-    (*kind)[0] = DOCS_SEQ;
-    (*kind)[1] = DOCS_ROW;
-    for (int i = 0; i < ps->n; i++) {
-        in[2 + i] = ps->params[i];
-        (*kind)[2 + i] = DOCS_SHARED;
-    }
-    return in;
-}
-
-static void layer_ins_free(Tensor **in, DocsInKind *kind) {
-    tensor_free(in[0]);
-    tensor_free(in[1]);
-    free(in);
-    free(kind);
-}
-
 #ifdef AG_DOUBLE
 // u, s0 and every parameter, both outputs seeded, with documents.
 Test(gdp_layer, gradcheck) {
@@ -287,57 +257,15 @@ Test(gdp_layer, gradcheck) {
         Mixer *m = make_gdp(&ps, "gdp", cases[i].n, cases[i].form, cases[i].conv, 41 + i);
         Tensor *w_dt = params_find(&ps, "m.w_dt");   // g varies visibly between tokens
         for (int64_t j = 0; j < w_dt->numel; j++) w_dt->data[j] *= 4;
-        DocsInKind *kind;
-        Tensor **in = layer_ins(&ps, B, T, 42, &kind);
-        DocsFn f = {f_layer, m, 2 + ps.n, kind};
         char label[64];
         snprintf(label, sizeof label, "gdp layer n %d %s conv %d", cases[i].n, mixer_form_name(cases[i].form),
                  cases[i].conv);
-        GradcheckOptions o = gradcheck_defaults();
-        docs_gradcheck(&f, in, docs, &o, label);
-        layer_ins_free(in, kind);
+        docs_mixer_gradcheck(m, &ps, B, T, 42, docs, label);
         mixer_destroy(m);
         params_free(&ps);
     }
 }
 #endif
-
-// Forward (o, S_T) and backward seeded on both of a layer with documents:
-// outputs and every gradient copied out.
-typedef struct Run {
-    real *out[2], *grad, *du, *ds0;
-    int64_t on[2];
-} Run;
-
-static Run run_layer(Mixer *m, ParamStore *ps, int B, int T, const int *docs) {
-    params_zero_grad(ps);
-    DocsInKind *kind;
-    Tensor **in = layer_ins(ps, B, T, 5, &kind);
-    Tensor *r0 = tensor_newv(false, 3, B, T, D), *r1 = tensor_newv(false, 4, B, H, DK, DV);
-    fill_normal(r0, 6, 1.0);
-    fill_normal(r1, 7, 1.0);
-    DocsFn f = {f_layer, m, 2 + ps->n, kind};
-    Run r;
-    cr_assert_eq(docs_run(&f, in, docs, (const real *[]){r0->data, r1->data}, r.out, r.on), 2);
-    r.grad = xmalloc(ps->numel * sizeof(real));
-    memcpy(r.grad, ps->grad, ps->numel * sizeof(real));
-    r.du = xmalloc(in[0]->numel * sizeof(real));
-    memcpy(r.du, in[0]->grad, in[0]->numel * sizeof(real));
-    r.ds0 = xmalloc(in[1]->numel * sizeof(real));
-    memcpy(r.ds0, in[1]->grad, in[1]->numel * sizeof(real));
-    tensor_free(r0);
-    tensor_free(r1);
-    layer_ins_free(in, kind);
-    return r;
-}
-
-static void run_free(Run *r) {
-    free(r->out[0]);
-    free(r->out[1]);
-    free(r->grad);
-    free(r->du);
-    free(r->ds0);
-}
 
 Test(gdp_layer, chunked_equals_recurrent_forward_and_backward) {
     int B = 2, T = 15;
@@ -346,20 +274,14 @@ Test(gdp_layer, chunked_equals_recurrent_forward_and_backward) {
     for (int n = 2; n <= 3; n++) {
         ParamStore ps;
         Mixer *m = make_gdp(&ps, "gdp", n, MIXER_FORM_CHUNKED, 4, 9);
-        Run a = run_layer(m, &ps, B, T, docs);
+        DocsMixerRun a = docs_mixer_run(m, &ps, B, T, docs);
         m->cfg.form = MIXER_FORM_RECURRENT;
-        Run b = run_layer(m, &ps, B, T, docs);
-        for (int k = 0; k < 2; k++)
-            cr_assert_leq(max_rel_diff(a.out[k], b.out[k], a.on[k]), FORM_TOL, "n %d output %d", n, k);
-        cr_assert_leq(max_rel_diff(a.du, b.du, a.on[0]), FORM_TOL, "n %d: du", n);
-        cr_assert_leq(max_rel_diff(a.ds0, b.ds0, a.on[1]), FORM_TOL, "n %d: ds0", n);
-        for (int i = 0; i < ps.n; i++) {
-            int64_t off = ps.offsets[i];
-            double e = max_rel_diff(a.grad + off, b.grad + off, ps.params[i]->numel);
-            cr_assert_leq(e, FORM_TOL, "n %d: gradient of %s differs by %.3e", n, ps.params[i]->name, e);
-        }
-        run_free(&a);
-        run_free(&b);
+        DocsMixerRun b = docs_mixer_run(m, &ps, B, T, docs);
+        char label[32];
+        snprintf(label, sizeof label, "n %d", n);
+        docs_mixer_runs_agree(&a, &b, &ps, FORM_TOL, label);
+        docs_mixer_run_free(&a);
+        docs_mixer_run_free(&b);
         mixer_destroy(m);
         params_free(&ps);
     }
@@ -381,14 +303,14 @@ Test(gdp_layer, one_step_is_gdn_bit_for_bit) {
             cr_assert(y && tensor_same_shape(x, y), "gdp (n_h = 1) lacks gdn's %s %s", x->name, SHAPE(x));
             memcpy(y->data, x->data, x->numel * sizeof(real));
         }
-        Run a = run_layer(ma, &pa, B, T, docs), b = run_layer(mb, &pb, B, T, docs);
+        DocsMixerRun a = docs_mixer_run(ma, &pa, B, T, docs), b = docs_mixer_run(mb, &pb, B, T, docs);
         for (int k = 0; k < 2; k++)
             cr_assert(!memcmp(a.out[k], b.out[k], a.on[k] * sizeof(real)), "%s: output %d", mixer_form_name(f), k);
         cr_assert(!memcmp(a.du, b.du, a.on[0] * sizeof(real)), "%s: du", mixer_form_name(f));
         cr_assert(!memcmp(a.ds0, b.ds0, a.on[1] * sizeof(real)), "%s: ds0", mixer_form_name(f));
         cr_assert(!memcmp(a.grad, b.grad, pa.numel * sizeof(real)), "%s: parameter gradients", mixer_form_name(f));
-        run_free(&a);
-        run_free(&b);
+        docs_mixer_run_free(&a);
+        docs_mixer_run_free(&b);
         mixer_destroy(ma);
         mixer_destroy(mb);
         params_free(&pa);
@@ -420,11 +342,7 @@ Test(gdp_layer, packed_equals_separate) {
     for (int form = 0; form < 2; form++) {
         ParamStore ps;
         Mixer *m = make_gdp(&ps, "gdp", 3, form ? MIXER_FORM_RECURRENT : MIXER_FORM_CHUNKED, 4, 17);
-        DocsInKind *kind;
-        Tensor **in = layer_ins(&ps, B, T, 18, &kind);
-        DocsFn f = {f_layer, m, 2 + ps.n, kind};
-        docs_check_packed(&f, in, docs, B, T, FORM_TOL, "gdp layer n 3");
-        layer_ins_free(in, kind);
+        docs_mixer_check_packed(m, &ps, B, T, 18, docs, FORM_TOL, "gdp layer n 3");
         mixer_destroy(m);
         params_free(&ps);
     }
@@ -442,29 +360,10 @@ Test(gdp_layer, carried_state_equals_one_pass) {
     Mixer *m = make_gdp(&ps, "gdp", 3, MIXER_FORM_CHUNKED, 4, 23);
     Tensor *u = tensor_newv(false, 3, B, T, D);
     fill_normal(u, 24, 1.0);
-    real *whole = test_mixer_forward_host(m, u, docs, DEVICE_CPU);
-    void *cache = m->kind->cache_new(m, B, T, DEVICE_CPU);
-    double worst = 0;
-    for (int w = 0, t0 = 0; w < 3; t0 += wins[w++]) {
-        int L = wins[w], flags[2 * 6];
-        Tensor *uw = tensor_newv(false, 3, B, L, D);
-        for (int b = 0; b < B; b++) {
-            memcpy(uw->data + (int64_t)b * L * D, u->data + ((int64_t)b * T + t0) * D, (size_t)L * D * sizeof(real));
-            memcpy(flags + b * L, docs + b * T + t0, (size_t)L * sizeof(int));
-        }
-        Tape tp;
-        tape_init(&tp);
-        Tensor *y = m->kind->forward_carry(&tp, m, uw, flags, cache);
-        for (int b = 0; b < B; b++) {
-            double e = max_rel_diff(y->data + (int64_t)b * L * D, whole + ((int64_t)b * T + t0) * D, (int64_t)L * D);
-            worst = e > worst ? e : worst;
-        }
-        tape_free(&tp);
-        tensor_free(uw);
-    }
+    void *cache;
+    double worst = docs_mixer_carry_diff(m, u, docs, wins, 3, &cache);
     cr_assert_leq(worst, FORM_TOL, "carried windows differ from one pass by %.3e", worst);
     m->kind->cache_free(cache);
-    free(whole);
     tensor_free(u);
     mixer_destroy(m);
     params_free(&ps);

@@ -96,10 +96,11 @@ static void check_decode(const char *layers) {
 }
 
 Test(lm, decode_equals_parallel_every_mixer) {
-    const char *kinds[] = {"attn", "linear", "mamba", "gdn", "gdp"};
-    for (int i = 0; i < 5; i++) check_decode(kinds[i]);
+    const char *kinds[] = {"attn", "linear", "mamba", "gdn", "gdp", "kda"};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) check_decode(kinds[i]);
     check_decode("gdn,attn,mamba,linear");
     check_decode("gdp,attn,gdn");
+    check_decode("kda,attn,gdn");
 }
 
 // Prefill (lm_prefill): windows of a prompt decoded in one parallel forward
@@ -205,8 +206,8 @@ static void check_prefill(const char *layers, int docs, bool distill, int window
 }
 
 Test(lm, prefill_then_steps_equal_token_by_token_every_mixer) {
-    const char *kinds[] = {"attn", "linear", "mamba", "gdn", "attn_dsa", "gdn,attn,mamba,linear,attn_dsa"};
-    for (int i = 0; i < 6; i++)
+    const char *kinds[] = {"attn", "linear", "mamba", "gdn", "attn_dsa", "kda", "gdn,attn,mamba,linear,attn_dsa"};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         for (int docs = 0; docs < 3; docs++) check_prefill(kinds[i], docs, false, 0, false, false);
     for (int docs = 0; docs < 3; docs++) check_prefill("attn_dsa,gdn", docs, true, 0, false, false);   // dense
     // The LM's own windows of 3 (5 = 3 + 2, 4 = 3 + 1), and attention stepped.

@@ -16,11 +16,11 @@
 #     export: its logits equal the C model's (evaluate --logits), to 1e-4
 #     normwise in float32 and 1e-9 in float64; the same for a mamba2/attn
 #     hybrid (Mamba-2 as llama.cpp computes it), for a gdn/attn hybrid with
-#     attn's options qk_norm and attn_gate on, and for a gdp/gdn/attn hybrid
-#     with gdp_steps = 3; a BPE model's tokenizer in Python encodes a
-#     multilingual text to bin/tokenize encode's ids (gpt2, cl100k_base,
-#     o200k_base, a trained bpe:300) and the loader prints the model's greedy
-#     continuation decoded;
+#     attn's options qk_norm and attn_gate on, for a gdp/gdn/attn hybrid
+#     with gdp_steps = 3 and for a kda/gdn/attn hybrid; a BPE model's
+#     tokenizer in Python encodes a multilingual text to bin/tokenize
+#     encode's ids (gpt2, cl100k_base, o200k_base, a trained bpe:300) and the
+#     loader prints the model's greedy continuation decoded;
 #  5. the GPU benchmark's per-layer torch.compile path equals the eager model;
 #  6. bench/ncu_table.py's per-kernel table on a fixture counted by hand.
 set -euo pipefail
@@ -157,6 +157,8 @@ parity mamba2,attn
 parity gdn,attn $'qk_norm = true\nattn_gate = true'
 # gdp at three delta steps per token (its weights n-fold wide) beside gdn.
 parity gdp,gdn,attn 'gdp_steps = 3'
+# kda (a decay per key channel, its own output gate) beside gdn and attn.
+parity kda,gdn,attn
 
 # A BPE model's tokenizer in Python (python/attnlab_tokenizer.py): its ids for
 # a multilingual text (bytes that are not UTF-8 included) equal bin/tokenize

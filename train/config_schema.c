@@ -18,7 +18,8 @@ static const char *const TYPE_NAMES[KEY_COUNT] = {"int", "int", "float", "bool",
 
 const ConfigKey CONFIG_SCHEMA[] = {
     {"model", "layers", KEY_NAMES, OFF(model, layers), "attn,gdn", 1, CONFIG_MAX_LAYERS, NULL, "mixers",
-     "comma list of mixer names, one per layer (attn, linear, mamba, gdn, attn_dsa, mamba2, gdp)", KEYF_ARCH},
+     "comma list of mixer names, one per layer (attn, linear, mamba, gdn, attn_dsa, mamba2, gdp, kda)",
+     KEYF_ARCH},
     {"model", "d_model", KEY_INT, OFF(model, d_model), "128", 1, 1 << 16, NULL, "dim,width", "model width D", KEYF_ARCH},
     {"model", "n_heads", KEY_INT, OFF(model, n_heads), "4", 1, 1024, NULL, "heads", "heads H", KEYF_ARCH},
     {"model", "d_k", KEY_INT, OFF(model, d_k), "32", 1, 4096, NULL, "head_dim,dk", "key/query head size", KEYF_ARCH},

@@ -141,8 +141,8 @@ Status poseval_score(LM *lm, const int *tok, const int *doc_start, int64_t n, co
     switch (sp->context) {
     case POSEVAL_CARRY:
         if (!poseval_all_recurrent(lm))
-            return status_err("context carry needs every layer recurrent (linear, mamba, mamba2, gdn): attention "
-                              "layers would see only their chunk; use full or window");
+            return status_err("context carry needs every layer recurrent (linear, mamba, mamba2, gdn, gdp, kda): "
+                              "attention layers would see only their chunk; use full or window");
         if (sp->chunk < 1) return status_err("chunk %d: must be at least 1", sp->chunk);
         if (!rows_fit(lm, sp->chunk)) return status_err("chunk %d: too many rows for one forward", sp->chunk);
         break;

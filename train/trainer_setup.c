@@ -321,8 +321,8 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
         bool any = false;
         for (int l = 0; l < t->lm.cfg.n_layers; l++) any |= t->lm.blocks[l].mixer->kind->forward_carry != NULL;
         if (!any)
-            return status_err("[train] carry_state: no layer of this model carries a state (linear, mamba, mamba2 "
-                              "and gdn do; attention keeps its within-window behaviour)");
+            return status_err("[train] carry_state: no layer of this model carries a state (linear, mamba, mamba2, "
+                              "gdn, gdp and kda do; attention keeps its within-window behaviour)");
         t->carry = lm_cache_new_on(&t->lm, (int)(hi - lo), 1, (Device)c->train.device);
     }
 

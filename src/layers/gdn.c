@@ -27,24 +27,11 @@ typedef struct Gdn {
     Tensor *wo;             // (H*dv, D)
     Tensor *w_beta, *w_dt;  // (D, H)
     Tensor *dt_bias, *A_log;// (H)
-    ShortConv conv_q, conv_k, conv_v;
+    ShortConv conv[3];      // q, k, v
     OutGate gate;
     int steps;              // n_h: the blocks of wk, wv, w_beta (gdn: 1)
     bool product;           // gdp: mix with op_gdp (also at n_h = 1), else op_gdn
 } Gdn;
-
-typedef struct GdnCache {
-    ShortConvCache cq, ck, cv;
-    Tensor *S;              // (B, H, dk, dv) the state after the last token, in dev's memory
-    Device dev;
-} GdnCache;
-
-static Tensor *param_vec(ParamStore *ps, const char *prefix, const char *name, int n, ParamInit init) {
-    char full[256];
-    int len = snprintf(full, sizeof full, "%s%s", prefix, name);
-    ASSERT(len < (int)sizeof full, "gdn: parameter name '%s%s' too long", prefix, name);
-    return params_add(ps, full, 1, (int[]){n}, init, TENSOR_NO_DECAY);
-}
 
 // gdn (steps 1, op_gdn) or gdp (steps n_h, op_gdp): the parameters of gdn
 // with n_h blocks of columns in wk, wv, w_beta and n_h blocks of channels
@@ -61,15 +48,15 @@ static void gdn_build(Mixer *m, ParamStore *ps, const char *prefix, int steps, b
     g->wk = param_linear(ps, prefix, "wk", D, n * H * dk, s_in);
     g->wv = param_linear(ps, prefix, "wv", D, n * H * dv, s_in);
     snprintf(name, sizeof name, "%sconv_q", prefix);
-    shortconv_create(&g->conv_q, ps, name, H * dk, c->conv_size);
+    shortconv_create(&g->conv[0], ps, name, H * dk, c->conv_size);
     snprintf(name, sizeof name, "%sconv_k", prefix);
-    shortconv_create(&g->conv_k, ps, name, n * H * dk, c->conv_size);
+    shortconv_create(&g->conv[1], ps, name, n * H * dk, c->conv_size);
     snprintf(name, sizeof name, "%sconv_v", prefix);
-    shortconv_create(&g->conv_v, ps, name, n * H * dv, c->conv_size);
+    shortconv_create(&g->conv[2], ps, name, n * H * dv, c->conv_size);
     g->w_beta = param_linear(ps, prefix, "w_beta", D, n * H, s_in);
     g->w_dt = param_linear(ps, prefix, "w_dt", D, H, s_in);
-    g->dt_bias = param_vec(ps, prefix, "dt_bias", H, init_fn(init_dt_bias, 1e-3, 1e-1));
-    g->A_log = param_vec(ps, prefix, "A_log", H, init_fn(init_A_log, 1, 16));
+    g->dt_bias = param_vector(ps, prefix, "dt_bias", H, init_fn(init_dt_bias, 1e-3, 1e-1));
+    g->A_log = param_vector(ps, prefix, "A_log", H, init_fn(init_A_log, 1, 16));
     outgate_create(&g->gate, ps, prefix, D, H, dv, c->norm_eps);
     g->wo = param_linear(ps, prefix, "wo", H * dv, D, c->out_std);
     m->impl = g;
@@ -86,30 +73,17 @@ static void gdn_destroy(Mixer *m) { free(m->impl); }
 // (B, T, D), the convolutions either over the whole sequence (cache NULL;
 // doc_start (B, T) or NULL), one step through the cache, or (carry) a window
 // continuing the streams in the cache.
-static void gdn_inputs(Tape *tp, const Mixer *m, GdnCache *cache, bool carry, Tensor *u, const int *doc_start,
+static void gdn_inputs(Tape *tp, const Mixer *m, QkvCache *cache, bool carry, Tensor *u, const int *doc_start,
                        Tensor **q, Tensor **k, Tensor **v, Tensor **beta, Tensor **g, Tensor **gz) {
     const Gdn *p = m->impl;
     int dk = m->cfg.d_k;
     Tensor *x[4];   // u Wq, u Wk, u Wv and the output gate's u Wg, in one node
     op_matmul_multi(tp, u, (Tensor *[]){p->wq, p->wk, p->wv, p->gate.wg}, 4, x);
-    Tensor *xq = x[0], *xk = x[1], *xv = x[2];
     *gz = x[3];
-    if (carry) {
-        xq = shortconv_forward_carry(tp, &p->conv_q, xq, doc_start, &cache->cq);
-        xk = shortconv_forward_carry(tp, &p->conv_k, xk, doc_start, &cache->ck);
-        xv = shortconv_forward_carry(tp, &p->conv_v, xv, doc_start, &cache->cv);
-    } else if (cache) {
-        xq = shortconv_step(tp, &p->conv_q, &cache->cq, xq);
-        xk = shortconv_step(tp, &p->conv_k, &cache->ck, xk);
-        xv = shortconv_step(tp, &p->conv_v, &cache->cv, xv);
-    } else {
-        xq = shortconv_forward(tp, &p->conv_q, xq, doc_start);
-        xk = shortconv_forward(tp, &p->conv_k, xk, doc_start);
-        xv = shortconv_forward(tp, &p->conv_v, xv, doc_start);
-    }
-    *q = op_l2norm_heads_scaled(tp, xq, dk, 1.0 / sqrt((double)dk));
-    *k = op_l2norm_heads(tp, xk, dk);
-    *v = xv;
+    qkv_convolve(tp, p->conv, cache, carry, doc_start, x);
+    *q = op_l2norm_heads_scaled(tp, x[0], dk, 1.0 / sqrt((double)dk));
+    *k = op_l2norm_heads(tp, x[1], dk);
+    *v = x[2];
     *beta = op_sigmoid(tp, op_matmul(tp, u, p->w_beta, false, false));
     Tensor *dt = op_softplus(tp, op_add(tp, op_matmul(tp, u, p->w_dt, false, false), p->dt_bias));
     *g = op_scale(tp, op_mul(tp, dt, op_exp(tp, p->A_log)), -1.0);
@@ -135,36 +109,16 @@ static Tensor *gdn_forward(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, 
 
 static void *gdn_cache_new(const Mixer *m, int B, int max_T, Device dev) {
     (void)max_T;   // constant memory: nothing grows with the length
-    const Gdn *p = m->impl;
     const MixerConfig *c = &m->cfg;
-    GdnCache *cache = xcalloc(1, sizeof *cache);
-    cache->dev = dev;
-    shortconv_cache_init(&cache->cq, &p->conv_q, B, dev);
-    shortconv_cache_init(&cache->ck, &p->conv_k, B, dev);
-    shortconv_cache_init(&cache->cv, &p->conv_v, B, dev);
-    cache->S = tensor_new_on(dev, 4, (int[]){B, c->n_heads, c->d_k, c->d_v});   // zeros
-    return cache;
+    return qkvcache_new(((const Gdn *)m->impl)->conv, B, c->n_heads, c->d_k, c->d_v, dev);
 }
 
-static void gdn_cache_free(void *ptr) {
-    GdnCache *cache = ptr;
-    if (!cache) return;
-    shortconv_cache_free(&cache->cq);
-    shortconv_cache_free(&cache->ck);
-    shortconv_cache_free(&cache->cv);
-    tensor_free_on(cache->dev, cache->S);
-    free(cache);
-}
+static void gdn_cache_free(void *ptr) { qkvcache_free(ptr); }
 
 static Tensor *gdn_step(Tape *tp, Mixer *m, void *ptr, Tensor *u) {
     const Gdn *p = m->impl;
-    const MixerConfig *c = &m->cfg;
-    GdnCache *cache = ptr;
-    ASSERT(!tape_grad_enabled(tp), "%s step: call it in no-grad mode (tape_no_grad_push)", m->kind->name);
-    ASSERT(cache->dev == tp->device, "%s step: a %s cache on a %s tape", m->kind->name, device_name(cache->dev),
-           device_name(tp->device));
-    ASSERT(u->ndim == 3 && u->shape[0] == cache->S->shape[0] && u->shape[1] == 1 && u->shape[2] == c->d_model,
-           "%s step: u %s must be (%d, 1, %d)", m->kind->name, SHAPE(u), cache->S->shape[0], c->d_model);
+    QkvCache *cache = ptr;
+    qkvcache_check(m, cache, tp, u, true);
     Tensor *q, *k, *v, *beta, *g, *gz, *sT;
     gdn_inputs(tp, m, cache, false, u, NULL, &q, &k, &v, &beta, &g, &gz);
     // gdp: the n_h substeps of the token, one after the other (op_gdp's recurrent form).
@@ -174,26 +128,15 @@ static Tensor *gdn_step(Tape *tp, Mixer *m, void *ptr, Tensor *u) {
 }
 
 static void gdn_cache_reset(const Mixer *m, void *ptr, int b) {
-    const Gdn *p = m->impl;
-    GdnCache *cache = ptr;
-    Tensor *S = cache->S;
-    ASSERT(b >= 0 && b < S->shape[0], "%s cache_reset: row %d of %d", m->kind->name, b, S->shape[0]);
-    int64_t row = S->numel / S->shape[0];
-    dev_zero(cache->dev, S->data + b * row, (size_t)row * sizeof(real));
-    shortconv_cache_reset(&cache->cq, &p->conv_q, b);
-    shortconv_cache_reset(&cache->ck, &p->conv_k, b);
-    shortconv_cache_reset(&cache->cv, &p->conv_v, b);
+    qkvcache_reset(m, ptr, ((const Gdn *)m->impl)->conv, b);
 }
 
 static Tensor *gdn_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_start, void *ptr) {
     const Gdn *p = m->impl;
     const MixerConfig *c = &m->cfg;
-    GdnCache *cache = ptr;
+    QkvCache *cache = ptr;
     Tensor *S = cache->S;
-    ASSERT(cache->dev == tp->device, "%s carried window: a %s carry on a %s tape", m->kind->name, device_name(cache->dev),
-           device_name(tp->device));
-    ASSERT(u->ndim == 3 && u->shape[0] == S->shape[0] && u->shape[2] == c->d_model,
-           "%s carried window: u %s must be (%d, T, %d)", m->kind->name, SHAPE(u), S->shape[0], c->d_model);
+    qkvcache_check(m, cache, tp, u, false);
     Tensor *q, *k, *v, *beta, *g, *gz, *sT, *s_in = tape_tensor_copy_dev(tp, 4, S->shape, S->data);
     gdn_inputs(tp, m, cache, true, u, doc_start, &q, &k, &v, &beta, &g, &gz);
     Tensor *o = gdn_mix(tp, m, q, k, v, beta, g, s_in, doc_start, c->form, c->chunk_size, &sT);
@@ -202,15 +145,7 @@ static Tensor *gdn_forward_carry(Tape *tp, Mixer *m, Tensor *u, const int *doc_s
 }
 
 static int gdn_cache_state(const Mixer *m, void *ptr, real **bufs, int64_t *sizes) {
-    const Gdn *p = m->impl;
-    GdnCache *cache = ptr;
-    bufs[0] = cache->S->data;
-    sizes[0] = cache->S->numel;
-    int n = 1;
-    n += shortconv_cache_buffer(&p->conv_q, &cache->cq, bufs + n, sizes + n);
-    n += shortconv_cache_buffer(&p->conv_k, &cache->ck, bufs + n, sizes + n);
-    n += shortconv_cache_buffer(&p->conv_v, &cache->cv, bufs + n, sizes + n);
-    return n;
+    return qkvcache_state(ptr, ((const Gdn *)m->impl)->conv, bufs, sizes);
 }
 
 // What gdn and gdp share: everything but the name, create (the parameters'

@@ -64,7 +64,7 @@ const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n
     }
     if (!form_used && c->mixer.form != MIXER_FORM_CHUNKED) {
         snprintf(why, n, "form = %s has no effect: none of the layers (%s...) has training forms to choose "
-                         "between (only linear, mamba, mamba2, gdn and gdp do); remove the key",
+                         "between (only linear, mamba, mamba2, gdn, gdp and kda do); remove the key",
                  mixer_form_name(c->mixer.form), c->layers[0]);
         return "form";
     }

@@ -11,8 +11,9 @@ extern const MixerKind MIXER_GDN;        // gdn.c
 extern const MixerKind MIXER_ATTN_DSA;   // attn_dsa.c
 extern const MixerKind MIXER_MAMBA2;     // mamba.c
 extern const MixerKind MIXER_GDP;        // gdn.c
+extern const MixerKind MIXER_KDA;        // kda.c
 static const MixerKind *const KINDS[] = {
-    &MIXER_ATTN, &MIXER_LINEAR, &MIXER_MAMBA, &MIXER_GDN, &MIXER_ATTN_DSA, &MIXER_MAMBA2, &MIXER_GDP,
+    &MIXER_ATTN, &MIXER_LINEAR, &MIXER_MAMBA, &MIXER_GDN, &MIXER_ATTN_DSA, &MIXER_MAMBA2, &MIXER_GDP, &MIXER_KDA,
 };
 
 static const char *const FORM_NAMES[MIXER_FORM_COUNT] = {"chunked", "parallel", "recurrent"};

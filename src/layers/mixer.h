@@ -1,19 +1,20 @@
 // mixer.h: the interface every token mixer implements (attn, linear, mamba,
-// gdn, attn_dsa, mamba2, gdp), chosen by name so the LM can build any list
-// of them.
+// gdn, attn_dsa, mamba2, gdp, kda), chosen by name so the LM can build any
+// list of them.
 //
 // A mixer maps u = RMSNorm(x), shape (B, T, D), to (B, T, D). Recurrent
-// mixers (linear, mamba, mamba2, gdn) take an optional initial state and
-// return their final state, both differentiable, shape (B, H, dk, dv): S[b,h,i,j] pairs
-// key dimension i with value dimension j, and o_t = S_t^T q_t.
+// mixers (linear, mamba, mamba2, gdn, gdp, kda) take an optional initial
+// state and return their final state, both differentiable, shape (B, H, dk,
+// dv): S[b,h,i,j] pairs key dimension i with value dimension j, and
+// o_t = S_t^T q_t.
 //
 // Documents (docs.h): forward() takes doc_start (B, T), nonzero where a new
 // document begins in a row, or NULL (none: one document per row, at no
 // cost). From such a position on the mixer starts fresh: `attn` and
 // `attn_dsa` attend (and the indexer selects) within the document only,
-// with RoPE positions counted from its start; `linear`, `mamba` and `gdn`
-// restart their state from zero and their short convolution reads no
-// input before the start. A flag at t = 0 means s_in is not read for that
+// with RoPE positions counted from its start; the recurrent kinds restart
+// their state from zero and their short convolution reads no input before
+// the start. A flag at t = 0 means s_in is not read for that
 // row. A packed row computes what its documents would as separate rows.
 //
 // Decoding: step() takes u for ONE new position, shape (B, 1, D), on a tape
@@ -28,8 +29,9 @@
 // (H*dk, W), conv_v (H*dv, W), out_norm (dv), w_dt (D, H), dt_bias (H),
 // A_log (H), D (H, dv), w_beta (D, H) (mamba2: D (H), out_norm (H*dv); gdp:
 // wk (D, n_h*H*dk), wv (D, n_h*H*dv), w_beta (D, n_h*H), conv_k, conv_v
-// likewise: step j's columns are the j-th block); the indexer's: wq_idx,
-// wk_idx, ww_idx;
+// likewise: step j's columns are the j-th block; kda: no wg, w_dt; w_f1
+// (D, dv), w_f2 (dv, H*dk), dt_bias (H*dk), w_g1 (D, dv), w_g2 (dv, H*dv),
+// b_g2 (H*dv)); the indexer's: wq_idx, wk_idx, ww_idx;
 // the attention options': q_norm (dk), k_norm (dk), w_gate (D, H*dv).
 // Weights are stored (in, out) row-major and applied on the right: y = u W.
 #ifndef MIXER_H

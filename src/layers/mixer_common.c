@@ -1,5 +1,5 @@
 // mixer_common.c: the short convolution, the output gate and dense weights
-// shared by the linear family (linear, mamba, gdn). Everything here composes
+// shared by the linear family (linear, mamba, gdn, kda). Everything here composes
 // ops, so the backward comes from the ops' own.
 #include "mixer_common.h"
 
@@ -122,6 +122,61 @@ Tensor *shortconv_step(Tape *tp, const ShortConv *c, ShortConvCache *cc, Tensor 
     return W > 1 ? op_slice(tp, y, 1, W - 1, 1) : y;
 }
 
+// ---- the delta-rule layers' convolutions and state ----
+
+QkvCache *qkvcache_new(const ShortConv *conv, int B, int H, int dk, int dv, Device dev) {
+    QkvCache *c = xcalloc(1, sizeof *c);
+    c->dev = dev;
+    for (int i = 0; i < 3; i++) shortconv_cache_init(&c->conv[i], &conv[i], B, dev);
+    c->S = tensor_new_on(dev, 4, (int[]){B, H, dk, dv});   // zeros
+    return c;
+}
+
+void qkvcache_free(QkvCache *c) {
+    if (!c) return;
+    for (int i = 0; i < 3; i++) shortconv_cache_free(&c->conv[i]);
+    tensor_free_on(c->dev, c->S);
+    free(c);
+}
+
+void qkvcache_reset(const Mixer *m, QkvCache *c, const ShortConv *conv, int b) {
+    Tensor *S = c->S;
+    ASSERT(b >= 0 && b < S->shape[0], "%s cache_reset: row %d of %d", m->kind->name, b, S->shape[0]);
+    int64_t row = S->numel / S->shape[0];
+    dev_zero(c->dev, S->data + b * row, (size_t)row * sizeof(real));
+    for (int i = 0; i < 3; i++) shortconv_cache_reset(&c->conv[i], &conv[i], b);
+}
+
+int qkvcache_state(QkvCache *c, const ShortConv *conv, real **bufs, int64_t *sizes) {
+    bufs[0] = c->S->data;
+    sizes[0] = c->S->numel;
+    int n = 1;
+    for (int i = 0; i < 3; i++) n += shortconv_cache_buffer(&conv[i], &c->conv[i], bufs + n, sizes + n);
+    return n;
+}
+
+void qkvcache_check(const Mixer *m, const QkvCache *c, const Tape *tp, const Tensor *u, bool step) {
+    const char *name = m->kind->name, *what = step ? "step" : "carried window";
+    int B = c->S->shape[0], D = m->cfg.d_model;
+    ASSERT(!step || !tape_grad_enabled(tp), "%s step: call it in no-grad mode (tape_no_grad_push)", name);
+    ASSERT(c->dev == tp->device, "%s %s: a %s cache on a %s tape", name, what, device_name(c->dev),
+           device_name(tp->device));
+    if (step)
+        ASSERT(u->ndim == 3 && u->shape[0] == B && u->shape[1] == 1 && u->shape[2] == D,
+               "%s step: u %s must be (%d, 1, %d)", name, SHAPE(u), B, D);
+    else
+        ASSERT(u->ndim == 3 && u->shape[0] == B && u->shape[2] == D, "%s carried window: u %s must be (%d, T, %d)",
+               name, SHAPE(u), B, D);
+}
+
+void qkv_convolve(Tape *tp, const ShortConv *conv, QkvCache *cache, bool carry, const int *doc_start, Tensor **x) {
+    for (int i = 0; i < 3; i++) {
+        if (carry) x[i] = shortconv_forward_carry(tp, &conv[i], x[i], doc_start, &cache->conv[i]);
+        else if (cache) x[i] = shortconv_step(tp, &conv[i], &cache->conv[i], x[i]);
+        else x[i] = shortconv_forward(tp, &conv[i], x[i], doc_start);
+    }
+}
+
 // ---- output gate ----
 
 Tensor *param_linear(ParamStore *ps, const char *prefix, const char *name, int in, int out, double std) {
@@ -129,6 +184,13 @@ Tensor *param_linear(ParamStore *ps, const char *prefix, const char *name, int i
     int len = snprintf(full, sizeof full, "%s%s", prefix, name);
     ASSERT(len < (int)sizeof full, "param_linear: name '%s%s' too long", prefix, name);
     return params_add(ps, full, 2, (int[]){in, out}, init_normal(std), 0);
+}
+
+Tensor *param_vector(ParamStore *ps, const char *prefix, const char *name, int n, ParamInit init) {
+    char full[256];
+    int len = snprintf(full, sizeof full, "%s%s", prefix, name);
+    ASSERT(len < (int)sizeof full, "param_vector: name '%s%s' too long", prefix, name);
+    return params_add(ps, full, 1, (int[]){n}, init, TENSOR_NO_DECAY);
 }
 
 void outgate_create(OutGate *g, ParamStore *ps, const char *prefix, int d_model, int n_heads, int d_v,

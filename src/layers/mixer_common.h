@@ -1,4 +1,4 @@
-// mixer_common.h: the pieces the linear family (linear, mamba, gdn) shares.
+// mixer_common.h: the pieces the linear family (linear, mamba, gdn, kda) shares.
 //
 //  - ShortConv: causal depthwise convolution of width W over time followed by
 //    SiLU (W = 0: identity, neither conv nor SiLU), with a decode-time cache
@@ -64,6 +64,32 @@ Tensor *outgate_forward(Tape *tp, const OutGate *g, Tensor *o, Tensor *u);
 // computes with its other projections of u in one op_matmul_multi.
 Tensor *outgate_apply(Tape *tp, const OutGate *g, Tensor *o, Tensor *gz);
 
+// ---- the q, k, v convolutions and the state of the delta-rule layers (gdn, gdp, kda) ----
+
+// Their decode cache (also the carried state of forward_carry): the inputs
+// each of the three convolutions keeps and the state S (B, H, dk, dv), zeros
+// at first, in dev's memory.
+typedef struct QkvCache {
+    ShortConvCache conv[3];   // q, k, v
+    Tensor *S;
+    Device dev;
+} QkvCache;
+
+// conv: the layer's q, k and v convolutions (3).
+QkvCache *qkvcache_new(const ShortConv *conv, int B, int H, int dk, int dv, Device dev);
+void qkvcache_free(QkvCache *c);
+// Row b starts a new document at its next step (mixer.h, cache_reset).
+void qkvcache_reset(const Mixer *m, QkvCache *c, const ShortConv *conv, int b);
+// mixer.h's cache_state: S, then the convolutions' buffers that exist.
+int qkvcache_state(QkvCache *c, const ShortConv *conv, real **bufs, int64_t *sizes);
+// The checks of m's step (step: u (B, 1, D) on a no-grad tape) or carried
+// window (u (B, T, D)) against the cache: rows, width and device.
+void qkvcache_check(const Mixer *m, const QkvCache *c, const Tape *tp, const Tensor *u, bool step);
+// x[i] through conv[i], i = q, k, v, in place: over the whole sequence (cache
+// NULL; doc_start (B, T) or NULL), one step through the cache, or (carry) a
+// window continuing the streams in the cache.
+void qkv_convolve(Tape *tp, const ShortConv *conv, QkvCache *cache, bool carry, const int *doc_start, Tensor **x);
+
 // Mamba-2 initialisation of the decay, shared by mamba and gdn (INIT_FN):
 // A_log = log(a), a uniform in [a0, a1] (Mamba-2: [1, 16]);
 // dt_bias = softplus^-1(dt0), dt0 log-uniform in [lo, hi] (Mamba-2: [1e-3, 1e-1]).
@@ -72,5 +98,7 @@ void init_dt_bias(real *x, int64_t n, Rng *r, double lo, double hi);
 
 // A dense weight (in, out) initialised N(0, std^2), registered as prefix+name.
 Tensor *param_linear(ParamStore *ps, const char *prefix, const char *name, int in, int out, double std);
+// A vector of n entries free of weight decay (a bias, a gain, A_log, dt_bias), registered as prefix+name.
+Tensor *param_vector(ParamStore *ps, const char *prefix, const char *name, int n, ParamInit init);
 
 #endif

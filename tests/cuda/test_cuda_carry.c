@@ -115,6 +115,7 @@ Test(cuda_carry, mamba) { compare_carry("mamba,mamba"); }
 Test(cuda_carry, mamba2) { compare_carry("mamba2,mamba2"); }
 Test(cuda_carry, gdn) { compare_carry("gdn,gdn"); }
 Test(cuda_carry, gdp) { compare_carry("gdp,gdp"); }
+Test(cuda_carry, kda) { compare_carry("kda,kda"); }
 Test(cuda_carry, hybrid_with_attention) { compare_carry("gdn,attn,mamba,linear"); }
 
 // The trainer: carry_state = true on the GPU. Its losses equal the CPU run's

@@ -82,6 +82,7 @@ Test(cuda_decode, mamba) { check_decode(&(DecodeCase){"mamba,mamba", 64, 4, 16, 
 Test(cuda_decode, mamba2) { check_decode(&(DecodeCase){"mamba2,mamba2", 64, 4, 16, 16, 23, 9}); }
 Test(cuda_decode, gdn) { check_decode(&(DecodeCase){"gdn,gdn", 64, 4, 16, 16, 23, 9}); }
 Test(cuda_decode, gdp) { check_decode(&(DecodeCase){"gdp,gdp", 64, 4, 16, 16, 23, 9}); }
+Test(cuda_decode, kda) { check_decode(&(DecodeCase){"kda,kda", 64, 4, 16, 16, 23, 9}); }
 Test(cuda_decode, hybrid) { check_decode(&(DecodeCase){"gdn,attn,mamba,linear", 64, 4, 16, 16, 23, 1}); }
 // 300 keys (> the 256 threads of the output kernel), heads of 40 (> a warp's lanes, not a multiple of 32).
 Test(cuda_decode, long_attention_wide_heads) { check_decode(&(DecodeCase){"attn", 80, 2, 40, 40, 300, 120}); }

@@ -107,5 +107,7 @@ Test(cuda_lm, mamba2) { compare_lm("mamba2,mamba2", false); }
 Test(cuda_lm, gdn) { compare_lm("gdn,gdn", false); }
 Test(cuda_lm, gdp) { compare_lm("gdp,gdp", false); }
 Test(cuda_lm, gdp_with_documents) { compare_lm("gdp,attn", true); }
+Test(cuda_lm, kda) { compare_lm("kda,kda", false); }
+Test(cuda_lm, kda_with_documents) { compare_lm("kda,attn", true); }
 Test(cuda_lm, hybrid) { compare_lm("gdn,attn,mamba,linear", false); }
 Test(cuda_lm, hybrid_with_documents) { compare_lm("gdn,attn,mamba,linear", true); }

@@ -140,7 +140,7 @@ class ParamShapes(unittest.TestCase):
     def test_param_shapes_are_the_models(self):
         """The shapes a file is checked against before anything is allocated are the model's own."""
         import attnlab_model
-        for layers in (["attn"], ["linear"], ["mamba"], ["gdn"], ["gdn", "attn", "mamba", "linear"]):
+        for layers in (["attn"], ["linear"], ["mamba"], ["gdn"], ["kda"], ["gdn", "attn", "mamba", "linear", "kda"]):
             for tied, conv in ((True, 4), (False, 0)):
                 cfg = attnlab_model.ModelConfig(layers, d_model=12, n_heads=3, d_k=4, d_v=2, d_ff=20,
                                                 tied_embeddings=tied, conv_size=conv, vocab_size=300)
@@ -202,7 +202,7 @@ class ConfigBounds(LoaderTest):
         self.config_refused(self.swap("layers = attn,linear,mamba,gdn", "layers = attn").replace(
             "chunk_size = 4", "chunk_size = 4\nform = recurrent"),
             "9: [model] form: form = recurrent has no effect: none of the layers (attn...) has training forms to "
-            "choose between (only linear, mamba, mamba2, gdn and gdp do); remove the key")
+            "choose between (only linear, mamba, mamba2, gdn, gdp and kda do); remove the key")
         # gdp_steps (its default 2 aside) without a gdp layer, or out of its range, as train refuses it.
         self.config_refused(self.swap("chunk_size = 4", "chunk_size = 4\ngdp_steps = 3"),
                             "9: [model] gdp_steps: gdp_steps = 3 has no effect: none of the layers (attn...) is gdp; "
@@ -217,7 +217,8 @@ class ConfigBounds(LoaderTest):
         meta = {"format": "pt", "attnlab_format": "1",
                 "attnlab_config": self.swap("layers = attn,linear,mamba,gdn", "layers = attn_dsa")}
         path = L.write_safetensors(self.path("dsa.safetensors"), L.model_params(), meta=meta)
-        self.refused(path, "layer 0: mixer 'attn_dsa' is not in this reference (attn, linear, mamba, gdn, mamba2, gdp)")
+        self.refused(path, "layer 0: mixer 'attn_dsa' is not in this reference (attn, linear, mamba, gdn, mamba2, gdp, "
+                           "kda)")
 
     def test_vocabulary_bounds(self):
         meta = {"format": "pt", "attnlab_format": "1", "attnlab_config": L.CONFIG}

@@ -1,0 +1,360 @@
+// The kda mixer (Kimi Delta Attention, MODEL.md `kda`) as a layer: its
+// parameters and their initialisation, gradients of the input, the initial
+// state and every parameter, the two forms agreeing forward and backward,
+// decoding token by token, packed documents, carried state, a tiny LM of
+// kda layers that learns and comes back from its checkpoint, and the config.
+// (The op op_kda has its own tests in test_kda.c; test_docs_layers.c,
+// test_docs_carry.c and test_lm.c run kda beside the other mixers.)
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "export_gguf.h"
+#include "model_setup.h"
+#include "test_docs_util.h"
+#include "trainer.h"
+
+enum { D = 8, H = 2, DK = 4, DV = 3 };
+
+// A kda layer with chunks of 4; the decay set to ~0.5 to ~0.9 per token
+// (A_log and dt_bias), and w_f2 larger, so that g differs between key
+// channels and positions and the state carries history.
+static Mixer *make_kda(ParamStore *ps, MixerForm form, int conv, uint64_t seed) {
+    MixerConfig c = mixer_config_default(D, H, DK, DV);
+    c.chunk_size = 4;
+    c.conv_size = conv;
+    c.form = form;
+    c.out_std = 0.3;
+    params_init(ps);
+    Mixer *m = mixer_create("kda", &c, ps, "m.");
+    params_finalize(ps, seed);
+    Tensor *bias = params_find(ps, "m.dt_bias"), *A = params_find(ps, "m.A_log"), *f2 = params_find(ps, "m.w_f2");
+    for (int i = 0; i < H * DK; i++) bias->data[i] = (real)(-1.5 + 0.25 * i);
+    for (int h = 0; h < H; h++) A->data[h] = (real)(-0.5 + 0.4 * h);
+    for (int64_t i = 0; i < f2->numel; i++) f2->data[i] *= 3;
+    // b_g2 starts at zero: give it values, so that its gradient is checked away from that point.
+    Tensor *b = params_find(ps, "m.b_g2");
+    for (int64_t i = 0; i < b->numel; i++) b->data[i] = (real)(0.3 * sin(1.0 + i));
+    return m;
+}
+
+Test(kda_layer, parameters_names_shapes_and_init) {
+    ParamStore ps;
+    MixerConfig c = mixer_config_default(D, H, DK, DV);
+    params_init(&ps);
+    Mixer *m = mixer_create("kda", &c, &ps, "layers.0.mixer.");
+    params_finalize(&ps, 3);
+    cr_assert(m->kind->recurrent && m->kind->forward_carry && m->kind->cache_state);
+    cr_assert_eq(m->kind->forms, MIXER_FORMS_LINEAR_FAMILY);
+    struct {
+        const char *name;
+        int d0, d1;
+        bool no_decay;
+    } want[] = {{"wq", D, H * DK, 0},       {"wk", D, H * DK, 0},       {"wv", D, H * DV, 0},
+                {"conv_q", H * DK, 4, 0},   {"conv_k", H * DK, 4, 0},   {"conv_v", H * DV, 4, 0},
+                {"w_beta", D, H, 0},        {"w_f1", D, DV, 0},         {"w_f2", DV, H * DK, 0},
+                {"dt_bias", H * DK, -1, 1}, {"A_log", H, -1, 1},        {"w_g1", D, DV, 0},
+                {"w_g2", DV, H * DV, 0},    {"b_g2", H * DV, -1, 1},    {"out_norm", DV, -1, 1},
+                {"wo", H * DV, D, 0}};
+    int n = sizeof want / sizeof want[0];
+    cr_assert_eq(ps.n, n, "kda registers %d parameters, want %d", ps.n, n);
+    for (int i = 0; i < n; i++) {
+        char full[128];
+        snprintf(full, sizeof full, "layers.0.mixer.%s", want[i].name);
+        Tensor *p = ps.params[i];
+        cr_assert_str_eq(p->name, full, "parameter %d is %s, want %s (the registration order)", i, p->name, full);
+        cr_assert_eq(p->shape[0], want[i].d0, "%s %s", full, SHAPE(p));
+        if (want[i].d1 > 0) cr_assert(p->ndim == 2 && p->shape[1] == want[i].d1, "%s %s", full, SHAPE(p));
+        else cr_assert_eq(p->ndim, 1, "%s", full);
+        cr_assert_eq((p->flags & TENSOR_NO_DECAY) != 0, want[i].no_decay, "%s weight decay flag", full);
+    }
+    // fla's initialisation: A_log = log U[1, 16] per head; softplus(dt_bias) in [1e-3, 1e-1] per key
+    // channel, drawn for each; the gate's bias zeros; the norm's gain ones.
+    Tensor *A_log = params_find(&ps, "layers.0.mixer.A_log"), *dtb = params_find(&ps, "layers.0.mixer.dt_bias");
+    for (int h = 0; h < H; h++)
+        cr_assert(A_log->data[h] >= 0 && A_log->data[h] <= log(16.0) + 1e-6, "A_log %g", A_log->data[h]);
+    for (int i = 0; i < H * DK; i++) {
+        double dt0 = log1p(exp(dtb->data[i]));
+        cr_assert(dt0 >= 1e-3 * (1 - 1e-5) && dt0 <= 1e-1 * (1 + 1e-5), "softplus(dt_bias[%d]) = %g", i, dt0);
+    }
+    cr_assert(A_log->data[0] != A_log->data[1] && dtb->data[0] != dtb->data[1] && dtb->data[1] != dtb->data[DK],
+              "A_log and dt_bias are drawn, not constant");
+    Tensor *b = params_find(&ps, "layers.0.mixer.b_g2"), *gain = params_find(&ps, "layers.0.mixer.out_norm");
+    for (int64_t i = 0; i < b->numel; i++) cr_assert_eq(b->data[i], 0, "b_g2[%lld]", (long long)i);
+    for (int64_t i = 0; i < gain->numel; i++) cr_assert_eq(gain->data[i], 1, "out_norm[%lld]", (long long)i);
+    cr_assert_null(params_find(&ps, "layers.0.mixer.wg"), "kda's gate is w_g1 w_g2, not gdn's wg");
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+#ifdef AG_DOUBLE
+// u, s0 and every parameter, both outputs seeded, with documents (one at
+// position 3 of row 0, one at 5 of row 1), in both forms, with and without
+// the convolutions. float64 only, as the other layers' whole-layer checks.
+Test(kda_layer, gradcheck_every_parameter) {
+    struct {
+        int conv;
+        MixerForm form;
+    } cases[] = {{4, MIXER_FORM_CHUNKED}, {0, MIXER_FORM_RECURRENT}, {3, MIXER_FORM_RECURRENT}};
+    int B = 2, T = 7;
+    int docs[2 * 7] = {0};
+    docs[3] = docs[7 + 5] = 1;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ParamStore ps;
+        Mixer *m = make_kda(&ps, cases[i].form, cases[i].conv, 41 + i);
+        char label[64];
+        snprintf(label, sizeof label, "kda layer %s conv %d", mixer_form_name(cases[i].form), cases[i].conv);
+        docs_mixer_gradcheck(m, &ps, B, T, 42, docs, label);
+        mixer_destroy(m);
+        params_free(&ps);
+    }
+}
+#endif
+
+// 15 positions in chunks of 4 (a partial last chunk), documents inside
+// chunks and at a chunk's first position: the chunked and recurrent forms of
+// op_kda under the whole layer give the same outputs and gradients.
+Test(kda_layer, chunked_equals_recurrent_forward_and_backward) {
+    int B = 2, T = 15;
+    int docs[2 * 15] = {0};
+    docs[6] = docs[15 + 2] = docs[15 + 8] = docs[15 + 11] = 1;
+    for (int conv = 0; conv <= 4; conv += 4) {
+        ParamStore ps;
+        Mixer *m = make_kda(&ps, MIXER_FORM_CHUNKED, conv, 9);
+        DocsMixerRun a = docs_mixer_run(m, &ps, B, T, docs);
+        m->cfg.form = MIXER_FORM_RECURRENT;
+        DocsMixerRun b = docs_mixer_run(m, &ps, B, T, docs);
+        docs_mixer_runs_agree(&a, &b, &ps, FORM_TOL, conv ? "conv 4" : "conv 0");
+        docs_mixer_run_free(&a);
+        docs_mixer_run_free(&b);
+        mixer_destroy(m);
+        params_free(&ps);
+    }
+}
+
+// Step by step (a cache reset where a document begins) equals the parallel
+// forward of either form, at every position of both rows.
+Test(kda_layer, decode_equals_forward) {
+    int B = 2, T = 13;
+    int docs[2 * 13] = {0};
+    docs[5] = docs[13 + 8] = 1;
+    for (int c = 0; c < 8; c++) {   // form, conv 0 or 4, documents or none
+        int form = c & 1, conv = c & 2 ? 4 : 0, with_docs = c >> 2;
+        ParamStore ps;
+        Mixer *m = make_kda(&ps, form ? MIXER_FORM_RECURRENT : MIXER_FORM_CHUNKED, conv, 13);
+        Tensor *u = tensor_newv(false, 3, B, T, D);
+        fill_normal(u, 14, 1.0);
+        int t = -1, b = -1;
+        double e = test_mixer_decode_docs_diff(m, &ps, u, with_docs ? docs : NULL, &t, &b);
+        cr_assert_leq(e, DECODE_TOL, "form %d conv %d docs %d: step differs from the forward by %.3e at (%d, %d)",
+                      form, conv, with_docs, e, b, t);
+        tensor_free(u);
+        mixer_destroy(m);
+        params_free(&ps);
+    }
+}
+
+Test(kda_layer, packed_equals_separate) {
+    int B = 2, T = 11;
+    int *docs = docs_pattern(T, 4);
+    for (int form = 0; form < 2; form++) {
+        ParamStore ps;
+        Mixer *m = make_kda(&ps, form ? MIXER_FORM_RECURRENT : MIXER_FORM_CHUNKED, 4, 17);
+        docs_mixer_check_packed(m, &ps, B, T, 18, docs, FORM_TOL, form ? "kda layer recurrent" : "kda layer chunked");
+        mixer_destroy(m);
+        params_free(&ps);
+    }
+    free(docs);
+}
+
+// Windows of 5, 2 and 6 tokens carrying state and convolution inputs equal
+// one forward over the 13 tokens (documents at a window's first position and
+// inside windows); the cache lists S and the three convolutions' inputs.
+Test(kda_layer, carried_state_equals_one_pass) {
+    int B = 2, T = 13, wins[] = {5, 2, 6};
+    int docs[2 * 13] = {0};
+    docs[5] = docs[9] = docs[13 + 3] = 1;
+    for (int form = 0; form < 2; form++) {
+        ParamStore ps;
+        Mixer *m = make_kda(&ps, form ? MIXER_FORM_RECURRENT : MIXER_FORM_CHUNKED, 4, 23);
+        Tensor *u = tensor_newv(false, 3, B, T, D);
+        fill_normal(u, 24, 1.0);
+        void *cache;
+        double worst = docs_mixer_carry_diff(m, u, docs, wins, 3, &cache);
+        cr_assert_leq(worst, FORM_TOL, "form %d: carried windows differ from one pass by %.3e", form, worst);
+        real *bufs[4];
+        int64_t sizes[4];
+        cr_assert_eq(m->kind->cache_state(m, cache, bufs, sizes), 4, "S and the q, k, v convolutions' inputs");
+        cr_assert(sizes[0] == (int64_t)B * H * DK * DV && sizes[1] == (int64_t)B * 3 * H * DK &&
+                      sizes[3] == (int64_t)B * 3 * H * DV,
+                  "sizes %lld %lld %lld", (long long)sizes[0], (long long)sizes[1], (long long)sizes[3]);
+        m->kind->cache_free(cache);
+        tensor_free(u);
+        mixer_destroy(m);
+        params_free(&ps);
+    }
+}
+
+Test(kda_layer, step_refuses_grad_mode_and_a_wrong_width) {
+    ParamStore ps;
+    Mixer *m = make_kda(&ps, MIXER_FORM_CHUNKED, 4, 1);
+    void *cache = m->kind->cache_new(m, 1, 4, DEVICE_CPU);
+    Tensor *u = tensor_newv(false, 3, 1, 1, D), *wide = tensor_newv(false, 3, 1, 1, D + 1);
+    Tape tp;
+    tape_init(&tp);
+    cr_assert(EXPECT_FAILURE(m->kind->step(&tp, m, cache, u)));
+    cr_assert(strstr(ag_last_error(), "kda step") && strstr(ag_last_error(), "no-grad"), "%s", ag_last_error());
+    tape_no_grad_push(&tp);
+    cr_assert(EXPECT_FAILURE(m->kind->step(&tp, m, cache, wide)));
+    cr_assert(strstr(ag_last_error(), "kda step: u"), "%s", ag_last_error());
+    cr_assert(EXPECT_FAILURE(m->kind->cache_reset(m, cache, 1)));
+    cr_assert(strstr(ag_last_error(), "kda cache_reset: row 1 of 1"), "%s", ag_last_error());
+    m->kind->cache_free(cache);
+    tensor_free(u);
+    tensor_free(wide);
+    tape_free(&tp);
+    mixer_destroy(m);
+    params_free(&ps);
+}
+
+// ---- the LM and the config ----
+
+// Greedy decoding of n tokens after a prompt, token by token through
+// lm_step: the tokens chosen and the logits of every step (n_prompt + n - 1
+// steps of V), allocated.
+static real *greedy(LM *lm, const int *prompt, int n_prompt, int n, int *out) {
+    int V = lm->cfg.vocab_size, steps = n_prompt + n - 1;
+    real *logits = xmalloc((size_t)steps * V * sizeof(real));
+    Tape tp;
+    tape_init(&tp);
+    tape_no_grad_push(&tp);
+    LMCache *cache = lm_cache_new(lm, 1, n_prompt + n);
+    int tok = prompt[0];
+    for (int i = 0; i < steps; i++) {
+        Tensor *lg = lm_step(&tp, lm, cache, &tok);
+        memcpy(logits + (size_t)i * V, lg->data, (size_t)V * sizeof(real));
+        int best = 0;
+        for (int j = 1; j < V; j++) best = lg->data[j] > lg->data[best] ? j : best;
+        if (i + 1 >= n_prompt) out[i + 1 - n_prompt] = best;
+        tok = i + 1 < n_prompt ? prompt[i + 1] : best;
+        tape_reset(&tp);
+    }
+    lm_cache_free(lm, cache);
+    tape_free(&tp);
+    return logits;
+}
+
+// A tiny byte LM of kda layers (and one attn) trains: its loss falls over 8
+// steps. The checkpoint it saved loads (model_load_checkpoint, as generate,
+// evaluate and export do) into the same parameters, by name, which decode
+// the same tokens with the same logits as the trained model (float64: the
+// trained weights rounded to the checkpoint's float32 first), and whose
+// decoding equals their parallel forward.
+Test(kda_lm, trains_then_its_checkpoint_loads_and_generates_the_same, .timeout = 180) {
+    enum { N = 8, NEW = 12 };
+    const char *cfg = test_tiny_config("kda_lm", "kda,kda,attn", N, NULL, NULL);
+    static Trainer t;
+    TrainerOptions o = {.config = cfg, .quiet = true};
+    Status s = trainer_setup(&t, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq(trainer_run(&t, &o), 0);
+    double first = trainer_loss(&t, 0), last = trainer_loss(&t, N - 1);
+    cr_assert(isfinite(last) && last < first, "the loss should fall: %g -> %g", first, last);
+    cr_assert_not_null(params_find(&t.ps, "layers.1.mixer.w_f2"));
+    for (int64_t i = 0; i < t.ps.numel; i++) t.ps.data[i] = (real)(float)t.ps.data[i];
+    TrainConfig tc;
+    LM b;
+    ParamStore pb;
+    s = model_load_checkpoint(t.ckpt, &tc, &b, &pb, NULL);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_str_eq(tc.model.layers.name[0], "kda");
+    cr_assert_eq(pb.n, t.ps.n);
+    for (int i = 0; i < pb.n; i++) cr_assert_str_eq(pb.params[i]->name, t.ps.params[i]->name);
+    cr_assert(memcmp(pb.data, t.ps.data, (size_t)pb.numel * sizeof(real)) == 0, "the weights came back changed");
+    const int prompt[] = {'t', 'h', 'e', ' ', 'l'};
+    int ta[NEW], tb[NEW], V = b.cfg.vocab_size, steps = 5 + NEW - 1;
+    real *la = greedy(&t.lm, prompt, 5, NEW, ta), *lb = greedy(&b, prompt, 5, NEW, tb);
+    cr_assert(memcmp(ta, tb, sizeof ta) == 0, "the reloaded model decodes other tokens");
+    cr_assert(memcmp(la, lb, (size_t)steps * V * sizeof(real)) == 0, "the reloaded model's logits differ");
+    int tokens[2 * 9];
+    for (int i = 0; i < 18; i++) tokens[i] = (i * 37 + 11) % V;
+    double d = test_lm_decode_diff(&b, &pb, tokens, 2, 9);
+    cr_assert_leq(d, DECODE_TOL, "decoding the reloaded model differs from its forward by %.3e", d);
+    free(la);
+    free(lb);
+    lm_destroy(&b);
+    params_free(&pb);
+    config_free(&tc);
+    trainer_free(&t);
+}
+
+static Status load(const char *text) {
+    TrainConfig cfg;
+    config_defaults(&cfg, NULL);
+    Status s = config_load_string(&cfg, text, "kda.ini");
+    if (s.ok) s = config_validate(&cfg);
+    config_free(&cfg);
+    return s;
+}
+
+// kda in [model] layers, beside the others and in both forms; a misspelling
+// is refused with the known names, kda among them; the parallel form is not kda's.
+Test(kda_config, layers_accept_kda_and_refuse_misspellings) {
+    cr_assert(load("[model]\nlayers = kda,attn,gdn\n").ok);
+    cr_assert(load("[model]\nlayers = kda\nform = recurrent\n").ok);
+    const char *bad[] = {"kd", "KDA", "kda2", "kda_"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[128];
+        snprintf(text, sizeof text, "[model]\nlayers = attn,%s\n", bad[i]);
+        Status s = load(text);
+        cr_assert(!s.ok && strstr(s.msg, "kda.ini:2: [model] layers") && strstr(s.msg, "is not a known mixer") &&
+                      strstr(s.msg, "gdp, kda"),
+                  "%s: %s", bad[i], s.msg);
+    }
+    Status s = load("[model]\nlayers = kda\nform = parallel\n");
+    cr_assert(!s.ok && strstr(s.msg, "kda has no 'parallel' form (it has: chunked, recurrent)"), "%s", s.msg);
+    s = load("[model]\nlayers = attn\nform = recurrent\n");
+    cr_assert(!s.ok && strstr(s.msg, "gdn, gdp and kda do"), "%s", s.msg);
+}
+
+Test(kda_config, bundled_config) {
+    TrainConfig cfg;
+    config_defaults(&cfg, NULL);
+    Status st = config_load_file(&cfg, SOURCE_DIR "/configs/tiny_kda.ini");
+    cr_assert(st.ok, "%s", st.msg);
+    st = config_validate(&cfg);
+    cr_assert(st.ok, "%s", st.msg);
+    LMConfig lc;
+    cr_assert(config_model(&cfg, &lc).ok);
+    cr_assert_eq(lc.n_layers, 4);
+    for (int l = 0; l < 4; l++) cr_assert_str_eq(lc.layers[l], "kda");
+    config_free(&cfg);
+}
+
+// GGUF export (llama.cpp) has no kda: a model with a kda layer is refused by
+// name, beside attn (llama), gdn (qwen35) or mamba2 (granitehybrid) layers.
+Test(kda_config, gguf_export_refuses_kda_by_name) {
+    static const struct {
+        const char *layers, *says;
+    } cases[] = {{"kda,attn", "layer 0 is 'kda'"},
+                 {"gdn,attn,kda", "layer 2 is 'kda'"},
+                 {"mamba2,attn,kda", "layer 2 is 'kda' in a model with 'mamba2' layers"}};
+    Tokenizer tok;
+    tokenizer_bytes(&tok);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[256];
+        snprintf(text, sizeof text,
+                 "[model]\nlayers = %s\nd_model = 16\nn_heads = 4\nd_k = 8\nd_v = 8\nqk_norm = true\n"
+                 "attn_gate = true\n",
+                 cases[i].layers);
+        TrainConfig cfg;
+        config_defaults(&cfg, NULL);
+        Status s = config_load_string(&cfg, text, "kda.ini");
+        cr_assert(s.ok && config_validate(&cfg).ok, "%s", s.msg);
+        s = export_gguf_check(&cfg, &tok);
+        cr_assert(!s.ok && strstr(s.msg, cases[i].says) && strstr(s.msg, "llama.cpp"), "%s: %s", cases[i].layers,
+                  s.ok ? "exported" : s.msg);
+        config_free(&cfg);
+    }
+}
