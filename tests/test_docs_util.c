@@ -180,11 +180,11 @@ static void docs_mixer_inputs_free(Tensor **in, DocsInKind *kind) {
 }
 
 void docs_mixer_gradcheck(Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, const int *docs,
-                          const char *label) {
+                          const GradcheckOptions *opt, const char *label) {
     DocsInKind *kind;
     Tensor **in = docs_mixer_inputs(m, ps, B, T, seed, &kind);
     DocsFn f = {docs_mixer_fn, m, 2 + ps->n, kind};
-    GradcheckOptions o = gradcheck_defaults();
+    GradcheckOptions o = opt ? *opt : gradcheck_defaults();
     docs_gradcheck(&f, in, docs, &o, label);
     docs_mixer_inputs_free(in, kind);
 }

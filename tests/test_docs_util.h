@@ -61,10 +61,10 @@ Tensor *docs_time_slice(const Tensor *x, int b, int t0, int len);
 // 0.5^2) from seed + 1, then every parameter of ps (shared); its outputs:
 // y = forward(u, doc_start, s0) and S_T.
 
-// docs_gradcheck (the default options) and docs_check_packed (tol) of m over
-// those inputs (from seed) with the boundaries docs (B, T).
+// docs_gradcheck (opt, NULL: the default options) and docs_check_packed (tol)
+// of m over those inputs (from seed) with the boundaries docs (B, T).
 void docs_mixer_gradcheck(Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, const int *docs,
-                          const char *label);
+                          const GradcheckOptions *opt, const char *label);
 void docs_mixer_check_packed(Mixer *m, const ParamStore *ps, int B, int T, uint64_t seed, const int *docs,
                              double tol, const char *label);
 // A forward of m over those inputs (seed 5) with the boundaries docs and

@@ -260,7 +260,7 @@ Test(gdp_layer, gradcheck) {
         char label[64];
         snprintf(label, sizeof label, "gdp layer n %d %s conv %d", cases[i].n, mixer_form_name(cases[i].form),
                  cases[i].conv);
-        docs_mixer_gradcheck(m, &ps, B, T, 42, docs, label);
+        docs_mixer_gradcheck(m, &ps, B, T, 42, docs, NULL, label);
         mixer_destroy(m);
         params_free(&ps);
     }
