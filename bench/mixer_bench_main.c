@@ -2,7 +2,7 @@
 // interface (projections, convolutions, gates and output projection
 // included), on this machine.
 //
-//   mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]
+//   mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only ROW[:FORM][,ROW[:FORM]...]]
 //               [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N (1; 0 = all)]
 //               [-profile] [-docs L]
 //
@@ -25,8 +25,11 @@
 //    random keys and values up to P (stepping there is O(P^2); the values do
 //    not change the work of the next step).
 //
-// Layer: d_model 256, H 4, dk = dv 64, conv 4, chunk 64, attn_dsa top-k 64.
-// Rows come from two tables (TRAIN_ROWS, DECODE_ROWS); a cell is skipped
+// Layer: d_model 256, H 4, dk = dv 64, conv 4, chunk 64, attn_dsa top-k 64,
+// gdp n_h = 2 (the row gdp_nh3: 3).
+// Rows come from two tables (TRAIN_ROWS, DECODE_ROWS); a row is named by its
+// mixer kind, or by its own name where one kind has rows of two settings
+// (gdp_nh3); -only picks rows by that name. A cell is skipped
 // when it would need more than ~4 GiB or a step longer than ~60 s, and the
 // table says which. TSV files (train.tsv, decode.tsv) go to -tsv DIR.
 #include <malloc.h>
@@ -55,6 +58,8 @@ typedef struct TrainRow {
     bool quadratic;        // step time grows as T^2 (per token as T) at fixed B*T
     int max_T;             // skip longer sequences (0: no limit)
     const char *why;       // why
+    int gdp_steps;         // gdp: delta-rule steps per token n_h (0: the default, 2)
+    const char *name;      // the row's name in tables and -only (NULL: the kind)
 } TrainRow;
 
 static const TrainRow TRAIN_ROWS[] = {
@@ -68,6 +73,12 @@ static const TrainRow TRAIN_ROWS[] = {
     {"gdn", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
     {"gdn", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
     {"attn_dsa", "sparse", MIXER_FORM_CHUNKED, false, 0, NULL},
+    {"mamba2", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
+    {"mamba2", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
+    {"gdp", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
+    {"gdp", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
+    {"gdp", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL, 3, "gdp_nh3"},
+    {"gdp", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL, 3, "gdp_nh3"},
 };
 enum { N_TRAIN_ROWS = sizeof TRAIN_ROWS / sizeof TRAIN_ROWS[0] };
 
@@ -75,6 +86,8 @@ typedef struct DecodeRow {
     const char *kind;
     const char *how;       // how the cache reaches position P
     bool prefill_kv;       // attn: write the KV cache directly instead of stepping
+    int gdp_steps;         // as in TrainRow
+    const char *name;
 } DecodeRow;
 
 static const DecodeRow DECODE_ROWS[] = {
@@ -83,14 +96,20 @@ static const DecodeRow DECODE_ROWS[] = {
     {"mamba", "stepped", false},
     {"gdn", "stepped", false},
     {"attn_dsa", "stepped", false},
+    {"mamba2", "stepped", false},
+    {"gdp", "stepped", false},
+    {"gdp", "stepped", false, 3, "gdp_nh3"},
 };
 enum { N_DECODE_ROWS = sizeof DECODE_ROWS / sizeof DECODE_ROWS[0] };
+
+// A row's name (train or decode row): its own, else its mixer kind's.
+#define TNAME(row) ((row)->name ? (row)->name : (row)->kind)
 
 typedef struct Options {
     int tokens;                          // B*T of a training step
     int Ts[MAX_LIST], nT;                // sequence lengths of the train table
     int pos[MAX_LIST], npos;             // context positions of the decode table
-    const char *only;                    // "kind" or "kind:form", or NULL
+    const char *only;                    // "row" or "row:form", comma-separated, or NULL
     int reps;                            // timed steps per cell (0: 2, or 1 when the cold step took > 3 s)
     const char *tsv_dir;                 // NULL: no TSV
     bool train, decode;
@@ -182,8 +201,8 @@ static void print_header(const Options *o) {
     printf("commit:    %s\n", commit);
     printf("loadavg:   %s (at start)\n", load);
     printf("precision: %s\n", REAL_NAME);
-    printf("layer:     d_model %d, H %d, dk = dv %d, conv %d, chunk %d, attn_dsa top-k %d\n", D_MODEL, N_HEADS,
-           D_HEAD, CONV, CHUNK, TOPK);
+    printf("layer:     d_model %d, H %d, dk = dv %d, conv %d, chunk %d, attn_dsa top-k %d, gdp n_h 2 (gdp_nh3: 3)\n",
+           D_MODEL, N_HEADS, D_HEAD, CONV, CHUNK, TOPK);
     printf("train:     B*T = %d tokens per step, best of %s timed steps after a cold one\n", o->tokens,
            o->reps ? "-reps" : "2 (the cold one itself if it took > 5 s)");
     if (o->doc_len > 0)
@@ -199,8 +218,9 @@ typedef struct Layer {
     Mixer *m;
 } Layer;
 
-static void layer_make(Layer *L, const char *kind, MixerForm form) {
+static void layer_make(Layer *L, const char *kind, MixerForm form, int gdp_steps) {
     MixerConfig c = mixer_config_default(D_MODEL, N_HEADS, D_HEAD, D_HEAD);
+    if (gdp_steps) c.gdp_steps = gdp_steps;
     c.conv_size = CONV;
     c.chunk_size = CHUNK;
     c.topk = TOPK;
@@ -259,7 +279,7 @@ static int *make_docs(int B, int T, int len) {
 
 static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
     Layer L;
-    layer_make(&L, row->kind, row->form);
+    layer_make(&L, row->kind, row->form, row->gdp_steps);
     Tensor *u = tensor_newv(true, 3, c->B, c->T, D_MODEL), *dy = tensor_newv(false, 3, c->B, c->T, D_MODEL);
     Rng r;
     rng_seed(&r, 2);
@@ -301,7 +321,7 @@ static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
         tape_reset(&tp);
     }
     if (o->profile && reps > 0) {
-        printf("\n# op profile: %s %s, T = %d, B = %d, mean of %d steps\n", row->kind, row->label, c->T, c->B, reps);
+        printf("\n# op profile: %s %s, T = %d, B = %d, mean of %d steps\n", TNAME(row), row->label, c->T, c->B, reps);
         tape_profile_print(&tp, stdout, reps);
     }
     if (reps == 0) times[0] = c->cold, cpus[0] = cold_cpu, reps = 1;
@@ -316,11 +336,42 @@ static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
     layer_free(&L);
 }
 
-static bool row_selected(const Options *o, const char *kind, const char *label) {
+// Whether the -only item s (up to its ',' or end) picks the row: "name" picks
+// every form of the row, "name:form" one (a decode row has no form: label NULL).
+static bool item_picks(const char *s, const char *name, const char *label) {
+    size_t n = strlen(name), len = strcspn(s, ",");
+    if (len < n || strncmp(s, name, n) != 0) return false;
+    if (len == n) return true;
+    if (s[n] != ':' || !label) return false;
+    return len - n - 1 == strlen(label) && strncmp(s + n + 1, label, len - n - 1) == 0;
+}
+
+// The -only item after s: past its ',' (the end of the list after the last).
+static const char *next_item(const char *s) {
+    s += strcspn(s, ",");
+    return *s ? s + 1 : s;
+}
+
+static bool row_selected(const Options *o, const char *name, const char *label) {
     if (!o->only) return true;
-    size_t n = strlen(kind);
-    if (strncmp(o->only, kind, n) != 0) return false;
-    return o->only[n] == 0 || (o->only[n] == ':' && (!label || strcmp(o->only + n + 1, label) == 0));
+    for (const char *s = o->only; *s; s = next_item(s))
+        if (item_picks(s, name, label)) return true;
+    return false;
+}
+
+// Every -only item must pick a row: a misspelt name would otherwise run nothing, silently.
+static void check_only(const char *only) {
+    for (const char *s = only; *s; s = next_item(s)) {
+        bool any = false;
+        for (int i = 0; i < N_TRAIN_ROWS && !any; i++)
+            any = item_picks(s, TNAME(&TRAIN_ROWS[i]), TRAIN_ROWS[i].label);
+        for (int i = 0; i < N_DECODE_ROWS && !any; i++) any = item_picks(s, TNAME(&DECODE_ROWS[i]), NULL);
+        if (any) continue;
+        fprintf(stderr, "mixer_bench: -only '%.*s' names no row; the rows:", (int)strcspn(s, ","), s);
+        for (int i = 0; i < N_TRAIN_ROWS; i++) fprintf(stderr, " %s:%s", TNAME(&TRAIN_ROWS[i]), TRAIN_ROWS[i].label);
+        fprintf(stderr, "\n");
+        exit(2);
+    }
 }
 
 static void run_train(const Options *o, FILE *tsv) {
@@ -334,8 +385,8 @@ static void run_train(const Options *o, FILE *tsv) {
                      "arena_mib\trss_mib\tstatus\tcpu_us_per_token\n");
     for (int ri = 0; ri < N_TRAIN_ROWS; ri++) {
         const TrainRow *row = &TRAIN_ROWS[ri];
-        if (!row_selected(o, row->kind, row->label)) continue;
-        printf("%-9s %-10s", row->kind, row->label);
+        if (!row_selected(o, TNAME(row), row->label)) continue;
+        printf("%-9s %-10s", TNAME(row), row->label);
         fflush(stdout);
         double prev = 0;   // the previous measured step, seconds
         for (int i = 0; i < o->nT; i++) {
@@ -359,10 +410,10 @@ static void run_train(const Options *o, FILE *tsv) {
             if (tsv) {
                 double tok = (double)c->B * c->T;
                 if (c->skip)
-                    fprintf(tsv, "%s\t%s\t%d\t%d\tNaN\tNaN\tNaN\tNaN\tNaN\tNaN\tskip:%s\tNaN\n", row->kind, row->label,
+                    fprintf(tsv, "%s\t%s\t%d\t%d\tNaN\tNaN\tNaN\tNaN\tNaN\tNaN\tskip:%s\tNaN\n", TNAME(row), row->label,
                             c->T, c->B, c->skip);
                 else
-                    fprintf(tsv, "%s\t%s\t%d\t%d\t%.4f\t%.4f\t%.1f\t%.4f\t%.3f\t%.3f\tok\t%.4f\n", row->kind,
+                    fprintf(tsv, "%s\t%s\t%d\t%d\t%.4f\t%.4f\t%.1f\t%.4f\t%.3f\t%.3f\tok\t%.4f\n", TNAME(row),
                             row->label, c->T, c->B, 1e6 * c->best / tok, 1e6 * c->median / tok, tok / c->best,
                             c->cold, c->arena_mib, c->rss_mib, 1e6 * c->best_cpu / tok);
                 fflush(tsv);
@@ -371,8 +422,8 @@ static void run_train(const Options *o, FILE *tsv) {
         printf("\n");
     }
     for (int ri = 0; ri < N_TRAIN_ROWS; ri++)
-        if (TRAIN_ROWS[ri].max_T && row_selected(o, TRAIN_ROWS[ri].kind, TRAIN_ROWS[ri].label))
-            printf("(%s %s above T = %d: %s)\n", TRAIN_ROWS[ri].kind, TRAIN_ROWS[ri].label, TRAIN_ROWS[ri].max_T,
+        if (TRAIN_ROWS[ri].max_T && row_selected(o, TNAME(&TRAIN_ROWS[ri]), TRAIN_ROWS[ri].label))
+            printf("(%s %s above T = %d: %s)\n", TNAME(&TRAIN_ROWS[ri]), TRAIN_ROWS[ri].label, TRAIN_ROWS[ri].max_T,
                    TRAIN_ROWS[ri].why);
     printf("(\"skip: > 60 s\": the step time extrapolated from the previous T exceeds %.0f s)\n\n", MAX_STEP_SECONDS);
 
@@ -382,8 +433,8 @@ static void run_train(const Options *o, FILE *tsv) {
     printf("\n");
     for (int ri = 0; ri < N_TRAIN_ROWS; ri++) {
         const TrainRow *row = &TRAIN_ROWS[ri];
-        if (!row_selected(o, row->kind, row->label)) continue;
-        printf("%-9s %-10s", row->kind, row->label);
+        if (!row_selected(o, TNAME(row), row->label)) continue;
+        printf("%-9s %-10s", TNAME(row), row->label);
         for (int i = 0; i < o->nT; i++) {
             const TrainCell *c = &cells[ri][i];
             if (c->skip) printf("  %16s", "-");
@@ -400,8 +451,8 @@ static void run_train(const Options *o, FILE *tsv) {
     printf("\n");
     for (int ri = 0; ri < N_TRAIN_ROWS; ri++) {
         const TrainRow *row = &TRAIN_ROWS[ri];
-        if (!row_selected(o, row->kind, row->label)) continue;
-        printf("%-9s %-10s", row->kind, row->label);
+        if (!row_selected(o, TNAME(row), row->label)) continue;
+        printf("%-9s %-10s", TNAME(row), row->label);
         for (int i = 0; i < o->nT; i++) {
             const TrainCell *c = &cells[ri][i];
             if (c->skip)
@@ -444,11 +495,11 @@ static void run_decode(const Options *o, FILE *tsv) {
     for (int i = 0; i < o->npos; i++) max_pos = imax(max_pos, o->pos[i]);
     for (int ri = 0; ri < N_DECODE_ROWS; ri++) {
         const DecodeRow *row = &DECODE_ROWS[ri];
-        if (!row_selected(o, row->kind, NULL)) continue;
-        printf("%-9s", row->kind);
+        if (!row_selected(o, TNAME(row), NULL)) continue;
+        printf("%-9s", TNAME(row));
         fflush(stdout);
         Layer L;
-        layer_make(&L, row->kind, MIXER_FORM_RECURRENT);
+        layer_make(&L, row->kind, MIXER_FORM_RECURRENT, row->gdp_steps);
         const MixerKind *k = L.m->kind;
         void *cache = k->cache_new(L.m, 1, max_pos + DECODE_WINDOW + 1, DEVICE_CPU);
         Tensor *u = tensor_newv(false, 3, 1, 1, D_MODEL);
@@ -485,7 +536,7 @@ static void run_decode(const Options *o, FILE *tsv) {
             printf("  %14.2f", 1e6 * w[0]);
             fflush(stdout);
             if (tsv)
-                fprintf(tsv, "%s\t%d\t%.4f\t%.4f\t%.4f\t%s\n", row->kind, P, 1e6 * w[0], 1e6 * med, 1e6 * mean,
+                fprintf(tsv, "%s\t%d\t%.4f\t%.4f\t%.4f\t%s\n", TNAME(row), P, 1e6 * w[0], 1e6 * med, 1e6 * mean,
                         row->how);
         }
         printf("  %s (%.1f s)\n", row->how, t_fill);
@@ -514,7 +565,7 @@ static int parse_list(const char *s, int *out) {
 }
 
 #define USAGE                                                                                          \
-    "usage: mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]\n"       \
+    "usage: mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only ROW[:FORM],...]\n"     \
     "                   [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N]\n"           \
     "                   [-profile] [-docs L]\n"                                                         \
     "  every mixer and form at the layer level: training time and memory against T, decoding against\n" \
@@ -548,6 +599,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "-docs") == 0) o.doc_len = atoi(v), i++;
         else usage();
     }
+    if (o.only) check_only(o.only);
     ASSERT(o.tokens > 0 && o.reps >= 0 && o.doc_len >= 0, "mixer_bench: -tokens %d, -reps %d, -docs %d", o.tokens,
            o.reps, o.doc_len);
     malloc_measuring(false);
