@@ -2,13 +2,16 @@
 # bench/longctx_eval.sh: loss against position on the KJV validation split
 # read as one sequence (docs/long_context.md, "Loss against position"):
 # `evaluate --val --positions` on the checkpoints of the bundled tiny configs
-# (train them first: build/train --config tiny_X.ini), then one plot with a
-# line per model.
+# (train them first: build/train --config tiny_X.ini; RUNS names the folder
+# of the runs, default runs/), then one plot with a line per model.
 #
 #   bench/longctx_eval.sh              evaluate every model in MODELS, then plot, in build/bench/longctx_eval/
 #   bench/longctx_eval.sh --out docs/bench/longctx --img docs/img    into the committed results (replaces them)
 #   bench/longctx_eval.sh [--out DIR] plot    only the plot and the tables, from DIR
 #   MODELS="gdn attn" bench/longctx_eval.sh
+#   MODELS=gdp RUNS=/elsewhere/runs bench/longctx_eval.sh --out docs/bench/longctx --img docs/img
+#                                      one more model beside the committed ones (the
+#                                      plot and tables hold every eval_*.jsonl of --out)
 #
 # Contexts (evaluate --context), two per model: the long one, where every
 # token sees the whole split before it (all-recurrent models, gdn, mamba,
@@ -38,6 +41,7 @@ set -- "${REST[@]+"${REST[@]}"}"
 DATA=$OUT
 MODELS=${MODELS:-gdn mamba linear hybrid attn}
 THREADS=${THREADS:-2}
+RUNS=${RUNS:-$ROOT/runs}
 export OMP_WAIT_POLICY=PASSIVE
 FINE=16,32,64,128,256,512,1k,2k,4k,8k,16k,32k,64k,128k
 
@@ -49,7 +53,8 @@ if [ "${1:-}" != plot ]; then
     cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build "$BUILD" -j 2 --target evaluate >/dev/null
     for m in $MODELS; do
-        ckpt=$ROOT/runs/tiny_$m/checkpoint.h5
+        [[ $m =~ ^[a-z0-9_]+$ ]] || { echo "longctx_eval: '$m' is not a model name (tiny_<name> under $RUNS)" >&2; exit 2; }
+        ckpt=$RUNS/tiny_$m/checkpoint.h5
         [ -f "$ckpt" ] || { echo "longctx_eval: no $ckpt: build/train --config tiny_$m.ini" >&2; exit 1; }
         for ctx in $(long_context "$m") window; do
             args=(--checkpoint "$ckpt" --val --context "$ctx" --threads "$THREADS" --json)
@@ -87,7 +92,7 @@ for f in "$DATA"/eval_*_carry.jsonl "$DATA"/eval_*_full.jsonl; do
     ctx=${base##*_}
     # One line per model, coloured by model; the right panel joins the
     # model's window buckets to its long-context ones (same edges).
-    case $model in attn) c="#000000" ;; linear) c="#1f77b4" ;; mamba) c="#2ca02c" ;; gdn) c="#d62728" ;; hybrid) c="#9467bd" ;; *) c="#7f7f7f" ;; esac
+    c=$(mixer_colour "$model")
     case $ctx in full) title="tiny_$model (full attention)" ;; *) title="tiny_$model (carried state)" ;; esac
     style="with linespoints lw 2 pt 7 ps 0.6 lc rgb \"$c\" title \"$title\""
     LEFT="$LEFT${LEFT:+, }\"$DATA/pos_${model}_$ctx.tsv\" using 4:6 $style"
@@ -128,7 +133,7 @@ echo "== done: $DATA/positions.tsv, $IMG/longctx_position.png"
 # over its tokens; byte-level tokens: bits per byte = loss / ln 2 per token
 # when tokens = bytes, in general sum(loss x tokens) / (ln 2 x bytes)).
 grep -h '"type":"bucket"' "$DATA"/eval_*.jsonl |
-    sed -E 's/.*"checkpoint":"[^"]*tiny_([a-z_]+)\/checkpoint.h5".*"context":"(carry|full|window)[^"]*","lo":([0-9]+),"hi":([0-9]+),"tokens":([0-9]+),"bytes":([0-9]+),"mean_pos":[0-9.]+,"loss":([0-9.]+).*/\1\t\2\t\3\t\5\t\6\t\7/' |
+    sed -E 's/.*"checkpoint":"[^"]*tiny_([a-z0-9_]+)\/checkpoint.h5".*"context":"(carry|full|window)[^"]*","lo":([0-9]+),"hi":([0-9]+),"tokens":([0-9]+),"bytes":([0-9]+),"mean_pos":[0-9.]+,"loss":([0-9.]+).*/\1\t\2\t\3\t\5\t\6\t\7/' |
     awk -F'\t' -v OFS='\t' '
         function coarse(lo) { return lo < 256 ? "0-256" : lo < 1024 ? "256-1k" : lo < 4096 ? "1k-4k" : lo < 16384 ? "4k-16k" : lo < 65536 ? "16k-64k" : "64k+" }
         { k = $1 "\t" $2 "\t" coarse($3); nll[k] += $6 * $4; tok[k] += $4; by[k] += $5; if (!(k in seen)) { seen[k] = 1; order[n++] = k } }
