@@ -36,6 +36,19 @@ rel_table() {
     done < <(awk -F'\t' 'NR > 1 && !seen[$1 FS $2]++ {print $1 "\t" $2}' "$DATA/rows_train.tsv")
 }
 
+# outliers: the training cells whose CPU time is over 1.5x their row's median
+# over T, as "row form at T = t (r x)", comma-separated; nothing when none.
+outliers() {
+    awk -F'\t' 'NR > 1 && $11 == "ok" { k = $1 " " $2; if (!(k in n)) order[++m] = k; v[k, ++n[k]] = $12; t[k, n[k]] = $3 }
+        END { for (j = 1; j <= m; j++) { k = order[j]; c = n[k]
+                  for (i = 1; i <= c; i++) w[i] = v[k, i]
+                  for (i = 2; i <= c; i++) for (l = i; l > 1 && w[l - 1] > w[l]; l--) { x = w[l]; w[l] = w[l - 1]; w[l - 1] = x }
+                  med = c % 2 ? w[(c + 1) / 2] : (w[c / 2] + w[c / 2 + 1]) / 2
+                  for (i = 1; i <= c; i++) if (v[k, i] > 1.5 * med)
+                      out = out (out == "" ? "" : ", ") sprintf("%s at T = %s (%.1fx)", k, t[k, i], v[k, i] / med) }
+              print out }' "$DATA/rows_train.tsv"
+}
+
 # lo_of "lo-hi" -> lo; hi_of -> hi.
 lo_of() { echo "${1%-*}"; }
 hi_of() { echo "${1#*-}"; }
@@ -111,7 +124,9 @@ raw output [\`rows.txt\`](bench/rows.txt). The layer is the one above
 | load average | start: $(hdr loadavg "$DATA/rows.txt"); end: $end |
 
 With a load above 2 on 2 cores the wall-clock figures carry the load's
-noise; the CPU time is the steadier measure, and the ratios below use both.
+noise; the CPU time is the steadier measure, and the ratios below use both.$(o=$(outliers)
+[ -z "$o" ] || printf '\n\n%s\n%s' "CPU time over 1.5x its row's median over T, most likely a burst of load (measure the" \
+    "cell again with \`mixer_bench -only ROW:FORM -T ...\`): $o.")
 
 ### Training step: CPU microseconds per token (all threads)
 
