@@ -9,9 +9,10 @@
 #   bench/longctx_eval.sh --out docs/bench/longctx --img docs/img    into the committed results (replaces them)
 #   bench/longctx_eval.sh [--out DIR] plot    only the plot and the tables, from DIR
 #   MODELS="gdn attn" bench/longctx_eval.sh
-#   MODELS=gdp RUNS=/elsewhere/runs bench/longctx_eval.sh --out docs/bench/longctx --img docs/img
-#                                      one more model beside the committed ones (the
-#                                      plot and tables hold every eval_*.jsonl of --out)
+#   MODELS="gdn gdp" RUNS=/elsewhere/runs PLOT=longctx_books bench/longctx_eval.sh --out DIR --img docs/img
+#                                      other runs into another folder, the plot named
+#                                      PLOT.png (the plot and tables hold every eval_*.jsonl
+#                                      of --out, so a model added to a folder joins its set)
 #
 # Contexts (evaluate --context), two per model: the long one, where every
 # token sees the whole split before it (all-recurrent models, gdn, mamba,
@@ -27,7 +28,7 @@
 # Output (--out DIR; the committed ones: docs/bench/longctx, docs/img): DIR/eval_<model>_<context>.jsonl (JSON lines:
 # buckets of powers of 2), docs/bench/longctx/positions.tsv (all of them),
 # coarse.tsv (the buckets 0-256, 256-1k, 1k-4k, 4k-16k, 16k-64k, 64k+,
-# pooled from the fine ones), docs/img/longctx_position.png (left: bits per
+# pooled from the fine ones), IMG/PLOT.png, default longctx_position.png (left: bits per
 # byte by position in the long context, one line per model; right: sliding
 # window minus long context).
 set -euo pipefail
@@ -42,6 +43,8 @@ DATA=$OUT
 MODELS=${MODELS:-gdn mamba linear hybrid attn}
 THREADS=${THREADS:-2}
 RUNS=${RUNS:-$ROOT/runs}
+PLOT=${PLOT:-longctx_position}   # the plot's file name in the --img folder, without .png
+[[ $PLOT =~ ^[A-Za-z0-9_-]+$ ]] || { echo "longctx_eval: PLOT='$PLOT': letters, digits, '_' and '-' only" >&2; exit 2; }
 export OMP_WAIT_POLICY=PASSIVE
 FINE=16,32,64,128,256,512,1k,2k,4k,8k,16k,32k,64k,128k
 
@@ -120,7 +123,7 @@ if [ -f "$DATA/eval_attn_full.jsonl" ]; then
 fi
 gnuplot <<GP
 set terminal pngcairo size 1300,520 font "DejaVu Sans,10" noenhanced
-set output "$IMG/longctx_position.png"
+set output "$IMG/$PLOT.png"
 set datafile separator "\t"
 set multiplot layout 1,2 title "KJV validation split $TEXT, models trained on windows of 256"
 set grid
@@ -141,7 +144,7 @@ plot $RIGHT
 unset multiplot
 set output
 GP
-echo "== done: $DATA/positions.tsv, $IMG/longctx_position.png"
+echo "== done: $DATA/positions.tsv, $IMG/$PLOT.png"
 
 # The coarse buckets, pooled from the fine ones (a bucket's loss is the mean
 # over its tokens; byte-level tokens: bits per byte = loss / ln 2 per token
