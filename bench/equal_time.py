@@ -2,7 +2,8 @@
 """bench/equal_time.py: validation bits per byte of training runs at equal
 training time (docs/training.md, "gdp against gdn and mamba").
 
-    bench/equal_time.py [--runs DIR] [--out DIR] [--img DIR] [--name NAME] RUN...
+    bench/equal_time.py [--runs DIR] [--out DIR] [--img DIR] [--name NAME]
+                        [--measure TRAIN_BENCH [--rounds N] | --speeds FILE] RUN...
 
 RUN is a run folder (one that holds metrics.jsonl and config.ini) or the name
 of one under --runs (default runs/ of the repository): `train --config
@@ -21,6 +22,17 @@ evaluation came later than that has no value ("-"). A run's time is what
 the machine gave it: runs made one after another on a shared machine met
 different loads, so the table also gives each run's median tokens per second.
 
+--measure TRAIN_BENCH (the train_bench program, e.g. build/train_bench)
+takes the load out: it measures each run's model (its config.ini) side by
+side, N rounds (--rounds, default 3) of `train_bench --steps 8` over the runs
+in turn, and keeps each run's median tokens per CPU second (CPU time of all
+threads, which a busy machine inflates much less than the wall clock). The
+time axis is then the CPU time the run's tokens cost at that speed, tokens /
+(tokens per CPU second), the equal time the shortest run's, and the speeds
+go to DIR/NAME_speeds.tsv (with each round's load average). --speeds FILE
+reuses such a file instead of measuring (the plot and tables again from the
+committed data).
+
 Output (--out DIR, default build/bench/equal_time; nothing under docs/ unless
 named): DIR/NAME.tsv (one line per run), DIR/NAME_curves.tsv (every
 evaluation: run, step, tokens, elapsed_s, val_bpb), DIR/NAME.md (the table
@@ -30,6 +42,7 @@ NAME defaults to equal_time.
 """
 import argparse
 import configparser
+import re
 import json
 import math
 import os
@@ -121,6 +134,64 @@ def interpolate(points, t):
     return points[-1][1]
 
 
+def measure(runs, train_bench, rounds, out, name):
+    """Each run's median tokens per CPU second over rounds of train_bench, interleaved; writes NAME_speeds.tsv."""
+    got = {r["name"]: [] for r in runs}
+    loads = []
+    for k in range(rounds):
+        with open("/proc/loadavg", encoding="ascii") as f:
+            loads.append(" ".join(f.read().split()[:3]))
+        for r in runs:
+            cmd = [train_bench, "--config", os.path.join(r["path"], "config.ini"), "--steps", "8"]
+            p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            m = re.search(r"^RESULT .*\btokens_per_cpu_s=([0-9.]+)", p.stdout, re.M)
+            if p.returncode != 0 or not m:
+                fail(f"{' '.join(cmd)}: exit {p.returncode}, no tokens_per_cpu_s in its RESULT line: "
+                     f"{(p.stderr or p.stdout).strip()[-300:]}")
+            got[r["name"]].append(float(m.group(1)))
+            print(f"equal_time: round {k + 1}/{rounds}: {r['name']} {float(m.group(1)):.0f} tokens per CPU second",
+                  file=sys.stderr)
+    with open(os.path.join(out, f"{name}_speeds.tsv"), "w", encoding="utf-8") as f:
+        f.write("run\ttokens_per_cpu_s_median\tper_round\tloadavg_per_round\n")
+        for r in runs:
+            r["cpu_speed"] = statistics.median(got[r["name"]])
+            f.write(f"{r['name']}\t{r['cpu_speed']:.0f}\t{','.join(f'{v:.0f}' for v in got[r['name']])}\t"
+                    f"{' / '.join(loads)}\n")
+    cpu_axis(runs)
+
+
+def read_speeds(runs, path):
+    """Each run's cpu_speed from a NAME_speeds.tsv of an earlier --measure."""
+    speeds = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        fail(f"--speeds {path}: {e.strerror}")
+    if not lines or lines[0].split("\t")[:2] != ["run", "tokens_per_cpu_s_median"]:
+        fail(f"--speeds {path}: not a speeds file (its first line must start 'run<TAB>tokens_per_cpu_s_median')")
+    for n, line in enumerate(lines[1:], 2):
+        cols = line.split("\t")
+        try:
+            speeds[cols[0]] = float(cols[1])
+        except (IndexError, ValueError):
+            fail(f"--speeds {path}:{n}: no run and number")
+        if not speeds[cols[0]] > 0:
+            fail(f"--speeds {path}:{n}: speed {cols[1]} is not positive")
+    for r in runs:
+        if r["name"] not in speeds:
+            fail(f"--speeds {path}: no speed for {r['name']}")
+        r["cpu_speed"] = speeds[r["name"]]
+    cpu_axis(runs)
+
+
+def cpu_axis(runs):
+    """The time axis: CPU seconds of each run's tokens at its measured speed."""
+    for r in runs:
+        r["curve"] = [(tok / r["cpu_speed"], s, tok, v) for _, s, tok, v in r["curve"]]
+        r["time"] = r["steps"] * r["tok_step"] / r["cpu_speed"]
+
+
 def load_runs(args):
     runs = []
     for arg in args.run:
@@ -129,14 +200,15 @@ def load_runs(args):
         tokens, mixer = read_config(path)
         tokens *= int(start.get("ranks", 1) or 1)
         last = max(elapsed)
-        runs.append({"name": os.path.basename(os.path.normpath(path)), "mixer": mixer, "params": start.get("params"),
+        runs.append({"name": os.path.basename(os.path.normpath(path)), "path": path, "mixer": mixer,
+                     "params": start.get("params"),
                      "steps": last, "time": elapsed[last], "tok_step": tokens,
                      "curve": [(elapsed[s], s, s * tokens, v) for s, v in sorted(evals)],
                      "speed": statistics.median(speeds)})
     return runs
 
 
-def write_outputs(runs, t_eq, out, name):
+def write_outputs(runs, t_eq, out, name, cpu):
     with open(os.path.join(out, f"{name}_curves.tsv"), "w", encoding="utf-8") as f:
         f.write("run\tmixer\tstep\ttokens\telapsed_s\tval_bpb\n")
         for r in runs:
@@ -147,22 +219,26 @@ def write_outputs(runs, t_eq, out, name):
         at = interpolate([(t, v) for t, _, _, v in r["curve"]], t_eq)
         rows.append((r, at))
     with open(os.path.join(out, f"{name}.tsv"), "w", encoding="utf-8") as f:
-        f.write("run\tmixer\tparams\tsteps\ttokens\ttime_s\tmedian_tok_per_s\tval_bpb_final\tequal_time_s\tval_bpb_at_equal_time\n")
+        f.write(f"run\tmixer\tparams\tsteps\ttokens\t{'cpu_time_s' if cpu else 'time_s'}\tlogged_median_tok_per_s\t"
+                "tokens_per_cpu_s\tval_bpb_final\tequal_time_s\tval_bpb_at_equal_time\n")
         for r, at in rows:
             f.write(f"{r['name']}\t{r['mixer']}\t{r['params']}\t{r['steps']}\t{r['steps'] * r['tok_step']}\t"
-                    f"{r['time']:.1f}\t{r['speed']:.0f}\t{r['curve'][-1][3]:.4f}\t{t_eq:.1f}\t"
+                    f"{r['time']:.1f}\t{r['speed']:.0f}\t{format(r['cpu_speed'], '.0f') if cpu else 'NaN'}\t"
+                    f"{r['curve'][-1][3]:.4f}\t{t_eq:.1f}\t"
                     f"{'NaN' if at is None else f'{at:.4f}'}\n")
     with open(os.path.join(out, f"{name}.md"), "w", encoding="utf-8") as f:
-        f.write(f"| run | params | steps | training time | median tokens/s | val bits/byte at the end "
+        f.write(f"| run | params | steps | {'CPU time' if cpu else 'training time'} | "
+                f"{'tokens per CPU second' if cpu else 'median tokens/s (logged)'} | val bits/byte at the end "
                 f"| val bits/byte at {t_eq:.0f} s |\n")
         f.write("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
         for r, at in sorted(rows, key=lambda x: math.inf if x[1] is None else x[1]):
-            f.write(f"| {r['name']} | {r['params']:,} | {r['steps']} | {r['time']:.0f} s | {r['speed']:,.0f} "
+            speed = r["cpu_speed"] if cpu else r["speed"]
+            f.write(f"| {r['name']} | {r['params']:,} | {r['steps']} | {r['time']:.0f} s | {speed:,.0f} "
                     f"| {r['curve'][-1][3]:.4f} | {'-' if at is None else f'{at:.4f}'} |\n")
     return rows
 
 
-def plot(runs, t_eq, out, img, name):
+def plot(runs, t_eq, out, img, name, axis):
     if not shutil.which("gnuplot"):
         print("equal_time: no gnuplot: the tables are written, the plot is not", file=sys.stderr)
         return
@@ -188,8 +264,8 @@ set multiplot layout 1,2 title "Validation bits per byte of the KJV during train
 set grid
 set key top right
 set ylabel "validation bits per byte"
-set xlabel "training wall time (s)"
-set title "against training time (dotted: the shortest run's time, {t_eq:.0f} s)"
+set xlabel "{axis}"
+set title "against training time (dotted: the shortest run's, {t_eq:.0f} s)"
 set arrow 1 from {t_eq}, graph 0 to {t_eq}, graph 1 nohead dt 3 lc rgb "#888888"
 {plot_cmd("5")}
 unset arrow 1
@@ -208,6 +284,9 @@ def main():
     ap.add_argument("--out", help="tables and data (default build/bench/equal_time)")
     ap.add_argument("--img", help="the plot's folder (default: --out)")
     ap.add_argument("--name", default="equal_time", help="file names' stem (default equal_time)")
+    ap.add_argument("--measure", metavar="TRAIN_BENCH", help="time axis: CPU time at speeds train_bench measures")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --measure (default 3)")
+    ap.add_argument("--speeds", metavar="FILE", help="time axis: CPU time at the speeds of an earlier --measure")
     args = ap.parse_args()
     if not args.name or not all(ch.isalnum() or ch in "_-" for ch in args.name):
         fail(f"--name '{args.name}': letters, digits, '_' and '-' only")
@@ -215,10 +294,22 @@ def main():
     img = args.img or out
     os.makedirs(out, exist_ok=True)
     os.makedirs(img, exist_ok=True)
+    if args.measure and not (os.path.isfile(args.measure) and os.access(args.measure, os.X_OK)):
+        fail(f"--measure {args.measure}: not an executable file (build it: cmake --build build --target train_bench)")
+    if args.rounds < 1:
+        fail(f"--rounds {args.rounds}: at least 1")
     runs = load_runs(args)
+    if args.measure and args.speeds:
+        fail("--measure and --speeds: one or the other")
+    if args.measure:
+        measure(runs, args.measure, args.rounds, out, args.name)
+    elif args.speeds:
+        read_speeds(runs, args.speeds)
     t_eq = min(r["time"] for r in runs)
-    write_outputs(runs, t_eq, out, args.name)
-    plot(runs, t_eq, out, img, args.name)
+    cpu = bool(args.measure or args.speeds)
+    axis = "CPU time at the speed measured side by side (s)" if cpu else "training wall time (s)"
+    write_outputs(runs, t_eq, out, args.name, cpu)
+    plot(runs, t_eq, out, img, args.name, axis)
     with open(os.path.join(out, f"{args.name}.md"), encoding="utf-8") as f:
         sys.stdout.write(f.read())
 

@@ -92,7 +92,7 @@ gdp's time per token stays flat in T and P (slowest / fastest: training
 $(spread gdp chunked) over T, decoding $(dspread_rows gdp) over P; within
 1.3x: $(awk -v a="$(spread gdp chunked)" -v b="$(dspread_rows gdp)" 'BEGIN {print (a <= 1.3 && b <= 1.3) ? "**yes**" : "**no**"}')). What gdp
 buys for its time, recall and bits per byte at equal training time, is in
-[mqar.md](mqar.md#capacity-at-equal-state-size) and
+[mqar.md](mqar.md#capacity-at-equal-state-size-32-pairs-width-32-learning-rate-sweep) and
 [training.md](training.md#gdp-against-gdn-and-mamba).
 EOF
 }
