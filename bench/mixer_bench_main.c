@@ -29,7 +29,9 @@
 // gdp n_h = 2 (the row gdp_nh3: 3).
 // Rows come from two tables (TRAIN_ROWS, DECODE_ROWS); a row is named by its
 // mixer kind, or by its own name where one kind has rows of two settings
-// (gdp_nh3); -only picks rows by that name. A cell is skipped
+// (gdp_nh3); -only picks rows by that name. A mixer kind that -only names
+// and the tables do not gets rows as gdn's: its chunked and recurrent forms
+// (those it has) and, when recurrent, its decoding. A cell is skipped
 // when it would need more than ~4 GiB or a step longer than ~60 s, and the
 // table says which. TSV files (train.tsv, decode.tsv) go to -tsv DIR.
 #include <malloc.h>
@@ -44,66 +46,13 @@
 #include "attn_layer.h"
 #include "blas.h"
 #include "mixer.h"
+#include "mixer_bench_rows.h"   // TrainRow, DecodeRow, rows_init, rows_picked, check_only
 #include "runlog.h"
 #include "model_setup.h"
 
 enum { D_MODEL = 256, N_HEADS = 4, D_HEAD = 64, CONV = 4, CHUNK = 64, TOPK = 64 };
 enum { DECODE_WINDOW = 64, MAX_LIST = 16 };
 #define MAX_STEP_SECONDS 60.0
-
-typedef struct TrainRow {
-    const char *kind;      // mixer kind name
-    const char *label;     // form as shown: "flash", "parallel", ...
-    MixerForm form;        // the MixerConfig form
-    bool quadratic;        // step time grows as T^2 (per token as T) at fixed B*T
-    int max_T;             // skip longer sequences (0: no limit)
-    const char *why;       // why
-    int gdp_steps;         // gdp: delta-rule steps per token n_h (0: the default, 2)
-    const char *name;      // the row's name in tables and -only (NULL: the kind)
-} TrainRow;
-
-static const TrainRow TRAIN_ROWS[] = {
-    {"attn", "flash", MIXER_FORM_CHUNKED, true, 0, NULL},
-    {"linear", "parallel", MIXER_FORM_PARALLEL, true, 4096,
-     "T x T scratch per thread: 3 GiB per thread at T = 16384 (> 4 GiB on 2 threads)"},
-    {"linear", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
-    {"linear", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
-    {"mamba", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
-    {"mamba", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
-    {"gdn", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
-    {"gdn", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
-    {"attn_dsa", "sparse", MIXER_FORM_CHUNKED, false, 0, NULL},
-    {"mamba2", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
-    {"mamba2", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
-    {"gdp", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
-    {"gdp", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
-    {"gdp", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL, 3, "gdp_nh3"},
-    {"gdp", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL, 3, "gdp_nh3"},
-};
-enum { N_TRAIN_ROWS = sizeof TRAIN_ROWS / sizeof TRAIN_ROWS[0] };
-
-typedef struct DecodeRow {
-    const char *kind;
-    const char *how;       // how the cache reaches position P
-    bool prefill_kv;       // attn: write the KV cache directly instead of stepping
-    int gdp_steps;         // as in TrainRow
-    const char *name;
-} DecodeRow;
-
-static const DecodeRow DECODE_ROWS[] = {
-    {"attn", "KV cache filled directly", true},
-    {"linear", "stepped", false},
-    {"mamba", "stepped", false},
-    {"gdn", "stepped", false},
-    {"attn_dsa", "stepped", false},
-    {"mamba2", "stepped", false},
-    {"gdp", "stepped", false},
-    {"gdp", "stepped", false, 3, "gdp_nh3"},
-};
-enum { N_DECODE_ROWS = sizeof DECODE_ROWS / sizeof DECODE_ROWS[0] };
-
-// A row's name (train or decode row): its own, else its mixer kind's.
-#define TNAME(row) ((row)->name ? (row)->name : (row)->kind)
 
 typedef struct Options {
     int tokens;                          // B*T of a training step
@@ -336,46 +285,12 @@ static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
     layer_free(&L);
 }
 
-// Whether the -only item s (up to its ',' or end) picks the row: "name" picks
-// every form of the row, "name:form" one (a decode row has no form: label NULL).
-static bool item_picks(const char *s, const char *name, const char *label) {
-    size_t n = strlen(name), len = strcspn(s, ",");
-    if (len < n || strncmp(s, name, n) != 0) return false;
-    if (len == n) return true;
-    if (s[n] != ':' || !label) return false;
-    return len - n - 1 == strlen(label) && strncmp(s + n + 1, label, len - n - 1) == 0;
-}
-
-// The -only item after s: past its ',' (the end of the list after the last).
-static const char *next_item(const char *s) {
-    s += strcspn(s, ",");
-    return *s ? s + 1 : s;
-}
-
 static bool row_selected(const Options *o, const char *name, const char *label) {
-    if (!o->only) return true;
-    for (const char *s = o->only; *s; s = next_item(s))
-        if (item_picks(s, name, label)) return true;
-    return false;
-}
-
-// Every -only item must pick a row: a misspelt name would otherwise run nothing, silently.
-static void check_only(const char *only) {
-    for (const char *s = only; *s; s = next_item(s)) {
-        bool any = false;
-        for (int i = 0; i < N_TRAIN_ROWS && !any; i++)
-            any = item_picks(s, TNAME(&TRAIN_ROWS[i]), TRAIN_ROWS[i].label);
-        for (int i = 0; i < N_DECODE_ROWS && !any; i++) any = item_picks(s, TNAME(&DECODE_ROWS[i]), NULL);
-        if (any) continue;
-        fprintf(stderr, "mixer_bench: -only '%.*s' names no row; the rows:", (int)strcspn(s, ","), s);
-        for (int i = 0; i < N_TRAIN_ROWS; i++) fprintf(stderr, " %s:%s", TNAME(&TRAIN_ROWS[i]), TRAIN_ROWS[i].label);
-        fprintf(stderr, "\n");
-        exit(2);
-    }
+    return rows_picked(o->only, name, label);
 }
 
 static void run_train(const Options *o, FILE *tsv) {
-    static TrainCell cells[N_TRAIN_ROWS][MAX_LIST];
+    static TrainCell cells[MAX_ROWS][MAX_LIST];
     printf("## 1. training step (forward + backward), microseconds per token, B*T = %d\n", o->tokens);
     printf("%-9s %-10s", "mixer", "form");
     for (int i = 0; i < o->nT; i++) printf("  %10s%-6d", "T=", o->Ts[i]);
@@ -383,8 +298,8 @@ static void run_train(const Options *o, FILE *tsv) {
     if (tsv)
         fprintf(tsv, "mixer\tform\tT\tB\tus_per_token_best\tus_per_token_median\ttokens_per_s\tcold_s\t"
                      "arena_mib\trss_mib\tstatus\tcpu_us_per_token\n");
-    for (int ri = 0; ri < N_TRAIN_ROWS; ri++) {
-        const TrainRow *row = &TRAIN_ROWS[ri];
+    for (int ri = 0; ri < n_train_rows; ri++) {
+        const TrainRow *row = &train_rows[ri];
         if (!row_selected(o, TNAME(row), row->label)) continue;
         printf("%-9s %-10s", TNAME(row), row->label);
         fflush(stdout);
@@ -421,18 +336,18 @@ static void run_train(const Options *o, FILE *tsv) {
         }
         printf("\n");
     }
-    for (int ri = 0; ri < N_TRAIN_ROWS; ri++)
-        if (TRAIN_ROWS[ri].max_T && row_selected(o, TNAME(&TRAIN_ROWS[ri]), TRAIN_ROWS[ri].label))
-            printf("(%s %s above T = %d: %s)\n", TNAME(&TRAIN_ROWS[ri]), TRAIN_ROWS[ri].label, TRAIN_ROWS[ri].max_T,
-                   TRAIN_ROWS[ri].why);
+    for (int ri = 0; ri < n_train_rows; ri++)
+        if (train_rows[ri].max_T && row_selected(o, TNAME(&train_rows[ri]), train_rows[ri].label))
+            printf("(%s %s above T = %d: %s)\n", TNAME(&train_rows[ri]), train_rows[ri].label, train_rows[ri].max_T,
+                   train_rows[ri].why);
     printf("(\"skip: > 60 s\": the step time extrapolated from the previous T exceeds %.0f s)\n\n", MAX_STEP_SECONDS);
 
     printf("## 1b. the same steps: CPU time of all threads, microseconds per token (less sensitive to load)\n");
     printf("%-9s %-10s", "mixer", "form");
     for (int i = 0; i < o->nT; i++) printf("  %10s%-6d", "T=", o->Ts[i]);
     printf("\n");
-    for (int ri = 0; ri < N_TRAIN_ROWS; ri++) {
-        const TrainRow *row = &TRAIN_ROWS[ri];
+    for (int ri = 0; ri < n_train_rows; ri++) {
+        const TrainRow *row = &train_rows[ri];
         if (!row_selected(o, TNAME(row), row->label)) continue;
         printf("%-9s %-10s", TNAME(row), row->label);
         for (int i = 0; i < o->nT; i++) {
@@ -449,8 +364,8 @@ static void run_train(const Options *o, FILE *tsv) {
     printf("%-9s %-10s", "mixer", "form");
     for (int i = 0; i < o->nT; i++) printf("  %10s%-6d", "T=", o->Ts[i]);
     printf("\n");
-    for (int ri = 0; ri < N_TRAIN_ROWS; ri++) {
-        const TrainRow *row = &TRAIN_ROWS[ri];
+    for (int ri = 0; ri < n_train_rows; ri++) {
+        const TrainRow *row = &train_rows[ri];
         if (!row_selected(o, TNAME(row), row->label)) continue;
         printf("%-9s %-10s", TNAME(row), row->label);
         for (int i = 0; i < o->nT; i++) {
@@ -493,8 +408,8 @@ static void run_decode(const Options *o, FILE *tsv) {
     if (tsv) fprintf(tsv, "mixer\tpos\tus_per_token_best\tus_per_token_median\tus_per_token_mean\thow\n");
     int max_pos = 0;
     for (int i = 0; i < o->npos; i++) max_pos = imax(max_pos, o->pos[i]);
-    for (int ri = 0; ri < N_DECODE_ROWS; ri++) {
-        const DecodeRow *row = &DECODE_ROWS[ri];
+    for (int ri = 0; ri < n_decode_rows; ri++) {
+        const DecodeRow *row = &decode_rows[ri];
         if (!row_selected(o, TNAME(row), NULL)) continue;
         printf("%-9s", TNAME(row));
         fflush(stdout);
@@ -599,6 +514,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "-docs") == 0) o.doc_len = atoi(v), i++;
         else usage();
     }
+    rows_init(o.only);
     if (o.only) check_only(o.only);
     ASSERT(o.tokens > 0 && o.reps >= 0 && o.doc_len >= 0, "mixer_bench: -tokens %d, -reps %d, -docs %d", o.tokens,
            o.reps, o.doc_len);
