@@ -242,12 +242,13 @@ def plot(runs, t_eq, out, img, name, axis):
     if not shutil.which("gnuplot"):
         print("equal_time: no gnuplot: the tables are written, the plot is not", file=sys.stderr)
         return
+
     curves = os.path.join(out, f"{name}_curves.tsv")
     extra = iter(EXTRA * 4)
     lines = []
     for r in runs:
         c = COLOURS.get(r["name"].replace("tiny_", "").split("_")[0]) or COLOURS.get(r["mixer"]) or next(extra)
-        title = r["name"].replace('"', "'")
+        title = r["name"]
         sel = f'(strcol(1) eq "{title}" ? column(COL) : NaN)'
         lines.append((sel, c, title))
 
@@ -274,7 +275,17 @@ set title "against tokens"
 {plot_cmd("($4/1e6)")}
 unset multiplot
 """
-    subprocess.run(["gnuplot"], input=script, text=True, check=True)
+    p = subprocess.run(["gnuplot"], input=script, text=True, capture_output=True, check=False)
+    if p.returncode != 0:
+        fail(f"gnuplot failed on {os.path.join(img, name + '.png')}: {p.stderr.strip()[-300:]}")
+
+
+def check_quotable(out, img, runs):
+    """Paths and run names go into gnuplot's double-quoted strings: a quote,
+    a backslash or a line break there would end the string early."""
+    for what, text in [("--out", out), ("--img", img)] + [("run name", r["name"]) for r in runs]:
+        if any(ch in text for ch in '"\\\n'):
+            fail(f"{what} '{text}': a double quote, backslash or line break, which the plot script cannot quote")
 
 
 def main():
@@ -292,15 +303,16 @@ def main():
         fail(f"--name '{args.name}': letters, digits, '_' and '-' only")
     out = args.out or os.path.join(ROOT, "build", "bench", "equal_time")
     img = args.img or out
-    os.makedirs(out, exist_ok=True)
-    os.makedirs(img, exist_ok=True)
     if args.measure and not (os.path.isfile(args.measure) and os.access(args.measure, os.X_OK)):
         fail(f"--measure {args.measure}: not an executable file (build it: cmake --build build --target train_bench)")
     if args.rounds < 1:
         fail(f"--rounds {args.rounds}: at least 1")
-    runs = load_runs(args)
     if args.measure and args.speeds:
         fail("--measure and --speeds: one or the other")
+    runs = load_runs(args)
+    check_quotable(out, img, runs)
+    os.makedirs(out, exist_ok=True)
+    os.makedirs(img, exist_ok=True)
     if args.measure:
         measure(runs, args.measure, args.rounds, out, args.name)
     elif args.speeds:
