@@ -484,7 +484,8 @@ static int parse_list(const char *s, int *out) {
     "                   [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N]\n"           \
     "                   [-profile] [-docs L]\n"                                                         \
     "  every mixer and form at the layer level: training time and memory against T, decoding against\n" \
-    "  the context length; -docs L packs documents of mean length L into each row\n"
+    "  the context length; -docs L packs documents of mean length L into each row; -only gdn,gdp:chunked\n" \
+    "  runs only those rows (a mixer kind without rows of its own gets its forms as rows)\n"
 
 static void usage(void) {
     fputs(USAGE, stderr);
