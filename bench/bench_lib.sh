@@ -86,3 +86,31 @@ bench_dirs() {
     PAGE=${PAGE#/}
     PAGE=/$PAGE
 }
+
+# mixer_colour NAME -> the colour of a mixer's lines, the same in every plot.
+# A "_long" suffix (a task's longer runs) keeps the mixer's colour; a name not
+# listed is grey.
+mixer_colour() {
+    case ${1%_long} in
+        attn) echo "#000000" ;;
+        linear) echo "#1f77b4" ;;
+        mamba) echo "#2ca02c" ;;
+        mamba2) echo "#17becf" ;;
+        gdn) echo "#d62728" ;;
+        gdp) echo "#ff7f0e" ;;
+        gdp_nh3) echo "#8c564b" ;;
+        kda) echo "#e377c2" ;;
+        hybrid) echo "#9467bd" ;;
+        attn_dsa) echo "#bcbd22" ;;
+        *) echo "#7f7f7f" ;;
+    esac
+}
+
+# gnuplot_colours NAME... -> a gnuplot function colour(s) of a series s
+# ("mixer" or "mixer:form") giving mixer_colour of its mixer.
+gnuplot_colours() {
+    local expr="" m
+    for m in "$@"; do expr="${expr}m eq \"$m\" ? \"$(mixer_colour "$m")\" : "; done
+    echo "colour_of(m) = ${expr}\"$(mixer_colour "")\""
+    echo 'colour(s) = colour_of(mixer(s))'
+}

@@ -15,10 +15,17 @@
 #                                          the same into the committed results (replaces them)
 #   bench/longctx_tasks.sh [--out DIR] plot    only the plots and tables, from DIR's .tsv files
 #   TASKS=passkey MIXERS=attn,gdn bench/longctx_tasks.sh    a subset
+#   MIXERS=gdp bench/longctx_tasks.sh [--out DIR] add
+#                                          more mixers beside the runs in DIR: each
+#                                          mixer's runs go to <task>_add_<mixer>.{txt,tsv}
+#                                          (and _curve.tsv); the tables and plots hold them all
 #   bench/longctx_tasks.sh long TASK MIXER one mixer on one task with up to 4000 steps
 #                                          (<task>_long_<mixer>.{txt,tsv}): for the
 #                                          runs not solved at 1500 (attn and mamba on
 #                                          the passkey; gdn and mamba on mqar_gap)
+#
+# One call of longctx with several mixers trains them one after another, each
+# from the same seed, as separate calls of one mixer each do.
 #
 # Output (--out DIR, default build/bench/longctx_tasks; the committed ones are
 # docs/bench/longctx and docs/img): DIR/<task>.{txt,tsv} (printed table, one
@@ -39,6 +46,21 @@ MIXERS=${MIXERS:-attn,linear,mamba,gdn}
 STEPS=${STEPS:-1500}
 export OMP_WAIT_POLICY=PASSIVE
 
+case ${1:-} in
+    ""|plot|add|long) ;;
+    *) echo "longctx_tasks: unknown mode '$1' (plot, add or long TASK MIXER, after the --out/--img options)" >&2; exit 2 ;;
+esac
+run_tasks() {   # run_tasks MIXERS NAME: every task in TASKS for the mixers, into DIR/<task>NAME.{txt,tsv}
+    local task
+    for task in $TASKS; do
+        echo "== $task, $1 (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+        "$BUILD/longctx" --task "$task" --mixers "$1" --layers 2 --width 64 --params 100000 \
+            --steps "$STEPS" --eval-every 100 --stop-at 0.99 --test-lens 256,1024,4096,16384,32768 \
+            --depths 0,0.5,1 --test-tokens 131072 --min-seqs 8 --seed 1 \
+            --tsv "$DATA/$task$2.tsv" --curve "$DATA/$task${2}_curve.tsv" | tee "$DATA/$task$2.txt"
+    done
+}
+
 if [ "${1:-}" = long ]; then
     task=${2:?"usage: bench/longctx_tasks.sh long TASK MIXER"}
     m=${3:?"usage: bench/longctx_tasks.sh long TASK MIXER"}
@@ -52,23 +74,25 @@ if [ "${1:-}" = long ]; then
 elif [ "${1:-}" != plot ]; then
     cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build "$BUILD" -j 2 --target longctx >/dev/null
-    for task in $TASKS; do
-        echo "== $task (load: $(cut -d' ' -f1-3 /proc/loadavg))"
-        "$BUILD/longctx" --task "$task" --mixers "$MIXERS" --layers 2 --width 64 --params 100000 \
-            --steps "$STEPS" --eval-every 100 --stop-at 0.99 --test-lens 256,1024,4096,16384,32768 \
-            --depths 0,0.5,1 --test-tokens 131072 --min-seqs 8 --seed 1 \
-            --tsv "$DATA/$task.tsv" --curve "$DATA/${task}_curve.tsv" | tee "$DATA/$task.txt"
-    done
+    if [ "${1:-}" = add ]; then
+        for m in ${MIXERS//,/ }; do
+            [[ $m =~ ^[a-z0-9_]+$ ]] || { echo "longctx_tasks: add: '$m' is not a mixer name" >&2; exit 2; }
+            run_tasks "$m" "_add_$m"
+        done
+    else
+        run_tasks "$MIXERS" ""
+    fi
 fi
 
 # Columns of <task>.tsv: 1 task, 2 mixer, 10 test_T, 11 depth, 12 gap,
 # 13 seqs, 14 accuracy, 15 token_accuracy, 9 train_acc, 7 steps, 6 params.
-# The longer runs (<task>_long_<mixer>.tsv) join as "<mixer>_long".
+# The added mixers (<task>_add_<mixer>.tsv) follow; the longer runs
+# (<task>_long_<mixer>.tsv) join as "<mixer>_long".
 for task in passkey mqar_gap; do
     tsv=$DATA/$task.tsv
-    [ -f "$tsv" ] || continue
+    compgen -G "$DATA/${task}_add_*.tsv" >/dev/null || [ -f "$tsv" ] || continue
     all=$DATA/${task}_all.tsv
-    for f in "$tsv" "$DATA/${task}"_long_*.tsv; do
+    for f in "$tsv" "$DATA/${task}"_add_*.tsv "$DATA/${task}"_long_*.tsv; do
         case $f in *_curve.tsv) continue ;; esac
         [ -f "$f" ] || continue
         long=0; case $f in *_long_*) long=1 ;; esac
@@ -123,10 +147,10 @@ for task in passkey mqar_gap; do
             fi
             plots=""
             # Colour by mixer; the longer runs dashed, with squares.
-            for m in attn linear mamba gdn hybrid attn_dsa attn_long linear_long mamba_long gdn_long; do
+            for m in $(awk -F'\t' '!seen[$2]++ {print $2}' "$all"); do
                 f=$DATA/acc_${task}_${m}_$d.tsv
                 [ -f "$f" ] || continue
-                case ${m%_long} in attn) c="#000000" ;; linear) c="#1f77b4" ;; mamba) c="#2ca02c" ;; gdn) c="#d62728" ;; hybrid) c="#9467bd" ;; *) c="#7f7f7f" ;; esac
+                c=$(mixer_colour "$m")
                 style="lw 2 pt 7 dt 1"
                 title=$m
                 case $m in *_long) style="lw 2 pt 5 dt 2"; title="${m%_long}, up to 4000 steps" ;; esac

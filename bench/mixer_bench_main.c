@@ -2,7 +2,7 @@
 // interface (projections, convolutions, gates and output projection
 // included), on this machine.
 //
-//   mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]
+//   mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only ROW[:FORM][,ROW[:FORM]...]]
 //               [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N (1; 0 = all)]
 //               [-profile] [-docs L]
 //
@@ -25,8 +25,13 @@
 //    random keys and values up to P (stepping there is O(P^2); the values do
 //    not change the work of the next step).
 //
-// Layer: d_model 256, H 4, dk = dv 64, conv 4, chunk 64, attn_dsa top-k 64.
-// Rows come from two tables (TRAIN_ROWS, DECODE_ROWS); a cell is skipped
+// Layer: d_model 256, H 4, dk = dv 64, conv 4, chunk 64, attn_dsa top-k 64,
+// gdp n_h = 2 (the row gdp_nh3: 3).
+// Rows come from two tables (TRAIN_ROWS, DECODE_ROWS); a row is named by its
+// mixer kind, or by its own name where one kind has rows of two settings
+// (gdp_nh3); -only picks rows by that name. A mixer kind that -only names
+// and the tables do not gets rows as gdn's: its chunked and recurrent forms
+// (those it has) and, when recurrent, its decoding. A cell is skipped
 // when it would need more than ~4 GiB or a step longer than ~60 s, and the
 // table says which. TSV files (train.tsv, decode.tsv) go to -tsv DIR.
 #include <malloc.h>
@@ -41,6 +46,7 @@
 #include "attn_layer.h"
 #include "blas.h"
 #include "mixer.h"
+#include "mixer_bench_rows.h"   // TrainRow, DecodeRow, rows_init, rows_picked, check_only
 #include "runlog.h"
 #include "model_setup.h"
 
@@ -48,49 +54,11 @@ enum { D_MODEL = 256, N_HEADS = 4, D_HEAD = 64, CONV = 4, CHUNK = 64, TOPK = 64 
 enum { DECODE_WINDOW = 64, MAX_LIST = 16 };
 #define MAX_STEP_SECONDS 60.0
 
-typedef struct TrainRow {
-    const char *kind;      // mixer kind name
-    const char *label;     // form as shown: "flash", "parallel", ...
-    MixerForm form;        // the MixerConfig form
-    bool quadratic;        // step time grows as T^2 (per token as T) at fixed B*T
-    int max_T;             // skip longer sequences (0: no limit)
-    const char *why;       // why
-} TrainRow;
-
-static const TrainRow TRAIN_ROWS[] = {
-    {"attn", "flash", MIXER_FORM_CHUNKED, true, 0, NULL},
-    {"linear", "parallel", MIXER_FORM_PARALLEL, true, 4096,
-     "T x T scratch per thread: 3 GiB per thread at T = 16384 (> 4 GiB on 2 threads)"},
-    {"linear", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
-    {"linear", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
-    {"mamba", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
-    {"mamba", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
-    {"gdn", "chunked", MIXER_FORM_CHUNKED, false, 0, NULL},
-    {"gdn", "recurrent", MIXER_FORM_RECURRENT, false, 0, NULL},
-    {"attn_dsa", "sparse", MIXER_FORM_CHUNKED, false, 0, NULL},
-};
-enum { N_TRAIN_ROWS = sizeof TRAIN_ROWS / sizeof TRAIN_ROWS[0] };
-
-typedef struct DecodeRow {
-    const char *kind;
-    const char *how;       // how the cache reaches position P
-    bool prefill_kv;       // attn: write the KV cache directly instead of stepping
-} DecodeRow;
-
-static const DecodeRow DECODE_ROWS[] = {
-    {"attn", "KV cache filled directly", true},
-    {"linear", "stepped", false},
-    {"mamba", "stepped", false},
-    {"gdn", "stepped", false},
-    {"attn_dsa", "stepped", false},
-};
-enum { N_DECODE_ROWS = sizeof DECODE_ROWS / sizeof DECODE_ROWS[0] };
-
 typedef struct Options {
     int tokens;                          // B*T of a training step
     int Ts[MAX_LIST], nT;                // sequence lengths of the train table
     int pos[MAX_LIST], npos;             // context positions of the decode table
-    const char *only;                    // "kind" or "kind:form", or NULL
+    const char *only;                    // "row" or "row:form", comma-separated, or NULL
     int reps;                            // timed steps per cell (0: 2, or 1 when the cold step took > 3 s)
     const char *tsv_dir;                 // NULL: no TSV
     bool train, decode;
@@ -182,8 +150,8 @@ static void print_header(const Options *o) {
     printf("commit:    %s\n", commit);
     printf("loadavg:   %s (at start)\n", load);
     printf("precision: %s\n", REAL_NAME);
-    printf("layer:     d_model %d, H %d, dk = dv %d, conv %d, chunk %d, attn_dsa top-k %d\n", D_MODEL, N_HEADS,
-           D_HEAD, CONV, CHUNK, TOPK);
+    printf("layer:     d_model %d, H %d, dk = dv %d, conv %d, chunk %d, attn_dsa top-k %d, gdp n_h 2 (gdp_nh3: 3)\n",
+           D_MODEL, N_HEADS, D_HEAD, CONV, CHUNK, TOPK);
     printf("train:     B*T = %d tokens per step, best of %s timed steps after a cold one\n", o->tokens,
            o->reps ? "-reps" : "2 (the cold one itself if it took > 5 s)");
     if (o->doc_len > 0)
@@ -199,8 +167,9 @@ typedef struct Layer {
     Mixer *m;
 } Layer;
 
-static void layer_make(Layer *L, const char *kind, MixerForm form) {
+static void layer_make(Layer *L, const char *kind, MixerForm form, int gdp_steps) {
     MixerConfig c = mixer_config_default(D_MODEL, N_HEADS, D_HEAD, D_HEAD);
+    if (gdp_steps) c.gdp_steps = gdp_steps;
     c.conv_size = CONV;
     c.chunk_size = CHUNK;
     c.topk = TOPK;
@@ -259,7 +228,7 @@ static int *make_docs(int B, int T, int len) {
 
 static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
     Layer L;
-    layer_make(&L, row->kind, row->form);
+    layer_make(&L, row->kind, row->form, row->gdp_steps);
     Tensor *u = tensor_newv(true, 3, c->B, c->T, D_MODEL), *dy = tensor_newv(false, 3, c->B, c->T, D_MODEL);
     Rng r;
     rng_seed(&r, 2);
@@ -301,7 +270,7 @@ static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
         tape_reset(&tp);
     }
     if (o->profile && reps > 0) {
-        printf("\n# op profile: %s %s, T = %d, B = %d, mean of %d steps\n", row->kind, row->label, c->T, c->B, reps);
+        printf("\n# op profile: %s %s, T = %d, B = %d, mean of %d steps\n", TNAME(row), row->label, c->T, c->B, reps);
         tape_profile_print(&tp, stdout, reps);
     }
     if (reps == 0) times[0] = c->cold, cpus[0] = cold_cpu, reps = 1;
@@ -316,15 +285,12 @@ static void train_cell(TrainCell *c, const TrainRow *row, const Options *o) {
     layer_free(&L);
 }
 
-static bool row_selected(const Options *o, const char *kind, const char *label) {
-    if (!o->only) return true;
-    size_t n = strlen(kind);
-    if (strncmp(o->only, kind, n) != 0) return false;
-    return o->only[n] == 0 || (o->only[n] == ':' && (!label || strcmp(o->only + n + 1, label) == 0));
+static bool row_selected(const Options *o, const char *name, const char *label) {
+    return rows_picked(o->only, name, label);
 }
 
 static void run_train(const Options *o, FILE *tsv) {
-    static TrainCell cells[N_TRAIN_ROWS][MAX_LIST];
+    static TrainCell cells[MAX_ROWS][MAX_LIST];
     printf("## 1. training step (forward + backward), microseconds per token, B*T = %d\n", o->tokens);
     printf("%-9s %-10s", "mixer", "form");
     for (int i = 0; i < o->nT; i++) printf("  %10s%-6d", "T=", o->Ts[i]);
@@ -332,10 +298,10 @@ static void run_train(const Options *o, FILE *tsv) {
     if (tsv)
         fprintf(tsv, "mixer\tform\tT\tB\tus_per_token_best\tus_per_token_median\ttokens_per_s\tcold_s\t"
                      "arena_mib\trss_mib\tstatus\tcpu_us_per_token\n");
-    for (int ri = 0; ri < N_TRAIN_ROWS; ri++) {
-        const TrainRow *row = &TRAIN_ROWS[ri];
-        if (!row_selected(o, row->kind, row->label)) continue;
-        printf("%-9s %-10s", row->kind, row->label);
+    for (int ri = 0; ri < n_train_rows; ri++) {
+        const TrainRow *row = &train_rows[ri];
+        if (!row_selected(o, TNAME(row), row->label)) continue;
+        printf("%-9s %-10s", TNAME(row), row->label);
         fflush(stdout);
         double prev = 0;   // the previous measured step, seconds
         for (int i = 0; i < o->nT; i++) {
@@ -359,10 +325,10 @@ static void run_train(const Options *o, FILE *tsv) {
             if (tsv) {
                 double tok = (double)c->B * c->T;
                 if (c->skip)
-                    fprintf(tsv, "%s\t%s\t%d\t%d\tNaN\tNaN\tNaN\tNaN\tNaN\tNaN\tskip:%s\tNaN\n", row->kind, row->label,
+                    fprintf(tsv, "%s\t%s\t%d\t%d\tNaN\tNaN\tNaN\tNaN\tNaN\tNaN\tskip:%s\tNaN\n", TNAME(row), row->label,
                             c->T, c->B, c->skip);
                 else
-                    fprintf(tsv, "%s\t%s\t%d\t%d\t%.4f\t%.4f\t%.1f\t%.4f\t%.3f\t%.3f\tok\t%.4f\n", row->kind,
+                    fprintf(tsv, "%s\t%s\t%d\t%d\t%.4f\t%.4f\t%.1f\t%.4f\t%.3f\t%.3f\tok\t%.4f\n", TNAME(row),
                             row->label, c->T, c->B, 1e6 * c->best / tok, 1e6 * c->median / tok, tok / c->best,
                             c->cold, c->arena_mib, c->rss_mib, 1e6 * c->best_cpu / tok);
                 fflush(tsv);
@@ -370,20 +336,20 @@ static void run_train(const Options *o, FILE *tsv) {
         }
         printf("\n");
     }
-    for (int ri = 0; ri < N_TRAIN_ROWS; ri++)
-        if (TRAIN_ROWS[ri].max_T && row_selected(o, TRAIN_ROWS[ri].kind, TRAIN_ROWS[ri].label))
-            printf("(%s %s above T = %d: %s)\n", TRAIN_ROWS[ri].kind, TRAIN_ROWS[ri].label, TRAIN_ROWS[ri].max_T,
-                   TRAIN_ROWS[ri].why);
+    for (int ri = 0; ri < n_train_rows; ri++)
+        if (train_rows[ri].max_T && row_selected(o, TNAME(&train_rows[ri]), train_rows[ri].label))
+            printf("(%s %s above T = %d: %s)\n", TNAME(&train_rows[ri]), train_rows[ri].label, train_rows[ri].max_T,
+                   train_rows[ri].why);
     printf("(\"skip: > 60 s\": the step time extrapolated from the previous T exceeds %.0f s)\n\n", MAX_STEP_SECONDS);
 
     printf("## 1b. the same steps: CPU time of all threads, microseconds per token (less sensitive to load)\n");
     printf("%-9s %-10s", "mixer", "form");
     for (int i = 0; i < o->nT; i++) printf("  %10s%-6d", "T=", o->Ts[i]);
     printf("\n");
-    for (int ri = 0; ri < N_TRAIN_ROWS; ri++) {
-        const TrainRow *row = &TRAIN_ROWS[ri];
-        if (!row_selected(o, row->kind, row->label)) continue;
-        printf("%-9s %-10s", row->kind, row->label);
+    for (int ri = 0; ri < n_train_rows; ri++) {
+        const TrainRow *row = &train_rows[ri];
+        if (!row_selected(o, TNAME(row), row->label)) continue;
+        printf("%-9s %-10s", TNAME(row), row->label);
         for (int i = 0; i < o->nT; i++) {
             const TrainCell *c = &cells[ri][i];
             if (c->skip) printf("  %16s", "-");
@@ -398,10 +364,10 @@ static void run_train(const Options *o, FILE *tsv) {
     printf("%-9s %-10s", "mixer", "form");
     for (int i = 0; i < o->nT; i++) printf("  %10s%-6d", "T=", o->Ts[i]);
     printf("\n");
-    for (int ri = 0; ri < N_TRAIN_ROWS; ri++) {
-        const TrainRow *row = &TRAIN_ROWS[ri];
-        if (!row_selected(o, row->kind, row->label)) continue;
-        printf("%-9s %-10s", row->kind, row->label);
+    for (int ri = 0; ri < n_train_rows; ri++) {
+        const TrainRow *row = &train_rows[ri];
+        if (!row_selected(o, TNAME(row), row->label)) continue;
+        printf("%-9s %-10s", TNAME(row), row->label);
         for (int i = 0; i < o->nT; i++) {
             const TrainCell *c = &cells[ri][i];
             if (c->skip)
@@ -442,13 +408,13 @@ static void run_decode(const Options *o, FILE *tsv) {
     if (tsv) fprintf(tsv, "mixer\tpos\tus_per_token_best\tus_per_token_median\tus_per_token_mean\thow\n");
     int max_pos = 0;
     for (int i = 0; i < o->npos; i++) max_pos = imax(max_pos, o->pos[i]);
-    for (int ri = 0; ri < N_DECODE_ROWS; ri++) {
-        const DecodeRow *row = &DECODE_ROWS[ri];
-        if (!row_selected(o, row->kind, NULL)) continue;
-        printf("%-9s", row->kind);
+    for (int ri = 0; ri < n_decode_rows; ri++) {
+        const DecodeRow *row = &decode_rows[ri];
+        if (!row_selected(o, TNAME(row), NULL)) continue;
+        printf("%-9s", TNAME(row));
         fflush(stdout);
         Layer L;
-        layer_make(&L, row->kind, MIXER_FORM_RECURRENT);
+        layer_make(&L, row->kind, MIXER_FORM_RECURRENT, row->gdp_steps);
         const MixerKind *k = L.m->kind;
         void *cache = k->cache_new(L.m, 1, max_pos + DECODE_WINDOW + 1, DEVICE_CPU);
         Tensor *u = tensor_newv(false, 3, 1, 1, D_MODEL);
@@ -485,7 +451,7 @@ static void run_decode(const Options *o, FILE *tsv) {
             printf("  %14.2f", 1e6 * w[0]);
             fflush(stdout);
             if (tsv)
-                fprintf(tsv, "%s\t%d\t%.4f\t%.4f\t%.4f\t%s\n", row->kind, P, 1e6 * w[0], 1e6 * med, 1e6 * mean,
+                fprintf(tsv, "%s\t%d\t%.4f\t%.4f\t%.4f\t%s\n", TNAME(row), P, 1e6 * w[0], 1e6 * med, 1e6 * mean,
                         row->how);
         }
         printf("  %s (%.1f s)\n", row->how, t_fill);
@@ -514,11 +480,12 @@ static int parse_list(const char *s, int *out) {
 }
 
 #define USAGE                                                                                          \
-    "usage: mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only KIND[:FORM]]\n"       \
+    "usage: mixer_bench [-tokens N] [-T 256,1024,...] [-pos 256,1024,...] [-only ROW[:FORM],...]\n"     \
     "                   [-reps N] [-tsv DIR] [-no-train] [-no-decode] [-decode-threads N]\n"           \
     "                   [-profile] [-docs L]\n"                                                         \
     "  every mixer and form at the layer level: training time and memory against T, decoding against\n" \
-    "  the context length; -docs L packs documents of mean length L into each row\n"
+    "  the context length; -docs L packs documents of mean length L into each row; -only gdn,gdp:chunked\n" \
+    "  runs only those rows (a mixer kind without rows of its own gets its forms as rows)\n"
 
 static void usage(void) {
     fputs(USAGE, stderr);
@@ -548,6 +515,8 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "-docs") == 0) o.doc_len = atoi(v), i++;
         else usage();
     }
+    rows_init(o.only);
+    if (o.only) check_only(o.only);
     ASSERT(o.tokens > 0 && o.reps >= 0 && o.doc_len >= 0, "mixer_bench: -tokens %d, -reps %d, -docs %d", o.tokens,
            o.reps, o.doc_len);
     malloc_measuring(false);

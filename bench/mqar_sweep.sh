@@ -14,7 +14,8 @@
 #                                  the same into the committed results (replaces them)
 #   bench/mqar_sweep.sh [--out DIR] plot   only the plot, from DIR's runs
 #   MIXERS="attn gdn" LRS="1e-2" bench/mqar_sweep.sh    a subset (files of other
-#                                  runs are kept; the plot uses all of them)
+#                                  runs are kept; the plot uses all of them); any
+#                                  mixer kind, e.g. MIXERS=gdp (gdp_steps 2)
 #   bench/mqar_sweep.sh attn-long  attention's reference point: width 64, lr
 #                                  3e-3, up to 8000 steps (its induction phase
 #                                  change came at ~6500): about 9 minutes
@@ -87,7 +88,7 @@ for f in "$DATA"/*.curve.tsv; do
     base=$(basename "$f" .curve.tsv)
     read -r mixer width lr <<<"$(awk -F'\t' 'NR == 2 {print $1, $2, $3}' "$f")"
     [ -n "$mixer" ] || continue
-    case $mixer in attn) c="#000000" ;; linear) c="#1f77b4" ;; mamba) c="#2ca02c" ;; gdn) c="#d62728" ;; *) c="#7f7f7f" ;; esac
+    c=$(mixer_colour "$mixer")
     dt=1; awk -v l="$lr" 'BEGIN {exit !(l < 0.005)}' && dt=2
     pt=7; [ "$width" = 32 ] || pt=5
     title="$mixer"; [ "$width" = 32 ] || title="$title width $width"; title="$title lr $lr"

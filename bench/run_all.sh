@@ -6,12 +6,20 @@
 #   bench/run_all.sh            full suite (about 5-10 minutes on 2 cores), into build/bench/run_all/
 #   bench/run_all.sh quick      small sizes, for checking the script itself
 #   bench/run_all.sh docs       only the plots and the page, from the --out folder's data
+#   bench/run_all.sh rows ROW,ROW,...
+#                               only the named rows of mixer_bench (-only: a mixer, or
+#                               mixer:form; e.g. gdn,gdp,gdp_nh3,mamba,mamba2), measured
+#                               together into rows_train.tsv, rows_decode.tsv and rows.txt,
+#                               then the plots and the page, whose section "Rows measured
+#                               together" shows them beside each other (the other tables
+#                               are kept from the --out folder's full run)
 #   bench/run_all.sh --out docs/bench --img docs/img --page docs/benchmarks.md [MODE]
 #                               the same into the committed results (replaces them)
 #
 # Output (--out DIR, default build/bench/run_all; the committed ones are
 # docs/bench, docs/img and docs/benchmarks.md): DIR/train.tsv, decode.tsv,
-# threads.tsv, run.tsv, mixer_bench.txt, threads.txt; the plots in the --img
+# threads.tsv, run.tsv, mixer_bench.txt, threads.txt (and from the rows mode
+# rows_train.tsv, rows_decode.tsv, rows.txt); the plots in the --img
 # folder (default DIR); the page at --page FILE (default DIR/benchmarks.md).
 # Without --out nothing under docs/ is written.
 #
@@ -27,9 +35,15 @@ BUILD=${BUILD:-$ROOT/build}
 bench_opts run_all "$@"   # OUT, IMG, PAGE: --out DIR, --img DIR, --page FILE
 set -- "${REST[@]+"${REST[@]}"}"
 MODE=${1:-full}
+ROWS=""
 case $MODE in
     full|quick|docs) ;;
-    *) echo "run_all: unknown mode '$MODE' (full, quick or docs, after the --out/--img/--page options)" >&2; exit 2 ;;
+    rows)
+        ROWS=${2:-}
+        [[ $ROWS =~ ^[A-Za-z0-9_:]+(,[A-Za-z0-9_:]+)*$ ]] ||
+            { echo "run_all: rows needs a list of mixer_bench rows, e.g. gdn,gdp,mamba (got '$ROWS')" >&2; exit 2; }
+        shift ;;
+    *) echo "run_all: unknown mode '$MODE' (full, quick, docs or rows LIST, after the --out/--img/--page options)" >&2; exit 2 ;;
 esac
 [ $# -le 1 ] || { echo "run_all: unexpected argument '$2' after the mode" >&2; exit 2; }
 bench_dirs run_all benchmarks.md
@@ -37,12 +51,24 @@ DATA=$OUT
 DOC=$PAGE
 export OMP_WAIT_POLICY=PASSIVE
 
-if [ "$MODE" = docs ]; then
+if [ "$MODE" = docs ] || [ "$MODE" = rows ]; then
     for f in train.tsv decode.tsv threads.tsv run.tsv mixer_bench.txt threads.txt; do
         [ -s "$DATA/$f" ] || { echo "run_all: docs: no $DATA/$f (run the suite, or name the data with --out)" >&2; exit 1; }
     done
 fi
-if [ "$MODE" != docs ]; then
+if [ "$MODE" = rows ]; then
+    echo "== build (float32) in $BUILD"
+    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build "$BUILD" -j "$(nproc)" --target mixer_bench >/dev/null
+    echo "== mixer_bench -only $ROWS"
+    rm -rf "$DATA/rows.tmp"
+    mkdir "$DATA/rows.tmp"
+    "$BUILD/mixer_bench" -only "$ROWS" -tsv "$DATA/rows.tmp" | tee "$DATA/rows.tmp/rows.txt"
+    mv "$DATA/rows.tmp/train.tsv" "$DATA/rows_train.tsv"
+    mv "$DATA/rows.tmp/decode.tsv" "$DATA/rows_decode.tsv"
+    mv "$DATA/rows.tmp/rows.txt" "$DATA/rows.txt"
+    rmdir "$DATA/rows.tmp"
+elif [ "$MODE" != docs ]; then
     echo "== build (float32) in $BUILD"
     cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build "$BUILD" -j "$(nproc)" --target mixer_bench >/dev/null
@@ -98,14 +124,19 @@ elapsed=$(awk -F'\t' '$1 == "seconds" {print $2}' "$DATA/run.tsv")
 THREADS_TOKENS=$(awk -F'\t' '$1 == "threads_tokens" {print $2}' "$DATA/run.tsv")
 
 # ---- plots ----
-echo "== plots"
-SERIES_TRAIN=$(awk -F'\t' 'NR > 1 && !seen[$1 " " $2]++ {print $1 ":" $2}' "$DATA/train.tsv")
-SERIES_DECODE=$(awk -F'\t' 'NR > 1 && !seen[$1]++ {print $1}' "$DATA/decode.tsv")
-TICS=$(awk -F'\t' 'NR > 1 && !seen[$3]++ {printf "%s%s", (n++ ? "," : ""), $3}' "$DATA/train.tsv")
-PTICS=$(awk -F'\t' 'NR > 1 && !seen[$2]++ {printf "%s%s", (n++ ? "," : ""), $2}' "$DATA/decode.tsv")
+# plot_set TRAIN_TSV DECODE_TSV PREFIX: the five plots of a train.tsv and a
+# decode.tsv, as IMG/PREFIXtrain_throughput.png, ... (PREFIX: "" for the full
+# run, rows_ for the rows measured together).
+plot_set() {
+local train=$1 decode=$2 prefix=$3
+local SERIES_TRAIN SERIES_DECODE TICS PTICS XRANGE PRANGE
+SERIES_TRAIN=$(awk -F'\t' 'NR > 1 && !seen[$1 " " $2]++ {print $1 ":" $2}' "$train")
+SERIES_DECODE=$(awk -F'\t' 'NR > 1 && !seen[$1]++ {print $1}' "$decode")
+TICS=$(awk -F'\t' 'NR > 1 && !seen[$3]++ {printf "%s%s", (n++ ? "," : ""), $3}' "$train")
+PTICS=$(awk -F'\t' 'NR > 1 && !seen[$2]++ {printf "%s%s", (n++ ? "," : ""), $2}' "$decode")
 # x ranges with a margin, so that the end points and their tic labels show.
-XRANGE=$(awk -F'\t' 'NR > 1 {if (lo == "" || $3 < lo) lo = $3; if ($3 > hi) hi = $3} END {print lo / 1.3 ":" hi * 1.3}' "$DATA/train.tsv")
-PRANGE=$(awk -F'\t' 'NR > 1 {if (lo == "" || $2 < lo) lo = $2; if ($2 > hi) hi = $2} END {print lo / 1.3 ":" hi * 1.3}' "$DATA/decode.tsv")
+XRANGE=$(awk -F'\t' 'NR > 1 {if (lo == "" || $3 < lo) lo = $3; if ($3 > hi) hi = $3} END {print lo / 1.3 ":" hi * 1.3}' "$train")
+PRANGE=$(awk -F'\t' 'NR > 1 {if (lo == "" || $2 < lo) lo = $2; if ($2 > hi) hi = $2} END {print lo / 1.3 ":" hi * 1.3}' "$decode")
 gnuplot <<GP
 set terminal pngcairo size 1000,600 font "DejaVu Sans,11" noenhanced
 set datafile separator "\t"
@@ -121,50 +152,53 @@ decodeseries = "$(echo $SERIES_DECODE)"
 mixer(s) = strstrt(s, ":") ? s[1:strstrt(s, ":")-1] : s
 form(s) = s[strstrt(s, ":")+1:]
 # One colour per mixer, one dash pattern per form.
-colour(s) = mixer(s) eq "attn" ? "#000000" : mixer(s) eq "linear" ? "#1f77b4" : mixer(s) eq "mamba" ? "#2ca02c" : \
-            mixer(s) eq "gdn" ? "#d62728" : mixer(s) eq "attn_dsa" ? "#9467bd" : "#7f7f7f"
+$(gnuplot_colours $SERIES_DECODE $(echo "$SERIES_TRAIN" | cut -d: -f1))
 dash(s) = form(s) eq "parallel" ? 2 : form(s) eq "recurrent" ? 3 : 1
 # The column c of the rows of train.tsv for series s, NaN elsewhere.
 pick(s, c) = (strcol(1) eq mixer(s) && strcol(2) eq form(s)) ? column(c) : NaN
 
-set output "$IMG/train_throughput.png"
+set output "$IMG/${prefix}train_throughput.png"
 set title "Training step (forward + backward) of one layer: throughput vs T"
 set ylabel "tokens / s (log)"
 set logscale y
-plot for [s in trainseries] "$DATA/train.tsv" using 3:(pick(s, 7)) every ::1 \
+plot for [s in trainseries] "$train" using 3:(pick(s, 7)) every ::1 \
      with linespoints lw 2 pt 7 lc rgb colour(s) dt dash(s) title s
 
-set output "$IMG/train_us_per_token.png"
+set output "$IMG/${prefix}train_us_per_token.png"
 set title "Training step of one layer: time per token vs T (wall clock, best step)"
 set ylabel "microseconds / token (log)"
-plot for [s in trainseries] "$DATA/train.tsv" using 3:(pick(s, 5)) every ::1 \
+plot for [s in trainseries] "$train" using 3:(pick(s, 5)) every ::1 \
      with linespoints lw 2 pt 7 lc rgb colour(s) dt dash(s) title s
 
-set output "$IMG/train_cpu_per_token.png"
+set output "$IMG/${prefix}train_cpu_per_token.png"
 set title "Training step of one layer: CPU time (all threads) per token vs T"
-plot for [s in trainseries] "$DATA/train.tsv" using 3:(pick(s, 12)) every ::1 \
+plot for [s in trainseries] "$train" using 3:(pick(s, 12)) every ::1 \
      with linespoints lw 2 pt 7 lc rgb colour(s) dt dash(s) title s
 
-set output "$IMG/memory.png"
+set output "$IMG/${prefix}memory.png"
 set title "Memory of one training step (B*T fixed): peak RSS growth"
 set ylabel "MiB (log)"
-plot for [s in trainseries] "$DATA/train.tsv" using 3:(pick(s, 10)) every ::1 \
+plot for [s in trainseries] "$train" using 3:(pick(s, 10)) every ::1 \
      with linespoints lw 2 pt 7 lc rgb colour(s) dt dash(s) title s
 
-set output "$IMG/decode.png"
+set output "$IMG/${prefix}decode.png"
 set title "Decoding one token (B = 1) vs context position"
 set xlabel "context position P"
 set xtics ($PTICS)
 set xrange [$PRANGE]
 set ylabel "microseconds / token (log)"
-plot for [s in decodeseries] "$DATA/decode.tsv" using 2:(strcol(1) eq s ? column(3) : NaN) every ::1 \
+plot for [s in decodeseries] "$decode" using 2:(strcol(1) eq s ? column(3) : NaN) every ::1 \
      with linespoints lw 2 pt 7 lc rgb colour(s) title s
 GP
+}
+echo "== plots"
+plot_set "$DATA/train.tsv" "$DATA/decode.tsv" ""
+[ ! -s "$DATA/rows_train.tsv" ] || plot_set "$DATA/rows_train.tsv" "$DATA/rows_decode.tsv" rows_
 
 # ---- the page (benchmarks.md) ----
 echo "== $DOC"
-hdr() { sed -n "s/^$1: *//p" "$DATA/mixer_bench.txt" | head -1 | sed 's/ (at start)$//'; }
-# Markdown table from train.tsv, column c, printf format f.
+hdr() { sed -n "s/^$1: *//p" "${2:-$DATA/mixer_bench.txt}" | head -1 | sed 's/ (at start)$//'; }
+# Markdown table from train.tsv (or the file named third), column c, printf format f.
 train_table() {
     awk -F'\t' -v c="$1" -v f="$2" '
         NR == 1 { next }
@@ -178,9 +212,9 @@ train_table() {
         END { printf "| mixer | form |"; for (i = 1; i <= nt; i++) printf " T = %s |", tl[i]; print ""
               printf "| --- | --- |"; for (i = 1; i <= nt; i++) printf " ---: |"; print ""
               for (j = 1; j <= n; j++) { printf "| %s |", order[j]
-                  for (i = 1; i <= nt; i++) printf " %s |", v[order[j], tl[i]]; print "" } }' "$DATA/train.tsv"
+                  for (i = 1; i <= nt; i++) printf " %s |", v[order[j], tl[i]]; print "" } }' "${3:-$DATA/train.tsv}"
 }
-decode_table() {
+decode_table() {  # [FILE]: decode.tsv by default
     awk -F'\t' '
         NR == 1 { next }
         { if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1; how[$1] = $6 }
@@ -190,8 +224,10 @@ decode_table() {
               printf "| --- |"; for (i = 1; i <= np; i++) printf " ---: |"; print " --- |"
               for (j = 1; j <= n; j++) { printf "| %s |", order[j]
                   for (i = 1; i <= np; i++) printf " %s |", v[order[j], pl[i]]; print " " how[order[j]] " |" } }' \
-        "$DATA/decode.tsv"
+        "${1:-$DATA/decode.tsv}"
 }
+# shellcheck source=bench/run_all_rows.sh
+. "$ROOT/bench/run_all_rows.sh"   # rows_section: the rows measured together
 # Figures for the claims: first / last measured value of a series and their ratio.
 tval() {  # tval MIXER FORM T -> us per token (best), or "NaN"
     awk -F'\t' -v m="$1" -v f="$2" -v t="$3" 'NR > 1 && $1 == m && $2 == f && $3 == t {printf "%.1f\n", $5; found = 1}
@@ -376,7 +412,7 @@ $(decode_table)
    attn $(tval attn flash "$TLAST"). Decoding at P = $PLAST: attn_dsa $(dval attn_dsa "$PLAST") us/token
    (x$(dratio attn_dsa) over P = $PFIRST), attn $(dval attn "$PLAST") (x$(dratio attn)). So: the
    sparse attention part is O(T k) as claimed; the layer as a whole grows with
-   T through its indexer, more slowly than dense attention.$(dsa_note)
+   T through its indexer, more slowly than dense attention.$(dsa_note)$(rows_section)
 
 ## Threads
 

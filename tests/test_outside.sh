@@ -293,7 +293,7 @@ for d in "$TMP/bench_build/bench/longctx_tasks" "$TMP/lc_out"; do
         { echo "outside: bench/longctx_tasks.sh plot wrote no table or plot in $d"; exit 1; }
 done
 mkdir -p "$TMP/bench_build/bench/run_all" "$TMP/ra_out"
-for f in train.tsv decode.tsv threads.tsv run.tsv mixer_bench.txt threads.txt; do
+for f in train.tsv decode.tsv threads.tsv run.tsv mixer_bench.txt threads.txt rows_train.tsv rows_decode.tsv rows.txt; do
     cp "$ROOT/docs/bench/$f" "$TMP/bench_build/bench/run_all/"
     cp "$ROOT/docs/bench/$f" "$TMP/ra_out/"
 done
