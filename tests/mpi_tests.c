@@ -248,6 +248,24 @@ Test(mpi, ranks_equal_one_process_and_repeat_bitwise, .timeout = 300) {
     free(text);
 }
 
+// The newer mixers on ranks: data parallelism reaches a mixer only through
+// its gradients, so a kda,gdp model on 2 ranks follows one process as the
+// gdn,attn model above does (the same rounding bounds).
+Test(mpi, kda_and_gdp_ranks_equal_one_process, .timeout = 300) {
+    setup_config("mpi_kda_gdp");
+    const char *layers[] = {"--set", "model.layers=kda,gdp", NULL};
+    Run one = run("one", 0, layers), two = run("two", 2, layers);
+    double l = loss_diff(&one, &two, 1, 12), p = param_diff(&one, &two);
+    cr_log_info("kda,gdp: 2 ranks vs one process: losses %.1e, parameters %.1e", l, p);
+    cr_assert(l <= LOSS_TOL, "kda,gdp: the losses of 2 ranks and one process differ by %.3g", l);
+    cr_assert(p <= PARAM_TOL, "kda,gdp: the parameters of 2 ranks and one process differ by %.3g", p);
+    char path[1500];   // the runs trained what they were told (the run folder keeps the effective config)
+    snprintf(path, sizeof path, "%s/config.ini", two.dir);
+    char *text = test_read_file(path);
+    cr_assert(strstr(text, "kda,gdp"), "%s: no kda,gdp layers:\n%s", path, text);
+    free(text);
+}
+
 Test(mpi, checkpoints_resume_on_other_rank_counts, .timeout = 300) {
     setup_config("mpi_resume");
     const char *six[] = {"--set", "train.steps=6", NULL};
