@@ -355,6 +355,36 @@ Test(kda, chunked_equals_recurrent_channels_of_opposite_decays) {
     cr_log_info("kda opposite decays: chunked against recurrent, worst %.3g", worst_seen);
 }
 
+// Mild decays except in channel 3 of head 0, which decays by 40 at a few
+// positions: the sub-blocks holding one (after their first row) take that
+// channel per element and the others through their reference point, in the
+// forward and the backward, next to sub-blocks that take the products alone
+// (kda_sub_products reports it, checked on the first chunk); the forms agree.
+Test(kda, chunked_equals_recurrent_one_channel_over_the_span_bound) {
+    int B = 2, T = 150, H = 2, dk = 16, dv = 8, C = 64;
+    Tensor *x[N_IN];
+    kda_inputs(x, B, T, H, dk, dv, MILD, true, 950);
+    for (int b = 0; b < B; b++)
+        for (int t = 20; t < T; t += 60) x[IG]->data[((int64_t)b * T + t) * H * dk + 3] = -40;   // 20, 80, 140
+    void *mem = aligned_alloc(64, kda_chunk_bytes(C, dk, dv));
+    real *s0 = xcalloc((size_t)dk * dv, sizeof(real));
+    KdaChunk ws;
+    kda_chunk_bind(&ws, mem, C, dk, dv);
+    kda_chunk_prepare(&ws, C, x[IQ]->data, x[IK]->data, x[IV]->data, x[IBETA]->data, x[IG]->data, H * dk, H * dv, H,
+                      s0, NULL);
+    for (int i0 = 0; i0 < C; i0 += KDA_SUB)
+        cr_assert_eq(kda_sub_products(&ws, x[IQ]->data, x[IK]->data, H * dk, i0, KDA_SUB), i0 == 16,
+                     "sub-block at %d", i0);
+    free(s0);
+    free(mem);
+    int *docs = random_docs(B, T, 960);
+    check_forms_agree(x, H, T, C, NULL, "kda one channel over the span bound");
+    check_forms_agree(x, H, T, 32, docs, "kda one channel over the span bound");
+    free(docs);
+    free_inputs(x);
+    cr_log_info("kda one channel over the span bound: chunked against recurrent, worst %.3g", worst_seen);
+}
+
 // Each (batch, head) is one thread's work from start to end: the results on
 // 1 and 2 threads are the same bits, in both forms.
 Test(kda, same_bits_on_one_and_two_threads) {

@@ -15,13 +15,15 @@
 //
 // (* elementwise over the channels.) With a decay per channel A and P no
 // longer factor into a product times a decay matrix as in op_gdn: they are
-// kda_decay_product's, KDA_SUB rows at a time. Every exp taken here is of a
-// non-positive number, for any g <= 0 however negative (docs/kda.md,
-// "Numerics"). Documents: a row's terms from before its document and through
-// S0 are zeros (the products masked after they are formed, eG, ek, bl zero),
-// as gdn_chunk.c does; g at a document's first position enters no factor that
-// is used. The products are float32 (or float64) tile products (tile_mm.h):
-// op_kda takes no bf16 products.
+// formed KDA_SUB rows at a time through each sub-block's first row
+// (kda_sub_products), the same decays serving both. Every exp taken here is
+// of a non-positive number, or of one at most KDA_SPAN_MAX, for any g <= 0
+// however negative (docs/kda.md, "Numerics"). Documents: a row's terms from
+// before its document and through S0 are zeros (the products masked after
+// they are formed, eG, ek, bl zero), as gdn_chunk.c does; g at a document's
+// first position enters no term that is used (inside a sub-block it may enter
+// both factors of a term, which cancel it). The products are float32 (or
+// float64) tile products (tile_mm.h): op_kda takes no bf16 products.
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,10 +70,18 @@ static size_t chunk_layout(KdaChunk *ws, unsigned char *mem, int C, int dk, int 
     TAKE(P, LL, real);
     TAKE(R, Lv, real);
     TAKE(Dl, Lv, real);
-    TAKE(Xs, Lk, real);
+    TAKE(Ef, Lk, real);
+    TAKE(Qs, Lk, real);
+    TAKE(Ks, Lk, real);
+    TAKE(Ec, Lk, real);
     TAKE(Ys, Lk, real);
-    TAKE(T1, Lk, real);
+    TAKE(T1, 2 * KDA_SUB * dk, real);
     TAKE(T2, Lk, real);
+    TAKE(keep, dk, real);
+    TAKE(slow, dk, int);
+    TAKE(Gsub, KDA_SUB * dk, double);
+    TAKE(qsub, KDA_SUB * dk, real);
+    TAKE(ksub, KDA_SUB * dk, real);
     TAKE(db, C, int);
     TAKE(pack, (size_t)m * m, real);
 #undef TAKE
@@ -88,50 +98,105 @@ size_t kda_chunk_bytes(int C, int dk, int dv) { return chunk_layout(NULL, NULL, 
 
 void kda_chunk_bind(KdaChunk *ws, void *mem, int C, int dk, int dv) { chunk_layout(ws, mem, C, dk, dv); }
 
-void kda_to_reference(KdaChunk *ws, const real *X, int ldx, const real *Y, int ldy, int i0, int n) {
+// The rows' factors to their sub-block's reference point, Ef_i = exp(Gamma_i
+// - Gamma_r(i)) (exponent <= 0), and Qs, Ks: q, k scaled by them.
+static void row_factors(KdaChunk *ws, const real *q, const real *k, int ldk) {
     int dk = ws->dk;
-    const double *G = ws->G, *Gr = G + (size_t)i0 * dk;
-    for (int i = 0; i < n; i++)
-        for (int c = 0; c < dk; c++)
-            ws->Xs[i * dk + c] = X[(int64_t)(i0 + i) * ldx + c] * r_exp_decay(G[(size_t)(i0 + i) * dk + c] - Gr[c]);
-    for (int j = 0; j < i0; j++)
-        for (int c = 0; c < dk; c++)
-            ws->Ys[j * dk + c] = Y[(int64_t)j * ldy + c] * r_exp_decay(Gr[c] - G[(size_t)j * dk + c]);
-}
-
-void kda_decay_product(KdaChunk *ws, const real *X, int ldx, const real *Y, int ldy, bool strict, real *M) {
-    int L = ws->L, dk = ws->dk;
-    const double *G = ws->G;
-    for (int i0 = 0; i0 < L; i0 += KDA_SUB) {
-        int n = imin(KDA_SUB, L - i0);
-        // The block's rows against every earlier column through the reference
-        // point r = i0, the block's first row: E_ij = exp(Gamma_i - Gamma_r)
-        // exp(Gamma_r - Gamma_j), j < r <= i, both exponents <= 0.
-        if (i0 > 0) {
-            kda_to_reference(ws, X, ldx, Y, ldy, i0, n);
-            tile_gemm(false, true, n, i0, dk, 1, ws->Xs, dk, ws->Ys, dk, 0, M + (size_t)i0 * L, L, TILE_FULL(n, dk),
-                      ws->pack);
-        }
-        // Inside the block an exp per element, of Gamma_i - Gamma_j <= 0 (j <= i).
-        for (int i = i0; i < i0 + n; i++) {
-            real *Mi = M + (size_t)i * L;
-            const real *xi = X + (int64_t)i * ldx;
-            const double *Gi = G + (size_t)i * dk;
-            int jmax = strict ? i - 1 : i;
-            int j0 = ws->docs ? imax(i0, ws->docs[i]) : i0;   // before row i's document: zeroed below
-            for (int j = j0; j <= jmax; j++) {
-                const real *yj = Y + (int64_t)j * ldy, *ex = ws->ex;
-                kda_pair_decays(ws->ex, Gi, G + (size_t)j * dk, dk);
-                real s = 0;
-#pragma omp simd reduction(+ : s)
-                for (int c = 0; c < dk; c++) s += xi[c] * yj[c] * ex[c];
-                Mi[j] = s;
-            }
-            for (int j = jmax + 1; j < L; j++) Mi[j] = 0;
-            if (ws->docs)   // before row i's document (formed through a reference point, or not at all)
-                for (int j = 0; j < ws->docs[i]; j++) Mi[j] = 0;
+    for (int i = 0; i < ws->L; i++) {
+        real *ef = ws->Ef + (size_t)i * dk, *qs = ws->Qs + (size_t)i * dk, *ks = ws->Ks + (size_t)i * dk;
+        const real *qi = q + (int64_t)i * ldk, *ki = k + (int64_t)i * ldk;
+        kda_pair_decays(ef, ws->G + (size_t)i * dk, ws->G + (size_t)(i - i % KDA_SUB) * dk, dk);
+        for (int c = 0; c < dk; c++) {
+            qs[c] = qi[c] * ef[c];
+            ks[c] = ki[c] * ef[c];
         }
     }
+}
+
+int kda_sub_columns(KdaChunk *ws, const real *k, int ldk, int i0, int n) {
+    int dk = ws->dk, ns = 0;
+    const double *G = ws->G, *Gr = G + (size_t)i0 * dk, *Gl = G + (size_t)(i0 + n - 1) * dk;
+    real *keep = ws->keep;
+    for (int c = 0; c < dk; c++) {
+        bool ok = Gr[c] - Gl[c] <= KDA_SPAN_MAX;   // false for NaN too
+        keep[c] = ok;
+        if (!ok) ws->slow[ns++] = c;
+    }
+    for (int j = 0; j < i0 + n; j++) {
+        real *ec = ws->Ec + (size_t)j * dk, *ys = ws->Ys + (size_t)j * dk;
+        const double *Gj = G + (size_t)j * dk;
+        const real *kj = k + (int64_t)j * ldk;
+        if (j < i0) kda_pair_decays(ec, Gr, Gj, dk);   // exponents <= 0
+        else   // in [0, span <= KDA_SPAN_MAX] for a kept channel; 0 (of exp(0)) for a slow one
+#pragma omp simd
+            for (int c = 0; c < dk; c++) {
+                double x = Gr[c] - Gj[c], cap = keep[c] * KDA_SPAN_MAX;   // a ternary, not fmin: it vectorises
+                ec[c] = keep[c] * r_exp_decay(x < cap ? x : cap);
+            }
+        for (int c = 0; c < dk; c++) ys[c] = kj[c] * ec[c];
+    }
+    return ns;
+}
+
+void kda_sub_pack(KdaChunk *ws, const real *q, const real *k, int ldk, int i0, int n, int ns) {
+    for (int i = 0; i < n; i++)
+        for (int s = 0; s < ns; s++) {
+            int c = ws->slow[s];
+            ws->Gsub[i * ns + s] = ws->G[(size_t)(i0 + i) * ws->dk + c];
+            ws->qsub[i * ns + s] = q[(int64_t)(i0 + i) * ldk + c];
+            ws->ksub[i * ns + s] = k[(int64_t)(i0 + i) * ldk + c];
+        }
+}
+
+// The slow channels' terms of KKE and P inside the sub-block (rows and
+// columns i0 .. i0+n-1), added: an exp per element of Gamma_i - Gamma_j <= 0,
+// over those channels packed (kda_sub_pack).
+static void sub_per_element(KdaChunk *ws, const real *q, const real *k, int ldk, int i0, int n, int ns) {
+    int L = ws->L;
+    kda_sub_pack(ws, q, k, ldk, i0, n, ns);
+    for (int i = 0; i < n; i++) {
+        real *Pi = ws->P + (size_t)(i0 + i) * L + i0, *Ki = ws->KKE + (size_t)(i0 + i) * L + i0;
+        const real *qi = ws->qsub + i * ns, *ki = ws->ksub + i * ns, *ex = ws->ex;
+        int j0 = ws->docs ? imax(0, ws->docs[i0 + i] - i0) : 0;   // before row i's document: masked
+        for (int j = j0; j <= i; j++) {
+            const real *kj = ws->ksub + j * ns;
+            kda_pair_decays(ws->ex, ws->Gsub + i * ns, ws->Gsub + j * ns, ns);
+            real sp = 0, sk = 0;
+#pragma omp simd reduction(+ : sp, sk)
+            for (int s = 0; s < ns; s++) {
+                real e = kj[s] * ex[s];
+                sp += qi[s] * e;
+                sk += ki[s] * e;
+            }
+            Pi[j] += sp;
+            Ki[j] += sk;   // the diagonal is masked
+        }
+    }
+}
+
+int kda_sub_products(KdaChunk *ws, const real *q, const real *k, int ldk, int i0, int n) {
+    int L = ws->L, dk = ws->dk;
+    int ns = kda_sub_columns(ws, k, ldk, i0, n);
+    int N = ns < dk ? i0 + n : i0;   // every channel slow: the sub-block's own columns are theirs alone
+    real *P = ws->P + (size_t)i0 * L, *KKE = ws->KKE + (size_t)i0 * L;
+    if (N > 0) {
+        const real *Qs = ws->Qs + (size_t)i0 * dk, *Ks = ws->Ks + (size_t)i0 * dk;
+        tile_gemm(false, true, n, N, dk, 1, Qs, dk, ws->Ys, dk, 0, P, L, TILE_FULL(n, dk), ws->pack);
+        tile_gemm(false, true, n, N, dk, 1, Ks, dk, ws->Ys, dk, 0, KKE, L, TILE_FULL(n, dk), ws->pack);
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = N; j < L; j++) P[(size_t)i * L + j] = KKE[(size_t)i * L + j] = 0;
+    if (ns) sub_per_element(ws, q, k, ldk, i0, n, ns);
+    // Above the diagonal the products hold exp(Gamma_i - Gamma_j) >= 1 terms
+    // (finite: at most exp(span)); before row i's document, terms of another.
+    for (int i = 0; i < n; i++) {
+        real *Pi = P + (size_t)i * L, *Ki = KKE + (size_t)i * L;
+        for (int j = i0 + i + 1; j < i0 + n; j++) Pi[j] = 0;
+        for (int j = i0 + i; j < i0 + n; j++) Ki[j] = 0;
+        if (ws->docs)
+            for (int j = 0; j < ws->docs[i0 + i]; j++) Pi[j] = Ki[j] = 0;
+    }
+    return ns;
 }
 
 // D (L, dv) = (I + A)^-1 R for the strictly lower A (L, L): row i is R_i -
@@ -166,21 +231,29 @@ void kda_chunk_prepare(KdaChunk *ws, int L, const real *q, const real *k, const 
     int jL = db ? imax(db[L - 1], 0) : 0;
     const double *GL = G + (size_t)(L - 1) * dk;
     for (int i = 0; i < L; i++) {
-        bool reads_s0 = !db || db[i] < 0;
+        size_t o = (size_t)i * dk;
         const real *qi = q + (int64_t)i * ldk, *ki = k + (int64_t)i * ldk;
+        real *eG = ws->eG + o, *ek = ws->ek + o, bi = ws->bet[i];
+        // The exps in loops of their own, without a condition, so that they vectorise.
+        if (!db || db[i] < 0) {
+            const double *Gi = G + o;
+#pragma omp simd
+            for (int c = 0; c < dk; c++) eG[c] = r_exp_decay(Gi[c]);
+        } else
+            memset(eG, 0, dk * sizeof(real));
+        if (i >= jL) kda_pair_decays(ek, GL, G + o, dk);
+        else memset(ek, 0, dk * sizeof(real));
         for (int c = 0; c < dk; c++) {
-            size_t e = (size_t)i * dk + c;
-            ws->eG[e] = reads_s0 ? r_exp_decay(G[e]) : 0;
-            ws->ek[e] = i < jL ? 0 : r_exp_decay(GL[c] - G[e]);
-            ws->Qg[e] = ws->eG[e] * qi[c];
-            ws->Xw[e] = ws->bet[i] * ws->eG[e] * ki[c];
-            ws->Kd[e] = ws->ek[e] * ki[c];
+            ws->Qg[o + c] = eG[c] * qi[c];
+            ws->Xw[o + c] = bi * eG[c] * ki[c];
+            ws->Kd[o + c] = ek[c] * ki[c];
         }
     }
     memcpy(ws->bl, ws->eG + (size_t)(L - 1) * dk, dk * sizeof(real));
 
-    // A = diag(beta) KKE, strictly lower.
-    kda_decay_product(ws, k, ldk, k, ldk, true, ws->KKE);
+    // KKE and P, sub-block by sub-block; A = diag(beta) KKE, strictly lower.
+    row_factors(ws, q, k, ldk);
+    for (int i0 = 0; i0 < L; i0 += KDA_SUB) kda_sub_products(ws, q, k, ldk, i0, imin(KDA_SUB, L - i0));
     for (int i = 0; i < L; i++)
         for (int j = 0; j < L; j++) ws->A[(size_t)i * L + j] = ws->bet[i] * ws->KKE[(size_t)i * L + j];
 
@@ -189,9 +262,6 @@ void kda_chunk_prepare(KdaChunk *ws, int L, const real *q, const real *k, const 
         for (int c = 0; c < dv; c++) ws->R[i * dv + c] = ws->bet[i] * v[(int64_t)i * ldv + c];
     tile_gemm(false, false, L, dv, dk, -1, ws->Xw, dk, S0, dv, 1, ws->R, dv, TILE_FULL(L, dk), NULL);
     solve_lower(ws->A, L, ws->R, ws->Dl, dv, ws->acc);
-
-    // P, lower with the diagonal.
-    kda_decay_product(ws, q, ldk, k, ldk, false, ws->P);
 }
 
 void kda_chunk_forward(Node *n) {

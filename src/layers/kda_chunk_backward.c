@@ -12,8 +12,10 @@
 // X = Q, Y = K; KKE with X = Y = K) give, for dM,
 //   dX_i = sum_j dM_ij Y_j * E_ij,   dY_j = sum_i dM_ij X_i * E_ij,
 //   dGamma_i += sum_j dM_ij X_i * Y_j * E_ij,  dGamma_j -= the same   (j < i)
-// computed through the same reference points as the forward, so here too
-// every exp is of a non-positive number.
+// computed through the same reference points and per-element exps as the
+// forward (kda_sub_columns decides, per sub-block and channel, as there), so
+// here too every exp is of a non-positive number or of one at most
+// KDA_SPAN_MAX.
 // The solve: Delta = (I + A)^-1 R gives dR = (I + A)^-T dDelta (back
 // substitution) and dA = -dR Delta^T (strictly lower).
 #include <omp.h>
@@ -34,8 +36,11 @@ typedef struct KdaChunkGrad {
     real *dQg;       // (L, dk)
     real *dXw;       // (L, dk)
     real *dKd;       // (L, dk)
-    real *dX, *dY;   // (L, dk) a decayed product's gradients
-    real *dM;        // (L, L) dP, then dA -> dKKE
+    real *dQ;        // (L, dk) dQ through P, accumulated
+    real *dP;        // (L, L) dP (when o has a gradient)
+    real *dM;        // (L, L) dA, then dKKE
+    real *dqsub, *dksub;   // (KDA_SUB, dk) the slow channels' dq, dk of a sub-block (kda_sub_columns)
+    double *dGsub;   // (KDA_SUB, dk) and their dGamma
     real *dS0;       // (dk, dv) gradient of the state entering the chunk
 } KdaChunkGrad;
 
@@ -54,85 +59,128 @@ static size_t grad_layout(KdaChunkGrad *gr, unsigned char *mem, int C, int dk, i
     TAKE(dQg, Lk, real);
     TAKE(dXw, Lk, real);
     TAKE(dKd, Lk, real);
-    TAKE(dX, Lk, real);
-    TAKE(dY, Lk, real);
+    TAKE(dQ, Lk, real);
+    TAKE(dP, (size_t)C * C, real);
     TAKE(dM, (size_t)C * C, real);
+    TAKE(dqsub, KDA_SUB * dk, real);
+    TAKE(dksub, KDA_SUB * dk, real);
+    TAKE(dGsub, KDA_SUB * dk, double);
     TAKE(dS0, (size_t)dk * dv, real);
 #undef TAKE
     return at;
 }
 
-// The backward of kda_decay_product: dX, dY (L, dk) = the gradients of X and
-// Y for dM (L, L), whose entries the product did not form are zeroed first;
-// the decays' terms are added into dG (L, dk). Each pair (i, j < i) adds a
-// term to dG_i and the same term taken from dG_j, so that they cancel in dg
-// exactly where they should; the diagonal (exponent 0) adds none: its terms,
-// X_i dX_i - Y_i dY_i summed, would cancel only to rounding of their own
-// size, which may be far above dg's (g ~ -30: dg ~ e^-30).
-static void decay_product_backward(KdaChunk *ws, real *dM, const real *X, int ldx, const real *Y, int ldy,
-                                   bool strict, real *dX, real *dY, double *dG) {
-    int L = ws->L, dk = ws->dk;
-    const double *G = ws->G;
-    real *Xs = ws->Xs, *Ys = ws->Ys, *T1 = ws->T1, *T2 = ws->T2;
+// The backward of the decayed products (kda_sub_products) KKE and P, for
+// dKKE (gr->dM) and dP (gr->dP, or NULL: o has no gradient), adds into
+// gr->dQ, gr->dK and dG. Each pair (i, j < i) adds a term to dG_i and takes
+// one from dG_j, so that they cancel in dg where they should; the diagonal of
+// P (exponent 0) adds none: its terms, X_i dX_i - Y_i dY_i summed, would
+// cancel only to rounding of their own size, which may be far above dg's (g ~
+// -30: dg ~ e^-30).
+
+// First the entries the products did not form are zeroed.
+static void mask_products(const KdaChunk *ws, real *dKKE, real *dP) {
+    int L = ws->L;
     for (int i = 0; i < L; i++) {
-        real *dMi = dM + (size_t)i * L;
-        for (int j = strict ? i : i + 1; j < L; j++) dMi[j] = 0;
-        if (ws->docs)
-            for (int j = 0; j < ws->docs[i]; j++) dMi[j] = 0;
-    }
-    memset(dX, 0, (size_t)L * dk * sizeof(real));
-    memset(dY, 0, (size_t)L * dk * sizeof(real));
-    for (int i0 = 0; i0 < L; i0 += KDA_SUB) {
-        int n = imin(KDA_SUB, L - i0);
-        const double *Gr = G + (size_t)i0 * dk;   // the forward's reference point
-        if (i0 > 0) {
-            kda_to_reference(ws, X, ldx, Y, ldy, i0, n);
-            const real *dMb = dM + (size_t)i0 * L;   // (n, i0): the block's rows, the earlier columns
-            tile_gemm(false, false, n, dk, i0, 1, dMb, L, Ys, dk, 0, T1, dk, TILE_FULL(n, i0), NULL);
-            tile_gemm(true, false, i0, dk, n, 1, dMb, L, Xs, dk, 0, T2, dk, TILE_FULL(i0, n), NULL);
-            for (int i = 0; i < n; i++)
-                for (int c = 0; c < dk; c++) {
-                    size_t e = (size_t)(i0 + i) * dk + c;
-                    dX[e] += T1[i * dk + c] * r_exp_decay(G[e] - Gr[c]);
-                    dG[e] += (double)Xs[i * dk + c] * T1[i * dk + c];
-                }
-            for (int j = 0; j < i0; j++)
-                for (int c = 0; c < dk; c++) {
-                    size_t e = (size_t)j * dk + c;
-                    dY[e] += T2[j * dk + c] * r_exp_decay(Gr[c] - G[e]);
-                    dG[e] -= (double)Ys[j * dk + c] * T2[j * dk + c];
-                }
+        real *dKi = dKKE + (size_t)i * L, *dPi = dP ? dP + (size_t)i * L : NULL;
+        for (int j = i; j < L; j++) dKi[j] = 0;
+        for (int j = i + 1; j < L && dPi; j++) dPi[j] = 0;
+        for (int j = 0; ws->docs && j < ws->docs[i]; j++) {
+            dKi[j] = 0;
+            if (dPi) dPi[j] = 0;
         }
-        for (int i = i0; i < i0 + n; i++) {   // inside the block, per element
-            const real *xi = X + (int64_t)i * ldx;
-            const double *Gi = G + (size_t)i * dk;
-            real *dxi = dX + (size_t)i * dk;
-            double *dGi = dG + (size_t)i * dk;
-            for (int j = i0; j < i; j++) {
-                real a = dM[(size_t)i * L + j];
-                if (a == 0) continue;
-                const real *yj = Y + (int64_t)j * ldy, *ex = ws->ex;
-                real *dyj = dY + (size_t)j * dk;
-                double *dGj = dG + (size_t)j * dk;
-                kda_pair_decays(ws->ex, Gi, G + (size_t)j * dk, dk);
+    }
+}
+
+// The slow channels' pairs inside the sub-block of rows i0 .. i0+n-1 (j < i),
+// an exp per element, over those channels packed (kda_sub_pack); the sums are
+// scattered back at the end.
+static void sub_per_element_backward(KdaChunk *ws, KdaChunkGrad *gr, const real *dP, const real *q, const real *k,
+                                     int ldk, int i0, int n, int ns) {
+    int L = ws->L, dk = ws->dk;
+    kda_sub_pack(ws, q, k, ldk, i0, n, ns);
+    memset(gr->dqsub, 0, (size_t)n * ns * sizeof(real));
+    memset(gr->dksub, 0, (size_t)n * ns * sizeof(real));
+    memset(gr->dGsub, 0, (size_t)n * ns * sizeof(double));
+    for (int i = 1; i < n; i++) {
+        const real *qi = ws->qsub + i * ns, *ki = ws->ksub + i * ns, *ex = ws->ex;
+        real *dqi = gr->dqsub + i * ns, *dki = gr->dksub + i * ns;
+        double *dGi = gr->dGsub + i * ns;
+        for (int j = 0; j < i; j++) {
+            real a = dP ? dP[(size_t)(i0 + i) * L + i0 + j] : 0, b = gr->dM[(size_t)(i0 + i) * L + i0 + j];
+            if (a == 0 && b == 0) continue;   // masked (documents), or no gradient
+            const real *kj = ws->ksub + j * ns;
+            real *dkj = gr->dksub + j * ns;
+            double *dGj = gr->dGsub + j * ns;
+            kda_pair_decays(ws->ex, ws->Gsub + i * ns, ws->Gsub + j * ns, ns);
 #pragma omp simd
-                for (int c = 0; c < dk; c++) {
-                    real e = a * ex[c];
-                    double t = (double)(e * yj[c]) * xi[c];
-                    dxi[c] += e * yj[c];
-                    dyj[c] += e * xi[c];
-                    dGi[c] += t;
-                    dGj[c] -= t;
-                }
-            }
-            real a = strict ? 0 : dM[(size_t)i * L + i];   // the diagonal: E_ii = 1
-            const real *yi = Y + (int64_t)i * ldy;
-            for (int c = 0; c < dk && a != 0; c++) {
-                dxi[c] += a * yi[c];
-                dY[(size_t)i * dk + c] += a * xi[c];
+            for (int s = 0; s < ns; s++) {
+                real ea = a * ex[s], eb = b * ex[s];
+                double t = (double)(ea * kj[s]) * qi[s] + (double)(eb * kj[s]) * ki[s];
+                dqi[s] += ea * kj[s];
+                dki[s] += eb * kj[s];
+                dkj[s] += ea * qi[s] + eb * ki[s];
+                dGi[s] += t;
+                dGj[s] -= t;
             }
         }
     }
+    for (int i = 0; i < n; i++)
+        for (int s = 0; s < ns; s++) {
+            size_t e = (size_t)(i0 + i) * dk + ws->slow[s];
+            gr->dQ[e] += gr->dqsub[i * ns + s];
+            gr->dK[e] += gr->dksub[i * ns + s];
+            gr->dG[e] += gr->dGsub[i * ns + s];
+        }
+}
+
+// One sub-block's rows i0 .. i0+n-1 against the columns the forward's
+// products covered, through its reference point (kda_sub_columns):
+//   T1 = dM Ys (rows),  dX_i += Ef_i * T1_i,  dG_i += Xs_i * T1_i
+//   T2 = dM^T Xs (columns),  dY_j += Ec_j * T2_j,  dG_j -= Ys_j * T2_j
+// for (X, M) = (K, KKE) and (Q, P), Y = K; then the slow channels per element.
+static void sub_backward(KdaChunk *ws, KdaChunkGrad *gr, real *dP, const real *q, const real *k, int ldk, int i0,
+                         int n) {
+    int L = ws->L, dk = ws->dk;
+    int ns = kda_sub_columns(ws, k, ldk, i0, n);
+    int N = ns < dk ? i0 + n : i0;
+    real *dKb = gr->dM + (size_t)i0 * L, *dPb = dP ? dP + (size_t)i0 * L : NULL;
+    if (dPb)   // the diagonal, E_ii = 1, then out of the products (no dG)
+        for (int i = 0; i < n; i++) {
+            real a = dPb[(size_t)i * L + i0 + i];
+            const real *qi = q + (int64_t)(i0 + i) * ldk, *ki = k + (int64_t)(i0 + i) * ldk;
+            for (int c = 0; c < dk && a != 0; c++) {
+                gr->dQ[(size_t)(i0 + i) * dk + c] += a * ki[c];
+                gr->dK[(size_t)(i0 + i) * dk + c] += a * qi[c];
+            }
+            dPb[(size_t)i * L + i0 + i] = 0;
+        }
+    if (N > 0) {
+        const real *Qs = ws->Qs + (size_t)i0 * dk, *Ks = ws->Ks + (size_t)i0 * dk;
+        real *T1k = ws->T1, *T1p = ws->T1 + KDA_SUB * dk, *T2 = ws->T2;
+        tile_gemm(false, false, n, dk, N, 1, dKb, L, ws->Ys, dk, 0, T1k, dk, TILE_FULL(n, N), NULL);
+        tile_gemm(true, false, N, dk, n, 1, dKb, L, Ks, dk, 0, T2, dk, TILE_FULL(N, n), NULL);
+        if (dPb) {
+            tile_gemm(false, false, n, dk, N, 1, dPb, L, ws->Ys, dk, 0, T1p, dk, TILE_FULL(n, N), NULL);
+            tile_gemm(true, false, N, dk, n, 1, dPb, L, Qs, dk, 1, T2, dk, TILE_FULL(N, n), NULL);
+        }
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < dk; c++) {
+                size_t e = (size_t)(i0 + i) * dk + c, b = (size_t)i * dk + c;
+                gr->dK[e] += ws->Ef[e] * T1k[b];
+                gr->dG[e] += (double)Ks[b] * T1k[b];
+                if (!dPb) continue;
+                gr->dQ[e] += ws->Ef[e] * T1p[b];
+                gr->dG[e] += (double)Qs[b] * T1p[b];
+            }
+        for (int j = 0; j < N; j++)
+            for (int c = 0; c < dk; c++) {
+                size_t e = (size_t)j * dk + c;
+                gr->dK[e] += ws->Ec[e] * T2[e];
+                gr->dG[e] -= (double)ws->Ys[e] * T2[e];
+            }
+    }
+    if (ns) sub_per_element_backward(ws, gr, dP, q, k, ldk, i0, n, ns);
 }
 
 // dR (L, dv) = (I + A)^-T dD for the strictly lower A: row i is dD_i -
@@ -151,31 +199,25 @@ static void solve_upper(const real *A, int L, const real *dD, real *dR, int dv, 
 }
 
 // The terms through O = Qg S0 + P Delta for dO (rows of stride ldv): adds
-// into dq (may be NULL), gr->dK, dG, dS0 and dDl.
-static void output_backward(KdaChunk *ws, KdaChunkGrad *gr, const real *S0, const real *dO, const real *q,
-                            const real *k, int ldk, int ldv, real *dq) {
+// into dq (may be NULL), dG, dS0 and dDl, and sets gr->dP.
+static void output_backward(KdaChunk *ws, KdaChunkGrad *gr, const real *S0, const real *dO, int ldk, int ldv,
+                            real *dq) {
     int L = ws->L, dk = ws->dk, dv = ws->dv;
     // dQg = dO S0^T, dS0 += Qg^T dO; Qg_i = eG_i * q_i.
     tile_gemm(false, true, L, dk, dv, 1, dO, ldv, S0, dv, 0, gr->dQg, dk, TILE_FULL(L, dv), ws->pack);
     tile_gemm(true, false, dk, dv, L, 1, ws->Qg, dk, dO, ldv, 1, gr->dS0, dv, TILE_FULL(dk, L), NULL);
-    for (size_t e = 0; e < (size_t)L * dk; e++) {
-        gr->dG[e] += (double)ws->Qg[e] * gr->dQg[e];
-        if (dq) dq[(int64_t)(e / dk) * ldk + e % dk] += ws->eG[e] * gr->dQg[e];
-    }
-    // dP = dO Delta^T, dDelta += P^T dO (P^T upper), then through P's decayed product.
-    tile_gemm(false, true, L, L, dv, 1, dO, ldv, ws->Dl, dv, 0, gr->dM, L, TILE_FULL(L, dv), ws->pack);
+    for (size_t e = 0; e < (size_t)L * dk; e++) gr->dG[e] += (double)ws->Qg[e] * gr->dQg[e];
+    for (int i = 0; i < L && dq; i++)
+        for (int c = 0; c < dk; c++) dq[(int64_t)i * ldk + c] += ws->eG[(size_t)i * dk + c] * gr->dQg[(size_t)i * dk + c];
+    // dP = dO Delta^T (through P's products with the solve's, decay_products_backward),
+    // dDelta += P^T dO (P^T upper).
+    tile_gemm(false, true, L, L, dv, 1, dO, ldv, ws->Dl, dv, 0, gr->dP, L, TILE_FULL(L, dv), ws->pack);
     tile_gemm(true, false, L, dv, L, 1, ws->P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
-    decay_product_backward(ws, gr->dM, q, ldk, k, ldk, false, gr->dX, gr->dY, gr->dG);
-    for (int i = 0; i < L; i++)
-        for (int c = 0; c < dk; c++) {
-            if (dq) dq[(int64_t)i * ldk + c] += gr->dX[(size_t)i * dk + c];
-            gr->dK[(size_t)i * dk + c] += gr->dY[(size_t)i * dk + c];
-        }
 }
 
 // The terms through Delta = (I + A)^-1 R, R = diag(beta) V - Xw S0, A =
 // diag(beta) KKE, for gr->dDl: adds into dv_out (may be NULL), gr->dK, dG,
-// dbeta and dS0.
+// dbeta and dS0, and sets gr->dM = dKKE.
 static void solve_backward(KdaChunk *ws, KdaChunkGrad *gr, const real *S0, const real *k, const real *v, int ldk,
                            int ldv, real *dv_out) {
     int L = ws->L, dk = ws->dk, dv = ws->dv;
@@ -212,8 +254,6 @@ static void solve_backward(KdaChunk *ws, KdaChunkGrad *gr, const real *S0, const
         }
         gr->dbeta[i] += s;
     }
-    decay_product_backward(ws, dA, k, ldk, k, ldk, true, gr->dX, gr->dY, gr->dG);
-    for (size_t e = 0; e < (size_t)L * dk; e++) gr->dK[e] += gr->dX[e] + gr->dY[e];
 }
 
 // One chunk: given dS (the gradient of S_C) and dO (rows of stride ldv, or
@@ -250,22 +290,31 @@ static void chunk_backward(KdaChunk *ws, KdaChunkGrad *gr, const real *S0, const
             dG[e] -= s;
         }
 
-    if (dO) output_backward(ws, gr, S0, dO, q, k, ldk, ldv, dq);
+    if (dO) output_backward(ws, gr, S0, dO, ldk, ldv, dq);
     solve_backward(ws, gr, S0, k, v, ldk, ldv, dv_out);
+    // KKE and P (without dO, KKE alone), sharing each sub-block's decays.
+    real *dP = dO ? gr->dP : NULL;
+    mask_products(ws, gr->dM, dP);
+    memset(gr->dQ, 0, (size_t)L * dk * sizeof(real));
+    for (int i0 = 0; i0 < L; i0 += KDA_SUB) sub_backward(ws, gr, dP, q, k, ldk, i0, imin(KDA_SUB, L - i0));
+    if (dq && dO)
+        for (int i = 0; i < L; i++)
+            for (int c = 0; c < dk; c++) dq[(int64_t)i * ldk + c] += gr->dQ[(size_t)i * dk + c];
 
     if (dk_out)
         for (int i = 0; i < L; i++)
             for (int c = 0; c < dk; c++) dk_out[(int64_t)i * ldk + c] += gr->dK[(size_t)i * dk + c];
     if (dbeta_out)
         for (int i = 0; i < L; i++) dbeta_out[(int64_t)i * H] += (real)gr->dbeta[i];
-    if (dg_out)   // dg_m = sum_{i >= m} dGamma_i, per channel
-        for (int c = 0; c < dk; c++) {
-            double acc = 0;
-            for (int i = L - 1; i >= 0; i--) {
-                acc += dG[(size_t)i * dk + c];
-                dg_out[(int64_t)i * ldk + c] += (real)acc;
+    if (dg_out) {   // dg_m = sum_{i >= m} dGamma_i, per channel (a row at a time: dg_out's rows are contiguous)
+        double *acc = ws->acc;
+        memset(acc, 0, dk * sizeof(double));
+        for (int i = L - 1; i >= 0; i--)
+            for (int c = 0; c < dk; c++) {
+                acc[c] += dG[(size_t)i * dk + c];
+                dg_out[(int64_t)i * ldk + c] += (real)acc[c];
             }
-        }
+    }
 }
 
 void kda_chunk_backward(Node *n) {

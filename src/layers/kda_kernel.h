@@ -51,14 +51,21 @@ Tensor *op_kda(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *
 typedef GdnDims KdaDims;
 KdaDims kda_dims(const Node *n);
 
-// Rows per sub-block of a chunk's decayed products (kda_decay_product): the
-// products between sub-blocks go through a reference point, those inside one
-// take an exp per element (docs/kda.md, "Numerics"). As fla's kernels.
+// Rows per sub-block of a chunk's decayed products (kda_sub_products). The
+// decays of a sub-block's rows i against a column j go through its first row
+// r: exp(Gamma_i - Gamma_j) = exp(Gamma_i - Gamma_r) exp(Gamma_r - Gamma_j).
+// For j < r both exponents are <= 0; for r <= j (inside the sub-block) the
+// second is >= 0, at most the channel's span Gamma_r - Gamma_{last row}, and
+// a channel takes that route only where its span is at most KDA_SPAN_MAX;
+// the others take one exp per element of Gamma_i - Gamma_j <= 0
+// (docs/kda.md, "Numerics"). As fla's kernels, 16 rows.
 #define KDA_SUB 16
+#define KDA_SPAN_MAX 30.0
 
 // Everything the WY form computes inside one chunk of L <= C positions before
 // its outputs, recomputed by the backward. All row-major, per head; m_i =
-// [row i reads S0] (no document begins in the chunk at or before i).
+// [row i reads S0] (no document begins in the chunk at or before i); r(i) the
+// first row of row i's sub-block.
 typedef struct KdaChunk {
     int L, dk, dv;
     double *G;       // (L, dk) Gamma_i = sum_{j<=i} g_j inside the chunk, per channel
@@ -74,8 +81,15 @@ typedef struct KdaChunk {
     real *P;         // (L, L) sum_c q_ic k_jc exp(Gamma_ic - Gamma_jc), j <= i in row i's document, else 0
     real *R;         // (L, dv) diag(beta) V - Xw S0
     real *Dl;        // (L, dv) Delta = (I + A)^-1 R: the rows delta_i of the recurrence
-    real *Xs, *Ys;   // (L, dk) each: scaled operands of kda_decay_product and its backward
-    real *T1, *T2;   // (L, dk) each: the backward's products before their scale
+    real *Ef;        // (L, dk) exp(Gamma_i - Gamma_r(i)) <= 1: the rows' factors to their reference point
+    real *Qs, *Ks;   // (L, dk) each: Ef * Q, Ef * K
+    real *Ec;        // (L, dk) one sub-block's column factors (kda_sub_columns)
+    real *Ys;        // (L, dk) Ec * K
+    real *T1, *T2;   // (2 KDA_SUB, dk), (L, dk): the backward's products before their scale
+    real *keep;      // (dk) 1 for a channel through the reference point inside the sub-block, else 0
+    int *slow;       // (dk) the other channels: one exp per element
+    double *Gsub;    // (KDA_SUB, dk) Gamma of the sub-block's rows in those channels, packed
+    real *qsub, *ksub;   // (KDA_SUB, dk) q, k of the same
     double *acc;     // (max(dk, dv)) one row's sums
     real *ex;        // (dk) one pair's decays (kda_pair_decays)
     int *db;         // (C) the chunk's documents (gdn_chunk_docs)
@@ -93,15 +107,22 @@ void kda_chunk_bind(KdaChunk *ws, void *mem, int C, int dk, int dv);
 // its documents (gdn_chunk_docs), or NULL.
 void kda_chunk_prepare(KdaChunk *ws, int L, const real *q, const real *k, const real *v, const real *beta,
                        const real *g, int ldk, int ldv, int H, const real *S0, const int *db);
-// M (L, L) = sum_c X_ic Y_jc exp(Gamma_ic - Gamma_jc) for j <= i (strict: j <
-// i) inside row i's document (j >= db[i]), 0 elsewhere; X, Y rows of stride
-// ldx, ldy. Uses ws->Xs, Ys, pack.
-void kda_decay_product(KdaChunk *ws, const real *X, int ldx, const real *Y, int ldy, bool strict, real *M);
-// The operands of its products between sub-blocks, through the reference
-// point r = i0 (the first row of the sub-block of rows i0 .. i0+n-1):
-// ws->Xs (n, dk) = X_i * exp(Gamma_i - Gamma_r), ws->Ys (i0, dk) = Y_j *
-// exp(Gamma_r - Gamma_j), j < i0; both exponents <= 0.
-void kda_to_reference(KdaChunk *ws, const real *X, int ldx, const real *Y, int ldy, int i0, int n);
+// The column operands of the sub-block of rows i0 .. i0+n-1 (after
+// kda_chunk_prepare has set G): decides which channels go through its
+// reference point r = i0 inside it (span <= KDA_SPAN_MAX: keep[c] = 1) and
+// lists the others in slow; ws->Ec (i0+n, dk) = exp(Gamma_r - Gamma_j) (j < r:
+// every channel, exponent <= 0; r <= j: the kept channels, exponent in [0,
+// span], else 0), ws->Ys = Ec * K. Returns the number of slow channels.
+int kda_sub_columns(KdaChunk *ws, const real *k, int ldk, int i0, int n);
+// The slow channels (ws->slow, ns of them) of the sub-block's rows packed
+// contiguously: Gsub (n, ns) of Gamma, qsub, ksub of q, k.
+void kda_sub_pack(KdaChunk *ws, const real *q, const real *k, int ldk, int i0, int n, int ns);
+// Rows i0 .. i0+n-1 of KKE and P (kda_chunk_prepare calls it for every
+// sub-block, after the row factors Ef, Qs, Ks): per kept channel the tile
+// products Qs Ys^T and Ks Ys^T, per slow channel an exp per element inside
+// the sub-block; then masked (strictly lower for KKE, lower for P, row i's
+// document). Returns the number of slow channels (0: the products alone).
+int kda_sub_products(KdaChunk *ws, const real *q, const real *k, int ldk, int i0, int n);
 
 // ex (dk) = exp(Gi - Gj) per channel (the decays of one pair inside a
 // sub-block, Gi - Gj <= 0): a loop of its own, so that it vectorises (the
