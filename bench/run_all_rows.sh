@@ -116,7 +116,8 @@ kda_lines() {
 **kda against gdn, gdp and mamba.** kda is gdn's delta rule with one decay
 per key channel instead of one per head ([kda.md](kda.md)): its chunked
 form cannot take the decay out of the products of q and k, so it forms them
-in sub-blocks of 16 rows with exps per position and channel, where gdn's
+in sub-blocks of 16 rows, as products of operands scaled by each channel's
+decays (one exp per element for a channel that decays fast), where gdn's
 are plain products; its recurrent form and decoding do gdn's work and one
 exp per key channel; its layer adds a low-rank decay projection and an
 output gate (MODEL.md). CPU time of the training step over gdn's at the
