@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/equal_time.py: validation bits per byte of training runs at equal
-training time (docs/training.md, "gdp against gdn and mamba").
+training time (docs/training.md, "gdp against gdn and mamba" and "kda against
+gdn, gdp and mamba").
 
     bench/equal_time.py [--runs DIR] [--out DIR] [--img DIR] [--name NAME]
                         [--measure TRAIN_BENCH [--rounds N] | --speeds FILE] RUN...

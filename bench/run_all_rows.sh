@@ -5,22 +5,24 @@
 # one run, so that they compare with each other whatever the load of the
 # day of the full run. Uses DATA, hdr, train_table and decode_table of run_all.sh.
 
-# rel_train NAME FORM COLUMN -> "lo-hi": NAME FORM's figure over gdn's of the
-# same form and T, the least and the most over the T both measured.
+# rel_train NAME FORM COLUMN [BASE] -> "lo-hi": NAME FORM's figure over BASE's
+# (default gdn) of the same form and T, the least and the most over the T both
+# measured.
 rel_train() {
-    awk -F'\t' -v m="$1" -v f="$2" -v c="$3" '
+    awk -F'\t' -v m="$1" -v f="$2" -v c="$3" -v b="${4:-gdn}" '
         NR == 1 || $11 != "ok" { next }
-        $1 == "gdn" && $2 == f { g[$3] = $c }
+        $1 == b && $2 == f { g[$3] = $c }
         $1 == m && $2 == f { x[$3] = $c }
         END { for (t in x) if (t in g) { r = x[t] / g[t]; if (lo == "" || r < lo) lo = r; if (hi == "" || r > hi) hi = r }
               if (lo == "") print "-"; else printf "%.2f-%.2f", lo, hi }' "$DATA/rows_train.tsv"
 }
 
-# rel_decode NAME -> "lo-hi" of NAME's decoding time over gdn's at the same P.
+# rel_decode NAME [BASE] -> "lo-hi" of NAME's decoding time over BASE's
+# (default gdn) at the same P.
 rel_decode() {
-    awk -F'\t' -v m="$1" '
+    awk -F'\t' -v m="$1" -v b="${2:-gdn}" '
         NR == 1 { next }
-        $1 == "gdn" { g[$2] = $3 }
+        $1 == b { g[$2] = $3 }
         $1 == m { x[$2] = $3 }
         END { for (p in x) if (p in g) { r = x[p] / g[p]; if (lo == "" || r < lo) lo = r; if (hi == "" || r > hi) hi = r }
               if (lo == "") print "-"; else printf "%.2f-%.2f", lo, hi }' "$DATA/rows_decode.tsv"
@@ -97,6 +99,40 @@ buys for its time, recall and bits per byte at equal training time, is in
 EOF
 }
 
+# kda_lines: what the rows say of kda against gdn, gdp and mamba, when they hold them.
+kda_lines() {
+    local k kr kg km d dg dm slower
+    k=$(rel_train kda chunked 12)
+    [ "$k" != - ] || return 0
+    kr=$(rel_train kda recurrent 12)
+    kg=$(rel_train kda chunked 12 gdp)
+    km=$(rel_train kda chunked 12 mamba)
+    d=$(rel_decode kda)
+    dg=$(rel_decode kda gdp)
+    dm=$(rel_decode kda mamba)
+    slower=$(awk -v a="$(lo_of "$k")" -v b="$(lo_of "$d")" 'BEGIN {print (a > 1 && b > 1) ? "**yes**" : "**no**"}')
+    cat <<EOF
+
+**kda against gdn, gdp and mamba.** kda is gdn's delta rule with one decay
+per key channel instead of one per head ([kda.md](kda.md)): its chunked
+form cannot take the decay out of the products of q and k, so it forms them
+in sub-blocks of 16 rows, as products of operands scaled by each channel's
+decays (one exp per element for a channel that decays fast), where gdn's
+are plain products; its recurrent form and decoding do gdn's work and one
+exp per key channel; its layer adds a low-rank decay projection and an
+output gate (MODEL.md). CPU time of the training step over gdn's at the
+same T: kda chunked **$k**, recurrent $kr; over gdp's (n_h = 2) $kg, over
+mamba's $km. Decoding one token over gdn's at the same P: **$d** (over
+gdp's $dg, over mamba's $dm). Slower than gdn in training and in decoding
+at every T and P measured: $slower. kda's time per token over T and P
+(slowest / fastest): training $(spread kda chunked), decoding
+$(dspread_rows kda). What kda buys for its time is in
+[mqar.md](mqar.md#capacity-at-equal-state-size-32-pairs-width-32-learning-rate-sweep),
+[long_context.md](long_context.md) and
+[training.md](training.md#kda-against-gdn-gdp-and-mamba).
+EOF
+}
+
 # rows_section: the whole section, or nothing when no rows were measured.
 rows_section() {
     [ -s "$DATA/rows_train.tsv" ] && [ -s "$DATA/rows_decode.tsv" ] && [ -s "$DATA/rows.txt" ] || return 0
@@ -113,7 +149,9 @@ they compare with each other; the tables above come from another run, on
 another machine and load, and do not. Data:
 [\`rows_train.tsv\`](bench/rows_train.tsv), [\`rows_decode.tsv\`](bench/rows_decode.tsv),
 raw output [\`rows.txt\`](bench/rows.txt). The layer is the one above
-(gdp: n_h = 2; the row gdp_nh3: n_h = 3).
+(gdp: n_h = 2; the row gdp_nh3: n_h = 3; kda: its chunked form is
+\`src/layers/kda_chunk.c\` and its backward, its recurrent form
+\`kda_naive.c\`).
 
 | | |
 | --- | --- |
@@ -155,5 +193,6 @@ the T, or for decoding the P, measured):
 
 $(rel_table)
 $(gdp_lines)
+$(kda_lines)
 EOF
 }
