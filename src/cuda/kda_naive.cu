@@ -26,14 +26,7 @@
 // The node layout is op_gdn's but for g's shape (kda_node.h), so gdn_args,
 // gdn_grads_plan and gdn_grads_finish (which index the node by GDN_*) serve
 // op_kda too; g's numel comes from its tensor.
-#define KDA_AT_GDN(x) ((int)KDA_##x == (int)GDN_##x)   // the two enums are distinct types
-static_assert(KDA_AT_GDN(IN_Q) && KDA_AT_GDN(IN_K) && KDA_AT_GDN(IN_V) && KDA_AT_GDN(IN_BETA) && KDA_AT_GDN(IN_G) &&
-                  KDA_AT_GDN(IN_S0) && KDA_AT_GDN(N_IN),
-              "op_kda's inputs must sit where op_gdn's do");
-static_assert(KDA_AT_GDN(ARG_B) && KDA_AT_GDN(ARG_T) && KDA_AT_GDN(ARG_H) && KDA_AT_GDN(ARG_DK) && KDA_AT_GDN(ARG_DV) &&
-                  KDA_AT_GDN(ARG_C),
-              "op_kda's sizes must sit where op_gdn's do");
-#undef KDA_AT_GDN
+// (kda_node.h asserts that every index is op_gdn's.)
 
 // alpha[e] = exp(g[e]), 0 where a document begins at e's position (the
 // state before it is not read): e over (B, T, H*dk), row r = b T + t.

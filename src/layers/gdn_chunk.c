@@ -244,36 +244,40 @@ static const OpDef OP_GDN_CHUNKED = {"gdn_chunked", gdn_chunk_forward, gdn_chunk
 static const OpDef OP_GDN_RECURRENT = {"gdn_recurrent", gdn_naive_forward, gdn_naive_backward,
                                        CUDA_PAIR(cu_gdn_naive_forward, cu_gdn_naive_backward)};
 
-Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0, const int *doc_start,
-               int n_heads, MixerForm form, int chunk, Tensor **s_out) {
+Tensor *delta_rule_op(Tape *tp, const DeltaRuleOp *op, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g,
+                      Tensor *s0, const int *doc_start, int n_heads, MixerForm form, int chunk, Tensor **s_out) {
+    const char *who = op->name;
     ASSERT(form == MIXER_FORM_CHUNKED || form == MIXER_FORM_RECURRENT,
-           "gdn: form '%s' is not available (chunked or recurrent)", mixer_form_name(form));
-    ASSERT(chunk > 0, "gdn: chunk %d must be positive", chunk);
+           "%s: form '%s' is not available (chunked or recurrent)", who, mixer_form_name(form));
+    ASSERT(chunk > 0, "%s: chunk %d must be positive", who, chunk);
     ASSERT(q->ndim == 3 && n_heads > 0 && q->shape[2] % n_heads == 0,
-           "gdn: q %s must be (B, T, H*dk) with H = %d", SHAPE(q), n_heads);
+           "%s: q %s must be (B, T, H*dk) with H = %d", who, SHAPE(q), n_heads);
     int B = q->shape[0], T = q->shape[1], H = n_heads, dk = q->shape[2] / H;
-    ASSERT(B > 0 && T > 0 && dk > 0, "gdn: q %s is empty", SHAPE(q));
-    ASSERT(tensor_same_shape(k, q), "gdn: k %s must have q's shape %s", SHAPE(k), SHAPE(q));
+    ASSERT(B > 0 && T > 0 && dk > 0, "%s: q %s is empty", who, SHAPE(q));
+    ASSERT(tensor_same_shape(k, q), "%s: k %s must have q's shape %s", who, SHAPE(k), SHAPE(q));
     ASSERT(v->ndim == 3 && v->shape[0] == B && v->shape[1] == T && v->shape[2] % H == 0 && v->shape[2] > 0,
-           "gdn: v %s must be (B, T, H*dv) = (%d, %d, %d*dv)", SHAPE(v), B, T, H);
+           "%s: v %s must be (B, T, H*dv) = (%d, %d, %d*dv)", who, SHAPE(v), B, T, H);
     int dv = v->shape[2] / H;
     ASSERT(beta->ndim == 3 && beta->shape[0] == B && beta->shape[1] == T && beta->shape[2] == H,
-           "gdn: beta %s must be (B, T, H) = (%d, %d, %d)", SHAPE(beta), B, T, H);
-    ASSERT(tensor_same_shape(g, beta), "gdn: g %s must be (B, T, H) like beta %s", SHAPE(g), SHAPE(beta));
+           "%s: beta %s must be (B, T, H) = (%d, %d, %d)", who, SHAPE(beta), B, T, H);
+    if (op->g_per_channel)
+        ASSERT(tensor_same_shape(g, q), "%s: g %s must be (B, T, H*dk) like q %s", who, SHAPE(g), SHAPE(q));
+    else
+        ASSERT(tensor_same_shape(g, beta), "%s: g %s must be (B, T, H) like beta %s", who, SHAPE(g), SHAPE(beta));
     if (s0)
         ASSERT(s0->ndim == 4 && s0->shape[0] == B && s0->shape[1] == H && s0->shape[2] == dk && s0->shape[3] == dv,
-               "gdn: s0 %s must be (B, H, dk, dv) = (%d, %d, %d, %d)", SHAPE(s0), B, H, dk, dv);
+               "%s: s0 %s must be (B, H, dk, dv) = (%d, %d, %d, %d)", who, SHAPE(s0), B, H, dk, dv);
     Tensor *o = tape_tensorv(tp, 3, B, T, H * dv);
     Tensor *sT = tape_tensorv(tp, 4, B, H, dk, dv);
-    const OpDef *op = form == MIXER_FORM_CHUNKED ? &OP_GDN_CHUNKED : &OP_GDN_RECURRENT;
-    Node *n = tape_op(tp, op, (Tensor *[]){q, k, v, beta, g, s0}, GDN_N_IN, (Tensor *[]){o, sT}, 2);
+    const OpDef *def = form == MIXER_FORM_CHUNKED ? op->chunked : op->recurrent;
+    Node *n = tape_op(tp, def, (Tensor *[]){q, k, v, beta, g, s0}, GDN_N_IN, (Tensor *[]){o, sT}, 2);
     n->iarg[GDN_ARG_B] = B;
     n->iarg[GDN_ARG_T] = T;
     n->iarg[GDN_ARG_H] = H;
     n->iarg[GDN_ARG_DK] = dk;
     n->iarg[GDN_ARG_DV] = dv;
     n->iarg[GDN_ARG_C] = chunk;
-    n->iarg[GDN_ARG_BF16] = tp->device == DEVICE_CPU && tile_products_bf16();
+    n->iarg[GDN_ARG_BF16] = op->bf16_products && tp->device == DEVICE_CPU && tile_products_bf16();
     n->aux = docs_first(tp, doc_start, B, T);
     if (n->recorded) {
         GdnDims d = gdn_dims(n);
@@ -282,4 +286,10 @@ Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *
     tape_forward(n);
     if (s_out) *s_out = sT;
     return o;
+}
+
+Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0, const int *doc_start,
+               int n_heads, MixerForm form, int chunk, Tensor **s_out) {
+    static const DeltaRuleOp OP = {"gdn", &OP_GDN_CHUNKED, &OP_GDN_RECURRENT, false, true};
+    return delta_rule_op(tp, &OP, q, k, v, beta, g, s0, doc_start, n_heads, form, chunk, s_out);
 }

@@ -63,6 +63,26 @@ Tensor *op_gdn(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *
 Tensor *op_gdp(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0, const int *doc_start,
                int n_heads, int steps, MixerForm form, int chunk, Tensor **s_out);
 
+// ---- the builder op_gdn and op_kda share (gdn_chunk.c) ----
+
+// Their nodes have one layout (gdn_node.h; kda_node.h asserts that its enums
+// are gdn_node.h's):
+// inputs q, k, v, beta, g, s0, outputs o and S_T, the sizes in iarg, the
+// documents' first positions in aux, the state entering each chunk saved.
+// Only g's width differs: H (one decay per head) or H*dk (one per key
+// channel).
+typedef struct DeltaRuleOp {
+    const char *name;              // the messages' prefix
+    const OpDef *chunked, *recurrent;
+    bool g_per_channel;            // g (B, T, H*dk), else (B, T, H)
+    bool bf16_products;            // its CPU chunk products may run in bf16 (GDN_ARG_BF16)
+} DeltaRuleOp;
+
+// Checks the shapes (each error names op->name), makes the node of `form`
+// and runs its forward; returns o, and S_T into s_out when non-NULL.
+Tensor *delta_rule_op(Tape *tp, const DeltaRuleOp *op, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g,
+                      Tensor *s0, const int *doc_start, int n_heads, MixerForm form, int chunk, Tensor **s_out);
+
 // ---- internal: shared by gdn_chunk.c, gdn_chunk_backward.c, gdn_naive.c ----
 
 // Node layout of op_gdn: gdn_node.h.

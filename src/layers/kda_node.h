@@ -14,4 +14,22 @@
 enum { KDA_IN_Q, KDA_IN_K, KDA_IN_V, KDA_IN_BETA, KDA_IN_G, KDA_IN_S0, KDA_N_IN };
 enum { KDA_ARG_B, KDA_ARG_T, KDA_ARG_H, KDA_ARG_DK, KDA_ARG_DV, KDA_ARG_C };
 
+// op_gdn's node code serves op_kda's (delta_rule_op builds both; the GPU
+// reuses gdn_args and the gradient plans), so every index must be op_gdn's.
+#include "gdn_node.h"
+#ifdef __cplusplus
+#define KDA_STATIC_ASSERT static_assert
+#else
+#define KDA_STATIC_ASSERT _Static_assert
+#endif
+#define KDA_AT_GDN(x) ((int)KDA_##x == (int)GDN_##x)   // the two enums are distinct types
+KDA_STATIC_ASSERT(KDA_AT_GDN(IN_Q) && KDA_AT_GDN(IN_K) && KDA_AT_GDN(IN_V) && KDA_AT_GDN(IN_BETA) &&
+                      KDA_AT_GDN(IN_G) && KDA_AT_GDN(IN_S0) && KDA_AT_GDN(N_IN),
+                  "op_kda's inputs must sit where op_gdn's do");
+KDA_STATIC_ASSERT(KDA_AT_GDN(ARG_B) && KDA_AT_GDN(ARG_T) && KDA_AT_GDN(ARG_H) && KDA_AT_GDN(ARG_DK) &&
+                      KDA_AT_GDN(ARG_DV) && KDA_AT_GDN(ARG_C),
+                  "op_kda's sizes must sit where op_gdn's do");
+#undef KDA_AT_GDN
+#undef KDA_STATIC_ASSERT
+
 #endif
