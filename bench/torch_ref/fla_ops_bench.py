@@ -112,11 +112,13 @@ def fla_root(fla_dir):
     return root
 
 
-def load_fla(fla_dir):
-    """The fla ops as a dict name -> function, imported from the source folder."""
-    root = fla_root(fla_dir)
+def register_bare(root, packages=("fla", "fla.ops", "fla.modules")):
+    """Puts the source folder root (the one holding fla/) on sys.path with the
+    named packages registered bare, so that their __init__ files do not run
+    (fla's imports transformers; an op package's imports its naive forms and
+    einops); their submodules import as usual."""
     sys.path.insert(0, root)
-    for name in ("fla", "fla.ops", "fla.modules"):
+    for name in packages:
         if name not in sys.modules:
             mod = types.ModuleType(name)
             mod.__path__ = [os.path.join(root, *name.split("."))]
@@ -126,6 +128,11 @@ def load_fla(fla_dir):
     with open(os.path.join(root, "fla", "__init__.py"), encoding="utf-8") as f:
         m = re.search(r'^__version__\s*=\s*["\']([^"\']+)["\']', f.read(), re.M)
     sys.modules["fla"].__version__ = m.group(1) if m else "0"
+
+
+def load_fla(fla_dir):
+    """The fla ops as a dict name -> function, imported from the source folder."""
+    register_bare(fla_root(fla_dir))
     import importlib
     fns = {
         "gdn": importlib.import_module("fla.ops.gated_delta_rule").chunk_gated_delta_rule,

@@ -4,6 +4,7 @@
     /usr/bin/python3 bench/torch_ref/throughput.py configs/tiny_gdn.ini --threads 2 [--steps 5] [--warmup 2]
                                                    [--set section.key=value ...] [--amp bf16]
                                                    [--device cpu|cuda] [--compile | --compile-layers]
+                                                   [--fla DIR [--bypass-hopper-guard]]
 
 The same work as bench/train_bench_main.c: forward, backward, gradient-norm
 clipping and AdamW (decoupled weight decay, none on norms, dt_bias, A_log, D),
@@ -29,6 +30,18 @@ residual adds), shared by every layer of that kind (its tensors are passed
 in, not baked in), and one for the final norm, the head and the loss; the
 embedding lookup stays eager. RESULT says compile=layers.
 
+--fla DIR (with --device cuda): the anchor of issue 43 instead of the plain
+reference, fla_model.AnchorLM: the same model, weights and step with gdn's
+recurrence done by flash-linear-attention's chunk_gated_delta_rule, mamba's
+and linear's by chunk_simple_gla (Triton kernels, imported from DIR, the
+folder holding fla/), attention by scaled_dot_product_attention; its loss
+is checked against the reference by fla_model.py check. Without --amp its
+Triton float32 products are IEEE float32 (TRITON_F32_DEFAULT=ieee), as the
+torch side's; with --amp bf16 Triton's defaults. fla refuses its gated
+backward on Hopper with Triton >= 3.4, < 3.7.1 (fla issue 640, a Triton
+miscompile): --bypass-hopper-guard lifts that for timing, never for
+correctness (the header says so). RESULT ends in fla=0|1.
+
 Needs python3-torch (Debian package) for the CPU; a CUDA build of torch >= 2.0
 for --device cuda and --compile.
 """
@@ -37,6 +50,7 @@ import argparse
 import os
 import platform
 import sys
+import copy
 import time
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -62,6 +76,12 @@ ap.add_argument("--kernels", type=int, default=0, metavar="N",
 ap.add_argument("--compile-layers", action="store_true",
                 help="torch.compile per layer kind (shared by the layers of a kind) and of the head + loss, "
                      "instead of one graph (see above)")
+ap.add_argument("--fla", metavar="DIR",
+                help="time the anchor: the reference with fla's Triton kernels for gdn, mamba and linear and SDPA "
+                     "for attn (DIR holds fla/; needs --device cuda)")
+ap.add_argument("--bypass-hopper-guard", action="store_true",
+                help="with --fla: lift fla's refusal of its gated backward on Hopper with Triton < 3.7.1 "
+                     "(fla issue 640), for timing only")
 args = ap.parse_args()
 if args.steps < 1 or args.warmup < 0:
     ap.error("--steps must be >= 1 and --warmup >= 0")
@@ -69,6 +89,15 @@ if args.kernels and args.device != "cuda":
     ap.error("--kernels lists GPU kernels: it needs --device cuda")
 if args.compile and args.compile_layers:
     ap.error("--compile and --compile-layers are two ways to compile: pick one")
+if args.fla and args.device != "cuda":
+    ap.error("--fla runs fla's Triton kernels: it needs --device cuda")
+if args.fla and (args.form != "chunked" or args.dtype != "float32"):
+    ap.error("--fla: fla's kernels are chunked forms in float32 (or bf16 under --amp): drop --form/--dtype")
+if args.bypass_hopper_guard and not args.fla:
+    ap.error("--bypass-hopper-guard concerns fla's kernels: it goes with --fla")
+if args.fla and args.amp == "none":
+    # Read by Triton when it compiles a kernel: strict float32 products, as torch's below.
+    os.environ["TRITON_F32_DEFAULT"] = "ieee"
 
 # Thread pools are sized when torch loads: set every one of them first.
 if args.threads > 0:
@@ -79,7 +108,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch.nn.functional as F  # noqa: E402
-from model import LM, model_config_from_ini, parse_ini, rmsnorm  # noqa: E402
+from fla_model import AnchorLM, FlaOps, Unavailable, check_kinds, config_with_sets  # noqa: E402
+from model import LM, rmsnorm  # noqa: E402
 
 COMPILE_MODE = "default"   # no CUDA graphs (train_bench has none either), no minutes of autotuning
 
@@ -93,17 +123,6 @@ def cpu_name():
     except OSError:
         pass
     return platform.processor() or "?"
-
-
-def apply_sets(text, sets):
-    cp = parse_ini(text)
-    for s in sets:
-        key, value = s.split("=", 1)
-        sec, k = key.split(".", 1)
-        if not cp.has_section(sec):
-            cp.add_section(sec)
-        cp.set(sec, k, value)
-    return cp
 
 
 def check_device():
@@ -132,8 +151,7 @@ def layerwise_compiled_loss(lm):
     so every layer of a kind presents the same graph with different inputs.
     """
     cfg = lm.cfg
-    view = LM.__new__(LM)   # no __init__: only cfg, form and params are read
-    view.cfg, view.form = cfg, lm.form
+    view = copy.copy(lm)   # its params are replaced per call; cfg, form (and an anchor's ops) are lm's
     pre = "layers.0."
     names = []   # per layer: {layer 0's name: this layer's tensor}
     for l in range(len(cfg.layers)):
@@ -178,12 +196,10 @@ def main():
         strict_fp32()
     with open(args.config) as f:
         text = f.read()
-    cp = apply_sets(text, args.set)
-    lines = []
-    for sec in cp.sections():
-        lines.append("[%s]" % sec)
-        lines += ["%s = %s" % kv for kv in cp.items(sec)]
-    cfg = model_config_from_ini("\n".join(lines))
+    try:
+        cfg, cp = config_with_sets(text, args.set)
+    except ValueError as e:
+        sys.exit("throughput: %s: %s" % (args.config, e))
     data, train = cp["data"] if cp.has_section("data") else {}, cp["train"] if cp.has_section("train") else {}
     B, T = int(data.get("batch_size", 16)), int(data.get("seq_len", 256))
     lr = float(train.get("lr", 1e-3))
@@ -194,7 +210,8 @@ def main():
     dtype = torch.float32 if args.dtype == "float32" else torch.float64
 
     # Initialised on the CPU (its generator), then moved: the same weights on either device.
-    lm = LM(cfg, dtype=dtype, seed=1337, form=args.form)
+    ops = fla_ops(cfg) if args.fla else None
+    lm = AnchorLM(cfg, ops, dtype=dtype, seed=1337) if ops else LM(cfg, dtype=dtype, seed=1337, form=args.form)
     if cuda:
         for n in list(lm.params):
             lm.params[n] = lm.params[n].detach().to(dev).requires_grad_(True)
@@ -240,6 +257,11 @@ def main():
         how = "torch.compile mode=%s per layer kind (%s) and of the head + loss" % (
             COMPILE_MODE, ", ".join(sorted(set(cfg.layers))))
     print("device: %s   compile: %s" % (args.device, how))
+    if ops:
+        print("anchor: %s; TRITON_F32_DEFAULT=%s%s" % (
+            ops.describe, os.environ.get("TRITON_F32_DEFAULT", "(unset: tf32 products)"),
+            "; fla's Hopper guard (issue 640) LIFTED for timing: a timing, not a result to trust" if ops.bypassed
+            else ""))
 
     def forward():
         opt.zero_grad(set_to_none=False)
@@ -297,12 +319,27 @@ def main():
           % (args.steps, args.warmup, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc, B * T / mc,
              float(loss)))
     print("RESULT config=%s B=%d T=%d threads=%d params=%d fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
-          "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f amp=%s device=%s compile=%s"
+          "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f amp=%s device=%s compile=%s fla=%d"
           % (name, B, T, torch.get_num_threads(), nparams, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms,
              1e3 * mc, B * T / mc, args.amp, args.device,
-             "layers" if args.compile_layers else str(int(args.compile))))
+             "layers" if args.compile_layers else str(int(args.compile)), int(bool(args.fla))))
     if args.kernels > 0 and cuda:
         kernel_table(step, args.kernels)
+
+
+def fla_ops(cfg):
+    """FlaOps for --fla, or a stop with why not (before any work)."""
+    try:
+        check_kinds(cfg)
+        ops = FlaOps(args.fla, cfg.chunk_size, args.bypass_hopper_guard)
+    except (Unavailable, ValueError) as e:
+        sys.exit("throughput: %s" % e)
+    gated = sorted({k for k in cfg.layers if k in ("gdn", "mamba")})
+    if ops.guard and not ops.bypassed and gated:
+        sys.exit("throughput: --fla: fla refuses the gated backward (%s) on Hopper with Triton %s < 3.7.1 (fla issue "
+                 "640, a Triton miscompile); --bypass-hopper-guard times it anyway" % (
+                     ", ".join(gated), ops.describe.rsplit(" ", 1)[-1]))
+    return ops
 
 
 def kernel_table(step, n):
