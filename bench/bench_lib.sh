@@ -114,3 +114,30 @@ gnuplot_colours() {
     echo "colour_of(m) = ${expr}\"$(mixer_colour "")\""
     echo 'colour(s) = colour_of(mixer(s))'
 }
+
+# gpu_program NAME [GIVEN] -> the path of a GPU build's program NAME: GIVEN
+# when set (the caller's environment variable, already absolute), else the
+# packed .gpu/bin/NAME, else build-cuda/NAME (both under the repository root,
+# the current folder), else NAME on PATH; empty when none is executable.
+gpu_program() {
+    local p=${2:-}
+    if [ -z "$p" ]; then
+        for t in ".gpu/bin/$1" "build-cuda/$1"; do
+            [ -x "$t" ] && { p=$PWD/$t; break; }
+        done
+    fi
+    p=${p:-$(command -v "$1" || true)}
+    if [ -n "$p" ] && [ -x "$p" ]; then echo "$p"; fi
+}
+
+# packed_libs PROGRAM -> the LD_LIBRARY_PATH to run PROGRAM with: a packed
+# program's lib/ folder (pack.sh's, beside its env.sh) and CUDA's first, then
+# the caller's; PyTorch runs without them (it keeps its own libraries).
+packed_libs() {
+    local dir libs=${LD_LIBRARY_PATH:-}
+    dir=$(dirname "$1")/..
+    if [ -f "$dir/env.sh" ] && [ -d "$dir/lib" ]; then
+        libs="$(cd "$dir/lib" && pwd):/usr/local/cuda/lib64${libs:+:$libs}"
+    fi
+    echo "$libs"
+}

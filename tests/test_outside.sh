@@ -22,6 +22,7 @@
 #     encode's ids (gpt2, cl100k_base, o200k_base, a trained bpe:300) and the
 #     loader prints the model's greedy continuation decoded;
 #  5. the GPU benchmark's per-layer torch.compile path equals the eager model;
+#     the fla anchor's swap, with a PyTorch double of fla, equals the reference;
 #  6. bench/ncu_table.py's per-kernel table on a fixture counted by hand.
 set -euo pipefail
 BUILD=$(cd "$1" && pwd)
@@ -252,6 +253,13 @@ err = max(float((u - v).abs().max()) for u, v in zip(ga, gb))
 assert float(a) == float(b) and err == 0.0, "per-layer compile path: loss %r vs %r, gradients differ by %g" % (float(a), float(b), err)
 print("outside: the benchmark's per-layer compile path equals the eager model (loss and %d gradients)" % len(ga))
 PYEOF
+
+# The fla anchor's swap (bench/torch_ref/fla_model.py) with a pure-PyTorch double of
+# fla's calls equals the reference bit for bit; its check fails a wrong swap; the
+# model FLOPs of bench/gpu_vs_stack.sh's MFU against a count by hand.
+TMPDIR="$TMP" $PY "$ROOT/tests/python/test_anchor_swap.py" 2>"$TMP/pytest.log" ||
+    { cat "$TMP/pytest.log"; echo "tests/python/test_anchor_swap.py failed"; exit 1; }
+echo "outside: the fla anchor's swap equals the reference bit for bit; model FLOPs by hand: OK"
 
 # throughput.py --kernels lists GPU kernels: without --device cuda it says so
 # and stops, before any work.

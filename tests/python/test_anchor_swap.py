@@ -21,6 +21,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 BENCH = os.path.join(ROOT, "bench", "torch_ref")
 sys.path.insert(0, BENCH)
 import fla_model as A  # noqa: E402
+import mfu  # noqa: E402
 from model import LM, model_config_from_ini  # noqa: E402
 
 # d_k = 16: 1/sqrt(d_k) is a power of two, so fla's scale * q is the reference's q / sqrt(d_k) exactly.
@@ -107,6 +108,25 @@ class Swap(unittest.TestCase):
                            capture_output=True, text=True)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--fla runs fla's Triton kernels: it needs --device cuda", r.stderr)
+
+
+class Flops(unittest.TestCase):
+    def test_counted_by_hand(self):
+        # attn, H 1, d_k = d_v = 2, T 3: 1 + 2 + 3 = 6 (query, key) pairs a row, 2 d_k + 2 d_v = 8 FLOPs
+        # each: 48 a row, 16 a token forward, 48 with the backward.
+        cfg = model_config_from_ini("[model]\nlayers = attn\nd_model = 4\nn_heads = 1\nd_k = 2\nd_v = 2\n"
+                                    "d_ff = 8\nchunk_size = 2\n")
+        total, parts = mfu.model_flops_per_token(cfg, 3)
+        self.assertEqual(parts["attn"], 48)
+        self.assertEqual(parts["params"], 6 * sum(p.numel() for p in LM(cfg, seed=0).parameters()))
+        self.assertEqual(total, parts["attn"] + parts["params"])
+        # gdn's chunked WY form, C = T = 1, H 1, d_k = d_v = 2: no pairs inside a chunk (0), the inverse
+        # 1/3, W, P 2 d_k (C + 1) = 8, U, P D 2 d_v (C + 1) = 8, three state products 6 d_k d_v = 24.
+        cfg.layers = ["gdn"]
+        self.assertAlmostEqual(mfu.model_flops_per_token(cfg, 1)[1]["gdn"], 3 * (0 + 1 / 3 + 8 + 8 + 24))
+        cfg.layers = ["kda2"]
+        with self.assertRaises(ValueError):
+            mfu.model_flops_per_token(cfg, 1)
 
 
 if __name__ == "__main__":
