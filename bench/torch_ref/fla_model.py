@@ -88,6 +88,8 @@ def config_with_sets(text, sets):
         if not cp.has_section(sec):
             cp.add_section(sec)
         cp.set(sec, k, value)
+    if not cp.has_section("model"):
+        raise ValueError("no [model] section")
     lines = []
     for sec in cp.sections():
         lines.append("[%s]" % sec)

@@ -76,7 +76,11 @@ def model_flops_per_token(cfg, T):
 def load(path, sets=()):
     """(ModelConfig, T) of a config file."""
     with open(path) as f:
-        cfg, cp = config_with_sets(f.read(), list(sets))
+        text = f.read()
+    try:
+        cfg, cp = config_with_sets(text, list(sets))
+    except ValueError as e:
+        raise ValueError("%s: %s" % (path, e))
     T = int(cp["data"].get("seq_len", 256)) if cp.has_section("data") else 256
     return cfg, T
 
@@ -104,7 +108,8 @@ def read_runs(path):
                 continue
             parts = line.rstrip("\n").split("\t")
             if len(parts) != 4:
-                raise ValueError("%s:%d: %d fields, expected 4 (config, column, round, tokens/s)" % (path, i, len(parts)))
+                raise ValueError("%s:%d: %d fields, expected 4 (config, column, round, tokens/s)"
+                                 % (path, i, len(parts)))
             cfg, col, _, value = parts
             try:
                 value = float(value)
@@ -134,7 +139,8 @@ def tables(cells, peak):
             row.append("" if v is None else "%s (%.1f %%)" % (format(v, ",.0f"), 100 * flops[c] * v / peak)
                        if isinstance(v, float) else v)
         out.append("| %s | %.3f | %s |" % (os.path.basename(c).replace(".ini", ""), flops[c] / 1e9, " | ".join(row)))
-    ratios = [(a, b) for a, b in RATIOS if any((c, a) in cells for c in configs) and any((c, b) in cells for c in configs)]
+    present = {k for _, k in cells}
+    ratios = [(a, b) for a, b in RATIOS if a in present and b in present]
     if ratios:
         label = dict(COLUMNS)
         out += ["", "Ratios (attnlab / anchor):", ""]

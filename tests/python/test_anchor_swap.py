@@ -59,7 +59,8 @@ class Swap(unittest.TestCase):
             gb = torch.autograd.grad(b, anchor.parameters())
             self.assertEqual(float(a), float(b), dtype)
             for n, u, v in zip(lm.params, ga, gb):
-                self.assertTrue(torch.equal(u, v), "%s %s: gradients differ by %g" % (dtype, n, float((u - v).abs().max())))
+                self.assertTrue(torch.equal(u, v),
+                                "%s %s: gradients differ by %g" % (dtype, n, float((u - v).abs().max())))
 
     def test_own_weights_are_the_reference_s(self):
         cfg = model_config_from_ini(SMALL % "gdn,attn")
