@@ -28,15 +28,19 @@ __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
     CU_FOR(i, n) dst[i] = __float2bfloat16_rn(src[i]);   // a NaN stays a NaN
 }
 
-// A copy of n reals rounded to bf16, in the tape's device arena (freed with
-// the tape's reset, like every other scratch of a step).
-static const __nv_bfloat16 *to_bf16(Tape *tp, const real *src, int64_t n) {
-    __nv_bfloat16 *d = (__nv_bfloat16 *)tape_dalloc(tp, (size_t)n * sizeof(__nv_bfloat16));
-    if (n > 0) {
-        k_to_bf16<<<cu_grid(n), CU_THREADS, 0, cu_stream>>>(d, src, n);
-        CU_LAUNCHED();
-    }
-    return d;
+// n reals rounded to bf16 into d (device memory).
+static void to_bf16(__nv_bfloat16 *d, const real *src, int64_t n) {
+    if (n <= 0) return;
+    k_to_bf16<<<cu_grid(n), CU_THREADS, 0, cu_stream>>>(d, src, n);
+    CU_LAUNCHED();
+}
+
+// The bf16 numbers n of them take in the arena, rounded up to 16 bytes (so
+// that two can follow each other, each aligned), and room for them there
+// (until the tape's reset).
+static int64_t bf16_span(int64_t n) { return (n + 7) & ~(int64_t)7; }
+static __nv_bfloat16 *bf16_alloc(Tape *tp, int64_t n) {
+    return (__nv_bfloat16 *)tape_dalloc(tp, (size_t)bf16_span(n) * sizeof(__nv_bfloat16));
 }
 
 // C (M x N) = op(A) op(B) + beta C, row-major, bf16 operands, float32 sums
@@ -56,14 +60,13 @@ static void cu_gemm_bf16(bool ta, bool tb, int M, int N, int K, const __nv_bfloa
     CUBLAS_CHECK(cublasSetMathMode(cu_blas, mode));
 }
 
-// Does node n's product (its backward when `backward`) run in bf16? The
-// forms the CPU runs in bf16: a weight shared by every row of a (not a^T),
-// except the narrow products (N <= MATMUL_NARROW_N, b not transposed), which
-// the CPU runs in float32 loops of their own (in its backward only when a
-// and b are two tensors).
-static bool products_bf16(const Node *n, bool backward) {
+// Does node n's forward run in bf16? The forms the CPU runs in bf16: a
+// weight shared by every row of a (not a^T), except the narrow products
+// (N <= MATMUL_NARROW_N, b not transposed), which the CPU runs in float32
+// loops of their own. The backward follows its forward (n->saved).
+static bool products_bf16(const Node *n) {
     bool ta = n->iarg[0], tb = n->iarg[1], bb = n->iarg[6];
-    bool narrow = !tb && n->iarg[3] <= MATMUL_NARROW_N && !(backward && n->in[0] == n->in[1]);
+    bool narrow = !tb && n->iarg[3] <= MATMUL_NARROW_N;
     return cu_bf16 && !ta && !bb && !narrow;
 }
 #else
@@ -100,9 +103,14 @@ extern "C" void cu_matmul_forward(Node *n) {
     int M = n->iarg[2], N = n->iarg[3], K = n->iarg[4], nb = n->iarg[5];
     int lda = ta ? M : K, ldb = tb ? K : N;
 #ifndef AG_DOUBLE
-    if (products_bf16(n, false)) {
-        const __nv_bfloat16 *ah = to_bf16(n->tape, a->data, a->numel), *bh = to_bf16(n->tape, b->data, b->numel);
+    if (products_bf16(n)) {
+        // A and B rounded, one block: kept for the backward (n->saved), whose
+        // dA and dB read the same rounded operands without a second pass.
+        __nv_bfloat16 *ah = bf16_alloc(n->tape, bf16_span(a->numel) + b->numel), *bh = ah + bf16_span(a->numel);
+        to_bf16(ah, a->data, a->numel);
+        to_bf16(bh, b->data, b->numel);
         cu_gemm_bf16(false, tb, nb * M, N, K, ah, lda, bh, ldb, 0, c->data, N);
+        n->saved = ah;
         return;
     }
 #endif
@@ -116,16 +124,18 @@ extern "C" void cu_matmul_forward(Node *n) {
 #ifndef AG_DOUBLE
 // The backward of the shared-weight form in bf16: rows R = batches x M,
 // dA (R, K) = dC op(B)^T, dB = the rows' sum of A^T dC (or its transpose when
-// tb); dC rounded once for both, as blas.h's gemm_multi_backward does.
+// tb), from the forward's rounded A and B (n->saved) and dC rounded once
+// for both, as blas.h's gemm_multi_backward does.
 static void backward_bf16(Node *n, real *da, real ba, real *db, real bbeta) {
-    Tensor *a = n->in[0], *b = n->in[1], *c = n->out[0];
+    Tensor *a = n->in[0], *c = n->out[0];
     bool tb = n->iarg[1];
     int N = n->iarg[3], K = n->iarg[4], R = n->iarg[5] * n->iarg[2];
     int ldb = tb ? K : N;
-    const __nv_bfloat16 *dch = to_bf16(n->tape, c->grad, c->numel);
-    if (da) cu_gemm_bf16(false, !tb, R, K, N, dch, N, to_bf16(n->tape, b->data, b->numel), ldb, ba, da, K);
+    const __nv_bfloat16 *ah = (const __nv_bfloat16 *)n->saved, *bh = ah + bf16_span(a->numel);
+    __nv_bfloat16 *dch = bf16_alloc(n->tape, c->numel);
+    to_bf16(dch, c->grad, c->numel);
+    if (da) cu_gemm_bf16(false, !tb, R, K, N, dch, N, bh, ldb, ba, da, K);
     if (db) {
-        const __nv_bfloat16 *ah = to_bf16(n->tape, a->data, a->numel);
         if (!tb) cu_gemm_bf16(true, false, K, N, R, ah, K, dch, N, bbeta, db, ldb);
         else cu_gemm_bf16(true, false, N, K, R, dch, N, ah, K, bbeta, db, ldb);
     }
@@ -145,7 +155,7 @@ extern "C" void cu_matmul_backward(Node *n) {
     const real *dc = c->grad;
     int64_t sA = (int64_t)M * K, sB = bb ? (int64_t)K * N : 0, sC = (int64_t)M * N;
 #ifndef AG_DOUBLE
-    if (products_bf16(n, true)) {
+    if (n->saved) {   // the forward's products were bf16
         backward_bf16(n, da, ba, db, bbeta);
         return;
     }
