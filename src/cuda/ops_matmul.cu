@@ -35,12 +35,17 @@ static void to_bf16(__nv_bfloat16 *d, const real *src, int64_t n) {
     CU_LAUNCHED();
 }
 
-// The bf16 numbers n of them take in the arena, rounded up to 16 bytes (so
-// that two can follow each other, each aligned), and room for them there
-// (until the tape's reset).
-static int64_t bf16_span(int64_t n) { return (n + 7) & ~(int64_t)7; }
-static __nv_bfloat16 *bf16_alloc(Tape *tp, int64_t n) {
-    return (__nv_bfloat16 *)tape_dalloc(tp, (size_t)bf16_span(n) * sizeof(__nv_bfloat16));
+// The rounded operands of a bf16 product, kept for its backward (n->saved,
+// host memory of the tape's arena; the copies are in its device arena).
+typedef struct {
+    const __nv_bfloat16 *a, *b;
+} Bf16Operands;
+
+// A rounded copy of n reals, in the tape's device arena (until its reset).
+static const __nv_bfloat16 *bf16_copy(Tape *tp, const real *src, int64_t n) {
+    __nv_bfloat16 *d = (__nv_bfloat16 *)tape_dalloc(tp, (size_t)n * sizeof(__nv_bfloat16));
+    to_bf16(d, src, n);
+    return d;
 }
 
 // C (M x N) = op(A) op(B) + beta C, row-major, bf16 operands, float32 sums
@@ -58,6 +63,24 @@ static void cu_gemm_bf16(bool ta, bool tb, int M, int N, int K, const __nv_bfloa
     CUBLAS_CHECK(cublasGemmEx(cu_blas, opB, opA, N, M, K, &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta,
                               C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     CUBLAS_CHECK(cublasSetMathMode(cu_blas, mode));
+}
+
+extern "C" void cu_matmul_forward(Node *n);
+
+// The rounded copy of n's a that a product just before n made, or NULL: the
+// products of one input that op_matmul_multi builds one after another on a
+// GPU tape (q, k, v and the gate; the MLP's two) round it once. Sound because
+// every node on the tape before n was built after its last reset, and a
+// tensor is not written once made, so such a copy is a's rounding now.
+static const __nv_bfloat16 *earlier_copy(const Node *n) {
+    const Tape *tp = n->tape;
+    if (!n->recorded || tp->n_nodes < 2 || tp->nodes[tp->n_nodes - 1] != n) return NULL;
+    for (int i = tp->n_nodes - 2; i >= 0 && i > tp->n_nodes - 1 - MATMUL_MULTI_MAX; i--) {
+        const Node *p = tp->nodes[i];
+        if (p->op->cuda_forward != cu_matmul_forward) break;
+        if (p->in[0] == n->in[0] && p->saved) return ((const Bf16Operands *)p->saved)->a;
+    }
+    return NULL;
 }
 
 // Does node n's forward run in bf16? The forms the CPU runs in bf16: a
@@ -104,13 +127,14 @@ extern "C" void cu_matmul_forward(Node *n) {
     int lda = ta ? M : K, ldb = tb ? K : N;
 #ifndef AG_DOUBLE
     if (products_bf16(n)) {
-        // A and B rounded, one block: kept for the backward (n->saved), whose
-        // dA and dB read the same rounded operands without a second pass.
-        __nv_bfloat16 *ah = bf16_alloc(n->tape, bf16_span(a->numel) + b->numel), *bh = ah + bf16_span(a->numel);
-        to_bf16(ah, a->data, a->numel);
-        to_bf16(bh, b->data, b->numel);
-        cu_gemm_bf16(false, tb, nb * M, N, K, ah, lda, bh, ldb, 0, c->data, N);
-        n->saved = ah;
+        // A and B rounded, kept for the backward (n->saved), whose dA and dB
+        // read the same rounded operands without a second pass.
+        Bf16Operands *r = (Bf16Operands *)tape_alloc(n->tape, sizeof *r);
+        r->a = earlier_copy(n);
+        if (!r->a) r->a = bf16_copy(n->tape, a->data, a->numel);
+        r->b = bf16_copy(n->tape, b->data, b->numel);
+        cu_gemm_bf16(false, tb, nb * M, N, K, r->a, lda, r->b, ldb, 0, c->data, N);
+        n->saved = r;
         return;
     }
 #endif
@@ -127,13 +151,12 @@ extern "C" void cu_matmul_forward(Node *n) {
 // tb), from the forward's rounded A and B (n->saved) and dC rounded once
 // for both, as blas.h's gemm_multi_backward does.
 static void backward_bf16(Node *n, real *da, real ba, real *db, real bbeta) {
-    Tensor *a = n->in[0], *c = n->out[0];
+    Tensor *c = n->out[0];
     bool tb = n->iarg[1];
     int N = n->iarg[3], K = n->iarg[4], R = n->iarg[5] * n->iarg[2];
     int ldb = tb ? K : N;
-    const __nv_bfloat16 *ah = (const __nv_bfloat16 *)n->saved, *bh = ah + bf16_span(a->numel);
-    __nv_bfloat16 *dch = bf16_alloc(n->tape, c->numel);
-    to_bf16(dch, c->grad, c->numel);
+    const Bf16Operands *r = (const Bf16Operands *)n->saved;
+    const __nv_bfloat16 *ah = r->a, *bh = r->b, *dch = bf16_copy(n->tape, c->grad, c->numel);
     if (da) cu_gemm_bf16(false, !tb, R, K, N, dch, N, bh, ldb, ba, da, K);
     if (db) {
         if (!tb) cu_gemm_bf16(true, false, K, N, R, ah, K, dch, N, bbeta, db, ldb);

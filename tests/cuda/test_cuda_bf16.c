@@ -15,19 +15,21 @@
 #include "cuda_check.h"
 #include "device.h"
 #include "lm.h"
+#include "model_setup.h"
 #include "ops.h"
 
 #ifndef AG_DOUBLE
 // ---------------------------------------------------------------- one product
 
-// op(a) op(b) on a GPU tape with the products at bf16 or not: the output and
-// both gradients for the seed dc, host copies (malloc).
+// op(a) op(b) on a GPU tape with the products at bf16 or not (-1: as they
+// are, and left so): the output and both gradients for the seed dc, host
+// copies (malloc).
 typedef struct {
     real *c, *da, *db;
 } MmRun;
 
-static MmRun mm_gpu(const Tensor *a, const Tensor *b, bool ta, bool tb, const real *dc, bool bf16) {
-    device_set_bf16(DEVICE_CUDA, bf16);
+static MmRun mm_gpu(const Tensor *a, const Tensor *b, bool ta, bool tb, const real *dc, int bf16) {
+    if (bf16 >= 0) device_set_bf16(DEVICE_CUDA, bf16);
     Tape tp;
     tape_init_on(&tp, DEVICE_CUDA);
     Tensor *x = tape_tensor_copy(&tp, a->ndim, a->shape, a->data);
@@ -42,7 +44,7 @@ static MmRun mm_gpu(const Tensor *a, const Tensor *b, bool ta, bool tb, const re
     dev_to_host(r.db, w->grad, (size_t)b->numel * sizeof(real), DEVICE_CUDA);
     dev_sync(DEVICE_CUDA);
     tape_free(&tp);
-    device_set_bf16(DEVICE_CUDA, false);
+    if (bf16 >= 0) device_set_bf16(DEVICE_CUDA, false);
     return r;
 }
 
@@ -154,6 +156,58 @@ Test(cuda_bf16, matmul_shared_weight_against_rounded_reference) {
     check_shared(3, (int[]){3, 21, 16}, 16, 5, true, 50);
 }
 
+// Products of one input built one after another (op_matmul_multi's on a GPU
+// tape: q, k, v, gate) round it once and share the copy; each gives the bits
+// it gives alone, forward and its weight's gradient, and the input's
+// gradient is the sum of the two within float32 rounding.
+Test(cuda_bf16, products_of_one_input_share_its_rounding) {
+    cuda_require();
+    enum { R = 45, K = 40, N1 = 24, N2 = 37 };
+    Tensor *a = cuda_input(true, 100, 2, R, K), *b1 = cuda_input(true, 101, 2, K, N1);
+    Tensor *b2 = cuda_input(true, 102, 2, K, N2);
+    real *dc1 = test_randn(R * N1, 103), *dc2 = test_randn(R * N2, 104);
+    MmRun s1 = mm_gpu(a, b1, false, false, dc1, true), s2 = mm_gpu(a, b2, false, false, dc2, true);
+    device_set_bf16(DEVICE_CUDA, true);
+    Tape tp;
+    tape_init_on(&tp, DEVICE_CUDA);
+    Tensor *x = tape_tensor_copy(&tp, 2, a->shape, a->data);
+    Tensor *w1 = tape_tensor_copy(&tp, 2, b1->shape, b1->data), *w2 = tape_tensor_copy(&tp, 2, b2->shape, b2->data);
+    x->requires_grad = w1->requires_grad = w2->requires_grad = true;
+    Tensor *out[2];
+    op_matmul_multi(&tp, x, (Tensor *[]){w1, w2}, 2, out);
+    tape_backward_multi(&tp, out, (const real *const[]){dc1, dc2}, 2);
+    real *c1 = malloc(R * N1 * sizeof(real)), *c2 = malloc(R * N2 * sizeof(real)), *dx = malloc(R * K * sizeof(real));
+    real *d1 = malloc(K * N1 * sizeof(real)), *d2 = malloc(K * N2 * sizeof(real));
+    dev_to_host(c1, out[0]->data, R * N1 * sizeof(real), DEVICE_CUDA);
+    dev_to_host(c2, out[1]->data, R * N2 * sizeof(real), DEVICE_CUDA);
+    dev_to_host(d1, w1->grad, K * N1 * sizeof(real), DEVICE_CUDA);
+    dev_to_host(d2, w2->grad, K * N2 * sizeof(real), DEVICE_CUDA);
+    dev_to_host(dx, x->grad, R * K * sizeof(real), DEVICE_CUDA);
+    dev_sync(DEVICE_CUDA);
+    tape_free(&tp);
+    device_set_bf16(DEVICE_CUDA, false);
+    cr_assert(!memcmp(c1, s1.c, R * N1 * sizeof(real)), "the first product differs from itself alone");
+    cr_assert(!memcmp(c2, s2.c, R * N2 * sizeof(real)), "the second product (the shared copy) differs from itself "
+              "alone");
+    cr_assert(!memcmp(d1, s1.db, K * N1 * sizeof(real)), "the first weight's gradient differs");
+    cr_assert(!memcmp(d2, s2.db, K * N2 * sizeof(real)), "the second weight's gradient differs");
+    // dx = da1 + da2, the second added to the first's result (beta 1): each
+    // a float32 sum of bf16 products (sum_tol, whatever order cuBLAS picks
+    // with beta 1), then one more addition.
+    MmRef m1 = mm_ref(a->data, b1->data, dc1, false, R, K, N1, true), m2 = mm_ref(a->data, b2->data, dc2, false, R, K,
+                                                                                   N2, true);
+    for (int i = 0; i < R * K; i++) {
+        double want = m1.da[i] + m2.da[i];
+        double tol = sum_tol(N1, m1.das[i]) + sum_tol(N2, m2.das[i]) + 0x1p-23 * fabs(want);
+        cr_assert(fabs(dx[i] - want) <= tol, "input gradient %d: %.9g, the bf16 reference %.9g (tolerance %.3g)", i,
+                  (double)dx[i], want, tol);
+    }
+    ref_free(&m1), ref_free(&m2);
+    mm_free(&s1), mm_free(&s2);
+    free(c1), free(c2), free(dx), free(d1), free(d2), free(dc1), free(dc2);
+    tensor_free(a), tensor_free(b1), tensor_free(b2);
+}
+
 // The forms the CPU keeps in float32 (a^T, a batched b, the narrow products)
 // give the same bits with bf16 on as off.
 Test(cuda_bf16, matmul_float32_forms_unchanged) {
@@ -221,6 +275,34 @@ Test(cuda_bf16, rounding_is_nearest_even) {
     cr_assert_eq(bf16_round(1 + half), 1.0f);
     cr_assert_eq(bf16_round(1 + 3 * half), 1 + 2 * ulp);
     mm_free(&g);
+    free(dc);
+    tensor_free(a), tensor_free(b);
+}
+
+// [train] precision = bf16 with device = cuda (model_set_products, as train
+// and train_bench call it) turns the bf16 products on, and fp32 turns them
+// off again: a product's output differs from the float32 one, then equals it.
+Test(cuda_bf16, precision_key_turns_it_on_and_off) {
+    cuda_require();
+    Tensor *a = cuda_input(true, 90, 2, 33, 40), *b = cuda_input(true, 91, 2, 40, 24);
+    real *dc = test_randn(33 * 24, 92);
+    MmRun f = mm_gpu(a, b, false, false, dc, false);
+    TrainConfig c;
+    config_defaults(&c, model_mixer_known);
+    const char *sets[] = {"train.device=cuda", "train.precision=bf16", "train.precision=fp32"};
+    for (int i = 0; i < 3; i++) {
+        Status s = config_set(&c, sets[i]);
+        if (s.ok && i > 0) s = model_set_products(&c);
+        cr_assert(s.ok, "%s: %s", sets[i], s.msg);
+        if (i == 0) continue;
+        MmRun g = mm_gpu(a, b, false, false, dc, -1);
+        bool same = !memcmp(f.c, g.c, 33 * 24 * sizeof(real));
+        cr_assert(i == 1 ? !same : same, "%s: the product %s the float32 one", sets[i],
+                  same ? "equals" : "differs from");
+        mm_free(&g);
+    }
+    config_free(&c);
+    mm_free(&f);
     free(dc);
     tensor_free(a), tensor_free(b);
 }
@@ -388,8 +470,21 @@ Test(cuda_bf16, step_close_to_cpu_bf16_step) {
 }
 
 #else
-Test(cuda_bf16, float64_build_has_none) {
-    cr_skip_test("bf16 products are float32 builds only (model_set_products refuses them here: "
-                 "test_blas_backend.c)");
+// The float64 build (for gradient checks) refuses bf16 on the GPU with a
+// message naming the build, and takes fp32 there.
+Test(cuda_bf16, float64_build_refuses_bf16) {
+    cuda_require();
+    TrainConfig c;
+    config_defaults(&c, model_mixer_known);
+    Status s = config_set(&c, "train.device=cuda");
+    if (s.ok) s = config_set(&c, "train.precision=bf16");
+    cr_assert(s.ok, "%s", s.msg);
+    s = model_set_products(&c);
+    cr_assert_not(s.ok, "the float64 build took precision = bf16 on the GPU");
+    cr_assert(strstr(s.msg, "precision = bf16") && strstr(s.msg, "float32 build"), "%s", s.msg);
+    s = config_set(&c, "train.precision=fp32");
+    if (s.ok) s = model_set_products(&c);
+    cr_assert(s.ok, "fp32 on the GPU: %s", s.msg);
+    config_free(&c);
 }
 #endif
