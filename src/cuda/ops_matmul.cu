@@ -17,9 +17,9 @@
 // by an explicit pass into a copy, then a cuBLAS product of bf16 operands
 // with float32 sums and a float32 output. Not CUBLAS_COMPUTE_32F_FAST_16BF
 // on the float32 operands: cuBLAS does not document how that mode rounds
-// them, so its products could not be tested against the CPU's rounding;
-// the copy is one pass over memory, small beside the product at the dense
-// layers' sizes (docs/cuda.md).
+// them, so its products could not be tested against the CPU's rounding.
+// The copy costs a pass over memory (docs/cuda.md weighs it), so each
+// operand is rounded once per product and shared where it can be.
 static bool cu_bf16;
 
 extern "C" void cu_set_bf16(bool on) { cu_bf16 = on; }
