@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "blas.h"
+#include "device.h"
+#include "model_setup.h"
 #include "test_util.h"
 
 static void use(GemmBackend b, GemmPrecision p) {
@@ -371,3 +373,24 @@ Test(blas_backend, auto_takes_the_kept_verdict) {
     }
 }
 #endif
+
+// [train] precision = bf16 with device = cuda: the float64 build refuses it
+// before it looks for a GPU, saying that bf16 needs the float32 build (as it
+// does on the CPU). The float32 build accepts the precision: without a GPU
+// (or without the CUDA backend) what it says is about the device.
+Test(blas_backend, bf16_on_the_gpu_needs_the_float32_build) {
+    TrainConfig c;
+    config_defaults(&c, model_mixer_known);
+    Status s = config_set(&c, "train.device=cuda");
+    if (s.ok) s = config_set(&c, "train.precision=bf16");
+    cr_assert(s.ok, "%s", s.msg);
+    s = model_set_products(&c);
+#ifdef AG_DOUBLE
+    cr_assert_not(s.ok, "the float64 build took precision = bf16 on the GPU");
+    cr_assert(strstr(s.msg, "precision = bf16") && strstr(s.msg, "float32 build"), "%s", s.msg);
+#else
+    if (s.ok) device_set_bf16(DEVICE_CUDA, false);   // a GPU here: it ran; leave the products as they were
+    else cr_assert(strstr(s.msg, "device = cuda") && !strstr(s.msg, "bf16"), "%s", s.msg);
+#endif
+    config_free(&c);
+}

@@ -110,8 +110,8 @@ const ConfigKey CONFIG_SCHEMA[] = {
     {"train", "gemm", KEY_ENUM, OFF(train, gemm), "auto", 0, 0, "auto|openblas|onednn", "blas,backend",
      "matrix product backend (auto: oneDNN where OpenBLAS's kernels lag the CPU, else the faster)", KEYF_RESUMABLE},
     {"train", "precision", KEY_ENUM, OFF(train, precision), "fp32", 0, 0, "fp32|bf16|tf32", "dtype,amp",
-     "dense layers' products: fp32, or bf16 with fp32 sums (float32 build, AVX512_BF16 CPU), or tf32 (the "
-     "GPU's tensor cores, device = cuda)", KEYF_RESUMABLE},
+     "dense layers' products: fp32, or bf16 with fp32 sums (float32 build; an AVX512_BF16 CPU, or the GPU's "
+     "tensor cores), or tf32 (the GPU's tensor cores, device = cuda)", KEYF_RESUMABLE},
     {"train", "zero", KEY_INT, OFF(train, zero), "0", 0, 1, NULL, "zero_stage",
      "under mpirun: 1 shards the optimizer state across the ranks (ZeRO-1)", KEYF_RESUMABLE},
     {"train", "dist_timeout", KEY_FLOAT, OFF(train, dist_timeout), "300", 1, 1e6, NULL, "mpi_timeout",

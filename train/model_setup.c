@@ -77,12 +77,16 @@ int model_set_threads(int threads) {
 
 Status model_set_products(const TrainConfig *tc) {
     char err[512];
-    if (tc->train.device == DEVICE_CUDA) {   // cuBLAS: strict float32, or TF32 tensor cores when asked
+    if (tc->train.device == DEVICE_CUDA) {   // cuBLAS: strict float32, TF32 or bf16 tensor cores when asked
+#ifdef AG_DOUBLE
         if (tc->train.precision == PRECISION_BF16)
-            return status_err("[train] precision = bf16: not on the GPU yet (fp32, or tf32 for its tensor cores)");
+            return status_err("[train] precision = bf16 needs the float32 build (this float64 build is for "
+                              "gradient checks; use build/ rather than build-f64/)");
+#endif
         if (!device_cuda_init(err, sizeof err))
             return status_err("[train] device = cuda: %s; or train on the CPU: --device cpu", err);
         device_set_tf32(DEVICE_CUDA, tc->train.precision == PRECISION_TF32);
+        device_set_bf16(DEVICE_CUDA, tc->train.precision == PRECISION_BF16);
         return status_ok();
     }
     if (!blas_select((GemmBackend)tc->train.gemm, (GemmPrecision)tc->train.precision, err, sizeof err))

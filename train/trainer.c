@@ -230,7 +230,9 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
     else if (c->train.device == DEVICE_CUDA)
         fprintf(stderr, "GPU %s, products %s (cuBLAS%s)\n", device_describe(DEVICE_CUDA),
                 blas_precision_name((GemmPrecision)c->train.precision),
-                c->train.precision == PRECISION_TF32 ? ", TF32 tensor cores" : ", strict IEEE");
+                c->train.precision == PRECISION_TF32   ? ", TF32 tensor cores"
+                : c->train.precision == PRECISION_BF16 ? ", bf16 tensor cores, float32 sums"
+                                                       : ", strict IEEE");
     else
         fprintf(stderr, "%d thread%s on %s, GEMM %s\n", t->threads, t->threads == 1 ? "" : "s", un->machine,
                 blas_describe());

@@ -38,6 +38,7 @@ void cu_add_from_host(real *dst, const real *src, int64_t n);
 void cu_fill(real *p, int64_t n, real v);
 void cu_sync(const char *where);
 void cu_set_tf32(bool on);
+void cu_set_bf16(bool on);   // src/cuda/ops_matmul.cu (device_set_bf16)
 // The GPU's DeviceKernels (device.h), the cu_* below (src/cuda/dispatch_cuda.cu).
 const DeviceKernels *cu_device_kernels(void);
 

@@ -165,6 +165,14 @@ void device_set_tf32(Device d, bool on) {
     (void)on;
 }
 
+void device_set_bf16(Device d, bool on) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) cu_set_bf16(on);
+#endif
+    (void)d;
+    (void)on;
+}
+
 void dev_sync(Device d) {
 #ifdef AG_CUDA
     if (d == DEVICE_CUDA) cu_sync("dev_sync");

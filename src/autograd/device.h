@@ -57,6 +57,12 @@ void dev_fill_nan(Device d, real *p, int64_t n);
 // The GPU's float32 products: strict IEEE (false, the default) or TF32 on
 // the tensor cores (true: 10-bit mantissas in the products, float32 sums).
 void device_set_tf32(Device d, bool on);
+// The GPU's bf16 products (precision = bf16, float32 build only): op_matmul's
+// rows-times-a-weight products (the dense layers') take operands rounded to
+// bf16 (nearest, ties to even) on the tensor cores with float32 sums and
+// outputs, as the CPU's bf16 products do (blas.h); its other forms stay
+// float32. false (the default) turns them off.
+void device_set_bf16(Device d, bool on);
 // Wait for everything queued on the GPU; reports a kernel's failure (an
 // illegal address, a launch error) with where it was noticed.
 void dev_sync(Device d);

@@ -20,6 +20,10 @@ Tensor *op_matmul(Tape *tp, Tensor *a, Tensor *b, bool ta, bool tb);
 // backward). On a GPU tape, or with a narrow weight (N_i <= 8), it builds
 // the m op_matmul nodes instead.
 #define MATMUL_MULTI_MAX 4
+// op_matmul's narrow products: rows times a weight (K, N) with N <= this run
+// loops of their own on the CPU, in float32 under precision = bf16 too (the
+// GPU's bf16 products leave the same ones in float32).
+#define MATMUL_NARROW_N 8
 void op_matmul_multi(Tape *tp, Tensor *x, Tensor *const *w, int m, Tensor **out);
 
 // ---- elementwise with suffix broadcasting (ops_elementwise.c) ----

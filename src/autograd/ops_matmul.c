@@ -10,7 +10,7 @@
 // for wide tiles); these loops run over rows with the K-loop vectorised.
 // Rows are split into a fixed number of blocks for the weight gradient, so
 // the result does not depend on the thread count.
-#define NARROW_N 8
+#define NARROW_N MATMUL_NARROW_N
 #define NARROW_ROW_BLOCK 256
 
 // c (R, N) = x (R, K) w (K, N), wt = w transposed (N, K).
