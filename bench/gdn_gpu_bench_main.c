@@ -28,9 +28,7 @@
 //
 // Ops: gdn = op_gdn; gdpN = op_gdp with N delta steps per token (k, v, beta
 // N blocks per token, laid out as fla's gated_delta_product takes them);
-// kda = op_kda (a log decay per key channel, docs/kda.md; on the GPU the
-// chunked form's forward is its own kernel and its backward the
-// recurrence's). gdn_rec and kda_rec are gdn and kda in the recurrent form
+// kda = op_kda (a log decay per key channel, docs/kda.md). gdn_rec and kda_rec are gdn and kda in the recurrent form
 // whatever --form says, so that one run times the chunked kernels against
 // the recurrence: --ops gdn,kda,gdn_rec,kda_rec.
 #include <errno.h>

@@ -30,67 +30,21 @@
 // route's bound. The terms are summed in double (a warp's lanes in order,
 // then warp_sum), the same whichever block takes the chunk.
 //
-// The backward of the chunked form is still the recurrence's
-// (cu_kda_naive_backward): it reads only the states entering each chunk of C
-// positions, which step 2 writes exactly where the recurrent forward does.
-#include "gdn_chunk.cuh"
-#include "kda_node.h"
+// The backward is kda_chunk_backward.cu's; step 2 saves the states entering
+// each chunk of C positions exactly where the recurrent forward does, so the
+// recurrence's backward can take the chunked forward's node as well
+// (ATTNLAB_KDA_CHUNK_BWD=recurrent, for the tests).
+#include "kda_chunk.cuh"
 
-#define KDA_NVB 16   // state columns per block of the scan
-
-// The per-op rows of the chunked forward beyond GdnArgs' Wb, Ub and states.
-struct KdaRows {
-    real *Qg, *Kd;   // (B H, T, dk)
-    real *P;         // (B H, T, Cw): row t of its chunk's P (the chunk's L columns used)
-    real *bl;        // (B H, NC, dk)
-};
-
-// Per-block workspace of step 1, chunks of up to C positions.
-struct KdaPrepWs {
-    double *G;             // (C, dk) Gamma
-    real *A, *Tm;          // (C, C)
-    real *Xw, *Xu;         // (C, dk), (C, dv)
-    real *bet;             // (C)
-    int *db;               // (C) where row i's document begins in the chunk, -1: before it
-};
-
-static __host__ __device__ size_t kda_prep_layout(KdaPrepWs *w, unsigned char *base, int C, int dk, int dv) {
-    size_t at = 0, CC = (size_t)C * C;
-    size_t oG = ws_take(&at, (size_t)C * dk, sizeof(double));
-    size_t oA = ws_take(&at, CC, sizeof(real)), oTm = ws_take(&at, CC, sizeof(real));
-    size_t oXw = ws_take(&at, (size_t)C * dk, sizeof(real)), oXu = ws_take(&at, (size_t)C * dv, sizeof(real));
-    size_t ob = ws_take(&at, C, sizeof(real)), odb = ws_take(&at, C, sizeof(int));
-    if (w) {
-        w->G = (double *)(base + oG);
-        w->A = (real *)(base + oA), w->Tm = (real *)(base + oTm);
-        w->Xw = (real *)(base + oXw), w->Xu = (real *)(base + oXu);
-        w->bet = (real *)(base + ob), w->db = (int *)(base + odb);
-    }
-    return (at + 255) & ~(size_t)255;
-}
-
-// Gamma (a thread's running sum per channel, in order: the CPU's), beta and
-// the documents of the chunk; then the factors through S0 and to the chunk's
-// end into Qg, Xw, Kd, bl, and Xu = diag(beta) V. Ends with a barrier.
+// Gamma, beta and the documents of the chunk (kda_prep_gamma); then the
+// factors through S0 and to the chunk's end into Qg, Xw, Kd, bl, and Xu =
+// diag(beta) V. Ends with a barrier.
 static __device__ void kda_prep_factors(const GdnArgs &a, const KdaRows &kr, const KdaPrepWs &w, const Item &m,
                                         int64_t r) {
     int tid = threadIdx.x, dk = a.dk, dv = a.dv, L = m.L;
     int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
     int64_t ov = ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * dv;
-    int64_t oh = ((int64_t)m.b * a.T + m.t0) * a.H + m.h;
-    for (int i = tid; i < L; i += GDN_NT) {
-        w.bet[i] = a.beta[oh + (int64_t)i * a.H];
-        int f = a.first ? a.first[(int64_t)m.b * a.T + m.t0 + i] : -1;
-        w.db[i] = f >= m.t0 ? f - m.t0 : -1;
-    }
-    for (int c = tid; c < dk; c += GDN_NT) {
-        double s = 0;
-        for (int i = 0; i < L; i++) {
-            s += a.g[ok + (int64_t)i * a.ldk + c];
-            w.G[(size_t)i * dk + c] = s;
-        }
-    }
-    __syncthreads();
+    kda_prep_gamma(a, m, w.G, w.bet, w.db);
     int jL = w.db[L - 1] > 0 ? w.db[L - 1] : 0;   // Kd is 0 before the chunk's last document
     const double *GL = w.G + (size_t)(L - 1) * dk;
     for (int e = tid; e < L * dk; e += GDN_NT) {
@@ -111,7 +65,8 @@ static __device__ void kda_prep_factors(const GdnArgs &a, const KdaRows &kr, con
 }
 
 // A (strictly lower, into w.A and, for a chunk of up to 64 positions, A^T
-// into At, pitch L + 1, for solve_warps) and P (lower, into the op's rows):
+// into At, pitch L + 1, for solve_warps; KKE = A / beta into kr.KK when
+// asked) and P (lower, into the op's rows):
 // a warp per pair (i, j), its lanes over the channels, one exp of
 // Gamma_ic - Gamma_jc <= 0 per term serving both sums. Pairs above the
 // diagonal and before row i's document are zeros. Ends with a barrier.
@@ -136,7 +91,8 @@ static __device__ void kda_prep_pairs(const GdnArgs &a, const KdaRows &kr, const
             sk = warp_sum(sk);
         }
         if (lane == 0) {
-            real x = j < i ? w.bet[i] * (real)sk : (real)0;
+            real kk = j < i ? (real)sk : (real)0, x = w.bet[i] * kk;
+            if (kr.KK) kr.KK[r * a.Cw + e] = kk;
             w.A[e] = x;
             if (fast) At[j * (L + 1) + i] = x;
             kr.P[(r + i) * a.Cw + j] = (real)sp;
@@ -157,22 +113,24 @@ __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_kda_fwd_prep(GdnArgs a, Kd
         int64_t r = m.bh * a.T + m.t0;   // the chunk's first row of the op's rows
         kda_prep_factors(a, kr, w, m, r);
         kda_prep_pairs(a, kr, w, m, r, sh.s);
-        // Tm = (I + A)^-1: by warps from A^T in shared memory for up to 64
-        // positions, else row by row (gdn_chunk.cuh's chunk_prepare does the same).
-        if (L <= 32) solve_warps<1>(w.Tm, sh.s, L);
-        else if (L <= 64) solve_warps<2>(w.Tm, sh.s, L);
+        // Tm = (I + A)^-1 (into the op's rows when the backward keeps it): by
+        // warps from A^T in shared memory for up to 64 positions, else row by
+        // row (gdn_chunk.cuh's chunk_prepare does the same).
+        real *Tm = kr.Tm ? kr.Tm + r * a.Cw : w.Tm;
+        if (L <= 32) solve_warps<1>(Tm, sh.s, L);
+        else if (L <= 64) solve_warps<2>(Tm, sh.s, L);
         else
             for (int i = 0; i < L; i++) {
                 for (int j = tid; j < L; j += GDN_NT) {
                     real t = j == i ? (real)1 : (real)0;
-                    for (int q = j; q < i; q++) t -= w.A[i * L + q] * w.Tm[q * L + j];
-                    w.Tm[i * L + j] = t;
+                    for (int q = j; q < i; q++) t -= w.A[i * L + q] * Tm[q * L + j];
+                    Tm[i * L + j] = t;
                 }
                 __syncthreads();
             }
         __syncthreads();   // Tm is written; A^T (over the Tiles) is no longer read
-        blk_gemm(&sh, false, false, L, a.dk, L, 1, w.Tm, L, w.Xw, a.dk, 0, a.Wb + r * a.dk, a.dk);
-        blk_gemm(&sh, false, false, L, a.dv, L, 1, w.Tm, L, w.Xu, a.dv, 0, a.Ub + r * a.dv, a.dv);
+        blk_gemm(&sh, false, false, L, a.dk, L, 1, Tm, L, w.Xw, a.dk, 0, a.Wb + r * a.dk, a.dk);
+        blk_gemm(&sh, false, false, L, a.dv, L, 1, Tm, L, w.Xu, a.dv, 0, a.Ub + r * a.dv, a.dv);
         // blk_gemm ends with a barrier: the next chunk may rewrite the workspace.
     }
 }
@@ -244,34 +202,54 @@ __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_kda_fwd_out(GdnArgs a, Kda
     }
 }
 
-extern "C" void cu_kda_chunk_forward(Node *n) {
-    static int res_prep = 0, res_out = 0;
+void kda_rows_alloc(Node *n, GdnArgs *a, KdaRows *kr, bool keep) {
+    int64_t BH = (int64_t)a->B * a->H, rows = BH * a->T;
+    a->items = BH * a->NC;
+    a->NV = (a->dv + KDA_NVB - 1) / KDA_NVB;
+    a->Wb = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dk) * sizeof(real));
+    a->Ub = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dv) * sizeof(real));
+    memset(kr, 0, sizeof *kr);
+    kr->Qg = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dk) * sizeof(real));
+    kr->Kd = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dk) * sizeof(real));
+    kr->P = (real *)tape_dalloc(n->tape, (size_t)(rows * a->Cw) * sizeof(real));
+    kr->bl = (real *)tape_dalloc(n->tape, (size_t)(a->items * a->dk) * sizeof(real));
+    if (keep) {
+        kr->KK = (real *)tape_dalloc(n->tape, (size_t)(rows * a->Cw) * sizeof(real));
+        kr->Tm = (real *)tape_dalloc(n->tape, (size_t)(rows * a->Cw) * sizeof(real));
+    }
+}
+
+void kda_prep_launch(Node *n, GdnArgs &a, const KdaRows &kr) {
+    static int res_prep = 0;
     if (!res_prep) res_prep = resident_blocks(k_kda_fwd_prep);
-    if (!res_out) res_out = resident_blocks(k_kda_fwd_out);
-    GdnArgs a = gdn_args(n);
-    int64_t BH = (int64_t)a.B * a.H, rows = BH * a.T, SS = (int64_t)a.dk * a.dv;
-    a.items = BH * a.NC;
-    a.NV = (a.dv + KDA_NVB - 1) / KDA_NVB;
-    a.Wb = (real *)tape_dalloc(n->tape, (size_t)(rows * a.dk) * sizeof(real));
-    a.Ub = (real *)tape_dalloc(n->tape, (size_t)(rows * a.dv) * sizeof(real));
-    a.states = a.saved ? a.saved : (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
-    KdaRows kr;
-    kr.Qg = (real *)tape_dalloc(n->tape, (size_t)(rows * a.dk) * sizeof(real));
-    kr.Kd = (real *)tape_dalloc(n->tape, (size_t)(rows * a.dk) * sizeof(real));
-    kr.P = (real *)tape_dalloc(n->tape, (size_t)(rows * a.Cw) * sizeof(real));
-    kr.bl = (real *)tape_dalloc(n->tape, (size_t)(a.items * a.dk) * sizeof(real));
-    int gp = chunk_grid(a.items, res_prep), go = chunk_grid(a.items, res_out);
+    int gp = chunk_grid(a.items, res_prep);
     a.ws_stride = kda_prep_layout(NULL, NULL, a.Cw, a.dk, a.dv);
     a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)gp);
     k_kda_fwd_prep<<<gp, GDN_NT, 0, cu_stream>>>(a, kr);
     CU_LAUNCHED();
-    // The scan's shared memory grows with dk and C: past the default 48 KiB
-    // the kernel must ask for it (an H100 gives a block up to 227 KiB).
+}
+
+// The scans' dynamic shared memory: a slice of the state (or of its
+// gradient), dk x KDA_NVB, and one of Delta (dDelta), Cw x KDA_NVB; checked
+// against the GPU's, and asked for past the default 48 KiB.
+size_t kda_scan_smem(const GdnArgs &a, const void *kernel) {
     size_t smem = (size_t)(a.dk + a.Cw) * KDA_NVB * sizeof(real);
-    if (smem > 48 * 1024) CU_CHECK(cudaFuncSetAttribute(k_kda_fwd_scan, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                        (int)smem));
-    k_kda_fwd_scan<<<(unsigned)(BH * a.NV), GDN_NT, smem, cu_stream>>>(a, kr);
+    cu_smem_prepare(kernel, smem, "op_kda (GPU, chunked form)", a.dk, a.dv);
+    return smem;
+}
+
+extern "C" void cu_kda_chunk_forward(Node *n) {
+    static int res_out = 0;
+    if (!res_out) res_out = resident_blocks(k_kda_fwd_out);
+    GdnArgs a = gdn_args(n);
+    KdaRows kr;
+    kda_rows_alloc(n, &a, &kr, false);
+    int64_t SS = (int64_t)a.dk * a.dv;
+    a.states = a.saved ? a.saved : (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
+    kda_prep_launch(n, a, kr);
+    size_t smem = kda_scan_smem(a, (const void *)k_kda_fwd_scan);
+    k_kda_fwd_scan<<<(unsigned)(a.items / a.NC * a.NV), GDN_NT, smem, cu_stream>>>(a, kr);
     CU_LAUNCHED();
-    k_kda_fwd_out<<<go, GDN_NT, 0, cu_stream>>>(a, kr);
+    k_kda_fwd_out<<<chunk_grid(a.items, res_out), GDN_NT, 0, cu_stream>>>(a, kr);
     CU_LAUNCHED();
 }

@@ -1,7 +1,7 @@
 // test_cuda_kda.c: op_kda (Kimi Delta Attention) on the GPU against the CPU.
-// The GPU's chunked form has its own forward (kda_chunk.cu) and the
-// recurrence's backward; the recurrent form is the recurrence (kda_naive.cu)
-// both ways. Each form is checked against its CPU twin on the same inputs,
+// The GPU's chunked form has its own kernels (kda_chunk.cu,
+// kda_chunk_backward.cu); the recurrent form is the recurrence
+// (kda_naive.cu) both ways. Each form is checked against its CPU twin on the same inputs,
 // forward and every
 // gradient: with and without s0, documents, T not a multiple of the chunk
 // and T = 1, dk = dv and dk != dv, head sizes past one thread per row or
@@ -12,7 +12,8 @@
 // (its own GPU kernels), and a run repeats bit for bit. The chunked kernel
 // on decays that no exp of a positive number could survive (g = -30, and
 // channels of 0 next to -30 and -1000) against the CPU's chunked form and
-// the GPU's recurrence, naming the first element off.
+// the GPU's recurrence, and with its backward swapped for the recurrence's
+// (ATTNLAB_KDA_CHUNK_BWD), naming the first element off.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -393,8 +394,11 @@ static void assert_runs_close(const GpuRun *a, const GpuRun *b, Tensor *const *x
         if (x[i]) assert_close_at(a->grad[i], b->grad[i], x[i]->numel, label, GRAD_NAMES[i]);
 }
 
+#define CHUNK_BWD "ATTNLAB_KDA_CHUNK_BWD"
+
 // One case: the GPU's chunked form against the CPU's chunked form and
-// against the GPU's recurrence, o, S_T and every gradient.
+// against the GPU's recurrence, and the chunked forward with the
+// recurrence's backward against the CPU: o, S_T and every gradient.
 static void check_chunked(int B, int T, int H, int dk, int dv, int chunk, Regime reg, bool with_s0, const int *docs,
                           uint64_t seed) {
     Tensor *x[N_IN];
@@ -402,16 +406,22 @@ static void check_chunked(int B, int T, int H, int dk, int dv, int chunk, Regime
     KdaCtx cc = {H, chunk, MIXER_FORM_CHUNKED, docs, 3}, cr = {H, chunk, MIXER_FORM_RECURRENT, docs, 3};
     GpuRun gc = dev_run(DEVICE_CUDA, x, &cc, false), cpu = dev_run(DEVICE_CPU, x, &cc, false);
     GpuRun gr = dev_run(DEVICE_CUDA, x, &cr, false);
-    char label[192];
-    snprintf(label, sizeof label, "B=%d T=%d H=%d dk=%d dv=%d C=%d regime %d%s%s: GPU chunked against CPU chunked", B,
-             T, H, dk, dv, chunk, (int)reg, with_s0 ? " +s0" : "", docs ? " +docs" : "");
+    setenv(CHUNK_BWD, "recurrent", 1);
+    GpuRun gm = dev_run(DEVICE_CUDA, x, &cc, false);
+    unsetenv(CHUNK_BWD);
+    char head[128], label[192];
+    snprintf(head, sizeof head, "B=%d T=%d H=%d dk=%d dv=%d C=%d regime %d%s%s", B, T, H, dk, dv, chunk, (int)reg,
+             with_s0 ? " +s0" : "", docs ? " +docs" : "");
+    snprintf(label, sizeof label, "%s: GPU chunked against CPU chunked", head);
     assert_runs_close(&gc, &cpu, x, label);
-    snprintf(label, sizeof label, "B=%d T=%d H=%d dk=%d dv=%d C=%d regime %d%s%s: GPU chunked against GPU recurrent",
-             B, T, H, dk, dv, chunk, (int)reg, with_s0 ? " +s0" : "", docs ? " +docs" : "");
+    snprintf(label, sizeof label, "%s: GPU chunked against GPU recurrent", head);
     assert_runs_close(&gc, &gr, x, label);
+    snprintf(label, sizeof label, "%s: GPU chunked forward, recurrent backward, against CPU chunked", head);
+    assert_runs_close(&gm, &cpu, x, label);
     gpu_run_free(&gc);
     gpu_run_free(&cpu);
     gpu_run_free(&gr);
+    gpu_run_free(&gm);
     free_inputs(x);
 }
 
@@ -456,4 +466,30 @@ Test(cuda_kda, chunked_kernel_head_sizes) {
     check_chunked(2, 19, 1, 16, 264, 8, REG_G_M30, true, NULL, 605);
     check_chunked(2, 1, 2, 32, 32, 16, REG_PLAIN, true, NULL, 606);
     check_chunked(2, 9, 2, 16, 16, 1, REG_G_WILD, true, NULL, 607);
+}
+
+Test(cuda_kda, chunked_backward_choice_refuses_an_unknown_value) {
+    cuda_require();
+    Tensor *x[N_IN];
+    make_inputs(x, 1, 20, 1, 16, 16, REG_PLAIN, false, false, 700);
+    Tape tp;
+    tape_init_on(&tp, DEVICE_CUDA);
+    Tensor *d[IS0];
+    for (int i = 0; i < IS0; i++) {
+        d[i] = tape_tensor_copy(&tp, x[i]->ndim, x[i]->shape, x[i]->data);
+        d[i]->requires_grad = true;
+    }
+    Tensor *o = op_kda(&tp, d[IQ], d[IK], d[IV], d[IBETA], d[IG], NULL, NULL, 1, MIXER_FORM_CHUNKED, 16, NULL);
+    real *seed = test_randn(o->numel, 9);
+    setenv(CHUNK_BWD, "recurrnt", 1);
+    cr_assert(EXPECT_FAILURE(tape_backward_multi(&tp, (Tensor *[]){o}, (const real *[]){seed}, 1)),
+              "a misspelt " CHUNK_BWD " was taken");
+    unsetenv(CHUNK_BWD);
+    const char *msg = ag_last_error();
+    cr_assert(strstr(msg, CHUNK_BWD) && strstr(msg, "recurrnt") && strstr(msg, "'chunked' or 'recurrent'"),
+              "message: %s", msg);
+    free(seed);
+    dev_sync(DEVICE_CUDA);
+    tape_free(&tp);
+    free_inputs(x);
 }
