@@ -310,25 +310,27 @@ static void assert_close(const real *a, const real *b, int64_t n, const char *la
 
 Test(cuda_kda, equals_gdn_when_the_channels_share_g) {
     // g_t the same for every channel of a head: op_kda is op_gdn, whose GPU
-    // kernels are others (both of its forms); dg summed over the channels is
-    // op_gdn's dg. With and without documents, a partial last chunk.
+    // kernels are others (each form of op_kda against both of op_gdn's); dg
+    // summed over the channels is op_gdn's dg. With and without documents, a
+    // partial last chunk.
     enum { B = 2, T = 75, H = 2, dk = 16, dv = 32 };
     static int doc[B * T];
     memset(doc, 0, sizeof doc);
     doc[0] = doc[20] = doc[32] = doc[T + 50] = 1;
-    for (int cse = 0; cse < 4; cse++) {
+    for (int cse = 0; cse < 8; cse++) {
         const int *docs = cse % 2 ? doc : NULL;
-        MixerForm gdn_form = FORMS[cse / 2];
+        MixerForm gdn_form = FORMS[cse / 2 % 2], kda_form = FORMS[cse / 4];
         Tensor *x[N_IN], *gh = tensor_newv(true, 3, B, T, H);
         make_inputs(x, B, T, H, dk, dv, REG_PLAIN, true, true, 200 + cse);
         fill_uniform(gh, 210 + cse, -1.0, -0.01);
         for (int64_t r = 0; r < gh->numel; r++)
             for (int i = 0; i < dk; i++) x[IG]->data[r * dk + i] = gh->data[r];
         Tensor *xg[N_IN] = {x[IQ], x[IK], x[IV], x[IBETA], gh, x[IS0]};
-        KdaCtx ck = {H, 16, MIXER_FORM_RECURRENT, docs, 3}, cg = {H, 16, gdn_form, docs, 3};
+        KdaCtx ck = {H, 16, kda_form, docs, 3}, cg = {H, 16, gdn_form, docs, 3};
         GpuRun a = gpu_run(x, &ck, false), b = gpu_run(xg, &cg, true);
         char label[64];
-        snprintf(label, sizeof label, "kda against gdn %s%s", form_name(gdn_form), docs ? " +docs" : "");
+        snprintf(label, sizeof label, "kda %s against gdn %s%s", form_name(kda_form), form_name(gdn_form),
+                 docs ? " +docs" : "");
         assert_close(a.o, b.o, a.n_o, label, "o");
         assert_close(a.sT, b.sT, a.n_s, label, "S_T");
         for (int i = 0; i < N_IN; i++)
