@@ -3,7 +3,7 @@
 // comparison with flash-linear-attention's Triton kernels
 // (bench/torch_ref/fla_ops_bench.py prints the same rows for fla).
 //
-//   gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda] [--T 512,1024,...]
+//   gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec] [--T 512,1024,...]
 //                 [--tokens N] [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C]
 //                 [--warmup N] [--reps N] [--dump DIR]
 //
@@ -28,8 +28,9 @@
 //
 // Ops: gdn = op_gdn; gdpN = op_gdp with N delta steps per token (k, v, beta
 // N blocks per token, laid out as fla's gated_delta_product takes them);
-// kda = op_kda (a log decay per key channel; the GPU runs its recurrence
-// kernel for both forms, docs/kda.md).
+// kda = op_kda (a log decay per key channel, docs/kda.md). gdn_rec and kda_rec are gdn and kda in the recurrent form
+// whatever --form says, so that one run times the chunked kernels against
+// the recurrence: --ops gdn,kda,gdn_rec,kda_rec.
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -57,10 +58,12 @@ typedef struct Opts {
 } Opts;
 
 // An op name: its kind and steps per token (gdp), or false when unknown.
-static bool op_parse(const char *name, int *kind, int *steps) {
+// *rec: the name asks for the recurrent form (gdn_rec, kda_rec).
+static bool op_parse(const char *name, int *kind, int *steps, bool *rec) {
     *steps = 1;
-    if (!strcmp(name, "gdn")) return *kind = OP_GDN, true;
-    if (!strcmp(name, "kda")) return *kind = OP_KDA, true;
+    *rec = !strcmp(name, "gdn_rec") || !strcmp(name, "kda_rec");
+    if (!strcmp(name, "gdn") || !strcmp(name, "gdn_rec")) return *kind = OP_GDN, true;
+    if (!strcmp(name, "kda") || !strcmp(name, "kda_rec")) return *kind = OP_KDA, true;
     if (!strncmp(name, "gdp", 3) && name[3] >= '1' && name[3] <= '9' && !name[4]) {
         *steps = name[3] - '0';
         *kind = OP_GDP;
@@ -297,7 +300,7 @@ static bool parse_ints(const char *s, int lo, int hi, int *out, int *n) {
 }
 
 static const char USAGE[] =
-    "usage: gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda] [--T 512,1024,...] [--tokens N]\n"
+    "usage: gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec] [--T 512,1024,...] [--tokens N]\n"
     "                     [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C] [--warmup N]\n"
     "                     [--reps N] [--dump DIR]\n"
     "  Tokens/s of the delta-rule ops (forward, forward+backward) against T with B*T = tokens fixed;\n"
@@ -334,8 +337,9 @@ static int parse_args(int argc, char **argv, Opts *o) {
             o->n_ops = bench_parse_names(v, o->ops, MAX_LIST);
             for (int j = 0; j < o->n_ops; j++) {
                 int kind, steps;
-                if (!op_parse(o->ops[j], &kind, &steps))
-                    return usage_error(f, v, "ops are gdn, gdp1 .. gdp8 and kda");
+                bool rec;
+                if (!op_parse(o->ops[j], &kind, &steps, &rec))
+                    return usage_error(f, v, "ops are gdn, gdp1 .. gdp8, kda, gdn_rec and kda_rec");
             }
             if (o->n_ops == 0) return usage_error(f, v, "no op named");
         } else if (!strcmp(f, "--T")) {
@@ -405,9 +409,12 @@ int main(int argc, char **argv) {
     bool ok = true;
     for (int i = 0; i < o.n_ops; i++) {
         int kind = OP_GDN, steps = 1;
-        op_parse(o.ops[i], &kind, &steps);   // (parse_args checked the name)
-        if (o.dump) ok = dump_op(o.dump, o.ops[i], kind, steps, o.dks[0], &o) && ok;
-        else bench_op(&o, o.ops[i], kind, steps);
+        bool rec = false;
+        op_parse(o.ops[i], &kind, &steps, &rec);   // (parse_args checked the name)
+        Opts oi = o;
+        if (rec) oi.form = MIXER_FORM_RECURRENT;
+        if (o.dump) ok = dump_op(o.dump, o.ops[i], kind, steps, o.dks[0], &oi) && ok;
+        else bench_op(&oi, o.ops[i], kind, steps);
     }
     return ok ? 0 : 1;
 }

@@ -106,7 +106,9 @@ void cu_gdn_chunk_forward(Node *n);     // gdn_chunk.cu / gdn_chunk_backward.cu:
 void cu_gdn_chunk_backward(Node *n);
 void cu_gdn_naive_forward(Node *n);     // gdn_naive.cu: op_gdn, recurrent form
 void cu_gdn_naive_backward(Node *n);
-void cu_kda_naive_forward(Node *n);
+void cu_kda_chunk_forward(Node *n);     // kda_chunk.cu / kda_chunk_backward.cu: op_kda, chunked form
+void cu_kda_chunk_backward(Node *n);
+void cu_kda_naive_forward(Node *n);     // kda_naive.cu: op_kda, recurrent form
 void cu_kda_naive_backward(Node *n);
 void cu_flash_forward(Node *n);         // attn_flash.cu / attn_flash_backward.cu: op_attention (tiled, O(T) memory)
 void cu_flash_backward(Node *n);

@@ -6,8 +6,10 @@
 //   p = S'^T k,  delta = beta (v - p),  S_t = S' + k delta^T,  o = S_t^T q;
 // the backward the same lines in reverse from dS, the gradient of S_t, with
 //   dg[i] = alpha[i] <dS'[i,:], S_{t-1}[i,:]>,  dS_{t-1}[i,:] = alpha[i] dS'[i,:].
-// The GPU runs this recurrence for both of op_kda's forms (the chunked one
-// has no kernel of its own yet; the math is the same).
+// It is the recurrent form's forward and backward (the chunked form has its
+// own, kda_chunk.cu and kda_chunk_backward.cu; the saved states, the state
+// entering each chunk of `chunk` positions, are the same, so this backward
+// can also take a chunked node: ATTNLAB_KDA_CHUNK_BWD=recurrent).
 //
 // The plan is gdn_naive.cu's: one block per (batch, head); a thread owns a
 // column of S, so the forward and the backward's replay need no barrier; the

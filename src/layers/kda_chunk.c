@@ -303,10 +303,8 @@ void kda_chunk_forward(Node *n) {
         }
 }
 
-// The GPU runs the recurrence for both forms (the same math) until a chunked
-// CUDA kernel exists.
 static const OpDef OP_KDA_CHUNKED = {"kda_chunked", kda_chunk_forward, kda_chunk_backward,
-                                     CUDA_PAIR(cu_kda_naive_forward, cu_kda_naive_backward)};
+                                     CUDA_PAIR(cu_kda_chunk_forward, cu_kda_chunk_backward)};
 static const OpDef OP_KDA_RECURRENT = {"kda_recurrent", kda_naive_forward, kda_naive_backward,
                                        CUDA_PAIR(cu_kda_naive_forward, cu_kda_naive_backward)};
 Tensor *op_kda(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0,

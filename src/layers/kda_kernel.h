@@ -17,8 +17,9 @@
 //    chunk of C positions, with every decay factor the exp of a non-positive
 //    number however negative g is (docs/kda.md, "Numerics").
 // Both keep only the states entering each chunk of `chunk` positions for the
-// backward. On the GPU both forms run the recurrence (src/cuda/kda_naive.cu)
-// until a chunked CUDA kernel exists.
+// backward. On the GPU the recurrent form is the recurrence
+// (src/cuda/kda_naive.cu) both ways, the chunked form chunked kernels
+// (src/cuda/kda_chunk.cu, kda_chunk_backward.cu).
 //
 // Documents (docs.h): at a position where a document begins alpha_t = 0 (the
 // state before it is not read), as op_gdn does with gamma_t; a flag at t = 0

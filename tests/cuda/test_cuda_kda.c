@@ -1,13 +1,19 @@
 // test_cuda_kda.c: op_kda (Kimi Delta Attention) on the GPU against the CPU.
-// The GPU runs the recurrence (kda_naive.cu) for both forms; each form is
-// checked against its CPU twin on the same inputs, forward and every
+// The GPU's chunked form has its own kernels (kda_chunk.cu,
+// kda_chunk_backward.cu); the recurrent form is the recurrence
+// (kda_naive.cu) both ways. Each form is checked against its CPU twin on the same inputs,
+// forward and every
 // gradient: with and without s0, documents, T not a multiple of the chunk
 // and T = 1, dk = dv and dk != dv, head sizes past one thread per row or
 // column, decay regimes (one with the channels of a head decaying at very
 // different rates), one output at a time, one tensor as several inputs,
 // gradients accumulated over two nodes with the state carried between them.
 // And on the GPU alone: op_kda with g shared by a head's channels is op_gdn
-// (its own GPU kernels), and a run repeats bit for bit.
+// (its own GPU kernels), and a run repeats bit for bit. The chunked kernel
+// on decays that no exp of a positive number could survive (g = -30, and
+// channels of 0 next to -30 and -1000) against the CPU's chunked form and
+// the GPU's recurrence, and with its backward swapped for the recurrence's
+// (ATTNLAB_KDA_CHUNK_BWD), naming the first element off.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -19,8 +25,10 @@
 #include "kda_kernel.h"
 
 // REG_G_SPLIT: a head's even channels barely decay (g in (-0.02, 0)), its
-// odd ones lose their past at every step (g near -20).
-typedef enum { REG_PLAIN, REG_G_ZERO, REG_G_M20, REG_BETA_1, REG_G_SPLIT } Regime;
+// odd ones lose their past at every step (g near -20). REG_G_M30: g = -30
+// exactly, every channel. REG_G_WILD: channels of g = 0, -30 and -1000 side
+// by side (channel c % 3).
+typedef enum { REG_PLAIN, REG_G_ZERO, REG_G_M20, REG_BETA_1, REG_G_SPLIT, REG_G_M30, REG_G_WILD } Regime;
 
 enum { IQ, IK, IV, IBETA, IG, IS0, N_IN };
 static const char *const GRAD_NAMES[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
@@ -52,6 +60,8 @@ static void make_inputs(Tensor **x, int B, int T, int H, int dk, int dv, Regime 
         if (reg == REG_G_ZERO) gt = 0;
         if (reg == REG_G_M20) gt = -20 + u;
         if (reg == REG_G_SPLIT) gt = e % dk % 2 ? -20 + u : -0.02 * u;
+        if (reg == REG_G_M30) gt = -30;
+        if (reg == REG_G_WILD) gt = (double[]){0, -30, -1000}[e % dk % 3];
         x[IG]->data[e] = (real)gt;
     }
 }
@@ -243,18 +253,19 @@ Test(cuda_kda, accumulated_gradients_and_a_carried_state) {
 // ---------------------------------------------------------------- the GPU on its own
 
 // o, S_T and every input gradient of op_kda (or, gdn, of op_gdn, whose g is
-// (B, T, H)) on a GPU tape (host copies), the outputs' gradients from fixed seeds.
+// (B, T, H)) on a tape of device d (host copies), the outputs' gradients
+// from fixed seeds.
 typedef struct {
     real *o, *sT, *grad[N_IN];
     int64_t n_o, n_s;
 } GpuRun;
 
-static GpuRun gpu_run(Tensor *const *in, const KdaCtx *c, bool gdn) {
-    cuda_require();
+static GpuRun dev_run(Device d, Tensor *const *in, const KdaCtx *c, bool gdn) {
+    if (d == DEVICE_CUDA) cuda_require();
     GpuRun r;
     memset(&r, 0, sizeof r);
     Tape tp;
-    tape_init_on(&tp, DEVICE_CUDA);
+    tape_init_on(&tp, d);
     Tensor *x[N_IN] = {0};
     for (int i = 0; i < N_IN; i++) {
         if (!in[i]) continue;
@@ -270,19 +281,21 @@ static GpuRun gpu_run(Tensor *const *in, const KdaCtx *c, bool gdn) {
     tape_backward_multi(&tp, (Tensor *[]){o, sT}, (const real *[]){so, ss}, 2);
     r.o = malloc((size_t)r.n_o * sizeof(real));
     r.sT = malloc((size_t)r.n_s * sizeof(real));
-    dev_to_host(r.o, o->data, (size_t)r.n_o * sizeof(real), DEVICE_CUDA);
-    dev_to_host(r.sT, sT->data, (size_t)r.n_s * sizeof(real), DEVICE_CUDA);
+    dev_to_host(r.o, o->data, (size_t)r.n_o * sizeof(real), d);
+    dev_to_host(r.sT, sT->data, (size_t)r.n_s * sizeof(real), d);
     for (int i = 0; i < N_IN; i++) {
         if (!x[i]) continue;
         r.grad[i] = malloc((size_t)in[i]->numel * sizeof(real));
-        dev_to_host(r.grad[i], x[i]->grad, (size_t)in[i]->numel * sizeof(real), DEVICE_CUDA);
+        dev_to_host(r.grad[i], x[i]->grad, (size_t)in[i]->numel * sizeof(real), d);
     }
-    dev_sync(DEVICE_CUDA);
+    dev_sync(d);
     tape_free(&tp);
     free(so);
     free(ss);
     return r;
 }
+
+static GpuRun gpu_run(Tensor *const *in, const KdaCtx *c, bool gdn) { return dev_run(DEVICE_CUDA, in, c, gdn); }
 
 static void gpu_run_free(GpuRun *r) {
     free(r->o);
@@ -297,25 +310,27 @@ static void assert_close(const real *a, const real *b, int64_t n, const char *la
 
 Test(cuda_kda, equals_gdn_when_the_channels_share_g) {
     // g_t the same for every channel of a head: op_kda is op_gdn, whose GPU
-    // kernels are others (both of its forms); dg summed over the channels is
-    // op_gdn's dg. With and without documents, a partial last chunk.
+    // kernels are others (each form of op_kda against both of op_gdn's); dg
+    // summed over the channels is op_gdn's dg. With and without documents, a
+    // partial last chunk.
     enum { B = 2, T = 75, H = 2, dk = 16, dv = 32 };
     static int doc[B * T];
     memset(doc, 0, sizeof doc);
     doc[0] = doc[20] = doc[32] = doc[T + 50] = 1;
-    for (int cse = 0; cse < 4; cse++) {
+    for (int cse = 0; cse < 8; cse++) {
         const int *docs = cse % 2 ? doc : NULL;
-        MixerForm gdn_form = FORMS[cse / 2];
+        MixerForm gdn_form = FORMS[cse / 2 % 2], kda_form = FORMS[cse / 4];
         Tensor *x[N_IN], *gh = tensor_newv(true, 3, B, T, H);
         make_inputs(x, B, T, H, dk, dv, REG_PLAIN, true, true, 200 + cse);
         fill_uniform(gh, 210 + cse, -1.0, -0.01);
         for (int64_t r = 0; r < gh->numel; r++)
             for (int i = 0; i < dk; i++) x[IG]->data[r * dk + i] = gh->data[r];
         Tensor *xg[N_IN] = {x[IQ], x[IK], x[IV], x[IBETA], gh, x[IS0]};
-        KdaCtx ck = {H, 16, MIXER_FORM_RECURRENT, docs, 3}, cg = {H, 16, gdn_form, docs, 3};
+        KdaCtx ck = {H, 16, kda_form, docs, 3}, cg = {H, 16, gdn_form, docs, 3};
         GpuRun a = gpu_run(x, &ck, false), b = gpu_run(xg, &cg, true);
         char label[64];
-        snprintf(label, sizeof label, "kda against gdn %s%s", form_name(gdn_form), docs ? " +docs" : "");
+        snprintf(label, sizeof label, "kda %s against gdn %s%s", form_name(kda_form), form_name(gdn_form),
+                 docs ? " +docs" : "");
         assert_close(a.o, b.o, a.n_o, label, "o");
         assert_close(a.sT, b.sT, a.n_s, label, "S_T");
         for (int i = 0; i < N_IN; i++)
@@ -354,5 +369,129 @@ Test(cuda_kda, a_run_repeats_bit_for_bit) {
         gpu_run_free(&a);
         gpu_run_free(&b);
     }
+    free_inputs(x);
+}
+
+// ---------------------------------------------------------------- the chunked kernel on hard decays
+
+// a against b (n values) normwise (max_rel_diff) within FORM_TOL; on failure
+// the error, the first element past the tolerance and both values there.
+static void assert_close_at(const real *a, const real *b, int64_t n, const char *label, const char *what) {
+    double e = max_rel_diff(a, b, n);
+    if (e <= FORM_TOL) return;
+    double scale = 0;
+    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fmax(fabs((double)a[i]), fabs((double)b[i])));
+    int64_t at = -1;
+    for (int64_t i = 0; i < n && at < 0; i++)
+        if (!(fabs((double)a[i] - (double)b[i]) <= FORM_TOL * (scale > 0 ? scale : 1))) at = i;
+    cr_assert_fail("%s: %s differs by %.3e (tolerance %.0e, scale %.3e); first at element %lld of %lld: %.17g vs %.17g",
+                   label, what, e, FORM_TOL, scale, (long long)at, (long long)n, at >= 0 ? (double)a[at] : 0.0,
+                   at >= 0 ? (double)b[at] : 0.0);
+}
+
+static void assert_runs_close(const GpuRun *a, const GpuRun *b, Tensor *const *x, const char *label) {
+    assert_close_at(a->o, b->o, a->n_o, label, "o");
+    assert_close_at(a->sT, b->sT, a->n_s, label, "S_T");
+    for (int i = 0; i < N_IN; i++)
+        if (x[i]) assert_close_at(a->grad[i], b->grad[i], x[i]->numel, label, GRAD_NAMES[i]);
+}
+
+#define CHUNK_BWD "ATTNLAB_KDA_CHUNK_BWD"
+
+// One case: the GPU's chunked form against the CPU's chunked form and
+// against the GPU's recurrence, and the chunked forward with the
+// recurrence's backward against the CPU: o, S_T and every gradient.
+static void check_chunked(int B, int T, int H, int dk, int dv, int chunk, Regime reg, bool with_s0, const int *docs,
+                          uint64_t seed) {
+    Tensor *x[N_IN];
+    make_inputs(x, B, T, H, dk, dv, reg, with_s0, true, seed);
+    KdaCtx cc = {H, chunk, MIXER_FORM_CHUNKED, docs, 3}, cr = {H, chunk, MIXER_FORM_RECURRENT, docs, 3};
+    GpuRun gc = dev_run(DEVICE_CUDA, x, &cc, false), cpu = dev_run(DEVICE_CPU, x, &cc, false);
+    GpuRun gr = dev_run(DEVICE_CUDA, x, &cr, false);
+    setenv(CHUNK_BWD, "recurrent", 1);
+    GpuRun gm = dev_run(DEVICE_CUDA, x, &cc, false);
+    unsetenv(CHUNK_BWD);
+    char head[128], label[192];
+    snprintf(head, sizeof head, "B=%d T=%d H=%d dk=%d dv=%d C=%d regime %d%s%s", B, T, H, dk, dv, chunk, (int)reg,
+             with_s0 ? " +s0" : "", docs ? " +docs" : "");
+    snprintf(label, sizeof label, "%s: GPU chunked against CPU chunked", head);
+    assert_runs_close(&gc, &cpu, x, label);
+    snprintf(label, sizeof label, "%s: GPU chunked against GPU recurrent", head);
+    assert_runs_close(&gc, &gr, x, label);
+    snprintf(label, sizeof label, "%s: GPU chunked forward, recurrent backward, against CPU chunked", head);
+    assert_runs_close(&gm, &cpu, x, label);
+    gpu_run_free(&gc);
+    gpu_run_free(&cpu);
+    gpu_run_free(&gr);
+    gpu_run_free(&gm);
+    free_inputs(x);
+}
+
+Test(cuda_kda, chunked_kernel_on_every_decay_regime) {
+    // Mild decays, none, -30 a step, 0 / -30 / -1000 side by side, beta near
+    // 1; chunks of 16, 32, 64 and 80 (past 64 positions the kernel's
+    // substitution goes row by row), T = 100 not a multiple of any, with and
+    // without s0; B x H = 4.
+    static const Regime regs[] = {REG_PLAIN, REG_G_ZERO, REG_G_M30, REG_G_WILD, REG_BETA_1};
+    static const int Cs[] = {16, 32, 64, 80};
+    for (int r = 0; r < 5; r++)
+        for (int c = 0; c < 4; c++)
+            check_chunked(2, 100, 2, 32, 32, Cs[c], regs[r], (r + c) % 2 == 0, NULL, 400 + 10 * r + c);
+}
+
+Test(cuda_kda, chunked_kernel_with_documents) {
+    // Documents starting at 0, inside a chunk, at the edges of chunks of 16,
+    // 32 and 64, two inside one chunk, at the last position; row 1 one
+    // document mid-chunk (the state before it carries s0). dk != dv, three heads.
+    enum { B = 2, T = 131 };
+    static int doc[B * T];
+    memset(doc, 0, sizeof doc);
+    static const int starts0[] = {0, 5, 16, 32, 33, 64, 70, 72, 96, T - 1};
+    for (size_t i = 0; i < sizeof starts0 / sizeof starts0[0]; i++) doc[starts0[i]] = 1;
+    doc[T + 45] = 1;
+    static const Regime regs[] = {REG_PLAIN, REG_G_WILD, REG_G_M30};
+    static const int Cs[] = {16, 32, 64};
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 3; c++)
+            for (int s = 0; s < 2; s++) check_chunked(B, T, 3, 16, 24, Cs[c], regs[r], s, doc, 500 + 10 * r + 2 * c + s);
+}
+
+Test(cuda_kda, chunked_kernel_head_sizes) {
+    // Heads off the warp and off the scan's 16 columns, a head larger than
+    // the block (dk 272: the per-channel loops take several channels a thread),
+    // dv past 256, one token, one position per chunk.
+    check_chunked(1, 50, 3, 8, 8, 7, REG_G_WILD, true, NULL, 600);
+    check_chunked(2, 45, 1, 64, 48, 32, REG_G_WILD, true, NULL, 601);
+    check_chunked(1, 70, 2, 40, 24, 33, REG_PLAIN, false, NULL, 602);
+    check_chunked(1, 130, 2, 128, 128, 64, REG_G_WILD, true, NULL, 603);
+    check_chunked(1, 21, 1, 272, 24, 8, REG_PLAIN, true, NULL, 604);
+    check_chunked(2, 19, 1, 16, 264, 8, REG_G_M30, true, NULL, 605);
+    check_chunked(2, 1, 2, 32, 32, 16, REG_PLAIN, true, NULL, 606);
+    check_chunked(2, 9, 2, 16, 16, 1, REG_G_WILD, true, NULL, 607);
+}
+
+Test(cuda_kda, chunked_backward_choice_refuses_an_unknown_value) {
+    cuda_require();
+    Tensor *x[N_IN];
+    make_inputs(x, 1, 20, 1, 16, 16, REG_PLAIN, false, false, 700);
+    Tape tp;
+    tape_init_on(&tp, DEVICE_CUDA);
+    Tensor *d[IS0];
+    for (int i = 0; i < IS0; i++) {
+        d[i] = tape_tensor_copy(&tp, x[i]->ndim, x[i]->shape, x[i]->data);
+        d[i]->requires_grad = true;
+    }
+    Tensor *o = op_kda(&tp, d[IQ], d[IK], d[IV], d[IBETA], d[IG], NULL, NULL, 1, MIXER_FORM_CHUNKED, 16, NULL);
+    real *seed = test_randn(o->numel, 9);
+    setenv(CHUNK_BWD, "recurrnt", 1);
+    cr_assert(EXPECT_FAILURE(tape_backward_multi(&tp, (Tensor *[]){o}, (const real *[]){seed}, 1)),
+              "a misspelt " CHUNK_BWD " was taken");
+    unsetenv(CHUNK_BWD);
+    const char *msg = ag_last_error();
+    cr_assert(strstr(msg, CHUNK_BWD) && strstr(msg, "recurrnt") && strstr(msg, "'chunked' or 'recurrent'"),
+              "message: %s", msg);
+    free(seed);
+    dev_sync(DEVICE_CUDA);
+    tape_free(&tp);
     free_inputs(x);
 }

@@ -1,0 +1,305 @@
+// kda_chunk_backward.cu: the backward of op_kda's chunked (WY) form on the
+// GPU, following kda_chunk_backward.c (docs/kda.md, "Its backward") in
+// gdn_chunk_backward.cu's plan, with the decay per key channel:
+//   1. per chunk: kda_chunk.cu's step 1 again (W, U, Qg, Kd, P, bl, and here
+//      KKE and Tm = (I + A)^-1 kept in per-op rows), then the parts of dDelta
+//      and of the entering state's gradient that do not go through the state,
+//      P^T dO and Qg^T dO (k_kda_bwd_pre);
+//   2. per (batch, head, KDA_NVB columns), chunks in reverse (k_kda_bwd_scan):
+//      dDelta = Kd dS + P^T dO, dS0 = Diag(bl) dS + Qg^T dO - W^T dDelta,
+//      keeping the gradient of the state leaving each chunk and dDelta; s0's
+//      is the last;
+//   3. per chunk (k_kda_bwd_chunk): Delta = U - W S0 again, dR = Tm^T dDelta,
+//      dXw = -dR S0^T, dA = -dR Delta^T, dP = dO Delta^T, dQg = dO S0^T,
+//      dKd = Delta dS^T, and from them every input gradient of the chunk.
+// The decayed products' gradients go pair by pair, as the forward formed
+// them: for M_ij = sum_c X_ic Y_jc E_ijc (P: X = Q, Y = K; KKE: X = Y = K),
+//   dX_i += sum_j dM_ij Y_j E_ij,  dY_j += sum_i dM_ij X_i E_ij,
+//   dGamma_i += dM_ij X_i Y_j E_ij,  dGamma_j -= the same     (j < i),
+// each E_ijc the exp of its own Gamma_ic - Gamma_jc <= 0; the diagonal of P
+// adds nothing to dGamma (its terms would cancel only to their rounding,
+// far above dg under a strong decay: docs/kda.md). A thread owns (row m,
+// channel c) and sums m's terms as a row and as a column, in double, in a
+// fixed order; dg_m = sum_{i >= m} dGamma_i by a thread per channel. No
+// atomics: the same bits whichever block takes a chunk.
+#include "kda_chunk.cuh"
+
+// 1b. Per chunk, when o has a gradient: P^T dO into kr.PtdO, Qg^T dO into kr.QtdO.
+__global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_kda_bwd_pre(GdnArgs a, KdaRows kr) {
+    __shared__ Tiles sh;
+    int64_t SS = (int64_t)a.dk * a.dv;
+    for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
+        Item m = item_of(a, it);
+        int64_t r = m.bh * a.T + m.t0;
+        const real *dO = a.dout + ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * a.dv;
+        blk_gemm(&sh, true, false, m.L, a.dv, m.L, 1, kr.P + r * a.Cw, a.Cw, dO, a.ldv, 0, kr.PtdO + r * a.dv, a.dv);
+        blk_gemm(&sh, true, false, a.dk, a.dv, m.L, 1, kr.Qg + r * a.dk, a.dk, dO, a.ldv, 0,
+                 kr.QtdO + (m.bh * a.NC + m.c) * SS, a.dv);
+    }
+}
+
+// 2. Per (batch, head, KDA_NVB columns of the state), chunks in reverse:
+// a.dsb gets the gradient of the state leaving each chunk, kr.PtdO's rows
+// dDelta. Shared memory: dS's slice (dk x KDA_NVB) and dDelta's (Cw x
+// KDA_NVB). Every element is one thread's fma chain in a fixed order.
+__global__ void __launch_bounds__(GDN_NT) k_kda_bwd_scan(GdnArgs a, KdaRows kr) {
+    extern __shared__ __align__(16) unsigned char kda_smem[];
+    real *dS = (real *)kda_smem, *D = dS + (size_t)a.dk * KDA_NVB;
+    int tid = threadIdx.x, dk = a.dk, dv = a.dv;
+    int64_t bh = blockIdx.x / a.NV, SS = (int64_t)dk * dv;
+    int j0 = (int)(blockIdx.x % a.NV) * KDA_NVB, nc = min(KDA_NVB, dv - j0);
+    bool dout = a.dout != NULL;
+    for (int e = tid; e < dk * KDA_NVB; e += GDN_NT) {
+        int i = e / KDA_NVB, j = e % KDA_NVB;
+        dS[e] = a.dsT && j < nc ? a.dsT[bh * SS + (int64_t)i * dv + j0 + j] : (real)0;
+    }
+    __syncthreads();
+    for (int c = a.NC - 1; c >= 0; c--) {
+        int t0 = c * a.C, L = min(a.C, a.T - t0);
+        int64_t r = bh * a.T + t0, cs = (bh * a.NC + c) * SS;
+        const real *bl = kr.bl + (bh * a.NC + c) * dk;
+        for (int e = tid; e < dk * KDA_NVB; e += GDN_NT) {
+            int i = e / KDA_NVB, j = e % KDA_NVB;
+            if (j < nc) a.dsb[cs + (int64_t)i * dv + j0 + j] = dS[e];
+        }
+        // dDelta = Kd dS + P^T dO
+        for (int e = tid; e < L * KDA_NVB; e += GDN_NT) {
+            int i = e / KDA_NVB, j = e % KDA_NVB;
+            if (j >= nc) continue;
+            const real *Kd = kr.Kd + (r + i) * dk;
+            real *Y = kr.PtdO + (r + i) * dv + j0 + j;
+            real acc = dout ? *Y : (real)0;
+            for (int q = 0; q < dk; q++) acc = fma(Kd[q], dS[q * KDA_NVB + j], acc);
+            D[e] = acc;
+            *Y = acc;
+        }
+        __syncthreads();   // dDelta is in; dS is no longer read
+        // dS0 = Diag(bl) dS + Qg^T dO - W^T dDelta
+        for (int e = tid; e < dk * KDA_NVB; e += GDN_NT) {
+            int i = e / KDA_NVB, j = e % KDA_NVB;
+            if (j >= nc) continue;
+            real s = bl[i] * dS[e];
+            if (dout) s += kr.QtdO[cs + (int64_t)i * dv + j0 + j];
+            const real *W = a.Wb + r * dk + i;
+            for (int p = 0; p < L; p++) s = fma(-W[(int64_t)p * dk], D[p * KDA_NVB + j], s);
+            dS[e] = s;
+        }
+        __syncthreads();   // dS0 is in; dDelta is no longer read
+    }
+    if (a.gs0)
+        for (int e = tid; e < dk * KDA_NVB; e += GDN_NT) {
+            int i = e / KDA_NVB, j = e % KDA_NVB;
+            if (j < nc) a.gs0[bh * SS + (int64_t)i * dv + j0 + j] = dS[e];
+        }
+}
+
+// Per-block workspace of step 3, chunks of up to C positions.
+struct KdaGradWs {
+    double *G, *dG;              // (C, dk) Gamma, dGamma
+    double *dbl, *kds;           // (dk) <dS, S0> per row of the state; sum_{j < L-1} Kd_j dKd_j
+    real *bet;                   // (C)
+    int *db;                     // (C)
+    real *Dl, *dR;               // (C, dv) Delta, dR
+    real *dXw, *dQg, *dKd;       // (C, dk)
+    real *dA, *dP;               // (C, C)
+};
+
+static __host__ __device__ size_t kda_grad_layout(KdaGradWs *w, unsigned char *base, int C, int dk, int dv) {
+    size_t at = 0, CC = (size_t)C * C, Ck = (size_t)C * dk, Cv = (size_t)C * dv;
+    size_t oG = ws_take(&at, Ck, sizeof(double)), odG = ws_take(&at, Ck, sizeof(double));
+    size_t obl = ws_take(&at, dk, sizeof(double)), oks = ws_take(&at, dk, sizeof(double));
+    size_t ob = ws_take(&at, C, sizeof(real)), odb = ws_take(&at, C, sizeof(int));
+    size_t oDl = ws_take(&at, Cv, sizeof(real)), odR = ws_take(&at, Cv, sizeof(real));
+    size_t odXw = ws_take(&at, Ck, sizeof(real)), odQg = ws_take(&at, Ck, sizeof(real));
+    size_t odKd = ws_take(&at, Ck, sizeof(real));
+    size_t odA = ws_take(&at, CC, sizeof(real)), odP = ws_take(&at, CC, sizeof(real));
+    if (w) {
+        w->G = (double *)(base + oG), w->dG = (double *)(base + odG);
+        w->dbl = (double *)(base + obl), w->kds = (double *)(base + oks);
+        w->bet = (real *)(base + ob), w->db = (int *)(base + odb);
+        w->Dl = (real *)(base + oDl), w->dR = (real *)(base + odR);
+        w->dXw = (real *)(base + odXw), w->dQg = (real *)(base + odQg), w->dKd = (real *)(base + odKd);
+        w->dA = (real *)(base + odA), w->dP = (real *)(base + odP);
+    }
+    return (at + 255) & ~(size_t)255;
+}
+
+// Step 3's products: Delta, dR, dXw, dA, and with dO dP, dQg; dKd. Ends with a barrier.
+static __device__ void kda_grad_products(const GdnArgs &a, const KdaRows &kr, const KdaGradWs &w, Tiles *sh,
+                                         const Item &m, int64_t r, const real *S0, const real *dS, const real *dO) {
+    int L = m.L, dk = a.dk, dv = a.dv;
+    for (int e = threadIdx.x; e < L * dv; e += GDN_NT) w.Dl[e] = a.Ub[r * dv + e];
+    __syncthreads();
+    blk_gemm(sh, false, false, L, dv, dk, -1, a.Wb + r * dk, dk, S0, dv, 1, w.Dl, dv);
+    blk_gemm(sh, true, false, L, dv, L, 1, kr.Tm + r * a.Cw, L, kr.PtdO + r * dv, dv, 0, w.dR, dv);
+    blk_gemm(sh, false, true, L, dk, dv, -1, w.dR, dv, S0, dv, 0, w.dXw, dk);
+    blk_gemm(sh, false, true, L, L, dv, -1, w.dR, dv, w.Dl, dv, 0, w.dA, L);
+    if (dO) {
+        blk_gemm(sh, false, true, L, L, dv, 1, dO, a.ldv, w.Dl, dv, 0, w.dP, L);
+        blk_gemm(sh, false, true, L, dk, dv, 1, dO, a.ldv, S0, dv, 0, w.dQg, dk);
+    }
+    blk_gemm(sh, false, true, L, dk, dv, 1, w.Dl, dv, dS, dv, 0, w.dKd, dk);
+}
+
+// dbeta (a warp per row: dR . v, eG k . dXw, dA . KKE over the row's
+// document, in double) and dv = beta dR; dbl and kds per channel. Ends with a barrier.
+static __device__ void kda_grad_rows(const GdnArgs &a, const KdaRows &kr, const KdaGradWs &w, const Item &m,
+                                     int64_t r, const real *S0, const real *dS) {
+    int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, L = m.L, dk = a.dk, dv = a.dv;
+    int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
+    int64_t ov = ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * dv;
+    int64_t oh = ((int64_t)m.b * a.T + m.t0) * a.H + m.h;
+    if (a.gbeta)
+        for (int i = warp; i < L; i += GDN_NW) {
+            const real *vi = a.v + ov + (int64_t)i * a.ldv, *ki = a.k + ok + (int64_t)i * a.ldk;
+            double s = 0;
+            for (int c = lane; c < dv; c += 32) s += (double)w.dR[i * dv + c] * vi[c];
+            if (w.db[i] < 0)
+                for (int c = lane; c < dk; c += 32)
+                    s += (double)(d_decay(w.G[(size_t)i * dk + c]) * ki[c]) * w.dXw[i * dk + c];
+            for (int j = max(w.db[i], 0) + lane; j < i; j += 32)
+                s += (double)w.dA[i * L + j] * kr.KK[r * a.Cw + i * L + j];
+            s = warp_sum(s);
+            if (lane == 0) a.gbeta[oh + (int64_t)i * a.H] = (real)s;
+        }
+    if (a.gv)
+        for (int e = tid; e < L * dv; e += GDN_NT) {
+            int i = e / dv, c = e % dv;
+            a.gv[ov + (int64_t)i * a.ldv + c] = w.bet[i] * w.dR[e];
+        }
+    for (int c = warp; c < dk; c += GDN_NW) {
+        double s = warp_dot(dS + (int64_t)c * dv, S0 + (int64_t)c * dv, dv);
+        if (lane == 0) w.dbl[c] = s;
+    }
+    for (int c = tid; c < dk; c += GDN_NT) {
+        double s = 0;
+        for (int j = 0; j < L - 1; j++) s += (double)kr.Kd[(r + j) * dk + c] * w.dKd[j * dk + c];
+        w.kds[c] = s;
+    }
+    __syncthreads();
+}
+
+// dq, dk and dGamma of (row m, channel c) for every (m, c) of the chunk:
+// m's pair terms as a row (j <= m in its document) and as a column (i >= m
+// whose document holds m), then the factors Qg, Xw, Kd (and at the last row
+// bl and the Kd sum). Ends with a barrier.
+static __device__ void kda_grad_elems(const GdnArgs &a, const KdaRows &kr, const KdaGradWs &w, const Item &m,
+                                      int64_t r, bool dout) {
+    int L = m.L, dk = a.dk;
+    int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
+    const real *q = a.q + ok, *k = a.k + ok;
+    int jL = w.db[L - 1] > 0 ? w.db[L - 1] : 0;
+    for (int e = threadIdx.x; e < L * dk; e += GDN_NT) {
+        int p = e / dk, c = e % dk;
+        int64_t pc = (int64_t)p * a.ldk + c;
+        real qp = q[pc], kp = k[pc];
+        double Gp = w.G[e], dq = 0, dkk = 0, dG = 0;
+        for (int j = max(w.db[p], 0); j <= p; j++) {   // p as the row i
+            real x = dout ? w.dP[p * L + j] : (real)0, y = j < p ? w.bet[p] * w.dA[p * L + j] : (real)0;
+            real kx = k[(int64_t)j * a.ldk + c] * d_decay(Gp - w.G[(size_t)j * dk + c]);
+            dq += (double)x * kx;
+            dkk += (double)y * kx;
+            if (j < p) dG += (double)(x * qp + y * kp) * kx;
+        }
+        for (int i = p; i < L; i++) {   // p as the column j
+            if (p < w.db[i]) continue;
+            real x = dout ? w.dP[i * L + p] : (real)0, y = i > p ? w.bet[i] * w.dA[i * L + p] : (real)0;
+            int64_t ic = (int64_t)i * a.ldk + c;
+            real t = (x * q[ic] + y * k[ic]) * d_decay(w.G[(size_t)i * dk + c] - Gp);
+            dkk += t;
+            if (i > p) dG -= (double)t * kp;
+        }
+        real eG = w.db[p] >= 0 ? (real)0 : d_decay(Gp);
+        real ek = p < jL ? (real)0 : d_decay(w.G[(size_t)(L - 1) * dk + c] - Gp);
+        if (dout) {
+            dq += (double)eG * w.dQg[e];
+            dG += (double)kr.Qg[(r + p) * dk + c] * w.dQg[e];
+        }
+        real xw = w.bet[p] * eG * kp;
+        dkk += (double)(w.bet[p] * eG) * w.dXw[e];
+        dG += (double)xw * w.dXw[e];
+        dkk += (double)ek * w.dKd[e];
+        if (p < L - 1) dG -= (double)kr.Kd[(r + p) * dk + c] * w.dKd[e];
+        else dG += w.kds[c] + (double)kr.bl[(m.bh * a.NC + m.c) * dk + c] * w.dbl[c];
+        if (a.gq) a.gq[ok + pc] = (real)dq;
+        if (a.gk) a.gk[ok + pc] = (real)dkk;
+        w.dG[e] = dG;
+    }
+    __syncthreads();
+}
+
+// 3. Per chunk: every input gradient of its rows (dg_m = sum_{i >= m}
+// dGamma_i per channel, from the last row back).
+__global__ void __launch_bounds__(GDN_NT, GDN_CHUNK_MINB) k_kda_bwd_chunk(GdnArgs a, KdaRows kr) {
+    __shared__ Tiles sh;
+    int64_t SS = (int64_t)a.dk * a.dv;
+    KdaGradWs w;
+    kda_grad_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv);
+    for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
+        Item m = item_of(a, it);
+        int64_t r = m.bh * a.T + m.t0, cs = (m.bh * a.NC + m.c) * SS;
+        const real *S0 = a.states + cs, *dS = a.dsb + cs;
+        int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * a.dk;
+        const real *dO = a.dout ? a.dout + ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * a.dv : NULL;
+        kda_prep_gamma(a, m, w.G, w.bet, w.db);
+        kda_grad_products(a, kr, w, &sh, m, r, S0, dS, dO);
+        kda_grad_rows(a, kr, w, m, r, S0, dS);
+        kda_grad_elems(a, kr, w, m, r, dO != NULL);
+        if (a.gg)
+            for (int c = threadIdx.x; c < a.dk; c += GDN_NT) {
+                double s = 0;
+                for (int i = m.L - 1; i >= 0; i--) {
+                    s += w.dG[(size_t)i * a.dk + c];
+                    a.gg[ok + (int64_t)i * a.ldk + c] = (real)s;
+                }
+            }
+        __syncthreads();   // the next chunk rewrites the workspace
+    }
+}
+
+// ATTNLAB_KDA_CHUNK_BWD=recurrent runs the recurrence's backward instead
+// (cu_kda_naive_backward: it reads only the states entering each chunk,
+// which the chunked forward saves as the recurrent one does), so that the
+// tests can hold the two backwards to each other and to the CPU.
+static bool kda_backward_recurrent(void) {
+    const char *env = getenv("ATTNLAB_KDA_CHUNK_BWD");
+    if (!env || !*env || !strcmp(env, "chunked")) return false;
+    ASSERT(!strcmp(env, "recurrent"), "ATTNLAB_KDA_CHUNK_BWD is '%.32s': it must be 'chunked' or 'recurrent'", env);
+    return true;
+}
+
+extern "C" void cu_kda_chunk_backward(Node *n) {
+    if (kda_backward_recurrent()) {
+        cu_kda_naive_backward(n);
+        return;
+    }
+    static int res_pre = 0, res_chunk = 0;
+    if (!res_pre) res_pre = resident_blocks(k_kda_bwd_pre);
+    if (!res_chunk) res_chunk = resident_blocks(k_kda_bwd_chunk);
+    GdnArgs a = gdn_args(n);
+    a.dout = n->out[0]->grad;
+    a.dsT = n->out[1]->grad;
+    GdnGrads gr;
+    gdn_grads_plan(n, &gr, &a);
+    KdaRows kr;
+    kda_rows_alloc(n, &a, &kr, true);
+    int64_t SS = (int64_t)a.dk * a.dv, rows = (int64_t)a.B * a.H * a.T;
+    a.states = a.saved;
+    a.dsb = (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
+    kr.PtdO = (real *)tape_dalloc(n->tape, (size_t)(rows * a.dv) * sizeof(real));
+    kr.QtdO = (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
+    kda_prep_launch(n, a, kr);
+    if (a.dout) {
+        k_kda_bwd_pre<<<chunk_grid(a.items, res_pre), GDN_NT, 0, cu_stream>>>(a, kr);
+        CU_LAUNCHED();
+    }
+    size_t smem = kda_scan_smem(a, (const void *)k_kda_bwd_scan);
+    k_kda_bwd_scan<<<(unsigned)(a.items / a.NC * a.NV), GDN_NT, smem, cu_stream>>>(a, kr);
+    CU_LAUNCHED();
+    int gc = chunk_grid(a.items, res_chunk);
+    a.ws_stride = kda_grad_layout(NULL, NULL, a.Cw, a.dk, a.dv);
+    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)gc);
+    k_kda_bwd_chunk<<<gc, GDN_NT, 0, cu_stream>>>(a, kr);
+    CU_LAUNCHED();
+    gdn_grads_finish(&gr);
+}
