@@ -6,8 +6,9 @@
 // gives, for each id used, its positions in increasing order. One thread per
 // (id, column) then adds them in that order, as the CPU does, so the result
 // does not depend on timing (it is the CPU's sum, element for element).
-// While a CUDA graph is captured the grouping is made on the device instead
-// (a replay's ids are another batch's): the same groups, the same sums.
+// On a tape a CUDA graph may replay (Tape.graphable) the grouping is made on
+// the device instead (a replay's ids are another batch's): the same groups,
+// the same sums.
 #include <string.h>
 
 #include <cub/cub.cuh>
@@ -119,7 +120,7 @@ extern "C" void cu_embedding_backward(Node *n) {
     // what the kernel reads, in one copy: start (nu + 1), uniq (nu), pos (rows),
     // with nu <= min(V, rows) ids used.
     Tape *tp = n->tape;
-    if (cu_capturing) {
+    if (tp->graphable || cu_capturing) {
         embed_back_device(tp, ids, V, rows, D, n->out[0]->grad, dE);
         return;
     }

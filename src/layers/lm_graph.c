@@ -101,6 +101,9 @@ static bool capture(LMGraph *gr, Tape *tp, LM *lm, const int *x, const int *y, c
 
 double lm_graph_micro_batch(LMGraph *gr, Tape *tp, LM *lm, const int *x, const int *y, const int *doc, int B, int T,
                             LMCache *carry) {
+    // (Every micro-batch of a graph run allocates alike: the capture's is
+    // made in the block the eager ones settled.)
+    tp->graphable = gr->g != NULL;
     if (!gr->g || gr->off) {
         gr->eager++;
         return eager(tp, lm, x, y, doc, B, T, carry);
