@@ -52,15 +52,7 @@ static void batch_of(int k, int V, DocsMode docs, int *x, int *y, int *doc) {
 }
 
 static void graph_run(const char *layers, const GraphCase *gc, bool graphs, GraphRun *r) {
-    LMConfig cfg = test_tiny_lm_config(layers);
-    cfg.vocab_size = 97;
-    cfg.d_model = 32;
-    cfg.d_ff = 64;
-    cfg.mixer = mixer_config_default(32, 2, 16, 16);
-    cfg.mixer.chunk_size = 8;
-    cfg.mixer.conv_size = 4;
-    Status s = lm_parse_layers(&cfg, layers);
-    cr_assert(s.ok, "%s", s.msg);
+    LMConfig cfg = cuda_small_lm_config(layers);
     ParamStore ps;
     params_init(&ps);
     LM lm;
