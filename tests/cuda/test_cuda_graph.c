@@ -5,7 +5,8 @@
 // with tokens and targets that change every step (the replay reads them
 // afresh), with documents (the same flags every step: replayed; flags that
 // differ every step: run eagerly), with accum_steps 2, with carried states,
-// and when the capture fails (it falls back, with the reason, to the same bits).
+// and when the capture fails (it falls back, with the reason, to the same bits);
+// and the trainer's run with [train] cuda_graph = on against off.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
@@ -13,17 +14,18 @@
 #include "cuda_check.h"
 #include "lm_graph.h"
 #include "optim.h"
+#include "trainer.h"
 
 #define B_ 3
 #define T_ 37   // not a multiple of the chunk
 #define N_ (B_ * T_)
 #define STEPS 6   // graphs capture at the third micro-batch: several replays after it
 
-typedef enum { DOCS_NONE, DOCS_SAME, DOCS_VARY } DocsMode;
+typedef enum { BATCH_DOCS_NONE, BATCH_DOCS_SAME, BATCH_DOCS_VARY } BatchDocs;
 
 typedef struct {
     int accum;
-    DocsMode docs;
+    BatchDocs docs;
     bool carry, profile;   // profile: the tape profiles (it synchronises: the capture must fail)
 } GraphCase;
 
@@ -35,17 +37,17 @@ typedef struct {
 } GraphRun;
 
 // Micro-batch k's ids, targets (one ignored target, moving) and flags.
-static void batch_of(int k, int V, DocsMode docs, int *x, int *y, int *doc) {
+static void batch_of(int k, int V, BatchDocs docs, int *x, int *y, int *doc) {
     for (int i = 0; i < N_; i++) {
         x[i] = (i * 37 + 11 + 13 * k) % V;
         y[i] = (i * 53 + 5 + 7 * k) % V;
         doc[i] = 0;
     }
     y[(5 * k + 3) % N_] = -1;
-    if (docs == DOCS_SAME) {   // documents of 10, 20 and 7 tokens in row 1
+    if (docs == BATCH_DOCS_SAME) {   // documents of 10, 20 and 7 tokens in row 1
         doc[1 * T_ + 10] = 1;
         doc[1 * T_ + 30] = 1;
-    } else if (docs == DOCS_VARY) {   // a boundary that moves every micro-batch
+    } else if (docs == BATCH_DOCS_VARY) {   // a boundary that moves every micro-batch
         doc[1 * T_ + 3 + k % 30] = 1;
         doc[2 * T_ + 20] = k % 2;
     }
@@ -74,7 +76,7 @@ static void graph_run(const char *layers, const GraphCase *gc, bool graphs, Grap
         double sum = 0;
         for (int a = 0; a < gc->accum; a++) {
             batch_of(st * gc->accum + a, cfg.vocab_size, gc->docs, x, y, doc);
-            sum += lm_graph_micro_batch(&gr, &tp, &lm, x, y, gc->docs != DOCS_NONE ? doc : NULL, B_, T_, carry);
+            sum += lm_graph_micro_batch(&gr, &tp, &lm, x, y, gc->docs != BATCH_DOCS_NONE ? doc : NULL, B_, T_, carry);
         }
         r->loss[st] = sum / gc->accum;
         if (gc->accum > 1) optim_scale_grads(&ps, 1.0 / gc->accum);
@@ -143,18 +145,18 @@ Test(cuda_graph, mamba2) { replays("mamba2,mamba2", PLAIN); }
 Test(cuda_graph, gdp) { replays("gdp,gdp", PLAIN); }
 Test(cuda_graph, kda) { replays("kda,kda", PLAIN); }
 Test(cuda_graph, hybrid) { replays("gdn,attn,mamba,linear", PLAIN); }
-Test(cuda_graph, hybrid_same_documents) { replays("gdn,attn,mamba,linear", (GraphCase){.accum = 1, .docs = DOCS_SAME}); }
-Test(cuda_graph, kda_gdp_same_documents) { replays("kda,gdp,attn", (GraphCase){.accum = 1, .docs = DOCS_SAME}); }
+Test(cuda_graph, hybrid_same_documents) { replays("gdn,attn,mamba,linear", (GraphCase){.accum = 1, .docs = BATCH_DOCS_SAME}); }
+Test(cuda_graph, kda_gdp_same_documents) { replays("kda,gdp,attn", (GraphCase){.accum = 1, .docs = BATCH_DOCS_SAME}); }
 Test(cuda_graph, accum_steps_2) { replays("gdn,attn,mamba", (GraphCase){.accum = 2}); }
 Test(cuda_graph, carry) { replays("gdn,mamba,linear,attn", (GraphCase){.accum = 1, .carry = true}); }
 Test(cuda_graph, carry_same_documents) {
-    replays("gdn,mamba2,kda", (GraphCase){.accum = 2, .docs = DOCS_SAME, .carry = true});
+    replays("gdn,mamba2,kda", (GraphCase){.accum = 2, .docs = BATCH_DOCS_SAME, .carry = true});
 }
 
 // Flags that differ every micro-batch change the host's documents' index:
 // never replayed, every micro-batch eager, the same bits.
 Test(cuda_graph, documents_that_differ_run_eagerly) {
-    GraphCase gc = {.accum = 1, .docs = DOCS_VARY};
+    GraphCase gc = {.accum = 1, .docs = BATCH_DOCS_VARY};
     LMGraph st = compare_graph("gdn,attn,mamba,linear", &gc);
     cr_assert(!st.off && st.replays == 0 && st.eager == STEPS,
               "differing documents: %lld replays, %lld captures, %lld eager (off: %d %s)", (long long)st.replays,
@@ -170,4 +172,59 @@ Test(cuda_graph, failed_capture_falls_back) {
     cr_assert(st.off && st.replays == 0 && st.captures == 0, "profiled: off %d, %lld replays, %lld captures", st.off,
               (long long)st.replays, (long long)st.captures);
     cr_assert(strstr(st.why, "synchronisation"), "the reason names the synchronisation: '%s'", st.why);
+}
+
+// The trainer: cuda_graph = on repeats cuda_graph = off bit for bit (every
+// step's loss and the parameters at the end), replaying every micro-batch
+// after the first two; a resumed run captures afresh and repeats it too.
+Test(cuda_graph, trainer_on_equals_off, .timeout = 240) {
+    cuda_require();
+    enum { N = 6 };
+    const char *path = test_tiny_config("cudagraph", "gdn,attn,mamba", N, NULL, "device = cuda\n");
+    char dir[1400];
+    snprintf(dir, sizeof dir, "%s", path);
+    *strrchr(dir, '/') = 0;
+    static Trainer t;
+    double loss[3][N];
+    real *params[2] = {NULL, NULL};
+    const char *sets[3][1] = {{"train.cuda_graph=off"}, {"train.cuda_graph=on"}, {"train.cuda_graph=on"}};
+    for (int run = 0; run < 3; run++) {
+        // run 2: stopped after 3 steps, then resumed
+        TrainerOptions o = {.config = path, .quiet = true, .overwrite = true, .sets = sets[run], .n_sets = 1,
+                            .stop_after = run == 2 ? 3 : 0};
+        Status s = trainer_setup(&t, &o);
+        cr_assert(s.ok, "%s", s.msg);
+        cr_assert((t.graph.g != NULL) == (run > 0), "run %d: graphs %s", run, t.graph.g ? "on" : "off");
+        int code = trainer_run(&t, &o);
+        if (run == 2) {
+            cr_assert_eq(code, 130);
+            trainer_free(&t);
+            TrainerOptions r = {.config = path, .quiet = true, .resume = true, .sets = sets[run], .n_sets = 1};
+            s = trainer_setup(&t, &r);
+            cr_assert(s.ok, "%s", s.msg);
+            cr_assert_eq(trainer_run(&t, &r), 0);
+            for (int i = 3; i < N; i++) loss[2][i] = trainer_loss(&t, i);
+            trainer_free(&t);
+            break;
+        }
+        cr_assert_eq(code, 0);
+        if (run == 1)
+            cr_assert(!t.graph.off && t.graph.captures == 1 && t.graph.replays == N - 2,
+                      "graphs: %lld captures, %lld replays, %lld eager (%s)", (long long)t.graph.captures,
+                      (long long)t.graph.replays, (long long)t.graph.eager, t.graph.why);
+        for (int i = 0; i < N; i++) loss[run][i] = trainer_loss(&t, i);
+        params[run] = malloc((size_t)t.ps.numel * sizeof(real));
+        memcpy(params[run], params_pull(&t.ps), (size_t)t.ps.numel * sizeof(real));
+        int64_t numel = t.ps.numel;
+        trainer_free(&t);
+        if (run == 1)
+            cr_assert(memcmp(params[0], params[1], (size_t)numel * sizeof(real)) == 0,
+                      "the parameters after %d steps differ with graphs", N);
+    }
+    for (int i = 0; i < N; i++)
+        cr_assert(memcmp(&loss[0][i], &loss[1][i], sizeof(double)) == 0, "step %d: %.17g without graphs, %.17g with",
+                  i + 1, loss[0][i], loss[1][i]);
+    test_assert_resumed_losses(loss[2], loss[1], 3, N);
+    free(params[0]), free(params[1]);
+    test_remove_tree(dir);
 }
