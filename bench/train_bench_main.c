@@ -226,6 +226,14 @@ int main(int argc, char **argv) {
     }
     if (device == DEVICE_CUDA) cfg.train.device = DEVICE_CUDA;   // --device cuda = --set train.device=cuda
     device = (Device)cfg.train.device;
+    // Graphs where the config has them (auto: on the GPU) unless --graph says otherwise.
+    bool graphs = cfg.train.cuda_graph != CFG_GRAPH_OFF && !config_cuda_graph_refusal(&cfg);
+    if (graph_arg) graphs = strcmp(graph_arg, "off") != 0;
+    const char *why = graphs ? config_cuda_graph_refusal(&cfg) : NULL;
+    if (why) {
+        fprintf(stderr, "train_bench: --graph %s: %s\n", graph_arg, why);
+        return 2;
+    }
     int threads = model_set_threads(cfg.train.threads);
     if (!(s = model_set_products(&cfg)).ok) {   // [train] gemm, precision (--set train.gemm=onednn ...)
         fprintf(stderr, "train_bench: %s\n", s.msg);
@@ -256,14 +264,6 @@ int main(int argc, char **argv) {
     base = base ? base + 1 : path;
     print_setup(base, &lm, &ps, &cfg, threads, device);
 
-    // Graphs where the config has them (auto: on the GPU) unless --graph says otherwise.
-    bool graphs = cfg.train.cuda_graph != CFG_GRAPH_OFF && !config_cuda_graph_refusal(&cfg);
-    if (graph_arg) graphs = strcmp(graph_arg, "off") != 0;
-    const char *why = graphs ? config_cuda_graph_refusal(&cfg) : NULL;
-    if (why) {
-        fprintf(stderr, "train_bench: --graph %s: %s\n", graph_arg, why);
-        return 2;
-    }
     bool both = graph_arg && !strcmp(graph_arg, "both");
     real *start = NULL;   // both runs start from these values
     if (both) {

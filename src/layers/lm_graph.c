@@ -34,6 +34,12 @@ static LMGraphKey key_of(const Tape *tp, const int *x, const int *y, const int *
     return k;
 }
 
+static bool ids_in_range(const int *x, const int *y, int n, int V) {
+    for (int i = 0; i < n; i++)
+        if (x[i] < 0 || x[i] >= V || y[i] >= V) return false;
+    return true;
+}
+
 static bool key_equal(const LMGraphKey *a, const int *a_doc, const LMGraphKey *b, const int *doc) {
     if (a->B != b->B || a->T != b->T || a->count != b->count || a->docs != b->docs || a->block != b->block ||
         a->carry != b->carry || a->x != b->x || a->y != b->y || !a->block)
@@ -109,7 +115,10 @@ double lm_graph_micro_batch(LMGraph *gr, Tape *tp, LM *lm, const int *x, const i
         return eager(tp, lm, x, y, doc, B, T, carry);
     }
     LMGraphKey k = key_of(tp, x, y, doc, B, T, carry);
-    if (gr->have_key && key_equal(&gr->key, gr->key_doc, &k, doc)) return replay(gr, x, y);
+    // A replay skips the ops' checks of the ids and targets: an id outside
+    // the vocabulary runs eagerly, where op_embedding stops with its message.
+    if (gr->have_key && key_equal(&gr->key, gr->key_doc, &k, doc) && ids_in_range(x, y, B * T, lm->cfg.vocab_size))
+        return replay(gr, x, y);
     bool repeat = gr->have_prev && key_equal(&gr->prev, gr->prev_doc, &k, doc);
     key_store(&gr->prev, &gr->prev_doc, &k, doc);
     gr->have_prev = true;
