@@ -3,7 +3,7 @@
 // clipping and AdamW, exactly the work of one `train` step.
 //
 //   train_bench --config tiny_gdn.ini [--set section.key=value ...] [--steps N] [--warmup W] [--profile]
-//               [--device cpu|cuda]
+//               [--device cpu|cuda] [--graph on|off|both]
 //
 // The first step allocates the tape arena block by block and the second
 // consolidates it into one block (page faults both times): time from step 3 on.
@@ -18,6 +18,11 @@
 //   With --device cuda (a build with AG_CUDA) the parameters, moments, tape
 //   and step run on the GPU; each part is timed to a synchronisation of the
 //   stream; the RESULT line ends in device=cuda (the GPU is named in the header).
+//   On the GPU the forward and backward replay from a CUDA graph as in `train`
+//   ([train] cuda_graph, lm_graph.h): fwd_ms is then the forward and backward
+//   together and bwd_ms 0, and the line ends in graph=on. --graph on|off
+//   overrides the config; --graph both times eager steps, then graph steps
+//   from the same parameters, one RESULT line each and their ratio.
 // bench/compare_torch.sh runs it next to the PyTorch reference.
 #include <omp.h>
 #include <stdio.h>
@@ -28,6 +33,7 @@
 
 #include "blas.h"
 #include "device.h"
+#include "lm_graph.h"
 #include "model_setup.h"
 #include "optim.h"
 #include "runlog.h"
@@ -56,9 +62,10 @@ static void print_machine(void) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: train_bench --config FILE [--set section.key=value ...] [--steps N] [--warmup W] [--profile]\n"
-               "                   [--device cpu|cuda]\n"
+               "                   [--device cpu|cuda] [--graph on|off|both]\n"
                "  times N training steps (default 5) after W untimed ones (default 2) on random tokens;\n"
-               "  --profile also prints the time of each op kind (forward, backward) per step\n");
+               "  --profile also prints the time of each op kind (forward, backward) per step (eager steps);\n"
+               "  --graph: CUDA graphs on the GPU (default: [train] cuda_graph), or both: eager, then graphs\n");
 }
 
 // The header: the machine, the config (file name base) and its model, the
@@ -79,26 +86,33 @@ static void print_setup(const char *base, const LM *lm, const ParamStore *ps, co
 // warmup untimed training steps, then `steps` timed ones on the tokens x, y
 // (B = batch_size rows of T = seq_len): each part's wall time (forward,
 // backward, clip + optimizer, the step) and the step's CPU time into tf, tb,
-// to, ts, tc. With profile the tape profiles the timed steps. Returns the
+// to, ts, tc. With profile the tape profiles the timed steps. With gr the
+// forward and backward replay from its graph (tf: both, tb: 0). Returns the
 // last step's loss.
 static double run_steps(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const TrainConfig *cfg, const int *x,
-                        const int *y, int warmup, int steps, bool profile, double *tf, double *tb, double *to,
-                        double *ts, double *tc) {
+                        const int *y, int warmup, int steps, bool profile, LMGraph *gr, double *tf, double *tb,
+                        double *to, double *ts, double *tc) {
     int B = cfg->data.batch_size, T = cfg->data.seq_len;
     double last_loss = 0;
     for (int it = 0; it < warmup + steps; it++) {
         if (profile && it == warmup) tape_profile(tp, true);
         double c0 = runlog_cpu_now(), t0 = runlog_now();
         params_zero_grad(ps);
-        Tensor *loss = lm_loss(tp, lm, x, y, B, T, NULL);
-        dev_sync(tp->device);
-        double t1 = runlog_now();
-        tape_backward(tp, loss);
-        real l;
-        dev_to_host(&l, loss->data, sizeof l, tp->device);   // (waits for the backward on a GPU)
-        last_loss = l;
-        tape_reset(tp);
-        double t2 = runlog_now();
+        double t1, t2;
+        if (gr) {   // (reads the loss back: waits)
+            last_loss = lm_graph_micro_batch(gr, tp, lm, x, y, NULL, B, T, NULL);
+            t1 = t2 = runlog_now();
+        } else {
+            Tensor *loss = lm_loss(tp, lm, x, y, B, T, NULL);
+            dev_sync(tp->device);
+            t1 = runlog_now();
+            tape_backward(tp, loss);
+            real l;
+            dev_to_host(&l, loss->data, sizeof l, tp->device);   // (waits for the backward on a GPU)
+            last_loss = l;
+            tape_reset(tp);
+            t2 = runlog_now();
+        }
         optim_clip_grad_norm(ps, cfg->train.grad_clip);   // (reads the norm back: waits)
         optim_step(opt, ps, cfg->train.lr);
         dev_sync(tp->device);
@@ -115,12 +129,55 @@ static double run_steps(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const 
     return last_loss;
 }
 
+// Times the steps (eagerly, or with a CUDA graph when g) and prints the
+// per-step line and the RESULT line; returns tokens/s.
+static double bench_run(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const TrainConfig *cfg, const char *base,
+                        int threads, const int *x, const int *y, int warmup, int steps, bool profile, bool g) {
+    int B = cfg->data.batch_size, T = cfg->data.seq_len;
+    Device device = tp->device;
+    LMGraph gr;
+    lm_graph_init(&gr, device, g);
+    double *tf = xmalloc((size_t)steps * sizeof(double)), *tb = xmalloc((size_t)steps * sizeof(double));
+    double *to = xmalloc((size_t)steps * sizeof(double)), *ts = xmalloc((size_t)steps * sizeof(double));
+    double *tc = xmalloc((size_t)steps * sizeof(double));
+    double last_loss = run_steps(lm, ps, opt, tp, cfg, x, y, warmup, steps, profile, g ? &gr : NULL, tf, tb, to, ts, tc);
+    double mf = median(tf, steps), mb = median(tb, steps), mo = median(to, steps), ms = median(ts, steps);
+    double mc = median(tc, steps);
+    bool on = g && !gr.off;
+    if (g)
+        printf("CUDA graph: %s; %lld replays, %lld captures, %lld eager micro-batches\n",
+               gr.off ? gr.why : "on", (long long)gr.replays, (long long)gr.captures, (long long)gr.eager);
+    printf("per step (median of %d after %d warm-up): forward%s %.1f ms, backward %.1f ms, clip+AdamW %.1f ms, "
+           "total %.1f ms = %.0f tokens/s; CPU time %.1f ms = %.0f tokens per CPU-second   (last loss %.4f)\n",
+           steps, warmup, g ? "+backward (graph)" : "", 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc,
+           B * T / mc, last_loss);
+    printf("RESULT config=%s B=%d T=%d threads=%d params=%lld fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
+           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s gemm=%s products=%s device=%s graph=%s\n",
+           base, B, T, threads, (long long)params_count(ps, false), 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms,
+           B * T / ms, 1e3 * mc, B * T / mc, blas_core_name(), blas_backend_name(blas_backend),
+           blas_precision_name(device == DEVICE_CUDA ? (GemmPrecision)cfg->train.precision : blas_precision),
+           device_name(device), on ? "on" : "off");
+    if (profile) {
+        printf("op profile (per step, wall time; forward ops include their builders):\n");
+        tape_profile_print(tp, stdout, steps);
+        tape_profile(tp, false);
+    }
+    lm_graph_free(&gr);
+    free(tf);
+    free(tb);
+    free(to);
+    free(ts);
+    free(tc);
+    return B * T / ms;
+}
+
 int main(int argc, char **argv) {
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
     const char *config = NULL;
     int steps = 5, warmup = 2;   // the tape arena settles into one block during step 2
     bool profile = false;
     Device device = DEVICE_CPU;
+    const char *graph_arg = NULL;   // on | off | both (NULL: [train] cuda_graph)
     TrainConfig cfg;
     config_defaults(&cfg, model_mixer_known);
     const char **sets = calloc((size_t)argc, sizeof *sets);
@@ -131,6 +188,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile")) profile = true;
+        else if (!strcmp(argv[i], "--graph") && i + 1 < argc) {
+            graph_arg = argv[++i];
+            if (strcmp(graph_arg, "on") && strcmp(graph_arg, "off") && strcmp(graph_arg, "both")) {
+                fprintf(stderr, "train_bench: --graph '%.40s': expected on, off or both\n", graph_arg);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
             int d = device_parse(argv[++i]);
             if (d < 0) {
@@ -162,6 +226,14 @@ int main(int argc, char **argv) {
     }
     if (device == DEVICE_CUDA) cfg.train.device = DEVICE_CUDA;   // --device cuda = --set train.device=cuda
     device = (Device)cfg.train.device;
+    // Graphs where the config has them (auto: on the GPU) unless --graph says otherwise.
+    bool graphs = cfg.train.cuda_graph != CFG_GRAPH_OFF && !config_cuda_graph_refusal(&cfg);
+    if (graph_arg) graphs = strcmp(graph_arg, "off") != 0;
+    const char *why = graphs ? config_cuda_graph_refusal(&cfg) : NULL;
+    if (why) {
+        fprintf(stderr, "train_bench: --graph %s: %s\n", graph_arg, why);
+        return 2;
+    }
     int threads = model_set_threads(cfg.train.threads);
     if (!(s = model_set_products(&cfg)).ok) {   // [train] gemm, precision (--set train.gemm=onednn ...)
         fprintf(stderr, "train_bench: %s\n", s.msg);
@@ -192,31 +264,25 @@ int main(int argc, char **argv) {
     base = base ? base + 1 : path;
     print_setup(base, &lm, &ps, &cfg, threads, device);
 
-    double *tf = xmalloc((size_t)steps * sizeof(double)), *tb = xmalloc((size_t)steps * sizeof(double));
-    double *to = xmalloc((size_t)steps * sizeof(double)), *ts = xmalloc((size_t)steps * sizeof(double));
-    double *tc = xmalloc((size_t)steps * sizeof(double));
-    double last_loss = run_steps(&lm, &ps, &opt, &tp, &cfg, x, y, warmup, steps, profile, tf, tb, to, ts, tc);
-    double mf = median(tf, steps), mb = median(tb, steps), mo = median(to, steps), ms = median(ts, steps);
-    double mc = median(tc, steps);
-    printf("per step (median of %d after %d warm-up): forward %.1f ms, backward %.1f ms, clip+AdamW %.1f ms, "
-           "total %.1f ms = %.0f tokens/s; CPU time %.1f ms = %.0f tokens per CPU-second   (last loss %.4f)\n",
-           steps, warmup, 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc, B * T / mc, last_loss);
-    printf("RESULT config=%s B=%d T=%d threads=%d params=%lld fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
-           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s gemm=%s products=%s device=%s\n",
-           base, B, T, threads, (long long)params_count(&ps, false), 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms,
-           B * T / ms, 1e3 * mc, B * T / mc, blas_core_name(), blas_backend_name(blas_backend),
-           blas_precision_name(device == DEVICE_CUDA ? (GemmPrecision)cfg.train.precision : blas_precision),
-           device_name(device));
-
-    if (profile) {
-        printf("op profile (per step, wall time; forward ops include their builders):\n");
-        tape_profile_print(&tp, stdout, steps);
+    bool both = graph_arg && !strcmp(graph_arg, "both");
+    real *start = NULL;   // both runs start from these values
+    if (both) {
+        start = xmalloc((size_t)ps.numel * sizeof(real));
+        memcpy(start, params_pull(&ps), (size_t)ps.numel * sizeof(real));
     }
-    free(tf);
-    free(tb);
-    free(to);
-    free(ts);
-    free(tc);
+    double tps[2] = {0, 0};
+    for (int run = both ? 0 : 1; run < 2; run++) {
+        bool g = graphs && run == 1;
+        if (both && run == 1) {   // the same values, fresh moments
+            dev_from_host(ps.data, device, start, (size_t)ps.numel * sizeof(real));
+            optim_free(&opt);
+            adamw_init(&opt, &ps, cfg.train.beta1, cfg.train.beta2, cfg.train.adam_eps, cfg.train.weight_decay);
+        }
+        tps[run] = bench_run(&lm, &ps, &opt, &tp, &cfg, base, threads, x, y, warmup, steps, profile && !g, g);
+    }
+    if (both)
+        printf("graph vs eager: %.0f vs %.0f tokens/s = %.2fx\n", tps[1], tps[0], tps[0] > 0 ? tps[1] / tps[0] : 0);
+    free(start);
     free(x);
     free(y);
     free(sets);

@@ -320,6 +320,17 @@ static const char *origin_str(const TrainConfig *cfg, const char *section, const
 }
 #define WHERE(sec, key) origin_str(cfg, sec, key, (char[CONFIG_STR_MAX + 16]){0}, CONFIG_STR_MAX + 16)
 
+const char *config_cuda_graph_refusal(const TrainConfig *cfg) {
+    if (cfg->train.device != DEVICE_CUDA) return "graphs need device = cuda";
+    if (!device_cuda_built()) return "this build has no CUDA backend";
+    if (cfg->finetune.mode != FT_NONE)
+        return "indexer and sparse fine-tuning read the DSA selection and KL on the host inside the step";
+    for (int i = 0; i < cfg->model.layers.n; i++)
+        if (!strcmp(cfg->model.layers.name[i], "attn_dsa"))
+            return "attn_dsa layers read their selection on the host inside the step";
+    return NULL;
+}
+
 int config_warmup_steps(const TrainConfig *cfg) {
     if (cfg->train.warmup_steps >= 0) return cfg->train.warmup_steps;
     return (int)floor(cfg->train.warmup_fraction * cfg->train.steps + 0.5);
@@ -423,6 +434,10 @@ Status config_validate(const TrainConfig *cfg) {
         return status_err("%s: [train] carry_state: indexer fine-tuning trains no recurrent layer (use mode = "
                           "none or sparse)",
                           WHERE("train", "carry_state"));
+    const char *no_graph = config_cuda_graph_refusal(cfg);
+    if (cfg->train.cuda_graph == CFG_GRAPH_ON && no_graph)
+        return status_err("%s: [train] cuda_graph = on: %s (auto turns graphs off there)", WHERE("train", "cuda_graph"),
+                          no_graph);
     char why[600];
     const char *key = check_model(cfg, why, sizeof why);
     if (key) {

@@ -45,6 +45,7 @@ typedef enum { CFG_OPT_ADAMW, CFG_OPT_SGD, CFG_OPT_COUNT } ConfigOptimizer;
 typedef enum { FT_NONE, FT_INDEXER, FT_SPARSE, FT_COUNT } FinetuneMode;
 typedef enum { CFG_ORDER_RANDOM, CFG_ORDER_STREAMS } ConfigOrder;
 typedef enum { CFG_VAL_DOCUMENTS, CFG_VAL_TAIL } ConfigValChoice;
+typedef enum { CFG_GRAPH_AUTO, CFG_GRAPH_ON, CFG_GRAPH_OFF } ConfigCudaGraph;
 
 typedef struct ConfigNames {   // a comma list of names, e.g. "attn,gdn,attn"
     int n;
@@ -114,6 +115,7 @@ typedef struct TrainConfig {
         int dist_bucket_kb;              // under MPI: gradient bucket size (0: 1/16 of the gradient, 256 KiB-16 MiB)
         bool carry_state;                // rows read streams; recurrent states carried across windows
         int device;                      // Device (device.h): cpu | cuda
+        int cuda_graph;                  // ConfigCudaGraph: auto | on | off (docs/cuda.md "CUDA graphs")
     } train;
     struct {
         FinetuneMode mode;               // none | indexer | sparse
@@ -154,6 +156,12 @@ Status config_model(const TrainConfig *cfg, LMConfig *lc);
 
 // The warm-up steps a run uses: warmup_steps, or warmup_fraction x steps.
 int config_warmup_steps(const TrainConfig *cfg);
+// Why this config cannot train with CUDA graphs ([train] cuda_graph), or
+// NULL when it can: not on a GPU, a build without CUDA, or a mode whose step
+// reads device values on the host (DSA's selection and KL). cuda_graph = on
+// with a reason is a config error; auto means off then. (More than one MPI
+// rank is refused by the trainer, which knows the ranks.)
+const char *config_cuda_graph_refusal(const TrainConfig *cfg);
 
 // The keys one by one (e.g. to compare two configs): i in [0, config_n_keys()).
 typedef struct ConfigKeyRef {

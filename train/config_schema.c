@@ -120,6 +120,9 @@ const ConfigKey CONFIG_SCHEMA[] = {
      "under mpirun: KiB of gradient reduced per collective (0: 1/16 of it, 256 KiB to 16 MiB)", KEYF_RESUMABLE},
     {"train", "device", KEY_ENUM, OFF(train, device), "cpu", 0, 0, "cpu|cuda", NULL,
      "where the step runs: cpu, or cuda (a build with AG_CUDA and a GPU; docs/cuda.md)", KEYF_RESUMABLE},
+    {"train", "cuda_graph", KEY_ENUM, OFF(train, cuda_graph), "auto", 0, 0, "auto|on|off", "cuda_graphs",
+     "replay each micro-batch's forward and backward from a CUDA graph (device = cuda; auto: where supported)",
+     KEYF_RESUMABLE},
     {"train", "carry_state", KEY_BOOL, OFF(train, carry_state), "false", 0, 0, NULL, "tbptt,stateful",
      "each batch row reads one stream, window after window; recurrent layers start each window from the "
      "state the last one ended in (detached)"},

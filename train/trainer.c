@@ -154,6 +154,10 @@ static double train_micro_batch(Trainer *t, int B, int T, bool reduce, double we
     if (t->cfg.finetune.mode == FT_INDEXER) {
         loss = objective = lm_distill_loss_docs(&t->tp, &t->lm, t->x, doc, B, T);
         t->last_kl = tape_item(&t->tp, loss);
+    } else if (t->graph.g && !reduce) {   // (cuda_graph refuses the modes with a KL to read)
+        double v = lm_graph_micro_batch(&t->graph, &t->tp, &t->lm, t->x, t->y, doc, B, T, t->carry);
+        t->tp.loss_rows = 0;
+        return v;
     } else {
         loss = objective = t->carry ? lm_loss_carry(&t->tp, &t->lm, t->x, t->y, doc, B, T, t->carry, NULL)
                                     : lm_loss_docs(&t->tp, &t->lm, t->x, t->y, doc, B, T, NULL);
@@ -228,11 +232,12 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
         fprintf(stderr, "%d ranks x %d thread%s (MPI%s) on %s, GEMM %s\n", t->ranks, t->threads,
                 t->threads == 1 ? "" : "s", c->train.zero ? ", ZeRO-1" : "", un->machine, blas_describe());
     else if (c->train.device == DEVICE_CUDA)
-        fprintf(stderr, "GPU %s, products %s (cuBLAS%s)\n", device_describe(DEVICE_CUDA),
+        fprintf(stderr, "GPU %s, products %s (cuBLAS%s)%s\n", device_describe(DEVICE_CUDA),
                 blas_precision_name((GemmPrecision)c->train.precision),
                 c->train.precision == PRECISION_TF32   ? ", TF32 tensor cores"
                 : c->train.precision == PRECISION_BF16 ? ", bf16 tensor cores, float32 sums"
-                                                       : ", strict IEEE");
+                                                       : ", strict IEEE",
+                t->graph.g ? ", CUDA graphs" : "");
     else
         fprintf(stderr, "%d thread%s on %s, GEMM %s\n", t->threads, t->threads == 1 ? "" : "s", un->machine,
                 blas_describe());
@@ -456,6 +461,7 @@ int trainer_run(Trainer *t, const TrainerOptions *opts) {
     if (!o->quiet) print_start(t, o, &un);
     log_start(t, &rl, &un);
 
+    t->graph.quiet = o->quiet;
     stop_requested = 0;
     stop_ended_job = false;
     // (SIGUSR1: what mpirun forwards to the ranks without ending the job.)
@@ -516,6 +522,7 @@ void trainer_free(Trainer *t) {
     free(t->y);
     free(t->doc);
     if (t->carry) lm_cache_free(&t->lm, t->carry);
+    lm_graph_free(&t->graph);
     free(t->losses);
     tape_free(&t->tp);
     optim_free(&t->opt);

@@ -7,6 +7,7 @@
 #include "checkpoint.h"
 #include "dist.h"
 #include "dsa_eval.h"
+#include "lm_graph.h"
 #include "model_setup.h"
 #include "optim.h"
 #include "run_dir.h"
@@ -50,6 +51,7 @@ typedef struct Trainer {
     int *x, *y;                // (B*T) a batch
     int *doc;                  // (B*T) its doc_start flags (documents, carry_state)
     LMCache *carry;            // [train] carry_state: this rank's rows' carried states (else NULL)
+    LMGraph graph;             // [train] cuda_graph: the micro-batches' CUDA graph (graph.g NULL: eager)
     double *losses;            // (n_losses) training loss of steps first_step, first_step + 1, ...
     int64_t n_losses, cap_losses;
     bool has_val;              // a validation split exists (val_fraction > 0)

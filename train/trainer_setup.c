@@ -308,6 +308,9 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
         if (!s.ok) return s;
     }
     tape_init_on(&t->tp, (Device)c->train.device);
+    // [train] cuda_graph: on where supported unless off (on where it is not was a config error).
+    lm_graph_init(&t->graph, (Device)c->train.device,
+                  c->train.cuda_graph != CFG_GRAPH_OFF && !config_cuda_graph_refusal(c) && t->ranks == 1);
     size_t bt = (size_t)c->data.batch_size * c->data.seq_len;
     t->x = xmalloc(bt * sizeof(int));
     t->y = xmalloc(bt * sizeof(int));

@@ -39,6 +39,15 @@ void cu_fill(real *p, int64_t n, real v);
 void cu_sync(const char *where);
 void cu_set_tf32(bool on);
 void cu_set_bf16(bool on);   // src/cuda/ops_matmul.cu (device_set_bf16)
+// ---- CUDA graphs (src/cuda/graph_cuda.cu; device.h's dev_graph_*) ----
+CuGraph *cu_graph_new(void);
+void cu_graph_free(CuGraph *g);
+bool cu_graph_ready(const CuGraph *g);
+void cu_graph_begin(CuGraph *g, const void *const *inputs, const size_t *bytes, int n);
+bool cu_graph_end(CuGraph *g, char *why, size_t n);
+void cu_graph_launch(CuGraph *g, const void *const *inputs);
+int cu_graph_traced(const CuGraph *g);
+void cu_note_copy(const void *copy, const void *src, size_t bytes);
 // The GPU's DeviceKernels (device.h), the cu_* below (src/cuda/dispatch_cuda.cu).
 const DeviceKernels *cu_device_kernels(void);
 

@@ -179,3 +179,42 @@ void dev_sync(Device d) {
 #endif
     (void)d;
 }
+
+CuGraph *dev_graph_new(Device d) {
+#ifdef AG_CUDA
+    if (d == DEVICE_CUDA) return cu_graph_new();
+#endif
+    (void)d;
+    return NULL;
+}
+
+#ifdef AG_CUDA
+void dev_graph_free(CuGraph *g) { cu_graph_free(g); }
+bool dev_graph_ready(const CuGraph *g) { return cu_graph_ready(g); }
+void dev_graph_begin(CuGraph *g, const void *const *inputs, const size_t *bytes, int n) {
+    cu_graph_begin(g, inputs, bytes, n);
+}
+bool dev_graph_end(CuGraph *g, char *why, size_t n) { return cu_graph_end(g, why, n); }
+void dev_graph_launch(CuGraph *g, const void *const *inputs) { cu_graph_launch(g, inputs); }
+int dev_graph_traced(const CuGraph *g) { return cu_graph_traced(g); }
+void dev_note_copy(const void *copy, const void *src, size_t bytes) { cu_note_copy(copy, src, bytes); }
+#else
+// No graph exists in a CPU build (dev_graph_new returns NULL): these are never reached with one.
+void dev_graph_free(CuGraph *g) { (void)g; }
+bool dev_graph_ready(const CuGraph *g) { (void)g; return false; }
+void dev_graph_begin(CuGraph *g, const void *const *inputs, const size_t *bytes, int n) {
+    (void)g, (void)inputs, (void)bytes, (void)n;
+    FAIL("dev_graph_begin: this build has no CUDA backend");
+}
+bool dev_graph_end(CuGraph *g, char *why, size_t n) {
+    (void)g;
+    snprintf(why, n, "this build has no CUDA backend");
+    return false;
+}
+void dev_graph_launch(CuGraph *g, const void *const *inputs) {
+    (void)g, (void)inputs;
+    FAIL("dev_graph_launch: this build has no CUDA backend");
+}
+int dev_graph_traced(const CuGraph *g) { (void)g; return 0; }
+void dev_note_copy(const void *copy, const void *src, size_t bytes) { (void)copy, (void)src, (void)bytes; }
+#endif

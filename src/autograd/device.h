@@ -54,6 +54,26 @@ void dev_copy2d(Device d, void *dst, size_t dpitch, const void *src, size_t spit
 void dev_add_from_host(Device d, real *dst, const real *src, int64_t n);
 // Fill with NaN (the float64 build's poison of fresh buffers).
 void dev_fill_nan(Device d, real *p, int64_t n);
+// CUDA graphs (docs/cuda.md "CUDA graphs"). dev_graph_new: NULL where a
+// device has none (the CPU). Between begin and end the work queued on the
+// device is recorded, not run; end returns false with the reason when the
+// capture failed (a host read, a synchronisation, an allocation inside it),
+// and the caller then runs the work eagerly. A launch runs the recorded work
+// again; the bytes copied from the host are those of the capture, except the
+// copies traced back to one of the n inputs bound at begin (host arrays of
+// `bytes` each), which are read afresh from inputs[i] at each launch.
+// dev_note_copy: an op's host copy `copy` of the caller's `src` (lets the
+// capture trace a copy of `copy` to the input `src` lies in); a no-op unless
+// capturing.
+typedef struct CuGraph CuGraph;
+CuGraph *dev_graph_new(Device d);
+void dev_graph_free(CuGraph *g);
+bool dev_graph_ready(const CuGraph *g);
+void dev_graph_begin(CuGraph *g, const void *const *inputs, const size_t *bytes, int n);
+bool dev_graph_end(CuGraph *g, char *why, size_t n);
+void dev_graph_launch(CuGraph *g, const void *const *inputs);
+int dev_graph_traced(const CuGraph *g);   // copies refreshed from the inputs at each launch
+void dev_note_copy(const void *copy, const void *src, size_t bytes);
 // The GPU's float32 products: strict IEEE (false, the default) or TF32 on
 // the tensor cores (true: 10-bit mantissas in the products, float32 sums).
 void device_set_tf32(Device d, bool on);

@@ -63,6 +63,7 @@ Tensor *op_embedding(Tape *tp, Tensor *E, const int *ids, int ndim, const int *s
                ids[r], (long long)r, V, SHAPE(E));
         copy[r] = ids[r];
     }
+    dev_note_copy(copy, ids, (size_t)rows * sizeof(int));   // (a graph's capture traces the ids to the batch)
     Tensor *y = tape_tensor(tp, ndim + 1, oshape);
     Node *n = tape_op(tp, &OP_EMBEDDING, &E, 1, &y, 1);
     n->aux = copy;

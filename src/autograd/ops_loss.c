@@ -156,6 +156,7 @@ Tensor *op_cross_entropy(Tape *tp, Tensor *logits, const int *targets) {
                targets[r], (long long)r, V, SHAPE(logits));
         copy[r] = targets[r];
     }
+    dev_note_copy(copy, targets, (size_t)rows * sizeof(int));   // (a graph's capture traces them to the batch)
     Tensor *loss = tape_tensor(tp, 1, (int[]){1});
     Node *n = tape_op(tp, &OP_CROSS_ENTROPY, &logits, 1, &loss, 1);
     n->aux = copy;

@@ -116,6 +116,7 @@ void tape_init_on(Tape *tp, Device device) {
     tp->after_node = NULL;
     tp->after_node_ctx = NULL;
     tp->loss_rows = 0;
+    tp->graphable = false;
 }
 
 int tape_loss_rows(const Tape *tp, int rows, const char *op) {

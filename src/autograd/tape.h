@@ -75,6 +75,12 @@ struct Tape {
     // products then round them alike). 0 (tape_init): the rows the loss op
     // is given. Read by cross_entropy, dsa_kl and dsa_sel_kl, CPU tapes only.
     int loss_rows;
+    // A CUDA graph may replay this tape's micro-batches (lm_graph.h): ops
+    // whose GPU pair would make a decision from batch data on the host (the
+    // embedding's backward groups the ids) make it on the device instead,
+    // eagerly too, so that the eager micro-batches before a capture allocate
+    // what the captured one does. false (tape_init): the host way.
+    bool graphable;
 };
 
 void tape_init(Tape *tp);

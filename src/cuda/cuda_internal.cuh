@@ -20,18 +20,28 @@
 extern cudaStream_t cu_stream;
 extern cublasHandle_t cu_blas;
 
-// A failed CUDA call stops with the call, the error and where it was made.
+// While a CUDA graph is captured (graph_cuda.cu), a call that would break
+// the capture (a copy to the host, a synchronisation, an allocation) or
+// fails is recorded as the capture's failure instead of stopping the
+// program: cu_capture_absorb returns true then, and the caller runs the
+// work eagerly after the capture ends.
+extern bool cu_capturing;
+extern "C" bool cu_capture_absorb(const char *what, const char *err);
+extern "C" void *cu_capture_stage(const void *src, size_t bytes);
+
+// A failed CUDA call stops with the call, the error and where it was made
+// (unless a capture absorbs it).
 #define CU_CHECK(call)                                                                            \
     do {                                                                                          \
         cudaError_t cu_e_ = (call);                                                               \
-        if (cu_e_ != cudaSuccess)                                                                 \
+        if (cu_e_ != cudaSuccess && !cu_capture_absorb(#call, cudaGetErrorString(cu_e_)))         \
             ag_fail(__FILE__, __LINE__, "CUDA: %s: %s (%s)", #call, cudaGetErrorString(cu_e_),  \
                     cudaGetErrorName(cu_e_));                                                     \
     } while (0)
 #define CUBLAS_CHECK(call)                                                                        \
     do {                                                                                          \
         cublasStatus_t cu_s_ = (call);                                                            \
-        if (cu_s_ != CUBLAS_STATUS_SUCCESS)                                                       \
+        if (cu_s_ != CUBLAS_STATUS_SUCCESS && !cu_capture_absorb(#call, cublasGetStatusString(cu_s_))) \
             ag_fail(__FILE__, __LINE__, "cuBLAS: %s: %s", #call, cublasGetStatusString(cu_s_));  \
     } while (0)
 // After a launch: a bad configuration shows at once (no synchronisation).

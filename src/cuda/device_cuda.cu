@@ -27,6 +27,8 @@ static int64_t cu_stage_n;
 #define CU_PIN_MAX ((size_t)256 << 10)
 static unsigned char *cu_pin;
 static size_t cu_pin_at;
+#define CU_BLAS_WS ((size_t)32 << 20)
+static void *cu_blas_ws;
 
 extern "C" bool cu_init(char *err, size_t n) {
     if (cu_ready) return true;
@@ -49,6 +51,12 @@ extern "C" bool cu_init(char *err, size_t n) {
     cu_pin_at = 0;
     CUBLAS_CHECK(cublasCreate(&cu_blas));
     CUBLAS_CHECK(cublasSetStream(cu_blas, cu_stream));
+    // A fixed workspace (the size cuBLAS recommends for Hopper), set after
+    // cublasSetStream (which resets it): cuBLAS then allocates nothing per
+    // call, which a captured CUDA graph requires, and every product of eager
+    // and captured steps has the same workspace to choose its kernels by.
+    CU_CHECK(cudaMalloc(&cu_blas_ws, CU_BLAS_WS));
+    CUBLAS_CHECK(cublasSetWorkspace(cu_blas, cu_blas_ws, CU_BLAS_WS));
     // Strict IEEE float32 products unless a caller asks for TF32 (docs/cuda.md).
     CUBLAS_CHECK(cublasSetMathMode(cu_blas, CUBLAS_PEDANTIC_MATH));
     int rt = 0;
@@ -64,6 +72,8 @@ extern "C" const char *cu_describe(void) { return cu_ready ? cu_desc : "cuda (no
 extern "C" void *cu_alloc(size_t bytes) {
     ASSERT(cu_ready, "GPU memory asked for before device_cuda_init");
     void *p = NULL;
+    // A graph's addresses must stay the ones of the settled arena.
+    if (cu_capture_absorb("cudaMalloc", "memory allocated while capturing (the arena grew)")) return NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
     if (e != cudaSuccess) {
         size_t free_b = 0, total_b = 0;
@@ -75,7 +85,9 @@ extern "C" void *cu_alloc(size_t bytes) {
 }
 
 extern "C" void cu_free(void *p) {
-    if (p) CU_CHECK(cudaFree(p));
+    if (!p) return;
+    if (cu_capture_absorb("cudaFree", "memory freed while capturing")) return;   // (kept: a small leak once)
+    CU_CHECK(cudaFree(p));
 }
 
 extern "C" void cu_zero(void *p, size_t bytes) {
@@ -84,6 +96,10 @@ extern "C" void cu_zero(void *p, size_t bytes) {
 
 extern "C" void cu_to_host(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
+    if (cu_capture_absorb("a copy to the host", "a host read inside the captured work")) {
+        memset(dst, 0, bytes);   // the capture is void; the work runs eagerly after it
+        return;
+    }
     CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cu_stream));
     cu_sync("a copy to the host");
 }
@@ -99,6 +115,11 @@ extern "C" bool cu_holds(const void *p) {
 
 extern "C" void cu_from_host(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
+    if (cu_capturing) {   // from the graph's own pinned bytes, kept for its replays
+        void *p = cu_capture_stage(src, bytes);
+        if (p) CU_CHECK(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, cu_stream));
+        return;
+    }
     if (bytes <= CU_PIN_MAX) {
         size_t need = (bytes + 255) & ~(size_t)255;
         if (cu_pin_at + need > CU_PIN_BYTES) cu_sync("the pinned copy ring");   // resets cu_pin_at
@@ -129,6 +150,7 @@ __global__ void k_add(real *dst, const real *src, int64_t n) {
 extern "C" void cu_add_from_host(real *dst, const real *src, int64_t n) {
     if (n <= 0) return;
     if (n > cu_stage_n) {
+        if (cu_capture_absorb("the seed buffer", "grown while capturing")) return;
         if (cu_stage) CU_CHECK(cudaFree(cu_stage));   // synchronises: no kernel still reads it
         cu_stage = (real *)cu_alloc((size_t)n * sizeof(real));
         cu_stage_n = n;
@@ -153,6 +175,7 @@ extern "C" void cu_set_tf32(bool on) {
 }
 
 extern "C" void cu_sync(const char *where) {
+    if (cu_capture_absorb("a synchronisation", where)) return;
     cudaError_t e = cudaStreamSynchronize(cu_stream);
     if (e != cudaSuccess)
         FAIL("CUDA: a kernel failed (noticed at %s): %s (%s)", where, cudaGetErrorString(e), cudaGetErrorName(e));

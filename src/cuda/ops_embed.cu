@@ -6,7 +6,12 @@
 // gives, for each id used, its positions in increasing order. One thread per
 // (id, column) then adds them in that order, as the CPU does, so the result
 // does not depend on timing (it is the CPU's sum, element for element).
+// On a tape a CUDA graph may replay (Tape.graphable) the grouping is made on
+// the device instead (a replay's ids are another batch's): the same groups,
+// the same sums.
 #include <string.h>
+
+#include <cub/cub.cuh>
 
 #include "cuda_internal.cuh"
 
@@ -48,6 +53,58 @@ __global__ void k_embed_back(const int *uniq, const int *start, const int *pos, 
     dE[v * D + j] = acc;
 }
 
+__global__ void k_iota(int *p, int64_t n) {
+    CU_FOR(i, n) p[i] = (int)i;
+}
+
+// k_embed_back with the groups made on the device: run k of the sorted ids
+// is id uniq[k], positions pos[start[k] .. start[k] + cnt[k]) increasing;
+// blocks past the number of runs have nothing to do.
+__global__ void k_embed_back_runs(const int *uniq, const int *cnt, const int *start, const int *nruns, const int *pos,
+                                  const real *g, real *dE, int D) {
+    int j = blockIdx.y * EMB_COLS + threadIdx.x;
+    int k = blockIdx.x;
+    if (j >= D || k >= *nruns) return;
+    int64_t v = uniq[k];
+    real acc = dE[v * D + j];
+    int p0 = start[k], p1 = p0 + cnt[k];
+#pragma unroll 8
+    for (int p = p0; p < p1; p++) acc += g[(int64_t)pos[p] * D + j];
+    dE[v * D + j] = acc;
+}
+
+// The grouping on the device, in stream order (no host read): cub's radix
+// sort of (id, position) pairs is stable, so each id's positions stay
+// increasing; run-length encoding lists the ids used and their counts, an
+// exclusive sum the runs' starts. The grid covers min(V, rows) runs.
+static void embed_back_device(Tape *tp, const int *ids_host, int V, int64_t rows, int D, const real *g, real *dE) {
+    int n = (int)rows;
+    int cap = rows < V ? (int)rows : V, bits = 1;
+    while (bits < 31 && (1 << bits) < V) bits++;
+    size_t ib = (size_t)n * sizeof(int), cb = (size_t)cap * sizeof(int);
+    int *ids = (int *)tape_dalloc(tp, ib), *iota = (int *)tape_dalloc(tp, ib), *keys = (int *)tape_dalloc(tp, ib);
+    int *pos = (int *)tape_dalloc(tp, ib), *uniq = (int *)tape_dalloc(tp, cb), *cnt = (int *)tape_dalloc(tp, cb);
+    int *start = (int *)tape_dalloc(tp, cb), *nruns = (int *)tape_dalloc(tp, sizeof(int));
+    cu_from_host(ids, ids_host, ib);
+    cu_zero(cnt, cb);   // (the sum reads runs past the count: zeros)
+    k_iota<<<cu_grid(n), CU_THREADS, 0, cu_stream>>>(iota, n);
+    CU_LAUNCHED();
+    size_t b1 = 0, b2 = 0, b3 = 0;
+    CU_CHECK(cub::DeviceRadixSort::SortPairs(NULL, b1, ids, keys, iota, pos, n, 0, bits, cu_stream));
+    CU_CHECK(cub::DeviceRunLengthEncode::Encode(NULL, b2, keys, uniq, cnt, nruns, n, cu_stream));
+    CU_CHECK(cub::DeviceScan::ExclusiveSum(NULL, b3, cnt, start, cap, cu_stream));
+    size_t tb = b1 > b2 ? b1 : b2;
+    tb = tb > b3 ? tb : b3;
+    void *tmp = tape_dalloc(tp, tb ? tb : 1);
+    CU_CHECK(cub::DeviceRadixSort::SortPairs(tmp, b1, ids, keys, iota, pos, n, 0, bits, cu_stream));
+    CU_CHECK(cub::DeviceRunLengthEncode::Encode(tmp, b2, keys, uniq, cnt, nruns, n, cu_stream));
+    CU_CHECK(cub::DeviceScan::ExclusiveSum(tmp, b3, cnt, start, cap, cu_stream));
+    dim3 grid((unsigned)cap, (unsigned)((D + EMB_COLS - 1) / EMB_COLS));
+    int threads = D >= EMB_COLS ? EMB_COLS : (D + 31) / 32 * 32;
+    k_embed_back_runs<<<grid, threads, 0, cu_stream>>>(uniq, cnt, start, nruns, pos, g, dE, D);
+    CU_LAUNCHED();
+}
+
 extern "C" void cu_embedding_backward(Node *n) {
     bool fresh;
     real *dE = CU_GRAD_FRESH(n, 0, &fresh);
@@ -63,6 +120,10 @@ extern "C" void cu_embedding_backward(Node *n) {
     // what the kernel reads, in one copy: start (nu + 1), uniq (nu), pos (rows),
     // with nu <= min(V, rows) ids used.
     Tape *tp = n->tape;
+    if (tp->graphable || cu_capturing) {
+        embed_back_device(tp, ids, V, rows, D, n->out[0]->grad, dE);
+        return;
+    }
     int *cnt = (int *)tape_alloc(tp, ((size_t)V + 1) * sizeof(int));
     int64_t cap = rows < V ? rows : V;
     int *buf = (int *)tape_alloc(tp, (size_t)(2 * cap + 1 + rows) * sizeof(int));

@@ -22,6 +22,10 @@ Tensor *cuda_input(bool grad, uint64_t seed, int ndim, ...);   // std 1
 // Returns the worst error seen (also asserted), for tests that report it.
 double cuda_check_op(const char *label, GradcheckFn f, Tensor *const *inputs, int n_inputs, void *ctx);
 
+// test_tiny_lm_config widened for the GPU's LM tests (vocabulary 97, d_model
+// 32, d_ff 64, 2 heads of 16, chunks of 8, convolutions of 4) with `layers`.
+LMConfig cuda_small_lm_config(const char *layers);
+
 // A training step's loss for cuda_train_steps (the test's choice), built on tp.
 typedef Tensor *(*CudaLossFn)(Tape *tp, LM *lm, int step, void *ctx);
 // `steps` AdamW steps (betas 0.9, 0.95, eps 1e-8, decay 0.1; clip 1, lr 3e-3)

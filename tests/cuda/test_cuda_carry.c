@@ -48,15 +48,7 @@ typedef struct {
 } CarryRun;
 
 static void carry_run(Device d, const char *layers, CarryRun *r) {
-    LMConfig cfg = test_tiny_lm_config(layers);
-    cfg.vocab_size = 97;
-    cfg.d_model = 32;
-    cfg.d_ff = 64;
-    cfg.mixer = mixer_config_default(32, 2, 16, 16);
-    cfg.mixer.chunk_size = 8;
-    cfg.mixer.conv_size = 4;
-    Status s = lm_parse_layers(&cfg, layers);
-    cr_assert(s.ok, "%s", s.msg);
+    LMConfig cfg = cuda_small_lm_config(layers);
     ParamStore ps;
     params_init(&ps);
     LM lm;
