@@ -38,8 +38,8 @@ extern "C" bool cu_init(char *err, size_t n) {
         return false;
     }
     if (cu_ordinal >= count) {
-        snprintf(err, n, "GPU %d asked for, and this machine shows %d (one GPU per rank: at most %d ranks here)",
-                 cu_ordinal, count, count);
+        snprintf(err, n, "GPU %d asked for, and this machine shows %d (one GPU per rank: at most %d rank%s here)",
+                 cu_ordinal, count, count, count == 1 ? "" : "s");
         return false;
     }
     cudaDeviceProp p;
