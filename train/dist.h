@@ -136,6 +136,8 @@ DistGrads *dist_grads_new(ParamStore *ps, bool zero, size_t bucket_bytes);
 // calls it; in a group of one it makes a communicator of one (the tests'
 // way to run this path on one GPU). NULL with why in err.
 DistGrads *dist_grads_new_nccl(ParamStore *ps, size_t bucket_bytes, char *err, size_t n);
+// Does this build have it (CUDA, MPI and NCCL)?
+bool dist_nccl_built(void);
 void dist_grads_free(DistGrads *g);
 #define DIST_BUCKETS 16
 #define DIST_BUCKET_MIN ((size_t)256 << 10)

@@ -420,3 +420,11 @@ int dist_grads_times(const DistGrads *g, const double **bwd_end, const double **
 }
 
 #endif
+
+bool dist_nccl_built(void) {
+#ifdef ATTNLAB_NCCL
+    return true;
+#else
+    return false;
+#endif
+}
