@@ -45,10 +45,13 @@ static void cuda_ok(cudaError_t e, const char *what) {
 
 static void nccl_ok(DistNccl *c, ncclResult_t r, const char *what) {
     if (r == ncclSuccess) return;
-    const char *last = c && c->comm ? ncclGetLastError(c->comm) : "";
-    if (c && c->comm) ncclCommAbort(c->comm);
-    dist_abort(4, "GPU gradient reduction: %s failed: %s%s%s", what, ncclGetErrorString(r), last && *last ? ": " : "",
-               last ? last : "");
+    char last[300] = "";   // (NCCL's words, kept before the abort)
+    if (c && c->comm) {
+        const char *l = ncclGetLastError(c->comm);
+        snprintf(last, sizeof last, "%s", l ? l : "");
+        ncclCommAbort(c->comm);
+    }
+    dist_abort(4, "GPU gradient reduction: %s failed: %s%s%s", what, ncclGetErrorString(r), last[0] ? ": " : "", last);
 }
 
 DistNccl *dist_nccl_new(char *err, size_t n) {
