@@ -163,7 +163,8 @@ void dist_gather_moments(DistGrads *g, const Optimizer *opt, real *m_full, real 
 // Do all ranks hold the same parameters? (a CRC of the block, compared).
 bool dist_params_agree(const DistGrads *g);
 DistStats dist_grads_stats(const DistGrads *g);
-// When each reduction's backward ended (dist_grads_flush) and when the
+// When each reduction's backward ended (dist_grads_flush; GPU ranks: when
+// the GPU finished it, from CUDA events, on the host's clock) and when the
 // reduction was complete here (dist_grads_wait), in seconds of
 // CLOCK_MONOTONIC, which the ranks of one machine share: the communication
 // left after the backward is max over ranks of done - max over ranks of

@@ -291,6 +291,9 @@ void dist_grads_arm(DistGrads *g, Tape *tp, double weight) {
 void dist_grads_flush(DistGrads *g) {
     if (!g) return;
     if (g->tp && g->st.steps < DIST_MAX_WAITS) g->bwd_end[g->st.steps] = dist_now();
+#ifdef ATTNLAB_NCCL
+    if (g->tp && g->nccl) dist_nccl_backward_end(g->nccl);   // (the GPU ends it later than the host queued it)
+#endif
     while (g->next < g->nb) start_bucket(g, &g->b[g->next++]);
     if (g->tp) {
         g->tp->after_node = NULL;
@@ -302,10 +305,10 @@ void dist_grads_flush(DistGrads *g) {
 void dist_grads_wait(DistGrads *g) {
     if (!g) return;
     dist_grads_flush(g);
-    double t0 = dist_now();
+    double t0 = dist_now(), late = 0;
     if (g->nccl) {
 #ifdef ATTNLAB_NCCL
-        dist_nccl_wait(g->nccl, dist_timeout());   // (the results are in place: nothing to copy)
+        late = dist_nccl_wait(g->nccl, dist_timeout());   // (the results are in place: nothing to copy)
 #endif
         for (int k = 0; k < g->nb; k++)
             if (g->b[k].state == BUCKET_RUNNING) {
@@ -326,7 +329,11 @@ void dist_grads_wait(DistGrads *g) {
     }
     double t1 = dist_now();
     g->st.wait_s += t1 - t0;
-    if (g->st.steps < DIST_MAX_WAITS) g->done[g->st.steps] = t1;
+    if (g->st.steps < DIST_MAX_WAITS) {
+        g->done[g->st.steps] = t1;
+        // The GPU's backward ended `late` before its reduction did, not when the host had queued it.
+        if (g->nccl) g->bwd_end[g->st.steps] = t1 - late;
+    }
     if (g->t_first > 0) g->st.comm_s += g->t_last - g->t_first;
     g->st.steps++;
 }

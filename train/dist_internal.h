@@ -51,9 +51,13 @@ void dist_nccl_free(DistNccl *c);
 // scaled there by weight (unless 1), then summed over the ranks on the
 // communicator's stream into recv and copied back.
 void dist_nccl_bucket(DistNccl *c, real *grad, real *recv, int64_t n, double weight);
+// The backward has been queued to its end (on the library's stream).
+void dist_nccl_backward_end(DistNccl *c);
 // Every bucket started is reduced and back in place (and the library's
-// stream will run after it); errors and `timeout` seconds without progress end the job.
-void dist_nccl_wait(DistNccl *c, double timeout);
+// stream will run after it); errors and `timeout` seconds without progress
+// end the job. Returns the seconds the reduction ran on the GPU after the
+// backward's end (dist_nccl_backward_end; 0 when it ended first).
+double dist_nccl_wait(DistNccl *c, double timeout);
 #endif
 #endif
 

@@ -36,6 +36,8 @@ struct DistNccl {
     ncclComm_t comm;
     cudaStream_t stream;      // the communicator's
     cudaEvent_t ready, done;  // ready: after a bucket's scaling on the library's stream; done: after the last copy
+    cudaEvent_t bwd;          // the backward's end on the library's stream (timing the reduction left after it)
+    bool marked;              // bwd recorded for this step
 };
 
 // Ends the job when a CUDA call failed (what names it).
@@ -85,7 +87,8 @@ DistNccl *dist_nccl_new(char *err, size_t n) {
     }
     cuda_ok(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda_ok(cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_ok(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_ok(cudaEventCreate(&c->done), "cudaEventCreate");
+    cuda_ok(cudaEventCreate(&c->bwd), "cudaEventCreate");
     return c;
 }
 
@@ -95,6 +98,7 @@ void dist_nccl_free(DistNccl *c) {
     ncclCommDestroy(c->comm);
     cudaEventDestroy(c->ready);
     cudaEventDestroy(c->done);
+    cudaEventDestroy(c->bwd);
     cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -110,7 +114,12 @@ void dist_nccl_bucket(DistNccl *c, real *grad, real *recv, int64_t n, double wei
             "copying a reduced bucket back");
 }
 
-void dist_nccl_wait(DistNccl *c, double timeout) {
+void dist_nccl_backward_end(DistNccl *c) {
+    cuda_ok(cudaEventRecord(c->bwd, (cudaStream_t)cu_stream_handle()), "cudaEventRecord");
+    c->marked = true;
+}
+
+double dist_nccl_wait(DistNccl *c, double timeout) {
     cuda_ok(cudaEventRecord(c->done, c->stream), "cudaEventRecord");
     double t0 = dist_now();
     for (long spins = 0;; spins++) {
@@ -131,6 +140,13 @@ void dist_nccl_wait(DistNccl *c, double timeout) {
     }
     // Whatever the library's stream runs next (clipping, the update) comes after the reduction.
     cuda_ok(cudaStreamWaitEvent((cudaStream_t)cu_stream_handle(), c->done, 0), "cudaStreamWaitEvent");
+    // The GPU's time from the backward's end to the reduction's (0: it ended first, or the backward is
+    // still running, which leaves nothing of the reduction after it).
+    float ms = 0;
+    if (c->marked && cudaEventQuery(c->bwd) == cudaSuccess)
+        cuda_ok(cudaEventElapsedTime(&ms, c->bwd, c->done), "cudaEventElapsedTime");
+    c->marked = false;
+    return ms > 0 ? 1e-3 * ms : 0;
 }
 
 #else

@@ -314,8 +314,8 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
     rng_seed(&t->model_rng, (uint64_t)c->train.seed ^ 0x5eedull);
     // The gradient reduction over the trainable parameters (NULL in one process), and this rank's slice.
     // (The GPU ranks' comes once the parameters are on the GPU: setup_gpu_ranks.)
-    t->dg = c->train.device == DEVICE_CPU ? dist_grads_new(&t->ps, c->train.zero == 1, (size_t)c->train.dist_bucket_kb << 10)
-                                          : NULL;
+    size_t bucket_bytes = (size_t)c->train.dist_bucket_kb << 10;
+    t->dg = c->train.device == DEVICE_CPU ? dist_grads_new(&t->ps, c->train.zero == 1, bucket_bytes) : NULL;
     dist_grads_slice(t->dg, &t->slice_lo, &t->slice_hi);
     if (t->slice_hi > t->ps.numel) t->slice_hi = t->ps.numel;
     if (c->train.optimizer == CFG_OPT_SGD) sgd_init(&t->opt, &t->ps, c->train.momentum, c->train.weight_decay);
