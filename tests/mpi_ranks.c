@@ -188,3 +188,17 @@ Test(mpi, ranks_on_different_paths_stop_with_a_message, .timeout = 120) {
                       "'start' after 0 steps");
     free(text);
 }
+
+// GPU ranks (device = cuda under mpirun, one GPU each, NCCL) reduce whole
+// gradients: ZeRO-1 there is refused at start-up with one message, in any
+// build (the check comes before the GPU's), and nothing is written.
+Test(mpi, gpu_ranks_refuse_zero_1_with_a_message, .timeout = 120) {
+    setup_config("mpi_gpu_zero");
+    Run r;
+    const char *gpu_zero[] = {"--set", "train.device=cuda", "--set", "train.zero=1", NULL};
+    char *text = mpmd(&r, "gpu_zero", (const char *const[]){NULL, NULL},
+                      (const char *const *const[]){gpu_zero, gpu_zero}, NULL);
+    assert_once(text, "[train] zero = 1 with device = cuda: ZeRO-1 is for the CPU ranks only so far");
+    assert_no_run(&r);
+    free(text);
+}

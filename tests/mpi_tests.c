@@ -14,7 +14,7 @@
 // a stopped (hung) one within the watchdog's timeout, with a message, leaving
 // a loadable checkpoint; the collectives also run over TCP; with bf16
 // products too, repeat runs are bit-identical and ranks equal one process to
-// float32 rounding. Ranks that differ: mpi_ranks.c.
+// float32 rounding. Ranks that differ: mpi_ranks.c; GPU ranks: mpi_gpu.c.
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -28,19 +28,6 @@
 #include "model_setup.h"
 #include "mpi_tests.h"
 #include "test_util.h"
-
-// Float32 rounding through a dozen steps of a tiny model: the sums over the
-// batch happen in another order (per rank, then across ranks), so the losses
-// and weights of N ranks and of one process differ in the last bits, which
-// training then carries along. Measured: at most 2e-6 in the losses over
-// these 12 steps (the logs keep 6 decimals).
-#ifdef AG_DOUBLE
-#define LOSS_TOL 2e-6   // (the logs' resolution)
-#define PARAM_TOL 1e-12
-#else
-#define LOSS_TOL 2e-5
-#define PARAM_TOL 1e-5
-#endif
 
 #define MAX_LOSSES 64
 
@@ -115,7 +102,7 @@ static void start(Run *r, const char *name, int np, const char *const *extra, do
     r->code = test_spawn(argv, NULL, NULL, r->err, wait_s, pid);
 }
 
-static Run run(const char *name, int np, const char *const *extra) {
+Run run(const char *name, int np, const char *const *extra) {
     Run r;
     start(&r, name, np, extra, 120, NULL);
     char *e = test_read_file(r.err);
@@ -125,7 +112,7 @@ static Run run(const char *name, int np, const char *const *extra) {
 }
 
 // The run's metrics.jsonl (free()).
-static char *metrics(const Run *r) {
+char *metrics(const Run *r) {
     char p[1500];
     snprintf(p, sizeof p, "%s/metrics.jsonl", r->dir);
     char *text = test_read_file(p);
@@ -166,7 +153,7 @@ static double val_loss(const Run *r, int step) {
 }
 
 // The largest loss difference over steps [from, to].
-static double loss_diff(const Run *a, const Run *b, int from, int to) {
+double loss_diff(const Run *a, const Run *b, int from, int to) {
     double la[MAX_LOSSES] = {0}, lb[MAX_LOSSES] = {0};
     cr_assert_geq(losses(a, la), to, "%s", a->dir);
     cr_assert_geq(losses(b, lb), to, "%s", b->dir);
@@ -201,7 +188,7 @@ static void unload(Model *m) {
 }
 
 // max_rel_diff of the two runs' final parameters.
-static double param_diff(const Run *a, const Run *b) {
+double param_diff(const Run *a, const Run *b) {
     Model ma, mb;
     load(a, &ma);
     load(b, &mb);

@@ -22,6 +22,10 @@
 // sums do not depend on timing: fixed buckets, MPI's algorithm fixed by the
 // sizes and the rank count.
 //
+// The GPU ranks (dist_grads_new_nccl) reduce the same buckets with NCCL on a
+// stream of their own, each after a CUDA event that follows its gradient's
+// last kernel (dist_nccl.c).
+//
 // Plain data parallel (zero = 0): MPI_Iallreduce of each bucket into a second
 // block, copied back as it completes. ZeRO-1 (zero = 1): the flat block is cut
 // into one contiguous slice per rank (dist_grads_slice); each bucket is
@@ -57,6 +61,8 @@ int dist_rank(void);
 int dist_size(void);
 // Ranks of this job on this machine (1 when not launched by mpirun).
 int dist_local_size(void);
+// This rank's place among them, 0 .. dist_local_size() - 1 (the GPU it takes).
+int dist_local_rank(void);
 // Is MPI in use (size > 1 or launched by mpirun)?
 bool dist_active(void);
 // The seconds every wait below allows before it aborts the job (default 300).
@@ -124,6 +130,14 @@ typedef struct DistStats {
 // the forward reads first complete last, and only their bucket is then still
 // to go); each bucket costs a collective's latency.
 DistGrads *dist_grads_new(ParamStore *ps, bool zero, size_t bucket_bytes);
+// The GPU ranks' reduction (device = cuda; builds with NCCL, docs/cuda.md):
+// the same buckets and schedule over ps's gradient block, which is on the
+// GPU already, reduced by NCCL (plain data parallel: no ZeRO-1). Every rank
+// calls it; in a group of one it makes a communicator of one (the tests'
+// way to run this path on one GPU). NULL with why in err.
+DistGrads *dist_grads_new_nccl(ParamStore *ps, size_t bucket_bytes, char *err, size_t n);
+// Does this build have it (CUDA, MPI and NCCL)?
+bool dist_nccl_built(void);
 void dist_grads_free(DistGrads *g);
 #define DIST_BUCKETS 16
 #define DIST_BUCKET_MIN ((size_t)256 << 10)
@@ -149,7 +163,8 @@ void dist_gather_moments(DistGrads *g, const Optimizer *opt, real *m_full, real 
 // Do all ranks hold the same parameters? (a CRC of the block, compared).
 bool dist_params_agree(const DistGrads *g);
 DistStats dist_grads_stats(const DistGrads *g);
-// When each reduction's backward ended (dist_grads_flush) and when the
+// When each reduction's backward ended (dist_grads_flush; GPU ranks: when
+// the GPU finished it, from CUDA events, on the host's clock) and when the
 // reduction was complete here (dist_grads_wait), in seconds of
 // CLOCK_MONOTONIC, which the ranks of one machine share: the communication
 // left after the backward is max over ranks of done - max over ranks of

@@ -1,5 +1,7 @@
 // dist_grads.c: the bucketed gradient reduction, overlapped with the
-// backward, and the ZeRO-1 pieces (dist.h).
+// backward, and the ZeRO-1 pieces (dist.h). One bucket plan and schedule for
+// both kinds of ranks: the CPU's buckets go through MPI, the GPU's through
+// NCCL (dist_nccl.c); only starting a bucket and waiting for them differ.
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +23,7 @@ typedef struct Bucket {
 
 struct DistGrads {
     ParamStore *ps;
+    struct DistNccl *nccl;    // the GPU ranks' communicator (NULL: MPI, on the host)
     bool zero;
     int rank, size;
     Bucket *b;                // (nb) in the order they start: reverse registration order
@@ -28,6 +31,7 @@ struct DistGrads {
     int64_t *slice;           // (size + 1) rank r's slice is [slice[r], slice[r + 1])
     int *slice_counts, *slice_displs;   // (size) the same as MPI counts
     real *recv;               // plain: (numel) results of the all-reduce; ZeRO-1: (slice) results of the reduce-scatter
+                              // (in the GPU's memory with nccl)
     int *first_use;           // (ps->n) scratch: the earliest tape node reading each parameter
     Tape *tp;                 // armed on
     double weight;
@@ -52,8 +56,8 @@ static int param_index(const ParamStore *ps, const Tensor *t) {
     return ps->params[lo] == t ? lo : -1;
 }
 
-DistGrads *dist_grads_new(ParamStore *ps, bool zero, size_t bucket_bytes) {
-    if (dist_size() == 1) return NULL;
+// The plan: slices and buckets (recv left to the caller).
+static DistGrads *grads_plan(ParamStore *ps, bool zero, size_t bucket_bytes) {
     DistGrads *g = xcalloc(1, sizeof *g);
     g->ps = ps;
     g->zero = zero;
@@ -114,12 +118,34 @@ DistGrads *dist_grads_new(ParamStore *ps, bool zero, size_t bucket_bytes) {
         b->req = MPI_REQUEST_NULL;
     }
     g->st.n_buckets = g->nb;
-    int64_t own = g->slice[g->rank + 1] - g->slice[g->rank];
-    g->recv = xaligned((size_t)((zero ? own : ps->numel) + 1) * sizeof(real));
     g->first_use = xmalloc((size_t)(ps->n ? ps->n : 1) * sizeof(int));
     g->bwd_end = xmalloc(DIST_MAX_WAITS * sizeof *g->bwd_end);
     g->done = xmalloc(DIST_MAX_WAITS * sizeof *g->done);
     return g;
+}
+
+DistGrads *dist_grads_new(ParamStore *ps, bool zero, size_t bucket_bytes) {
+    if (dist_size() == 1) return NULL;
+    DistGrads *g = grads_plan(ps, zero, bucket_bytes);
+    int64_t own = g->slice[g->rank + 1] - g->slice[g->rank];
+    g->recv = xaligned((size_t)((zero ? own : ps->numel) + 1) * sizeof(real));
+    return g;
+}
+
+DistGrads *dist_grads_new_nccl(ParamStore *ps, size_t bucket_bytes, char *err, size_t n) {
+#ifdef ATTNLAB_NCCL
+    ASSERT(ps->device == DEVICE_CUDA, "dist_grads_new_nccl: the parameters are on %s", device_name(ps->device));
+    struct DistNccl *c = dist_nccl_new(err, n);
+    if (!c) return NULL;
+    DistGrads *g = grads_plan(ps, false, bucket_bytes);
+    g->nccl = c;
+    g->recv = dev_alloc(DEVICE_CUDA, (size_t)(ps->numel ? ps->numel : 1) * sizeof(real));
+    return g;
+#else
+    (void)ps, (void)bucket_bytes;
+    snprintf(err, n, "this build has no NCCL (configure with -DAG_CUDA=ON where nccl.h and libnccl are; docs/cuda.md)");
+    return NULL;
+#endif
 }
 
 void dist_grads_free(DistGrads *g) {
@@ -132,6 +158,13 @@ void dist_grads_free(DistGrads *g) {
     free(g->slice);
     free(g->slice_counts);
     free(g->slice_displs);
+#ifdef ATTNLAB_NCCL
+    if (g->nccl) {
+        dist_nccl_free(g->nccl);
+        dev_free(DEVICE_CUDA, g->recv);
+        g->recv = NULL;
+    }
+#endif
     free(g->recv);
     free(g->first_use);
     free(g->bwd_end);
@@ -158,6 +191,14 @@ static int own_part(const DistGrads *g, const Bucket *b, int64_t *a) {
 static void start_bucket(DistGrads *g, Bucket *b) {
     real *grad = g->ps->grad;
     int n = (int)(b->hi - b->lo);
+#ifdef ATTNLAB_NCCL
+    if (g->nccl) {   // (queued behind the backward on the GPU: complete when dist_grads_wait returns)
+        dist_nccl_bucket(g->nccl, grad + b->lo, g->recv + b->lo, n, g->weight);
+        b->state = BUCKET_RUNNING;
+        if (g->running++ == 0 && g->t_first == 0) g->t_first = dist_now();
+        return;
+    }
+#endif
     if (g->weight != 1.0) {   // this rank's share of the global batch
         real w = (real)g->weight;
         real *x = grad + b->lo;
@@ -195,6 +236,7 @@ static void finish_bucket(DistGrads *g, Bucket *b) {
 
 // Let MPI move the running buckets on (OpenMPI progresses only inside its calls).
 static void poll_buckets(DistGrads *g) {
+    if (g->nccl) return;   // (NCCL moves on by itself)
     for (int k = 0; k < g->next; k++) {
         Bucket *b = &g->b[k];
         if (b->state != BUCKET_RUNNING) continue;
@@ -217,8 +259,9 @@ void dist_grads_arm(DistGrads *g, Tape *tp, double weight) {
     if (!g) return;
     // The buckets are collectives the records do not precede one by one: the
     // ranks first agree that each is at a step's reduction (dist.c); from
-    // there every rank starts the same buckets in the same order.
-    dist_records("gradient reduction", NULL, 0, dist_timeout());
+    // there every rank starts the same buckets in the same order. (A
+    // communicator of one, the tests' NCCL path in one process, has no MPI.)
+    if (g->size > 1) dist_records("gradient reduction", NULL, 0, dist_timeout());
     dist_count_step();
     const ParamStore *ps = g->ps;
     for (int i = 0; i < ps->n; i++) g->first_use[i] = INT32_MAX;   // never read: complete (zero) from the start
@@ -248,6 +291,9 @@ void dist_grads_arm(DistGrads *g, Tape *tp, double weight) {
 void dist_grads_flush(DistGrads *g) {
     if (!g) return;
     if (g->tp && g->st.steps < DIST_MAX_WAITS) g->bwd_end[g->st.steps] = dist_now();
+#ifdef ATTNLAB_NCCL
+    if (g->tp && g->nccl) dist_nccl_backward_end(g->nccl);   // (the GPU ends it later than the host queued it)
+#endif
     while (g->next < g->nb) start_bucket(g, &g->b[g->next++]);
     if (g->tp) {
         g->tp->after_node = NULL;
@@ -259,19 +305,35 @@ void dist_grads_flush(DistGrads *g) {
 void dist_grads_wait(DistGrads *g) {
     if (!g) return;
     dist_grads_flush(g);
-    double t0 = dist_now();
-    MPI_Request *reqs = xmalloc((size_t)(g->nb ? g->nb : 1) * sizeof *reqs);
-    for (int k = 0; k < g->nb; k++) reqs[k] = g->b[k].state == BUCKET_RUNNING ? g->b[k].req : MPI_REQUEST_NULL;
-    dist_wait_all(g->nb, reqs, dist_timeout(), "gradient reduction");
-    for (int k = 0; k < g->nb; k++)
-        if (g->b[k].state == BUCKET_RUNNING) {
-            g->b[k].req = MPI_REQUEST_NULL;
-            finish_bucket(g, &g->b[k]);
-        }
-    free(reqs);
+    double t0 = dist_now(), late = 0;
+    if (g->nccl) {
+#ifdef ATTNLAB_NCCL
+        late = dist_nccl_wait(g->nccl, dist_timeout());   // (the results are in place: nothing to copy)
+#endif
+        for (int k = 0; k < g->nb; k++)
+            if (g->b[k].state == BUCKET_RUNNING) {
+                g->b[k].state = BUCKET_DONE;
+                g->running--;
+            }
+        g->t_last = dist_now();
+    } else {
+        MPI_Request *reqs = xmalloc((size_t)(g->nb ? g->nb : 1) * sizeof *reqs);
+        for (int k = 0; k < g->nb; k++) reqs[k] = g->b[k].state == BUCKET_RUNNING ? g->b[k].req : MPI_REQUEST_NULL;
+        dist_wait_all(g->nb, reqs, dist_timeout(), "gradient reduction");
+        for (int k = 0; k < g->nb; k++)
+            if (g->b[k].state == BUCKET_RUNNING) {
+                g->b[k].req = MPI_REQUEST_NULL;
+                finish_bucket(g, &g->b[k]);
+            }
+        free(reqs);
+    }
     double t1 = dist_now();
     g->st.wait_s += t1 - t0;
-    if (g->st.steps < DIST_MAX_WAITS) g->done[g->st.steps] = t1;
+    if (g->st.steps < DIST_MAX_WAITS) {
+        g->done[g->st.steps] = t1;
+        // The GPU's backward ended `late` before its reduction did, not when the host had queued it.
+        if (g->nccl) g->bwd_end[g->st.steps] = t1 - late;
+    }
     if (g->t_first > 0) g->st.comm_s += g->t_last - g->t_first;
     g->st.steps++;
 }
@@ -308,8 +370,9 @@ void dist_gather_moments(DistGrads *g, const Optimizer *opt, real *m_full, real 
 }
 
 bool dist_params_agree(const DistGrads *g) {
-    if (!g) return true;
-    double crc = (double)h5io_crc32(g->ps->data, (size_t)g->ps->numel * sizeof(real));
+    if (!g || g->size == 1) return true;
+    const real *data = params_pull(g->ps);   // (the GPU's values through the host copy)
+    double crc = (double)h5io_crc32(data, (size_t)g->ps->numel * sizeof(real));
     const DistRecord *all = dist_records("parameter check", &crc, 1, dist_timeout());
     for (int r = 0; r < g->size; r++)   // (every rank sees every CRC: the same verdict on all)
         if (all[r].v[0] != crc) return false;
@@ -325,6 +388,12 @@ int dist_grads_times(const DistGrads *g, const double **bwd_end, const double **
 }
 
 #else   // no MPI: a single process, nothing to reduce
+
+DistGrads *dist_grads_new_nccl(ParamStore *ps, size_t bucket_bytes, char *err, size_t n) {
+    (void)ps, (void)bucket_bytes;
+    snprintf(err, n, "this build has no MPI, and so no NCCL (install libopenmpi-dev and rebuild; docs/cuda.md)");
+    return NULL;
+}
 
 DistGrads *dist_grads_new(ParamStore *ps, bool zero, size_t bucket_bytes) {
     (void)ps, (void)zero, (void)bucket_bytes;
@@ -358,3 +427,11 @@ int dist_grads_times(const DistGrads *g, const double **bwd_end, const double **
 }
 
 #endif
+
+bool dist_nccl_built(void) {
+#ifdef ATTNLAB_NCCL
+    return true;
+#else
+    return false;
+#endif
+}

@@ -29,6 +29,9 @@ typedef struct DistRecord {
 
 // Abort the job with `what` and MPI's message unless rc is MPI_SUCCESS.
 void dist_check(int rc, const char *what);
+// One round of a polling wait that began at t0 (dist_now), `spins` rounds
+// ago: yield or sleep a little; true once `timeout` seconds (> 0) have passed.
+bool dist_pause(double t0, long spins, double timeout);
 // Wait for n requests, polling; after `timeout` seconds (0: never) abort the job naming `what`.
 void dist_wait_all(int n, MPI_Request *reqs, double timeout, const char *what);
 // Every rank's record (by rank) once every rank has stated `what` with n (<=
@@ -37,6 +40,25 @@ void dist_wait_all(int n, MPI_Request *reqs, double timeout, const char *what);
 const DistRecord *dist_records(const char *what, const double *v, int n, double timeout);
 // A gradient reduction begins (counted in the records, for the message).
 void dist_count_step(void);
+
+#ifdef ATTNLAB_NCCL
+// The GPU ranks' communicator (dist_nccl.c): rank 0's NCCL id reaches the
+// others over MPI (a group of one makes its own); NULL with why in err.
+typedef struct DistNccl DistNccl;
+DistNccl *dist_nccl_new(char *err, size_t n);
+void dist_nccl_free(DistNccl *c);
+// Bucket [grad, grad + n) in GPU memory, complete on the library's stream:
+// scaled there by weight (unless 1), then summed over the ranks on the
+// communicator's stream into recv and copied back.
+void dist_nccl_bucket(DistNccl *c, real *grad, real *recv, int64_t n, double weight);
+// The backward has been queued to its end (on the library's stream).
+void dist_nccl_backward_end(DistNccl *c);
+// Every bucket started is reduced and back in place (and the library's
+// stream will run after it); errors and `timeout` seconds without progress
+// end the job. Returns the seconds the reduction ran on the GPU after the
+// backward's end (dist_nccl_backward_end; 0 when it ended first).
+double dist_nccl_wait(DistNccl *c, double timeout);
+#endif
 #endif
 
 #endif

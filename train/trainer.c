@@ -228,11 +228,12 @@ static void print_start(const Trainer *t, const TrainerOptions *o, const struct 
     fprintf(stderr, "train: %s | layers", t->config_path);
     for (int l = 0; l < c->model.layers.n; l++) fprintf(stderr, "%s%s", l ? "," : " ", c->model.layers.name[l]);
     fprintf(stderr, " | %lld parameters | %s | ", (long long)params_count(&t->ps, false), REAL_NAME);
-    if (t->ranks > 1)
+    if (t->ranks > 1 && c->train.device == DEVICE_CPU)
         fprintf(stderr, "%d ranks x %d thread%s (MPI%s) on %s, GEMM %s\n", t->ranks, t->threads,
                 t->threads == 1 ? "" : "s", c->train.zero ? ", ZeRO-1" : "", un->machine, blas_describe());
     else if (c->train.device == DEVICE_CUDA)
-        fprintf(stderr, "GPU %s, products %s (cuBLAS%s)%s\n", device_describe(DEVICE_CUDA),
+        fprintf(stderr, "%s%s, products %s (cuBLAS%s)%s\n",
+                t->ranks > 1 ? "ranks with a GPU each (NCCL), rank 0's " : "GPU ", device_describe(DEVICE_CUDA),
                 blas_precision_name((GemmPrecision)c->train.precision),
                 c->train.precision == PRECISION_TF32   ? ", TF32 tensor cores"
                 : c->train.precision == PRECISION_BF16 ? ", bf16 tensor cores, float32 sums"

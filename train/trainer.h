@@ -22,6 +22,8 @@ typedef struct TrainerOptions {
     bool overwrite;            // a fresh run may replace a previous run in run_dir
     bool quiet;                // no progress lines (tests)
     int stop_after;            // > 0: behave as if interrupted after this many steps of this run (tests)
+    bool nccl_one;             // device = cuda in one process: reduce over NCCL all the same, a communicator
+                               // of one (tests: the GPU ranks' path on one GPU)
 } TrainerOptions;
 
 typedef struct Trainer {

@@ -172,6 +172,12 @@ static Status setup_threads(Trainer *t, const TrainerOptions *o) {
     int threads = c->train.threads;
     if (threads == 0 && !getenv("OMP_NUM_THREADS")) threads = dist_default_threads();
     t->threads = model_set_threads(threads);
+    if (c->train.device == DEVICE_CUDA && t->ranks > 1) {   // GPU ranks: one GPU each, by their place on the machine
+        if (c->train.zero == 1)
+            return status_err("[train] zero = 1 with device = cuda: ZeRO-1 is for the CPU ranks only so far; the GPU "
+                              "ranks reduce whole gradients (set zero = 0)");
+        device_cuda_choose(dist_local_rank());   // (before model_set_products sets the GPU up)
+    }
     if (!(s = model_set_products(c)).ok)   // [train] gemm, precision: after the threads
         return !o->resume || c->train.gemm == GEMM_AUTO || !strstr(s.msg, "gemm = ")   // (not: bf16's CPU check)
                    ? s
@@ -274,8 +280,20 @@ static Status check_gpu_run(Trainer *t) {
     char err[512];
     if (!device_cuda_init(err, sizeof err))
         return status_err("[train] device = cuda: %s; or train on the CPU: --device cpu", err);
-    if (t->ranks > 1)
-        return status_err("[train] device = cuda: one process only for now (%d ranks under mpirun)", t->ranks);
+    return status_ok();
+}
+
+// The GPU ranks' gradient reduction over NCCL (every rank at once: it is a
+// collective); in one process only when the tests ask for a communicator of one.
+static Status setup_gpu_ranks(Trainer *t, const TrainerOptions *o) {
+    const TrainConfig *c = &t->cfg;
+    if (c->train.device != DEVICE_CUDA || (t->ranks == 1 && !o->nccl_one)) return status_ok();
+    char err[400];
+    t->dg = dist_grads_new_nccl(&t->ps, (size_t)c->train.dist_bucket_kb << 10, err, sizeof err);
+    if (!t->dg) return status_err("[train] device = cuda with %d rank%s: %s", t->ranks, t->ranks == 1 ? "" : "s", err);
+    dist_grads_slice(t->dg, &t->slice_lo, &t->slice_hi);
+    // No CUDA graph over the buckets: they record events across two streams and the host polls them.
+    lm_graph_free(&t->graph);
     return status_ok();
 }
 
@@ -297,7 +315,9 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
             if (!is_indexer_param(&t->lm, t->ps.params[i])) params_set_frozen(&t->ps, t->ps.params[i], true);
     rng_seed(&t->model_rng, (uint64_t)c->train.seed ^ 0x5eedull);
     // The gradient reduction over the trainable parameters (NULL in one process), and this rank's slice.
-    t->dg = dist_grads_new(&t->ps, c->train.zero == 1, (size_t)c->train.dist_bucket_kb << 10);
+    // (The GPU ranks' comes once the parameters are on the GPU: setup_gpu_ranks.)
+    size_t bucket_bytes = (size_t)c->train.dist_bucket_kb << 10;
+    t->dg = c->train.device == DEVICE_CPU ? dist_grads_new(&t->ps, c->train.zero == 1, bucket_bytes) : NULL;
     dist_grads_slice(t->dg, &t->slice_lo, &t->slice_hi);
     if (t->slice_hi > t->ps.numel) t->slice_hi = t->ps.numel;
     if (c->train.optimizer == CFG_OPT_SGD) sgd_init(&t->opt, &t->ps, c->train.momentum, c->train.weight_decay);
@@ -390,6 +410,8 @@ static Status setup(Trainer *t, const TrainerOptions *o) {
     if (s.ok) s = setup_model(t, o);
     s = dist_agree(s, "train");
     if (s.ok) s = trainer_ranks_same_start(t);
+    if (s.ok) s = setup_gpu_ranks(t, o);
+    s = dist_agree(s, "train");
     if (s.ok && !dist_params_agree(t->dg))
         s = status_err("the ranks built different parameters (are they all running the same build of train?)");
     if (s.ok && t->rank == 0) s = setup_run_dir(t, o);

@@ -24,6 +24,8 @@ extern "C" {
 #ifdef AG_CUDA
 // ---- runtime (src/cuda/device_cuda.cu) ----
 bool cu_init(char *err, size_t n);
+void cu_choose(int ordinal);    // before cu_init: the device it sets up (default 0)
+void *cu_stream_handle(void);   // the library's one stream (a cudaStream_t), for work ordered against it
 const char *cu_describe(void);
 void *cu_alloc(size_t bytes);
 void cu_free(void *p);

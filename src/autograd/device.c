@@ -27,6 +27,14 @@ bool device_cuda_init(char *err, size_t n) {
 #endif
 }
 
+void device_cuda_choose(int ordinal) {
+#ifdef AG_CUDA
+    cu_choose(ordinal);
+#else
+    (void)ordinal;
+#endif
+}
+
 const char *device_name(Device d) { return d == DEVICE_CUDA ? "cuda" : "cpu"; }
 
 int device_parse(const char *name) {

@@ -23,6 +23,9 @@ bool device_cuda_built(void);
 // a device); else false, with why in err. Initialises the backend (stream,
 // cuBLAS handle) on first success.
 bool device_cuda_init(char *err, size_t n);
+// Before device_cuda_init: which GPU of the machine it takes (default 0; the
+// GPU ranks of one machine take one each, by local rank).
+void device_cuda_choose(int ordinal);
 // One line about the GPU for logs ("NVIDIA H200, 132 SMs, 139.8 GiB, CUDA 13.0").
 const char *device_describe(Device d);
 const char *device_name(Device d);            // "cpu", "cuda"

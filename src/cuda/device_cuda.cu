@@ -9,6 +9,7 @@ cudaStream_t cu_stream;
 cublasHandle_t cu_blas;
 static bool cu_ready;
 static char cu_desc[256];
+static int cu_ordinal;   // the GPU this process uses (cu_choose; one per rank under mpirun)
 
 // A device buffer for host data on its way in (dev_add_from_host's seeds),
 // grown as needed; used in stream order only.
@@ -38,14 +39,19 @@ extern "C" bool cu_init(char *err, size_t n) {
         snprintf(err, n, "no CUDA device found (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "count 0");
         return false;
     }
+    if (cu_ordinal >= count) {
+        snprintf(err, n, "GPU %d asked for, and this machine shows %d (one GPU per rank: at most %d rank%s here)",
+                 cu_ordinal, count, count, count == 1 ? "" : "s");
+        return false;
+    }
     cudaDeviceProp p;
-    CU_CHECK(cudaGetDeviceProperties(&p, 0));
+    CU_CHECK(cudaGetDeviceProperties(&p, cu_ordinal));
     if (p.major < 9) {
         snprintf(err, n, "%s is compute capability %d.%d; this build targets Hopper (sm_90a)", p.name, p.major,
                  p.minor);
         return false;
     }
-    CU_CHECK(cudaSetDevice(0));
+    CU_CHECK(cudaSetDevice(cu_ordinal));
     CU_CHECK(cudaStreamCreateWithFlags(&cu_stream, cudaStreamNonBlocking));
     CU_CHECK(cudaMallocHost((void **)&cu_pin, CU_PIN_BYTES));
     cu_pin_at = 0;
@@ -66,6 +72,13 @@ extern "C" bool cu_init(char *err, size_t n) {
     cu_ready = true;
     return true;
 }
+
+extern "C" void cu_choose(int ordinal) {
+    ASSERT(!cu_ready || ordinal == cu_ordinal, "cu_choose(%d) after GPU %d was set up", ordinal, cu_ordinal);
+    cu_ordinal = ordinal;
+}
+
+extern "C" void *cu_stream_handle(void) { return cu_stream; }
 
 extern "C" const char *cu_describe(void) { return cu_ready ? cu_desc : "cuda (not initialised)"; }
 
