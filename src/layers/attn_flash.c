@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_exp.h"
 #include "attn_kernel.h"
 #include "blas.h"
 #include "docs.h"
@@ -108,6 +109,50 @@ static size_t forward_scratch(const AttnDims *d) {
 // block; lo NULL: none does). The scores become the weights exp(S - m') (0
 // for a key the query does not see), the running max mb and sum lb move on,
 // and alpha receives exp(m - m'), the factor of the accumulated output.
+#ifdef ATTN_VEXP
+// The same in 512-bit vectors (attn_exp.h), QB = 2 VL: the lane masks say
+// which keys each query sees, the exps are r_exp's bits and the sums add
+// in the same order, so the results are those of the loops below.
+static inline void block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
+    __m512 mx[2], sum[2];
+    __m512i lov[2];
+    for (int v = 0; v < 2; v++) {
+        mx[v] = _mm512_loadu_ps(mb + v * VL);
+        sum[v] = _mm512_setzero_ps();
+        lov[v] = lo ? _mm512_loadu_si512(lo + v * VL) : _mm512_set1_epi32(INT32_MIN);
+    }
+    // query i (lane i - v VL of vector v) sees key j iff j - lag <= i and lo[i] <= j
+    __mmask16 seen[2];
+#define SEEN(j)                                                                                            \
+    for (int v = 0; v < 2; v++)                                                                        \
+        seen[v] = attn_lanes_in(v * VL, (j) - lag, INT32_MAX) &                                        \
+                  _mm512_cmp_epi32_mask(lov[v], _mm512_set1_epi32(j), _MM_CMPINT_LE)
+    for (int j = 0; j < kmax; j++) {
+        SEEN(j);
+        for (int v = 0; v < 2; v++) {
+            __m512 s = _mm512_load_ps(St + (int64_t)j * QB + v * VL);
+            mx[v] = _mm512_mask_max_ps(mx[v], seen[v], s, mx[v]);   // s > mx ? s : mx, as below
+        }
+    }
+    for (int j = 0; j < kmax; j++) {
+        SEEN(j);
+        for (int v = 0; v < 2; v++) {
+            real *Sj = St + (int64_t)j * QB + v * VL;
+            __m512 e = attn_vexp(_mm512_sub_ps(_mm512_load_ps(Sj), mx[v]), seen[v]);
+            _mm512_store_ps(Sj, e);
+            sum[v] = _mm512_add_ps(sum[v], e);
+        }
+    }
+#undef SEEN
+    real mxs[QB], sums[QB];
+    for (int v = 0; v < 2; v++) _mm512_storeu_ps(mxs + v * VL, mx[v]), _mm512_storeu_ps(sums + v * VL, sum[v]);
+    for (int i = 0; i < QB; i++) {   // alpha as below
+        alpha[i] = mb[i] == mxs[i] ? 1 : r_exp(mb[i] - mxs[i]);
+        lb[i] = alpha[i] * lb[i] + sums[i];
+        mb[i] = mxs[i];
+    }
+}
+#else
 static inline void block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
     real mx[QB], sum[QB];
     bool cut = lo != NULL;
@@ -168,6 +213,7 @@ static inline void block_softmax(real *St, int kmax, int lag, const int *lo, rea
         mb[i] = mx[i];
     }
 }
+#endif
 
 // One query tile of one head: the queries at positions t0..t0+nq-1, which
 // see keys 0 .. t, and their outputs and lse. k, v: head-h base pointers of
@@ -354,8 +400,14 @@ static void tile_p_ds(const AttnDims *d, const BwdScratch *w, const real *Qi, co
             real *Pr = P + (int64_t)r * bkp, L = lse[t0 + i0 + r];
             int nvalid = imin(nk, t0 + i0 + r - s0 + 1);
             int jlo = docs_begin(first, t0 + i0 + r) - s0;   // keys before it: another document
+#ifdef ATTN_VEXP
+            for (int j = 0; j < nkv; j += VL)
+                _mm512_store_ps(Pr + j, attn_vexp(_mm512_sub_ps(_mm512_load_ps(Pr + j), _mm512_set1_ps(L)),
+                                                  attn_lanes_in(j, jlo, nvalid)));
+#else
 #pragma omp simd
             for (int j = 0; j < nkv; j++) Pr[j] = j < nvalid && j >= jlo ? r_exp(Pr[j] - L) : 0;
+#endif
         }
         if (!need_ds) continue;
 #ifdef AG_TILE_BF16
@@ -368,8 +420,15 @@ static void tile_p_ds(const AttnDims *d, const BwdScratch *w, const real *Qi, co
                     false);
         for (int r = 0; r < nr; r++) {
             real *Pr = P + (int64_t)r * bkp, *dSr = dS + (int64_t)r * bkp, Dt = w->D[t0 + i0 + r];
+#ifdef ATTN_VEXP   // (the same arithmetic in 512-bit vectors)
+            for (int j = 0; j < nkv; j += VL)
+                _mm512_store_ps(dSr + j, _mm512_maskz_mul_ps(attn_lanes_in(j, 0, kmax), _mm512_load_ps(Pr + j),
+                                                             _mm512_sub_ps(_mm512_load_ps(dSr + j),
+                                                                           _mm512_set1_ps(Dt))));
+#else
 #pragma omp simd
             for (int j = 0; j < nkv; j++) dSr[j] = j < kmax ? Pr[j] * (dSr[j] - Dt) : 0;
+#endif
         }
     }
 }
