@@ -446,6 +446,13 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
     int bkp = d->bkp, dkp = d->dkp, dvp = d->dvp;
     for (int t = 0; t < T; t++) {   // D_t = dO_t . O_t
         const real *dOt = dO + (int64_t)t * ldv, *Ot = o + (int64_t)t * ldv;
+        // The backward's first touch of the head's O and dO rows (a step's O
+        // left the caches long ago): asked for 8 rows ahead, this pass took
+        // 2 % of the kernel's time instead of 5 % (perf, D 256, T 256).
+        if (t + 8 < T) {
+            prefetch_rows(dOt + 8 * (int64_t)ldv, ldv, 1, d->dv, 0);
+            prefetch_rows(Ot + 8 * (int64_t)ldv, ldv, 1, d->dv, 0);
+        }
         double s = 0;
 #pragma omp simd reduction(+ : s)
         for (int j = 0; j < d->dv; j++) s += (double)dOt[j] * Ot[j];
@@ -469,6 +476,10 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
 #endif
     for (int s0 = 0; s0 < T; s0 += bk) {
         int nk = imin(bk, T - s0);
+        if (s0 + bk < T) {   // the next key tile's K and V rows, first read by its packing: ask now
+            prefetch_rows(k + (int64_t)(s0 + bk) * ldq, ldq, imin(bk, T - s0 - bk), d->dk, 0);
+            prefetch_rows(v + (int64_t)(s0 + bk) * ldv, ldv, imin(bk, T - s0 - bk), d->dv, 0);
+        }
 #ifdef AG_TILE_BF16
         if (d->bf16) {   // K_j^T and V_j^T in pairs along the head, K_j in pairs of keys
             pack_pair_transposed(w->KtP, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk, w->Tp);
