@@ -30,7 +30,7 @@ static void vexp16(float *y, const float *x) { _mm512_storeu_ps(y, attn_vexp(_mm
 
 // Every 61st bit pattern of the whole float range with x <= 88 (negative and
 // positive, normal and subnormal inputs, the infinities, NaNs): r_exp's
-// bits. Above 88, r_exp's 2^n overflows at n = 128 (x > 88.03) while
+// bits, in optimised builds (attn_exp.h). Above 88, r_exp's 2^n overflows at n = 128 (x > 88.03) while
 // vscalefps gives the finite value: the kernel's arguments are s - max <= 0.
 Test(attn_exp, bits_of_r_exp) {
     float x[16], y[16];
@@ -45,8 +45,13 @@ Test(attn_exp, bits_of_r_exp) {
                 cr_assert(isnan(y[i]), "exp(NaN %08x) = %g, not NaN", float_bits(x[i]), y[i]);
                 continue;
             }
+#ifdef __OPTIMIZE__
             cr_assert(float_bits(y[i]) == float_bits(want), "exp(%.9g): %.9g (%08x), r_exp %.9g (%08x)", x[i], y[i],
                       float_bits(y[i]), want, float_bits(want));
+#else   // unoptimised, GCC does not fuse r_exp's multiply-adds: one rounding more, at most one ulp apart
+            cr_assert(fabsf(y[i] - want) <= nextafterf(want, INFINITY) - want, "exp(%.9g): %.9g, r_exp %.9g", x[i],
+                      y[i], want);
+#endif
             checked++;
         }
     }

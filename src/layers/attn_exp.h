@@ -3,7 +3,9 @@
 // query does not see.
 //
 // It computes r_exp (ops_math.h) lane by lane, bit for bit up to x = 88: the
-// same range reduction, polynomial and fused multiply-adds, so the float32
+// same range reduction, polynomial and fused multiply-adds (those GCC makes
+// of r_exp's a * b + c when it optimises; unoptimised, r_exp rounds the
+// products apart and the two may differ in the last bit), so the float32
 // results of the kernel do not depend on which of the two ran (its arguments
 // are s - max <= 0). Above 88.03, r_exp's 2^n overflows to inf (n = 128);
 // vscalefps gives the finite value, up to exp(88.7) at the clamp.
