@@ -109,48 +109,10 @@ static size_t forward_scratch(const AttnDims *d) {
 // block; lo NULL: none does). The scores become the weights exp(S - m') (0
 // for a key the query does not see), the running max mb and sum lb move on,
 // and alpha receives exp(m - m'), the factor of the accumulated output.
-#ifdef ATTN_VEXP
-// The same in 512-bit vectors (attn_exp.h), QB = 2 VL: the lane masks say
-// which keys each query sees, the exps are r_exp's bits and the sums add
-// in the same order, so the results are those of the loops below.
+#ifdef ATTN_VEXP   // the same in 512-bit vectors, the same results (attn_exp.h)
+_Static_assert(QB == 32, "attn_block_softmax32 takes blocks of 32 queries");
 static inline void block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
-    __m512 mx[2], sum[2];
-    __m512i lov[2];
-    for (int v = 0; v < 2; v++) {
-        mx[v] = _mm512_loadu_ps(mb + v * VL);
-        sum[v] = _mm512_setzero_ps();
-        lov[v] = lo ? _mm512_loadu_si512(lo + v * VL) : _mm512_set1_epi32(INT32_MIN);
-    }
-    // query i (lane i - v VL of vector v) sees key j iff j - lag <= i and lo[i] <= j
-    __mmask16 seen[2];
-#define SEEN(j)                                                                                            \
-    for (int v = 0; v < 2; v++)                                                                        \
-        seen[v] = attn_lanes_in(v * VL, (j) - lag, INT32_MAX) &                                        \
-                  _mm512_cmp_epi32_mask(lov[v], _mm512_set1_epi32(j), _MM_CMPINT_LE)
-    for (int j = 0; j < kmax; j++) {
-        SEEN(j);
-        for (int v = 0; v < 2; v++) {
-            __m512 s = _mm512_load_ps(St + (int64_t)j * QB + v * VL);
-            mx[v] = _mm512_mask_max_ps(mx[v], seen[v], s, mx[v]);   // s > mx ? s : mx, as below
-        }
-    }
-    for (int j = 0; j < kmax; j++) {
-        SEEN(j);
-        for (int v = 0; v < 2; v++) {
-            real *Sj = St + (int64_t)j * QB + v * VL;
-            __m512 e = attn_vexp(_mm512_sub_ps(_mm512_load_ps(Sj), mx[v]), seen[v]);
-            _mm512_store_ps(Sj, e);
-            sum[v] = _mm512_add_ps(sum[v], e);
-        }
-    }
-#undef SEEN
-    real mxs[QB], sums[QB];
-    for (int v = 0; v < 2; v++) _mm512_storeu_ps(mxs + v * VL, mx[v]), _mm512_storeu_ps(sums + v * VL, sum[v]);
-    for (int i = 0; i < QB; i++) {   // alpha as below
-        alpha[i] = mb[i] == mxs[i] ? 1 : r_exp(mb[i] - mxs[i]);
-        lb[i] = alpha[i] * lb[i] + sums[i];
-        mb[i] = mxs[i];
-    }
+    attn_block_softmax32(St, kmax, lag, lo, mb, lb, alpha);
 }
 #else
 static inline void block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
