@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_exp.h"
 #include "attn_kernel.h"
 #include "blas.h"
 #include "docs.h"
@@ -108,6 +109,12 @@ static size_t forward_scratch(const AttnDims *d) {
 // block; lo NULL: none does). The scores become the weights exp(S - m') (0
 // for a key the query does not see), the running max mb and sum lb move on,
 // and alpha receives exp(m - m'), the factor of the accumulated output.
+#ifdef ATTN_VEXP   // the same in 512-bit vectors, the same results (attn_exp.h)
+_Static_assert(QB == 32, "attn_block_softmax32 takes blocks of 32 queries");
+static inline void block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
+    attn_block_softmax32(St, kmax, lag, lo, mb, lb, alpha);
+}
+#else
 static inline void block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
     real mx[QB], sum[QB];
     bool cut = lo != NULL;
@@ -168,6 +175,7 @@ static inline void block_softmax(real *St, int kmax, int lag, const int *lo, rea
         mb[i] = mx[i];
     }
 }
+#endif
 
 // One query tile of one head: the queries at positions t0..t0+nq-1, which
 // see keys 0 .. t, and their outputs and lse. k, v: head-h base pointers of
@@ -354,8 +362,14 @@ static void tile_p_ds(const AttnDims *d, const BwdScratch *w, const real *Qi, co
             real *Pr = P + (int64_t)r * bkp, L = lse[t0 + i0 + r];
             int nvalid = imin(nk, t0 + i0 + r - s0 + 1);
             int jlo = docs_begin(first, t0 + i0 + r) - s0;   // keys before it: another document
+#ifdef ATTN_VEXP
+            for (int j = 0; j < nkv; j += VL)
+                _mm512_store_ps(Pr + j, attn_vexp(_mm512_sub_ps(_mm512_load_ps(Pr + j), _mm512_set1_ps(L)),
+                                                  attn_lanes_in(j, jlo, nvalid)));
+#else
 #pragma omp simd
             for (int j = 0; j < nkv; j++) Pr[j] = j < nvalid && j >= jlo ? r_exp(Pr[j] - L) : 0;
+#endif
         }
         if (!need_ds) continue;
 #ifdef AG_TILE_BF16
@@ -368,8 +382,15 @@ static void tile_p_ds(const AttnDims *d, const BwdScratch *w, const real *Qi, co
                     false);
         for (int r = 0; r < nr; r++) {
             real *Pr = P + (int64_t)r * bkp, *dSr = dS + (int64_t)r * bkp, Dt = w->D[t0 + i0 + r];
+#ifdef ATTN_VEXP   // (the same arithmetic in 512-bit vectors)
+            for (int j = 0; j < nkv; j += VL)
+                _mm512_store_ps(dSr + j, _mm512_maskz_mul_ps(attn_lanes_in(j, 0, kmax), _mm512_load_ps(Pr + j),
+                                                             _mm512_sub_ps(_mm512_load_ps(dSr + j),
+                                                                           _mm512_set1_ps(Dt))));
+#else
 #pragma omp simd
             for (int j = 0; j < nkv; j++) dSr[j] = j < kmax ? Pr[j] * (dSr[j] - Dt) : 0;
+#endif
         }
     }
 }
@@ -387,6 +408,13 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
     int bkp = d->bkp, dkp = d->dkp, dvp = d->dvp;
     for (int t = 0; t < T; t++) {   // D_t = dO_t . O_t
         const real *dOt = dO + (int64_t)t * ldv, *Ot = o + (int64_t)t * ldv;
+        // The backward's first touch of the head's O and dO rows (a step's O
+        // left the caches long ago): asked for 8 rows ahead, this pass took
+        // 2 % of the kernel's time instead of 5 % (perf, D 256, T 256).
+        if (t + 8 < T) {
+            prefetch_rows(dOt + 8 * (int64_t)ldv, ldv, 1, d->dv, 0);
+            prefetch_rows(Ot + 8 * (int64_t)ldv, ldv, 1, d->dv, 0);
+        }
         double s = 0;
 #pragma omp simd reduction(+ : s)
         for (int j = 0; j < d->dv; j++) s += (double)dOt[j] * Ot[j];
@@ -410,6 +438,10 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
 #endif
     for (int s0 = 0; s0 < T; s0 += bk) {
         int nk = imin(bk, T - s0);
+        if (s0 + bk < T) {   // the next key tile's K and V rows, first read by its packing: ask now
+            prefetch_rows(k + (int64_t)(s0 + bk) * ldq, ldq, imin(bk, T - s0 - bk), d->dk, 0);
+            prefetch_rows(v + (int64_t)(s0 + bk) * ldv, ldv, imin(bk, T - s0 - bk), d->dv, 0);
+        }
 #ifdef AG_TILE_BF16
         if (d->bf16) {   // K_j^T and V_j^T in pairs along the head, K_j in pairs of keys
             pack_pair_transposed(w->KtP, bkp, k + (int64_t)s0 * ldq, ldq, nk, d->dk, w->Tp);
