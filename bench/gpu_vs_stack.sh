@@ -13,7 +13,7 @@
 # outputs and gradients against the float32 and float64 references.
 #
 #   bench/gpu_vs_stack.sh [-f FLA_DIR] [-o OUT_DIR] [-s STEPS] [-W WARMUP] [-t SECONDS] [-r ROUNDS]
-#                         [-B] [-c] [-C | -k] [CONFIG...]
+#                         [-p PRECISIONS] [-B] [-c] [-C | -k] [CONFIG...]
 #
 #   CONFIG      default configs/gpu_d1024_gdn.ini configs/gpu_d1024_hybrid.ini
 #   -f FLA_DIR  the folder that holds fla/ (a source checkout; default .fla)
@@ -24,6 +24,8 @@
 #               compile and autotune during the first, untimed step)
 #   -t SECONDS  stop a run (or a check) that takes longer (default 0: no limit); its cell reads "timeout"
 #   -r ROUNDS   the whole alternation this many times (default 1); a cell is the median
+#   -p LIST     the precisions timed, a comma list of fp32, tf32, bf16 (default all three; the
+#               anchor has no tf32 column: fp32 gives attnlab fp32 and anchor fp32, bf16 both bf16)
 #   -B          lift fla's refusal of Triton < 3.7.1 on Hopper for its gated backward (fla issue
 #               640, a Triton miscompile) for the anchor's timing runs; the check then shows
 #               the gradients as information, outside its verdict
@@ -54,10 +56,11 @@ COMPILE=0
 CHECK=1
 TIMING=1
 usage() {
-    echo "usage: $0 [-f FLA_DIR] [-o OUT_DIR] [-s STEPS] [-W WARMUP] [-t SECONDS] [-r ROUNDS] [-B] [-c] [-C | -k] [CONFIG...]" >&2
+    echo "usage: $0 [-f FLA_DIR] [-o OUT_DIR] [-s STEPS] [-W WARMUP] [-t SECONDS] [-r ROUNDS] [-p PRECISIONS] [-B] [-c] [-C | -k] [CONFIG...]" >&2
     exit 2
 }
-while getopts "f:o:s:W:t:r:BcCk" opt; do
+PRECS=fp32,tf32,bf16
+while getopts "f:o:s:W:t:r:p:BcCk" opt; do
     case $opt in
         f) FLA=$OPTARG ;;
         o) OUT=$OPTARG ;;
@@ -65,6 +68,7 @@ while getopts "f:o:s:W:t:r:BcCk" opt; do
         W) WARMUP=$OPTARG ;;
         t) LIMIT=$OPTARG ;;
         r) ROUNDS=$OPTARG ;;
+        p) PRECS=$OPTARG ;;
         B) BYPASS=(--bypass-hopper-guard) ;;
         c) COMPILE=1 ;;
         C) CHECK=0 ;;
@@ -77,6 +81,8 @@ shift $((OPTIND - 1))
 for n in "$STEPS" "$WARMUP" "$LIMIT" "$ROUNDS"; do
     [[ $n =~ ^[0-9]+$ ]] || { echo "gpu_vs_stack: '$n' is not a whole number" >&2; exit 2; }
 done
+[[ ,$PRECS, =~ ^(,(fp32|tf32|bf16))+,$ ]] || { echo "gpu_vs_stack: -p '$PRECS': a comma list of fp32, tf32, bf16" >&2; exit 2; }
+want() { [[ ,$PRECS, == *,$1,* ]]; }
 if [ "$STEPS" -lt 1 ] || [ "$ROUNDS" -lt 1 ]; then echo "gpu_vs_stack: -s and -r need at least 1" >&2; exit 2; fi
 
 absolute() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
@@ -175,11 +181,15 @@ if [ "$TIMING" = 1 ]; then
     anchor=("$PY" bench/torch_ref/throughput.py --device cuda --fla "$FLA" "${BYPASS[@]}" "${steps[@]}")
     for round in $(seq "$ROUNDS"); do
         for cfg in "${CONFIGS[@]}"; do
-            run "$cfg" attnlab_fp32 "$round" "${attnlab[@]}" --config "$cfg" --set train.precision=fp32
-            run "$cfg" anchor_fp32 "$round" "${anchor[@]}" "$cfg"
-            run "$cfg" attnlab_tf32 "$round" "${attnlab[@]}" --config "$cfg" --set train.precision=tf32
-            run "$cfg" anchor_bf16 "$round" "${anchor[@]}" "$cfg" --amp bf16
-            run "$cfg" attnlab_bf16 "$round" "${attnlab[@]}" --config "$cfg" --set train.precision=bf16
+            if want fp32; then
+                run "$cfg" attnlab_fp32 "$round" "${attnlab[@]}" --config "$cfg" --set train.precision=fp32
+                run "$cfg" anchor_fp32 "$round" "${anchor[@]}" "$cfg"
+            fi
+            want tf32 && run "$cfg" attnlab_tf32 "$round" "${attnlab[@]}" --config "$cfg" --set train.precision=tf32
+            if want bf16; then
+                run "$cfg" anchor_bf16 "$round" "${anchor[@]}" "$cfg" --amp bf16
+                run "$cfg" attnlab_bf16 "$round" "${attnlab[@]}" --config "$cfg" --set train.precision=bf16
+            fi
             if [ "$COMPILE" = 1 ]; then
                 run "$cfg" anchor_bf16_compile "$round" "${anchor[@]}" "$cfg" --amp bf16 --compile-layers
             fi
