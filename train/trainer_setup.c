@@ -328,6 +328,9 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
         if (!s.ok) return s;
     }
     tape_init_on(&t->tp, (Device)c->train.device);
+    if (c->train.cuda_graph == CFG_GRAPH_ON && t->ranks > 1)
+        return status_err("%s: [train] cuda_graph = on: graphs run in one process, and this run has %d ranks "
+                          "(auto trains the ranks without graphs)", t->config_path, t->ranks);
     // [train] cuda_graph: on where supported unless off (on where it is not was a config error).
     lm_graph_init(&t->graph, (Device)c->train.device,
                   c->train.cuda_graph != CFG_GRAPH_OFF && !config_cuda_graph_refusal(c) && t->ranks == 1);
