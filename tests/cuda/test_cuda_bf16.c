@@ -317,7 +317,10 @@ typedef struct {
 
 // test_bf16_step.c's model: every recurrent mixer kind and attention, wide
 // enough that the projections are real products, tied LM head (b^T), on text
-// and its next bytes.
+// and its next bytes. step_layers: the layers line (the newer delta-rule
+// mixers have a test of their own).
+static const char *step_layers = "gdn,mamba,attn,linear";
+
 static LMConfig step_config(void) {
     LMConfig c;
     memset(&c, 0, sizeof c);
@@ -329,7 +332,7 @@ static LMConfig step_config(void) {
     c.mixer = mixer_config_default(64, 2, 32, 32);
     c.mixer.chunk_size = 16;
     c.mixer.conv_size = 4;
-    Status s = lm_parse_layers(&c, "gdn,mamba,attn,linear");
+    Status s = lm_parse_layers(&c, step_layers);
     cr_assert(s.ok, "%s", s.msg);
     return c;
 }
@@ -433,6 +436,20 @@ Test(cuda_bf16, step_close_to_float32_step) {
     cr_assert_neq(lf[0], lh[0], "the bf16 loss equals the float32 one exactly: were the products bf16?");
     cr_assert(isfinite(lh[1]), "the bf16 run's second loss is %g", lh[1]);   // the update ran on its gradients
     free(gf), free(gh);
+}
+
+// The same for the newer mixers (KDA, Gated DeltaProduct, Mamba-2 with its
+// own layer): their chunk kernels stay float32 as gdn's do, so the bf16
+// products around them must keep the float32-vs-bf16 bounds too.
+Test(cuda_bf16, step_close_to_float32_step_newer_mixers) {
+    cuda_require();
+    step_layers = "kda,gdp,mamba2";
+    double lf[2], lh[2];
+    real *gf = model_steps(DEVICE_CUDA, false, lf), *gh = model_steps(DEVICE_CUDA, true, lh);
+    compare_steps("kda,gdp,mamba2: GPU fp32 vs GPU bf16", lf, gf, lh, gh);
+    cr_assert_neq(lf[0], lh[0], "the bf16 loss equals the float32 one exactly: were the products bf16?");
+    free(gf), free(gh);
+    step_layers = "gdn,mamba,attn,linear";
 }
 
 // The products' rounding and cuBLAS's sums are fixed: two bf16 runs are the
