@@ -34,18 +34,7 @@ typedef struct Model {
 // text and its next bytes as in training (random targets would make every
 // gradient a sum of terms that cancel).
 static void model_make(Model *m) {
-    LMConfig c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 256;
-    c.d_model = 64;
-    c.d_ff = 160;
-    c.tied = true;
-    c.norm_eps = 1e-6;
-    c.mixer = mixer_config_default(64, 2, 32, 32);
-    c.mixer.chunk_size = 16;
-    c.mixer.conv_size = 4;
-    Status s = lm_parse_layers(&c, "gdn,mamba,attn,linear");
-    cr_assert(s.ok, "%s", s.msg);
+    LMConfig c = test_bf16_lm_config("gdn,mamba,attn,linear");
     params_init(&m->ps);
     lm_create(&m->lm, &c, &m->ps);
     params_finalize(&m->ps, 5);

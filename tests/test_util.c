@@ -48,6 +48,22 @@ LMConfig test_tiny_lm_config(const char *layers) {
     return c;
 }
 
+LMConfig test_bf16_lm_config(const char *layers) {
+    LMConfig c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 256;
+    c.d_model = 64;
+    c.d_ff = 160;
+    c.tied = true;
+    c.norm_eps = 1e-6;
+    c.mixer = mixer_config_default(64, 2, 32, 32);
+    c.mixer.chunk_size = 16;
+    c.mixer.conv_size = 4;
+    Status s = lm_parse_layers(&c, layers);
+    cr_assert(s.ok, "%s", s.msg);
+    return c;
+}
+
 void test_l2norm_rows(Tensor *x, int d, double scale) {
     for (int64_t r = 0; r < x->numel / d; r++) {
         real *z = x->data + r * d;

@@ -18,6 +18,9 @@ void fill_uniform(Tensor *t, uint64_t seed, double lo, double hi);
 // A tiny LM of the given layers (vocabulary 11, d_model 8, 2 heads of 4, d_ff 12, chunks of 4,
 // convolutions of 3, DSA indexer 2 x 4 with top-3).
 LMConfig test_tiny_lm_config(const char *layers);
+// The bf16 step tests' model (CPU and GPU): wide enough (d_model 64, heads of
+// 32, d_ff 160, bytes) that the projections are real products, tied head.
+LMConfig test_bf16_lm_config(const char *layers);
 // n standard normal values (fill_normal's) in a 64-byte aligned array (free()).
 real *test_randn(int64_t n, uint64_t seed);
 // Positions [t0, t0+len) of x (B, T, C) as a new leaf tensor (x's requires_grad).

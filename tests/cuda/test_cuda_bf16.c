@@ -17,6 +17,7 @@
 #include "lm.h"
 #include "model_setup.h"
 #include "ops.h"
+#include "test_util.h"
 
 #ifndef AG_DOUBLE
 // ---------------------------------------------------------------- one product
@@ -321,21 +322,7 @@ typedef struct {
 // mixers have a test of their own).
 static const char *step_layers = "gdn,mamba,attn,linear";
 
-static LMConfig step_config(void) {
-    LMConfig c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 256;
-    c.d_model = 64;
-    c.d_ff = 160;
-    c.tied = true;
-    c.norm_eps = 1e-6;
-    c.mixer = mixer_config_default(64, 2, 32, 32);
-    c.mixer.chunk_size = 16;
-    c.mixer.conv_size = 4;
-    Status s = lm_parse_layers(&c, step_layers);
-    cr_assert(s.ok, "%s", s.msg);
-    return c;
-}
+static LMConfig step_config(void) { return test_bf16_lm_config(step_layers); }
 
 static void step_data(StepData *d) {
     static const char text[] = "In the beginning God created the heaven and the earth. And the earth was "
