@@ -29,40 +29,31 @@ void fill_normal(Tensor *t, uint64_t seed, double std) {
     for (int64_t i = 0; i < t->numel; i++) t->data[i] = (real)(std * rng_normal(&r));
 }
 
-LMConfig test_tiny_lm_config(const char *layers) {
+LMConfig test_lm_config(const char *layers, int vocab, int d_model, int d_ff, int d_head, int chunk, int conv) {
     LMConfig c;
     memset(&c, 0, sizeof c);
-    c.vocab_size = 11;
-    c.d_model = 8;
-    c.d_ff = 12;
+    c.vocab_size = vocab;
+    c.d_model = d_model;
+    c.d_ff = d_ff;
     c.tied = true;
     c.norm_eps = 1e-6;
-    c.mixer = mixer_config_default(8, 2, 4, 4);
-    c.mixer.chunk_size = 4;
-    c.mixer.conv_size = 3;
-    c.mixer.index_heads = 2;
-    c.mixer.index_dim = 4;
-    c.mixer.topk = 3;
+    c.mixer = mixer_config_default(d_model, 2, d_head, d_head);
+    c.mixer.chunk_size = chunk;
+    c.mixer.conv_size = conv;
     Status s = lm_parse_layers(&c, layers);
     cr_assert(s.ok, "%s", s.msg);
     return c;
 }
 
-LMConfig test_bf16_lm_config(const char *layers) {
-    LMConfig c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 256;
-    c.d_model = 64;
-    c.d_ff = 160;
-    c.tied = true;
-    c.norm_eps = 1e-6;
-    c.mixer = mixer_config_default(64, 2, 32, 32);
-    c.mixer.chunk_size = 16;
-    c.mixer.conv_size = 4;
-    Status s = lm_parse_layers(&c, layers);
-    cr_assert(s.ok, "%s", s.msg);
+LMConfig test_tiny_lm_config(const char *layers) {
+    LMConfig c = test_lm_config(layers, 11, 8, 12, 4, 4, 3);
+    c.mixer.index_heads = 2;
+    c.mixer.index_dim = 4;
+    c.mixer.topk = 3;
     return c;
 }
+
+LMConfig test_bf16_lm_config(const char *layers) { return test_lm_config(layers, 256, 64, 160, 32, 16, 4); }
 
 void test_l2norm_rows(Tensor *x, int d, double scale) {
     for (int64_t r = 0; r < x->numel / d; r++) {

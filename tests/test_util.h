@@ -15,6 +15,8 @@
 // Fill with N(0, std^2) / uniform values from a fixed seed.
 void fill_normal(Tensor *t, uint64_t seed, double std);
 void fill_uniform(Tensor *t, uint64_t seed, double lo, double hi);
+// An LM of 2 heads of d_head, tied head, norm eps 1e-6, on `layers`.
+LMConfig test_lm_config(const char *layers, int vocab, int d_model, int d_ff, int d_head, int chunk, int conv);
 // A tiny LM of the given layers (vocabulary 11, d_model 8, 2 heads of 4, d_ff 12, chunks of 4,
 // convolutions of 3, DSA indexer 2 x 4 with top-3).
 LMConfig test_tiny_lm_config(const char *layers);

@@ -367,18 +367,7 @@ real *cuda_decode_logits(LM *lm, Device d, int B, int T, int reset_at, real **pa
     return out;
 }
 
-LMConfig cuda_small_lm_config(const char *layers) {
-    LMConfig cfg = test_tiny_lm_config(layers);
-    cfg.vocab_size = 97;
-    cfg.d_model = 32;
-    cfg.d_ff = 64;
-    cfg.mixer = mixer_config_default(32, 2, 16, 16);
-    cfg.mixer.chunk_size = 8;
-    cfg.mixer.conv_size = 4;
-    Status s = lm_parse_layers(&cfg, layers);
-    cr_assert(s.ok, "%s", s.msg);
-    return cfg;
-}
+LMConfig cuda_small_lm_config(const char *layers) { return test_lm_config(layers, 97, 32, 64, 16, 8, 4); }
 
 void cuda_train_steps(LM *lm, ParamStore *ps, Device d, int steps, CudaLossFn loss_fn, void *ctx, double *losses,
                       real **grad) {
