@@ -55,6 +55,18 @@ LMConfig test_tiny_lm_config(const char *layers) {
 
 LMConfig test_bf16_lm_config(const char *layers) { return test_lm_config(layers, 256, 64, 160, 32, 16, 4); }
 
+void test_perturb_params(ParamStore *ps, double rel, uint64_t seed) {
+    uint64_t r = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int i = 0; i < ps->n; i++) {
+        Tensor *p = ps->params[i];
+        for (int64_t j = 0; j < p->numel; j++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;   // 64-bit LCG, top 53 bits
+            double u = (double)(r >> 11) / 9007199254740992.0 * 2 - 1;
+            p->data[j] = (real)(p->data[j] * (1 + rel * u));
+        }
+    }
+}
+
 void test_l2norm_rows(Tensor *x, int d, double scale) {
     for (int64_t r = 0; r < x->numel / d; r++) {
         real *z = x->data + r * d;

@@ -23,6 +23,9 @@ LMConfig test_tiny_lm_config(const char *layers);
 // The bf16 step tests' model (CPU and GPU): wide enough (d_model 64, heads of
 // 32, d_ff 160, bytes) that the projections are real products, tied head.
 LMConfig test_bf16_lm_config(const char *layers);
+// Every parameter element times (1 + rel u), u uniform in [-1, 1] from a fixed
+// seed: weights moved as far as rounding them to a coarser format would.
+void test_perturb_params(ParamStore *ps, double rel, uint64_t seed);
 // n standard normal values (fill_normal's) in a 64-byte aligned array (free()).
 real *test_randn(int64_t n, uint64_t seed);
 // Positions [t0, t0+len) of x (B, T, C) as a new leaf tensor (x's requires_grad).

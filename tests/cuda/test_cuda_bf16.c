@@ -344,13 +344,14 @@ static Tensor *step_loss(Tape *tp, LM *lm, int step, void *ctx) {
 // Two AdamW steps on device d, products bf16 or not (on the CPU: blas_select,
 // which the caller has checked can run bf16): both losses, the first
 // gradient block (host, malloc).
-static real *model_steps(Device d, bool bf16, double loss[2]) {
+static real *model_steps_moved(Device d, bool bf16, double loss[2], double move) {
     LMConfig c = step_config();
     ParamStore ps;
     params_init(&ps);
     LM lm;
     lm_create(&lm, &c, &ps);
     params_finalize(&ps, 5);
+    if (move > 0) test_perturb_params(&ps, move, 7);
     if (d != DEVICE_CPU) params_to_device(&ps, d);
     char err[256];
     if (d == DEVICE_CPU)
@@ -368,6 +369,8 @@ static real *model_steps(Device d, bool bf16, double loss[2]) {
     return grad;
 }
 
+static real *model_steps(Device d, bool bf16, double loss[2]) { return model_steps_moved(d, bf16, loss, 0); }
+
 // test_bf16_step.c's bounds and their reasoning: rounding an operand to bf16
 // moves it by up to 2^-8 relative; a product's output by ~2^-9 of its terms'
 // size; the loss (a mean over 512 cross-entropies whose errors do not line
@@ -382,9 +385,13 @@ static real *model_steps(Device d, bool bf16, double loss[2]) {
 #define STEP_GRAD_TOL 6e-2
 #define STEP_COSINE_MIN 0.99
 
-static void compare_steps(const char *what, const double *lf, const real *gf, const double *lh, const real *gh) {
-    double dl = fabs(lh[0] - lf[0]) / fabs(lf[0]);
-    cr_assert_leq(dl, STEP_LOSS_TOL, "%s: loss %.8f vs %.8f: relative %.3g", what, lf[0], lh[0], dl);
+// Two runs' losses (where lh is given) and first gradients under those
+// bounds, the gradients' normwise one being grad_tol (none where 0); returns
+// the gradients' normwise difference.
+static double compare_steps_tol(const char *what, const double *lf, const real *gf, const double *lh, const real *gh,
+                                double grad_tol) {
+    double dl = lh ? fabs(lh[0] - lf[0]) / fabs(lf[0]) : 0;
+    if (lh) cr_assert_leq(dl, STEP_LOSS_TOL, "%s: loss %.8f vs %.8f: relative %.3g", what, lf[0], lh[0], dl);
     LMConfig c = step_config();
     ParamStore ps;
     params_init(&ps);
@@ -408,11 +415,16 @@ static void compare_steps(const char *what, const double *lf, const real *gf, co
         }
     }
     double dg = max_diff / max_abs;
-    cr_assert_leq(dg, STEP_GRAD_TOL, "%s: all gradients, normwise: %.3g", what, dg);
+    if (grad_tol > 0) cr_assert_leq(dg, grad_tol, "%s: all gradients, normwise: %.3g", what, dg);
     cr_log_info("%s: loss %.3g relative, gradients %.3g normwise, worst cosine %.5f (%s)", what, dl, dg, worst_cos,
                 worst);
     lm_destroy(&lm);
     params_free(&ps);
+    return dg;
+}
+
+static void compare_steps(const char *what, const double *lf, const real *gf, const double *lh, const real *gh) {
+    compare_steps_tol(what, lf, gf, lh, gh, STEP_GRAD_TOL);
 }
 
 Test(cuda_bf16, step_close_to_float32_step) {
@@ -426,16 +438,21 @@ Test(cuda_bf16, step_close_to_float32_step) {
 }
 
 // The same for the newer mixers (KDA, Gated DeltaProduct, Mamba-2 with its
-// own layer): their chunk kernels stay float32 as gdn's do, so the bf16
-// products around them must keep the float32-vs-bf16 bounds too.
+// own layer), whose stack is more sensitive at this point of training
+// (test_bf16_step.c's newer_mixers test says how much): the gradients'
+// bound is the model's own float32 sensitivity to its weights moved by
+// +-2^-8 relative, times 2 (measured 1.3 on the CPU); the loss and the
+// per-weight cosines as above.
 Test(cuda_bf16, step_close_to_float32_step_newer_mixers) {
     cuda_require();
     step_layers = "kda,gdp,mamba2";
-    double lf[2], lh[2];
+    double lf[2], lh[2], lm[2];
     real *gf = model_steps(DEVICE_CUDA, false, lf), *gh = model_steps(DEVICE_CUDA, true, lh);
-    compare_steps("kda,gdp,mamba2: GPU fp32 vs GPU bf16", lf, gf, lh, gh);
+    real *gm = model_steps_moved(DEVICE_CUDA, false, lm, 0x1p-8);
+    double sens = compare_steps_tol("kda,gdp,mamba2: GPU fp32 vs GPU fp32 with weights moved", lf, gf, NULL, gm, 0);
+    compare_steps_tol("kda,gdp,mamba2: GPU fp32 vs GPU bf16", lf, gf, lh, gh, 2 * sens);
     cr_assert_neq(lf[0], lh[0], "the bf16 loss equals the float32 one exactly: were the products bf16?");
-    free(gf), free(gh);
+    free(gf), free(gh), free(gm);
     step_layers = "gdn,mamba,attn,linear";
 }
 
