@@ -8,7 +8,7 @@
 # compute the same function on one small case.
 #
 #   bench/gpu_vs_fla.sh [-f FLA_DIR] [-o OUT_DIR] [-O OPS] [-T LIST] [-d DK_LIST] [-n TOKENS]
-#                       [-H HEADS] [-w WARMUP] [-r REPS] [-t SECONDS] [-B] [-C | -k]
+#                       [-H HEADS] [-w WARMUP] [-r REPS] [-t SECONDS] [-D DTYPES] [-j N] [-B] [-C | -k]
 #
 #   -f FLA_DIR  the folder that holds fla/ (a source checkout; default .fla)
 #   -o OUT_DIR  where the results go (default: a new folder under /tmp, named at the end):
@@ -20,6 +20,10 @@
 #   -w, -r      warm-up and timed iterations of each row, both sides (default 3 and 20)
 #   -t SECONDS  stop the check's fla part and each of the three timing runs after this long
 #               (default 0: no limit); the rows a timing run printed stay in its TSV and the tables
+#   -D DTYPES   fla's columns, a comma list of f32, tf32, bf16 (default all three)
+#   -j N        before each fla run, compile its Triton kernels in N processes at once
+#               (bench/torch_ref/triton_prewarm.sh; a short run of the same shapes), so that
+#               fla's autotuning then times its configs instead of compiling them one by one
 #   -B          lift fla's refusal of Triton < 3.7.1 on Hopper for its gated backward (fla
 #               issue 640, a Triton miscompile) for the TIMING runs only; the check never does,
 #               and the fla TSVs say which was done
@@ -54,11 +58,13 @@ BYPASS=""
 CHECK=1
 TIMING=1
 LIMIT=0
+DTYPES=f32,tf32,bf16
+PREWARM=0
 usage() {
-    echo "usage: $0 [-f FLA_DIR] [-o OUT_DIR] [-O OPS] [-T LIST] [-d DK_LIST] [-n TOKENS] [-H HEADS] [-w WARMUP] [-r REPS] [-t SECONDS] [-B] [-C | -k]" >&2
+    echo "usage: $0 [-f FLA_DIR] [-o OUT_DIR] [-O OPS] [-T LIST] [-d DK_LIST] [-n TOKENS] [-H HEADS] [-w WARMUP] [-r REPS] [-t SECONDS] [-D DTYPES] [-j N] [-B] [-C | -k]" >&2
     exit 2
 }
-while getopts "f:o:O:T:d:n:H:w:r:t:BCk" opt; do
+while getopts "f:o:O:T:d:n:H:w:r:t:D:j:BCk" opt; do
     case $opt in
         f) FLA=$OPTARG ;;
         o) OUT=$OPTARG ;;
@@ -70,6 +76,8 @@ while getopts "f:o:O:T:d:n:H:w:r:t:BCk" opt; do
         w) WARMUP=$OPTARG ;;
         r) REPS=$OPTARG ;;
         t) LIMIT=$OPTARG ;;
+        D) DTYPES=$OPTARG ;;
+        j) PREWARM=$OPTARG ;;
         B) BYPASS=--bypass-hopper-guard ;;
         C) CHECK=0 ;;
         k) TIMING=0 ;;
@@ -81,7 +89,8 @@ shift $((OPTIND - 1))
 [ "$CHECK" = 1 ] || [ "$TIMING" = 1 ] || { echo "gpu_vs_fla: -C and -k leave nothing to do" >&2; exit 2; }
 # The values go to the programs as single arguments, never through a shell;
 # they check them. Only the shape of the lists is checked here.
-for v in "$TS" "$DKS" "$TOKENS" "$HEADS" "$WARMUP" "$REPS" "$LIMIT"; do
+[[ ,$DTYPES, =~ ^(,(f32|tf32|bf16))+,$ ]] || { echo "gpu_vs_fla: -D '$DTYPES': a comma list of f32, tf32, bf16" >&2; exit 2; }
+for v in "$TS" "$DKS" "$TOKENS" "$HEADS" "$WARMUP" "$REPS" "$LIMIT" "$PREWARM"; do
     [[ $v =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "gpu_vs_fla: '$v' is not a number or a comma list of numbers" >&2; exit 2; }
 done
 [[ $OPS =~ ^[a-z0-9]+(,[a-z0-9]+)*$ ]] || { echo "gpu_vs_fla: -O '$OPS' is not a comma list of op names" >&2; exit 2; }
@@ -123,6 +132,7 @@ mkdir -p "$OUT"
 SCRATCH=$(mktemp -d)
 trap 'rm -rf "$SCRATCH"' EXIT
 
+prewarm() { if [ "$PREWARM" -gt 0 ]; then bench/torch_ref/triton_prewarm.sh "$PREWARM" "$@"; fi; }
 cbench() { LD_LIBRARY_PATH=$C_LIBS "$GDN_GPU_BENCH" --device cuda "$@"; }
 limited() { if [ "$LIMIT" -gt 0 ]; then timeout "$LIMIT" "$@"; else "$@"; fi; }
 
@@ -139,8 +149,9 @@ echo "== OPS $OPS, T $TS, dk $DKS, B*T $TOKENS, H $HEADS, warm-up $WARMUP, timed
 failed=0
 if [ "$CHECK" = 1 ]; then
     echo "== check: the same function on one small case (B 2, T 200, H 4, dk = dv = ${DKS%%,*})"
+    check=("$PY" "$FLA_PY" check --fla "$FLA" --dump "$SCRATCH" --ops "$OPS" --dtypes f32,bf16)
     if cbench --ops "$OPS" --dk "$DKS" --dump "$SCRATCH" >"$OUT/check.txt" 2>&1 &&
-        limited "$PY" "$FLA_PY" check --fla "$FLA" --dump "$SCRATCH" --ops "$OPS" --dtypes f32,bf16 >>"$OUT/check.txt" 2>&1; then
+        prewarm "${check[@]}" && limited "${check[@]}" >>"$OUT/check.txt" 2>&1; then
         cat "$OUT/check.txt"
     else
         echo "gpu_vs_fla: the check failed; its last lines:" >&2
@@ -169,8 +180,17 @@ step() {
 if [ "$TIMING" = 1 ]; then
     common=(--ops "$OPS" --T "$TS" --dk "$DKS" --tokens "$TOKENS" --H "$HEADS" --warmup "$WARMUP" --reps "$REPS")
     step attnlab env LD_LIBRARY_PATH="$C_LIBS" "$GDN_GPU_BENCH" --device cuda "${common[@]}"
-    step fla_f32 "$PY" "$FLA_PY" bench --fla "$FLA" "${common[@]}" --dtypes f32 $BYPASS
-    step fla_tf32_bf16 "$PY" "$FLA_PY" bench --fla "$FLA" "${common[@]}" --dtypes tf32,bf16 $BYPASS
+    # fla's columns: f32 in a process of its own (TRITON_F32_DEFAULT is read at compile time), then tf32 and bf16.
+    short=(--ops "$OPS" --T "${TS%%,*}" --dk "$DKS" --tokens "$TOKENS" --H "$HEADS" --warmup 1 --reps 1)
+    if [[ ,$DTYPES, == *,f32,* ]]; then
+        prewarm "$PY" "$FLA_PY" bench --fla "$FLA" "${short[@]}" --dtypes f32 $BYPASS
+        step fla_f32 "$PY" "$FLA_PY" bench --fla "$FLA" "${common[@]}" --dtypes f32 $BYPASS
+    fi
+    rest=$(tr ',' '\n' <<<"$DTYPES" | grep -v '^f32$' | paste -sd, -)
+    if [ -n "$rest" ]; then
+        prewarm "$PY" "$FLA_PY" bench --fla "$FLA" "${short[@]}" --dtypes "$rest" $BYPASS
+        step fla_tf32_bf16 "$PY" "$FLA_PY" bench --fla "$FLA" "${common[@]}" --dtypes "$rest" $BYPASS
+    fi
 
     tsvs=()
     for f in attnlab fla_f32 fla_tf32_bf16; do

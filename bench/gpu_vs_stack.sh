@@ -13,7 +13,7 @@
 # outputs and gradients against the float32 and float64 references.
 #
 #   bench/gpu_vs_stack.sh [-f FLA_DIR] [-o OUT_DIR] [-s STEPS] [-W WARMUP] [-t SECONDS] [-r ROUNDS]
-#                         [-p PRECISIONS] [-B] [-c] [-C | -k] [CONFIG...]
+#                         [-p PRECISIONS] [-j N] [-B] [-c] [-C | -k] [CONFIG...]
 #
 #   CONFIG      default configs/gpu_d1024_gdn.ini configs/gpu_d1024_hybrid.ini
 #   -f FLA_DIR  the folder that holds fla/ (a source checkout; default .fla)
@@ -26,6 +26,10 @@
 #   -r ROUNDS   the whole alternation this many times (default 1); a cell is the median
 #   -p LIST     the precisions timed, a comma list of fp32, tf32, bf16 (default all three; the
 #               anchor has no tf32 column: fp32 gives attnlab fp32 and anchor fp32, bf16 both bf16)
+#   -j N        before the anchor's first run of a config and precision (and its check),
+#               compile fla's Triton kernels in N processes at once (bench/torch_ref/
+#               triton_prewarm.sh; one step at B 1 x T 1024 each), so that fla's autotuning
+#               then times its configs instead of compiling them one by one
 #   -B          lift fla's refusal of Triton < 3.7.1 on Hopper for its gated backward (fla issue
 #               640, a Triton miscompile) for the anchor's timing runs; the check then shows
 #               the gradients as information, outside its verdict
@@ -53,14 +57,15 @@ LIMIT=0
 ROUNDS=1
 BYPASS=()
 COMPILE=0
+PREWARM=0
 CHECK=1
 TIMING=1
 usage() {
-    echo "usage: $0 [-f FLA_DIR] [-o OUT_DIR] [-s STEPS] [-W WARMUP] [-t SECONDS] [-r ROUNDS] [-p PRECISIONS] [-B] [-c] [-C | -k] [CONFIG...]" >&2
+    echo "usage: $0 [-f FLA_DIR] [-o OUT_DIR] [-s STEPS] [-W WARMUP] [-t SECONDS] [-r ROUNDS] [-p PRECISIONS] [-j N] [-B] [-c] [-C | -k] [CONFIG...]" >&2
     exit 2
 }
 PRECS=fp32,tf32,bf16
-while getopts "f:o:s:W:t:r:p:BcCk" opt; do
+while getopts "f:o:s:W:t:r:p:j:BcCk" opt; do
     case $opt in
         f) FLA=$OPTARG ;;
         o) OUT=$OPTARG ;;
@@ -69,6 +74,7 @@ while getopts "f:o:s:W:t:r:p:BcCk" opt; do
         t) LIMIT=$OPTARG ;;
         r) ROUNDS=$OPTARG ;;
         p) PRECS=$OPTARG ;;
+        j) PREWARM=$OPTARG ;;
         B) BYPASS=(--bypass-hopper-guard) ;;
         c) COMPILE=1 ;;
         C) CHECK=0 ;;
@@ -78,7 +84,7 @@ while getopts "f:o:s:W:t:r:p:BcCk" opt; do
 done
 shift $((OPTIND - 1))
 [ "$CHECK" = 1 ] || [ "$TIMING" = 1 ] || { echo "gpu_vs_stack: -C and -k leave nothing to do" >&2; exit 2; }
-for n in "$STEPS" "$WARMUP" "$LIMIT" "$ROUNDS"; do
+for n in "$STEPS" "$WARMUP" "$LIMIT" "$ROUNDS" "$PREWARM"; do
     [[ $n =~ ^[0-9]+$ ]] || { echo "gpu_vs_stack: '$n' is not a whole number" >&2; exit 2; }
 done
 [[ ,$PRECS, =~ ^(,(fp32|tf32|bf16))+,$ ]] || { echo "gpu_vs_stack: -p '$PRECS': a comma list of fp32, tf32, bf16" >&2; exit 2; }
@@ -124,6 +130,7 @@ mkdir -p "$OUT/logs"
 : >"$OUT/results.txt"
 : >"$OUT/runs.tsv"
 limited() { if [ "$LIMIT" -gt 0 ]; then timeout "$LIMIT" "$@"; else "$@"; fi; }
+prewarm() { if [ "$PREWARM" -gt 0 ]; then bench/torch_ref/triton_prewarm.sh "$PREWARM" "$@"; fi; }
 
 echo "== gpu_vs_stack: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo 'nvidia-smi absent')"
 "$PY" - "$FLA" <<'PY'
@@ -140,6 +147,7 @@ if [ "$CHECK" = 1 ]; then
         name=$(basename "$cfg" .ini)
         echo "== check: $name (fla_model.py check, float32, B 2 x T 1024)"
         rc=0
+        prewarm "$PY" bench/torch_ref/fla_model.py check "$cfg" --fla "$FLA" "${BYPASS[@]}"
         limited "$PY" bench/torch_ref/fla_model.py check "$cfg" --fla "$FLA" "${BYPASS[@]}" \
             >"$OUT/check_$name.txt" 2>&1 || rc=$?
         grep -E '^(#|loss:|gradients|check:)' "$OUT/check_$name.txt" || true
@@ -179,6 +187,12 @@ if [ "$TIMING" = 1 ]; then
     steps=(--steps "$STEPS" --warmup "$WARMUP")
     attnlab=(env LD_LIBRARY_PATH="$C_LIBS" "$TRAIN_BENCH" --device cuda "${steps[@]}")
     anchor=("$PY" bench/torch_ref/throughput.py --device cuda --fla "$FLA" "${BYPASS[@]}" "${steps[@]}")
+    short=(--steps 1 --warmup 0 --set train.batch_size=1 --set train.seq_len=1024)
+    for cfg in "${CONFIGS[@]}"; do
+        # (argparse takes the last --steps / --warmup: short's)
+        if want fp32; then prewarm "${anchor[@]}" "$cfg" "${short[@]}"; fi
+        if want bf16; then prewarm "${anchor[@]}" "$cfg" "${short[@]}" --amp bf16; fi
+    done
     for round in $(seq "$ROUNDS"); do
         for cfg in "${CONFIGS[@]}"; do
             if want fp32; then

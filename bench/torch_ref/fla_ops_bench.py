@@ -112,11 +112,37 @@ def fla_root(fla_dir):
     return root
 
 
+def slice_autotune():
+    """Under ATTNLAB_TRITON_SLICE=i/n (set by bench/torch_ref/triton_prewarm.sh
+    alone, never for a timed run) every Triton autotuner made from here on
+    keeps configs i, i+n, ... of its list (one at least): n such processes
+    compile a kernel's configs between them into Triton's on-disk cache, where
+    the timed run's own autotuning over every config then finds them compiled
+    and only has to time them."""
+    spec = os.environ.get("ATTNLAB_TRITON_SLICE")
+    if not spec:
+        return
+    m = re.fullmatch(r"(\d+)/([1-9]\d*)", spec)
+    if not m or int(m.group(1)) >= int(m.group(2)):
+        die(f"ATTNLAB_TRITON_SLICE='{spec}': expected i/n with 0 <= i < n")
+    i, n = int(m.group(1)), int(m.group(2))
+    from triton.runtime.autotuner import Autotuner
+    init = Autotuner.__init__
+
+    def sliced_init(self, fn, arg_names, configs, *args, **kwargs):
+        configs = list(configs)
+        if configs:
+            configs = configs[i::n] or [configs[i % len(configs)]]
+        init(self, fn, arg_names, configs, *args, **kwargs)
+    Autotuner.__init__ = sliced_init
+
+
 def register_bare(root, packages=("fla", "fla.ops", "fla.modules")):
     """Puts the source folder root (the one holding fla/) on sys.path with the
     named packages registered bare, so that their __init__ files do not run
     (fla's imports transformers; an op package's imports its naive forms and
     einops); their submodules import as usual."""
+    slice_autotune()
     sys.path.insert(0, root)
     for name in packages:
         if name not in sys.modules:
