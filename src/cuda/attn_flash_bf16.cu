@@ -194,7 +194,11 @@ __global__ void __launch_bounds__(FB_THREADS)
         int i = rw + g + 8 * hh;
         lo[hh] = i >= nq ? 0 : d.key0 ? d.key0[b] : fa_lo(fr, t0 + i);
     }
-    int s_end = ta + nq, s_first = d.key0 ? d.key0[b] : fa_lo(fr, t0);
+    // The key tiles start at a multiple of FB_B, as the CPU's (ATTN_TILE_K):
+    // P is rounded at the running max, the max over the keys of the tiles so
+    // far, so the tiles' edges are part of the semantics. (A prefill window,
+    // key0: from its first key, as attn_prefix_forward.)
+    int s_end = ta + nq, s_first = d.key0 ? d.key0[b] : fa_lo(fr, t0) / FB_B * FB_B;
     for (int s0 = s_first; s0 < s_end; s0 += FB_B) {
         int nk = min(FB_B, s_end - s0);
         __syncthreads();   // the previous tile's K and V are read
