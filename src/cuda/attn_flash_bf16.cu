@@ -138,7 +138,9 @@ template <int D> __device__ __forceinline__ void fb_zero(float acc[D / 8][4]) {
 }
 
 // The warp's rows (r0 + g, r0 + g + 8 of dst) of an accumulator, columns
-// below d, rows below n, times scale, written or added.
+// below d, rows below n, times scale, written or added. The product is
+// rounded on its own (__fmul_rn: no fused multiply-add into the sum), so a
+// gradient added to another is their float32 sum, the bits of each alone.
 template <int D>
 __device__ __forceinline__ void fb_write(float *dst, int64_t ld, const float acc[D / 8][4], int r0, int n, int d,
                                          float scale, bool fresh) {
@@ -153,7 +155,7 @@ __device__ __forceinline__ void fb_write(float *dst, int64_t ld, const float acc
             for (int e = 0; e < 2; e++) {
                 int col = 8 * nt + 2 * c + e;
                 if (col >= d) continue;
-                float v = scale * acc[nt][2 * h + e], *p = dst + (int64_t)r * ld + col;
+                float v = __fmul_rn(scale, acc[nt][2 * h + e]), *p = dst + (int64_t)r * ld + col;
                 *p = fresh ? v : *p + v;
             }
     }
@@ -257,6 +259,24 @@ __global__ void __launch_bounds__(FB_THREADS)
     }
 }
 
+// A backward block's head (b, h): the leading dims, its first row, its
+// slices of q, k, v and dO, and its row's documents' index (or NULL).
+struct FbHead {
+    int64_t ldq, ldv, row0;
+    const float *q, *k, *v, *dO;
+    const int *fr;
+};
+
+__device__ __forceinline__ FbHead fb_head(const FaDims &d, int b, int h, const float *q, const float *k,
+                                          const float *v, const float *dO, const int *first) {
+    FbHead x;
+    x.ldq = (int64_t)d.H * d.dk, x.ldv = (int64_t)d.H * d.dv, x.row0 = (int64_t)b * d.T;
+    x.q = q + x.row0 * x.ldq + h * d.dk, x.k = k + x.row0 * x.ldq + h * d.dk;
+    x.v = v + x.row0 * x.ldv + h * d.dv, x.dO = dO + x.row0 * x.ldv + h * d.dv;
+    x.fr = first ? first + x.row0 : NULL;
+    return x;
+}
+
 template <int D> static size_t fb_dq_smem(void) {
     return (size_t)(4 * FB_B * fb_ldr(D) + FB_B / 2 * fb_ldc(D)) * sizeof(uint32_t);
 }
@@ -276,13 +296,10 @@ __global__ void __launch_bounds__(FB_THREADS)
     int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = 16 * w;
     float sc2 = d.scale * FA_LOG2E;
     int t0 = (gridDim.y - 1 - blockIdx.y) * FB_B, nq = min(FB_B, d.T - t0);
-    int64_t ldq = (int64_t)d.H * d.dk, ldv = (int64_t)d.H * d.dv, row0 = (int64_t)b * d.T;
-    const float *qh = q + row0 * ldq + h * d.dk, *kh = k + row0 * ldq + h * d.dk;
-    const float *vh = v + row0 * ldv + h * d.dv, *dOh = dO + row0 * ldv + h * d.dv;
-    const int *fr = first ? first + row0 : NULL;
+    FbHead hd = fb_head(d, b, h, q, k, v, dO, first);
 
-    fb_load_rows<D>(Qs, qh, ldq, t0, nq, d.dk);
-    fb_load_rows<D>(dOs, dOh, ldv, t0, nq, d.dv);
+    fb_load_rows<D>(Qs, hd.q, hd.ldq, t0, nq, d.dk);
+    fb_load_rows<D>(dOs, hd.dO, hd.ldv, t0, nq, d.dv);
     float acc[D / 8][4], L[2], Dr[2];
     int lo[2];
     fb_zero<D>(acc);
@@ -291,15 +308,15 @@ __global__ void __launch_bounds__(FB_THREADS)
         int64_t row = (int64_t)bh * d.T + t0 + i;
         L[hh] = i < nq ? lse[row] * FA_LOG2E : 0.f;
         Dr[hh] = i < nq ? Dv[row] : 0.f;
-        lo[hh] = i < nq ? fa_lo(fr, t0 + i) : 0;
+        lo[hh] = i < nq ? fa_lo(hd.fr, t0 + i) : 0;
     }
-    int s_end = t0 + nq, s_first = fa_lo(fr, t0);
+    int s_end = t0 + nq, s_first = fa_lo(hd.fr, t0);
     for (int s0 = s_first; s0 < s_end; s0 += FB_B) {
         int nk = min(FB_B, s_end - s0);
         __syncthreads();   // the previous tile's K and V are read
-        fb_load_rows<D>(Ks, kh, ldq, s0, nk, d.dk);
-        fb_load_rows<D>(Vs, vh, ldv, s0, nk, d.dv);
-        fb_load_pairs<D>(Kp, kh, ldq, s0, nk, d.dk);
+        fb_load_rows<D>(Ks, hd.k, hd.ldq, s0, nk, d.dk);
+        fb_load_rows<D>(Vs, hd.v, hd.ldv, s0, nk, d.dv);
+        fb_load_pairs<D>(Kp, hd.k, hd.ldq, s0, nk, d.dk);
         __syncthreads();
         float s[FB_NT][4], dp[FB_NT][4];
         fb_scores<D>(s, Qs + rw * LR, Ks);
@@ -314,7 +331,7 @@ __global__ void __launch_bounds__(FB_THREADS)
             }
         fb_acc<D>(acc, s, Kp);   // dS rounded to bf16 here
     }
-    fb_write<D>(dq + (row0 + t0) * ldq + h * d.dk, ldq, acc, rw, nq, d.dk, d.scale, fresh);
+    fb_write<D>(dq + (hd.row0 + t0) * hd.ldq + h * d.dk, hd.ldq, acc, rw, nq, d.dk, d.scale, fresh);
 }
 
 template <int D> static size_t fb_dkv_smem(void) {
@@ -342,30 +359,27 @@ __global__ void __launch_bounds__(FB_THREADS)
     int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = 16 * w;
     float sc2 = d.scale * FA_LOG2E;
     int s0 = blockIdx.y * FB_B, nk = min(FB_B, d.T - s0), s_last = s0 + nk - 1;
-    int64_t ldq = (int64_t)d.H * d.dk, ldv = (int64_t)d.H * d.dv, row0 = (int64_t)b * d.T;
-    const float *qh = q + row0 * ldq + h * d.dk, *kh = k + row0 * ldq + h * d.dk;
-    const float *vh = v + row0 * ldv + h * d.dv, *dOh = dO + row0 * ldv + h * d.dv;
-    const int *fr = first ? first + row0 : NULL;
+    FbHead hd = fb_head(d, b, h, q, k, v, dO, first);
 
-    fb_load_rows<D>(Ks, kh, ldq, s0, nk, d.dk);
-    fb_load_rows<D>(Vs, vh, ldv, s0, nk, d.dv);
+    fb_load_rows<D>(Ks, hd.k, hd.ldq, s0, nk, d.dk);
+    fb_load_rows<D>(Vs, hd.v, hd.ldv, s0, nk, d.dv);
     float ak[D / 8][4], av[D / 8][4];
     fb_zero<D>(ak);
     fb_zero<D>(av);
     // As k_flash_dkv: the query tiles from s0 on, until one whose first
     // query's document begins after the last key (uniform across the block).
-    for (int t0 = s0; t0 < d.T && fa_lo(fr, t0) <= s_last; t0 += FB_B) {
+    for (int t0 = s0; t0 < d.T && fa_lo(hd.fr, t0) <= s_last; t0 += FB_B) {
         int nq = min(FB_B, d.T - t0);
         __syncthreads();   // the previous query tile is read
-        fb_load_rows<D>(Qs, qh, ldq, t0, nq, d.dk);
-        fb_load_rows<D>(dOs, dOh, ldv, t0, nq, d.dv);
-        if (gk) fb_load_pairs<D>(Qp, qh, ldq, t0, nq, d.dk);
-        if (gv) fb_load_pairs<D>(dOp, dOh, ldv, t0, nq, d.dv);
+        fb_load_rows<D>(Qs, hd.q, hd.ldq, t0, nq, d.dk);
+        fb_load_rows<D>(dOs, hd.dO, hd.ldv, t0, nq, d.dv);
+        if (gk) fb_load_pairs<D>(Qp, hd.q, hd.ldq, t0, nq, d.dk);
+        if (gv) fb_load_pairs<D>(dOp, hd.dO, hd.ldv, t0, nq, d.dv);
         for (int i = threadIdx.x; i < FB_B; i += FB_THREADS) {
             int64_t row = (int64_t)bh * d.T + t0 + i;
             Ls[i] = i < nq ? lse[row] * FA_LOG2E : 0.f;
             Ds[i] = i < nq && Dv ? Dv[row] : 0.f;
-            lo[i] = i < nq ? fa_lo(fr, t0 + i) : 0;
+            lo[i] = i < nq ? fa_lo(hd.fr, t0 + i) : 0;
         }
         __syncthreads();
         // P^T: row (key) rw + g + 8 hh, column (query) 8 nt + 2c + e.
@@ -389,9 +403,9 @@ __global__ void __launch_bounds__(FB_THREADS)
             fb_acc<D>(ak, dp, Qp);   // dK += dS^T Q, dS^T rounded
         }
     }
-    if (gk) fb_write<D>(gk + (row0 + s0) * ldq + h * d.dk, ldq, ak, rw, nk, d.dk, d.scale, fresh_k);
+    if (gk) fb_write<D>(gk + (hd.row0 + s0) * hd.ldq + h * d.dk, hd.ldq, ak, rw, nk, d.dk, d.scale, fresh_k);
     __syncthreads();   // gk and gv may be one buffer: dk first
-    if (gv) fb_write<D>(gv + (row0 + s0) * ldv + h * d.dv, ldv, av, rw, nk, d.dv, 1.f, fresh_v);
+    if (gv) fb_write<D>(gv + (hd.row0 + s0) * hd.ldv + h * d.dv, hd.ldv, av, rw, nk, d.dv, 1.f, fresh_v);
 }
 
 // The padded head dim of the kernels' instance, or 0: the float32 kernels.
