@@ -19,7 +19,8 @@
 //
 // Output: a TSV on stdout, comment lines starting with '#', then
 //   side op form dtype H dk T B pass ms tokens_per_s
-// side is "attnlab", dtype the build's precision ("f32" or "f64").
+// side is "attnlab", dtype the build's precision ("f32" or "f64", "bf16"
+// under --precision bf16), form "flash" for attn.
 //
 // --dump DIR: instead of timing, one small case per op (B 2, T 200, H 4,
 // dk = dv from --dk's first value) into DIR/check_<op>.bin: the inputs, dO,
@@ -313,9 +314,9 @@ static bool parse_ints(const char *s, int lo, int hi, int *out, int *n) {
 }
 
 static const char USAGE[] =
-    "usage: gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec] [--T 512,1024,...] [--tokens N]\n"
-    "                     [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C] [--warmup N]\n"
-    "                     [--reps N] [--precision fp32|bf16] [--dump DIR]\n"
+    "usage: gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn] [--T 512,1024,...]\n"
+    "                     [--tokens N] [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C]\n"
+    "                     [--warmup N] [--reps N] [--precision fp32|bf16] [--dump DIR]\n"
     "  Tokens/s of the delta-rule ops and of attn (softmax attention; forward, forward+backward)\n"
     "  against T with B*T = tokens fixed; --precision bf16 (cuda): the bf16 tensor-core products;\n"
     "  a TSV on stdout (bench/gpu_vs_fla.sh joins it with fla_ops_bench.py's). --dump DIR writes one\n"
@@ -402,7 +403,8 @@ static void bench_op(const Opts *o, const char *name, int kind, int steps) {
             Inputs in = inputs_make(o->dev, kind, steps, B, T, o->H, dk, 1);
             for (int train = 0; train < 2; train++) {
                 double s = time_pass(&in, train, o);
-                printf("attnlab\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%.4f\t%.0f\n", name, mixer_form_name(o->form), dtype,
+                const char *form = kind == OP_ATTN ? "flash" : mixer_form_name(o->form);
+                printf("attnlab\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%.4f\t%.0f\n", name, form, dtype,
                        o->H, dk, T, B, train ? "fwdbwd" : "fwd", 1e3 * s, (double)B * T / s);
                 fflush(stdout);
             }
