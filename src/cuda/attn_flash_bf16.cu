@@ -242,9 +242,12 @@ __global__ void __launch_bounds__(FB_THREADS)
         fb_acc<D>(acc, s, Vs);   // P rounded to bf16 here; l took it unrounded
     }
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
+    for (int hh = 0; hh < 2; hh++) {   // l: the sum of the group's 4 parts (every lane, before any leaves)
         l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
         l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
         int i = rw + g + 8 * hh;
         if (i >= nq) continue;
         float *orow = o + (row0 + t0 + i) * ldv + h * d.dv;
