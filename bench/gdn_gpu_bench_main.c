@@ -3,9 +3,9 @@
 // comparison with flash-linear-attention's Triton kernels
 // (bench/torch_ref/fla_ops_bench.py prints the same rows for fla).
 //
-//   gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec] [--T 512,1024,...]
+//   gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn] [--T 512,1024,...]
 //                 [--tokens N] [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C]
-//                 [--warmup N] [--reps N] [--dump DIR]
+//                 [--warmup N] [--reps N] [--precision fp32|bf16] [--dump DIR]
 //
 // For each op, head size dk = dv and T: B = tokens / T rows (B*T fixed,
 // default 16384), H heads (default 8); q, k L2-normalised per head, q scaled
@@ -19,7 +19,8 @@
 //
 // Output: a TSV on stdout, comment lines starting with '#', then
 //   side op form dtype H dk T B pass ms tokens_per_s
-// side is "attnlab", dtype the build's precision ("f32" or "f64").
+// side is "attnlab", dtype the build's precision ("f32" or "f64", "bf16"
+// under --precision bf16), form "flash" for attn.
 //
 // --dump DIR: instead of timing, one small case per op (B 2, T 200, H 4,
 // dk = dv from --dk's first value) into DIR/check_<op>.bin: the inputs, dO,
@@ -30,7 +31,15 @@
 // N blocks per token, laid out as fla's gated_delta_product takes them);
 // kda = op_kda (a log decay per key channel, docs/kda.md). gdn_rec and kda_rec are gdn and kda in the recurrent form
 // whatever --form says, so that one run times the chunked kernels against
-// the recurrence: --ops gdn,kda,gdn_rec,kda_rec.
+// the recurrence: --ops gdn,kda,gdn_rec,kda_rec. attn = op_attention (causal
+// softmax attention, the flash kernels; dk = dv, no documents), for the
+// softmax layers' share of a hybrid step (it has no fla check: no --dump).
+//
+// --precision bf16 (--device cuda, float32 build): the products in bf16 on
+// the tensor cores, as [train] precision = bf16 runs them (device_set_bf16):
+// attn's flash kernels (attn_flash_bf16.cu); the delta-rule ops' chunk
+// kernels stay float32. The rows then say dtype "bf16"; run it after a
+// --precision fp32 run of the same ops to compare.
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -39,12 +48,13 @@
 
 #include "bench_util.h"
 #include "device.h"
+#include "attn_kernel.h"
 #include "gdn_kernel.h"
 #include "kda_kernel.h"
 #include "model_setup.h"
 #include "runlog.h"
 
-enum { MAX_LIST = 16, OP_GDN = 0, OP_GDP = 1, OP_KDA = 2 };
+enum { MAX_LIST = 16, OP_GDN = 0, OP_GDP = 1, OP_KDA = 2, OP_ATTN = 3 };
 
 typedef struct Opts {
     Device dev;
@@ -54,6 +64,7 @@ typedef struct Opts {
     int dks[MAX_LIST], n_dk;
     int tokens, H, chunk, warmup, reps;
     MixerForm form;
+    bool bf16;          // --precision bf16
     const char *dump;   // NULL: time
 } Opts;
 
@@ -64,6 +75,7 @@ static bool op_parse(const char *name, int *kind, int *steps, bool *rec) {
     *rec = !strcmp(name, "gdn_rec") || !strcmp(name, "kda_rec");
     if (!strcmp(name, "gdn") || !strcmp(name, "gdn_rec")) return *kind = OP_GDN, true;
     if (!strcmp(name, "kda") || !strcmp(name, "kda_rec")) return *kind = OP_KDA, true;
+    if (!strcmp(name, "attn")) return *kind = OP_ATTN, true;
     if (!strncmp(name, "gdp", 3) && name[3] >= '1' && name[3] <= '9' && !name[4]) {
         *steps = name[3] - '0';
         *kind = OP_GDP;
@@ -169,6 +181,8 @@ static Tensor *op_build(Tape *tp, const Inputs *in, MixerForm form, int chunk) {
         return op_gdn(tp, in->q, in->k, in->v, in->beta, in->g, NULL, NULL, in->H, form, chunk, NULL);
     case OP_GDP:
         return op_gdp(tp, in->q, in->k, in->v, in->beta, in->g, NULL, NULL, in->H, in->steps, form, chunk, NULL);
+    case OP_ATTN:   // (q is scaled by 1/sqrt(dk) already; beta and g unused)
+        return op_attention(tp, in->q, in->k, in->v, in->H, 1.0, NULL);
     default:
         return op_kda(tp, in->q, in->k, in->v, in->beta, in->g, NULL, NULL, in->H, form, chunk, NULL);
     }
@@ -300,10 +314,11 @@ static bool parse_ints(const char *s, int lo, int hi, int *out, int *n) {
 }
 
 static const char USAGE[] =
-    "usage: gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec] [--T 512,1024,...] [--tokens N]\n"
-    "                     [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C] [--warmup N]\n"
-    "                     [--reps N] [--dump DIR]\n"
-    "  Tokens/s of the delta-rule ops (forward, forward+backward) against T with B*T = tokens fixed;\n"
+    "usage: gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn] [--T 512,1024,...]\n"
+    "                     [--tokens N] [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C]\n"
+    "                     [--warmup N] [--reps N] [--precision fp32|bf16] [--dump DIR]\n"
+    "  Tokens/s of the delta-rule ops and of attn (softmax attention; forward, forward+backward)\n"
+    "  against T with B*T = tokens fixed; --precision bf16 (cuda): the bf16 tensor-core products;\n"
     "  a TSV on stdout (bench/gpu_vs_fla.sh joins it with fla_ops_bench.py's). --dump DIR writes one\n"
     "  small case per op for fla_ops_bench.py --check instead of timing.\n";
 
@@ -315,9 +330,9 @@ static int usage_error(const char *flag, const char *value, const char *what) {
 // Fills o from argv; returns 0, or the exit status after a message.
 static int parse_args(int argc, char **argv, Opts *o) {
     *o = (Opts){DEVICE_CPU, {"gdn", "gdp2", "gdp3"}, 3, {512, 1024, 2048, 4096, 8192, 16384}, 6, {64}, 1,
-                16384, 8, 64, 3, 20, MIXER_FORM_CHUNKED, NULL};
-    static const char *const FLAGS[] = {"--device", "--ops",  "--T",    "--dk",   "--tokens", "--H",
-                                        "--chunk",  "--warmup", "--reps", "--form", "--dump"};
+                16384, 8, 64, 3, 20, MIXER_FORM_CHUNKED, false, NULL};
+    static const char *const FLAGS[] = {"--device", "--ops",    "--T",    "--dk",   "--tokens",    "--H",
+                                        "--chunk",  "--warmup", "--reps", "--form", "--precision", "--dump"};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool known = false;
@@ -339,7 +354,7 @@ static int parse_args(int argc, char **argv, Opts *o) {
                 int kind, steps;
                 bool rec;
                 if (!op_parse(o->ops[j], &kind, &steps, &rec))
-                    return usage_error(f, v, "ops are gdn, gdp1 .. gdp8, kda, gdn_rec and kda_rec");
+                    return usage_error(f, v, "ops are gdn, gdp1 .. gdp8, kda, gdn_rec, kda_rec and attn");
             }
             if (o->n_ops == 0) return usage_error(f, v, "no op named");
         } else if (!strcmp(f, "--T")) {
@@ -361,16 +376,23 @@ static int parse_args(int argc, char **argv, Opts *o) {
             if (m != MIXER_FORM_CHUNKED && m != MIXER_FORM_RECURRENT)
                 return usage_error(f, v, "chunked or recurrent");
             o->form = (MixerForm)m;
+        } else if (!strcmp(f, "--precision")) {
+            if (strcmp(v, "fp32") && strcmp(v, "bf16")) return usage_error(f, v, "fp32 or bf16");
+            o->bf16 = !strcmp(v, "bf16");
         } else {   // --dump
             o->dump = v;
         }
     }
+    if (o->bf16 && (o->dev != DEVICE_CUDA || sizeof(real) != 4))
+        return usage_error("--precision", "bf16", "needs --device cuda and the float32 build");
+    for (int j = 0; o->dump && j < o->n_ops; j++)
+        if (!strcmp(o->ops[j], "attn")) return usage_error("--dump", o->dump, "attn has no fla check to dump for");
     return 0;
 }
 
 // The rows of one op: every (dk, T) and both passes.
 static void bench_op(const Opts *o, const char *name, int kind, int steps) {
-    const char *dtype = sizeof(real) == 4 ? "f32" : "f64";
+    const char *dtype = o->bf16 ? "bf16" : sizeof(real) == 4 ? "f32" : "f64";
     for (int di = 0; di < o->n_dk; di++)
         for (int ti = 0; ti < o->n_T; ti++) {
             int T = o->Ts[ti], dk = o->dks[di], B = o->tokens / T;
@@ -381,7 +403,8 @@ static void bench_op(const Opts *o, const char *name, int kind, int steps) {
             Inputs in = inputs_make(o->dev, kind, steps, B, T, o->H, dk, 1);
             for (int train = 0; train < 2; train++) {
                 double s = time_pass(&in, train, o);
-                printf("attnlab\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%.4f\t%.0f\n", name, mixer_form_name(o->form), dtype,
+                const char *form = kind == OP_ATTN ? "flash" : mixer_form_name(o->form);
+                printf("attnlab\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%.4f\t%.0f\n", name, form, dtype,
                        o->H, dk, T, B, train ? "fwdbwd" : "fwd", 1e3 * s, (double)B * T / s);
                 fflush(stdout);
             }
@@ -400,11 +423,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gdn_gpu_bench: --device cuda: %s\n", err);
         return 2;
     }
+    if (o.bf16) device_set_bf16(DEVICE_CUDA, true);
     char cpu[256];
     runlog_cpu_name(cpu, sizeof cpu);
-    printf("# gdn_gpu_bench: device %s (%s), cpu %s, %s, form %s, chunk %d, warmup %d, reps %d\n",
-           device_name(o.dev), device_describe(o.dev), cpu, REAL_NAME, mixer_form_name(o.form), o.chunk, o.warmup,
-           o.reps);
+    printf("# gdn_gpu_bench: device %s (%s), cpu %s, %s, products %s, form %s, chunk %d, warmup %d, reps %d\n",
+           device_name(o.dev), device_describe(o.dev), cpu, REAL_NAME, o.bf16 ? "bf16" : "fp32",
+           mixer_form_name(o.form), o.chunk, o.warmup, o.reps);
     if (!o.dump) printf("side\top\tform\tdtype\tH\tdk\tT\tB\tpass\tms\ttokens_per_s\n");
     bool ok = true;
     for (int i = 0; i < o.n_ops; i++) {

@@ -132,13 +132,24 @@ template <int NG> static void fwd_launch(const FaDims &d, const real *q, const r
     CU_LAUNCHED();
 }
 
-// iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv (5, 6: the CPU's tiles); farg[0] scale;
+// iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv (5, 6: the CPU's tiles), 7 bf16 products
+// (set here); farg[0] scale;
 // aux: first (B*T, docs.h) or NULL; saved: lse (B, H, T) or NULL.
 extern "C" void cu_flash_forward(Node *n) {
     FaDims d = fa_dims(n);
     if ((int64_t)d.B * d.H * d.T == 0) return;
     const int *first = cu_first_to_device(n->tape, (const int *)n->aux, d.B, d.T);
     const real *q = n->in[0]->data, *k = n->in[1]->data, *v = n->in[2]->data;
+#ifndef AG_DOUBLE
+    // iarg[7], the CPU's choice of bf16 tiles, becomes the GPU's here (a
+    // node on a GPU tape runs no CPU kernel): bf16 products if they are on
+    // and the head dims have bf16 kernels, and the backward follows it.
+    n->iarg[7] = cu_flash_bf16_takes(d.dk, d.dv);
+    if (n->iarg[7]) {
+        cu_flash_bf16_forward(d, q, k, v, first, n->out[0]->data, (real *)n->saved);
+        return;
+    }
+#endif
     if (fa_one_group(&d))
         fwd_launch<1>(d, q, k, v, first, n->out[0]->data, (real *)n->saved);
     else

@@ -298,4 +298,18 @@ static int fa_tiles(const FaDims *d) {
     return n;
 }
 
+// bf16 tile products (attn_flash_bf16.cu, float32 build): whether bf16
+// products are on (device_set_bf16; ops_matmul.cu keeps the switch), whether
+// the flash kernels take head dims dk, dv in bf16 now, and the bf16 kernels,
+// called in place of the float32 ones with the same arguments.
+extern "C" bool cu_bf16_products(void);
+#ifndef AG_DOUBLE
+extern "C" bool cu_flash_bf16_takes(int dk, int dv);
+void cu_flash_bf16_forward(const FaDims &d, const float *q, const float *k, const float *v, const int *first,
+                           float *o, float *lse);
+void cu_flash_bf16_backward(const FaDims &d, const float *q, const float *k, const float *v, const float *dO,
+                            const float *lse, const float *D, const int *first, float *gq, bool fq, float *gk,
+                            bool fk, float *gv, bool fv);
+#endif
+
 #endif

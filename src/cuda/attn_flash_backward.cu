@@ -235,6 +235,12 @@ extern "C" void cu_flash_backward(Node *n) {
         k_flash_rowdot<<<cu_grid(rows), CU_THREADS, 0, cu_stream>>>(d, o, dO, D);
         CU_LAUNCHED();
     }
+#ifndef AG_DOUBLE
+    if (n->iarg[7]) {   // the forward ran the bf16 kernels (cu_flash_forward)
+        cu_flash_bf16_backward(d, q, k, v, dO, lse, D, first, gq, fq, gk, fk, gv, fv);
+        return;
+    }
+#endif
     if (fa_one_group(&d))
         bwd_launch<1>(d, q, k, v, dO, lse, D, first, gq, fq, gk, fk, gv, fv);
     else

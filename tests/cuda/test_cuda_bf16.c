@@ -376,8 +376,10 @@ static real *model_steps(Device d, bool bf16, double loss[2]) { return model_ste
 // size; the loss (a mean over 512 cross-entropies whose errors do not line
 // up) far less: allowed 2e-3 relative. All gradients together, normwise:
 // 6e-2 (measured 2.5% on the CPU, which also rounds attention's and the
-// chunk kernels' tile products; the GPU rounds only the dense products, so
-// less). Each weight of >= 1024 elements points the same way: cosine >= 0.99.
+// chunk kernels' tile products; the GPU rounds the dense products and
+// attention's tile products (attn_flash_bf16.cu: the attn layer's heads of 32
+// take them), not the chunk kernels', so less). Each weight of >= 1024
+// elements points the same way: cosine >= 0.99.
 // Parameters of a few elements (decay and dt biases) are sums of nearly
 // cancelling terms and move by tens of percent under any bf16 rounding: not
 // checked on their own.
@@ -475,11 +477,11 @@ Test(cuda_bf16, step_repeats_bit_for_bit) {
 }
 
 // The GPU's bf16 step against the CPU's: the same operands rounded the same
-// way, but the CPU also rounds attention's and the chunk kernels' tile
-// products (the GPU's run in float32 so far), so the two differ by bf16
-// rounding, not float32's: the float32-vs-bf16 bounds. The CPU's bf16
-// products need oneDNN and AVX512_BF16; the packed CUDA build has no oneDNN
-// (AG_ONEDNN=OFF), so there this is skipped, saying so.
+// way, attention's tile products included, but the CPU also rounds the chunk
+// kernels' tile products (the GPU's run in float32 so far), so the two
+// differ by bf16 rounding, not float32's: the float32-vs-bf16 bounds. The
+// CPU's bf16 products need oneDNN and AVX512_BF16; the packed CUDA build has
+// no oneDNN (AG_ONEDNN=OFF), so there this is skipped, saying so.
 Test(cuda_bf16, step_close_to_cpu_bf16_step) {
     cuda_require();
     if (!onednn_built()) cr_skip_test("this build has no oneDNN (AG_ONEDNN=OFF): the CPU has no bf16 products here");
