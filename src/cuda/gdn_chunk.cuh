@@ -7,7 +7,16 @@
 //   A    = beta_i exp(Gamma_i - Gamma_j) (k_i . k_j)  for j < i
 //   Tm   = (I + A)^-1,  W = Tm diag(beta b) K,  U = Tm diag(beta) V
 //   Delta = U - W S0,   P = (Q K^T) * [exp(Gamma_i - Gamma_j)]_{j<=i}
-// Included by those two files only.
+// Under [train] precision = bf16 the kernels' instances with BF = true
+// (chunk_prepare<BF>, the kernels' template argument) run the products of
+// this file and of the per-chunk kernels through blk_mm<true>, which runs them with bf16
+// operands on the tensor cores (gdn_bf16.cuh states the rounding exactly):
+// K K^T, Q K^T, W = Tm Xw, U = Tm Xu (Tm rounded as an operand, not as it is
+// solved), and in the kernels Q S0 and P Delta (O), P^T dO, Q^T dY and the
+// backward's counterparts of these. The rest stays float32 (gdn_common.cuh
+// lists it), notably W S0 here (PREP_DL redoes the scan's product).
+// Included by those two files (and kda_chunk.cuh, whose products stay
+// float32: KDA calls blk_gemm).
 #ifndef AG_GDN_CHUNK_CUH
 #define AG_GDN_CHUNK_CUH
 
@@ -30,8 +39,9 @@
 // A and B slices (BK (TM + TN + 2 BPAD) each) and the C stage (TM TN).
 #define BLK_SMEM (2 * BK * (160 + 2 * BPAD))
 
+// 32-byte aligned: the bf16 products' fragments (gdn_bf16.cuh) need it.
 struct Tiles {
-    __align__(16) real s[BLK_SMEM];
+    __align__(32) real s[BLK_SMEM];
 };
 
 // The slice of op(A) (TM x BK from (i0, k0)) and of op(B) (BK x TN from
@@ -179,6 +189,8 @@ __device__ __forceinline__ void blk_gemm(Tiles *sh, bool ta, bool tb, int M, int
                                          int lda, const real *B, int ldb, real beta, real *C, int ldc) {
     blk_gemm_s(sh, ta, tb, M, N, K, alpha, A, lda, NULL, B, ldb, beta, C, ldc);
 }
+
+#include "gdn_bf16.cuh"   // blk_mm: blk_gemm, or its bf16 form under precision = bf16
 
 // ---------------------------------------------------------------- warp-wide sums
 
@@ -364,6 +376,7 @@ template <int R> __device__ void solve_warps(real *Tm, const real *At, int L) {
 // gdn_chunk_prepare (the parts `what` asks for): the chunk of L positions
 // starting at t0 of head (b, h), entering state S0 (read for PREP_DL only).
 // All threads, `what` the same in all; ends with a barrier.
+template <bool BF>
 static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, int b, int h, int t0, int L,
                                      const real *S0, unsigned what) {
     int tid = threadIdx.x, dk = a.dk, dv = a.dv, H = a.H;
@@ -397,7 +410,7 @@ static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, in
     __syncthreads();
     if (what & PREP_SOLVE) {
         // A = strictly-lower (beta_i E_ij k_i.k_j).
-        blk_gemm(sh, false, true, L, L, dk, 1, k, a.ldk, k, a.ldk, 0, w.KK, L);
+        blk_mm<BF>(sh, false, true, L, L, dk, 1, k, a.ldk, k, a.ldk, 0, w.KK, L);
         // A short chunk's A^T also goes to shared memory (over the Tiles,
         // free between products; pitch L + 1: no bank conflicts) for solve_warps.
         bool fast = L <= 2 * 32;
@@ -437,16 +450,17 @@ static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, in
             w.Xu[e] = w.bet[i] * v[(int64_t)i * a.ldv + c];
         }
     __syncthreads();
-    if (what & PREP_W) blk_gemm(sh, false, false, L, dk, L, 1, w.Tm, L, w.Xw, dk, 0, w.W, dk);
-    if (what & PREP_U) blk_gemm(sh, false, false, L, dv, L, 1, w.Tm, L, w.Xu, dv, 0, w.U, dv);
+    if (what & PREP_W) blk_mm<BF>(sh, false, false, L, dk, L, 1, w.Tm, L, w.Xw, dk, 0, w.W, dk);
+    if (what & PREP_U) blk_mm<BF>(sh, false, false, L, dv, L, 1, w.Tm, L, w.Xu, dv, 0, w.U, dv);
     if (what & PREP_DL) {
         for (int e = tid; e < L * dv; e += GDN_NT) w.Dl[e] = w.U[e];
         __syncthreads();
+        // float32 under bf16 too: it redoes the scan's product (gdn_scan.cu), which is.
         blk_gemm(sh, false, false, L, dv, dk, -1, w.W, dk, S0, dv, 1, w.Dl, dv);
     }
     // P = (Q K^T) * E. (Kd = diag(ek) K is applied as K is loaded: blk_gemm_s.)
     if (what & PREP_P) {
-        blk_gemm(sh, false, true, L, L, dk, 1, q, a.ldk, k, a.ldk, 0, w.P, L);
+        blk_mm<BF>(sh, false, true, L, L, dk, 1, q, a.ldk, k, a.ldk, 0, w.P, L);
         for (int e = tid; e < L * L; e += GDN_NT) w.P[e] *= w.E[e];
     }
     __syncthreads();

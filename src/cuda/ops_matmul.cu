@@ -23,6 +23,7 @@
 static bool cu_bf16;
 
 extern "C" void cu_set_bf16(bool on) { cu_bf16 = on; }
+extern "C" bool cu_get_bf16(void) { return cu_bf16; }
 
 __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
     CU_FOR(i, n) dst[i] = __float2bfloat16_rn(src[i]);   // a NaN stays a NaN
@@ -96,6 +97,7 @@ static bool products_bf16(const Node *n) {
 extern "C" void cu_set_bf16(bool on) {
     ASSERT(!on, "bf16 products need the float32 build (model_set_products refuses them in this one)");
 }
+extern "C" bool cu_get_bf16(void) { return false; }
 #endif
 
 // C_i (M x N) = alpha op(A_i) op(B_i) + beta C_i, row-major, for i < batch,
