@@ -373,7 +373,8 @@ static real *model_steps(Device d, bool bf16, double loss[2]) {
 // size; the loss (a mean over 512 cross-entropies whose errors do not line
 // up) far less: allowed 2e-3 relative. All gradients together, normwise:
 // 6e-2 (measured 2.5% on the CPU, which also rounds attention's and the
-// chunk kernels' tile products; the GPU rounds only the dense products, so
+// chunk kernels' tile products; the GPU rounds the dense products and
+// op_gdn's chunk products, of the gdn and gdp layers, not attention's:
 // less). Each weight of >= 1024 elements points the same way: cosine >= 0.99.
 // Parameters of a few elements (decay and dt biases) are sums of nearly
 // cancelling terms and move by tens of percent under any bf16 rounding: not

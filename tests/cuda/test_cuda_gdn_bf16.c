@@ -428,8 +428,10 @@ Test(cuda_gdn_bf16, float64_build_keeps_float64) {
     dev_sync(DEVICE_CUDA);
     int found = 0;
     for (int i = 0; i < tp.n_nodes; i++)
-        if (!strcmp(tp.nodes[i]->op->name, "gdn_chunked"))
-            found++, cr_assert_eq(tp.nodes[i]->iarg[GDN_ARG_BF16], 0, "the float64 build's gdn node says bf16");
+        if (!strcmp(tp.nodes[i]->op->name, "gdn_chunked")) {
+            found++;
+            cr_assert_eq(tp.nodes[i]->iarg[GDN_ARG_BF16], 0, "the float64 build's gdn node says bf16");
+        }
     cr_assert_eq(found, 1, "%d gdn_chunked nodes on the tape", found);
     tape_free(&tp);
     gdn_free_inputs(x);
