@@ -106,13 +106,7 @@ __device__ __forceinline__ void blk_tiles_bf16(Tiles *sh, bool ta, bool tb, int 
         wmma::store_matrix_sync(sc + fr * 16 * TN + fc * 16, acc0, TN, wmma::mem_row_major);
         wmma::store_matrix_sync(sc + fr * 16 * TN + fc * 16 + 16, acc1, TN, wmma::mem_row_major);
         __syncthreads();   // the stage is in
-        int mr = min(TM, M - i0), nc = min(TN, N - j0), jj = tid % TN;
-        if (jj < nc)
-#pragma unroll 4
-            for (int ii = tid / TN; ii < mr; ii += GDN_NT / TN) {
-                real *c = C + (int64_t)(i0 + ii) * ldc + j0 + jj, v = mul_rn(alpha, sc[ii * TN + jj]);
-                *c = beta == 0 ? v : fma(*c, beta, v);
-            }
+        blk_store<TM, TN>(sc, M, N, i0, j0, alpha, beta, C, ldc);
         __syncthreads();   // the stage is read (the next tile's slice 0 goes over it); C is written
     }
     if (nt == 0) __syncthreads();
@@ -125,8 +119,7 @@ static __device__ __noinline__ void blk_gemm_bf16_s(Tiles *sh, bool ta, bool tb,
                                                     real beta, real *C, int ldc) {
     int sq = (M + 63) / 64 * ((N + 63) / 64), tall = (M + 127) / 128 * ((N + 31) / 32);
     int wide = (M + 31) / 32 * ((N + 127) / 128);
-    if (tall < sq && tall <= wide)
-        blk_tiles_bf16<128, 32>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
+    if (tall < sq && tall <= wide) blk_tiles_bf16<128, 32>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
     else if (wide < sq) blk_tiles_bf16<32, 128>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
     else blk_tiles_bf16<64, 64>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
 }

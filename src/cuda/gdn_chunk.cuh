@@ -95,6 +95,21 @@ __device__ __forceinline__ void blk_put(real *sa, real *sb, const real *ra, cons
     }
 }
 
+// A tile's C stage (sc, TM x TN row-major in shared memory, from (i0, j0))
+// into C: alpha x rounded, and with beta, fma(C, beta, that); the threads
+// along C's rows (coalesced).
+template <int TM, int TN>
+__device__ __forceinline__ void blk_store(const real *sc, int M, int N, int i0, int j0, real alpha, real beta,
+                                          real *C, int ldc) {
+    int tid = threadIdx.x, mr = min(TM, M - i0), nc = min(TN, N - j0), jj = tid % TN;
+    if (jj < nc)
+#pragma unroll 4
+        for (int ii = tid / TN; ii < mr; ii += GDN_NT / TN) {
+            real *c = C + (int64_t)(i0 + ii) * ldc + j0 + jj, v = mul_rn(alpha, sc[ii * TN + jj]);
+            *c = beta == 0 ? v : fma(*c, beta, v);
+        }
+}
+
 // blk_gemm_s in tiles of TM x TN. Threads: warp w, lane l compute rows
 // 4 ty .. 4 ty + 3 and columns 4 tx .. 4 tx + 3 of a tile, ty = 4 (w / WX) +
 // l / 8, tx = 8 (w % WX) + l % 8 (WX = TN / 32 warps across): a warp's
@@ -154,17 +169,12 @@ __device__ __forceinline__ void blk_tiles(Tiles *sh, bool ta, bool tb, int M, in
             st4(sc + (ty * 4 + r) * TN + tx * 4, acc[r]);
         }
         __syncthreads();   // the stage is in
-        int mr = min(TM, M - i0), nc = min(TN, N - j0), jj = tid % TN;
-        if (jj < nc)
-#pragma unroll 4
-            for (int ii = tid / TN; ii < mr; ii += GDN_NT / TN) {
-                real *c = C + (int64_t)(i0 + ii) * ldc + j0 + jj, v = mul_rn(alpha, sc[ii * TN + jj]);
-                *c = beta == 0 ? v : fma(*c, beta, v);
-            }
+        blk_store<TM, TN>(sc, M, N, i0, j0, alpha, beta, C, ldc);
         __syncthreads();   // the stage is read (the next tile's slice 0 goes over it); C is written
     }
     if (nt == 0) __syncthreads();
 }
+
 
 // C (M x N) = alpha op(A) op(B) + beta C, row-major with leading dimensions
 // lda, ldb, ldc; op(A) is M x K, op(B) K x N. as: NULL, or a factor for each
