@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "blas.h"
 #include "cuda_check.h"
 #include "device.h"
 #include "gdn_kernel.h"
@@ -26,22 +27,25 @@
 
 enum { MAX_IO = 8 };
 
-// The outputs and every input gradient of f on a GPU tape (host copies), the
-// outputs seeded with fixed random gradients, the products bf16 or not.
+// The outputs and every input gradient of f on a tape of device d (host
+// copies), the outputs seeded with fixed random gradients, the products bf16
+// or not (the CPU's: blas_select, which the caller has checked can).
 typedef struct {
     int n_out, n_in;
     real *out[MAX_IO], *grad[MAX_IO];
     int64_t n_o[MAX_IO], n_g[MAX_IO];
 } Run;
 
-static Run gpu_run(GradcheckFn f, Tensor *const *in, int n_in, void *ctx, bool bf16) {
-    cuda_require();
+static Run dev_run(Device d, GradcheckFn f, Tensor *const *in, int n_in, void *ctx, bool bf16) {
     Run r;
     memset(&r, 0, sizeof r);
     r.n_in = n_in;
-    device_set_bf16(DEVICE_CUDA, bf16);
+    char err[256];
+    if (d == DEVICE_CPU)
+        cr_assert(blas_select(GEMM_ONEDNN, bf16 ? PRECISION_BF16 : PRECISION_FP32, err, sizeof err), "%s", err);
+    else device_set_bf16(d, bf16);
     Tape tp;
-    tape_init_on(&tp, DEVICE_CUDA);
+    tape_init_on(&tp, d);
     Tensor *x[MAX_IO] = {0}, *outs[MAX_IO] = {0};
     for (int i = 0; i < n_in; i++) {
         if (!in[i]) continue;
@@ -55,19 +59,25 @@ static Run gpu_run(GradcheckFn f, Tensor *const *in, int n_in, void *ctx, bool b
     for (int i = 0; i < r.n_out; i++) {
         r.n_o[i] = outs[i]->numel;
         r.out[i] = malloc((size_t)r.n_o[i] * sizeof(real));
-        dev_to_host(r.out[i], outs[i]->data, (size_t)r.n_o[i] * sizeof(real), DEVICE_CUDA);
+        dev_to_host(r.out[i], outs[i]->data, (size_t)r.n_o[i] * sizeof(real), d);
         free(seeds[i]);
     }
     for (int i = 0; i < n_in; i++) {
         if (!x[i]) continue;
         r.n_g[i] = in[i]->numel;
         r.grad[i] = malloc((size_t)r.n_g[i] * sizeof(real));
-        dev_to_host(r.grad[i], x[i]->grad, (size_t)r.n_g[i] * sizeof(real), DEVICE_CUDA);
+        dev_to_host(r.grad[i], x[i]->grad, (size_t)r.n_g[i] * sizeof(real), d);
     }
-    dev_sync(DEVICE_CUDA);
+    dev_sync(d);
     tape_free(&tp);
-    device_set_bf16(DEVICE_CUDA, false);
+    if (d == DEVICE_CPU) blas_select(GEMM_OPENBLAS, PRECISION_FP32, err, sizeof err);
+    else device_set_bf16(d, false);
     return r;
+}
+
+static Run gpu_run(GradcheckFn f, Tensor *const *in, int n_in, void *ctx, bool bf16) {
+    cuda_require();
+    return dev_run(DEVICE_CUDA, f, in, n_in, ctx, bf16);
 }
 
 static void run_free(Run *r) {
@@ -324,6 +334,67 @@ Test(cuda_gdn_bf16, documents_shapes_and_chunks) {
     check_bf16(1, T, 3, 48, 80, 32, REG_PLAIN, true, NULL, 863);
     check_bf16(1, 300, 2, 64, 64, 128, REG_PLAIN, true, doc, 864);
     check_bf16(2, 250, 1, 40, 24, 100, REG_BETA_1, true, NULL, 865);
+}
+
+// The GPU's bf16 gdn against the CPU's, where this build and CPU have the
+// CPU's bf16 chunk products. They round different operands (docs/cuda.md:
+// the CPU forms Delta = Tm (Xu - Xw S0) and rounds the state's products too;
+// the GPU's scans are float32), so they agree to bf16 rounding, not to
+// float32 summation: each is within ROUND_SITES D of its own float32 result
+// (D as above, measured on the GPU), and the float32 results within their
+// difference of each other.
+static void check_against_cpu(int B, int T, int dk, Regime reg, bool with_s0, const int *docs, uint64_t seed) {
+    Tensor *x[N_IN], *xr[N_IN] = {0};
+    gdn_test_inputs(x, B, T, 2, dk, dk, reg, with_s0, true, seed);
+    for (int i = 0; i < N_IN; i++) xr[i] = i == IBETA || i == IG ? x[i] : rounded(x[i]);
+    GdnCtx c = {2, 64, MIXER_FORM_CHUNKED, docs, 3};
+    int n = with_s0 ? N_IN : IS0;
+    Run gh = gpu_run(gdn_test_op, x, n, &c, true), gf = gpu_run(gdn_test_op, x, n, &c, false);
+    Run gd = gpu_run(gdn_test_op, xr, n, &c, false);
+    Run ch = dev_run(DEVICE_CPU, gdn_test_op, x, n, &c, true), cf = dev_run(DEVICE_CPU, gdn_test_op, x, n, &c, false);
+    bool cpu_rounded = false;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < (pass ? n : 2); i++) {
+            const real *vh = pass ? gh.grad[i] : gh.out[i], *vc = pass ? ch.grad[i] : ch.out[i];
+            const real *vf = pass ? gf.grad[i] : gf.out[i], *vd = pass ? gd.grad[i] : gd.out[i];
+            const real *wf = pass ? cf.grad[i] : cf.out[i];
+            int64_t m = pass ? gh.n_g[i] : gh.n_o[i], at, at2;
+            double mx, mx2, e = diff_norm(vh, NULL, vc, m, &at, &mx), D = diff_norm(vd, NULL, vf, m, &at2, &mx2);
+            double f32 = diff_norm(vf, NULL, wf, m, &at2, &mx2), nf = norm2(vf, m);
+            cpu_rounded |= diff_norm(vc, NULL, wf, m, &at2, &mx2) > 0;
+            double tol = 2 * ROUND_SITES * D + f32 + ldexp(nf, -20) + 1e-30;
+            const char *name = pass ? GDN_GRAD_NAMES[i] : i ? "S_T" : "o";
+            cr_log_info("gdn bf16 GPU vs CPU B=%d T=%d dk=%d regime %d: %s %.3g (float32 GPU vs CPU %.3g, D %.3g)", B,
+                        T, dk, (int)reg, name, e, f32, D);
+            cr_assert(e <= tol,
+                      "gdn bf16 GPU vs CPU B=%d T=%d dk=dv=%d regime %d%s%s: %s differs by %.3g normwise (relative "
+                      "%.3g), over 2 x %d x D %.3g + the float32 runs' %.3g; largest at element %lld (GPU %.9g, CPU "
+                      "%.9g)", B, T, dk, (int)reg, with_s0 ? " +s0" : "", docs ? " +docs" : "", name, e,
+                      e / (nf + 1e-300), ROUND_SITES, D, f32, (long long)at, (double)vh[at], (double)vc[at]);
+        }
+    cr_assert(cpu_rounded, "the CPU's bf16 run is its float32 run to the bit: were its chunk products bf16?");
+    run_free(&gh), run_free(&gf), run_free(&gd), run_free(&ch), run_free(&cf);
+    for (int i = 0; i < N_IN; i++)
+        if (xr[i] != x[i]) tensor_free(xr[i]);
+    gdn_free_inputs(x);
+}
+
+Test(cuda_gdn_bf16, against_cpu_bf16) {
+    cuda_require();
+    if (!onednn_built() || !onednn_has_bf16())
+        cr_skip_test("this build has no oneDNN or this CPU no AVX512_BF16: no bf16 gdn on the CPU here");
+    char err[256];
+    cr_assert(blas_select(GEMM_ONEDNN, PRECISION_BF16, err, sizeof err), "%s", err);
+    bool tiles = tile_products_bf16();
+    blas_select(GEMM_OPENBLAS, PRECISION_FP32, err, sizeof err);
+    if (!tiles) cr_skip_test("this build's CPU chunk kernels have no bf16 products (AG_NATIVE=OFF?)");
+    enum { B = 2, T = 200 };
+    static int doc[B * T];
+    memset(doc, 0, sizeof doc);
+    doc[5] = doc[64] = doc[130] = doc[T + 100] = 1;
+    check_against_cpu(B, T, 64, REG_PLAIN, true, doc, 880);
+    check_against_cpu(1, 130, 128, REG_G_ZERO, true, NULL, 881);
+    check_against_cpu(2, 63, 64, REG_BETA_1, false, NULL, 882);
 }
 
 // The node keeps the forward's precision: a backward after bf16 was turned
