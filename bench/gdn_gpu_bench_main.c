@@ -5,7 +5,7 @@
 //
 //   gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn] [--T 512,1024,...]
 //                 [--tokens N] [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C]
-//                 [--warmup N] [--reps N] [--precision fp32|bf16] [--dump DIR]
+//                 [--warmup N] [--reps N] [--precision fp32,bf16] [--dump DIR]
 //
 // For each op, head size dk = dv and T: B = tokens / T rows (B*T fixed,
 // default 16384), H heads (default 8); q, k L2-normalised per head, q scaled
@@ -19,8 +19,13 @@
 //
 // Output: a TSV on stdout, comment lines starting with '#', then
 //   side op form dtype H dk T B pass ms tokens_per_s
-// side is "attnlab", dtype the build's precision ("f32" or "f64", "bf16"
-// under --precision bf16), form "flash" for attn.
+// side is "attnlab", dtype the build's precision ("f32" or "f64"), or "bf16"
+// for the rows timed under [train] precision = bf16 (--precision: fp32,
+// bf16 or both, default fp32; bf16 with --device cuda in the float32 build
+// only): op_gdn's (and so op_gdp's) chunk products and attention's tile
+// products on the tensor cores (src/cuda/gdn_common.cuh, attn_flash_bf16.cu;
+// KDA's stay float32). Both: each (dk, T) timed in float32, then in bf16, on
+// the same inputs. form is "flash" for attn.
 //
 // --dump DIR: instead of timing, one small case per op (B 2, T 200, H 4,
 // dk = dv from --dk's first value) into DIR/check_<op>.bin: the inputs, dO,
@@ -34,12 +39,6 @@
 // the recurrence: --ops gdn,kda,gdn_rec,kda_rec. attn = op_attention (causal
 // softmax attention, the flash kernels; dk = dv, no documents), for the
 // softmax layers' share of a hybrid step (it has no fla check: no --dump).
-//
-// --precision bf16 (--device cuda, float32 build): the products in bf16 on
-// the tensor cores, as [train] precision = bf16 runs them (device_set_bf16):
-// attn's flash kernels (attn_flash_bf16.cu); the delta-rule ops' chunk
-// kernels stay float32. The rows then say dtype "bf16"; run it after a
-// --precision fp32 run of the same ops to compare.
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -64,8 +63,8 @@ typedef struct Opts {
     int dks[MAX_LIST], n_dk;
     int tokens, H, chunk, warmup, reps;
     MixerForm form;
-    bool bf16;          // --precision bf16
     const char *dump;   // NULL: time
+    bool fp32, bf16;    // --precision: the precisions timed (dump: bf16 when it alone is asked)
 } Opts;
 
 // An op name: its kind and steps per token (gdp), or false when unknown.
@@ -316,11 +315,11 @@ static bool parse_ints(const char *s, int lo, int hi, int *out, int *n) {
 static const char USAGE[] =
     "usage: gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn] [--T 512,1024,...]\n"
     "                     [--tokens N] [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C]\n"
-    "                     [--warmup N] [--reps N] [--precision fp32|bf16] [--dump DIR]\n"
+    "                     [--warmup N] [--reps N] [--precision fp32,bf16] [--dump DIR]\n"
     "  Tokens/s of the delta-rule ops and of attn (softmax attention; forward, forward+backward)\n"
-    "  against T with B*T = tokens fixed; --precision bf16 (cuda): the bf16 tensor-core products;\n"
-    "  a TSV on stdout (bench/gpu_vs_fla.sh joins it with fla_ops_bench.py's). --dump DIR writes one\n"
-    "  small case per op for fla_ops_bench.py --check instead of timing.\n";
+    "  against T with B*T = tokens fixed; a TSV on stdout (bench/gpu_vs_fla.sh joins it with\n"
+    "  fla_ops_bench.py's). --dump DIR writes one small case per op for fla_ops_bench.py --check instead of timing. --precision fp32,bf16 times\n"
+    "  each case in both (bf16: the tensor-core products of [train] precision = bf16, dtype bf16).\n";
 
 static int usage_error(const char *flag, const char *value, const char *what) {
     fprintf(stderr, "gdn_gpu_bench: %s '%.64s': %s\n%s", flag, value ? value : "(missing)", what, USAGE);
@@ -330,9 +329,9 @@ static int usage_error(const char *flag, const char *value, const char *what) {
 // Fills o from argv; returns 0, or the exit status after a message.
 static int parse_args(int argc, char **argv, Opts *o) {
     *o = (Opts){DEVICE_CPU, {"gdn", "gdp2", "gdp3"}, 3, {512, 1024, 2048, 4096, 8192, 16384}, 6, {64}, 1,
-                16384, 8, 64, 3, 20, MIXER_FORM_CHUNKED, false, NULL};
-    static const char *const FLAGS[] = {"--device", "--ops",    "--T",    "--dk",   "--tokens",    "--H",
-                                        "--chunk",  "--warmup", "--reps", "--form", "--precision", "--dump"};
+                16384, 8, 64, 3, 20, MIXER_FORM_CHUNKED, NULL, true, false};
+    static const char *const FLAGS[] = {"--device", "--ops",    "--T",    "--dk",   "--tokens", "--H",
+                                        "--chunk",  "--warmup", "--reps", "--form", "--dump",   "--precision"};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool known = false;
@@ -377,22 +376,29 @@ static int parse_args(int argc, char **argv, Opts *o) {
                 return usage_error(f, v, "chunked or recurrent");
             o->form = (MixerForm)m;
         } else if (!strcmp(f, "--precision")) {
-            if (strcmp(v, "fp32") && strcmp(v, "bf16")) return usage_error(f, v, "fp32 or bf16");
-            o->bf16 = !strcmp(v, "bf16");
+            char names[MAX_LIST][16];
+            if (strlen(v) > 15 * MAX_LIST) return usage_error(f, v, "too long a list");
+            int n = bench_parse_names(v, names, MAX_LIST);
+            o->fp32 = o->bf16 = false;
+            for (int j = 0; j < n; j++) {
+                if (!strcmp(names[j], "fp32")) o->fp32 = true;
+                else if (!strcmp(names[j], "bf16")) o->bf16 = true;
+                else return usage_error(f, v, "precisions are fp32 and bf16");
+            }
+            if (n == 0) return usage_error(f, v, "no precision named");
         } else {   // --dump
             o->dump = v;
         }
     }
     if (o->bf16 && (o->dev != DEVICE_CUDA || sizeof(real) != 4))
-        return usage_error("--precision", "bf16", "needs --device cuda and the float32 build");
+        return usage_error("--precision", "bf16", "bf16 needs --device cuda and the float32 build");
     for (int j = 0; o->dump && j < o->n_ops; j++)
         if (!strcmp(o->ops[j], "attn")) return usage_error("--dump", o->dump, "attn has no fla check to dump for");
     return 0;
 }
 
-// The rows of one op: every (dk, T) and both passes.
+// The rows of one op: every (dk, T), precision and both passes.
 static void bench_op(const Opts *o, const char *name, int kind, int steps) {
-    const char *dtype = o->bf16 ? "bf16" : sizeof(real) == 4 ? "f32" : "f64";
     for (int di = 0; di < o->n_dk; di++)
         for (int ti = 0; ti < o->n_T; ti++) {
             int T = o->Ts[ti], dk = o->dks[di], B = o->tokens / T;
@@ -401,12 +407,18 @@ static void bench_op(const Opts *o, const char *name, int kind, int steps) {
                 continue;
             }
             Inputs in = inputs_make(o->dev, kind, steps, B, T, o->H, dk, 1);
-            for (int train = 0; train < 2; train++) {
-                double s = time_pass(&in, train, o);
+            for (int bf = 0; bf < 2; bf++) {
+                if (!(bf ? o->bf16 : o->fp32)) continue;
+                const char *dtype = bf ? "bf16" : sizeof(real) == 4 ? "f32" : "f64";
                 const char *form = kind == OP_ATTN ? "flash" : mixer_form_name(o->form);
-                printf("attnlab\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%.4f\t%.0f\n", name, form, dtype,
-                       o->H, dk, T, B, train ? "fwdbwd" : "fwd", 1e3 * s, (double)B * T / s);
-                fflush(stdout);
+                if (o->bf16) device_set_bf16(o->dev, bf);
+                for (int train = 0; train < 2; train++) {
+                    double s = time_pass(&in, train, o);
+                    printf("attnlab\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%.4f\t%.0f\n", name, form, dtype, o->H, dk,
+                           T, B, train ? "fwdbwd" : "fwd", 1e3 * s, (double)B * T / s);
+                    fflush(stdout);
+                }
+                if (o->bf16) device_set_bf16(o->dev, false);
             }
             inputs_free(&in, o->dev);
         }
@@ -423,14 +435,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gdn_gpu_bench: --device cuda: %s\n", err);
         return 2;
     }
-    if (o.bf16) device_set_bf16(DEVICE_CUDA, true);
     char cpu[256];
     runlog_cpu_name(cpu, sizeof cpu);
-    printf("# gdn_gpu_bench: device %s (%s), cpu %s, %s, products %s, form %s, chunk %d, warmup %d, reps %d\n",
-           device_name(o.dev), device_describe(o.dev), cpu, REAL_NAME, o.bf16 ? "bf16" : "fp32",
-           mixer_form_name(o.form), o.chunk, o.warmup, o.reps);
+    const char *precs = o.fp32 && o.bf16 ? "fp32,bf16" : o.bf16 ? "bf16" : "fp32";
+    printf("# gdn_gpu_bench: device %s (%s), cpu %s, %s, precisions %s, form %s, chunk %d, warmup %d, reps %d\n",
+           device_name(o.dev), device_describe(o.dev), cpu, REAL_NAME, precs, mixer_form_name(o.form), o.chunk,
+           o.warmup, o.reps);
     if (!o.dump) printf("side\top\tform\tdtype\tH\tdk\tT\tB\tpass\tms\ttokens_per_s\n");
     bool ok = true;
+    if (o.dump && o.bf16 && !o.fp32) device_set_bf16(o.dev, true);
     for (int i = 0; i < o.n_ops; i++) {
         int kind = OP_GDN, steps = 1;
         bool rec = false;

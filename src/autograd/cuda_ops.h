@@ -41,6 +41,7 @@ void cu_fill(real *p, int64_t n, real v);
 void cu_sync(const char *where);
 void cu_set_tf32(bool on);
 void cu_set_bf16(bool on);   // src/cuda/ops_matmul.cu (device_set_bf16)
+bool cu_bf16_products(void);   // whether it is on (attention's and op_gdn's tile products follow it)
 // ---- CUDA graphs (src/cuda/graph_cuda.cu; device.h's dev_graph_*) ----
 CuGraph *cu_graph_new(void);
 void cu_graph_free(CuGraph *g);

@@ -298,11 +298,10 @@ static int fa_tiles(const FaDims *d) {
     return n;
 }
 
-// bf16 tile products (attn_flash_bf16.cu, float32 build): whether bf16
-// products are on (device_set_bf16; ops_matmul.cu keeps the switch), whether
-// the flash kernels take head dims dk, dv in bf16 now, and the bf16 kernels,
-// called in place of the float32 ones with the same arguments.
-extern "C" bool cu_bf16_products(void);
+// bf16 tile products (attn_flash_bf16.cu, float32 build): whether the flash
+// kernels take head dims dk, dv in bf16 now (cu_bf16_products, cuda_ops.h, is
+// the switch), and the bf16 kernels, called in place of the float32 ones with
+// the same arguments.
 #ifndef AG_DOUBLE
 extern "C" bool cu_flash_bf16_takes(int dk, int dv);
 void cu_flash_bf16_forward(const FaDims &d, const float *q, const float *k, const float *v, const int *first,

@@ -3,7 +3,8 @@
 // L <= C positions with the state S0 entering it,
 //   Tm = (I + A)^-1,  W = Tm diag(beta b) K,  U = Tm diag(beta) V,
 //   Delta = U - W S0,  O = diag(b) Q S0 + P Delta,  S_C = bl S0 + Kd^T Delta,
-// in three launches: 1. per chunk, W, U and the decays (k_gdn_fwd_prep);
+// in three launches (products in bf16 under precision = bf16: gdn_common.cuh
+// says which): 1. per chunk, W, U and the decays (k_gdn_fwd_prep);
 // 2. the scan across chunks (gdn_scan.cu), Delta and the states; 3. per
 // chunk, O (k_gdn_fwd_out). gdn_common.cuh has the plan of both passes.
 #include "gdn_chunk.cuh"
@@ -11,7 +12,7 @@
 // ---------------------------------------------------------------- chunked form: forward
 
 // 1. Per chunk: W and U into the op's rows, ek and bl.
-__global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd_prep(GdnArgs a) {
+template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd_prep(GdnArgs a) {
     __shared__ Tiles sh;
     int tid = threadIdx.x;
     ChunkWs w;
@@ -21,7 +22,7 @@ __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd_prep(GdnArgs a) {
         int64_t r = m.bh * a.T + m.t0;   // the chunk's first row of the op's rows
         w.W = a.Wb + r * a.dk;
         w.U = a.Ub + r * a.dv;
-        chunk_prepare(a, w, &sh, m.b, m.h, m.t0, m.L, NULL, PREP_SOLVE | PREP_W | PREP_U);
+        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, m.L, NULL, PREP_SOLVE | PREP_W | PREP_U);
         for (int i = tid; i < m.L; i += GDN_NT) a.ekb[r + i] = w.ek[i];
         if (tid == 0) a.blb[m.bh * a.NC + m.c] = w.bm[m.L - 1];
         __syncthreads();   // the next chunk rewrites ek and bm
@@ -31,7 +32,7 @@ __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd_prep(GdnArgs a) {
 // 2. The scan: k_gdn_fwd_scan (gdn_scan.cu).
 
 // 3. Per chunk: O = diag(b) Q S0 + P Delta.
-__global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd_out(GdnArgs a) {
+template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd_out(GdnArgs a) {
     __shared__ Tiles sh;
     int tid = threadIdx.x, dk = a.dk, dv = a.dv;
     int64_t SS = (int64_t)dk * dv;
@@ -41,34 +42,48 @@ __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd_out(GdnArgs a) {
         Item m = item_of(a, it);
         int L = m.L;
         w.Dl = a.Ub + (m.bh * a.T + m.t0) * dv;
-        chunk_prepare(a, w, &sh, m.b, m.h, m.t0, L, NULL, PREP_P);
+        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, L, NULL, PREP_P);
         const real *S0 = a.states + (m.bh * a.NC + m.c) * SS;
         int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
         real *oc = a.o + ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * dv;
-        blk_gemm(&sh, false, false, L, dv, dk, 1, a.q + ok, a.ldk, S0, dv, 0, oc, a.ldv);
+        blk_mm<BF>(&sh, false, false, L, dv, dk, 1, a.q + ok, a.ldk, S0, dv, 0, oc, a.ldv);
         for (int e = tid; e < L * dv; e += GDN_NT) {
             int i = e / dv, j = e % dv;
             oc[(int64_t)i * a.ldv + j] *= w.bm[i];
         }
         __syncthreads();
-        blk_gemm(&sh, false, false, L, dv, L, 1, w.P, L, w.Dl, dv, 1, oc, a.ldv);
+        blk_mm<BF>(&sh, false, false, L, dv, L, 1, w.P, L, w.Dl, dv, 1, oc, a.ldv);
     }
 }
 
-extern "C" void cu_gdn_chunk_forward(Node *n) {
+// The forward's kernels of one precision (BF: bf16 products).
+template <bool BF> static void fwd_launch(Node *n, GdnArgs &a) {
     static int res_prep = 0, res_out = 0;
-    if (!res_prep) res_prep = resident_blocks(k_gdn_fwd_prep);
-    if (!res_out) res_out = resident_blocks(k_gdn_fwd_out);
+    if (!res_prep) res_prep = resident_blocks(k_gdn_fwd_prep<BF>);
+    if (!res_out) res_out = resident_blocks(k_gdn_fwd_out<BF>);
+    int gp = chunk_grid(a.items, res_prep), go = chunk_grid(a.items, res_out);
+    a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, false);
+    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > go ? gp : go));
+    k_gdn_fwd_prep<BF><<<gp, GDN_NT, 0, cu_stream>>>(a);
+    CU_LAUNCHED();
+    gdn_scan(n, a, false);
+    k_gdn_fwd_out<BF><<<go, GDN_NT, 0, cu_stream>>>(a);
+    CU_LAUNCHED();
+}
+
+extern "C" void cu_gdn_chunk_forward(Node *n) {
     GdnArgs a = gdn_args(n);
     chunk_rows(n, &a);
     int64_t SS = (int64_t)a.dk * a.dv;
     a.states = a.saved ? a.saved : (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
-    int gp = chunk_grid(a.items, res_prep), go = chunk_grid(a.items, res_out);
-    a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, false);
-    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > go ? gp : go));
-    k_gdn_fwd_prep<<<gp, GDN_NT, 0, cu_stream>>>(a);
-    CU_LAUNCHED();
-    gdn_scan(n, a, false);
-    k_gdn_fwd_out<<<go, GDN_NT, 0, cu_stream>>>(a);
-    CU_LAUNCHED();
+    // The node keeps whether its products were bf16 (the builder left 0: the
+    // flag's CPU meaning), so that its backward rounds as this forward does.
+    n->iarg[GDN_ARG_BF16] = cu_bf16_products();
+#ifndef AG_DOUBLE
+    if (n->iarg[GDN_ARG_BF16]) {
+        fwd_launch<true>(n, a);
+        return;
+    }
+#endif
+    fwd_launch<false>(n, a);
 }

@@ -7,7 +7,16 @@
 //   A    = beta_i exp(Gamma_i - Gamma_j) (k_i . k_j)  for j < i
 //   Tm   = (I + A)^-1,  W = Tm diag(beta b) K,  U = Tm diag(beta) V
 //   Delta = U - W S0,   P = (Q K^T) * [exp(Gamma_i - Gamma_j)]_{j<=i}
-// Included by those two files only.
+// Under [train] precision = bf16 the kernels' instances with BF = true
+// (chunk_prepare<BF>, the kernels' template argument) run the products of
+// this file and of the per-chunk kernels through blk_mm<true>, which runs them with bf16
+// operands on the tensor cores (gdn_bf16.cuh states the rounding exactly):
+// K K^T, Q K^T, W = Tm Xw, U = Tm Xu (Tm rounded as an operand, not as it is
+// solved), and in the kernels Q S0 and P Delta (O), P^T dO, Q^T dY and the
+// backward's counterparts of these. The rest stays float32 (gdn_common.cuh
+// lists it), notably W S0 here (PREP_DL redoes the scan's product).
+// Included by those two files (and kda_chunk.cuh, whose products stay
+// float32: KDA calls blk_gemm).
 #ifndef AG_GDN_CHUNK_CUH
 #define AG_GDN_CHUNK_CUH
 
@@ -30,8 +39,9 @@
 // A and B slices (BK (TM + TN + 2 BPAD) each) and the C stage (TM TN).
 #define BLK_SMEM (2 * BK * (160 + 2 * BPAD))
 
+// 32-byte aligned: the bf16 products' fragments (gdn_bf16.cuh) need it.
 struct Tiles {
-    __align__(16) real s[BLK_SMEM];
+    __align__(32) real s[BLK_SMEM];
 };
 
 // The slice of op(A) (TM x BK from (i0, k0)) and of op(B) (BK x TN from
@@ -83,6 +93,21 @@ __device__ __forceinline__ void blk_put(real *sa, real *sb, const real *ra, cons
         int e = tid + p * GDN_NT;
         sb[(tb ? e % BK : e / TN) * (TN + BPAD) + (tb ? e / BK : e % TN)] = rb[p];
     }
+}
+
+// A tile's C stage (sc, TM x TN row-major in shared memory, from (i0, j0))
+// into C: alpha x rounded, and with beta, fma(C, beta, that); the threads
+// along C's rows (coalesced).
+template <int TM, int TN>
+__device__ __forceinline__ void blk_store(const real *sc, int M, int N, int i0, int j0, real alpha, real beta,
+                                          real *C, int ldc) {
+    int tid = threadIdx.x, mr = min(TM, M - i0), nc = min(TN, N - j0), jj = tid % TN;
+    if (jj < nc)
+#pragma unroll 4
+        for (int ii = tid / TN; ii < mr; ii += GDN_NT / TN) {
+            real *c = C + (int64_t)(i0 + ii) * ldc + j0 + jj, v = mul_rn(alpha, sc[ii * TN + jj]);
+            *c = beta == 0 ? v : fma(*c, beta, v);
+        }
 }
 
 // blk_gemm_s in tiles of TM x TN. Threads: warp w, lane l compute rows
@@ -144,17 +169,12 @@ __device__ __forceinline__ void blk_tiles(Tiles *sh, bool ta, bool tb, int M, in
             st4(sc + (ty * 4 + r) * TN + tx * 4, acc[r]);
         }
         __syncthreads();   // the stage is in
-        int mr = min(TM, M - i0), nc = min(TN, N - j0), jj = tid % TN;
-        if (jj < nc)
-#pragma unroll 4
-            for (int ii = tid / TN; ii < mr; ii += GDN_NT / TN) {
-                real *c = C + (int64_t)(i0 + ii) * ldc + j0 + jj, v = mul_rn(alpha, sc[ii * TN + jj]);
-                *c = beta == 0 ? v : fma(*c, beta, v);
-            }
+        blk_store<TM, TN>(sc, M, N, i0, j0, alpha, beta, C, ldc);
         __syncthreads();   // the stage is read (the next tile's slice 0 goes over it); C is written
     }
     if (nt == 0) __syncthreads();
 }
+
 
 // C (M x N) = alpha op(A) op(B) + beta C, row-major with leading dimensions
 // lda, ldb, ldc; op(A) is M x K, op(B) K x N. as: NULL, or a factor for each
@@ -179,6 +199,8 @@ __device__ __forceinline__ void blk_gemm(Tiles *sh, bool ta, bool tb, int M, int
                                          int lda, const real *B, int ldb, real beta, real *C, int ldc) {
     blk_gemm_s(sh, ta, tb, M, N, K, alpha, A, lda, NULL, B, ldb, beta, C, ldc);
 }
+
+#include "gdn_bf16.cuh"   // blk_mm: blk_gemm, or its bf16 form under precision = bf16
 
 // ---------------------------------------------------------------- warp-wide sums
 
@@ -364,6 +386,7 @@ template <int R> __device__ void solve_warps(real *Tm, const real *At, int L) {
 // gdn_chunk_prepare (the parts `what` asks for): the chunk of L positions
 // starting at t0 of head (b, h), entering state S0 (read for PREP_DL only).
 // All threads, `what` the same in all; ends with a barrier.
+template <bool BF>
 static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, int b, int h, int t0, int L,
                                      const real *S0, unsigned what) {
     int tid = threadIdx.x, dk = a.dk, dv = a.dv, H = a.H;
@@ -397,7 +420,7 @@ static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, in
     __syncthreads();
     if (what & PREP_SOLVE) {
         // A = strictly-lower (beta_i E_ij k_i.k_j).
-        blk_gemm(sh, false, true, L, L, dk, 1, k, a.ldk, k, a.ldk, 0, w.KK, L);
+        blk_mm<BF>(sh, false, true, L, L, dk, 1, k, a.ldk, k, a.ldk, 0, w.KK, L);
         // A short chunk's A^T also goes to shared memory (over the Tiles,
         // free between products; pitch L + 1: no bank conflicts) for solve_warps.
         bool fast = L <= 2 * 32;
@@ -437,16 +460,17 @@ static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, in
             w.Xu[e] = w.bet[i] * v[(int64_t)i * a.ldv + c];
         }
     __syncthreads();
-    if (what & PREP_W) blk_gemm(sh, false, false, L, dk, L, 1, w.Tm, L, w.Xw, dk, 0, w.W, dk);
-    if (what & PREP_U) blk_gemm(sh, false, false, L, dv, L, 1, w.Tm, L, w.Xu, dv, 0, w.U, dv);
+    if (what & PREP_W) blk_mm<BF>(sh, false, false, L, dk, L, 1, w.Tm, L, w.Xw, dk, 0, w.W, dk);
+    if (what & PREP_U) blk_mm<BF>(sh, false, false, L, dv, L, 1, w.Tm, L, w.Xu, dv, 0, w.U, dv);
     if (what & PREP_DL) {
         for (int e = tid; e < L * dv; e += GDN_NT) w.Dl[e] = w.U[e];
         __syncthreads();
+        // float32 under bf16 too: it redoes the scan's product (gdn_scan.cu), which is.
         blk_gemm(sh, false, false, L, dv, dk, -1, w.W, dk, S0, dv, 1, w.Dl, dv);
     }
     // P = (Q K^T) * E. (Kd = diag(ek) K is applied as K is loaded: blk_gemm_s.)
     if (what & PREP_P) {
-        blk_gemm(sh, false, true, L, L, dk, 1, q, a.ldk, k, a.ldk, 0, w.P, L);
+        blk_mm<BF>(sh, false, true, L, L, dk, 1, q, a.ldk, k, a.ldk, 0, w.P, L);
         for (int e = tid; e < L * L; e += GDN_NT) w.P[e] *= w.E[e];
     }
     __syncthreads();

@@ -22,7 +22,7 @@
 // the terms of dDelta and of the entering state's gradient that do not go
 // through the state: P^T dO into the op's dDelta rows, Q^T diag(b) dO into
 // the chunk's dS slot.
-__global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_bwd_prep(GdnArgs a) {
+template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_bwd_prep(GdnArgs a) {
     __shared__ Tiles sh;
     int tid = threadIdx.x, dk = a.dk, dv = a.dv;
     int64_t SS = (int64_t)dk * dv;
@@ -33,19 +33,19 @@ __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_bwd_prep(GdnArgs a) {
         int L = m.L;
         int64_t r = m.bh * a.T + m.t0;
         w.W = a.Wb + r * dk;
-        chunk_prepare(a, w, &sh, m.b, m.h, m.t0, L, NULL, PREP_SOLVE | PREP_W | (a.dout ? PREP_P : 0));
+        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, L, NULL, PREP_SOLVE | PREP_W | (a.dout ? PREP_P : 0));
         for (int i = tid; i < L; i += GDN_NT) a.ekb[r + i] = w.ek[i];
         if (tid == 0) a.blb[m.bh * a.NC + m.c] = w.bm[L - 1];
         if (a.dout) {
             int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
             const real *dO = a.dout + ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * dv;
-            blk_gemm(&sh, true, false, L, dv, L, 1, w.P, L, dO, a.ldv, 0, a.Ub + r * dv, dv);   // P^T dO
+            blk_mm<BF>(&sh, true, false, L, dv, L, 1, w.P, L, dO, a.ldv, 0, a.Ub + r * dv, dv);   // P^T dO
             for (int e = tid; e < L * dv; e += GDN_NT) {                                      // dY = diag(b) dO
                 int i = e / dv, c = e % dv;
                 w.Y[e] = w.bm[i] * dO[(int64_t)i * a.ldv + c];
             }
             __syncthreads();
-            blk_gemm(&sh, true, false, dk, dv, L, 1, a.q + ok, a.ldk, w.Y, dv, 0, a.dsb + (m.bh * a.NC + m.c) * SS,
+            blk_mm<BF>(&sh, true, false, dk, dv, L, 1, a.q + ok, a.ldk, w.Y, dv, 0, a.dsb + (m.bh * a.NC + m.c) * SS,
                      dv);   // Q^T dY
         }
         __syncthreads();   // the next chunk rewrites ek and bm
@@ -118,6 +118,7 @@ __device__ void lower_col_sums(const real *__restrict__ X, const real *__restric
 // that owns the row (x mod GDN_NW), in the CPU's order of the terms; the
 // (L, L) dGamma terms are summed by rows (lower_row_sums) and by columns
 // (lower_col_sums); dg is the suffix sum of dGamma (warp0_cumsum).
+template <bool BF>
 __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red, int b, int h, int t0, int L,
                            const real *S0) {
     int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, dk = a.dk, dv = a.dv, H = a.H, ldk = a.ldk,
@@ -136,6 +137,7 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
     for (int64_t e = tid; e < SS; e += GDN_NT) s += (double)w.dS[e] * S0[e];
     s = cu_block_sum(s, red);
     // dKd = Delta dS^T (in dW); dK = diag(ek) dKd.
+    // (float32 under bf16 too, with dW below: the scan's products' counterparts.)
     blk_gemm(sh, false, true, L, dk, dv, 1, w.Dl, dv, w.dS, dv, 0, w.dW, dk);
     for (int e = tid; e < L * dk; e += GDN_NT) w.dK[e] = w.ek[e / dk] * w.dW[e];
     // dGamma_j -= ek_j dKd_j . k_j, and those terms add to dGamma_{L-1}
@@ -160,7 +162,7 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
 
     // O = diag(b) Q S0 + P Delta.
     if (dO) {
-        blk_gemm(sh, false, false, L, dv, dk, 1, q, ldk, S0, dv, 0, w.Y, dv);   // Y = Q S0
+        blk_mm<BF>(sh, false, false, L, dv, dk, 1, q, ldk, S0, dv, 0, w.Y, dv);   // Y = Q S0
         for (int i = warp; i < L; i += GDN_NW) {   // dGamma_i += b_i dO_i . Y_i; then Y = dY = diag(b) dO
             real bi = w.bm[i], *yi = w.Y + i * dv;
             const real *doi = dO + (int64_t)i * ldv;
@@ -174,8 +176,8 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
             if (lane == 0) w.dG[i] += bi * (real)p;
         }
         __syncthreads();
-        if (gq) blk_gemm(sh, false, true, L, dk, dv, 1, w.Y, dv, S0, dv, 0, gq, ldk);   // dQ = dY S0^T
-        blk_gemm(sh, false, true, L, L, dv, 1, dO, ldv, w.Dl, dv, 0, w.dA, L);          // dP = dO Delta^T
+        if (gq) blk_mm<BF>(sh, false, true, L, dk, dv, 1, w.Y, dv, S0, dv, 0, gq, ldk);   // dQ = dY S0^T
+        blk_mm<BF>(sh, false, true, L, L, dv, 1, dO, ldv, w.Dl, dv, 0, w.dA, L);          // dP = dO Delta^T
         // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j.
         lower_row_sums(w.dA, w.P, NULL, NULL, L, w.rsum, NULL);
         lower_col_sums(w.dA, w.P, L, w.rsum, w.dG, red);
@@ -184,8 +186,8 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
             w.dA[e] = j <= i ? w.dA[e] * w.E[e] : (real)0;
         }
         __syncthreads();
-        if (gq) blk_gemm(sh, false, false, L, dk, L, 1, w.dA, L, k, ldk, 1, gq, ldk);   // dQ += dQK K
-        blk_gemm(sh, true, false, L, dk, L, 1, w.dA, L, q, ldk, 1, w.dK, dk);            // dK += dQK^T Q
+        if (gq) blk_mm<BF>(sh, false, false, L, dk, L, 1, w.dA, L, k, ldk, 1, gq, ldk);   // dQ += dQK K
+        blk_mm<BF>(sh, true, false, L, dk, L, 1, w.dA, L, q, ldk, 1, w.dK, dk);            // dK += dQK^T Q
     } else if (gq) {
         for (int e = tid; e < L * dk; e += GDN_NT) gq[(int64_t)(e / dk) * ldk + e % dk] = 0;
     }
@@ -193,10 +195,10 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
     // Delta = U - W S0: dU = dDelta, dW = -dDelta S0^T.
     blk_gemm(sh, false, true, L, dk, dv, -1, w.dDl, dv, S0, dv, 0, w.dW, dk);
     // W = Tm Xw, U = Tm Xu: dXw = Tm^T dW, dXu = Tm^T dU, dA = -(dXw W^T + dXu U^T).
-    blk_gemm(sh, true, false, L, dk, L, 1, w.Tm, L, w.dW, dk, 0, w.dXw, dk);
-    blk_gemm(sh, true, false, L, dv, L, 1, w.Tm, L, w.dDl, dv, 0, w.dXu, dv);
-    blk_gemm(sh, false, true, L, L, dk, -1, w.dXw, dk, w.W, dk, 0, w.dA, L);
-    blk_gemm(sh, false, true, L, L, dv, -1, w.dXu, dv, w.U, dv, 1, w.dA, L);
+    blk_mm<BF>(sh, true, false, L, dk, L, 1, w.Tm, L, w.dW, dk, 0, w.dXw, dk);
+    blk_mm<BF>(sh, true, false, L, dv, L, 1, w.Tm, L, w.dDl, dv, 0, w.dXu, dv);
+    blk_mm<BF>(sh, false, true, L, L, dk, -1, w.dXw, dk, w.W, dk, 0, w.dA, L);
+    blk_mm<BF>(sh, false, true, L, L, dv, -1, w.dXu, dv, w.U, dv, 1, w.dA, L);
 
     // Xw_i = beta_i b_i k_i, Xu_i = beta_i v_i (a warp per row).
     for (int i = warp; i < L; i += GDN_NW) {
@@ -232,8 +234,8 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
         w.dA[e] = j < i ? w.dA[e] * w.bet[i] * w.E[e] : (real)0;
     }
     __syncthreads();
-    blk_gemm(sh, false, false, L, dk, L, 1, w.dA, L, k, ldk, 1, w.dK, dk);   // dK += dKK K
-    blk_gemm(sh, true, false, L, dk, L, 1, w.dA, L, k, ldk, 1, w.dK, dk);    // dK += dKK^T K
+    blk_mm<BF>(sh, false, false, L, dk, L, 1, w.dA, L, k, ldk, 1, w.dK, dk);   // dK += dKK K
+    blk_mm<BF>(sh, true, false, L, dk, L, 1, w.dA, L, k, ldk, 1, w.dK, dk);    // dK += dKK^T K
 
     // The chunk's rows; dg_m = sum_{i >= m} dGamma_i.
     if (a.gk)
@@ -250,7 +252,7 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
 
 // 3. Per chunk: everything of the chunk again (W from the op's rows) and its
 // input gradients from S0, dS (the scan's slot) and dDelta (the scan's rows).
-__global__ void __launch_bounds__(GDN_NT, GDN_CHUNK_MINB) k_gdn_bwd_chunk(GdnArgs a) {
+template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_CHUNK_MINB) k_gdn_bwd_chunk(GdnArgs a) {
     __shared__ Tiles sh;
     __shared__ double red[GDN_NT];
     int64_t SS = (int64_t)a.dk * a.dv;
@@ -263,8 +265,8 @@ __global__ void __launch_bounds__(GDN_NT, GDN_CHUNK_MINB) k_gdn_bwd_chunk(GdnArg
         w.dDl = a.Ub + r * a.dv;
         w.dS = a.dsb + (m.bh * a.NC + m.c) * SS;
         const real *S0 = a.states + (m.bh * a.NC + m.c) * SS;
-        chunk_prepare(a, w, &sh, m.b, m.h, m.t0, m.L, S0, PREP_SOLVE | PREP_U | PREP_DL | (a.dout ? PREP_P : 0));
-        chunk_back(a, w, &sh, red, m.b, m.h, m.t0, m.L, S0);
+        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, m.L, S0, PREP_SOLVE | PREP_U | PREP_DL | (a.dout ? PREP_P : 0));
+        chunk_back<BF>(a, w, &sh, red, m.b, m.h, m.t0, m.L, S0);
     }
 }
 
@@ -302,10 +304,22 @@ void gdn_grads_finish(const GdnGrads *gr) {
     }
 }
 
-extern "C" void cu_gdn_chunk_backward(Node *n) {
+// The backward's kernels of one precision (BF: bf16 products, as the forward's).
+template <bool BF> static void bwd_launch(Node *n, GdnArgs &a) {
     static int res_prep = 0, res_chunk = 0;
-    if (!res_prep) res_prep = resident_blocks(k_gdn_bwd_prep);
-    if (!res_chunk) res_chunk = resident_blocks(k_gdn_bwd_chunk);
+    if (!res_prep) res_prep = resident_blocks(k_gdn_bwd_prep<BF>);
+    if (!res_chunk) res_chunk = resident_blocks(k_gdn_bwd_chunk<BF>);
+    int gp = chunk_grid(a.items, res_prep), gc = chunk_grid(a.items, res_chunk);
+    a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, true);
+    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > gc ? gp : gc));
+    k_gdn_bwd_prep<BF><<<gp, GDN_NT, 0, cu_stream>>>(a);
+    CU_LAUNCHED();
+    gdn_scan(n, a, true);
+    k_gdn_bwd_chunk<BF><<<gc, GDN_NT, 0, cu_stream>>>(a);
+    CU_LAUNCHED();
+}
+
+extern "C" void cu_gdn_chunk_backward(Node *n) {
     GdnArgs a = gdn_args(n);
     a.dout = n->out[0]->grad;
     a.dsT = n->out[1]->grad;
@@ -315,13 +329,10 @@ extern "C" void cu_gdn_chunk_backward(Node *n) {
     int64_t SS = (int64_t)a.dk * a.dv;
     a.states = a.saved;
     a.dsb = (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
-    int gp = chunk_grid(a.items, res_prep), gc = chunk_grid(a.items, res_chunk);
-    a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, true);
-    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > gc ? gp : gc));
-    k_gdn_bwd_prep<<<gp, GDN_NT, 0, cu_stream>>>(a);
-    CU_LAUNCHED();
-    gdn_scan(n, a, true);
-    k_gdn_bwd_chunk<<<gc, GDN_NT, 0, cu_stream>>>(a);
-    CU_LAUNCHED();
+#ifndef AG_DOUBLE
+    if (n->iarg[GDN_ARG_BF16]) bwd_launch<true>(n, a);   // as the forward's products (cu_gdn_chunk_forward)
+    else
+#endif
+        bwd_launch<false>(n, a);
     gdn_grads_finish(&gr);
 }

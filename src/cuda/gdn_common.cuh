@@ -64,6 +64,29 @@
 // so the forward needs no barrier. The backward replays a stretch of `chunk`
 // tokens from its saved state and walks it in reverse, per token a column
 // phase then a row phase.
+// Precision: float32 (float64 in that build) throughout, except under
+// [train] precision = bf16 with device = cuda in the float32 build
+// (cu_bf16_products, ops_matmul.cu's switch, kept in the node's GDN_ARG_BF16 by
+// the forward so that its backward rounds as it did): then the per-chunk
+// kernels' instances with BF = true run, whose tile products take bf16
+// operands, rounded to nearest even, with float32 sums (blk_mm<true>,
+// gdn_bf16.cuh), as flash-linear-attention's chunk kernels do:
+//   forward   K K^T, Q K^T (P), W = Tm Xw, U = Tm Xu, Q S0 and P Delta (O);
+//   backward  the same again, P^T dO, Q^T dY, dQ = dY S0^T, dP = dO Delta^T,
+//             dQ += dQK K, dK += dQK^T Q, dXw = Tm^T dW, dXu = Tm^T dDelta,
+//             dA = -(dXw W^T + dXu U^T), dK += dKK K + dKK^T K.
+// Each operand is the float32 matrix that the float32 path multiplies at
+// that place (as this path computed it), rounded elementwise; Xw = diag(beta
+// b) K and the like are formed in float32 and then rounded once. Stay
+// float32: the decays and gates and their exps, A, the solve of (I + A)^-1,
+// the scans (both the state's products W S0, Kd^T Delta and their backward
+// counterparts Kd dS, W^T dDelta: the state carried between chunks is never
+// rounded, and its bf16 copy enters only Q S0 and dY S0^T), the products that
+// redo or differentiate those (Delta = U - W S0 in chunk_prepare, dKd =
+// Delta dS^T, dW = -dDelta S0^T), the row dots and every output and sum. So
+// the backward is the gradient of the forward's function with the rounding
+// taken as the identity (straight through), its own products rounded alike.
+// The recurrent form (gdn_naive.cu) stays float32.
 // Gradients go to scratch (or straight into a fresh buffer that no other
 // input shares) and are then added to the inputs' buffers in input order, so
 // inputs that are one tensor get the sum. No atomics: every sum is made in a

@@ -24,8 +24,8 @@ static bool cu_bf16;
 
 extern "C" void cu_set_bf16(bool on) { cu_bf16 = on; }
 
-// Whether bf16 products are on: the attention's flash kernels ask too
-// (attn_flash_bf16.cu), so that one switch covers every product.
+// Whether bf16 products are on: the attention's flash kernels and op_gdn's
+// chunk products ask too, so that one switch covers every product.
 extern "C" bool cu_bf16_products(void) { return cu_bf16; }
 
 __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {

@@ -9,7 +9,8 @@
 #define GDN_NODE_H
 
 enum { GDN_IN_Q, GDN_IN_K, GDN_IN_V, GDN_IN_BETA, GDN_IN_G, GDN_IN_S0, GDN_N_IN };
-// BF16: CPU chunk products in bf16
+// BF16: the chunk products in bf16: the CPU's (set by the builder), the GPU's
+// chunked form's (set by its forward, cu_gdn_chunk_forward: the builder leaves 0 there)
 enum { GDN_ARG_B, GDN_ARG_T, GDN_ARG_H, GDN_ARG_DK, GDN_ARG_DV, GDN_ARG_C, GDN_ARG_BF16 };
 
 #endif

@@ -378,8 +378,9 @@ static real *model_steps(Device d, bool bf16, double loss[2]) { return model_ste
 // 6e-2 (measured 2.5% on the CPU, which also rounds attention's and the
 // chunk kernels' tile products; the GPU rounds the dense products and
 // attention's tile products (attn_flash_bf16.cu: the attn layer's heads of 32
-// take them), not the chunk kernels', so less). Each weight of >= 1024
-// elements points the same way: cosine >= 0.99.
+// take them) and op_gdn's chunk products (the gdn and gdp layers), not the
+// GLA and KDA chunk kernels': less). Each weight of >= 1024 elements points
+// the same way: cosine >= 0.99.
 // Parameters of a few elements (decay and dt biases) are sums of nearly
 // cancelling terms and move by tens of percent under any bf16 rounding: not
 // checked on their own.

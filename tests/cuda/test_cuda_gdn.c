@@ -17,15 +17,11 @@
 #include "cuda_check.h"
 #include "device.h"
 #include "gdn_kernel.h"
+#include "test_cuda_gdn.h"
 
-typedef enum { REG_PLAIN, REG_G_ZERO, REG_G_M20, REG_BETA_1 } Regime;
+const char *const GDN_GRAD_NAMES[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
 
-enum { IQ, IK, IV, IBETA, IG, IS0, N_IN };
-static const char *const GRAD_NAMES[N_IN] = {"dq", "dk", "dv", "dbeta", "dg", "ds0"};
-
-
-// x[IQ..IS0]; x[IS0] NULL without s0. grad: whether they take gradients.
-static void make_inputs(Tensor **x, int B, int T, int H, int dk, int dv, Regime reg, bool with_s0, bool grad,
+void gdn_test_inputs(Tensor **x, int B, int T, int H, int dk, int dv, Regime reg, bool with_s0, bool grad,
                         uint64_t seed) {
     x[IQ] = tensor_newv(grad, 3, B, T, H * dk);
     x[IK] = tensor_newv(grad, 3, B, T, H * dk);
@@ -52,18 +48,11 @@ static void make_inputs(Tensor **x, int B, int T, int H, int dk, int dv, Regime 
     }
 }
 
-static void free_inputs(Tensor **x) {
+void gdn_free_inputs(Tensor **x) {
     for (int i = 0; i < N_IN; i++) tensor_free(x[i]);
 }
 
-typedef struct {
-    int H, chunk;
-    MixerForm form;
-    const int *doc_start;   // (B, T) or NULL
-    int outs;               // the outputs the loss sees: 1 o, 2 S_T, 3 both
-} GdnCtx;
-
-static int f_gdn(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs) {
+int gdn_test_op(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs) {
     const GdnCtx *c = ctx;
     Tensor *sT = NULL;
     Tensor *o = op_gdn(tp, x[IQ], x[IK], x[IV], x[IBETA], x[IG], n > IS0 ? x[IS0] : NULL, c->doc_start, c->H, c->form,
@@ -80,13 +69,13 @@ static const char *form_name(MixerForm f) { return f == MIXER_FORM_CHUNKED ? "ch
 static void check_gdn(MixerForm form, int B, int T, int H, int dk, int dv, int chunk, Regime reg, bool with_s0,
                       const int *doc_start, int outs, uint64_t seed) {
     Tensor *x[N_IN];
-    make_inputs(x, B, T, H, dk, dv, reg, with_s0, true, seed);
+    gdn_test_inputs(x, B, T, H, dk, dv, reg, with_s0, true, seed);
     GdnCtx c = {H, chunk, form, doc_start, outs};
     char label[160];
     snprintf(label, sizeof label, "gdn %s B=%d T=%d H=%d dk=%d dv=%d C=%d regime %d%s%s outs %d", form_name(form), B,
              T, H, dk, dv, chunk, (int)reg, with_s0 ? " +s0" : "", doc_start ? " +docs" : "", outs);
-    cuda_check_op(label, f_gdn, x, with_s0 ? N_IN : IS0, &c);
-    free_inputs(x);
+    cuda_check_op(label, gdn_test_op, x, with_s0 ? N_IN : IS0, &c);
+    gdn_free_inputs(x);
 }
 
 static const MixerForm FORMS[2] = {MIXER_FORM_CHUNKED, MIXER_FORM_RECURRENT};
@@ -225,12 +214,12 @@ Test(cuda_gdn, forward_only_and_decoding) {
         for (int t = 0; t < 2; t++) {
             int T = t ? 41 : 1, C = t ? 16 : 1;
             Tensor *x[N_IN];
-            make_inputs(x, 3, T, 2, 32, 16, REG_PLAIN, true, false, 90 + t);
+            gdn_test_inputs(x, 3, T, 2, 32, 16, REG_PLAIN, true, false, 90 + t);
             GdnCtx c = {2, C, FORMS[f], NULL, 3};
             char label[64];
             snprintf(label, sizeof label, "gdn %s forward only T=%d", form_name(FORMS[f]), T);
-            cuda_check_op(label, f_gdn, x, N_IN, &c);
-            free_inputs(x);
+            cuda_check_op(label, gdn_test_op, x, N_IN, &c);
+            gdn_free_inputs(x);
         }
 }
 
@@ -281,12 +270,12 @@ Test(cuda_gdn, accumulated_gradients_and_a_carried_state) {
     for (int f1 = 0; f1 < 2; f1++)
         for (int f2 = 0; f2 < 2; f2++) {
             Tensor *x[N_IN];
-            make_inputs(x, 2, 29, 2, 16, 32, REG_PLAIN, true, true, 120 + 2 * f1 + f2);
+            gdn_test_inputs(x, 2, 29, 2, 16, 32, REG_PLAIN, true, true, 120 + 2 * f1 + f2);
             TwoCtx c = {FORMS[f1], FORMS[f2], 16};
             char label[64];
             snprintf(label, sizeof label, "gdn %s then %s", form_name(FORMS[f1]), form_name(FORMS[f2]));
             cuda_check_op(label, f_gdn_two, x, N_IN, &c);
-            free_inputs(x);
+            gdn_free_inputs(x);
         }
 }
 
@@ -346,7 +335,7 @@ static void assert_same_bits(const GpuRun *a, const GpuRun *b, Tensor *const *x,
     for (int i = 0; i < N_IN; i++)
         if (x[i])
             cr_assert(memcmp(a->grad[i], b->grad[i], (size_t)x[i]->numel * sizeof(real)) == 0, "%s: %s differs", what,
-                      GRAD_NAMES[i]);
+                      GDN_GRAD_NAMES[i]);
 }
 
 Test(cuda_gdn, gpu_chunked_equals_gpu_recurrent) {
@@ -357,7 +346,7 @@ Test(cuda_gdn, gpu_chunked_equals_gpu_recurrent) {
         int dk = cse % 2 ? 16 : 32, C = cse < 2 ? 16 : 64;
         const int *docs = cse == 3 ? doc : NULL;
         Tensor *x[N_IN];
-        make_inputs(x, B, T, 2, dk, 32, REG_PLAIN, true, true, 200 + cse);
+        gdn_test_inputs(x, B, T, 2, dk, 32, REG_PLAIN, true, true, 200 + cse);
         GdnCtx cc = {2, C, MIXER_FORM_CHUNKED, docs, 3}, cr = {2, C, MIXER_FORM_RECURRENT, docs, 3};
         GpuRun a = gpu_run(x, &cc), b = gpu_run(x, &cr);
         double e = max_rel_diff(a.o, b.o, a.n_o);
@@ -366,11 +355,11 @@ Test(cuda_gdn, gpu_chunked_equals_gpu_recurrent) {
         cr_assert_leq(e, FORM_TOL, "case %d: S_T differs by %.3e", cse, e);
         for (int i = 0; i < N_IN; i++) {
             e = max_rel_diff(a.grad[i], b.grad[i], x[i]->numel);
-            cr_assert_leq(e, FORM_TOL, "case %d: %s differs by %.3e", cse, GRAD_NAMES[i], e);
+            cr_assert_leq(e, FORM_TOL, "case %d: %s differs by %.3e", cse, GDN_GRAD_NAMES[i], e);
         }
         gpu_run_free(&a);
         gpu_run_free(&b);
-        free_inputs(x);
+        gdn_free_inputs(x);
     }
 }
 
@@ -420,7 +409,7 @@ Test(cuda_gdn, scan_column_blocks_give_the_same_bits) {
     static const char *const cols[] = {"8", "16", "32"};
     for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
         Tensor *x[N_IN];
-        make_inputs(x, cases[cs].B, cases[cs].T, cases[cs].H, cases[cs].dk, cases[cs].dv, REG_PLAIN, true, true,
+        gdn_test_inputs(x, cases[cs].B, cases[cs].T, cases[cs].H, cases[cs].dk, cases[cs].dv, REG_PLAIN, true, true,
                     540 + cs);
         GdnCtx c = {cases[cs].H, cases[cs].C, MIXER_FORM_CHUNKED, cases[cs].doc, 3};
         GpuRun r[3];
@@ -435,7 +424,7 @@ Test(cuda_gdn, scan_column_blocks_give_the_same_bits) {
             assert_same_bits(&r[0], &r[w], x, what);
         }
         for (int w = 0; w < 3; w++) gpu_run_free(&r[w]);
-        free_inputs(x);
+        gdn_free_inputs(x);
     }
 }
 
@@ -480,7 +469,7 @@ Test(cuda_gdn, two_level_scan_chosen_on_long_rows) {
     check_gdn(MIXER_FORM_CHUNKED, 1, T, 2, 32, 32, 16, REG_PLAIN, true, doc, 3, 630);
     check_gdn(MIXER_FORM_CHUNKED, 1, T, 2, 32, 32, 16, REG_G_ZERO, true, doc, 3, 631);
     Tensor *x[N_IN];
-    make_inputs(x, 1, T, 2, 32, 32, REG_G_ZERO, true, true, 632);
+    gdn_test_inputs(x, 1, T, 2, 32, 32, REG_G_ZERO, true, true, 632);
     GdnCtx c = {2, 16, MIXER_FORM_CHUNKED, doc, 3};
     GpuRun a = gpu_run(x, &c);
     force_scan(SCAN_GROUP, "0");
@@ -497,11 +486,11 @@ Test(cuda_gdn, two_level_scan_chosen_on_long_rows) {
     cr_assert_leq(e, FORM_TOL, "S_T differs by %.3e", e);
     for (int i = 0; i < N_IN; i++) {
         e = max_rel_diff(a.grad[i], b.grad[i], x[i]->numel);
-        cr_assert_leq(e, FORM_TOL, "%s differs by %.3e", GRAD_NAMES[i], e);
+        cr_assert_leq(e, FORM_TOL, "%s differs by %.3e", GDN_GRAD_NAMES[i], e);
     }
     gpu_run_free(&a);
     gpu_run_free(&b);
-    free_inputs(x);
+    gdn_free_inputs(x);
 }
 
 Test(cuda_gdn, two_level_scan_gives_the_same_bits_at_every_width) {
@@ -510,7 +499,7 @@ Test(cuda_gdn, two_level_scan_gives_the_same_bits_at_every_width) {
     // 32 columns a block, and run again.
     static const char *const cols[] = {"8", "16", "32"};
     Tensor *x[N_IN];
-    make_inputs(x, 1, 700, 2, 40, 72, REG_PLAIN, true, true, 640);
+    gdn_test_inputs(x, 1, 700, 2, 40, 72, REG_PLAIN, true, true, 640);
     GdnCtx c = {2, 16, MIXER_FORM_CHUNKED, NULL, 3};
     force_scan(SCAN_GROUP, "3");
     GpuRun r[4];
@@ -524,12 +513,12 @@ Test(cuda_gdn, two_level_scan_gives_the_same_bits_at_every_width) {
     static const char *const runs[] = {"", "16 columns", "32 columns", "32 columns again"};
     for (int w = 1; w < 4; w++) assert_same_bits(&r[0], &r[w], x, runs[w]);
     for (int w = 0; w < 4; w++) gpu_run_free(&r[w]);
-    free_inputs(x);
+    gdn_free_inputs(x);
 }
 
 Test(cuda_gdn, a_run_repeats_bit_for_bit) {
     Tensor *x[N_IN];
-    make_inputs(x, 2, 100, 2, 32, 32, REG_PLAIN, true, true, 300);
+    gdn_test_inputs(x, 2, 100, 2, 32, 32, REG_PLAIN, true, true, 300);
     for (int f = 0; f < 2; f++) {
         GdnCtx c = {2, 16, FORMS[f], NULL, 3};
         GpuRun a = gpu_run(x, &c), b = gpu_run(x, &c);
@@ -537,7 +526,7 @@ Test(cuda_gdn, a_run_repeats_bit_for_bit) {
         gpu_run_free(&a);
         gpu_run_free(&b);
     }
-    free_inputs(x);
+    gdn_free_inputs(x);
     // The chunked form on a row of many chunks with documents: more chunks
     // than the per-chunk kernels have blocks on a small GPU share, and the
     // scans' column blocks.
@@ -545,11 +534,11 @@ Test(cuda_gdn, a_run_repeats_bit_for_bit) {
     static int doc[T];
     memset(doc, 0, sizeof doc);
     doc[0] = doc[48] = doc[1000] = doc[1001] = doc[2047] = 1;
-    make_inputs(x, 1, T, 3, 16, 40, REG_PLAIN, true, true, 301);
+    gdn_test_inputs(x, 1, T, 3, 16, 40, REG_PLAIN, true, true, 301);
     GdnCtx c = {3, 16, MIXER_FORM_CHUNKED, doc, 3};
     GpuRun a = gpu_run(x, &c), b = gpu_run(x, &c);
     assert_same_bits(&a, &b, x, "long row");
     gpu_run_free(&a);
     gpu_run_free(&b);
-    free_inputs(x);
+    gdn_free_inputs(x);
 }
