@@ -110,6 +110,7 @@ void cu_sgd_update(real *p, const real *g, real *m, int64_t n, real lr, real dec
 void cu_scale_inplace(real *x, int64_t n, real f);
 double cu_sumsq(const real *x, int64_t n);            // sum of squares in double; waits for the result
 int64_t cu_first_nonfinite(const real *x, int64_t n); // first NaN/inf index, -1 if none; waits
+void cu_optim_queue(const DeviceOptimStep *s);         // device.h's DeviceOptimStep; no host read
 // ---- mixers (src/cuda/<layer>.cu) ----
 void cu_gla_forward(Node *n);           // gla.cu: op_gla_dt (linear, mamba), every form
 void cu_gla_backward(Node *n);

@@ -59,6 +59,7 @@ static DeviceKernels gpu_kernels(void) {
     k.scale = cu_scale_inplace;
     k.sumsq = cu_sumsq;
     k.first_nonfinite = cu_first_nonfinite;
+    k.optim_queue = cu_optim_queue;
     return k;
 }
 
