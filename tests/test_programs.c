@@ -75,6 +75,8 @@ Test(programs, generate_checks_its_arguments, .timeout = 120) {
         {"--top-k", "1e3", "generate: --top-k: '1e3' is not an integer"},
         {"--seed", "-3", "generate: --seed: '-3' is not an integer in [0, 2^64)"},
         {"--device", "gpu", "generate: --device: 'gpu' is not a device (cpu or cuda)"},
+        {"--cuda-graph", "yes", "generate: --cuda-graph: 'yes' is not auto, on or off"},
+        {"--cuda-graph", "on", "generate: --cuda-graph on: graphs decode on the GPU only (add --device cuda)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *out, *err;
@@ -216,6 +218,15 @@ Test(programs, generate_long_prompt_shares_attention_and_checks, .timeout = 300)
                        240, &out, &err);
     cr_assert_eq(code, 0, "%s", err);
     cr_assert(strstr(err, "(1 thread, GEMM"), "%s", err);
+    free(out), free(err);
+    // --cuda-graph on for a model with attention: refused (in any build), naming the checkpoint and the layer.
+    code = run_program("generate", dir,
+                       (char *[]){"--checkpoint", (char *)ckpt, "--device", "cuda", "--cuda-graph", "on", NULL}, 60,
+                       &out, &err);
+    cr_assert(code == 2 && strstr(err, "--cuda-graph on: the model of ") && strstr(err, ckpt) &&
+                  strstr(err, "layer 0 is attn"),
+              "exit %d: %s", code, err);
+    cr_assert_str_eq(out, "");
     free(out), free(err);
 }
 

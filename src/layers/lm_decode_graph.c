@@ -1,0 +1,122 @@
+// lm_decode_graph.c: lm_decode_graph.h's decoding step from a CUDA graph.
+#include "lm_decode_graph.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mixer.h"
+
+const char *lm_decode_graph_refusal(const LM *lm, char *why, size_t n) {
+    for (int l = 0; l < lm->cfg.n_layers; l++) {
+        const MixerKind *k = lm->blocks[l].mixer->kind;
+        if (k->recurrent) continue;
+        snprintf(why, n,
+                 "layer %d is %s: its step writes and reads its cache at the cache's length, a host value a graph "
+                 "would keep from the capture",
+                 l, k->name);
+        return why;
+    }
+    return NULL;
+}
+
+void lm_decode_graph_init(LMDecodeGraph *dg, const LM *lm, Device d, bool on) {
+    memset(dg, 0, sizeof *dg);
+    char why[256];
+    if (!on || lm_decode_graph_refusal(lm, why, sizeof why)) return;
+    dg->g = dev_graph_new(d);
+}
+
+void lm_decode_graph_free(LMDecodeGraph *dg) {
+    if (dg->g) dev_graph_free(dg->g);
+    free(dg->tok);
+    memset(dg, 0, sizeof *dg);
+}
+
+// The tape's device block when its arena is one block (settled), else NULL.
+static const void *settled_block(const Tape *tp) {
+    const ArenaBlock *b = tp->data.head;
+    return b && !b->next ? b->mem : NULL;
+}
+
+static const real *eager(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c, const int *tokens) {
+    Tensor *lg = lm_step(tp, lm, c, tokens);
+    tape_reset(tp);
+    dg->eager++;
+    return lg->data;   // (the arena keeps it until the next step)
+}
+
+static void set_tokens(LMDecodeGraph *dg, const int *tokens, int B) {
+    if (dg->B != B) {
+        dg->tok = xrealloc(dg->tok, (size_t)B * sizeof(int));
+        dg->B = B;
+    }
+    memcpy(dg->tok, tokens, (size_t)B * sizeof(int));
+}
+
+// Capture this step (nothing runs), then launch it; NULL when the capture
+// failed (graphs are then off, the cache as before the step).
+static const real *capture(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c) {
+    const void *in[1] = {dg->tok};
+    size_t bytes[1] = {(size_t)c->B * sizeof(int)};
+    int pos = c->pos;
+    dev_graph_begin(dg->g, in, bytes, 1);
+    Tensor *lg = lm_step(tp, lm, c, dg->tok);
+    char why[200];
+    bool ok = dev_graph_end(dg->g, why, sizeof why);
+    const void *block = settled_block(tp);
+    tape_reset(tp);
+    c->pos = pos;   // (nothing ran: the step's count goes with the launch)
+    // The ids must come from tok at a replay, and every address from the block the key names.
+    if (ok && dev_graph_traced(dg->g) < 1) {
+        ok = false;
+        snprintf(why, sizeof why, "the token ids were not traced to the step's input");
+    } else if (ok && block != dg->prev) {
+        ok = false;
+        snprintf(why, sizeof why, "the tape's arena grew while capturing");
+    }
+    if (!ok) {
+        dg->off = true;
+        snprintf(dg->why, sizeof dg->why, "%s", why);
+        if (!dg->quiet) fprintf(stderr, "generate: cuda_graph: capture failed (%s); decoding on without graphs\n", why);
+        return NULL;
+    }
+    dg->logits = lg->data;
+    dg->block = block;
+    dg->cache = c;
+    dg->captures++;
+    return dg->logits;
+}
+
+static const real *replay(LMDecodeGraph *dg, LMCache *c) {
+    ASSERT(c->pos < c->max_T, "lm_step: the cache holds %d positions and is full", c->max_T);
+    const void *in[1] = {dg->tok};
+    dev_graph_launch(dg->g, in);
+    c->pos++;
+    dg->replays++;
+    return dg->logits;
+}
+
+static bool ids_in_range(const int *x, int n, int V) {
+    for (int i = 0; i < n; i++)
+        if (x[i] < 0 || x[i] >= V) return false;
+    return true;
+}
+
+const real *lm_decode_graph_step(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c, const int *tokens) {
+    tp->graphable = dg->g != NULL;
+    // An id outside the vocabulary runs eagerly, where op_embedding stops with its message.
+    if (!dg->g || dg->off || !ids_in_range(tokens, c->B, lm->cfg.vocab_size)) return eager(dg, tp, lm, c, tokens);
+    const void *block = settled_block(tp);
+    if (dg->logits && block && block == dg->block && c == dg->cache && c->B == dg->B) {
+        set_tokens(dg, tokens, c->B);
+        return replay(dg, c);
+    }
+    dg->logits = NULL;
+    if (block && block == dg->prev && c->pos < c->max_T) {   // settled: the same block two steps in a row
+        set_tokens(dg, tokens, c->B);
+        if (capture(dg, tp, lm, c)) return replay(dg, c);
+    }
+    dg->prev = block;
+    return eager(dg, tp, lm, c, tokens);
+}
