@@ -334,8 +334,7 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
         if (n == n_in) t_gen = runlog_now();
         if (n >= n_in || !prefill) {   // else the prefill gave position n_in - 1's logits
             if (docs_after_eot && n > 0 && tokens[n - 1] == tk->eot) lm_cache_reset_row(lm, cache, 0);
-            const real *lg = lm_decode_graph_step(&dg, &tp, lm, cache, &tokens[n]);   // (resets the tape)
-            dev_to_host(logits, lg, (size_t)V * sizeof(real), a->device);
+            lm_decode_graph_step(&dg, &tp, lm, cache, &tokens[n], logits);   // (resets the tape)
         }
         if (step_logits) memcpy(step_logits + (size_t)n * V, logits, (size_t)V * sizeof(real));
         if (n + 1 >= n_in && n + 1 < total) {

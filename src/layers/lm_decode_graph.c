@@ -39,11 +39,11 @@ static const void *settled_block(const Tape *tp) {
     return b && !b->next ? b->mem : NULL;
 }
 
-static const real *eager(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c, const int *tokens) {
+static void eager(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c, const int *tokens, real *logits) {
     Tensor *lg = lm_step(tp, lm, c, tokens);
+    dev_to_host(logits, lg->data, (size_t)lg->numel * sizeof(real), tp->device);   // (before the reset frees it)
     tape_reset(tp);
     dg->eager++;
-    return lg->data;   // (the arena keeps it until the next step)
 }
 
 static void set_tokens(LMDecodeGraph *dg, const int *tokens, int B) {
@@ -54,9 +54,9 @@ static void set_tokens(LMDecodeGraph *dg, const int *tokens, int B) {
     memcpy(dg->tok, tokens, (size_t)B * sizeof(int));
 }
 
-// Capture this step (nothing runs), then launch it; NULL when the capture
-// failed (graphs are then off, the cache as before the step).
-static const real *capture(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c) {
+// Capture this step (nothing runs); false when the capture failed (graphs
+// are then off, the cache as before the step).
+static bool capture(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c) {
     const void *in[1] = {dg->tok};
     size_t bytes[1] = {(size_t)c->B * sizeof(int)};
     int pos = c->pos;
@@ -79,22 +79,22 @@ static const real *capture(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c) {
         dg->off = true;
         snprintf(dg->why, sizeof dg->why, "%s", why);
         if (!dg->quiet) fprintf(stderr, "generate: cuda_graph: capture failed (%s); decoding on without graphs\n", why);
-        return NULL;
+        return false;
     }
     dg->logits = lg->data;
     dg->block = block;
     dg->cache = c;
     dg->captures++;
-    return dg->logits;
+    return true;
 }
 
-static const real *replay(LMDecodeGraph *dg, LMCache *c) {
+static void replay(LMDecodeGraph *dg, LMCache *c, int V, Device d, real *logits) {
     ASSERT(c->pos < c->max_T, "lm_step: the cache holds %d positions and is full", c->max_T);
     const void *in[1] = {dg->tok};
     dev_graph_launch(dg->g, in);
+    dev_to_host(logits, dg->logits, (size_t)c->B * V * sizeof(real), d);   // (in the captured block: not reset)
     c->pos++;
     dg->replays++;
-    return dg->logits;
 }
 
 static bool ids_in_range(const int *x, int n, int V) {
@@ -103,20 +103,28 @@ static bool ids_in_range(const int *x, int n, int V) {
     return true;
 }
 
-const real *lm_decode_graph_step(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c, const int *tokens) {
+void lm_decode_graph_step(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c, const int *tokens, real *logits) {
     tp->graphable = dg->g != NULL;
+    int V = lm->cfg.vocab_size;
     // An id outside the vocabulary runs eagerly, where op_embedding stops with its message.
-    if (!dg->g || dg->off || !ids_in_range(tokens, c->B, lm->cfg.vocab_size)) return eager(dg, tp, lm, c, tokens);
+    if (!dg->g || dg->off || !ids_in_range(tokens, c->B, V)) {
+        eager(dg, tp, lm, c, tokens, logits);
+        return;
+    }
     const void *block = settled_block(tp);
     if (dg->logits && block && block == dg->block && c == dg->cache && c->B == dg->B) {
         set_tokens(dg, tokens, c->B);
-        return replay(dg, c);
+        replay(dg, c, V, tp->device, logits);
+        return;
     }
     dg->logits = NULL;
     if (block && block == dg->prev && c->pos < c->max_T) {   // settled: the same block two steps in a row
         set_tokens(dg, tokens, c->B);
-        if (capture(dg, tp, lm, c)) return replay(dg, c);
+        if (capture(dg, tp, lm, c)) {
+            replay(dg, c, V, tp->device, logits);
+            return;
+        }
     }
     dg->prev = block;
-    return eager(dg, tp, lm, c, tokens);
+    eager(dg, tp, lm, c, tokens, logits);
 }

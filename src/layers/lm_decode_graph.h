@@ -48,10 +48,9 @@ const char *lm_decode_graph_refusal(const LM *lm, char *why, size_t n);
 void lm_decode_graph_init(LMDecodeGraph *dg, const LM *lm, Device d, bool on);
 void lm_decode_graph_free(LMDecodeGraph *dg);
 // lm_step(tp, lm, c, tokens) (tokens: c->B ids), from the graph when it
-// can be: returns the logits (c->B, 1, V) on the tape's device, valid until
-// the next step or tape_reset; the tape is reset after every step. The same
-// bits as lm_step.
-const real *lm_decode_graph_step(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c, const int *tokens);
+// can be; its logits (c->B, 1, V) copied into the host array `logits`, then
+// the tape reset. The same bits as lm_step.
+void lm_decode_graph_step(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c, const int *tokens, real *logits);
 
 #ifdef __cplusplus
 }

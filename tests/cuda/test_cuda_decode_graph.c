@@ -71,9 +71,8 @@ static void decode_run(const DecodeGraphCase *dc, bool graphs, DecodeGraphRun *r
     for (int s = 0; s < STEPS; s++) {
         if (s == dc->reset_at) lm_cache_reset_row(&lm, cache, 1);
         for (int b = 0; b < B_; b++) r->ids[s][b] = tok[b];
-        const real *lg = lm_decode_graph_step(&dg, &tp, &lm, cache, tok);
         real *out = r->logits + (size_t)s * B_ * V;
-        dev_to_host(out, lg, (size_t)B_ * V * sizeof(real), DEVICE_CUDA);
+        lm_decode_graph_step(&dg, &tp, &lm, cache, tok, out);
         for (int b = 0; b < B_; b++) tok[b] = argmax(out + (size_t)b * V, V);
     }
     cr_assert_eq(cache->pos, dc->prompt + STEPS, "%s: the cache counts %d positions, %d decoded", dc->layers,
