@@ -219,12 +219,21 @@ Test(programs, generate_long_prompt_shares_attention_and_checks, .timeout = 300)
     cr_assert_eq(code, 0, "%s", err);
     cr_assert(strstr(err, "(1 thread, GEMM"), "%s", err);
     free(out), free(err);
-    // --cuda-graph on for a model with attention: refused (in any build), naming the checkpoint and the layer.
-    code = run_program("generate", dir,
-                       (char *[]){"--checkpoint", (char *)ckpt, "--device", "cuda", "--cuda-graph", "on", NULL}, 60,
-                       &out, &err);
+}
+
+// --cuda-graph on for a model whose steps cannot be replayed (attn_dsa picks
+// its keys on the host): refused in any build, naming the checkpoint and the
+// layer, before the GPU is looked for.
+Test(programs, generate_cuda_graph_on_refuses_dsa, .timeout = 120) {
+    const char *ckpt = trained_checkpoint("gen_graph_dsa", "gdn,attn_dsa");
+    char dir[1500];
+    snprintf(dir, sizeof dir, "%s", test_dir_of(ckpt));
+    char *out, *err;
+    int code = run_program("generate", dir,
+                           (char *[]){"--checkpoint", (char *)ckpt, "--device", "cuda", "--cuda-graph", "on", NULL}, 60,
+                           &out, &err);
     cr_assert(code == 2 && strstr(err, "--cuda-graph on: the model of ") && strstr(err, ckpt) &&
-                  strstr(err, "layer 0 is attn"),
+                  strstr(err, "layer 1 is attn_dsa"),
               "exit %d: %s", code, err);
     cr_assert_str_eq(out, "");
     free(out), free(err);

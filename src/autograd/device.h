@@ -142,6 +142,17 @@ typedef struct DeviceKernels {
                         int n_keys, const int *key0, const int *key0_dev, int H, int dk, int dv, double scale);
     void (*attn_prefix)(Tape *tp, real *o, const real *q, const real *kc, const real *vc, int B, int max_T, int pos,
                         int T0, const int *key0, const int *key0_dev, int H, int dk, int dv, double scale);
+    // A decoding step of attn whose cache length lives in d's memory (*cnt),
+    // so that a CUDA graph of it replays any step (lm_decode_graph.h): q, k
+    // (B, 1, H*dk) before RoPE, v (B, 1, H*dv); q and k rotated at position
+    // *cnt - key0_dev[b] (frequencies invf (dk/2), op_rope's bits), k and v
+    // stored at slot *cnt, o (B, 1, H*dv) over the *cnt + 1 keys (the bits of
+    // attn_decode), then *cnt advanced. Its launches are sized for the whole
+    // cache (max_T), where attn_step_fits(max_T) (never on the CPU, whose
+    // steps take the length from the host).
+    void (*attn_step)(Tape *tp, real *o, const real *q, const real *k, const real *v, real *kc, real *vc, int *cnt,
+                      const int *key0_dev, const double *invf, int B, int max_T, int H, int dk, int dv, double scale);
+    bool (*attn_step_fits)(int max_T);
     // ---- DSA's selection and targets (attn_dsa; dsa_kernel.h, dsa_sel_kl.h) ----
     // The documents argument `docs` of the entries below, made from the
     // host's doc_start (B, T) or NULL: the CPU's kernels take doc_start
@@ -180,7 +191,7 @@ typedef struct DeviceKernels {
     void (*scale)(real *x, int64_t n, real f);               // x *= f
     double (*sumsq)(const real *x, int64_t n);               // in double, the same for any thread count
     int64_t (*first_nonfinite)(const real *x, int64_t n);    // the first NaN or inf, -1 when none
-    // The queued step above; NULL where a device has none (the CPU).
+    // The queued step above (the CPU: its loops, one after the other).
     void (*optim_queue)(const DeviceOptimStep *s);
 } DeviceKernels;
 

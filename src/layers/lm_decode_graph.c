@@ -10,7 +10,7 @@
 const char *lm_decode_graph_refusal(const LM *lm, char *why, size_t n) {
     for (int l = 0; l < lm->cfg.n_layers; l++) {
         const MixerKind *k = lm->blocks[l].mixer->kind;
-        if (k->recurrent) continue;
+        if (k->recurrent || (k->step_replayable && k->step_advance)) continue;
         snprintf(why, n,
                  "layer %d is %s: its step writes and reads its cache at the cache's length, a host value a graph "
                  "would keep from the capture",
@@ -18,6 +18,28 @@ const char *lm_decode_graph_refusal(const LM *lm, char *why, size_t n) {
         return why;
     }
     return NULL;
+}
+
+// Why c's steps cannot be replayed now (a layer's cache that keeps its
+// length on the host: attn on a cache too long for its graph's grid), NULL
+// when they can.
+static const char *cache_refusal(const LM *lm, const LMCache *c, char *why, size_t n) {
+    for (int l = 0; l < lm->cfg.n_layers; l++) {
+        const MixerKind *k = lm->blocks[l].mixer->kind;
+        if (!k->step_replayable || k->step_replayable(c->mixer[l])) continue;
+        snprintf(why, n, "layer %d (%s): its cache of %d positions is read from the host", l, k->name, c->max_T);
+        return why;
+    }
+    return NULL;
+}
+
+// The host's share of the steps of every layer's cache: delta steps on.
+static void advance(const LM *lm, LMCache *c, int delta) {
+    c->pos += delta;
+    for (int l = 0; l < lm->cfg.n_layers; l++) {
+        const MixerKind *k = lm->blocks[l].mixer->kind;
+        if (k->step_advance) k->step_advance(c->mixer[l], delta);
+    }
 }
 
 void lm_decode_graph_init(LMDecodeGraph *dg, const LM *lm, Device d, bool on) {
@@ -59,14 +81,19 @@ static void set_tokens(LMDecodeGraph *dg, const int *tokens, int B) {
 static bool capture(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c) {
     const void *in[1] = {dg->tok};
     size_t bytes[1] = {(size_t)c->B * sizeof(int)};
-    int pos = c->pos;
+    char why[200];
+    if (cache_refusal(lm, c, why, sizeof why)) {
+        dg->off = true;
+        snprintf(dg->why, sizeof dg->why, "%s", why);
+        if (!dg->quiet) fprintf(stderr, "generate: cuda_graph: %s; decoding without graphs\n", why);
+        return false;
+    }
     dev_graph_begin(dg->g, in, bytes, 1);
     Tensor *lg = lm_step(tp, lm, c, dg->tok);
-    char why[200];
     bool ok = dev_graph_end(dg->g, why, sizeof why);
     const void *block = settled_block(tp);
     tape_reset(tp);
-    c->pos = pos;   // (nothing ran: the step's count goes with the launch)
+    advance(lm, c, -1);   // (nothing ran: the step's counts go with the launch)
     // The ids must come from tok at a replay, and every address from the block the key names.
     if (ok && dev_graph_traced(dg->g) < 1) {
         ok = false;
@@ -88,12 +115,12 @@ static bool capture(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c) {
     return true;
 }
 
-static void replay(LMDecodeGraph *dg, LMCache *c, int V, Device d, real *logits) {
+static void replay(LMDecodeGraph *dg, const LM *lm, LMCache *c, Device d, real *logits) {
     ASSERT(c->pos < c->max_T, "lm_step: the cache holds %d positions and is full", c->max_T);
     const void *in[1] = {dg->tok};
     dev_graph_launch(dg->g, in);
-    dev_to_host(logits, dg->logits, (size_t)c->B * V * sizeof(real), d);   // (in the captured block: not reset)
-    c->pos++;
+    dev_to_host(logits, dg->logits, (size_t)c->B * lm->cfg.vocab_size * sizeof(real), d);   // (the captured block)
+    advance(lm, c, 1);
     dg->replays++;
 }
 
@@ -114,14 +141,14 @@ void lm_decode_graph_step(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c, const
     const void *block = settled_block(tp);
     if (dg->logits && block && block == dg->block && c == dg->cache && c->B == dg->B) {
         set_tokens(dg, tokens, c->B);
-        replay(dg, c, V, tp->device, logits);
+        replay(dg, lm, c, tp->device, logits);
         return;
     }
     dg->logits = NULL;
     if (block && block == dg->prev && c->pos < c->max_T) {   // settled: the same block two steps in a row
         set_tokens(dg, tokens, c->B);
         if (capture(dg, tp, lm, c)) {
-            replay(dg, c, V, tp->device, logits);
+            replay(dg, lm, c, tp->device, logits);
             return;
         }
     }

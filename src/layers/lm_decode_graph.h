@@ -4,13 +4,15 @@
 // A replay runs the captured step's kernels again with the same arguments
 // and addresses; only the token ids are read afresh (copied from the host
 // at every launch). So a step can be replayed only where nothing else about
-// it changes from token to token: the recurrent mixers' steps (their states
+// it changes from token to token. The recurrent mixers' steps: their states
 // and convolution windows are updated in place on the device, the same
-// addresses every token). Attention's step is not: its new key and value go
-// to the slot of the cache's length, its RoPE rotates at that position and
-// its kernels are sized by it, all host values baked into a capture; a
-// model with an attn or attn_dsa layer decodes eagerly
-// (lm_decode_graph_refusal says why).
+// addresses every token. attn's step on a GPU: its cache's length lives in
+// device memory, where its kernels read it (the slot of the new key and
+// value, RoPE's position, the keys to attend to) and advance it; its
+// launches are sized for the whole cache (DeviceKernels.attn_step). The
+// host's copies of the lengths are moved on after each replay
+// (MixerKind.step_advance). attn_dsa's step picks its keys on the host: a
+// model with an attn_dsa layer decodes eagerly (lm_decode_graph_refusal).
 //
 // The step is captured once the tape's device arena has settled (the same
 // block two steps in a row: every address of the step is in it) and
@@ -39,8 +41,8 @@ typedef struct LMDecodeGraph {
     int64_t replays, captures, eager;   // steps of each kind
 } LMDecodeGraph;
 
-// Why lm's steps cannot be replayed from a graph (its first layer whose
-// kind is not recurrent), NULL when they can.
+// Why lm's steps cannot be replayed from a graph (its first layer of a kind
+// that keeps what changes per token on the host), NULL when they can.
 const char *lm_decode_graph_refusal(const LM *lm, char *why, size_t n);
 // on: graphs where d has them and lm's steps can be replayed (else every
 // step eagerly, silently: the caller checks lm_decode_graph_refusal first

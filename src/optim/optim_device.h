@@ -47,10 +47,12 @@ typedef struct OptimDevice {
     int64_t replays, captures, eager;   // steps of each kind
 } OptimDevice;
 
-// Whether d runs the step this way (a GPU; not the CPU).
+// Whether the trainer runs its steps on d this way (a GPU: on the CPU the
+// calls of optim.h are what the CPU's step is, in parallel regions).
 bool optim_device_supported(Device d);
-// graphs: capture the work once and replay it (when capturing fails: one
-// line on stderr unless quiet, then eagerly; `why` says why).
+// graphs: capture the work once and replay it where d has graphs (when
+// capturing fails: one line on stderr unless quiet, then eagerly; `why` says
+// why). Any device (the CPU's table runs the same work with its loops).
 void optim_device_init(OptimDevice *od, Device d, bool graphs);
 void optim_device_free(OptimDevice *od);
 

@@ -2,11 +2,13 @@
 // (lm_decode_graph.h, generate --cuda-graph) against the same steps run
 // eagerly: every step's logits and the ids picked from them (greedy, so a
 // difference in the logits changes what follows) must have the same bits,
-// for each recurrent mixer kind, after a prompt run in parallel and without
-// one, with a row started afresh mid-way (a document boundary); the kinds
-// with a KV cache (attn, attn_dsa) are refused with the reason and decode
-// eagerly (attn_dsa: the refusal only; its decoding has its own tests); a
-// capture that fails falls back, with the reason, to the same bits.
+// for each recurrent mixer kind and attn (its cache's length read from the
+// device), after a prompt run in parallel and without one, with a row
+// started afresh mid-way (a document boundary); attn's step that reads the
+// length from the device has the bits of the one that takes it from the
+// host (a cache too long for the former's grid); attn_dsa is refused with
+// the reason (its decoding has its own tests); a capture that fails falls
+// back, with the reason, to the same bits.
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -21,6 +23,7 @@ typedef struct {
     int prompt;     // positions of prefill first (0: none)
     int reset_at;   // row 1 starts afresh before this step (-1: never)
     bool profile;   // the tape profiles (it synchronises: the capture must fail)
+    int max_T;      // the cache's positions (0: prompt + STEPS)
 } DecodeGraphCase;
 
 typedef struct {
@@ -50,7 +53,7 @@ static void decode_run(const DecodeGraphCase *dc, bool graphs, DecodeGraphRun *r
     tape_init_on(&tp, DEVICE_CUDA);
     tape_no_grad_push(&tp);
     if (dc->profile) tape_profile(&tp, true);
-    LMCache *cache = lm_cache_new_on(&lm, B_, dc->prompt + STEPS, DEVICE_CUDA);
+    LMCache *cache = lm_cache_new_on(&lm, B_, dc->max_T ? dc->max_T : dc->prompt + STEPS, DEVICE_CUDA);
     LMDecodeGraph dg;
     lm_decode_graph_init(&dg, &lm, DEVICE_CUDA, graphs);
     dg.quiet = true;
@@ -88,25 +91,30 @@ static void decode_run(const DecodeGraphCase *dc, bool graphs, DecodeGraphRun *r
     params_free(&ps);
 }
 
+// Asserts that e and g have the same bits (g: with graphs when `graphs`).
+static void same_decoding(const DecodeGraphCase *dc, const DecodeGraphRun *e, const DecodeGraphRun *g,
+                          const char *how) {
+    int V = cuda_small_lm_config(dc->layers).vocab_size;
+    for (int s = 0; s < STEPS; s++)
+        for (int b = 0; b < B_; b++) {
+            cr_assert_eq(e->ids[s][b], g->ids[s][b], "%s: step %d row %d: id %d eagerly, %d %s", dc->layers, s, b,
+                         e->ids[s][b], g->ids[s][b], how);
+            const real *x = e->logits + ((size_t)s * B_ + b) * V, *y = g->logits + ((size_t)s * B_ + b) * V;
+            for (int i = 0; i < V; i++)
+                cr_assert(memcmp(&x[i], &y[i], sizeof(real)) == 0,
+                          "%s: step %d row %d: logit [%d] %.17g eagerly, %.17g %s (%lld replays, %lld captures%s%s)",
+                          dc->layers, s, b, i, (double)x[i], (double)y[i], how, (long long)g->st.replays,
+                          (long long)g->st.captures, g->st.off ? ", off: " : "", g->st.why);
+        }
+}
+
 // Both runs; asserts the same bits; returns the graph run's counters.
 static LMDecodeGraph compare(const DecodeGraphCase *dc) {
     cuda_require();
-    int V = cuda_small_lm_config(dc->layers).vocab_size;
     DecodeGraphRun e, g;
     decode_run(dc, false, &e);
     decode_run(dc, true, &g);
-    for (int s = 0; s < STEPS; s++)
-        for (int b = 0; b < B_; b++) {
-            cr_assert_eq(e.ids[s][b], g.ids[s][b], "%s: step %d row %d: id %d eagerly, %d with graphs", dc->layers, s,
-                         b, e.ids[s][b], g.ids[s][b]);
-            const real *x = e.logits + ((size_t)s * B_ + b) * V, *y = g.logits + ((size_t)s * B_ + b) * V;
-            for (int i = 0; i < V; i++)
-                cr_assert(memcmp(&x[i], &y[i], sizeof(real)) == 0,
-                          "%s: step %d row %d: logit [%d] %.17g eagerly, %.17g with graphs (%lld replays, %lld "
-                          "captures%s%s)",
-                          dc->layers, s, b, i, (double)x[i], (double)y[i], (long long)g.st.replays,
-                          (long long)g.st.captures, g.st.off ? ", off: " : "", g.st.why);
-        }
+    same_decoding(dc, &e, &g, "with graphs");
     cr_assert(e.st.replays == 0 && e.st.captures == 0 && e.st.eager == STEPS, "%s: the eager run replayed",
               dc->layers);
     free(e.logits);
@@ -123,50 +131,65 @@ static void replays(DecodeGraphCase dc) {
               (long long)st.captures, (long long)st.replays, (long long)st.eager);
 }
 
-Test(cuda_decode_graph, gdn) { replays((DecodeGraphCase){"gdn,gdn", 5, -1, false}); }
-Test(cuda_decode_graph, mamba) { replays((DecodeGraphCase){"mamba,mamba", 5, -1, false}); }
-Test(cuda_decode_graph, linear) { replays((DecodeGraphCase){"linear,linear", 5, -1, false}); }
-Test(cuda_decode_graph, kda) { replays((DecodeGraphCase){"kda,kda", 5, -1, false}); }
-Test(cuda_decode_graph, gdp) { replays((DecodeGraphCase){"gdp,gdp", 5, -1, false}); }
-Test(cuda_decode_graph, mamba2) { replays((DecodeGraphCase){"mamba2,mamba2", 5, -1, false}); }
+Test(cuda_decode_graph, gdn) { replays((DecodeGraphCase){"gdn,gdn", 5, -1, false, 0}); }
+Test(cuda_decode_graph, mamba) { replays((DecodeGraphCase){"mamba,mamba", 5, -1, false, 0}); }
+Test(cuda_decode_graph, linear) { replays((DecodeGraphCase){"linear,linear", 5, -1, false, 0}); }
+Test(cuda_decode_graph, kda) { replays((DecodeGraphCase){"kda,kda", 5, -1, false, 0}); }
+Test(cuda_decode_graph, gdp) { replays((DecodeGraphCase){"gdp,gdp", 5, -1, false, 0}); }
+Test(cuda_decode_graph, mamba2) { replays((DecodeGraphCase){"mamba2,mamba2", 5, -1, false, 0}); }
+Test(cuda_decode_graph, attn) { replays((DecodeGraphCase){"attn,attn", 5, -1, false, 0}); }
+// A prompt over two of the decode kernels' parts (256 keys), the cache longer than what is decoded.
+Test(cuda_decode_graph, attn_long_prompt) { replays((DecodeGraphCase){"attn,gdn", 300, -1, false, 700}); }
+Test(cuda_decode_graph, tiny_hybrid_layers) { replays((DecodeGraphCase){"gdn,gdn,gdn,attn", 5, -1, false, 0}); }
 Test(cuda_decode_graph, recurrent_hybrid_without_a_prompt) {
-    replays((DecodeGraphCase){"gdn,mamba,linear,kda", 0, -1, false});
+    replays((DecodeGraphCase){"gdn,mamba,linear,kda", 0, -1, false, 0});
 }
-Test(cuda_decode_graph, a_row_started_afresh) { replays((DecodeGraphCase){"gdn,mamba2,gdp", 6, 5, false}); }
+Test(cuda_decode_graph, attn_without_a_prompt) { replays((DecodeGraphCase){"attn,mamba", 0, -1, false, 0}); }
+Test(cuda_decode_graph, a_row_started_afresh) { replays((DecodeGraphCase){"gdn,mamba2,gdp", 6, 5, false, 0}); }
+Test(cuda_decode_graph, an_attn_row_started_afresh) { replays((DecodeGraphCase){"attn,gdn,attn", 6, 4, false, 0}); }
+
+// attn's step reading its cache's length from the device (every GPU step
+// whose cache fits the grid, the graphs' too) against the step that takes it
+// from the host (a cache of more than 65535 x 8 positions): the same bits,
+// rows reset included.
+Test(cuda_decode_graph, attn_device_length_equals_host_length) {
+    cuda_require();
+    DecodeGraphCase dev = {"attn,gdn,attn", 6, 4, false, 0}, host = dev;
+    host.max_T = 65535 * 8 + 1;
+    DecodeGraphRun a, b;
+    decode_run(&host, false, &a);
+    decode_run(&dev, false, &b);
+    same_decoding(&dev, &a, &b, "reading the length from the device");
+    free(a.logits);
+    free(b.logits);
+}
 
 // A capture that cannot be made (the profiler synchronises) turns graphs
 // off with the reason; every step runs eagerly, with the same bits.
 Test(cuda_decode_graph, failed_capture_falls_back) {
-    LMDecodeGraph st = compare(&(DecodeGraphCase){"gdn,mamba", 5, -1, true});
+    LMDecodeGraph st = compare(&(DecodeGraphCase){"gdn,attn", 5, -1, true, 0});
     cr_assert(st.off && st.why[0] && st.replays == 0 && st.captures == 0 && st.eager == STEPS,
               "off %d (%s), %lld replays, %lld eager", st.off, st.why, (long long)st.replays, (long long)st.eager);
 }
 
-// The kinds with a KV cache are refused, naming the layer; asked for graphs,
-// such a model decodes eagerly with the same bits.
-static void refused(const char *layers, int layer, const char *kind, bool decode) {
+// attn_dsa (its step picks keys on the host) is refused, naming the layer,
+// and no graph is made for it.
+Test(cuda_decode_graph, dsa_is_refused) {
     cuda_require();
-    LMConfig cfg = cuda_small_lm_config(layers);
+    LMConfig cfg = cuda_small_lm_config("gdn,attn_dsa");
     ParamStore ps;
     params_init(&ps);
     LM lm;
     lm_create(&lm, &cfg, &ps);
     params_finalize(&ps, 11);
-    char why[256], want[64];
+    char why[256];
     const char *r = lm_decode_graph_refusal(&lm, why, sizeof why);
-    snprintf(want, sizeof want, "layer %d is %s", layer, kind);
-    cr_assert(r && strstr(r, want), "%s: refusal '%s', expected it to name '%s'", layers, r ? r : "(none)", want);
+    cr_assert(r && strstr(r, "layer 1 is attn_dsa"), "refusal '%s', expected it to name layer 1, attn_dsa",
+              r ? r : "(none)");
     LMDecodeGraph dg;
     lm_decode_graph_init(&dg, &lm, DEVICE_CUDA, true);
-    cr_assert(dg.g == NULL, "%s: a graph was made for a refused model", layers);
+    cr_assert(dg.g == NULL, "a graph was made for a refused model");
     lm_decode_graph_free(&dg);
     lm_destroy(&lm);
     params_free(&ps);
-    if (!decode) return;
-    LMDecodeGraph st = compare(&(DecodeGraphCase){layers, 5, -1, false});
-    cr_assert(st.replays == 0 && st.captures == 0 && st.eager == STEPS, "%s: %lld replays of a refused model", layers,
-              (long long)st.replays);
 }
-
-Test(cuda_decode_graph, attention_is_refused) { refused("gdn,attn", 1, "attn", true); }
-Test(cuda_decode_graph, dsa_is_refused) { refused("attn_dsa,gdn", 0, "attn_dsa", false); }
