@@ -13,7 +13,7 @@
 #   -G        the GPU only (models too big to decode on the CPU in reasonable time)
 #   -E        also decode on the GPU without CUDA graphs (--cuda-graph off; the
 #             GPU column is generate's default, --cuda-graph auto, which
-#             replays the steps of models whose every layer is recurrent): a
+#             replays the steps of every model without attn_dsa layers): a
 #             column of those tokens/s and one of graphs / eager
 #
 # Each config's model is trained for one step on the GPU into a temporary

@@ -49,7 +49,7 @@ static void usage(FILE *f) {
             "                       cache, which takes all cores; else all cores)\n"
             "  --device D           cpu (default) or cuda: decode on the GPU (a build with -DAG_CUDA=ON)\n"
             "  --cuda-graph G       auto (default), on or off: on the GPU, replay each token's step from a\n"
-            "                       CUDA graph (models whose every layer is recurrent; auto: where so)\n"
+            "                       CUDA graph (not models with attn_dsa layers; auto: where it can)\n"
             "  --no-echo            print only the sampled text, not the prompt\n"
             "  --no-prefill         step the prompt token by token instead of running it in parallel\n"
             "                       windows (on all cores unless --threads)\n"
