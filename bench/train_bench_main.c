@@ -12,7 +12,7 @@
 // machine, the thread count, the time of each part of the step (median over
 // the timed steps) and, last, one line for scripts:
 //   RESULT config=<name> B=.. T=.. threads=.. params=.. fwd_ms=.. bwd_ms=.. opt_ms=.. step_ms=.. tokens_per_s=..
-//          cpu_ms=.. tokens_per_cpu_s=.. blas_core=.. gemm=.. products=..
+//          cpu_ms=.. tokens_per_cpu_s=.. blas_core=.. gemm=.. products=.. device=.. graph=.. optim=.. opt_graph=..
 //   (cpu: CPU time of all threads per step; gemm, products: [train] gemm and
 //   precision as resolved, e.g. --set train.gemm=openblas --set train.precision=bf16)
 //   With --device cuda (a build with AG_CUDA) the parameters, moments, tape
