@@ -3,7 +3,7 @@
 # prompt of P bytes of the Bible (context P), config by config, beside
 # `generate --device cpu` on the same machine (issue 17; not a test).
 #
-#   bench/gpu_decode.sh [-c CONTEXTS] [-n TOKENS] [-C] [-G] RESULTS_FILE CONFIG...
+#   bench/gpu_decode.sh [-c CONTEXTS] [-n TOKENS] [-C] [-G] [-E] RESULTS_FILE CONFIG...
 #
 #   CONTEXTS  prompt lengths in bytes, comma list (default 256,16384)
 #   TOKENS    sampled tokens timed after the prompt (default 128)
@@ -11,6 +11,10 @@
 #             its own parallel forward over prompt + sample; the verdict is
 #             printed with the figures)
 #   -G        the GPU only (models too big to decode on the CPU in reasonable time)
+#   -E        also decode on the GPU without CUDA graphs (--cuda-graph off; the
+#             GPU column is generate's default, --cuda-graph auto, which
+#             replays the steps of every model without attn_dsa layers): a
+#             column of those tokens/s and one of graphs / eager
 #
 # Each config's model is trained for one step on the GPU into a temporary
 # folder (decoding speed does not depend on the weights). Needs the corpus at
@@ -25,18 +29,20 @@ cd "$(dirname "$0")/.."
 CONTEXTS=256,16384
 TOKENS=128
 CHECK=0
+EAGER=0
 DEVICES="cuda cpu"
-while getopts "c:n:CG" opt; do
+while getopts "c:n:CGE" opt; do
     case $opt in
         c) CONTEXTS=$OPTARG ;;
         n) TOKENS=$OPTARG ;;
         C) CHECK=1 ;;
         G) DEVICES=cuda ;;
-        *) echo "usage: $0 [-c CONTEXTS] [-n TOKENS] [-C] [-G] RESULTS_FILE CONFIG..." >&2; exit 2 ;;
+        E) EAGER=1 ;;
+        *) echo "usage: $0 [-c CONTEXTS] [-n TOKENS] [-C] [-G] [-E] RESULTS_FILE CONFIG..." >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
-[ $# -ge 2 ] || { echo "usage: $0 [-c CONTEXTS] [-n TOKENS] [-C] [-G] RESULTS_FILE CONFIG..." >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 [-c CONTEXTS] [-n TOKENS] [-C] [-G] [-E] RESULTS_FILE CONFIG..." >&2; exit 2; }
 RESULTS=$1
 shift
 pick() {   # pick NAME: the program from $NAME, .gpu/bin, build-cuda, PATH
@@ -53,8 +59,8 @@ IFS=, read -r -a CLIST <<<"$CONTEXTS"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 : >"$RESULTS"
-echo "| config | context P | GPU tokens/s | CPU tokens/s | GPU / CPU |$([ $CHECK = 1 ] && echo ' GPU --check |')"
-echo "| --- | ---: | ---: | ---: | ---: |$([ $CHECK = 1 ] && echo ' --- |')"
+echo "| config | context P | GPU tokens/s | CPU tokens/s | GPU / CPU |$([ $EAGER = 1 ] && echo ' GPU eager tokens/s | graphs / eager |')$([ $CHECK = 1 ] && echo ' GPU --check |')"
+echo "| --- | ---: | ---: | ---: | ---: |$([ $EAGER = 1 ] && echo ' ---: | ---: |')$([ $CHECK = 1 ] && echo ' --- |')"
 for cfg in "$@"; do
     name=$(basename "$cfg" .ini)
     corpus_dir=$(dirname "$cfg")
@@ -72,6 +78,15 @@ for cfg in "$@"; do
             echo "$name P=$P device=$dev $out" >>"$RESULTS"
             tps+=("$(sed -n 's/.*decoding \([0-9.]*\) tokens\/s.*/\1/p' <<<"$out")")
         done
+        eager=""
+        if [ $EAGER = 1 ]; then
+            out=$("$GEN" --checkpoint "$ckpt" --device cuda --cuda-graph off --prompt-file "$TMP/prompt" \
+                --max-tokens "$TOKENS" --seed 1 --no-echo 2>&1 >/dev/null | grep 'decoding' || true)
+            echo "$name P=$P device=cuda graph=off $out" >>"$RESULTS"
+            e=$(sed -n 's/.*decoding \([0-9.]*\) tokens\/s.*/\1/p' <<<"$out")
+            r=$(awk -v g="${tps[0]:-0}" -v e="${e:-0}" 'BEGIN { if (e > 0) printf "%.2fx", g / e; else print "-" }')
+            eager=" ${e:-failed} | $r |"
+        fi
         verdict=""
         if [ $CHECK = 1 ]; then
             out=$("$GEN" --checkpoint "$ckpt" --device cuda --prompt-file "$TMP/prompt" --max-tokens "$TOKENS" \
@@ -82,6 +97,6 @@ for cfg in "$@"; do
         ratio=$(awk -v g="${tps[0]:-0}" -v c="${tps[1]:-0}" 'BEGIN { if (c > 0) printf "%.1fx", g / c; else print "-" }')
         cpu=${tps[1]:-failed}
         [ "$DEVICES" = cuda ] && cpu=-
-        echo "| $name | $P | ${tps[0]:-failed} | $cpu | $ratio |$verdict"
+        echo "| $name | $P | ${tps[0]:-failed} | $cpu | $ratio |$eager$verdict"
     done
 done

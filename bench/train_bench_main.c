@@ -3,7 +3,7 @@
 // clipping and AdamW, exactly the work of one `train` step.
 //
 //   train_bench --config tiny_gdn.ini [--set section.key=value ...] [--steps N] [--warmup W] [--profile]
-//               [--device cpu|cuda] [--graph on|off|both]
+//               [--device cpu|cuda] [--graph on|off|both] [--optim queued|calls]
 //
 // The first step allocates the tape arena block by block and the second
 // consolidates it into one block (page faults both times): time from step 3 on.
@@ -12,7 +12,7 @@
 // machine, the thread count, the time of each part of the step (median over
 // the timed steps) and, last, one line for scripts:
 //   RESULT config=<name> B=.. T=.. threads=.. params=.. fwd_ms=.. bwd_ms=.. opt_ms=.. step_ms=.. tokens_per_s=..
-//          cpu_ms=.. tokens_per_cpu_s=.. blas_core=.. gemm=.. products=..
+//          cpu_ms=.. tokens_per_cpu_s=.. blas_core=.. gemm=.. products=.. device=.. graph=.. optim=.. opt_graph=..
 //   (cpu: CPU time of all threads per step; gemm, products: [train] gemm and
 //   precision as resolved, e.g. --set train.gemm=openblas --set train.precision=bf16)
 //   With --device cuda (a build with AG_CUDA) the parameters, moments, tape
@@ -23,6 +23,12 @@
 //   together and bwd_ms 0, and the line ends in graph=on. --graph on|off
 //   overrides the config; --graph both times eager steps, then graph steps
 //   from the same parameters, one RESULT line each and their ratio.
+//   The clip + optimizer part is `train`'s: clipping, AdamW and the finite
+//   check of the parameters and moments. On the GPU it is queued as one
+//   stretch of work (optim_device.h; --optim queued, the default), replayed
+//   from its own graph when the forward and backward are (opt_graph=on in the
+//   RESULT line); --optim calls times optim.h's calls instead (a kernel per
+//   parameter tensor and three reads back), as `train` ran before.
 // bench/compare_torch.sh runs it next to the PyTorch reference.
 #include <omp.h>
 #include <stdio.h>
@@ -34,6 +40,7 @@
 #include "blas.h"
 #include "device.h"
 #include "lm_graph.h"
+#include "optim_device.h"
 #include "model_setup.h"
 #include "optim.h"
 #include "runlog.h"
@@ -62,10 +69,11 @@ static void print_machine(void) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: train_bench --config FILE [--set section.key=value ...] [--steps N] [--warmup W] [--profile]\n"
-               "                   [--device cpu|cuda] [--graph on|off|both]\n"
+               "                   [--device cpu|cuda] [--graph on|off|both] [--optim queued|calls]\n"
                "  times N training steps (default 5) after W untimed ones (default 2) on random tokens;\n"
                "  --profile also prints the time of each op kind (forward, backward) per step (eager steps);\n"
-               "  --graph: CUDA graphs on the GPU (default: [train] cuda_graph), or both: eager, then graphs\n");
+               "  --graph: CUDA graphs on the GPU (default: [train] cuda_graph), or both: eager, then graphs\n"
+               "  --optim: on the GPU, the clip + optimizer work queued as one (default) or optim.h's calls\n");
 }
 
 // The header: the machine, the config (file name base) and its model, the
@@ -87,11 +95,12 @@ static void print_setup(const char *base, const LM *lm, const ParamStore *ps, co
 // (B = batch_size rows of T = seq_len): each part's wall time (forward,
 // backward, clip + optimizer, the step) and the step's CPU time into tf, tb,
 // to, ts, tc. With profile the tape profiles the timed steps. With gr the
-// forward and backward replay from its graph (tf: both, tb: 0). Returns the
-// last step's loss.
+// forward and backward replay from its graph (tf: both, tb: 0). With od the
+// clip + optimizer work is od's (else optim.h's calls). Returns the last
+// step's loss.
 static double run_steps(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const TrainConfig *cfg, const int *x,
-                        const int *y, int warmup, int steps, bool profile, LMGraph *gr, double *tf, double *tb,
-                        double *to, double *ts, double *tc) {
+                        const int *y, int warmup, int steps, bool profile, LMGraph *gr, OptimDevice *od, double *tf,
+                        double *tb, double *to, double *ts, double *tc) {
     int B = cfg->data.batch_size, T = cfg->data.seq_len;
     double last_loss = 0;
     for (int it = 0; it < warmup + steps; it++) {
@@ -113,8 +122,14 @@ static double run_steps(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const 
             tape_reset(tp);
             t2 = runlog_now();
         }
-        optim_clip_grad_norm(ps, cfg->train.grad_clip);   // (reads the norm back: waits)
-        optim_step(opt, ps, cfg->train.lr);
+        if (od) {   // (reads the norm and the finite check back: waits)
+            OptimDeviceResult r;
+            optim_device_step(od, opt, ps, 1, cfg->train.grad_clip, cfg->train.lr, &r);
+        } else {
+            optim_clip_grad_norm(ps, cfg->train.grad_clip);   // (reads the norm back: waits)
+            optim_step(opt, ps, cfg->train.lr);
+            (void)optim_nonfinite_param(ps, opt);
+        }
         dev_sync(tp->device);
         double t3 = runlog_now(), c3 = runlog_cpu_now();
         if (it >= warmup) {
@@ -129,40 +144,53 @@ static double run_steps(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const 
     return last_loss;
 }
 
-// Times the steps (eagerly, or with a CUDA graph when g) and prints the
-// per-step line and the RESULT line; returns tokens/s.
+// Times the steps (eagerly, or with CUDA graphs when g; the optimizer's work
+// queued as one when queued) and prints the per-step line and the RESULT
+// line; returns tokens/s.
 static double bench_run(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const TrainConfig *cfg, const char *base,
-                        int threads, const int *x, const int *y, int warmup, int steps, bool profile, bool g) {
+                        int threads, const int *x, const int *y, int warmup, int steps, bool profile, bool g,
+                        bool queued) {
     int B = cfg->data.batch_size, T = cfg->data.seq_len;
     Device device = tp->device;
     LMGraph gr;
     lm_graph_init(&gr, device, g);
+    OptimDevice od;
+    memset(&od, 0, sizeof od);
+    queued = queued && optim_device_supported(device);
+    if (queued) optim_device_init(&od, device, g);
     double *tf = xmalloc((size_t)steps * sizeof(double)), *tb = xmalloc((size_t)steps * sizeof(double));
     double *to = xmalloc((size_t)steps * sizeof(double)), *ts = xmalloc((size_t)steps * sizeof(double));
     double *tc = xmalloc((size_t)steps * sizeof(double));
-    double last_loss = run_steps(lm, ps, opt, tp, cfg, x, y, warmup, steps, profile, g ? &gr : NULL, tf, tb, to, ts, tc);
+    double last_loss =
+        run_steps(lm, ps, opt, tp, cfg, x, y, warmup, steps, profile, g ? &gr : NULL, queued ? &od : NULL, tf, tb, to, ts, tc);
     double mf = median(tf, steps), mb = median(tb, steps), mo = median(to, steps), ms = median(ts, steps);
     double mc = median(tc, steps);
     bool on = g && !gr.off;
     if (g)
         printf("CUDA graph: %s; %lld replays, %lld captures, %lld eager micro-batches\n",
                gr.off ? gr.why : "on", (long long)gr.replays, (long long)gr.captures, (long long)gr.eager);
+    bool opt_on = queued && od.g && !od.off;
+    if (queued && g)
+        printf("the optimizer's CUDA graph: %s; %lld replays, %lld captures, %lld eager steps\n",
+               od.off ? od.why : "on", (long long)od.replays, (long long)od.captures, (long long)od.eager);
     printf("per step (median of %d after %d warm-up): forward%s %.1f ms, backward %.1f ms, clip+AdamW %.1f ms, "
            "total %.1f ms = %.0f tokens/s; CPU time %.1f ms = %.0f tokens per CPU-second   (last loss %.4f)\n",
            steps, warmup, g ? "+backward (graph)" : "", 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc,
            B * T / mc, last_loss);
     printf("RESULT config=%s B=%d T=%d threads=%d params=%lld fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
-           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s gemm=%s products=%s device=%s graph=%s\n",
+           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s gemm=%s products=%s device=%s graph=%s "
+           "optim=%s opt_graph=%s\n",
            base, B, T, threads, (long long)params_count(ps, false), 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms,
            B * T / ms, 1e3 * mc, B * T / mc, blas_core_name(), blas_backend_name(blas_backend),
            blas_precision_name(device == DEVICE_CUDA ? (GemmPrecision)cfg->train.precision : blas_precision),
-           device_name(device), on ? "on" : "off");
+           device_name(device), on ? "on" : "off", queued ? "queued" : "calls", opt_on ? "on" : "off");
     if (profile) {
         printf("op profile (per step, wall time; forward ops include their builders):\n");
         tape_profile_print(tp, stdout, steps);
         tape_profile(tp, false);
     }
     lm_graph_free(&gr);
+    if (queued) optim_device_free(&od);
     free(tf);
     free(tb);
     free(to);
@@ -178,6 +206,7 @@ int main(int argc, char **argv) {
     bool profile = false;
     Device device = DEVICE_CPU;
     const char *graph_arg = NULL;   // on | off | both (NULL: [train] cuda_graph)
+    bool queued = true;             // --optim queued | calls
     TrainConfig cfg;
     config_defaults(&cfg, model_mixer_known);
     const char **sets = calloc((size_t)argc, sizeof *sets);
@@ -194,6 +223,14 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "train_bench: --graph '%.40s': expected on, off or both\n", graph_arg);
                 return 2;
             }
+        }
+        else if (!strcmp(argv[i], "--optim") && i + 1 < argc) {
+            const char *a = argv[++i];
+            if (strcmp(a, "queued") && strcmp(a, "calls")) {
+                fprintf(stderr, "train_bench: --optim '%.40s': expected queued or calls\n", a);
+                return 2;
+            }
+            queued = !strcmp(a, "queued");
         }
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
             int d = device_parse(argv[++i]);
@@ -278,7 +315,7 @@ int main(int argc, char **argv) {
             optim_free(&opt);
             adamw_init(&opt, &ps, cfg.train.beta1, cfg.train.beta2, cfg.train.adam_eps, cfg.train.weight_decay);
         }
-        tps[run] = bench_run(&lm, &ps, &opt, &tp, &cfg, base, threads, x, y, warmup, steps, profile && !g, g);
+        tps[run] = bench_run(&lm, &ps, &opt, &tp, &cfg, base, threads, x, y, warmup, steps, profile && !g, g, queued);
     }
     if (both)
         printf("graph vs eager: %.0f vs %.0f tokens/s = %.2fx\n", tps[1], tps[0], tps[0] > 0 ? tps[1] / tps[0] : 0);

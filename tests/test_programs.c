@@ -75,6 +75,8 @@ Test(programs, generate_checks_its_arguments, .timeout = 120) {
         {"--top-k", "1e3", "generate: --top-k: '1e3' is not an integer"},
         {"--seed", "-3", "generate: --seed: '-3' is not an integer in [0, 2^64)"},
         {"--device", "gpu", "generate: --device: 'gpu' is not a device (cpu or cuda)"},
+        {"--cuda-graph", "yes", "generate: --cuda-graph: 'yes' is not auto, on or off"},
+        {"--cuda-graph", "on", "generate: --cuda-graph on: graphs decode on the GPU only (add --device cuda)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *out, *err;
@@ -216,6 +218,24 @@ Test(programs, generate_long_prompt_shares_attention_and_checks, .timeout = 300)
                        240, &out, &err);
     cr_assert_eq(code, 0, "%s", err);
     cr_assert(strstr(err, "(1 thread, GEMM"), "%s", err);
+    free(out), free(err);
+}
+
+// --cuda-graph on for a model whose steps cannot be replayed (attn_dsa picks
+// its keys on the host): refused in any build, naming the checkpoint and the
+// layer, before the GPU is looked for.
+Test(programs, generate_cuda_graph_on_refuses_dsa, .timeout = 120) {
+    const char *ckpt = trained_checkpoint("gen_graph_dsa", "gdn,attn_dsa");
+    char dir[1500];
+    snprintf(dir, sizeof dir, "%s", test_dir_of(ckpt));
+    char *out, *err;
+    int code = run_program("generate", dir,
+                           (char *[]){"--checkpoint", (char *)ckpt, "--device", "cuda", "--cuda-graph", "on", NULL}, 60,
+                           &out, &err);
+    cr_assert(code == 2 && strstr(err, "--cuda-graph on: the model of ") && strstr(err, ckpt) &&
+                  strstr(err, "layer 1 is attn_dsa"),
+              "exit %d: %s", code, err);
+    cr_assert_str_eq(out, "");
     free(out), free(err);
 }
 

@@ -24,6 +24,7 @@
 #include "blas.h"
 #include "checkpoint.h"
 #include "fileio.h"
+#include "lm_decode_graph.h"
 #include "model_setup.h"
 #include "runlog.h"
 #include "tokenizer.h"
@@ -47,6 +48,8 @@ static void usage(FILE *f) {
             "                       token's work is too small to share, except attention over a long\n"
             "                       cache, which takes all cores; else all cores)\n"
             "  --device D           cpu (default) or cuda: decode on the GPU (a build with -DAG_CUDA=ON)\n"
+            "  --cuda-graph G       auto (default), on or off: on the GPU, replay each token's step from a\n"
+            "                       CUDA graph (not models with attn_dsa layers; auto: where it can)\n"
             "  --no-echo            print only the sampled text, not the prompt\n"
             "  --no-prefill         step the prompt token by token instead of running it in parallel\n"
             "                       windows (on all cores unless --threads)\n"
@@ -159,7 +162,10 @@ typedef struct GenArgs {
     uint64_t seed;
     bool check, echo, prefill;
     Device device;
+    int cuda_graph;   // GEN_GRAPH_*
 } GenArgs;
+
+enum { GEN_GRAPH_AUTO, GEN_GRAPH_ON, GEN_GRAPH_OFF };
 
 // 0: parsed; 1: --help shown; 2: bad arguments (reported).
 static int parse_args(int argc, char **argv, GenArgs *a) {
@@ -193,6 +199,15 @@ static int parse_args(int argc, char **argv, GenArgs *a) {
                 return 2;
             }
             a->device = (Device)d;
+        } else if (!strcmp(o, "--cuda-graph")) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "auto")) a->cuda_graph = GEN_GRAPH_AUTO;
+            else if (!strcmp(v, "on")) a->cuda_graph = GEN_GRAPH_ON;
+            else if (!strcmp(v, "off")) a->cuda_graph = GEN_GRAPH_OFF;
+            else {
+                fprintf(stderr, "generate: --cuda-graph: '%.40s' is not auto, on or off\n", v);
+                return 2;
+            }
         } else {
             fprintf(stderr, "generate: unknown argument '%s' (see generate --help)\n", o);
             return 2;
@@ -201,6 +216,10 @@ static int parse_args(int argc, char **argv, GenArgs *a) {
     }
     if (!a->ckpt) {
         fprintf(stderr, "generate: --checkpoint FILE is required (see generate --help)\n");
+        return 2;
+    }
+    if (a->cuda_graph == GEN_GRAPH_ON && a->device != DEVICE_CUDA) {
+        fprintf(stderr, "generate: --cuda-graph on: graphs decode on the GPU only (add --device cuda)\n");
         return 2;
     }
     if (a->prompt && a->prompt_file) {
@@ -282,6 +301,8 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
     tape_init_on(&tp, a->device);
     tape_no_grad_push(&tp);
     LMCache *cache = lm_cache_new_on(lm, 1, (int)total, a->device);
+    LMDecodeGraph dg;   // (--cuda-graph on where refused stopped in main)
+    lm_decode_graph_init(&dg, lm, a->device, a->cuda_graph != GEN_GRAPH_OFF);
     // --check: each attn_dsa layer's picks, position by position, for the parallel forward to replay (attn_dsa.h).
     int *picks[LM_MAX_LAYERS] = {0};
     for (int l = 0; a->check && l < lm->cfg.n_layers; l++) {
@@ -313,9 +334,7 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
         if (n == n_in) t_gen = runlog_now();
         if (n >= n_in || !prefill) {   // else the prefill gave position n_in - 1's logits
             if (docs_after_eot && n > 0 && tokens[n - 1] == tk->eot) lm_cache_reset_row(lm, cache, 0);
-            Tensor *lg = lm_step(&tp, lm, cache, &tokens[n]);
-            dev_to_host(logits, lg->data, (size_t)V * sizeof(real), a->device);
-            tape_reset(&tp);
+            lm_decode_graph_step(&dg, &tp, lm, cache, &tokens[n], logits);   // (resets the tape)
         }
         if (step_logits) memcpy(step_logits + (size_t)n * V, logits, (size_t)V * sizeof(real));
         if (n + 1 >= n_in && n + 1 < total) {
@@ -348,8 +367,10 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
                 attn_note, blas_backend_name(blas_backend));
     else
         fprintf(stderr,
-                "generate: %lld prompt + %lld sampled tokens in %.2f s (%s); decoding %.1f tokens/s (GPU %s)\n",
-                (long long)n_in, a->max_tokens, t_end - t0, prompt_note, tps, device_describe(a->device));
+                "generate: %lld prompt + %lld sampled tokens in %.2f s (%s); decoding %.1f tokens/s (GPU %s; CUDA "
+                "graph %s, %lld steps replayed, %lld eager)\n",
+                (long long)n_in, a->max_tokens, t_end - t0, prompt_note, tps, device_describe(a->device),
+                dg.g && !dg.off ? "on" : "off", (long long)dg.replays, (long long)dg.eager);
     int code = 0;
     if (a->check) {
         int *flags = xcalloc((size_t)total, sizeof *flags);   // the same document starts, in parallel
@@ -425,6 +446,7 @@ static int run(const GenArgs *a, LM *lm, ParamStore *ps, const Tokenizer *tk, co
             free(picks[l]);
         }
     tape_no_grad_pop(&tp);
+    lm_decode_graph_free(&dg);
     lm_cache_free(lm, cache);
     tape_free(&tp);
     free(tokens);
@@ -457,12 +479,18 @@ int main(int argc, char **argv) {
         free(prompt);
         return 2;
     }
-    if (a.device != DEVICE_CPU) {   // the model is loaded on the host: now its values move
+    char no_graph[256];
+    if (a.cuda_graph == GEN_GRAPH_ON && lm_decode_graph_refusal(&lm, no_graph, sizeof no_graph)) {
+        fprintf(stderr, "generate: --cuda-graph on: the model of %s cannot replay its steps from a graph: %s "
+                        "(auto decodes it without graphs)\n", a.ckpt, no_graph);
+        code = 2;
+    }
+    if (a.device != DEVICE_CPU || code) {   // the model is loaded on the host: now its values move
         char err[512];
         const char *why = NULL;
-        if (!device_cuda_init(err, sizeof err)) why = err;
-        if (why) {
-            fprintf(stderr, "generate: --device cuda: %s; or decode on the CPU: --device cpu\n", why);
+        if (!code && !device_cuda_init(err, sizeof err)) why = err;
+        if (why || code) {
+            if (why) fprintf(stderr, "generate: --device cuda: %s; or decode on the CPU: --device cpu\n", why);
             tokenizer_free(&tok);
             lm_destroy(&lm);
             params_free(&ps);

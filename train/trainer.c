@@ -380,6 +380,26 @@ typedef struct StepResult {
     char what[300];     // why training cannot go on ("" when it can)
 } StepResult;
 
+// The scaling, clipping, update and finite check of a GPU run in one
+// process: optim_device.h's one stretch of device work (a graph's replay
+// when cuda_graph is on), the same bits as the calls of train_step's other
+// branch and the same verdicts.
+static void device_step(Trainer *t, int warmup, StepResult *r) {
+    const TrainConfig *c = &t->cfg;
+    double lr = lr_cosine(t->step, warmup, c->train.steps, c->train.lr, c->train.min_lr);
+    OptimDeviceResult o;
+    optim_device_step(&t->ostep, &t->opt, &t->ps, c->train.accum_steps, c->train.grad_clip, lr, &o);
+    r->gnorm = o.norm;
+    if (!o.stepped) {
+        snprintf(r->what, sizeof r->what, "the gradient norm is not finite");
+        return;
+    }
+    r->lr = lr;
+    if (o.bad)
+        snprintf(r->what, sizeof r->what, "the update made parameter '%s' (or its optimizer state) non-finite",
+                 o.bad->name);
+}
+
 // One optimizer step: the micro-batches, the gradients (reduced across ranks
 // under MPI), clipping, the update. Every rank reaches the same verdict: the
 // loss, the gradient norm and the stop flag are summed over the ranks in one
@@ -408,6 +428,10 @@ static void train_step(Trainer *t, int warmup, StepResult *r) {
     }
     if (!isfinite(r->loss)) {
         snprintf(r->what, sizeof r->what, "the loss is %g", r->loss);
+        return;
+    }
+    if (!dist && t->ostep.hyper) {
+        device_step(t, warmup, r);
         return;
     }
     if (!dist) {
@@ -463,6 +487,7 @@ int trainer_run(Trainer *t, const TrainerOptions *opts) {
     log_start(t, &rl, &un);
 
     t->graph.quiet = o->quiet;
+    t->ostep.quiet = o->quiet;
     stop_requested = 0;
     stop_ended_job = false;
     // (SIGUSR1: what mpirun forwards to the ranks without ending the job.)
@@ -524,6 +549,7 @@ void trainer_free(Trainer *t) {
     free(t->doc);
     if (t->carry) lm_cache_free(&t->lm, t->carry);
     lm_graph_free(&t->graph);
+    optim_device_free(&t->ostep);
     free(t->losses);
     tape_free(&t->tp);
     optim_free(&t->opt);

@@ -8,6 +8,7 @@
 #include "dist.h"
 #include "dsa_eval.h"
 #include "lm_graph.h"
+#include "optim_device.h"
 #include "model_setup.h"
 #include "optim.h"
 #include "run_dir.h"
@@ -54,6 +55,8 @@ typedef struct Trainer {
     int *doc;                  // (B*T) its doc_start flags (documents, carry_state)
     LMCache *carry;            // [train] carry_state: this rank's rows' carried states (else NULL)
     LMGraph graph;             // [train] cuda_graph: the micro-batches' CUDA graph (graph.g NULL: eager)
+    OptimDevice ostep;         // a GPU run in one process: the optimizer's work queued as one (optim_device.h),
+                               // replayed from a graph when `graph` is on (ostep.hyper NULL: optim.h's calls)
     double *losses;            // (n_losses) training loss of steps first_step, first_step + 1, ...
     int64_t n_losses, cap_losses;
     bool has_val;              // a validation split exists (val_fraction > 0)

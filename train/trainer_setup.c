@@ -334,6 +334,9 @@ static Status setup_model(Trainer *t, const TrainerOptions *o) {
     // [train] cuda_graph: on where supported unless off (on where it is not was a config error).
     lm_graph_init(&t->graph, (Device)c->train.device,
                   c->train.cuda_graph != CFG_GRAPH_OFF && !config_cuda_graph_refusal(c) && t->ranks == 1);
+    // The optimizer's step on the GPU: the same work with graphs on or off (so the same bits), a graph of it with them.
+    if (t->ranks == 1 && optim_device_supported((Device)c->train.device))
+        optim_device_init(&t->ostep, (Device)c->train.device, t->graph.g != NULL);
     size_t bt = (size_t)c->data.batch_size * c->data.seq_len;
     t->x = xmalloc(bt * sizeof(int));
     t->y = xmalloc(bt * sizeof(int));

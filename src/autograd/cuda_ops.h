@@ -59,6 +59,10 @@ const DeviceKernels *cu_device_kernels(void);
 // from tp's device arena.
 void cu_attn_decode(Tape *tp, real *o, const real *q, const real *kc, const real *vc, int B, int max_T, int n_keys,
                     const int *key0, const int *key0_dev, int H, int dk, int dv, double scale);
+// device.h's DeviceKernels.attn_step and attn_step_fits.
+void cu_attn_step(Tape *tp, real *o, const real *q, const real *k, const real *v, real *kc, real *vc, int *cnt,
+                  const int *key0_dev, const double *invf, int B, int max_T, int H, int dk, int dv, double scale);
+bool cu_attn_step_fits(int max_T);
 
 // ---- prefill (src/cuda/attn_flash.cu): attn_prefix_forward's GPU twin,
 // key0 and key0_dev as cu_attn_decode's. q, o: (B, T0, H*dk / H*dv).
@@ -111,6 +115,7 @@ void cu_sgd_update(real *p, const real *g, real *m, int64_t n, real lr, real dec
 void cu_scale_inplace(real *x, int64_t n, real f);
 double cu_sumsq(const real *x, int64_t n);            // sum of squares in double; waits for the result
 int64_t cu_first_nonfinite(const real *x, int64_t n); // first NaN/inf index, -1 if none; waits
+void cu_optim_queue(const DeviceOptimStep *s);         // device.h's DeviceOptimStep; no host read
 // ---- mixers (src/cuda/<layer>.cu) ----
 void cu_gla_forward(Node *n);           // gla.cu: op_gla_dt (linear, mamba), every form
 void cu_gla_backward(Node *n);

@@ -97,6 +97,42 @@ void dev_sync(Device d);
 // src/optim); the GPU's is src/cuda/dispatch_cuda.cu's (the cu_* functions
 // of cuda_ops.h). Pointers are in d's memory unless an entry says "host".
 typedef struct Tape Tape;
+
+// An optimizer step queued as one stretch of device work with no host read
+// (DeviceKernels.optim_queue; src/optim/optim_device.h drives it): the
+// 1/accum scaling of the gradients, their sum of squares, the clipping at
+// max_norm (its scale computed on the device), the update of every chunk
+// of the table in one launch (skipped when the sum is not finite), and the
+// finite check of the parameters and moments. The same kernels' arithmetic,
+// element for element and in the reductions' order, as the eager entries
+// (scale, sumsq, adamw_update, sgd_update, first_nonfinite) called one
+// slice at a time. Everything that changes from step to step (the learning
+// rate, the bias corrections) is read from `hyper` in device memory, so a
+// graph of the queued work replays any step.
+typedef struct DeviceOptimChunk {
+    int64_t a, n;   // flat elements [a, a + n) of p and g
+    real decay;     // the slice's weight decay
+} DeviceOptimChunk;
+typedef struct DeviceOptimStat {
+    double sumsq;         // the gradients' sum of squares, after the 1/accum scaling, before clipping
+    long long bad[3];     // the first non-finite index after the update of p, m, v (LLONG_MAX: none)
+} DeviceOptimStat;
+#define DEVICE_OPTIM_SCRATCH ((size_t)16384)   // bytes of the reductions' partials
+typedef struct DeviceOptimStep {
+    bool adamw;                        // AdamW; false: SGD with momentum
+    real *p, *g, *m, *v;               // the flat blocks; m[i - lo], v[i - lo] for flat element i (v NULL: SGD)
+    int64_t numel, lo, hi;             // p and g have numel elements; the moments cover [lo, hi)
+    const DeviceOptimChunk *chunks;    // device table of n_chunks
+    int n_chunks;
+    bool scale_first;                  // scale g by inv_accum first
+    real inv_accum;
+    double max_norm;                   // clip to it when > 0
+    real b1, b2, eps, mu;
+    const real *hyper;                 // device: lr, 1 - b1^t, 1 - b2^t of this step
+    void *scratch;                     // device: DEVICE_OPTIM_SCRATCH bytes
+    DeviceOptimStat *stat;             // device: the step's figures
+} DeviceOptimStep;
+
 typedef struct DeviceKernels {
     // ---- decoding over a KV cache (attn, attn_dsa; attn_kernel.h) ----
     // attn_decode_forward and attn_prefix_forward. key0 (B): where each
@@ -106,6 +142,17 @@ typedef struct DeviceKernels {
                         int n_keys, const int *key0, const int *key0_dev, int H, int dk, int dv, double scale);
     void (*attn_prefix)(Tape *tp, real *o, const real *q, const real *kc, const real *vc, int B, int max_T, int pos,
                         int T0, const int *key0, const int *key0_dev, int H, int dk, int dv, double scale);
+    // A decoding step of attn whose cache length lives in d's memory (*cnt),
+    // so that a CUDA graph of it replays any step (lm_decode_graph.h): q, k
+    // (B, 1, H*dk) before RoPE, v (B, 1, H*dv); q and k rotated at position
+    // *cnt - key0_dev[b] (frequencies invf (dk/2), op_rope's bits), k and v
+    // stored at slot *cnt, o (B, 1, H*dv) over the *cnt + 1 keys (the bits of
+    // attn_decode), then *cnt advanced. Its launches are sized for the whole
+    // cache (max_T), where attn_step_fits(max_T) (never on the CPU, whose
+    // steps take the length from the host).
+    void (*attn_step)(Tape *tp, real *o, const real *q, const real *k, const real *v, real *kc, real *vc, int *cnt,
+                      const int *key0_dev, const double *invf, int B, int max_T, int H, int dk, int dv, double scale);
+    bool (*attn_step_fits)(int max_T);
     // ---- DSA's selection and targets (attn_dsa; dsa_kernel.h, dsa_sel_kl.h) ----
     // The documents argument `docs` of the entries below, made from the
     // host's doc_start (B, T) or NULL: the CPU's kernels take doc_start
@@ -144,6 +191,8 @@ typedef struct DeviceKernels {
     void (*scale)(real *x, int64_t n, real f);               // x *= f
     double (*sumsq)(const real *x, int64_t n);               // in double, the same for any thread count
     int64_t (*first_nonfinite)(const real *x, int64_t n);    // the first NaN or inf, -1 when none
+    // The queued step above (the CPU: its loops, one after the other).
+    void (*optim_queue)(const DeviceOptimStep *s);
 } DeviceKernels;
 
 // d's table; stops with a message naming d when this build has no kernels

@@ -69,9 +69,26 @@ static void cpu_dsa_prefix_sparse(real *o, const real *q, const real *kc, const 
         }
 }
 
+// The CPU keeps its caches' lengths on the host (attn's steps take them from
+// there): attn_step is never called on it.
+static bool cpu_attn_step_fits(int max_T) {
+    (void)max_T;
+    return false;
+}
+
+static void cpu_attn_step(Tape *tp, real *o, const real *q, const real *k, const real *v, real *kc, real *vc, int *cnt,
+                          const int *key0_dev, const double *invf, int B, int max_T, int H, int dk, int dv,
+                          double scale) {
+    (void)tp, (void)o, (void)q, (void)k, (void)v, (void)kc, (void)vc, (void)cnt, (void)key0_dev, (void)invf;
+    (void)B, (void)H, (void)dk, (void)dv, (void)scale;
+    FAIL("attn_step on the CPU (a cache of %d positions): its attn_step_fits is false", max_T);
+}
+
 static const DeviceKernels CPU_KERNELS = {
     .attn_decode = cpu_attn_decode,
     .attn_prefix = cpu_attn_prefix,
+    .attn_step = cpu_attn_step,
+    .attn_step_fits = cpu_attn_step_fits,
     .dsa_docs = cpu_dsa_docs,
     .dsa_topk = dsa_topk,
     .dsa_index_select = cpu_dsa_index_select,
@@ -87,6 +104,7 @@ static const DeviceKernels CPU_KERNELS = {
     .scale = optim_cpu_scale,
     .sumsq = optim_cpu_sumsq,
     .first_nonfinite = optim_cpu_first_nonfinite,
+    .optim_queue = optim_cpu_queue,
 };
 
 const DeviceKernels *device_kernels(Device d) {

@@ -26,8 +26,9 @@
 
 // s[(b H + h) n_keys + j - s0] = scale q_bh . k_{b, j, h} for j in [s0, n_keys).
 __global__ void __launch_bounds__(DEC_THREADS)
-    k_attn_decode_scores(real *s, const real *q, const real *kc, int max_T, int n_keys, const int *key0, int H,
-                         int dk, real scale) {
+    k_attn_decode_scores(real *s, const real *q, const real *kc, int max_T, int n_keys, const int *cnt,
+                         const int *key0, int H, int dk, real scale) {
+    if (cnt) n_keys = *cnt + 1;   // (the cache's length on the device: cu_attn_step)
     int bh = blockIdx.x, b = bh / H, h = bh % H, lane = threadIdx.x & 31;
     int s0 = key0 ? key0[b] : 0;
     int j = s0 + blockIdx.y * DEC_WARPS + (threadIdx.x >> 5);
@@ -57,7 +58,8 @@ __device__ __forceinline__ real block_max(real v, real *shm) {
 // np + p. s: the scores (overwritten by their exp).
 __global__ void __launch_bounds__(DEC_THREADS)
     k_attn_decode_part(real *pm, double *pl, real *po, real *s, const real *vc, int max_T, int n_keys,
-                       const int *key0, int H, int dv, int np) {
+                       const int *cnt, const int *key0, int H, int dv, int np) {
+    if (cnt) n_keys = *cnt + 1;
     __shared__ real rmax[DEC_WARPS];
     __shared__ double rsum[32];
     __shared__ real part[DEC_WARPS][32];
@@ -97,7 +99,8 @@ __global__ void __launch_bounds__(DEC_THREADS)
 
 // o[b, h] from row b's parts, merged in order (a thread per value column).
 __global__ void k_attn_decode_merge(real *o, const real *pm, const double *pl, const real *po, int n_keys,
-                                    const int *key0, int H, int dv, int np) {
+                                    const int *cnt, const int *key0, int H, int dv, int np) {
+    if (cnt) n_keys = *cnt + 1;
     int bh = blockIdx.x, b = bh / H, h = bh % H;
     int parts = (n_keys - (key0 ? key0[b] : 0) + DEC_PART - 1) / DEC_PART;
     int64_t at = (int64_t)bh * np;
@@ -128,15 +131,79 @@ extern "C" void cu_attn_decode(Tape *tp, real *o, const real *q, const real *kc,
     ASSERT((n_max + DEC_WARPS - 1) / DEC_WARPS <= 65535, "attn decode (GPU): %d keys: more than the grid holds", n_max);
     real *s = (real *)tape_dalloc(tp, (size_t)B * H * n_keys * sizeof(real));
     dim3 g((unsigned)(B * H), (unsigned)((n_max + DEC_WARPS - 1) / DEC_WARPS));
-    k_attn_decode_scores<<<g, DEC_THREADS, 0, cu_stream>>>(s, q, kc, max_T, n_keys, key0_dev, H, dk, (real)scale);
+    k_attn_decode_scores<<<g, DEC_THREADS, 0, cu_stream>>>(s, q, kc, max_T, n_keys, NULL, key0_dev, H, dk,
+                                                            (real)scale);
     CU_LAUNCHED();
     int np = (n_max + DEC_PART - 1) / DEC_PART;   // parts of the longest row
     size_t nr = (size_t)B * H * np;
     real *pm = (real *)tape_dalloc(tp, nr * sizeof(real)), *po = (real *)tape_dalloc(tp, nr * dv * sizeof(real));
     double *pl = (double *)tape_dalloc(tp, nr * sizeof(double));
     k_attn_decode_part<<<dim3((unsigned)(B * H), (unsigned)np), DEC_THREADS, 0, cu_stream>>>(
-        pm, pl, po, s, vc, max_T, n_keys, key0_dev, H, dv, np);
+        pm, pl, po, s, vc, max_T, n_keys, NULL, key0_dev, H, dv, np);
     CU_LAUNCHED();
-    k_attn_decode_merge<<<B * H, 128, 0, cu_stream>>>(o, pm, pl, po, n_keys, key0_dev, H, dv, np);
+    k_attn_decode_merge<<<B * H, 128, 0, cu_stream>>>(o, pm, pl, po, n_keys, NULL, key0_dev, H, dv, np);
     CU_LAUNCHED();
 }
+
+// ---- a step whose cache length is read from the device (cu_attn_step) ----
+
+// Row b's query rotated into qr, its key rotated and its value copied into
+// the cache's slot *cnt, at RoPE position *cnt - key0[b]: op_rope's angle
+// and rotation (ops_rope.cu's k_rope_table, k_rope_apply), the same bits.
+// One thread per pair of q and k (i < B*H*dk/2), then per value of v.
+__global__ void k_attn_step_put(real *qr, real *kc, real *vc, const real *q, const real *k, const real *v,
+                                const int *cnt, const int *key0, const double *invf, int max_T, int H, int dk,
+                                int dv, int B) {
+    int slot = *cnt, half = dk / 2;
+    int64_t row_pairs = (int64_t)H * half, ldk = (int64_t)H * dk, ldv = (int64_t)H * dv;
+    CU_FOR(k2, (int64_t)B * row_pairs) {
+        int b = (int)(k2 / row_pairs);
+        int64_t kk = k2 % row_pairs;
+        int p = slot - key0[b];
+        double a = __dmul_rn((double)p, invf[kk % half]);
+        real c = (real)cos(a), sn = (real)sin(a);
+        real x0 = q[2 * k2], x1 = q[2 * k2 + 1];
+        qr[2 * k2] = fma(x0, c, -mul_rn(x1, sn));
+        qr[2 * k2 + 1] = fma(x0, sn, mul_rn(x1, c));
+        real *kd = kc + ((int64_t)b * max_T + slot) * ldk + 2 * kk;
+        x0 = k[2 * k2], x1 = k[2 * k2 + 1];
+        kd[0] = fma(x0, c, -mul_rn(x1, sn));
+        kd[1] = fma(x0, sn, mul_rn(x1, c));
+    }
+    CU_FOR(i, (int64_t)B * ldv) {
+        int64_t b = i / ldv;
+        vc[(b * max_T + slot) * ldv + i % ldv] = v[i];
+    }
+}
+
+__global__ void k_attn_step_count(int *cnt) { *cnt += 1; }
+
+extern "C" void cu_attn_step(Tape *tp, real *o, const real *q, const real *k, const real *v, real *kc, real *vc,
+                             int *cnt, const int *key0_dev, const double *invf, int B, int max_T, int H, int dk,
+                             int dv, double scale) {
+    ASSERT(cu_attn_step_fits(max_T), "attn step (GPU): a cache of %d positions: more than the grid holds", max_T);
+    ASSERT(dk % 2 == 0, "attn step (GPU): d_k %d is odd", dk);
+    real *qr = (real *)tape_dalloc(tp, (size_t)B * H * dk * sizeof(real));
+    k_attn_step_put<<<cu_grid((int64_t)B * H * (dk > dv ? dk : dv)), CU_THREADS, 0, cu_stream>>>(
+        qr, kc, vc, q, k, v, cnt, key0_dev, invf, max_T, H, dk, dv, B);
+    CU_LAUNCHED();
+    // Everything sized for the whole cache, the blocks past a row's keys returning at once: the same
+    // launches at every length (a graph's), the same parts and sums as cu_attn_decode's.
+    real *s = (real *)tape_dalloc(tp, (size_t)B * H * max_T * sizeof(real));
+    dim3 g((unsigned)(B * H), (unsigned)((max_T + DEC_WARPS - 1) / DEC_WARPS));
+    k_attn_decode_scores<<<g, DEC_THREADS, 0, cu_stream>>>(s, qr, kc, max_T, 0, cnt, key0_dev, H, dk, (real)scale);
+    CU_LAUNCHED();
+    int np = (max_T + DEC_PART - 1) / DEC_PART;
+    size_t nr = (size_t)B * H * np;
+    real *pm = (real *)tape_dalloc(tp, nr * sizeof(real)), *po = (real *)tape_dalloc(tp, nr * dv * sizeof(real));
+    double *pl = (double *)tape_dalloc(tp, nr * sizeof(double));
+    k_attn_decode_part<<<dim3((unsigned)(B * H), (unsigned)np), DEC_THREADS, 0, cu_stream>>>(
+        pm, pl, po, s, vc, max_T, 0, cnt, key0_dev, H, dv, np);
+    CU_LAUNCHED();
+    k_attn_decode_merge<<<B * H, 128, 0, cu_stream>>>(o, pm, pl, po, 0, cnt, key0_dev, H, dv, np);
+    CU_LAUNCHED();
+    k_attn_step_count<<<1, 1, 0, cu_stream>>>(cnt);
+    CU_LAUNCHED();
+}
+
+extern "C" bool cu_attn_step_fits(int max_T) { return (max_T + DEC_WARPS - 1) / DEC_WARPS <= 65535; }

@@ -44,6 +44,8 @@ static DeviceKernels gpu_kernels(void) {
     DeviceKernels k = {};
     k.attn_decode = cu_attn_decode;
     k.attn_prefix = gpu_attn_prefix;
+    k.attn_step = cu_attn_step;
+    k.attn_step_fits = cu_attn_step_fits;
     k.dsa_docs = gpu_dsa_docs;
     k.dsa_topk = cu_dsa_topk;
     k.dsa_index_select = cu_dsa_index_select;
@@ -59,6 +61,7 @@ static DeviceKernels gpu_kernels(void) {
     k.scale = cu_scale_inplace;
     k.sumsq = cu_sumsq;
     k.first_nonfinite = cu_first_nonfinite;
+    k.optim_queue = cu_optim_queue;
     return k;
 }
 

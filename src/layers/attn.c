@@ -69,15 +69,19 @@ static Tensor *rope_at(Tape *tp, Tensor *x, int hd, int pos0, const int *pos, do
     return pos ? op_rope_pos(tp, x, hd, pos, base) : op_rope(tp, x, hd, pos0, base);
 }
 
-void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, int pos0, const int *pos,
-                    Tensor **q, Tensor **k, Tensor **v) {
+void attn_layer_qkv_unrotated(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, Tensor *x[3]) {
     ASSERT(u->ndim == 3 && u->shape[2] == c->d_model, "attn: u %s must be (B, T, %d)", SHAPE(u), c->d_model);
-    Tensor *x[3];   // u Wq, u Wk, u Wv in one node
-    op_matmul_multi(tp, u, (Tensor *[]){L->wq, L->wk, L->wv}, 3, x);
+    op_matmul_multi(tp, u, (Tensor *[]){L->wq, L->wk, L->wv}, 3, x);   // u Wq, u Wk, u Wv in one node
     if (L->q_norm) {   // per head: groups of d_k, one shared gain
         x[0] = op_rmsnorm_groups(tp, x[0], L->q_norm, c->d_k, c->norm_eps);
         x[1] = op_rmsnorm_groups(tp, x[1], L->k_norm, c->d_k, c->norm_eps);
     }
+}
+
+void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, int pos0, const int *pos,
+                    Tensor **q, Tensor **k, Tensor **v) {
+    Tensor *x[3];
+    attn_layer_qkv_unrotated(tp, L, c, u, x);
     *q = rope_at(tp, x[0], c->d_k, pos0, pos, c->rope_base);
     *k = rope_at(tp, x[1], c->d_k, pos0, pos, c->rope_base);
     *v = x[2];
@@ -101,16 +105,34 @@ void kvcache_init(KVCache *kc, const MixerConfig *c, int B, int max_T, Device de
     kc->k = dev_alloc(dev, (size_t)B * max_T * c->n_heads * c->d_k * sizeof(real));
     kc->v = dev_alloc(dev, (size_t)B * max_T * c->n_heads * c->d_v * sizeof(real));
     kc->start_dev = NULL;
+    kc->pos_dev = NULL;
+    kc->invf_dev = NULL;
     if (dev != DEVICE_CPU) {
         kc->start_dev = dev_alloc(dev, (size_t)B * sizeof(int));
         dev_zero(dev, kc->start_dev, (size_t)B * sizeof(int));
+        kc->pos_dev = dev_alloc(dev, sizeof(int));
+        dev_zero(dev, kc->pos_dev, sizeof(int));
+        int half = c->d_k / 2;
+        double *invf = xmalloc((size_t)(half ? half : 1) * sizeof(double));
+        for (int i = 0; i < half; i++) invf[i] = pow(c->rope_base, -2.0 * i / c->d_k);   // op_rope's (cu_rope_forward)
+        kc->invf_dev = dev_alloc(dev, (size_t)(half ? half : 1) * sizeof(double));
+        dev_from_host(kc->invf_dev, dev, invf, (size_t)half * sizeof(double));
+        free(invf);
     }
+}
+
+void kvcache_sync_pos(KVCache *kc) {
+    if (kc->pos_dev) dev_from_host(kc->pos_dev, kc->dev, &kc->pos, sizeof(int));
 }
 
 void kvcache_free(KVCache *kc) {
     if (kc->k) dev_free(kc->dev, kc->k);
     if (kc->v) dev_free(kc->dev, kc->v);
     if (kc->start_dev) dev_free(kc->dev, kc->start_dev);
+    if (kc->pos_dev) dev_free(kc->dev, kc->pos_dev);
+    if (kc->invf_dev) dev_free(kc->dev, kc->invf_dev);
+    kc->pos_dev = NULL;
+    kc->invf_dev = NULL;
     free(kc->start);
     kc->k = kc->v = NULL;
     kc->start = kc->start_dev = NULL;
@@ -203,6 +225,13 @@ static void attn_cache_free(void *cache) {
     free(cache);
 }
 
+// Whether this cache's steps read its length from the device (DeviceKernels.attn_step).
+static bool attn_step_replayable(const void *cache) {
+    const KVCache *kc = cache;
+    const DeviceKernels *dk = kc->pos_dev ? device_kernels(kc->dev) : NULL;
+    return dk && dk->attn_step && dk->attn_step_fits(kc->max_T);
+}
+
 static Tensor *attn_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     const MixerConfig *c = &m->cfg;
     KVCache *kc = cache;
@@ -212,21 +241,33 @@ static Tensor *attn_step(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     ASSERT(!tape_grad_enabled(tp), "attn step: decoding runs in no-grad mode (tape_no_grad_push first)");
     ASSERT(kc->dev == tp->device, "attn step: a %s cache on a %s tape", device_name(kc->dev), device_name(tp->device));
     Tensor *q, *k, *v;
+    Tensor *o = tape_tensorv(tp, 3, kc->B, 1, c->n_heads * c->d_v);
+    const DeviceKernels *dk = device_kernels(tp->device);
+    if (attn_step_replayable(kc)) {   // the GPU: the cache's length read from its memory
+        Tensor *x[3];
+        attn_layer_qkv_unrotated(tp, m->impl, c, u, x);
+        dk->attn_step(tp, o->data, x[0]->data, x[1]->data, x[2]->data, kc->k, kc->v, kc->pos_dev, kc->start_dev,
+                      kc->invf_dev, kc->B, kc->max_T, c->n_heads, c->d_k, c->d_v, 1.0 / sqrt(c->d_k));
+        kc->pos++;
+        return attn_layer_out(tp, m->impl, o, u);
+    }
     attn_layer_qkv(tp, m->impl, c, u, kc->pos, kvcache_positions(tp, kc, 1), &q, &k, &v);
     kvcache_put(kc, k, v);
     kc->pos++;
-    Tensor *o = tape_tensorv(tp, 3, kc->B, 1, c->n_heads * c->d_v);
-    device_kernels(tp->device)->attn_decode(tp, o->data, q->data, kc->k, kc->v, kc->B, kc->max_T, kc->pos, kc->start,
-                                            kc->start_dev, c->n_heads, c->d_k, c->d_v, 1.0 / sqrt(c->d_k));
+    dk->attn_decode(tp, o->data, q->data, kc->k, kc->v, kc->B, kc->max_T, kc->pos, kc->start,
+                    kc->start_dev, c->n_heads, c->d_k, c->d_v, 1.0 / sqrt(c->d_k));
     return attn_layer_out(tp, m->impl, o, u);
 }
 
 static void attn_cache_reset(const Mixer *m, void *cache, int b) { kvcache_reset(cache, b); }
 
+static void attn_step_advance(void *cache, int delta) { ((KVCache *)cache)->pos += delta; }
+
 static Tensor *attn_prefill(Tape *tp, Mixer *m, void *cache, Tensor *u) {
     KVCache *kc = cache;
     Tensor *y = attn_layer_prefill(tp, m->impl, &m->cfg, kc, u);
     kc->pos += u->shape[1];
+    kvcache_sync_pos(kc);
     return y;
 }
 
@@ -238,6 +279,8 @@ const MixerKind MIXER_ATTN = {
     .cache_new = attn_cache_new,
     .cache_free = attn_cache_free,
     .step = attn_step,
+    .step_replayable = attn_step_replayable,
+    .step_advance = attn_step_advance,
     .cache_reset = attn_cache_reset,
     .prefill = attn_prefill,
     .destroy = attn_destroy,

@@ -22,6 +22,11 @@ typedef struct KVCache {
     real *v;      // (B, max_T, H*dv), in dev's memory
     Device dev;
     int *start_dev;   // (B) a copy of start in dev's memory (the GPU; NULL on the CPU)
+    // The GPU: pos in dev's memory, which attn's steps read and advance there
+    // (DeviceKernels.attn_step: a CUDA graph of a step replays any step), and
+    // RoPE's frequencies (d_k/2, double); NULL on the CPU.
+    int *pos_dev;
+    double *invf_dev;
 } KVCache;
 
 // wq, wk, wv ~ N(0, 1/D), wo ~ N(0, out_std^2); the options' q_norm and
@@ -36,6 +41,9 @@ void attn_layer_create(AttnLayer *L, ParamStore *ps, const char *prefix, const M
 // k_norm, eps norm_eps) before its rotation.
 void attn_layer_qkv(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, int pos0, const int *pos,
                     Tensor **q, Tensor **k, Tensor **v);
+// The same before RoPE: x[0..2] = u Wq, u Wk (each head normalised with
+// qk_norm), u Wv.
+void attn_layer_qkv_unrotated(Tape *tp, const AttnLayer *L, const MixerConfig *c, Tensor *u, Tensor *x[3]);
 // The attention output o (B, T, H*dv) of the positions u (B, T, D) to the
 // mixer's output: o Wo, or (o * sigmoid(u W_gate)) Wo with attn_gate.
 Tensor *attn_layer_out(Tape *tp, const AttnLayer *L, Tensor *o, Tensor *u);
@@ -45,6 +53,8 @@ Tensor *attn_layer_out(Tape *tp, const AttnLayer *L, Tensor *o, Tensor *u);
 int *attn_doc_positions(Tape *tp, const int *doc_start, int B, int T);
 
 void kvcache_init(KVCache *kc, const MixerConfig *c, int B, int max_T, Device dev);
+// pos_dev = pos (after a change of pos on the host: a prefill).
+void kvcache_sync_pos(KVCache *kc);
 void kvcache_free(KVCache *kc);
 // Store k (B, T0, H*dk), v (B, T0, H*dv) at slots kc->pos .. kc->pos+T0-1 (does not advance kc->pos).
 void kvcache_put(KVCache *kc, const Tensor *k, const Tensor *v);

@@ -91,6 +91,13 @@ typedef struct MixerKind {
     Tensor *(*step)(Tape *tp, Mixer *m, void *cache, Tensor *u);
     // Row b (0 <= b < B) of the cache starts a new document at its next step.
     void (*cache_reset)(const Mixer *m, void *cache, int b);
+    // Decoding steps replayed from a CUDA graph (lm_decode_graph.h): a kind
+    // that is not recurrent needs both. Whether this cache's steps read
+    // everything that changes per token from device memory (attn: its length
+    // on a GPU), and the host's share of a replayed step: its counters moved
+    // by delta steps (+1 after a replay, -1 to undo a capture that ran nothing).
+    bool (*step_replayable)(const void *cache);
+    void (*step_advance)(void *cache, int delta);
     // Recurrent kinds (NULL for the attention kinds, which keep their
     // within-window behaviour): a window u (B, T, D) that continues the
     // streams held in a decode cache (cache_new(m, B, any max_T)). The cache's

@@ -1,7 +1,7 @@
 // clip.c: gradient scaling and global-norm clipping over the grad block, and
 // the finite check of parameters and moments, on the ParamStore's device
 // (its DeviceKernels: optim_kernels.c on the CPU).
-#include "optim.h"
+#include "optim_common.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -24,13 +24,6 @@ double optim_clip_grad_norm(ParamStore *ps, double max_norm) {
     return norm;
 }
 
-// The parameter holding flat element e (e < numel).
-static int param_of(const ParamStore *ps, int64_t e) {
-    int i = 0;
-    while (i + 1 < ps->n && ps->offsets[i + 1] <= e) i++;
-    return i;
-}
-
 // The parameters tile the flat block in order, and the moments cover its
 // elements [lo, hi): the first parameter with a non-finite value or moment
 // holds the least flat index of one. So one pass over each block, then
@@ -47,5 +40,5 @@ const Tensor *optim_nonfinite_param(const ParamStore *ps, const Optimizer *opt) 
         int64_t ev = dk->first_nonfinite(opt->v, opt->hi - opt->lo);
         if (ev >= 0 && ev + opt->lo < best) best = ev + opt->lo;
     }
-    return best == INT64_MAX ? NULL : ps->params[param_of(ps, best)];
+    return best == INT64_MAX ? NULL : ps->params[optim_param_of(ps, best)];
 }

@@ -4,17 +4,30 @@
 #include <omp.h>
 #include <stdlib.h>
 
-void optim_update_slices(const Optimizer *opt, const ParamStore *ps, OptimUpdate update, void *ctx) {
+int optim_slices(const Optimizer *opt, const ParamStore *ps, OptimSlice **out) {
     OptimSlice *sl = xmalloc((size_t)(ps->n ? ps->n : 1) * sizeof *sl);
     int ns = 0;
-    int64_t total = 0;
     for (int i = 0; i < ps->n; i++) {
         const Tensor *p = ps->params[i];
         int64_t a, b;
         if (!p->grad || (p->flags & TENSOR_FROZEN) || !optim_owned(opt, ps->offsets[i], p->numel, &a, &b)) continue;
         sl[ns++] = (OptimSlice){a, b, (p->flags & TENSOR_NO_DECAY) ? 0 : (real)opt->weight_decay};
-        total += b - a;
     }
+    *out = sl;
+    return ns;
+}
+
+int optim_param_of(const ParamStore *ps, int64_t e) {
+    int i = 0;
+    while (i + 1 < ps->n && ps->offsets[i + 1] <= e) i++;
+    return i;
+}
+
+void optim_update_slices(const Optimizer *opt, const ParamStore *ps, OptimUpdate update, void *ctx) {
+    OptimSlice *sl;
+    int ns = optim_slices(opt, ps, &sl);
+    int64_t total = 0;
+    for (int s = 0; s < ns; s++) total += sl[s].b - sl[s].a;
     if (ps->device != DEVICE_CPU) {   // a kernel per slice
         for (int s = 0; s < ns; s++) update(ctx, &sl[s], sl[s].a, sl[s].b - sl[s].a);
         free(sl);

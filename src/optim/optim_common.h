@@ -1,6 +1,7 @@
-// optim_common.h: what the optimizer kinds (adamw.c, sgd.c) share: the
-// slices of the flat block a step updates, and the loop over them. Private
-// to src/optim/; optim.c, the table of kinds, does not call it.
+// optim_common.h: what the optimizer kinds (adamw.c, sgd.c), clip.c and
+// optim_device.c share: the slices of the flat block a step updates, and
+// the loop over them. Private to src/optim/; optim.c, the table of kinds,
+// does not call it.
 #ifndef AG_OPTIM_COMMON_H
 #define AG_OPTIM_COMMON_H
 
@@ -20,6 +21,11 @@ typedef struct OptimSlice {
 // (bench/fork_bench). A GPU ParamStore: each slice whole, in order, from
 // this thread (update launches a kernel). The updates are elementwise: the
 // same on any threads.
+// The slices (in flat order) into *out (xmalloc'd; the caller frees it);
+// returns how many.
+int optim_slices(const Optimizer *opt, const ParamStore *ps, OptimSlice **out);
+// The parameter holding flat element e (e < numel).
+int optim_param_of(const ParamStore *ps, int64_t e);
 typedef void (*OptimUpdate)(void *ctx, const OptimSlice *s, int64_t a, int64_t n);
 void optim_update_slices(const Optimizer *opt, const ParamStore *ps, OptimUpdate update, void *ctx);
 

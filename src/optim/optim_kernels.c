@@ -1,6 +1,7 @@
 // optim_kernels.c: the CPU loops of optim_kernels.h.
 #include "optim_kernels.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -82,4 +83,29 @@ int64_t optim_cpu_first_nonfinite(const real *x, int64_t n) {
             if (x[i] - x[i] != 0) return i;
     }
     return -1;
+}
+
+static long long first_or_max(const real *x, int64_t n) {
+    int64_t e = n > 0 ? optim_cpu_first_nonfinite(x, n) : -1;
+    return e < 0 ? LLONG_MAX : (long long)e;
+}
+
+void optim_cpu_queue(const DeviceOptimStep *s) {
+    if (s->scale_first) optim_cpu_scale(s->g, s->numel, s->inv_accum);
+    double sumsq = optim_cpu_sumsq(s->g, s->numel), norm = sqrt(sumsq);
+    s->stat->sumsq = sumsq;
+    if (s->max_norm > 0 && norm > s->max_norm) optim_cpu_scale(s->g, s->numel, (real)(s->max_norm / (norm + 1e-6)));
+    real lr = s->hyper[0], bc1 = s->hyper[1], bc2 = s->hyper[2];
+    for (int c = 0; isfinite(sumsq) && c < s->n_chunks; c++) {
+        const DeviceOptimChunk *ch = &s->chunks[c];
+        real *p = s->p + ch->a, *m = s->m + (ch->a - s->lo);
+        if (s->adamw)
+            optim_cpu_adamw_update(p, s->g + ch->a, m, s->v + (ch->a - s->lo), ch->n, lr, ch->decay, s->b1, s->b2, bc1,
+                                   bc2, s->eps);
+        else
+            optim_cpu_sgd_update(p, s->g + ch->a, m, ch->n, lr, ch->decay, s->mu);
+    }
+    s->stat->bad[0] = first_or_max(s->p, s->numel);
+    s->stat->bad[1] = first_or_max(s->m, s->hi - s->lo);
+    s->stat->bad[2] = s->v ? first_or_max(s->v, s->hi - s->lo) : LLONG_MAX;
 }

@@ -6,6 +6,7 @@
 #define AG_OPTIM_KERNELS_H
 
 #include "common.h"
+#include "device.h"
 
 // AdamW's and SGD's updates of n elements (the formulas of optim.h).
 void optim_cpu_adamw_update(real *restrict p, const real *restrict g, real *restrict m, real *restrict v, int64_t n,
@@ -18,5 +19,8 @@ void optim_cpu_scale(real *x, int64_t n, real f);
 double optim_cpu_sumsq(const real *x, int64_t n);
 // The first NaN or inf of x, -1 when every element is finite.
 int64_t optim_cpu_first_nonfinite(const real *x, int64_t n);
+// device.h's DeviceOptimStep with the loops above (the same bits as
+// optim.h's calls on a host ParamStore).
+void optim_cpu_queue(const DeviceOptimStep *s);
 
 #endif

@@ -6,7 +6,8 @@
 // afresh), with documents (the same flags every step: replayed; flags that
 // differ every step: run eagerly), with accum_steps 2, with carried states,
 // and when the capture fails (it falls back, with the reason, to the same bits);
-// and the trainer's run with [train] cuda_graph = on against off.
+// and the trainer's run with [train] cuda_graph = on against off (the
+// optimizer's step replayed from its own graph: test_cuda_optim_step.c).
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
@@ -212,6 +213,15 @@ Test(cuda_graph, trainer_on_equals_off, .timeout = 240) {
             cr_assert(!t.graph.off && t.graph.captures == 1 && t.graph.replays == N - 2,
                       "graphs: %lld captures, %lld replays, %lld eager (%s)", (long long)t.graph.captures,
                       (long long)t.graph.replays, (long long)t.graph.eager, t.graph.why);
+        // The optimizer's step: queued as one with graphs off, captured at the first step and replayed with them.
+        const OptimDevice *od = &t.ostep;
+        if (run == 1)
+            cr_assert(!od->off && od->captures == 1 && od->replays == N && od->eager == 0,
+                      "the optimizer's graph: %lld captures, %lld replays, %lld eager (%s)", (long long)od->captures,
+                      (long long)od->replays, (long long)od->eager, od->why);
+        else
+            cr_assert(od->eager == N && od->replays == 0, "without graphs the optimizer's step replayed (%lld of %d eager)",
+                      (long long)od->eager, N);
         for (int i = 0; i < N; i++) loss[run][i] = trainer_loss(&t, i);
         params[run] = malloc((size_t)t.ps.numel * sizeof(real));
         memcpy(params[run], params_pull(&t.ps), (size_t)t.ps.numel * sizeof(real));
