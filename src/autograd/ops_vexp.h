@@ -80,6 +80,13 @@ static inline __mmask16 v_lanes(int64_t i, int64_t n) {
         }                                                                              \
     } while (0)
 
+// a b and a + b each rounded on its own: GCC fuses _mm512_mul_ps into a
+// following _mm512_add_ps (they are plain vector operators to it) as it fuses
+// scalar code; the rounding-mode forms are builtins it leaves alone, so the
+// code says which products round.
+static inline __m512 v_mul_r(__m512 a, __m512 b) { return _mm512_mul_round_ps(a, b, _MM_FROUND_CUR_DIRECTION); }
+static inline __m512 v_add_r(__m512 a, __m512 b) { return _mm512_add_round_ps(a, b, _MM_FROUND_CUR_DIRECTION); }
+
 static inline __m512 v_load(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 static inline void v_store(float *p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
 
@@ -87,8 +94,8 @@ static inline void v_store(float *p, __mmask16 m, __m512 v) { _mm512_mask_storeu
 // rounding when `fused` (as GCC makes some of the scalar loops' d[i] += a * b
 // and not others; tests/test_ops_vexp.c pins each).
 static inline void v_grad(float *d, __mmask16 m, __m512 a, __m512 b, bool fresh, bool fused) {
-    __m512 p = _mm512_mul_ps(a, b);
-    if (!fresh) p = fused ? _mm512_fmadd_ps(a, b, v_load(d, m)) : _mm512_add_ps(v_load(d, m), p);
+    __m512 p = v_mul_r(a, b);
+    if (!fresh) p = fused ? _mm512_fmadd_ps(a, b, v_load(d, m)) : v_add_r(v_load(d, m), p);
     v_store(d, m, p);
 }
 
