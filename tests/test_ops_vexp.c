@@ -75,6 +75,32 @@ Test(ops_vexp, exp_and_sigmoid_are_r_exp_bits) {
     cr_assert(isinf(r_exp(88.5f)) && isinf(r_exp(INFINITY)) && r_exp(-88.0f) == 0, "r_exp's edges moved");
 }
 
+// v_recip_ge1 against vdivps: every significand at exponents 0, 1, 60 and
+// 125 (the steps scale exactly with the exponent below 2^126, so these stand
+// for all of [1, 2^126)), then 2^126 and up, inf and NaN (the division).
+Test(ops_vexp, reciprocal_is_the_division) {
+    int exps[] = {0, 1, 60, 125};
+    int64_t bad = 0;
+    uint32_t first_bad = 0;
+    for (int k = 0; k < 4; k++)
+        for (uint32_t m = 0; m < (1u << 23); m += 16) {
+            float d[16], got[16], want[16];
+            for (int i = 0; i < 16; i++) d[i] = bits_float((uint32_t)(127 + exps[k]) << 23 | (m + i));
+            __m512 v = _mm512_loadu_ps(d);
+            _mm512_storeu_ps(got, v_recip_ge1(v));
+            _mm512_storeu_ps(want, _mm512_div_ps(_mm512_set1_ps(1.0f), v));
+            for (int i = 0; i < 16; i++)
+                if (float_bits(got[i]) != float_bits(want[i]) && !bad++) first_bad = float_bits(d[i]);
+        }
+    cr_assert(bad == 0, "%lld reciprocals differ from the division, the first of %08x", (long long)bad, first_bad);
+    float d[16] = {0x1p126f, 0x1.fffffep126f, 0x1p127f, 0x1.fffffep127f, INFINITY, NAN, 1.0f, 1.5f,
+                   3.0f,     0x1.fffffep0f, 0x1.fffffep125f, 7.0f, 1e30f, 1e38f, 2.0f, 1.0f};
+    float got[16];
+    _mm512_storeu_ps(got, v_recip_ge1(_mm512_loadu_ps(d)));
+    for (int i = 0; i < 16; i++)
+        cr_assert(same(got[i], 1.0f / d[i]), "1 / %a: %a, want %a", d[i], got[i], 1.0f / d[i]);
+}
+
 // silu, sigmoid, exp forward and silu backward; silu_mul forward and both
 // gradients, written fresh and then added (each input feeds two nodes).
 // Lengths 1, 15, 16, 17, 1000 and one above OPS_PAR_MIN: every tail of a
@@ -166,8 +192,9 @@ Test(ops_vexp, rmsnorm_gate_is_the_scalar_loops_bits) {
 }
 #endif
 
-// Outputs and gradients of the activation ops on 1 and 2 threads (above
-// OPS_PAR_MIN elements, an odd length): the same bits, in both builds.
+// Outputs and gradients of the activation ops and the cross-entropy (whose
+// backward takes v_exp) on 1 and 2 threads (above OPS_PAR_MIN elements, an
+// odd length): the same bits, in both builds.
 static void run_acts(int threads, Tensor *const *in, const real *seed, real *out) {
     omp_set_num_threads(threads);
     Tensor *g = in[0], *x = in[1], *w = in[2];
@@ -175,13 +202,19 @@ static void run_acts(int threads, Tensor *const *in, const real *seed, real *out
     for (int k = 0; k < 3; k++) memset(in[k]->grad, 0, (size_t)in[k]->numel * sizeof(real));
     Tape tp;
     tape_init(&tp);
+    int64_t rows = n / w->numel;
+    int *tg = malloc((size_t)rows * sizeof(int));
+    for (int64_t r = 0; r < rows; r++) tg[r] = r % 5 == 2 ? -1 : (int)((r * 7) % w->numel);
     Tensor *ys[] = {op_silu_mul(&tp, g, x), op_silu(&tp, x), op_sigmoid(&tp, g), op_exp(&tp, g),
-                    op_rmsnorm_gate(&tp, x, w, g, w->numel, 1e-5)};
-    tape_backward_multi(&tp, ys, (const real *[]){seed, seed, seed, seed, seed}, 5);
+                    op_rmsnorm_gate(&tp, x, w, g, w->numel, 1e-5), op_cross_entropy(&tp, x, tg)};
+    real one = 1;
+    tape_backward_multi(&tp, ys, (const real *[]){seed, seed, seed, seed, seed, &one}, 6);
     for (int k = 0; k < 5; k++) memcpy(out + k * n, ys[k]->data, (size_t)n * sizeof(real));
     memcpy(out + 5 * n, g->grad, (size_t)n * sizeof(real));
     memcpy(out + 6 * n, x->grad, (size_t)n * sizeof(real));
     memcpy(out + 7 * n, w->grad, (size_t)w->numel * sizeof(real));
+    out[7 * n + w->numel] = ys[5]->data[0];
+    free(tg);
     tape_free(&tp);
 }
 
@@ -193,7 +226,7 @@ Test(ops_vexp, deterministic_across_thread_counts) {
     fill_edges(x, 9);
     fill_normal(w, 10, 1.0);
     fill_normal(seed, 11, 1.0);
-    size_t bytes = (size_t)(8 * g->numel) * sizeof(real);
+    size_t bytes = (size_t)(8 * g->numel + 1) * sizeof(real);
     real *o1 = calloc(1, bytes), *o2 = calloc(1, bytes);
     int saved = omp_get_max_threads();
     run_acts(1, (Tensor *[]){g, x, w}, seed->data, o1);

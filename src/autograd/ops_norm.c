@@ -4,6 +4,7 @@
 // and save r per row for the backward (derived next to each kernel).
 // The GPU pairs (the same saved state) are in src/cuda/ops_norm.cu.
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 
 #include "ops.h"
@@ -191,9 +192,11 @@ static void add_rmsnorm_backward(Node *n) {
     // row's dg terms.
     int64_t nblk = dg ? rms_blocks(rows) : 1;
     double *part = dg ? tape_alloc(n->tape, (size_t)(nblk * D) * sizeof(double)) : NULL;   // (nblk, D)
+    size_t stride;
+    unsigned char *slots = tape_thread_slots(n->tape, (size_t)D * sizeof(real), &stride);   // (no malloc per call)
 #pragma omp parallel if (a->numel > OPS_PAR_MIN && (nblk > 1 || !dg))
     {
-        real *t = xmalloc((size_t)D * sizeof(real));   // one row of dh_total
+        real *t = (real *)(slots + (size_t)omp_get_thread_num() * stride);   // one row of dh_total
         if (dg) {
 #pragma omp for schedule(static)
             for (int64_t k = 0; k < nblk; k++) {
@@ -218,7 +221,6 @@ static void add_rmsnorm_backward(Node *n) {
                 if (db) grad_store(db + r * D, t, D, fb);
             }
         }
-        free(t);
     }
     if (dg) rms_dg_sum(part, nblk, D, dg);
 }
@@ -319,9 +321,11 @@ static void rms_gate_backward(Node *n) {
     if (!dx && !dg && !dz) return;
     int64_t nblk = dg ? rms_blocks(rows) : 1;
     double *part = dg ? tape_alloc(n->tape, (size_t)(nblk * D) * sizeof(double)) : NULL;   // (nblk, D)
+    size_t stride;
+    unsigned char *slots = tape_thread_slots(n->tape, (size_t)D * sizeof(real), &stride);
 #pragma omp parallel if (x->numel > OPS_PAR_MIN && (nblk > 1 || !dg))
     {
-        real *dn = xmalloc((size_t)D * sizeof(real));   // one row of dL/dn
+        real *dn = (real *)(slots + (size_t)omp_get_thread_num() * stride);   // one row of dL/dn
         // With dg: the fixed blocks of rms_dg_sum; without, rows split evenly.
         int64_t units = dg ? nblk : rows;
 #pragma omp for schedule(static)
@@ -338,7 +342,6 @@ static void rms_gate_backward(Node *n) {
                 if (acc) rms_dg_row(acc, xr, dn, ri, D);
             }
         }
-        free(dn);
     }
     if (dg) rms_dg_sum(part, nblk, D, dg);
 }
