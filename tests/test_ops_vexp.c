@@ -23,18 +23,6 @@ static void fill_edges(Tensor *t, uint64_t seed) {
 }
 
 #ifdef OPS_VEXP
-static float bits_float(uint32_t u) {
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-static uint32_t float_bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
 // The products and sums of the reference formulas, each rounded on its own
 // (a function boundary: GCC fuses a * b + c only inside one function).
 __attribute__((noinline)) static float mul(float a, float b) { return a * b; }
@@ -62,8 +50,8 @@ Test(ops_vexp, exp_and_sigmoid_are_r_exp_bits) {
             cr_assert(same(s[i], ws), "sigmoid(%.9g): %.9g (%08x), r_sigmoid %.9g (%08x)", x[i], s[i],
                       float_bits(s[i]), ws, float_bits(ws));
 #else   // unoptimised, GCC does not fuse r_exp's multiply-adds: one rounding more in exp, one more in 1 / (1 + e)
-            cr_assert(same(e[i], we) || fabsf(e[i] - we) <= nextafterf(we, INFINITY) - we, "exp(%.9g): %.9g, r_exp %.9g",
-                      x[i], e[i], we);
+            cr_assert(same(e[i], we) || fabsf(e[i] - we) <= nextafterf(we, INFINITY) - we,
+                      "exp(%.9g): %.9g, r_exp %.9g", x[i], e[i], we);
             cr_assert(same(s[i], ws) || fabsf(s[i] - ws) <= 2 * (nextafterf(ws, INFINITY) - ws),
                       "sigmoid(%.9g): %.9g, r_sigmoid %.9g", x[i], s[i], ws);
 #endif

@@ -4,6 +4,8 @@
 
 #include <criterion/criterion.h>
 #include <setjmp.h>
+#include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "config.h"
@@ -23,6 +25,17 @@ LMConfig test_tiny_lm_config(const char *layers);
 // The bf16 step tests' model (CPU and GPU): wide enough (d_model 64, heads of
 // 32, d_ff 160, bytes) that the projections are real products, tied head.
 LMConfig test_bf16_lm_config(const char *layers);
+// A float's bit pattern and back (the vector exp tests compare bits).
+static inline uint32_t float_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+static inline float bits_float(uint32_t u) {
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
 // n standard normal values (fill_normal's) in a 64-byte aligned array (free()).
 real *test_randn(int64_t n, uint64_t seed);
 // Positions [t0, t0+len) of x (B, T, C) as a new leaf tensor (x's requires_grad).

@@ -106,7 +106,8 @@ static inline void conv_silu_grad_row(real *restrict gz, const real *restrict g,
     for (int c = 0; c < C; c += 16) {
         __mmask16 m = v_lanes(c, C);
         __m512 z = v_load(gz + c, m), s = v_sigmoid(z), one = _mm512_set1_ps(1.0f);
-        v_store(gz + c, m, _mm512_mul_ps(_mm512_mul_ps(v_load(g + c, m), s), _mm512_fmadd_ps(z, _mm512_sub_ps(one, s), one)));
+        __m512 f = _mm512_fmadd_ps(z, _mm512_sub_ps(one, s), one);   // 1 + z (1 - s), fused as GCC makes it
+        v_store(gz + c, m, _mm512_mul_ps(_mm512_mul_ps(v_load(g + c, m), s), f));
     }
 #else
 #pragma omp simd

@@ -281,11 +281,13 @@ static void rms_gate_forward(Node *n) {
     }
 }
 
-// One row's dn = dy z s and, when dz, its dz = dy x r g silu'(z) (written
-// when fz, else added), s = sigmoid(z).
-static inline void rms_gate_row_grad(real *restrict dn, real *dz, bool fz, const real *xr, const real *zr,
-                                     const real *dyr, const real *gw, real ri, int D) {
 #ifdef OPS_VEXP
+// One row's dn = dy z s and, when dz, its dz = dy x r g silu'(z) (written
+// when fz, else added), s = sigmoid(z): the loop of rms_gate_backward in
+// vectors, with its roundings.
+static inline void rms_gate_row_grad_v(real *restrict dn, real *dz, bool fz, const real *xr, const real *zr,
+                                       const real *dyr, const real *gw, real ri, int D) {
+    const __m512 one = _mm512_set1_ps(1.0f);
     for (int j = 0; j < D; j += 16) {
         __mmask16 m = v_lanes(j, D);
         __m512 z = v_load(zr + j, m), s = v_sigmoid(z), dy = v_load(dyr + j, m);
@@ -293,22 +295,13 @@ static inline void rms_gate_row_grad(real *restrict dn, real *dz, bool fz, const
         if (dz) {
             __m512 a = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(dy, v_load(xr + j, m)), _mm512_set1_ps(ri)),
                                      v_load(gw + j, m));
-            __m512 one = _mm512_set1_ps(1.0f);   // 1 + z (1 - s) in two roundings, as GCC makes the loop's
+            // 1 + z (1 - s) in two roundings, as GCC makes the loop's
             __m512 sg = _mm512_mul_ps(s, _mm512_add_ps(one, v_mul_r(z, _mm512_sub_ps(one, s))));
             v_grad(dz + j, m, a, sg, fz, false);
         }
     }
-#else
-    for (int j = 0; j < D; j++) {
-        real s = r_sigmoid(zr[j]);
-        dn[j] = dyr[j] * zr[j] * s;
-        if (dz) {
-            real e = dyr[j] * xr[j] * ri * gw[j] * (s * (1 + zr[j] * (1 - s)));
-            dz[j] = fz ? e : dz[j] + e;
-        }
-    }
-#endif
 }
+#endif
 
 static void rms_gate_backward(Node *n) {
     const Tensor *x = n->in[0];
@@ -337,7 +330,18 @@ static void rms_gate_backward(Node *n) {
             for (int64_t r = r0; r < r1; r++) {
                 const real *xr = X + r * D, *zr = Z + r * D, *dyr = dy + r * D;
                 real ri = sv->rinv[r];
-                rms_gate_row_grad(dn, dz ? dz + r * D : NULL, fz, xr, zr, dyr, gw, ri, D);
+#ifdef OPS_VEXP
+                rms_gate_row_grad_v(dn, dz ? dz + r * D : NULL, fz, xr, zr, dyr, gw, ri, D);
+#else
+                for (int j = 0; j < D; j++) {
+                    real s = r_sigmoid(zr[j]);
+                    dn[j] = dyr[j] * zr[j] * s;
+                    if (dz) {
+                        real e = dyr[j] * xr[j] * ri * gw[j] * (s * (1 + zr[j] * (1 - s)));
+                        dz[r * D + j] = fz ? e : dz[r * D + j] + e;
+                    }
+                }
+#endif
                 if (dx) rms_row_grad(dx + r * D, xr, dn, gw, ri, D, !fx);
                 if (acc) rms_dg_row(acc, xr, dn, ri, D);
             }

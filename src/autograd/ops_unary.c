@@ -15,7 +15,9 @@ enum { UN_SILU, UN_SIGMOID, UN_SOFTPLUS, UN_EXP, UN_RELU };
 // (B, T, H) gates only, too few to gain).
 static bool unary_forward_v(int kind, const float *x, float *y, int64_t N) {
     switch (kind) {
-    case UN_SILU: V_LOOP(N, i, m, __m512 v = v_load(x + i, m); v_store(y + i, m, _mm512_mul_ps(v, v_sigmoid(v)));); return true;
+    case UN_SILU:
+        V_LOOP(N, i, m, __m512 v = v_load(x + i, m); v_store(y + i, m, _mm512_mul_ps(v, v_sigmoid(v))););
+        return true;
     case UN_SIGMOID: V_LOOP(N, i, m, v_store(y + i, m, v_sigmoid(v_load(x + i, m)));); return true;
     case UN_EXP: V_LOOP(N, i, m, v_store(y + i, m, v_exp(v_load(x + i, m)));); return true;
     default: return false;
