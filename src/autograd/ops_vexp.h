@@ -1,11 +1,12 @@
 // ops_vexp.h: r_exp and r_sigmoid (ops_math.h) on 16 floats at once, for the
-// activation loops of float32 builds on AVX-512 CPUs (SiLU, sigmoid,
-// softplus' derivative, the SiLU gates, conv1d_silu, exp). Defines OPS_VEXP
-// where it exists; other builds keep the loops over r_exp.
+// activation loops of float32 builds on AVX-512 CPUs (silu, sigmoid, exp, the
+// SiLU gates of silu_mul and rmsnorm_gate, conv1d_silu, the cross-entropy's
+// backward). Defines OPS_VEXP where it exists; other builds keep the loops
+// over r_exp.
 //
 // GCC vectorises a loop over r_exp at 256 bits (-march=native prefers ymm on
-// AVX-512 CPUs) and if-converts its tests by computing both sides; one
-// 512-bit pass does the same work in fewer instructions. The result is r_exp's
+// AVX-512 CPUs), with a vdivps for every sigmoid; here 512 bits, and the
+// sigmoid's reciprocal without the divider (v_recip_ge1). The result is r_exp's
 // lane by lane, bit for bit, for every input, in optimised builds: the same
 // range reduction and polynomial with the fused multiply-adds GCC makes of
 // r_exp's a * b + c, and 2^n built from its exponent bits as r_exp builds it
