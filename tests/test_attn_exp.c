@@ -13,18 +13,6 @@
 #include "test_util.h"
 
 #ifdef ATTN_VEXP
-static float bits_float(uint32_t u) {
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-static uint32_t float_bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
 // attn_vexp of 16 values with every lane kept, into y.
 static void vexp16(float *y, const float *x) { _mm512_storeu_ps(y, attn_vexp(_mm512_loadu_ps(x), 0xffff)); }
 

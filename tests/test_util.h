@@ -4,6 +4,8 @@
 
 #include <criterion/criterion.h>
 #include <setjmp.h>
+#include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "config.h"
@@ -26,6 +28,17 @@ LMConfig test_bf16_lm_config(const char *layers);
 // Every parameter element times (1 + rel u), u uniform in [-1, 1] from a fixed
 // seed: weights moved as far as rounding them to a coarser format would.
 void test_perturb_params(ParamStore *ps, double rel, uint64_t seed);
+// A float's bit pattern and back (the vector exp tests compare bits).
+static inline uint32_t float_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+static inline float bits_float(uint32_t u) {
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
 // n standard normal values (fill_normal's) in a 64-byte aligned array (free()).
 real *test_randn(int64_t n, uint64_t seed);
 // Positions [t0, t0+len) of x (B, T, C) as a new leaf tensor (x's requires_grad).

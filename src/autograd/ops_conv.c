@@ -32,6 +32,7 @@
 #include "docs.h"
 #include "ops.h"
 #include "ops_math.h"
+#include "ops_vexp.h"
 
 // The dw reduction: at most CONV_MAX_BLOCKS row blocks of at least
 // CONV_MIN_BLOCK_ROWS rows (fewer blocks for short inputs).
@@ -83,8 +84,16 @@ static void conv_forward(Node *n) {
         real *restrict y = Y + r * C;
         conv_row(y, X + r * C, wt, conv_pos(first, r, T), C, W);
         if (silu) {
+#ifdef OPS_VEXP
+            for (int c = 0; c < C; c += 16) {
+                __mmask16 m = v_lanes(c, C);
+                __m512 z = v_load(y + c, m);
+                v_store(y + c, m, _mm512_mul_ps(z, v_sigmoid(z)));
+            }
+#else
 #pragma omp simd
             for (int c = 0; c < C; c++) y[c] = y[c] * r_sigmoid(y[c]);
+#endif
         }
     }
 }
@@ -93,11 +102,20 @@ static void conv_forward(Node *n) {
 static inline void conv_silu_grad_row(real *restrict gz, const real *restrict g, const real *restrict xr,
                                       const real *restrict wt, int t, int C, int W) {
     conv_row(gz, xr, wt, t, C, W);
+#ifdef OPS_VEXP
+    for (int c = 0; c < C; c += 16) {
+        __mmask16 m = v_lanes(c, C);
+        __m512 z = v_load(gz + c, m), s = v_sigmoid(z), one = _mm512_set1_ps(1.0f);
+        __m512 f = _mm512_fmadd_ps(z, _mm512_sub_ps(one, s), one);   // 1 + z (1 - s), fused as GCC makes it
+        v_store(gz + c, m, _mm512_mul_ps(_mm512_mul_ps(v_load(g + c, m), s), f));
+    }
+#else
 #pragma omp simd
     for (int c = 0; c < C; c++) {
         real z = gz[c], s = r_sigmoid(z);
         gz[c] = g[c] * s * (1 + z * (1 - s));
     }
+#endif
 }
 
 // Rows [a, a1) of one sequence, whose row a sits at time t0: their dx (when

@@ -8,6 +8,7 @@
 
 #include "ops.h"
 #include "ops_math.h"
+#include "ops_vexp.h"
 
 // ---- softmax ----
 
@@ -135,10 +136,18 @@ static void ce_backward(Node *n) {
         }
         const real *xr = x->data + r * V;
         real l = sv->lse[r];
+#ifdef OPS_VEXP
+        for (int j = 0; j < V; j += 16) {
+            __mmask16 m = v_lanes(j, V);
+            __m512 e = v_exp(_mm512_sub_ps(v_load(xr + j, m), _mm512_set1_ps(l)));
+            v_grad(d + j, m, _mm512_set1_ps(c), e, fresh, true);
+        }
+#else
         if (fresh)
             for (int j = 0; j < V; j++) d[j] = c * r_exp(xr[j] - l);
         else
             for (int j = 0; j < V; j++) d[j] += c * r_exp(xr[j] - l);
+#endif
         d[tg[r]] -= c;
     }
 }

@@ -77,6 +77,8 @@ static inline real r_sigmoid(real x) {
 // (Cephes' coefficients): within 2 ulp of expf over the clamped range.
 // Inputs above 88.7 are clamped (the result stays finite, ~3.3e38); below
 // -87.3 the result is 0 (expf would go subnormal there, then 0).
+// On AVX-512 the activation ops take ops_vexp.h's 16-lane form of it, with
+// these bits.
 static inline float r_exp(float x_in) {
     float x = x_in < -87.3f ? -87.3f : x_in;   // ternaries, not fminf/fmaxf: these vectorise
     x = x > 88.7f ? 88.7f : x;

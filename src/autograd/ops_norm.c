@@ -4,10 +4,12 @@
 // and save r per row for the backward (derived next to each kernel).
 // The GPU pairs (the same saved state) are in src/cuda/ops_norm.cu.
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 
 #include "ops.h"
 #include "ops_math.h"
+#include "ops_vexp.h"
 
 // Columns of dg each thread owns when reducing over rows.
 #define NORM_ROWS_PER_BLOCK 256   // rows per partial sum of the weight gradient
@@ -190,9 +192,11 @@ static void add_rmsnorm_backward(Node *n) {
     // row's dg terms.
     int64_t nblk = dg ? rms_blocks(rows) : 1;
     double *part = dg ? tape_alloc(n->tape, (size_t)(nblk * D) * sizeof(double)) : NULL;   // (nblk, D)
+    size_t stride;
+    unsigned char *slots = tape_thread_slots(n->tape, (size_t)D * sizeof(real), &stride);   // (no malloc per call)
 #pragma omp parallel if (a->numel > OPS_PAR_MIN && (nblk > 1 || !dg))
     {
-        real *t = xmalloc((size_t)D * sizeof(real));   // one row of dh_total
+        real *t = (real *)(slots + (size_t)omp_get_thread_num() * stride);   // one row of dh_total
         if (dg) {
 #pragma omp for schedule(static)
             for (int64_t k = 0; k < nblk; k++) {
@@ -217,7 +221,6 @@ static void add_rmsnorm_backward(Node *n) {
                 if (db) grad_store(db + r * D, t, D, fb);
             }
         }
-        free(t);
     }
     if (dg) rms_dg_sum(part, nblk, D, dg);
 }
@@ -266,9 +269,39 @@ static void rms_gate_forward(Node *n) {
         const real *zr = Z + r * D;
         real ri = rms_row(yr, x->data + r * D, gw, D, eps);
         if (rinv) rinv[r] = ri;
+#ifdef OPS_VEXP
+        for (int j = 0; j < D; j += 16) {
+            __mmask16 m = v_lanes(j, D);
+            __m512 z = v_load(zr + j, m);
+            v_store(yr + j, m, _mm512_mul_ps(v_load(yr + j, m), _mm512_mul_ps(z, v_sigmoid(z))));
+        }
+#else
         for (int j = 0; j < D; j++) yr[j] *= zr[j] * r_sigmoid(zr[j]);
+#endif
     }
 }
+
+#ifdef OPS_VEXP
+// One row's dn = dy z s and, when dz, its dz = dy x r g silu'(z) (written
+// when fz, else added), s = sigmoid(z): the loop of rms_gate_backward in
+// vectors, with its roundings.
+static inline void rms_gate_row_grad_v(real *restrict dn, real *dz, bool fz, const real *xr, const real *zr,
+                                       const real *dyr, const real *gw, real ri, int D) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int j = 0; j < D; j += 16) {
+        __mmask16 m = v_lanes(j, D);
+        __m512 z = v_load(zr + j, m), s = v_sigmoid(z), dy = v_load(dyr + j, m);
+        v_store(dn + j, m, _mm512_mul_ps(_mm512_mul_ps(dy, z), s));
+        if (dz) {
+            __m512 a = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(dy, v_load(xr + j, m)), _mm512_set1_ps(ri)),
+                                     v_load(gw + j, m));
+            // 1 + z (1 - s) in two roundings, as GCC makes the loop's
+            __m512 sg = _mm512_mul_ps(s, _mm512_add_ps(one, v_mul_r(z, _mm512_sub_ps(one, s))));
+            v_grad(dz + j, m, a, sg, fz, false);
+        }
+    }
+}
+#endif
 
 static void rms_gate_backward(Node *n) {
     const Tensor *x = n->in[0];
@@ -281,9 +314,11 @@ static void rms_gate_backward(Node *n) {
     if (!dx && !dg && !dz) return;
     int64_t nblk = dg ? rms_blocks(rows) : 1;
     double *part = dg ? tape_alloc(n->tape, (size_t)(nblk * D) * sizeof(double)) : NULL;   // (nblk, D)
+    size_t stride;
+    unsigned char *slots = tape_thread_slots(n->tape, (size_t)D * sizeof(real), &stride);
 #pragma omp parallel if (x->numel > OPS_PAR_MIN && (nblk > 1 || !dg))
     {
-        real *dn = xmalloc((size_t)D * sizeof(real));   // one row of dL/dn
+        real *dn = (real *)(slots + (size_t)omp_get_thread_num() * stride);   // one row of dL/dn
         // With dg: the fixed blocks of rms_dg_sum; without, rows split evenly.
         int64_t units = dg ? nblk : rows;
 #pragma omp for schedule(static)
@@ -295,6 +330,9 @@ static void rms_gate_backward(Node *n) {
             for (int64_t r = r0; r < r1; r++) {
                 const real *xr = X + r * D, *zr = Z + r * D, *dyr = dy + r * D;
                 real ri = sv->rinv[r];
+#ifdef OPS_VEXP
+                rms_gate_row_grad_v(dn, dz ? dz + r * D : NULL, fz, xr, zr, dyr, gw, ri, D);
+#else
                 for (int j = 0; j < D; j++) {
                     real s = r_sigmoid(zr[j]);
                     dn[j] = dyr[j] * zr[j] * s;
@@ -303,11 +341,11 @@ static void rms_gate_backward(Node *n) {
                         dz[r * D + j] = fz ? e : dz[r * D + j] + e;
                     }
                 }
+#endif
                 if (dx) rms_row_grad(dx + r * D, xr, dn, gw, ri, D, !fx);
                 if (acc) rms_dg_row(acc, xr, dn, ri, D);
             }
         }
-        free(dn);
     }
     if (dg) rms_dg_sum(part, nblk, D, dg);
 }

@@ -4,14 +4,45 @@
 // per call (a switch outside the loops), never per element.
 #include "ops.h"
 #include "ops_math.h"
+#include "ops_vexp.h"
 
 enum { UN_SILU, UN_SIGMOID, UN_SOFTPLUS, UN_EXP, UN_RELU };
+
+#ifdef OPS_VEXP
+// The kinds whose exp runs in 512-bit vectors (ops_vexp.h), r_exp's bits:
+// silu, sigmoid and exp forward, silu backward. Returns false for the others
+// (the loops below; softplus takes log1pf, and its backward's sigmoid is of
+// (B, T, H) gates only, too few to gain).
+static bool unary_forward_v(int kind, const float *x, float *y, int64_t N) {
+    switch (kind) {
+    case UN_SILU:
+        V_LOOP(N, i, m, __m512 v = v_load(x + i, m); v_store(y + i, m, _mm512_mul_ps(v, v_sigmoid(v))););
+        return true;
+    case UN_SIGMOID: V_LOOP(N, i, m, v_store(y + i, m, v_sigmoid(v_load(x + i, m)));); return true;
+    case UN_EXP: V_LOOP(N, i, m, v_store(y + i, m, v_exp(v_load(x + i, m)));); return true;
+    default: return false;
+    }
+}
+
+static bool unary_backward_v(int kind, const float *x, const float *g, float *dx, int64_t N, bool fresh) {
+    switch (kind) {
+    case UN_SILU:   // g silu'(x)
+        V_LOOP(N, i, m, __m512 v = v_load(x + i, m);
+               v_grad(dx + i, m, v_load(g + i, m), v_silu_grad_s(v, v_sigmoid(v)), fresh, true););
+        return true;
+    default: return false;
+    }
+}
+#endif
 
 // iarg[0]: the UN_* kind
 static void unary_forward(Node *n) {
     const real *x = n->in[0]->data;   // (numel)
     real *y = n->out[0]->data;        // (numel)
     int64_t N = n->in[0]->numel;
+#ifdef OPS_VEXP
+    if (unary_forward_v(n->iarg[0], x, y, N)) return;
+#endif
     switch (n->iarg[0]) {
     case UN_SILU:
 #pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
@@ -45,6 +76,9 @@ static void unary_backward(Node *n) {
     if (!dx) return;
     const real *x = n->in[0]->data, *y = n->out[0]->data, *g = n->out[0]->grad;
     int64_t N = n->in[0]->numel;
+#ifdef OPS_VEXP
+    if (unary_backward_v(n->iarg[0], x, g, dx, N, fresh)) return;
+#endif
     switch (n->iarg[0]) {
     case UN_SILU: GRAD_WRITE_LOOP(fresh, N, dx, g[i] * r_silu_grad(x[i])); break;
     case UN_SIGMOID: GRAD_WRITE_LOOP(fresh, N, dx, g[i] * y[i] * (1 - y[i])); break;
@@ -88,8 +122,13 @@ static void silu_mul_forward(Node *n) {
     const real *g = n->in[0]->data, *x = n->in[1]->data;   // (numel) each
     real *y = n->out[0]->data;                            // (numel)
     int64_t N = n->in[0]->numel;
+#ifdef OPS_VEXP
+    V_LOOP(N, i, m, __m512 gv = v_load(g + i, m);
+           v_store(y + i, m, _mm512_mul_ps(_mm512_mul_ps(gv, v_sigmoid(gv)), v_load(x + i, m))););
+#else
 #pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < N; i++) y[i] = g[i] * r_sigmoid(g[i]) * x[i];
+#endif
 }
 
 // dg and dx of distinct tensors in one pass over g, x and dy, which two
@@ -99,6 +138,11 @@ static void silu_mul_forward(Node *n) {
 static inline __attribute__((always_inline)) void silu_mul_grads(const real *g, const real *x, const real *dy,
                                                                  real *dg, real *dx, int64_t N, const bool add_g,
                                                                  const bool add_x) {
+#ifdef OPS_VEXP
+    V_LOOP(N, i, m, __m512 gv = v_load(g + i, m), s = v_sigmoid(gv), d = v_load(dy + i, m);
+           v_grad(dg + i, m, _mm512_mul_ps(d, v_load(x + i, m)), v_silu_grad_s(gv, s), !add_g, false);
+           v_grad(dx + i, m, _mm512_mul_ps(d, gv), s, !add_x, false););
+#else
 #pragma omp parallel for if (N > OPS_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < N; i++) {
         real s = r_sigmoid(g[i]), d = dy[i];
@@ -106,6 +150,7 @@ static inline __attribute__((always_inline)) void silu_mul_grads(const real *g, 
         dg[i] = add_g ? dg[i] + eg : eg;
         dx[i] = add_x ? dx[i] + ex : ex;
     }
+#endif
 }
 
 static void silu_mul_backward(Node *n) {

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "ops_math.h"   // r_exp
+#include "ops_vexp.h"   // v_exp_reduced
 
 #define ATTN_VEXP 1
 
@@ -37,18 +38,8 @@ static inline __m512 attn_vexp(__m512 x, __mmask16 keep) {
     // not below -87.3: true for NaN too, which then stays NaN as in r_exp
     keep &= _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NLT_UQ);
     x = _mm512_min_ps(_mm512_set1_ps(88.7f), x);   // (min_ps returns its second operand, x, when x is NaN)
-    const __m512 magic = _mm512_set1_ps(12582912.0f);
-    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic), magic);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 r2 = _mm512_mul_ps(r, r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
+    __m512 n;
+    __m512 p = v_exp_reduced(x, &n);   // r_exp's reduction and polynomial (ops_vexp.h)
     return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
