@@ -6,6 +6,7 @@
 //   S_{c+1} = λ_c S_c + ΔS_c,  ΔS_c = (diag(exp(G_L − G)) K̃)ᵀ V,  λ_c = exp(G_L).
 // gla_common.cuh has the plan of both passes.
 #include "gla_common.cuh"
+#include "mixer.h"
 
 // Σ_i w_i x_i y_iᵀ (dk, dv) over one chunk, a thread per element:
 //  - forward (bwd false): x = k, y = v, w = β exp(G_L − G) over the last
@@ -13,6 +14,9 @@
 //    the final state for the last chunk; and λ_c;
 //  - backward: x = q, y = dO, w = exp(G) over the rows that read the
 //    entering state: ΔdS_c, into slot c of the state gradients.
+// BF: the products' operands rounded (gla_common.cuh): e (β k) and v, or
+// exp(G) q and dO, formed and rounded as the CPU's.
+template <bool BF>
 __global__ void k_gla_outer(Dims d, bool bwd, const real *x, const real *y, const real *g, const real *dt,
                             const int *first, real *states, real *sfinal, real *lam) {
     __shared__ Rows r;
@@ -38,8 +42,13 @@ __global__ void k_gla_outer(Dims d, bool bwd, const real *x, const real *y, cons
         int a = (int)(e / d.dv), j = (int)(e % d.dv);
         real acc = 0;
         for (int i = i0; i < i1; i++) {
-            real w = bwd ? r.eS[i] : r.eL[i] * r.dt[i];
-            acc += w * X[(int64_t)i * ldx + a] * Y[(int64_t)i * ldy + j];
+            if (BF) {
+                real xv = X[(int64_t)i * ldx + a];
+                acc += bfr<BF>(bwd ? r.eS[i] * xv : r.eL[i] * (r.dt[i] * xv)) * bfr<BF>(Y[(int64_t)i * ldy + j]);
+            } else {
+                real w = bwd ? r.eS[i] : r.eL[i] * r.dt[i];
+                acc += w * X[(int64_t)i * ldx + a] * Y[(int64_t)i * ldy + j];
+            }
         }
         dst[e] = acc;
     }
@@ -68,7 +77,10 @@ __global__ void k_gla_scan(Dims d, const real *s0, real *states, real *sfinal, c
 }
 
 // O of one chunk: A V + diag(exp(G)) Q S_c over the rows that read S_c,
-// A = (Q K̃ᵀ) ⊙ M ⊙ [exp(G_i − G_s)] in shared memory.
+// A = (Q K̃ᵀ) ⊙ M ⊙ [exp(G_i − G_s)] in shared memory. BF: the products'
+// operands rounded (gla_common.cuh): Q and K̃ = β k (where the chunk is whole
+// vectors of 16), A and V, Q and S_c.
+template <bool BF>
 __global__ void k_gla_out(Dims d, const real *q, const real *kk, const real *v, const real *g, const real *dt,
                           const int *first, const real *states, bool has_s0, real *o) {
     __shared__ Rows r;
@@ -80,10 +92,16 @@ __global__ void k_gla_out(Dims d, const real *q, const real *kk, const real *v, 
     int64_t rv = ((int64_t)k.b * d.T + k.t0) * ldv + (int64_t)k.h * dv;
     const real *Q = q + rk, *K = kk + rk, *V = v + rv;
     real *O = o + rv;
+    bool rl = L % 16 == 0;   // the scores' operands rounded (as the CPU's)
     for (int x = threadIdx.x; x < L * L; x += blockDim.x) {
         int i = x / L, s = x % L;
         real val = 0;
-        if (reads(&r, i, s)) {
+        if (BF && reads(&r, i, s)) {
+            real qk = 0;
+            for (int a = 0; a < dk; a++)
+                qk += bfr<BF>(Q[(int64_t)i * ldk + a], rl) * bfr<BF>(r.dt[s] * K[(int64_t)s * ldk + a], rl);
+            val = g ? qk * d_decay(r.G[i] - r.G[s]) : qk;
+        } else if (reads(&r, i, s)) {
             real qk = 0;
             for (int a = 0; a < dk; a++) qk += Q[(int64_t)i * ldk + a] * K[(int64_t)s * ldk + a];
             val = qk * r.dt[s] * (g ? d_decay(r.G[i] - r.G[s]) : (real)1);
@@ -96,20 +114,26 @@ __global__ void k_gla_out(Dims d, const real *q, const real *kk, const real *v, 
     for (int64_t x = threadIdx.x; x < (int64_t)L * dv; x += blockDim.x) {
         int i = (int)(x / dv), j = (int)(x % dv);
         real acc = 0;
-        for (int s = max(r.db[i], 0); s <= i; s++) acc += A[i * GLA_C + s] * V[(int64_t)s * ldv + j];
+        for (int s = max(r.db[i], 0); s <= i; s++)
+            acc += bfr<BF>(A[i * GLA_C + s]) * bfr<BF>(V[(int64_t)s * ldv + j]);
         if (sin && r.db[i] < 0) {
             real u = 0;
-            for (int a = 0; a < dk; a++) u += Q[(int64_t)i * ldk + a] * S[(int64_t)a * dv + j];
+            for (int a = 0; a < dk; a++) u += bfr<BF>(Q[(int64_t)i * ldk + a]) * bfr<BF>(S[(int64_t)a * dv + j]);
             acc += r.eS[i] * u;
         }
         O[(int64_t)i * ldv + j] = acc;
     }
 }
 
-void gla_outer(unsigned blocks, Dims d, bool bwd, const real *x, const real *y, const real *g, const real *dt,
-               const int *first, real *states, real *sfinal, real *lam) {
-    k_gla_outer<<<blocks, GLA_THREADS, 0, cu_stream>>>(d, bwd, x, y, g, dt, first, states, sfinal, lam);
+void gla_outer(unsigned blocks, Dims d, bool bwd, bool bf, const real *x, const real *y, const real *g,
+               const real *dt, const int *first, real *states, real *sfinal, real *lam) {
+    auto kern = bf ? k_gla_outer<true> : k_gla_outer<false>;
+    kern<<<blocks, GLA_THREADS, 0, cu_stream>>>(d, bwd, x, y, g, dt, first, states, sfinal, lam);
     CU_LAUNCHED();
+}
+
+bool gla_bf16_takes(const Node *n) {
+    return cu_bf16_products() && n->iarg[5] != MIXER_FORM_RECURRENT && n->iarg[3] % 16 == 0 && n->iarg[4] % 16 == 0;
 }
 
 extern "C" void cu_gla_forward(Node *n) {
@@ -124,10 +148,15 @@ extern "C" void cu_gla_forward(Node *n) {
     n->saved = states;
     real *sfinal = n->out[1]->data;
     unsigned blocks = (unsigned)(BH * d.nc);
-    gla_outer(blocks, d, false, in[IN_K]->data, in[IN_V]->data, g, dt, first, states, sfinal, lam);
+    // farg[0], the CPU's choice of bf16 tiles (0 on a GPU tape), becomes the
+    // GPU's here; the backward follows it.
+    bool bf = gla_bf16_takes(n);
+    n->farg[0] = bf;
+    gla_outer(blocks, d, false, bf, in[IN_K]->data, in[IN_V]->data, g, dt, first, states, sfinal, lam);
     k_gla_scan<<<cu_grid(BH * SZ), CU_THREADS, 0, cu_stream>>>(d, s0, states, sfinal, lam);
     CU_LAUNCHED();
-    k_gla_out<<<blocks, GLA_THREADS, 0, cu_stream>>>(d, in[IN_Q]->data, in[IN_K]->data, in[IN_V]->data, g, dt,
-                                                     first, states, s0 != NULL, n->out[0]->data);
+    auto out = bf ? k_gla_out<true> : k_gla_out<false>;
+    out<<<blocks, GLA_THREADS, 0, cu_stream>>>(d, in[IN_Q]->data, in[IN_K]->data, in[IN_V]->data, g, dt, first,
+                                               states, s0 != NULL, n->out[0]->data);
     CU_LAUNCHED();
 }

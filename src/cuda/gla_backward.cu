@@ -8,7 +8,7 @@
 //   dK̃ = dPᵀ Q + diag(exp(G_L − G)) V dS_{c+1}ᵀ,  dk = dt dK̃,  ddt = k·dK̃,
 //   dg_i = Σ_{t ≥ i in the chunk} dG_t (dG: gla_backward.c's header).
 // gla_common.cuh has the plan of both passes.
-// k_gla_grad is 157 lines, over the house's 120: it is one chunk's
+// k_gla_grad is 176 lines, over the house's 120: it is one chunk's
 // gradients in gla_backward.c's order, each step reading the shared-memory
 // rows and sums the previous one left; cut into device functions, the
 // pieces would pass a dozen of its pointers and sums between them.
@@ -50,7 +50,8 @@ typedef struct {
 // (dstates); dO may be NULL (only the final state is seeded). Dynamic shared
 // memory: A and dP, (GLA_C, GLA_C) each. dv: a thread per element; dq and
 // dK̃: a warp per row (lanes over dk), whose sums give dG's terms through
-// S_c and dS, and ddt.
+// S_c and dS, and ddt. BF: the products' operands rounded (gla_common.cuh).
+template <bool BF>
 __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v, const real *g, const real *dt,
                            const int *first, const real *dO, const real *states, const real *dstates, bool has_s0,
                            GlaGrads go) {
@@ -75,13 +76,21 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
     bool sin = (k.c > 0 || has_s0) && r.db[0] < 0;   // some row reads a non-zero S_c
     bool keep = r.db[L - 1] < 0;                      // S_c reaches the leaving state
     int j0 = max(r.db[L - 1], 0);                     // rows from j0 reach it
+    bool rl = L % 16 == 0;                            // the scores' operands rounded (as the CPU's)
 
     if (DO) {
         // A, and dA = (dO Vᵀ) ⊙ M in dP's place
         for (int x = tid; x < L * L; x += blockDim.x) {
             int i = x / L, s = x % L;
             real av = 0, da = 0;
-            if (reads(&r, i, s)) {
+            if (BF && reads(&r, i, s)) {
+                real qk = 0;
+                for (int a = 0; a < dk; a++)
+                    qk += bfr<BF>(Q[(int64_t)i * ldk + a], rl) * bfr<BF>(r.dt[s] * K[(int64_t)s * ldk + a], rl);
+                av = g ? qk * d_decay(r.G[i] - r.G[s]) : qk;
+                for (int j = 0; j < dv; j++)
+                    da += bfr<BF>(DO[(int64_t)i * ldv + j], rl) * bfr<BF>(V[(int64_t)s * ldv + j], rl);
+            } else if (reads(&r, i, s)) {
                 real qk = 0;
                 for (int a = 0; a < dk; a++) qk += Q[(int64_t)i * ldk + a] * K[(int64_t)s * ldk + a];
                 av = qk * r.dt[s] * (g ? d_decay(r.G[i] - r.G[s]) : (real)1);
@@ -122,8 +131,13 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
             int s = (int)(x / dv), j = (int)(x % dv);
             real acc = 0;
             if (DO)
-                for (int i = s; i < L; i++) acc += A[i * GLA_C + s] * DO[(int64_t)i * ldv + j];
-            if (s >= j0) {
+                for (int i = s; i < L; i++) acc += bfr<BF>(A[i * GLA_C + s]) * bfr<BF>(DO[(int64_t)i * ldv + j]);
+            if (BF && s >= j0) {   // e (K̃ dS), K̃ = β k rounded
+                real u = 0;
+                for (int a = 0; a < dk; a++)
+                    u += bfr<BF>(r.dt[s] * K[(int64_t)s * ldk + a]) * bfr<BF>(dS[(int64_t)a * dv + j]);
+                acc += r.eL[s] * u;
+            } else if (s >= j0) {
                 real u = 0;
                 for (int a = 0; a < dk; a++) u += K[(int64_t)s * ldk + a] * dS[(int64_t)a * dv + j];
                 acc += r.eL[s] * r.dt[s] * u;
@@ -139,11 +153,16 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
             for (int a = lane; a < dk; a += 32) {
                 real acc = 0;
                 if (DO && go.dq)
-                    for (int s = max(r.db[i], 0); s <= i; s++)
-                        acc += dP[i * GLA_C + s] * r.dt[s] * K[(int64_t)s * ldk + a];
+                    for (int s = max(r.db[i], 0); s <= i; s++) {
+                        if (BF)
+                            acc += bfr<BF>(dP[i * GLA_C + s]) * bfr<BF>(r.dt[s] * K[(int64_t)s * ldk + a]);
+                        else
+                            acc += dP[i * GLA_C + s] * r.dt[s] * K[(int64_t)s * ldk + a];
+                    }
                 if (rs) {
                     real u = 0;
-                    for (int j = 0; j < dv; j++) u += DO[(int64_t)i * ldv + j] * S[(int64_t)a * dv + j];
+                    for (int j = 0; j < dv; j++)
+                        u += bfr<BF>(DO[(int64_t)i * ldv + j]) * bfr<BF>(S[(int64_t)a * dv + j]);
                     acc += r.eS[i] * u;
                     part += (double)Q[(int64_t)i * ldk + a] * u;
                 }
@@ -164,10 +183,11 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
             for (int a = lane; a < dk; a += 32) {
                 real acc = 0;
                 if (DO && need_k)
-                    for (int i = s; i < L; i++) acc += dP[i * GLA_C + s] * Q[(int64_t)i * ldk + a];
+                    for (int i = s; i < L; i++) acc += bfr<BF>(dP[i * GLA_C + s]) * bfr<BF>(Q[(int64_t)i * ldk + a]);
                 if (last) {
                     real u = 0;
-                    for (int j = 0; j < dv; j++) u += V[(int64_t)s * ldv + j] * dS[(int64_t)a * dv + j];
+                    for (int j = 0; j < dv; j++)
+                        u += bfr<BF>(V[(int64_t)s * ldv + j]) * bfr<BF>(dS[(int64_t)a * dv + j]);
                     acc += r.eL[s] * u;
                     pc += (double)(r.dt[s] * K[(int64_t)s * ldk + a]) * u;
                 }
@@ -248,8 +268,9 @@ extern "C" void cu_gla_backward(Node *n) {
     const int *first = cu_first_to_device(n->tape, (const int *)n->aux, d.B, d.T);
     real *dstates = (real *)tape_dalloc(n->tape, (size_t)(BH * (d.nc + 1) * SZ) * sizeof(real));
     unsigned blocks = (unsigned)(BH * d.nc);
+    bool bf = n->farg[0] != 0;   // the forward's choice (gla_bf16_takes)
     if (dO) {
-        gla_outer(blocks, d, true, in[IN_Q]->data, dO, g, dt, first, dstates, NULL, NULL);
+        gla_outer(blocks, d, true, bf, in[IN_Q]->data, dO, g, dt, first, dstates, NULL, NULL);
     }
     k_gla_scan_back<<<cu_grid(BH * SZ), CU_THREADS, 0, cu_stream>>>(d, dSf, dstates, lam, dO != NULL, gb[IN_S0],
                                                                     fr[IN_S0]);
@@ -258,10 +279,10 @@ extern "C" void cu_gla_backward(Node *n) {
                    fr[IN_DT]};
     if (go.dq || go.dk || go.dv || go.dg || go.ddt) {
         size_t smem = 2 * GLA_C * GLA_C * sizeof(real);   // A and dP: 64 KiB in float64
-        CU_CHECK(cudaFuncSetAttribute(k_gla_grad, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        k_gla_grad<<<blocks, GLA_THREADS, smem, cu_stream>>>(d, in[IN_Q]->data, in[IN_K]->data, in[IN_V]->data, g,
-                                                             dt, first, dO, states, dstates,
-                                                             in[IN_S0] != NULL, go);
+        auto kern = bf ? k_gla_grad<true> : k_gla_grad<false>;
+        CU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kern<<<blocks, GLA_THREADS, smem, cu_stream>>>(d, in[IN_Q]->data, in[IN_K]->data, in[IN_V]->data, g, dt,
+                                                       first, dO, states, dstates, in[IN_S0] != NULL, go);
         CU_LAUNCHED();
     }
     for (int i = 0; i < N_IN; i++)

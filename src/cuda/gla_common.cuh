@@ -22,10 +22,31 @@
 //             3. per chunk: dq, dk, dv, dg, ddt from S_c and dS_{c+1}.
 // Saved (n->saved, tape_dalloc): the states entering each chunk (B, H, NC,
 // dk, dv), then λ (B, H, NC). Every sum has a fixed order (no atomics).
+//
+// Under [train] precision = bf16 (cu_bf16_products, the float32 build) the
+// chunk products take bf16 operands and sum in float32, with the CPU's
+// semantics (gla.c, gla_backward.c, gdn_chunk.c's header): the kernels'
+// instances BF = true round to bf16 (nearest even) exactly the operands the
+// CPU's tile products round, after the same float32 scalings: the scores
+// Q K̃ᵀ and dO Vᵀ from Q, K̃ = diag(dt) K, dO, V; A V, Aᵀ dO from A (decayed,
+// masked); dP K̃, dPᵀ Q from dP; Q S_c, dO S_cᵀ from the state (the scan's
+// float32 value) and Q, dO; K̃ dS, V dSᵀ from the state's gradient; the
+// states' parts from diag(exp(G_L − G)) K̃ (rounded as formed: e (β k)) and
+// V, and from diag(exp(G)) Q and dO. Everything else stays float32 as there:
+// the states and their scans, the decays, the products' outputs, dG's sums.
+// The CPU rounds the scores' operands only where L, the products' width, is
+// a multiple of 16 (tile_gemm_rows_bf16 takes whole vectors), so a partial
+// chunk's scores here neither. Taken for the chunked and parallel forms with
+// dk and dv multiples of 16 (gla_bf16_takes; the CPU's other products then
+// round too); the recurrent form, as the CPU's, and other sizes run float32.
 #ifndef AG_GLA_COMMON_CUH
 #define AG_GLA_COMMON_CUH
 
 #include "cuda_internal.cuh"
+
+#ifndef AG_DOUBLE
+#include <cuda_bf16.h>
+#endif
 
 #define GLA_C 64          // positions per chunk, every form
 #define GLA_THREADS 256   // per chunk block: 8 warps
@@ -94,6 +115,16 @@ static __device__ void rows_load(Rows *r, const Dims &d, const Chunk &k, const r
 // Whether row i reads row s of its chunk (causal, same document).
 __device__ __forceinline__ bool reads(const Rows *r, int i, int s) { return s <= i && s >= r->db[i]; }
 
+// x rounded to bf16 (nearest even, bf16.h's rounding) in an instance with
+// bf16 products (BF) where `on`, else x itself.
+template <bool BF>
+__device__ __forceinline__ real bfr(real x, bool on = true) {
+#ifndef AG_DOUBLE
+    if (BF && on) return __bfloat162float(__float2bfloat16_rn(x));
+#endif
+    return x;
+}
+
 static inline Dims dims_of(const Node *n) {
     Dims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], (n->iarg[1] + GLA_C - 1) / GLA_C};
     ASSERT((int64_t)d.B * d.H * d.nc < (int64_t)1 << 31, "gla: %d x %d x %d chunks are too many blocks", d.B, d.H,
@@ -103,8 +134,14 @@ static inline Dims dims_of(const Node *n) {
 
 static inline const real *data_or_null(const Tensor *t) { return t ? t->data : NULL; }
 
-// gla.cu: k_gla_outer (below, there) on `blocks` blocks of GLA_THREADS.
-void gla_outer(unsigned blocks, Dims d, bool bwd, const real *x, const real *y, const real *g, const real *dt,
-               const int *first, real *states, real *sfinal, real *lam);
+// Whether node n (op_gla_dt) runs its products in bf16 (above): decided by
+// the forward (gla.cu) into n->farg[0], which the backward follows.
+bool gla_bf16_takes(const Node *n);
+extern "C" bool cu_bf16_products(void);   // ops_matmul.cu
+
+// gla.cu: k_gla_outer (below, there) on `blocks` blocks of GLA_THREADS; bf:
+// its instance with bf16 products.
+void gla_outer(unsigned blocks, Dims d, bool bwd, bool bf, const real *x, const real *y, const real *g,
+               const real *dt, const int *first, real *states, real *sfinal, real *lam);
 
 #endif
