@@ -7,6 +7,7 @@
 // gla_common.cuh has the plan of both passes.
 #include "gla_common.cuh"
 #include "mixer.h"
+#include "mma_bf16.cuh"
 
 // Σ_i w_i x_i y_iᵀ (dk, dv) over one chunk, a thread per element:
 //  - forward (bwd false): x = k, y = v, w = β exp(G_L − G) over the last
@@ -14,8 +15,39 @@
 //    the final state for the last chunk; and λ_c;
 //  - backward: x = q, y = dO, w = exp(G) over the rows that read the
 //    entering state: ΔdS_c, into slot c of the state gradients.
-// BF: the products' operands rounded (gla_common.cuh): e (β k) and v, or
-// exp(G) q and dO, formed and rounded as the CPU's.
+#ifndef AG_DOUBLE
+// k_gla_outer's sum with bf16 products on the tensor cores (mma_bf16.cuh):
+// dst (dk, dv) = Xᵀ Y over the chunk's rows, X's rows e (β k) (forward) or
+// exp(G) q (backward) rounded as formed, as the CPU's, and Y's rounded; rows
+// of zero weight and those past L (the k steps are 16 rows) add zeros. Warp
+// w owns the (16, 8) tiles w, w + 8, ... of dst.
+static __device__ void outer_mma(const Dims &d, const Rows &r, int L, bool bwd, const real *X, const real *Y,
+                                 real *dst) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
+    int64_t ldx = (int64_t)d.H * d.dk, ldy = (int64_t)d.H * d.dv;
+    int nt = d.dv / 8;
+    auto x = [&](int i, int a) -> float {   // row i's weighted operand, before its rounding
+        if (i >= L) return 0;
+        real v = X[i * ldx + a];
+        return bwd ? r.eS[i] * v : r.eL[i] * (r.dt[i] * v);
+    };
+    auto y = [&](int i, int j) -> float { return i < L ? Y[i * ldy + j] : (real)0; };
+    for (int t = w; t < d.dk / 16 * nt; t += GLA_THREADS / 32) {
+        int m0 = 16 * (t / nt), n0 = 8 * (t % nt), ma = m0 + gq, mb = ma + 8, n = n0 + gq;
+        float acc[4] = {0, 0, 0, 0};
+        for (int kb = 0; kb < L; kb += 16) {   // (every lane: mma.sync is warp-wide)
+            int k0 = kb + 2 * c;               // this lane's first row of the step
+            fb_mma(acc, fb_pack(x(k0, ma), x(k0 + 1, ma)), fb_pack(x(k0, mb), x(k0 + 1, mb)),
+                   fb_pack(x(k0 + 8, ma), x(k0 + 9, ma)), fb_pack(x(k0 + 8, mb), x(k0 + 9, mb)),
+                   fb_pack(y(k0, n), y(k0 + 1, n)), fb_pack(y(k0 + 8, n), y(k0 + 9, n)));
+        }
+        for (int e = 0; e < 4; e++) dst[(int64_t)(ma + 8 * (e >> 1)) * d.dv + n0 + 2 * c + (e & 1)] = acc[e];
+    }
+}
+#endif
+
+// BF: the products' operands rounded (gla_common.cuh), on the tensor cores
+// (outer_mma).
 template <bool BF>
 __global__ void k_gla_outer(Dims d, bool bwd, const real *x, const real *y, const real *g, const real *dt,
                             const int *first, real *states, real *sfinal, real *lam) {
@@ -38,20 +70,20 @@ __global__ void k_gla_outer(Dims d, bool bwd, const real *x, const real *y, cons
         dst = states + (k.bh * (d.nc + 1) + k.c) * SZ;
         while (i1 < k.L && r.db[i1] < 0) i1++;   // (they come first: first[] never decreases)
     }
-    for (int64_t e = threadIdx.x; e < SZ; e += blockDim.x) {
-        int a = (int)(e / d.dv), j = (int)(e % d.dv);
-        real acc = 0;
-        for (int i = i0; i < i1; i++) {
-            if (BF) {
-                real xv = X[(int64_t)i * ldx + a];
-                acc += bfr<BF>(bwd ? r.eS[i] * xv : r.eL[i] * (r.dt[i] * xv)) * bfr<BF>(Y[(int64_t)i * ldy + j]);
-            } else {
+#ifndef AG_DOUBLE
+    if (BF)
+        outer_mma(d, r, k.L, bwd, X, Y, dst);
+    else
+#endif
+        for (int64_t e = threadIdx.x; e < SZ; e += blockDim.x) {
+            int a = (int)(e / d.dv), j = (int)(e % d.dv);
+            real acc = 0;
+            for (int i = i0; i < i1; i++) {
                 real w = bwd ? r.eS[i] : r.eL[i] * r.dt[i];
                 acc += w * X[(int64_t)i * ldx + a] * Y[(int64_t)i * ldy + j];
             }
+            dst[e] = acc;
         }
-        dst[e] = acc;
-    }
 }
 
 // Per state element, the chunks in order from s0 (zeros when NULL): slot 0
@@ -76,10 +108,70 @@ __global__ void k_gla_scan(Dims d, const real *s0, real *states, real *sfinal, c
     }
 }
 
+#ifndef AG_DOUBLE
+// O of a whole chunk (L = GLA_C) with bf16 products on the tensor cores
+// (mma_bf16.cuh), the roundings of k_gla_out's BF instance: warp w owns the
+// rows 16 (w / 2) .. + 15, and of them the scores' columns 32 (w % 2) .. + 31,
+// then O's 8-column tiles from 8 (w % 2) in steps of 16. Fragments are read
+// and rounded from global memory (the chunk's rows stay in L1) and A from
+// shared memory (float32, as the scalar path keeps it). sin: some row reads
+// a non-zero S_c (block-uniform).
+static __device__ void out_mma(const Dims &d, const Rows &r, const real *Q, const real *K, const real *V,
+                               const real *S, bool sin, bool gated, real *A, real *O) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
+    int dk = d.dk, dv = d.dv;
+    int64_t ldk = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv;
+    int r0 = 16 * (w >> 1);
+    const real *qa = Q + (r0 + gq) * ldk + 2 * c, *qb = qa + 8 * ldk;   // rows g, g + 8 of the warp's 16
+    // A = (Q K̃ᵀ) ⊙ M ⊙ [exp(G_i − G_s)], K̃ = β k rounded as formed
+    for (int t = 0; t < 4; t++) {
+        int n0 = 32 * (w & 1) + 8 * t;
+        float acc[4] = {0, 0, 0, 0};
+        if (n0 <= r0 + 15) {   // (tiles above the diagonal are masked whole)
+            const real *kr = K + (n0 + gq) * ldk + 2 * c;
+            real bt = r.dt[n0 + gq];
+            for (int k0 = 0; k0 < dk; k0 += 16)
+                fb_mma(acc, fb_pack(qa[k0], qa[k0 + 1]), fb_pack(qb[k0], qb[k0 + 1]), fb_pack(qa[k0 + 8], qa[k0 + 9]),
+                       fb_pack(qb[k0 + 8], qb[k0 + 9]), fb_pack(bt * kr[k0], bt * kr[k0 + 1]),
+                       fb_pack(bt * kr[k0 + 8], bt * kr[k0 + 9]));
+        }
+        for (int e = 0; e < 4; e++) {
+            int i = r0 + gq + 8 * (e >> 1), s = n0 + 2 * c + (e & 1);
+            A[i * GLA_C + s] = !reads(&r, i, s) ? (real)0 : gated ? acc[e] * d_decay(r.G[i] - r.G[s]) : acc[e];
+        }
+    }
+    __syncthreads();
+    // O = A V + diag(exp(G)) (Q S_c)
+    const real *aa = A + (r0 + gq) * GLA_C + 2 * c, *ab = aa + 8 * GLA_C;
+    for (int n0 = 8 * (w & 1); n0 < dv; n0 += 16) {
+        float o1[4] = {0, 0, 0, 0}, o2[4] = {0, 0, 0, 0};
+        const real *vb = V + 2 * c * ldv + n0 + gq;
+        for (int k0 = 0; k0 <= r0; k0 += 16)   // (A's columns past the warp's rows are zeros)
+            fb_mma(o1, fb_pack(aa[k0], aa[k0 + 1]), fb_pack(ab[k0], ab[k0 + 1]), fb_pack(aa[k0 + 8], aa[k0 + 9]),
+                   fb_pack(ab[k0 + 8], ab[k0 + 9]), fb_pack(vb[k0 * ldv], vb[(k0 + 1) * ldv]),
+                   fb_pack(vb[(k0 + 8) * ldv], vb[(k0 + 9) * ldv]));
+        if (sin) {
+            const real *sb = S + 2 * c * dv + n0 + gq;
+            for (int k0 = 0; k0 < dk; k0 += 16)
+                fb_mma(o2, fb_pack(qa[k0], qa[k0 + 1]), fb_pack(qb[k0], qb[k0 + 1]), fb_pack(qa[k0 + 8], qa[k0 + 9]),
+                       fb_pack(qb[k0 + 8], qb[k0 + 9]), fb_pack(sb[k0 * dv], sb[(k0 + 1) * dv]),
+                       fb_pack(sb[(k0 + 8) * dv], sb[(k0 + 9) * dv]));
+        }
+        for (int e = 0; e < 4; e++) {
+            int i = r0 + gq + 8 * (e >> 1), j = n0 + 2 * c + (e & 1);
+            real acc = o1[e];
+            if (sin && r.db[i] < 0) acc += r.eS[i] * o2[e];
+            O[i * ldv + j] = acc;
+        }
+    }
+}
+#endif
+
 // O of one chunk: A V + diag(exp(G)) Q S_c over the rows that read S_c,
 // A = (Q K̃ᵀ) ⊙ M ⊙ [exp(G_i − G_s)] in shared memory. BF: the products'
 // operands rounded (gla_common.cuh): Q and K̃ = β k (where the chunk is whole
-// vectors of 16), A and V, Q and S_c.
+// vectors of 16), A and V, Q and S_c; a whole chunk on the tensor cores
+// (out_mma), a partial one here.
 template <bool BF>
 __global__ void k_gla_out(Dims d, const real *q, const real *kk, const real *v, const real *g, const real *dt,
                           const int *first, const real *states, bool has_s0, real *o) {
@@ -92,6 +184,13 @@ __global__ void k_gla_out(Dims d, const real *q, const real *kk, const real *v, 
     int64_t rv = ((int64_t)k.b * d.T + k.t0) * ldv + (int64_t)k.h * dv;
     const real *Q = q + rk, *K = kk + rk, *V = v + rv;
     real *O = o + rv;
+#ifndef AG_DOUBLE
+    if (BF && L == GLA_C) {   // (block-uniform)
+        const real *Sc = states + (k.bh * d.nc + k.c) * (int64_t)dk * dv;
+        out_mma(d, r, Q, K, V, Sc, (k.c > 0 || has_s0) && r.db[0] < 0, g != NULL, A, O);
+        return;
+    }
+#endif
     bool rl = L % 16 == 0;   // the scores' operands rounded (as the CPU's)
     for (int x = threadIdx.x; x < L * L; x += blockDim.x) {
         int i = x / L, s = x % L;
