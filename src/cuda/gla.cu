@@ -7,7 +7,6 @@
 // gla_common.cuh has the plan of both passes.
 #include "gla_common.cuh"
 #include "mixer.h"
-#include "mma_bf16.cuh"
 
 // Σ_i w_i x_i y_iᵀ (dk, dv) over one chunk, a thread per element:
 //  - forward (bwd false): x = k, y = v, w = β exp(G_L − G) over the last
@@ -118,47 +117,28 @@ __global__ void k_gla_scan(Dims d, const real *s0, real *states, real *sfinal, c
 // a non-zero S_c (block-uniform).
 static __device__ void out_mma(const Dims &d, const Rows &r, const real *Q, const real *K, const real *V,
                                const real *S, bool sin, bool gated, real *A, real *O) {
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
-    int dk = d.dk, dv = d.dv;
+    int w = threadIdx.x >> 5, dk = d.dk, dv = d.dv;
     int64_t ldk = (int64_t)d.H * dk, ldv = (int64_t)d.H * dv;
     int r0 = 16 * (w >> 1);
-    const real *qa = Q + (r0 + gq) * ldk + 2 * c, *qb = qa + 8 * ldk;   // rows g, g + 8 of the warp's 16
     // A = (Q K̃ᵀ) ⊙ M ⊙ [exp(G_i − G_s)], K̃ = β k rounded as formed
     for (int t = 0; t < 4; t++) {
         int n0 = 32 * (w & 1) + 8 * t;
         float acc[4] = {0, 0, 0, 0};
-        if (n0 <= r0 + 15) {   // (tiles above the diagonal are masked whole)
-            const real *kr = K + (n0 + gq) * ldk + 2 * c;
-            real bt = r.dt[n0 + gq];
-            for (int k0 = 0; k0 < dk; k0 += 16)
-                fb_mma(acc, fb_pack(qa[k0], qa[k0 + 1]), fb_pack(qb[k0], qb[k0 + 1]), fb_pack(qa[k0 + 8], qa[k0 + 9]),
-                       fb_pack(qb[k0 + 8], qb[k0 + 9]), fb_pack(bt * kr[k0], bt * kr[k0 + 1]),
-                       fb_pack(bt * kr[k0 + 8], bt * kr[k0 + 9]));
-        }
+        if (n0 <= r0 + 15)   // (tiles above the diagonal are masked whole)
+            mma_tile(acc, Q + r0 * ldk, ldk, 1, NULL, K + n0 * ldk, 1, ldk, r.dt + n0, 0, dk);
         for (int e = 0; e < 4; e++) {
-            int i = r0 + gq + 8 * (e >> 1), s = n0 + 2 * c + (e & 1);
+            int i = r0 + tile_row(e), s = n0 + tile_col(e);
             A[i * GLA_C + s] = !reads(&r, i, s) ? (real)0 : gated ? acc[e] * d_decay(r.G[i] - r.G[s]) : acc[e];
         }
     }
     __syncthreads();
-    // O = A V + diag(exp(G)) (Q S_c)
-    const real *aa = A + (r0 + gq) * GLA_C + 2 * c, *ab = aa + 8 * GLA_C;
+    // O = A V + diag(exp(G)) (Q S_c); A's columns past the warp's rows are zeros
     for (int n0 = 8 * (w & 1); n0 < dv; n0 += 16) {
         float o1[4] = {0, 0, 0, 0}, o2[4] = {0, 0, 0, 0};
-        const real *vb = V + 2 * c * ldv + n0 + gq;
-        for (int k0 = 0; k0 <= r0; k0 += 16)   // (A's columns past the warp's rows are zeros)
-            fb_mma(o1, fb_pack(aa[k0], aa[k0 + 1]), fb_pack(ab[k0], ab[k0 + 1]), fb_pack(aa[k0 + 8], aa[k0 + 9]),
-                   fb_pack(ab[k0 + 8], ab[k0 + 9]), fb_pack(vb[k0 * ldv], vb[(k0 + 1) * ldv]),
-                   fb_pack(vb[(k0 + 8) * ldv], vb[(k0 + 9) * ldv]));
-        if (sin) {
-            const real *sb = S + 2 * c * dv + n0 + gq;
-            for (int k0 = 0; k0 < dk; k0 += 16)
-                fb_mma(o2, fb_pack(qa[k0], qa[k0 + 1]), fb_pack(qb[k0], qb[k0 + 1]), fb_pack(qa[k0 + 8], qa[k0 + 9]),
-                       fb_pack(qb[k0 + 8], qb[k0 + 9]), fb_pack(sb[k0 * dv], sb[(k0 + 1) * dv]),
-                       fb_pack(sb[(k0 + 8) * dv], sb[(k0 + 9) * dv]));
-        }
+        mma_tile(o1, A + r0 * GLA_C, GLA_C, 1, NULL, V + n0, ldv, 1, NULL, 0, r0 + 16);
+        if (sin) mma_tile(o2, Q + r0 * ldk, ldk, 1, NULL, S + n0, dv, 1, NULL, 0, dk);
         for (int e = 0; e < 4; e++) {
-            int i = r0 + gq + 8 * (e >> 1), j = n0 + 2 * c + (e & 1);
+            int i = r0 + tile_row(e), j = n0 + tile_col(e);
             real acc = o1[e];
             if (sin && r.db[i] < 0) acc += r.eS[i] * o2[e];
             O[i * ldv + j] = acc;

@@ -8,7 +8,7 @@
 //   dK̃ = dPᵀ Q + diag(exp(G_L − G)) V dS_{c+1}ᵀ,  dk = dt dK̃,  ddt = k·dK̃,
 //   dg_i = Σ_{t ≥ i in the chunk} dG_t (dG: gla_backward.c's header).
 // gla_common.cuh has the plan of both passes.
-// k_gla_grad is 176 lines, over the house's 120: it is one chunk's
+// k_gla_grad is 186 lines, over the house's 120: it is one chunk's
 // gradients in gla_backward.c's order, each step reading the shared-memory
 // rows and sums the previous one left; cut into device functions, the
 // pieces would pass a dozen of its pointers and sums between them.
@@ -45,12 +45,60 @@ typedef struct {
     bool fq, fk, fv, fg, fdt;
 } GlaGrads;
 
+#ifndef AG_DOUBLE
+// k_gla_grad's first step for a whole chunk on the tensor cores (its BF
+// instance's roundings; gla_common.cuh's mma_tile): A and dA = (dO Vᵀ) ⊙ M,
+// warp w the (16, 8) tiles w, w + 8, ... of (64, 64), those above the
+// diagonal masked whole.
+static __device__ void grad_scores_mma(const Dims &d, const Rows &r, const real *Q, const real *K, const real *V,
+                                       const real *DO, bool gated, real *A, real *dA) {
+    int64_t ldk = (int64_t)d.H * d.dk, ldv = (int64_t)d.H * d.dv;
+    for (int t = threadIdx.x >> 5; t < 32; t += GLA_THREADS / 32) {
+        int m0 = 16 * (t / 8), n0 = 8 * (t % 8);
+        float a[4] = {0, 0, 0, 0}, da[4] = {0, 0, 0, 0};
+        if (n0 <= m0 + 15) {
+            mma_tile(a, Q + m0 * ldk, ldk, 1, NULL, K + n0 * ldk, 1, ldk, r.dt + n0, 0, d.dk);
+            mma_tile(da, DO + m0 * ldv, ldv, 1, NULL, V + n0 * ldv, 1, ldv, NULL, 0, d.dv);
+        }
+        for (int e = 0; e < 4; e++) {
+            int i = m0 + tile_row(e), s = n0 + tile_col(e);
+            bool in = reads(&r, i, s);
+            A[i * GLA_C + s] = !in ? (real)0 : gated ? a[e] * d_decay(r.G[i] - r.G[s]) : a[e];
+            dA[i * GLA_C + s] = in ? da[e] : (real)0;
+        }
+    }
+}
+
+// k_gla_grad's dV = Aᵀ dO + diag(exp(G_L − G)) K̃ dS for a whole chunk on the
+// tensor cores, into dvo (the chunk's rows; = when fresh, else +=); warp w
+// the (16, 8) tiles w, w + 8, ... of (64, dv). Aᵀ's rows s take A's rows
+// i >= s only (the rest are zeros); j0: the rows from j0 reach dS.
+static __device__ void grad_v_mma(const Dims &d, const Rows &r, int j0, const real *K, const real *DO,
+                                  const real *dS, const real *A, real *dvo, bool fresh) {
+    int nt = d.dv / 8;
+    int64_t ldk = (int64_t)d.H * d.dk, ldv = (int64_t)d.H * d.dv;
+    for (int t = threadIdx.x >> 5; t < 4 * nt; t += GLA_THREADS / 32) {
+        int m0 = 16 * (t / nt), n0 = 8 * (t % nt);
+        float o1[4] = {0, 0, 0, 0}, o2[4] = {0, 0, 0, 0};
+        if (DO) mma_tile(o1, A + m0, 1, GLA_C, NULL, DO + n0, ldv, 1, NULL, m0, GLA_C);
+        if (m0 + 15 >= j0) mma_tile(o2, K + m0 * ldk, ldk, 1, r.dt + m0, dS + n0, d.dv, 1, NULL, 0, d.dk);
+        for (int e = 0; e < 4; e++) {
+            int s = m0 + tile_row(e), j = n0 + tile_col(e);
+            real acc = o1[e];
+            if (s >= j0) acc += r.eL[s] * o2[e];
+            put(dvo + s * ldv + j, acc, fresh);
+        }
+    }
+}
+#endif
+
 // The gradients of one chunk (gla_backward.c's formulas) given the state
 // entering it S_c (states) and the gradient of the state leaving it dS_{c+1}
 // (dstates); dO may be NULL (only the final state is seeded). Dynamic shared
 // memory: A and dP, (GLA_C, GLA_C) each. dv: a thread per element; dq and
 // dK̃: a warp per row (lanes over dk), whose sums give dG's terms through
-// S_c and dS, and ddt. BF: the products' operands rounded (gla_common.cuh).
+// S_c and dS, and ddt. BF: the products' operands rounded (gla_common.cuh);
+// a whole chunk's A, dA and dV on the tensor cores.
 template <bool BF>
 __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v, const real *g, const real *dt,
                            const int *first, const real *dO, const real *states, const real *dstates, bool has_s0,
@@ -80,6 +128,11 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
 
     if (DO) {
         // A, and dA = (dO Vᵀ) ⊙ M in dP's place
+#ifndef AG_DOUBLE
+        if (BF && L == GLA_C)   // (block-uniform)
+            grad_scores_mma(d, r, Q, K, V, DO, g != NULL, A, dP);
+        else
+#endif
         for (int x = tid; x < L * L; x += blockDim.x) {
             int i = x / L, s = x % L;
             real av = 0, da = 0;
@@ -126,6 +179,11 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
     }
 
     // dV = Aᵀ dO + diag(exp(G_L − G)) K̃ dS
+#ifndef AG_DOUBLE
+    if (BF && L == GLA_C) {
+        if (go.dv) grad_v_mma(d, r, j0, K, DO, dS, A, go.dv + rv, go.fv);
+    } else
+#endif
     if (go.dv)
         for (int64_t x = tid; x < (int64_t)L * dv; x += blockDim.x) {
             int s = (int)(x / dv), j = (int)(x % dv);

@@ -49,6 +49,8 @@
 
 #ifndef AG_DOUBLE
 #include <cuda_bf16.h>
+
+#include "mma_bf16.cuh"
 #endif
 
 #define GLA_C 64          // positions per chunk, every form
@@ -127,6 +129,34 @@ __device__ __forceinline__ real bfr(real x, bool on = true) {
 #endif
     return x;
 }
+
+#ifndef AG_DOUBLE
+// acc += X Y over k in [k0, k1) (multiples of 16), a warp's (16, 8) tile on
+// the tensor cores, every operand rounded to bf16 as read: X(m, k) =
+// xs[m] X[m sm + k sk], Y(k, n) = ys[n] Y[k tk + n tn] (xs, ys NULL: no
+// scale; X, xs from the tile's row, Y, ys from its column). The scale is a
+// float32 product before the rounding, as the CPU forms β k. All 32 lanes.
+static __device__ __forceinline__ void mma_tile(float acc[4], const real *X, int64_t sm, int64_t sk, const real *xs,
+                                                const real *Y, int64_t tk, int64_t tn, const real *ys, int k0, int k1) {
+    int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const real *xa = X + g * sm, *xb = xa + 8 * sm, *yg = Y + g * tn;
+    real sa = xs ? xs[g] : (real)1, sb = xs ? xs[g + 8] : (real)1, sy = ys ? ys[g] : (real)1;
+    bool scx = xs != NULL, scy = ys != NULL;
+    for (int kb = k0; kb < k1; kb += 16) {
+        int64_t k = kb + 2 * c;
+        auto xa_ = [&](int64_t kk) { return scx ? sa * xa[kk * sk] : xa[kk * sk]; };
+        auto xb_ = [&](int64_t kk) { return scx ? sb * xb[kk * sk] : xb[kk * sk]; };
+        auto y_ = [&](int64_t kk) { return scy ? sy * yg[kk * tk] : yg[kk * tk]; };
+        fb_mma(acc, fb_pack(xa_(k), xa_(k + 1)), fb_pack(xb_(k), xb_(k + 1)), fb_pack(xa_(k + 8), xa_(k + 9)),
+               fb_pack(xb_(k + 8), xb_(k + 9)), fb_pack(y_(k), y_(k + 1)), fb_pack(y_(k + 8), y_(k + 9)));
+    }
+}
+
+// Row and column of element e (0..3) of lane's accumulator in a (16, 8)
+// tile (mma_bf16.cuh's C layout).
+__device__ __forceinline__ int tile_row(int e) { return ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
+__device__ __forceinline__ int tile_col(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }
+#endif
 
 static inline Dims dims_of(const Node *n) {
     Dims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], (n->iarg[1] + GLA_C - 1) / GLA_C};
