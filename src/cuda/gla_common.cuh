@@ -39,9 +39,11 @@
 // chunk's scores here neither. Taken for the chunked and parallel forms with
 // dk and dv multiples of 16 (gla_bf16_takes; the CPU's other products then
 // round too); the recurrent form, as the CPU's, and other sizes run float32.
-// On the tensor cores (mma_bf16.cuh): the output of a whole chunk and every
-// chunk's state part (gla.cu's out_mma, outer_mma); the partial chunks'
-// output and the backward round the same operands in their scalar loops.
+// On the tensor cores (mma_bf16.cuh, mma_tile below): the output of a whole
+// chunk and every chunk's state part (gla.cu's out_mma, outer_mma), a whole
+// chunk's A, dA and dV in the backward (grad_scores_mma, grad_v_mma); a
+// partial chunk and the backward's dq, dK̃ (their dG and ddt sums) round
+// the same operands in their scalar loops.
 #ifndef AG_GLA_COMMON_CUH
 #define AG_GLA_COMMON_CUH
 
