@@ -3,7 +3,7 @@
 // comparison with flash-linear-attention's Triton kernels
 // (bench/torch_ref/fla_ops_bench.py prints the same rows for fla).
 //
-//   gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn] [--T 512,1024,...]
+//   gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn,gla] [--T 512,1024,...]
 //                 [--tokens N] [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C]
 //                 [--warmup N] [--reps N] [--precision fp32|bf16] [--dump DIR]
 //
@@ -34,12 +34,16 @@
 // the recurrence: --ops gdn,kda,gdn_rec,kda_rec. attn = op_attention (causal
 // softmax attention, the flash kernels; dk = dv, no documents), for the
 // softmax layers' share of a hybrid step (it has no fla check: no --dump).
+// gla = op_gla_dt as the mamba mixer calls it (g a log decay per head, beta
+// as dt, dk = dv, no s0; no --dump either), the linear and mamba layers'
+// share.
 //
 // --precision bf16 (--device cuda, float32 build): the products in bf16 on
 // the tensor cores, as [train] precision = bf16 runs them (device_set_bf16):
-// attn's flash kernels (attn_flash_bf16.cu); the delta-rule ops' chunk
-// kernels stay float32. The rows then say dtype "bf16"; run it after a
-// --precision fp32 run of the same ops to compare.
+// attn's flash kernels (attn_flash_bf16.cu) and gla's chunk kernels (gla.cu,
+// gla_backward.cu); the delta-rule ops' chunk kernels stay float32. The rows
+// then say dtype "bf16"; run it after a --precision fp32 run of the same ops
+// to compare.
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -50,11 +54,12 @@
 #include "device.h"
 #include "attn_kernel.h"
 #include "gdn_kernel.h"
+#include "gla.h"
 #include "kda_kernel.h"
 #include "model_setup.h"
 #include "runlog.h"
 
-enum { MAX_LIST = 16, OP_GDN = 0, OP_GDP = 1, OP_KDA = 2, OP_ATTN = 3 };
+enum { MAX_LIST = 16, OP_GDN = 0, OP_GDP = 1, OP_KDA = 2, OP_ATTN = 3, OP_GLA = 4 };
 
 typedef struct Opts {
     Device dev;
@@ -76,6 +81,7 @@ static bool op_parse(const char *name, int *kind, int *steps, bool *rec) {
     if (!strcmp(name, "gdn") || !strcmp(name, "gdn_rec")) return *kind = OP_GDN, true;
     if (!strcmp(name, "kda") || !strcmp(name, "kda_rec")) return *kind = OP_KDA, true;
     if (!strcmp(name, "attn")) return *kind = OP_ATTN, true;
+    if (!strcmp(name, "gla")) return *kind = OP_GLA, true;
     if (!strncmp(name, "gdp", 3) && name[3] >= '1' && name[3] <= '9' && !name[4]) {
         *steps = name[3] - '0';
         *kind = OP_GDP;
@@ -183,6 +189,8 @@ static Tensor *op_build(Tape *tp, const Inputs *in, MixerForm form, int chunk) {
         return op_gdp(tp, in->q, in->k, in->v, in->beta, in->g, NULL, NULL, in->H, in->steps, form, chunk, NULL);
     case OP_ATTN:   // (q is scaled by 1/sqrt(dk) already; beta and g unused)
         return op_attention(tp, in->q, in->k, in->v, in->H, 1.0, NULL);
+    case OP_GLA:   // (beta as dt)
+        return op_gla_dt(tp, in->q, in->k, in->v, in->g, in->beta, NULL, NULL, in->H, form, chunk, NULL);
     default:
         return op_kda(tp, in->q, in->k, in->v, in->beta, in->g, NULL, NULL, in->H, form, chunk, NULL);
     }
@@ -314,10 +322,10 @@ static bool parse_ints(const char *s, int lo, int hi, int *out, int *n) {
 }
 
 static const char USAGE[] =
-    "usage: gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn] [--T 512,1024,...]\n"
+    "usage: gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn,gla] [--T 512,1024,...]\n"
     "                     [--tokens N] [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C]\n"
     "                     [--warmup N] [--reps N] [--precision fp32|bf16] [--dump DIR]\n"
-    "  Tokens/s of the delta-rule ops and of attn (softmax attention; forward, forward+backward)\n"
+    "  Tokens/s of the delta-rule ops, attn (softmax attention) and gla (forward, forward+backward)\n"
     "  against T with B*T = tokens fixed; --precision bf16 (cuda): the bf16 tensor-core products;\n"
     "  a TSV on stdout (bench/gpu_vs_fla.sh joins it with fla_ops_bench.py's). --dump DIR writes one\n"
     "  small case per op for fla_ops_bench.py --check instead of timing.\n";
@@ -354,7 +362,7 @@ static int parse_args(int argc, char **argv, Opts *o) {
                 int kind, steps;
                 bool rec;
                 if (!op_parse(o->ops[j], &kind, &steps, &rec))
-                    return usage_error(f, v, "ops are gdn, gdp1 .. gdp8, kda, gdn_rec, kda_rec and attn");
+                    return usage_error(f, v, "ops are gdn, gdp1 .. gdp8, kda, gdn_rec, kda_rec, attn and gla");
             }
             if (o->n_ops == 0) return usage_error(f, v, "no op named");
         } else if (!strcmp(f, "--T")) {
@@ -386,7 +394,8 @@ static int parse_args(int argc, char **argv, Opts *o) {
     if (o->bf16 && (o->dev != DEVICE_CUDA || sizeof(real) != 4))
         return usage_error("--precision", "bf16", "needs --device cuda and the float32 build");
     for (int j = 0; o->dump && j < o->n_ops; j++)
-        if (!strcmp(o->ops[j], "attn")) return usage_error("--dump", o->dump, "attn has no fla check to dump for");
+        if (!strcmp(o->ops[j], "attn") || !strcmp(o->ops[j], "gla"))
+            return usage_error("--dump", o->dump, "attn and gla have no fla check to dump for");
     return 0;
 }
 
