@@ -125,7 +125,7 @@ static __device__ void out_mma(const Dims &d, const Rows &r, const real *Q, cons
         int n0 = 32 * (w & 1) + 8 * t;
         float acc[4] = {0, 0, 0, 0};
         if (n0 <= r0 + 15)   // (tiles above the diagonal are masked whole)
-            mma_tile(acc, Q + r0 * ldk, ldk, 1, NULL, K + n0 * ldk, 1, ldk, r.dt + n0, 0, dk);
+            mma_tile(acc, Q + r0 * ldk, ldk, 1, NULL, K + n0 * ldk, 1, ldk, r.dt + n0, NULL, 0, dk);
         for (int e = 0; e < 4; e++) {
             int i = r0 + tile_row(e), s = n0 + tile_col(e);
             A[i * GLA_C + s] = !reads(&r, i, s) ? (real)0 : gated ? acc[e] * d_decay(r.G[i] - r.G[s]) : acc[e];
@@ -135,8 +135,8 @@ static __device__ void out_mma(const Dims &d, const Rows &r, const real *Q, cons
     // O = A V + diag(exp(G)) (Q S_c); A's columns past the warp's rows are zeros
     for (int n0 = 8 * (w & 1); n0 < dv; n0 += 16) {
         float o1[4] = {0, 0, 0, 0}, o2[4] = {0, 0, 0, 0};
-        mma_tile(o1, A + r0 * GLA_C, GLA_C, 1, NULL, V + n0, ldv, 1, NULL, 0, r0 + 16);
-        if (sin) mma_tile(o2, Q + r0 * ldk, ldk, 1, NULL, S + n0, dv, 1, NULL, 0, dk);
+        mma_tile(o1, A + r0 * GLA_C, GLA_C, 1, NULL, V + n0, ldv, 1, NULL, NULL, 0, r0 + 16);
+        if (sin) mma_tile(o2, Q + r0 * ldk, ldk, 1, NULL, S + n0, dv, 1, NULL, NULL, 0, dk);
         for (int e = 0; e < 4; e++) {
             int i = r0 + tile_row(e), j = n0 + tile_col(e);
             real acc = o1[e];

@@ -8,7 +8,7 @@
 //   dK̃ = dPᵀ Q + diag(exp(G_L − G)) V dS_{c+1}ᵀ,  dk = dt dK̃,  ddt = k·dK̃,
 //   dg_i = Σ_{t ≥ i in the chunk} dG_t (dG: gla_backward.c's header).
 // gla_common.cuh has the plan of both passes.
-// k_gla_grad is 186 lines, over the house's 120: it is one chunk's
+// k_gla_grad is 213 lines, over the house's 120: it is one chunk's
 // gradients in gla_backward.c's order, each step reading the shared-memory
 // rows and sums the previous one left; cut into device functions, the
 // pieces would pass a dozen of its pointers and sums between them.
@@ -57,8 +57,8 @@ static __device__ void grad_scores_mma(const Dims &d, const Rows &r, const real 
         int m0 = 16 * (t / 8), n0 = 8 * (t % 8);
         float a[4] = {0, 0, 0, 0}, da[4] = {0, 0, 0, 0};
         if (n0 <= m0 + 15) {
-            mma_tile(a, Q + m0 * ldk, ldk, 1, NULL, K + n0 * ldk, 1, ldk, r.dt + n0, 0, d.dk);
-            mma_tile(da, DO + m0 * ldv, ldv, 1, NULL, V + n0 * ldv, 1, ldv, NULL, 0, d.dv);
+            mma_tile(a, Q + m0 * ldk, ldk, 1, NULL, K + n0 * ldk, 1, ldk, r.dt + n0, NULL, 0, d.dk);
+            mma_tile(da, DO + m0 * ldv, ldv, 1, NULL, V + n0 * ldv, 1, ldv, NULL, NULL, 0, d.dv);
         }
         for (int e = 0; e < 4; e++) {
             int i = m0 + tile_row(e), s = n0 + tile_col(e);
@@ -80,13 +80,40 @@ static __device__ void grad_v_mma(const Dims &d, const Rows &r, int j0, const re
     for (int t = threadIdx.x >> 5; t < 4 * nt; t += GLA_THREADS / 32) {
         int m0 = 16 * (t / nt), n0 = 8 * (t % nt);
         float o1[4] = {0, 0, 0, 0}, o2[4] = {0, 0, 0, 0};
-        if (DO) mma_tile(o1, A + m0, 1, GLA_C, NULL, DO + n0, ldv, 1, NULL, m0, GLA_C);
-        if (m0 + 15 >= j0) mma_tile(o2, K + m0 * ldk, ldk, 1, r.dt + m0, dS + n0, d.dv, 1, NULL, 0, d.dk);
+        if (DO) mma_tile(o1, A + m0, 1, GLA_C, NULL, DO + n0, ldv, 1, NULL, NULL, m0, GLA_C);
+        if (m0 + 15 >= j0) mma_tile(o2, K + m0 * ldk, ldk, 1, r.dt + m0, dS + n0, d.dv, 1, NULL, NULL, 0, d.dk);
         for (int e = 0; e < 4; e++) {
             int s = m0 + tile_row(e), j = n0 + tile_col(e);
             real acc = o1[e];
             if (s >= j0) acc += r.eL[s] * o2[e];
             put(dvo + s * ldv + j, acc, fresh);
+        }
+    }
+}
+
+// The products of k_gla_grad's dq and dK̃ steps for a whole chunk on the
+// tensor cores, into (64, dk) shared-memory buffers (row stride dk), each
+// only where not NULL: PK = dP K̃, U = dO S_cᵀ, PQ = dPᵀ Q, W = V dSᵀ. dP is
+// zero above the diagonal, so PK sums s <= i and PQ i >= s only. Warp w the
+// (16, 8) tiles w, w + 8, ... of each.
+static __device__ void grad_qk_mma(const Dims &d, const Rows &r, const real *Q, const real *K, const real *V,
+                                   const real *DO, const real *S, const real *dS, const real *dP, real *PK,
+                                   real *U, real *PQ, real *W) {
+    int nt = d.dk / 8;
+    int64_t ldk = (int64_t)d.H * d.dk, ldv = (int64_t)d.H * d.dv;
+    for (int t = threadIdx.x >> 5; t < 4 * nt; t += GLA_THREADS / 32) {
+        int m0 = 16 * (t / nt), n0 = 8 * (t % nt);
+        float pk[4] = {0, 0, 0, 0}, u[4] = {0, 0, 0, 0}, pq[4] = {0, 0, 0, 0}, w[4] = {0, 0, 0, 0};
+        if (PK) mma_tile(pk, dP + m0 * GLA_C, GLA_C, 1, NULL, K + n0, ldk, 1, NULL, r.dt, 0, m0 + 16);
+        if (U) mma_tile(u, DO + m0 * ldv, ldv, 1, NULL, S + n0 * d.dv, 1, d.dv, NULL, NULL, 0, d.dv);
+        if (PQ) mma_tile(pq, dP + m0, 1, GLA_C, NULL, Q + n0, ldk, 1, NULL, NULL, m0, GLA_C);
+        if (W) mma_tile(w, V + m0 * ldv, ldv, 1, NULL, dS + n0 * d.dv, 1, d.dv, NULL, NULL, 0, d.dv);
+        for (int e = 0; e < 4; e++) {
+            int x = (m0 + tile_row(e)) * d.dk + n0 + tile_col(e);
+            if (PK) PK[x] = pk[e];
+            if (U) U[x] = u[e];
+            if (PQ) PQ[x] = pq[e];
+            if (W) W[x] = w[e];
         }
     }
 }
@@ -125,6 +152,14 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
     bool keep = r.db[L - 1] < 0;                      // S_c reaches the leaving state
     int j0 = max(r.db[L - 1], 0);                     // rows from j0 reach it
     bool rl = L % 16 == 0;                            // the scores' operands rounded (as the CPU's)
+    // (BF) a whole chunk's dq and dK̃ products on the tensor cores, into
+    // shared memory after A and dP (the launch sized it: GLA_MMA_DK)
+#ifndef AG_DOUBLE
+    bool mm = BF && L == GLA_C && dk <= GLA_MMA_DK;
+#else
+    bool mm = false;
+#endif
+    real *PK = dP + GLA_C * GLA_C, *U = PK + GLA_C * dk, *PQ = U + GLA_C * dk, *W = PQ + GLA_C * dk;
 
     if (DO) {
         // A, and dA = (dO Vᵀ) ⊙ M in dP's place
@@ -203,6 +238,14 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
             put(go.dv + rv + (int64_t)s * ldv + j, acc, go.fv);
         }
 
+#ifndef AG_DOUBLE
+    if (mm) {   // (block-uniform)
+        grad_qk_mma(d, r, Q, K, V, DO, S, dS, dP, DO && go.dq ? PK : NULL,
+                    sin && DO && (go.dq || need_g) ? U : NULL, DO && need_k ? PQ : NULL, need_k || need_g ? W : NULL);
+        __syncthreads();
+    }
+#endif
+
     // dQ = dP K̃ + diag(exp(G)) dO S_cᵀ; sq_i = exp(G_i) q_i·(S_c dO_i)
     if (go.dq || (need_g && sin && DO))
         for (int i = warp; i < L; i += nw) {
@@ -210,17 +253,22 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
             double part = 0;
             for (int a = lane; a < dk; a += 32) {
                 real acc = 0;
-                if (DO && go.dq)
-                    for (int s = max(r.db[i], 0); s <= i; s++) {
-                        if (BF)
-                            acc += bfr<BF>(dP[i * GLA_C + s]) * bfr<BF>(r.dt[s] * K[(int64_t)s * ldk + a]);
-                        else
-                            acc += dP[i * GLA_C + s] * r.dt[s] * K[(int64_t)s * ldk + a];
-                    }
+                if (DO && go.dq) {
+                    if (BF && mm) acc = PK[i * dk + a];
+                    else
+                        for (int s = max(r.db[i], 0); s <= i; s++) {
+                            if (BF)
+                                acc += bfr<BF>(dP[i * GLA_C + s]) * bfr<BF>(r.dt[s] * K[(int64_t)s * ldk + a]);
+                            else
+                                acc += dP[i * GLA_C + s] * r.dt[s] * K[(int64_t)s * ldk + a];
+                        }
+                }
                 if (rs) {
                     real u = 0;
-                    for (int j = 0; j < dv; j++)
-                        u += bfr<BF>(DO[(int64_t)i * ldv + j]) * bfr<BF>(S[(int64_t)a * dv + j]);
+                    if (BF && mm) u = U[i * dk + a];
+                    else
+                        for (int j = 0; j < dv; j++)
+                            u += bfr<BF>(DO[(int64_t)i * ldv + j]) * bfr<BF>(S[(int64_t)a * dv + j]);
                     acc += r.eS[i] * u;
                     part += (double)Q[(int64_t)i * ldk + a] * u;
                 }
@@ -240,12 +288,18 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
             double pk = 0, pc = 0;
             for (int a = lane; a < dk; a += 32) {
                 real acc = 0;
-                if (DO && need_k)
-                    for (int i = s; i < L; i++) acc += bfr<BF>(dP[i * GLA_C + s]) * bfr<BF>(Q[(int64_t)i * ldk + a]);
+                if (DO && need_k) {
+                    if (BF && mm) acc = PQ[s * dk + a];
+                    else
+                        for (int i = s; i < L; i++)
+                            acc += bfr<BF>(dP[i * GLA_C + s]) * bfr<BF>(Q[(int64_t)i * ldk + a]);
+                }
                 if (last) {
                     real u = 0;
-                    for (int j = 0; j < dv; j++)
-                        u += bfr<BF>(V[(int64_t)s * ldv + j]) * bfr<BF>(dS[(int64_t)a * dv + j]);
+                    if (BF && mm) u = W[s * dk + a];
+                    else
+                        for (int j = 0; j < dv; j++)
+                            u += bfr<BF>(V[(int64_t)s * ldv + j]) * bfr<BF>(dS[(int64_t)a * dv + j]);
                     acc += r.eL[s] * u;
                     pc += (double)(r.dt[s] * K[(int64_t)s * ldk + a]) * u;
                 }
@@ -337,6 +391,7 @@ extern "C" void cu_gla_backward(Node *n) {
                    fr[IN_DT]};
     if (go.dq || go.dk || go.dv || go.dg || go.ddt) {
         size_t smem = 2 * GLA_C * GLA_C * sizeof(real);   // A and dP: 64 KiB in float64
+        if (bf && d.dk <= GLA_MMA_DK) smem += 4 * GLA_C * (size_t)d.dk * sizeof(real);   // (k_gla_grad's mm)
         auto kern = bf ? k_gla_grad<true> : k_gla_grad<false>;
         CU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         kern<<<blocks, GLA_THREADS, smem, cu_stream>>>(d, in[IN_Q]->data, in[IN_K]->data, in[IN_V]->data, g, dt,

@@ -40,10 +40,12 @@
 // dk and dv multiples of 16 (gla_bf16_takes; the CPU's other products then
 // round too); the recurrent form, as the CPU's, and other sizes run float32.
 // On the tensor cores (mma_bf16.cuh, mma_tile below): the output of a whole
-// chunk and every chunk's state part (gla.cu's out_mma, outer_mma), a whole
-// chunk's A, dA and dV in the backward (grad_scores_mma, grad_v_mma); a
-// partial chunk and the backward's dq, dK̃ (their dG and ddt sums) round
-// the same operands in their scalar loops.
+// chunk and every chunk's state part (gla.cu's out_mma, outer_mma), and
+// every product of a whole chunk's backward (gla_backward.cu's
+// grad_scores_mma, grad_v_mma, grad_qk_mma; the last for dk up to
+// GLA_MMA_DK, its buffers in shared memory); a partial chunk's products
+// round the same operands in the scalar loops, which also form the row sums
+// (dG's terms, ddt) from the products.
 #ifndef AG_GLA_COMMON_CUH
 #define AG_GLA_COMMON_CUH
 
@@ -57,6 +59,7 @@
 
 #define GLA_C 64          // positions per chunk, every form
 #define GLA_THREADS 256   // per chunk block: 8 warps
+#define GLA_MMA_DK 128    // the bf16 backward's dq, dK̃ products on the tensor cores up to this dk (shared memory)
 
 enum { IN_Q, IN_K, IN_V, IN_G, IN_DT, IN_S0, N_IN };   // as gla_internal.h
 
@@ -135,20 +138,22 @@ __device__ __forceinline__ real bfr(real x, bool on = true) {
 #ifndef AG_DOUBLE
 // acc += X Y over k in [k0, k1) (multiples of 16), a warp's (16, 8) tile on
 // the tensor cores, every operand rounded to bf16 as read: X(m, k) =
-// xs[m] X[m sm + k sk], Y(k, n) = ys[n] Y[k tk + n tn] (xs, ys NULL: no
-// scale; X, xs from the tile's row, Y, ys from its column). The scale is a
-// float32 product before the rounding, as the CPU forms β k. All 32 lanes.
+// xs[m] X[m sm + k sk], Y(k, n) = ys[n] yk[k] Y[k tk + n tn] (xs, ys, yk
+// NULL: no scale, at most one of ys, yk; X, xs from the tile's row, Y, ys
+// from its column, yk from k = 0). A scale is one float32 product before the
+// rounding, as the CPU forms β k. All 32 lanes.
 static __device__ __forceinline__ void mma_tile(float acc[4], const real *X, int64_t sm, int64_t sk, const real *xs,
-                                                const real *Y, int64_t tk, int64_t tn, const real *ys, int k0, int k1) {
+                                                const real *Y, int64_t tk, int64_t tn, const real *ys,
+                                                const real *yk, int k0, int k1) {
     int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const real *xa = X + g * sm, *xb = xa + 8 * sm, *yg = Y + g * tn;
     real sa = xs ? xs[g] : (real)1, sb = xs ? xs[g + 8] : (real)1, sy = ys ? ys[g] : (real)1;
-    bool scx = xs != NULL, scy = ys != NULL;
+    bool scx = xs != NULL, scy = ys != NULL, sck = yk != NULL;
     for (int kb = k0; kb < k1; kb += 16) {
         int64_t k = kb + 2 * c;
         auto xa_ = [&](int64_t kk) { return scx ? sa * xa[kk * sk] : xa[kk * sk]; };
         auto xb_ = [&](int64_t kk) { return scx ? sb * xb[kk * sk] : xb[kk * sk]; };
-        auto y_ = [&](int64_t kk) { return scy ? sy * yg[kk * tk] : yg[kk * tk]; };
+        auto y_ = [&](int64_t kk) { return scy ? sy * yg[kk * tk] : sck ? yk[kk] * yg[kk * tk] : yg[kk * tk]; };
         fb_mma(acc, fb_pack(xa_(k), xa_(k + 1)), fb_pack(xb_(k), xb_(k + 1)), fb_pack(xa_(k + 8), xa_(k + 9)),
                fb_pack(xb_(k + 8), xb_(k + 9)), fb_pack(y_(k), y_(k + 1)), fb_pack(y_(k + 8), y_(k + 9)));
     }
