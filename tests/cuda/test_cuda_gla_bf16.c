@@ -203,6 +203,12 @@ Test(cuda_gla_bf16, against_rounded_reference) {
                     check_case(&c, 1000 + 100 * ti + 10 * di + 2 * opt + docs, excess, NULL, NULL);
                     free(ds);
                 }
+    // dk above GLA_MMA_DK (128): the backward's dq and dK̃ products in the
+    // scalar loops, the rest on the tensor cores
+    int *ds = docs_make(1, 150);
+    Case big = {1, 150, 2, 144, 16, true, true, true, ds};
+    check_case(&big, 1999, excess, NULL, NULL);
+    free(ds);
     assert_variants(excess);
 }
 
