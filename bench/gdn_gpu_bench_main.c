@@ -3,7 +3,7 @@
 // comparison with flash-linear-attention's Triton kernels
 // (bench/torch_ref/fla_ops_bench.py prints the same rows for fla).
 //
-//   gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn] [--T 512,1024,...]
+//   gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn,gla] [--T 512,1024,...]
 //                 [--tokens N] [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C]
 //                 [--warmup N] [--reps N] [--precision fp32,bf16] [--dump DIR]
 //
@@ -22,10 +22,10 @@
 // side is "attnlab", dtype the build's precision ("f32" or "f64"), or "bf16"
 // for the rows timed under [train] precision = bf16 (--precision: fp32,
 // bf16 or both, default fp32; bf16 with --device cuda in the float32 build
-// only): op_gdn's (and so op_gdp's) chunk products and attention's tile
-// products on the tensor cores (src/cuda/gdn_common.cuh, attn_flash_bf16.cu;
-// KDA's stay float32). Both: each (dk, T) timed in float32, then in bf16, on
-// the same inputs. form is "flash" for attn.
+// only): op_gdn's (and so op_gdp's) chunk products, attention's and gla's
+// tile products on the tensor cores (src/cuda/gdn_common.cuh,
+// attn_flash_bf16.cu, gla.cu; KDA's stay float32). Both: each (dk, T) timed
+// in float32, then in bf16, on the same inputs. form is "flash" for attn.
 //
 // --dump DIR: instead of timing, one small case per op (B 2, T 200, H 4,
 // dk = dv from --dk's first value) into DIR/check_<op>.bin: the inputs, dO,
@@ -39,6 +39,9 @@
 // the recurrence: --ops gdn,kda,gdn_rec,kda_rec. attn = op_attention (causal
 // softmax attention, the flash kernels; dk = dv, no documents), for the
 // softmax layers' share of a hybrid step (it has no fla check: no --dump).
+// gla = op_gla_dt as the mamba mixer calls it (g a log decay per head, beta
+// as dt, dk = dv, no s0; no --dump either), the linear and mamba layers'
+// share.
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -49,11 +52,12 @@
 #include "device.h"
 #include "attn_kernel.h"
 #include "gdn_kernel.h"
+#include "gla.h"
 #include "kda_kernel.h"
 #include "model_setup.h"
 #include "runlog.h"
 
-enum { MAX_LIST = 16, OP_GDN = 0, OP_GDP = 1, OP_KDA = 2, OP_ATTN = 3 };
+enum { MAX_LIST = 16, OP_GDN = 0, OP_GDP = 1, OP_KDA = 2, OP_ATTN = 3, OP_GLA = 4 };
 
 typedef struct Opts {
     Device dev;
@@ -75,6 +79,7 @@ static bool op_parse(const char *name, int *kind, int *steps, bool *rec) {
     if (!strcmp(name, "gdn") || !strcmp(name, "gdn_rec")) return *kind = OP_GDN, true;
     if (!strcmp(name, "kda") || !strcmp(name, "kda_rec")) return *kind = OP_KDA, true;
     if (!strcmp(name, "attn")) return *kind = OP_ATTN, true;
+    if (!strcmp(name, "gla")) return *kind = OP_GLA, true;
     if (!strncmp(name, "gdp", 3) && name[3] >= '1' && name[3] <= '9' && !name[4]) {
         *steps = name[3] - '0';
         *kind = OP_GDP;
@@ -182,6 +187,8 @@ static Tensor *op_build(Tape *tp, const Inputs *in, MixerForm form, int chunk) {
         return op_gdp(tp, in->q, in->k, in->v, in->beta, in->g, NULL, NULL, in->H, in->steps, form, chunk, NULL);
     case OP_ATTN:   // (q is scaled by 1/sqrt(dk) already; beta and g unused)
         return op_attention(tp, in->q, in->k, in->v, in->H, 1.0, NULL);
+    case OP_GLA:   // (beta as dt)
+        return op_gla_dt(tp, in->q, in->k, in->v, in->g, in->beta, NULL, NULL, in->H, form, chunk, NULL);
     default:
         return op_kda(tp, in->q, in->k, in->v, in->beta, in->g, NULL, NULL, in->H, form, chunk, NULL);
     }
@@ -313,13 +320,14 @@ static bool parse_ints(const char *s, int lo, int hi, int *out, int *n) {
 }
 
 static const char USAGE[] =
-    "usage: gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn] [--T 512,1024,...]\n"
+    "usage: gdn_gpu_bench [--device cpu|cuda] [--ops gdn,gdp2,gdp3,kda,kda_rec,attn,gla] [--T 512,1024,...]\n"
     "                     [--tokens N] [--H N] [--dk 64,128] [--form chunked|recurrent] [--chunk C]\n"
     "                     [--warmup N] [--reps N] [--precision fp32,bf16] [--dump DIR]\n"
-    "  Tokens/s of the delta-rule ops and of attn (softmax attention; forward, forward+backward)\n"
+    "  Tokens/s of the delta-rule ops, attn (softmax attention) and gla (forward, forward+backward)\n"
     "  against T with B*T = tokens fixed; a TSV on stdout (bench/gpu_vs_fla.sh joins it with\n"
-    "  fla_ops_bench.py's). --dump DIR writes one small case per op for fla_ops_bench.py --check instead of timing. --precision fp32,bf16 times\n"
-    "  each case in both (bf16: the tensor-core products of [train] precision = bf16, dtype bf16).\n";
+    "  fla_ops_bench.py's). --dump DIR writes one small case per op for fla_ops_bench.py --check\n"
+    "  instead of timing. --precision fp32,bf16 times each case in both (bf16: the tensor-core\n"
+    "  products of [train] precision = bf16, dtype bf16).\n";
 
 static int usage_error(const char *flag, const char *value, const char *what) {
     fprintf(stderr, "gdn_gpu_bench: %s '%.64s': %s\n%s", flag, value ? value : "(missing)", what, USAGE);
@@ -353,7 +361,7 @@ static int parse_args(int argc, char **argv, Opts *o) {
                 int kind, steps;
                 bool rec;
                 if (!op_parse(o->ops[j], &kind, &steps, &rec))
-                    return usage_error(f, v, "ops are gdn, gdp1 .. gdp8, kda, gdn_rec, kda_rec and attn");
+                    return usage_error(f, v, "ops are gdn, gdp1 .. gdp8, kda, gdn_rec, kda_rec, attn and gla");
             }
             if (o->n_ops == 0) return usage_error(f, v, "no op named");
         } else if (!strcmp(f, "--T")) {
@@ -393,7 +401,8 @@ static int parse_args(int argc, char **argv, Opts *o) {
     if (o->bf16 && (o->dev != DEVICE_CUDA || sizeof(real) != 4))
         return usage_error("--precision", "bf16", "bf16 needs --device cuda and the float32 build");
     for (int j = 0; o->dump && j < o->n_ops; j++)
-        if (!strcmp(o->ops[j], "attn")) return usage_error("--dump", o->dump, "attn has no fla check to dump for");
+        if (!strcmp(o->ops[j], "attn") || !strcmp(o->ops[j], "gla"))
+            return usage_error("--dump", o->dump, "attn and gla have no fla check to dump for");
     return 0;
 }
 

@@ -42,6 +42,7 @@
 // rows, 8 by pairs) puts the 32 lanes' words of each fragment load on 32
 // different banks.
 #include "attn_flash.cuh"
+#include "mma_bf16.cuh"
 
 #ifndef AG_DOUBLE
 #include <cuda_bf16.h>
@@ -54,21 +55,6 @@ static_assert(FB_B == FA_B, "the grid's tiles (fa_tiles) are the float32 kernels
 
 __host__ __device__ constexpr int fb_ldr(int D) { return D / 2 + 4; }
 __host__ __device__ constexpr int fb_ldc(int D) { return D + 8; }
-
-// (lo, hi) rounded to bf16, nearest even, lo in the low 16 bits.
-__device__ __forceinline__ uint32_t fb_pack(float lo, float hi) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16;
-}
-
-// d += A B, one m16n8k16 (fragments as the header says).
-__device__ __forceinline__ void fb_mma(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // Rows j0 .. j0 + n - 1 of a head's slice (leading dim ld), columns below d,
 // rounded into a tile by rows; zero past n and d. All threads; no barrier.

@@ -8,7 +8,7 @@
 //   dK̃ = dPᵀ Q + diag(exp(G_L − G)) V dS_{c+1}ᵀ,  dk = dt dK̃,  ddt = k·dK̃,
 //   dg_i = Σ_{t ≥ i in the chunk} dG_t (dG: gla_backward.c's header).
 // gla_common.cuh has the plan of both passes.
-// k_gla_grad is 157 lines, over the house's 120: it is one chunk's
+// k_gla_grad is 213 lines, over the house's 120: it is one chunk's
 // gradients in gla_backward.c's order, each step reading the shared-memory
 // rows and sums the previous one left; cut into device functions, the
 // pieces would pass a dozen of its pointers and sums between them.
@@ -45,12 +45,88 @@ typedef struct {
     bool fq, fk, fv, fg, fdt;
 } GlaGrads;
 
+#ifndef AG_DOUBLE
+// k_gla_grad's first step for a whole chunk on the tensor cores (its BF
+// instance's roundings; gla_common.cuh's mma_tile): A and dA = (dO Vᵀ) ⊙ M,
+// warp w the (16, 8) tiles w, w + 8, ... of (64, 64), those above the
+// diagonal masked whole.
+static __device__ void grad_scores_mma(const Dims &d, const Rows &r, const real *Q, const real *K, const real *V,
+                                       const real *DO, bool gated, real *A, real *dA) {
+    int64_t ldk = (int64_t)d.H * d.dk, ldv = (int64_t)d.H * d.dv;
+    for (int t = threadIdx.x >> 5; t < 32; t += GLA_THREADS / 32) {
+        int m0 = 16 * (t / 8), n0 = 8 * (t % 8);
+        float a[4] = {0, 0, 0, 0}, da[4] = {0, 0, 0, 0};
+        if (n0 <= m0 + 15) {
+            mma_tile(a, Q + m0 * ldk, ldk, 1, NULL, K + n0 * ldk, 1, ldk, r.dt + n0, NULL, 0, d.dk);
+            mma_tile(da, DO + m0 * ldv, ldv, 1, NULL, V + n0 * ldv, 1, ldv, NULL, NULL, 0, d.dv);
+        }
+        for (int e = 0; e < 4; e++) {
+            int i = m0 + tile_row(e), s = n0 + tile_col(e);
+            bool in = reads(&r, i, s);
+            A[i * GLA_C + s] = !in ? (real)0 : gated ? a[e] * d_decay(r.G[i] - r.G[s]) : a[e];
+            dA[i * GLA_C + s] = in ? da[e] : (real)0;
+        }
+    }
+}
+
+// k_gla_grad's dV = Aᵀ dO + diag(exp(G_L − G)) K̃ dS for a whole chunk on the
+// tensor cores, into dvo (the chunk's rows; = when fresh, else +=); warp w
+// the (16, 8) tiles w, w + 8, ... of (64, dv). Aᵀ's rows s take A's rows
+// i >= s only (the rest are zeros); j0: the rows from j0 reach dS.
+static __device__ void grad_v_mma(const Dims &d, const Rows &r, int j0, const real *K, const real *DO,
+                                  const real *dS, const real *A, real *dvo, bool fresh) {
+    int nt = d.dv / 8;
+    int64_t ldk = (int64_t)d.H * d.dk, ldv = (int64_t)d.H * d.dv;
+    for (int t = threadIdx.x >> 5; t < 4 * nt; t += GLA_THREADS / 32) {
+        int m0 = 16 * (t / nt), n0 = 8 * (t % nt);
+        float o1[4] = {0, 0, 0, 0}, o2[4] = {0, 0, 0, 0};
+        if (DO) mma_tile(o1, A + m0, 1, GLA_C, NULL, DO + n0, ldv, 1, NULL, NULL, m0, GLA_C);
+        if (m0 + 15 >= j0) mma_tile(o2, K + m0 * ldk, ldk, 1, r.dt + m0, dS + n0, d.dv, 1, NULL, NULL, 0, d.dk);
+        for (int e = 0; e < 4; e++) {
+            int s = m0 + tile_row(e), j = n0 + tile_col(e);
+            real acc = o1[e];
+            if (s >= j0) acc += r.eL[s] * o2[e];
+            put(dvo + s * ldv + j, acc, fresh);
+        }
+    }
+}
+
+// The products of k_gla_grad's dq and dK̃ steps for a whole chunk on the
+// tensor cores, into (64, dk) shared-memory buffers (row stride dk), each
+// only where not NULL: PK = dP K̃, U = dO S_cᵀ, PQ = dPᵀ Q, W = V dSᵀ. dP is
+// zero above the diagonal, so PK sums s <= i and PQ i >= s only. Warp w the
+// (16, 8) tiles w, w + 8, ... of each.
+static __device__ void grad_qk_mma(const Dims &d, const Rows &r, const real *Q, const real *K, const real *V,
+                                   const real *DO, const real *S, const real *dS, const real *dP, real *PK,
+                                   real *U, real *PQ, real *W) {
+    int nt = d.dk / 8;
+    int64_t ldk = (int64_t)d.H * d.dk, ldv = (int64_t)d.H * d.dv;
+    for (int t = threadIdx.x >> 5; t < 4 * nt; t += GLA_THREADS / 32) {
+        int m0 = 16 * (t / nt), n0 = 8 * (t % nt);
+        float pk[4] = {0, 0, 0, 0}, u[4] = {0, 0, 0, 0}, pq[4] = {0, 0, 0, 0}, w[4] = {0, 0, 0, 0};
+        if (PK) mma_tile(pk, dP + m0 * GLA_C, GLA_C, 1, NULL, K + n0, ldk, 1, NULL, r.dt, 0, m0 + 16);
+        if (U) mma_tile(u, DO + m0 * ldv, ldv, 1, NULL, S + n0 * d.dv, 1, d.dv, NULL, NULL, 0, d.dv);
+        if (PQ) mma_tile(pq, dP + m0, 1, GLA_C, NULL, Q + n0, ldk, 1, NULL, NULL, m0, GLA_C);
+        if (W) mma_tile(w, V + m0 * ldv, ldv, 1, NULL, dS + n0 * d.dv, 1, d.dv, NULL, NULL, 0, d.dv);
+        for (int e = 0; e < 4; e++) {
+            int x = (m0 + tile_row(e)) * d.dk + n0 + tile_col(e);
+            if (PK) PK[x] = pk[e];
+            if (U) U[x] = u[e];
+            if (PQ) PQ[x] = pq[e];
+            if (W) W[x] = w[e];
+        }
+    }
+}
+#endif
+
 // The gradients of one chunk (gla_backward.c's formulas) given the state
 // entering it S_c (states) and the gradient of the state leaving it dS_{c+1}
 // (dstates); dO may be NULL (only the final state is seeded). Dynamic shared
 // memory: A and dP, (GLA_C, GLA_C) each. dv: a thread per element; dq and
 // dK̃: a warp per row (lanes over dk), whose sums give dG's terms through
-// S_c and dS, and ddt.
+// S_c and dS, and ddt. BF: the products' operands rounded (gla_common.cuh);
+// a whole chunk's A, dA and dV on the tensor cores.
+template <bool BF>
 __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v, const real *g, const real *dt,
                            const int *first, const real *dO, const real *states, const real *dstates, bool has_s0,
                            GlaGrads go) {
@@ -75,13 +151,34 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
     bool sin = (k.c > 0 || has_s0) && r.db[0] < 0;   // some row reads a non-zero S_c
     bool keep = r.db[L - 1] < 0;                      // S_c reaches the leaving state
     int j0 = max(r.db[L - 1], 0);                     // rows from j0 reach it
+    bool rl = L % 16 == 0;                            // the scores' operands rounded (as the CPU's)
+    // (BF) a whole chunk's dq and dK̃ products on the tensor cores, into
+    // shared memory after A and dP (the launch sized it: GLA_MMA_DK)
+#ifndef AG_DOUBLE
+    bool mm = BF && L == GLA_C && dk <= GLA_MMA_DK;
+#else
+    bool mm = false;
+#endif
+    real *PK = dP + GLA_C * GLA_C, *U = PK + GLA_C * dk, *PQ = U + GLA_C * dk, *W = PQ + GLA_C * dk;
 
     if (DO) {
         // A, and dA = (dO Vᵀ) ⊙ M in dP's place
+#ifndef AG_DOUBLE
+        if (BF && L == GLA_C)   // (block-uniform)
+            grad_scores_mma(d, r, Q, K, V, DO, g != NULL, A, dP);
+        else
+#endif
         for (int x = tid; x < L * L; x += blockDim.x) {
             int i = x / L, s = x % L;
             real av = 0, da = 0;
-            if (reads(&r, i, s)) {
+            if (BF && reads(&r, i, s)) {
+                real qk = 0;
+                for (int a = 0; a < dk; a++)
+                    qk += bfr<BF>(Q[(int64_t)i * ldk + a], rl) * bfr<BF>(r.dt[s] * K[(int64_t)s * ldk + a], rl);
+                av = g ? qk * d_decay(r.G[i] - r.G[s]) : qk;
+                for (int j = 0; j < dv; j++)
+                    da += bfr<BF>(DO[(int64_t)i * ldv + j], rl) * bfr<BF>(V[(int64_t)s * ldv + j], rl);
+            } else if (reads(&r, i, s)) {
                 real qk = 0;
                 for (int a = 0; a < dk; a++) qk += Q[(int64_t)i * ldk + a] * K[(int64_t)s * ldk + a];
                 av = qk * r.dt[s] * (g ? d_decay(r.G[i] - r.G[s]) : (real)1);
@@ -117,19 +214,37 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
     }
 
     // dV = Aᵀ dO + diag(exp(G_L − G)) K̃ dS
+#ifndef AG_DOUBLE
+    if (BF && L == GLA_C) {
+        if (go.dv) grad_v_mma(d, r, j0, K, DO, dS, A, go.dv + rv, go.fv);
+    } else
+#endif
     if (go.dv)
         for (int64_t x = tid; x < (int64_t)L * dv; x += blockDim.x) {
             int s = (int)(x / dv), j = (int)(x % dv);
             real acc = 0;
             if (DO)
-                for (int i = s; i < L; i++) acc += A[i * GLA_C + s] * DO[(int64_t)i * ldv + j];
-            if (s >= j0) {
+                for (int i = s; i < L; i++) acc += bfr<BF>(A[i * GLA_C + s]) * bfr<BF>(DO[(int64_t)i * ldv + j]);
+            if (BF && s >= j0) {   // e (K̃ dS), K̃ = β k rounded
+                real u = 0;
+                for (int a = 0; a < dk; a++)
+                    u += bfr<BF>(r.dt[s] * K[(int64_t)s * ldk + a]) * bfr<BF>(dS[(int64_t)a * dv + j]);
+                acc += r.eL[s] * u;
+            } else if (s >= j0) {
                 real u = 0;
                 for (int a = 0; a < dk; a++) u += K[(int64_t)s * ldk + a] * dS[(int64_t)a * dv + j];
                 acc += r.eL[s] * r.dt[s] * u;
             }
             put(go.dv + rv + (int64_t)s * ldv + j, acc, go.fv);
         }
+
+#ifndef AG_DOUBLE
+    if (mm) {   // (block-uniform)
+        grad_qk_mma(d, r, Q, K, V, DO, S, dS, dP, DO && go.dq ? PK : NULL,
+                    sin && DO && (go.dq || need_g) ? U : NULL, DO && need_k ? PQ : NULL, need_k || need_g ? W : NULL);
+        __syncthreads();
+    }
+#endif
 
     // dQ = dP K̃ + diag(exp(G)) dO S_cᵀ; sq_i = exp(G_i) q_i·(S_c dO_i)
     if (go.dq || (need_g && sin && DO))
@@ -138,12 +253,22 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
             double part = 0;
             for (int a = lane; a < dk; a += 32) {
                 real acc = 0;
-                if (DO && go.dq)
-                    for (int s = max(r.db[i], 0); s <= i; s++)
-                        acc += dP[i * GLA_C + s] * r.dt[s] * K[(int64_t)s * ldk + a];
+                if (DO && go.dq) {
+                    if (BF && mm) acc = PK[i * dk + a];
+                    else
+                        for (int s = max(r.db[i], 0); s <= i; s++) {
+                            if (BF)
+                                acc += bfr<BF>(dP[i * GLA_C + s]) * bfr<BF>(r.dt[s] * K[(int64_t)s * ldk + a]);
+                            else
+                                acc += dP[i * GLA_C + s] * r.dt[s] * K[(int64_t)s * ldk + a];
+                        }
+                }
                 if (rs) {
                     real u = 0;
-                    for (int j = 0; j < dv; j++) u += DO[(int64_t)i * ldv + j] * S[(int64_t)a * dv + j];
+                    if (BF && mm) u = U[i * dk + a];
+                    else
+                        for (int j = 0; j < dv; j++)
+                            u += bfr<BF>(DO[(int64_t)i * ldv + j]) * bfr<BF>(S[(int64_t)a * dv + j]);
                     acc += r.eS[i] * u;
                     part += (double)Q[(int64_t)i * ldk + a] * u;
                 }
@@ -163,11 +288,18 @@ __global__ void k_gla_grad(Dims d, const real *q, const real *kk, const real *v,
             double pk = 0, pc = 0;
             for (int a = lane; a < dk; a += 32) {
                 real acc = 0;
-                if (DO && need_k)
-                    for (int i = s; i < L; i++) acc += dP[i * GLA_C + s] * Q[(int64_t)i * ldk + a];
+                if (DO && need_k) {
+                    if (BF && mm) acc = PQ[s * dk + a];
+                    else
+                        for (int i = s; i < L; i++)
+                            acc += bfr<BF>(dP[i * GLA_C + s]) * bfr<BF>(Q[(int64_t)i * ldk + a]);
+                }
                 if (last) {
                     real u = 0;
-                    for (int j = 0; j < dv; j++) u += V[(int64_t)s * ldv + j] * dS[(int64_t)a * dv + j];
+                    if (BF && mm) u = W[s * dk + a];
+                    else
+                        for (int j = 0; j < dv; j++)
+                            u += bfr<BF>(V[(int64_t)s * ldv + j]) * bfr<BF>(dS[(int64_t)a * dv + j]);
                     acc += r.eL[s] * u;
                     pc += (double)(r.dt[s] * K[(int64_t)s * ldk + a]) * u;
                 }
@@ -248,8 +380,9 @@ extern "C" void cu_gla_backward(Node *n) {
     const int *first = cu_first_to_device(n->tape, (const int *)n->aux, d.B, d.T);
     real *dstates = (real *)tape_dalloc(n->tape, (size_t)(BH * (d.nc + 1) * SZ) * sizeof(real));
     unsigned blocks = (unsigned)(BH * d.nc);
+    bool bf = n->farg[0] != 0;   // the forward's choice (gla_bf16_takes)
     if (dO) {
-        gla_outer(blocks, d, true, in[IN_Q]->data, dO, g, dt, first, dstates, NULL, NULL);
+        gla_outer(blocks, d, true, bf, in[IN_Q]->data, dO, g, dt, first, dstates, NULL, NULL);
     }
     k_gla_scan_back<<<cu_grid(BH * SZ), CU_THREADS, 0, cu_stream>>>(d, dSf, dstates, lam, dO != NULL, gb[IN_S0],
                                                                     fr[IN_S0]);
@@ -258,10 +391,11 @@ extern "C" void cu_gla_backward(Node *n) {
                    fr[IN_DT]};
     if (go.dq || go.dk || go.dv || go.dg || go.ddt) {
         size_t smem = 2 * GLA_C * GLA_C * sizeof(real);   // A and dP: 64 KiB in float64
-        CU_CHECK(cudaFuncSetAttribute(k_gla_grad, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        k_gla_grad<<<blocks, GLA_THREADS, smem, cu_stream>>>(d, in[IN_Q]->data, in[IN_K]->data, in[IN_V]->data, g,
-                                                             dt, first, dO, states, dstates,
-                                                             in[IN_S0] != NULL, go);
+        if (bf && d.dk <= GLA_MMA_DK) smem += 4 * GLA_C * (size_t)d.dk * sizeof(real);   // (k_gla_grad's mm)
+        auto kern = bf ? k_gla_grad<true> : k_gla_grad<false>;
+        CU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kern<<<blocks, GLA_THREADS, smem, cu_stream>>>(d, in[IN_Q]->data, in[IN_K]->data, in[IN_V]->data, g, dt,
+                                                       first, dO, states, dstates, in[IN_S0] != NULL, go);
         CU_LAUNCHED();
     }
     for (int i = 0; i < N_IN; i++)

@@ -376,10 +376,11 @@ static real *model_steps(Device d, bool bf16, double loss[2]) { return model_ste
 // size; the loss (a mean over 512 cross-entropies whose errors do not line
 // up) far less: allowed 2e-3 relative. All gradients together, normwise:
 // 6e-2 (measured 2.5% on the CPU, which also rounds attention's and the
-// chunk kernels' tile products; the GPU rounds the dense products and
+// chunk kernels' tile products; the GPU rounds the dense products,
 // attention's tile products (attn_flash_bf16.cu: the attn layer's heads of 32
-// take them) and op_gdn's chunk products (the gdn and gdp layers), not the
-// GLA and KDA chunk kernels': less). Each weight of >= 1024 elements points
+// take them), op_gdn's chunk products (the gdn and gdp layers) and the GLA
+// chunk products of the mamba and linear layers (gla.cu), not the KDA chunk
+// kernels' nor op_gdn's scans: less). Each weight of >= 1024 elements points
 // the same way: cosine >= 0.99.
 // Parameters of a few elements (decay and dt biases) are sums of nearly
 // cancelling terms and move by tens of percent under any bf16 rounding: not
@@ -478,8 +479,9 @@ Test(cuda_bf16, step_repeats_bit_for_bit) {
 }
 
 // The GPU's bf16 step against the CPU's: the same operands rounded the same
-// way, attention's tile products included, but the CPU also rounds the chunk
-// kernels' tile products (the GPU's run in float32 so far), so the two
+// way, attention's and GLA's chunk products included, but the CPU also
+// rounds the GDN chunk kernels' tile products (the GPU's run in float32 so
+// far), so the two
 // differ by bf16 rounding, not float32's: the float32-vs-bf16 bounds. The
 // CPU's bf16 products need oneDNN and AVX512_BF16; the packed CUDA build has
 // no oneDNN (AG_ONEDNN=OFF), so there this is skipped, saying so.
