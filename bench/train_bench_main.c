@@ -12,9 +12,10 @@
 // machine, the thread count, the time of each part of the step (median over
 // the timed steps) and, last, one line for scripts:
 //   RESULT config=<name> B=.. T=.. threads=.. params=.. fwd_ms=.. bwd_ms=.. opt_ms=.. step_ms=.. tokens_per_s=..
-//          cpu_ms=.. tokens_per_cpu_s=.. blas_core=.. gemm=.. products=..
+//          cpu_ms=.. tokens_per_cpu_s=.. blas_core=.. gemm=.. products=.. device=.. graph=.. attn_tiles=..
 //   (cpu: CPU time of all threads per step; gemm, products: [train] gemm and
-//   precision as resolved, e.g. --set train.gemm=openblas --set train.precision=bf16)
+//   precision as resolved, e.g. --set train.gemm=openblas --set train.precision=bf16; attn_tiles: the
+//   attention's tile products, [train] bf16_tiles as resolved under bf16, else fp32)
 //   With --device cuda (a build with AG_CUDA) the parameters, moments, tape
 //   and step run on the GPU; each part is timed to a synchronisation of the
 //   stream; the RESULT line ends in device=cuda (the GPU is named in the header).
@@ -37,6 +38,7 @@
 #include "model_setup.h"
 #include "optim.h"
 #include "runlog.h"
+#include "tile_amx.h"
 
 #ifndef SOURCE_DIR
 #define SOURCE_DIR "."
@@ -152,11 +154,13 @@ static double bench_run(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const 
            steps, warmup, g ? "+backward (graph)" : "", 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms, B * T / ms, 1e3 * mc,
            B * T / mc, last_loss);
     printf("RESULT config=%s B=%d T=%d threads=%d params=%lld fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
-           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s gemm=%s products=%s device=%s graph=%s\n",
+           "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s gemm=%s products=%s device=%s graph=%s "
+           "attn_tiles=%s\n",
            base, B, T, threads, (long long)params_count(ps, false), 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms,
            B * T / ms, 1e3 * mc, B * T / mc, blas_core_name(), blas_backend_name(blas_backend),
            blas_precision_name(device == DEVICE_CUDA ? (GemmPrecision)cfg->train.precision : blas_precision),
-           device_name(device), on ? "on" : "off");
+           device_name(device), on ? "on" : "off",
+           device == DEVICE_CPU ? bf16_tiles_name(attn_tiles_kind(2, 2, 2, 2)) : "none");
     if (profile) {
         printf("op profile (per step, wall time; forward ops include their builders):\n");
         tape_profile_print(tp, stdout, steps);
