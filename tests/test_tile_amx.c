@@ -87,10 +87,13 @@ static void operands_free(Operands *o) {
 static float *run_kind(const Shape *s, const Operands *o, bool amx, const bfpair *A, float alpha, bool add) {
     float *C = xaligned((size_t)s->M * o->ldc * sizeof(float));
     memcpy(C, o->C0, (size_t)s->M * o->ldc * sizeof(float));
-    if (amx)
-        cr_assert(amx_mm_bf16_band(s->M, s->N, s->K, s->lo, s->hi, alpha, A, o->lda, o->ak, o->B, o->ldb, C, o->ldc,
-                                   add));
-    else
+    if (amx) {
+        amx_tiles_begin();
+        bool ran = amx_mm_bf16_band(s->M, s->N, s->K, s->lo, s->hi, alpha, A, o->lda, o->ak, o->B, o->ldb, C, o->ldc,
+                                    add);
+        amx_tiles_end();
+        cr_assert(ran);
+    } else
         tile_mm_bf16_band(s->M, s->N, s->K, s->lo, s->hi, alpha, A, o->lda, o->ak, o->B, o->ldb, C, o->ldc, add);
     return C;
 }
@@ -181,7 +184,10 @@ Test(tile_amx, longer_products_are_left_to_avx512bf16) {
     if (why_no_amx()) cr_skip_test("%s", why_no_amx());
     alignas(64) float C[16] = {7};
     alignas(64) bfpair X[16] = {0};
-    cr_assert(!amx_mm_bf16_band(1, 16, AMX_MAX_K + 1, -1, AMX_MAX_K + 1, 1, X, 1, 1, X, 16, C, 16, false));
+    amx_tiles_begin();
+    bool ran = amx_mm_bf16_band(1, 16, AMX_MAX_K + 1, -1, AMX_MAX_K + 1, 1, X, 1, 1, X, 16, C, 16, false);
+    amx_tiles_end();
+    cr_assert(!ran);
     cr_assert_eq(C[0], 7, "nothing written when AMX declines");
 #endif
 }

@@ -60,13 +60,9 @@ typedef struct AttnDims {
 
 // iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv, 5 tile_q, 6 tile_k, 7 the tiles' Bf16Tiles; farg[0] scale.
 static AttnDims dims_of(const Node *n) {
-    int k = n->iarg[7];
-    AttnDims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], n->iarg[5], n->iarg[6],
-                  0, 0, 0, (real)n->farg[0], k != BF16_TILES_FP32, k == BF16_TILES_AMX};
-    d.dkp = round_vl(d.dk);
-    d.dvp = round_vl(d.dv);
-    d.bkp = round_vl(d.bk);
-    return d;
+    const int *a = n->iarg;
+    return (AttnDims){a[0], a[1], a[2], a[3], a[4], a[5], a[6], round_vl(a[3]), round_vl(a[4]), round_vl(a[6]),
+                      (real)n->farg[0], a[7] != BF16_TILES_FP32, a[7] == BF16_TILES_AMX};
 }
 
 // Under [train] precision = bf16 the tile products take bf16 operands and sum
@@ -77,8 +73,7 @@ static AttnDims dims_of(const Node *n) {
 // its row sum would bias l), and the outputs and gradients. Needs even head
 // sizes and tiles (the pairs of vdpbf16ps); otherwise, where the build
 // has no AVX512_BF16 kernels, and under bf16_tiles = fp32, the products stay
-// float32 (attn_tiles_kind, tile_amx.c). The node keeps the kind, so that its
-// backward runs the products of its forward.
+// float32 (attn_tiles_kind, tile_amx.c; kept in the node for its backward).
 
 // The forward takes a query tile QB queries at a time, one query per vector
 // lane: the scores of the block are St (keys x QB queries), so the running
@@ -274,6 +269,7 @@ static void forward_rows(Tape *tp, const AttnDims *d, real *o, real *lse, const 
 #pragma omp parallel
     {
         real *scratch = (real *)(slots + stride * (size_t)omp_get_thread_num());
+        if (d->amx) amx_tiles_begin();   // (once per thread and op: tile_amx.h)
         // Later query tiles see more keys: hand tiles out dynamically. Each
         // task writes its own rows, so the result is the same for any schedule.
 #pragma omp for collapse(3) schedule(dynamic, 1)
@@ -287,6 +283,7 @@ static void forward_rows(Tape *tp, const AttnDims *d, real *o, real *lse, const 
                                        lse ? lse + ((int64_t)b * d->H + h) * T0 : NULL, first ? first + row0 : NULL,
                                        scratch);
                 }
+        if (d->amx) amx_tiles_end();
     }
 }
 
@@ -537,6 +534,7 @@ static void flash_backward(Node *n) {
     {
         BwdScratch w;
         backward_scratch(&d, (real *)(slots + stride * (size_t)omp_get_thread_num()), &w);
+        if (d.amx) amx_tiles_begin();
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < d.B; b++)
             for (int h = 0; h < d.H; h++) {
@@ -546,6 +544,7 @@ static void flash_backward(Node *n) {
                                     dk ? dk + qo : NULL, dv ? dv + vo : NULL, first ? first + (int64_t)b * d.T : NULL,
                                     end ? end + (int64_t)b * d.T : NULL, &w);
             }
+        if (d.amx) amx_tiles_end();
     }
 }
 

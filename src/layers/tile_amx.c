@@ -119,6 +119,14 @@ bool attn_tiles_bf16(int dk, int dv, int tile_q, int tile_k) {
 #include <immintrin.h>
 
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+// GCC's _tile_loadd is an asm that does not say it reads memory: without
+// this barrier the stores that fill a tile's zero-padded copy may be moved
+// after the load or dropped as dead (they were, at -O2: wrong products).
+#define TILE_LOAD(t, p, stride)                          \
+    do {                                                 \
+        __asm__ volatile("" : : "r"(p) : "memory");      \
+        _tile_loadd(t, p, stride);                       \
+    } while (0)
 #define CH 16                            // pairs of k per tile (64 bytes a row)
 #define MAX_CH ((AMX_MAX_K / 2 + CH - 1) / CH)
 
@@ -133,12 +141,19 @@ typedef struct {
     uint8_t rows[16];
 } TileConfig;
 
-static AMX_TARGET void amx_configure(void) {
-    alignas(64) TileConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-    _tile_loadconfig(&cfg);
+// A constant in memory: GCC's _tile_loadconfig tells the compiler it reads
+// 8 bytes of its operand, so the stores that filled a local configuration
+// could be dropped as dead (they were, at -O2: a fault).
+static alignas(64) const TileConfig TILES = {.palette = 1,
+                                             .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+                                             .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+
+AMX_TARGET void amx_tiles_begin(void) {
+    if (amx_bf16_usable(NULL, 0)) _tile_loadconfig(&TILES);
+}
+
+AMX_TARGET void amx_tiles_end(void) {
+    if (amx_bf16_usable(NULL, 0)) _tile_release();
 }
 
 static inline int floor_half(int x) { return x >= 0 ? x / 2 : -((1 - x) / 2); }
@@ -246,15 +261,15 @@ static AMX_TARGET void amx_group(int M, int N, int KP, float alpha, const bfpair
             int sb0, sb1 = 0;
             const bfpair *b0 = amx_b_tile(pad[0], B, ldb, KP, c, j, &sb0);
             const bfpair *b1 = two_j ? amx_b_tile(pad[1], B, ldb, KP, c, j + 16, &sb1) : NULL;
-            _tile_loadd(6, b0, sb0 * 4);
-            if (two_j) _tile_loadd(7, b1, sb1 * 4);
+            TILE_LOAD(6, b0, sb0 * 4);
+            if (two_j) TILE_LOAD(7, b1, sb1 * 4);
             if (c >= ca[0] && c < cb[0]) {
-                _tile_loadd(4, at0[c - ca[0]], st0[c - ca[0]] * 4);
+                TILE_LOAD(4, at0[c - ca[0]], st0[c - ca[0]] * 4);
                 _tile_dpbf16ps(0, 4, 6);
                 if (two_j) _tile_dpbf16ps(1, 4, 7);
             }
             if (two_i && c >= ca[1] && c < cb[1]) {
-                _tile_loadd(5, at1[c - ca[1]], st1[c - ca[1]] * 4);
+                TILE_LOAD(5, at1[c - ca[1]], st1[c - ca[1]] * 4);
                 _tile_dpbf16ps(2, 5, 6);
                 if (two_j) _tile_dpbf16ps(3, 5, 7);
             }
@@ -281,7 +296,6 @@ AMX_TARGET bool amx_mm_bf16_band(int M, int N, int K, int lo, int hi, float alph
     alignas(64) bfpair abuf[2][MAX_CH * 256];
     const bfpair *at[2][MAX_CH];
     int st[2][MAX_CH];
-    amx_configure();
     for (int i0 = 0; i0 < M; i0 += 32) {
         int ca[2] = {0, 0}, cb[2] = {0, 0};
         for (int b = 0; b < 2 && i0 + 16 * b < M; b++) {
@@ -294,7 +308,9 @@ AMX_TARGET bool amx_mm_bf16_band(int M, int N, int K, int lo, int hi, float alph
         }
         amx_group(M, N, KP, alpha, at[0], st[0], at[1], st[1], ca, cb, B, ldb, C, ldc, add, i0);
     }
-    _tile_release();
     return true;
 }
+#else
+void amx_tiles_begin(void) {}
+void amx_tiles_end(void) {}
 #endif

@@ -61,6 +61,14 @@ Bf16Tiles bf16_tiles_current(void);
 // (attn_kernel.h): whether that kind is a bf16 one.
 Bf16Tiles attn_tiles_kind(int dk, int dv, int tile_q, int tile_k);
 
+// The tiles' configuration of the calling thread, around its AMX products:
+// loading it and releasing the tiles costs 50 ns together here, as much as a
+// 32 x 32 x 64 product, so the attention does it once per thread and op
+// (its tasks call nothing else that uses the tiles), not per product. Both
+// do nothing where AMX is not usable.
+void amx_tiles_begin(void);
+void amx_tiles_end(void);
+
 #ifdef AG_TILE_BF16
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && __GNUC__ >= 11
 #define AG_TILE_AMX 1
@@ -70,7 +78,8 @@ Bf16Tiles attn_tiles_kind(int dk, int dv, int tile_q, int tile_k);
 // tiles, and read as zero: A may hold anything outside each row's band, as
 // tile_mm_bf16_band reads only what an 8-row block needs). N a multiple of
 // 16; C needs no alignment. Returns false (nothing done) when K exceeds
-// AMX_MAX_K; the caller then runs tile_mm_bf16_band. Call only where
+// AMX_MAX_K; the caller then runs tile_mm_bf16_band. Call only between
+// amx_tiles_begin and amx_tiles_end on the calling thread, where
 // amx_bf16_usable().
 #define AMX_MAX_K 512
 bool amx_mm_bf16_band(int M, int N, int K, int lo, int hi, float alpha, const bfpair *A, int lda, int ak,
