@@ -244,3 +244,42 @@ Test(tile_amx, both_instructions_sum_as_intels_pseudocode_says) {
     }
 #endif
 }
+
+// What bf16_tiles_select takes in each build, on each CPU: what cannot run
+// here is refused with the reason and changes nothing; auto resolves to the
+// best kind that can (and the float64 build, which has no bf16, to fp32).
+Test(tile_amx, the_choice_refuses_what_cannot_run_here) {
+    for (int k = 0; k < BF16_TILES_COUNT; k++) cr_assert_eq(bf16_tiles_parse(bf16_tiles_name((Bf16Tiles)k)), k);
+    cr_assert_eq(bf16_tiles_parse("amx512"), -1);
+    cr_assert_eq(bf16_tiles_parse(NULL), -1);
+    char err[256], why[200];
+    bool amx = amx_bf16_usable(why, sizeof why);
+    cr_assert(bf16_tiles_select(BF16_TILES_FP32, err, sizeof err), "%s", err);
+    cr_assert_eq(bf16_tiles_current(), BF16_TILES_FP32);
+#ifdef AG_TILE_BF16
+    cr_assert(bf16_tiles_select(BF16_TILES_AVX512BF16, err, sizeof err), "%s", err);
+    cr_assert_eq(bf16_tiles_current(), BF16_TILES_AVX512BF16);
+    Bf16Tiles best = amx ? BF16_TILES_AMX : BF16_TILES_AVX512BF16;
+#else
+    cr_assert(!amx, "AMX usable in a build without bf16 tiles");
+    cr_assert(!bf16_tiles_select(BF16_TILES_AVX512BF16, err, sizeof err));
+    cr_assert(strstr(err, "bf16_tiles = avx512bf16") && strstr(err, "no bf16 tiles"), "%s", err);
+    Bf16Tiles best = BF16_TILES_FP32;
+#endif
+    Bf16Tiles before = bf16_tiles_current();
+    if (amx) {
+        cr_assert(bf16_tiles_select(BF16_TILES_AMX, err, sizeof err), "%s", err);
+        cr_assert_eq(bf16_tiles_current(), BF16_TILES_AMX);
+    } else {
+        cr_log_info("AMX not usable here: %s", why);
+        cr_assert(!bf16_tiles_select(BF16_TILES_AMX, err, sizeof err));
+        cr_assert(strstr(err, "bf16_tiles = amx") && strstr(err, "use bf16_tiles = auto"), "%s", err);
+        cr_assert_eq(bf16_tiles_current(), before, "a refused kind changed the choice");
+    }
+    cr_assert(!bf16_tiles_select(BF16_TILES_COUNT, err, sizeof err));
+    cr_assert(bf16_tiles_select(BF16_TILES_AUTO, err, sizeof err), "%s", err);
+    cr_assert_eq(bf16_tiles_current(), best, "auto gave %s", bf16_tiles_name(bf16_tiles_current()));
+#ifdef AG_DOUBLE
+    cr_assert_eq(attn_tiles_kind(64, 64, 64, 64), BF16_TILES_FP32, "the float64 build's attention is float64");
+#endif
+}
