@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "attn_kernel.h"
 #include "bench_util.h"
@@ -28,22 +27,6 @@
 #include "tile_amx.h"
 
 enum { KINDS = 3, PARTS = 2 };   // fp32, avx512bf16, amx; forward, forward + backward
-
-static double cpu_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *x, int n) {
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
 
 static const Bf16Tiles KIND_TILES[KINDS] = {BF16_TILES_FP32, BF16_TILES_AVX512BF16, BF16_TILES_AMX};
 
@@ -57,11 +40,11 @@ static bool use_kind(int k, char *err, size_t n) {
 static void time_kind(Tape *tp, Tensor *q, Tensor *k, Tensor *v, const real *seed, int H, double scale,
                       double cpu[PARTS], double wall[PARTS]) {
     for (int part = 0; part < PARTS; part++) {
-        double c0 = cpu_now(), w0 = runlog_now();
+        double c0 = runlog_cpu_now(), w0 = runlog_now();
         if (part == 0) tape_no_grad_push(tp);
         Tensor *o = op_attention(tp, q, k, v, H, scale, NULL);
         if (part == 1) tape_backward_from(tp, o, seed);
-        cpu[part] = cpu_now() - c0, wall[part] = runlog_now() - w0;
+        cpu[part] = runlog_cpu_now() - c0, wall[part] = runlog_now() - w0;
         tape_reset(tp);
         if (part == 0) tape_no_grad_pop(tp);
     }
@@ -134,7 +117,7 @@ int main(int argc, char **argv) {
     for (int kind = 0; kind < KINDS; kind++) {
         if (!have[kind]) continue;
         double mc[PARTS], mw[PARTS];
-        for (int p = 0; p < PARTS; p++) mc[p] = median(c[kind][p], rounds), mw[p] = median(w[kind][p], rounds);
+        for (int p = 0; p < PARTS; p++) mc[p] = bench_median(c[kind][p], rounds), mw[p] = bench_median(w[kind][p], rounds);
         if (kind == 0) base[0] = mc[0], base[1] = mc[1];
         printf("| %s | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f, %.2f |\n", kind ? bf16_tiles_name(KIND_TILES[kind])
                : "fp32", 1e3 * mc[0], 1e3 * mw[0], 1e3 * mc[1], 1e3 * mw[1], flop[1] / mw[1] * 1e-9,

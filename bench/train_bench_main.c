@@ -32,6 +32,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "blas.h"
 #include "device.h"
 #include "lm_graph.h"
@@ -43,16 +44,6 @@
 #ifndef SOURCE_DIR
 #define SOURCE_DIR "."
 #endif
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *x, int n) {
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
 
 static void print_machine(void) {
     struct utsname u;
@@ -143,8 +134,8 @@ static double bench_run(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const 
     double *to = xmalloc((size_t)steps * sizeof(double)), *ts = xmalloc((size_t)steps * sizeof(double));
     double *tc = xmalloc((size_t)steps * sizeof(double));
     double last_loss = run_steps(lm, ps, opt, tp, cfg, x, y, warmup, steps, profile, g ? &gr : NULL, tf, tb, to, ts, tc);
-    double mf = median(tf, steps), mb = median(tb, steps), mo = median(to, steps), ms = median(ts, steps);
-    double mc = median(tc, steps);
+    double mf = bench_median(tf, steps), mb = bench_median(tb, steps), mo = bench_median(to, steps);
+    double ms = bench_median(ts, steps), mc = bench_median(tc, steps);
     bool on = g && !gr.off;
     if (g)
         printf("CUDA graph: %s; %lld replays, %lld captures, %lld eager micro-batches\n",
