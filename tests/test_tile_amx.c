@@ -15,6 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_kernel.h"
+#include "blas.h"
+#include "config.h"
+#include "model_setup.h"
 #include "test_util.h"
 #include "tile_amx.h"
 
@@ -281,5 +285,40 @@ Test(tile_amx, the_choice_refuses_what_cannot_run_here) {
     cr_assert_eq(bf16_tiles_current(), best, "auto gave %s", bf16_tiles_name(bf16_tiles_current()));
 #ifdef AG_DOUBLE
     cr_assert_eq(attn_tiles_kind(64, 64, 64, 64), BF16_TILES_FP32, "the float64 build's attention is float64");
+#endif
+}
+
+// [train] bf16_tiles through model_set_products, as train and train_bench
+// set it: each kind the attention then runs, or, for one that cannot run
+// here, an error that names the key and the value.
+Test(tile_amx, the_config_key_sets_the_attention_tiles) {
+#ifndef AG_TILE_BF16
+    cr_skip_test("this build has no bf16 tiles (float64, or no AVX512_BF16 target)");
+#else
+    if (!(onednn_built() && onednn_has_bf16())) cr_skip_test("this CPU has no AVX512_BF16 (or no oneDNN)");
+    TrainConfig c;
+    config_defaults(&c, model_mixer_known);
+    cr_assert(config_set(&c, "train.precision=bf16").ok);
+    const char *kinds[] = {"fp32", "avx512bf16", "amx", "auto"};
+    char why[200];
+    bool amx = amx_bf16_usable(why, sizeof why);
+    for (int i = 0; i < 4; i++) {
+        char set[64];
+        snprintf(set, sizeof set, "train.bf16_tiles=%s", kinds[i]);
+        cr_assert(config_set(&c, set).ok);
+        Status s = model_set_products(&c);
+        Bf16Tiles want = i == 3 ? (amx ? BF16_TILES_AMX : BF16_TILES_AVX512BF16) : (Bf16Tiles)bf16_tiles_parse(kinds[i]);
+        if (want == BF16_TILES_AMX && !amx) {
+            cr_assert(!s.ok && strstr(s.msg, "[train] bf16_tiles = amx"), "%s", s.ok ? "taken" : s.msg);
+            continue;
+        }
+        cr_assert(s.ok, "%s: %s", set, s.msg);
+        cr_assert_eq(attn_tiles_kind(64, 64, ATTN_TILE_Q, ATTN_TILE_K), want, "%s: the attention runs %s", set,
+                     bf16_tiles_name(attn_tiles_kind(64, 64, ATTN_TILE_Q, ATTN_TILE_K)));
+        cr_assert_eq(attn_tiles_kind(63, 64, ATTN_TILE_Q, ATTN_TILE_K), BF16_TILES_FP32, "odd heads take no pairs");
+    }
+    cr_assert(config_set(&c, "train.precision=fp32").ok && model_set_products(&c).ok);
+    cr_assert_eq(attn_tiles_kind(64, 64, ATTN_TILE_Q, ATTN_TILE_K), BF16_TILES_FP32, "fp32 runs float32 tiles");
+    config_free(&c);
 #endif
 }
