@@ -1,7 +1,7 @@
 // attn_tiles_bench: the attention op (op_attention, forward + backward) on
 // each kind of tile products (tile_amx.h), A/B in one process:
 //
-//   attn_tiles_bench [B=16] [T=256] [H=4] [D=64] [ROUNDS=15]
+//   attn_tiles_bench [B=16] [T=256] [H=4] [D=64] [ROUNDS=15] [KINDS=fp32,avx512bf16,amx]
 //
 //   fp32        precision = fp32: the float32 tiles (tile_mm.h);
 //   avx512bf16  precision = bf16, bf16_tiles = avx512bf16 (vdpbf16ps);
@@ -11,7 +11,8 @@
 // in an order that rotates from round to round, so that load from elsewhere
 // (a shared machine) falls on all alike. Printed: the median over the rounds
 // of the CPU time of the process (all threads) and of the wall time, in ms,
-// and each kind's CPU time over fp32's. Threads: OMP_NUM_THREADS.
+// and each kind's CPU time over fp32's (when fp32 ran). KINDS: a comma list
+// of the kinds to run (e.g. amx alone, under perf). Threads: OMP_NUM_THREADS.
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -63,7 +64,7 @@ static int arg(int argc, char **argv, int i, int def, int lo, int hi, const char
 
 int main(int argc, char **argv) {
     if (bench_help(argc, argv,
-                   "usage: attn_tiles_bench [B=16] [T=256] [H=4] [D=64] [ROUNDS=15]\n"
+                   "usage: attn_tiles_bench [B=16] [T=256] [H=4] [D=64] [ROUNDS=15] [KINDS=fp32,avx512bf16,amx]\n"
                    "  the attention op's forward and forward + backward on float32, AVX512_BF16 and AMX tiles,\n"
                    "  alternating; medians of CPU and wall time (threads: OMP_NUM_THREADS)\n"))
         return 0;
@@ -72,9 +73,18 @@ int main(int argc, char **argv) {
     int B = arg(argc, argv, 1, 16, 1, 4096, "B"), T = arg(argc, argv, 2, 256, 1, 65536, "T");
     int H = arg(argc, argv, 3, 4, 1, 256, "H"), D = arg(argc, argv, 4, 64, 2, 512, "D");
     int rounds = arg(argc, argv, 5, 15, 1, 1000, "ROUNDS");
-    char err[256], why[200];
-    bool have[KINDS] = {true, use_kind(1, err, sizeof err), use_kind(2, why, sizeof why)};
-    if (!have[1]) {
+    char err[256], why[200], names[KINDS][16];
+    bool want[KINDS] = {argc <= 6, argc <= 6, argc <= 6};
+    for (int i = 0, n = argc > 6 ? bench_parse_names(argv[6], names, KINDS) : 0; i < n; i++) {
+        int k = bf16_tiles_parse(names[i]);
+        if (k < 0 || k == BF16_TILES_AUTO) {
+            fprintf(stderr, "attn_tiles_bench: KINDS: '%s' is not one of fp32, avx512bf16, amx\n", names[i]);
+            return 2;
+        }
+        want[k == BF16_TILES_FP32 ? 0 : k == BF16_TILES_AVX512BF16 ? 1 : 2] = true;
+    }
+    bool have[KINDS] = {want[0], want[1] && use_kind(1, err, sizeof err), want[2] && use_kind(2, why, sizeof why)};
+    if (want[1] && !have[1]) {
         fprintf(stderr, "attn_tiles_bench: no bf16 tiles here: %s\n", err);
         return 2;
     }
@@ -82,7 +92,7 @@ int main(int argc, char **argv) {
     runlog_cpu_name(cpu, sizeof cpu);
     printf("attn_tiles_bench: %s, %d OpenMP threads, B %d, T %d, H %d, dk = dv = %d, tiles %d x %d, %d rounds\n",
            cpu, omp_get_max_threads(), B, T, H, D, ATTN_TILE_Q, ATTN_TILE_K, rounds);
-    if (!have[2]) printf("amx: not timed: %s\n", why);
+    if (want[2] && !have[2]) printf("amx: not timed: %s\n", why);
     Rng rng;
     rng_seed(&rng, 1);
     Tensor *q = tensor_newv(true, 3, B, T, H * D), *k = tensor_newv(true, 3, B, T, H * D);
@@ -119,9 +129,10 @@ int main(int argc, char **argv) {
         double mc[PARTS], mw[PARTS];
         for (int p = 0; p < PARTS; p++) mc[p] = bench_median(c[kind][p], rounds), mw[p] = bench_median(w[kind][p], rounds);
         if (kind == 0) base[0] = mc[0], base[1] = mc[1];
-        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f, %.2f |\n", kind ? bf16_tiles_name(KIND_TILES[kind])
-               : "fp32", 1e3 * mc[0], 1e3 * mw[0], 1e3 * mc[1], 1e3 * mw[1], flop[1] / mw[1] * 1e-9,
-               mc[0] / base[0], mc[1] / base[1]);
+        char rel[48] = "-";
+        if (have[0]) snprintf(rel, sizeof rel, "%.2f, %.2f", mc[0] / base[0], mc[1] / base[1]);
+        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.1f | %s |\n", kind ? bf16_tiles_name(KIND_TILES[kind]) : "fp32",
+               1e3 * mc[0], 1e3 * mw[0], 1e3 * mc[1], 1e3 * mw[1], flop[1] / mw[1] * 1e-9, rel);
     }
     printf("GFLOP/s: the causal half, 2 T^2 D per head forward and 5 T^2 D backward\n");
     for (int i = 0; i < KINDS; i++)
