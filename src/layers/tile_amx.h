@@ -24,8 +24,9 @@
 //     (Intel's pseudo-code in the SDM; what this CPU does is tested
 //     against it, tests/test_tile_amx.c).
 // Neither order is more accurate in general; both stay within float32's
-// summation bound (K + 1) u sum |a b|, and the tests hold them to it. Results
-// do not depend on the thread count either way.
+// summation bound (K + 3) u (|alpha| sum |a b| + |C|) of C (+)= alpha A B,
+// and the tests hold them to it. Results do not depend on the thread count
+// either way.
 #ifndef AG_TILE_AMX_H
 #define AG_TILE_AMX_H
 
