@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 // --help or -h anywhere among the arguments: print `usage` on stdout; the
@@ -15,6 +16,17 @@ static inline bool bench_help(int argc, char **argv, const char *usage) {
             return true;
         }
     return false;
+}
+
+static inline int bench_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// The median of x[0..n-1] (sorts x).
+static inline double bench_median(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, bench_cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
 // A comma list of names ("attn,gdn") into out (at most max, each cut to 15

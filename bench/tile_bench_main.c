@@ -12,7 +12,10 @@
 //               vdpbf16ps with float32 sums;
 //   bf16 kernel the kernel alone on operands packed once, outside the timing
 //               (as pairs of a row-major A and B: for the transposed shapes
-//               the same sizes, without the transpose).
+//               the same sizes, without the transpose);
+//   amx kernel  the same on AMX tiles (tile_amx.h: amx_mm_bf16_band, the
+//               attention's products under bf16_tiles = amx), where the CPU
+//               has AMX-BF16 (else "-").
 // Each figure is the median over ROUNDS rounds of GFLOP/s (2 M N K per
 // product), a round being enough repetitions for ~20 ms; the three ways
 // alternate within a round, so a burst of load elsewhere hits them alike.
@@ -27,6 +30,7 @@
 #include "rng.h"
 #include "runlog.h"
 #include "tile_mm.h"
+#include "tile_amx.h"
 #include "tile_mm_bf16.h"
 
 #ifdef AG_TILE_BF16
@@ -41,12 +45,13 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-enum { WAYS = 3 };   // fp32, bf16, bf16 kernel
+enum { WAYS = 4 };   // fp32, bf16, bf16 kernel, amx kernel
 
 // Seconds per product of way w, over reps products.
 static double run_way(int w, const Shape *s, int reps, const float *A, const float *B, float *C, float *pack,
                       bfpair *pa, bfpair *pb, const bfpair *qa, const bfpair *qb) {
     int lda = s->ta ? s->M : s->K, ldb = s->tb ? s->K : s->N, KP = (s->K + 1) / 2;
+    if (w == 3) amx_tiles_begin();
     double t0 = runlog_now();
     for (int r = 0; r < reps; r++) {
         if (w == 0)
@@ -54,11 +59,16 @@ static double run_way(int w, const Shape *s, int reps, const float *A, const flo
         else if (w == 1)
             tile_gemm_rows_bf16(s->ta, s->tb, false, s->M, s->N, s->K, 1, NULL, A, lda, B, ldb, 0, C, s->N,
                                 TILE_FULL(s->M, s->K), pa, pb);
-        else
+        else if (w == 2)
             tile_mm_bf16_band(s->M, s->N, s->K, TILE_FULL(s->M, s->K), 1, qa, KP, 1, qb, s->N, C, s->N, false);
+        else
+            tile_mm_bf16_band_on(true, s->M, s->N, s->K, TILE_FULL(s->M, s->K), 1, qa, KP, 1, qb, s->N, C, s->N,
+                                 false);
         __asm__ volatile("" : : "r"(C) : "memory");
     }
-    return (runlog_now() - t0) / reps;
+    double t = (runlog_now() - t0) / reps;
+    if (w == 3) amx_tiles_end();
+    return t;
 }
 #endif
 
@@ -66,7 +76,8 @@ int main(int argc, char **argv) {
     if (bench_help(argc, argv,
                    "usage: tile_bench [ROUNDS=15]\n"
                    "  GFLOP/s of the chunk kernels' small products on one thread: float32 tile_gemm against\n"
-                   "  bf16 tile_gemm_rows_bf16 (operands rounded inside) and its kernel on packed operands\n"))
+                   "  bf16 tile_gemm_rows_bf16 (operands rounded inside) and its kernel on packed operands,\n"
+                   "  on AVX512_BF16 and on AMX\n"))
         return 0;
     model_init_process(argv);
     int rounds = argc > 1 ? atoi(argv[1]) : 15;
@@ -99,7 +110,11 @@ int main(int argc, char **argv) {
     Rng rng;
     rng_seed(&rng, 7);
     for (size_t i = 0; i < big; i++) A[i] = (float)rng_normal(&rng), B[i] = (float)rng_normal(&rng);
-    printf("| product | M x N x K | fp32 | bf16 | bf16 kernel | bf16 / fp32 |\n| --- | --- | ---: | ---: | ---: | ---: |\n");
+    char why[200];
+    bool amx = amx_bf16_usable(why, sizeof why);
+    if (!amx) printf("amx kernel: not timed: %s\n\n", why);
+    printf("| product | M x N x K | fp32 | bf16 | bf16 kernel | amx kernel | bf16 / fp32 | amx / bf16 kernel |\n"
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const Shape *s = &shapes[si];
         // The kernel-only way's operands, packed once: A row-major pairs, B pairs across rows.
@@ -109,15 +124,17 @@ int main(int argc, char **argv) {
         int reps = per > 0 ? (int)(0.02 / (3 * per)) + 1 : 1000;
         double *g = xmalloc((size_t)rounds * WAYS * sizeof(double));
         for (int r = 0; r < rounds; r++)
-            for (int w = 0; w < WAYS; w++)
+            for (int w = 0; w < WAYS - !amx; w++)
                 g[w * rounds + r] = flop / run_way(w, s, reps, A, B, C, pack, pa, pb, qa, qb) * 1e-9;
-        double med[WAYS];
-        for (int w = 0; w < WAYS; w++) {
+        double med[WAYS] = {0};
+        for (int w = 0; w < WAYS - !amx; w++) {
             qsort(g + w * rounds, rounds, sizeof *g, cmp_double);
             med[w] = g[w * rounds + rounds / 2];
         }
-        printf("| %s | %d x %d x %d | %.1f | %.1f | %.1f | %.2f |\n", s->what, s->M, s->N, s->K, med[0], med[1],
-               med[2], med[1] / med[0]);
+        char ax[32] = "-", ar[32] = "-";
+        if (amx) snprintf(ax, sizeof ax, "%.1f", med[3]), snprintf(ar, sizeof ar, "%.2f", med[3] / med[2]);
+        printf("| %s | %d x %d x %d | %.1f | %.1f | %.1f | %s | %.2f | %s |\n", s->what, s->M, s->N, s->K, med[0],
+               med[1], med[2], ax, med[1] / med[0], ar);
         free(g);
     }
     free(A), free(B), free(C), free(pack), free(pa), free(pb), free(qa), free(qb);

@@ -13,8 +13,10 @@
 // the timed steps) and, last, one line for scripts:
 //   RESULT config=<name> B=.. T=.. threads=.. params=.. fwd_ms=.. bwd_ms=.. opt_ms=.. step_ms=.. tokens_per_s=..
 //          cpu_ms=.. tokens_per_cpu_s=.. blas_core=.. gemm=.. products=.. device=.. graph=.. optim=.. opt_graph=..
+//          attn_tiles=..
 //   (cpu: CPU time of all threads per step; gemm, products: [train] gemm and
-//   precision as resolved, e.g. --set train.gemm=openblas --set train.precision=bf16)
+//   precision as resolved, e.g. --set train.gemm=openblas --set train.precision=bf16; attn_tiles: the
+//   attention's tile products, [train] bf16_tiles as resolved under bf16, else fp32)
 //   With --device cuda (a build with AG_CUDA) the parameters, moments, tape
 //   and step run on the GPU; each part is timed to a synchronisation of the
 //   stream; the RESULT line ends in device=cuda (the GPU is named in the header).
@@ -37,6 +39,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "blas.h"
 #include "device.h"
 #include "lm_graph.h"
@@ -44,20 +47,11 @@
 #include "model_setup.h"
 #include "optim.h"
 #include "runlog.h"
+#include "tile_amx.h"
 
 #ifndef SOURCE_DIR
 #define SOURCE_DIR "."
 #endif
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *x, int n) {
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
 
 static void print_machine(void) {
     struct utsname u;
@@ -161,10 +155,10 @@ static double bench_run(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const 
     double *tf = xmalloc((size_t)steps * sizeof(double)), *tb = xmalloc((size_t)steps * sizeof(double));
     double *to = xmalloc((size_t)steps * sizeof(double)), *ts = xmalloc((size_t)steps * sizeof(double));
     double *tc = xmalloc((size_t)steps * sizeof(double));
-    double last_loss =
-        run_steps(lm, ps, opt, tp, cfg, x, y, warmup, steps, profile, g ? &gr : NULL, queued ? &od : NULL, tf, tb, to, ts, tc);
-    double mf = median(tf, steps), mb = median(tb, steps), mo = median(to, steps), ms = median(ts, steps);
-    double mc = median(tc, steps);
+    double last_loss = run_steps(lm, ps, opt, tp, cfg, x, y, warmup, steps, profile, g ? &gr : NULL,
+                                 queued ? &od : NULL, tf, tb, to, ts, tc);
+    double mf = bench_median(tf, steps), mb = bench_median(tb, steps), mo = bench_median(to, steps);
+    double ms = bench_median(ts, steps), mc = bench_median(tc, steps);
     bool on = g && !gr.off;
     if (g)
         printf("CUDA graph: %s; %lld replays, %lld captures, %lld eager micro-batches\n",
@@ -179,11 +173,12 @@ static double bench_run(LM *lm, ParamStore *ps, Optimizer *opt, Tape *tp, const 
            B * T / mc, last_loss);
     printf("RESULT config=%s B=%d T=%d threads=%d params=%lld fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f step_ms=%.2f "
            "tokens_per_s=%.0f cpu_ms=%.2f tokens_per_cpu_s=%.0f blas_core=%s gemm=%s products=%s device=%s graph=%s "
-           "optim=%s opt_graph=%s\n",
+           "optim=%s opt_graph=%s attn_tiles=%s\n",
            base, B, T, threads, (long long)params_count(ps, false), 1e3 * mf, 1e3 * mb, 1e3 * mo, 1e3 * ms,
            B * T / ms, 1e3 * mc, B * T / mc, blas_core_name(), blas_backend_name(blas_backend),
            blas_precision_name(device == DEVICE_CUDA ? (GemmPrecision)cfg->train.precision : blas_precision),
-           device_name(device), on ? "on" : "off", queued ? "queued" : "calls", opt_on ? "on" : "off");
+           device_name(device), on ? "on" : "off", queued ? "queued" : "calls", opt_on ? "on" : "off",
+           device == DEVICE_CPU ? bf16_tiles_name(attn_tiles_kind(2, 2, 2, 2)) : "none");
     if (profile) {
         printf("op profile (per step, wall time; forward ops include their builders):\n");
         tape_profile_print(tp, stdout, steps);

@@ -148,6 +148,8 @@ Test(config, bad_values) {
                  "[model] tied_embeddings: 'maybe' is not a bool (true/false, yes/no, on/off, 1/0)");
     expect_error("[train]\noptimizer = adam\n", 2, "[train] optimizer: 'adam' is not one of adamw|sgd");
     expect_error("[model]\nform = fast\n", 2, "[model] form: 'fast' is not one of chunked|parallel|recurrent");
+    expect_error("[train]\nprecision = bf16\nbf16_tiles = amx512\n", 3,
+                 "[train] bf16_tiles: 'amx512' is not one of auto|amx|avx512bf16|fp32");
     expect_error("[model]\nlayers = attn,lstm\n", 2,
                  "[model] layers: 'lstm' is not a known mixer (attn, linear, mamba, gdn, attn_dsa, mamba2, gdp, kda)");
     expect_error("[model]\nlayers = attn,,gdn\n", 2, "[model] layers: empty item 2 in the list");

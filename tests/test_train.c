@@ -14,6 +14,7 @@
 #include "checkpoint.h"
 #include "dump_state.h"
 #include "test_util.h"
+#include "tile_amx.h"
 #include "vocab_cost.h"
 #include "trainer.h"
 
@@ -180,6 +181,53 @@ Test(train, bf16_run_resumes_bit_exact_generates_and_finetunes, .timeout = 180) 
     cr_assert_eq(trainer_run(&f, &fo), 0);
     cr_assert(isfinite(trainer_loss(&f, 2)), "the distillation loss: %g", trainer_loss(&f, 2));
     trainer_free(&f);
+}
+#endif
+
+#ifndef AG_DOUBLE
+// bf16_tiles = auto chooses once too (AMX and AVX512_BF16 tiles sum in
+// another order): config.ini and the checkpoint name the kind it chose, and
+// an interrupted run resumes on that kind, bit for bit, whatever was
+// selected in between.
+Test(train, bf16_tiles_choice_is_kept_on_resume, .timeout = 120) {
+    if (!(onednn_built() && onednn_has_bf16())) cr_skip_test("this CPU has no AVX512_BF16 (or no oneDNN)");
+    enum { N = 6 };
+    const char *dir = scratch("attn", N, "precision = bf16\n");   // bf16_tiles left at auto
+    static Trainer a, b;
+    TrainerOptions o = opts(dir, false);
+    Status s = trainer_setup(&a, &o);
+    cr_assert(s.ok, "%s", s.msg);
+    int chose = a.cfg.train.bf16_tiles;
+    cr_assert(chose != BF16_TILES_AUTO && chose == (int)bf16_tiles_current(), "auto stays in the config: %d", chose);
+    char why[200];
+    if (amx_bf16_usable(why, sizeof why)) cr_assert_eq(chose, BF16_TILES_AMX, "auto on an AMX CPU");
+    else cr_log_warn("auto could not choose AMX: %s", why);
+    char want[64];
+    snprintf(want, sizeof want, "\nbf16_tiles = %s\n", bf16_tiles_name((Bf16Tiles)chose));
+    cr_assert(strstr(a.cfg.text, want), "the effective config should say %s", want + 1);
+    cr_assert_eq(trainer_run(&a, &o), 0);
+    double straight[N];
+    for (int i = 0; i < N; i++) straight[i] = trainer_loss(&a, i);
+    trainer_free(&a);
+    run_interrupted(&a, o, 3);
+    char path[700];
+    snprintf(path, sizeof path, "%s/run/checkpoint.h5", dir);
+    char *text = NULL;
+    s = checkpoint_read_config(path, &text);
+    cr_assert(s.ok && strstr(text, want), "the checkpoint's config should say %s", want + 1);
+    free(text);
+    char err[256];   // another kind in between: the resume must bring the run's own back
+    cr_assert(bf16_tiles_select(chose == BF16_TILES_AMX ? BF16_TILES_AVX512BF16 : BF16_TILES_FP32, err, sizeof err));
+    TrainerOptions r = opts(dir, true);
+    s = trainer_setup(&b, &r);
+    cr_assert(s.ok, "%s", s.msg);
+    cr_assert_eq((int)bf16_tiles_current(), chose);
+    cr_assert_eq(trainer_run(&b, &r), 0);
+    double resumed[N];
+    for (int i = 3; i < N; i++) resumed[i] = trainer_loss(&b, i);
+    test_assert_resumed_losses(resumed, straight, 3, N);
+    trainer_free(&b);
+    cr_assert(bf16_tiles_select(BF16_TILES_AUTO, err, sizeof err));
 }
 #endif
 

@@ -110,6 +110,7 @@ typedef struct TrainConfig {
         int threads;                     // 0 = OpenMP default
         int gemm;                        // GemmBackend (blas.h): auto | openblas | onednn
         int precision;                   // GemmPrecision (blas.h): fp32 | bf16
+        int bf16_tiles;                  // Bf16Tiles (tile_amx.h): auto | amx | avx512bf16 | fp32
         int zero;                        // under MPI: 1 shards the optimizer state across ranks (ZeRO-1)
         double dist_timeout;             // under MPI: seconds a collective may wait before the job is ended
         int dist_bucket_kb;              // under MPI: gradient bucket size (0: 1/16 of the gradient, 256 KiB-16 MiB)

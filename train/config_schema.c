@@ -112,6 +112,10 @@ const ConfigKey CONFIG_SCHEMA[] = {
     {"train", "precision", KEY_ENUM, OFF(train, precision), "fp32", 0, 0, "fp32|bf16|tf32", "dtype,amp",
      "dense layers' products: fp32, or bf16 with fp32 sums (float32 build; an AVX512_BF16 CPU, or the GPU's "
      "tensor cores), or tf32 (the GPU's tensor cores, device = cuda)", KEYF_RESUMABLE},
+    {"train", "bf16_tiles", KEY_ENUM, OFF(train, bf16_tiles), "auto", 0, 0, "auto|amx|avx512bf16|fp32", NULL,
+     "attention's tile products under precision = bf16 on the CPU: amx (AMX tiles), avx512bf16 (vdpbf16ps), fp32 "
+     "(float32 tiles: the attention's operands not rounded), auto (amx where the CPU and OS have it, else "
+     "avx512bf16); a run keeps what auto chose", KEYF_RESUMABLE},
     {"train", "zero", KEY_INT, OFF(train, zero), "0", 0, 1, NULL, "zero_stage",
      "under mpirun: 1 shards the optimizer state across the ranks (ZeRO-1)", KEYF_RESUMABLE},
     {"train", "dist_timeout", KEY_FLOAT, OFF(train, dist_timeout), "300", 1, 1e6, NULL, "mpi_timeout",

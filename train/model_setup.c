@@ -7,6 +7,7 @@
 
 #include "blas.h"
 #include "checkpoint.h"
+#include "tile_amx.h"
 #include "tokenizer.h"
 
 bool model_mixer_known(const char *name) { return mixer_kind_find(name) != NULL; }
@@ -91,6 +92,9 @@ Status model_set_products(const TrainConfig *tc) {
     }
     if (!blas_select((GemmBackend)tc->train.gemm, (GemmPrecision)tc->train.precision, err, sizeof err))
         return status_err("[train] %s", err);   // err names the key and the value
+    // The attention's tiles: only bf16 consults them, so only bf16 asks for them.
+    if (tc->train.precision == PRECISION_BF16 && !bf16_tiles_select((Bf16Tiles)tc->train.bf16_tiles, err, sizeof err))
+        return status_err("[train] %s", err);
     return status_ok();
 }
 

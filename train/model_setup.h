@@ -37,7 +37,8 @@ int model_set_threads(int threads);
 // blas_select; auto may time both backends on the current thread count, so
 // call it after model_set_threads). An error says why the request cannot run
 // here (no oneDNN in this build, bf16 in the float64 build or on a CPU
-// without AVX512_BF16).
+// without AVX512_BF16). Under bf16 on the CPU also the attention's tiles,
+// [train] bf16_tiles (tile_amx.h: bf16_tiles_select).
 Status model_set_products(const TrainConfig *tc);
 // Is this a known mixer name? (mixer_kind_find; the same as config_defaults' NULL)
 bool model_mixer_known(const char *name);

@@ -10,6 +10,7 @@
 
 #include "blas.h"
 #include "corpus.h"
+#include "tile_amx.h"
 #include "run_config.h"
 #include "signals.h"
 #include "vocab_cost.h"
@@ -283,13 +284,14 @@ static void log_start(const Trainer *t, RunLog *rl, const struct utsname *un) {
     snprintf(json, sizeof json,
              "{\"type\":\"start\",\"config\":%s,\"params\":%lld,\"threads\":%d,\"precision\":\"%s\","
              "\"start_step\":%lld,\"machine\":%s,\"openblas_core\":%s,\"gemm\":\"%s\",\"products\":\"%s\","
-             "\"ranks\":%d,\"zero\":%d,\"device\":\"%s\"}",
+             "\"attn_tiles\":\"%s\",\"ranks\":%d,\"zero\":%d,\"device\":\"%s\"}",
              runlog_json_str(t->config_path, cfg, sizeof cfg), (long long)params_count(&t->ps, false), t->threads,
              REAL_NAME, (long long)t->step, runlog_json_str(un->machine, mach, sizeof mach),
              runlog_json_str(blas_core_name(), core, sizeof core), blas_backend_name(blas_backend),
              blas_precision_name(t->cfg.train.device == DEVICE_CUDA ? (GemmPrecision)t->cfg.train.precision
                                                                     : blas_precision),
-             t->ranks, t->ranks > 1 ? t->cfg.train.zero : 0, device_name((Device)t->cfg.train.device));
+             t->cfg.train.device == DEVICE_CPU ? bf16_tiles_name(attn_tiles_kind(2, 2, 2, 2)) : "none", t->ranks,
+             t->ranks > 1 ? t->cfg.train.zero : 0, device_name((Device)t->cfg.train.device));
     runlog_json(rl, json);
 }
 

@@ -19,6 +19,7 @@
 #include "blas.h"
 #include "corpus.h"
 #include "run_config.h"
+#include "tile_amx.h"
 #include "trainer_ranks.h"
 #include "val_split.h"
 
@@ -146,6 +147,34 @@ static void keep_gemm_choice(Trainer *t) {
     t->cfg.train.gemm = b;
 }
 
+// bf16_tiles = auto, the same way: AMX and AVX512_BF16 tiles sum in another
+// order, so the run keeps the kind it started with (config.ini, checkpoints),
+// and every rank takes rank 0's.
+static void keep_tiles_choice(Trainer *t) {
+    int k = (int)bf16_tiles_current();
+    dist_bcast(&k, sizeof k, "[train] bf16_tiles = auto");
+    char err[256];
+    if (k != (int)bf16_tiles_current() && !bf16_tiles_select((Bf16Tiles)k, err, sizeof err))
+        dist_abort(1, "[train] bf16_tiles = auto: rank 0 chose %s, which this rank cannot run: %s",
+                   bf16_tiles_name((Bf16Tiles)k), err);
+    t->cfg.train.bf16_tiles = k;
+}
+
+// A resumed run whose products cannot run here: which key, and how to go on.
+static Status resume_products_error(const TrainConfig *c, Status s) {
+    if (c->train.gemm != GEMM_AUTO && strstr(s.msg, "gemm = "))   // (not: bf16's CPU check)
+        return status_err("--resume: %s (a run keeps the backend it started on, so that it goes on bit for bit; "
+                          "--set train.gemm=auto lets this machine choose, and the products then round "
+                          "differently)",
+                          s.msg);
+    if (c->train.bf16_tiles != BF16_TILES_AUTO && strstr(s.msg, "bf16_tiles = "))
+        return status_err("--resume: %s (a run keeps the attention tiles it started on, so that it goes on bit for "
+                          "bit; --set train.bf16_tiles=auto lets this machine choose, and the attention's products "
+                          "then sum in another order)",
+                          s.msg);
+    return s;
+}
+
 // The config: the file, --set and defaults (or the run's stored one on --resume).
 static Status setup_config(Trainer *t, const TrainerOptions *o) {
     t->last_val_loss = NAN;
@@ -178,13 +207,8 @@ static Status setup_threads(Trainer *t, const TrainerOptions *o) {
                               "ranks reduce whole gradients (set zero = 0)");
         device_cuda_choose(dist_local_rank());   // (before model_set_products sets the GPU up)
     }
-    if (!(s = model_set_products(c)).ok)   // [train] gemm, precision: after the threads
-        return !o->resume || c->train.gemm == GEMM_AUTO || !strstr(s.msg, "gemm = ")   // (not: bf16's CPU check)
-                   ? s
-                   : status_err("--resume: %s (a run keeps the backend it started on, so that it goes on bit for "
-                                "bit; --set train.gemm=auto lets this machine choose, and the products then round "
-                                "differently)",
-                                s.msg);
+    if (!(s = model_set_products(c)).ok)   // [train] gemm, precision, bf16_tiles: after the threads
+        return o->resume ? resume_products_error(c, s) : s;
     return status_ok();
 }
 
@@ -192,6 +216,8 @@ static Status setup_threads(Trainer *t, const TrainerOptions *o) {
 static Status setup_effective(Trainer *t) {
     const TrainConfig *c = &t->cfg;
     if (c->train.device == DEVICE_CPU && c->train.gemm == GEMM_AUTO) keep_gemm_choice(t);
+    if (c->train.device == DEVICE_CPU && c->train.precision == PRECISION_BF16 && c->train.bf16_tiles == BF16_TILES_AUTO)
+        keep_tiles_choice(t);
     // The run's effective config (auto's choice in it): what config.ini and every checkpoint hold.
     free(t->cfg.text);
     t->cfg.text = config_dump_string(&t->cfg);

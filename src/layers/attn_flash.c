@@ -46,7 +46,7 @@
 #include "docs.h"
 #include "ops_math.h"
 #include "tile_mm.h"
-#include "tile_mm_bf16.h"
+#include "tile_amx.h"
 
 // ---- The op ----
 
@@ -55,17 +55,14 @@ typedef struct AttnDims {
     int bq, bk;           // tile sizes
     int dkp, dvp, bkp;    // dk, dv, bk rounded up to whole vectors (packed row strides)
     real scale;
-    bool bf16;            // the tile products in bf16 (tile_mm_bf16.h)
+    bool bf16, amx;       // the tile products in bf16 (tile_mm_bf16.h), on AMX (tile_amx.h)
 } AttnDims;
 
-// iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv, 5 tile_q, 6 tile_k, 7 bf16 products; farg[0] scale.
+// iarg: 0 B, 1 T, 2 H, 3 dk, 4 dv, 5 tile_q, 6 tile_k, 7 the tiles' Bf16Tiles; farg[0] scale.
 static AttnDims dims_of(const Node *n) {
-    AttnDims d = {n->iarg[0], n->iarg[1], n->iarg[2], n->iarg[3], n->iarg[4], n->iarg[5], n->iarg[6],
-                  0, 0, 0, (real)n->farg[0], n->iarg[7] != 0};
-    d.dkp = round_vl(d.dk);
-    d.dvp = round_vl(d.dv);
-    d.bkp = round_vl(d.bk);
-    return d;
+    const int *a = n->iarg;
+    return (AttnDims){a[0], a[1], a[2], a[3], a[4], a[5], a[6], round_vl(a[3]), round_vl(a[4]), round_vl(a[6]),
+                      (real)n->farg[0], a[7] != BF16_TILES_FP32, a[7] == BF16_TILES_AMX};
 }
 
 // Under [train] precision = bf16 the tile products take bf16 operands and sum
@@ -74,11 +71,9 @@ static AttnDims dims_of(const Node *n) {
 // bf16 as well. Everything else stays float32: the scores S and dP as summed,
 // the online max and sum, exp, lse, D and dS = P (dP - D) (rounding P before
 // its row sum would bias l), and the outputs and gradients. Needs even head
-// sizes and tiles (the pairs of vdpbf16ps); otherwise, and where the build
-// has no AVX512_BF16 kernels, the products stay float32.
-bool attn_tiles_bf16(int dk, int dv, int tile_q, int tile_k) {
-    return tile_products_bf16() && dk % 2 == 0 && dv % 2 == 0 && tile_q % 2 == 0 && tile_k % 2 == 0;
-}
+// sizes and tiles (the pairs of vdpbf16ps); otherwise, where the build
+// has no AVX512_BF16 kernels, and under bf16_tiles = fp32, the products stay
+// float32 (attn_tiles_kind, tile_amx.c; kept in the node for its backward).
 
 // The forward takes a query tile QB queries at a time, one query per vector
 // lane: the scores of the block are St (keys x QB queries), so the running
@@ -227,8 +222,8 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, int qoff, cons
             }
 #ifdef AG_TILE_BF16
             if (d->bf16)
-                tile_mm_bf16_band(kmax, QB, d->dk, TILE_FULL(kmax, d->dk), d->scale, Kb, dkh, 1, QtP + i0, bqp, St,
-                                  QB, false);
+                tile_mm_bf16_band_on(d->amx, kmax, QB, d->dk, TILE_FULL(kmax, d->dk), d->scale, Kb, dkh, 1,
+                                     QtP + i0, bqp, St, QB, false);
             else
 #endif
                 tile_mm(kmax, QB, d->dk, d->scale, k + (int64_t)s0 * ldq, ldq, 1, Qt + i0, bqp, St, QB, false);
@@ -244,7 +239,8 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, int qoff, cons
 #ifdef AG_TILE_BF16
             if (d->bf16) {   // P's pairs of keys in bf16 (rows kmax .. of St are not scores: zero)
                 pack_pair_cols(PP, QB, St, QB, 0, kmax, QB);
-                tile_mm_bf16_band(nr, dvp, kmax, -nr, lag, 1, PP, 1, QB, VR, dvp, acc + (int64_t)i0 * dvp, dvp, true);
+                tile_mm_bf16_band_on(d->amx, nr, dvp, kmax, -nr, lag, 1, PP, 1, QB, VR, dvp,
+                                     acc + (int64_t)i0 * dvp, dvp, true);
             } else
 #endif
                 tile_mm_band(nr, dvp, kmax, -nr, lag, 1, St, 1, QB, Vj, ldvj, acc + (int64_t)i0 * dvp, dvp, true);
@@ -273,6 +269,7 @@ static void forward_rows(Tape *tp, const AttnDims *d, real *o, real *lse, const 
 #pragma omp parallel
     {
         real *scratch = (real *)(slots + stride * (size_t)omp_get_thread_num());
+        if (d->amx) amx_tiles_begin();   // (once per thread and op: tile_amx.h)
         // Later query tiles see more keys: hand tiles out dynamically. Each
         // task writes its own rows, so the result is the same for any schedule.
 #pragma omp for collapse(3) schedule(dynamic, 1)
@@ -286,6 +283,7 @@ static void forward_rows(Tape *tp, const AttnDims *d, real *o, real *lse, const 
                                        lse ? lse + ((int64_t)b * d->H + h) * T0 : NULL, first ? first + row0 : NULL,
                                        scratch);
                 }
+        if (d->amx) amx_tiles_end();
     }
 }
 
@@ -336,7 +334,7 @@ static size_t backward_scratch(const AttnDims *d, real *base, BwdScratch *w) {
 }
 
 // P and, when a gradient needs it, dS of the rows r0 .. nq-1 of a query tile
-// (queries t0 ..) against a key tile (nk keys from s0), MR rows at a time:
+// (queries t0 ..) against a key tile (nk keys from s0), MR rows (AMX: 16) at a time:
 // P = exp(scale Q_i K_j^T - lse), 0 for a key a row does not see, and
 // dS = P . (dO_i V_j^T - D) into w->P and w->dS. Qi, dOi: the tile's first
 // rows of q and dO.
@@ -346,14 +344,14 @@ static void tile_p_ds(const AttnDims *d, const BwdScratch *w, const real *Qi, co
 #ifdef AG_TILE_BF16
     int dkh = d->dk / 2, dvh = d->dv / 2;
 #endif
-    for (int i0 = r0; i0 < nq; i0 += MR) {
-        int nr = imin(MR, nq - i0);
+    for (int i0 = r0, step = d->amx ? 16 : MR; i0 < nq; i0 += step) {
+        int nr = imin(step, nq - i0);
         int kmax = imin(nk, t0 + i0 + nr - s0);   // keys seen by the block's last row
         real *P = w->P + (int64_t)i0 * bkp, *dS = w->dS + (int64_t)i0 * bkp;
 #ifdef AG_TILE_BF16
         if (d->bf16)
-            tile_mm_bf16_band(nr, round_vl(kmax), d->dk, TILE_FULL(nr, d->dk), d->scale,
-                              w->Qb + (int64_t)(t0 + i0) * dkh, dkh, 1, w->KtP, bkp, P, bkp, false);
+            tile_mm_bf16_band_on(d->amx, nr, round_vl(kmax), d->dk, TILE_FULL(nr, d->dk), d->scale,
+                                 w->Qb + (int64_t)(t0 + i0) * dkh, dkh, 1, w->KtP, bkp, P, bkp, false);
         else
 #endif
             tile_mm(nr, round_vl(kmax), d->dk, d->scale, Qi + (int64_t)i0 * ldq, ldq, 1, w->Kt, bkp, P, bkp,
@@ -374,8 +372,8 @@ static void tile_p_ds(const AttnDims *d, const BwdScratch *w, const real *Qi, co
         if (!need_ds) continue;
 #ifdef AG_TILE_BF16
         if (d->bf16)
-            tile_mm_bf16_band(nr, round_vl(kmax), d->dv, TILE_FULL(nr, d->dv), 1,
-                              w->dOb + (int64_t)(t0 + i0) * dvh, dvh, 1, w->VtP, bkp, dS, bkp, false);
+            tile_mm_bf16_band_on(d->amx, nr, round_vl(kmax), d->dv, TILE_FULL(nr, d->dv), 1,
+                                 w->dOb + (int64_t)(t0 + i0) * dvh, dvh, 1, w->VtP, bkp, dS, bkp, false);
         else
 #endif
             tile_mm(nr, round_vl(kmax), d->dv, 1, dOi + (int64_t)i0 * ldv, ldv, 1, w->Vt, bkp, dS, bkp,
@@ -479,20 +477,20 @@ static void flash_backward_head(const AttnDims *d, const real *q, const real *k,
                 int64_t pr = (t0 + r0) / 2;   // the pair of rows t0 + r0, t0 + r0 + 1
                 if (dv) {   // dV_j += P^T dO_i
                     pack_pair_cols(w->PR, bkp, P, bkp, 0, nr, nk);
-                    tile_mm_bf16_band(nk, dvp, nr, -cut, nr, 1, w->PR, 1, bkp, w->dOR + pr * dvp, dvp, dVj, lddv,
-                                      true);
+                    tile_mm_bf16_band_on(d->amx, nk, dvp, nr, -cut, nr, 1, w->PR, 1, bkp, w->dOR + pr * dvp, dvp,
+                                         dVj, lddv, true);
                 }
                 if (dk) {   // dK_j += scale dS^T Q_i
                     pack_pair_cols(w->dSR, bkp, dS, bkp, 0, nr, nk);
-                    tile_mm_bf16_band(nk, dkp, nr, -cut, nr, d->scale, w->dSR, 1, bkp, w->QR + pr * dkp, dkp, dKj,
-                                      lddk, true);
+                    tile_mm_bf16_band_on(d->amx, nk, dkp, nr, -cut, nr, d->scale, w->dSR, 1, bkp,
+                                         w->QR + pr * dkp, dkp, dKj, lddk, true);
                 }
                 if (dq) {   // dQ_i += scale dS K_j
                     int bkh = bkp / 2;
                     pack_pair_rows(w->dSb, bkh, dS, bkp, nr, nk);
                     real *C = dq_in ? dq + (int64_t)(t0 + r0) * ldq : w->dQi;
-                    tile_mm_bf16_band(nr, dkp, nk, -nr, cut, d->scale, w->dSb, bkh, 1, w->KR, dkp, C,
-                                      dq_in ? ldq : dkp, dq_in);
+                    tile_mm_bf16_band_on(d->amx, nr, dkp, nk, -nr, cut, d->scale, w->dSb, bkh, 1, w->KR, dkp, C,
+                                         dq_in ? ldq : dkp, dq_in);
                     if (!dq_in) add_rows(dq + (int64_t)(t0 + r0) * ldq, ldq, w->dQi, dkp, nr, d->dk);
                 }
                 continue;
@@ -536,6 +534,7 @@ static void flash_backward(Node *n) {
     {
         BwdScratch w;
         backward_scratch(&d, (real *)(slots + stride * (size_t)omp_get_thread_num()), &w);
+        if (d.amx) amx_tiles_begin();
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < d.B; b++)
             for (int h = 0; h < d.H; h++) {
@@ -545,6 +544,7 @@ static void flash_backward(Node *n) {
                                     dk ? dk + qo : NULL, dv ? dv + vo : NULL, first ? first + (int64_t)b * d.T : NULL,
                                     end ? end + (int64_t)b * d.T : NULL, &w);
             }
+        if (d.amx) amx_tiles_end();
     }
 }
 
@@ -572,7 +572,7 @@ Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_head
     n->iarg[4] = v->shape[2] / n_heads;
     n->iarg[5] = tile_q;
     n->iarg[6] = tile_k;
-    n->iarg[7] = attn_tiles_bf16(n->iarg[3], n->iarg[4], tile_q, tile_k);
+    n->iarg[7] = attn_tiles_kind(n->iarg[3], n->iarg[4], tile_q, tile_k);
     n->farg[0] = scale;
     n->aux = docs_first(tp, doc_start, B, T);
     if (n->recorded) n->saved = tape_dalloc(tp, (size_t)B * n_heads * T * sizeof(real));
@@ -592,7 +592,8 @@ void attn_prefix_forward(Tape *tp, real *o, const real *q, const real *kc, const
     for (int b = 0; key0 && b < B; b++)
         ASSERT(key0[b] >= 0 && key0[b] <= pos, "attn_prefix_forward: row %d's keys begin at %d, its window at %d", b,
                key0[b], pos);
+    Bf16Tiles k = attn_tiles_kind(dk, dv, ATTN_TILE_Q, ATTN_TILE_K);
     AttnDims d = {B, T0, H, dk, dv, ATTN_TILE_Q, ATTN_TILE_K, round_vl(dk), round_vl(dv), round_vl(ATTN_TILE_K),
-                  (real)scale, attn_tiles_bf16(dk, dv, ATTN_TILE_Q, ATTN_TILE_K)};
+                  (real)scale, k != BF16_TILES_FP32, k == BF16_TILES_AMX};
     forward_rows(tp, &d, o, NULL, q, kc, vc, max_T, pos, T0, key0, NULL);
 }

@@ -36,7 +36,9 @@ Tensor *op_attention_tiled(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_head
 // Whether op_attention's tile products run in bf16 (float32 sums) for these
 // head sizes and tiles now: under [train] precision = bf16 (blas_precision),
 // in float32 builds whose compiler targets AVX512_BF16, with even head sizes
-// and tiles. attn_flash.c says which parts stay float32.
+// and tiles, unless [train] bf16_tiles = fp32 (tile_amx.h: attn_tiles_kind
+// says which kind, AMX or AVX512_BF16). attn_flash.c says which parts stay
+// float32.
 bool attn_tiles_bf16(int dk, int dv, int tile_q, int tile_k);
 // The O(T^2)-memory reference, same contract as op_attention.
 Tensor *op_attention_naive(Tape *tp, Tensor *q, Tensor *k, Tensor *v, int n_heads, double scale);
