@@ -71,6 +71,9 @@ static void run(bool queued, OptimKind kind, int accum, bool shard, int nan_step
     }
     if (queued) {
         cr_assert(od.g == NULL && od.eager == STEPS && od.replays == 0, "the CPU replayed");
+        // Nothing the work is built from changed between the steps: its table
+        // was built once (on a GPU each rebuild is another capture).
+        cr_assert_eq(od.tables, 1, "the step's table was built %lld times in %d steps", (long long)od.tables, STEPS);
         optim_device_free(&od);
     }
     r->span = opt.hi - opt.lo;

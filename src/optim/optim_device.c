@@ -54,6 +54,15 @@ static DeviceOptimChunk *chunk_table(const Optimizer *opt, const ParamStore *ps,
     return c;
 }
 
+// Field by field: in the float32 build a chunk has 4 bytes of padding after
+// decay, which a compound literal leaves as whatever was there, so a memcmp
+// of two equal tables could differ and capture the graph again.
+static bool chunks_same(const DeviceOptimChunk *a, const DeviceOptimChunk *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (a[i].a != b[i].a || a[i].n != b[i].n || memcmp(&a[i].decay, &b[i].decay, sizeof a[i].decay)) return false;
+    return true;
+}
+
 // (Re)build the work's arguments when opt, ps or the settings are not those
 // it was built for (a resumed run's moments, a shard, a flag changed).
 static void settle(OptimDevice *od, const Optimizer *opt, const ParamStore *ps, int accum, double max_norm) {
@@ -68,8 +77,8 @@ static void settle(OptimDevice *od, const Optimizer *opt, const ParamStore *ps, 
     k.scale_first = accum > 1, k.inv_accum = (real)(1.0 / accum), k.max_norm = max_norm;
     k.b1 = (real)opt->beta1, k.b2 = (real)opt->beta2, k.eps = (real)opt->eps, k.mu = (real)opt->momentum;
     k.hyper = od->hyper, k.scratch = od->scratch, k.stat = od->stat;
-    bool same = od->have_key && !memcmp(&k, &od->k, sizeof k) &&
-                !memcmp(c, od->chunks_host, (size_t)n_chunks * sizeof *c);
+    bool same = od->have_key && !memcmp(&k, &od->k, sizeof k) && od->k.n_chunks == n_chunks &&
+                chunks_same(c, od->chunks_host, n_chunks);
     if (same) {
         free(c);
         return;
@@ -80,9 +89,10 @@ static void settle(OptimDevice *od, const Optimizer *opt, const ParamStore *ps, 
     free(od->chunks_host);
     od->chunks_host = c;
     k.chunks = od->chunks;
-    od->k = k;
+    memcpy(&od->k, &k, sizeof k);   // (the padding too: settle compares with memcmp)
     od->have_key = true;
     od->captured = false;
+    od->tables++;
 }
 
 // Capture the work (nothing runs); false, with why, when the capture failed.

@@ -45,6 +45,7 @@ typedef struct OptimDevice {
     } key;
     bool have_key;
     int64_t replays, captures, eager;   // steps of each kind
+    int64_t tables;                     // times the work's arguments were (re)built
 } OptimDevice;
 
 // Whether the trainer runs its steps on d this way (a GPU: on the CPU the
