@@ -10,6 +10,8 @@
 #ifndef CUDA_CHECK_H
 #define CUDA_CHECK_H
 
+#include <math.h>
+
 #include "gradcheck.h"
 #include "test_util.h"
 
@@ -34,6 +36,24 @@ typedef Tensor *(*CudaLossFn)(Tape *tp, LM *lm, int step, void *ctx);
 // backward into *grad (malloc, on the host).
 void cuda_train_steps(LM *lm, ParamStore *ps, Device d, int steps, CudaLossFn loss_fn, void *ctx, double *losses,
                       real **grad);
+
+// The bf16 kernels' element-wise checks: the worst |got - ref| / tol[e] over
+// n elements and where it is (a NaN is the worst); the same for double got.
+static inline double cuda_worst_ratio(const real *got, const double *ref, const double *tol, int64_t n,
+                                      int64_t *where) {
+    double w = 0;
+    *where = 0;
+    for (int64_t e = 0; e < n; e++) {
+        double x = fabs((double)got[e] - ref[e]) / tol[e];
+        if (!(x <= w)) w = x, *where = e;
+    }
+    return w;
+}
+static inline double cuda_worst_ratio_d(const double *got, const double *ref, const double *tol, int64_t n) {
+    double w = 0;
+    for (int64_t e = 0; e < n; e++) w = fmax(w, fabs(got[e] - ref[e]) / tol[e]);
+    return w;
+}
 
 // The decoding tests' token at row b, position t (ids below 61).
 int cuda_decode_token(int b, int t);

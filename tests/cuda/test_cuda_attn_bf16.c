@@ -214,23 +214,6 @@ static Ref reference(const Case *c, Tensor *const *x, const real *dO, const real
 
 static const char *NAMES[4] = {"o", "dq", "dk", "dv"};
 
-// The worst |got - ref| / bound of output i, and where (element index).
-static double worst(const real *got, const double *ref, const double *tol, int64_t n, int64_t *where) {
-    double w = 0;
-    *where = 0;
-    for (int64_t e = 0; e < n; e++) {
-        double x = fabs((double)got[e] - ref[e]) / tol[e];
-        if (!(x <= w)) w = x, *where = e;   // a NaN is the worst
-    }
-    return w;
-}
-
-static double worst_d(const double *got, const double *ref, const double *tol, int64_t n) {
-    double w = 0;
-    for (int64_t e = 0; e < n; e++) w = fmax(w, fabs(got[e] - ref[e]) / tol[e]);
-    return w;
-}
-
 // Row, position, head and column of element e of output i, for messages.
 static void where_str(char *s, size_t len, const Case *c, int i, int64_t e) {
     int d = i == 0 || i == 3 ? c->dv : c->dk, W = c->H * d;
@@ -276,7 +259,7 @@ static void check_case(const Case *c, uint64_t seed, double excess[N_VARIANTS], 
     double wmax[4];
     for (int i = 0; i < 4; i++) {
         int64_t e;
-        wmax[i] = worst(g[i], r.v[i], r.t[i], n[i], &e);
+        wmax[i] = cuda_worst_ratio(g[i], r.v[i], r.t[i], n[i], &e);
         char at[96];
         where_str(at, sizeof at, c, i, e);
         cr_assert(wmax[i] <= 1, "B %d T %d H %d dk %d dv %d%s: %s at %s is %.9g, the bf16 reference %.9g: error "
@@ -288,7 +271,7 @@ static void check_case(const Case *c, uint64_t seed, double excess[N_VARIANTS], 
                 c->doc_start ? " docs" : "", wmax[0], wmax[1], wmax[2], wmax[3]);
     for (int vi = 0; vi < N_VARIANTS; vi++) {
         Ref u = reference(c, x, dO, g[0], VARIANTS[vi]);
-        for (int i = 0; i < 4; i++) excess[vi] = fmax(excess[vi], worst_d(u.v[i], r.v[i], r.t[i], n[i]));
+        for (int i = 0; i < 4; i++) excess[vi] = fmax(excess[vi], cuda_worst_ratio_d(u.v[i], r.v[i], r.t[i], n[i]));
         ref_free(&u);
     }
     if (keep) memcpy(keep, g, sizeof g);
@@ -365,7 +348,7 @@ Test(cuda_attn_bf16, against_cpu_bf16) {
             int64_t n[4] = {x[2]->numel, x[0]->numel, x[1]->numel, x[2]->numel};
             for (int i = 0; i < 4; i++) {
                 int64_t at;
-                double w = worst(h[i], rc.v[i], rc.t[i], n[i], &at);
+                double w = cuda_worst_ratio(h[i], rc.v[i], rc.t[i], n[i], &at);
                 char where[96];
                 where_str(where, sizeof where, &c, i, at);
                 cr_assert(w <= 1, "T %d dk %d dv %d%s: the CPU's bf16 %s at %s is %.9g, its reference %.9g: %.3g "

@@ -89,23 +89,6 @@ static void run_free(real *r[N_OUT]) {
     for (int i = 0; i < N_OUT; i++) free(r[i]);
 }
 
-// The largest |got - ref| / bound over output i, and where (element index).
-static double worst(const real *got, const double *ref, const double *tol, int64_t n, int64_t *where) {
-    double w = 0;
-    *where = 0;
-    for (int64_t e = 0; e < n; e++) {
-        double x = fabs((double)got[e] - ref[e]) / tol[e];
-        if (!(x <= w)) w = x, *where = e;   // a NaN is the worst
-    }
-    return w;
-}
-
-static double worst_d(const double *got, const double *ref, const double *tol, int64_t n) {
-    double w = 0;
-    for (int64_t e = 0; e < n; e++) w = fmax(w, fabs(got[e] - ref[e]) / tol[e]);
-    return w;
-}
-
 static void label(char *s, size_t len, const Case *c) {
     snprintf(s, len, "B %d T %d H %d dk %d dv %d g %d dt %d s0 %d%s", c->B, c->T, c->H, c->dk, c->dv, c->g, c->dt,
              c->s0, c->doc_start ? " documents" : "");
@@ -119,7 +102,7 @@ static void assert_within(const char *who, const Case *c, real *r[N_OUT], const 
         wmax[i] = 0;
         if (!r[i]) continue;
         int64_t e;
-        wmax[i] = worst(r[i], f->v[i], f->t[i], out_numel(c, i), &e);
+        wmax[i] = cuda_worst_ratio(r[i], f->v[i], f->t[i], out_numel(c, i), &e);
         char at[96];
         where_str(at, sizeof at, c, i, e);
         cr_assert(wmax[i] <= 1, "%s, %s: %s at %s is %.9g, the bf16 reference %.9g: error %.3g, %.3g times the "
@@ -155,7 +138,7 @@ static void check_case(const Case *c, uint64_t seed, double excess[N_VARIANTS], 
     for (int vi = 0; vi < N_VARIANTS; vi++) {
         Ref u = reference(c, &in, VARIANTS[vi]);
         for (int i = 0; i < N_OUT; i++)
-            if (r[i]) excess[vi] = fmax(excess[vi], worst_d(u.v[i], f.v[i], f.t[i], out_numel(c, i)));
+            if (r[i]) excess[vi] = fmax(excess[vi], cuda_worst_ratio_d(u.v[i], f.v[i], f.t[i], out_numel(c, i)));
         ref_free(&u);
     }
     if (keep) memcpy(keep, r, sizeof r);
