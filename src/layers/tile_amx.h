@@ -62,6 +62,14 @@ Bf16Tiles bf16_tiles_current(void);
 // (attn_kernel.h): whether that kind is a bf16 one.
 Bf16Tiles attn_tiles_kind(int dk, int dv, int tile_q, int tile_k);
 
+// What the chunk kernels (gla.c, gdn_chunk.c) keep in their nodes for their
+// products, so that a backward runs them as its forward did: float32 where
+// tile_products_bf16() is false, else bf16 operands on AMX when the kind set
+// now is amx, on AVX512_BF16 otherwise (bf16_tiles = fp32 leaves only the
+// attention's tiles float32; the chunk products stay bf16 there, as before).
+enum { CHUNK_TILES_FP32, CHUNK_TILES_BF16, CHUNK_TILES_AMX };
+int chunk_tiles_kind(void);
+
 // The tiles' configuration of the calling thread, around its AMX products:
 // loading it and releasing the tiles costs 50 ns together here, as much as a
 // 32 x 32 x 64 product, so the attention does it once per thread and op
