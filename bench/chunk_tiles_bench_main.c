@@ -139,8 +139,8 @@ int main(int argc, char **argv) {
         for (int kind = 0; kind < KINDS; kind++) {
             if (!have[kind]) continue;
             double mc = bench_median(c[op][kind], rounds), mw = bench_median(w[op][kind], rounds);
-            printf("| %s | %s | %.2f | %.2f | %.2f |\n", OP_NAMES[op], kind ? bf16_tiles_name(KIND_TILES[kind]) : "fp32",
-                   1e3 * mc, 1e3 * mw, mc / base);
+            const char *name = kind ? bf16_tiles_name(KIND_TILES[kind]) : "fp32";
+            printf("| %s | %s | %.2f | %.2f | %.2f |\n", OP_NAMES[op], name, 1e3 * mc, 1e3 * mw, mc / base);
         }
     }
     print_load("at end");

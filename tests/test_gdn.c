@@ -312,9 +312,14 @@ Test(gdn, bf16_chunk_products_follow_float32) {
 // through up to four products and the solve, and a sum that lands on the
 // other side of a bf16 rounding boundary moves the next product's operand
 // by 2^-9 of itself, but rarely: normwise (largest difference over largest
-// value) measured up to 3.1e-6, allowed 1e-4, far below bf16 from
-// float32 (1.5e-3 at least, the test above). Some array must differ at all
-// (else AMX did not run), and AMX is bit for bit on 1 and 2 threads.
+// value) measured up to 3.1e-6 in the regimes whose I + A is well
+// conditioned, allowed 1e-4, far below bf16 from float32 (1.5e-3 at least,
+// the test above). With repeated keys, beta ~ 1 and no decay, I + A is
+// nearly singular and one such flip in Tm is amplified as bf16's own
+// rounding is: measured 1.5e-6 in the Release build but 1.2e-3 (o) in the
+// Debug one, whose float32 code around the products rounds differently;
+// allowed there what bf16 itself is allowed, 2e-2. Some array must differ
+// at all (else AMX did not run), and AMX is bit for bit on 1 and 2 threads.
 #define AMX_GAP_SEEN "3.1e-6"
 Test(gdn, amx_chunk_products_follow_avx512bf16) {
 #ifndef AG_TILE_AMX
@@ -343,9 +348,10 @@ Test(gdn, amx_chunk_products_follow_avx512bf16) {
                             in.beta->numel, in.g->numel, in.s0->numel};
             for (int i = 0; i < 8; i++) {
                 double e = max_rel_diff(v[i], a[i], n[i]);
-                cr_assert_leq(e, 1e-4, "%s dk %d dv %d C %d: %s on AMX differs from AVX512_BF16 by %.3g",
+                bool hard = reg == REG_REPEAT_HARD;
+                cr_assert_leq(e, hard ? 2e-2 : 1e-4, "%s dk %d dv %d C %d: %s on AMX differs from AVX512_BF16 by %.3g",
                               REG_NAMES[reg], dk, dv, chunk, names[i], e);
-                hi = fmax(hi, e);
+                if (!hard) hi = fmax(hi, e);
                 cr_assert_eq(memcmp(a[i], a1[i], (size_t)n[i] * sizeof(real)), 0,
                              "%s dk %d dv %d C %d: %s on AMX differs on 1 and 2 threads", REG_NAMES[reg], dk, dv,
                              chunk, names[i]);
@@ -355,7 +361,7 @@ Test(gdn, amx_chunk_products_follow_avx512bf16) {
         }
     }
     cr_assert_gt(hi, 0, "AMX and AVX512_BF16 gave the same bits everywhere: did AMX run?");
-    cr_log_info("gdn AMX against AVX512_BF16, normwise: up to %.3g (seen " AMX_GAP_SEEN ")", hi);
+    cr_log_info("gdn AMX against AVX512_BF16, normwise, well conditioned: up to %.3g (seen " AMX_GAP_SEEN ")", hi);
     cr_assert(bf16_tiles_select(BF16_TILES_AUTO, err, sizeof err), "%s", err);
     test_use_backend(0);
 #endif
