@@ -15,6 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas.h"
+#include "gdn_kernel.h"
+#include "gla.h"
 #include "test_util.h"
 #include "tile_amx.h"
 
@@ -172,5 +175,70 @@ Test(tile_amx_chunk, the_context_routes_by_its_flag) {
         }
     cr_assert_gt(differ, 0, "amx on: the products are AVX512_BF16's bit for bit");
     free(A), free(B), free(pa), free(pb), free(C[0]), free(C[1]), free(C[2]);
+#endif
+}
+
+// A gdn or gla node keeps the kind of products it was built with
+// (chunk_tiles_kind), so that its backward sums as its forward did even
+// when bf16_tiles changes in between: the gradients of a forward on AMX are
+// the same bits whichever kind is set at the backward, and differ from
+// those of a forward on AVX512_BF16 (so the test can tell the kinds apart).
+#ifdef AG_TILE_AMX
+enum { KB = 1, KT = 128, KH = 2, KD = 32, KC = 64 };
+
+static Tensor *filled(int F, double scale, double shift, uint64_t seed) {
+    Tensor *t = tensor_newv(true, 3, KB, KT, F);
+    real *r = test_randn(t->numel, seed);
+    for (int64_t i = 0; i < t->numel; i++) t->data[i] = (real)(shift + scale * r[i]);
+    free(r);
+    return t;
+}
+
+// The gradients of q, k, v (concatenated) of one forward under `fwd` and
+// its backward under `bwd`.
+static real *grads_of(int op, Bf16Tiles fwd, Bf16Tiles bwd, int64_t *n) {
+    char err[256];
+    Tensor *x[5] = {filled(KH * KD, 0.18, 0, 1), filled(KH * KD, 0.18, 0, 2), filled(KH * KD, 1, 0, 3),
+                    filled(KH, 0.1, 0.5, 4), filled(KH, 0.02, -0.05, 5)};
+    real *seed = test_randn(x[2]->numel, 6);
+    Tape tp;
+    tape_init(&tp);
+    cr_assert(bf16_tiles_select(fwd, err, sizeof err), "%s", err);
+    Tensor *o = op ? op_gla(&tp, x[0], x[1], x[2], x[4], NULL, NULL, KH, MIXER_FORM_CHUNKED, KC, NULL)
+                   : op_gdn(&tp, x[0], x[1], x[2], x[3], x[4], NULL, NULL, KH, MIXER_FORM_CHUNKED, KC, NULL);
+    cr_assert(bf16_tiles_select(bwd, err, sizeof err), "%s", err);
+    tape_backward_from(&tp, o, seed);
+    *n = 3 * x[0]->numel;
+    real *g = xmalloc((size_t)*n * sizeof(real));
+    for (int i = 0; i < 3; i++) memcpy(g + i * x[0]->numel, x[i]->grad, x[0]->numel * sizeof(real));
+    tape_free(&tp);
+    free(seed);
+    for (int i = 0; i < 5; i++) tensor_free(x[i]);
+    return g;
+}
+#endif
+
+Test(tile_amx_chunk, a_node_keeps_its_kind_for_the_backward) {
+#ifndef AG_TILE_AMX
+    cr_skip_test("this build has no AMX tiles");
+#else
+    if (why_no_amx()) cr_skip_test("%s", why_no_amx());
+    if (!(onednn_built() && onednn_has_bf16())) cr_skip_test("this CPU has no AVX512_BF16 (or no oneDNN)");
+    char err[256];
+    cr_assert(blas_select(GEMM_ONEDNN, PRECISION_BF16, err, sizeof err), "%s", err);
+    for (int op = 0; op < 2; op++) {
+        int64_t n;
+        real *amx = grads_of(op, BF16_TILES_AMX, BF16_TILES_AMX, &n);
+        real *switched = grads_of(op, BF16_TILES_AMX, BF16_TILES_AVX512BF16, &n);
+        real *avx = grads_of(op, BF16_TILES_AVX512BF16, BF16_TILES_AVX512BF16, &n);
+        cr_assert_eq(memcmp(amx, switched, (size_t)n * sizeof(real)), 0,
+                     "%s: the backward of an AMX forward ran other products when bf16_tiles changed",
+                     op ? "gla" : "gdn");
+        cr_assert_neq(memcmp(amx, avx, (size_t)n * sizeof(real)), 0,
+                      "%s: AMX and AVX512_BF16 gradients agree bit for bit: the test cannot tell", op ? "gla" : "gdn");
+        free(amx), free(switched), free(avx);
+    }
+    cr_assert(bf16_tiles_select(BF16_TILES_AUTO, err, sizeof err), "%s", err);
+    test_use_backend(0);
 #endif
 }
