@@ -52,14 +52,7 @@ static void time_kind(Tape *tp, Tensor *q, Tensor *k, Tensor *v, const real *see
 }
 
 static int arg(int argc, char **argv, int i, int def, int lo, int hi, const char *name) {
-    if (argc <= i) return def;
-    char *end;
-    long x = strtol(argv[i], &end, 10);
-    if (*end || x < lo || x > hi) {
-        fprintf(stderr, "attn_tiles_bench: %s must be an integer in [%d, %d], not '%.40s'\n", name, lo, hi, argv[i]);
-        exit(2);
-    }
-    return (int)x;
+    return bench_int_arg("attn_tiles_bench", argc, argv, i, def, lo, hi, name);
 }
 
 int main(int argc, char **argv) {

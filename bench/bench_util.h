@@ -42,4 +42,18 @@ static inline int bench_parse_names(const char *s, char out[][16], int max) {
     return n;
 }
 
+// argv[i] as an integer in [lo, hi], def when absent; anything else is
+// named (prog, name, the value) on stderr and the program exits with 2.
+static inline int bench_int_arg(const char *prog, int argc, char **argv, int i, int def, int lo, int hi,
+                                const char *name) {
+    if (argc <= i) return def;
+    char *end;
+    long x = strtol(argv[i], &end, 10);
+    if (end == argv[i] || *end || x < lo || x > hi) {
+        fprintf(stderr, "%s: %s must be an integer in [%d, %d], not '%.40s'\n", prog, name, lo, hi, argv[i]);
+        exit(2);
+    }
+    return (int)x;
+}
+
 #endif

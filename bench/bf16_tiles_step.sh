@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# bench/bf16_tiles_step.sh: a training step (train_bench) with the
-# attention's tile products of each kind ([train] bf16_tiles, tile_amx.h):
+# bench/bf16_tiles_step.sh: a training step (train_bench) with the bf16
+# tile products (the attention's and the gla / GDN chunk kernels') of each
+# kind ([train] bf16_tiles, tile_amx.h):
 #   fp32        precision = fp32 (every product float32);
-#   bf16-fp32   precision = bf16, bf16_tiles = fp32 (the attention's tiles float32);
+#   bf16-fp32   precision = bf16, bf16_tiles = fp32 (the attention's tiles float32,
+#               the chunk products on AVX512_BF16);
 #   bf16-avx512 precision = bf16, bf16_tiles = avx512bf16;
 #   bf16-amx    precision = bf16, bf16_tiles = amx (skipped where it cannot run).
 # ROUNDS rounds, each running every kind once in an order that rotates from

@@ -10,6 +10,7 @@
 #include "blas.h"
 #include "gdn_kernel.h"
 #include "test_util.h"
+#include "tile_amx.h"
 
 typedef enum { REG_PLAIN, REG_G_ZERO, REG_G_M20, REG_BETA_0, REG_BETA_1, REG_REPEAT, REG_REPEAT_HARD, REG_COUNT } Regime;
 static const char *const REG_NAMES[REG_COUNT] = {"plain",   "g=0",          "g~-20",           "beta~1e-4",
@@ -300,6 +301,68 @@ Test(gdn, bf16_chunk_products_follow_float32) {
     }
     cr_assert_gt(lo, 1e-4, "an array is within %.3g of float32: were the chunk products bf16?", lo);
     cr_log_info("gdn bf16 against float32, normwise: %.3g .. %.3g", lo, hi);
+    test_use_backend(0);
+#endif
+}
+
+// The same op under bf16 with its chunk products on AMX (bf16_tiles = amx)
+// and on AVX512_BF16: the same rounded operands, float32 sums in another
+// order (test_tile_amx_chunk.c holds each product to float32's bound, about
+// 64 2^-24 = 4e-6 of its terms at these sizes). The chunk's outputs pass
+// through up to four products and the solve, and a sum that lands on the
+// other side of a bf16 rounding boundary moves the next product's operand
+// by 2^-9 of itself, but rarely: normwise (largest difference over largest
+// value) measured up to 3.1e-6 in the regimes whose I + A is well
+// conditioned, allowed 1e-4, far below bf16 from float32 (1.5e-3 at least,
+// the test above). With repeated keys, beta ~ 1 and no decay, I + A is
+// nearly singular and one such flip in Tm is amplified as bf16's own
+// rounding is: measured 1.5e-6 in the Release build but 1.2e-3 (o) in the
+// Debug one, whose float32 code around the products rounds differently;
+// allowed there what bf16 itself is allowed, 2e-2. Some array must differ
+// at all (else AMX did not run), and AMX is bit for bit on 1 and 2 threads.
+#define AMX_GAP_SEEN "3.1e-6"
+Test(gdn, amx_chunk_products_follow_avx512bf16) {
+#ifndef AG_TILE_AMX
+    cr_skip_test("this build has no AMX tiles (float64, no AVX512_BF16 target, or not GCC 11+ on x86-64 Linux)");
+#else
+    char why[200], err[256];
+    if (!amx_bf16_usable(why, sizeof why)) cr_skip_test("%s", why);
+    static const char *const names[8] = {"o", "S_T", "dq", "dk", "dv", "dbeta", "dg", "ds0"};
+    enum { B = 2, T = 100, H = 2 };
+    int doc_start[B * T] = {0};
+    doc_start[40] = doc_start[T + 77] = 1;
+    cr_assert(blas_select(GEMM_ONEDNN, PRECISION_BF16, err, sizeof err), "%s", err);
+    double hi = 0;
+    for (int r = 0; r < 4; r++) {
+        Regime reg = r == 0 ? REG_PLAIN : r == 1 ? REG_G_M20 : r == 2 ? REG_REPEAT : REG_REPEAT_HARD;
+        for (int shape = 0; shape < 2; shape++) {
+            int dk = shape ? 16 : 32, dv = shape ? 32 : 16, chunk = shape ? 32 : 64;
+            GdnInputs in = make_inputs(B, T, H, dk, dv, reg, true, 2100 + 10 * r + shape);
+            real *v[8], *a[8], *a1[8];
+            cr_assert(bf16_tiles_select(BF16_TILES_AVX512BF16, err, sizeof err), "%s", err);
+            run_chunked(&in, chunk, doc_start, 2, v);
+            cr_assert(bf16_tiles_select(BF16_TILES_AMX, err, sizeof err), "%s", err);
+            run_chunked(&in, chunk, doc_start, 2, a);
+            run_chunked(&in, chunk, doc_start, 1, a1);
+            int64_t n[8] = {(int64_t)B * T * H * dv, in.s0->numel, in.q->numel, in.k->numel, in.v->numel,
+                            in.beta->numel, in.g->numel, in.s0->numel};
+            for (int i = 0; i < 8; i++) {
+                double e = max_rel_diff(v[i], a[i], n[i]);
+                bool hard = reg == REG_REPEAT_HARD;
+                cr_assert_leq(e, hard ? 2e-2 : 1e-4, "%s dk %d dv %d C %d: %s on AMX differs from AVX512_BF16 by %.3g",
+                              REG_NAMES[reg], dk, dv, chunk, names[i], e);
+                if (!hard) hi = fmax(hi, e);
+                cr_assert_eq(memcmp(a[i], a1[i], (size_t)n[i] * sizeof(real)), 0,
+                             "%s dk %d dv %d C %d: %s on AMX differs on 1 and 2 threads", REG_NAMES[reg], dk, dv,
+                             chunk, names[i]);
+                free(v[i]), free(a[i]), free(a1[i]);
+            }
+            free_inputs(&in);
+        }
+    }
+    cr_assert_gt(hi, 0, "AMX and AVX512_BF16 gave the same bits everywhere: did AMX run?");
+    cr_log_info("gdn AMX against AVX512_BF16, normwise, well conditioned: up to %.3g (seen " AMX_GAP_SEEN ")", hi);
+    cr_assert(bf16_tiles_select(BF16_TILES_AUTO, err, sizeof err), "%s", err);
     test_use_backend(0);
 #endif
 }

@@ -6,6 +6,7 @@
 
 #include "blas.h"
 #include "gla.h"
+#include "tile_amx.h"
 #include "tile_mm_bf16.h"
 #include "test_util.h"
 
@@ -265,6 +266,63 @@ Test(gla, bf16_chunk_products_follow_float32) {
         }
     cr_assert_gt(lo, 1e-4, "a part is within %.3g of float32: were the chunk products bf16?", lo);
     cr_log_info("gla bf16 against float32, normwise: %.3g .. %.3g", lo, hi);
+    test_use_backend(0);
+#endif
+}
+
+// The same op under bf16 with its chunk products on AMX (bf16_tiles = amx)
+// and on AVX512_BF16: the same rounded operands, float32 sums in another
+// order (test_tile_amx_chunk.c holds each product to float32's bound, about
+// 64 2^-24 = 4e-6 of its terms at these sizes). A sum on the other side of
+// a bf16 rounding boundary moves the next product's operand (the scores,
+// rounded for A V) by 2^-9 of itself, but rarely: normwise measured up to
+// 3.2e-7, allowed 1e-4, far below bf16 from float32 (2e-3 at least, the
+// test above). Some part must differ at all (else AMX did not run), and AMX
+// is bit for bit on 1 and 2 threads.
+#define AMX_GAP_SEEN "3.2e-7"
+Test(gla, amx_chunk_products_follow_avx512bf16) {
+#ifndef AG_TILE_AMX
+    cr_skip_test("this build has no AMX tiles (float64, no AVX512_BF16 target, or not GCC 11+ on x86-64 Linux)");
+#else
+    char why[200], err[256];
+    if (!amx_bf16_usable(why, sizeof why)) cr_skip_test("%s", why);
+    static const char *names[] = {"o", "s_out", "dq", "dk", "dv", "dg", "ddt", "ds0"};
+    enum { B = 2, T = 100 };
+    int docs[B * T] = {0};
+    docs[40] = docs[T + 77] = 1;
+    cr_assert(blas_select(GEMM_ONEDNN, PRECISION_BF16, err, sizeof err), "%s", err);
+    double hi = 0;
+    for (size_t r = 0; r < 3; r++)
+        for (int shape = 0; shape < 2; shape++) {
+            GlaCase c = {B, T, 2, shape ? 16 : 32, shape ? 32 : 16, shape ? 32 : 64, MIXER_FORM_CHUNKED, true, true,
+                         true, REGIMES[r].lo, REGIMES[r].hi, docs};
+            Tensor *x[N_IN];
+            inputs_make(x, &c, 400 + r);
+            cr_assert(bf16_tiles_select(BF16_TILES_AVX512BF16, err, sizeof err), "%s", err);
+            Result v = run_all(c, x);
+            cr_assert(bf16_tiles_select(BF16_TILES_AMX, err, sizeof err), "%s", err);
+            Result a = run_all(c, x);
+            int saved = omp_get_max_threads();
+            omp_set_num_threads(saved == 1 ? 2 : 1);
+            Result a1 = run_all(c, x);
+            omp_set_num_threads(saved);
+            cr_assert_eq(memcmp(a.all, a1.all, (size_t)a.n * sizeof(real)), 0,
+                         "%s dk %d: AMX results differ on 1 and 2 threads", REGIMES[r].name, c.dk);
+            int64_t sizes[8] = {x[IN_V]->numel, x[IN_S0]->numel}, off = 0;
+            for (int i = 0; i < N_IN; i++) sizes[2 + i] = x[i]->numel;
+            for (int p = 0; p < 8; p++) {
+                double d = max_rel_diff(v.all + off, a.all + off, sizes[p]);
+                cr_assert_leq(d, 1e-4, "%s dk %d dv %d C %d: %s on AMX differs from AVX512_BF16 by %.3g",
+                              REGIMES[r].name, c.dk, c.dv, c.chunk, names[p], d);
+                hi = fmax(hi, d);
+                off += sizes[p];
+            }
+            free(v.all), free(a.all), free(a1.all);
+            inputs_free(x);
+        }
+    cr_assert_gt(hi, 0, "AMX and AVX512_BF16 gave the same bits everywhere: did AMX run?");
+    cr_log_info("gla AMX against AVX512_BF16, normwise: up to %.3g (seen " AMX_GAP_SEEN ")", hi);
+    cr_assert(bf16_tiles_select(BF16_TILES_AUTO, err, sizeof err), "%s", err);
     test_use_backend(0);
 #endif
 }

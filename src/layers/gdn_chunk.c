@@ -37,6 +37,7 @@
 #include "blas.h"
 #include "docs.h"
 #include "gdn_kernel.h"
+#include "tile_amx.h"
 #include "tile_mm.h"
 
 GdnDims gdn_dims(const Node *n) {
@@ -83,6 +84,7 @@ static size_t chunk_layout(GdnChunk *ws, unsigned char *mem, int C, int dk, int 
 #undef TAKE
     if (mem) {
         ws->tc.bf16 = false;
+        ws->tc.amx = false;
         ws->dk = dk;
         ws->dv = dv;
         ws->L = 0;
@@ -208,7 +210,9 @@ void gdn_chunk_forward(Node *n) {
         for (int h = 0; h < d.H; h++) {
             GdnChunk ws;
             gdn_chunk_bind(&ws, slots + stride * (size_t)omp_get_thread_num(), d.C, d.dk, d.dv);
-            ws.tc.bf16 = n->iarg[GDN_ARG_BF16];
+            ws.tc.bf16 = n->iarg[GDN_ARG_BF16] != CHUNK_TILES_FP32;
+            ws.tc.amx = n->iarg[GDN_ARG_BF16] == CHUNK_TILES_AMX;
+            if (ws.tc.amx) amx_tiles_begin();   // once per head: configuring the tiles costs a small product
             real *S = sT + gdn_off_s(&d, b, h);   // the running state, (dk, dv)
             if (s0) memcpy(S, s0 + gdn_off_s(&d, b, h), SS * sizeof(real));
             else memset(S, 0, SS * sizeof(real));
@@ -236,6 +240,7 @@ void gdn_chunk_forward(Node *n) {
                 tile_ctx_gemm(&ws.tc, true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv,
                               TILE_FULL(d.dk, L), NULL);
             }
+            if (ws.tc.amx) amx_tiles_end();
         }
 }
 
@@ -277,7 +282,7 @@ Tensor *delta_rule_op(Tape *tp, const DeltaRuleOp *op, Tensor *q, Tensor *k, Ten
     n->iarg[GDN_ARG_DK] = dk;
     n->iarg[GDN_ARG_DV] = dv;
     n->iarg[GDN_ARG_C] = chunk;
-    n->iarg[GDN_ARG_BF16] = op->bf16_products && tp->device == DEVICE_CPU && tile_products_bf16();
+    n->iarg[GDN_ARG_BF16] = op->bf16_products && tp->device == DEVICE_CPU ? chunk_tiles_kind() : CHUNK_TILES_FP32;
     n->aux = docs_first(tp, doc_start, B, T);
     if (n->recorded) {
         GdnDims d = gdn_dims(n);

@@ -20,6 +20,7 @@
 
 #include "blas.h"
 #include "gdn_kernel.h"
+#include "tile_amx.h"
 #include "tile_mm.h"
 
 static real dot(const real *a, const real *b, int n) {
@@ -238,7 +239,9 @@ void gdn_chunk_backward(Node *n) {
             GdnChunkGrad gr;
             gdn_chunk_bind(&ws, slot, d.C, d.dk, d.dv);
             grad_layout(&gr, slot + b_ws, d.C, d.dk, d.dv);
-            ws.tc.bf16 = n->iarg[GDN_ARG_BF16];
+            ws.tc.bf16 = n->iarg[GDN_ARG_BF16] != CHUNK_TILES_FP32;
+            ws.tc.amx = n->iarg[GDN_ARG_BF16] == CHUNK_TILES_AMX;
+            if (ws.tc.amx) amx_tiles_begin();   // once per head: configuring the tiles costs a small product
             real *dS = (real *)(slot + b_ws + b_gr);   // gradient of the state leaving the chunk
             if (dsT) memcpy(dS, dsT + gdn_off_s(&d, b, h), SS * sizeof(real));
             else memset(dS, 0, SS * sizeof(real));
@@ -260,5 +263,6 @@ void gdn_chunk_backward(Node *n) {
             }
             if (ds0)
                 for (int64_t i = 0; i < SS; i++) ds0[gdn_off_s(&d, b, h) + i] += dS[i];
+            if (ws.tc.amx) amx_tiles_end();
         }
 }

@@ -147,7 +147,7 @@ typedef struct GdnChunk {
     int *db;         // (C) the chunk's documents (gdn_chunk_docs)
     real *pack;      // (m, m), m = max(C, dk, dv): K^T in gdn_chunk_prepare, then a transposed operand of tile_gemm
     // Its products: bf16 (pairs (m, (m + 1) / 2) each) or float32. tc.bf16 is set by the caller from the node
-    // (GDN_ARG_BF16: tile_products_bf16 when it was built); what stays float32: gdn_chunk.c's header.
+    // (GDN_ARG_BF16: chunk_tiles_kind when it was built, tile_amx.h); what stays float32: gdn_chunk.c's header.
     TileCtx tc;
 } GdnChunk;
 

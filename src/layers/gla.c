@@ -228,7 +228,7 @@ Tensor *op_gla_dt(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *g, Tensor *
     Node *n = tape_op(tp, &OP_GLA, in, GLA_N_IN, (Tensor *[]){o, st}, 2);
     int iarg[8] = {B, T, H, dk, dv, form, seg, (T + seg - 1) / seg};
     memcpy(n->iarg, iarg, sizeof iarg);
-    n->farg[0] = tp->device == DEVICE_CPU && tile_products_bf16();   // GlaDims.bf16
+    n->farg[0] = tp->device == DEVICE_CPU ? chunk_tiles_kind() : CHUNK_TILES_FP32;   // GlaDims.bf16, amx
     n->aux = docs_first(tp, doc_start, B, T);
     tape_forward(n);
     if (s_out) *s_out = st;

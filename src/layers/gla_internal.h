@@ -7,6 +7,7 @@
 
 #include "ops_math.h"
 #include "tile_mm.h"
+#include "tile_amx.h"
 #include "tile_mm_bf16.h"
 
 #include "gla.h"
@@ -17,14 +18,16 @@ typedef struct GlaDims {
     int form;      // MixerForm
     int seg;       // positions per chunk (CHUNKED, RECURRENT checkpoints); T for PARALLEL
     int n_seg;     // ceil(T / seg): saved states per (b, h)
-    bool bf16;     // the chunk products in bf16 (tile_products_bf16 at the build; the node's farg[0])
+    bool bf16;     // the chunk products in bf16 (chunk_tiles_kind at the build, the node's farg[0], not fp32)
+    bool amx;      // and on AMX tiles (farg[0] CHUNK_TILES_AMX)
 } GlaDims;
 
 enum { GLA_IN_Q, GLA_IN_K, GLA_IN_V, GLA_IN_G, GLA_IN_DT, GLA_IN_S0, GLA_N_IN };
 
 static inline GlaDims gla_dims_of(const Node *n) {
     const int *iarg = n->iarg;
-    return (GlaDims){iarg[0], iarg[1], iarg[2], iarg[3], iarg[4], iarg[5], iarg[6], iarg[7], n->farg[0] != 0};
+    return (GlaDims){iarg[0], iarg[1], iarg[2], iarg[3], iarg[4], iarg[5], iarg[6], iarg[7],
+                     n->farg[0] != CHUNK_TILES_FP32, n->farg[0] == CHUNK_TILES_AMX};
 }
 
 // Below this much work (B·H·T·dk·dv multiply-adds) a call runs on one thread:
@@ -115,10 +118,12 @@ static inline size_t gla_pack_elems(const GlaDims *d) {
 }
 
 // The chunk's products through tc (tile_mm_bf16.h): bf16 when d->bf16, with
-// pairs of m ((m + 1) / 2) each, m the largest size of a product; freed
-// with gla_tiles_free.
+// pairs of m ((m + 1) / 2) each, m the largest size of a product, on AMX
+// when d->amx (the calling thread's tiles configured until gla_tiles_free);
+// freed with gla_tiles_free, on the same thread.
 static inline TileCtx gla_tiles(const GlaDims *d) {
-    TileCtx tc = {d->bf16, NULL, NULL};
+    TileCtx tc = {d->bf16, NULL, NULL, d->bf16 && d->amx};
+    if (tc.amx) amx_tiles_begin();
     if (d->bf16) {
         size_t m = (size_t)imax(imax(d->dk, d->dv), d->seg), n = m * ((m + 1) / 2);
         tc.pa = xaligned(n * sizeof(bfpair));
@@ -128,6 +133,7 @@ static inline TileCtx gla_tiles(const GlaDims *d) {
 }
 
 static inline void gla_tiles_free(TileCtx *tc) {
+    if (tc->amx) amx_tiles_end();
     free(tc->pa);
     free(tc->pb);
 }

@@ -110,6 +110,11 @@ Bf16Tiles attn_tiles_kind(int dk, int dv, int tile_q, int tile_k) {
     return tile_products_bf16() && even ? bf16_tiles_current() : BF16_TILES_FP32;
 }
 
+int chunk_tiles_kind(void) {
+    if (!tile_products_bf16()) return CHUNK_TILES_FP32;
+    return bf16_tiles_current() == BF16_TILES_AMX ? CHUNK_TILES_AMX : CHUNK_TILES_BF16;
+}
+
 bool attn_tiles_bf16(int dk, int dv, int tile_q, int tile_k) {
     return attn_tiles_kind(dk, dv, tile_q, tile_k) != BF16_TILES_FP32;
 }
@@ -217,10 +222,11 @@ static void amx_pack_a(bfpair *dst, const bfpair **at, int *st, const bfpair *A,
 }
 
 // C's rows r < R of a 16 x 16 block from its tile (cb, stored), as
-// tile_mm_bf16.h's mm_block_bf16 finishes its registers: C = s c or C + s c.
-static inline void amx_finish(const float *cb, int R, float alpha, float *C, int ldc, bool add) {
-    __m512 s = _mm512_set1_ps(alpha);
+// tile_mm_bf16.h's mm_block_bf16 finishes its registers: C = s_r c or C +
+// s_r c, s_r = alpha rs[r] (rs NULL: alpha).
+static inline void amx_finish(const float *cb, int R, float alpha, const float *rs, float *C, int ldc, bool add) {
     for (int r = 0; r < R; r++) {
+        __m512 s = _mm512_set1_ps(rs ? alpha * rs[r] : alpha);
         float *cv = C + (int64_t)r * ldc;
         __m512 x = _mm512_mul_ps(s, _mm512_load_ps(cb + r * 16));
         _mm512_storeu_ps(cv, add ? _mm512_add_ps(_mm512_loadu_ps(cv), x) : x);
@@ -242,17 +248,33 @@ static inline const bfpair *amx_b_tile(bfpair *pad, const bfpair *B, int ldb, in
     return pad;
 }
 
-// One group of up to 32 rows (i0 ..) against every column block: A's tiles
-// of the group's two row blocks at a[0], a[1] (chunks ca[b] .. cb[b]-1).
-static AMX_TARGET void amx_group(int M, int N, int KP, float alpha, const bfpair *const *at0, const int *st0,
-                                 const bfpair *const *at1, const int *st1, const int *ca, const int *cb,
-                                 const bfpair *B, int ldb, float *C, int ldc, bool add, int i0) {
+// The products of one group of up to 32 rows: A's tiles of its two row
+// blocks (chunks ca[b] .. cb[b]-1), and what is done with the sums.
+typedef struct {
+    const bfpair *const *at[2];
+    const int *st[2], *ca, *cb;
+    float alpha;
+    const float *rs;   // row scales from row 0 (NULL: none)
+    bool lower, add;
+} AmxGroup;
+
+// Whether the 16 x 16 block of C at rows r0 .. and columns c0 .. is
+// written: every block unless lower, then those on or below the diagonal.
+static inline bool amx_block_wanted(const AmxGroup *g, int r0, int c0) { return !g->lower || c0 <= r0; }
+
+// One group of up to 32 rows (i0 ..) against every column block.
+static AMX_TARGET void amx_group(const AmxGroup *g, int M, int N, int KP, const bfpair *B, int ldb, float *C,
+                                 int ldc, int i0) {
     alignas(64) bfpair pad[2][256];
     alignas(64) float cbuf[4][256];
+    const int *ca = g->ca, *cb = g->cb;
     bool two_i = i0 + 16 < M;
     int c0 = two_i ? imin(ca[0], ca[1]) : ca[0], c1 = two_i ? imax(cb[0], cb[1]) : cb[0];
     for (int j = 0; j < N; j += 32) {
         bool two_j = j + 16 < N;
+        bool w[4] = {amx_block_wanted(g, i0, j), two_j && amx_block_wanted(g, i0, j + 16),
+                     two_i && amx_block_wanted(g, i0 + 16, j), two_i && two_j && amx_block_wanted(g, i0 + 16, j + 16)};
+        if (!w[0] && !w[1] && !w[2] && !w[3]) break;   // (lower: so are the blocks right of these)
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
@@ -260,36 +282,36 @@ static AMX_TARGET void amx_group(int M, int N, int KP, float alpha, const bfpair
         for (int c = c0; c < c1; c++) {
             int sb0, sb1 = 0;
             const bfpair *b0 = amx_b_tile(pad[0], B, ldb, KP, c, j, &sb0);
-            const bfpair *b1 = two_j ? amx_b_tile(pad[1], B, ldb, KP, c, j + 16, &sb1) : NULL;
+            const bfpair *b1 = w[1] || w[3] ? amx_b_tile(pad[1], B, ldb, KP, c, j + 16, &sb1) : NULL;
             TILE_LOAD(6, b0, sb0 * 4);
-            if (two_j) TILE_LOAD(7, b1, sb1 * 4);
-            if (c >= ca[0] && c < cb[0]) {
-                TILE_LOAD(4, at0[c - ca[0]], st0[c - ca[0]] * 4);
-                _tile_dpbf16ps(0, 4, 6);
-                if (two_j) _tile_dpbf16ps(1, 4, 7);
+            if (b1) TILE_LOAD(7, b1, sb1 * 4);
+            if ((w[0] || w[1]) && c >= ca[0] && c < cb[0]) {
+                TILE_LOAD(4, g->at[0][c - ca[0]], g->st[0][c - ca[0]] * 4);
+                if (w[0]) _tile_dpbf16ps(0, 4, 6);
+                if (w[1]) _tile_dpbf16ps(1, 4, 7);
             }
             if (two_i && c >= ca[1] && c < cb[1]) {
-                TILE_LOAD(5, at1[c - ca[1]], st1[c - ca[1]] * 4);
-                _tile_dpbf16ps(2, 5, 6);
-                if (two_j) _tile_dpbf16ps(3, 5, 7);
+                TILE_LOAD(5, g->at[1][c - ca[1]], g->st[1][c - ca[1]] * 4);
+                if (w[2]) _tile_dpbf16ps(2, 5, 6);
+                if (w[3]) _tile_dpbf16ps(3, 5, 7);
             }
         }
         _tile_stored(0, cbuf[0], 64);
         _tile_stored(1, cbuf[1], 64);
         _tile_stored(2, cbuf[2], 64);
         _tile_stored(3, cbuf[3], 64);
-        float *Cg = C + (int64_t)i0 * ldc + j;
-        amx_finish(cbuf[0], imin(16, M - i0), alpha, Cg, ldc, add);
-        if (two_j) amx_finish(cbuf[1], imin(16, M - i0), alpha, Cg + 16, ldc, add);
-        if (two_i) {
-            amx_finish(cbuf[2], imin(16, M - i0 - 16), alpha, Cg + 16 * (int64_t)ldc, ldc, add);
-            if (two_j) amx_finish(cbuf[3], imin(16, M - i0 - 16), alpha, Cg + 16 * (int64_t)ldc + 16, ldc, add);
+        for (int t = 0; t < 4; t++) {
+            int r0 = i0 + 16 * (t / 2), cj = j + 16 * (t % 2);
+            if (w[t])
+                amx_finish(cbuf[t], imin(16, M - r0), g->alpha, g->rs ? g->rs + r0 : NULL, C + (int64_t)r0 * ldc + cj,
+                           ldc, g->add);
         }
     }
 }
 
-AMX_TARGET bool amx_mm_bf16_band(int M, int N, int K, int lo, int hi, float alpha, const bfpair *A, int lda, int ak,
-                                 const bfpair *B, int ldb, float *C, int ldc, bool add) {
+AMX_TARGET bool amx_mm_bf16_band_part(int M, int N, int K, int lo, int hi, bool lower, float alpha, const float *rs,
+                                      const bfpair *A, int lda, int ak, const bfpair *B, int ldb, float *C, int ldc,
+                                      bool add) {
     if (K > AMX_MAX_K) return false;
     if (M <= 0 || N <= 0) return true;
     int KP = (K + 1) / 2;
@@ -306,11 +328,25 @@ AMX_TARGET bool amx_mm_bf16_band(int M, int N, int K, int lo, int hi, float alph
             cb[b] = p1 > p0 ? (p1 + CH - 1) / CH : ca[b];
             amx_pack_a(abuf[b], at[b], st[b], A, lda, ak, M, KP, lo, hi, r0, ca[b], cb[b]);
         }
-        amx_group(M, N, KP, alpha, at[0], st[0], at[1], st[1], ca, cb, B, ldb, C, ldc, add, i0);
+        AmxGroup g = {{at[0], at[1]}, {st[0], st[1]}, ca, cb, alpha, rs, lower, add};
+        amx_group(&g, M, N, KP, B, ldb, C, ldc, i0);
     }
     return true;
+}
+
+bool amx_mm_bf16_band(int M, int N, int K, int lo, int hi, float alpha, const bfpair *A, int lda, int ak,
+                      const bfpair *B, int ldb, float *C, int ldc, bool add) {
+    return amx_mm_bf16_band_part(M, N, K, lo, hi, false, alpha, NULL, A, lda, ak, B, ldb, C, ldc, add);
 }
 #else
 void amx_tiles_begin(void) {}
 void amx_tiles_end(void) {}
+#ifdef AG_TILE_BF16
+bool amx_mm_bf16_band_part(int M, int N, int K, int lo, int hi, bool lower, float alpha, const float *rs,
+                           const bfpair *A, int lda, int ak, const bfpair *B, int ldb, float *C, int ldc, bool add) {
+    (void)M, (void)N, (void)K, (void)lo, (void)hi, (void)lower, (void)alpha, (void)rs, (void)A, (void)lda, (void)ak;
+    (void)B, (void)ldb, (void)C, (void)ldc, (void)add;
+    return false;   // no AMX in this build: the caller runs tile_mm_bf16_band_part
+}
+#endif
 #endif

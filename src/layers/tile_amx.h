@@ -1,14 +1,18 @@
 // tile_amx.h: which kind of tile products the attention kernel
-// (attn_flash.c) runs under [train] precision = bf16, and the AMX form of
-// tile_mm_bf16_band (tile_mm_bf16.h).
+// (attn_flash.c) and the chunk kernels (gla.c, gdn_chunk.c and their
+// backwards, through TileCtx) run under [train] precision = bf16, and the
+// AMX form of tile_mm_bf16_band_part (tile_mm_bf16.h).
 //
 // The kinds, in the order of [train] bf16_tiles = auto|amx|avx512bf16|fp32:
 //   amx         AMX's tdpbf16ps on 16 x 16 tiles (Sapphire Rapids on): the
-//               same bf16 operands as avx512bf16, summed in another order;
-//   avx512bf16  AVX512_BF16's vdpbf16ps in register blocks (tile_mm_bf16.h);
-//   fp32        the float32 tiles (tile_mm.h): the attention's operands are
-//               not rounded at all, only the dense and chunk products are
-//               bf16 (what a build without bf16 tiles has always done);
+//               same bf16 operands as avx512bf16, summed in another order,
+//               for the attention's and the chunk kernels' products;
+//   avx512bf16  AVX512_BF16's vdpbf16ps in register blocks (tile_mm_bf16.h),
+//               for both;
+//   fp32        the float32 tiles (tile_mm.h) for the attention: its
+//               operands are not rounded at all; the dense and chunk
+//               products stay bf16, the chunk ones on AVX512_BF16 (what a
+//               build without bf16 tiles has always done for the attention);
 //   auto        amx where the CPU has AMX-BF16 and the OS grants its state,
 //               else avx512bf16 where the build has it, else fp32. auto never
 //               picks fp32 over a bf16 kind: it keeps the rounding that
@@ -48,7 +52,7 @@ const char *bf16_tiles_name(Bf16Tiles k);
 // before any tile instruction). false with why in why (may be NULL).
 bool amx_bf16_usable(char *why, size_t n);
 
-// Set the kind for the attention products that follow (the default, before
+// Set the kind for the bf16 tile products that follow (the default, before
 // any call, is auto). Returns false, with why in err naming the value, when
 // `want` cannot run here; nothing changes then. Main thread, outside
 // parallel regions (as blas_select).
@@ -62,11 +66,20 @@ Bf16Tiles bf16_tiles_current(void);
 // (attn_kernel.h): whether that kind is a bf16 one.
 Bf16Tiles attn_tiles_kind(int dk, int dv, int tile_q, int tile_k);
 
+// What the chunk kernels (gla.c, gdn_chunk.c) keep in their nodes for their
+// products, so that a backward runs them as its forward did: float32 where
+// tile_products_bf16() is false, else bf16 operands on AMX when the kind set
+// now is amx, on AVX512_BF16 otherwise (bf16_tiles = fp32 leaves only the
+// attention's tiles float32; the chunk products stay bf16 there, as before).
+enum { CHUNK_TILES_FP32, CHUNK_TILES_BF16, CHUNK_TILES_AMX };
+int chunk_tiles_kind(void);
+
 // The tiles' configuration of the calling thread, around its AMX products:
 // loading it and releasing the tiles costs 50 ns together here, as much as a
 // 32 x 32 x 64 product, so the attention does it once per thread and op
-// (its tasks call nothing else that uses the tiles), not per product. Both
-// do nothing where AMX is not usable.
+// (its tasks call nothing else that uses the tiles), gla once per thread and
+// op (gla_tiles), gdn once per head, not per product. Both do nothing where
+// AMX is not usable.
 void amx_tiles_begin(void);
 void amx_tiles_end(void);
 

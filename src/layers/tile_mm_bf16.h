@@ -194,6 +194,15 @@ static inline void pack_band_zero(bfpair *pa, int lda, int ak, int M, int K, int
     }
 }
 
+// tile_mm_bf16_band_part on AMX tiles (tile_amx.c; tile_amx.h tells how its
+// sums differ): the same operands, row scales and band; lower writes the 16 x
+// 16 blocks of C on or below the diagonal, the blocks tile_mm_bf16_band_part
+// writes. C needs no alignment. Returns false (nothing done) where the build
+// has no AMX or K exceeds AMX_MAX_K; call only between amx_tiles_begin and
+// amx_tiles_end (tile_amx.h) on the calling thread, where amx_bf16_usable().
+bool amx_mm_bf16_band_part(int M, int N, int K, int lo, int hi, bool lower, float alpha, const float *rs,
+                           const bfpair *A, int lda, int ak, const bfpair *B, int ldb, float *C, int ldc, bool add);
+
 // tile_gemm_rows (tile_mm.h) with bf16 operands and float32 sums: C (M x N)
 // = diag(rs) alpha op(A) op(B) + beta C (beta 0 or 1, rs NULL: none), op(A)
 // zero outside the band lo, hi; lower: only the blocks of C on or below the
@@ -202,10 +211,11 @@ static inline void pack_band_zero(bfpair *pa, int lda, int ak, int M, int K, int
 // pairs, and N ((K + 1) / 2) when tb) and pb ((K + 1) / 2 N pairs), 64-byte
 // aligned. Needs N and ldc
 // multiples of 16 and C 64-byte aligned; returns false (nothing done)
-// otherwise, and the caller runs the float32 product.
-static inline bool tile_gemm_rows_bf16(bool ta, bool tb, bool lower, int M, int N, int K, float alpha,
-                                       const float *rs, const float *A, int lda, const float *B, int ldb, float beta,
-                                       float *C, int ldc, int lo, int hi, bfpair *pa, bfpair *pb) {
+// otherwise, and the caller runs the float32 product. amx: the products on
+// AMX tiles (amx_mm_bf16_band_part) where they fit, else on AVX512_BF16.
+static inline bool tile_gemm_rows_bf16_on(bool amx, bool ta, bool tb, bool lower, int M, int N, int K, float alpha,
+                                          const float *rs, const float *A, int lda, const float *B, int ldb,
+                                          float beta, float *C, int ldc, int lo, int hi, bfpair *pa, bfpair *pb) {
     if (N % 16 || ldc % 16 || (uintptr_t)C % 64) return false;
     if (M == 0 || N == 0) return true;
     int KP = (K + 1) / 2, plda, pak;
@@ -219,18 +229,30 @@ static inline bool tile_gemm_rows_bf16(bool ta, bool tb, bool lower, int M, int 
         plda = KP, pak = 1;
     }
     if (lo > -M || hi < K) pack_band_zero(pa, plda, pak, M, K, lo, hi);
+    if (amx && amx_mm_bf16_band_part(M, N, K, lo, hi, lower, alpha, rs, pa, plda, pak, pb, N, C, ldc, beta != 0))
+        return true;
     tile_mm_bf16_band_part(M, N, K, lo, hi, lower, alpha, rs, pa, plda, pak, pb, N, C, ldc, beta != 0);
     return true;
+}
+
+static inline bool tile_gemm_rows_bf16(bool ta, bool tb, bool lower, int M, int N, int K, float alpha,
+                                       const float *rs, const float *A, int lda, const float *B, int ldb, float beta,
+                                       float *C, int ldc, int lo, int hi, bfpair *pa, bfpair *pb) {
+    return tile_gemm_rows_bf16_on(false, ta, tb, lower, M, N, K, alpha, rs, A, lda, B, ldb, beta, C, ldc, lo, hi, pa,
+                                  pb);
 }
 
 #endif
 
 // The chunk kernels' products (gla, gdn): bf16 operands with float32 sums
 // when `bf16` (tile_gemm_rows_bf16; pa, pb its pairs, each at least
-// m ((m + 1) / 2) for products of sizes up to m), else float32 (tile_gemm_rows).
+// m ((m + 1) / 2) for products of sizes up to m), else float32 (tile_gemm_rows);
+// amx (with bf16): on AMX tiles, the thread's tiles configured
+// (amx_tiles_begin, tile_amx.h) while it runs them.
 typedef struct TileCtx {
     bool bf16;
     bfpair *pa, *pb;
+    bool amx;
 } TileCtx;
 
 // Whether the chunk kernels' products run in bf16 now: under [train]
@@ -250,8 +272,8 @@ static inline void tile_ctx_gemm_rows(const TileCtx *tc, bool ta, bool tb, int M
                                       const real *rs, const real *A, int lda, const real *B, int ldb, real beta,
                                       real *C, int ldc, int lo, int hi, real *pack) {
 #ifdef AG_TILE_BF16
-    if (tc->bf16 && tile_gemm_rows_bf16(ta, tb, false, M, N, K, alpha, rs, A, lda, B, ldb, beta, C, ldc, lo, hi,
-                                        tc->pa, tc->pb))
+    if (tc->bf16 && tile_gemm_rows_bf16_on(tc->amx, ta, tb, false, M, N, K, alpha, rs, A, lda, B, ldb, beta, C, ldc,
+                                           lo, hi, tc->pa, tc->pb))
         return;
 #else
     (void)tc;
@@ -269,8 +291,8 @@ static inline void tile_ctx_gemm(const TileCtx *tc, bool ta, bool tb, int M, int
 static inline void tile_ctx_gemm_lower(const TileCtx *tc, int M, int K, real alpha, const real *A, int lda,
                                        const real *B, int ldb, real beta, real *C, int ldc) {
 #ifdef AG_TILE_BF16
-    if (tc->bf16 && tile_gemm_rows_bf16(false, false, true, M, M, K, alpha, NULL, A, lda, B, ldb, beta, C, ldc, -M, K,
-                                        tc->pa, tc->pb))
+    if (tc->bf16 && tile_gemm_rows_bf16_on(tc->amx, false, false, true, M, M, K, alpha, NULL, A, lda, B, ldb, beta, C,
+                                           ldc, -M, K, tc->pa, tc->pb))
         return;
 #else
     (void)tc;
