@@ -141,12 +141,31 @@ static Result run_all(GlaCase c, Tensor **x) {
     return r;
 }
 
+// The sizes of a Result's eight parts, in its order.
+static void result_sizes(Tensor **x, int64_t sizes[8]) {
+    sizes[0] = x[IN_V]->numel, sizes[1] = x[IN_S0]->numel;
+    for (int i = 0; i < N_IN; i++) sizes[2 + i] = x[i]->numel;
+}
+
+#ifdef AG_TILE_BF16
+// r run again on another thread count (1, or 2 where it ran on 1): the same
+// bits, asserted; `what` names the run in the message.
+static void assert_same_on_other_threads(GlaCase c, Tensor **x, const Result *r, const char *what) {
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(saved == 1 ? 2 : 1);
+    Result r1 = run_all(c, x);
+    omp_set_num_threads(saved);
+    cr_assert_eq(memcmp(r->all, r1.all, (size_t)r->n * sizeof(real)), 0, "%s dk %d: results differ on 1 and 2 threads",
+                 what, c.dk);
+    free(r1.all);
+}
+#endif
+
 // Each part of the result compared on its own scale.
 static void assert_results_agree(const Result *a, const Result *b, GlaCase c, Tensor **x, const char *label) {
     static const char *names[] = {"o", "s_out", "dq", "dk", "dv", "dg", "ddt", "ds0"};
-    int64_t sizes[8] = {x[IN_V]->numel, x[IN_S0]->numel};
-    for (int i = 0; i < N_IN; i++) sizes[2 + i] = x[i]->numel;
-    int64_t off = 0;
+    int64_t sizes[8], off = 0;
+    result_sizes(x, sizes);
     for (int p = 0; p < 8; p++) {
         double d = max_rel_diff(a->all + off, b->all + off, sizes[p]);
         cr_assert(d <= FORM_TOL, "%s: %s differs by %.3e (tolerance %.0e)", label, names[p], d, FORM_TOL);
@@ -246,14 +265,11 @@ Test(gla, bf16_chunk_products_follow_float32) {
             Result f = run_all(c, x);
             cr_assert(blas_select(GEMM_ONEDNN, PRECISION_BF16, err, sizeof err), "%s", err);
             Result h = run_all(c, x);
-            int saved = omp_get_max_threads();
-            omp_set_num_threads(saved == 1 ? 2 : 1);
-            Result h1 = run_all(c, x);
-            omp_set_num_threads(saved);
-            cr_assert_eq(memcmp(h.all, h1.all, (size_t)h.n * sizeof(real)), 0,
-                         "%s dk %d: bf16 results differ on 1 and 2 threads", REGIMES[r].name, c.dk);
-            int64_t sizes[8] = {x[IN_V]->numel, x[IN_S0]->numel}, off = 0;
-            for (int i = 0; i < N_IN; i++) sizes[2 + i] = x[i]->numel;
+            char what[64];
+            snprintf(what, sizeof what, "%s, bf16", REGIMES[r].name);
+            assert_same_on_other_threads(c, x, &h, what);
+            int64_t sizes[8], off = 0;
+            result_sizes(x, sizes);
             for (int p = 0; p < 8; p++) {
                 double d = max_rel_diff(f.all + off, h.all + off, sizes[p]);
                 cr_assert_leq(d, 2e-2, "%s dk %d dv %d C %d: bf16 %s differs from float32 by %.3g",
@@ -261,7 +277,7 @@ Test(gla, bf16_chunk_products_follow_float32) {
                 lo = fmin(lo, d), hi = fmax(hi, d);
                 off += sizes[p];
             }
-            free(f.all), free(h.all), free(h1.all);
+            free(f.all), free(h.all);
             inputs_free(x);
         }
     cr_assert_gt(lo, 1e-4, "a part is within %.3g of float32: were the chunk products bf16?", lo);
@@ -302,14 +318,11 @@ Test(gla, amx_chunk_products_follow_avx512bf16) {
             Result v = run_all(c, x);
             cr_assert(bf16_tiles_select(BF16_TILES_AMX, err, sizeof err), "%s", err);
             Result a = run_all(c, x);
-            int saved = omp_get_max_threads();
-            omp_set_num_threads(saved == 1 ? 2 : 1);
-            Result a1 = run_all(c, x);
-            omp_set_num_threads(saved);
-            cr_assert_eq(memcmp(a.all, a1.all, (size_t)a.n * sizeof(real)), 0,
-                         "%s dk %d: AMX results differ on 1 and 2 threads", REGIMES[r].name, c.dk);
-            int64_t sizes[8] = {x[IN_V]->numel, x[IN_S0]->numel}, off = 0;
-            for (int i = 0; i < N_IN; i++) sizes[2 + i] = x[i]->numel;
+            char what[64];
+            snprintf(what, sizeof what, "%s, AMX", REGIMES[r].name);
+            assert_same_on_other_threads(c, x, &a, what);
+            int64_t sizes[8], off = 0;
+            result_sizes(x, sizes);
             for (int p = 0; p < 8; p++) {
                 double d = max_rel_diff(v.all + off, a.all + off, sizes[p]);
                 cr_assert_leq(d, 1e-4, "%s dk %d dv %d C %d: %s on AMX differs from AVX512_BF16 by %.3g",
@@ -317,7 +330,7 @@ Test(gla, amx_chunk_products_follow_avx512bf16) {
                 hi = fmax(hi, d);
                 off += sizes[p];
             }
-            free(v.all), free(a.all), free(a1.all);
+            free(v.all), free(a.all);
             inputs_free(x);
         }
     cr_assert_gt(hi, 0, "AMX and AVX512_BF16 gave the same bits everywhere: did AMX run?");
