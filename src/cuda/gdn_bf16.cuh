@@ -117,10 +117,9 @@ __device__ __forceinline__ void blk_tiles_bf16(Tiles *sh, bool ta, bool tb, int 
 static __device__ __noinline__ void blk_gemm_bf16_s(Tiles *sh, bool ta, bool tb, int M, int N, int K, real alpha,
                                                     const real *A, int lda, const real *as, const real *B, int ldb,
                                                     real beta, real *C, int ldc) {
-    int sq = (M + 63) / 64 * ((N + 63) / 64), tall = (M + 127) / 128 * ((N + 31) / 32);
-    int wide = (M + 31) / 32 * ((N + 127) / 128);
-    if (tall < sq && tall <= wide) blk_tiles_bf16<128, 32>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
-    else if (wide < sq) blk_tiles_bf16<32, 128>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
+    int shape = blk_shape(M, N);   // (blk_gemm_s's choice)
+    if (shape == BLK_TALL) blk_tiles_bf16<128, 32>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
+    else if (shape == BLK_WIDE) blk_tiles_bf16<32, 128>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
     else blk_tiles_bf16<64, 64>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
 }
 #endif

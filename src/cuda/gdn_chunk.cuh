@@ -185,13 +185,19 @@ __device__ __forceinline__ void blk_tiles(Tiles *sh, bool ta, bool tb, int M, in
 // Ends with a barrier: C is then ready for every thread, and A, B may be
 // overwritten. Not inlined: one copy for the two dozen calls. Tiles of
 // 64 x 64 unless 128 x 32 or 32 x 128 takes fewer (a short or a narrow C).
+enum { BLK_SQUARE, BLK_TALL, BLK_WIDE };   // C's tiles: 64 x 64, 128 x 32, 32 x 128
+static __device__ __forceinline__ int blk_shape(int M, int N) {
+    int sq = (M + 63) / 64 * ((N + 63) / 64), tall = (M + 127) / 128 * ((N + 31) / 32);
+    int wide = (M + 31) / 32 * ((N + 127) / 128);
+    return tall < sq && tall <= wide ? BLK_TALL : wide < sq ? BLK_WIDE : BLK_SQUARE;
+}
+
 static __device__ __noinline__ void blk_gemm_s(Tiles *sh, bool ta, bool tb, int M, int N, int K, real alpha,
                                                const real *A, int lda, const real *as, const real *B, int ldb,
                                                real beta, real *C, int ldc) {
-    int sq = (M + 63) / 64 * ((N + 63) / 64), tall = (M + 127) / 128 * ((N + 31) / 32);
-    int wide = (M + 31) / 32 * ((N + 127) / 128);
-    if (tall < sq && tall <= wide) blk_tiles<128, 32>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
-    else if (wide < sq) blk_tiles<32, 128>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
+    int shape = blk_shape(M, N);
+    if (shape == BLK_TALL) blk_tiles<128, 32>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
+    else if (shape == BLK_WIDE) blk_tiles<32, 128>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
     else blk_tiles<64, 64>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
 }
 
