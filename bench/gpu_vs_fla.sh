@@ -3,9 +3,8 @@
 # flash-linear-attention's Triton kernels, op by op, on one GPU: tokens/s
 # (forward, and forward + backward) against T with B*T fixed, for gdn
 # (op_gdn, chunked, vs chunk_gated_delta_rule), gdp2 and gdp3 (op_gdp vs
-# chunk_gated_delta_product) and kda (op_kda, whose GPU form is a recurrence
-# kernel, vs chunk_kda); first a check that both
-# compute the same function on one small case.
+# chunk_gated_delta_product) and kda (op_kda, chunked, vs chunk_kda); first
+# a check that both compute the same function on one small case.
 #
 #   bench/gpu_vs_fla.sh [-f FLA_DIR] [-o OUT_DIR] [-O OPS] [-T LIST] [-d DK_LIST] [-n TOKENS]
 #                       [-H HEADS] [-w WARMUP] [-r REPS] [-t SECONDS] [-D DTYPES] [-j N] [-B] [-C | -k]
