@@ -114,6 +114,44 @@ static bool same_bits(real *const a[N_RES], real *const b[N_RES], const int64_t 
         }
     return true;
 }
+
+// What a run selects: the products' precision and the bf16 tiles' kind.
+typedef struct {
+    GemmPrecision prec;
+    Bf16Tiles tiles;
+} Setting;
+
+static void select_setting(Setting st) {
+    char err[256];
+    cr_assert(blas_select(GEMM_ONEDNN, st.prec, err, sizeof err), "%s", err);
+    cr_assert(bf16_tiles_select(st.tiles, err, sizeof err), "%s", err);
+    cr_assert_eq(tile_products_bf16(), st.prec == PRECISION_BF16);
+}
+
+// One case (shape sh, decay dec, inputs from seed): every result under
+// `test` against the same under `base` (both on two threads), normwise,
+// into e; and `test` on one thread must give its two-thread bits.
+static void compare_case(int sh, DecayKind dec, uint64_t seed, Setting base, Setting test, double e[N_RES]) {
+    Shape s = SHAPES[sh];
+    Tensor *x[N_IN];
+    make_inputs(x, s, dec, seed);
+    int *docs = make_docs(s.T);
+    Ctx c = {s.C, docs};
+    real *b[N_RES], *t[N_RES], *t1[N_RES];
+    int64_t n[N_RES];
+    select_setting(base);
+    run(x, &c, 2, b, n);
+    select_setting(test);
+    run(x, &c, 2, t, n);
+    run(x, &c, 1, t1, n);
+    for (int i = 0; i < N_RES; i++) e[i] = max_rel_diff(b[i], t[i], n[i]);
+    int which = 0;
+    cr_assert(same_bits(t, t1, n, &which), "%s dk %d dv %d C %d T %d: %s differs on 1 and 2 threads", DEC_NAMES[dec],
+              s.dk, s.dv, s.C, s.T, RES_NAMES[which]);
+    free_res(b), free_res(t), free_res(t1);
+    free(docs);
+    for (int i = 0; i < N_IN; i++) tensor_free(x[i]);
+}
 #endif
 
 #define SKIP_WITHOUT_BF16()                                                                                        \
@@ -144,43 +182,36 @@ static bool same_bits(real *const a[N_RES], real *const b[N_RES], const int64_t 
 #define BF16_CHAIN 4          // bf16 products in a row, at most
 #define BF16_RHO 2.0          // sum of |terms| over the array's largest element, at most
 #define BF16_BOUND (BF16_CHAIN * 2 * 0x1p-9 * BF16_RHO)
+#ifdef AG_TILE_BF16
+enum { N_CASES = N_SHAPES * DEC_COUNT };
+
+// compare_case over every shape and decay (seeds from seed0), each result
+// within BF16_BOUND; e[case][result] the differences.
+static void compare_all(uint64_t seed0, Setting base, Setting test, const char *what, double e[N_CASES][N_RES]) {
+    for (int sh = 0; sh < N_SHAPES; sh++)
+        for (int dec = 0; dec < DEC_COUNT; dec++) {
+            double *ec = e[sh * DEC_COUNT + dec];
+            Shape s = SHAPES[sh];
+            compare_case(sh, dec, seed0 + 100 * sh + 10 * dec, base, test, ec);
+            for (int i = 0; i < N_RES; i++)
+                cr_assert_leq(ec[i], BF16_BOUND, "%s dk %d dv %d C %d T %d: %s %s by %.3g", DEC_NAMES[dec], s.dk, s.dv,
+                              s.C, s.T, RES_NAMES[i], what, ec[i]);
+        }
+}
+#endif
+
 Test(kda_bf16, chunk_products_follow_float32) {
 #ifndef AG_TILE_BF16
     cr_skip_test("this build has no bf16 tile products (float64, or no AVX512_BF16 target)");
 #else
     SKIP_WITHOUT_BF16();
-    char err[256];
-    double worst[N_RES] = {0}, best_o = INFINITY;
-    for (int sh = 0; sh < N_SHAPES; sh++)
-        for (int dec = 0; dec < DEC_COUNT; dec++) {
-            Shape s = SHAPES[sh];
-            Tensor *x[N_IN];
-            make_inputs(x, s, dec, 3000 + 100 * sh + 10 * dec);
-            int *docs = make_docs(s.T);
-            Ctx c = {s.C, docs};
-            real *f[N_RES], *h[N_RES], *h1[N_RES];
-            int64_t n[N_RES];
-            cr_assert(blas_select(GEMM_ONEDNN, PRECISION_FP32, err, sizeof err), "%s", err);
-            cr_assert(!tile_products_bf16());
-            run(x, &c, 2, f, n);
-            cr_assert(blas_select(GEMM_ONEDNN, PRECISION_BF16, err, sizeof err), "%s", err);
-            cr_assert(tile_products_bf16());
-            run(x, &c, 2, h, n);
-            run(x, &c, 1, h1, n);
-            for (int i = 0; i < N_RES; i++) {
-                double e = max_rel_diff(f[i], h[i], n[i]);
-                cr_assert_leq(e, BF16_BOUND, "%s dk %d dv %d C %d T %d: bf16 %s differs from float32 by %.3g",
-                              DEC_NAMES[dec], s.dk, s.dv, s.C, s.T, RES_NAMES[i], e);
-                worst[i] = fmax(worst[i], e);
-                if (i == 0) best_o = fmin(best_o, e);
-            }
-            int which = 0;
-            cr_assert(same_bits(h, h1, n, &which), "%s dk %d dv %d C %d T %d: bf16 %s differs on 1 and 2 threads",
-                      DEC_NAMES[dec], s.dk, s.dv, s.C, s.T, RES_NAMES[which]);
-            free_res(f), free_res(h), free_res(h1);
-            free(docs);
-            for (int i = 0; i < N_IN; i++) tensor_free(x[i]);
-        }
+    Setting fp32 = {PRECISION_FP32, BF16_TILES_AUTO}, bf16 = {PRECISION_BF16, BF16_TILES_AUTO};
+    double e[N_CASES][N_RES], worst[N_RES] = {0}, best_o = INFINITY;
+    compare_all(3000, fp32, bf16, "under bf16 differs from float32", e);
+    for (int c = 0; c < N_CASES; c++) {
+        for (int i = 0; i < N_RES; i++) worst[i] = fmax(worst[i], e[c][i]);
+        best_o = fmin(best_o, e[c][0]);
+    }
     cr_assert_gt(best_o, 1e-4, "o is within %.3g of float32 in some case: were its products bf16?", best_o);
     for (int i = 0; i < N_RES; i++) {
         cr_assert_gt(worst[i], 1e-4, "%s is within %.3g of float32 everywhere: were its products bf16?",
@@ -215,37 +246,12 @@ Test(kda_bf16, amx_products_follow_avx512bf16) {
     char why[200], err[256];
     if (!amx_bf16_usable(why, sizeof why)) cr_skip_test("%s", why);
     SKIP_WITHOUT_BF16();
-    cr_assert(blas_select(GEMM_ONEDNN, PRECISION_BF16, err, sizeof err), "%s", err);
-    double hi = 0, all[N_SHAPES * DEC_COUNT * N_RES];
-    int n_all = 0;
-    for (int sh = 0; sh < N_SHAPES; sh++)
-        for (int dec = 0; dec < DEC_COUNT; dec++) {
-            Shape s = SHAPES[sh];
-            Tensor *x[N_IN];
-            make_inputs(x, s, dec, 3500 + 100 * sh + 10 * dec);
-            int *docs = make_docs(s.T);
-            Ctx c = {s.C, docs};
-            real *v[N_RES], *a[N_RES], *a1[N_RES];
-            int64_t n[N_RES];
-            cr_assert(bf16_tiles_select(BF16_TILES_AVX512BF16, err, sizeof err), "%s", err);
-            run(x, &c, 2, v, n);
-            cr_assert(bf16_tiles_select(BF16_TILES_AMX, err, sizeof err), "%s", err);
-            run(x, &c, 2, a, n);
-            run(x, &c, 1, a1, n);
-            for (int i = 0; i < N_RES; i++) {
-                double e = max_rel_diff(v[i], a[i], n[i]);
-                cr_assert_leq(e, BF16_BOUND, "%s dk %d dv %d C %d T %d: %s on AMX differs from AVX512_BF16 by %.3g",
-                              DEC_NAMES[dec], s.dk, s.dv, s.C, s.T, RES_NAMES[i], e);
-                hi = fmax(hi, e);
-                all[n_all++] = e;
-            }
-            int which = 0;
-            cr_assert(same_bits(a, a1, n, &which), "%s dk %d dv %d C %d T %d: %s on AMX differs on 1 and 2 threads",
-                      DEC_NAMES[dec], s.dk, s.dv, s.C, s.T, RES_NAMES[which]);
-            free_res(v), free_res(a), free_res(a1);
-            free(docs);
-            for (int i = 0; i < N_IN; i++) tensor_free(x[i]);
-        }
+    Setting avx = {PRECISION_BF16, BF16_TILES_AVX512BF16}, amx = {PRECISION_BF16, BF16_TILES_AMX};
+    double e[N_CASES][N_RES], hi = 0, all[N_CASES * N_RES];
+    compare_all(3500, avx, amx, "on AMX differs from AVX512_BF16", e);
+    for (int c = 0; c < N_CASES; c++)
+        for (int i = 0; i < N_RES; i++) hi = fmax(hi, e[c][i]), all[c * N_RES + i] = e[c][i];
+    int n_all = N_CASES * N_RES;
     cr_assert_gt(hi, 0, "AMX and AVX512_BF16 gave the same bits everywhere: did AMX run?");
     qsort(all, n_all, sizeof all[0], cmp_double);
     double med = all[n_all / 2];
@@ -258,18 +264,6 @@ Test(kda_bf16, amx_products_follow_avx512bf16) {
 }
 
 #ifdef AG_TILE_BF16
-// What a run selects: the products' precision and the bf16 tiles' kind.
-typedef struct {
-    GemmPrecision prec;
-    Bf16Tiles tiles;
-} Setting;
-
-static void select_setting(Setting st) {
-    char err[256];
-    cr_assert(blas_select(GEMM_ONEDNN, st.prec, err, sizeof err), "%s", err);
-    cr_assert(bf16_tiles_select(st.tiles, err, sizeof err), "%s", err);
-}
-
 // The gradients of every input (concatenated, *n of them) of one forward
 // under `fwd` and its backward under `bwd`, o and S_T seeded.
 static real *grads_across(Setting fwd, Setting bwd, int64_t *n) {
@@ -298,8 +292,9 @@ static real *grads_across(Setting fwd, Setting bwd, int64_t *n) {
     return g;
 }
 
-// Whether a run of fwd then bwd gives the gradients of fwd then fwd (same),
-// and those differ from other's run throughout (a test that can tell).
+// A forward under fwd and its backward under bwd must give the bits of
+// both under fwd, and those must not be the bits of both under bwd (else
+// the check could not tell the two apart).
 static void check_kept(Setting fwd, Setting bwd, const char *what) {
     int64_t n;
     real *kept = grads_across(fwd, fwd, &n), *switched = grads_across(fwd, bwd, &n);
