@@ -1,5 +1,5 @@
-// chunk_tiles_bench: the chunked gdn and gla ops (op_gdn, op_gla; forward +
-// backward) with their chunk products of each kind, A/B in one process:
+// chunk_tiles_bench: the chunked gdn, gla and kda ops (op_gdn, op_gla, op_kda;
+// forward + backward) with their chunk products of each kind, A/B in one process:
 //
 //   chunk_tiles_bench [B=16] [T=256] [H=4] [D=64] [C=64] [ROUNDS=11]
 //
@@ -21,15 +21,16 @@
 #include "blas.h"
 #include "gdn_kernel.h"
 #include "gla.h"
+#include "kda_kernel.h"
 #include "model_setup.h"
 #include "rng.h"
 #include "runlog.h"
 #include "tile_amx.h"
 
-enum { KINDS = 3, OPS = 2 };   // fp32, avx512bf16, amx; gdn, gla
+enum { KINDS = 3, OPS = 3 };   // fp32, avx512bf16, amx; gdn, gla, kda
 
 static const Bf16Tiles KIND_TILES[KINDS] = {BF16_TILES_FP32, BF16_TILES_AVX512BF16, BF16_TILES_AMX};
-static const char *const OP_NAMES[OPS] = {"gdn", "gla"};
+static const char *const OP_NAMES[OPS] = {"gdn", "gla", "kda"};
 
 static bool use_kind(int k, char *err, size_t n) {
     return blas_select(blas_backend, k ? PRECISION_BF16 : PRECISION_FP32, err, n) &&
@@ -38,7 +39,7 @@ static bool use_kind(int k, char *err, size_t n) {
 
 typedef struct {
     int H, C;
-    Tensor *q, *k, *v, *beta, *g;
+    Tensor *q, *k, *v, *beta, *g, *gk;   // gk: kda's log decay per key channel
     real *seed;
 } Inputs;
 
@@ -53,7 +54,9 @@ static Tensor *filled(Rng *rng, int B, int T, int F, double scale, double shift)
 static void time_op(Tape *tp, const Inputs *x, int op, double *cpu, double *wall) {
     double c0 = runlog_cpu_now(), w0 = runlog_now();
     Tensor *o = op == 0 ? op_gdn(tp, x->q, x->k, x->v, x->beta, x->g, NULL, NULL, x->H, MIXER_FORM_CHUNKED, x->C, NULL)
-                        : op_gla(tp, x->q, x->k, x->v, x->g, NULL, NULL, x->H, MIXER_FORM_CHUNKED, x->C, NULL);
+                : op == 1 ? op_gla(tp, x->q, x->k, x->v, x->g, NULL, NULL, x->H, MIXER_FORM_CHUNKED, x->C, NULL)
+                          : op_kda(tp, x->q, x->k, x->v, x->beta, x->gk, NULL, NULL, x->H, MIXER_FORM_CHUNKED, x->C,
+                                   NULL);
     tape_backward_from(tp, o, x->seed);
     *cpu = runlog_cpu_now() - c0, *wall = runlog_now() - w0;
     tape_reset(tp);
@@ -78,7 +81,7 @@ static int arg(int argc, char **argv, int i, int def, int lo, int hi, const char
 int main(int argc, char **argv) {
     if (bench_help(argc, argv,
                    "usage: chunk_tiles_bench [B=16] [T=256] [H=4] [D=64] [C=64] [ROUNDS=11]\n"
-                   "  the chunked gdn and gla ops, forward + backward, with float32, AVX512_BF16 and AMX chunk\n"
+                   "  the chunked gdn, gla and kda ops, forward + backward, with float32, AVX512_BF16 and AMX chunk\n"
                    "  products, alternating; medians of CPU and wall time (threads: OMP_NUM_THREADS)\n"))
         return 0;
     model_init_process(argv);   // OMP_WAIT_POLICY=PASSIVE unless the user set it
@@ -103,7 +106,7 @@ int main(int argc, char **argv) {
     double ks = 1.0 / sqrt(D);   // keys of norm about 1, as the delta rule wants them
     Inputs x = {H, C, filled(&rng, B, T, H * D, ks, 0), filled(&rng, B, T, H * D, ks, 0),
                 filled(&rng, B, T, H * D, 1, 0), filled(&rng, B, T, H, 0.1, 0.5), filled(&rng, B, T, H, 0.02, -0.05),
-                NULL};
+                filled(&rng, B, T, H * D, 0.02, -0.05), NULL};
     x.seed = xmalloc((size_t)x.v->numel * sizeof(real));
     for (int64_t j = 0; j < x.v->numel; j++) x.seed[j] = (real)rng_normal(&rng);
     double *c[OPS][KINDS], *w[OPS][KINDS];
@@ -141,7 +144,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < KINDS; i++) free(c[o][i]), free(w[o][i]);
     tape_free(&tp);
     free(x.seed);
-    Tensor *in[5] = {x.q, x.k, x.v, x.beta, x.g};
-    for (int i = 0; i < 5; i++) tensor_free(in[i]);
+    Tensor *in[6] = {x.q, x.k, x.v, x.beta, x.g, x.gk};
+    for (int i = 0; i < 6; i++) tensor_free(in[i]);
     return 0;
 }

@@ -22,8 +22,34 @@
 // before its document and through S0 are zeros (the products masked after
 // they are formed, eG, ek, bl zero), as gdn_chunk.c does; g at a document's
 // first position enters no term that is used (inside a sub-block it may enter
-// both factors of a term, which cancel it). The products are float32 (or
-// float64) tile products (tile_mm.h): op_kda takes no bf16 products.
+// both factors of a term, which cancel it).
+//
+// Precision: float32 (float64 in that build) tile products (tile_mm.h),
+// except under [train] precision = bf16 on the CPU (chunk_tiles_kind(),
+// kept in the node's KDA_ARG_BF16 so that the backward rounds as its
+// forward did; [train] bf16_tiles picks AMX or AVX512_BF16): then the
+// products fla's chunk kernels also run in bf16 take bf16 operands,
+// rounded to nearest even, and sum in float32 (tile_ctx_gemm,
+// tile_mm_bf16.h), the same choice as op_gdn's (src/cuda/gdn_common.cuh,
+// "Precision:"), product for product:
+//   forward   P and KKE per sub-block (Qs Ys^T, Ks Ys^T: the row and column
+//             operands rounded once each, after their decays to the
+//             reference point are applied in float32), O = Qg S0 + P Delta;
+//   backward  the same again (kda_chunk_prepare), dQg = dO S0^T, Qg^T dO
+//             (into dS0), dP = dO Delta^T, P^T dO, dA = -dR Delta^T, and
+//             the sub-blocks' dKKE Ys, dKKE^T Ks, dP Ys, dP^T Qs.
+// (op_gdn's W = Tm Xw and U = Tm Xu have no counterpart here: Delta is a
+// forward substitution.) Stay float32: the decays, gates and their exps,
+// the state carried from chunk to chunk (never rounded: its bf16 copy
+// enters only Qg S0 and dO S0^T), the products that update it or
+// differentiate its recurrence (Xw S0 inside R, Kd^T Delta; Kd dS, dKd =
+// Delta dS^T, dXw = -dR S0^T, Xw^T dR), the substitutions (summed in
+// double), the slow channels' per-element terms, and every output and sum.
+// The backward is the gradient of the forward's function with the rounding
+// taken as the identity. A product whose shape the bf16 path does not take
+// (P, KKE, dP, dA of a chunk whose length is not a multiple of 16, heads
+// not whole vectors) runs in float32. The GPU's KDA kernels
+// (src/cuda/kda_chunk*.cu) and the recurrent form stay float32.
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +57,7 @@
 #include "blas.h"
 #include "docs.h"
 #include "kda_kernel.h"
+#include "tile_amx.h"
 #include "tile_mm.h"
 
 KdaDims kda_dims(const Node *n) {
@@ -84,8 +111,12 @@ static size_t chunk_layout(KdaChunk *ws, unsigned char *mem, int C, int dk, int 
     TAKE(ksub, KDA_SUB * dk, real);
     TAKE(db, C, int);
     TAKE(pack, (size_t)m * m, real);
+    TAKE(tc.pa, (size_t)m * ((m + 1) / 2), bfpair);
+    TAKE(tc.pb, (size_t)m * ((m + 1) / 2), bfpair);
 #undef TAKE
     if (mem) {
+        ws->tc.bf16 = false;
+        ws->tc.amx = false;
         ws->dk = dk;
         ws->dv = dv;
         ws->L = 0;
@@ -97,6 +128,16 @@ static size_t chunk_layout(KdaChunk *ws, unsigned char *mem, int C, int dk, int 
 size_t kda_chunk_bytes(int C, int dk, int dv) { return chunk_layout(NULL, NULL, C, dk, dv); }
 
 void kda_chunk_bind(KdaChunk *ws, void *mem, int C, int dk, int dv) { chunk_layout(ws, mem, C, dk, dv); }
+
+void kda_chunk_tiles(KdaChunk *ws, const Node *n) {
+    ws->tc.bf16 = n->iarg[KDA_ARG_BF16] != CHUNK_TILES_FP32;
+    ws->tc.amx = n->iarg[KDA_ARG_BF16] == CHUNK_TILES_AMX;
+    if (ws->tc.amx) amx_tiles_begin();   // configuring the tiles costs a small product
+}
+
+void kda_chunk_tiles_end(KdaChunk *ws) {
+    if (ws->tc.amx) amx_tiles_end();
+}
 
 // The rows' factors to their sub-block's reference point, Ef_i = exp(Gamma_i
 // - Gamma_r(i)) (exponent <= 0), and Qs, Ks: q, k scaled by them.
@@ -181,8 +222,8 @@ int kda_sub_products(KdaChunk *ws, const real *q, const real *k, int ldk, int i0
     real *P = ws->P + (size_t)i0 * L, *KKE = ws->KKE + (size_t)i0 * L;
     if (N > 0) {
         const real *Qs = ws->Qs + (size_t)i0 * dk, *Ks = ws->Ks + (size_t)i0 * dk;
-        tile_gemm(false, true, n, N, dk, 1, Qs, dk, ws->Ys, dk, 0, P, L, TILE_FULL(n, dk), ws->pack);
-        tile_gemm(false, true, n, N, dk, 1, Ks, dk, ws->Ys, dk, 0, KKE, L, TILE_FULL(n, dk), ws->pack);
+        tile_ctx_gemm(&ws->tc, false, true, n, N, dk, 1, Qs, dk, ws->Ys, dk, 0, P, L, TILE_FULL(n, dk), ws->pack);
+        tile_ctx_gemm(&ws->tc, false, true, n, N, dk, 1, Ks, dk, ws->Ys, dk, 0, KKE, L, TILE_FULL(n, dk), ws->pack);
     }
     for (int i = 0; i < n; i++)
         for (int j = N; j < L; j++) P[(size_t)i * L + j] = KKE[(size_t)i * L + j] = 0;
@@ -257,7 +298,7 @@ void kda_chunk_prepare(KdaChunk *ws, int L, const real *q, const real *k, const 
     for (int i = 0; i < L; i++)
         for (int j = 0; j < L; j++) ws->A[(size_t)i * L + j] = ws->bet[i] * ws->KKE[(size_t)i * L + j];
 
-    // R = diag(beta) V - Xw S0, Delta = (I + A)^-1 R.
+    // R = diag(beta) V - Xw S0 (float32: the state's recurrence), Delta = (I + A)^-1 R.
     for (int i = 0; i < L; i++)
         for (int c = 0; c < dv; c++) ws->R[i * dv + c] = ws->bet[i] * v[(int64_t)i * ldv + c];
     tile_gemm(false, false, L, dv, dk, -1, ws->Xw, dk, S0, dv, 1, ws->R, dv, TILE_FULL(L, dk), NULL);
@@ -280,6 +321,7 @@ void kda_chunk_forward(Node *n) {
         for (int h = 0; h < d.H; h++) {
             KdaChunk ws;
             kda_chunk_bind(&ws, slots + stride * (size_t)omp_get_thread_num(), d.C, d.dk, d.dv);
+            kda_chunk_tiles(&ws, n);
             real *S = sT + gdn_off_s(&d, b, h);   // the running state, (dk, dv)
             if (s0) memcpy(S, s0 + gdn_off_s(&d, b, h), SS * sizeof(real));
             else memset(S, 0, SS * sizeof(real));
@@ -292,14 +334,16 @@ void kda_chunk_forward(Node *n) {
                                   d.ldv, d.H, S, db);
                 // O = Qg S0 + P Delta (P lower)
                 real *oc = o + ov;
-                tile_gemm(false, false, L, d.dv, d.dk, 1, ws.Qg, d.dk, S, d.dv, 0, oc, d.ldv, TILE_FULL(L, d.dk), NULL);
-                tile_gemm(false, false, L, d.dv, L, 1, ws.P, L, ws.Dl, d.dv, 1, oc, d.ldv, -L, 0, NULL);
-                // S_C = Diag(bl) S0 + Kd^T Delta
+                tile_ctx_gemm(&ws.tc, false, false, L, d.dv, d.dk, 1, ws.Qg, d.dk, S, d.dv, 0, oc, d.ldv,
+                              TILE_FULL(L, d.dk), NULL);
+                tile_ctx_gemm(&ws.tc, false, false, L, d.dv, L, 1, ws.P, L, ws.Dl, d.dv, 1, oc, d.ldv, -L, 0, NULL);
+                // S_C = Diag(bl) S0 + Kd^T Delta (float32: the state is never rounded)
                 for (int i = 0; i < d.dk; i++)
                     for (int j = 0; j < d.dv; j++) S[i * d.dv + j] *= ws.bl[i];
                 tile_gemm(true, false, d.dk, d.dv, L, 1, ws.Kd, d.dk, ws.Dl, d.dv, 1, S, d.dv, TILE_FULL(d.dk, L),
                           NULL);
             }
+            kda_chunk_tiles_end(&ws);
         }
 }
 
@@ -309,6 +353,6 @@ static const OpDef OP_KDA_RECURRENT = {"kda_recurrent", kda_naive_forward, kda_n
                                        CUDA_PAIR(cu_kda_naive_forward, cu_kda_naive_backward)};
 Tensor *op_kda(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *g, Tensor *s0,
                const int *doc_start, int n_heads, MixerForm form, int chunk, Tensor **s_out) {
-    static const DeltaRuleOp OP = {"kda", &OP_KDA_CHUNKED, &OP_KDA_RECURRENT, true, false};
+    static const DeltaRuleOp OP = {"kda", &OP_KDA_CHUNKED, &OP_KDA_RECURRENT, true, true};
     return delta_rule_op(tp, &OP, q, k, v, beta, g, s0, doc_start, n_heads, form, chunk, s_out);
 }

@@ -18,6 +18,9 @@
 // KDA_SPAN_MAX.
 // The solve: Delta = (I + A)^-1 R gives dR = (I + A)^-T dDelta (back
 // substitution) and dA = -dR Delta^T (strictly lower).
+// Under bf16 (the node's KDA_ARG_BF16) the products kda_chunk.c's header
+// lists run with bf16 operands (ws->tc); the state's products stay float32
+// (tile_gemm).
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,11 +161,12 @@ static void sub_backward(KdaChunk *ws, KdaChunkGrad *gr, real *dP, const real *q
     if (N > 0) {
         const real *Qs = ws->Qs + (size_t)i0 * dk, *Ks = ws->Ks + (size_t)i0 * dk;
         real *T1k = ws->T1, *T1p = ws->T1 + KDA_SUB * dk, *T2 = ws->T2;
-        tile_gemm(false, false, n, dk, N, 1, dKb, L, ws->Ys, dk, 0, T1k, dk, TILE_FULL(n, N), NULL);
-        tile_gemm(true, false, N, dk, n, 1, dKb, L, Ks, dk, 0, T2, dk, TILE_FULL(N, n), NULL);
+        const TileCtx *tc = &ws->tc;
+        tile_ctx_gemm(tc, false, false, n, dk, N, 1, dKb, L, ws->Ys, dk, 0, T1k, dk, TILE_FULL(n, N), NULL);
+        tile_ctx_gemm(tc, true, false, N, dk, n, 1, dKb, L, Ks, dk, 0, T2, dk, TILE_FULL(N, n), NULL);
         if (dPb) {
-            tile_gemm(false, false, n, dk, N, 1, dPb, L, ws->Ys, dk, 0, T1p, dk, TILE_FULL(n, N), NULL);
-            tile_gemm(true, false, N, dk, n, 1, dPb, L, Qs, dk, 1, T2, dk, TILE_FULL(N, n), NULL);
+            tile_ctx_gemm(tc, false, false, n, dk, N, 1, dPb, L, ws->Ys, dk, 0, T1p, dk, TILE_FULL(n, N), NULL);
+            tile_ctx_gemm(tc, true, false, N, dk, n, 1, dPb, L, Qs, dk, 1, T2, dk, TILE_FULL(N, n), NULL);
         }
         for (int i = 0; i < n; i++)
             for (int c = 0; c < dk; c++) {
@@ -204,15 +208,15 @@ static void output_backward(KdaChunk *ws, KdaChunkGrad *gr, const real *S0, cons
                             real *dq) {
     int L = ws->L, dk = ws->dk, dv = ws->dv;
     // dQg = dO S0^T, dS0 += Qg^T dO; Qg_i = eG_i * q_i.
-    tile_gemm(false, true, L, dk, dv, 1, dO, ldv, S0, dv, 0, gr->dQg, dk, TILE_FULL(L, dv), ws->pack);
-    tile_gemm(true, false, dk, dv, L, 1, ws->Qg, dk, dO, ldv, 1, gr->dS0, dv, TILE_FULL(dk, L), NULL);
+    tile_ctx_gemm(&ws->tc, false, true, L, dk, dv, 1, dO, ldv, S0, dv, 0, gr->dQg, dk, TILE_FULL(L, dv), ws->pack);
+    tile_ctx_gemm(&ws->tc, true, false, dk, dv, L, 1, ws->Qg, dk, dO, ldv, 1, gr->dS0, dv, TILE_FULL(dk, L), NULL);
     for (size_t e = 0; e < (size_t)L * dk; e++) gr->dG[e] += (double)ws->Qg[e] * gr->dQg[e];
     for (int i = 0; i < L && dq; i++)
         for (int c = 0; c < dk; c++) dq[(int64_t)i * ldk + c] += ws->eG[(size_t)i * dk + c] * gr->dQg[(size_t)i * dk + c];
     // dP = dO Delta^T (through P's products with the solve's, decay_products_backward),
     // dDelta += P^T dO (P^T upper).
-    tile_gemm(false, true, L, L, dv, 1, dO, ldv, ws->Dl, dv, 0, gr->dP, L, TILE_FULL(L, dv), ws->pack);
-    tile_gemm(true, false, L, dv, L, 1, ws->P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
+    tile_ctx_gemm(&ws->tc, false, true, L, L, dv, 1, dO, ldv, ws->Dl, dv, 0, gr->dP, L, TILE_FULL(L, dv), ws->pack);
+    tile_ctx_gemm(&ws->tc, true, false, L, dv, L, 1, ws->P, L, dO, ldv, 1, gr->dDl, dv, 0, L, NULL);
 }
 
 // The terms through Delta = (I + A)^-1 R, R = diag(beta) V - Xw S0, A =
@@ -223,7 +227,8 @@ static void solve_backward(KdaChunk *ws, KdaChunkGrad *gr, const real *S0, const
     int L = ws->L, dk = ws->dk, dv = ws->dv;
     const real *bet = ws->bet;
     solve_upper(ws->A, L, gr->dDl, gr->dR, dv, ws->acc);
-    // R: dXw = -dR S0^T, dS0 -= Xw^T dR, dV = diag(beta) dR, dbeta_i += dR_i . v_i.
+    // R: dXw = -dR S0^T, dS0 -= Xw^T dR (float32: the state's recurrence),
+    // dV = diag(beta) dR, dbeta_i += dR_i . v_i.
     tile_gemm(false, true, L, dk, dv, -1, gr->dR, dv, S0, dv, 0, gr->dXw, dk, TILE_FULL(L, dv), ws->pack);
     tile_gemm(true, false, dk, dv, L, -1, ws->Xw, dk, gr->dR, dv, 1, gr->dS0, dv, TILE_FULL(dk, L), NULL);
     for (int i = 0; i < L; i++) {
@@ -245,7 +250,7 @@ static void solve_backward(KdaChunk *ws, KdaChunkGrad *gr, const real *S0, const
     }
     // dA = -dR Delta^T (strictly lower); A_ij = beta_i KKE_ij.
     real *dA = gr->dM;
-    tile_gemm(false, true, L, L, dv, -1, gr->dR, dv, ws->Dl, dv, 0, dA, L, TILE_FULL(L, dv), ws->pack);
+    tile_ctx_gemm(&ws->tc, false, true, L, L, dv, -1, gr->dR, dv, ws->Dl, dv, 0, dA, L, TILE_FULL(L, dv), ws->pack);
     for (int i = 0; i < L; i++) {
         double s = 0;
         for (int j = 0; j < i; j++) {
@@ -277,7 +282,8 @@ static void chunk_backward(KdaChunk *ws, KdaChunkGrad *gr, const real *S0, const
         }
         dG[(size_t)(L - 1) * dk + i] += ws->bl[i] * s;
     }
-    // dDelta = Kd dS, dKd = Delta dS^T; Kd_j = exp(Gamma_{L-1} - Gamma_j) * k_j.
+    // dDelta = Kd dS, dKd = Delta dS^T (float32: the state's recurrence);
+    // Kd_j = exp(Gamma_{L-1} - Gamma_j) * k_j.
     tile_gemm(false, false, L, dv, dk, 1, ws->Kd, dk, dS, dv, 0, gr->dDl, dv, TILE_FULL(L, dk), NULL);
     tile_gemm(false, true, L, dk, dv, 1, ws->Dl, dv, dS, dv, 0, gr->dKd, dk, TILE_FULL(L, dv), ws->pack);
     for (int j = 0; j < L; j++)
@@ -341,6 +347,7 @@ void kda_chunk_backward(Node *n) {
             KdaChunkGrad gr;
             kda_chunk_bind(&ws, slot, d.C, d.dk, d.dv);
             grad_layout(&gr, slot + b_ws, d.C, d.dk, d.dv);
+            kda_chunk_tiles(&ws, n);   // the forward's kind, whatever is selected now
             real *dS = (real *)(slot + b_ws + b_gr);   // gradient of the state leaving the chunk
             if (dsT) memcpy(dS, dsT + gdn_off_s(&d, b, h), SS * sizeof(real));
             else memset(dS, 0, SS * sizeof(real));
@@ -357,5 +364,6 @@ void kda_chunk_backward(Node *n) {
             }
             if (ds0)
                 for (int64_t i = 0; i < SS; i++) ds0[gdn_off_s(&d, b, h) + i] += dS[i];
+            kda_chunk_tiles_end(&ws);
         }
 }

@@ -96,13 +96,20 @@ typedef struct KdaChunk {
     int *db;         // (C) the chunk's documents (gdn_chunk_docs)
     const int *docs; // db when the chunk holds a document boundary, else NULL
     real *pack;      // (m, m), m = max(C, dk, dv): a transposed operand of tile_gemm
+    TileCtx tc;      // the products that may be bf16 (kda_chunk.c's header): the node's KDA_ARG_BF16
 } KdaChunk;
 
 // Workspace of one chunk: kda_chunk_bytes of memory (64-byte aligned; a
-// multiple of 64), bound to ws. One slot per OpenMP thread from the tape's
-// arena (tape_thread_slots).
+// multiple of 64), bound to ws (its products float32: ws->tc.bf16 false
+// until the caller sets the node's kind, kda_chunk_tiles). One slot per
+// OpenMP thread from the tape's arena (tape_thread_slots).
 size_t kda_chunk_bytes(int C, int dk, int dv);
 void kda_chunk_bind(KdaChunk *ws, void *mem, int C, int dk, int dv);
+// The node's kind of products (KDA_ARG_BF16) into ws->tc, the AMX tiles
+// configured on this thread when it is AMX (kda_chunk_tiles_end releases
+// them): once per head, as gdn_chunk.c does.
+void kda_chunk_tiles(KdaChunk *ws, const Node *n);
+void kda_chunk_tiles_end(KdaChunk *ws);
 // Fill ws for the chunk of L positions whose first rows are q, k, g (stride
 // ldk), v (stride ldv), beta (stride H), entering state S0 (dk x dv); db (L):
 // its documents (gdn_chunk_docs), or NULL.

@@ -5,14 +5,18 @@
 // Exactly op_gdn's layout (gdn_node.h) except that g is (B, T, H*dk), one log
 // decay per key channel.
 // in: q, k, v, beta, g, s0 (maybe NULL). out: o (B, T, H*dv), S_T (B, H, dk, dv).
-// iarg: the sizes below. saved: (B, H, NC, dk, dv) the state entering each
+// iarg: the sizes below, and KDA_ARG_BF16: the kind of the CPU chunked
+// form's products (CHUNK_TILES_*, tile_amx.h; set by the builder from
+// chunk_tiles_kind() on a CPU tape, CHUNK_TILES_FP32 on a GPU one, whose
+// KDA kernels read no bf16 flag and stay float32), so that the backward
+// rounds as its forward did. saved: (B, H, NC, dk, dv) the state entering each
 // chunk of C positions, NC = ceil(T/C), written by the forward of either form
 // and read by its backward. aux: first (B, T) of the documents (docs.h), or NULL.
 #ifndef KDA_NODE_H
 #define KDA_NODE_H
 
 enum { KDA_IN_Q, KDA_IN_K, KDA_IN_V, KDA_IN_BETA, KDA_IN_G, KDA_IN_S0, KDA_N_IN };
-enum { KDA_ARG_B, KDA_ARG_T, KDA_ARG_H, KDA_ARG_DK, KDA_ARG_DV, KDA_ARG_C };
+enum { KDA_ARG_B, KDA_ARG_T, KDA_ARG_H, KDA_ARG_DK, KDA_ARG_DV, KDA_ARG_C, KDA_ARG_BF16 };
 
 // op_gdn's node code serves op_kda's (delta_rule_op builds both; the GPU
 // reuses gdn_args and the gradient plans), so every index must be op_gdn's.
@@ -27,8 +31,8 @@ KDA_STATIC_ASSERT(KDA_AT_GDN(IN_Q) && KDA_AT_GDN(IN_K) && KDA_AT_GDN(IN_V) && KD
                       KDA_AT_GDN(IN_G) && KDA_AT_GDN(IN_S0) && KDA_AT_GDN(N_IN),
                   "op_kda's inputs must sit where op_gdn's do");
 KDA_STATIC_ASSERT(KDA_AT_GDN(ARG_B) && KDA_AT_GDN(ARG_T) && KDA_AT_GDN(ARG_H) && KDA_AT_GDN(ARG_DK) &&
-                      KDA_AT_GDN(ARG_DV) && KDA_AT_GDN(ARG_C),
-                  "op_kda's sizes must sit where op_gdn's do");
+                      KDA_AT_GDN(ARG_DV) && KDA_AT_GDN(ARG_C) && KDA_AT_GDN(ARG_BF16),
+                  "op_kda's sizes and bf16 kind must sit where op_gdn's do");
 #undef KDA_AT_GDN
 #undef KDA_STATIC_ASSERT
 
