@@ -23,6 +23,8 @@
 #   -j N        before each fla run, compile its Triton kernels in N processes at once
 #               (bench/torch_ref/triton_prewarm.sh; a short run of the same shapes), so that
 #               fla's autotuning then times its configs instead of compiling them one by one
+#               (on an H100, -j 16 over the four ops ran over 450 s; without it, gdn and kda
+#               in bf16 at one T took under 200 s: prefer few ops and one T a call)
 #   -B          lift fla's refusal of Triton < 3.7.1 on Hopper for its gated backward (fla
 #               issue 640, a Triton miscompile) for the TIMING runs only; the check never does,
 #               and the fla TSVs say which was done

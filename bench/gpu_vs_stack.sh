@@ -29,7 +29,9 @@
 #   -j N        before the anchor's first run of a config and precision (and its check),
 #               compile fla's Triton kernels in N processes at once (bench/torch_ref/
 #               triton_prewarm.sh; one step at B 1 x T 1024 each), so that fla's autotuning
-#               then times its configs instead of compiling them one by one
+#               then times its configs instead of compiling them one by one (on an H100 at
+#               d_model 1024, -j 12 ran out of GPU memory in every process; without it the
+#               anchor's 2 warm-up steps compiled and autotuned within -t 150)
 #   -B          lift fla's refusal of Triton < 3.7.1 on Hopper for its gated backward (fla issue
 #               640, a Triton miscompile) for the anchor's timing runs; the check then shows
 #               the gradients as information, outside its verdict
