@@ -30,8 +30,9 @@
 // forward did; [train] bf16_tiles picks AMX or AVX512_BF16): then the
 // products fla's chunk kernels also run in bf16 take bf16 operands,
 // rounded to nearest even, and sum in float32 (tile_ctx_gemm,
-// tile_mm_bf16.h), the same choice as op_gdn's (src/cuda/gdn_common.cuh,
-// "Precision:"), product for product:
+// tile_mm_bf16.h), the same choice as op_gdn's GPU kernels
+// (src/cuda/gdn_common.cuh, "Precision:"), product for product (op_gdn's
+// CPU chunks, gdn_chunk.c, round the state's products too):
 //   forward   P and KKE per sub-block (Qs Ys^T, Ks Ys^T: the row and column
 //             operands rounded once each, after their decays to the
 //             reference point are applied in float32), O = Qg S0 + P Delta;
