@@ -12,11 +12,13 @@
 // ---------------------------------------------------------------- chunked form: forward
 
 // 1. Per chunk: W and U into the op's rows, ek and bl.
-template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd_prep(GdnArgs a) {
+// (SM: the workspace's first a.ws_shared bytes in shared memory, gdn_chunk.cuh.)
+template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : GDN_MINB) k_gdn_fwd_prep(GdnArgs a) {
     __shared__ Tiles sh;
+    extern __shared__ __align__(16) unsigned char ws_sh[];
     int tid = threadIdx.x;
     ChunkWs w;
-    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, false);
+    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, false, ws_sh, SM ? a.ws_shared : 0);
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int64_t r = m.bh * a.T + m.t0;   // the chunk's first row of the op's rows
@@ -32,12 +34,13 @@ template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd
 // 2. The scan: k_gdn_fwd_scan (gdn_scan.cu).
 
 // 3. Per chunk: O = diag(b) Q S0 + P Delta.
-template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd_out(GdnArgs a) {
+template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : GDN_MINB) k_gdn_fwd_out(GdnArgs a) {
     __shared__ Tiles sh;
+    extern __shared__ __align__(16) unsigned char ws_sh[];
     int tid = threadIdx.x, dk = a.dk, dv = a.dv;
     int64_t SS = (int64_t)dk * dv;
     ChunkWs w;
-    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, dk, dv, false);
+    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, dk, dv, false, ws_sh, SM ? a.ws_shared : 0);
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int L = m.L;
@@ -56,19 +59,46 @@ template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_fwd
     }
 }
 
-// The forward's kernels of one precision (BF: bf16 products).
-template <bool BF> static void fwd_launch(Node *n, GdnArgs &a) {
+// Whether the per-chunk kernels keep their workspace in shared memory:
+// ATTNLAB_GDN_WS = global (the default) or shared, read at each launch as
+// the scans' ATTNLAB_GDN_SCAN_* are (gdn_scan.cu).
+bool gdn_ws_shared_on(void) {
+    const char *e = getenv("ATTNLAB_GDN_WS");
+    ASSERT(!e || !*e || !strcmp(e, "global") || !strcmp(e, "shared"),
+           "ATTNLAB_GDN_WS is '%s': say global (the default) or shared", e);
+    return e && !strcmp(e, "shared");
+}
+
+size_t gdn_ws_last;
+
+extern "C" size_t cu_gdn_ws_shared_last(void) { return gdn_ws_last; }
+
+// The forward's kernels of one precision (BF: bf16 products) and workspace (SM).
+template <bool BF, bool SM> static void fwd_launch_ws(Node *n, GdnArgs &a) {
     static int res_prep = 0, res_out = 0;
-    if (!res_prep) res_prep = resident_blocks(k_gdn_fwd_prep<BF>);
-    if (!res_out) res_out = resident_blocks(k_gdn_fwd_out<BF>);
-    int gp = chunk_grid(a.items, res_prep), go = chunk_grid(a.items, res_out);
+    static size_t room = 0, res_for = 0;   // res_for: the shared bytes the grids were sized for
     a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, false);
+    if (SM && !room) {
+        size_t r1 = ws_room(k_gdn_fwd_prep<BF, SM>), r2 = ws_room(k_gdn_fwd_out<BF, SM>);
+        room = r1 < r2 ? r1 : r2;
+    }
+    a.ws_shared = gdn_ws_last = SM ? (a.ws_stride < room ? a.ws_stride : room) : 0;
+    bool resize = !res_prep || (SM && a.ws_shared != res_for);   // (queried again only when it changes)
+    if (resize) res_prep = resident_blocks(k_gdn_fwd_prep<BF, SM>, a.ws_shared);
+    if (resize) res_out = resident_blocks(k_gdn_fwd_out<BF, SM>, a.ws_shared);
+    res_for = a.ws_shared;
+    int gp = chunk_grid(a.items, res_prep), go = chunk_grid(a.items, res_out);
     a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > go ? gp : go));
-    k_gdn_fwd_prep<BF><<<gp, GDN_NT, 0, cu_stream>>>(a);
+    k_gdn_fwd_prep<BF, SM><<<gp, GDN_NT, a.ws_shared, cu_stream>>>(a);
     CU_LAUNCHED();
     gdn_scan(n, a, false);
-    k_gdn_fwd_out<BF><<<go, GDN_NT, 0, cu_stream>>>(a);
+    k_gdn_fwd_out<BF, SM><<<go, GDN_NT, a.ws_shared, cu_stream>>>(a);
     CU_LAUNCHED();
+}
+
+template <bool BF> static void fwd_launch(Node *n, GdnArgs &a) {
+    if (gdn_ws_shared_on()) fwd_launch_ws<BF, true>(n, a);
+    else fwd_launch_ws<BF, false>(n, a);
 }
 
 extern "C" void cu_gdn_chunk_forward(Node *n) {

@@ -271,8 +271,13 @@ struct ChunkWs {
     const real *dS;                     // (dk, dv) the gradient of the state leaving the chunk (the op's)
 };
 
+// Binds w (unless NULL) to a block's workspace and returns its bytes (a
+// multiple of 256). Each buffer whose bytes lie within the first `shared`
+// bytes of the layout is bound to the block's shared memory `sbase` at the
+// same offset, the others to `base` (whose first `shared` bytes go unused):
+// the same buffers, the same arithmetic, only where they live.
 static __host__ __device__ size_t chunk_ws_layout(ChunkWs *w, unsigned char *base, int C, int dk, int dv,
-                                                  bool grad) {
+                                                  bool grad, unsigned char *sbase = NULL, size_t shared = 0) {
     size_t at = 0, CC = (size_t)C * C, Ck = (size_t)C * dk, Cv = (size_t)C * dv;
     size_t oG = ws_take(&at, C, sizeof(double));
     size_t oE = ws_take(&at, CC, sizeof(real)), oKK = ws_take(&at, CC, sizeof(real));
@@ -293,18 +298,24 @@ static __host__ __device__ size_t chunk_ws_layout(ChunkWs *w, unsigned char *bas
         odXu = ws_take(&at, Cv, sizeof(real)), oY = ws_take(&at, Cv, sizeof(real));
     }
     if (w) {
-        w->G = (double *)(base + oG);
-        w->E = (real *)(base + oE), w->KK = (real *)(base + oKK), w->A = (real *)(base + oA);
-        w->Tm = (real *)(base + oTm), w->P = (real *)(base + oP);
-        w->Xw = (real *)(base + oXw), w->W = NULL;
-        w->Xu = (real *)(base + oXu), w->U = (real *)(base + oU), w->Dl = (real *)(base + oDl);
-        w->bet = (real *)(base + obet), w->bm = (real *)(base + obm), w->ek = (real *)(base + oek);
-        w->db = (int *)(base + odb);
-        w->dG = (double *)(base + odG), w->dbeta = (double *)(base + odbeta);
-        w->rsum = (double *)(base + orsum);
-        w->dA = (real *)(base + odA);
-        w->dK = (real *)(base + odK), w->dW = (real *)(base + odW), w->dXw = (real *)(base + odXw);
-        w->dXu = (real *)(base + odXu), w->Y = (real *)(base + oY);
+        // Buffer at offset o of n bytes: shared memory when it ends within `shared`.
+        auto at_ = [&](size_t o, size_t n) { return o + n <= shared ? sbase + o : base + o; };
+        w->G = (double *)at_(oG, C * sizeof(double));
+        w->E = (real *)at_(oE, CC * sizeof(real)), w->KK = (real *)at_(oKK, CC * sizeof(real));
+        w->A = (real *)at_(oA, CC * sizeof(real));
+        w->Tm = (real *)at_(oTm, CC * sizeof(real)), w->P = (real *)at_(oP, CC * sizeof(real));
+        w->Xw = (real *)at_(oXw, Ck * sizeof(real)), w->W = NULL;
+        w->Xu = (real *)at_(oXu, Cv * sizeof(real)), w->U = (real *)at_(oU, Cv * sizeof(real));
+        w->Dl = (real *)at_(oDl, Cv * sizeof(real));
+        w->bet = (real *)at_(obet, C * sizeof(real)), w->bm = (real *)at_(obm, C * sizeof(real));
+        w->ek = (real *)at_(oek, C * sizeof(real));
+        w->db = (int *)at_(odb, C * sizeof(int));
+        w->dG = (double *)at_(odG, C * sizeof(double)), w->dbeta = (double *)at_(odbeta, C * sizeof(double));
+        w->rsum = (double *)at_(orsum, C * sizeof(double));
+        w->dA = (real *)at_(odA, CC * sizeof(real));
+        w->dK = (real *)at_(odK, Ck * sizeof(real)), w->dW = (real *)at_(odW, Ck * sizeof(real));
+        w->dXw = (real *)at_(odXw, Ck * sizeof(real));
+        w->dXu = (real *)at_(odXu, Cv * sizeof(real)), w->Y = (real *)at_(oY, Cv * sizeof(real));
         w->dDl = NULL, w->dS = NULL;
     }
     return (at + 255) & ~(size_t)255;
@@ -483,13 +494,37 @@ static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, in
 }
 
 // The per-chunk kernels' grids: as many blocks as the GPU keeps resident
-// (each walks the chunks gridDim.x apart), at most one per chunk.
-template <typename K> static int resident_blocks(K kernel) {
+// (each walks the chunks gridDim.x apart) with `dyn` bytes of dynamic shared
+// memory each, at most one per chunk.
+template <typename K> static int resident_blocks(K kernel, size_t dyn = 0) {
     int dev = 0, sms = 0, per = 0;
     CU_CHECK(cudaGetDevice(&dev));
     CU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, GDN_NT, 0));
+    CU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, GDN_NT, dyn));
     return sms * (per > 0 ? per : 1);
+}
+
+// The workspace in shared memory (gdn_ws_shared_on: ATTNLAB_GDN_WS=shared). The per-chunk kernels pass a chunk's matrices
+// from one block-wide step to the next through their workspace; in device
+// memory that is most of their traffic (k_gdn_bwd_chunk: 4.4 GB a call at
+// B 4 x T 4,096, 16 heads of 64, on an H100, for 0.6 GB of inputs and
+// gradients) at a quarter of the warps resident. The SM instances (one
+// block a multiprocessor, no register cap) keep the layout's first bytes,
+// as many as fit beside their static shared memory, in dynamic shared
+// memory; the buffers past that stay in device memory. The arithmetic and
+// its order are the same, so are the results' bits.
+bool gdn_ws_shared_on(void);
+extern size_t gdn_ws_last;   // the last launch's bytes of workspace in shared memory (cu_gdn_ws_shared_last)
+
+// The dynamic shared memory kernel may take for the workspace (opted in
+// once, up to the GPU's per-block limit beside its static shared memory).
+template <typename K> static size_t ws_room(K kernel) {
+    cudaFuncAttributes fa;
+    CU_CHECK(cudaFuncGetAttributes(&fa, kernel));
+    size_t optin = cu_smem_optin(), st = fa.sharedSizeBytes;
+    size_t room = optin > st ? (optin - st) & ~(size_t)15 : 0;
+    if (room > 0) CU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)room));
+    return room;
 }
 
 static int chunk_grid(int64_t items, int resident) { return (int)(items < resident ? items : resident); }

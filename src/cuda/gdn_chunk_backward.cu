@@ -22,12 +22,14 @@
 // the terms of dDelta and of the entering state's gradient that do not go
 // through the state: P^T dO into the op's dDelta rows, Q^T diag(b) dO into
 // the chunk's dS slot.
-template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_gdn_bwd_prep(GdnArgs a) {
+// (SM: the workspace's first a.ws_shared bytes in shared memory, gdn_chunk.cuh.)
+template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : GDN_MINB) k_gdn_bwd_prep(GdnArgs a) {
     __shared__ Tiles sh;
+    extern __shared__ __align__(16) unsigned char ws_sh[];
     int tid = threadIdx.x, dk = a.dk, dv = a.dv;
     int64_t SS = (int64_t)dk * dv;
     ChunkWs w;
-    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, dk, dv, true);
+    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, dk, dv, true, ws_sh, SM ? a.ws_shared : 0);
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int L = m.L;
@@ -252,12 +254,14 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
 
 // 3. Per chunk: everything of the chunk again (W from the op's rows) and its
 // input gradients from S0, dS (the scan's slot) and dDelta (the scan's rows).
-template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_CHUNK_MINB) k_gdn_bwd_chunk(GdnArgs a) {
+template <bool BF, bool SM>
+__global__ void __launch_bounds__(GDN_NT, SM ? 1 : GDN_CHUNK_MINB) k_gdn_bwd_chunk(GdnArgs a) {
     __shared__ Tiles sh;
     __shared__ double red[GDN_NT];
+    extern __shared__ __align__(16) unsigned char ws_sh[];
     int64_t SS = (int64_t)a.dk * a.dv;
     ChunkWs w;
-    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, true);
+    chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, true, ws_sh, SM ? a.ws_shared : 0);
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int64_t r = m.bh * a.T + m.t0;
@@ -304,19 +308,33 @@ void gdn_grads_finish(const GdnGrads *gr) {
     }
 }
 
-// The backward's kernels of one precision (BF: bf16 products, as the forward's).
-template <bool BF> static void bwd_launch(Node *n, GdnArgs &a) {
+// The backward's kernels of one precision (BF: bf16 products, as the
+// forward's) and workspace (SM, gdn_ws_shared_on).
+template <bool BF, bool SM> static void bwd_launch_ws(Node *n, GdnArgs &a) {
     static int res_prep = 0, res_chunk = 0;
-    if (!res_prep) res_prep = resident_blocks(k_gdn_bwd_prep<BF>);
-    if (!res_chunk) res_chunk = resident_blocks(k_gdn_bwd_chunk<BF>);
-    int gp = chunk_grid(a.items, res_prep), gc = chunk_grid(a.items, res_chunk);
+    static size_t room = 0, res_for = 0;   // res_for: the shared bytes the grids were sized for
     a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, true);
+    if (SM && !room) {
+        size_t r1 = ws_room(k_gdn_bwd_prep<BF, SM>), r2 = ws_room(k_gdn_bwd_chunk<BF, SM>);
+        room = r1 < r2 ? r1 : r2;
+    }
+    a.ws_shared = gdn_ws_last = SM ? (a.ws_stride < room ? a.ws_stride : room) : 0;
+    bool resize = !res_prep || (SM && a.ws_shared != res_for);   // (queried again only when it changes)
+    if (resize) res_prep = resident_blocks(k_gdn_bwd_prep<BF, SM>, a.ws_shared);
+    if (resize) res_chunk = resident_blocks(k_gdn_bwd_chunk<BF, SM>, a.ws_shared);
+    res_for = a.ws_shared;
+    int gp = chunk_grid(a.items, res_prep), gc = chunk_grid(a.items, res_chunk);
     a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > gc ? gp : gc));
-    k_gdn_bwd_prep<BF><<<gp, GDN_NT, 0, cu_stream>>>(a);
+    k_gdn_bwd_prep<BF, SM><<<gp, GDN_NT, a.ws_shared, cu_stream>>>(a);
     CU_LAUNCHED();
     gdn_scan(n, a, true);
-    k_gdn_bwd_chunk<BF><<<gc, GDN_NT, 0, cu_stream>>>(a);
+    k_gdn_bwd_chunk<BF, SM><<<gc, GDN_NT, a.ws_shared, cu_stream>>>(a);
     CU_LAUNCHED();
+}
+
+template <bool BF> static void bwd_launch(Node *n, GdnArgs &a) {
+    if (gdn_ws_shared_on()) bwd_launch_ws<BF, true>(n, a);
+    else bwd_launch_ws<BF, false>(n, a);
 }
 
 extern "C" void cu_gdn_chunk_backward(Node *n) {

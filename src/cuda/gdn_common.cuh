@@ -131,6 +131,8 @@ struct GdnArgs {
     real *gq, *gk, *gv, *gbeta, *gg, *gs0;   // backward: where the gradients go (written whole), NULL: not wanted
     unsigned char *ws;                       // per-block workspace, ws_stride bytes each
     size_t ws_stride;
+    size_t ws_shared;                        // bytes of the workspace's start kept in the block's shared
+                                             // memory instead (the SM kernels, gdn_ws_plan); 0: none
     int B, T, H, dk, dv, C, NC, ldk, ldv;
     int Cw;                                  // min(C, T): the longest chunk, what workspaces hold
     // The chunked form's per-op rows, head-major: row t of head bh at (bh T + t).

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cuda_check.h"
+#include "cuda_ops.h"
 #include "device.h"
 #include "gdn_kernel.h"
 #include "test_cuda_gdn.h"
@@ -541,4 +542,52 @@ Test(cuda_gdn, a_run_repeats_bit_for_bit) {
     gpu_run_free(&a);
     gpu_run_free(&b);
     gdn_free_inputs(x);
+}
+
+// The per-chunk kernels with their workspace in shared memory
+// (ATTNLAB_GDN_WS=shared; src/cuda/gdn_chunk.cuh): the same buffers, the
+// same arithmetic in the same order, so o, S_T and every gradient are the
+// same bits as with the workspace in device memory, in both precisions and
+// (float32 build) under bf16 products. The cases: a workspace that fits
+// whole (small heads) and one that does not (heads of 64 and 128 at C 64:
+// the buffers past the room stay in device memory), a chunk longer than
+// 64 positions (the row-by-row solve), documents, several heads and rows.
+Test(cuda_gdn, workspace_in_shared_memory_gives_the_same_bits) {
+    enum { T = 300 };
+    static int doc[2 * T];
+    memset(doc, 0, sizeof doc);
+    doc[0] = doc[63] = doc[64] = doc[200] = doc[T + 17] = 1;
+    static const struct {
+        int B, T, H, dk, dv, C;
+        const int *doc;
+    } cases[] = {{2, T, 2, 16, 24, 16, doc},     {1, T, 2, 64, 64, 64, doc},  {2, 130, 1, 128, 128, 64, NULL},
+                 {1, 150, 2, 40, 72, 100, NULL}, {2, 100, 3, 32, 32, 32, NULL}};
+    for (int bf = 0; bf < 2; bf++) {
+#ifdef AG_DOUBLE
+        if (bf) break;   // (bf16 products need the float32 build)
+#endif
+        device_set_bf16(DEVICE_CUDA, bf);
+        for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+            Tensor *x[N_IN];
+            gdn_test_inputs(x, cases[cs].B, cases[cs].T, cases[cs].H, cases[cs].dk, cases[cs].dv, REG_PLAIN, true, true,
+                            560 + cs);
+            GdnCtx c = {cases[cs].H, cases[cs].C, MIXER_FORM_CHUNKED, cases[cs].doc, 3};
+            unsetenv("ATTNLAB_GDN_WS");
+            GpuRun g = gpu_run(x, &c);
+            cr_assert_eq(cu_gdn_ws_shared_last(), 0, "case %zu: the default kept workspace in shared memory", cs);
+            setenv("ATTNLAB_GDN_WS", "shared", 1);
+            GpuRun sh = gpu_run(x, &c);
+            size_t used = cu_gdn_ws_shared_last();
+            unsetenv("ATTNLAB_GDN_WS");
+            cr_assert_gt(used, 0, "case %zu: ATTNLAB_GDN_WS=shared kept no workspace in shared memory", cs);
+            char what[80];
+            snprintf(what, sizeof what, "case %zu%s, workspace in shared memory (%zu bytes)", cs, bf ? " bf16" : "",
+                     used);
+            assert_same_bits(&g, &sh, x, what);
+            gpu_run_free(&g);
+            gpu_run_free(&sh);
+            gdn_free_inputs(x);
+        }
+    }
+    device_set_bf16(DEVICE_CUDA, false);
 }
