@@ -504,8 +504,9 @@ template <typename K> static int resident_blocks(K kernel, size_t dyn = 0) {
     return sms * (per > 0 ? per : 1);
 }
 
-// The workspace in shared memory (gdn_ws_shared_on: ATTNLAB_GDN_WS=shared). The per-chunk kernels pass a chunk's matrices
-// from one block-wide step to the next through their workspace; in device
+// The workspace in shared memory (gdn_ws_shared_on: ATTNLAB_GDN_WS=shared).
+// The per-chunk kernels pass a chunk's matrices from one block-wide step to
+// the next through their workspace; in device
 // memory that is most of their traffic (k_gdn_bwd_chunk: 4.4 GB a call at
 // B 4 x T 4,096, 16 heads of 64, on an H100, for 0.6 GB of inputs and
 // gradients) at a quarter of the warps resident. The SM instances (one
