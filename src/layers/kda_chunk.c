@@ -285,10 +285,13 @@ void kda_chunk_prepare(KdaChunk *ws, int L, const real *q, const real *k, const 
             memset(eG, 0, dk * sizeof(real));
         if (i >= jL) kda_pair_decays(ek, GL, G + o, dk);
         else memset(ek, 0, dk * sizeof(real));
+        // (Through locals: stores through ws's members kept the loop scalar.)
+        real *restrict Qg = ws->Qg + o, *restrict Xw = ws->Xw + o, *restrict Kd = ws->Kd + o;
+#pragma omp simd
         for (int c = 0; c < dk; c++) {
-            ws->Qg[o + c] = eG[c] * qi[c];
-            ws->Xw[o + c] = bi * eG[c] * ki[c];
-            ws->Kd[o + c] = ek[c] * ki[c];
+            Qg[c] = eG[c] * qi[c];
+            Xw[c] = bi * eG[c] * ki[c];
+            Kd[c] = ek[c] * ki[c];
         }
     }
     memcpy(ws->bl, ws->eG + (size_t)(L - 1) * dk, dk * sizeof(real));
@@ -296,12 +299,20 @@ void kda_chunk_prepare(KdaChunk *ws, int L, const real *q, const real *k, const 
     // KKE and P, sub-block by sub-block; A = diag(beta) KKE, strictly lower.
     row_factors(ws, q, k, ldk);
     for (int i0 = 0; i0 < L; i0 += KDA_SUB) kda_sub_products(ws, q, k, ldk, i0, imin(KDA_SUB, L - i0));
-    for (int i = 0; i < L; i++)
-        for (int j = 0; j < L; j++) ws->A[(size_t)i * L + j] = ws->bet[i] * ws->KKE[(size_t)i * L + j];
+    for (int i = 0; i < L; i++) {
+        real bi = ws->bet[i], *restrict Ai = ws->A + (size_t)i * L;
+        const real *KKEi = ws->KKE + (size_t)i * L;
+#pragma omp simd
+        for (int j = 0; j < L; j++) Ai[j] = bi * KKEi[j];
+    }
 
     // R = diag(beta) V - Xw S0 (float32: the state's recurrence), Delta = (I + A)^-1 R.
-    for (int i = 0; i < L; i++)
-        for (int c = 0; c < dv; c++) ws->R[i * dv + c] = ws->bet[i] * v[(int64_t)i * ldv + c];
+    for (int i = 0; i < L; i++) {
+        real bi = ws->bet[i], *restrict Ri = ws->R + (size_t)i * dv;
+        const real *vi = v + (int64_t)i * ldv;
+#pragma omp simd
+        for (int c = 0; c < dv; c++) Ri[c] = bi * vi[c];
+    }
     tile_gemm(false, false, L, dv, dk, -1, ws->Xw, dk, S0, dv, 1, ws->R, dv, TILE_FULL(L, dk), NULL);
     solve_lower(ws->A, L, ws->R, ws->Dl, dv, ws->acc);
 }

@@ -168,21 +168,37 @@ static void sub_backward(KdaChunk *ws, KdaChunkGrad *gr, real *dP, const real *q
             tile_ctx_gemm(tc, false, false, n, dk, N, 1, dPb, L, ws->Ys, dk, 0, T1p, dk, TILE_FULL(n, N), NULL);
             tile_ctx_gemm(tc, true, false, N, dk, n, 1, dPb, L, Qs, dk, 1, T2, dk, TILE_FULL(N, n), NULL);
         }
-        for (int i = 0; i < n; i++)
+        // Rows of locals, the dP terms in a loop of their own but after the
+        // dKKE ones per element as before (stores through gr's and ws's
+        // members, and the branch, kept these loops scalar).
+        for (int i = 0; i < n; i++) {
+            size_t e0 = (size_t)(i0 + i) * dk, b0 = (size_t)i * dk;
+            real *restrict dK = gr->dK + e0, *restrict dQ = gr->dQ + e0;
+            double *restrict dG = gr->dG + e0;
+            const real *Ef = ws->Ef + e0, *t1k = T1k + b0, *t1p = T1p + b0, *ks = Ks + b0, *qs = Qs + b0;
+#pragma omp simd
             for (int c = 0; c < dk; c++) {
-                size_t e = (size_t)(i0 + i) * dk + c, b = (size_t)i * dk + c;
-                gr->dK[e] += ws->Ef[e] * T1k[b];
-                gr->dG[e] += (double)Ks[b] * T1k[b];
-                if (!dPb) continue;
-                gr->dQ[e] += ws->Ef[e] * T1p[b];
-                gr->dG[e] += (double)Qs[b] * T1p[b];
+                dK[c] += Ef[c] * t1k[c];
+                dG[c] += (double)ks[c] * t1k[c];
             }
-        for (int j = 0; j < N; j++)
+            if (!dPb) continue;
+#pragma omp simd
             for (int c = 0; c < dk; c++) {
-                size_t e = (size_t)j * dk + c;
-                gr->dK[e] += ws->Ec[e] * T2[e];
-                gr->dG[e] -= (double)ws->Ys[e] * T2[e];
+                dQ[c] += Ef[c] * t1p[c];
+                dG[c] += (double)qs[c] * t1p[c];
             }
+        }
+        for (int j = 0; j < N; j++) {
+            size_t e0 = (size_t)j * dk;
+            real *restrict dK = gr->dK + e0;
+            double *restrict dG = gr->dG + e0;
+            const real *Ec = ws->Ec + e0, *t2 = T2 + e0, *ys = ws->Ys + e0;
+#pragma omp simd
+            for (int c = 0; c < dk; c++) {
+                dK[c] += Ec[c] * t2[c];
+                dG[c] -= (double)ys[c] * t2[c];
+            }
+        }
     }
     if (ns) sub_per_element_backward(ws, gr, dP, q, k, ldk, i0, n, ns);
 }
