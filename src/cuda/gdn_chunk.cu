@@ -75,20 +75,9 @@ extern "C" size_t cu_gdn_ws_shared_last(void) { return gdn_ws_last; }
 
 // The forward's kernels of one precision (BF: bf16 products) and workspace (SM).
 template <bool BF, bool SM> static void fwd_launch_ws(Node *n, GdnArgs &a) {
-    static int res_prep = 0, res_out = 0;
-    static size_t room = 0, res_for = 0;   // res_for: the shared bytes the grids were sized for
-    a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, false);
-    if (SM && !room) {
-        size_t r1 = ws_room(k_gdn_fwd_prep<BF, SM>), r2 = ws_room(k_gdn_fwd_out<BF, SM>);
-        room = r1 < r2 ? r1 : r2;
-    }
-    a.ws_shared = gdn_ws_last = SM ? (a.ws_stride < room ? a.ws_stride : room) : 0;
-    bool resize = !res_prep || (SM && a.ws_shared != res_for);   // (queried again only when it changes)
-    if (resize) res_prep = resident_blocks(k_gdn_fwd_prep<BF, SM>, a.ws_shared);
-    if (resize) res_out = resident_blocks(k_gdn_fwd_out<BF, SM>, a.ws_shared);
-    res_for = a.ws_shared;
-    int gp = chunk_grid(a.items, res_prep), go = chunk_grid(a.items, res_out);
-    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > go ? gp : go));
+    static WsGrids grids;
+    int gp, go;
+    ws_plan<SM>(n, a, false, k_gdn_fwd_prep<BF, SM>, k_gdn_fwd_out<BF, SM>, grids, &gp, &go);
     k_gdn_fwd_prep<BF, SM><<<gp, GDN_NT, a.ws_shared, cu_stream>>>(a);
     CU_LAUNCHED();
     gdn_scan(n, a, false);

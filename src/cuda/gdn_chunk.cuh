@@ -530,6 +530,37 @@ template <typename K> static size_t ws_room(K kernel) {
 
 static int chunk_grid(int64_t items, int resident) { return (int)(items < resident ? items : resident); }
 
+// What a pass's two per-chunk kernels were sized for, kept across launches
+// (one per instance of the pass): their resident blocks, the shared memory
+// room both may take, and the shared bytes the blocks were counted with.
+struct WsGrids {
+    int res1, res2;
+    size_t room, res_for;
+};
+
+// A pass's workspace for its per-chunk kernels k1 and k2 (SM: the instances
+// with the workspace's start in shared memory): a's ws_stride, ws_shared
+// (also into gdn_ws_last) and ws, one slot per block of the larger grid;
+// the two grids into *g1 and *g2. The occupancy is asked again only when
+// the shared bytes change.
+template <bool SM, typename K1, typename K2>
+static void ws_plan(Node *n, GdnArgs &a, bool grad, K1 k1, K2 k2, WsGrids &p, int *g1, int *g2) {
+    a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, grad);
+    if (SM && !p.room) {
+        size_t r1 = ws_room(k1), r2 = ws_room(k2);
+        p.room = r1 < r2 ? r1 : r2;
+    }
+    a.ws_shared = gdn_ws_last = SM ? (a.ws_stride < p.room ? a.ws_stride : p.room) : 0;
+    if (!p.res1 || (SM && a.ws_shared != p.res_for)) {
+        p.res1 = resident_blocks(k1, a.ws_shared);
+        p.res2 = resident_blocks(k2, a.ws_shared);
+        p.res_for = a.ws_shared;
+    }
+    *g1 = chunk_grid(a.items, p.res1);
+    *g2 = chunk_grid(a.items, p.res2);
+    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(*g1 > *g2 ? *g1 : *g2));
+}
+
 // The op's rows shared by the kernels of a pass (GdnArgs), from the arena.
 static void chunk_rows(Node *n, GdnArgs *a) {
     int64_t BH = (int64_t)a->B * a->H, rows = BH * a->T;

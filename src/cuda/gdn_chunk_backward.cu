@@ -311,20 +311,9 @@ void gdn_grads_finish(const GdnGrads *gr) {
 // The backward's kernels of one precision (BF: bf16 products, as the
 // forward's) and workspace (SM, gdn_ws_shared_on).
 template <bool BF, bool SM> static void bwd_launch_ws(Node *n, GdnArgs &a) {
-    static int res_prep = 0, res_chunk = 0;
-    static size_t room = 0, res_for = 0;   // res_for: the shared bytes the grids were sized for
-    a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, true);
-    if (SM && !room) {
-        size_t r1 = ws_room(k_gdn_bwd_prep<BF, SM>), r2 = ws_room(k_gdn_bwd_chunk<BF, SM>);
-        room = r1 < r2 ? r1 : r2;
-    }
-    a.ws_shared = gdn_ws_last = SM ? (a.ws_stride < room ? a.ws_stride : room) : 0;
-    bool resize = !res_prep || (SM && a.ws_shared != res_for);   // (queried again only when it changes)
-    if (resize) res_prep = resident_blocks(k_gdn_bwd_prep<BF, SM>, a.ws_shared);
-    if (resize) res_chunk = resident_blocks(k_gdn_bwd_chunk<BF, SM>, a.ws_shared);
-    res_for = a.ws_shared;
-    int gp = chunk_grid(a.items, res_prep), gc = chunk_grid(a.items, res_chunk);
-    a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(gp > gc ? gp : gc));
+    static WsGrids grids;
+    int gp, gc;
+    ws_plan<SM>(n, a, true, k_gdn_bwd_prep<BF, SM>, k_gdn_bwd_chunk<BF, SM>, grids, &gp, &gc);
     k_gdn_bwd_prep<BF, SM><<<gp, GDN_NT, a.ws_shared, cu_stream>>>(a);
     CU_LAUNCHED();
     gdn_scan(n, a, true);
