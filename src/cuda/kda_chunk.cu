@@ -30,6 +30,18 @@
 // route's bound. The terms are summed in double (a warp's lanes in order,
 // then warp_sum), the same whichever block takes the chunk.
 //
+// Precision: float32 (float64 in that build), except under [train]
+// precision = bf16 in the float32 build (cu_bf16_products, kept in the
+// node's KDA_ARG_BF16 for the backward): then the kernels' instances with
+// BF = true run the products the CPU's bf16 path rounds (kda_chunk.c's
+// header), under its conditions, with bf16 operands and float32 sums
+// (blk_mm<true>, gdn_bf16.cuh): P and KKE of a chunk whose length is a
+// multiple of KDA_SUB through the sub-blocks' reference points as the CPU
+// forms them (kda_prep_sub_bf16; other chunks take the per-element route
+// above, in float32), and O = Qg S0 + P Delta for dv a multiple of 16.
+// W = Tm Xw and U = Tm Xu (the CPU's substitution has no bf16 product), the
+// solve, the scans and every exp stay float32.
+//
 // The backward is kda_chunk_backward.cu's; step 2 saves the states entering
 // each chunk of C positions exactly where the recurrent forward does, so the
 // recurrence's backward can take the chunked forward's node as well

@@ -22,6 +22,13 @@
 // channel c) and sums m's terms as a row and as a column, in double, in a
 // fixed order; dg_m = sum_{i >= m} dGamma_i by a thread per channel. No
 // atomics: the same bits whichever block takes a chunk.
+// In the bf16 instances (the node's KDA_ARG_BF16, kda_chunk.cu's header)
+// the products kda_chunk_backward.c rounds are rounded under its
+// conditions: P^T dO and Qg^T dO (dv a multiple of 16), dP and dA (a chunk
+// length a multiple of 16), dQg (dk a multiple of 16), and for dk a
+// multiple of 16 the pairs' terms go through the sub-blocks' products as on
+// the CPU (kda_grad_sub_bf16) instead of pair by pair. The scans, dR, dXw,
+// dKd, Delta's recompute and every sum stay float32 (or double).
 #include "kda_chunk.cuh"
 
 // 1b. Per chunk, when o has a gradient: P^T dO into kr.PtdO, Qg^T dO into

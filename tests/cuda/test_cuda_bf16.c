@@ -379,8 +379,8 @@ static real *model_steps(Device d, bool bf16, double loss[2]) { return model_ste
 // chunk kernels' tile products; the GPU rounds the dense products,
 // attention's tile products (attn_flash_bf16.cu: the attn layer's heads of 32
 // take them), op_gdn's chunk products (the gdn and gdp layers) and the GLA
-// chunk products of the mamba and linear layers (gla.cu), not the KDA chunk
-// kernels' nor op_gdn's scans: less). Each weight of >= 1024 elements points
+// chunk products of the mamba and linear layers (gla.cu) and op_kda's chunk
+// products (kda_chunk.cu, the kda layer), not op_gdn's scans: less). Each weight of >= 1024 elements points
 // the same way: cosine >= 0.99.
 // Parameters of a few elements (decay and dt biases) are sums of nearly
 // cancelling terms and move by tens of percent under any bf16 rounding: not
@@ -456,6 +456,27 @@ Test(cuda_bf16, step_close_to_float32_step_newer_mixers) {
     double sens = compare_steps_tol("kda,gdp,mamba2: GPU fp32 vs GPU fp32 with weights moved", lf, gf, NULL, gm, 0);
     compare_steps_tol("kda,gdp,mamba2: GPU fp32 vs GPU bf16", lf, gf, lh, gh, 2 * sens);
     cr_assert_neq(lf[0], lh[0], "the bf16 loss equals the float32 one exactly: were the products bf16?");
+    free(gf), free(gh), free(gm);
+    step_layers = "gdn,mamba,attn,linear";
+}
+
+// A model of kda layers alone, so that op_kda's own bf16 chunk products
+// (kda_chunk.cu: P and KKE per sub-block, O, and their backward's, as the
+// CPU rounds them) are not hidden beside the other mixers': the bounds of
+// the newer mixers' test above, for the same reason (this stack, too, is
+// ill-conditioned at this point of training, so the gradients' bound is
+// twice the model's own float32 sensitivity to its weights moved by +-2^-8
+// relative, not a fixed figure); the loss and the per-weight cosines as above.
+Test(cuda_bf16, step_close_to_float32_step_kda) {
+    cuda_require();
+    step_layers = "kda,kda";
+    double lf[2], lh[2], lm[2];
+    real *gf = model_steps(DEVICE_CUDA, false, lf), *gh = model_steps(DEVICE_CUDA, true, lh);
+    real *gm = model_steps_moved(DEVICE_CUDA, false, lm, 0x1p-8);
+    double sens = compare_steps_tol("kda,kda: GPU fp32 vs GPU fp32 with weights moved", lf, gf, NULL, gm, 0);
+    compare_steps_tol("kda,kda: GPU fp32 vs GPU bf16", lf, gf, lh, gh, 2 * sens);
+    cr_assert_neq(lf[0], lh[0], "the bf16 loss equals the float32 one exactly: were the products bf16?");
+    cr_assert(isfinite(lh[1]), "the bf16 run's second loss is %g", lh[1]);   // the update ran on its gradients
     free(gf), free(gh), free(gm);
     step_layers = "gdn,mamba,attn,linear";
 }
