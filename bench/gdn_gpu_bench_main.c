@@ -22,9 +22,9 @@
 // side is "attnlab", dtype the build's precision ("f32" or "f64"), or "bf16"
 // for the rows timed under [train] precision = bf16 (--precision: fp32,
 // bf16 or both, default fp32; bf16 with --device cuda in the float32 build
-// only): op_gdn's (and so op_gdp's) chunk products, attention's and gla's
-// tile products on the tensor cores (src/cuda/gdn_common.cuh,
-// attn_flash_bf16.cu, gla.cu; KDA's stay float32). Both: each (dk, T) timed
+// only): op_gdn's (and so op_gdp's) and op_kda's chunk products, attention's
+// and gla's tile products on the tensor cores (src/cuda/gdn_common.cuh,
+// kda_chunk.cu, attn_flash_bf16.cu, gla.cu). Both: each (dk, T) timed
 // in float32, then in bf16, on the same inputs. form is "flash" for attn.
 //
 // --dump DIR: instead of timing, one small case per op (B 2, T 200, H 4,

@@ -15,8 +15,8 @@
 // solved), and in the kernels Q S0 and P Delta (O), P^T dO, Q^T dY and the
 // backward's counterparts of these. The rest stays float32 (gdn_common.cuh
 // lists it), notably W S0 here (PREP_DL redoes the scan's product).
-// Included by those two files (and kda_chunk.cuh, whose products stay
-// float32: KDA calls blk_gemm).
+// Included by those two files (and kda_chunk.cuh: KDA's kernels call
+// blk_gemm, and blk_mm<true> in their bf16 instances).
 #ifndef AG_GDN_CHUNK_CUH
 #define AG_GDN_CHUNK_CUH
 

@@ -30,6 +30,18 @@
 // route's bound. The terms are summed in double (a warp's lanes in order,
 // then warp_sum), the same whichever block takes the chunk.
 //
+// Precision: float32 (float64 in that build), except under [train]
+// precision = bf16 in the float32 build (cu_bf16_products, kept in the
+// node's KDA_ARG_BF16 for the backward): then the kernels' instances with
+// BF = true run the products the CPU's bf16 path rounds (kda_chunk.c's
+// header), under its conditions, with bf16 operands and float32 sums
+// (blk_mm<true>, gdn_bf16.cuh): P and KKE of a chunk whose length is a
+// multiple of KDA_SUB through the sub-blocks' reference points as the CPU
+// forms them (kda_prep_sub_bf16; other chunks take the per-element route
+// above, in float32), and O = Qg S0 + P Delta for dv a multiple of 16.
+// W = Tm Xw and U = Tm Xu (the CPU's substitution has no bf16 product), the
+// solve, the scans and every exp stay float32.
+//
 // The backward is kda_chunk_backward.cu's; step 2 saves the states entering
 // each chunk of C positions exactly where the recurrent forward does, so the
 // recurrence's backward can take the chunked forward's node as well
@@ -101,18 +113,78 @@ static __device__ void kda_prep_pairs(const GdnArgs &a, const KdaRows &kr, const
     __syncthreads();
 }
 
+// kda_prep_pairs in the bf16 instances, for a chunk whose length is a
+// multiple of KDA_SUB (the CPU's condition for these products in bf16), as
+// kda_chunk.c's kda_sub_products forms KKE and P: per sub-block of rows i0
+// .. i0+15 through its reference point (kda_sub_operands), the products Qs
+// Ys^T (P's rows, pitch Cw) and Ks Ys^T (KKE's, into w.A) over the columns
+// before the sub-block's end, bf16 operands and float32 sums (blk_mm<true>);
+// the slow channels' terms inside the sub-block an exp per element
+// (exponent <= 0), summed in float32 and added, a thread per pair; then the
+// masks (above the diagonal, before row i's document), A = diag(beta) KKE,
+// A^T and KK as kda_prep_pairs leaves them. Ends with a barrier.
+template <bool BF>
+static __device__ void kda_prep_sub_bf16(const GdnArgs &a, const KdaRows &kr, const KdaPrepWs &w, Tiles *sh,
+                                         const Item &m, int64_t r) {
+    int tid = threadIdx.x, dk = a.dk, L = m.L, Cw = a.Cw;
+    int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
+    const KdaSubWs &s = w.sub;
+    real *P = kr.P + r * Cw;
+    for (int i0 = 0; i0 < L; i0 += KDA_SUB) {
+        int n = min(KDA_SUB, L - i0), f = kda_sub_operands(a, m, w.G, s, i0, n);
+        int N = f & 1 ? i0 + n : i0;   // every channel slow: the sub-block's own columns are theirs alone
+        if (N > 0) {
+            blk_mm<BF>(sh, false, true, n, N, dk, 1, s.Qs, dk, s.Ys, dk, 0, P + (size_t)i0 * Cw, Cw);
+            blk_mm<BF>(sh, false, true, n, N, dk, 1, s.Ks, dk, s.Ys, dk, 0, w.A + (size_t)i0 * L, L);
+        }
+        if (f & 2)
+            for (int e = tid; e < n * n; e += GDN_NT) {
+                int i = i0 + e / n, j = i0 + e % n;
+                if (j > i) continue;
+                const real *qi = a.q + ok + (int64_t)i * a.ldk, *ki = a.k + ok + (int64_t)i * a.ldk;
+                const real *kj = a.k + ok + (int64_t)j * a.ldk;
+                const double *Gi = w.G + (size_t)i * dk, *Gj = w.G + (size_t)j * dk;
+                real sp = 0, sk = 0;
+                for (int c = 0; c < dk; c++) {
+                    if (s.keep[c]) continue;
+                    real x = kj[c] * d_decay(Gi[c] - Gj[c]);
+                    sp += qi[c] * x;
+                    sk += ki[c] * x;
+                }
+                real *pe = P + (size_t)i * Cw + j, *ae = w.A + (size_t)i * L + j;
+                *pe = (N > i0 ? *pe : (real)0) + sp;
+                *ae = (N > i0 ? *ae : (real)0) + sk;
+            }
+        __syncthreads();   // the next sub-block rewrites the operands
+    }
+    bool fast = L <= 64;
+    for (int e = tid; e < L * L; e += GDN_NT) {   // each thread its own elements of P and A
+        int i = e / L, j = e % L;
+        bool in = j >= w.db[i];   // db[i] = -1: no document begins in the chunk at or before i
+        real kk = j < i && in ? w.A[e] : (real)0, x = w.bet[i] * kk;
+        if (kr.KK) kr.KK[r * Cw + e] = kk;
+        w.A[e] = x;
+        if (fast) sh->s[j * (L + 1) + i] = x;
+        real *pe = P + (size_t)i * Cw + j;
+        *pe = j <= i && in ? *pe : (real)0;
+    }
+    __syncthreads();
+}
+
 // 1. Per chunk: the factors, A, P, Tm, and W = Tm Xw, U = Tm Xu into the op's rows.
+template <bool BF>
 __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_kda_fwd_prep(GdnArgs a, KdaRows kr) {
     __shared__ Tiles sh;
     int tid = threadIdx.x;
     KdaPrepWs w;
-    kda_prep_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv);
+    kda_prep_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, BF);
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int L = m.L;
         int64_t r = m.bh * a.T + m.t0;   // the chunk's first row of the op's rows
         kda_prep_factors(a, kr, w, m, r);
-        kda_prep_pairs(a, kr, w, m, r, sh.s);
+        if (BF && L % KDA_SUB == 0) kda_prep_sub_bf16<BF>(a, kr, w, &sh, m, r);
+        else kda_prep_pairs(a, kr, w, m, r, sh.s);
         // Tm = (I + A)^-1 (into the op's rows when the backward keeps it): by
         // warps from A^T in shared memory for up to 64 positions, else row by
         // row (gdn_chunk.cuh's chunk_prepare does the same).
@@ -187,18 +259,20 @@ __global__ void __launch_bounds__(GDN_NT) k_kda_fwd_scan(GdnArgs a, KdaRows kr) 
     }
 }
 
-// 3. Per chunk: O = Qg S0 + P Delta.
-__global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_kda_fwd_out(GdnArgs a, KdaRows kr) {
+// 3. Per chunk: O = Qg S0 + P Delta (bf16 in the bf16 instance for heads of
+// whole vectors, dv a multiple of 16, as on the CPU).
+template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_kda_fwd_out(GdnArgs a, KdaRows kr) {
     __shared__ Tiles sh;
     int dk = a.dk, dv = a.dv;
+    bool bf = dv % 16 == 0;
     int64_t SS = (int64_t)dk * dv;
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int64_t r = m.bh * a.T + m.t0;
         const real *S0 = a.states + (m.bh * a.NC + m.c) * SS;
         real *oc = a.o + ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * dv;
-        blk_gemm(&sh, false, false, m.L, dv, dk, 1, kr.Qg + r * dk, dk, S0, dv, 0, oc, a.ldv);
-        blk_gemm(&sh, false, false, m.L, dv, m.L, 1, kr.P + r * a.Cw, a.Cw, a.Ub + r * dv, dv, 1, oc, a.ldv);
+        kda_mm<BF>(bf, &sh, false, false, m.L, dv, dk, 1, kr.Qg + r * dk, dk, S0, dv, 0, oc, a.ldv);
+        kda_mm<BF>(bf, &sh, false, false, m.L, dv, m.L, 1, kr.P + r * a.Cw, a.Cw, a.Ub + r * dv, dv, 1, oc, a.ldv);
     }
 }
 
@@ -219,15 +293,19 @@ void kda_rows_alloc(Node *n, GdnArgs *a, KdaRows *kr, bool keep) {
     }
 }
 
-void kda_prep_launch(Node *n, GdnArgs &a, const KdaRows &kr) {
+template <bool BF> void kda_prep_launch(Node *n, GdnArgs &a, const KdaRows &kr) {
     static int res_prep = 0;
-    if (!res_prep) res_prep = resident_blocks(k_kda_fwd_prep);
+    if (!res_prep) res_prep = resident_blocks(k_kda_fwd_prep<BF>);
     int gp = chunk_grid(a.items, res_prep);
-    a.ws_stride = kda_prep_layout(NULL, NULL, a.Cw, a.dk, a.dv);
+    a.ws_stride = kda_prep_layout(NULL, NULL, a.Cw, a.dk, a.dv, BF);
     a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)gp);
-    k_kda_fwd_prep<<<gp, GDN_NT, 0, cu_stream>>>(a, kr);
+    k_kda_fwd_prep<BF><<<gp, GDN_NT, 0, cu_stream>>>(a, kr);
     CU_LAUNCHED();
 }
+template void kda_prep_launch<false>(Node *n, GdnArgs &a, const KdaRows &kr);
+#ifndef AG_DOUBLE
+template void kda_prep_launch<true>(Node *n, GdnArgs &a, const KdaRows &kr);
+#endif
 
 // The scans' dynamic shared memory: a slice of the state (or of its
 // gradient), dk x KDA_NVB, and one of Delta (dDelta), Cw x KDA_NVB; checked
@@ -238,18 +316,32 @@ size_t kda_scan_smem(const GdnArgs &a, const void *kernel) {
     return smem;
 }
 
-extern "C" void cu_kda_chunk_forward(Node *n) {
+template <bool BF> static void kda_forward(Node *n) {
     static int res_out = 0;
-    if (!res_out) res_out = resident_blocks(k_kda_fwd_out);
+    if (!res_out) res_out = resident_blocks(k_kda_fwd_out<BF>);
     GdnArgs a = gdn_args(n);
     KdaRows kr;
     kda_rows_alloc(n, &a, &kr, false);
     int64_t SS = (int64_t)a.dk * a.dv;
     a.states = a.saved ? a.saved : (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
-    kda_prep_launch(n, a, kr);
+    kda_prep_launch<BF>(n, a, kr);
     size_t smem = kda_scan_smem(a, (const void *)k_kda_fwd_scan);
     k_kda_fwd_scan<<<(unsigned)(a.items / a.NC * a.NV), GDN_NT, smem, cu_stream>>>(a, kr);
     CU_LAUNCHED();
-    k_kda_fwd_out<<<chunk_grid(a.items, res_out), GDN_NT, 0, cu_stream>>>(a, kr);
+    k_kda_fwd_out<BF><<<chunk_grid(a.items, res_out), GDN_NT, 0, cu_stream>>>(a, kr);
     CU_LAUNCHED();
+}
+
+extern "C" void cu_kda_chunk_forward(Node *n) {
+    // The node keeps whether its products were bf16 (the builder left
+    // CHUNK_TILES_FP32 on a GPU tape), so that its backward rounds as this
+    // forward does, as cu_gdn_chunk_forward does.
+    n->iarg[KDA_ARG_BF16] = cu_bf16_products();
+#ifndef AG_DOUBLE
+    if (n->iarg[KDA_ARG_BF16]) {
+        kda_forward<true>(n);
+        return;
+    }
+#endif
+    kda_forward<false>(n);
 }

@@ -22,19 +22,29 @@
 // channel c) and sums m's terms as a row and as a column, in double, in a
 // fixed order; dg_m = sum_{i >= m} dGamma_i by a thread per channel. No
 // atomics: the same bits whichever block takes a chunk.
+// In the bf16 instances (the node's KDA_ARG_BF16, kda_chunk.cu's header)
+// the products kda_chunk_backward.c rounds are rounded under its
+// conditions: P^T dO and Qg^T dO (dv a multiple of 16), dP and dA (a chunk
+// length a multiple of 16), dQg (dk a multiple of 16), and for dk a
+// multiple of 16 the pairs' terms go through the sub-blocks' products as on
+// the CPU (kda_grad_sub_bf16) instead of pair by pair. The scans, dR, dXw,
+// dKd, Delta's recompute and every sum stay float32 (or double).
 #include "kda_chunk.cuh"
 
-// 1b. Per chunk, when o has a gradient: P^T dO into kr.PtdO, Qg^T dO into kr.QtdO.
-__global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_kda_bwd_pre(GdnArgs a, KdaRows kr) {
+// 1b. Per chunk, when o has a gradient: P^T dO into kr.PtdO, Qg^T dO into
+// kr.QtdO (bf16 in the bf16 instance for dv a multiple of 16, as on the CPU).
+template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_kda_bwd_pre(GdnArgs a, KdaRows kr) {
     __shared__ Tiles sh;
     int64_t SS = (int64_t)a.dk * a.dv;
+    bool bf = a.dv % 16 == 0;
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int64_t r = m.bh * a.T + m.t0;
         const real *dO = a.dout + ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * a.dv;
-        blk_gemm(&sh, true, false, m.L, a.dv, m.L, 1, kr.P + r * a.Cw, a.Cw, dO, a.ldv, 0, kr.PtdO + r * a.dv, a.dv);
-        blk_gemm(&sh, true, false, a.dk, a.dv, m.L, 1, kr.Qg + r * a.dk, a.dk, dO, a.ldv, 0,
-                 kr.QtdO + (m.bh * a.NC + m.c) * SS, a.dv);
+        kda_mm<BF>(bf, &sh, true, false, m.L, a.dv, m.L, 1, kr.P + r * a.Cw, a.Cw, dO, a.ldv, 0, kr.PtdO + r * a.dv,
+                   a.dv);
+        kda_mm<BF>(bf, &sh, true, false, a.dk, a.dv, m.L, 1, kr.Qg + r * a.dk, a.dk, dO, a.ldv, 0,
+                   kr.QtdO + (m.bh * a.NC + m.c) * SS, a.dv);
     }
 }
 
@@ -102,9 +112,15 @@ struct KdaGradWs {
     real *Dl, *dR;               // (C, dv) Delta, dR
     real *dXw, *dQg, *dKd;       // (C, dk)
     real *dA, *dP;               // (C, C)
+    // The bf16 instances' only (kda_grad_sub_bf16), else empty:
+    KdaSubWs sub;
+    real *T1k, *T1p;             // (KDA_SUB, dk) dKKE Ys, dP Ys of a sub-block's rows
+    real *T2;                    // (C, dk) dKKE^T Ks + dP^T Qs of its columns
+    real *dQp, *dKp;             // (C, dk) dq, dk through KKE and P
 };
 
-static __host__ __device__ size_t kda_grad_layout(KdaGradWs *w, unsigned char *base, int C, int dk, int dv) {
+static __host__ __device__ size_t kda_grad_layout(KdaGradWs *w, unsigned char *base, int C, int dk, int dv,
+                                                  bool bf) {
     size_t at = 0, CC = (size_t)C * C, Ck = (size_t)C * dk, Cv = (size_t)C * dv;
     size_t oG = ws_take(&at, Ck, sizeof(double)), odG = ws_take(&at, Ck, sizeof(double));
     size_t obl = ws_take(&at, dk, sizeof(double)), oks = ws_take(&at, dk, sizeof(double));
@@ -113,7 +129,14 @@ static __host__ __device__ size_t kda_grad_layout(KdaGradWs *w, unsigned char *b
     size_t odXw = ws_take(&at, Ck, sizeof(real)), odQg = ws_take(&at, Ck, sizeof(real));
     size_t odKd = ws_take(&at, Ck, sizeof(real));
     size_t odA = ws_take(&at, CC, sizeof(real)), odP = ws_take(&at, CC, sizeof(real));
+    kda_sub_layout(w ? &w->sub : NULL, base, &at, C, dk, bf);
+    size_t Sk = bf ? (size_t)KDA_SUB * dk : 0, Bk = bf ? Ck : 0;
+    size_t oT1k = ws_take(&at, Sk, sizeof(real)), oT1p = ws_take(&at, Sk, sizeof(real));
+    size_t oT2 = ws_take(&at, Bk, sizeof(real)), odQp = ws_take(&at, Bk, sizeof(real));
+    size_t odKp = ws_take(&at, Bk, sizeof(real));
     if (w) {
+        w->T1k = (real *)(base + oT1k), w->T1p = (real *)(base + oT1p), w->T2 = (real *)(base + oT2);
+        w->dQp = (real *)(base + odQp), w->dKp = (real *)(base + odKp);
         w->G = (double *)(base + oG), w->dG = (double *)(base + odG);
         w->dbl = (double *)(base + obl), w->kds = (double *)(base + oks);
         w->bet = (real *)(base + ob), w->db = (int *)(base + odb);
@@ -124,7 +147,11 @@ static __host__ __device__ size_t kda_grad_layout(KdaGradWs *w, unsigned char *b
     return (at + 255) & ~(size_t)255;
 }
 
-// Step 3's products: Delta, dR, dXw, dA, and with dO dP, dQg; dKd. Ends with a barrier.
+// Step 3's products: Delta, dR, dXw, dA, and with dO dP, dQg; dKd. In the
+// bf16 instance dA and dP (for a chunk whose length is a multiple of 16)
+// and dQg (dk a multiple of 16) take bf16 operands, as on the CPU; the
+// state's (Delta, dXw, dKd) and the solve's (dR) stay float32. Ends with a barrier.
+template <bool BF>
 static __device__ void kda_grad_products(const GdnArgs &a, const KdaRows &kr, const KdaGradWs &w, Tiles *sh,
                                          const Item &m, int64_t r, const real *S0, const real *dS, const real *dO) {
     int L = m.L, dk = a.dk, dv = a.dv;
@@ -133,10 +160,11 @@ static __device__ void kda_grad_products(const GdnArgs &a, const KdaRows &kr, co
     blk_gemm(sh, false, false, L, dv, dk, -1, a.Wb + r * dk, dk, S0, dv, 1, w.Dl, dv);
     blk_gemm(sh, true, false, L, dv, L, 1, kr.Tm + r * a.Cw, L, kr.PtdO + r * dv, dv, 0, w.dR, dv);
     blk_gemm(sh, false, true, L, dk, dv, -1, w.dR, dv, S0, dv, 0, w.dXw, dk);
-    blk_gemm(sh, false, true, L, L, dv, -1, w.dR, dv, w.Dl, dv, 0, w.dA, L);
+    bool bl = L % 16 == 0, bk = dk % 16 == 0;
+    kda_mm<BF>(bl, sh, false, true, L, L, dv, -1, w.dR, dv, w.Dl, dv, 0, w.dA, L);
     if (dO) {
-        blk_gemm(sh, false, true, L, L, dv, 1, dO, a.ldv, w.Dl, dv, 0, w.dP, L);
-        blk_gemm(sh, false, true, L, dk, dv, 1, dO, a.ldv, S0, dv, 0, w.dQg, dk);
+        kda_mm<BF>(bl, sh, false, true, L, L, dv, 1, dO, a.ldv, w.Dl, dv, 0, w.dP, L);
+        kda_mm<BF>(bk, sh, false, true, L, dk, dv, 1, dO, a.ldv, S0, dv, 0, w.dQg, dk);
     }
     blk_gemm(sh, false, true, L, dk, dv, 1, w.Dl, dv, dS, dv, 0, w.dKd, dk);
 }
@@ -179,12 +207,105 @@ static __device__ void kda_grad_rows(const GdnArgs &a, const KdaRows &kr, const 
     __syncthreads();
 }
 
+// The backward of KKE and P through the sub-blocks' products, in the bf16
+// instance for dk a multiple of 16 (the CPU's condition for these products
+// in bf16), as kda_chunk_backward.c's mask_products and sub_backward: dKKE
+// = diag(beta) dA and dP masked as the forward formed them (into w.dA,
+// w.dP), P's diagonal (exponent 0) into dq and dk apart (no dGamma); then
+// per sub-block (kda_sub_operands) T1 = dM Ys (rows) and T2 = dM^T Xs
+// (columns) for (X, M) = (K, KKE), (Q, P), bf16 operands and float32 sums,
+//   dX_i += Ef_i T1_i, dGamma_i += Xs_i T1_i, dK_j += Ec_j T2_j, dGamma_j -= Ys_j T2_j,
+// and the slow channels' pairs inside it an exp per element, a thread per
+// (row, channel) summing its terms as a row and as a column. Leaves the
+// sums in w.dQp, w.dKp (float32) and w.dG (double). Ends with a barrier.
+template <bool BF>
+static __device__ void kda_grad_sub_bf16(const GdnArgs &a, const KdaGradWs &w, Tiles *sh, const Item &m, bool dout) {
+    int tid = threadIdx.x, L = m.L, dk = a.dk;
+    int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
+    const real *q = a.q + ok, *k = a.k + ok;
+    const KdaSubWs &s = w.sub;
+    for (int e = tid; e < L * dk; e += GDN_NT) {
+        int i = e / dk, c = e % dk;
+        real d = dout ? w.dP[i * L + i] : (real)0;
+        w.dQp[e] = d * k[(int64_t)i * a.ldk + c];
+        w.dKp[e] = d * q[(int64_t)i * a.ldk + c];
+        w.dG[e] = 0;
+    }
+    __syncthreads();   // P's diagonal is read
+    for (int e = tid; e < L * L; e += GDN_NT) {
+        int i = e / L, j = e % L;
+        bool in = j < i && j >= w.db[i];
+        w.dA[e] = in ? w.bet[i] * w.dA[e] : (real)0;
+        if (dout) w.dP[e] = in ? w.dP[e] : (real)0;
+    }
+    __syncthreads();
+    for (int i0 = 0; i0 < L; i0 += KDA_SUB) {
+        int n = min(KDA_SUB, L - i0), f = kda_sub_operands(a, m, w.G, s, i0, n);
+        int N = f & 1 ? i0 + n : i0;
+        if (N > 0) {
+            const real *dK = w.dA + (size_t)i0 * L, *dP = w.dP + (size_t)i0 * L;
+            blk_mm<BF>(sh, false, false, n, dk, N, 1, dK, L, s.Ys, dk, 0, w.T1k, dk);
+            blk_mm<BF>(sh, true, false, N, dk, n, 1, dK, L, s.Ks, dk, 0, w.T2, dk);
+            if (dout) {
+                blk_mm<BF>(sh, false, false, n, dk, N, 1, dP, L, s.Ys, dk, 0, w.T1p, dk);
+                blk_mm<BF>(sh, true, false, N, dk, n, 1, dP, L, s.Qs, dk, 1, w.T2, dk);
+            }
+            for (int e = tid; e < n * dk; e += GDN_NT) {   // the rows
+                size_t x = (size_t)i0 * dk + e;
+                real t = w.T1k[e];
+                w.dKp[x] += s.Ef[e] * t;
+                w.dG[x] += (double)s.Ks[e] * t;
+                if (!dout) continue;
+                t = w.T1p[e];
+                w.dQp[x] += s.Ef[e] * t;
+                w.dG[x] += (double)s.Qs[e] * t;
+            }
+            __syncthreads();   // the columns hold the rows
+            for (int e = tid; e < N * dk; e += GDN_NT) {   // the columns
+                real t = w.T2[e];
+                w.dKp[e] += s.Ec[e] * t;
+                w.dG[e] -= (double)s.Ys[e] * t;
+            }
+            __syncthreads();
+        }
+        if (f & 2)
+            for (int e = tid; e < n * dk; e += GDN_NT) {
+                int p = i0 + e / dk, c = e % dk;
+                if (s.keep[c]) continue;
+                real qp = q[(int64_t)p * a.ldk + c], kp = k[(int64_t)p * a.ldk + c], dq = 0, dkk = 0;
+                double Gp = w.G[(size_t)p * dk + c], dG = 0;
+                for (int j = i0; j < p; j++) {   // p as the row i
+                    real x = d_decay(Gp - w.G[(size_t)j * dk + c]), kj = k[(int64_t)j * a.ldk + c];
+                    real ea = (dout ? w.dP[p * L + j] : (real)0) * x, eb = w.dA[p * L + j] * x;
+                    dq += ea * kj;
+                    dkk += eb * kj;
+                    dG += (double)(ea * kj) * qp + (double)(eb * kj) * kp;
+                }
+                for (int i = p + 1; i < i0 + n; i++) {   // p as the column j
+                    real x = d_decay(w.G[(size_t)i * dk + c] - Gp);
+                    real qi = q[(int64_t)i * a.ldk + c], ki = k[(int64_t)i * a.ldk + c];
+                    real ea = (dout ? w.dP[i * L + p] : (real)0) * x, eb = w.dA[i * L + p] * x;
+                    dkk += ea * qi + eb * ki;
+                    dG -= (double)(ea * kp) * qi + (double)(eb * kp) * ki;
+                }
+                size_t x = (size_t)p * dk + c;
+                w.dQp[x] += dq;
+                w.dKp[x] += dkk;
+                w.dG[x] += dG;
+            }
+        __syncthreads();   // the next sub-block rewrites the operands
+    }
+}
+
 // dq, dk and dGamma of (row m, channel c) for every (m, c) of the chunk:
 // m's pair terms as a row (j <= m in its document) and as a column (i >= m
-// whose document holds m), then the factors Qg, Xw, Kd (and at the last row
-// bl and the Kd sum). Ends with a barrier.
+// whose document holds m), or in the bf16 instance for dk a multiple of 16
+// those kda_grad_sub_bf16 left in dQp, dKp and dG; then the factors Qg, Xw,
+// Kd (and at the last row bl and the Kd sum). Ends with a barrier.
+template <bool BF>
 static __device__ void kda_grad_elems(const GdnArgs &a, const KdaRows &kr, const KdaGradWs &w, const Item &m,
                                       int64_t r, bool dout) {
+    bool sub = BF && a.dk % 16 == 0;
     int L = m.L, dk = a.dk;
     int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
     const real *q = a.q + ok, *k = a.k + ok;
@@ -194,20 +315,24 @@ static __device__ void kda_grad_elems(const GdnArgs &a, const KdaRows &kr, const
         int64_t pc = (int64_t)p * a.ldk + c;
         real qp = q[pc], kp = k[pc];
         double Gp = w.G[e], dq = 0, dkk = 0, dG = 0;
-        for (int j = max(w.db[p], 0); j <= p; j++) {   // p as the row i
-            real x = dout ? w.dP[p * L + j] : (real)0, y = j < p ? w.bet[p] * w.dA[p * L + j] : (real)0;
-            real kx = k[(int64_t)j * a.ldk + c] * d_decay(Gp - w.G[(size_t)j * dk + c]);
-            dq += (double)x * kx;
-            dkk += (double)y * kx;
-            if (j < p) dG += (double)(x * qp + y * kp) * kx;
-        }
-        for (int i = p; i < L; i++) {   // p as the column j
-            if (p < w.db[i]) continue;
-            real x = dout ? w.dP[i * L + p] : (real)0, y = i > p ? w.bet[i] * w.dA[i * L + p] : (real)0;
-            int64_t ic = (int64_t)i * a.ldk + c;
-            real t = (x * q[ic] + y * k[ic]) * d_decay(w.G[(size_t)i * dk + c] - Gp);
-            dkk += t;
-            if (i > p) dG -= (double)t * kp;
+        if (sub) {
+            dq = w.dQp[e], dkk = w.dKp[e], dG = w.dG[e];
+        } else {
+            for (int j = max(w.db[p], 0); j <= p; j++) {   // p as the row i
+                real x = dout ? w.dP[p * L + j] : (real)0, y = j < p ? w.bet[p] * w.dA[p * L + j] : (real)0;
+                real kx = k[(int64_t)j * a.ldk + c] * d_decay(Gp - w.G[(size_t)j * dk + c]);
+                dq += (double)x * kx;
+                dkk += (double)y * kx;
+                if (j < p) dG += (double)(x * qp + y * kp) * kx;
+            }
+            for (int i = p; i < L; i++) {   // p as the column j
+                if (p < w.db[i]) continue;
+                real x = dout ? w.dP[i * L + p] : (real)0, y = i > p ? w.bet[i] * w.dA[i * L + p] : (real)0;
+                int64_t ic = (int64_t)i * a.ldk + c;
+                real t = (x * q[ic] + y * k[ic]) * d_decay(w.G[(size_t)i * dk + c] - Gp);
+                dkk += t;
+                if (i > p) dG -= (double)t * kp;
+            }
         }
         real eG = w.db[p] >= 0 ? (real)0 : d_decay(Gp);
         real ek = p < jL ? (real)0 : d_decay(w.G[(size_t)(L - 1) * dk + c] - Gp);
@@ -230,11 +355,11 @@ static __device__ void kda_grad_elems(const GdnArgs &a, const KdaRows &kr, const
 
 // 3. Per chunk: every input gradient of its rows (dg_m = sum_{i >= m}
 // dGamma_i per channel, from the last row back).
-__global__ void __launch_bounds__(GDN_NT, GDN_CHUNK_MINB) k_kda_bwd_chunk(GdnArgs a, KdaRows kr) {
+template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_CHUNK_MINB) k_kda_bwd_chunk(GdnArgs a, KdaRows kr) {
     __shared__ Tiles sh;
     int64_t SS = (int64_t)a.dk * a.dv;
     KdaGradWs w;
-    kda_grad_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv);
+    kda_grad_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, BF);
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int64_t r = m.bh * a.T + m.t0, cs = (m.bh * a.NC + m.c) * SS;
@@ -242,9 +367,10 @@ __global__ void __launch_bounds__(GDN_NT, GDN_CHUNK_MINB) k_kda_bwd_chunk(GdnArg
         int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * a.dk;
         const real *dO = a.dout ? a.dout + ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * a.dv : NULL;
         kda_prep_gamma(a, m, w.G, w.bet, w.db);
-        kda_grad_products(a, kr, w, &sh, m, r, S0, dS, dO);
+        kda_grad_products<BF>(a, kr, w, &sh, m, r, S0, dS, dO);
         kda_grad_rows(a, kr, w, m, r, S0, dS);
-        kda_grad_elems(a, kr, w, m, r, dO != NULL);
+        if (BF && a.dk % 16 == 0) kda_grad_sub_bf16<BF>(a, w, &sh, m, dO != NULL);
+        kda_grad_elems<BF>(a, kr, w, m, r, dO != NULL);
         if (a.gg)
             for (int c = threadIdx.x; c < a.dk; c += GDN_NT) {
                 double s = 0;
@@ -268,14 +394,10 @@ static bool kda_backward_recurrent(void) {
     return true;
 }
 
-extern "C" void cu_kda_chunk_backward(Node *n) {
-    if (kda_backward_recurrent()) {
-        cu_kda_naive_backward(n);
-        return;
-    }
+template <bool BF> static void kda_backward(Node *n) {
     static int res_pre = 0, res_chunk = 0;
-    if (!res_pre) res_pre = resident_blocks(k_kda_bwd_pre);
-    if (!res_chunk) res_chunk = resident_blocks(k_kda_bwd_chunk);
+    if (!res_pre) res_pre = resident_blocks(k_kda_bwd_pre<BF>);
+    if (!res_chunk) res_chunk = resident_blocks(k_kda_bwd_chunk<BF>);
     GdnArgs a = gdn_args(n);
     a.dout = n->out[0]->grad;
     a.dsT = n->out[1]->grad;
@@ -288,18 +410,32 @@ extern "C" void cu_kda_chunk_backward(Node *n) {
     a.dsb = (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
     kr.PtdO = (real *)tape_dalloc(n->tape, (size_t)(rows * a.dv) * sizeof(real));
     kr.QtdO = (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
-    kda_prep_launch(n, a, kr);
+    kda_prep_launch<BF>(n, a, kr);
     if (a.dout) {
-        k_kda_bwd_pre<<<chunk_grid(a.items, res_pre), GDN_NT, 0, cu_stream>>>(a, kr);
+        k_kda_bwd_pre<BF><<<chunk_grid(a.items, res_pre), GDN_NT, 0, cu_stream>>>(a, kr);
         CU_LAUNCHED();
     }
     size_t smem = kda_scan_smem(a, (const void *)k_kda_bwd_scan);
     k_kda_bwd_scan<<<(unsigned)(a.items / a.NC * a.NV), GDN_NT, smem, cu_stream>>>(a, kr);
     CU_LAUNCHED();
     int gc = chunk_grid(a.items, res_chunk);
-    a.ws_stride = kda_grad_layout(NULL, NULL, a.Cw, a.dk, a.dv);
+    a.ws_stride = kda_grad_layout(NULL, NULL, a.Cw, a.dk, a.dv, BF);
     a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)gc);
-    k_kda_bwd_chunk<<<gc, GDN_NT, 0, cu_stream>>>(a, kr);
+    k_kda_bwd_chunk<BF><<<gc, GDN_NT, 0, cu_stream>>>(a, kr);
     CU_LAUNCHED();
     gdn_grads_finish(&gr);
+}
+
+extern "C" void cu_kda_chunk_backward(Node *n) {
+    if (kda_backward_recurrent()) {
+        cu_kda_naive_backward(n);
+        return;
+    }
+#ifndef AG_DOUBLE
+    if (n->iarg[KDA_ARG_BF16]) {   // as the forward's products (cu_kda_chunk_forward)
+        kda_backward<true>(n);
+        return;
+    }
+#endif
+    kda_backward<false>(n);
 }

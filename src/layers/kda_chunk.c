@@ -49,8 +49,9 @@
 // The backward is the gradient of the forward's function with the rounding
 // taken as the identity. A product whose shape the bf16 path does not take
 // (P, KKE, dP, dA of a chunk whose length is not a multiple of 16, heads
-// not whole vectors) runs in float32. The GPU's KDA kernels
-// (src/cuda/kda_chunk*.cu) and the recurrent form stay float32.
+// not whole vectors) runs in float32. The GPU's chunk kernels
+// (src/cuda/kda_chunk*.cu) round the same products under the same
+// conditions; the recurrent form stays float32.
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>

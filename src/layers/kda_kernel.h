@@ -52,16 +52,9 @@ Tensor *op_kda(Tape *tp, Tensor *q, Tensor *k, Tensor *v, Tensor *beta, Tensor *
 typedef GdnDims KdaDims;
 KdaDims kda_dims(const Node *n);
 
-// Rows per sub-block of a chunk's decayed products (kda_sub_products). The
-// decays of a sub-block's rows i against a column j go through its first row
-// r: exp(Gamma_i - Gamma_j) = exp(Gamma_i - Gamma_r) exp(Gamma_r - Gamma_j).
-// For j < r both exponents are <= 0; for r <= j (inside the sub-block) the
-// second is >= 0, at most the channel's span Gamma_r - Gamma_{last row}, and
-// a channel takes that route only where its span is at most KDA_SPAN_MAX;
-// the others take one exp per element of Gamma_i - Gamma_j <= 0
-// (docs/kda.md, "Numerics"). As fla's kernels, 16 rows.
-#define KDA_SUB 16
-#define KDA_SPAN_MAX 30.0
+// KDA_SUB and KDA_SPAN_MAX (the sub-blocks of the decayed products and the
+// span bound of their reference-point route): kda_node.h, which the GPU's
+// kernels read too.
 
 // Everything the WY form computes inside one chunk of L <= C positions before
 // its outputs, recomputed by the backward. All row-major, per head; m_i =
