@@ -160,6 +160,8 @@ parity gdn,attn $'qk_norm = true\nattn_gate = true'
 parity gdp,gdn,attn 'gdp_steps = 3'
 # kda (a decay per key channel, its own output gate) beside gdn and attn.
 parity kda,gdn,attn
+# kda without its gate's bias (Kimi Linear's gate, as llama.cpp's kimi-linear).
+parity kda,attn 'kda_gate_bias = false'
 
 # A BPE model's tokenizer in Python (python/attnlab_tokenizer.py): its ids for
 # a multilingual text (bytes that are not UTF-8 included) equal bin/tokenize
