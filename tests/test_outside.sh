@@ -17,7 +17,8 @@
 #     normwise in float32 and 1e-9 in float64; the same for a mamba2/attn
 #     hybrid (Mamba-2 as llama.cpp computes it), for a gdn/attn hybrid with
 #     attn's options qk_norm and attn_gate on, for a gdp/gdn/attn hybrid
-#     with gdp_steps = 3 and for a kda/gdn/attn hybrid; a BPE model's
+#     with gdp_steps = 3, for a kda/gdn/attn hybrid and for a kda/attn one
+#     without the gate bias (kda_gate_bias = false); a BPE model's
 #     tokenizer in Python encodes a multilingual text to bin/tokenize
 #     encode's ids (gpt2, cl100k_base, o200k_base, a trained bpe:300) and the
 #     loader prints the model's greedy continuation decoded;
