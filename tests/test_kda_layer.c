@@ -386,7 +386,8 @@ Test(kda_config, gate_bias_key) {
                                      "the layers (gdn...) is kda; remove the key") == 0,
               "got: %s", s.ok ? "accepted" : s.msg);
     s = load("[model]\nlayers = kda\nkda_gate_bias = maybe\n");
-    cr_assert(!s.ok && strstr(s.msg, "kda.ini:3") && strstr(s.msg, "kda_gate_bias"), "got: %s", s.ok ? "accepted" : s.msg);
+    cr_assert(!s.ok && strstr(s.msg, "kda.ini:3") && strstr(s.msg, "kda_gate_bias"), "got: %s",
+              s.ok ? "accepted" : s.msg);
 }
 
 // A kda model without the gate's bias through a checkpoint, as generate,

@@ -22,7 +22,10 @@ static bool is_llama(const TrainConfig *cfg) {
 }
 
 static const char *architecture(const TrainConfig *cfg) {
-    return gguf_is_granite(cfg) ? "granitehybrid" : gguf_is_kimi(cfg) ? "kimi-linear" : is_llama(cfg) ? "llama" : "qwen35";
+    return gguf_is_granite(cfg) ? "granitehybrid"
+           : gguf_is_kimi(cfg)  ? "kimi-linear"
+           : is_llama(cfg)      ? "llama"
+                                : "qwen35";
 }
 
 Status export_gguf_check(const TrainConfig *cfg, const Tokenizer *tok) {
@@ -31,8 +34,8 @@ Status export_gguf_check(const TrainConfig *cfg, const Tokenizer *tok) {
         if (strcmp(cfg->model.layers.name[l], "attn") != 0 && strcmp(cfg->model.layers.name[l], "gdn") != 0)
             return status_err("layer %d is '%s': GGUF export maps only 'attn' layers (llama.cpp's 'llama' "
                               "architecture), hybrids of 'gdn' and 'attn' layers (its 'qwen35') and of 'mamba2' and "
-                              "'attn' layers (its 'granitehybrid') and 'kda' layers alone (its 'kimi-linear'); that mixer has "
-                              "no exact counterpart there yet",
+                              "'attn' layers (its 'granitehybrid') and 'kda' layers alone (its 'kimi-linear'); that "
+                              "mixer has no exact counterpart there yet",
                               l, cfg->model.layers.name[l]);
     Status s = granite ? gguf_granite_check(cfg)
                : kimi  ? gguf_kimi_check(cfg)

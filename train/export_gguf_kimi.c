@@ -157,28 +157,20 @@ static void constant_write(Gguf *g, const char *name, int ndim, const int64_t *n
 // Block l = L, the pass-through attention block (the header comment).
 static void pass_through_block(Gguf *g, const TrainConfig *cfg, int l) {
     int64_t D = cfg->model.d_model, H = cfg->model.n_heads, F = cfg->model.d_ff;
-    static const struct {
+    const struct {
         const char *name;
-        int rows;   // of ne[0]: 'D' d_model, 'L' PAD_LORA, 'V' H PAD_V, 'F' d_ff
-        int cols;   // of ne[1]: 'Q' H (PAD_ROPE + PAD_NOPE), 'A' PAD_LORA + PAD_ROPE, 'B' H (PAD_NOPE + PAD_V), 'D', 'F'
-    } zero[] = {{"attn_q", 'D', 'Q'},      {"attn_kv_a_mqa", 'D', 'A'}, {"attn_kv_b", 'L', 'B'},
-                {"attn_output", 'V', 'D'}, {"ffn_gate", 'D', 'F'},      {"ffn_up", 'D', 'F'},
-                {"ffn_down", 'F', 'D'}};
+        int64_t ne[2];
+    } zero[] = {{"attn_q", {D, H * (PAD_ROPE + PAD_NOPE)}},
+                {"attn_kv_a_mqa", {D, PAD_LORA + PAD_ROPE}},
+                {"attn_kv_b", {PAD_LORA, H * (PAD_NOPE + PAD_V)}},
+                {"attn_output", {H * PAD_V, D}},
+                {"ffn_gate", {D, F}},
+                {"ffn_up", {D, F}},
+                {"ffn_down", {F, D}}};
     char name[96];
     for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++) {
-        int64_t ne[2];
-        for (int k = 0; k < 2; k++) {
-            int c = k ? zero[i].cols : zero[i].rows;
-            ne[k] = c == 'D'   ? D
-                    : c == 'F' ? F
-                    : c == 'L' ? PAD_LORA
-                    : c == 'V' ? H * PAD_V
-                    : c == 'Q' ? H * (PAD_ROPE + PAD_NOPE)
-                    : c == 'A' ? PAD_LORA + PAD_ROPE
-                               : H * (PAD_NOPE + PAD_V);
-        }
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, zero[i].name);
-        constant_write(g, name, 2, ne, 0);
+        constant_write(g, name, 2, zero[i].ne, 0);
     }
     static const char *const gains[] = {"attn_norm", "attn_kv_a_norm", "ffn_norm"};
     for (int i = 0; i < 3; i++) {
