@@ -47,6 +47,7 @@ MODEL_KEYS = {
     "qk_norm": ("bool", "false", 0, 0),
     "attn_gate": ("bool", "false", 0, 0),
     "gdp_steps": ("int", "2", 1, GDP_MAX_STEPS),
+    "kda_gate_bias": ("bool", "true", 0, 0),
     "form": ("enum", "chunked", 0, 0),
 }
 
@@ -196,6 +197,9 @@ def model_config(text, source, vocab_size):
     if not gdp_used and vals["gdp_steps"] != 2:
         raise refuse("gdp_steps", "gdp_steps = %d has no effect: none of the layers (%s...) is gdp; remove the key"
                      % (vals["gdp_steps"], vals["layers"][0]))
+    if not vals["kda_gate_bias"] and "kda" not in vals["layers"]:
+        raise refuse("kda_gate_bias", "kda_gate_bias = false has no effect: none of the layers (%s...) is kda; "
+                     "remove the key" % vals["layers"][0])
     D, F, H, V = vals["d_model"], vals["d_ff"], vals["n_heads"], vocab_size
     n = vals["gdp_steps"] if gdp_used else 1   # gdp's wk, wv: n blocks of H*dk, H*dv
     widest = max(D, F, V, n * H * vals["d_k"], n * H * vals["d_v"], vals["index_heads"] * vals["index_dim"])
@@ -206,4 +210,4 @@ def model_config(text, source, vocab_size):
                        tied_embeddings=vals["tied_embeddings"], chunk_size=vals["chunk_size"],
                        conv_size=vals["conv_size"], norm_eps=vals["norm_eps"], rope_base=vals["rope_base"],
                        vocab_size=V, qk_norm=vals["qk_norm"], attn_gate=vals["attn_gate"],
-                       gdp_steps=vals["gdp_steps"])
+                       gdp_steps=vals["gdp_steps"], kda_gate_bias=vals["kda_gate_bias"])

@@ -36,7 +36,7 @@ class ModelConfig:
 
     def __init__(self, layers, d_model=128, n_heads=4, d_k=32, d_v=32, d_ff=512, tied_embeddings=True,
                  chunk_size=32, conv_size=4, norm_eps=1e-6, rope_base=10000.0, vocab_size=VOCAB,
-                 qk_norm=False, attn_gate=False, gdp_steps=2):
+                 qk_norm=False, attn_gate=False, gdp_steps=2, kda_gate_bias=True):
         self.layers = list(layers)
         self.d_model, self.n_heads, self.d_k, self.d_v, self.d_ff = d_model, n_heads, d_k, d_v, d_ff
         self.tied_embeddings = tied_embeddings
@@ -45,6 +45,7 @@ class ModelConfig:
         self.vocab_size = vocab_size
         self.qk_norm, self.attn_gate = qk_norm, attn_gate   # attn's options (MODEL.md)
         self.gdp_steps = gdp_steps                          # gdp: delta steps per token n
+        self.kda_gate_bias = kda_gate_bias                  # kda: the output gate's bias b_g2
 
     def __repr__(self):
         return "ModelConfig(%s)" % ", ".join("%s=%r" % kv for kv in vars(self).items())
@@ -69,7 +70,7 @@ def model_config_from_ini(text, vocab_size=VOCAB):
         chunk_size=m.getint("chunk_size", 32), conv_size=m.getint("conv_size", 4),
         norm_eps=m.getfloat("norm_eps", 1e-6), rope_base=m.getfloat("rope_base", 10000.0),
         vocab_size=vocab_size, qk_norm=m.getboolean("qk_norm", False), attn_gate=m.getboolean("attn_gate", False),
-        gdp_steps=m.getint("gdp_steps", 2))
+        gdp_steps=m.getint("gdp_steps", 2), kda_gate_bias=m.getboolean("kda_gate_bias", True))
 
 
 # ---------------------------------------------------------------- small pieces
@@ -324,7 +325,10 @@ def param_shapes(cfg):
                 s[m + "conv_q"], s[m + "conv_k"], s[m + "conv_v"] = (H * dk, W), (H * dk, W), (H * dv, W)
             s[m + "w_beta"], s[m + "w_f1"], s[m + "w_f2"] = (D, H), (D, dv), (dv, H * dk)
             s[m + "dt_bias"], s[m + "A_log"] = (H * dk,), (H,)
-            s[m + "w_g1"], s[m + "w_g2"], s[m + "b_g2"], s[m + "out_norm"] = (D, dv), (dv, H * dv), (H * dv,), (dv,)
+            s[m + "w_g1"], s[m + "w_g2"] = (D, dv), (dv, H * dv)
+            if cfg.kda_gate_bias:
+                s[m + "b_g2"] = (H * dv,)
+            s[m + "out_norm"] = (dv,)
         elif kind != "attn":
             if W > 0:
                 s[m + "conv_q"], s[m + "conv_k"], s[m + "conv_v"] = (H * dk, W), (n * H * dk, W), (n * H * dv, W)
@@ -513,7 +517,8 @@ class LM:
 
     def _kda(self, m, u):
         """gdn's q, k, v and beta; the decay g = -exp(A_log) softplus((u w_f1) w_f2 + dt_bias) per key channel;
-        the output RMSNorm_head(o) times sigmoid((u w_g1) w_g2 + b_g2), then Wo (MODEL.md, kda)."""
+        the output RMSNorm_head(o) times sigmoid((u w_g1) w_g2 + b_g2), then Wo (MODEL.md, kda); no b_g2 without
+        kda_gate_bias."""
         P, c = self.params, self.cfg
         B, T, _ = u.shape
         q, k, v = self._qkv(m, u)
@@ -526,7 +531,10 @@ class LM:
         else:
             o = kda_chunked(q, k, v, beta, g, c.chunk_size)
         on = rmsnorm(o.transpose(1, 2), P[m + "out_norm"], c.norm_eps).reshape(B, T, -1)
-        return (on * torch.sigmoid((u @ P[m + "w_g1"]) @ P[m + "w_g2"] + P[m + "b_g2"])) @ P[m + "wo"]
+        gz = (u @ P[m + "w_g1"]) @ P[m + "w_g2"]
+        if c.kda_gate_bias:
+            gz = gz + P[m + "b_g2"]
+        return (on * torch.sigmoid(gz)) @ P[m + "wo"]
 
     # ---- the LM
 

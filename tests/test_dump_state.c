@@ -13,7 +13,7 @@
 static const char *INI = "[model]\nlayers = gdn,attn,mamba,linear,gdp,kda\ngdp_steps = 3\nd_model = 16\nn_heads = 2\n"
                          "d_k = 8\nd_v = 6\n"
                          "d_ff = 24\ntied_embeddings = false\nchunk_size = 5\nconv_size = 3\nnorm_eps = 1e-5\n"
-                         "rope_base = 500\nqk_norm = true\nattn_gate = true\n";
+                         "rope_base = 500\nqk_norm = true\nattn_gate = true\nkda_gate_bias = false\n";
 
 Test(dump_state, config_attribute_rebuilds_the_same_model) {
     TrainConfig cfg;
@@ -70,6 +70,7 @@ Test(dump_state, config_attribute_rebuilds_the_same_model) {
     cr_assert(a.mixer.rope_base == b.mixer.rope_base && a.mixer.form == b.mixer.form);
     cr_assert(b.mixer.qk_norm && b.mixer.attn_gate, "attn's options must come back on");
     cr_assert_eq(b.mixer.gdp_steps, 3, "gdp_steps must come back");
+    cr_assert(!a.mixer.kda_gate_bias && !b.mixer.kda_gate_bias, "kda_gate_bias = false must come back");
     free(text);
     config_free(&back);
     tape_free(&tp);

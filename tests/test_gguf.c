@@ -426,3 +426,138 @@ Test(gguf, a_mamba2_hybrid_is_written_in_granitehybrids_layout) {
     lm_destroy(&lm);
     params_free(&ps);
 }
+
+// A kda,kda model exportable as kimi-linear (no gate bias, d_k = d_v), and
+// its config as the exporter reads it.
+static LMConfig kimi_config(TrainConfig *tc) {
+    LMConfig c = test_tiny_lm_config("kda,kda");
+    c.d_model = 32;
+    c.d_ff = 64;
+    c.vocab_size = TOKENIZER_BYTE_VOCAB;
+    c.mixer = mixer_config_default(32, 2, 16, 16);
+    c.mixer.kda_gate_bias = false;
+    train_config_of(tc, &c, true);
+    for (int l = 0; l < 2; l++) snprintf(tc->model.layers.name[l], CONFIG_NAME_MAX, "kda");
+    tc->model.conv_size = c.mixer.conv_size;
+    tc->model.kda_gate_bias = false;
+    return c;
+}
+
+static void kimi_mutate(TrainConfig *t, int i) {
+    if (i == 0) t->model.kda_gate_bias = true;
+    if (i == 1) t->model.d_v = 2 * t->model.d_k;
+    if (i == 2) t->model.conv_size = 0;
+    if (i == 3) t->model.norm_eps = 1e-5;
+    if (i == 4) snprintf(t->model.layers.name[1], CONFIG_NAME_MAX, "attn");
+    if (i == 5) snprintf(t->model.layers.name[0], CONFIG_NAME_MAX, "gdn");
+}
+
+Test(gguf, a_kda_model_that_kimi_linear_cannot_compute_is_refused_with_what_to_change) {
+    TrainConfig tc;
+    kimi_config(&tc);
+    static const char *const says[] = {
+        "kda_gate_bias = true: the kda output gate has a bias b_g2, and llama.cpp's 'kimi-linear' architecture "
+        "gates with sigmoid((u W_g1) W_g2) without one; train with [model] kda_gate_bias = false to export",
+        "d_k = 16 and d_v = 32: llama.cpp's 'kimi-linear' architecture has one head size",
+        "conv_size = 0: kda then has no short convolution and no SiLU",
+        "norm_eps = 1e-05: llama.cpp's 'kimi-linear' architecture adds the RMSNorm epsilon inside kda's L2 norm of q "
+        "and k, where attnlab adds 1e-06; train with norm_eps = 1e-06 to export",
+        "layer 1 is 'attn' in a model with 'kda' layers",
+        "layer 0 is 'gdn' in a model with 'kda' layers"};
+    check_refusals(&tc, kimi_mutate, says, (int)(sizeof says / sizeof says[0]));
+}
+
+// Element (i, j) of a {rows, cols}-transposed ggml weight is attnlab's (i, j)
+// of the (in, out) parameter: ggml row j holds its column j.
+static void assert_transposed(const Found *f, const Tensor *w, const char *name) {
+    int64_t in = w->shape[0], out = w->shape[1];
+    cr_assert(f->type == GGUF_F32 && f->ne[0] == in && f->ne[1] == out, "%s {%lld, %lld}", name, (long long)f->ne[0],
+              (long long)f->ne[1]);
+    for (int64_t j = 0; j < out; j++)
+        for (int64_t i = 0; i < in; i++)
+            cr_assert_eq(f32_at(f, j * in + i), (float)w->data[i * out + j], "%s (%lld, %lld)", name, (long long)i,
+                         (long long)j);
+}
+
+// The kda layers' tensors under kimi-linear's names and shapes, with their
+// values; the required output projection as the tied embedding; the
+// pass-through block after the model's layers, zero but its gains.
+Test(gguf, a_kda_model_is_written_in_kimi_linears_layout) {
+    TrainConfig tc;
+    LMConfig c = kimi_config(&tc);
+    ParamStore ps;
+    LM lm;
+    model_of(&c, &ps, &lm);
+    cr_assert_null(params_find(&ps, "layers.0.mixer.b_g2"), "kda_gate_bias = false: no b_g2");
+    for (int64_t i = 0; i < ps.numel; i++) ps.data[i] += (real)(0.01 * (double)(i % 7));   // no two alike
+    size_t n;
+    uint8_t *bytes = gguf_of(&tc, &ps, GGUF_F32, &n);
+    int D = 32, H = 2, dk = 16, K = c.mixer.conv_size, V = TOKENIZER_BYTE_VOCAB;
+    static const struct {
+        const char *key;
+        uint32_t want;
+    } keys[] = {{"kimi-linear.block_count", 3},       {"kimi-linear.leading_dense_block_count", 3},
+                {"kimi-linear.kda.head_dim", 16},     {"kimi-linear.ssm.conv_kernel", 4},
+                {"kimi-linear.attention.head_count", 2}, {"kimi-linear.attention.key_length_mla", 0}};
+    Found f;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        uint32_t u = 12345;
+        cr_assert(gguf_find(bytes, n, "token_embd.weight", &f, keys[i].key, &u));
+        cr_assert_eq(u, keys[i].want, "%s = %u, want %u", keys[i].key, u, keys[i].want);
+    }
+    static const char *const dense[][2] = {{"attn_q", "wq"},     {"attn_k", "wk"},     {"attn_v", "wv"},
+                                           {"attn_output", "wo"}, {"ssm_f_a", "w_f1"}, {"ssm_f_b", "w_f2"},
+                                           {"ssm_beta", "w_beta"}, {"ssm_g_a", "w_g1"}, {"ssm_g_b", "w_g2"}};
+    for (int l = 0; l < 2; l++) {
+        char name[64], ours[64];
+        for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, dense[i][0]);
+            snprintf(ours, sizeof ours, "layers.%d.mixer.%s", l, dense[i][1]);
+            cr_assert(gguf_find(bytes, n, name, &f, NULL, NULL), "%s", name);
+            assert_transposed(&f, params_find(&ps, ours), name);
+        }
+        static const char *const conv[] = {"q", "k", "v"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(name, sizeof name, "blk.%d.ssm_conv1d_%s.weight", l, conv[i]);
+            snprintf(ours, sizeof ours, "layers.%d.mixer.conv_%s", l, conv[i]);
+            cr_assert(gguf_find(bytes, n, name, &f, NULL, NULL), "%s", name);
+            cr_assert(f.ndim == 3 && f.ne[0] == K && f.ne[1] == 1 && f.ne[2] == H * dk && f.type == GGUF_F32, "%s",
+                      name);
+            const Tensor *w = params_find(&ps, ours);   // (H dk, K): the same order
+            for (int64_t j = 0; j < w->numel; j++)
+                cr_assert_eq(f32_at(&f, j), (float)w->data[j], "%s %lld", name, (long long)j);
+        }
+        snprintf(ours, sizeof ours, "layers.%d.mixer.A_log", l);
+        const Tensor *A = params_find(&ps, ours);
+        snprintf(name, sizeof name, "blk.%d.ssm_a", l);
+        cr_assert(gguf_find(bytes, n, name, &f, NULL, NULL) && f.ndim == 2 && f.ne[0] == 1 && f.ne[1] == H);
+        for (int h = 0; h < H; h++) cr_assert_float_eq(f32_at(&f, h), -exp(A->data[h]), 1e-6 * exp(A->data[h]));
+        static const char *const vec[][2] = {{"ssm_dt.bias", "dt_bias"}, {"ssm_norm.weight", "out_norm"}};
+        for (int i = 0; i < 2; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s", l, vec[i][0]);
+            snprintf(ours, sizeof ours, "layers.%d.mixer.%s", l, vec[i][1]);
+            const Tensor *w = params_find(&ps, ours);
+            cr_assert(gguf_find(bytes, n, name, &f, NULL, NULL) && f.ndim == 1 && f.ne[0] == w->numel, "%s", name);
+            for (int64_t j = 0; j < w->numel; j++) cr_assert_eq(f32_at(&f, j), (float)w->data[j], "%s", name);
+        }
+    }
+    const Tensor *E = params_find(&ps, "embed");   // (V, D): ggml's {D, V} as stored
+    cr_assert(gguf_find(bytes, n, "output.weight", &f, NULL, NULL) && f.ne[0] == D && f.ne[1] == V);
+    for (int64_t j = 0; j < E->numel; j++) cr_assert_eq(f32_at(&f, j), (float)E->data[j], "output %lld", (long long)j);
+    static const char *const zero[] = {"attn_q", "attn_kv_a_mqa", "attn_kv_b", "attn_output", "ffn_gate", "ffn_up",
+                                       "ffn_down"};
+    for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.2.%s.weight", zero[i]);
+        cr_assert(gguf_find(bytes, n, name, &f, NULL, NULL), "%s", name);
+        for (int64_t j = 0; j < f.ne[0] * f.ne[1]; j++)
+            cr_assert_eq(f32_at(&f, j), 0.0f, "%s %lld", name, (long long)j);
+    }
+    cr_assert(gguf_find(bytes, n, "blk.2.ffn_down.weight", &f, NULL, NULL) && f.ne[0] == 64 && f.ne[1] == D);
+    cr_assert(gguf_find(bytes, n, "blk.2.attn_output.weight", &f, NULL, NULL) && f.ne[1] == D);
+    cr_assert(!gguf_find(bytes, n, "blk.2.ssm_a", &f, NULL, NULL), "the pass-through block is not kda");
+    cr_assert(!gguf_find(bytes, n, "blk.3.attn_norm.weight", &f, NULL, NULL), "one block more, not two");
+    free(bytes);
+    lm_destroy(&lm);
+    params_free(&ps);
+}

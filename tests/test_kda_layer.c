@@ -20,8 +20,9 @@ enum { D = 8, H = 2, DK = 4, DV = 3 };
 // A kda layer with chunks of 4; the decay set to ~0.5 to ~0.9 per token
 // (A_log and dt_bias), and w_f2 larger, so that g differs between key
 // channels and positions and the state carries history.
-static Mixer *make_kda(ParamStore *ps, MixerForm form, int conv, uint64_t seed) {
+static Mixer *make_kda_gate(ParamStore *ps, MixerForm form, int conv, uint64_t seed, bool gate_bias) {
     MixerConfig c = mixer_config_default(D, H, DK, DV);
+    c.kda_gate_bias = gate_bias;
     c.chunk_size = 4;
     c.conv_size = conv;
     c.form = form;
@@ -35,8 +36,12 @@ static Mixer *make_kda(ParamStore *ps, MixerForm form, int conv, uint64_t seed) 
     for (int64_t i = 0; i < f2->numel; i++) f2->data[i] *= 3;
     // b_g2 starts at zero: give it values, so that its gradient is checked away from that point.
     Tensor *b = params_find(ps, "m.b_g2");
-    for (int64_t i = 0; i < b->numel; i++) b->data[i] = (real)(0.3 * sin(1.0 + i));
+    for (int64_t i = 0; b && i < b->numel; i++) b->data[i] = (real)(0.3 * sin(1.0 + i));
     return m;
+}
+
+static Mixer *make_kda(ParamStore *ps, MixerForm form, int conv, uint64_t seed) {
+    return make_kda_gate(ps, form, conv, seed, true);
 }
 
 Test(kda_layer, parameters_names_shapes_and_init) {
@@ -88,15 +93,48 @@ Test(kda_layer, parameters_names_shapes_and_init) {
     params_free(&ps);
 }
 
+// kda_gate_bias = false: the same parameters in the same order, b_g2 left
+// out (no parameter, not a zero one), and the same draws for the others.
+Test(kda_layer, without_the_gate_bias_there_is_no_b_g2) {
+    ParamStore a, b;
+    MixerConfig c = mixer_config_default(D, H, DK, DV);
+    params_init(&a);
+    Mixer *ma = mixer_create("kda", &c, &a, "m.");
+    params_finalize(&a, 3);
+    c.kda_gate_bias = false;
+    params_init(&b);
+    Mixer *mb = mixer_create("kda", &c, &b, "m.");
+    params_finalize(&b, 3);
+    cr_assert_eq(b.n, a.n - 1, "%d parameters, want %d", b.n, a.n - 1);
+    cr_assert_null(params_find(&b, "m.b_g2"));
+    for (int i = 0, j = 0; i < a.n; i++) {
+        if (strcmp(a.params[i]->name, "m.b_g2") == 0) continue;
+        Tensor *p = a.params[i], *q = b.params[j++];
+        cr_assert_str_eq(q->name, p->name, "parameter %d", j - 1);
+        cr_assert(q->numel == p->numel && q->ndim == p->ndim, "%s %s", q->name, SHAPE(q));
+    }
+    cr_assert_eq(b.numel, a.numel - H * DV);
+    mixer_destroy(ma);
+    mixer_destroy(mb);
+    params_free(&a);
+    params_free(&b);
+}
+
 #ifdef AG_DOUBLE
 // u, s0 and every parameter, both outputs seeded, with documents (one at
 // position 3 of row 0, one at 5 of row 1), in both forms, with and without
-// the convolutions. float64 only, as the other layers' whole-layer checks.
+// the convolutions, with and without the gate's bias. float64 only, as the
+// other layers' whole-layer checks.
 Test(kda_layer, gradcheck_every_parameter) {
     struct {
         int conv;
         MixerForm form;
-    } cases[] = {{4, MIXER_FORM_CHUNKED}, {0, MIXER_FORM_RECURRENT}, {3, MIXER_FORM_RECURRENT}};
+        bool gate_bias;
+    } cases[] = {{4, MIXER_FORM_CHUNKED, true},
+                 {0, MIXER_FORM_RECURRENT, true},
+                 {3, MIXER_FORM_RECURRENT, true},
+                 {4, MIXER_FORM_CHUNKED, false},
+                 {2, MIXER_FORM_RECURRENT, false}};
     int B = 2, T = 7;
     int docs[2 * 7] = {0};
     docs[3] = docs[7 + 5] = 1;
@@ -110,9 +148,10 @@ Test(kda_layer, gradcheck_every_parameter) {
     opt.eps = 1e-5;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ParamStore ps;
-        Mixer *m = make_kda(&ps, cases[i].form, cases[i].conv, 41 + i);
+        Mixer *m = make_kda_gate(&ps, cases[i].form, cases[i].conv, 41 + i, cases[i].gate_bias);
         char label[64];
-        snprintf(label, sizeof label, "kda layer %s conv %d", mixer_form_name(cases[i].form), cases[i].conv);
+        snprintf(label, sizeof label, "kda layer %s conv %d%s", mixer_form_name(cases[i].form), cases[i].conv,
+                 cases[i].gate_bias ? "" : " no gate bias");
         docs_mixer_gradcheck(m, &ps, B, T, 42, docs, &opt, label);
         mixer_destroy(m);
         params_free(&ps);
@@ -147,10 +186,10 @@ Test(kda_layer, decode_equals_forward) {
     int B = 2, T = 13;
     int docs[2 * 13] = {0};
     docs[5] = docs[13 + 8] = 1;
-    for (int c = 0; c < 8; c++) {   // form, conv 0 or 4, documents or none
+    for (int c = 0; c < 8; c++) {   // form, conv 0 or 4, documents or none (with conv 4: no gate bias)
         int form = c & 1, conv = c & 2 ? 4 : 0, with_docs = c >> 2;
         ParamStore ps;
-        Mixer *m = make_kda(&ps, form ? MIXER_FORM_RECURRENT : MIXER_FORM_CHUNKED, conv, 13);
+        Mixer *m = make_kda_gate(&ps, form ? MIXER_FORM_RECURRENT : MIXER_FORM_CHUNKED, conv, 13, c < 6);
         Tensor *u = tensor_newv(false, 3, B, T, D);
         fill_normal(u, 14, 1.0);
         int t = -1, b = -1;
@@ -326,6 +365,79 @@ Test(kda_config, layers_accept_kda_and_refuse_misspellings) {
     cr_assert(!s.ok && strstr(s.msg, "gdn, gdp and kda do"), "%s", s.msg);
 }
 
+// kda_gate_bias: true by default; false builds kda without b_g2; false
+// without a kda layer would change nothing and is refused with the place and
+// the key, as is a value that is not a bool.
+Test(kda_config, gate_bias_key) {
+    TrainConfig cfg;
+    config_defaults(&cfg, NULL);
+    cr_assert(cfg.model.kda_gate_bias, "kda_gate_bias defaults to true");
+    LMConfig lc;
+    cr_assert(config_model(&cfg, &lc).ok && lc.mixer.kda_gate_bias);
+    config_free(&cfg);
+    cr_assert(load("[model]\nlayers = kda,attn\nkda_gate_bias = false\n").ok);
+    config_defaults(&cfg, NULL);
+    Status s = config_load_string(&cfg, "[model]\nlayers = kda\nkda_gate_bias = no\n", "kda.ini");
+    cr_assert(s.ok && config_validate(&cfg).ok, "%s", s.msg);
+    cr_assert(config_model(&cfg, &lc).ok && !lc.mixer.kda_gate_bias);
+    config_free(&cfg);
+    s = load("[model]\nlayers = gdn,attn\nkda_gate_bias = false\n");
+    cr_assert(!s.ok && strcmp(s.msg, "kda.ini:3: [model] kda_gate_bias: kda_gate_bias = false has no effect: none of "
+                                     "the layers (gdn...) is kda; remove the key") == 0,
+              "got: %s", s.ok ? "accepted" : s.msg);
+    s = load("[model]\nlayers = kda\nkda_gate_bias = maybe\n");
+    cr_assert(!s.ok && strstr(s.msg, "kda.ini:3") && strstr(s.msg, "kda_gate_bias"), "got: %s",
+              s.ok ? "accepted" : s.msg);
+}
+
+// A kda model without the gate's bias through a checkpoint, as generate,
+// evaluate and export rebuild it: the stored config keeps the option off,
+// the parameters come back by name (no b_g2), the logits are the saved
+// model's.
+Test(kda_config, gate_bias_off_survives_the_checkpoint) {
+    TrainConfig tc;
+    config_defaults(&tc, NULL);
+    Status st = config_load_string(&tc,
+                                   "[model]\nlayers = kda,kda\nd_model = 8\nn_heads = 2\nd_k = 4\nd_v = 4\n"
+                                   "d_ff = 12\nchunk_size = 4\nkda_gate_bias = false\n",
+                                   "x.ini");
+    cr_assert(st.ok && config_validate(&tc).ok, "%s", st.msg);
+    LM a, b;
+    ParamStore pa, pb;
+    cr_assert(model_build(&tc, &a, &pa, NULL).ok);
+    cr_assert_null(params_find(&pa, "layers.0.mixer.b_g2"));
+    cr_assert_not_null(params_find(&pa, "layers.1.mixer.w_g2"));
+    for (int64_t i = 0; i < pa.numel; i++) pa.data[i] = (real)(float)(pa.data[i] + 0.01 * (double)(i % 5));
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s", test_tmpdir("kda_gate_bias"));
+    snprintf(path, sizeof path, "%s/ckpt.h5", dir);
+    CheckpointState cs;
+    memset(&cs, 0, sizeof cs);
+    cs.config_text = config_dump_string(&tc);
+    cr_assert(strstr(cs.config_text, "kda_gate_bias = false"), "%s", cs.config_text);
+    st = checkpoint_save(path, &pa, NULL, &cs);
+    cr_assert(st.ok, "%s", st.msg);
+    TrainConfig tb;
+    st = model_load_checkpoint(path, &tb, &b, &pb, NULL);
+    cr_assert(st.ok, "%s", st.msg);
+    cr_assert(!tb.model.kda_gate_bias && !b.cfg.mixer.kda_gate_bias);
+    cr_assert_eq(pb.n, pa.n);
+    for (int i = 0; i < pa.n; i++) cr_assert_str_eq(pb.params[i]->name, pa.params[i]->name);
+    cr_assert(memcmp(pa.data, pb.data, (size_t)pa.numel * sizeof(real)) == 0, "the weights came back changed");
+    int tokens[2 * 9];
+    for (int i = 0; i < 18; i++) tokens[i] = (i * 37 + 11) % b.cfg.vocab_size;
+    double d = test_lm_decode_diff(&b, &pb, tokens, 2, 9);
+    cr_assert_leq(d, DECODE_TOL, "decoding the reloaded model differs from its forward by %.3e", d);
+    free(cs.config_text);
+    lm_destroy(&a);
+    lm_destroy(&b);
+    params_free(&pa);
+    params_free(&pb);
+    config_free(&tc);
+    config_free(&tb);
+    test_remove_tree(dir);
+}
+
 Test(kda_config, bundled_config) {
     TrainConfig cfg;
     config_defaults(&cfg, NULL);
@@ -340,13 +452,14 @@ Test(kda_config, bundled_config) {
     config_free(&cfg);
 }
 
-// GGUF export (llama.cpp) has no kda: a model with a kda layer is refused by
-// name, beside attn (llama), gdn (qwen35) or mamba2 (granitehybrid) layers.
-Test(kda_config, gguf_export_refuses_kda_by_name) {
+// GGUF export writes kda layers only as llama.cpp's kimi-linear, whose other
+// layers are MLA: kda beside attn or gdn is refused naming the other layer,
+// and beside mamba2 (granitehybrid) naming the kda layer.
+Test(kda_config, gguf_export_refuses_kda_beside_other_layers) {
     static const struct {
         const char *layers, *says;
-    } cases[] = {{"kda,attn", "layer 0 is 'kda'"},
-                 {"gdn,attn,kda", "layer 2 is 'kda'"},
+    } cases[] = {{"kda,attn", "layer 1 is 'attn' in a model with 'kda' layers"},
+                 {"gdn,attn,kda", "layer 0 is 'gdn' in a model with 'kda' layers"},
                  {"mamba2,attn,kda", "layer 2 is 'kda' in a model with 'mamba2' layers"}};
     Tokenizer tok;
     tokenizer_bytes(&tok);

@@ -11,8 +11,9 @@
 # token by token) with `evaluate --logits`, its tokenizer's ids with the
 # text's bytes (a BPE: with `tokenize encode`'s ids of a multilingual text),
 # and 64 greedy tokens with `generate --temperature 0`, for attention-only
-# models (llama.cpp's `llama`), gdn/attn hybrids (its `qwen35`) and
-# mamba2/attn hybrids (its `granitehybrid`); a model
+# models (llama.cpp's `llama`), gdn/attn hybrids (its `qwen35`),
+# mamba2/attn hybrids (its `granitehybrid`) and kda models (its
+# `kimi-linear`); a model
 # the exporter cannot map must be refused with a sentence and no file.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -163,6 +164,18 @@ train mamba2_11 --set model.layers=attn,mamba2 --set model.tied_embeddings=false
 check mamba2_11 f32 1e-5
 greedy mamba2_11
 
+# kda models as llama.cpp's kimi-linear (without the gate's bias, as Kimi
+# Linear): two layers tied, and three untied with a convolution of one tap.
+kimi=(--set model.layers=kda,kda --set model.kda_gate_bias=false)
+train kda2 "${kimi[@]}"
+check kda2 f32 1e-5
+check kda2 f32 1e-3 defaults
+greedy kda2
+check kda2 f16 2e-3
+train kda3 "${kimi[@]}" --set model.layers=kda,kda,kda --set model.conv_size=1 --set model.tied_embeddings=false
+check kda3 f32 1e-5
+greedy kda3
+
 # What cannot be written exactly is refused, naming what to change, and no file is left.
 refused() {  # refused NAME EXPECTED [--set ...]: a one-step model that export_model must refuse
     local name=$1 expected=$2
@@ -184,5 +197,8 @@ refused gdn_only "at least one 'attn' layer" --set model.layers=gdn,gdn
 refused mamba2_only "at least one 'attn' layer" --set model.layers=mamba2,mamba2 "${mamba2[@]}"
 refused mamba2_narrow "twice d_model" --set model.layers=mamba2,attn
 refused mamba2_gdn "layer 1 is 'gdn'" --set model.layers=mamba2,gdn "${mamba2[@]}"
+refused kda_bias "kda_gate_bias = false" --set model.layers=kda,kda
+refused kda_attn "layer 1 is 'attn' in a model with 'kda' layers" "${kimi[@]}" --set model.layers=kda,attn
+refused kda_eps "norm_eps = 1e-06" "${kimi[@]}" --set model.norm_eps=1e-5
 [ $fail -eq 0 ] && echo "test_llama: every exported model runs in llama.cpp $VERSION with attnlab's logits"
 exit $fail

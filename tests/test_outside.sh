@@ -17,7 +17,8 @@
 #     normwise in float32 and 1e-9 in float64; the same for a mamba2/attn
 #     hybrid (Mamba-2 as llama.cpp computes it), for a gdn/attn hybrid with
 #     attn's options qk_norm and attn_gate on, for a gdp/gdn/attn hybrid
-#     with gdp_steps = 3 and for a kda/gdn/attn hybrid; a BPE model's
+#     with gdp_steps = 3, for a kda/gdn/attn hybrid and for a kda/attn one
+#     without the gate bias (kda_gate_bias = false); a BPE model's
 #     tokenizer in Python encodes a multilingual text to bin/tokenize
 #     encode's ids (gpt2, cl100k_base, o200k_base, a trained bpe:300) and the
 #     loader prints the model's greedy continuation decoded;
@@ -160,6 +161,8 @@ parity gdn,attn $'qk_norm = true\nattn_gate = true'
 parity gdp,gdn,attn 'gdp_steps = 3'
 # kda (a decay per key channel, its own output gate) beside gdn and attn.
 parity kda,gdn,attn
+# kda without its gate's bias (Kimi Linear's gate, as llama.cpp's kimi-linear).
+parity kda,attn 'kda_gate_bias = false'
 
 # A BPE model's tokenizer in Python (python/attnlab_tokenizer.py): its ids for
 # a multilingual text (bytes that are not UTF-8 included) equal bin/tokenize

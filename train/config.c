@@ -385,6 +385,7 @@ Status config_model(const TrainConfig *tc, LMConfig *lc) {
     mc.qk_norm = tc->model.qk_norm;
     mc.attn_gate = tc->model.attn_gate;
     mc.gdp_steps = tc->model.gdp_steps;
+    mc.kda_gate_bias = tc->model.kda_gate_bias;
     lc->mixer = mc;
     return status_ok();
 }

@@ -79,6 +79,7 @@ typedef struct TrainConfig {
         bool qk_norm;           // attn, attn_dsa: per-head RMSNorm of q and k before RoPE
         bool attn_gate;         // attn, attn_dsa: sigmoid output gate before Wo
         int gdp_steps;          // gdp: delta-rule steps per token n_h
+        bool kda_gate_bias;     // kda: the output gate's bias b_g2 (fla's g_proj; Kimi Linear's has none)
         MixerForm form;         // chunked | parallel | recurrent
     } model;
     struct {

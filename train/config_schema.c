@@ -46,6 +46,9 @@ const ConfigKey CONFIG_SCHEMA[] = {
     {"model", "gdp_steps", KEY_INT, OFF(model, gdp_steps), "2", 1, GDP_MAX_STEPS, NULL, "num_householder",
      "gdp: delta-rule steps per token n_h (each with its own key, value and beta); only with a gdp layer",
      KEYF_ARCH},
+    {"model", "kda_gate_bias", KEY_BOOL, OFF(model, kda_gate_bias), "true", 0, 0, NULL, NULL,
+     "kda: a bias b_g2 in the output gate, sigmoid((u W_g1) W_g2 + b_g2), as fla's KimiDeltaAttention; false: "
+     "no bias, as Kimi Linear (and llama.cpp's kimi-linear); only with a kda layer", KEYF_ARCH},
     {"model", "form", KEY_ENUM, OFF(model, form), "chunked", 0, 0, "chunked|parallel|recurrent", "mode",
      "mixer implementation used for training"},
 

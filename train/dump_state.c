@@ -41,6 +41,7 @@ static char *model_ini(const LM *lm) {
     if (m->qk_norm) fprintf(f, "qk_norm = true\n");
     if (m->attn_gate) fprintf(f, "attn_gate = true\n");
     if (m->gdp_steps != 2) fprintf(f, "gdp_steps = %d\n", m->gdp_steps);   // else its default (or no gdp layer)
+    if (!m->kda_gate_bias) fprintf(f, "kda_gate_bias = false\n");           // likewise
     fclose(f);
     return text;
 }

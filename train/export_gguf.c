@@ -12,7 +12,8 @@
 #include <string.h>
 
 // Which architecture: 'granitehybrid' for a model with mamba2 layers
-// (export_gguf_mamba2.c), 'llama' for plain attention stacks, 'qwen35' for a
+// (export_gguf_mamba2.c), 'kimi-linear' for one with kda layers
+// (export_gguf_kimi.c), 'llama' for plain attention stacks, 'qwen35' for a
 // model with gdn layers or with attention that has qwen35's q/k norm and gate.
 static bool is_llama(const TrainConfig *cfg) {
     for (int l = 0; l < cfg->model.layers.n; l++)
@@ -21,18 +22,25 @@ static bool is_llama(const TrainConfig *cfg) {
 }
 
 static const char *architecture(const TrainConfig *cfg) {
-    return gguf_is_granite(cfg) ? "granitehybrid" : is_llama(cfg) ? "llama" : "qwen35";
+    return gguf_is_granite(cfg) ? "granitehybrid"
+           : gguf_is_kimi(cfg)  ? "kimi-linear"
+           : is_llama(cfg)      ? "llama"
+                                : "qwen35";
 }
 
 Status export_gguf_check(const TrainConfig *cfg, const Tokenizer *tok) {
-    bool granite = gguf_is_granite(cfg);
-    for (int l = 0; !granite && l < cfg->model.layers.n; l++)
+    bool granite = gguf_is_granite(cfg), kimi = !granite && gguf_is_kimi(cfg);
+    for (int l = 0; !granite && !kimi && l < cfg->model.layers.n; l++)
         if (strcmp(cfg->model.layers.name[l], "attn") != 0 && strcmp(cfg->model.layers.name[l], "gdn") != 0)
             return status_err("layer %d is '%s': GGUF export maps only 'attn' layers (llama.cpp's 'llama' "
                               "architecture), hybrids of 'gdn' and 'attn' layers (its 'qwen35') and of 'mamba2' and "
-                              "'attn' layers (its 'granitehybrid'); that mixer has no exact counterpart there yet",
+                              "'attn' layers (its 'granitehybrid') and 'kda' layers alone (its 'kimi-linear'); that "
+                              "mixer has no exact counterpart there yet",
                               l, cfg->model.layers.name[l]);
-    Status s = granite ? gguf_granite_check(cfg) : is_llama(cfg) ? status_ok() : gguf_qwen35_check(cfg);
+    Status s = granite ? gguf_granite_check(cfg)
+               : kimi  ? gguf_kimi_check(cfg)
+               : is_llama(cfg) ? status_ok()
+                               : gguf_qwen35_check(cfg);
     if (s.ok && cfg->model.d_k != cfg->model.d_v)
         s = status_err("d_k = %d and d_v = %d: llama.cpp's '%s' architecture has one head size for keys and "
                        "values; train with d_k = d_v to export",
@@ -69,6 +77,8 @@ void gguf_matrix(Gguf *g, const char *name, const Tensor *t, bool transpose, Ggu
 
 void gguf_common_metadata(Gguf *g, const char *arch, const TrainConfig *cfg, int vocab) {
     char key[96];
+    // kimi-linear's file has one block more than the model, and attention sizes of that block's own (gguf_kimi).
+    bool kimi = strcmp(arch, "kimi-linear") == 0;
 #define KEY(name) (snprintf(key, sizeof key, "%s." name, arch), key)
     gguf_kv_str(g, "general.architecture", arch);
     gguf_kv_str(g, "general.name", "attnlab");
@@ -77,16 +87,19 @@ void gguf_common_metadata(Gguf *g, const char *arch, const TrainConfig *cfg, int
     // training window, but at least 4096 tokens, as attnlab's generate decodes.
     gguf_kv_u32(g, KEY("context_length"), (uint32_t)(cfg->data.seq_len > 4096 ? cfg->data.seq_len : 4096));
     gguf_kv_u32(g, KEY("embedding_length"), (uint32_t)cfg->model.d_model);
-    gguf_kv_u32(g, KEY("block_count"), (uint32_t)cfg->model.layers.n);
+    gguf_kv_u32(g, KEY("block_count"), (uint32_t)(cfg->model.layers.n + kimi));
     gguf_kv_u32(g, KEY("feed_forward_length"), (uint32_t)cfg->model.d_ff);
     gguf_kv_u32(g, KEY("attention.head_count"), (uint32_t)cfg->model.n_heads);
-    // granitehybrid's is one per layer (0 marks a recurrent one): gguf_granite writes it.
-    if (strcmp(arch, "granitehybrid") != 0)
+    // granitehybrid's and kimi-linear's is one per layer (0 marks a recurrent one): gguf_granite and
+    // gguf_kimi write it.
+    if (strcmp(arch, "granitehybrid") != 0 && strcmp(arch, "kimi-linear") != 0)
         gguf_kv_u32(g, KEY("attention.head_count_kv"), (uint32_t)cfg->model.n_heads);
-    gguf_kv_u32(g, KEY("attention.key_length"), (uint32_t)cfg->model.d_k);
-    gguf_kv_u32(g, KEY("attention.value_length"), (uint32_t)cfg->model.d_v);
-    gguf_kv_u32(g, KEY("rope.dimension_count"), (uint32_t)cfg->model.d_k);
-    gguf_kv_f32(g, KEY("rope.freq_base"), (float)cfg->model.rope_base);
+    if (!kimi) {
+        gguf_kv_u32(g, KEY("attention.key_length"), (uint32_t)cfg->model.d_k);
+        gguf_kv_u32(g, KEY("attention.value_length"), (uint32_t)cfg->model.d_v);
+        gguf_kv_u32(g, KEY("rope.dimension_count"), (uint32_t)cfg->model.d_k);
+        gguf_kv_f32(g, KEY("rope.freq_base"), (float)cfg->model.rope_base);
+    }
     gguf_kv_f32(g, KEY("attention.layer_norm_rms_epsilon"), (float)cfg->model.norm_eps);
     gguf_kv_u32(g, KEY("vocab_size"), (uint32_t)vocab);
 #undef KEY
@@ -138,9 +151,15 @@ Status export_gguf_bytes(const TrainConfig *cfg, const ParamStore *ps, const Tok
     gguf_vocabulary(g, tok);
     gguf_matrix(g, "token_embd.weight", gguf_param(ps, "embed", 0), false, type);
     gguf_vector(g, "output_norm.weight", gguf_param(ps, "norm_f", 0));
-    if (!cfg->model.tied_embeddings) gguf_matrix(g, "output.weight", gguf_param(ps, "lm_head", 0), true, type);
+    // kimi-linear requires the output projection: a tied model writes the embedding again as it.
+    if (!cfg->model.tied_embeddings)
+        gguf_matrix(g, "output.weight", gguf_param(ps, "lm_head", 0), true, type);
+    else if (strcmp(arch, "kimi-linear") == 0)
+        gguf_matrix(g, "output.weight", gguf_param(ps, "embed", 0), false, type);
     if (strcmp(arch, "granitehybrid") == 0)
         gguf_granite(g, cfg, ps, type);
+    else if (strcmp(arch, "kimi-linear") == 0)
+        gguf_kimi(g, cfg, ps, type);
     else if (strcmp(arch, "llama") == 0)
         llama_layers(g, cfg, ps, type);
     else

@@ -9,6 +9,11 @@
 //   - a hybrid of `gdn` and `attn` layers (at least one of each, attention
 //     with qk_norm and attn_gate) -> llama.cpp's `qwen35` architecture
 //     (export_gguf_qwen35.c: the mapping, and why each condition).
+//   - a hybrid of `mamba2` and `attn` layers -> llama.cpp's `granitehybrid`
+//     (export_gguf_mamba2.c).
+//   - a stack of `kda` layers without the gate bias (kda_gate_bias = false)
+//     -> llama.cpp's `kimi-linear`, with one pass-through block after them
+//     (export_gguf_kimi.c).
 //   - the byte tokenizer -> a byte-level "gpt2" vocabulary of 256 tokens and
 //     no merges, so llama.cpp's tokenizer gives every byte its own id, the
 //     byte's value, whatever its pre-tokenizer splits.

@@ -40,4 +40,11 @@ bool gguf_is_granite(const TrainConfig *cfg);
 Status gguf_granite_check(const TrainConfig *cfg);
 void gguf_granite(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType type);
 
+// A model of kda layers as llama.cpp's 'kimi-linear' (export_gguf_kimi.c):
+// does it have one, can it be written exactly (an error says what to
+// change)? Then its keys beyond gguf_common_metadata's and its layers.
+bool gguf_is_kimi(const TrainConfig *cfg);
+Status gguf_kimi_check(const TrainConfig *cfg);
+void gguf_kimi(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType type);
+
 #endif

@@ -121,11 +121,12 @@ static Status write_config_json(const char *path, const TrainConfig *c, const To
         "  \"d_k\": %d,\n  \"d_v\": %d,\n  \"d_ff\": %d,\n  \"tied_embeddings\": %s,\n  \"conv_size\": %d,\n"
         "  \"chunk_size\": %d,\n  \"norm_eps\": %.17g,\n  \"rope_base\": %.17g,\n  \"index_heads\": %d,\n"
         "  \"index_dim\": %d,\n  \"topk\": %d,\n  \"qk_norm\": %s,\n  \"attn_gate\": %s,\n  \"gdp_steps\": %d,\n"
-        "  \"torch_dtype\": \"float32\"\n}\n",
+        "  \"kda_gate_bias\": %s,\n  \"torch_dtype\": \"float32\"\n}\n",
         tok->vocab, tok->bpe ? tok_file : "byte", c->model.d_model, c->model.n_heads, c->model.d_k, c->model.d_v, c->model.d_ff,
         c->model.tied_embeddings ? "true" : "false", c->model.conv_size, c->model.chunk_size, c->model.norm_eps,
         c->model.rope_base, c->model.index_heads, c->model.index_dim, c->model.topk,
-        c->model.qk_norm ? "true" : "false", c->model.attn_gate ? "true" : "false", c->model.gdp_steps);
+        c->model.qk_norm ? "true" : "false", c->model.attn_gate ? "true" : "false", c->model.gdp_steps,
+        c->model.kda_gate_bias ? "true" : "false");
     Status s = write_whole(path, "config JSON", b.p, b.n, NULL, 0);
     free(b.p);
     return s;

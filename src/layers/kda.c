@@ -6,7 +6,7 @@
 //   beta = sigmoid(u w_beta)                                      (H per token)
 //   g = -exp(A_log[h]) * softplus((u w_f1) w_f2 + dt_bias)        (H*dk: a log decay per key channel)
 //   o = KDA(q, k, v, beta, g; S_init)                             (op_kda, kda_kernel.h)
-//   out = (RMSNorm_head(o) out_norm * sigmoid((u w_g1) w_g2 + b_g2)) Wo
+//   out = (RMSNorm_head(o) out_norm * sigmoid((u w_g1) w_g2 + b_g2)) Wo    (b_g2: kda_gate_bias)
 //
 // gdn with its decay per head turned into one per key channel, and an output
 // gate of its own. The layer follows fla's fla/layers/kda.py
@@ -22,7 +22,9 @@
 // conv_size = 0 means no convolution and no SiLU (gdn's convention; fla keeps
 // the SiLU), dense weights are drawn N(0, 1/fan_in) as gdn's, and fla's
 // options (grouped value heads, negative eigenvalues, a lower-bounded gate)
-// are absent.
+// are absent. kda_gate_bias = false leaves b_g2 out (no parameter): the
+// gate of Kimi Linear's own g_b_proj, which has no bias, as llama.cpp's
+// kimi-linear reads it.
 //
 // Decoding keeps, per sequence, the state S per head and the three
 // short-convolution caches (QkvCache, shared with gdn): constant memory and
@@ -43,7 +45,7 @@ typedef struct Kda {
     Tensor *dt_bias;          // (H*dk)
     Tensor *A_log;            // (H)
     Tensor *w_g1, *w_g2;      // (D, dv), (dv, H*dv): the output gate's
-    Tensor *b_g2;             // (H*dv)
+    Tensor *b_g2;             // (H*dv); NULL without kda_gate_bias
     Tensor *out_norm;         // (dv)
     ShortConv conv[3];        // q, k, v
 } Kda;
@@ -70,7 +72,7 @@ static void kda_create(Mixer *m, ParamStore *ps, const char *prefix) {
     p->A_log = param_vector(ps, prefix, "A_log", H, init_fn(init_A_log, 1, 16));
     p->w_g1 = param_linear(ps, prefix, "w_g1", D, dv, s_in);
     p->w_g2 = param_linear(ps, prefix, "w_g2", dv, H * dv, s_rank);
-    p->b_g2 = param_vector(ps, prefix, "b_g2", H * dv, init_zeros());
+    if (c->kda_gate_bias) p->b_g2 = param_vector(ps, prefix, "b_g2", H * dv, init_zeros());
     p->out_norm = param_vector(ps, prefix, "out_norm", dv, init_ones());
     p->wo = param_linear(ps, prefix, "wo", H * dv, D, c->out_std);
     m->impl = p;
@@ -109,7 +111,8 @@ static void kda_inputs(Tape *tp, const Mixer *m, QkvCache *cache, bool carry, Te
     *v = x[2];
     *beta = op_sigmoid(tp, y[1]);
     *g = kda_decay(tp, m, x[3]);
-    *gz = op_add(tp, op_matmul(tp, y[0], p->w_g2, false, false), p->b_g2);
+    *gz = op_matmul(tp, y[0], p->w_g2, false, false);
+    if (p->b_g2) *gz = op_add(tp, *gz, p->b_g2);
 }
 
 // (RMSNorm_head(o) out_norm * sigmoid(gz)) Wo.

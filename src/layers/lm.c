@@ -36,7 +36,7 @@ Status lm_parse_layers(LMConfig *cfg, const char *list) {
 #define LM_MAX_TENSOR ((int64_t)INT32_MAX)
 
 const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n) {
-    bool form_used = false, attn_used = false, gdp_used = false;
+    bool form_used = false, attn_used = false, gdp_used = false, kda_used = false;
     for (int l = 0; l < c->n_layers; l++) {
         const char *key = mixer_config_check(c->layers[l], &c->mixer, why, n);
         if (key) {
@@ -48,12 +48,19 @@ const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n
         form_used |= mixer_kind_find(c->layers[l])->forms != 0;
         attn_used |= strcmp(c->layers[l], "attn") == 0 || strcmp(c->layers[l], "attn_dsa") == 0;
         gdp_used |= strcmp(c->layers[l], "gdp") == 0;
+        kda_used |= strcmp(c->layers[l], "kda") == 0;
     }
     // gdp_steps shapes only gdp layers: another value than its default, 2, would be a silent no-op.
     if (!gdp_used && c->mixer.gdp_steps != 2) {
         snprintf(why, n, "gdp_steps = %d has no effect: none of the layers (%s...) is gdp; remove the key",
                  c->mixer.gdp_steps, c->layers[0]);
         return "gdp_steps";
+    }
+    // kda_gate_bias shapes only kda layers: false, not its default, would be a silent no-op.
+    if (!kda_used && !c->mixer.kda_gate_bias) {
+        snprintf(why, n, "kda_gate_bias = false has no effect: none of the layers (%s...) is kda; remove the key",
+                 c->layers[0]);
+        return "kda_gate_bias";
     }
     // The attention options change no other mixer: set without an attention layer, they would be a silent no-op.
     if (!attn_used && (c->mixer.qk_norm || c->mixer.attn_gate)) {

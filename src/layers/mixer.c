@@ -43,6 +43,7 @@ MixerConfig mixer_config_default(int d_model, int n_heads, int d_k, int d_v) {
     c.index_dim = 32;
     c.topk = 64;
     c.gdp_steps = 2;
+    c.kda_gate_bias = true;
     return c;
 }
 

@@ -66,6 +66,7 @@ typedef struct MixerConfig {
     bool qk_norm;          // attn, attn_dsa: per-head RMSNorm of q and k (gain of d_k shared by the heads) before RoPE
     bool attn_gate;        // attn, attn_dsa: the output o times sigmoid(u W_gate) before Wo
     int gdp_steps;         // gdp: delta-rule steps per token n_h (1..GDP_MAX_STEPS; default 2)
+    bool kda_gate_bias;    // kda: the output gate's bias b_g2 (default true; false: no such parameter)
 } MixerConfig;
 
 #define GDP_MAX_STEPS 8

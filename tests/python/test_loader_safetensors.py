@@ -148,6 +148,25 @@ class ParamShapes(unittest.TestCase):
                 self.assertEqual({k: tuple(v.shape) for k, v in lm.params.items()}, attnlab_model.param_shapes(cfg))
                 self.assertEqual(list(lm.params), list(attnlab_model.param_shapes(cfg)))
 
+    def test_kda_without_gate_bias_has_no_b_g2(self):
+        """kda_gate_bias = false leaves the parameter out (not zero), as the C model; the rest is unchanged."""
+        import attnlab_model
+        ini = "[model]\nlayers = kda,attn\nd_model = 12\nn_heads = 3\nd_k = 4\nd_v = 4\nd_ff = 20\n"
+        on = attnlab_model.param_shapes(attnlab_model.model_config_from_ini(ini))
+        cfg = attnlab_model.model_config_from_ini(ini + "kda_gate_bias = false\n")
+        self.assertFalse(cfg.kda_gate_bias)
+        off = attnlab_model.param_shapes(cfg)
+        self.assertEqual(on.pop("layers.0.mixer.b_g2"), (12,))
+        self.assertEqual(list(on.items()), list(off.items()))
+        lm = attnlab_model.LM(cfg, dtype=torch.float64, seed=1, form="chunked")
+        self.assertEqual(list(lm.params), list(off))
+        tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
+        with torch.no_grad():
+            a = lm.forward(tokens)
+            lm.form = "recurrent"
+            b = lm.forward(tokens)
+        self.assertLess(float((a - b).abs().max()), 1e-10)
+
 
 class ConfigBounds(LoaderTest):
     """A config the C programs refuse is refused, with their message."""
@@ -209,6 +228,12 @@ class ConfigBounds(LoaderTest):
                             "remove the key")
         self.config_refused(self.swap("chunk_size = 4", "chunk_size = 4\ngdp_steps = 9"),
                             "9: [model] gdp_steps: 9 is out of range [1, 8]")
+        # kda_gate_bias = false (its default true aside) without a kda layer, or not a bool.
+        self.config_refused(self.swap("chunk_size = 4", "chunk_size = 4\nkda_gate_bias = false"),
+                            "9: [model] kda_gate_bias: kda_gate_bias = false has no effect: none of the layers "
+                            "(attn...) is kda; remove the key")
+        self.config_refused(self.swap("chunk_size = 4", "chunk_size = 4\nkda_gate_bias = 2"),
+                            "9: [model] kda_gate_bias: '2' is not a bool (true/false, yes/no, on/off, 1/0)")
         self.config_refused(self.swap("d_ff = 32", "d_ff = 1048576").replace("d_model = 16", "d_model = 4096"),
                             "3: [model] d_model: a weight of 4096 x 1048576 elements is more than this build's "
                             "2147483647 per tensor")
