@@ -106,6 +106,16 @@ int gguf_key_ints(const uint8_t *p, size_t n, const char *key, int64_t *v, int m
     return -1;
 }
 
+bool gguf_all_zero(const Found *f) {
+    int64_t n = f->ne[0] * f->ne[1] * f->ne[2] * f->ne[3];
+    int64_t bytes = f->type == GGUF_F32 ? 4 * n : f->type == GGUF_F16 ? 2 * n : n / 32 * 34;
+    cr_assert(f->type == GGUF_F32 || f->type == GGUF_F16 || (f->type == GGUF_Q8_0 && f->ne[0] % 32 == 0),
+              "type %d", f->type);
+    for (int64_t i = 0; i < bytes; i++)
+        if (f->data[i]) return false;
+    return true;
+}
+
 void gguf_test_config(TrainConfig *tc, const LMConfig *c, bool tied) {
     memset(tc, 0, sizeof *tc);
     tc->model.layers.n = c->n_layers;

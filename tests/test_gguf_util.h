@@ -21,6 +21,9 @@ bool gguf_find(const uint8_t *p, size_t n, const char *name, Found *f, const cha
 // into v): how many, or -1 where the file has no such key.
 int gguf_key_ints(const uint8_t *p, size_t n, const char *key, int64_t *v, int max);
 static inline float gguf_f32_at(const Found *f, int64_t i) { return ((const float *)f->data)[i]; }
+// Is every value of the tensor (float32, float16 or Q8_0) exactly 0: is
+// every byte of it 0 (a Q8_0 block of zeros has the scale 0)?
+bool gguf_all_zero(const Found *f);
 
 // c's config as TrainConfig, the fields the exporter reads (every layer
 // named 'attn': a test renames the others).

@@ -154,13 +154,17 @@ train hybrid11 --set model.layers=attn,gdn --set model.conv_size=1 --set model.t
 check hybrid11 f32 1e-5
 greedy hybrid11
 
-# gdn layers only: configs/tiny_gdn.ini as bundled (its model, norm_eps and
-# windows; a few steps on the test's corpus) as qwen35 with the pass-through
+bundled() {  # bundled NAME: configs/NAME.ini as bundled (its model and windows), a few steps on the corpus
+    local name=$1
+    "$BUILD/train" --config "$ROOT/configs/$name.ini" --set train.run_dir="$tmp/$name" \
+        --set data.corpus="$tmp/corpus.txt" --set data.cache_dir="$tmp/cache" --set train.steps=3 \
+        --set train.log_every=3 >"$tmp/$name.log" 2>&1 ||
+        { cat "$tmp/$name.log"; echo "test_llama: training $name failed"; exit 1; }
+}
+
+# gdn layers only: configs/tiny_gdn.ini as qwen35 with the pass-through
 # attention block after its layers.
-"$BUILD/train" --config "$ROOT/configs/tiny_gdn.ini" --set train.run_dir="$tmp/tiny_gdn" \
-    --set data.corpus="$tmp/corpus.txt" --set data.cache_dir="$tmp/cache" --set train.steps=3 \
-    --set train.log_every=3 >"$tmp/tiny_gdn.log" 2>&1 ||
-    { cat "$tmp/tiny_gdn.log"; echo "test_llama: training tiny_gdn failed"; exit 1; }
+bundled tiny_gdn
 check tiny_gdn f32 1e-5
 check tiny_gdn f32 1e-3 defaults
 greedy tiny_gdn
@@ -175,9 +179,12 @@ greedy mamba2_31
 train mamba2_11 --set model.layers=attn,mamba2 --set model.tied_embeddings=false "${mamba2[@]}"
 check mamba2_11 f32 1e-5
 greedy mamba2_11
-# mamba2 layers only, with the pass-through attention block: two tied, and
-# three untied with a state wider than a head (d_k > d_v: the block's head
-# size is its own).
+# mamba2 layers only, with the pass-through attention block:
+# configs/tiny_mamba2.ini, two tied layers, and three untied with a state
+# wider than a head (d_k > d_v: the block's head size is its own).
+bundled tiny_mamba2
+check tiny_mamba2 f32 1e-5
+greedy tiny_mamba2
 train mamba2_only --set model.layers=mamba2,mamba2 "${mamba2[@]}"
 check mamba2_only f32 1e-5
 check mamba2_only f32 1e-3 defaults

@@ -46,7 +46,10 @@ void gguf_constant_block(Gguf *g, int l, const GgufConstant *t, size_t n) {
         for (int64_t j = 0; j < count; j++) f[j] = t[i].value;
         char name[96];
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, t[i].name);
-        gguf_tensor(g, name, t[i].ne[1] ? 2 : 1, t[i].ne, GGUF_F32, f);
+        // A matrix of zeros costs least as Q8_0 (float16 where rows are not a multiple of 32 long): zero is
+        // exact in both, and what the block multiplies is finite, RMS-normalised or 0, so no product is NaN.
+        GgufType type = !t[i].ne[1] || t[i].value != 0 ? GGUF_F32 : t[i].ne[0] % 32 == 0 ? GGUF_Q8_0 : GGUF_F16;
+        gguf_tensor(g, name, t[i].ne[1] ? 2 : 1, t[i].ne, type, f);
         free(f);
     }
 }

@@ -35,7 +35,8 @@ bool gguf_pass_through(const char *arch, const TrainConfig *cfg);
 // position sections must hold one). Its KV cache holds 4 values per position.
 enum { GGUF_PASS_HEADS = 1, GGUF_PASS_HEAD_DIM = 2 };
 // One of the block's tensors: blk.L.name.weight of ggml shape {ne[0]} (a
-// vector: ne[1] = 0) or {ne[0], ne[1]}, every value `value`, float32.
+// vector: ne[1] = 0) or {ne[0], ne[1]}, every value `value`; vectors and
+// gains float32, matrices of zeros Q8_0 or float16 (exact, and smaller).
 typedef struct GgufConstant {
     const char *name;
     int64_t ne[2];
