@@ -59,9 +59,9 @@ Status export_gguf_check(const TrainConfig *cfg, const Tokenizer *tok) {
     for (int l = 0; !granite && !kimi && l < cfg->model.layers.n; l++)
         if (strcmp(cfg->model.layers.name[l], "attn") != 0 && strcmp(cfg->model.layers.name[l], "gdn") != 0)
             return status_err("layer %d is '%s': GGUF export maps only 'attn' layers (llama.cpp's 'llama' "
-                              "architecture), hybrids of 'gdn' and 'attn' layers (its 'qwen35') and of 'mamba2' and "
-                              "'attn' layers (its 'granitehybrid') and 'kda' layers alone (its 'kimi-linear'); that "
-                              "mixer has no exact counterpart there yet",
+                              "architecture), 'gdn' layers with or without 'attn' layers (its 'qwen35'), 'mamba2' "
+                              "layers with or without 'attn' layers (its 'granitehybrid') and 'kda' layers alone (its "
+                              "'kimi-linear'); that mixer has no exact counterpart there yet",
                               l, cfg->model.layers.name[l]);
     Status s = granite ? gguf_granite_check(cfg)
                : kimi  ? gguf_kimi_check(cfg)

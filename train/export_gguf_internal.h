@@ -30,9 +30,11 @@ void gguf_matrix(Gguf *g, const char *name, const Tensor *t, bool transpose, Ggu
 bool gguf_pass_through(const char *arch, const TrainConfig *cfg);
 // In qwen35 and granitehybrid, where the file's attention sizes are the
 // block's alone: one head (one key/value head) of 2 dimensions, the least
-// llama.cpp runs: a head of 1 stops its attention without flash attention
-// on GGML_ASSERT(ggml_can_mul_mat), and its RoPE turns pairs (qwen35's
-// position sections must hold one). Its KV cache holds 4 values per position.
+// llama.cpp runs: its RoPE turns pairs (ggml's CPU RoPE loops forever over 0
+// rotated dimensions and reads past a head of 1; qwen35 always applies it,
+// and its position sections must hold a pair), and a granitehybrid head of 1
+// with RoPE off stops its attention without flash attention on
+// GGML_ASSERT(ggml_can_mul_mat). Its KV cache holds 4 values per position.
 enum { GGUF_PASS_HEADS = 1, GGUF_PASS_HEAD_DIM = 2 };
 // One of the block's tensors: blk.L.name.weight of ggml shape {ne[0]} (a
 // vector: ne[1] = 0) or {ne[0], ne[1]}, every value `value`; vectors and

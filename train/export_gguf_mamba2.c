@@ -5,9 +5,9 @@
 // Why granitehybrid, not llama.cpp's `mamba2`: a `mamba2` block there is
 // norm, mixer, residual and nothing else, while every attnlab block has its
 // SwiGLU MLP; granitehybrid's blocks are attnlab's (x + mixer(RMSNorm(x)),
-// then h + MLP(RMSNorm(h))). It needs an attention layer: without one its
-// KV cache has no buffer and llama_decode stops on GGML_ASSERT(buffer), so a
-// stack of mamba2 layers alone has no exact target. Its Granite scales (embedding, residual,
+// then h + MLP(RMSNorm(h))). It needs an attention layer, so a stack of
+// mamba2 layers alone is written with the pass-through block after them
+// (export_gguf_internal.h). Its Granite scales (embedding, residual,
 // attention, logit) are left out of the file, which turns each off.
 //
 // Per layer, as llama.cpp's graph (src/models/granite-hybrid.cpp,

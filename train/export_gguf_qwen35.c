@@ -1,6 +1,8 @@
-// export_gguf_qwen35.c: a hybrid of `gdn` and `attn` layers as llama.cpp's
-// `qwen35` architecture (Qwen3.5: Gated DeltaNet + gated softmax attention +
-// SwiGLU), computing what attnlab computes.
+// export_gguf_qwen35.c: a hybrid of `gdn` and `attn` layers, or a stack of
+// `gdn` layers alone, as llama.cpp's `qwen35` architecture (Qwen3.5: Gated
+// DeltaNet + gated softmax attention + SwiGLU), computing what attnlab
+// computes. A stack of gdn layers alone is written with the pass-through
+// block after them (export_gguf_internal.h): qwen35 needs an attention layer.
 //
 // Per layer, as llama.cpp's qwen35 graph (src/models/qwen35.cpp) reads it:
 //   attn_norm, post_attention_norm   norm1, norm2 (x * w, pre-norm blocks)
