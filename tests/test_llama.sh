@@ -12,8 +12,9 @@
 # text's bytes (a BPE: with `tokenize encode`'s ids of a multilingual text),
 # and 64 greedy tokens with `generate --temperature 0`, for attention-only
 # models (llama.cpp's `llama`), gdn/attn hybrids (its `qwen35`),
-# mamba2/attn hybrids (its `granitehybrid`) and kda models (its
-# `kimi-linear`); a model
+# mamba2/attn hybrids (its `granitehybrid`), kda models (its
+# `kimi-linear`) and gdn-only and mamba2-only models (qwen35 and
+# granitehybrid with a pass-through attention block); a model
 # the exporter cannot map must be refused with a sentence and no file.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -153,6 +154,21 @@ train hybrid11 --set model.layers=attn,gdn --set model.conv_size=1 --set model.t
 check hybrid11 f32 1e-5
 greedy hybrid11
 
+bundled() {  # bundled NAME: configs/NAME.ini as bundled (its model and windows), a few steps on the corpus
+    local name=$1
+    "$BUILD/train" --config "$ROOT/configs/$name.ini" --set train.run_dir="$tmp/$name" \
+        --set data.corpus="$tmp/corpus.txt" --set data.cache_dir="$tmp/cache" --set train.steps=3 \
+        --set train.log_every=3 >"$tmp/$name.log" 2>&1 ||
+        { cat "$tmp/$name.log"; echo "test_llama: training $name failed"; exit 1; }
+}
+
+# gdn layers only: configs/tiny_gdn.ini as qwen35 with the pass-through
+# attention block after its layers.
+bundled tiny_gdn
+check tiny_gdn f32 1e-5
+check tiny_gdn f32 1e-3 defaults
+greedy tiny_gdn
+
 # mamba2/attn hybrids as llama.cpp's granitehybrid (its Mamba-2 layers need
 # n_heads * d_v = 2 * d_model): 3:1, and 1:1 with the attention first, untied.
 mamba2=(--set model.n_heads=8 --set model.d_k=16 --set model.d_v=16)
@@ -163,6 +179,20 @@ greedy mamba2_31
 train mamba2_11 --set model.layers=attn,mamba2 --set model.tied_embeddings=false "${mamba2[@]}"
 check mamba2_11 f32 1e-5
 greedy mamba2_11
+# mamba2 layers only, with the pass-through attention block:
+# configs/tiny_mamba2.ini, two tied layers, and three untied with a state
+# wider than a head (d_k > d_v: the block's head size is its own).
+bundled tiny_mamba2
+check tiny_mamba2 f32 1e-5
+greedy tiny_mamba2
+train mamba2_only --set model.layers=mamba2,mamba2 "${mamba2[@]}"
+check mamba2_only f32 1e-5
+check mamba2_only f32 1e-3 defaults
+greedy mamba2_only
+train mamba2_wide --set model.layers=mamba2,mamba2,mamba2 "${mamba2[@]}" --set model.d_k=32 \
+    --set model.tied_embeddings=false
+check mamba2_wide f32 1e-5
+greedy mamba2_wide
 
 # kda models as llama.cpp's kimi-linear (without the gate's bias, as Kimi
 # Linear): two layers tied, and three untied with a convolution of one tap.
@@ -193,8 +223,7 @@ refused() {  # refused NAME EXPECTED [--set ...]: a one-step model that export_m
 refused mamba "layer 1 is 'mamba'" --set model.layers=attn,mamba
 refused hybrid_plain "qk_norm = true" --set model.layers=gdn,attn
 refused hybrid_nogate "attn_gate = true" --set model.layers=gdn,attn --set model.qk_norm=true
-refused gdn_only "at least one 'attn' layer" --set model.layers=gdn,gdn
-refused mamba2_only "at least one 'attn' layer" --set model.layers=mamba2,mamba2 "${mamba2[@]}"
+refused gdn_eps "norm_eps = 1e-06" --set model.layers=gdn,gdn --set model.norm_eps=1e-5
 refused mamba2_narrow "twice d_model" --set model.layers=mamba2,attn
 refused mamba2_gdn "layer 1 is 'gdn'" --set model.layers=mamba2,gdn "${mamba2[@]}"
 refused kda_bias "kda_gate_bias = false" --set model.layers=kda,kda

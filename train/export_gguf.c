@@ -28,20 +28,48 @@ static const char *architecture(const TrainConfig *cfg) {
                                 : "qwen35";
 }
 
+static bool has_attn(const TrainConfig *cfg) {
+    for (int l = 0; l < cfg->model.layers.n; l++)
+        if (strcmp(cfg->model.layers.name[l], "attn") == 0) return true;
+    return false;
+}
+
+bool gguf_pass_through(const char *arch, const TrainConfig *cfg) {
+    if (strcmp(arch, "kimi-linear") == 0) return true;
+    return (strcmp(arch, "qwen35") == 0 || strcmp(arch, "granitehybrid") == 0) && !has_attn(cfg);
+}
+
+void gguf_constant_block(Gguf *g, int l, const GgufConstant *t, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        int64_t count = t[i].ne[0] * (t[i].ne[1] ? t[i].ne[1] : 1);
+        float *f = xmalloc((size_t)count * sizeof *f);
+        for (int64_t j = 0; j < count; j++) f[j] = t[i].value;
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, t[i].name);
+        // A matrix of zeros costs least as Q8_0 (float16 where rows are not a multiple of 32 long): zero is
+        // exact in both, and what the block multiplies is finite, RMS-normalised or 0, so no product is NaN.
+        GgufType type = !t[i].ne[1] || t[i].value != 0 ? GGUF_F32 : t[i].ne[0] % 32 == 0 ? GGUF_Q8_0 : GGUF_F16;
+        gguf_tensor(g, name, t[i].ne[1] ? 2 : 1, t[i].ne, type, f);
+        free(f);
+    }
+}
+
 Status export_gguf_check(const TrainConfig *cfg, const Tokenizer *tok) {
     bool granite = gguf_is_granite(cfg), kimi = !granite && gguf_is_kimi(cfg);
     for (int l = 0; !granite && !kimi && l < cfg->model.layers.n; l++)
         if (strcmp(cfg->model.layers.name[l], "attn") != 0 && strcmp(cfg->model.layers.name[l], "gdn") != 0)
             return status_err("layer %d is '%s': GGUF export maps only 'attn' layers (llama.cpp's 'llama' "
-                              "architecture), hybrids of 'gdn' and 'attn' layers (its 'qwen35') and of 'mamba2' and "
-                              "'attn' layers (its 'granitehybrid') and 'kda' layers alone (its 'kimi-linear'); that "
-                              "mixer has no exact counterpart there yet",
+                              "architecture), 'gdn' layers with or without 'attn' layers (its 'qwen35'), 'mamba2' "
+                              "layers with or without 'attn' layers (its 'granitehybrid') and 'kda' layers alone (its "
+                              "'kimi-linear'); that mixer has no exact counterpart there yet",
                               l, cfg->model.layers.name[l]);
     Status s = granite ? gguf_granite_check(cfg)
                : kimi  ? gguf_kimi_check(cfg)
                : is_llama(cfg) ? status_ok()
                                : gguf_qwen35_check(cfg);
-    if (s.ok && cfg->model.d_k != cfg->model.d_v)
+    // (Without attention layers the file's one attention is the pass-through
+    // block's, of its own head size; the recurrent layers' checks ask what they need.)
+    if (s.ok && has_attn(cfg) && cfg->model.d_k != cfg->model.d_v)
         s = status_err("d_k = %d and d_v = %d: llama.cpp's '%s' architecture has one head size for keys and "
                        "values; train with d_k = d_v to export",
                        cfg->model.d_k, cfg->model.d_v, architecture(cfg));
@@ -77,8 +105,13 @@ void gguf_matrix(Gguf *g, const char *name, const Tensor *t, bool transpose, Ggu
 
 void gguf_common_metadata(Gguf *g, const char *arch, const TrainConfig *cfg, int vocab) {
     char key[96];
-    // kimi-linear's file has one block more than the model, and attention sizes of that block's own (gguf_kimi).
-    bool kimi = strcmp(arch, "kimi-linear") == 0;
+    // A file with the pass-through block has one block more than the model. kimi-linear's attention sizes are
+    // that block's own (gguf_kimi writes them); where it is qwen35's or granitehybrid's only attention, the
+    // file's attention sizes are its sizes.
+    bool kimi = strcmp(arch, "kimi-linear") == 0, pass = gguf_pass_through(arch, cfg), own = pass && !kimi;
+    uint32_t heads = (uint32_t)(own ? GGUF_PASS_HEADS : cfg->model.n_heads);
+    uint32_t dk = (uint32_t)(own ? GGUF_PASS_HEAD_DIM : cfg->model.d_k);
+    uint32_t dv = (uint32_t)(own ? GGUF_PASS_HEAD_DIM : cfg->model.d_v);
 #define KEY(name) (snprintf(key, sizeof key, "%s." name, arch), key)
     gguf_kv_str(g, "general.architecture", arch);
     gguf_kv_str(g, "general.name", "attnlab");
@@ -87,17 +120,17 @@ void gguf_common_metadata(Gguf *g, const char *arch, const TrainConfig *cfg, int
     // training window, but at least 4096 tokens, as attnlab's generate decodes.
     gguf_kv_u32(g, KEY("context_length"), (uint32_t)(cfg->data.seq_len > 4096 ? cfg->data.seq_len : 4096));
     gguf_kv_u32(g, KEY("embedding_length"), (uint32_t)cfg->model.d_model);
-    gguf_kv_u32(g, KEY("block_count"), (uint32_t)(cfg->model.layers.n + kimi));
+    gguf_kv_u32(g, KEY("block_count"), (uint32_t)(cfg->model.layers.n + pass));
     gguf_kv_u32(g, KEY("feed_forward_length"), (uint32_t)cfg->model.d_ff);
-    gguf_kv_u32(g, KEY("attention.head_count"), (uint32_t)cfg->model.n_heads);
+    gguf_kv_u32(g, KEY("attention.head_count"), heads);
     // granitehybrid's and kimi-linear's is one per layer (0 marks a recurrent one): gguf_granite and
     // gguf_kimi write it.
     if (strcmp(arch, "granitehybrid") != 0 && strcmp(arch, "kimi-linear") != 0)
-        gguf_kv_u32(g, KEY("attention.head_count_kv"), (uint32_t)cfg->model.n_heads);
+        gguf_kv_u32(g, KEY("attention.head_count_kv"), heads);
     if (!kimi) {
-        gguf_kv_u32(g, KEY("attention.key_length"), (uint32_t)cfg->model.d_k);
-        gguf_kv_u32(g, KEY("attention.value_length"), (uint32_t)cfg->model.d_v);
-        gguf_kv_u32(g, KEY("rope.dimension_count"), (uint32_t)cfg->model.d_k);
+        gguf_kv_u32(g, KEY("attention.key_length"), dk);
+        gguf_kv_u32(g, KEY("attention.value_length"), dv);
+        gguf_kv_u32(g, KEY("rope.dimension_count"), dk);
         gguf_kv_f32(g, KEY("rope.freq_base"), (float)cfg->model.rope_base);
     }
     gguf_kv_f32(g, KEY("attention.layer_norm_rms_epsilon"), (float)cfg->model.norm_eps);

@@ -8,8 +8,11 @@
 //     output. Needs d_k = d_v (llama.cpp has one head size for both).
 //   - a hybrid of `gdn` and `attn` layers (at least one of each, attention
 //     with qk_norm and attn_gate) -> llama.cpp's `qwen35` architecture
-//     (export_gguf_qwen35.c: the mapping, and why each condition).
-//   - a hybrid of `mamba2` and `attn` layers -> llama.cpp's `granitehybrid`
+//     (export_gguf_qwen35.c: the mapping, and why each condition); a stack
+//     of `gdn` layers alone -> `qwen35` with one pass-through block after
+//     them (export_gguf_internal.h: an attention block that adds exactly 0).
+//   - a hybrid of `mamba2` and `attn` layers, or `mamba2` layers alone (with
+//     the pass-through block) -> llama.cpp's `granitehybrid`
 //     (export_gguf_mamba2.c).
 //   - a stack of `kda` layers without the gate bias (kda_gate_bias = false)
 //     -> llama.cpp's `kimi-linear`, with one pass-through block after them

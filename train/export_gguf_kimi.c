@@ -9,20 +9,17 @@
 // leading_dense_block_count is the block count; the MoE keys the loader
 // requires are written with values no dense block reads.
 //
-// The file has one block more than the model, after its layers: an attention
-// block whose weights are all zero but its norm gains, which adds exactly 0
-// to the residual stream twice and so passes every value through unchanged.
-// llama.cpp needs it: without an attention layer its hybrid memory's KV cache
-// has no tensor, and llama_decode stops on GGML_ASSERT(buffer) (setting the
-// unused KV index input). It is MLA in its uncompressed form (attn_q,
-// attn_kv_a_mqa, attn_kv_a_norm, attn_kv_b; key_length_mla = 0 turns the
-// compressed cache off) with heads of PAD_ROPE + PAD_NOPE key and PAD_V value
-// dimensions: its q, k and v are 0, every score is 0, its output is 0 and Wo
-// is 0; its MLP's three weights are 0, so silu(0) * 0 = 0 goes through a zero
-// ffn_down. The sizes are small and keep every view non-empty, with key and
-// value heads of one size (keys of 2 and values of 1 stop llama.cpp's graph on
-// GGML_ASSERT(ggml_can_mul_mat)); its KV cache costs (PAD_ROPE + PAD_NOPE +
-// PAD_V) H floats per position.
+// The file has one block more than the model, after its layers: the
+// pass-through block (export_gguf_internal.h: an attention block whose
+// weights are all zero but its norm gains, which llama.cpp needs). Here it is
+// MLA in its uncompressed form (attn_q, attn_kv_a_mqa, attn_kv_a_norm,
+// attn_kv_b; key_length_mla = 0 turns the compressed cache off) with heads of
+// PAD_ROPE + PAD_NOPE key and PAD_V value dimensions: its q, k and v are 0,
+// every score is 0, its output is 0 and Wo is 0. The sizes are small and keep
+// every view non-empty, with key and value heads of one size (keys of 2 and
+// values of 1 stop llama.cpp's graph on GGML_ASSERT(ggml_can_mul_mat)); it
+// has H heads, as attention.head_count is also the kda layers' head count,
+// so its KV cache costs (PAD_ROPE + PAD_NOPE + PAD_V) H floats per position.
 //
 // Per layer, as llama.cpp's graph (src/models/kimi-linear.cpp, the delta rule
 // of delta-net-base.cpp and ggml's fused gated_delta_net) reads it:
@@ -144,39 +141,20 @@ static void kda_layer(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, int
     gguf_vector(g, name, param(ps, l, "mixer.out_norm"));
 }
 
-// A tensor of zeros (or of ones), float32.
-static void constant_write(Gguf *g, const char *name, int ndim, const int64_t *ne, float value) {
-    int64_t n = 1;
-    for (int k = 0; k < ndim; k++) n *= ne[k];
-    float *f = xmalloc((size_t)n * sizeof *f);
-    for (int64_t i = 0; i < n; i++) f[i] = value;
-    gguf_tensor(g, name, ndim, ne, GGUF_F32, f);
-    free(f);
-}
-
 // Block l = L, the pass-through attention block (the header comment).
 static void pass_through_block(Gguf *g, const TrainConfig *cfg, int l) {
     int64_t D = cfg->model.d_model, H = cfg->model.n_heads, F = cfg->model.d_ff;
-    const struct {
-        const char *name;
-        int64_t ne[2];
-    } zero[] = {{"attn_q", {D, H * (PAD_ROPE + PAD_NOPE)}},
-                {"attn_kv_a_mqa", {D, PAD_LORA + PAD_ROPE}},
-                {"attn_kv_b", {PAD_LORA, H * (PAD_NOPE + PAD_V)}},
-                {"attn_output", {H * PAD_V, D}},
-                {"ffn_gate", {D, F}},
-                {"ffn_up", {D, F}},
-                {"ffn_down", {F, D}}};
-    char name[96];
-    for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++) {
-        snprintf(name, sizeof name, "blk.%d.%s.weight", l, zero[i].name);
-        constant_write(g, name, 2, zero[i].ne, 0);
-    }
-    static const char *const gains[] = {"attn_norm", "attn_kv_a_norm", "ffn_norm"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(name, sizeof name, "blk.%d.%s.weight", l, gains[i]);
-        constant_write(g, name, 1, (int64_t[]){i == 1 ? PAD_LORA : D}, 1);
-    }
+    const GgufConstant block[] = {{"attn_norm", {D, 0}, 1},
+                                  {"attn_q", {D, H * (PAD_ROPE + PAD_NOPE)}, 0},
+                                  {"attn_kv_a_mqa", {D, PAD_LORA + PAD_ROPE}, 0},
+                                  {"attn_kv_a_norm", {PAD_LORA, 0}, 1},
+                                  {"attn_kv_b", {PAD_LORA, H * (PAD_NOPE + PAD_V)}, 0},
+                                  {"attn_output", {H * PAD_V, D}, 0},
+                                  {"ffn_norm", {D, 0}, 1},
+                                  {"ffn_gate", {D, F}, 0},
+                                  {"ffn_up", {D, F}, 0},
+                                  {"ffn_down", {F, D}, 0}};
+    gguf_constant_block(g, l, block, sizeof block / sizeof block[0]);
 }
 
 // kimi-linear's keys beyond those every architecture has (gguf_common_metadata).

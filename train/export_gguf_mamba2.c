@@ -5,9 +5,9 @@
 // Why granitehybrid, not llama.cpp's `mamba2`: a `mamba2` block there is
 // norm, mixer, residual and nothing else, while every attnlab block has its
 // SwiGLU MLP; granitehybrid's blocks are attnlab's (x + mixer(RMSNorm(x)),
-// then h + MLP(RMSNorm(h))). It needs an attention layer: without one its
-// KV cache has no buffer and llama_decode stops on GGML_ASSERT(buffer), so a
-// stack of mamba2 layers alone has no exact target. Its Granite scales (embedding, residual,
+// then h + MLP(RMSNorm(h))). It needs an attention layer, so a stack of
+// mamba2 layers alone is written with the pass-through block after them
+// (export_gguf_internal.h). Its Granite scales (embedding, residual,
 // attention, logit) are left out of the file, which turns each off.
 //
 // Per layer, as llama.cpp's graph (src/models/granite-hybrid.cpp,
@@ -53,13 +53,6 @@ Status gguf_granite_check(const TrainConfig *cfg) {
                               "architecture, which runs mamba2 layers, has only Mamba-2 and attention layers; use "
                               "'mamba2' and 'attn' layers to export",
                               l, m->layers.name[l]);
-    int n_attn = 0;
-    for (int l = 0; l < m->layers.n; l++) n_attn += !is_mamba2(cfg, l);
-    if (n_attn == 0)
-        return status_err("every layer is 'mamba2': llama.cpp's 'mamba2' architecture has no MLP in its blocks, "
-                          "which attnlab's always have, and its 'granitehybrid', whose blocks are attnlab's, needs at "
-                          "least one 'attn' layer (it stops on an assertion without one); add one to [model] layers "
-                          "to export");
     if (m->qk_norm || m->attn_gate)
         return status_err("%s = true: llama.cpp's 'granitehybrid' architecture (mamba2/attn) has plain attention, "
                           "with no q/k norm and no output gate; train without it to export",
@@ -144,13 +137,25 @@ static void mamba2_layer(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, 
     gguf_matrix(g, name, param(ps, l, "mixer.wo"), true, type);
 }
 
+// Block l = L, the pass-through block (export_gguf_internal.h) as a
+// granitehybrid attention layer (llama's): every weight 0 but the norm gains.
+static void pass_through_block(Gguf *g, const TrainConfig *cfg, int l) {
+    int64_t D = cfg->model.d_model, F = cfg->model.d_ff, W = GGUF_PASS_HEADS * GGUF_PASS_HEAD_DIM;
+    const GgufConstant block[] = {{"attn_norm", {D, 0}, 1}, {"ffn_norm", {D, 0}, 1},    {"attn_q", {D, W}, 0},
+                                  {"attn_k", {D, W}, 0},    {"attn_v", {D, W}, 0},      {"attn_output", {W, D}, 0},
+                                  {"ffn_gate", {D, F}, 0},  {"ffn_up", {D, F}, 0},      {"ffn_down", {F, D}, 0}};
+    gguf_constant_block(g, l, block, sizeof block / sizeof block[0]);
+}
+
 void gguf_granite(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType type) {
     const __typeof__(cfg->model) *m = &cfg->model;
     int L = m->layers.n;
+    bool pass = gguf_pass_through("granitehybrid", cfg);
     // A layer is recurrent where its key/value head count is 0.
-    int32_t *kv = xmalloc((size_t)L * sizeof *kv);
+    int32_t *kv = xmalloc(((size_t)L + pass) * sizeof *kv);
     for (int l = 0; l < L; l++) kv[l] = is_mamba2(cfg, l) ? 0 : m->n_heads;
-    gguf_kv_i32s(g, "granitehybrid.attention.head_count_kv", kv, (size_t)L);
+    if (pass) kv[L] = GGUF_PASS_HEADS;
+    gguf_kv_i32s(g, "granitehybrid.attention.head_count_kv", kv, (size_t)L + pass);
     free(kv);
     gguf_kv_u32(g, "granitehybrid.ssm.conv_kernel", (uint32_t)m->conv_size);
     gguf_kv_u32(g, "granitehybrid.ssm.inner_size", (uint32_t)(m->n_heads * m->d_v));
@@ -169,4 +174,5 @@ void gguf_granite(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufTyp
             gguf_attn_plain(g, ps, l, type);
         gguf_mlp(g, ps, l, type);
     }
+    if (pass) pass_through_block(g, cfg, L);
 }

@@ -1,6 +1,8 @@
-// export_gguf_qwen35.c: a hybrid of `gdn` and `attn` layers as llama.cpp's
-// `qwen35` architecture (Qwen3.5: Gated DeltaNet + gated softmax attention +
-// SwiGLU), computing what attnlab computes.
+// export_gguf_qwen35.c: a hybrid of `gdn` and `attn` layers, or a stack of
+// `gdn` layers alone, as llama.cpp's `qwen35` architecture (Qwen3.5: Gated
+// DeltaNet + gated softmax attention + SwiGLU), computing what attnlab
+// computes. A stack of gdn layers alone is written with the pass-through
+// block after them (export_gguf_internal.h): qwen35 needs an attention layer.
 //
 // Per layer, as llama.cpp's qwen35 graph (src/models/qwen35.cpp) reads it:
 //   attn_norm, post_attention_norm   norm1, norm2 (x * w, pre-norm blocks)
@@ -53,14 +55,12 @@ Status gguf_qwen35_check(const TrainConfig *cfg) {
                           "architecture has neither option, and its 'qwen35', which has both, fails without a gdn "
                           "layer; train without them (or with a 'gdn' layer and both on) to export",
                           cfg->model.qk_norm ? "true" : "false", cfg->model.attn_gate ? "true" : "false");
-    if (n_attn == 0)
-        return status_err("every layer is 'gdn': llama.cpp's 'qwen35' architecture, which runs gdn layers, needs at "
-                          "least one 'attn' layer (it stops on an assertion without one); add one to [model] layers");
-    if (!cfg->model.qk_norm)
+    // (A model without 'attn' layers has neither option: the pass-through block is ours, with both.)
+    if (n_attn > 0 && !cfg->model.qk_norm)
         return status_err("the model's 'attn' layers have no q/k norm: llama.cpp's 'qwen35' architecture (a "
                           "gdn/attn hybrid) always applies a per-head RMSNorm to q and k; train with [model] "
                           "qk_norm = true to export");
-    if (!cfg->model.attn_gate)
+    if (n_attn > 0 && !cfg->model.attn_gate)
         return status_err("the model's 'attn' layers have no output gate: llama.cpp's 'qwen35' architecture (a "
                           "gdn/attn hybrid) always gates attention with sigmoid(u W_gate); train with [model] "
                           "attn_gate = true to export");
@@ -196,8 +196,8 @@ static void attn_layer(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, in
 }
 
 // qwen35's keys beyond those every architecture has (gguf_common_metadata).
-static void qwen35_metadata(Gguf *g, const TrainConfig *cfg) {
-    int L = cfg->model.layers.n, H = cfg->model.n_heads, pairs = cfg->model.d_k / 2;
+static void qwen35_metadata(Gguf *g, const TrainConfig *cfg, bool pass) {
+    int L = cfg->model.layers.n, H = cfg->model.n_heads, pairs = (pass ? GGUF_PASS_HEAD_DIM : cfg->model.d_k) / 2;
     // IMROPE gives pair i the position stream i % 3 while i < 3 sections[i % 3]
     // (pairs counted modulo the sections' sum), the 4th stream (0 for text)
     // after: sections summing to the pairs, as even as can be, cover them all.
@@ -208,14 +208,29 @@ static void qwen35_metadata(Gguf *g, const TrainConfig *cfg) {
     gguf_kv_u32(g, "qwen35.ssm.state_size", (uint32_t)cfg->model.d_k);
     gguf_kv_u32(g, "qwen35.ssm.time_step_rank", (uint32_t)H);
     gguf_kv_u32(g, "qwen35.ssm.group_count", (uint32_t)H);
-    int32_t *recurrent = xmalloc((size_t)L * sizeof *recurrent);
+    int32_t *recurrent = xcalloc((size_t)L + pass, sizeof *recurrent);   // the pass-through block attends
     for (int l = 0; l < L; l++) recurrent[l] = strcmp(cfg->model.layers.name[l], "gdn") == 0;
-    gguf_kv_i32s(g, "qwen35.attention.recurrent_layers", recurrent, (size_t)L);
+    gguf_kv_i32s(g, "qwen35.attention.recurrent_layers", recurrent, (size_t)L + pass);
     free(recurrent);
 }
 
+// Block l = L, the pass-through block (export_gguf_internal.h) as a qwen35
+// attention layer: its q/gate, k, v and output weights 0 (the gate's 0 gives
+// sigmoid(0) = 1/2 times a zero output), its q/k norm gains 1.
+static void pass_through_block(Gguf *g, const TrainConfig *cfg, int l) {
+    int64_t D = cfg->model.d_model, F = cfg->model.d_ff, hd = GGUF_PASS_HEAD_DIM, H = GGUF_PASS_HEADS;
+    const GgufConstant block[] = {{"attn_norm", {D, 0}, 1},          {"post_attention_norm", {D, 0}, 1},
+                                  {"attn_q", {D, 2 * H * hd}, 0},    {"attn_k", {D, H * hd}, 0},
+                                  {"attn_v", {D, H * hd}, 0},        {"attn_output", {H * hd, D}, 0},
+                                  {"attn_q_norm", {hd, 0}, 1},       {"attn_k_norm", {hd, 0}, 1},
+                                  {"ffn_gate", {D, F}, 0},           {"ffn_up", {D, F}, 0},
+                                  {"ffn_down", {F, D}, 0}};
+    gguf_constant_block(g, l, block, sizeof block / sizeof block[0]);
+}
+
 void gguf_qwen35(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType type) {
-    qwen35_metadata(g, cfg);
+    bool pass = gguf_pass_through("qwen35", cfg);
+    qwen35_metadata(g, cfg, pass);
     Outputs o = {0};
     for (int l = 0; l < cfg->model.layers.n; l++) {
         char name[96];
@@ -229,6 +244,7 @@ void gguf_qwen35(Gguf *g, const TrainConfig *cfg, const ParamStore *ps, GgufType
             attn_layer(g, cfg, ps, l, &o, type);
         gguf_mlp(g, ps, l, type);
     }
+    if (pass) pass_through_block(g, cfg, cfg->model.layers.n);
     free(o.t);
     free(o.col);
 }
