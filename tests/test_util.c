@@ -77,6 +77,20 @@ void test_l2norm_rows(Tensor *x, int d, double scale) {
     }
 }
 
+void test_kda_inputs(Tensor **x, int B, int T, int H, int dk, int dv, uint64_t seed) {
+    enum { Q, K, V, BETA, G, S0, N };
+    x[Q] = tensor_newv(true, 3, B, T, H * dk);
+    x[K] = tensor_newv(true, 3, B, T, H * dk);
+    x[V] = tensor_newv(true, 3, B, T, H * dv);
+    x[BETA] = tensor_newv(true, 3, B, T, H);
+    x[G] = tensor_newv(true, 3, B, T, H * dk);
+    x[S0] = tensor_newv(true, 4, B, H, dk, dv);
+    for (int i = 0; i < N; i++) fill_normal(x[i], seed + 10 * i, i == S0 ? 0.5 : 1.0);
+    test_l2norm_rows(x[Q], dk, 1.0 / sqrt(dk));
+    test_l2norm_rows(x[K], dk, 1.0);
+    for (int64_t i = 0; i < x[BETA]->numel; i++) x[BETA]->data[i] = (real)(1 / (1 + exp(-x[BETA]->data[i])));
+}
+
 real *test_ones(int64_t n) {
     real *p = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(real));
     for (int64_t i = 0; i < n; i++) p[i] = 1;

@@ -48,6 +48,12 @@ real *test_ones(int64_t n);
 // Normalise each run of d values of x (the heads of a (B, T, H*d) tensor) to
 // unit length, then scale it: q and k as the gdn layer feeds them to op_gdn.
 void test_l2norm_rows(Tensor *x, int d, double scale);
+// op_kda's inputs x[0..5] = q, k, v, beta, g, s0, all taking gradients: q, k
+// (B, T, H*dk) L2-normalised per head (q scaled by 1/sqrt(dk)) as the layer
+// feeds them, v (B, T, H*dv) ~ N(0, 1), beta (B, T, H) a sigmoid of N(0, 1),
+// s0 (B, H, dk, dv) ~ N(0, 0.5^2), input i from seed + 10 i; g (B, T, H*dk)
+// holds N(0, 1) values for the caller to replace with its decay regime.
+void test_kda_inputs(Tensor **x, int B, int T, int H, int dk, int dv, uint64_t seed);
 // op_gla's inputs x[0..5] = q, k, v, g, dt, s0: q, k (B, T, H*dk) ~ N(0, 0.6^2),
 // v (B, T, H*dv) ~ N(0, 1), g (B, T, H) ~ U[g_lo, g_hi], dt (B, T, H) ~
 // U[0.3, 1.5], s0 (B, H, dk, dv) ~ N(0, 0.5^2), from seed + 1 .. seed + 6;

@@ -40,16 +40,7 @@ typedef struct {
 typedef enum { DEC_MILD, DEC_ZERO, DEC_STRONG, DEC_SLOW_FAST, DEC_COUNT } DecayKind;
 
 static void make_inputs(Tensor **x, Shape s, DecayKind dec, uint64_t seed) {
-    x[IQ] = tensor_newv(true, 3, B, s.T, H * s.dk);
-    x[IK] = tensor_newv(true, 3, B, s.T, H * s.dk);
-    x[IV] = tensor_newv(true, 3, B, s.T, H * s.dv);
-    x[IBETA] = tensor_newv(true, 3, B, s.T, H);
-    x[IG] = tensor_newv(true, 3, B, s.T, H * s.dk);
-    x[IS0] = tensor_newv(true, 4, B, H, s.dk, s.dv);
-    for (int i = 0; i < N_IN; i++) fill_normal(x[i], seed + 10 * i, i == IS0 ? 0.5 : 1.0);
-    test_l2norm_rows(x[IQ], s.dk, 1.0 / sqrt(s.dk));
-    test_l2norm_rows(x[IK], s.dk, 1.0);
-    for (int64_t i = 0; i < x[IBETA]->numel; i++) x[IBETA]->data[i] = (real)(1 / (1 + exp(-x[IBETA]->data[i])));
+    test_kda_inputs(x, B, s.T, H, s.dk, s.dv, seed);
     Rng r;
     rng_seed(&r, seed + 99);
     for (int64_t i = 0; i < x[IG]->numel; i++) {
