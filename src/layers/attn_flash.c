@@ -79,7 +79,7 @@ static AttnDims dims_of(const Node *n) {
 // lane: the scores of the block are St (keys x QB queries), so the running
 // max and sum of each query are lane-wise (no reduction across a vector), and
 // St = K_j Q^T reads K_j in place, with only Q^T packed, once per query tile.
-#define QB (2 * VL)
+#define QB ATTN_QB   // (2 VL)
 
 // Forward scratch (reals per thread), each piece a whole number of vectors:
 // Qt (dk x bqp), Vp (bk x dvp), St (bk x QB), acc (bq x dvp), m, l (bqp each),
@@ -113,79 +113,6 @@ typedef struct KvCache {
     int *done;
 } KvCache;
 
-// The online softmax of one block of the forward, lane-wise over its QB
-// queries: St (kmax keys x QB queries) holds the block's scores, query i sees
-// key j iff j <= lag + i (and j >= lo[i] when a document boundary cuts the
-// block; lo NULL: none does). The scores become the weights exp(S - m') (0
-// for a key the query does not see), the running max mb and sum lb move on,
-// and alpha receives exp(m - m'), the factor of the accumulated output.
-#ifdef ATTN_VEXP   // the same in 512-bit vectors, the same results (attn_exp.h)
-_Static_assert(QB == 32, "attn_block_softmax32 takes blocks of 32 queries");
-static inline void block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
-    attn_block_softmax32(St, kmax, lag, lo, mb, lb, alpha);
-}
-#else
-static inline void block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
-    real mx[QB], sum[QB];
-    bool cut = lo != NULL;
-#pragma omp simd
-    for (int i = 0; i < QB; i++) mx[i] = mb[i], sum[i] = 0;
-    // Keys j < jall are seen by every query of the block; the rest
-    // (the diagonal) by queries i >= j - lag only. A block that a
-    // document boundary cuts tests both bounds on every key.
-    int jall = cut ? 0 : imax(0, imin(kmax, lag + 1));
-    for (int j = 0; j < jall; j++) {
-        const real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-        for (int i = 0; i < QB; i++) mx[i] = Sj[i] > mx[i] ? Sj[i] : mx[i];
-    }
-    if (cut)
-        for (int j = 0; j < kmax; j++) {
-            const real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-            for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && j >= lo[i] && Sj[i] > mx[i] ? Sj[i] : mx[i];
-        }
-    for (int j = jall; j < kmax && !cut; j++) {
-        const real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-        for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && Sj[i] > mx[i] ? Sj[i] : mx[i];
-    }
-    for (int j = 0; j < jall; j++) {
-        real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-        for (int i = 0; i < QB; i++) {
-            Sj[i] = r_exp(Sj[i] - mx[i]);
-            sum[i] += Sj[i];
-        }
-    }
-    if (cut)
-        for (int j = 0; j < kmax; j++) {
-            real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-            for (int i = 0; i < QB; i++) {
-                Sj[i] = j <= lag + i && j >= lo[i] ? r_exp(Sj[i] - mx[i]) : 0;
-                sum[i] += Sj[i];
-            }
-        }
-    for (int j = jall; j < kmax && !cut; j++) {
-        real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-        for (int i = 0; i < QB; i++) {
-            Sj[i] = j <= lag + i ? r_exp(Sj[i] - mx[i]) : 0;
-            sum[i] += Sj[i];
-        }
-    }
-    // alpha = exp(m - m'): 0 on a query's first keys (m = -inf); 1
-    // when the max did not move, also for a query that sees none of
-    // these keys yet (m = m' = -inf, where m - m' is not a number).
-#pragma omp simd
-    for (int i = 0; i < QB; i++) {
-        alpha[i] = mb[i] == mx[i] ? 1 : r_exp(mb[i] - mx[i]);
-        lb[i] = alpha[i] * lb[i] + sum[i];
-        mb[i] = mx[i];
-    }
-}
-#endif
 
 // One query tile of one head: the queries at positions t0..t0+nq-1, which
 // see keys 0 .. t, and their outputs and lse. k, v: head-h base pointers of
@@ -262,7 +189,7 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, int qoff, cons
 #endif
                 tile_mm(kmax, QB, d->dk, d->scale, k + (int64_t)s0 * ldq, ldq, 1, Qt + i0, bqp, St, QB, false);
             real alpha[QB];
-            block_softmax(St, kmax, lag, cut ? lo : NULL, m + i0, l + i0, alpha);
+            attn_block_softmax(St, kmax, lag, cut ? lo : NULL, m + i0, l + i0, alpha);
             for (int i = 0; i < nr; i++)
                 if (alpha[i] != 1) {
                     real *Ai = acc + (int64_t)(i0 + i) * dvp;
