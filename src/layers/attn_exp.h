@@ -18,8 +18,9 @@
 // D 256, T 256) in that form.
 //
 // Also the forward's online softmax of a block in those vectors
-// (attn_block_softmax32). Defines ATTN_VEXP where these exist (float32
-// builds for AVX-512); other builds keep attn_flash.c's loops over r_exp.
+// (attn_block_softmax32), and attn_block_softmax, which runs it where
+// these exist (ATTN_VEXP: float32 builds for AVX-512) and loops over r_exp
+// elsewhere.
 #ifndef ATTN_EXP_H
 #define ATTN_EXP_H
 
@@ -95,6 +96,86 @@ static inline void attn_block_softmax32(float *St, int kmax, int lag, const int 
         alpha[i] = mb[i] == mxs[i] ? 1 : r_exp(mb[i] - mxs[i]);
         lb[i] = alpha[i] * lb[i] + sums[i];
         mb[i] = mxs[i];
+    }
+}
+#endif
+
+#include "common.h"     // imin, imax
+#include "ops_math.h"   // r_exp
+#include "tile_mm.h"    // VL
+
+#define ATTN_QB (2 * VL)   // the queries of one block of the forward, one a vector lane
+
+// The online softmax of one block of attn_flash.c's forward, lane-wise
+// over its ATTN_QB queries: St (kmax keys x ATTN_QB queries) holds the block's scores, query i sees
+// key j iff j <= lag + i (and j >= lo[i] when a document boundary cuts the
+// block; lo NULL: none does). The scores become the weights exp(S - m') (0
+// for a key the query does not see), the running max mb and sum lb move on,
+// and alpha receives exp(m - m'), the factor of the accumulated output.
+#ifdef ATTN_VEXP   // the same in 512-bit vectors, the same results (above)
+_Static_assert(ATTN_QB == 32, "attn_block_softmax32 takes blocks of 32 queries");
+static inline void attn_block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
+    attn_block_softmax32(St, kmax, lag, lo, mb, lb, alpha);
+}
+#else
+static inline void attn_block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
+    real mx[ATTN_QB], sum[ATTN_QB];
+    bool cut = lo != NULL;
+#pragma omp simd
+    for (int i = 0; i < ATTN_QB; i++) mx[i] = mb[i], sum[i] = 0;
+    // Keys j < jall are seen by every query of the block; the rest
+    // (the diagonal) by queries i >= j - lag only. A block that a
+    // document boundary cuts tests both bounds on every key.
+    int jall = cut ? 0 : imax(0, imin(kmax, lag + 1));
+    for (int j = 0; j < jall; j++) {
+        const real *Sj = St + (int64_t)j * ATTN_QB;
+#pragma omp simd
+        for (int i = 0; i < ATTN_QB; i++) mx[i] = Sj[i] > mx[i] ? Sj[i] : mx[i];
+    }
+    if (cut)
+        for (int j = 0; j < kmax; j++) {
+            const real *Sj = St + (int64_t)j * ATTN_QB;
+#pragma omp simd
+            for (int i = 0; i < ATTN_QB; i++) mx[i] = j <= lag + i && j >= lo[i] && Sj[i] > mx[i] ? Sj[i] : mx[i];
+        }
+    for (int j = jall; j < kmax && !cut; j++) {
+        const real *Sj = St + (int64_t)j * ATTN_QB;
+#pragma omp simd
+        for (int i = 0; i < ATTN_QB; i++) mx[i] = j <= lag + i && Sj[i] > mx[i] ? Sj[i] : mx[i];
+    }
+    for (int j = 0; j < jall; j++) {
+        real *Sj = St + (int64_t)j * ATTN_QB;
+#pragma omp simd
+        for (int i = 0; i < ATTN_QB; i++) {
+            Sj[i] = r_exp(Sj[i] - mx[i]);
+            sum[i] += Sj[i];
+        }
+    }
+    if (cut)
+        for (int j = 0; j < kmax; j++) {
+            real *Sj = St + (int64_t)j * ATTN_QB;
+#pragma omp simd
+            for (int i = 0; i < ATTN_QB; i++) {
+                Sj[i] = j <= lag + i && j >= lo[i] ? r_exp(Sj[i] - mx[i]) : 0;
+                sum[i] += Sj[i];
+            }
+        }
+    for (int j = jall; j < kmax && !cut; j++) {
+        real *Sj = St + (int64_t)j * ATTN_QB;
+#pragma omp simd
+        for (int i = 0; i < ATTN_QB; i++) {
+            Sj[i] = j <= lag + i ? r_exp(Sj[i] - mx[i]) : 0;
+            sum[i] += Sj[i];
+        }
+    }
+    // alpha = exp(m - m'): 0 on a query's first keys (m = -inf); 1
+    // when the max did not move, also for a query that sees none of
+    // these keys yet (m = m' = -inf, where m - m' is not a number).
+#pragma omp simd
+    for (int i = 0; i < ATTN_QB; i++) {
+        alpha[i] = mb[i] == mx[i] ? 1 : r_exp(mb[i] - mx[i]);
+        lb[i] = alpha[i] * lb[i] + sum[i];
+        mb[i] = mx[i];
     }
 }
 #endif

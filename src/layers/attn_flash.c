@@ -79,115 +79,64 @@ static AttnDims dims_of(const Node *n) {
 // lane: the scores of the block are St (keys x QB queries), so the running
 // max and sum of each query are lane-wise (no reduction across a vector), and
 // St = K_j Q^T reads K_j in place, with only Q^T packed, once per query tile.
-#define QB (2 * VL)
+#define QB ATTN_QB   // (2 VL)
 
 // Forward scratch (reals per thread), each piece a whole number of vectors:
 // Qt (dk x bqp), Vp (bk x dvp), St (bk x QB), acc (bq x dvp), m, l (bqp each),
 // with bqp = bq rounded up to QB; with bf16 products also (in pairs, the
-// size of a real) Q^T (dk/2 x bqp), K_j (bk x dk/2), V_j (bk/2 x dvp), P^T
-// (bk/2 x QB) and Q's pairs of columns before their transpose (bq x dk/2).
+// size of a real) Q^T (dk/2 x bqp), V_j (bk/2 x dvp), P^T (bk/2 x QB), Q's
+// pairs of columns before their transpose (bq x dk/2), and the KvCache of
+// one head's nkeys keys: K (nkeys x dk/2), V (nkeys/2 x dvp, nkeys rounded
+// up to even) and a flag per key tile.
 static int forward_bqp(const AttnDims *d) { return (d->bq + QB - 1) / QB * QB; }
 
-static size_t forward_scratch(const AttnDims *d) {
+static size_t forward_scratch(const AttnDims *d, int nkeys) {
     int bqp = forward_bqp(d);
     size_t n = (size_t)d->dk * bqp + (size_t)d->bk * d->dvp + (size_t)d->bk * QB + (size_t)d->bq * d->dvp +
                2 * (size_t)bqp;
     if (d->bf16)
-        n += (size_t)(d->dk / 2) * bqp + (size_t)round_vl(d->bk * (d->dk / 2)) + (size_t)(d->bk / 2) * d->dvp +
-             (size_t)(d->bk / 2) * QB + (size_t)round_vl(d->bq * (d->dk / 2));
+        n += (size_t)(d->dk / 2) * bqp + (size_t)(d->bk / 2) * d->dvp + (size_t)(d->bk / 2) * QB +
+             (size_t)round_vl(d->bq * (d->dk / 2)) + (size_t)round_vl(nkeys * (d->dk / 2)) +
+             (size_t)(nkeys + 1) / 2 * d->dvp + (size_t)round_vl((nkeys + d->bk - 1) / d->bk);
     return n;
 }
 
-// The online softmax of one block of the forward, lane-wise over its QB
-// queries: St (kmax keys x QB queries) holds the block's scores, query i sees
-// key j iff j <= lag + i (and j >= lo[i] when a document boundary cuts the
-// block; lo NULL: none does). The scores become the weights exp(S - m') (0
-// for a key the query does not see), the running max mb and sum lb move on,
-// and alpha receives exp(m - m'), the factor of the accumulated output.
-#ifdef ATTN_VEXP   // the same in 512-bit vectors, the same results (attn_exp.h)
-_Static_assert(QB == 32, "attn_block_softmax32 takes blocks of 32 queries");
-static inline void block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
-    attn_block_softmax32(St, kmax, lag, lo, mb, lb, alpha);
-}
-#else
-static inline void block_softmax(real *St, int kmax, int lag, const int *lo, real *mb, real *lb, real *alpha) {
-    real mx[QB], sum[QB];
-    bool cut = lo != NULL;
-#pragma omp simd
-    for (int i = 0; i < QB; i++) mx[i] = mb[i], sum[i] = 0;
-    // Keys j < jall are seen by every query of the block; the rest
-    // (the diagonal) by queries i >= j - lag only. A block that a
-    // document boundary cuts tests both bounds on every key.
-    int jall = cut ? 0 : imax(0, imin(kmax, lag + 1));
-    for (int j = 0; j < jall; j++) {
-        const real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-        for (int i = 0; i < QB; i++) mx[i] = Sj[i] > mx[i] ? Sj[i] : mx[i];
-    }
-    if (cut)
-        for (int j = 0; j < kmax; j++) {
-            const real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-            for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && j >= lo[i] && Sj[i] > mx[i] ? Sj[i] : mx[i];
-        }
-    for (int j = jall; j < kmax && !cut; j++) {
-        const real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-        for (int i = 0; i < QB; i++) mx[i] = j <= lag + i && Sj[i] > mx[i] ? Sj[i] : mx[i];
-    }
-    for (int j = 0; j < jall; j++) {
-        real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-        for (int i = 0; i < QB; i++) {
-            Sj[i] = r_exp(Sj[i] - mx[i]);
-            sum[i] += Sj[i];
-        }
-    }
-    if (cut)
-        for (int j = 0; j < kmax; j++) {
-            real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-            for (int i = 0; i < QB; i++) {
-                Sj[i] = j <= lag + i && j >= lo[i] ? r_exp(Sj[i] - mx[i]) : 0;
-                sum[i] += Sj[i];
-            }
-        }
-    for (int j = jall; j < kmax && !cut; j++) {
-        real *Sj = St + (int64_t)j * QB;
-#pragma omp simd
-        for (int i = 0; i < QB; i++) {
-            Sj[i] = j <= lag + i ? r_exp(Sj[i] - mx[i]) : 0;
-            sum[i] += Sj[i];
-        }
-    }
-    // alpha = exp(m - m'): 0 on a query's first keys (m = -inf); 1
-    // when the max did not move, also for a query that sees none of
-    // these keys yet (m = m' = -inf, where m - m' is not a number).
-#pragma omp simd
-    for (int i = 0; i < QB; i++) {
-        alpha[i] = mb[i] == mx[i] ? 1 : r_exp(mb[i] - mx[i]);
-        lb[i] = alpha[i] * lb[i] + sum[i];
-        mb[i] = mx[i];
-    }
-}
-#endif
+// With bf16 products, the pairs of one head's keys and values as the
+// forward's products read them (K_j's rows, V_j's pairs of rows), packed
+// once per thread and head where a thread runs several query tiles of the
+// head: per query tile, the packing of every key tile it sees took 11-12 %
+// of the op on AMX (T 256 and 1024, D 64). head: the (batch, head) held, -1
+// none; done[j]: key tile j is packed. Its pieces follow the tile's scratch.
+typedef struct KvCache {
+    int64_t head;
+    bfpair *K, *V;
+    int *done;
+} KvCache;
+
 
 // One query tile of one head: the queries at positions t0..t0+nq-1, which
 // see keys 0 .. t, and their outputs and lse. k, v: head-h base pointers of
 // batch b's keys and values (rows 0 ..; row strides ldq, ldv); q, o and lse
 // hold position t at row t - qoff (0 but for attn_prefix_forward's windows).
-// first: the row's (T) document index (docs.h), or NULL.
+// first: the row's (T) document index (docs.h), or NULL. kc: the thread's
+// KvCache (bf16 products), head: which (batch, head) this is.
 // The running max m and sum l stay in `real`: m is a max (exact), l a sum of
 // at most T terms in [0, 1].
 static void flash_forward_tile(const AttnDims *d, int t0, int nq, int qoff, const real *q, const real *k,
-                               const real *v, real *o, real *lse, const int *first, real *scratch) {
+                               const real *v, real *o, real *lse, const int *first, real *scratch, KvCache *kc,
+                               int64_t head) {
     int ldq = d->H * d->dk, ldv = d->H * d->dv, dvp = d->dvp, bqp = forward_bqp(d);
     real *Qt = scratch, *Vp = Qt + (size_t)d->dk * bqp, *St = Vp + (size_t)d->bk * dvp;
     real *acc = St + (size_t)d->bk * QB, *m = acc + (size_t)d->bq * dvp, *l = m + bqp;
 #ifdef AG_TILE_BF16
     int dkh = d->dk / 2;   // (bf16: dk, dv, bk even)
-    bfpair *QtP = (bfpair *)(l + bqp), *Kb = QtP + (size_t)dkh * bqp;
-    bfpair *VR = Kb + round_vl(d->bk * dkh), *PP = VR + (size_t)(d->bk / 2) * dvp, *tmp = PP + (size_t)(d->bk / 2) * QB;
+    bfpair *QtP = (bfpair *)(l + bqp), *VR = QtP + (size_t)dkh * bqp;
+    bfpair *PP = VR + (size_t)(d->bk / 2) * dvp, *tmp = PP + (size_t)(d->bk / 2) * QB;
+    int kend = qoff + d->T;   // the keys of the window's last query: 0 .. kend-1
+    if (d->bf16 && kc->head != head) {
+        memset(kc->done, 0, (size_t)((kend + d->bk - 1) / d->bk) * sizeof(int));
+        kc->head = head;
+    }
     if (d->bf16) pack_pair_transposed(QtP, bqp, q + (int64_t)(t0 - qoff) * ldq, ldq, nq, d->dk, tmp);
     else
 #endif
@@ -202,9 +151,21 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, int qoff, cons
         int nk = imin(d->bk, s_end - s0);
         const real *Vj = v_in ? v + (int64_t)s0 * ldv : Vp;   // V_j rows, stride ldvj
 #ifdef AG_TILE_BF16
-        if (d->bf16) {   // K_j's rows and V_j's pairs of rows, in bf16
-            pack_pair_rows(Kb, dkh, k + (int64_t)s0 * ldq, ldq, nk, d->dk);
-            pack_pair_cols(VR, dvp, v + (int64_t)s0 * ldv, ldv, 0, nk, d->dv);
+        const bfpair *Kb = NULL, *VjP = NULL;
+        if (d->bf16) {   // K_j's rows and V_j's pairs of rows, in bf16, from the cache (s0 even: bk is)
+            int jt = s0 / d->bk, nkt = imin(d->bk, kend - s0);   // the whole tile: keys s0 .. s0+nkt-1
+            if (!kc->done[jt]) {
+                pack_pair_rows(kc->K + (int64_t)s0 * dkh, dkh, k + (int64_t)s0 * ldq, ldq, nkt, d->dk);
+                pack_pair_cols(kc->V + (int64_t)(s0 / 2) * dvp, dvp, v + (int64_t)s0 * ldv, ldv, 0, nkt, d->dv);
+                kc->done[jt] = 1;
+            }
+            Kb = kc->K + (int64_t)s0 * dkh, VjP = kc->V + (int64_t)(s0 / 2) * dvp;
+            // A tile this query tile cuts at an odd key (a window at an odd
+            // slot) pairs its last key with zero, as the products read it.
+            if (nk % 2 && nk < nkt) {
+                pack_pair_cols(VR, dvp, v + (int64_t)s0 * ldv, ldv, 0, nk, d->dv);
+                VjP = VR;
+            }
         } else
 #endif
         if (!v_in) pack_rows(Vp, dvp, v + (int64_t)s0 * ldv, ldv, nk, d->dv);
@@ -228,7 +189,7 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, int qoff, cons
 #endif
                 tile_mm(kmax, QB, d->dk, d->scale, k + (int64_t)s0 * ldq, ldq, 1, Qt + i0, bqp, St, QB, false);
             real alpha[QB];
-            block_softmax(St, kmax, lag, cut ? lo : NULL, m + i0, l + i0, alpha);
+            attn_block_softmax(St, kmax, lag, cut ? lo : NULL, m + i0, l + i0, alpha);
             for (int i = 0; i < nr; i++)
                 if (alpha[i] != 1) {
                     real *Ai = acc + (int64_t)(i0 + i) * dvp;
@@ -239,7 +200,7 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, int qoff, cons
 #ifdef AG_TILE_BF16
             if (d->bf16) {   // P's pairs of keys in bf16 (rows kmax .. of St are not scores: zero)
                 pack_pair_cols(PP, QB, St, QB, 0, kmax, QB);
-                tile_mm_bf16_band_on(d->amx, nr, dvp, kmax, -nr, lag, 1, PP, 1, QB, VR, dvp,
+                tile_mm_bf16_band_on(d->amx, nr, dvp, kmax, -nr, lag, 1, PP, 1, QB, VjP, dvp,
                                      acc + (int64_t)i0 * dvp, dvp, true);
             } else
 #endif
@@ -263,16 +224,27 @@ static void flash_forward_tile(const AttnDims *d, int t0, int nq, int qoff, cons
 static void forward_rows(Tape *tp, const AttnDims *d, real *o, real *lse, const real *q, const real *kc,
                          const real *vc, int max_T, int pos, int T0, const int *key0, const int *first) {
     int ldq = d->H * d->dk, ldv = d->H * d->dv, n_tiles = (T0 + d->bq - 1) / d->bq;
+    int chunk = d->bf16 && d->B * d->H >= 4 * omp_get_max_threads() ? n_tiles : 1;
     size_t stride;
-    unsigned char *slots = tape_thread_slots(tp, forward_scratch(d) * sizeof(real), &stride);
+    unsigned char *slots = tape_thread_slots(tp, forward_scratch(d, max_T) * sizeof(real), &stride);
     ASSERT((uintptr_t)slots % VEC_BYTES == 0 && stride % VEC_BYTES == 0, "attention: scratch not aligned");
 #pragma omp parallel
     {
         real *scratch = (real *)(slots + stride * (size_t)omp_get_thread_num());
+        KvCache kvc = {-1, NULL, NULL, NULL};
+        if (d->bf16) {   // (the last pieces of forward_scratch)
+            size_t kv = (size_t)round_vl(max_T * (d->dk / 2)) + (size_t)(max_T + 1) / 2 * d->dvp;
+            kvc.K = (bfpair *)(scratch + forward_scratch(d, max_T) - kv - round_vl((max_T + d->bk - 1) / d->bk));
+            kvc.V = kvc.K + round_vl(max_T * (d->dk / 2));
+            kvc.done = (int *)(kvc.V + (size_t)(max_T + 1) / 2 * d->dvp);
+        }
         if (d->amx) amx_tiles_begin();   // (once per thread and op: tile_amx.h)
         // Later query tiles see more keys: hand tiles out dynamically. Each
-        // task writes its own rows, so the result is the same for any schedule.
-#pragma omp for collapse(3) schedule(dynamic, 1)
+        // task writes its own rows, so the result is the same for any
+        // schedule. With bf16 products and heads enough to keep the threads
+        // busy, a thread takes a whole head (a chunk of n_tiles tiles), so
+        // that it packs each key tile once (KvCache).
+#pragma omp for collapse(3) schedule(dynamic, chunk)
         for (int b = 0; b < d->B; b++)
             for (int h = 0; h < d->H; h++)
                 for (int it = 0; it < n_tiles; it++) {
@@ -281,7 +253,7 @@ static void forward_rows(Tape *tp, const AttnDims *d, real *o, real *lse, const 
                     flash_forward_tile(d, t0, nq, p0, q + row0 * ldq + h * d->dk, kc + r0 * ldq + h * d->dk,
                                        vc + r0 * ldv + h * d->dv, o + row0 * ldv + h * d->dv,
                                        lse ? lse + ((int64_t)b * d->H + h) * T0 : NULL, first ? first + row0 : NULL,
-                                       scratch);
+                                       scratch, &kvc, (int64_t)b * d->H + h);
                 }
         if (d->amx) amx_tiles_end();
     }

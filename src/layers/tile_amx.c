@@ -214,7 +214,7 @@ static void amx_pack_a(bfpair *dst, const bfpair **at, int *st, const bfpair *A,
             for (int r = 0; r < 16; r++)
                 for (int q = 0; q < 16; q++)
                     t[r * 16 + q] = i0 + r < M && p + q < KP ? A[(int64_t)(i0 + r) * lda + (int64_t)(p + q) * ak] : 0;
-        for (int r = 0; r < 16; r++) {   // each row's band
+        for (int r = 0; r < 16 && !full; r++) {   // each row's band (full: the whole chunk, nothing to clear)
             __mmask16 m = range_mask(q0[r] - p, q1[r] - p);
             _mm512_store_si512((void *)(t + r * 16), _mm512_maskz_mov_epi32(m, _mm512_load_si512(t + r * 16)));
         }
@@ -296,13 +296,22 @@ static AMX_TARGET void amx_group(const AmxGroup *g, int M, int N, int KP, const 
                 if (w[3]) _tile_dpbf16ps(3, 5, 7);
             }
         }
-        _tile_stored(0, cbuf[0], 64);
-        _tile_stored(1, cbuf[1], 64);
-        _tile_stored(2, cbuf[2], 64);
-        _tile_stored(3, cbuf[3], 64);
+        // A C tile of 16 whole rows that is C itself (alpha 1, no row
+        // scales, no sum) goes straight to C: 1 x is x, bit for bit.
+        bool plain = g->alpha == 1 && !g->rs && !g->add;
+        bool direct[4] = {plain && i0 + 16 <= M, plain && i0 + 16 <= M, plain && i0 + 32 <= M, plain && i0 + 32 <= M};
+        float *Cg = C + (int64_t)i0 * ldc + j;
+#define AMX_STORE(t, r, c)                                                                 \
+    if (direct[t] && w[t]) _tile_stored(t, Cg + (int64_t)(r) * ldc + (c), ldc * 4);        \
+    else _tile_stored(t, cbuf[t], 64)
+        AMX_STORE(0, 0, 0);
+        AMX_STORE(1, 0, 16);
+        AMX_STORE(2, 16, 0);
+        AMX_STORE(3, 16, 16);
+#undef AMX_STORE
         for (int t = 0; t < 4; t++) {
             int r0 = i0 + 16 * (t / 2), cj = j + 16 * (t % 2);
-            if (w[t])
+            if (w[t] && !direct[t])
                 amx_finish(cbuf[t], imin(16, M - r0), g->alpha, g->rs ? g->rs + r0 : NULL, C + (int64_t)r0 * ldc + cj,
                            ldc, g->add);
         }
