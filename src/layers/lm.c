@@ -50,31 +50,28 @@ const char *lm_config_check(const LMConfig *c, int64_t rows, char *why, size_t n
         gdp_used |= strcmp(c->layers[l], "gdp") == 0;
         kda_used |= strcmp(c->layers[l], "kda") == 0;
     }
-    // gdp_steps shapes only gdp layers: another value than its default, 2, would be a silent no-op.
-    if (!gdp_used && c->mixer.gdp_steps != 2) {
-        snprintf(why, n, "gdp_steps = %d has no effect: none of the layers (%s...) is gdp; remove the key",
-                 c->mixer.gdp_steps, c->layers[0]);
-        return "gdp_steps";
-    }
-    // kda_gate_bias shapes only kda layers: false, not its default, would be a silent no-op.
-    if (!kda_used && !c->mixer.kda_gate_bias) {
-        snprintf(why, n, "kda_gate_bias = false has no effect: none of the layers (%s...) is kda; remove the key",
-                 c->layers[0]);
-        return "kda_gate_bias";
-    }
-    // The attention options change no other mixer: set without an attention layer, they would be a silent no-op.
-    if (!attn_used && (c->mixer.qk_norm || c->mixer.attn_gate)) {
-        const char *key = c->mixer.qk_norm ? "qk_norm" : "attn_gate";
-        snprintf(why, n, "%s = true has no effect: none of the layers (%s...) is attn or attn_dsa; remove the key",
-                 key, c->layers[0]);
-        return key;
-    }
-    if (!form_used && c->mixer.form != MIXER_FORM_CHUNKED) {
-        snprintf(why, n, "form = %s has no effect: none of the layers (%s...) has training forms to choose "
-                         "between (only linear, mamba, mamba2, gdn, gdp and kda do); remove the key",
-                 mixer_form_name(c->mixer.form), c->layers[0]);
-        return "form";
-    }
+    // An option that shapes only some mixers, set to other than its default
+    // without one of them among the layers, would be a silent no-op.
+    char gdp_val[32];
+    snprintf(gdp_val, sizeof gdp_val, "%d", c->mixer.gdp_steps);
+    const struct {
+        const char *key, *value;   // value as the message says it
+        bool set, used;
+        const char *which;         // the layers it shapes
+    } only[] = {
+        {"gdp_steps", gdp_val, c->mixer.gdp_steps != 2, gdp_used, "is gdp"},
+        {"kda_gate_bias", "false", !c->mixer.kda_gate_bias, kda_used, "is kda"},
+        {"qk_norm", "true", c->mixer.qk_norm, attn_used, "is attn or attn_dsa"},
+        {"attn_gate", "true", c->mixer.attn_gate, attn_used, "is attn or attn_dsa"},
+        {"form", mixer_form_name(c->mixer.form), c->mixer.form != MIXER_FORM_CHUNKED, form_used,
+         "has training forms to choose between (only linear, mamba, mamba2, gdn, gdp and kda do)"},
+    };
+    for (size_t i = 0; i < sizeof only / sizeof only[0]; i++)
+        if (only[i].set && !only[i].used) {
+            snprintf(why, n, "%s = %s has no effect: none of the layers (%s...) %s; remove the key", only[i].key,
+                     only[i].value, c->layers[0], only[i].which);
+            return only[i].key;
+        }
     // Every tensor of a step must stay within int32 elements.
     const MixerConfig *m = &c->mixer;
     int64_t D = c->d_model, F = c->d_ff, V = c->vocab_size, H = m->n_heads;
