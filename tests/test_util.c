@@ -77,6 +77,15 @@ void test_l2norm_rows(Tensor *x, int d, double scale) {
     }
 }
 
+const Node *test_only_node(const Tape *tp, const char *op) {
+    const Node *found = NULL;
+    int n = 0;
+    for (int i = 0; i < tp->n_nodes; i++)
+        if (!strcmp(tp->nodes[i]->op->name, op)) found = tp->nodes[i], n++;
+    cr_assert_eq(n, 1, "%d %s nodes on the tape", n, op);
+    return found;
+}
+
 void test_kda_inputs(Tensor **x, int B, int T, int H, int dk, int dv, uint64_t seed) {
     enum { Q, K, V, BETA, G, S0, N };
     x[Q] = tensor_newv(true, 3, B, T, H * dk);

@@ -48,6 +48,8 @@ real *test_ones(int64_t n);
 // Normalise each run of d values of x (the heads of a (B, T, H*d) tensor) to
 // unit length, then scale it: q and k as the gdn layer feeds them to op_gdn.
 void test_l2norm_rows(Tensor *x, int d, double scale);
+// The one node of the op named `op` on tp (asserted: exactly one).
+const Node *test_only_node(const Tape *tp, const char *op);
 // op_kda's inputs x[0..5] = q, k, v, beta, g, s0, all taking gradients: q, k
 // (B, T, H*dk) L2-normalised per head (q scaled by 1/sqrt(dk)) as the layer
 // feeds them, v (B, T, H*dv) ~ N(0, 1), beta (B, T, H) a sigmoid of N(0, 1),
