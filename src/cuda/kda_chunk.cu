@@ -11,10 +11,11 @@
 // launches, with the decay per channel:
 //   1. per chunk (k_kda_fwd_prep): Gamma, the factors, A and P, Tm by
 //      solve_warps, W and U; written to per-op rows (W, U, Qg, Kd, P) and bl;
-//   2. per (batch, head, block of KDA_NVB state columns), chunks in order
+//   2. per (batch, head, block of 4, 8 or 16 state columns), chunks in order
 //      (k_kda_fwd_scan): keeps the state entering each chunk (n->saved, or
 //      scratch when the node is not recorded), Delta over U's rows, S_C; the
-//      block's slice of the state and of Delta stay in shared memory;
+//      block's slice of the state and of Delta stay in shared memory, and
+//      the chunk's rows of W and Kd are copied there first when they fit;
 //   3. per chunk (k_kda_fwd_out): O = Qg S0 + P Delta.
 // gdn_scan.cu's scan is not reused: its bl and ek are one scalar per chunk
 // and per row, KDA's one per channel.
@@ -207,19 +208,21 @@ __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_kda_fwd_prep(GdnArgs a, Kd
     }
 }
 
-// 2. Per (batch, head, KDA_NVB columns of the state), chunks in order: the
+// 2. Per (batch, head, NVB columns of the state), chunks in order: the
 // state entering the chunk into a.states, Delta = U - W S0 (over U's rows),
-// S_C = Diag(bl) S0 + Kd^T Delta. Shared memory: the state's slice (dk x
-// KDA_NVB) and Delta's (Cw x KDA_NVB). Every element is one thread's fma
-// chain in a fixed order.
-__global__ void __launch_bounds__(GDN_NT) k_kda_fwd_scan(GdnArgs a, KdaRows kr) {
+// S_C = Diag(bl) S0 + Kd^T Delta. Shared memory (KdaScan): the state's
+// slice (dk x NVB), Delta's (Cw x NVB) and, STAGE, the chunk's rows of W
+// and Kd. Every element is one thread's fma chain in a fixed order, the
+// same whatever NVB and STAGE.
+template <int NVB, bool STAGE> __global__ void __launch_bounds__(GDN_NT) k_kda_fwd_scan(GdnArgs a, KdaRows kr) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
-    real *S = (real *)kda_smem, *D = S + (size_t)a.dk * KDA_NVB;
-    int tid = threadIdx.x, dk = a.dk, dv = a.dv;
+    real *S = (real *)kda_smem, *D = S + (size_t)a.dk * NVB;
+    real *Ws = D + (size_t)a.Cw * NVB, *Ks = Ws + (size_t)a.Cw * (a.dk + 1);   // STAGE only
+    int tid = threadIdx.x, dk = a.dk, dv = a.dv, pk = STAGE ? dk + 1 : dk;
     int64_t bh = blockIdx.x / a.NV, SS = (int64_t)dk * dv;
-    int j0 = (int)(blockIdx.x % a.NV) * KDA_NVB, nc = min(KDA_NVB, dv - j0);
-    for (int e = tid; e < dk * KDA_NVB; e += GDN_NT) {
-        int i = e / KDA_NVB, j = e % KDA_NVB;
+    int j0 = (int)(blockIdx.x % a.NV) * NVB, nc = min(NVB, dv - j0);
+    for (int e = tid; e < dk * NVB; e += GDN_NT) {
+        int i = e / NVB, j = e % NVB;
         S[e] = a.s0 && j < nc ? a.s0[bh * SS + (int64_t)i * dv + j0 + j] : (real)0;
     }
     __syncthreads();
@@ -228,35 +231,46 @@ __global__ void __launch_bounds__(GDN_NT) k_kda_fwd_scan(GdnArgs a, KdaRows kr) 
         int64_t r = bh * a.T + t0;
         real *st = a.states + (bh * a.NC + c) * SS;
         const real *bl = kr.bl + (bh * a.NC + c) * dk;
-        for (int e = tid; e < dk * KDA_NVB; e += GDN_NT) {
-            int i = e / KDA_NVB, j = e % KDA_NVB;
+        const real *Wc = a.Wb + r * dk, *Kc = kr.Kd + r * dk;
+        if (STAGE) {
+            kda_scan_rows(Ws, Wc, Ks, Kc, L, dk);
+            Wc = Ws, Kc = Ks;
+            __syncthreads();
+        }
+        for (int e = tid; e < dk * NVB; e += GDN_NT) {
+            int i = e / NVB, j = e % NVB;
             if (j < nc) st[(int64_t)i * dv + j0 + j] = S[e];
         }
-        for (int e = tid; e < L * KDA_NVB; e += GDN_NT) {
-            int i = e / KDA_NVB, j = e % KDA_NVB;
+        for (int e = tid; e < L * NVB; e += GDN_NT) {
+            int i = e / NVB, j = e % NVB;
             if (j >= nc) continue;
-            const real *Wi = a.Wb + (r + i) * dk;
+            const real *Wi = Wc + i * pk;
             real *Ui = a.Ub + (r + i) * dv + j0 + j;
             real acc = *Ui;
-            for (int q = 0; q < dk; q++) acc = fma(-Wi[q], S[q * KDA_NVB + j], acc);
+            for (int q = 0; q < dk; q++) acc = fma(-Wi[q], S[q * NVB + j], acc);
             D[e] = acc;
             *Ui = acc;
         }
         __syncthreads();   // Delta is in; S is no longer read
-        for (int e = tid; e < dk * KDA_NVB; e += GDN_NT) {
-            int i = e / KDA_NVB, j = e % KDA_NVB;
+        for (int e = tid; e < dk * NVB; e += GDN_NT) {
+            int i = e / NVB, j = e % NVB;
             if (j >= nc) continue;
-            const real *Kd = kr.Kd + r * dk + i;
+            const real *Kd = Kc + i;
             real s = bl[i] * S[e];
-            for (int p = 0; p < L; p++) s = fma(Kd[(int64_t)p * dk], D[p * KDA_NVB + j], s);
+            for (int p = 0; p < L; p++) s = fma(Kd[p * pk], D[p * NVB + j], s);
             S[e] = s;
         }
-        __syncthreads();   // S_C is in; Delta is no longer read
+        __syncthreads();   // S_C is in; Delta, W and Kd are no longer read
     }
-    for (int e = tid; e < dk * KDA_NVB; e += GDN_NT) {
-        int i = e / KDA_NVB, j = e % KDA_NVB;
+    for (int e = tid; e < dk * NVB; e += GDN_NT) {
+        int i = e / NVB, j = e % NVB;
         if (j < nc) a.sT[bh * SS + (int64_t)i * dv + j0 + j] = S[e];
     }
+}
+
+static void (*fwd_scan_kernel(const KdaScan &p))(GdnArgs, KdaRows) {
+    if (p.stage) return p.nvb == 4 ? k_kda_fwd_scan<4, true> : p.nvb == 8 ? k_kda_fwd_scan<8, true> : k_kda_fwd_scan<16, true>;
+    return p.nvb == 4 ? k_kda_fwd_scan<4, false> : p.nvb == 8 ? k_kda_fwd_scan<8, false> : k_kda_fwd_scan<16, false>;
 }
 
 // 3. Per chunk: O = Qg S0 + P Delta (bf16 in the bf16 instance for heads of
@@ -279,7 +293,6 @@ template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_kda_fwd
 void kda_rows_alloc(Node *n, GdnArgs *a, KdaRows *kr, bool keep) {
     int64_t BH = (int64_t)a->B * a->H, rows = BH * a->T;
     a->items = BH * a->NC;
-    a->NV = (a->dv + KDA_NVB - 1) / KDA_NVB;
     a->Wb = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dk) * sizeof(real));
     a->Ub = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dv) * sizeof(real));
     memset(kr, 0, sizeof *kr);
@@ -307,13 +320,47 @@ template void kda_prep_launch<false>(Node *n, GdnArgs &a, const KdaRows &kr);
 template void kda_prep_launch<true>(Node *n, GdnArgs &a, const KdaRows &kr);
 #endif
 
-// The scans' dynamic shared memory: a slice of the state (or of its
-// gradient), dk x KDA_NVB, and one of Delta (dDelta), Cw x KDA_NVB; checked
-// against the GPU's, and asked for past the default 48 KiB.
-size_t kda_scan_smem(const GdnArgs &a, const void *kernel) {
-    size_t smem = (size_t)(a.dk + a.Cw) * KDA_NVB * sizeof(real);
-    cu_smem_prepare(kernel, smem, "op_kda (GPU, chunked form)", a.dk, a.dv);
-    return smem;
+// ATTNLAB_KDA_SCAN_COLS / ATTNLAB_KDA_SCAN_STAGE, if set, and refused by
+// name unless one of the values they may take.
+static int scan_env(const char *name, const char *const *vals, int nval, int dflt) {
+    const char *env = getenv(name);
+    if (!env || !*env) return dflt;
+    for (int i = 0; i < nval; i++)
+        if (!strcmp(env, vals[i])) return atoi(vals[i]);
+    FAIL("%s is '%.32s': it must be %s", name, env,
+         nval == 3 ? "4, 8 or 16" : "0 (W and Kd read from device memory) or 1 (staged where they fit)");
+}
+
+// The width: KDA_NVB_MAX, halved (to KDA_NVB_MIN at least) while the halved
+// width's B H ceil(dv / w) blocks still fit on the GPU's multiprocessors, as
+// gdn's scans choose: a long row at B = 1 has few (batch, head) walks, and
+// each walk's chunks are sequential. Staged when the operands fit beside the
+// slices in the shared memory a block may take.
+KdaScan kda_scan_plan(GdnArgs &a) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        CU_CHECK(cudaGetDevice(&dev));
+        CU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    static const char *const cols[] = {"4", "8", "16"}, *const stage[] = {"0", "1"};
+    int64_t BH = (int64_t)a.B * a.H;
+    KdaScan p;
+    p.nvb = KDA_NVB_MAX;
+    while (p.nvb > KDA_NVB_MIN && BH * ((a.dv + p.nvb / 2 - 1) / (p.nvb / 2)) <= sms) p.nvb /= 2;
+    p.nvb = scan_env("ATTNLAB_KDA_SCAN_COLS", cols, 3, p.nvb);
+    a.NV = (a.dv + p.nvb - 1) / p.nvb;
+    size_t slices = (size_t)(a.dk + a.Cw) * p.nvb * sizeof(real);
+    size_t rows = 2 * (size_t)a.Cw * (a.dk + 1) * sizeof(real);
+    p.stage = scan_env("ATTNLAB_KDA_SCAN_STAGE", stage, 2, 1) && slices + rows <= cu_smem_optin();
+    p.smem = slices + (p.stage ? rows : 0);
+    return p;
+}
+
+void kda_scan_run(void (*kernel)(GdnArgs, KdaRows), const GdnArgs &a, const KdaRows &kr, const KdaScan &plan) {
+    cu_smem_prepare((const void *)kernel, plan.smem, "op_kda (GPU, chunked form)", a.dk, a.dv);
+    kernel<<<(unsigned)(a.items / a.NC * a.NV), GDN_NT, plan.smem, cu_stream>>>(a, kr);
+    CU_LAUNCHED();
 }
 
 template <bool BF> static void kda_forward(Node *n) {
@@ -325,9 +372,8 @@ template <bool BF> static void kda_forward(Node *n) {
     int64_t SS = (int64_t)a.dk * a.dv;
     a.states = a.saved ? a.saved : (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
     kda_prep_launch<BF>(n, a, kr);
-    size_t smem = kda_scan_smem(a, (const void *)k_kda_fwd_scan);
-    k_kda_fwd_scan<<<(unsigned)(a.items / a.NC * a.NV), GDN_NT, smem, cu_stream>>>(a, kr);
-    CU_LAUNCHED();
+    KdaScan plan = kda_scan_plan(a);
+    kda_scan_run(fwd_scan_kernel(plan), a, kr, plan);
     k_kda_fwd_out<BF><<<chunk_grid(a.items, res_out), GDN_NT, 0, cu_stream>>>(a, kr);
     CU_LAUNCHED();
 }

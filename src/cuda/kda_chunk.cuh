@@ -10,7 +10,10 @@
 #include "gdn_chunk.cuh"
 #include "kda_node.h"
 
-#define KDA_NVB 16   // state columns per block of the scans
+// The scans (step 2 of each pass): a block walks the chunks of one (batch,
+// head) for nvb of the state's columns, nvb one of these (kda_scan_plan).
+#define KDA_NVB_MAX 16
+#define KDA_NVB_MIN 4
 
 // The per-op rows of the chunked form beyond GdnArgs' Wb, Ub and states.
 // A chunk's L x L matrices sit at its first row, r Cw (r = bh T + t0), L
@@ -145,12 +148,38 @@ __device__ __forceinline__ void kda_mm(bool bf, Tiles *sh, bool ta, bool tb, int
     else blk_gemm(sh, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-// kda_chunk.cu: the per-op rows (a's Wb, Ub, items, NV; kr's Qg, Kd, P, bl;
+// kda_chunk.cu: the per-op rows (a's Wb, Ub, items; kr's Qg, Kd, P, bl;
 // KK and Tm too when keep), and step 1 over every chunk into them (BF: the
 // bf16 instance, float32 build only: P and KKE through kda_prep_sub_bf16).
 void kda_rows_alloc(Node *n, GdnArgs *a, KdaRows *kr, bool keep);
 template <bool BF> void kda_prep_launch(Node *n, GdnArgs &a, const KdaRows &kr);
-// The dynamic shared memory of a scan kernel (checked, and asked for past 48 KiB).
-size_t kda_scan_smem(const GdnArgs &a, const void *kernel);
+
+// A scan's shape (kda_scan_plan): nvb state columns a block; whether the
+// chunk's two (L, dk) operands (W and Kd) are first copied into shared
+// memory (stage), so that the walk reads them there rather than a scattered
+// element at a time from device memory; the dynamic shared memory. Its
+// blocks: B H a.NV. The kernels' shared memory: the slice of the state (or
+// of its gradient), dk x nvb; of Delta (dDelta), Cw x nvb; then, staged,
+// the two operands at the row pitch dk + 1 (kda_scan_rows).
+struct KdaScan {
+    int nvb;
+    bool stage;
+    size_t smem;
+};
+KdaScan kda_scan_plan(GdnArgs &a);
+// Launches kernel (an instance for plan's nvb and stage) over a's B H NV
+// blocks, after asking for its shared memory past 48 KiB.
+void kda_scan_run(void (*kernel)(GdnArgs, KdaRows), const GdnArgs &a, const KdaRows &kr, const KdaScan &plan);
+
+// Step 2's copy of a chunk's L rows of two (., dk) operands into shared
+// memory at row pitch dk + 1 (a row's i-th element in a bank of its own
+// for the rows a warp reads together); all threads, no barrier.
+__device__ __forceinline__ void kda_scan_rows(real *d1, const real *s1, real *d2, const real *s2, int L, int dk) {
+    for (int e = threadIdx.x; e < L * dk; e += GDN_NT) {
+        int p = e / dk, q = e % dk;
+        d1[p * (dk + 1) + q] = s1[e];
+        d2[p * (dk + 1) + q] = s2[e];
+    }
+}
 
 #endif

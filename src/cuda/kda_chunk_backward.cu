@@ -5,7 +5,7 @@
 //      KKE and Tm = (I + A)^-1 kept in per-op rows), then the parts of dDelta
 //      and of the entering state's gradient that do not go through the state,
 //      P^T dO and Qg^T dO (k_kda_bwd_pre);
-//   2. per (batch, head, KDA_NVB columns), chunks in reverse (k_kda_bwd_scan):
+//   2. per (batch, head, 4, 8 or 16 state columns), chunks in reverse (k_kda_bwd_scan):
 //      dDelta = Kd dS + P^T dO, dS0 = Diag(bl) dS + Qg^T dO - W^T dDelta,
 //      keeping the gradient of the state leaving each chunk and dDelta; s0's
 //      is the last;
@@ -48,19 +48,21 @@ template <bool BF> __global__ void __launch_bounds__(GDN_NT, GDN_MINB) k_kda_bwd
     }
 }
 
-// 2. Per (batch, head, KDA_NVB columns of the state), chunks in reverse:
+// 2. Per (batch, head, NVB columns of the state), chunks in reverse:
 // a.dsb gets the gradient of the state leaving each chunk, kr.PtdO's rows
-// dDelta. Shared memory: dS's slice (dk x KDA_NVB) and dDelta's (Cw x
-// KDA_NVB). Every element is one thread's fma chain in a fixed order.
-__global__ void __launch_bounds__(GDN_NT) k_kda_bwd_scan(GdnArgs a, KdaRows kr) {
+// dDelta. Shared memory (KdaScan): dS's slice (dk x NVB), dDelta's (Cw x
+// NVB) and, STAGE, the chunk's rows of Kd and W. Every element is one
+// thread's fma chain in a fixed order, the same whatever NVB and STAGE.
+template <int NVB, bool STAGE> __global__ void __launch_bounds__(GDN_NT) k_kda_bwd_scan(GdnArgs a, KdaRows kr) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
-    real *dS = (real *)kda_smem, *D = dS + (size_t)a.dk * KDA_NVB;
-    int tid = threadIdx.x, dk = a.dk, dv = a.dv;
+    real *dS = (real *)kda_smem, *D = dS + (size_t)a.dk * NVB;
+    real *Ks = D + (size_t)a.Cw * NVB, *Ws = Ks + (size_t)a.Cw * (a.dk + 1);   // STAGE only
+    int tid = threadIdx.x, dk = a.dk, dv = a.dv, pk = STAGE ? dk + 1 : dk;
     int64_t bh = blockIdx.x / a.NV, SS = (int64_t)dk * dv;
-    int j0 = (int)(blockIdx.x % a.NV) * KDA_NVB, nc = min(KDA_NVB, dv - j0);
+    int j0 = (int)(blockIdx.x % a.NV) * NVB, nc = min(NVB, dv - j0);
     bool dout = a.dout != NULL;
-    for (int e = tid; e < dk * KDA_NVB; e += GDN_NT) {
-        int i = e / KDA_NVB, j = e % KDA_NVB;
+    for (int e = tid; e < dk * NVB; e += GDN_NT) {
+        int i = e / NVB, j = e % NVB;
         dS[e] = a.dsT && j < nc ? a.dsT[bh * SS + (int64_t)i * dv + j0 + j] : (real)0;
     }
     __syncthreads();
@@ -68,39 +70,50 @@ __global__ void __launch_bounds__(GDN_NT) k_kda_bwd_scan(GdnArgs a, KdaRows kr) 
         int t0 = c * a.C, L = min(a.C, a.T - t0);
         int64_t r = bh * a.T + t0, cs = (bh * a.NC + c) * SS;
         const real *bl = kr.bl + (bh * a.NC + c) * dk;
-        for (int e = tid; e < dk * KDA_NVB; e += GDN_NT) {
-            int i = e / KDA_NVB, j = e % KDA_NVB;
+        const real *Kc = kr.Kd + r * dk, *Wc = a.Wb + r * dk;
+        if (STAGE) {
+            kda_scan_rows(Ks, Kc, Ws, Wc, L, dk);
+            Kc = Ks, Wc = Ws;
+            __syncthreads();
+        }
+        for (int e = tid; e < dk * NVB; e += GDN_NT) {
+            int i = e / NVB, j = e % NVB;
             if (j < nc) a.dsb[cs + (int64_t)i * dv + j0 + j] = dS[e];
         }
         // dDelta = Kd dS + P^T dO
-        for (int e = tid; e < L * KDA_NVB; e += GDN_NT) {
-            int i = e / KDA_NVB, j = e % KDA_NVB;
+        for (int e = tid; e < L * NVB; e += GDN_NT) {
+            int i = e / NVB, j = e % NVB;
             if (j >= nc) continue;
-            const real *Kd = kr.Kd + (r + i) * dk;
+            const real *Kd = Kc + i * pk;
             real *Y = kr.PtdO + (r + i) * dv + j0 + j;
             real acc = dout ? *Y : (real)0;
-            for (int q = 0; q < dk; q++) acc = fma(Kd[q], dS[q * KDA_NVB + j], acc);
+            for (int q = 0; q < dk; q++) acc = fma(Kd[q], dS[q * NVB + j], acc);
             D[e] = acc;
             *Y = acc;
         }
         __syncthreads();   // dDelta is in; dS is no longer read
         // dS0 = Diag(bl) dS + Qg^T dO - W^T dDelta
-        for (int e = tid; e < dk * KDA_NVB; e += GDN_NT) {
-            int i = e / KDA_NVB, j = e % KDA_NVB;
+        for (int e = tid; e < dk * NVB; e += GDN_NT) {
+            int i = e / NVB, j = e % NVB;
             if (j >= nc) continue;
             real s = bl[i] * dS[e];
             if (dout) s += kr.QtdO[cs + (int64_t)i * dv + j0 + j];
-            const real *W = a.Wb + r * dk + i;
-            for (int p = 0; p < L; p++) s = fma(-W[(int64_t)p * dk], D[p * KDA_NVB + j], s);
+            const real *W = Wc + i;
+            for (int p = 0; p < L; p++) s = fma(-W[p * pk], D[p * NVB + j], s);
             dS[e] = s;
         }
-        __syncthreads();   // dS0 is in; dDelta is no longer read
+        __syncthreads();   // dS0 is in; dDelta, Kd and W are no longer read
     }
     if (a.gs0)
-        for (int e = tid; e < dk * KDA_NVB; e += GDN_NT) {
-            int i = e / KDA_NVB, j = e % KDA_NVB;
+        for (int e = tid; e < dk * NVB; e += GDN_NT) {
+            int i = e / NVB, j = e % NVB;
             if (j < nc) a.gs0[bh * SS + (int64_t)i * dv + j0 + j] = dS[e];
         }
+}
+
+static void (*bwd_scan_kernel(const KdaScan &p))(GdnArgs, KdaRows) {
+    if (p.stage) return p.nvb == 4 ? k_kda_bwd_scan<4, true> : p.nvb == 8 ? k_kda_bwd_scan<8, true> : k_kda_bwd_scan<16, true>;
+    return p.nvb == 4 ? k_kda_bwd_scan<4, false> : p.nvb == 8 ? k_kda_bwd_scan<8, false> : k_kda_bwd_scan<16, false>;
 }
 
 // Per-block workspace of step 3, chunks of up to C positions.
@@ -415,9 +428,8 @@ template <bool BF> static void kda_backward(Node *n) {
         k_kda_bwd_pre<BF><<<chunk_grid(a.items, res_pre), GDN_NT, 0, cu_stream>>>(a, kr);
         CU_LAUNCHED();
     }
-    size_t smem = kda_scan_smem(a, (const void *)k_kda_bwd_scan);
-    k_kda_bwd_scan<<<(unsigned)(a.items / a.NC * a.NV), GDN_NT, smem, cu_stream>>>(a, kr);
-    CU_LAUNCHED();
+    KdaScan plan = kda_scan_plan(a);
+    kda_scan_run(bwd_scan_kernel(plan), a, kr, plan);
     int gc = chunk_grid(a.items, res_chunk);
     a.ws_stride = kda_grad_layout(NULL, NULL, a.Cw, a.dk, a.dv, BF);
     a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)gc);

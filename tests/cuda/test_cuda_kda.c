@@ -495,3 +495,86 @@ Test(cuda_kda, chunked_backward_choice_refuses_an_unknown_value) {
     tape_free(&tp);
     free_inputs(x);
 }
+
+// ---------------------------------------------------------------- the scans' widths and staging
+
+#define SCAN_COLS "ATTNLAB_KDA_SCAN_COLS"
+#define SCAN_STAGE "ATTNLAB_KDA_SCAN_STAGE"
+
+static void set_or_unset(const char *name, const char *value) {
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+}
+
+Test(cuda_kda, scan_widths_and_staging_give_the_same_bits) {
+    // A state column's arithmetic is the same whatever the scans' width (4, 8
+    // or 16 columns a block) and whether a chunk's W and Kd are staged in
+    // shared memory: o, S_T and every gradient the same bits as the host's
+    // own choice. dv off every width (72, 22, 33), a chunk past 64, dk 9,
+    // documents, and chunks of 128 with dk 128, whose W and Kd the float64
+    // build has no room to stage (the staged setting falls back).
+    enum { T = 700 };
+    static int doc[T];
+    memset(doc, 0, sizeof doc);
+    doc[0] = doc[63] = doc[64] = doc[333] = doc[699] = 1;
+    static const struct {
+        int B, T, H, dk, dv, C;
+        const int *doc;
+    } cases[] = {{1, T, 2, 40, 72, 64, doc}, {2, 300, 1, 24, 22, 100, NULL}, {1, 90, 2, 9, 33, 16, NULL},
+                 {1, 130, 1, 128, 16, 128, NULL}};
+    static const char *const set[][2] = {{"16", "0"}, {"16", "1"}, {"8", "1"}, {"8", "0"}, {"4", "1"}, {"4", "0"}};
+    enum { NSET = sizeof set / sizeof set[0] };
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+        Tensor *x[N_IN];
+        make_inputs(x, cases[cs].B, cases[cs].T, cases[cs].H, cases[cs].dk, cases[cs].dv, REG_G_SPLIT, true, true,
+                    800 + cs);
+        KdaCtx c = {cases[cs].H, cases[cs].C, MIXER_FORM_CHUNKED, cases[cs].doc, 3};
+        GpuRun base = gpu_run(x, &c, false);
+        for (int s = 0; s < NSET; s++) {
+            set_or_unset(SCAN_COLS, set[s][0]);
+            set_or_unset(SCAN_STAGE, set[s][1]);
+            GpuRun r = gpu_run(x, &c, false);
+            set_or_unset(SCAN_COLS, NULL);
+            set_or_unset(SCAN_STAGE, NULL);
+            char what[96];
+            snprintf(what, sizeof what, "case %zu, %s columns, staged %s", cs, set[s][0], set[s][1]);
+            cr_assert(memcmp(base.o, r.o, (size_t)r.n_o * sizeof(real)) == 0, "%s: o differs", what);
+            cr_assert(memcmp(base.sT, r.sT, (size_t)r.n_s * sizeof(real)) == 0, "%s: S_T differs", what);
+            for (int i = 0; i < N_IN; i++)
+                cr_assert(memcmp(base.grad[i], r.grad[i], (size_t)x[i]->numel * sizeof(real)) == 0, "%s: %s differs",
+                          what, GRAD_NAMES[i]);
+            gpu_run_free(&r);
+        }
+        gpu_run_free(&base);
+        free_inputs(x);
+    }
+    // And the widest blocks, unstaged, against the CPU on the hard decays.
+    set_or_unset(SCAN_COLS, "16");
+    set_or_unset(SCAN_STAGE, "0");
+    check_chunked(1, 150, 2, 32, 40, 32, REG_G_WILD, true, doc, 810);
+    set_or_unset(SCAN_COLS, NULL);
+    set_or_unset(SCAN_STAGE, NULL);
+}
+
+Test(cuda_kda, scan_settings_refuse_unknown_values) {
+    cuda_require();
+    static const char *const bad[][3] = {{SCAN_COLS, "32", "4, 8 or 16"}, {SCAN_STAGE, "yes", "0 (W and Kd"}};
+    for (int b = 0; b < 2; b++) {
+        Tensor *x[N_IN];
+        make_inputs(x, 1, 20, 1, 16, 16, REG_PLAIN, false, false, 820 + b);
+        Tape tp;
+        tape_init_on(&tp, DEVICE_CUDA);
+        Tensor *d[IS0];
+        for (int i = 0; i < IS0; i++) d[i] = tape_tensor_copy(&tp, x[i]->ndim, x[i]->shape, x[i]->data);
+        setenv(bad[b][0], bad[b][1], 1);
+        cr_assert(EXPECT_FAILURE(op_kda(&tp, d[IQ], d[IK], d[IV], d[IBETA], d[IG], NULL, NULL, 1, MIXER_FORM_CHUNKED,
+                                        16, NULL)),
+                  "%s = %s was taken", bad[b][0], bad[b][1]);
+        unsetenv(bad[b][0]);
+        const char *msg = ag_last_error();
+        cr_assert(strstr(msg, bad[b][0]) && strstr(msg, bad[b][1]) && strstr(msg, bad[b][2]), "message: %s", msg);
+        dev_sync(DEVICE_CUDA);
+        tape_free(&tp);
+        free_inputs(x);
+    }
+}
