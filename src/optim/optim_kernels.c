@@ -3,6 +3,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #ifdef AG_DOUBLE
@@ -71,18 +72,25 @@ static bool all_finite(const real *x, int64_t n) {
     return acc == 0;
 }
 
-// Blocks checked at once: a vectorised pass over each, and the element by
-// element search only in the first block that fails.
+// Blocks checked at once, the threads taking them in order: a vectorised
+// pass over each, and the element by element search only in a block that
+// fails. The least failing index over the threads, whatever their number
+// (a thread skips the blocks past its own first failure).
 #define FINITE_BLOCK 4096
 
 int64_t optim_cpu_first_nonfinite(const real *x, int64_t n) {
-    for (int64_t a = 0; a < n; a += FINITE_BLOCK) {
-        int64_t len = n - a < FINITE_BLOCK ? n - a : FINITE_BLOCK;
-        if (all_finite(x + a, len)) continue;
+    int64_t nb = (n + FINITE_BLOCK - 1) / FINITE_BLOCK, first = INT64_MAX;
+#pragma omp parallel for schedule(static) reduction(min : first) if (nb > 16)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t a = b * FINITE_BLOCK, len = n - a < FINITE_BLOCK ? n - a : FINITE_BLOCK;
+        if (a >= first || all_finite(x + a, len)) continue;
         for (int64_t i = a; i < a + len; i++)
-            if (x[i] - x[i] != 0) return i;
+            if (x[i] - x[i] != 0) {
+                first = i;
+                break;
+            }
     }
-    return -1;
+    return first == INT64_MAX ? -1 : first;
 }
 
 static long long first_or_max(const real *x, int64_t n) {
