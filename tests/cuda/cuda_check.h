@@ -17,6 +17,12 @@
 
 // Stop the test unless a GPU is there (cuda_tests is never run without one).
 void cuda_require(void);
+// The products of device d's next tapes bf16 or float32: on the CPU through
+// blas_select with oneDNN (asserted to succeed: the caller has checked the
+// build and CPU can), on the GPU through device_set_bf16.
+void cuda_set_products(Device d, bool bf16);
+// Back to the default afterwards: OpenBLAS float32 on the CPU, no bf16 on the GPU.
+void cuda_reset_products(Device d);
 // A heap tensor of `ndim` dimensions (the sizes follow), filled with
 // normal(0, std) values from `seed`; free with tensor_free.
 Tensor *cuda_input_std(bool grad, uint64_t seed, double std, int ndim, ...);

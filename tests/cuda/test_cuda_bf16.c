@@ -353,17 +353,12 @@ static real *model_steps_moved(Device d, bool bf16, double loss[2], double move)
     params_finalize(&ps, 5);
     if (move > 0) test_perturb_params(&ps, move, 7);
     if (d != DEVICE_CPU) params_to_device(&ps, d);
-    char err[256];
-    if (d == DEVICE_CPU)
-        cr_assert(blas_select(GEMM_ONEDNN, bf16 ? PRECISION_BF16 : PRECISION_FP32, err, sizeof err), "%s", err);
-    else
-        device_set_bf16(d, bf16);
+    cuda_set_products(d, bf16);
     StepData data;
     step_data(&data);
     real *grad;
     cuda_train_steps(&lm, &ps, d, 2, step_loss, &data, loss, &grad);
-    if (d == DEVICE_CPU) blas_select(GEMM_OPENBLAS, PRECISION_FP32, err, sizeof err);
-    else device_set_bf16(d, false);
+    cuda_reset_products(d);
     lm_destroy(&lm);
     params_free(&ps);
     return grad;

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <string.h>
 
+#include "blas.h"
 #include "cuda_check.h"
 #include "device.h"
 #include "ops.h"
@@ -16,6 +17,20 @@ void cuda_require(void) {
     char err[512];
     cr_assert(device_cuda_built(), "this build has no CUDA backend");
     cr_assert(device_cuda_init(err, sizeof err), "no usable GPU: %s", err);
+}
+
+void cuda_set_products(Device d, bool bf16) {
+    char err[256];
+    if (d == DEVICE_CPU)
+        cr_assert(blas_select(GEMM_ONEDNN, bf16 ? PRECISION_BF16 : PRECISION_FP32, err, sizeof err), "%s", err);
+    else
+        device_set_bf16(d, bf16);
+}
+
+void cuda_reset_products(Device d) {
+    char err[256];
+    if (d == DEVICE_CPU) blas_select(GEMM_OPENBLAS, PRECISION_FP32, err, sizeof err);
+    else device_set_bf16(d, false);
 }
 
 // The outputs (host copies, concatenated) and the inputs' gradients of f on

@@ -40,10 +40,7 @@ static Run dev_run(Device d, GradcheckFn f, Tensor *const *in, int n_in, void *c
     Run r;
     memset(&r, 0, sizeof r);
     r.n_in = n_in;
-    char err[256];
-    if (d == DEVICE_CPU)
-        cr_assert(blas_select(GEMM_ONEDNN, bf16 ? PRECISION_BF16 : PRECISION_FP32, err, sizeof err), "%s", err);
-    else device_set_bf16(d, bf16);
+    cuda_set_products(d, bf16);
     Tape tp;
     tape_init_on(&tp, d);
     Tensor *x[MAX_IO] = {0}, *outs[MAX_IO] = {0};
@@ -70,8 +67,7 @@ static Run dev_run(Device d, GradcheckFn f, Tensor *const *in, int n_in, void *c
     }
     dev_sync(d);
     tape_free(&tp);
-    if (d == DEVICE_CPU) blas_select(GEMM_OPENBLAS, PRECISION_FP32, err, sizeof err);
-    else device_set_bf16(d, false);
+    cuda_reset_products(d);
     return r;
 }
 

@@ -82,10 +82,7 @@ typedef struct {
 static Res dev_run(Device d, Tensor *const *in, Shape s, const int *docs, bool bf16) {
     Res res;
     memset(&res, 0, sizeof res);
-    char err[256];
-    if (d == DEVICE_CPU)
-        cr_assert(blas_select(GEMM_ONEDNN, bf16 ? PRECISION_BF16 : PRECISION_FP32, err, sizeof err), "%s", err);
-    else device_set_bf16(d, bf16);
+    cuda_set_products(d, bf16);
     Tape tp;
     tape_init_on(&tp, d);
     Tensor *x[N_IN];
@@ -108,8 +105,7 @@ static Res dev_run(Device d, Tensor *const *in, Shape s, const int *docs, bool b
     dev_sync(d);
     tape_free(&tp);
     free(seeds[0]), free(seeds[1]);
-    if (d == DEVICE_CPU) blas_select(GEMM_OPENBLAS, PRECISION_FP32, err, sizeof err);
-    else device_set_bf16(d, false);
+    cuda_reset_products(d);
     return res;
 }
 
