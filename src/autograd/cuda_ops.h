@@ -42,10 +42,11 @@ void cu_sync(const char *where);
 void cu_set_tf32(bool on);
 void cu_set_bf16(bool on);   // src/cuda/ops_matmul.cu (device_set_bf16)
 bool cu_bf16_products(void);   // whether it is on (attention's and op_gdn's tile products follow it)
-// Bytes of op_gdn's per-chunk workspace that its last launch kept in shared
-// memory (ATTNLAB_GDN_WS=shared; 0 with the default, global: the same
-// results bit for bit, src/cuda/gdn_chunk.cuh).
-size_t cu_gdn_ws_shared_last(void);
+// Bytes of op_gdn's per-chunk workspace that its last forward (or backward)
+// kept in shared memory (ATTNLAB_GDN_WS=backward, the default: the
+// backward's; =shared: both; =global: none; the same results bit for bit,
+// src/cuda/gdn_chunk.cuh).
+size_t cu_gdn_ws_shared_last(bool backward);
 // ---- CUDA graphs (src/cuda/graph_cuda.cu; device.h's dev_graph_*) ----
 CuGraph *cu_graph_new(void);
 void cu_graph_free(CuGraph *g);

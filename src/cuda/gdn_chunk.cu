@@ -59,19 +59,23 @@ template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : G
     }
 }
 
-// Whether the per-chunk kernels keep their workspace in shared memory:
-// ATTNLAB_GDN_WS = global (the default) or shared, read at each launch as
-// the scans' ATTNLAB_GDN_SCAN_* are (gdn_scan.cu).
-bool gdn_ws_shared_on(void) {
+// Whether the per-chunk kernels of the backward (bwd) or the forward keep
+// their workspace in shared memory: ATTNLAB_GDN_WS = backward (the default:
+// the backward's only), shared (both) or global (neither), read at each
+// launch as the scans' ATTNLAB_GDN_SCAN_* are (gdn_scan.cu). In shared
+// memory the forward's kernels lose more to one block a multiprocessor than
+// they gain (docs/gpu_perf.md).
+bool gdn_ws_shared_on(bool bwd) {
     const char *e = getenv("ATTNLAB_GDN_WS");
-    ASSERT(!e || !*e || !strcmp(e, "global") || !strcmp(e, "shared"),
-           "ATTNLAB_GDN_WS is '%s': say global (the default) or shared", e);
-    return e && !strcmp(e, "shared");
+    if (!e || !*e) e = "backward";
+    ASSERT(!strcmp(e, "global") || !strcmp(e, "shared") || !strcmp(e, "backward"),
+           "ATTNLAB_GDN_WS is '%s': say backward (the default), shared or global", e);
+    return !strcmp(e, "shared") || (bwd && !strcmp(e, "backward"));
 }
 
-size_t gdn_ws_last;
+size_t gdn_ws_last[2];
 
-extern "C" size_t cu_gdn_ws_shared_last(void) { return gdn_ws_last; }
+extern "C" size_t cu_gdn_ws_shared_last(bool backward) { return gdn_ws_last[backward]; }
 
 // The forward's kernels of one precision (BF: bf16 products) and workspace (SM).
 template <bool BF, bool SM> static void fwd_launch_ws(Node *n, GdnArgs &a) {
@@ -86,7 +90,7 @@ template <bool BF, bool SM> static void fwd_launch_ws(Node *n, GdnArgs &a) {
 }
 
 template <bool BF> static void fwd_launch(Node *n, GdnArgs &a) {
-    if (gdn_ws_shared_on()) fwd_launch_ws<BF, true>(n, a);
+    if (gdn_ws_shared_on(false)) fwd_launch_ws<BF, true>(n, a);
     else fwd_launch_ws<BF, false>(n, a);
 }
 

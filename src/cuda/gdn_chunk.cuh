@@ -504,7 +504,9 @@ template <typename K> static int resident_blocks(K kernel, size_t dyn = 0) {
     return sms * (per > 0 ? per : 1);
 }
 
-// The workspace in shared memory (gdn_ws_shared_on: ATTNLAB_GDN_WS=shared).
+// The workspace in shared memory (gdn_ws_shared_on: ATTNLAB_GDN_WS=backward,
+// the default, for the backward's kernels; =shared for both passes'; =global
+// for neither).
 // The per-chunk kernels pass a chunk's matrices from one block-wide step to
 // the next through their workspace; in device
 // memory that is most of their traffic (k_gdn_bwd_chunk: 4.4 GB a call at
@@ -514,8 +516,8 @@ template <typename K> static int resident_blocks(K kernel, size_t dyn = 0) {
 // as many as fit beside their static shared memory, in dynamic shared
 // memory; the buffers past that stay in device memory. The arithmetic and
 // its order are the same, so are the results' bits.
-bool gdn_ws_shared_on(void);
-extern size_t gdn_ws_last;   // the last launch's bytes of workspace in shared memory (cu_gdn_ws_shared_last)
+bool gdn_ws_shared_on(bool bwd);
+extern size_t gdn_ws_last[2];   // the last forward's [0] and backward's [1] bytes of it (cu_gdn_ws_shared_last)
 
 // The dynamic shared memory kernel may take for the workspace (opted in
 // once, up to the GPU's per-block limit beside its static shared memory).
@@ -540,7 +542,7 @@ struct WsGrids {
 
 // A pass's workspace for its per-chunk kernels k1 and k2 (SM: the instances
 // with the workspace's start in shared memory): a's ws_stride, ws_shared
-// (also into gdn_ws_last) and ws, one slot per block of the larger grid;
+// (also into gdn_ws_last[grad]) and ws, one slot per block of the larger grid;
 // the two grids into *g1 and *g2. The occupancy is asked again only when
 // the shared bytes change.
 template <bool SM, typename K1, typename K2>
@@ -550,7 +552,7 @@ static void ws_plan(Node *n, GdnArgs &a, bool grad, K1 k1, K2 k2, WsGrids &p, in
         size_t r1 = ws_room(k1), r2 = ws_room(k2);
         p.room = r1 < r2 ? r1 : r2;
     }
-    a.ws_shared = gdn_ws_last = SM ? (a.ws_stride < p.room ? a.ws_stride : p.room) : 0;
+    a.ws_shared = gdn_ws_last[grad] = SM ? (a.ws_stride < p.room ? a.ws_stride : p.room) : 0;
     if (!p.res1 || (SM && a.ws_shared != p.res_for)) {
         p.res1 = resident_blocks(k1, a.ws_shared);
         p.res2 = resident_blocks(k2, a.ws_shared);

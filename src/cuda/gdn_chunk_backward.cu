@@ -322,7 +322,7 @@ template <bool BF, bool SM> static void bwd_launch_ws(Node *n, GdnArgs &a) {
 }
 
 template <bool BF> static void bwd_launch(Node *n, GdnArgs &a) {
-    if (gdn_ws_shared_on()) bwd_launch_ws<BF, true>(n, a);
+    if (gdn_ws_shared_on(true)) bwd_launch_ws<BF, true>(n, a);
     else bwd_launch_ws<BF, false>(n, a);
 }
 

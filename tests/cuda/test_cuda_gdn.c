@@ -545,13 +545,14 @@ Test(cuda_gdn, a_run_repeats_bit_for_bit) {
 }
 
 // The per-chunk kernels with their workspace in shared memory
-// (ATTNLAB_GDN_WS=shared; src/cuda/gdn_chunk.cuh): the same buffers, the
-// same arithmetic in the same order, so o, S_T and every gradient are the
-// same bits as with the workspace in device memory, in both precisions and
-// (float32 build) under bf16 products. The cases: a workspace that fits
-// whole (small heads) and one that does not (heads of 64 and 128 at C 64:
-// the buffers past the room stay in device memory), a chunk longer than
-// 64 positions (the row-by-row solve), documents, several heads and rows.
+// (ATTNLAB_GDN_WS=backward, the default: the backward's kernels; =shared:
+// both passes'; src/cuda/gdn_chunk.cuh) against =global (none): the same
+// buffers, the same arithmetic in the same order, so o, S_T and every
+// gradient are the same bits, in both precisions and (float32 build) under
+// bf16 products. The cases: a workspace that fits whole (small heads) and
+// one that does not (heads of 64 and 128 at C 64: the buffers past the
+// room stay in device memory), a chunk longer than 64 positions (the
+// row-by-row solve), documents, several heads and rows.
 Test(cuda_gdn, workspace_in_shared_memory_gives_the_same_bits) {
     enum { T = 300 };
     static int doc[2 * T];
@@ -562,6 +563,12 @@ Test(cuda_gdn, workspace_in_shared_memory_gives_the_same_bits) {
         const int *doc;
     } cases[] = {{2, T, 2, 16, 24, 16, doc},     {1, T, 2, 64, 64, 64, doc},  {2, 130, 1, 128, 128, 64, NULL},
                  {1, 150, 2, 40, 72, 100, NULL}, {2, 100, 3, 32, 32, 32, NULL}};
+    // each setting (NULL: unset, the default) and whether it keeps the
+    // forward's and the backward's workspace in shared memory
+    static const struct {
+        const char *ws;
+        bool fwd, bwd;
+    } settings[] = {{"shared", true, true}, {"backward", false, true}, {NULL, false, true}};
     for (int bf = 0; bf < 2; bf++) {
 #ifdef AG_DOUBLE
         if (bf) break;   // (bf16 products need the float32 build)
@@ -572,22 +579,54 @@ Test(cuda_gdn, workspace_in_shared_memory_gives_the_same_bits) {
             gdn_test_inputs(x, cases[cs].B, cases[cs].T, cases[cs].H, cases[cs].dk, cases[cs].dv, REG_PLAIN, true, true,
                             560 + cs);
             GdnCtx c = {cases[cs].H, cases[cs].C, MIXER_FORM_CHUNKED, cases[cs].doc, 3};
-            unsetenv("ATTNLAB_GDN_WS");
+            setenv("ATTNLAB_GDN_WS", "global", 1);
             GpuRun g = gpu_run(x, &c);
-            cr_assert_eq(cu_gdn_ws_shared_last(), 0, "case %zu: the default kept workspace in shared memory", cs);
-            setenv("ATTNLAB_GDN_WS", "shared", 1);
-            GpuRun sh = gpu_run(x, &c);
-            size_t used = cu_gdn_ws_shared_last();
             unsetenv("ATTNLAB_GDN_WS");
-            cr_assert_gt(used, 0, "case %zu: ATTNLAB_GDN_WS=shared kept no workspace in shared memory", cs);
-            char what[80];
-            snprintf(what, sizeof what, "case %zu%s, workspace in shared memory (%zu bytes)", cs, bf ? " bf16" : "",
-                     used);
-            assert_same_bits(&g, &sh, x, what);
+            cr_assert(cu_gdn_ws_shared_last(false) == 0 && cu_gdn_ws_shared_last(true) == 0,
+                      "case %zu: ATTNLAB_GDN_WS=global kept workspace in shared memory", cs);
+            for (int st = 0; st < 3; st++) {
+                const char *name = settings[st].ws ? settings[st].ws : "(unset)";
+                if (settings[st].ws) setenv("ATTNLAB_GDN_WS", settings[st].ws, 1);
+                GpuRun sh = gpu_run(x, &c);
+                size_t fwd = cu_gdn_ws_shared_last(false), bwd = cu_gdn_ws_shared_last(true);
+                unsetenv("ATTNLAB_GDN_WS");
+                cr_assert(settings[st].bwd == (bwd > 0) && settings[st].fwd == (fwd > 0),
+                          "case %zu: ATTNLAB_GDN_WS=%s kept %zu bytes of the forward's and %zu of the backward's "
+                          "workspace in shared memory",
+                          cs, name, fwd, bwd);
+                char what[96];
+                snprintf(what, sizeof what, "case %zu%s, ATTNLAB_GDN_WS=%s (%zu, %zu bytes)", cs, bf ? " bf16" : "",
+                         name, fwd, bwd);
+                assert_same_bits(&g, &sh, x, what);
+                gpu_run_free(&sh);
+            }
             gpu_run_free(&g);
-            gpu_run_free(&sh);
             gdn_free_inputs(x);
         }
     }
     device_set_bf16(DEVICE_CUDA, false);
+}
+
+// An ATTNLAB_GDN_WS the kernels do not know is refused by name, with the
+// values they take, before any launch.
+Test(cuda_gdn, workspace_setting_refuses_unknown_values) {
+    cuda_require();
+    Tensor *x[N_IN];
+    gdn_test_inputs(x, 1, 20, 1, 16, 16, REG_PLAIN, false, false, 590);
+    Tape tp;
+    tape_init_on(&tp, DEVICE_CUDA);
+    Tensor *d[IS0];
+    for (int i = 0; i < IS0; i++) d[i] = tape_tensor_copy(&tp, x[i]->ndim, x[i]->shape, x[i]->data);
+    setenv("ATTNLAB_GDN_WS", "forward", 1);
+    Tensor *sT = NULL;
+    cr_assert(EXPECT_FAILURE(op_gdn(&tp, d[IQ], d[IK], d[IV], d[IBETA], d[IG], NULL, NULL, 1, MIXER_FORM_CHUNKED, 16,
+                                    &sT)),
+              "ATTNLAB_GDN_WS = forward was taken");
+    unsetenv("ATTNLAB_GDN_WS");
+    const char *msg = ag_last_error();
+    cr_assert(strstr(msg, "ATTNLAB_GDN_WS") && strstr(msg, "'forward'") && strstr(msg, "backward (the default), shared or global"),
+              "message: %s", msg);
+    dev_sync(DEVICE_CUDA);
+    tape_free(&tp);
+    gdn_free_inputs(x);
 }
