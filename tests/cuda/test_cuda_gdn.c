@@ -624,7 +624,8 @@ Test(cuda_gdn, workspace_setting_refuses_unknown_values) {
               "ATTNLAB_GDN_WS = forward was taken");
     unsetenv("ATTNLAB_GDN_WS");
     const char *msg = ag_last_error();
-    cr_assert(strstr(msg, "ATTNLAB_GDN_WS") && strstr(msg, "'forward'") && strstr(msg, "backward (the default), shared or global"),
+    cr_assert(strstr(msg, "ATTNLAB_GDN_WS") && strstr(msg, "'forward'") &&
+                  strstr(msg, "backward (the default), shared or global"),
               "message: %s", msg);
     dev_sync(DEVICE_CUDA);
     tape_free(&tp);
