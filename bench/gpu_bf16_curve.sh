@@ -83,7 +83,9 @@ losses() {
     grep '"type":"train"' "$1" | sed 's/.*"step":\([0-9]*\),"loss":\([0-9.e+-]*\).*/\1\t\2/' |
         awk -F'\t' '{ v[$1] = $2 } END { for (s in v) print s "\t" v[s] }' | sort -n
 }
-join -t$'\t' <(losses "$1") <(losses "$2") |
+# the steps both runs logged, in order (awk, not join: join wants a lexical order)
+both() { awk 'NR == FNR { v[$1] = $2; next } ($1 in v) { print $1 "\t" v[$1] "\t" $2 }' "$@"; }
+both <(losses "$1") <(losses "$2") |
     awk -F'\t' 'BEGIN { print "step\tfp32\tbf16\tfp32_mean50\tbf16_mean50\trel_diff" }
                 { n++; a[n] = $2; b[n] = $3; sa += $2; sb += $3
                   if (n > 50) { sa -= a[n - 50]; sb -= b[n - 50] }
@@ -113,7 +115,7 @@ val() {   # "step: loss" of every eval record
     echo
     echo "| step | val loss fp32 | val loss bf16 | (bf16 - fp32) / fp32 |"
     echo "| ---: | ---: | ---: | ---: |"
-    join <(val "$1") <(val "$2") | awk '{ printf "| %d | %.4f | %.4f | %+.2f %% |\n", $1, $2, $3, 100 * ($3 - $2) / $2 }'
+    both <(val "$1") <(val "$2") | awk '{ printf "| %d | %.4f | %.4f | %+.2f %% |\n", $1, $2, $3, 100 * ($3 - $2) / $2 }'
 } | tee "$OUT/gpu_bf16_curve.txt"
 gnuplot -e "set terminal pngcairo size 1200,800 font ',10' noenhanced; set output '$IMG/gpu_bf16_curve.png';
             set multiplot layout 2,1 title 'training loss (nats/byte), $(basename "$CONFIG" .ini), float32 vs bf16, same seed and data';
