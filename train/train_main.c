@@ -33,7 +33,8 @@ static void usage(FILE *f) {
             "                       the run's config; cuda needs a build with AG_CUDA, see docs/cuda.md)\n"
             "  --help               this text and every config key\n"
             "\n"
-            "Ctrl-C (or SIGTERM) saves a checkpoint and exits; --resume continues from it.\n"
+            "Ctrl-C (or SIGTERM) saves a checkpoint and exits; --resume continues from it. A second Ctrl-C,\n"
+            "a second or more after the first, exits at once without saving.\n"
             "Under mpirun (mpirun -np N train ...) the ranks share every batch and average their gradients;\n"
             "rank 0 writes the checkpoints and logs.\n\n");
     config_help(f);

@@ -3,9 +3,12 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "blas.h"
@@ -24,6 +27,12 @@
 // mpirun is ending the job and will kill ranks that linger).
 enum { STOP_KEEP = 1, STOP_ENDING = 2 };
 static volatile sig_atomic_t stop_requested = 0;
+// When the first stop signal came (CLOCK_MONOTONIC, ns): a repeat within
+// STOP_REPEAT_NS of it is the same request delivered twice (timeout(1) and
+// other kills of a process group send the process its signal once directly
+// and once through the group, and the two may reach two of its threads).
+#define STOP_REPEAT_NS 1000000000LL
+static atomic_llong stop_first_ns;
 static bool stop_ended_job = false;   // the last stop had a STOP_ENDING on some rank
 void trainer_request_stop(void) { stop_requested |= STOP_KEEP; }
 bool trainer_stop_ends_job(void) { return stop_ended_job; }
@@ -216,10 +225,14 @@ static void evaluate(Trainer *t, RunLog *rl, int step, bool quiet) {
 }
 
 static void stop_handler(int sig) {
-    (void)sig;
-    // A second Ctrl-C leaves at once; not under mpirun, which may deliver
-    // Ctrl-C and its own SIGTERM both (and ends a job that does not stop).
-    if (stop_requested && dist_size() == 1) _exit(130);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);   // (async-signal-safe)
+    long long ns = (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+    // A second Ctrl-C, a second or more after the first, leaves at once; not
+    // under mpirun, which may deliver Ctrl-C and its own SIGTERM both (and
+    // ends a job that does not stop).
+    if (stop_requested && dist_size() == 1 && ns - atomic_load(&stop_first_ns) >= STOP_REPEAT_NS) _exit(130);
+    if (!stop_requested) atomic_store(&stop_first_ns, ns);   // (before the flag another thread's handler reads)
     stop_requested |= sig == SIGUSR1 ? STOP_KEEP : STOP_ENDING;
 }
 
