@@ -4,10 +4,11 @@
 # order, schedule) trained twice on the GPU, with [train] precision = fp32 and
 # = bf16, and the two loss curves compared.
 #
-#   bench/gpu_bf16_curve.sh run PREC [STEPS [SECONDS]]
+#   bench/gpu_bf16_curve.sh run PREC [STEPS [SECONDS]] [--set KEY=VALUE]...
 #       train (or go on training) runs/curve_PREC: CONFIG (default
 #       configs/gpu_d1024_hybrid.ini) for STEPS steps (default 2000) at
-#       precision PREC (fp32 | bf16). With SECONDS, the run is sent SIGTERM
+#       precision PREC (fp32 | bf16); the --set options go to train (e.g.
+#       --set train.cuda_graph=off, docs/cuda.md). With SECONDS, the run is sent SIGTERM
 #       after that long: train then writes its checkpoint and stops, and the
 #       next `run` with the same PREC resumes it bit for bit (train --resume).
 #       So a run longer than one sitting on a lent machine is done in pieces
@@ -31,12 +32,23 @@ bench_opts gpu_bf16_curve "$@"
 set -- "${REST[@]+"${REST[@]}"}"
 CONFIG=${CONFIG:-configs/gpu_d1024_hybrid.ini}
 DEVICE=${DEVICE:-cuda}
-usage="usage: $0 run PREC [STEPS [SECONDS]] | $0 [--out DIR] [--img DIR] compare FP32_METRICS BF16_METRICS"
+usage="usage: $0 run PREC [STEPS [SECONDS]] [--set KEY=VALUE]... | $0 [--out DIR] [--img DIR] compare FP32_METRICS BF16_METRICS"
 [ $# -ge 1 ] || { echo "$usage" >&2; exit 2; }
 mode=$1
 shift
 
 if [ "$mode" = run ]; then
+    pos=() sets=()
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --set)
+                if [ $# -lt 2 ] || [[ $2 != *=* ]]; then echo "gpu_bf16_curve: --set needs KEY=VALUE" >&2; exit 2; fi
+                sets+=(--set "$2")
+                shift 2 ;;
+            *) pos+=("$1"); shift ;;
+        esac
+    done
+    set -- "${pos[@]+"${pos[@]}"}"
     [ $# -ge 1 ] && [ $# -le 3 ] || { echo "$usage" >&2; exit 2; }
     prec=$1 steps=${2:-2000} secs=${3:-}
     case $prec in fp32 | bf16) ;; *) echo "gpu_bf16_curve: PREC is '$prec': say fp32 or bf16" >&2; exit 2 ;; esac
@@ -55,7 +67,7 @@ if [ "$mode" = run ]; then
     mkdir -p runs
     # The checkpoint only at the end (or at SIGTERM): at d_model 1024 it is 1.9 GB.
     args=(--config "$CONFIG" --device "$DEVICE" "$again" --set "train.precision=$prec" --set "train.steps=$steps"
-          --set train.checkpoint_every=0 --set "train.run_dir=$dir")
+          --set train.checkpoint_every=0 --set "train.run_dir=$dir" "${sets[@]+"${sets[@]}"}")
     echo "gpu_bf16_curve: $train ${args[*]}" >&2
     rc=0
     if [ -n "$secs" ]; then
