@@ -461,8 +461,8 @@ Test(programs, sigterm_saves_like_ctrl_c, .timeout = 120) {
     snprintf(err, sizeof err, "%s/err.txt", test_dir_of(cfg));
     // And the run resumes from it.
     int code = test_spawn((char *[]){(char *)test_program("train"), "--config", (char *)cfg, "--resume", "--set",
-                                 "train.steps=1", NULL},
-                      NULL, NULL, err, 60, NULL);
+                                     "train.steps=1", NULL},
+                          NULL, NULL, err, 60, NULL);
     char *text = test_read_file(err);
     cr_assert(code == 2 && strstr(text, "past [train] steps = 1"), "a checkpoint past step 1 exists: %d %s", code,
               text);

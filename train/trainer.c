@@ -4,7 +4,6 @@
 #include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>

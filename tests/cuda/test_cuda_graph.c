@@ -4,10 +4,11 @@
 // the same bits (the same kernels in the same order), for each mixer kind,
 // with tokens and targets that change every step (the replay reads them
 // afresh), with documents (the same flags every step: replayed; flags that
-// differ every step: run eagerly; one boundary between replays), with accum_steps 2, with carried states,
-// and when the capture fails (it falls back, with the reason, to the same bits);
-// and the trainer's run with [train] cuda_graph = on against off (the
-// optimizer's step replayed from its own graph: test_cuda_optim_step.c).
+// differ every step: run eagerly; one boundary between replays), with
+// accum_steps 2, with carried states, and when the capture fails (it falls
+// back, with the reason, to the same bits); and the trainer's run with
+// [train] cuda_graph = on against off (the optimizer's step replayed from its
+// own graph: test_cuda_optim_step.c).
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
