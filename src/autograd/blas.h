@@ -97,9 +97,10 @@ void gemm_multi_backward(int m, int R, int K, const real *A, const real *const *
 // when OpenBLAS runs a kernel set below the CPU's instruction set (e.g.
 // Haswell's AVX2 kernels on an AVX-512 CPU), else the faster of the two on a
 // short measurement of a step's kinds of product, split as gemm_rows and
-// gemm_sum_rows split them, on the current thread count. Returns false, with why in err, when the request cannot run here
-// (oneDNN not built, bf16 in the float64 build, a CPU without AVX512_BF16);
-// nothing changes then. Call it from the main thread, outside parallel regions.
+// gemm_sum_rows split them, on the current thread count. Returns false, with
+// why in err, when the request cannot run here (oneDNN not built, bf16 in the
+// float64 build, a CPU without AVX512_BF16); nothing changes then. Call it
+// from the main thread, outside parallel regions.
 bool blas_select(GemmBackend want, GemmPrecision prec, char *err, size_t n);
 // The same, with the backend from the environment variable ATTNLAB_GEMM
 // (auto, openblas or onednn; unset: auto) and float32 products, for the
@@ -110,8 +111,9 @@ void blas_select_from_env(void);
 // $ATTNLAB_CACHE_DIR/gemm_auto (else $XDG_CACHE_HOME/attnlab/gemm_auto, else
 // ~/.cache/attnlab/gemm_auto): one line per machine, "key<TAB>ratio<TAB>backend",
 // so that every run on a machine chooses the same backend and rounds alike.
-// The key (CPU, instruction sets, kernels, library versions, threads, the measurement), and the file's lookup and
-// update (whole or not at all), for the tests. Not in the float64 build.
+// The key (CPU, instruction sets, kernels, library versions, threads, the
+// measurement), and the file's lookup and update (whole or not at all), for
+// the tests. Not in the float64 build.
 void blas_auto_key(char *key, size_t n);
 bool blas_auto_cache_lookup(const char *path, const char *key, double *ratio, GemmBackend *b);
 bool blas_auto_cache_store(const char *path, const char *key, double ratio, GemmBackend b);
