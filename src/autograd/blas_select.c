@@ -103,40 +103,32 @@ typedef struct {
 
 // Seconds of one pass over a step's kinds of product, as a step runs them
 // (gemm_rows, gemm_sum_rows: forward x W, dX = dY W^T, dW = X^T dY over
-// MEASURE_ROWS rows of width 256, MLP width 704), float32, on backend b.
-static double time_products(GemmBackend b, const MeasureBufs *m) {
-    GemmBackend saved = blas_backend;
-    GemmPrecision saved_p = blas_precision;
-    blas_backend = b;
-    blas_precision = PRECISION_FP32;
+// MEASURE_ROWS rows of width 256, MLP width 704) on the backend and
+// precision set (measure_ratio sets them).
+static double time_products(const MeasureBufs *m) {
     const int R = MEASURE_ROWS;
     double t0 = now();
     gemm_rows(false, R, 704, 256, m->X, 256, m->W, 704, 0, m->oY, 704);
     gemm_rows(true, R, 256, 704, m->Y, 704, m->W, 704, 0, m->oX, 256);
     gemm_sum_rows(256, 704, R, m->X, 256, m->Y, 704, 0, m->oW, 704, m->part);
-    double t = now() - t0;
-    blas_backend = saved;
-    blas_precision = saved_p;
-    return t;
+    return now() - t0;
 }
 
-// oneDNN's time over OpenBLAS's: the best of 5 alternating rounds of each
-// (the best, because load from elsewhere only ever adds time). About 0.2 s
-// on 2 cores of a Zen 4, once per machine (the verdict is kept).
+// oneDNN's time over OpenBLAS's in float32: the best of 5 alternating rounds
+// of each (the best, because load from elsewhere only ever adds time). About
+// 0.2 s on 2 cores of a Zen 4, once per machine (the verdict is kept). The
+// backend and precision are put back as they were.
 static double measure_ratio(void) {
     const size_t R = MEASURE_ROWS;
-    // The partials' room: as much as either backend's split asks for.
     GemmBackend saved = blas_backend;
     GemmPrecision saved_p = blas_precision;
     blas_precision = PRECISION_FP32;
-    size_t part = 0;
+    size_t part = 0;   // the partials' room: as much as either backend's split asks for
     for (int k = 0; k < 2; k++) {
         blas_backend = k ? GEMM_ONEDNN : GEMM_OPENBLAS;
         size_t n = gemm_sum_rows_scratch(256, 704, (int)R);
         if (n > part) part = n;
     }
-    blas_backend = saved;
-    blas_precision = saved_p;
     MeasureBufs m = {xaligned(R * 256 * sizeof(float)), xaligned((size_t)256 * 704 * sizeof(float)),
                      xaligned(R * 704 * sizeof(float)), xaligned(R * 704 * sizeof(float)),
                      xaligned(R * 256 * sizeof(float)), xaligned((size_t)256 * 704 * sizeof(float)),
@@ -147,9 +139,12 @@ static double measure_ratio(void) {
     double best[2] = {1e30, 1e30};
     for (int r = 0; r < 6; r++)   // round 0 warms both up (thread team, JIT, buffers)
         for (int k = 0; k < 2; k++) {
-            double t = time_products(k ? GEMM_ONEDNN : GEMM_OPENBLAS, &m);
+            blas_backend = k ? GEMM_ONEDNN : GEMM_OPENBLAS;
+            double t = time_products(&m);
             if (r > 0 && t < best[k]) best[k] = t;
         }
+    blas_backend = saved;
+    blas_precision = saved_p;
     float *bufs[] = {m.X, m.W, m.Y, m.oY, m.oX, m.oW, m.part};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     return best[1] / best[0];
