@@ -87,6 +87,36 @@ Test(engine, reset_reuses_one_arena_block) {
     tensor_free(x);
 }
 
+// A CUDA graph captured in the arena's block may be replayed only while that
+// block lives: arena_settled names it by a serial that a new block changes,
+// even one made at the freed block's address.
+Test(engine, a_block_made_again_is_another_block) {
+    Arena a;
+    arena_init(&a, 4096);
+    cr_assert_null(arena_settled(&a), "an empty arena has not settled");
+    arena_alloc(&a, 3000);
+    arena_alloc(&a, 3000);   // a second block
+    cr_assert_null(arena_settled(&a), "two blocks: not settled");
+    arena_reset(&a);
+    const ArenaBlock *b = arena_settled(&a);
+    cr_assert_not_null(b);
+    uint64_t serial = b->serial;
+    size_t cap = b->cap;
+    for (int i = 0; i < 3; i++) {   // within the block: the same block
+        arena_alloc(&a, cap / 2);
+        arena_reset(&a);
+        cr_assert(arena_settled(&a) == b && b->serial == serial, "a reset within the block keeps it");
+    }
+    arena_alloc(&a, cap + 1);   // more than it holds: made again
+    arena_reset(&a);
+    const ArenaBlock *c = arena_settled(&a);
+    cr_assert_not_null(c);
+    cr_assert_gt(c->serial, serial, "the new block's serial %llu follows %llu", (unsigned long long)c->serial,
+                 (unsigned long long)serial);
+    cr_assert_geq(c->cap, cap + 1, "the new block holds the high water");
+    arena_free(&a);
+}
+
 Test(engine, params_are_contiguous_and_seeded) {
     ParamStore a, b;
     params_init(&a);

@@ -22,12 +22,13 @@ static void *block_mem(size_t cap, Device d) {
     return p;
 }
 
-static ArenaBlock *block_new(size_t cap, Device d) {
+static ArenaBlock *block_new(Arena *a, size_t cap) {
     ArenaBlock *b = xmalloc(sizeof *b);
     b->next = NULL;
     b->cap = cap;
     b->used = 0;
-    b->mem = block_mem(cap, d);
+    b->mem = block_mem(cap, a->device);
+    b->serial = ++a->blocks_made;
     return b;
 }
 
@@ -39,6 +40,7 @@ void arena_init_on(Arena *a, size_t block_bytes, Device device) {
     a->total_used = 0;
     a->high_water = 0;
     a->default_block = block_bytes ? block_bytes : (size_t)1 << 20;
+    a->blocks_made = 0;
 }
 
 void *arena_alloc(Arena *a, size_t bytes) {
@@ -47,7 +49,7 @@ void *arena_alloc(Arena *a, size_t bytes) {
     if (!a->head || a->head->used + need > a->head->cap) {
         size_t cap = a->default_block;
         if (need > cap) cap = need;
-        ArenaBlock *b = block_new(cap, a->device);
+        ArenaBlock *b = block_new(a, cap);
         b->next = a->head;
         a->head = b;
     }
@@ -80,12 +82,14 @@ void arena_reset(Arena *a) {
         // More than one block: replace them by one that holds the high water.
         free_blocks(a->head, a->device);
         size_t cap = a->high_water > a->default_block ? a->high_water : a->default_block;
-        a->head = block_new(cap, a->device);
+        a->head = block_new(a, cap);
     } else if (a->head) {
         a->head->used = 0;
     }
     a->total_used = 0;
 }
+
+const ArenaBlock *arena_settled(const Arena *a) { return a->head && !a->head->next ? a->head : NULL; }
 
 void arena_free(Arena *a) {
     free_blocks(a->head, a->device);

@@ -19,6 +19,8 @@ typedef struct ArenaBlock {
     struct ArenaBlock *next;
     size_t cap, used;
     unsigned char *mem;     // 64-byte aligned
+    uint64_t serial;        // the arena's count of blocks made when this one was: a block
+                            // freed and made again at the same address is another block
 } ArenaBlock;
 
 typedef struct Arena {
@@ -27,6 +29,7 @@ typedef struct Arena {
     size_t high_water;      // largest total_used seen
     size_t default_block;   // size of a fresh block
     Device device;          // where the blocks are (DEVICE_CPU unless arena_init_on says otherwise)
+    uint64_t blocks_made;
 } Arena;
 
 void arena_init(Arena *a, size_t block_bytes);
@@ -36,6 +39,11 @@ void arena_init_on(Arena *a, size_t block_bytes, Device device);
 void *arena_alloc(Arena *a, size_t bytes);    // 64-byte aligned, uninitialised
 void *arena_calloc(Arena *a, size_t bytes);   // zeroed
 void arena_reset(Arena *a);                   // frees everything handed out
+// The arena's one block when it has settled into one (NULL otherwise). What
+// a CUDA graph captured in it may be replayed only while this is the same
+// block (the same serial): memory freed under a graph is not the graph's any
+// more, even where the next block is made at the same address.
+const ArenaBlock *arena_settled(const Arena *a);
 void arena_free(Arena *a);
 
 #ifdef __cplusplus

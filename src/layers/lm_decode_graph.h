@@ -16,7 +16,8 @@
 //
 // The step is captured once the tape's device arena has settled (the same
 // block two steps in a row: every address of the step is in it) and
-// replayed while it and the cache stay the same. A capture that fails (a
+// replayed while it and the cache stay the same (the same block, not only
+// the same address: arena_settled). A capture that fails (a
 // host read or an allocation inside the step) turns graphs off with one
 // message; the step then runs eagerly and nothing is lost.
 #ifndef AG_LM_DECODE_GRAPH_H
@@ -37,6 +38,7 @@ typedef struct LMDecodeGraph {
     int B;
     const real *logits;        // the captured step's logits (B, 1, V) on the device
     const void *block, *prev;  // the captured step's arena block, the last eager step's
+    uint64_t block_serial, prev_serial;   // theirs (arena_settled: the block, not the address)
     const LMCache *cache;      // the captured step's cache
     int64_t replays, captures, eager;   // steps of each kind
 } LMDecodeGraph;

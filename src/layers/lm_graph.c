@@ -27,10 +27,10 @@ void lm_graph_free(LMGraph *gr) {
 // The micro-batch's key; doc flags copied into *flags (grown to B*T).
 static LMGraphKey key_of(const Tape *tp, const int *x, const int *y, const int *doc, int B, int T,
                          const LMCache *carry) {
-    LMGraphKey k = {B, T, 0, doc != NULL, NULL, carry, x, y};
+    LMGraphKey k = {.B = B, .T = T, .docs = doc != NULL, .carry = carry, .x = x, .y = y};
     for (int64_t i = 0; i < (int64_t)B * T; i++) k.count += y[i] >= 0;
-    const ArenaBlock *b = tp->data.head;
-    if (b && !b->next) k.block = b->mem;   // one block: the arena has settled
+    const ArenaBlock *b = arena_settled(&tp->data);
+    if (b) k.block = b->mem, k.serial = b->serial;
     return k;
 }
 
@@ -42,7 +42,7 @@ static bool ids_in_range(const int *x, const int *y, int n, int V) {
 
 static bool key_equal(const LMGraphKey *a, const int *a_doc, const LMGraphKey *b, const int *doc) {
     if (a->B != b->B || a->T != b->T || a->count != b->count || a->docs != b->docs || a->block != b->block ||
-        a->carry != b->carry || a->x != b->x || a->y != b->y || !a->block)
+        a->serial != b->serial || a->carry != b->carry || a->x != b->x || a->y != b->y || !a->block)
         return false;
     return !a->docs || !memcmp(a_doc, doc, (size_t)a->B * a->T * sizeof(int));
 }
@@ -105,31 +105,65 @@ static bool capture(LMGraph *gr, Tape *tp, LM *lm, const int *x, const int *y, c
     return true;
 }
 
+// ATTNLAB_CUDA_GRAPH_TRACE set (non-empty): a line on stderr before each
+// micro-batch runs (how, and its key), and the GPU waited for after it, so
+// that a kernel's fault is reported right after the line of its micro-batch.
+static bool trace_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("ATTNLAB_CUDA_GRAPH_TRACE");
+        on = e && *e;
+    }
+    return on;
+}
+
+static void trace(const LMGraph *gr, const Tape *tp, const char *how, const int *doc, int B, int T) {
+    if (!trace_on()) return;
+    int flags = 0;
+    for (int64_t i = 0; doc && i < (int64_t)B * T; i++) flags += doc[i] != 0;
+    char arena[80] = "arena not settled";
+    const ArenaBlock *b = arena_settled(&tp->data);
+    if (b) snprintf(arena, sizeof arena, "arena block %llu at %p", (unsigned long long)b->serial, (void *)b->mem);
+    // (a captured micro-batch counts as a capture and a replay)
+    fprintf(stderr, "cuda_graph: micro-batch %lld: %s; B %d, T %d, %d document flag%s, %s\n",
+            (long long)(gr->replays + gr->eager), how, B, T, flags, flags == 1 ? "" : "s", arena);
+}
+
+static double traced_end(Tape *tp, double loss) {
+    if (trace_on()) dev_sync(tp->device);
+    return loss;
+}
+
 double lm_graph_micro_batch(LMGraph *gr, Tape *tp, LM *lm, const int *x, const int *y, const int *doc, int B, int T,
                             LMCache *carry) {
     // (Every micro-batch of a graph run allocates alike: the capture's is
     // made in the block the eager ones settled.)
     tp->graphable = gr->g != NULL;
     if (!gr->g || gr->off) {
+        trace(gr, tp, "eager (graphs off)", doc, B, T);
         gr->eager++;
-        return eager(tp, lm, x, y, doc, B, T, carry);
+        return traced_end(tp, eager(tp, lm, x, y, doc, B, T, carry));
     }
     LMGraphKey k = key_of(tp, x, y, doc, B, T, carry);
     // A replay skips the ops' checks of the ids and targets: an id outside
     // the vocabulary runs eagerly, where op_embedding stops with its message.
-    if (gr->have_key && key_equal(&gr->key, gr->key_doc, &k, doc) && ids_in_range(x, y, B * T, lm->cfg.vocab_size))
-        return replay(gr, x, y);
+    if (gr->have_key && key_equal(&gr->key, gr->key_doc, &k, doc) && ids_in_range(x, y, B * T, lm->cfg.vocab_size)) {
+        trace(gr, tp, "replay", doc, B, T);
+        return traced_end(tp, replay(gr, x, y));
+    }
     bool repeat = gr->have_prev && key_equal(&gr->prev, gr->prev_doc, &k, doc);
     key_store(&gr->prev, &gr->prev_doc, &k, doc);
     gr->have_prev = true;
     if (repeat) {
+        trace(gr, tp, "capture, then replay", doc, B, T);
         gr->have_key = false;
         if (capture(gr, tp, lm, x, y, doc, B, T, carry)) {
             key_store(&gr->key, &gr->key_doc, &k, doc);
             gr->have_key = true;
-            return replay(gr, x, y);
+            return traced_end(tp, replay(gr, x, y));
         }
     }
+    trace(gr, tp, "eager", doc, B, T);
     gr->eager++;
-    return eager(tp, lm, x, y, doc, B, T, carry);
+    return traced_end(tp, eager(tp, lm, x, y, doc, B, T, carry));
 }

@@ -7,7 +7,8 @@
 // made from a key: the documents' flags (the documents' index, RoPE positions,
 // convolution and attention masks are made from them on the host), the
 // number of counted targets (the loss's divisor), the tape's device block
-// (every address of the graph is in it) and the shapes and carry. A
+// (every address of the graph is in it; the block itself, not its address:
+// arena_settled) and the shapes and carry. A
 // micro-batch whose key is the graph's is replayed; another runs eagerly,
 // and a key seen twice in a row is captured (so packed documents that differ
 // every step run eagerly, at the eager speed). The token ids and targets
@@ -28,6 +29,7 @@ typedef struct LMGraphKey {
     int B, T, count;           // shapes, targets >= 0
     bool docs;                 // doc flags given (then `doc` holds them)
     const void *block;         // the tape's device arena block (NULL: not settled)
+    uint64_t serial;           // and its serial (arena.h: the same address may be another block)
     const LMCache *carry;
     const int *x, *y;          // the bound arrays
 } LMGraphKey;

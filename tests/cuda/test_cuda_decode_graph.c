@@ -24,6 +24,7 @@ typedef struct {
     int reset_at;   // row 1 starts afresh before this step (-1: never)
     bool profile;   // the tape profiles (it synchronises: the capture must fail)
     int max_T;      // the cache's positions (0: prompt + STEPS)
+    int grow_at;    // before this step (> 0) the tape's arena grows and is made again
 } DecodeGraphCase;
 
 typedef struct {
@@ -73,6 +74,12 @@ static void decode_run(const DecodeGraphCase *dc, bool graphs, DecodeGraphRun *r
     r->logits = malloc((size_t)STEPS * B_ * V * sizeof(real));
     for (int s = 0; s < STEPS; s++) {
         if (s == dc->reset_at) lm_cache_reset_row(&lm, cache, 1);
+        if (dc->grow_at > 0 && s == dc->grow_at) {   // a second block, then one block of the new high water
+            const ArenaBlock *old = arena_settled(&tp.data);
+            cr_assert(old, "the arena has settled before step %d", s);
+            tape_dalloc(&tp, old->cap + 1);
+            tape_reset(&tp);
+        }
         for (int b = 0; b < B_; b++) r->ids[s][b] = tok[b];
         real *out = r->logits + (size_t)s * B_ * V;
         lm_decode_graph_step(&dg, &tp, &lm, cache, tok, out);
@@ -140,6 +147,18 @@ Test(cuda_decode_graph, mamba2) { replays((DecodeGraphCase){"mamba2,mamba2", 5, 
 Test(cuda_decode_graph, attn) { replays((DecodeGraphCase){"attn,attn", 5, -1, false, 0}); }
 // A prompt over two of the decode kernels' parts (256 keys), the cache longer than what is decoded.
 Test(cuda_decode_graph, attn_long_prompt) { replays((DecodeGraphCase){"attn,gdn", 300, -1, false, 700}); }
+// The arena made again after the capture (its memory freed, the new block
+// often at the same address): the old graph is not replayed; the step runs
+// eagerly and the next one is captured in the new block.
+Test(cuda_decode_graph, arena_made_again_is_captured_again) {
+    DecodeGraphCase dc = {"gdn,attn", 5, -1, false, 0, 5};
+    LMDecodeGraph st = compare(&dc);
+    cr_assert(!st.off && st.captures == 2 && st.replays == 7 && st.eager == 2,
+              "arena made again before step 5: %lld captures, %lld replays, %lld eager; expected 2 (at 1 and 6), 7, "
+              "2 (0 and 5) (off: %d %s)",
+              (long long)st.captures, (long long)st.replays, (long long)st.eager, st.off, st.why);
+}
+
 Test(cuda_decode_graph, tiny_hybrid_layers) { replays((DecodeGraphCase){"gdn,gdn,gdn,attn", 5, -1, false, 0}); }
 Test(cuda_decode_graph, recurrent_hybrid_without_a_prompt) {
     replays((DecodeGraphCase){"gdn,mamba,linear,kda", 0, -1, false, 0});
