@@ -129,10 +129,13 @@ val() {   # "step: loss" of every eval record
     echo "| ---: | ---: | ---: | ---: |"
     both <(val "$1") <(val "$2") | awk '{ printf "| %d | %.4f | %.4f | %+.2f %% |\n", $1, $2, $3, 100 * ($3 - $2) / $2 }'
 } | tee "$OUT/gpu_bf16_curve.txt"
+# the difference's axis: +-2 %, wider when the curves part further
+ylim=$(awk -F'\t' 'NR > 1 && $6 != "NaN" { d = $6 < 0 ? -$6 : $6; if (d > m) m = d }
+                   END { l = int(100 * m) + 1; print (l > 2 ? l : 2) }' "$tsv")
 gnuplot -e "set terminal pngcairo size 1200,800 font ',10' noenhanced; set output '$IMG/gpu_bf16_curve.png';
             set multiplot layout 2,1 title 'training loss (nats/byte), $(basename "$CONFIG" .ini), float32 vs bf16, same seed and data';
             set grid; set key top right; set xlabel 'step'; set ylabel 'loss (50-step mean)';
             plot '$tsv' u 1:4 every ::50 w l lw 1.5 lc rgb '#1f77b4' t 'fp32', '' u 1:5 every ::50 w l lw 1 lc rgb '#d62728' t 'bf16';
-            set ylabel '(bf16 - fp32) / fp32 (%)'; set yrange [-2:2];
+            set ylabel '(bf16 - fp32) / fp32 (%)'; set yrange [-$ylim:$ylim];
             plot '$tsv' u 1:(100*\$6) every ::50 w l lw 1.5 lc rgb '#2ca02c' t 'relative difference', 1 lc rgb '#888888' dt 2 t '+-1 %', -1 lc rgb '#888888' dt 2 notitle;
             unset multiplot" 2>/dev/null || echo "gpu_bf16_curve: gnuplot failed (apt-get install gnuplot-nox)" >&2
