@@ -551,7 +551,12 @@ int trainer_run(Trainer *t, const TrainerOptions *opts) {
             break;
         }
     }
-    signals_restore(sigs, 3, old_sigs);
+    // After a stop by a signal the handler stays until the process ends: a
+    // repeat of the signal (timeout(1) sends SIGTERM to the process and to
+    // its group) that comes after the checkpoint is written would otherwise
+    // end train by the default action (status 143, not 130). A repeat within
+    // a second is still the one request; a later one is _exit(130).
+    if (!(exit_code == 130 && stop_requested)) signals_restore(sigs, 3, old_sigs);
     if (exit_code == 0) exit_code = finish(t, &rl, o);
     runlog_close(&rl);
     return exit_code;
