@@ -83,7 +83,8 @@ static void graph_run(const char *layers, const GraphCase *gc, bool graphs, Grap
         for (int a = 0; a < gc->accum; a++) {
             if (gc->grow_at > 0 && st * gc->accum + a == gc->grow_at) {
                 // More than the settled block holds: a second block, then one new block of the new high water
-                // (an evaluation between steps does this; on an H100 it was made at the old block's address).
+                // (as gpu_d1024_hybrid's first batch with a document boundary did on an H100, where the new
+                // block was made at the old one's address).
                 const ArenaBlock *old = arena_settled(&tp.data);
                 cr_assert(old, "the arena has settled before micro-batch %d", gc->grow_at);
                 r->grown_from = old->mem;
