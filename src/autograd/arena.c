@@ -91,6 +91,11 @@ void arena_reset(Arena *a) {
 
 const ArenaBlock *arena_settled(const Arena *a) { return a->head && !a->head->next ? a->head : NULL; }
 
+ArenaMark arena_mark(const Arena *a) {
+    const ArenaBlock *b = arena_settled(a);
+    return b ? (ArenaMark){b->mem, b->serial} : (ArenaMark){NULL, 0};
+}
+
 void arena_free(Arena *a) {
     free_blocks(a->head, a->device);
     a->head = NULL;

@@ -44,6 +44,14 @@ void arena_reset(Arena *a);                   // frees everything handed out
 // block (the same serial): memory freed under a graph is not the graph's any
 // more, even where the next block is made at the same address.
 const ArenaBlock *arena_settled(const Arena *a);
+// That block as a graph's key holds it: its address and serial ({NULL, 0}
+// when the arena has not settled); the same settled block when both agree.
+typedef struct ArenaMark {
+    const void *mem;
+    uint64_t serial;
+} ArenaMark;
+ArenaMark arena_mark(const Arena *a);
+static inline bool arena_mark_same(ArenaMark a, ArenaMark b) { return a.mem && a.mem == b.mem && a.serial == b.serial; }
 void arena_free(Arena *a);
 
 #ifdef __cplusplus

@@ -55,14 +55,6 @@ void lm_decode_graph_free(LMDecodeGraph *dg) {
     memset(dg, 0, sizeof *dg);
 }
 
-// The tape's device block when its arena is one block (settled), else NULL;
-// its serial into *serial.
-static const void *settled_block(const Tape *tp, uint64_t *serial) {
-    const ArenaBlock *b = arena_settled(&tp->data);
-    *serial = b ? b->serial : 0;
-    return b ? b->mem : NULL;
-}
-
 static void eager(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c, const int *tokens, real *logits) {
     Tensor *lg = lm_step(tp, lm, c, tokens);
     dev_to_host(logits, lg->data, (size_t)lg->numel * sizeof(real), tp->device);   // (before the reset frees it)
@@ -93,15 +85,14 @@ static bool capture(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c) {
     dev_graph_begin(dg->g, in, bytes, 1);
     Tensor *lg = lm_step(tp, lm, c, dg->tok);
     bool ok = dev_graph_end(dg->g, why, sizeof why);
-    uint64_t serial;
-    const void *block = settled_block(tp, &serial);
+    ArenaMark block = arena_mark(&tp->data);
     tape_reset(tp);
     advance(lm, c, -1);   // (nothing ran: the step's counts go with the launch)
     // The ids must come from tok at a replay, and every address from the block the key names.
     if (ok && dev_graph_traced(dg->g) < 1) {
         ok = false;
         snprintf(why, sizeof why, "the token ids were not traced to the step's input");
-    } else if (ok && (block != dg->prev || serial != dg->prev_serial)) {
+    } else if (ok && !arena_mark_same(block, dg->prev)) {
         ok = false;
         snprintf(why, sizeof why, "the tape's arena grew while capturing");
     }
@@ -113,7 +104,6 @@ static bool capture(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c) {
     }
     dg->logits = lg->data;
     dg->block = block;
-    dg->block_serial = serial;
     dg->cache = c;
     dg->captures++;
     return true;
@@ -142,16 +132,15 @@ void lm_decode_graph_step(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c, const
         eager(dg, tp, lm, c, tokens, logits);
         return;
     }
-    uint64_t serial;
-    const void *block = settled_block(tp, &serial);
-    if (dg->logits && block && block == dg->block && serial == dg->block_serial && c == dg->cache && c->B == dg->B) {
+    ArenaMark block = arena_mark(&tp->data);
+    if (dg->logits && arena_mark_same(block, dg->block) && c == dg->cache && c->B == dg->B) {
         set_tokens(dg, tokens, c->B);
         replay(dg, lm, c, tp->device, logits);
         return;
     }
     dg->logits = NULL;
     // Settled: the same block two steps in a row.
-    if (block && block == dg->prev && serial == dg->prev_serial && c->pos < c->max_T) {
+    if (arena_mark_same(block, dg->prev) && c->pos < c->max_T) {
         set_tokens(dg, tokens, c->B);
         if (capture(dg, tp, lm, c)) {
             replay(dg, lm, c, tp->device, logits);
@@ -159,6 +148,5 @@ void lm_decode_graph_step(LMDecodeGraph *dg, Tape *tp, LM *lm, LMCache *c, const
         }
     }
     dg->prev = block;
-    dg->prev_serial = serial;
     eager(dg, tp, lm, c, tokens, logits);
 }

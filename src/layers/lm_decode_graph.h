@@ -37,8 +37,7 @@ typedef struct LMDecodeGraph {
     int *tok;                  // (B) the step's ids: the graph's bound input
     int B;
     const real *logits;        // the captured step's logits (B, 1, V) on the device
-    const void *block, *prev;  // the captured step's arena block, the last eager step's
-    uint64_t block_serial, prev_serial;   // theirs (arena_settled: the block, not the address)
+    ArenaMark block, prev;     // the captured step's arena block, the last eager step's
     const LMCache *cache;      // the captured step's cache
     int64_t replays, captures, eager;   // steps of each kind
 } LMDecodeGraph;

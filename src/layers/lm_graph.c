@@ -29,8 +29,7 @@ static LMGraphKey key_of(const Tape *tp, const int *x, const int *y, const int *
                          const LMCache *carry) {
     LMGraphKey k = {.B = B, .T = T, .docs = doc != NULL, .carry = carry, .x = x, .y = y};
     for (int64_t i = 0; i < (int64_t)B * T; i++) k.count += y[i] >= 0;
-    const ArenaBlock *b = arena_settled(&tp->data);
-    if (b) k.block = b->mem, k.serial = b->serial;
+    k.block = arena_mark(&tp->data);
     return k;
 }
 
@@ -41,8 +40,8 @@ static bool ids_in_range(const int *x, const int *y, int n, int V) {
 }
 
 static bool key_equal(const LMGraphKey *a, const int *a_doc, const LMGraphKey *b, const int *doc) {
-    if (a->B != b->B || a->T != b->T || a->count != b->count || a->docs != b->docs || a->block != b->block ||
-        a->serial != b->serial || a->carry != b->carry || a->x != b->x || a->y != b->y || !a->block)
+    if (a->B != b->B || a->T != b->T || a->count != b->count || a->docs != b->docs ||
+        !arena_mark_same(a->block, b->block) || a->carry != b->carry || a->x != b->x || a->y != b->y)
         return false;
     return !a->docs || !memcmp(a_doc, doc, (size_t)a->B * a->T * sizeof(int));
 }

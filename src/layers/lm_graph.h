@@ -28,8 +28,7 @@ extern "C" {
 typedef struct LMGraphKey {
     int B, T, count;           // shapes, targets >= 0
     bool docs;                 // doc flags given (then `doc` holds them)
-    const void *block;         // the tape's device arena block (NULL: not settled)
-    uint64_t serial;           // and its serial (arena.h: the same address may be another block)
+    ArenaMark block;           // the tape's device arena block (arena.h: an address may be another block's)
     const LMCache *carry;
     const int *x, *y;          // the bound arrays
 } LMGraphKey;
