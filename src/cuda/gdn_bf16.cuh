@@ -5,122 +5,142 @@
 // What it computes, exactly: C = alpha op(A) op(B) + beta C as blk_gemm_s,
 // except that every element of op(A) and op(B) is rounded to bf16 (round to
 // nearest, ties to even: __float2bfloat16_rn; a NaN stays a NaN) as it is
-// loaded: an element of A with the row factor `as` is rnd(as[r] * A[r][k]),
-// the float32 product (mul_rn) rounded, as blk_fetch forms it. The products
-// of two bf16 numbers (16 significant bits at most) are exact in float32;
-// they are summed in float32 by the tensor cores (mma.sync m16n8k16 through
-// nvcuda::wmma, in the hardware's order within each slice of 16, the slices
-// of K in ascending order), then alpha acc is rounded (mul_rn) and, with
-// beta, fma(C, beta, that): the float32 epilogue of blk_tiles. So the error
-// of an output against the exact product of the rounded operands is a
+// loaded. The products of two bf16 numbers (16 significant bits at most) are
+// exact in float32; they are summed in float32 by the tensor cores
+// (mma.sync m16n8k16, in the hardware's order within each step of 16, the
+// steps of K in ascending order), then alpha acc is rounded (mul_rn) and,
+// with beta, fma(C, beta, that): the float32 epilogue of blk_tiles. So the
+// error of an output against the exact product of the rounded operands is a
 // float32 summation error; against the float32 product, each operand adds
 // at most 2^-8 of its magnitude.
 //
-// Layout. The block's 256 threads (8 warps) compute a tile of TM x TN of C
-// (64 x 64, 128 x 32 or 32 x 128, chosen as blk_gemm_s chooses) as 16
-// fragments of 16 x 16: fragment f = (f / FC, f % FC), FC = TN / 16 across;
-// warp w owns the fragments 2w and 2w + 1, which lie in one row of
-// fragments (FC is even), so it loads one A fragment and two B fragments
-// per slice. K is walked in slices of BK = 16 (one mma per fragment and
-// slice). A slice is fetched by blk_fetch (zeros outside the matrices:
-// partial tiles, K not a multiple of 16, transposed operands and `as` are
-// its business), rounded, and stored row-major: op(A)'s TM x 16 with a row
-// pitch of BF_AP = 24 bf16 (48 bytes), op(B)'s 16 x TN with a pitch of TN + 8
-// (both pitches multiples of 8 elements, as wmma's ldm must be for 16-bit
-// types; the pads spread the rows over the banks). Two buffers of each: the
-// next slice is fetched into registers while the current one is multiplied.
-// Every fragment's first element sits on a 32-byte boundary (the pitches in
-// bytes times 16 rows are multiples of 32, Tiles is 32-byte aligned), as
-// load_matrix_sync and store_matrix_sync require. After the last slice the
-// accumulators go to shared memory (row-major TM x TN floats over the slice
-// buffers) and the tile is written out as blk_tiles writes it (coalesced).
+// Layout. C is walked in tiles of 64 x 64 and K in slices of 64. For a
+// tile and slice, the block of op(A)'s and op(B)'s stored matrices that the
+// slice reads (64 x 64 of the matrix as it lies in memory: A's rows when A
+// is not transposed, its columns when it is, and so for B) is read along
+// its contiguous dimension, four floats a load where the matrix is 16-byte
+// aligned with a leading dimension that keeps it so, else one at a time,
+// zeros outside the matrix; rounded; and kept in shared memory as bf16 rows
+// of pitch BF_PITCH (144 bytes: the 8 rows that one ldmatrix reads fall on
+// distinct banks). Each warp owns 16 rows by 32 columns of the tile (warp w:
+// rows 16 (w % 4), columns 32 (w / 4)), four m16n8 accumulators, and takes
+// its fragments with ldmatrix, transposing (.trans) where the stored block
+// runs the other way from the fragment, then one mma.sync m16n8k16 per
+// accumulator and step of 16 along K; steps past the last multiple of 16
+// that K reaches are not taken (mma_bf16.cuh has the fragments' layouts).
+// The epilogue writes each accumulator element from its register: alpha acc
+// rounded, and with beta, fma(C, beta, that). One barrier after a slice is
+// in, one before the next slice overwrites it, and the closing one.
 #ifndef AG_GDN_BF16_CUH
 #define AG_GDN_BF16_CUH
 
 #ifndef AG_DOUBLE
 #include <cuda_bf16.h>
-#include <mma.h>
 
-#define BF_AP (BK + 8)   // bf16 row pitch of an op(A) slice
+#include "mma_bf16.cuh"
 
-template <int TM, int TN>
-__device__ __forceinline__ void blk_put_bf16(__nv_bfloat16 *sa, __nv_bfloat16 *sb, const float *ra, const float *rb,
-                                             bool ta, bool tb) {
-    int tid = threadIdx.x;
-    // Element e = tid + 256 p of blk_fetch's registers is op(A)'s (i, k) and
-    // op(B)'s (k, j), numbered as blk_put numbers them.
-#pragma unroll
-    for (int p = 0; p < TM * BK / GDN_NT; p++) {
-        int e = tid + p * GDN_NT, k = ta ? e / TM : e % BK, i = ta ? e % TM : e / BK;
-        sa[i * BF_AP + k] = __float2bfloat16_rn(ra[p]);
-    }
-#pragma unroll
-    for (int p = 0; p < TN * BK / GDN_NT; p++) {
-        int e = tid + p * GDN_NT, k = tb ? e % BK : e / TN, j = tb ? e / BK : e % TN;
-        sb[k * (TN + 8) + j] = __float2bfloat16_rn(rb[p]);
+#define BF_TILE 64               // C's tile (rows and columns) and K's slice
+#define BF_PITCH (BF_TILE + 8)   // bf16 row pitch of a staged block
+static_assert(2 * BF_TILE * BF_PITCH * 2 <= (int)sizeof(Tiles), "blk_gemm_bf16_s: two staged blocks in the Tiles");
+
+// Rows r0 .. r0 + 63 and columns c0 .. c0 + 63 of the row-major R x Cn
+// matrix X (leading dimension ld) into dst (64 rows of BF_PITCH bf16),
+// rounded to nearest even, zeros outside X. vec: X and ld keep every
+// fourth element 16-byte aligned (one float4 load per four).
+__device__ __forceinline__ void bf_stage(__nv_bfloat16 *dst, const float *X, int ld, int R, int Cn, int r0, int c0,
+                                         bool vec) {
+    constexpr int Q = BF_TILE / 4;   // groups of four along a row
+#pragma unroll 4
+    for (int e = threadIdx.x; e < BF_TILE * Q; e += GDN_NT) {
+        int r = e / Q, c = e % Q * 4, gr = r0 + r, gc = c0 + c;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (gr < R && gc < Cn) {
+            const float *p = X + (int64_t)gr * ld + gc;
+            if (vec && gc + 3 < Cn) x = *reinterpret_cast<const float4 *>(p);
+            else {
+                x.x = p[0];
+                if (gc + 1 < Cn) x.y = p[1];
+                if (gc + 2 < Cn) x.z = p[2];
+                if (gc + 3 < Cn) x.w = p[3];
+            }
+        }
+        uint2 u = make_uint2(fb_pack(x.x, x.y), fb_pack(x.z, x.w));
+        *reinterpret_cast<uint2 *>(dst + r * BF_PITCH + c) = u;
     }
 }
 
-template <int TM, int TN>
-__device__ __forceinline__ void blk_tiles_bf16(Tiles *sh, bool ta, bool tb, int M, int N, int K, real alpha,
-                                               const real *A, int lda, const real *as, const real *B, int ldb,
-                                               real beta, real *C, int ldc) {
-    using namespace nvcuda;
-    constexpr int NA = TM * BK / GDN_NT, NB = TN * BK / GDN_NT, FC = TN / 16, BP = TN + 8;
-    constexpr int ASZ = TM * BF_AP, BSZ = BK * BP;   // bf16 elements of one buffer
-    static_assert(TM * TN == 16 * 16 * 2 * (GDN_NT / 32) && FC % 2 == 0, "blk_tiles_bf16: two fragments a warp, one row");
-    static_assert(2 * (ASZ + BSZ) * 2 <= BLK_SMEM * (int)sizeof(real) && TM * TN <= BLK_SMEM,
-                  "blk_tiles_bf16: Tiles");
-    static_assert((16 * BF_AP * 2) % 32 == 0 && (ASZ * 2) % 32 == 0 && (BSZ * 2) % 32 == 0, "32-byte fragments");
-    __nv_bfloat16 *sa = reinterpret_cast<__nv_bfloat16 *>(sh->s), *sb = sa + 2 * ASZ;
-    float *sc = sh->s;   // the C stage, over the buffers
-    int tid = threadIdx.x, w = tid / 32, fr = 2 * w / FC, fc = 2 * w % FC;
-    int tn = (N + TN - 1) / TN, nt = (M + TM - 1) / TM * tn, ns = (K + BK - 1) / BK;
-    for (int tile = 0; tile < nt; tile++) {
-        int i0 = tile / tn * TM, j0 = tile % tn * TN;
-        float ra[NA], rb[NB];
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb0, fb1;
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc0, acc1;
-        wmma::fill_fragment(acc0, 0.0f);
-        wmma::fill_fragment(acc1, 0.0f);
-        if (ns > 0) {
-            blk_fetch<TM, TN>(ra, rb, ta, tb, M, N, K, i0, j0, 0, A, lda, as, B, ldb);
-            blk_put_bf16<TM, TN>(sa, sb, ra, rb, ta, tb);
-        }
-        __syncthreads();   // slice 0 is in
-        for (int s = 0; s < ns; s++) {
-            int cur = s & 1;
-            if (s + 1 < ns) blk_fetch<TM, TN>(ra, rb, ta, tb, M, N, K, i0, j0, (s + 1) * BK, A, lda, as, B, ldb);
-            const __nv_bfloat16 *pa = sa + cur * ASZ + fr * 16 * BF_AP, *pb = sb + cur * BSZ + fc * 16;
-            wmma::load_matrix_sync(fa, pa, BF_AP);
-            wmma::load_matrix_sync(fb0, pb, BP);
-            wmma::load_matrix_sync(fb1, pb + 16, BP);
-            wmma::mma_sync(acc0, fa, fb0, acc0);
-            wmma::mma_sync(acc1, fa, fb1, acc1);
-            // The other buffer was last read before the previous barrier.
-            if (s + 1 < ns) blk_put_bf16<TM, TN>(sa + (1 - cur) * ASZ, sb + (1 - cur) * BSZ, ra, rb, ta, tb);
-            __syncthreads();   // slice s + 1 is in; slice s is no longer read
-        }
-        // No warp reads the slices any more (the barrier above): the stage.
-        wmma::store_matrix_sync(sc + fr * 16 * TN + fc * 16, acc0, TN, wmma::mem_row_major);
-        wmma::store_matrix_sync(sc + fr * 16 * TN + fc * 16 + 16, acc1, TN, wmma::mem_row_major);
-        __syncthreads();   // the stage is in
-        blk_store<TM, TN>(sc, M, N, i0, j0, alpha, beta, C, ldc);
-        __syncthreads();   // the stage is read (the next tile's slice 0 goes over it); C is written
-    }
-    if (nt == 0) __syncthreads();
+// Four 8 x 8 bf16 matrices from shared memory (ldmatrix .x4; trans: each
+// transposed); lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void bf_ldsm4(uint32_t r[4], const __nv_bfloat16 *p, bool trans) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
 }
 
-// blk_gemm_s with bf16 operands (the header above); the same arguments, the
-// same tile shapes, the same closing barrier.
+// blk_gemm_s with bf16 operands (the header above): the same arguments
+// (without a row factor), the same closing barrier.
 static __device__ __noinline__ void blk_gemm_bf16_s(Tiles *sh, bool ta, bool tb, int M, int N, int K, real alpha,
-                                                    const real *A, int lda, const real *as, const real *B, int ldb,
-                                                    real beta, real *C, int ldc) {
-    int shape = blk_shape(M, N);   // (blk_gemm_s's choice)
-    if (shape == BLK_TALL) blk_tiles_bf16<128, 32>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
-    else if (shape == BLK_WIDE) blk_tiles_bf16<32, 128>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
-    else blk_tiles_bf16<64, 64>(sh, ta, tb, M, N, K, alpha, A, lda, as, B, ldb, beta, C, ldc);
+                                                    const real *A, int lda, const real *B, int ldb, real beta,
+                                                    real *C, int ldc) {
+    __nv_bfloat16 *sa = reinterpret_cast<__nv_bfloat16 *>(sh->s), *sb = sa + BF_TILE * BF_PITCH;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp % 4 * 16, wn = warp / 4 * 32;
+    int q = lane / 8, lr = lane % 8, g = lane / 4, c2 = lane % 4 * 2;
+    bool va = (((uintptr_t)A | (uintptr_t)lda * sizeof(float)) & 15) == 0;
+    bool vb = (((uintptr_t)B | (uintptr_t)ldb * sizeof(float)) & 15) == 0;
+    // Lane's ldmatrix row and column within a 16 x 16 step: A's fragment
+    // (matrices: rows +0/+8 of op(A) first, then k +8), B's pair of n8
+    // fragments (k +0/+8 first, then n +8).
+    int ar = ta ? lr + 8 * (q >> 1) : wm + lr + 8 * (q & 1), ac = ta ? wm + 8 * (q & 1) : 8 * (q >> 1);
+    int br = tb ? lr + 8 * (q >> 1) : lr + 8 * (q & 1), bc = tb ? 8 * (q & 1) : 8 * (q >> 1);
+    int tn = (N + BF_TILE - 1) / BF_TILE, nt = (M + BF_TILE - 1) / BF_TILE * tn;
+    int ns = (K + BF_TILE - 1) / BF_TILE;
+    for (int tile = 0; tile < nt; tile++) {
+        int i0 = tile / tn * BF_TILE, j0 = tile % tn * BF_TILE;
+        float acc[4][4];
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[t][e] = 0.f;
+        for (int s = 0; s < ns; s++) {
+            int k0 = s * BF_TILE, nk = (min(BF_TILE, K - k0) + 15) / 16;
+            if (ta) bf_stage(sa, A, lda, K, M, k0, i0, va);
+            else bf_stage(sa, A, lda, M, K, i0, k0, va);
+            if (tb) bf_stage(sb, B, ldb, N, K, j0, k0, vb);
+            else bf_stage(sb, B, ldb, K, N, k0, j0, vb);
+            __syncthreads();   // the slice is in
+            for (int kk = 0; kk < nk; kk++) {
+                uint32_t a[4], b[2][4];
+                int k = 16 * kk;
+                bf_ldsm4(a, ta ? sa + (k + ar) * BF_PITCH + ac : sa + ar * BF_PITCH + k + ac, ta);
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    int n = wn + 16 * p;
+                    bf_ldsm4(b[p], tb ? sb + (n + br) * BF_PITCH + k + bc : sb + (k + br) * BF_PITCH + n + bc, !tb);
+                }
+#pragma unroll
+                for (int t = 0; t < 4; t++) fb_mma(acc[t], a[0], a[1], a[2], a[3], b[t / 2][t % 2 * 2], b[t / 2][t % 2 * 2 + 1]);
+            }
+            if (s + 1 < ns || tile + 1 < nt) __syncthreads();   // the slice is no longer read
+        }
+        // Accumulator t of the warp: rows i0 + wm + g (+8), columns j0 + wn + 8 t + c2 (+1).
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = i0 + wm + g + 8 * (e / 2), j = j0 + wn + 8 * t + c2 + e % 2;
+                if (i < M && j < N) {
+                    real *cp = C + (int64_t)i * ldc + j, v = mul_rn(alpha, acc[t][e]);
+                    *cp = beta == 0 ? v : fma(*cp, beta, v);
+                }
+            }
+    }
+    __syncthreads();   // C is written
 }
 #endif
 
@@ -133,7 +153,7 @@ __device__ __forceinline__ void blk_mm(Tiles *sh, bool ta, bool tb, int M, int N
                                        int lda, const real *B, int ldb, real beta, real *C, int ldc) {
 #ifndef AG_DOUBLE
     if constexpr (BF) {
-        blk_gemm_bf16_s(sh, ta, tb, M, N, K, alpha, A, lda, NULL, B, ldb, beta, C, ldc);
+        blk_gemm_bf16_s(sh, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
 #else
