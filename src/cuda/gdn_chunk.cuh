@@ -563,11 +563,13 @@ static void ws_plan(Node *n, GdnArgs &a, bool grad, K1 k1, K2 k2, WsGrids &p, in
     a.ws = (unsigned char *)tape_dalloc(n->tape, a.ws_stride * (size_t)(*g1 > *g2 ? *g1 : *g2));
 }
 
-// The op's rows shared by the kernels of a pass (GdnArgs), from the arena.
+// The op's rows shared by the kernels of a pass (GdnArgs), from the arena;
+// W's are the node's saved ones (gdn_node.h) when it is recorded.
 static void chunk_rows(Node *n, GdnArgs *a) {
     int64_t BH = (int64_t)a->B * a->H, rows = BH * a->T;
     a->items = BH * a->NC;
-    a->Wb = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dk) * sizeof(real));
+    a->Wb = a->saved ? a->saved + a->items * a->dk * a->dv
+                     : (real *)tape_dalloc(n->tape, (size_t)(rows * a->dk) * sizeof(real));
     a->Ub = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dv) * sizeof(real));
     a->ekb = (real *)tape_dalloc(n->tape, (size_t)rows * sizeof(real));
     a->blb = (real *)tape_dalloc(n->tape, (size_t)a->items * sizeof(real));

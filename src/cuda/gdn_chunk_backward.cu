@@ -18,10 +18,10 @@
 
 // ---------------------------------------------------------------- chunked form: backward
 
-// 1. Per chunk: W into the op's rows, ek and bl as in the forward; with dO,
-// the terms of dDelta and of the entering state's gradient that do not go
-// through the state: P^T dO into the op's dDelta rows, Q^T diag(b) dO into
-// the chunk's dS slot.
+// 1. Per chunk: ek and bl as in the forward (W: the forward's rows, saved);
+// with dO, the terms of dDelta and of the entering state's gradient that do
+// not go through the state: P^T dO into the op's dDelta rows, Q^T diag(b) dO
+// into the chunk's dS slot.
 // (SM: the workspace's first a.ws_shared bytes in shared memory, gdn_chunk.cuh.)
 template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : GDN_MINB) k_gdn_bwd_prep(GdnArgs a) {
     __shared__ Tiles sh;
@@ -34,8 +34,7 @@ template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : G
         Item m = item_of(a, it);
         int L = m.L;
         int64_t r = m.bh * a.T + m.t0;
-        w.W = a.Wb + r * dk;
-        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, L, NULL, PREP_SOLVE | PREP_W | (a.dout ? PREP_P : 0));
+        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, L, NULL, a.dout ? PREP_P : 0);
         for (int i = tid; i < L; i += GDN_NT) a.ekb[r + i] = w.ek[i];
         if (tid == 0) a.blb[m.bh * a.NC + m.c] = w.bm[L - 1];
         if (a.dout) {

@@ -14,15 +14,18 @@
 // independently: S_C[:, J] = bl S0[:, J] + Kd^T (U[:, J] - W S0[:, J])).
 //   forward   1. per chunk (k_gdn_fwd_prep): the decays, (I + A)^-1 and
 //                W = Tm diag(beta b) K, U = Tm diag(beta) V, written to
-//                per-op rows (B*H, T, dk | dv), with ek (B*H, T) and bl (B*H, NC);
+//                per-op rows (B*H, T, dk | dv; W's in n->saved after the
+//                states when the node is recorded, for the backward), with
+//                ek (B*H, T) and bl (B*H, NC);
 //             2. per (batch, head, column block), chunks in order
 //                (k_gdn_fwd_scan): keeps the state entering each chunk (n->saved,
 //                or scratch when the node is not recorded), Delta = U - W S0
 //                over U's rows, S_C = bl S0 + Kd^T Delta; S_T is the last;
 //             3. per chunk (k_gdn_fwd_out): O = diag(b) Q S0 + P Delta.
-//   backward  1. per chunk (k_gdn_bwd_prep): W again, and the parts of
-//                dDelta and of the entering state's gradient that do not go
-//                through the state: P^T dO and Q^T diag(b) dO;
+//   backward  1. per chunk (k_gdn_bwd_prep): the decays again (W is the
+//                forward's), and the parts of dDelta and of the entering
+//                state's gradient that do not go through the state: P^T dO
+//                and Q^T diag(b) dO;
 //             2. per (batch, head, column block), chunks in reverse
 //                (k_gdn_bwd_scan): dDelta = Kd dS + P^T dO, dS0 = bl dS +
 //                Q^T dY - W^T dDelta, keeping the gradient of the state leaving

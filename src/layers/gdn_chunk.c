@@ -286,7 +286,9 @@ Tensor *delta_rule_op(Tape *tp, const DeltaRuleOp *op, Tensor *q, Tensor *k, Ten
     n->aux = docs_first(tp, doc_start, B, T);
     if (n->recorded) {
         GdnDims d = gdn_dims(n);
-        n->saved = tape_dalloc(tp, (size_t)B * H * d.NC * dk * dv * sizeof(real));   // read by the kernels
+        // The GPU's chunked gdn also keeps the forward's W rows (gdn_node.h).
+        size_t rows_w = def == &OP_GDN_CHUNKED && tp->device == DEVICE_CUDA ? (size_t)B * H * T * dk : 0;
+        n->saved = tape_dalloc(tp, ((size_t)B * H * d.NC * dk * dv + rows_w) * sizeof(real));   // read by the kernels
     }
     tape_forward(n);
     if (s_out) *s_out = sT;

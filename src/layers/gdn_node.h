@@ -3,7 +3,10 @@
 // (src/cuda/gdn_*.cu): plain enums, so C and C++ alike.
 //
 // in: q, k, v, beta, g, s0 (maybe NULL). out: o, S_T. iarg: the sizes below.
-// saved: (B, H, NC, dk, dv) the state entering each chunk, NC = ceil(T/C).
+// saved: (B, H, NC, dk, dv) the state entering each chunk, NC = ceil(T/C);
+// for the chunked form on the GPU, then (B, H, T, dk) the forward's W rows
+// (W = Tm diag(beta b) K per chunk), which its backward reads instead of
+// solving for them again.
 // aux: first (B, T) of the documents (docs.h), or NULL.
 #ifndef GDN_NODE_H
 #define GDN_NODE_H
