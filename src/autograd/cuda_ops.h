@@ -44,8 +44,8 @@ void cu_set_bf16(bool on);   // src/cuda/ops_matmul.cu (device_set_bf16)
 bool cu_bf16_products(void);   // whether it is on (attention's and op_gdn's tile products follow it)
 // Bytes of op_gdn's per-chunk workspace that its last forward (or backward)
 // kept in shared memory (ATTNLAB_GDN_WS=backward, the default: the
-// backward's; =shared: both; =global: none; the same results bit for bit,
-// src/cuda/gdn_chunk.cuh).
+// backward's chunk kernel; =shared: every per-chunk kernel; =global: none;
+// the same results bit for bit, src/cuda/gdn_chunk.cuh).
 size_t cu_gdn_ws_shared_last(bool backward);
 // ---- CUDA graphs (src/cuda/graph_cuda.cu; device.h's dev_graph_*) ----
 CuGraph *cu_graph_new(void);

@@ -59,18 +59,17 @@ template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : G
     }
 }
 
-// Whether the per-chunk kernels of the backward (bwd) or the forward keep
-// their workspace in shared memory: ATTNLAB_GDN_WS = backward (the default:
-// the backward's only), shared (both) or global (neither), read at each
-// launch as the scans' ATTNLAB_GDN_SCAN_* are (gdn_scan.cu). In shared
-// memory the forward's kernels lose more to one block a multiprocessor than
-// they gain (docs/gpu_perf.md).
-bool gdn_ws_shared_on(bool bwd) {
+// Whether per-chunk kernel k keeps its workspace in shared memory:
+// ATTNLAB_GDN_WS = backward (the default: the backward's chunk kernel only),
+// shared (every one) or global (none), read at each launch as the scans'
+// ATTNLAB_GDN_SCAN_* are (gdn_scan.cu). The other kernels lose more to one
+// block a multiprocessor than they gain (docs/gpu_perf.md).
+bool gdn_ws_shared_on(GdnWsKernel k) {
     const char *e = getenv("ATTNLAB_GDN_WS");
     if (!e || !*e) e = "backward";
     ASSERT(!strcmp(e, "global") || !strcmp(e, "shared") || !strcmp(e, "backward"),
            "ATTNLAB_GDN_WS is '%s': say backward (the default), shared or global", e);
-    return !strcmp(e, "shared") || (bwd && !strcmp(e, "backward"));
+    return !strcmp(e, "shared") || (k == WS_BWD_CHUNK && !strcmp(e, "backward"));
 }
 
 size_t gdn_ws_last[2];
@@ -81,7 +80,7 @@ extern "C" size_t cu_gdn_ws_shared_last(bool backward) { return gdn_ws_last[back
 template <bool BF, bool SM> static void fwd_launch_ws(Node *n, GdnArgs &a) {
     static WsGrids grids;
     int gp, go;
-    ws_plan<SM>(n, a, false, k_gdn_fwd_prep<BF, SM>, k_gdn_fwd_out<BF, SM>, grids, &gp, &go);
+    ws_plan<SM, SM>(n, a, false, k_gdn_fwd_prep<BF, SM>, k_gdn_fwd_out<BF, SM>, grids, &gp, &go);
     k_gdn_fwd_prep<BF, SM><<<gp, GDN_NT, a.ws_shared, cu_stream>>>(a);
     CU_LAUNCHED();
     gdn_scan(n, a, false);
@@ -90,7 +89,7 @@ template <bool BF, bool SM> static void fwd_launch_ws(Node *n, GdnArgs &a) {
 }
 
 template <bool BF> static void fwd_launch(Node *n, GdnArgs &a) {
-    if (gdn_ws_shared_on(false)) fwd_launch_ws<BF, true>(n, a);
+    if (gdn_ws_shared_on(WS_FWD)) fwd_launch_ws<BF, true>(n, a);
     else fwd_launch_ws<BF, false>(n, a);
 }
 

@@ -505,8 +505,8 @@ template <typename K> static int resident_blocks(K kernel, size_t dyn = 0) {
 }
 
 // The workspace in shared memory (gdn_ws_shared_on: ATTNLAB_GDN_WS=backward,
-// the default, for the backward's kernels; =shared for both passes'; =global
-// for neither).
+// the default, for the backward's chunk kernel; =shared for every per-chunk
+// kernel; =global for none).
 // The per-chunk kernels pass a chunk's matrices from one block-wide step to
 // the next through their workspace; in device
 // memory that is most of their traffic (k_gdn_bwd_chunk: 4.4 GB a call at
@@ -516,7 +516,8 @@ template <typename K> static int resident_blocks(K kernel, size_t dyn = 0) {
 // as many as fit beside their static shared memory, in dynamic shared
 // memory; the buffers past that stay in device memory. The arithmetic and
 // its order are the same, so are the results' bits.
-bool gdn_ws_shared_on(bool bwd);
+enum GdnWsKernel { WS_FWD, WS_BWD_PREP, WS_BWD_CHUNK };   // the forward's two kernels, the backward's each
+bool gdn_ws_shared_on(GdnWsKernel k);
 extern size_t gdn_ws_last[2];   // the last forward's [0] and backward's [1] bytes of it (cu_gdn_ws_shared_last)
 
 // The dynamic shared memory kernel may take for the workspace (opted in
@@ -540,22 +541,23 @@ struct WsGrids {
     size_t room, res_for;
 };
 
-// A pass's workspace for its per-chunk kernels k1 and k2 (SM: the instances
-// with the workspace's start in shared memory): a's ws_stride, ws_shared
+// A pass's workspace for its per-chunk kernels k1 and k2 (SM1, SM2: the
+// instances with the workspace's start in shared memory, each launched with
+// a.ws_shared bytes of it, the others with none): a's ws_stride, ws_shared
 // (also into gdn_ws_last[grad]) and ws, one slot per block of the larger grid;
 // the two grids into *g1 and *g2. The occupancy is asked again only when
 // the shared bytes change.
-template <bool SM, typename K1, typename K2>
+template <bool SM1, bool SM2, typename K1, typename K2>
 static void ws_plan(Node *n, GdnArgs &a, bool grad, K1 k1, K2 k2, WsGrids &p, int *g1, int *g2) {
     a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, grad);
-    if (SM && !p.room) {
-        size_t r1 = ws_room(k1), r2 = ws_room(k2);
+    if ((SM1 || SM2) && !p.room) {
+        size_t r1 = SM1 ? ws_room(k1) : SIZE_MAX, r2 = SM2 ? ws_room(k2) : SIZE_MAX;
         p.room = r1 < r2 ? r1 : r2;
     }
-    a.ws_shared = gdn_ws_last[grad] = SM ? (a.ws_stride < p.room ? a.ws_stride : p.room) : 0;
-    if (!p.res1 || (SM && a.ws_shared != p.res_for)) {
-        p.res1 = resident_blocks(k1, a.ws_shared);
-        p.res2 = resident_blocks(k2, a.ws_shared);
+    a.ws_shared = gdn_ws_last[grad] = SM1 || SM2 ? (a.ws_stride < p.room ? a.ws_stride : p.room) : 0;
+    if (!p.res1 || a.ws_shared != p.res_for) {
+        p.res1 = resident_blocks(k1, SM1 ? a.ws_shared : 0);
+        p.res2 = resident_blocks(k2, SM2 ? a.ws_shared : 0);
         p.res_for = a.ws_shared;
     }
     *g1 = chunk_grid(a.items, p.res1);

@@ -308,21 +308,24 @@ void gdn_grads_finish(const GdnGrads *gr) {
 }
 
 // The backward's kernels of one precision (BF: bf16 products, as the
-// forward's) and workspace (SM, gdn_ws_shared_on).
-template <bool BF, bool SM> static void bwd_launch_ws(Node *n, GdnArgs &a) {
+// forward's) and workspace (SMP for the first, SMC for the chunk kernel;
+// gdn_ws_shared_on).
+template <bool BF, bool SMP, bool SMC> static void bwd_launch_ws(Node *n, GdnArgs &a) {
     static WsGrids grids;
     int gp, gc;
-    ws_plan<SM>(n, a, true, k_gdn_bwd_prep<BF, SM>, k_gdn_bwd_chunk<BF, SM>, grids, &gp, &gc);
-    k_gdn_bwd_prep<BF, SM><<<gp, GDN_NT, a.ws_shared, cu_stream>>>(a);
+    ws_plan<SMP, SMC>(n, a, true, k_gdn_bwd_prep<BF, SMP>, k_gdn_bwd_chunk<BF, SMC>, grids, &gp, &gc);
+    k_gdn_bwd_prep<BF, SMP><<<gp, GDN_NT, SMP ? a.ws_shared : 0, cu_stream>>>(a);
     CU_LAUNCHED();
     gdn_scan(n, a, true);
-    k_gdn_bwd_chunk<BF, SM><<<gc, GDN_NT, a.ws_shared, cu_stream>>>(a);
+    k_gdn_bwd_chunk<BF, SMC><<<gc, GDN_NT, SMC ? a.ws_shared : 0, cu_stream>>>(a);
     CU_LAUNCHED();
 }
 
 template <bool BF> static void bwd_launch(Node *n, GdnArgs &a) {
-    if (gdn_ws_shared_on(true)) bwd_launch_ws<BF, true>(n, a);
-    else bwd_launch_ws<BF, false>(n, a);
+    bool sp = gdn_ws_shared_on(WS_BWD_PREP), sc = gdn_ws_shared_on(WS_BWD_CHUNK);
+    if (sp && sc) bwd_launch_ws<BF, true, true>(n, a);
+    else if (sc) bwd_launch_ws<BF, false, true>(n, a);
+    else bwd_launch_ws<BF, false, false>(n, a);   // (the first kernel alone is no setting)
 }
 
 extern "C" void cu_gdn_chunk_backward(Node *n) {

@@ -545,8 +545,8 @@ Test(cuda_gdn, a_run_repeats_bit_for_bit) {
 }
 
 // The per-chunk kernels with their workspace in shared memory
-// (ATTNLAB_GDN_WS=backward, the default: the backward's kernels; =shared:
-// both passes'; src/cuda/gdn_chunk.cuh) against =global (none): the same
+// (ATTNLAB_GDN_WS=backward, the default: the backward's chunk kernel;
+// =shared: every one; src/cuda/gdn_chunk.cuh) against =global (none): the same
 // buffers, the same arithmetic in the same order, so o, S_T and every
 // gradient are the same bits, in both precisions and (float32 build) under
 // bf16 products. The cases: a workspace that fits whole (small heads) and
