@@ -124,7 +124,8 @@ static __device__ __noinline__ void blk_gemm_bf16_s(Tiles *sh, bool ta, bool tb,
                     bf_ldsm4(b[p], tb ? sb + (n + br) * BF_PITCH + k + bc : sb + (k + br) * BF_PITCH + n + bc, !tb);
                 }
 #pragma unroll
-                for (int t = 0; t < 4; t++) fb_mma(acc[t], a[0], a[1], a[2], a[3], b[t / 2][t % 2 * 2], b[t / 2][t % 2 * 2 + 1]);
+                for (int t = 0; t < 4; t++)
+                    fb_mma(acc[t], a[0], a[1], a[2], a[3], b[t / 2][t % 2 * 2], b[t / 2][t % 2 * 2 + 1]);
             }
             if (s + 1 < ns || tile + 1 < nt) __syncthreads();   // the slice is no longer read
         }
