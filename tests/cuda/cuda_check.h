@@ -61,6 +61,12 @@ static inline double cuda_worst_ratio_d(const double *got, const double *ref, co
     return w;
 }
 
+// Makes tp's settled device arena grow (more than its block: a second
+// block, then, at the reset, one block of the new high water, which CUDA
+// often places at the freed block's address) and returns the old block's
+// address; asserts that the arena had settled (before `what` `at`).
+const void *cuda_arena_made_again(Tape *tp, const char *what, int at);
+
 // The decoding tests' token at row b, position t (ids below 61).
 int cuda_decode_token(int b, int t);
 // test_lm_decode_logits (test_util.h) over B rows of T cuda_decode_token ids.

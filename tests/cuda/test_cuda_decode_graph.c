@@ -74,12 +74,7 @@ static void decode_run(const DecodeGraphCase *dc, bool graphs, DecodeGraphRun *r
     r->logits = malloc((size_t)STEPS * B_ * V * sizeof(real));
     for (int s = 0; s < STEPS; s++) {
         if (s == dc->reset_at) lm_cache_reset_row(&lm, cache, 1);
-        if (dc->grow_at > 0 && s == dc->grow_at) {   // a second block, then one block of the new high water
-            const ArenaBlock *old = arena_settled(&tp.data);
-            cr_assert(old, "the arena has settled before step %d", s);
-            tape_dalloc(&tp, old->cap + 1);
-            tape_reset(&tp);
-        }
+        if (dc->grow_at > 0 && s == dc->grow_at) cuda_arena_made_again(&tp, "step", s);
         for (int b = 0; b < B_; b++) r->ids[s][b] = tok[b];
         real *out = r->logits + (size_t)s * B_ * V;
         lm_decode_graph_step(&dg, &tp, &lm, cache, tok, out);

@@ -82,14 +82,9 @@ static void graph_run(const char *layers, const GraphCase *gc, bool graphs, Grap
         double sum = 0;
         for (int a = 0; a < gc->accum; a++) {
             if (gc->grow_at > 0 && st * gc->accum + a == gc->grow_at) {
-                // More than the settled block holds: a second block, then one new block of the new high water
-                // (as gpu_d1024_hybrid's first batch with a document boundary did on an H100, where the new
-                // block was made at the old one's address).
-                const ArenaBlock *old = arena_settled(&tp.data);
-                cr_assert(old, "the arena has settled before micro-batch %d", gc->grow_at);
-                r->grown_from = old->mem;
-                tape_dalloc(&tp, old->cap + 1);
-                tape_reset(&tp);
+                // (As gpu_d1024_hybrid's first batch with a document boundary did on an H100, where the new
+                // block was made at the old one's address.)
+                r->grown_from = cuda_arena_made_again(&tp, "micro-batch", gc->grow_at);
                 r->grown_to = arena_settled(&tp.data)->mem;
             }
             batch_of(st * gc->accum + a, cfg.vocab_size, gc->docs, x, y, doc);
