@@ -146,7 +146,7 @@ extern "C" void cu_flash_forward(Node *n) {
     // and the head dims have bf16 kernels, and the backward follows it.
     n->iarg[7] = cu_flash_bf16_takes(d.dk, d.dv);
     if (n->iarg[7]) {
-        cu_flash_bf16_forward(d, q, k, v, first, n->out[0]->data, (real *)n->saved);
+        cu_flash_bf16_forward(n->tape, d, q, k, v, first, n->out[0]->data, (real *)n->saved);
         return;
     }
 #endif

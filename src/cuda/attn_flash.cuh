@@ -301,14 +301,14 @@ static int fa_tiles(const FaDims *d) {
 // bf16 tile products (attn_flash_bf16.cu, float32 build): whether the flash
 // kernels take head dims dk, dv in bf16 now (cu_bf16_products, cuda_ops.h, is
 // the switch), and the bf16 kernels, called in place of the float32 ones with
-// the same arguments.
+// the same arguments and a tape for their bf16 copies of the operands.
 #ifndef AG_DOUBLE
 extern "C" bool cu_flash_bf16_takes(int dk, int dv);
-void cu_flash_bf16_forward(const FaDims &d, const float *q, const float *k, const float *v, const int *first,
-                           float *o, float *lse);
-void cu_flash_bf16_backward(const FaDims &d, const float *q, const float *k, const float *v, const float *dO,
-                            const float *lse, const float *D, const int *first, float *gq, bool fq, float *gk,
-                            bool fk, float *gv, bool fv);
+void cu_flash_bf16_forward(Tape *tp, const FaDims &d, const float *q, const float *k, const float *v,
+                           const int *first, float *o, float *lse);
+void cu_flash_bf16_backward(Tape *tp, const FaDims &d, const float *q, const float *k, const float *v,
+                            const float *dO, const float *lse, const float *D, const int *first, float *gq, bool fq,
+                            float *gk, bool fk, float *gv, bool fv);
 #endif
 
 #endif

@@ -237,7 +237,7 @@ extern "C" void cu_flash_backward(Node *n) {
     }
 #ifndef AG_DOUBLE
     if (n->iarg[7]) {   // the forward ran the bf16 kernels (cu_flash_forward)
-        cu_flash_bf16_backward(d, q, k, v, dO, lse, D, first, gq, fq, gk, fk, gv, fv);
+        cu_flash_bf16_backward(n->tape, d, q, k, v, dO, lse, D, first, gq, fq, gk, fk, gv, fv);
         return;
     }
 #endif

@@ -69,20 +69,6 @@ __device__ __forceinline__ void bf_stage(__nv_bfloat16 *dst, const float *X, int
     }
 }
 
-// Four 8 x 8 bf16 matrices from shared memory (ldmatrix .x4; trans: each
-// transposed); lane l gives the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void bf_ldsm4(uint32_t r[4], const __nv_bfloat16 *p, bool trans) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    if (trans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a));
-}
-
 // blk_gemm_s with bf16 operands (the header above): the same arguments
 // (without a row factor), the same closing barrier.
 static __device__ __noinline__ void blk_gemm_bf16_s(Tiles *sh, bool ta, bool tb, int M, int N, int K, real alpha,
@@ -117,11 +103,11 @@ static __device__ __noinline__ void blk_gemm_bf16_s(Tiles *sh, bool ta, bool tb,
             for (int kk = 0; kk < nk; kk++) {
                 uint32_t a[4], b[2][4];
                 int k = 16 * kk;
-                bf_ldsm4(a, ta ? sa + (k + ar) * BF_PITCH + ac : sa + ar * BF_PITCH + k + ac, ta);
+                fb_ldsm4(a, ta ? sa + (k + ar) * BF_PITCH + ac : sa + ar * BF_PITCH + k + ac, ta);
 #pragma unroll
                 for (int p = 0; p < 2; p++) {
                     int n = wn + 16 * p;
-                    bf_ldsm4(b[p], tb ? sb + (n + br) * BF_PITCH + k + bc : sb + (k + br) * BF_PITCH + n + bc, !tb);
+                    fb_ldsm4(b[p], tb ? sb + (n + br) * BF_PITCH + k + bc : sb + (k + br) * BF_PITCH + n + bc, !tb);
                 }
 #pragma unroll
                 for (int t = 0; t < 4; t++)
