@@ -55,10 +55,10 @@ typedef __nv_bfloat16 bf16;
 // head dim D are compiled for (a register cap: 64 K registers over
 // FB_THREADS times it).
 #ifndef FB_MINB_FWD
-#define FB_MINB_FWD 1
+#define FB_MINB_FWD 4
 #endif
 #ifndef FB_MINB_BWD
-#define FB_MINB_BWD 1
+#define FB_MINB_BWD 3
 #endif
 __host__ __device__ constexpr int fb_minb_fwd(int D) { return D <= 64 ? FB_MINB_FWD : 1; }
 __host__ __device__ constexpr int fb_minb_bwd(int D) { return D <= 64 ? FB_MINB_BWD : 1; }

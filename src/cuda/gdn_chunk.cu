@@ -11,7 +11,7 @@
 
 // ---------------------------------------------------------------- chunked form: forward
 
-// 1. Per chunk: W and U into the op's rows, ek and bl.
+// 1. Per chunk: W and U into the op's rows, ek and bl (and Tm, when recorded).
 // (SM: the workspace's first a.ws_shared bytes in shared memory, gdn_chunk.cuh.)
 template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : GDN_MINB) k_gdn_fwd_prep(GdnArgs a) {
     __shared__ Tiles sh;
@@ -23,8 +23,9 @@ template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : G
         Item m = item_of(a, it);
         int64_t r = m.bh * a.T + m.t0;   // the chunk's first row of the op's rows
         w.W = a.Wb + r * a.dk;
-        w.U = a.Ub + r * a.dv;
-        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, m.L, NULL, PREP_SOLVE | PREP_W | PREP_U);
+        w.U = (a.Usv ? a.Usv : a.Ub) + r * a.dv;
+        if (a.Tmb) w.Tm = a.Tmb + r * a.Cw;
+        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, m.L, PREP_SOLVE | PREP_W | PREP_U);
         for (int i = tid; i < m.L; i += GDN_NT) a.ekb[r + i] = w.ek[i];
         if (tid == 0) a.blb[m.bh * a.NC + m.c] = w.bm[m.L - 1];
         __syncthreads();   // the next chunk rewrites ek and bm
@@ -45,7 +46,7 @@ template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : G
         Item m = item_of(a, it);
         int L = m.L;
         w.Dl = a.Ub + (m.bh * a.T + m.t0) * dv;
-        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, L, NULL, PREP_P);
+        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, L, PREP_P);
         const real *S0 = a.states + (m.bh * a.NC + m.c) * SS;
         int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
         real *oc = a.o + ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * dv;
@@ -95,7 +96,7 @@ template <bool BF> static void fwd_launch(Node *n, GdnArgs &a) {
 
 extern "C" void cu_gdn_chunk_forward(Node *n) {
     GdnArgs a = gdn_args(n);
-    chunk_rows(n, &a);
+    chunk_rows(n, &a, false);
     int64_t SS = (int64_t)a.dk * a.dv;
     a.states = a.saved ? a.saved : (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));
     // The node keeps whether its products were bf16 (the builder left 0: the

@@ -2,8 +2,8 @@
 // chunked form (gdn_chunk.cu, gdn_chunk_backward.cu) share: blk_gemm (a
 // block's product of two tiles in registers), the warp-wide sums, the
 // per-block workspace of a chunk (ChunkWs), and chunk_prepare, one chunk's
-// decays, (I + A)^-1, W, U, Delta and P of gdn_chunk.c (its header states
-// the math):
+// decays, (I + A)^-1, W, U and P of gdn_chunk.c (its header states the
+// math; Delta is the scan's):
 //   A    = beta_i exp(Gamma_i - Gamma_j) (k_i . k_j)  for j < i
 //   Tm   = (I + A)^-1,  W = Tm diag(beta b) K,  U = Tm diag(beta) V
 //   Delta = U - W S0,   P = (Q K^T) * [exp(Gamma_i - Gamma_j)]_{j<=i}
@@ -14,7 +14,7 @@
 // K K^T, Q K^T, W = Tm Xw, U = Tm Xu (Tm rounded as an operand, not as it is
 // solved), and in the kernels Q S0 and P Delta (O), P^T dO, Q^T dY and the
 // backward's counterparts of these. The rest stays float32 (gdn_common.cuh
-// lists it), notably W S0 here (PREP_DL redoes the scan's product).
+// lists it), notably the scan's W S0 (gdn_scan.cu).
 // Included by those two files (and kda_chunk.cuh: KDA's kernels call
 // blk_gemm, and blk_mm<true> in their bf16 instances).
 #ifndef AG_GDN_CHUNK_CUH
@@ -253,8 +253,10 @@ static __device__ void warp0_cumsum(double *v, int n, bool reverse) {
 
 // The per-block buffers of gdn_chunk.c's GdnChunk and gdn_chunk_backward.c's
 // GdnChunkGrad, chunks of up to C positions; the gradient part only in the
-// backward's workspace. W (and U, Delta, dDelta where the kernel says) are
-// the op's rows of the chunk (GdnArgs), set per chunk.
+// backward's workspace, which has no Tm, P, Xw, Xu, U, Delta: the backward
+// reads them from the op's rows (the forward's, and P from its first kernel).
+// W (and U, Delta, dDelta, Tm, P where the kernel says) are the op's rows of
+// the chunk (GdnArgs), set per chunk.
 struct ChunkWs {
     double *G;                        // (C) Gamma_i
     real *E, *KK, *A, *Tm, *P;        // (C, C)
@@ -281,11 +283,13 @@ static __host__ __device__ size_t chunk_ws_layout(ChunkWs *w, unsigned char *bas
     size_t at = 0, CC = (size_t)C * C, Ck = (size_t)C * dk, Cv = (size_t)C * dv;
     size_t oG = ws_take(&at, C, sizeof(double));
     size_t oE = ws_take(&at, CC, sizeof(real)), oKK = ws_take(&at, CC, sizeof(real));
-    size_t oA = ws_take(&at, CC, sizeof(real)), oTm = ws_take(&at, CC, sizeof(real));
-    size_t oP = ws_take(&at, CC, sizeof(real));
-    size_t oXw = ws_take(&at, Ck, sizeof(real));
-    size_t oXu = ws_take(&at, Cv, sizeof(real)), oU = ws_take(&at, Cv, sizeof(real));
-    size_t oDl = ws_take(&at, Cv, sizeof(real));
+    size_t oA = ws_take(&at, CC, sizeof(real)), oTm = 0, oP = 0, oXw = 0, oXu = 0, oU = 0, oDl = 0;
+    if (!grad) {
+        oTm = ws_take(&at, CC, sizeof(real)), oP = ws_take(&at, CC, sizeof(real));
+        oXw = ws_take(&at, Ck, sizeof(real));
+        oXu = ws_take(&at, Cv, sizeof(real)), oU = ws_take(&at, Cv, sizeof(real));
+        oDl = ws_take(&at, Cv, sizeof(real));
+    }
     size_t obet = ws_take(&at, C, sizeof(real)), obm = ws_take(&at, C, sizeof(real));
     size_t oek = ws_take(&at, C, sizeof(real)), odb = ws_take(&at, C, sizeof(int));
     size_t odG = 0, odbeta = 0, orsum = 0, odA = 0, odK = 0, odW = 0, odXw = 0, odXu = 0, oY = 0;
@@ -303,10 +307,13 @@ static __host__ __device__ size_t chunk_ws_layout(ChunkWs *w, unsigned char *bas
         w->G = (double *)at_(oG, C * sizeof(double));
         w->E = (real *)at_(oE, CC * sizeof(real)), w->KK = (real *)at_(oKK, CC * sizeof(real));
         w->A = (real *)at_(oA, CC * sizeof(real));
-        w->Tm = (real *)at_(oTm, CC * sizeof(real)), w->P = (real *)at_(oP, CC * sizeof(real));
-        w->Xw = (real *)at_(oXw, Ck * sizeof(real)), w->W = NULL;
-        w->Xu = (real *)at_(oXu, Cv * sizeof(real)), w->U = (real *)at_(oU, Cv * sizeof(real));
-        w->Dl = (real *)at_(oDl, Cv * sizeof(real));
+        w->Tm = w->P = w->Xw = w->W = w->Xu = w->U = w->Dl = NULL;
+        if (!grad) {
+            w->Tm = (real *)at_(oTm, CC * sizeof(real)), w->P = (real *)at_(oP, CC * sizeof(real));
+            w->Xw = (real *)at_(oXw, Ck * sizeof(real));
+            w->Xu = (real *)at_(oXu, Cv * sizeof(real)), w->U = (real *)at_(oU, Cv * sizeof(real));
+            w->Dl = (real *)at_(oDl, Cv * sizeof(real));
+        }
         w->bet = (real *)at_(obet, C * sizeof(real)), w->bm = (real *)at_(obm, C * sizeof(real));
         w->ek = (real *)at_(oek, C * sizeof(real));
         w->db = (int *)at_(odb, C * sizeof(int));
@@ -344,8 +351,8 @@ enum {
     PREP_SOLVE = 1,   // KK, A, Tm
     PREP_W = 2,       // W = Tm diag(beta b) K into w.W (needs PREP_SOLVE)
     PREP_U = 4,       // U = Tm diag(beta) V into w.U (needs PREP_SOLVE)
-    PREP_DL = 8,      // Delta = U - W S0 into w.Dl (reads w.U, w.W)
     PREP_P = 16,      // P = (Q K^T) * E
+    PREP_A = 32,      // KK, A (PREP_SOLVE without Tm)
 };
 
 // Tm = (I + A)^-1 (A strictly lower, L x L, L <= 32 R) by warps, from At =
@@ -401,11 +408,11 @@ template <int R> __device__ void solve_warps(real *Tm, const real *At, int L) {
 }
 
 // gdn_chunk_prepare (the parts `what` asks for): the chunk of L positions
-// starting at t0 of head (b, h), entering state S0 (read for PREP_DL only).
+// starting at t0 of head (b, h).
 // All threads, `what` the same in all; ends with a barrier.
 template <bool BF>
 static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, int b, int h, int t0, int L,
-                                     const real *S0, unsigned what) {
+                                     unsigned what) {
     int tid = threadIdx.x, dk = a.dk, dv = a.dv, H = a.H;
     int64_t ok = ((int64_t)b * a.T + t0) * a.ldk + (int64_t)h * dk;
     int64_t ov = ((int64_t)b * a.T + t0) * a.ldv + (int64_t)h * dv;
@@ -435,12 +442,12 @@ static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, in
         w.ek[i] = i < jL ? (real)0 : d_decay(w.G[L - 1] - w.G[i]);
     }
     __syncthreads();
-    if (what & PREP_SOLVE) {
+    if (what & (PREP_SOLVE | PREP_A)) {
         // A = strictly-lower (beta_i E_ij k_i.k_j).
         blk_mm<BF>(sh, false, true, L, L, dk, 1, k, a.ldk, k, a.ldk, 0, w.KK, L);
         // A short chunk's A^T also goes to shared memory (over the Tiles,
         // free between products; pitch L + 1: no bank conflicts) for solve_warps.
-        bool fast = L <= 2 * 32;
+        bool fast = (what & PREP_SOLVE) && L <= 2 * 32;
         real *At = sh->s;
         for (int e = tid; e < L * L; e += GDN_NT) {
             int i = e / L, j = e % L;
@@ -449,23 +456,25 @@ static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, in
             if (fast) At[j * (L + 1) + i] = x;
         }
         __syncthreads();
-        // Tm = (I + A)^-1, row i = e_i - sum_{m<i} A_im Tm_m, m in the CPU's order.
-        if (fast) {
-            if (L <= 32) solve_warps<1>(w.Tm, At, L);
-            else solve_warps<2>(w.Tm, At, L);
-            // The barrier after Xw, Xu below ends it (Tm is written, At no longer read).
-        } else {
-            for (int i = 0; i < L; i++) {
-                for (int j = tid; j < L; j += GDN_NT) {
-                    real t = j == i ? (real)1 : (real)0;
-                    for (int m = j; m < i; m++) t -= w.A[i * L + m] * w.Tm[m * L + j];
-                    w.Tm[i * L + j] = t;
+        if (what & PREP_SOLVE) {
+            // Tm = (I + A)^-1, row i = e_i - sum_{m<i} A_im Tm_m, m in the CPU's order.
+            if (fast) {
+                if (L <= 32) solve_warps<1>(w.Tm, At, L);
+                else solve_warps<2>(w.Tm, At, L);
+                // The barrier after Xw, Xu below ends it (Tm is written, At no longer read).
+            } else {
+                for (int i = 0; i < L; i++) {
+                    for (int j = tid; j < L; j += GDN_NT) {
+                        real t = j == i ? (real)1 : (real)0;
+                        for (int m = j; m < i; m++) t -= w.A[i * L + m] * w.Tm[m * L + j];
+                        w.Tm[i * L + j] = t;
+                    }
+                    __syncthreads();
                 }
-                __syncthreads();
             }
         }
     }
-    // W = Tm diag(beta b) K, U = Tm diag(beta) V, Delta = U - W S0.
+    // W = Tm diag(beta b) K, U = Tm diag(beta) V.
     if (what & PREP_W)
         for (int e = tid; e < L * dk; e += GDN_NT) {
             int i = e / dk, c = e % dk;
@@ -479,12 +488,6 @@ static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, in
     __syncthreads();
     if (what & PREP_W) blk_mm<BF>(sh, false, false, L, dk, L, 1, w.Tm, L, w.Xw, dk, 0, w.W, dk);
     if (what & PREP_U) blk_mm<BF>(sh, false, false, L, dv, L, 1, w.Tm, L, w.Xu, dv, 0, w.U, dv);
-    if (what & PREP_DL) {
-        for (int e = tid; e < L * dv; e += GDN_NT) w.Dl[e] = w.U[e];
-        __syncthreads();
-        // float32 under bf16 too: it redoes the scan's product (gdn_scan.cu), which is.
-        blk_gemm(sh, false, false, L, dv, dk, -1, w.W, dk, S0, dv, 1, w.Dl, dv);
-    }
     // P = (Q K^T) * E. (Kd = diag(ek) K is applied as K is loaded: blk_gemm_s.)
     if (what & PREP_P) {
         blk_mm<BF>(sh, false, true, L, L, dk, 1, q, a.ldk, k, a.ldk, 0, w.P, L);
@@ -566,13 +569,20 @@ static void ws_plan(Node *n, GdnArgs &a, bool grad, K1 k1, K2 k2, WsGrids &p, in
 }
 
 // The op's rows shared by the kernels of a pass (GdnArgs), from the arena;
-// W's are the node's saved ones (gdn_node.h) when it is recorded.
-static void chunk_rows(Node *n, GdnArgs *a) {
+// W, U, Delta and Tm are the node's saved ones (gdn_node.h) when it is
+// recorded: the forward writes them, the backward reads them.
+static void chunk_rows(Node *n, GdnArgs *a, bool backward) {
     int64_t BH = (int64_t)a->B * a->H, rows = BH * a->T;
     a->items = BH * a->NC;
-    a->Wb = a->saved ? a->saved + a->items * a->dk * a->dv
-                     : (real *)tape_dalloc(n->tape, (size_t)(rows * a->dk) * sizeof(real));
-    a->Ub = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dv) * sizeof(real));
+    real *sv = a->saved ? a->saved + a->items * a->dk * a->dv : NULL;   // after the states
+    if (sv) {
+        a->Wb = sv, a->Usv = sv + rows * a->dk, a->Dsv = a->Usv + rows * a->dv, a->Tmb = a->Dsv + rows * a->dv;
+    } else {
+        a->Wb = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dk) * sizeof(real));
+    }
+    a->Ub = sv && !backward ? a->Dsv : (real *)tape_dalloc(n->tape, (size_t)(rows * a->dv) * sizeof(real));
+    a->Uin = !backward && a->Usv ? a->Usv : a->Ub;
+    if (backward) a->Pb = (real *)tape_dalloc(n->tape, (size_t)(rows * a->Cw) * sizeof(real));
     a->ekb = (real *)tape_dalloc(n->tape, (size_t)rows * sizeof(real));
     a->blb = (real *)tape_dalloc(n->tape, (size_t)a->items * sizeof(real));
 }

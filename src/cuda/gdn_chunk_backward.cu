@@ -18,7 +18,7 @@
 
 // ---------------------------------------------------------------- chunked form: backward
 
-// 1. Per chunk: ek and bl as in the forward (W: the forward's rows, saved);
+// 1. Per chunk: ek and bl as in the forward; P into its rows for step 3;
 // with dO, the terms of dDelta and of the entering state's gradient that do
 // not go through the state: P^T dO into the op's dDelta rows, Q^T diag(b) dO
 // into the chunk's dS slot.
@@ -34,7 +34,8 @@ template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : G
         Item m = item_of(a, it);
         int L = m.L;
         int64_t r = m.bh * a.T + m.t0;
-        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, L, NULL, a.dout ? PREP_P : 0);
+        w.P = a.Pb + r * a.Cw;
+        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, L, a.dout ? PREP_P : 0);
         for (int i = tid; i < L; i += GDN_NT) a.ekb[r + i] = w.ek[i];
         if (tid == 0) a.blb[m.bh * a.NC + m.c] = w.bm[L - 1];
         if (a.dout) {
@@ -251,8 +252,9 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
     __syncthreads();
 }
 
-// 3. Per chunk: everything of the chunk again (W from the op's rows) and its
-// input gradients from S0, dS (the scan's slot) and dDelta (the scan's rows).
+// 3. Per chunk: the decays, K K^T and A again (W, U, Delta and Tm from the
+// forward's rows, P from step 1's) and its input gradients from S0, dS (the
+// scan's slot) and dDelta (the scan's rows).
 template <bool BF, bool SM>
 __global__ void __launch_bounds__(GDN_NT, SM ? 1 : GDN_CHUNK_MINB) k_gdn_bwd_chunk(GdnArgs a) {
     __shared__ Tiles sh;
@@ -264,11 +266,12 @@ __global__ void __launch_bounds__(GDN_NT, SM ? 1 : GDN_CHUNK_MINB) k_gdn_bwd_chu
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int64_t r = m.bh * a.T + m.t0;
-        w.W = a.Wb + r * a.dk;
+        w.W = a.Wb + r * a.dk, w.U = a.Usv + r * a.dv, w.Dl = a.Dsv + r * a.dv;
+        w.Tm = a.Tmb + r * a.Cw, w.P = a.Pb + r * a.Cw;
         w.dDl = a.Ub + r * a.dv;
         w.dS = a.dsb + (m.bh * a.NC + m.c) * SS;
         const real *S0 = a.states + (m.bh * a.NC + m.c) * SS;
-        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, m.L, S0, PREP_SOLVE | PREP_U | PREP_DL | (a.dout ? PREP_P : 0));
+        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, m.L, PREP_A);
         chunk_back<BF>(a, w, &sh, red, m.b, m.h, m.t0, m.L, S0);
     }
 }
@@ -334,7 +337,7 @@ extern "C" void cu_gdn_chunk_backward(Node *n) {
     a.dsT = n->out[1]->grad;
     GdnGrads gr;
     gdn_grads_plan(n, &gr, &a);
-    chunk_rows(n, &a);
+    chunk_rows(n, &a, true);
     int64_t SS = (int64_t)a.dk * a.dv;
     a.states = a.saved;
     a.dsb = (real *)tape_dalloc(n->tape, (size_t)(a.items * SS) * sizeof(real));

@@ -14,24 +14,25 @@
 // independently: S_C[:, J] = bl S0[:, J] + Kd^T (U[:, J] - W S0[:, J])).
 //   forward   1. per chunk (k_gdn_fwd_prep): the decays, (I + A)^-1 and
 //                W = Tm diag(beta b) K, U = Tm diag(beta) V, written to
-//                per-op rows (B*H, T, dk | dv; W's in n->saved after the
-//                states when the node is recorded, for the backward), with
-//                ek (B*H, T) and bl (B*H, NC);
+//                per-op rows (B*H, T, dk | dv; when the node is recorded,
+//                in n->saved after the states with Tm and, from the scan,
+//                Delta, for the backward), with ek (B*H, T) and bl (B*H, NC);
 //             2. per (batch, head, column block), chunks in order
 //                (k_gdn_fwd_scan): keeps the state entering each chunk (n->saved,
 //                or scratch when the node is not recorded), Delta = U - W S0
 //                over U's rows, S_C = bl S0 + Kd^T Delta; S_T is the last;
 //             3. per chunk (k_gdn_fwd_out): O = diag(b) Q S0 + P Delta.
-//   backward  1. per chunk (k_gdn_bwd_prep): the decays again (W is the
-//                forward's), and the parts of dDelta and of the entering
-//                state's gradient that do not go through the state: P^T dO
-//                and Q^T diag(b) dO;
+//   backward  1. per chunk (k_gdn_bwd_prep): the decays again (W, U, Tm,
+//                Delta are the forward's), P (kept for step 3), and the
+//                parts of dDelta and of the entering state's gradient that
+//                do not go through the state: P^T dO and Q^T diag(b) dO;
 //             2. per (batch, head, column block), chunks in reverse
 //                (k_gdn_bwd_scan): dDelta = Kd dS + P^T dO, dS0 = bl dS +
 //                Q^T dY - W^T dDelta, keeping the gradient of the state leaving
 //                each chunk (B*H, NC, dk, dv) and dDelta (B*H, T, dv); s0's is the last;
-//             3. per chunk (k_gdn_bwd_chunk): everything of the chunk again
-//                (gdn_chunk_prepare) and its input gradients from S0, dS and dDelta.
+//             3. per chunk (k_gdn_bwd_chunk): the decays, K K^T and A again
+//                (gdn_chunk_prepare) and the chunk's input gradients from S0,
+//                dS and dDelta.
 // The per-chunk kernels run a fixed grid of blocks (as many as the GPU keeps
 // resident), each walking the chunks gridDim.x apart with its workspace in
 // device memory (tape_dalloc); every line of a chunk is a block-wide step.
@@ -153,7 +154,14 @@ struct GdnArgs {
     real *scan_E;                            // (B H, scanNG, dk, dv) per group: forward the state entering it,
                                              // backward the gradient of the state leaving it
     real *Wb;                                // (B H, T, dk) W of every chunk
-    real *Ub;                                // (B H, T, dv) forward: U, then Delta; backward: P^T dO, then dDelta
+    real *Ub;                                // (B H, T, dv) forward: U (not recorded), then Delta; backward:
+                                             // P^T dO, then dDelta
+    const real *Uin;                         // the rows the scan reads: forward U (Usv or Ub), backward Ub
+    // A recorded chunked node's rows after its states (gdn_node.h), NULL when
+    // not recorded: U, Delta (the forward's Ub) and Tm of every chunk (its
+    // L x L, leading dim L, from the chunk's first row; Cw floats a row).
+    real *Usv, *Dsv, *Tmb;
+    real *Pb;                                // backward: (B H, T, Cw) P of every chunk, as Tmb
     real *ekb;                               // (B H, T) ek of every chunk
     real *blb;                               // (B H, NC) bl of every chunk
     real *states;                            // (B H, NC, dk, dv) the state entering each chunk (saved or scratch)

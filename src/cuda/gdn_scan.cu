@@ -353,7 +353,7 @@ template <bool BWD> static void scan_launch(Node *n, GdnArgs &a) {
     a.scan_vec = 0;
     if (aligned16(a.Wb) && a.dk * rs % 16 == 0) a.scan_vec |= SCAN_VEC_W;
     if (aligned16(a.k) && a.dk * rs % 16 == 0 && a.ldk * rs % 16 == 0) a.scan_vec |= SCAN_VEC_K;
-    if (aligned16(a.Ub) && a.dv * rs % 16 == 0) a.scan_vec |= SCAN_VEC_U;
+    if (aligned16(a.Uin) && a.dv * rs % 16 == 0) a.scan_vec |= SCAN_VEC_U;
     if (BWD && aligned16(a.dsb) && a.dv * rs % 16 == 0) a.scan_vec |= SCAN_VEC_DS;
     size_t smem = 0;
     if (!G) {

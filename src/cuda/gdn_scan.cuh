@@ -139,7 +139,7 @@ __device__ void scan_load(const GdnArgs &a, const ScanStage &st, int64_t bh, int
         int x4 = (nv + 3) / 4;
         for (int e = tid; e < n * x4; e += GDN_NT) {
             int t = e / x4, c4 = e % x4 * 4;
-            copy4(st.X + t * NVB + c4, a.Ub + (row0 + t) * a.dv + j0 + c4, min(4, nv - c4), vU);
+            copy4(st.X + t * NVB + c4, a.Uin + (row0 + t) * a.dv + j0 + c4, min(4, nv - c4), vU);
         }
     }
     for (int t = tid; t < n; t += GDN_NT) cp_async1(st.ek + t, a.ekb + row0 + t);

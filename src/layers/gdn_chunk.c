@@ -286,8 +286,10 @@ Tensor *delta_rule_op(Tape *tp, const DeltaRuleOp *op, Tensor *q, Tensor *k, Ten
     n->aux = docs_first(tp, doc_start, B, T);
     if (n->recorded) {
         GdnDims d = gdn_dims(n);
-        // The GPU's chunked gdn also keeps the forward's W rows (gdn_node.h).
-        size_t rows_w = def == &OP_GDN_CHUNKED && tp->device == DEVICE_CUDA ? (size_t)B * H * T * dk : 0;
+        // The GPU's chunked gdn also keeps the forward's W, U, Delta and Tm
+        // rows (gdn_node.h).
+        size_t cw = chunk < T ? chunk : T;
+        size_t rows_w = def == &OP_GDN_CHUNKED && tp->device == DEVICE_CUDA ? (size_t)B * H * T * (dk + 2 * dv + cw) : 0;
         n->saved = tape_dalloc(tp, ((size_t)B * H * d.NC * dk * dv + rows_w) * sizeof(real));   // read by the kernels
     }
     tape_forward(n);

@@ -4,9 +4,11 @@
 //
 // in: q, k, v, beta, g, s0 (maybe NULL). out: o, S_T. iarg: the sizes below.
 // saved: (B, H, NC, dk, dv) the state entering each chunk, NC = ceil(T/C);
-// for the chunked form on the GPU, then (B, H, T, dk) the forward's W rows
-// (W = Tm diag(beta b) K per chunk), which its backward reads instead of
-// solving for them again.
+// for the chunked form on the GPU, then the forward's rows that its backward
+// reads instead of solving for them again: (B, H, T, dk) W = Tm diag(beta b)
+// K per chunk, (B, H, T, dv) U = Tm diag(beta) V, (B, H, T, dv) Delta =
+// U - W S0, and (B, H, T, min(C, T)) Tm = (I + A)^-1 (a chunk's L x L from
+// its first row, leading dim L).
 // aux: first (B, T) of the documents (docs.h), or NULL.
 #ifndef GDN_NODE_H
 #define GDN_NODE_H
