@@ -80,9 +80,14 @@ static void print_setup(const char *base, const LM *lm, const ParamStore *ps, co
     for (int l = 0; l < lm->cfg.n_layers; l++) printf("%s%s", l ? "," : " ", lm->cfg.layers[l]);
     printf("   B %d, T %d, D %d, params %lld, form %s, chunk %d\n", B, T, lm->cfg.d_model,
            (long long)params_count(ps, false), mixer_form_name(cfg->model.form), cfg->model.chunk_size);
-    printf("threads: %d (omp_get_max_threads)   precision: %s   OpenBLAS core: %s\nGEMM: %s\n", threads, REAL_NAME,
-           blas_core_name(), blas_describe());
-    if (device != DEVICE_CPU) printf("device: %s\n", device_describe(device));
+    printf("threads: %d (omp_get_max_threads)   precision: %s   OpenBLAS core: %s\n", threads, REAL_NAME,
+           blas_core_name());
+    if (device == DEVICE_CPU) {
+        printf("GEMM: %s\n", blas_describe());
+    } else {   // the GPU's products follow [train] precision; blas_describe is the CPU's (unused by the step)
+        printf("device: %s\n", device_describe(device));
+        printf("products on the GPU: %s\n", blas_precision_name((GemmPrecision)cfg->train.precision));
+    }
 }
 
 // warmup untimed training steps, then `steps` timed ones on the tokens x, y
