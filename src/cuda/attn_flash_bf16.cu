@@ -53,7 +53,9 @@ typedef __nv_bfloat16 bf16;
 
 // Blocks a multiprocessor that the forward's and the backward's kernels of
 // head dim D are compiled for (a register cap: 64 K registers over
-// FB_THREADS times it).
+// FB_THREADS times it): 4 and 3 were the fastest pair of those timed on an
+// H100 at heads of 64 (docs/bench/attn_bf16_caps_h100.txt); 4 spills in the
+// backward.
 #ifndef FB_MINB_FWD
 #define FB_MINB_FWD 4
 #endif
@@ -279,8 +281,7 @@ __global__ void __launch_bounds__(FB_THREADS, fb_minb_fwd(D))
     }
 }
 
-// The backward's operands: the copies by head (T rows a head) and the
-// row's documents' index (or NULL).
+// The backward's operands: the copies by head (T rows a head).
 struct FbOps {
     const bf16 *q, *k, *v, *dO;
 };

@@ -110,8 +110,9 @@ __device__ void lower_col_sums(const real *__restrict__ X, const real *__restric
 }
 
 // chunk_backward of gdn_chunk_backward.c for the chunk of L positions at t0,
-// its workspace filled by chunk_prepare, less what the scan did (dDelta and
-// the entering state's gradient): from w.dS (the gradient of the state
+// its workspace filled by chunk_prepare (the decays, KK, A) and w's W, U, Dl,
+// Tm and P bound to the op's rows, less what the scan did (dDelta and the
+// entering state's gradient): from w.dS (the gradient of the state
 // leaving the chunk), w.dDl and the chunk's rows of dO, writes the chunk's
 // rows of the wanted gradients. All threads; ends with a barrier. `red`:
 // GDN_NT doubles of shared memory. Elementwise steps spread (row, column)
