@@ -54,8 +54,8 @@ typedef __nv_bfloat16 bf16;
 // Blocks a multiprocessor that the forward's and the backward's kernels of
 // head dim D are compiled for (a register cap: 64 K registers over
 // FB_THREADS times it): 4 and 3 were the fastest pair of those timed on an
-// H100 at heads of 64 (docs/bench/attn_bf16_caps_h100.txt); 4 spills in the
-// backward.
+// H100 at heads of 64 (docs/bench/attn_bf16_caps_h100.txt; a cap of 4 in
+// the backward spills).
 #ifndef FB_MINB_FWD
 #define FB_MINB_FWD 4
 #endif
