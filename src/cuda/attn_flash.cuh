@@ -139,24 +139,11 @@ __device__ __forceinline__ void fa_st(real *p, const real *x) {
 #endif
 }
 
-// cp.async (sm_80 on): 16 bytes to shared memory, of which the first
-// `bytes` (16 or 0) are read from src and the rest zero; or one real. Then
-// the wait until all of this thread's copies have landed (visible to the
-// others after a barrier).
-__device__ __forceinline__ void fa_cp16(real *dst, const real *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src), "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void fa_cp1(real *dst, const real *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src), "n"((int)sizeof(real))
-                 : "memory");
-}
-
+// All of this thread's cp.async copies committed and landed (visible to
+// the others after a barrier).
 __device__ __forceinline__ void fa_cp_wait(void) {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    cu_cp_commit();
+    cu_cp_wait<0>();
 }
 
 // Rows j0 .. j0 + n of a head's (rows, d) slice (leading dim ld) into shared
@@ -170,13 +157,13 @@ __device__ __forceinline__ void fa_load_rows(real *dst, int ldd, const real *src
         for (int e = threadIdx.x; e < FA_B * w; e += FA_THREADS) {
             int j = e / w, c = e % w * FA_R;
             bool in = j < n && c < d;
-            fa_cp16(dst + j * ldd + c, in ? src + (int64_t)(j0 + j) * ld + c : src, in ? 16 : 0);
+            cu_cp16(dst + j * ldd + c, in ? src + (int64_t)(j0 + j) * ld + c : src, in ? 16 : 0);
         }
     } else
         for (int e = threadIdx.x; e < FA_B * ldd; e += FA_THREADS) {
             int j = e / ldd, c = e % ldd;
             if (j < n && c < d)
-                fa_cp1(dst + e, src + (int64_t)(j0 + j) * ld + c);
+                cu_cp1(dst + e, src + (int64_t)(j0 + j) * ld + c);
             else
                 dst[e] = 0;
         }

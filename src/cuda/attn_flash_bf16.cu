@@ -91,7 +91,7 @@ template <int D> __device__ __forceinline__ void fb_cp_tile(bf16 *dst, const bf1
     for (int e = threadIdx.x; e < FB_B * CH; e += FB_THREADS) {
         int j = e / CH, ch = 8 * (e % CH);
         bool in = j < n;
-        fb_cp16(dst + j * P + ch, src + (int64_t)(in ? j0 + j : j0) * D + ch, in ? 16 : 0);
+        cu_cp16(dst + j * P + ch, src + (int64_t)(in ? j0 + j : j0) * D + ch, in ? 16 : 0);
     }
 }
 
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(FB_THREADS, fb_minb_fwd(D))
     fb_cp_tile<D>(Qs, qh, t0, nq);
     fb_cp_tile<D>(KV, kh, s_first, min(FB_B, s_end - s_first));
     fb_cp_tile<D>(KV + TL, vh, s_first, min(FB_B, s_end - s_first));
-    fb_cp_commit();
+    cu_cp_commit();
     float acc[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     int lo[2];
     fb_zero<D>(acc);
@@ -222,8 +222,8 @@ __global__ void __launch_bounds__(FB_THREADS, fb_minb_fwd(D))
             fb_cp_tile<D>(Kn, kh, s1, min(FB_B, s_end - s1));
             fb_cp_tile<D>(Kn + TL, vh, s1, min(FB_B, s_end - s1));
         }
-        fb_cp_commit();
-        fb_cp_wait<1>();
+        cu_cp_commit();
+        cu_cp_wait<1>();
         __syncthreads();
         float s[FB_NT][4];
         fb_scores<D>(s, Qs + rw * P, Ks);
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(FB_THREADS, fb_minb_bwd(D))
     fb_cp_tile<D>(dOs, x.dO + hs, t0, nq);
     fb_cp_tile<D>(KV, kh, s_first, min(FB_B, s_end - s_first));
     fb_cp_tile<D>(KV + TL, vh, s_first, min(FB_B, s_end - s_first));
-    fb_cp_commit();
+    cu_cp_commit();
     float acc[D / 8][4], L[2], Dr[2];
     int lo[2];
     fb_zero<D>(acc);
@@ -330,8 +330,8 @@ __global__ void __launch_bounds__(FB_THREADS, fb_minb_bwd(D))
             fb_cp_tile<D>(Kn, kh, s1, min(FB_B, s_end - s1));
             fb_cp_tile<D>(Kn + TL, vh, s1, min(FB_B, s_end - s1));
         }
-        fb_cp_commit();
-        fb_cp_wait<1>();
+        cu_cp_commit();
+        cu_cp_wait<1>();
         __syncthreads();
         float s[FB_NT][4], dp[FB_NT][4];
         fb_scores<D>(s, Qs + rw * P, Ks);
@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(FB_THREADS, fb_minb_bwd(D))
     fb_cp_tile<D>(Ks, x.k + hs, s0, nk);
     fb_cp_tile<D>(Vs, x.v + hs, s0, nk);
     fb_dkv_load<D>(fb_stage<D>(stages, 0), d, x, hs, bh, s0, lse, Dv, fr);
-    fb_cp_commit();
+    cu_cp_commit();
     float ak[D / 8][4], av[D / 8][4];
     fb_zero<D>(ak);
     fb_zero<D>(av);
@@ -422,8 +422,8 @@ __global__ void __launch_bounds__(FB_THREADS, fb_minb_bwd(D))
         FbStage<D> st = fb_stage<D>(stages, it & 1);
         bool next = t1 < d.T && fa_lo(fr, t1) <= s_last;
         if (next) fb_dkv_load<D>(fb_stage<D>(stages, ~it & 1), d, x, hs, bh, t1, lse, Dv, fr);
-        fb_cp_commit();
-        fb_cp_wait<1>();
+        cu_cp_commit();
+        cu_cp_wait<1>();
         __syncthreads();
         // P^T: row (key) rw + g + 8 hh, column (query) 8 nt + 2c + e.
         float p[FB_NT][4];

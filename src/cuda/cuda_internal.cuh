@@ -130,6 +130,29 @@ __device__ __forceinline__ real cu_block_max(real v, real *shm) {
     return v;
 }
 
+// A shared-memory pointer as the 32-bit address PTX's shared-space
+// instructions take (cp.async, ldmatrix).
+__device__ __forceinline__ unsigned cu_smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// cp.async (sm_80 on), the kernels' one set: 16 bytes to shared memory of
+// which the first `bytes` (0 to 16) are read from src and the rest zero; or
+// one real. A group per commit; wait until at most N of this thread's groups
+// are in flight (its copies are then visible to it, to the block after a
+// barrier).
+__device__ __forceinline__ void cu_cp16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(cu_smem_addr(dst)), "l"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cu_cp1(real *dst, const real *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(cu_smem_addr(dst)), "l"(src),
+                 "n"((int)sizeof(real))
+                 : "memory");
+}
+__device__ __forceinline__ void cu_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cu_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // A decay factor exp(x), x a (non-positive) difference of cumulative log
 // decays summed in double (r_exp_decay): x rounded to the build's
 // precision, then exp in it.

@@ -114,7 +114,7 @@ template <bool BWD, int NVB> __device__ void scan_walk(const GdnArgs &a) {
             scan_load<BWD, NVB>(a, scan_stage(sm, s), bh, b, h, j0, nv, ahead, has_x);
             ahead = scan_next<BWD>(a, ahead);
         }
-        cp_async_commit();
+        cu_cp_commit();
     }
     for (int i = 0;; i++) {
         ScanCtx x;
@@ -138,14 +138,14 @@ template <bool BWD, int NVB> __device__ void scan_walk(const GdnArgs &a) {
         } else if (!end) {   // a group's end is the next group's entering state, which its walk writes
             x.gR = a.states + (bh * a.NC + pos.c + 1) * SS + j0;
         }
-        if (NS == 3) cp_async_wait<1>();
-        else cp_async_wait<0>();
+        if (NS == 3) cu_cp_wait<1>();
+        else cu_cp_wait<0>();
         __syncthreads();   // the tile's stage is in; the previous tile's steps are done
         if (scan_in(lo, hi, ahead)) {
             scan_load<BWD, NVB>(a, scan_stage(sm, (i + NS - 1) % NS), bh, b, h, j0, nv, ahead, has_x);
             ahead = scan_next<BWD>(a, ahead);
         }
-        cp_async_commit();
+        cu_cp_commit();
         if (jj < nv)
             for (int t = rg; t < x.n; t += 2 * RG) {
                 if (t + RG < x.n) scan_rows<BWD, NVB, 2>(x, t);

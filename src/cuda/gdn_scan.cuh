@@ -61,25 +61,6 @@ static __host__ __device__ size_t scan_layout(ScanSmem *m, unsigned char *base, 
     return at;
 }
 
-// cp.async (sm_80 on): 16 bytes of which the first `bytes` are read and the
-// rest zero, or one real; a group per commit; wait until at most N groups of
-// this thread are in flight (its copies are then visible to it; to others
-// after a barrier).
-__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp_async16(real *dst, const real *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async1(real *dst, const real *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "n"((int)sizeof(real))
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Four reals to shared memory (dst 16-byte aligned) from src, of which the
 // first `valid` (1..4) exist; the others become 0. vec: src is 16-byte
 // aligned (whole 16-byte copies), else one real at a time.
@@ -88,11 +69,11 @@ __device__ __forceinline__ void copy4(real *dst, const real *src, int valid, boo
         const int per = 16 / (int)sizeof(real);
         for (int h = 0; h < 4; h += per) {
             int n = min(max(valid - h, 0), per);
-            cp_async16(dst + h, n ? src + h : src, n * (int)sizeof(real));
+            cu_cp16(dst + h, n ? src + h : src, n * (int)sizeof(real));
         }
     } else {
         for (int u = 0; u < 4; u++)
-            if (u < valid) cp_async1(dst + u, src + u);
+            if (u < valid) cu_cp1(dst + u, src + u);
             else dst[u] = 0;
     }
 }
@@ -142,8 +123,8 @@ __device__ void scan_load(const GdnArgs &a, const ScanStage &st, int64_t bh, int
             copy4(st.X + t * NVB + c4, a.Uin + (row0 + t) * a.dv + j0 + c4, min(4, nv - c4), vU);
         }
     }
-    for (int t = tid; t < n; t += GDN_NT) cp_async1(st.ek + t, a.ekb + row0 + t);
-    if (tid == 0) cp_async1(st.bl, a.blb + bh * a.NC + p.c);
+    for (int t = tid; t < n; t += GDN_NT) cu_cp1(st.ek + t, a.ekb + row0 + t);
+    if (tid == 0) cu_cp1(st.bl, a.blb + bh * a.NC + p.c);
     if (BWD && has_x && p.r0 + a.scanR >= min(a.C, a.T - p.c * a.C)) {   // the chunk's last tile: its Q^T dY
         const real *Y = a.dsb + (bh * a.NC + p.c) * (int64_t)dk * a.dv + j0;
         int x4 = (nv + 3) / 4;

@@ -1,10 +1,10 @@
 // mma_bf16.cuh: the bf16 tensor-core helpers that the float32 build's bf16
 // kernels share (attn_flash_bf16.cu, gla.cu, gdn_bf16.cuh): a pair of
 // float32 numbers rounded into one 32-bit register, one m16n8k16 product,
-// ldmatrix of four 8 x 8 blocks and a 16-byte cp.async. The PTX fragment
-// layouts of m16n8k16 with .bf16 inputs (lane = 4 g + c, g the group 0..7,
-// c 0..3; two bf16 numbers a register, the lower column / row index in the
-// low 16 bits):
+// ldmatrix of four 8 x 8 blocks (cp.async is cuda_internal.cuh's). The PTX
+// fragment layouts of m16n8k16 with .bf16 inputs (lane = 4 g + c, g the
+// group 0..7, c 0..3; two bf16 numbers a register, the lower column / row
+// index in the low 16 bits):
 //   A (16 x 16, row): a0 = A[g][2c, 2c+1], a1 = A[g+8][2c, 2c+1],
 //                     a2 = A[g][2c+8, 2c+9], a3 = A[g+8][2c+8, 2c+9]
 //   B (16 x 8, col):  b0 = B[2c, 2c+1][g], b1 = B[2c+8, 2c+9][g]
@@ -16,6 +16,8 @@
 #ifndef AG_DOUBLE
 #include <cuda_bf16.h>
 #include <stdint.h>
+
+#include "cuda_internal.cuh"
 
 // (lo, hi) rounded to bf16, nearest even, lo in the low 16 bits.
 __device__ __forceinline__ uint32_t fb_pack(float lo, float hi) {
@@ -37,7 +39,7 @@ __device__ __forceinline__ void fb_mma(float d[4], uint32_t a0, uint32_t a1, uin
 // register i gets matrix i: row g, columns 2c and 2c + 1 (trans: rows 2c
 // and 2c + 1 of column g).
 __device__ __forceinline__ void fb_ldsm4(uint32_t r[4], const void *p, bool trans) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    uint32_t a = cu_smem_addr(p);
     if (trans)
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -48,19 +50,6 @@ __device__ __forceinline__ void fb_ldsm4(uint32_t r[4], const void *p, bool tran
                      : "r"(a));
 }
 
-// cp.async (sm_80 on) of 16 bytes to shared memory, of which the first
-// `bytes` (0 or 16) are read and the rest are zero; a group per commit;
-// wait until at most N of this thread's groups are in flight (its copies
-// are then visible to it, to the block after a barrier).
-__device__ __forceinline__ void fb_cp16(void *dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void fb_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void fb_cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 #endif
 
 #endif
