@@ -47,6 +47,9 @@ bool cu_bf16_products(void);   // whether it is on (attention's and op_gdn's til
 // backward's chunk kernel; =shared: every per-chunk kernel; =global: none;
 // the same results bit for bit, src/cuda/gdn_chunk.cuh).
 size_t cu_gdn_ws_shared_last(bool backward);
+// Bytes of shared memory into which the last backward's chunk kernel copied
+// each chunk's k, q, v and dO rows (0: it read them in place; gdn_chunk_backward.cu).
+size_t cu_gdn_in_shared_last(void);
 // ---- CUDA graphs (src/cuda/graph_cuda.cu; device.h's dev_graph_*) ----
 CuGraph *cu_graph_new(void);
 void cu_graph_free(CuGraph *g);

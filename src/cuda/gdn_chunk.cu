@@ -25,7 +25,7 @@ template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : G
         w.W = a.Wb + r * a.dk;
         w.U = (a.Usv ? a.Usv : a.Ub) + r * a.dv;
         if (a.Tmb) w.Tm = a.Tmb + r * a.Cw;
-        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, m.L, PREP_SOLVE | PREP_W | PREP_U);
+        chunk_prepare<BF>(a, w, &sh, chunk_in(a, m.b, m.h, m.t0), m.b, m.h, m.t0, m.L, PREP_SOLVE | PREP_W | PREP_U);
         for (int i = tid; i < m.L; i += GDN_NT) a.ekb[r + i] = w.ek[i];
         if (tid == 0) a.blb[m.bh * a.NC + m.c] = w.bm[m.L - 1];
         __syncthreads();   // the next chunk rewrites ek and bm
@@ -46,7 +46,7 @@ template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : G
         Item m = item_of(a, it);
         int L = m.L;
         w.Dl = a.Ub + (m.bh * a.T + m.t0) * dv;
-        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, L, PREP_P);
+        chunk_prepare<BF>(a, w, &sh, chunk_in(a, m.b, m.h, m.t0), m.b, m.h, m.t0, L, PREP_P);
         const real *S0 = a.states + (m.bh * a.NC + m.c) * SS;
         int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
         real *oc = a.o + ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * dv;
@@ -73,9 +73,10 @@ bool gdn_ws_shared_on(GdnWsKernel k) {
     return !strcmp(e, "shared") || (k == WS_BWD_CHUNK && !strcmp(e, "backward"));
 }
 
-size_t gdn_ws_last[2];
+size_t gdn_ws_last[2], gdn_in_last;
 
 extern "C" size_t cu_gdn_ws_shared_last(bool backward) { return gdn_ws_last[backward]; }
+extern "C" size_t cu_gdn_in_shared_last(void) { return gdn_in_last; }
 
 // The forward's kernels of one precision (BF: bf16 products) and workspace (SM).
 template <bool BF, bool SM> static void fwd_launch_ws(Node *n, GdnArgs &a) {

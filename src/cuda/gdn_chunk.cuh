@@ -268,7 +268,7 @@ struct ChunkWs {
     double *dG, *dbeta, *rsum;   // (C); rsum: a step's row sums
     real *dA;                           // (C, C) dP -> dQK, then dA -> dKK
     real *dK, *dW, *dXw;                // (C, dk)
-    real *dXu, *Y;                      // (C, dv)
+    real *dXu, *Y;                      // (C, dv), one buffer: dO's Y, then the WY part's dXu
     real *dDl;                          // (C, dv) the op's dDelta rows
     const real *dS;                     // (dk, dv) the gradient of the state leaving the chunk (the op's)
 };
@@ -292,14 +292,14 @@ static __host__ __device__ size_t chunk_ws_layout(ChunkWs *w, unsigned char *bas
     }
     size_t obet = ws_take(&at, C, sizeof(real)), obm = ws_take(&at, C, sizeof(real));
     size_t oek = ws_take(&at, C, sizeof(real)), odb = ws_take(&at, C, sizeof(int));
-    size_t odG = 0, odbeta = 0, orsum = 0, odA = 0, odK = 0, odW = 0, odXw = 0, odXu = 0, oY = 0;
+    size_t odG = 0, odbeta = 0, orsum = 0, odA = 0, odK = 0, odW = 0, odXw = 0, oY = 0;
     if (grad) {
         odG = ws_take(&at, C, sizeof(double)), odbeta = ws_take(&at, C, sizeof(double));
         orsum = ws_take(&at, C, sizeof(double));
         odA = ws_take(&at, CC, sizeof(real));
         odK = ws_take(&at, Ck, sizeof(real)), odW = ws_take(&at, Ck, sizeof(real));
         odXw = ws_take(&at, Ck, sizeof(real));
-        odXu = ws_take(&at, Cv, sizeof(real)), oY = ws_take(&at, Cv, sizeof(real));
+        oY = ws_take(&at, Cv, sizeof(real));   // also dXu: Y's last use comes before dXu's first
     }
     if (w) {
         // Buffer at offset o of n bytes: shared memory when it ends within `shared`.
@@ -322,7 +322,7 @@ static __host__ __device__ size_t chunk_ws_layout(ChunkWs *w, unsigned char *bas
         w->dA = (real *)at_(odA, CC * sizeof(real));
         w->dK = (real *)at_(odK, Ck * sizeof(real)), w->dW = (real *)at_(odW, Ck * sizeof(real));
         w->dXw = (real *)at_(odXw, Ck * sizeof(real));
-        w->dXu = (real *)at_(odXu, Cv * sizeof(real)), w->Y = (real *)at_(oY, Cv * sizeof(real));
+        w->dXu = w->Y = (real *)at_(oY, Cv * sizeof(real));
         w->dDl = NULL, w->dS = NULL;
     }
     return (at + 255) & ~(size_t)255;
@@ -346,6 +346,23 @@ __device__ __forceinline__ Item item_of(const GdnArgs &a, int64_t it) {
     return m;
 }
 
+// A chunk's rows of q, k, v and dO (dO NULL without it) as the per-chunk
+// steps read them: in the op's inputs (leading dims H dk, H dv), or copied
+// into shared memory by the backward's chunk kernel (dk, dv; GdnArgs.in_shared).
+struct ChunkIn {
+    const real *q, *k, *v, *dO;
+    int ldk, ldv;
+};
+
+__device__ __forceinline__ ChunkIn chunk_in(const GdnArgs &a, int b, int h, int t0) {
+    int64_t r = (int64_t)b * a.T + t0;
+    ChunkIn in;
+    in.q = a.q + r * a.ldk + (int64_t)h * a.dk, in.k = a.k + r * a.ldk + (int64_t)h * a.dk;
+    in.v = a.v + r * a.ldv + (int64_t)h * a.dv, in.dO = a.dout ? a.dout + r * a.ldv + (int64_t)h * a.dv : NULL;
+    in.ldk = a.ldk, in.ldv = a.ldv;
+    return in;
+}
+
 // What chunk_prepare computes beyond the decays (G, bet, db, E, bm, ek).
 enum {
     PREP_SOLVE = 1,   // KK, A, Tm
@@ -354,6 +371,29 @@ enum {
     PREP_P = 16,      // P = (Q K^T) * E
     PREP_A = 32,      // KK, A (PREP_SOLVE without Tm)
 };
+
+// dst[i d + c] = f(i) x[i ld + c] over L rows of d (dst packed), all
+// threads: each issues the loads of GDN_UNROLL of its elements before their
+// stores (the compiler cannot know that dst is not x, so a plain loop waits
+// out each load in turn). No barrier.
+#define GDN_UNROLL 4
+template <typename F>
+__device__ __forceinline__ void scale_rows(real *dst, const real *x, int ld, int L, int d, F f) {
+    int n = L * d;
+    for (int e0 = threadIdx.x; e0 < n; e0 += GDN_UNROLL * GDN_NT) {
+        real r[GDN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GDN_UNROLL; u++) {
+            int e = e0 + u * GDN_NT;
+            r[u] = e < n ? x[(int64_t)(e / d) * ld + e % d] : (real)0;
+        }
+#pragma unroll
+        for (int u = 0; u < GDN_UNROLL; u++) {
+            int e = e0 + u * GDN_NT;
+            if (e < n) dst[e] = f(e / d) * r[u];
+        }
+    }
+}
 
 // Tm = (I + A)^-1 (A strictly lower, L x L, L <= 32 R) by warps, from At =
 // A^T in shared memory (pitch L + 1); no barrier. A column of Tm is the
@@ -408,16 +448,14 @@ template <int R> __device__ void solve_warps(real *Tm, const real *At, int L) {
 }
 
 // gdn_chunk_prepare (the parts `what` asks for): the chunk of L positions
-// starting at t0 of head (b, h).
+// starting at t0 of head (b, h), its q, k, v rows from `in`.
 // All threads, `what` the same in all; ends with a barrier.
 template <bool BF>
-static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, int b, int h, int t0, int L,
-                                     unsigned what) {
-    int tid = threadIdx.x, dk = a.dk, dv = a.dv, H = a.H;
-    int64_t ok = ((int64_t)b * a.T + t0) * a.ldk + (int64_t)h * dk;
-    int64_t ov = ((int64_t)b * a.T + t0) * a.ldv + (int64_t)h * dv;
+static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, const ChunkIn &in, int b, int h,
+                                     int t0, int L, unsigned what) {
+    int tid = threadIdx.x, dk = a.dk, dv = a.dv, H = a.H, ldk = in.ldk, ldv = in.ldv;
     int64_t oh = ((int64_t)b * a.T + t0) * H + h;
-    const real *q = a.q + ok, *k = a.k + ok, *v = a.v + ov, *beta = a.beta + oh, *g = a.g + oh;
+    const real *q = in.q, *k = in.k, *v = in.v, *beta = a.beta + oh, *g = a.g + oh;
     bool docs = a.first != NULL;
     // Gamma: the running sum of g (warp0_cumsum).
     for (int i = tid; i < L; i += GDN_NT) {
@@ -444,7 +482,7 @@ static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, in
     __syncthreads();
     if (what & (PREP_SOLVE | PREP_A)) {
         // A = strictly-lower (beta_i E_ij k_i.k_j).
-        blk_mm<BF>(sh, false, true, L, L, dk, 1, k, a.ldk, k, a.ldk, 0, w.KK, L);
+        blk_mm<BF>(sh, false, true, L, L, dk, 1, k, ldk, k, ldk, 0, w.KK, L);
         // A short chunk's A^T also goes to shared memory (over the Tiles,
         // free between products; pitch L + 1: no bank conflicts) for solve_warps.
         bool fast = (what & PREP_SOLVE) && L <= 2 * 32;
@@ -475,22 +513,14 @@ static __device__ void chunk_prepare(const GdnArgs &a, ChunkWs &w, Tiles *sh, in
         }
     }
     // W = Tm diag(beta b) K, U = Tm diag(beta) V.
-    if (what & PREP_W)
-        for (int e = tid; e < L * dk; e += GDN_NT) {
-            int i = e / dk, c = e % dk;
-            w.Xw[e] = w.bet[i] * w.bm[i] * k[(int64_t)i * a.ldk + c];
-        }
-    if (what & PREP_U)
-        for (int e = tid; e < L * dv; e += GDN_NT) {
-            int i = e / dv, c = e % dv;
-            w.Xu[e] = w.bet[i] * v[(int64_t)i * a.ldv + c];
-        }
+    if (what & PREP_W) scale_rows(w.Xw, k, ldk, L, dk, [&](int i) { return w.bet[i] * w.bm[i]; });
+    if (what & PREP_U) scale_rows(w.Xu, v, ldv, L, dv, [&](int i) { return w.bet[i]; });
     __syncthreads();
     if (what & PREP_W) blk_mm<BF>(sh, false, false, L, dk, L, 1, w.Tm, L, w.Xw, dk, 0, w.W, dk);
     if (what & PREP_U) blk_mm<BF>(sh, false, false, L, dv, L, 1, w.Tm, L, w.Xu, dv, 0, w.U, dv);
     // P = (Q K^T) * E. (Kd = diag(ek) K is applied as K is loaded: blk_gemm_s.)
     if (what & PREP_P) {
-        blk_mm<BF>(sh, false, true, L, L, dk, 1, q, a.ldk, k, a.ldk, 0, w.P, L);
+        blk_mm<BF>(sh, false, true, L, L, dk, 1, q, ldk, k, ldk, 0, w.P, L);
         for (int e = tid; e < L * L; e += GDN_NT) w.P[e] *= w.E[e];
     }
     __syncthreads();
@@ -522,6 +552,7 @@ template <typename K> static int resident_blocks(K kernel, size_t dyn = 0) {
 enum GdnWsKernel { WS_FWD, WS_BWD_PREP, WS_BWD_CHUNK };   // the forward's two kernels, the backward's each
 bool gdn_ws_shared_on(GdnWsKernel k);
 extern size_t gdn_ws_last[2];   // the last forward's [0] and backward's [1] bytes of it (cu_gdn_ws_shared_last)
+extern size_t gdn_in_last;      // the last backward's a.in_shared (cu_gdn_in_shared_last)
 
 // The dynamic shared memory kernel may take for the workspace (opted in
 // once, up to the GPU's per-block limit beside its static shared memory).
@@ -541,27 +572,31 @@ static int chunk_grid(int64_t items, int resident) { return (int)(items < reside
 // room both may take, and the shared bytes the blocks were counted with.
 struct WsGrids {
     int res1, res2;
-    size_t room, res_for;
+    size_t room, res_for, in_for;
 };
 
 // A pass's workspace for its per-chunk kernels k1 and k2 (SM1, SM2: the
 // instances with the workspace's start in shared memory, each launched with
 // a.ws_shared bytes of it, the others with none): a's ws_stride, ws_shared
 // (also into gdn_ws_last[grad]) and ws, one slot per block of the larger grid;
-// the two grids into *g1 and *g2. The occupancy is asked again only when
-// the shared bytes change.
+// the two grids into *g1 and *g2. With SM2, when the whole workspace and
+// in2 bytes more fit in k2's shared memory, k2 takes them too (a.in_shared;
+// else 0): it is launched with a.ws_shared + a.in_shared bytes. The
+// occupancy is asked again only when the shared bytes change.
 template <bool SM1, bool SM2, typename K1, typename K2>
-static void ws_plan(Node *n, GdnArgs &a, bool grad, K1 k1, K2 k2, WsGrids &p, int *g1, int *g2) {
+static void ws_plan(Node *n, GdnArgs &a, bool grad, K1 k1, K2 k2, WsGrids &p, int *g1, int *g2, size_t in2 = 0) {
     a.ws_stride = chunk_ws_layout(NULL, NULL, a.Cw, a.dk, a.dv, grad);
     if ((SM1 || SM2) && !p.room) {
         size_t r1 = SM1 ? ws_room(k1) : SIZE_MAX, r2 = SM2 ? ws_room(k2) : SIZE_MAX;
         p.room = r1 < r2 ? r1 : r2;
     }
     a.ws_shared = gdn_ws_last[grad] = SM1 || SM2 ? (a.ws_stride < p.room ? a.ws_stride : p.room) : 0;
-    if (!p.res1 || a.ws_shared != p.res_for) {
+    a.in_shared = SM2 && in2 > 0 && a.ws_stride + in2 <= p.room ? in2 : 0;
+    if (grad) gdn_in_last = a.in_shared;
+    if (!p.res1 || a.ws_shared != p.res_for || a.in_shared != p.in_for) {
         p.res1 = resident_blocks(k1, SM1 ? a.ws_shared : 0);
-        p.res2 = resident_blocks(k2, SM2 ? a.ws_shared : 0);
-        p.res_for = a.ws_shared;
+        p.res2 = resident_blocks(k2, SM2 ? a.ws_shared + a.in_shared : 0);
+        p.res_for = a.ws_shared, p.in_for = a.in_shared;
     }
     *g1 = chunk_grid(a.items, p.res1);
     *g2 = chunk_grid(a.items, p.res2);
@@ -574,15 +609,15 @@ static void ws_plan(Node *n, GdnArgs &a, bool grad, K1 k1, K2 k2, WsGrids &p, in
 static void chunk_rows(Node *n, GdnArgs *a, bool backward) {
     int64_t BH = (int64_t)a->B * a->H, rows = BH * a->T;
     a->items = BH * a->NC;
-    real *sv = a->saved ? a->saved + a->items * a->dk * a->dv : NULL;   // after the states
-    if (sv) {
-        a->Wb = sv, a->Usv = sv + rows * a->dk, a->Dsv = a->Usv + rows * a->dv, a->Tmb = a->Dsv + rows * a->dv;
+    if (a->saved) {
+        GdnSaved sv = gdn_saved_layout(a->B, a->H, a->T, a->C, a->dk, a->dv, true);
+        a->Wb = a->saved + sv.W, a->Usv = a->saved + sv.U, a->Dsv = a->saved + sv.Delta, a->Tmb = a->saved + sv.Tm;
     } else {
         a->Wb = (real *)tape_dalloc(n->tape, (size_t)(rows * a->dk) * sizeof(real));
     }
-    a->Ub = sv && !backward ? a->Dsv : (real *)tape_dalloc(n->tape, (size_t)(rows * a->dv) * sizeof(real));
+    a->Ub = a->saved && !backward ? a->Dsv : (real *)tape_dalloc(n->tape, (size_t)(rows * a->dv) * sizeof(real));
     a->Uin = !backward && a->Usv ? a->Usv : a->Ub;
-    if (backward) a->Pb = (real *)tape_dalloc(n->tape, (size_t)(rows * a->Cw) * sizeof(real));
+    if (backward && a->dout) a->Pb = (real *)tape_dalloc(n->tape, (size_t)(rows * a->Cw) * sizeof(real));
     a->ekb = (real *)tape_dalloc(n->tape, (size_t)rows * sizeof(real));
     a->blb = (real *)tape_dalloc(n->tape, (size_t)a->items * sizeof(real));
 }

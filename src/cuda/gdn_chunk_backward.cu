@@ -16,6 +16,10 @@
 // them (the kernel already spills those, see GDN_CHUNK_MINB).
 #include "gdn_chunk.cuh"
 
+#ifndef GDN_STAGE_IN
+#define GDN_STAGE_IN 1
+#endif
+
 // ---------------------------------------------------------------- chunked form: backward
 
 // 1. Per chunk: ek and bl as in the forward; P into its rows for step 3;
@@ -34,18 +38,15 @@ template <bool BF, bool SM> __global__ void __launch_bounds__(GDN_NT, SM ? 1 : G
         Item m = item_of(a, it);
         int L = m.L;
         int64_t r = m.bh * a.T + m.t0;
-        w.P = a.Pb + r * a.Cw;
-        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, L, a.dout ? PREP_P : 0);
+        w.P = a.Pb ? a.Pb + r * a.Cw : NULL;   // (no P without dO)
+        chunk_prepare<BF>(a, w, &sh, chunk_in(a, m.b, m.h, m.t0), m.b, m.h, m.t0, L, a.dout ? PREP_P : 0);
         for (int i = tid; i < L; i += GDN_NT) a.ekb[r + i] = w.ek[i];
         if (tid == 0) a.blb[m.bh * a.NC + m.c] = w.bm[L - 1];
         if (a.dout) {
             int64_t ok = ((int64_t)m.b * a.T + m.t0) * a.ldk + (int64_t)m.h * dk;
             const real *dO = a.dout + ((int64_t)m.b * a.T + m.t0) * a.ldv + (int64_t)m.h * dv;
             blk_mm<BF>(&sh, true, false, L, dv, L, 1, w.P, L, dO, a.ldv, 0, a.Ub + r * dv, dv);   // P^T dO
-            for (int e = tid; e < L * dv; e += GDN_NT) {                                      // dY = diag(b) dO
-                int i = e / dv, c = e % dv;
-                w.Y[e] = w.bm[i] * dO[(int64_t)i * a.ldv + c];
-            }
+            scale_rows(w.Y, dO, a.ldv, L, dv, [&](int i) { return w.bm[i]; });   // dY = diag(b) dO
             __syncthreads();
             blk_mm<BF>(&sh, true, false, dk, dv, L, 1, a.q + ok, a.ldk, w.Y, dv, 0, a.dsb + (m.bh * a.NC + m.c) * SS,
                      dv);   // Q^T dY
@@ -122,16 +123,15 @@ __device__ void lower_col_sums(const real *__restrict__ X, const real *__restric
 // (L, L) dGamma terms are summed by rows (lower_row_sums) and by columns
 // (lower_col_sums); dg is the suffix sum of dGamma (warp0_cumsum).
 template <bool BF>
-__device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red, int b, int h, int t0, int L,
-                           const real *S0) {
+__device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red, const ChunkIn &in, int b, int h,
+                           int t0, int L, const real *S0) {
     int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, dk = a.dk, dv = a.dv, H = a.H, ldk = a.ldk,
-        ldv = a.ldv;
+        ldv = a.ldv, ik = in.ldk, iv = in.ldv;   // ldk, ldv: the gradients'; ik, iv: in's rows'
     int64_t SS = (int64_t)dk * dv;
     int64_t ok = ((int64_t)b * a.T + t0) * ldk + (int64_t)h * dk;
     int64_t ov = ((int64_t)b * a.T + t0) * ldv + (int64_t)h * dv;
     int64_t oh = ((int64_t)b * a.T + t0) * H + h;
-    const real *q = a.q + ok, *k = a.k + ok, *v = a.v + ov;
-    const real *dO = a.dout ? a.dout + ov : NULL;
+    const real *q = in.q, *k = in.k, *v = in.v, *dO = in.dO;
     real *gq = a.gq ? a.gq + ok : NULL;
     real bl = w.bm[L - 1];
 
@@ -147,7 +147,7 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
     // (exp(Gamma_{L-1} - Gamma_{L-1}) = 1 has no derivative): after
     // b_{L-1} S0 . dS, in the order of j, below.
     for (int j = warp; j < L; j += GDN_NW) {
-        double sj = j == L - 1 ? 0 : (double)(w.ek[j] * (real)warp_dot(w.dW + j * dk, k + (int64_t)j * ldk, dk));
+        double sj = j == L - 1 ? 0 : (double)(w.ek[j] * (real)warp_dot(w.dW + j * dk, k + (int64_t)j * ik, dk));
         if (lane == 0) {
             w.dG[j] = j == L - 1 ? (double)(bl * (real)s) : -sj;
             w.dbeta[j] = 0;
@@ -165,10 +165,10 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
 
     // O = diag(b) Q S0 + P Delta.
     if (dO) {
-        blk_mm<BF>(sh, false, false, L, dv, dk, 1, q, ldk, S0, dv, 0, w.Y, dv);   // Y = Q S0
+        blk_mm<BF>(sh, false, false, L, dv, dk, 1, q, ik, S0, dv, 0, w.Y, dv);   // Y = Q S0
         for (int i = warp; i < L; i += GDN_NW) {   // dGamma_i += b_i dO_i . Y_i; then Y = dY = diag(b) dO
             real bi = w.bm[i], *yi = w.Y + i * dv;
-            const real *doi = dO + (int64_t)i * ldv;
+            const real *doi = dO + (int64_t)i * iv;
             double p = 0;
             for (int c = lane; c < dv; c += 32) {
                 real d = doi[c];
@@ -180,7 +180,7 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
         }
         __syncthreads();
         if (gq) blk_mm<BF>(sh, false, true, L, dk, dv, 1, w.Y, dv, S0, dv, 0, gq, ldk);   // dQ = dY S0^T
-        blk_mm<BF>(sh, false, true, L, L, dv, 1, dO, ldv, w.Dl, dv, 0, w.dA, L);          // dP = dO Delta^T
+        blk_mm<BF>(sh, false, true, L, L, dv, 1, dO, iv, w.Dl, dv, 0, w.dA, L);          // dP = dO Delta^T
         // f_ij = dP_ij P_ij (j < i) adds to dG_i and leaves dG_j.
         lower_row_sums(w.dA, w.P, NULL, NULL, L, w.rsum, NULL);
         lower_col_sums(w.dA, w.P, L, w.rsum, w.dG, red);
@@ -189,8 +189,8 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
             w.dA[e] = j <= i ? w.dA[e] * w.E[e] : (real)0;
         }
         __syncthreads();
-        if (gq) blk_mm<BF>(sh, false, false, L, dk, L, 1, w.dA, L, k, ldk, 1, gq, ldk);   // dQ += dQK K
-        blk_mm<BF>(sh, true, false, L, dk, L, 1, w.dA, L, q, ldk, 1, w.dK, dk);            // dK += dQK^T Q
+        if (gq) blk_mm<BF>(sh, false, false, L, dk, L, 1, w.dA, L, k, ik, 1, gq, ldk);   // dQ += dQK K
+        blk_mm<BF>(sh, true, false, L, dk, L, 1, w.dA, L, q, ik, 1, w.dK, dk);            // dK += dQK^T Q
     } else if (gq) {
         for (int e = tid; e < L * dk; e += GDN_NT) gq[(int64_t)(e / dk) * ldk + e % dk] = 0;
     }
@@ -206,8 +206,8 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
     // Xw_i = beta_i b_i k_i, Xu_i = beta_i v_i (a warp per row).
     for (int i = warp; i < L; i += GDN_NW) {
         real bi = w.bm[i], bt = w.bet[i], sw = bt * bi;
-        const real *dxw = w.dXw + i * dk, *dxu = w.dXu + i * dv, *ki = k + (int64_t)i * ldk;
-        const real *vi = v + (int64_t)i * ldv;
+        const real *dxw = w.dXw + i * dk, *dxu = w.dXu + i * dv, *ki = k + (int64_t)i * ik;
+        const real *vi = v + (int64_t)i * iv;
         real *dki = w.dK + i * dk, *gvi = a.gv ? a.gv + ov + (int64_t)i * ldv : NULL;
         double sx = 0, su = 0;
         for (int c = lane; c < dk; c += 32) {
@@ -237,8 +237,8 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
         w.dA[e] = j < i ? w.dA[e] * w.bet[i] * w.E[e] : (real)0;
     }
     __syncthreads();
-    blk_mm<BF>(sh, false, false, L, dk, L, 1, w.dA, L, k, ldk, 1, w.dK, dk);   // dK += dKK K
-    blk_mm<BF>(sh, true, false, L, dk, L, 1, w.dA, L, k, ldk, 1, w.dK, dk);    // dK += dKK^T K
+    blk_mm<BF>(sh, false, false, L, dk, L, 1, w.dA, L, k, ik, 1, w.dK, dk);   // dK += dKK K
+    blk_mm<BF>(sh, true, false, L, dk, L, 1, w.dA, L, k, ik, 1, w.dK, dk);    // dK += dKK^T K
 
     // The chunk's rows; dg_m = sum_{i >= m} dGamma_i.
     if (a.gk)
@@ -253,9 +253,47 @@ __device__ void chunk_back(const GdnArgs &a, ChunkWs &w, Tiles *sh, double *red,
     __syncthreads();
 }
 
+// The chunk's rows of k, q, v and dO (in: where they lie in the op's
+// inputs) into shared memory at buf (Cw dk reals of k, then of q, then Cw
+// dv of v, then of dO), by cp.async, 16 bytes a copy where every row starts
+// 16-byte aligned, else a real a copy; returns in with its pointers there.
+// Waits for the copies and ends with a barrier (the caller's previous chunk
+// is done with buf).
+__device__ ChunkIn stage_in(const GdnArgs &a, const ChunkIn &in, real *buf, int L) {
+    int dk = a.dk, dv = a.dv;
+    ChunkIn s = in;
+    real *ks = buf, *qs = buf + (size_t)a.Cw * dk, *vs = qs + (size_t)a.Cw * dk, *ds = vs + (size_t)a.Cw * dv;
+    const real *src[4] = {in.k, in.q, in.v, in.dO};
+    real *dst[4] = {ks, qs, vs, ds};
+    int n = in.dO ? 4 : 3;
+    for (int x = 0; x < n; x++) {
+        int d = x < 2 ? dk : dv, ld = x < 2 ? in.ldk : in.ldv;
+        bool vec = (((uintptr_t)src[x] | (uintptr_t)ld * sizeof(real) | (uintptr_t)d * sizeof(real)) & 15) == 0;
+        if (vec) {
+            int per = d * (int)sizeof(real) / 16;   // 16-byte pieces a row
+            for (int e = threadIdx.x; e < L * per; e += GDN_NT) {
+                int i = e / per, c = e % per;
+                cu_cp16((unsigned char *)(dst[x] + (size_t)i * d) + 16 * c,
+                        (const unsigned char *)(src[x] + (int64_t)i * ld) + 16 * c, 16);
+            }
+        } else {
+            for (int e = threadIdx.x; e < L * d; e += GDN_NT)
+                cu_cp1(dst[x] + e, src[x] + (int64_t)(e / d) * ld + e % d);
+        }
+    }
+    cu_cp_commit();
+    cu_cp_wait<0>();
+    __syncthreads();
+    s.k = ks, s.q = qs, s.v = vs, s.dO = in.dO ? ds : NULL;
+    s.ldk = dk, s.ldv = dv;
+    return s;
+}
+
 // 3. Per chunk: the decays, K K^T and A again (W, U, Delta and Tm from the
 // forward's rows, P from step 1's) and its input gradients from S0, dS (the
-// scan's slot) and dDelta (the scan's rows).
+// scan's slot) and dDelta (the scan's rows). With a.in_shared, the chunk's
+// rows of k, q, v and dO are read from a copy in shared memory after the
+// workspace's part there (stage_in): the same values, the same arithmetic.
 template <bool BF, bool SM>
 __global__ void __launch_bounds__(GDN_NT, SM ? 1 : GDN_CHUNK_MINB) k_gdn_bwd_chunk(GdnArgs a) {
     __shared__ Tiles sh;
@@ -264,16 +302,19 @@ __global__ void __launch_bounds__(GDN_NT, SM ? 1 : GDN_CHUNK_MINB) k_gdn_bwd_chu
     int64_t SS = (int64_t)a.dk * a.dv;
     ChunkWs w;
     chunk_ws_layout(&w, a.ws + (size_t)blockIdx.x * a.ws_stride, a.Cw, a.dk, a.dv, true, ws_sh, SM ? a.ws_shared : 0);
+    real *buf = SM && a.in_shared ? (real *)(ws_sh + a.ws_shared) : NULL;
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
+        ChunkIn in = chunk_in(a, m.b, m.h, m.t0);
+        if (buf) in = stage_in(a, in, buf, m.L);
         int64_t r = m.bh * a.T + m.t0;
         w.W = a.Wb + r * a.dk, w.U = a.Usv + r * a.dv, w.Dl = a.Dsv + r * a.dv;
-        w.Tm = a.Tmb + r * a.Cw, w.P = a.Pb + r * a.Cw;
+        w.Tm = a.Tmb + r * a.Cw, w.P = a.Pb ? a.Pb + r * a.Cw : NULL;
         w.dDl = a.Ub + r * a.dv;
         w.dS = a.dsb + (m.bh * a.NC + m.c) * SS;
         const real *S0 = a.states + (m.bh * a.NC + m.c) * SS;
-        chunk_prepare<BF>(a, w, &sh, m.b, m.h, m.t0, m.L, PREP_A);
-        chunk_back<BF>(a, w, &sh, red, m.b, m.h, m.t0, m.L, S0);
+        chunk_prepare<BF>(a, w, &sh, in, m.b, m.h, m.t0, m.L, PREP_A);
+        chunk_back<BF>(a, w, &sh, red, in, m.b, m.h, m.t0, m.L, S0);
     }
 }
 
@@ -317,11 +358,14 @@ void gdn_grads_finish(const GdnGrads *gr) {
 template <bool BF, bool SMP, bool SMC> static void bwd_launch_ws(Node *n, GdnArgs &a) {
     static WsGrids grids;
     int gp, gc;
-    ws_plan<SMP, SMC>(n, a, true, k_gdn_bwd_prep<BF, SMP>, k_gdn_bwd_chunk<BF, SMC>, grids, &gp, &gc);
+    // The chunk kernel's copy of k, q, v and dO (stage_in), where it fits
+    // after the whole workspace (GDN_STAGE_IN 0: never, for comparisons).
+    size_t in_bytes = GDN_STAGE_IN ? (size_t)a.Cw * (2 * a.dk + (a.dout ? 2 : 1) * a.dv) * sizeof(real) : 0;
+    ws_plan<SMP, SMC>(n, a, true, k_gdn_bwd_prep<BF, SMP>, k_gdn_bwd_chunk<BF, SMC>, grids, &gp, &gc, in_bytes);
     k_gdn_bwd_prep<BF, SMP><<<gp, GDN_NT, SMP ? a.ws_shared : 0, cu_stream>>>(a);
     CU_LAUNCHED();
     gdn_scan(n, a, true);
-    k_gdn_bwd_chunk<BF, SMC><<<gc, GDN_NT, SMC ? a.ws_shared : 0, cu_stream>>>(a);
+    k_gdn_bwd_chunk<BF, SMC><<<gc, GDN_NT, SMC ? a.ws_shared + a.in_shared : 0, cu_stream>>>(a);
     CU_LAUNCHED();
 }
 

@@ -32,7 +32,9 @@
 //                each chunk (B*H, NC, dk, dv) and dDelta (B*H, T, dv); s0's is the last;
 //             3. per chunk (k_gdn_bwd_chunk): the decays, K K^T and A again
 //                (gdn_chunk_prepare) and the chunk's input gradients from S0,
-//                dS and dDelta.
+//                dS and dDelta; with its workspace in shared memory and room
+//                left there, it first copies the chunk's k, q, v and dO rows
+//                beside it (stage_in), which its steps then read instead.
 // The per-chunk kernels run a fixed grid of blocks (as many as the GPU keeps
 // resident), each walking the chunks gridDim.x apart with its workspace in
 // device memory (tape_dalloc); every line of a chunk is a block-wide step.
@@ -137,6 +139,8 @@ struct GdnArgs {
     size_t ws_stride;
     size_t ws_shared;                        // bytes of the workspace's start kept in the block's shared
                                              // memory instead (the SM kernels, gdn_ws_plan); 0: none
+    size_t in_shared;                        // bytes after those where the backward's chunk kernel copies
+                                             // a chunk's k, q, v, dO rows (stage_in); 0: it reads them in place
     int B, T, H, dk, dv, C, NC, ldk, ldv;
     int Cw;                                  // min(C, T): the longest chunk, what workspaces hold
     // The chunked form's per-op rows, head-major: row t of head bh at (bh T + t).

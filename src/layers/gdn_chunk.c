@@ -285,12 +285,11 @@ Tensor *delta_rule_op(Tape *tp, const DeltaRuleOp *op, Tensor *q, Tensor *k, Ten
     n->iarg[GDN_ARG_BF16] = op->bf16_products && tp->device == DEVICE_CPU ? chunk_tiles_kind() : CHUNK_TILES_FP32;
     n->aux = docs_first(tp, doc_start, B, T);
     if (n->recorded) {
-        GdnDims d = gdn_dims(n);
         // The GPU's chunked gdn also keeps the forward's W, U, Delta and Tm
         // rows (gdn_node.h).
-        size_t cw = chunk < T ? chunk : T;
-        size_t rows_w = def == &OP_GDN_CHUNKED && tp->device == DEVICE_CUDA ? (size_t)B * H * T * (dk + 2 * dv + cw) : 0;
-        n->saved = tape_dalloc(tp, ((size_t)B * H * d.NC * dk * dv + rows_w) * sizeof(real));   // read by the kernels
+        bool rows = def == &OP_GDN_CHUNKED && tp->device == DEVICE_CUDA;
+        GdnSaved sv = gdn_saved_layout((size_t)B, (size_t)H, (size_t)T, (size_t)chunk, (size_t)dk, (size_t)dv, rows);
+        n->saved = tape_dalloc(tp, sv.total * sizeof(real));   // read by the kernels
     }
     tape_forward(n);
     if (s_out) *s_out = sT;

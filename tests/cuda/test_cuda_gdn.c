@@ -550,9 +550,12 @@ Test(cuda_gdn, a_run_repeats_bit_for_bit) {
 // buffers, the same arithmetic in the same order, so o, S_T and every
 // gradient are the same bits, in both precisions and (float32 build) under
 // bf16 products. The cases: a workspace that fits whole (small heads) and
-// one that does not (heads of 64 and 128 at C 64: the buffers past the
-// room stay in device memory), a chunk longer than 64 positions (the
-// row-by-row solve), documents, several heads and rows.
+// one that does not (heads of 128 at C 64: the buffers past the room stay
+// in device memory), a chunk longer than 64 positions (the row-by-row
+// solve), documents, several heads and rows, short last chunks. Where the
+// whole workspace fits with room to spare, the backward's chunk kernel also
+// copies each chunk's k, q, v, dO rows into shared memory (16 bytes a copy,
+// or a real a copy for rows of 18 and 22 reals); some case must do so.
 Test(cuda_gdn, workspace_in_shared_memory_gives_the_same_bits) {
     enum { T = 300 };
     static int doc[2 * T];
@@ -562,7 +565,7 @@ Test(cuda_gdn, workspace_in_shared_memory_gives_the_same_bits) {
         int B, T, H, dk, dv, C;
         const int *doc;
     } cases[] = {{2, T, 2, 16, 24, 16, doc},     {1, T, 2, 64, 64, 64, doc},  {2, 130, 1, 128, 128, 64, NULL},
-                 {1, 150, 2, 40, 72, 100, NULL}, {2, 100, 3, 32, 32, 32, NULL}};
+                 {1, 150, 2, 40, 72, 100, NULL}, {2, 100, 3, 32, 32, 32, NULL}, {1, 90, 2, 18, 22, 32, NULL}};
     // each setting (NULL: unset, the default) and whether it keeps the
     // forward's and the backward's workspace in shared memory
     static const struct {
@@ -574,6 +577,7 @@ Test(cuda_gdn, workspace_in_shared_memory_gives_the_same_bits) {
         if (bf) break;   // (bf16 products need the float32 build)
 #endif
         device_set_bf16(DEVICE_CUDA, bf);
+        bool staged = false;
         for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
             Tensor *x[N_IN];
             gdn_test_inputs(x, cases[cs].B, cases[cs].T, cases[cs].H, cases[cs].dk, cases[cs].dv, REG_PLAIN, true, true,
@@ -589,6 +593,7 @@ Test(cuda_gdn, workspace_in_shared_memory_gives_the_same_bits) {
                 if (settings[st].ws) setenv("ATTNLAB_GDN_WS", settings[st].ws, 1);
                 GpuRun sh = gpu_run(x, &c);
                 size_t fwd = cu_gdn_ws_shared_last(false), bwd = cu_gdn_ws_shared_last(true);
+                staged |= cu_gdn_in_shared_last() > 0;
                 unsetenv("ATTNLAB_GDN_WS");
                 cr_assert(settings[st].bwd == (bwd > 0) && settings[st].fwd == (fwd > 0),
                           "case %zu: ATTNLAB_GDN_WS=%s kept %zu bytes of the forward's and %zu of the backward's "
@@ -603,6 +608,8 @@ Test(cuda_gdn, workspace_in_shared_memory_gives_the_same_bits) {
             gpu_run_free(&g);
             gdn_free_inputs(x);
         }
+        cr_assert(staged, "%s: no case copied k, q, v, dO into shared memory: that path went untested",
+                  bf ? "bf16" : sizeof(real) == 8 ? "float64" : "float32");
     }
     device_set_bf16(DEVICE_CUDA, false);
 }
