@@ -1,6 +1,7 @@
 // gdn_node.h: the node layout of op_gdn, read by its CPU forms
 // (gdn_chunk.c, gdn_chunk_backward.c, gdn_naive.c) and its GPU ones
-// (src/cuda/gdn_*.cu): plain enums, so C and C++ alike.
+// (src/cuda/gdn_*.cu): plain enums and a static inline function, so C and
+// C++ alike.
 //
 // in: q, k, v, beta, g, s0 (maybe NULL). out: o, S_T. iarg: the sizes below.
 // saved: (B, H, NC, dk, dv) the state entering each chunk, NC = ceil(T/C);
