@@ -50,6 +50,9 @@ size_t cu_gdn_ws_shared_last(bool backward);
 // Bytes of shared memory into which the last backward's chunk kernel copied
 // each chunk's k, q, v and dO rows (0: it read them in place; gdn_chunk_backward.cu).
 size_t cu_gdn_in_shared_last(void);
+// How many kernels of src/cuda/gdn_chunk64.cu op_gdn launched since the
+// start (bf16, heads of 64, chunks of at most 64; ATTNLAB_GDN_CHUNK64=off: none).
+int cu_gdn_chunk64_launches(void);
 // ---- CUDA graphs (src/cuda/graph_cuda.cu; device.h's dev_graph_*) ----
 CuGraph *cu_graph_new(void);
 void cu_graph_free(CuGraph *g);

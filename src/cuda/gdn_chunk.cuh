@@ -404,12 +404,13 @@ __device__ __forceinline__ void scale_rows(real *dst, const real *x, int ld, int
 // updates the rows below: x_i -= A_im x_m. Each x_i is then, as in the
 // row-by-row substitution, e_ij minus its terms m = j .. i - 1 in ascending
 // order, one fma each (column j + 1 at m = j subtracts A_im 0: x_i stays).
-// Writes Tm whole (zeros above the diagonal).
+// Writes Tm whole (zeros above the diagonal). NW: the block's warps (which
+// warp takes a column does not change its arithmetic).
 static_assert(64 * (64 + 1) <= BLK_SMEM, "solve_warps: A^T of 64 positions over the Tiles");
-template <int R> __device__ void solve_warps(real *Tm, const real *At, int L) {
+template <int R, int NW = GDN_NW> __device__ void solve_warps(real *Tm, const real *At, int L) {
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, ap = L + 1, np = (L + 1) / 2;
-    for (int q = 0; q * GDN_NW < np; q++) {
-        int p = q * GDN_NW + (q & 1 ? GDN_NW - 1 - warp : warp), j = 2 * p;
+    for (int q = 0; q * NW < np; q++) {
+        int p = q * NW + (q & 1 ? NW - 1 - warp : warp), j = 2 * p;
         if (p >= np) continue;
         real x0[R], x1[R];
 #pragma unroll
@@ -553,6 +554,14 @@ enum GdnWsKernel { WS_FWD, WS_BWD_PREP, WS_BWD_CHUNK };   // the forward's two k
 bool gdn_ws_shared_on(GdnWsKernel k);
 extern size_t gdn_ws_last[2];   // the last forward's [0] and backward's [1] bytes of it (cu_gdn_ws_shared_last)
 extern size_t gdn_in_last;      // the last backward's a.in_shared (cu_gdn_in_shared_last)
+
+// The per-chunk steps around the scans for bf16 products at heads of 64 and
+// chunks of at most 64 (gdn_chunk64.cu): whether they take a's pass, and
+// the launches that replace k_gdn_fwd_prep, k_gdn_fwd_out, k_gdn_bwd_prep.
+bool gdn_chunk64_takes(const GdnArgs &a);
+void gdn_fwd_prep64(const GdnArgs &a);
+void gdn_fwd_out64(const GdnArgs &a);
+void gdn_bwd_prep64(const GdnArgs &a);
 
 // The dynamic shared memory kernel may take for the workspace (opted in
 // once, up to the GPU's per-block limit beside its static shared memory).

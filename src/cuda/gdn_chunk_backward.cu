@@ -362,8 +362,14 @@ template <bool BF, bool SMP, bool SMC> static void bwd_launch_ws(Node *n, GdnArg
     // after the whole workspace (GDN_STAGE_IN 0: never, for comparisons).
     size_t in_bytes = GDN_STAGE_IN ? (size_t)a.Cw * (2 * a.dk + (a.dout ? 2 : 1) * a.dv) * sizeof(real) : 0;
     ws_plan<SMP, SMC>(n, a, true, k_gdn_bwd_prep<BF, SMP>, k_gdn_bwd_chunk<BF, SMC>, grids, &gp, &gc, in_bytes);
-    k_gdn_bwd_prep<BF, SMP><<<gp, GDN_NT, SMP ? a.ws_shared : 0, cu_stream>>>(a);
-    CU_LAUNCHED();
+#ifndef AG_DOUBLE
+    if (BF && gdn_chunk64_takes(a)) gdn_bwd_prep64(a);   // the same bits (gdn_chunk64.cu)
+    else
+#endif
+    {
+        k_gdn_bwd_prep<BF, SMP><<<gp, GDN_NT, SMP ? a.ws_shared : 0, cu_stream>>>(a);
+        CU_LAUNCHED();
+    }
     gdn_scan(n, a, true);
     k_gdn_bwd_chunk<BF, SMC><<<gc, GDN_NT, SMC ? a.ws_shared + a.in_shared : 0, cu_stream>>>(a);
     CU_LAUNCHED();

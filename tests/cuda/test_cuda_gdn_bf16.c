@@ -18,6 +18,7 @@
 #include "bf16.h"
 #include "blas.h"
 #include "cuda_check.h"
+#include "cuda_ops.h"
 #include "device.h"
 #include "gdn_kernel.h"
 #include "test_cuda_gdn.h"
@@ -427,6 +428,76 @@ Test(cuda_gdn_bf16, backward_follows_its_forward) {
     tape_free(&tp);
     run_free(&h);
     gdn_free_inputs(x);
+}
+
+// The forward's outputs alone (o, S_T) on an unrecorded tape (no input takes
+// a gradient: the node keeps no rows for a backward), bf16 products, host
+// copies into o and sT (malloc'ed).
+static void forward_only(Tensor *const *x, int n, const GdnCtx *c, real **o, real **sT, int64_t *no, int64_t *ns) {
+    Tape tp;
+    tape_init_on(&tp, DEVICE_CUDA);
+    Tensor *xs[N_IN] = {0}, *outs[2];
+    for (int i = 0; i < n; i++) xs[i] = tape_tensor_copy(&tp, x[i]->ndim, x[i]->shape, x[i]->data);
+    device_set_bf16(DEVICE_CUDA, true);
+    cr_assert_eq(gdn_test_op(&tp, xs, n, (void *)c, outs), 2);
+    device_set_bf16(DEVICE_CUDA, false);
+    *no = outs[0]->numel, *ns = outs[1]->numel;
+    *o = malloc((size_t)*no * sizeof(real)), *sT = malloc((size_t)*ns * sizeof(real));
+    dev_to_host(*o, outs[0]->data, (size_t)*no * sizeof(real), DEVICE_CUDA);
+    dev_to_host(*sT, outs[1]->data, (size_t)*ns * sizeof(real), DEVICE_CUDA);
+    dev_sync(DEVICE_CUDA);
+    tape_free(&tp);
+}
+
+// gdn_chunk64.cu's kernels (bf16, heads of 64, chunks of at most 64) give
+// the general kernels' bits (ATTNLAB_GDN_CHUNK64=off): every output and
+// gradient of recorded runs, and the outputs of unrecorded forwards,
+// over documents, s0, short chunks (40: a partial step of 16; a chunk of
+// 128 on 20 positions: the solve's one-register form) and a short last
+// chunk. The default must have taken them (three kernels in a recorded
+// run, two in a forward), off none.
+Test(cuda_gdn_bf16, chunk64_gives_the_same_bits) {
+    cuda_require();
+    enum { T = 200 };
+    static int doc[2 * T];
+    memset(doc, 0, sizeof doc);
+    doc[0] = doc[5] = doc[63] = doc[64] = doc[130] = doc[T + 100] = 1;
+    static const struct {
+        int B, T, H, C;
+        bool s0;
+        const int *doc;
+    } cases[] = {{2, T, 2, 64, true, doc}, {1, 300, 2, 40, true, NULL}, {2, 63, 1, 64, false, NULL},
+                 {1, 20, 2, 128, true, NULL}, {2, 130, 3, 32, true, NULL}};
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+        Tensor *x[N_IN];
+        gdn_test_inputs(x, cases[cs].B, cases[cs].T, cases[cs].H, 64, 64, REG_PLAIN, cases[cs].s0, true, 880 + cs);
+        GdnCtx c = {cases[cs].H, cases[cs].C, MIXER_FORM_CHUNKED, cases[cs].doc, 3};
+        int n = cases[cs].s0 ? N_IN : IS0;
+        Run r[2];
+        real *o[2], *sT[2];
+        int64_t no = 0, ns = 0;
+        for (int fast = 0; fast < 2; fast++) {
+            if (!fast) setenv("ATTNLAB_GDN_CHUNK64", "off", 1);
+            int before = cu_gdn_chunk64_launches();
+            r[fast] = gpu_run(gdn_test_op, x, n, &c, true);
+            forward_only(x, n, &c, &o[fast], &sT[fast], &no, &ns);
+            int took = cu_gdn_chunk64_launches() - before;
+            unsetenv("ATTNLAB_GDN_CHUNK64");
+            cr_assert(fast ? took == 5 : took == 0, "case %zu: ATTNLAB_GDN_CHUNK64=%s launched %d of its kernels", cs,
+                      fast ? "(unset)" : "off", took);
+        }
+        for (int i = 0; i < r[0].n_out; i++)
+            cr_assert(memcmp(r[0].out[i], r[1].out[i], (size_t)r[0].n_o[i] * sizeof(real)) == 0,
+                      "case %zu: output %d differs from the general kernels'", cs, i);
+        for (int i = 0; i < n; i++)
+            cr_assert(memcmp(r[0].grad[i], r[1].grad[i], (size_t)r[0].n_g[i] * sizeof(real)) == 0,
+                      "case %zu: %s differs from the general kernels'", cs, GDN_GRAD_NAMES[i]);
+        bool same = memcmp(o[0], o[1], (size_t)no * sizeof(real)) == 0;
+        same = same && memcmp(sT[0], sT[1], (size_t)ns * sizeof(real)) == 0;
+        cr_assert(same, "case %zu: an unrecorded forward differs from the general kernels'", cs);
+        for (int f = 0; f < 2; f++) run_free(&r[f]), free(o[f]), free(sT[f]);
+        gdn_free_inputs(x);
+    }
 }
 
 // ---------------------------------------------------------------- 3. Gated DeltaProduct
