@@ -4,7 +4,9 @@
 // lines of their CPU twins (gdn_kernel.h): gdn_chunk.cu (gdn_chunk.c, the
 // forward), gdn_chunk_backward.cu (gdn_chunk_backward.c), gdn_scan.cu (the
 // state's recurrence across chunks, both passes), gdn_naive.cu (gdn_naive.c);
-// gdn_chunk.cuh holds the per-chunk kernels' block-wide steps.
+// gdn_chunk.cuh holds the per-chunk kernels' block-wide steps; gdn_chunk64.cu
+// the bf16 forms of forward 1 and 3 and backward 1 below at heads of 64 and
+// chunks of at most 64 (4-warp blocks, products in registers, the same bits).
 //
 // The plan of the kernels, all files together:
 //
