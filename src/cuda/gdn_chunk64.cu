@@ -32,7 +32,7 @@ extern "C" int cu_gdn_chunk64_launches(void) { return gdn_chunk64_launches; }
 
 #define P64_NT 128                // threads: 4 warps
 #define P64_P BF_PITCH            // bf16 row pitch of a tile of 64 columns (gdn_bf16.cuh)
-static_assert(BF_TILE == 64, "prep64: tiles of 64");
+static_assert(BF_TILE == 64, "gdn_chunk64: BF_PITCH is a pitch for rows of 64");
 
 typedef __nv_bfloat16 bf16;
 
@@ -97,9 +97,9 @@ __device__ __forceinline__ void put64(real *C, int64_t ld, const float acc[8][4]
 }
 
 // A chunk's decays as chunk_prepare makes them: Gamma (the running sum of
-// g, in double), beta, the documents' starts db, bm = exp(Gamma_i) (0 past
-// a start in the chunk), ek = exp(Gamma_{L-1} - Gamma_i) (0 before the last
-// start).
+// g, in double), beta, db (where row i's document starts in the chunk, -1:
+// before it), bm = exp(Gamma_i) (0 where db >= 0: no state reaches the row),
+// ek = exp(Gamma_{L-1} - Gamma_i) (0 before the last row's document start).
 struct Decay64 {
     double G[64];
     real bet[64], bm[64], ek[64];
