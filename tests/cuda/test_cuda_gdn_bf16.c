@@ -454,8 +454,9 @@ static void forward_only(Tensor *const *x, int n, const GdnCtx *c, real **o, rea
 // gradient of recorded runs, and the outputs of unrecorded forwards,
 // over documents, s0, short chunks (40: a partial step of 16; a chunk of
 // 128 on 20 positions: the solve's one-register form) and a short last
-// chunk. The default must have taken them (three kernels in a recorded
-// run, two in a forward), off none.
+// chunk; a backward from S_T's gradient alone (no dO) and from o's alone.
+// The default must have taken them (three kernels in a recorded run, two
+// in a forward), off none.
 Test(cuda_gdn_bf16, chunk64_gives_the_same_bits) {
     cuda_require();
     enum { T = 200 };
@@ -466,12 +467,16 @@ Test(cuda_gdn_bf16, chunk64_gives_the_same_bits) {
         int B, T, H, C;
         bool s0;
         const int *doc;
-    } cases[] = {{2, T, 2, 64, true, doc}, {1, 300, 2, 40, true, NULL}, {2, 63, 1, 64, false, NULL},
-                 {1, 20, 2, 128, true, NULL}, {2, 130, 3, 32, true, NULL}};
+        int outs;   // GdnCtx.outs of the recorded run
+    } cases[] = {{2, T, 2, 64, true, doc, 3},   {1, 300, 2, 40, true, NULL, 3}, {2, 63, 1, 64, false, NULL, 3},
+                 {1, 20, 2, 128, true, NULL, 3}, {2, 130, 3, 32, true, NULL, 3}, {1, 150, 2, 64, true, doc, 2},
+                 {1, 150, 2, 64, true, NULL, 1}};
     for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
         Tensor *x[N_IN];
         gdn_test_inputs(x, cases[cs].B, cases[cs].T, cases[cs].H, 64, 64, REG_PLAIN, cases[cs].s0, true, 880 + cs);
-        GdnCtx c = {cases[cs].H, cases[cs].C, MIXER_FORM_CHUNKED, cases[cs].doc, 3};
+        GdnCtx c = {cases[cs].H, cases[cs].C, MIXER_FORM_CHUNKED, cases[cs].doc, cases[cs].outs};
+        GdnCtx both = c;
+        both.outs = 3;
         int n = cases[cs].s0 ? N_IN : IS0;
         Run r[2];
         real *o[2], *sT[2];
@@ -480,7 +485,7 @@ Test(cuda_gdn_bf16, chunk64_gives_the_same_bits) {
             if (!fast) setenv("ATTNLAB_GDN_CHUNK64", "off", 1);
             int before = cu_gdn_chunk64_launches();
             r[fast] = gpu_run(gdn_test_op, x, n, &c, true);
-            forward_only(x, n, &c, &o[fast], &sT[fast], &no, &ns);
+            forward_only(x, n, &both, &o[fast], &sT[fast], &no, &ns);
             int took = cu_gdn_chunk64_launches() - before;
             unsetenv("ATTNLAB_GDN_CHUNK64");
             cr_assert(fast ? took == 5 : took == 0, "case %zu: ATTNLAB_GDN_CHUNK64=%s launched %d of its kernels", cs,
