@@ -182,9 +182,9 @@ __global__ void __launch_bounds__(P64_NT) k_gdn_fwd_prep64(GdnArgs a) {
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int L = m.L;
-        int64_t rt = (int64_t)m.b * a.T + m.t0, r = m.bh * a.T + m.t0;
-        const real *k = a.k + rt * a.ldk + (int64_t)m.h * 64, *v = a.v + rt * a.ldv + (int64_t)m.h * 64;
-        stage64(s.k, k, a.ldk, L, one64);
+        int64_t r = m.bh * a.T + m.t0;
+        ChunkIn in = chunk_in(a, m.b, m.h, m.t0);
+        stage64(s.k, in.k, in.ldk, L, one64);
         decays64(a, m, s.d);
         // KK = K K^T; A_ij = beta_i E_ij KK_ij (j < i), as A^T for the solve.
         float acc[8][4];
@@ -202,8 +202,8 @@ __global__ void __launch_bounds__(P64_NT) k_gdn_fwd_prep64(GdnArgs a) {
         if (L <= 32) solve_warps<1, P64_NT / 32>(s.Tm, s.At, L);
         else solve_warps<2, P64_NT / 32>(s.Tm, s.At, L);
         // Xw = diag(beta b) K, Xu = diag(beta) V (tiles the solve does not read).
-        stage64(s.xw, k, a.ldk, L, [&](int i) { return s.d.bet[i] * s.d.bm[i]; });
-        stage64(s.xu, v, a.ldv, L, [&](int i) { return s.d.bet[i]; });
+        stage64(s.xw, in.k, in.ldk, L, [&](int i) { return s.d.bet[i] * s.d.bm[i]; });
+        stage64(s.xu, in.v, in.ldv, L, [&](int i) { return s.d.bet[i]; });
         __syncthreads();
         // Tm rounded into its tile, and into the op's rows when recorded.
         real *tmo = a.Tmb ? a.Tmb + r * a.Cw : NULL;
@@ -244,6 +244,7 @@ __global__ void __launch_bounds__(P64_NT) k_gdn_fwd_out64(GdnArgs a) {
         Item m = item_of(a, it);
         int L = m.L;
         int64_t rt = (int64_t)m.b * a.T + m.t0, r = m.bh * a.T + m.t0;
+        // (q, k by hand, not chunk_in: with it ptxas takes 129 registers, one block fewer a multiprocessor)
         stage64(s.q, a.q + rt * a.ldk + (int64_t)m.h * 64, a.ldk, L, one64);
         stage64(s.k, a.k + rt * a.ldk + (int64_t)m.h * 64, a.ldk, L, one64);
         stage64(s.s0, a.states + (m.bh * a.NC + m.c) * 4096, 64, 64, one64);
@@ -289,18 +290,19 @@ __global__ void __launch_bounds__(P64_NT) k_gdn_bwd_prep64(GdnArgs a) {
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
         int L = m.L;
-        int64_t rt = (int64_t)m.b * a.T + m.t0, r = m.bh * a.T + m.t0;
-        const real *dO = a.dout ? a.dout + rt * a.ldv + (int64_t)m.h * 64 : NULL;
+        int64_t r = m.bh * a.T + m.t0;
+        ChunkIn in = chunk_in(a, m.b, m.h, m.t0);
+        const real *dO = in.dO;
         if (dO) {
-            stage64(s.q, a.q + rt * a.ldk + (int64_t)m.h * 64, a.ldk, L, one64);
-            stage64(s.k, a.k + rt * a.ldk + (int64_t)m.h * 64, a.ldk, L, one64);
-            stage64(s.dO, dO, a.ldv, L, one64);
+            stage64(s.q, in.q, in.ldk, L, one64);
+            stage64(s.k, in.k, in.ldk, L, one64);
+            stage64(s.dO, dO, in.ldv, L, one64);
         }
         decays64(a, m, s.d);
         for (int i = tid; i < L; i += P64_NT) a.ekb[r + i] = s.d.ek[i];
         if (tid == 0) a.blb[m.bh * a.NC + m.c] = s.d.bm[L - 1];
         if (dO) {
-            stage64(s.y, dO, a.ldv, L, [&](int i) { return s.d.bm[i]; });   // dY = diag(b) dO
+            stage64(s.y, dO, in.ldv, L, [&](int i) { return s.d.bm[i]; });   // dY = diag(b) dO
             float acc[8][4];
             scores64(acc, s.q, s.k, s.d, docs, L);
             put64(a.Pb + r * a.Cw, L, acc, L, L);
