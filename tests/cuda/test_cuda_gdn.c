@@ -614,27 +614,36 @@ Test(cuda_gdn, workspace_in_shared_memory_gives_the_same_bits) {
     device_set_bf16(DEVICE_CUDA, false);
 }
 
-// An ATTNLAB_GDN_WS the kernels do not know is refused by name, with the
-// values they take, before any launch.
-Test(cuda_gdn, workspace_setting_refuses_unknown_values) {
+// op_gdn's chunked forward (one head, dk = dv, chunk C, bf16 products or
+// not) with the environment's `var` set to `value`: it must fail before any
+// launch, its message naming var, 'value' and `takes` (what var takes).
+void gdn_expect_setting_refused(const char *var, const char *value, const char *takes, int dk, int C, bool bf16) {
     cuda_require();
     Tensor *x[N_IN];
-    gdn_test_inputs(x, 1, 20, 1, 16, 16, REG_PLAIN, false, false, 590);
+    gdn_test_inputs(x, 1, 20, 1, dk, dk, REG_PLAIN, false, false, 590);
     Tape tp;
     tape_init_on(&tp, DEVICE_CUDA);
     Tensor *d[IS0];
     for (int i = 0; i < IS0; i++) d[i] = tape_tensor_copy(&tp, x[i]->ndim, x[i]->shape, x[i]->data);
-    setenv("ATTNLAB_GDN_WS", "forward", 1);
+    device_set_bf16(DEVICE_CUDA, bf16);
+    setenv(var, value, 1);
     Tensor *sT = NULL;
-    cr_assert(EXPECT_FAILURE(op_gdn(&tp, d[IQ], d[IK], d[IV], d[IBETA], d[IG], NULL, NULL, 1, MIXER_FORM_CHUNKED, 16,
-                                    &sT)),
-              "ATTNLAB_GDN_WS = forward was taken");
-    unsetenv("ATTNLAB_GDN_WS");
+    bool failed = EXPECT_FAILURE(
+        op_gdn(&tp, d[IQ], d[IK], d[IV], d[IBETA], d[IG], NULL, NULL, 1, MIXER_FORM_CHUNKED, C, &sT));
+    unsetenv(var);
+    device_set_bf16(DEVICE_CUDA, false);
+    cr_assert(failed, "%s = %s was taken", var, value);
     const char *msg = ag_last_error();
-    cr_assert(strstr(msg, "ATTNLAB_GDN_WS") && strstr(msg, "'forward'") &&
-                  strstr(msg, "backward (the default), shared or global"),
-              "message: %s", msg);
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "'%s'", value);
+    cr_assert(strstr(msg, var) && strstr(msg, quoted) && strstr(msg, takes), "message: %s", msg);
     dev_sync(DEVICE_CUDA);
     tape_free(&tp);
     gdn_free_inputs(x);
+}
+
+// An ATTNLAB_GDN_WS the kernels do not know is refused by name, with the
+// values they take, before any launch.
+Test(cuda_gdn, workspace_setting_refuses_unknown_values) {
+    gdn_expect_setting_refused("ATTNLAB_GDN_WS", "forward", "backward (the default), shared or global", 16, 16, false);
 }

@@ -1,6 +1,6 @@
 // test_cuda_gdn.h: what test_cuda_gdn.c lends the other GPU tests of op_gdn
-// (test_cuda_gdn_bf16.c): the inputs of the decay regimes and the op as a
-// GradcheckFn.
+// (test_cuda_gdn_bf16.c): the inputs of the decay regimes, the op as a
+// GradcheckFn, and the check that a setting's unknown value is refused.
 #ifndef TEST_CUDA_GDN_H
 #define TEST_CUDA_GDN_H
 
@@ -28,5 +28,10 @@ typedef struct {
 // op_gdn of x (n inputs: IS0 or N_IN) with ctx a GdnCtx: the outputs its
 // outs asks for (a GradcheckFn, cuda_check.h).
 int gdn_test_op(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs);
+
+// op_gdn's chunked forward (one head of dk = dv, chunk C, bf16 products or
+// not) with the environment's `var` set to `value` must fail before any
+// launch, its message naming var, 'value' and `takes` (what var takes).
+void gdn_expect_setting_refused(const char *var, const char *value, const char *takes, int dk, int C, bool bf16);
 
 #endif

@@ -508,27 +508,7 @@ Test(cuda_gdn_bf16, chunk64_gives_the_same_bits) {
 // An ATTNLAB_GDN_CHUNK64 other than on or off is refused by name, with the
 // values it takes, before any launch.
 Test(cuda_gdn_bf16, chunk64_setting_refuses_unknown_values) {
-    cuda_require();
-    Tensor *x[N_IN];
-    gdn_test_inputs(x, 1, 20, 1, 64, 64, REG_PLAIN, false, false, 895);
-    Tape tp;
-    tape_init_on(&tp, DEVICE_CUDA);
-    Tensor *d[IS0];
-    for (int i = 0; i < IS0; i++) d[i] = tape_tensor_copy(&tp, x[i]->ndim, x[i]->shape, x[i]->data);
-    device_set_bf16(DEVICE_CUDA, true);
-    setenv("ATTNLAB_GDN_CHUNK64", "yes", 1);
-    Tensor *sT = NULL;
-    bool failed = EXPECT_FAILURE(
-        op_gdn(&tp, d[IQ], d[IK], d[IV], d[IBETA], d[IG], NULL, NULL, 1, MIXER_FORM_CHUNKED, 64, &sT));
-    unsetenv("ATTNLAB_GDN_CHUNK64");
-    device_set_bf16(DEVICE_CUDA, false);
-    cr_assert(failed, "ATTNLAB_GDN_CHUNK64 = yes was taken");
-    const char *msg = ag_last_error();
-    cr_assert(strstr(msg, "ATTNLAB_GDN_CHUNK64") && strstr(msg, "'yes'") && strstr(msg, "on (the default) or off"),
-              "message: %s", msg);
-    dev_sync(DEVICE_CUDA);
-    tape_free(&tp);
-    gdn_free_inputs(x);
+    gdn_expect_setting_refused("ATTNLAB_GDN_CHUNK64", "yes", "on (the default) or off", 64, 64, true);
 }
 
 // ---------------------------------------------------------------- 3. Gated DeltaProduct
