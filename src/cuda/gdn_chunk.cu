@@ -82,15 +82,16 @@ extern "C" size_t cu_gdn_in_shared_last(void) { return gdn_in_last; }
 template <bool BF, bool SM> static void fwd_launch_ws(Node *n, GdnArgs &a) {
     static WsGrids grids;
     int gp, go;
-    ws_plan<SM, SM>(n, a, false, k_gdn_fwd_prep<BF, SM>, k_gdn_fwd_out<BF, SM>, grids, &gp, &go);
 #ifndef AG_DOUBLE
-    if (BF && gdn_chunk64_takes(a)) {   // the same bits (gdn_chunk64.cu)
+    if (BF && gdn_chunk64_takes(a)) {   // the same bits (gdn_chunk64.cu), without the workspace
+        gdn_ws_last[0] = 0;
         gdn_fwd_prep64(a);
         gdn_scan(n, a, false);
         gdn_fwd_out64(a);
         return;
     }
 #endif
+    ws_plan<SM, SM>(n, a, false, k_gdn_fwd_prep<BF, SM>, k_gdn_fwd_out<BF, SM>, grids, &gp, &go);
     k_gdn_fwd_prep<BF, SM><<<gp, GDN_NT, a.ws_shared, cu_stream>>>(a);
     CU_LAUNCHED();
     gdn_scan(n, a, false);
