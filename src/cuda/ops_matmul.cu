@@ -32,11 +32,29 @@ __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
     CU_FOR(i, n) dst[i] = __float2bfloat16_rn(src[i]);   // a NaN stays a NaN
 }
 
-// n reals rounded to bf16 into d (device memory).
+// The same, four at a time (src 16-byte and dst 8-byte aligned): n4 groups.
+__global__ void k_to_bf16_x4(uint2 *dst, const float4 *src, int64_t n4) {
+    CU_FOR(i, n4) {
+        float4 x = src[i];
+        __nv_bfloat162 lo = __halves2bfloat162(__float2bfloat16_rn(x.x), __float2bfloat16_rn(x.y));
+        __nv_bfloat162 hi = __halves2bfloat162(__float2bfloat16_rn(x.z), __float2bfloat16_rn(x.w));
+        dst[i] = make_uint2(*reinterpret_cast<unsigned *>(&lo), *reinterpret_cast<unsigned *>(&hi));
+    }
+}
+
+// n reals rounded to bf16 into d (device memory): groups of four where both
+// are aligned for them, the rest one at a time.
 static void to_bf16(__nv_bfloat16 *d, const real *src, int64_t n) {
     if (n <= 0) return;
-    k_to_bf16<<<cu_grid(n), CU_THREADS, 0, cu_stream>>>(d, src, n);
-    CU_LAUNCHED();
+    int64_t n4 = ((uintptr_t)src & 15) == 0 && ((uintptr_t)d & 7) == 0 ? n / 4 : 0;
+    if (n4 > 0) {
+        k_to_bf16_x4<<<cu_grid(n4), CU_THREADS, 0, cu_stream>>>((uint2 *)d, (const float4 *)src, n4);
+        CU_LAUNCHED();
+    }
+    if (n > 4 * n4) {
+        k_to_bf16<<<cu_grid(n - 4 * n4), CU_THREADS, 0, cu_stream>>>(d + 4 * n4, src + 4 * n4, n - 4 * n4);
+        CU_LAUNCHED();
+    }
 }
 
 // The rounded operands of a bf16 product, kept for its backward (n->saved,
