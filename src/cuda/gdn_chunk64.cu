@@ -129,6 +129,13 @@ __device__ void decays64(const GdnArgs &a, const Item &m, Decay64 &d) {
     __syncthreads();
 }
 
+// Chunk m's ek into the op's rows (from row r) and its b_{L-1} into its slot,
+// for the backward's chunk kernel. No barrier.
+__device__ __forceinline__ void decays_out64(const GdnArgs &a, const Item &m, int64_t r, const Decay64 &d) {
+    for (int i = threadIdx.x; i < m.L; i += P64_NT) a.ekb[r + i] = d.ek[i];
+    if (threadIdx.x == 0) a.blb[m.bh * a.NC + m.c] = d.bm[m.L - 1];
+}
+
 // E_ij = exp(Gamma_i - Gamma_j) inside row i's document (j >= db[i]), j <= i; else 0.
 __device__ __forceinline__ real decay64(const Decay64 &d, bool docs, int i, int j) {
     int j0 = docs && d.db[i] > 0 ? d.db[i] : 0;
@@ -222,8 +229,7 @@ __global__ void __launch_bounds__(P64_NT) k_gdn_fwd_prep64(GdnArgs a) {
         acc_zero(acc);
         mma64(acc, s.tm, false, s.xu, false, nk);
         put64((a.Usv ? a.Usv : a.Ub) + r * 64, 64, acc, L, 64);
-        for (int i = tid; i < L; i += P64_NT) a.ekb[r + i] = s.d.ek[i];
-        if (tid == 0) a.blb[m.bh * a.NC + m.c] = s.d.bm[L - 1];
+        decays_out64(a, m, r, s.d);
         __syncthreads();   // the next chunk rewrites the tiles
     }
 }
@@ -285,7 +291,6 @@ struct Bprep64 {
 __global__ void __launch_bounds__(P64_NT) k_gdn_bwd_prep64(GdnArgs a) {
     extern __shared__ __align__(16) unsigned char smem[];
     Bprep64 &s = *reinterpret_cast<Bprep64 *>(smem);
-    int tid = threadIdx.x;
     bool docs = a.first != NULL;
     for (int64_t it = blockIdx.x; it < a.items; it += gridDim.x) {
         Item m = item_of(a, it);
@@ -299,8 +304,7 @@ __global__ void __launch_bounds__(P64_NT) k_gdn_bwd_prep64(GdnArgs a) {
             stage64(s.dO, dO, in.ldv, L, one64);
         }
         decays64(a, m, s.d);
-        for (int i = tid; i < L; i += P64_NT) a.ekb[r + i] = s.d.ek[i];
-        if (tid == 0) a.blb[m.bh * a.NC + m.c] = s.d.bm[L - 1];
+        decays_out64(a, m, r, s.d);
         if (dO) {
             stage64(s.y, dO, in.ldv, L, [&](int i) { return s.d.bm[i]; });   // dY = diag(b) dO
             float acc[8][4];

@@ -91,10 +91,10 @@ __global__ void k_silu_mul_back_x4(const float4 *g, const float4 *x, const float
                                    float4 *dx, bool fx, bool same, int64_t N4) {
     CU_FOR(i, N4) {
         float4 a = g[i], b = same ? a : x[i], d = dy[i], eg = dg && !fg ? dg[i] : a, ex = dx && !fx ? dx[i] : a;
-        silu_mul_back1(a.x, b.x, d.x, &eg.x, fg, &ex.x, fx, same);
-        silu_mul_back1(a.y, b.y, d.y, &eg.y, fg, &ex.y, fx, same);
-        silu_mul_back1(a.z, b.z, d.z, &eg.z, fg, &ex.z, fx, same);
-        silu_mul_back1(a.w, b.w, d.w, &eg.w, fg, &ex.w, fx, same);
+        silu_mul_back1(a.x, b.x, d.x, dg ? &eg.x : NULL, fg, dx ? &ex.x : NULL, fx, same);
+        silu_mul_back1(a.y, b.y, d.y, dg ? &eg.y : NULL, fg, dx ? &ex.y : NULL, fx, same);
+        silu_mul_back1(a.z, b.z, d.z, dg ? &eg.z : NULL, fg, dx ? &ex.z : NULL, fx, same);
+        silu_mul_back1(a.w, b.w, d.w, dg ? &eg.w : NULL, fg, dx ? &ex.w : NULL, fx, same);
         if (dg) dg[i] = eg;
         if (dx) dx[i] = ex;
     }
