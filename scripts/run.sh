@@ -19,7 +19,8 @@ PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev libdnnl-dev li
 # The test command also builds the libFuzzer targets (clang) for a short smoke
 # run, and checks the PyTorch loader of checkpoints (python3-torch, python3-h5py) and
 # its BPE encoding (python3-regex: the split patterns' \p{L} classes).
-TEST_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev python3-torch python3-h5py python3-regex)
+# strace: the check that scripts/pack_ompi.sh's copy of Open MPI runs on its own.
+TEST_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev python3-torch python3-h5py python3-regex strace)
 # The user programs, linked into bin/ after `scripts/run.sh main|build` (longctx: the
 # synthetic long-context tasks, passkey and MQAR, at growing lengths).
 PROGRAMS=(train generate evaluate export_model tokenize longctx)
@@ -122,6 +123,8 @@ test)
     for dir in build-f32 build-f64; do
         tests/test_outside.sh "$dir" || { echo "== FAILED: tests/test_outside.sh $dir"; exit 1; }
     done
+    echo "== Open MPI copied for a machine without MPI: two ranks from scripts/pack_ompi.sh's copy (at $(at))"
+    tests/test_pack_ompi.sh build-f32 || { echo "== FAILED: tests/test_pack_ompi.sh"; exit 1; }
     echo "== llama.cpp runs the exported GGUF models (the npm package @node-llama-cpp/linux-x64) (at $(at))"
     tests/test_llama.sh build-f32 || { echo "== FAILED: tests/test_llama.sh"; exit 1; }
     echo "== the README's first hour, as written, in a fresh clone (at $(at))"
