@@ -350,6 +350,29 @@ Test(bpe_hostile, tokenize_bounds_its_input, .timeout = 240) {
     cr_assert(code == 1 && strstr(err, "a28x20.txt: the input is 580 bytes, more than the 100 this program reads (raise "
                                        "it with --max-input BYTES, or split the file)"), "%d %s", code, err);
     free(err);
+    // decode reads the whole input: an id file with a NUL byte (or any other
+    // byte that is not a digit or white space) is refused there, not read up
+    // to the NUL; vertical tab and form feed separate ids as Python's split does.
+    snprintf(path, sizeof path, "%s/ids.txt", dir);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    static const char nul[] = "15496\v11\f995 108\0 99", ok[] = "15496\v11\f995\n";
+    fwrite(nul, 1, sizeof nul - 1, f);
+    fclose(f);
+    code = tokenize(dir, (char *[]){"decode", "--tokenizer", "gpt2", "--in", path, NULL}, NULL, &err);
+    cr_assert_eq(code, 1, "%s", err);
+    cr_assert_str_eq(err, "tokenize decode: token 3: '108\\x00 99' is not an id (a whole number >= 0)\n");
+    free(err);
+    f = fopen(path, "wb");
+    fwrite(ok, 1, sizeof ok - 1, f);
+    fclose(f);
+    code = tokenize(dir, (char *[]){"decode", "--tokenizer", "gpt2", "--in", path, NULL}, NULL, &err);
+    char out[1200], *text;
+    snprintf(out, sizeof out, "%s/tokenize.out", dir);
+    text = test_read_file(out);
+    cr_assert(code == 0 && !strcmp(text, "Hello, world"), "%d '%s' %s", code, text, err);
+    free(text);
+    free(err);
     // The attacks' tokenizer files and patterns: refused at once.
     code = tokenize(dir, (char *[]){"encode", "--tokenizer", HOSTILE "nested_quantifier_pattern.tok", "--in",
                                     HOSTILE "a28x20.txt", NULL}, NULL, &err);

@@ -276,21 +276,36 @@ static int cmd_encode(int argc, char **argv) {
     return 0;
 }
 
+// Up to 20 bytes of [p, stop) for a message: printable ASCII as it is, any other byte as \xNN.
+static void excerpt(char out[96], const char *p, const char *stop) {
+    size_t k = 0;
+    for (int i = 0; i < 20 && p + i < stop; i++) {
+        unsigned char c = (unsigned char)p[i];
+        k += (size_t)snprintf(out + k, 96 - k, c >= 32 && c < 127 && c != '\\' ? "%c" : "\\x%02x", c);
+    }
+    out[k] = 0;
+}
+
 static int cmd_decode(int argc, char **argv) {
     Args a = parse_args("decode", argc, argv, " --tokenizer --in --out --max-input ", HELP_DECODE);
     Bpe *b = open_tokenizer("decode", a.tokenizer);
     int64_t n, m = 0;
-    char *text = (char *)read_all("decode", a.in, a.max_input, &n), *p = text;
+    char *text = (char *)read_all("decode", a.in, a.max_input, &n), *p = text, *stop = text + n;
     int *ids = xmalloc((size_t)(n / 2 + 1) * sizeof *ids);
+    // Ids in decimal between white space (as Python's split takes it); any
+    // other byte, a NUL included (the whole input is read, not a C string
+    // up to its first NUL), is not an id.
+    const char *white = " \n\t\r\v\f";
     for (;;) {
-        while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
-        if (!*p) break;
+        while (p < stop && *p && strchr(white, *p)) p++;
+        if (p == stop) break;
         char *end;
         errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT_MAX || (*end && !strchr(" \n\t\r", *end))) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "token %lld: '%.20s' is not an id (a whole number >= 0)", (long long)m, p);
+        long v = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : (end = p, 0);   // (strtol takes "+5", " 5")
+        if (end == p || errno || v > INT_MAX || (end < stop && !(*end && strchr(white, *end)))) {
+            char msg[200], at[96];
+            excerpt(at, p, stop);
+            snprintf(msg, sizeof msg, "token %lld: '%s' is not an id (a whole number >= 0)", (long long)m, at);
             fail("decode", msg);
         }
         ids[m++] = (int)v;
