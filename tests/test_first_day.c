@@ -56,8 +56,17 @@ Test(first_day, evaluate_usage_and_errors_read_like_trains) {
     cr_assert_eq(run_prog("train", (char *[]){"--bogus", NULL}, &out, &err), 2);
     cr_assert_str_eq(err, "train: unknown or incomplete argument '--bogus' (see train --help)\n");
     free(out), free(err);
+    // A value error says what is wrong with the value, once (not also "unknown
+    // argument"); a size past the limit with its k is refused, not overflowed.
     cr_assert_eq(run_prog("evaluate", (char *[]){"--device", "tpu", NULL}, &out, &err), 2);
-    cr_assert(strstr(err, "evaluate: --device 'tpu': expected cpu or cuda"), "%s", err);
+    cr_assert_str_eq(err, "evaluate: --device 'tpu': expected cpu or cuda\n");
+    free(out), free(err);
+    cr_assert_eq(run_prog("evaluate", (char *[]){"--window", "0", NULL}, &out, &err), 2);
+    cr_assert_str_eq(err, "evaluate: --window: '0' is not an integer in [1, 1048576]\n");
+    free(out), free(err);
+    cr_assert_eq(run_prog("evaluate", (char *[]){"--buckets", "16,9223372036854775807k", NULL}, &out, &err), 2);
+    cr_assert_str_eq(err, "evaluate: --buckets: '16,9223372036854775807k' is not a list of at most 64 increasing "
+                          "positive sizes (e.g. 256,1k,4k)\n");
     free(out), free(err);
 }
 

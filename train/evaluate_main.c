@@ -256,7 +256,7 @@ static int parse_edges(const char *v, int64_t *edges, int max) {
         char *end;
         errno = 0;
         long long e = strtoll(p, &end, 10);
-        if (end == p || errno || e < 1) break;
+        if (end == p || errno || e < 1 || (*end == 'k' && e > ((int64_t)1 << 40) / 1024)) break;   // (no overflow)
         if (*end == 'k') e *= 1024, end++;
         if (k == max || (k && e <= edges[k - 1]) || e > ((int64_t)1 << 40)) break;
         edges[k++] = e;
@@ -387,7 +387,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     PosOptions *po = &a->po;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
-        bool has = i + 1 < argc, ok = true;
+        bool has = i + 1 < argc, ok = true, known = true;   // known: a value error, already said
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
             usage(stdout);
             return 0;
@@ -396,7 +396,7 @@ static int parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(o, "--json")) a->json = true;
         else if (!strcmp(o, "--val")) a->val = true;
         else if (!strcmp(o, "--positions")) a->positions = true;
-        else if (!has) ok = false;
+        else if (!has) ok = known = false;
         else if (!strcmp(o, "--checkpoint")) a->ckpt = argv[++i];
         else if (!strcmp(o, "--text")) a->text = argv[++i];
         else if (!strcmp(o, "--logits")) a->logits_path = argv[++i];
@@ -424,10 +424,9 @@ static int parse_args(int argc, char **argv, Args *a) {
             po->seplen = doctext_unescape(argv[++i], po->sep, sizeof po->sep);
             if (po->seplen <= 0) fprintf(stderr, "evaluate: --doc-sep: '%s' is empty, too long or has a bad escape\n", argv[i]);
             ok = po->seplen > 0;
-        } else ok = false;
+        } else ok = known = false;
         if (!ok) {
-            if (!has || !strncmp(o, "--", 2))
-                fprintf(stderr, "evaluate: unknown or incomplete argument '%s' (see evaluate --help)\n", o);
+            if (!known) fprintf(stderr, "evaluate: unknown or incomplete argument '%s' (see evaluate --help)\n", o);
             return 2;
         }
     }
