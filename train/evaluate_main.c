@@ -387,7 +387,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     PosOptions *po = &a->po;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
-        bool has = i + 1 < argc, ok = true, known = true;   // known: a value error, already said
+        bool has = i + 1 < argc, ok = true, known = true;   // known: an option with its value (its error said)
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
             usage(stdout);
             return 0;

@@ -267,7 +267,10 @@ static int cmd_encode(int argc, char **argv) {
     int *ids = xmalloc((size_t)(n + 1) * sizeof *ids);
     Status st;
     int64_t m = bpe_encode_checked(b, text, n, ids, a.allow_special ? BPE_ALLOW_SPECIAL : 0, &st);
-    if (m < 0) fail("encode", st.msg);
+    if (m < 0) {
+        free(ids), free(text), bpe_free(b);
+        fail("encode", st.msg);
+    }
     FILE *f = open_out("encode", &a);
     for (int64_t i = 0; i < m; i++) fprintf(f, i ? " %d" : "%d", ids[i]);
     fputc('\n', f);
@@ -306,6 +309,7 @@ static int cmd_decode(int argc, char **argv) {
             char msg[200], at[96];
             excerpt(at, p, stop);
             snprintf(msg, sizeof msg, "token %lld: '%s' is not an id (a whole number >= 0)", (long long)m, at);
+            free(ids), free(text), bpe_free(b);   // (nothing left for LeakSanitizer at the exit)
             fail("decode", msg);
         }
         ids[m++] = (int)v;
@@ -314,7 +318,10 @@ static int cmd_decode(int argc, char **argv) {
     Status st;
     int64_t len;
     uint8_t *bytes = bpe_decode(b, ids, m, &len, &st);
-    if (!bytes) fail("decode", st.msg);
+    if (!bytes) {
+        free(ids), free(text), bpe_free(b);
+        fail("decode", st.msg);
+    }
     FILE *f = open_out("decode", &a);
     fwrite(bytes, 1, (size_t)len, f);
     close_out("decode", f);
