@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -141,19 +142,27 @@ static Status trim_one(const RunDir *rd, const char *name, bool json, int64_t st
     int64_t n;
     s = file_read_all(path, "log", (int64_t)1 << 34, &data, &n);
     if (!s.ok) return s;
-    const char *t = (const char *)data;
-    size_t keep = 0;
-    while (keep < (size_t)n) {
-        const char *nl = memchr(t + keep, '\n', (size_t)n - keep);
+    // Whole lines up to the step kept in place (out <= at); a line with a NUL
+    // byte (what a machine that lost power can leave in a file) is damaged:
+    // dropped, with a word, rather than cutting the file at its NUL.
+    char *t = (char *)data;
+    size_t at = 0, out = 0;
+    int damaged = 0;
+    while (at < (size_t)n) {
+        const char *nl = memchr(t + at, '\n', (size_t)n - at);
         if (!nl) break;   // an incomplete last line
-        size_t len = (size_t)(nl - (t + keep));
-        if (line_step(t + keep, len, json) > step) break;
-        keep += len + 1;
+        size_t len = (size_t)(nl - (t + at));
+        if (memchr(t + at, 0, len)) damaged++;
+        else if (line_step(t + at, len, json) > step) break;
+        else {
+            memmove(t + out, t + at, len + 1);
+            out += len + 1;
+        }
+        at += len + 1;
     }
-    if (keep < (size_t)n) {
-        data[keep] = 0;
-        s = run_dir_write_file(rd, name, (const char *)data);
-    }
+    if (damaged)
+        fprintf(stderr, "train: %s: %d damaged line%s (NUL bytes) dropped\n", path, damaged, damaged > 1 ? "s" : "");
+    if (out < (size_t)n) s = file_replace(path, name, t, out, 0);
     free(data);
     return s;
 }
