@@ -289,23 +289,24 @@ static void excerpt(char out[96], const char *p, const char *stop) {
     out[k] = 0;
 }
 
+// A byte between ids: white space as Python's split takes it (a NUL is not).
+static bool id_sep(char c) { return c && strchr(" \n\t\r\v\f", c); }
+
 static int cmd_decode(int argc, char **argv) {
     Args a = parse_args("decode", argc, argv, " --tokenizer --in --out --max-input ", HELP_DECODE);
     Bpe *b = open_tokenizer("decode", a.tokenizer);
     int64_t n, m = 0;
     char *text = (char *)read_all("decode", a.in, a.max_input, &n), *p = text, *stop = text + n;
     int *ids = xmalloc((size_t)(n / 2 + 1) * sizeof *ids);
-    // Ids in decimal between white space (as Python's split takes it); any
-    // other byte, a NUL included (the whole input is read, not a C string
-    // up to its first NUL), is not an id.
-    const char *white = " \n\t\r\v\f";
+    // Ids in decimal between id_sep bytes; any other byte, a NUL included
+    // (the whole input is read, not a C string up to its first NUL), is not an id.
     for (;;) {
-        while (p < stop && *p && strchr(white, *p)) p++;
+        while (p < stop && id_sep(*p)) p++;
         if (p == stop) break;
         char *end;
         errno = 0;
         long v = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : (end = p, 0);   // (strtol takes "+5", " 5")
-        if (end == p || errno || v > INT_MAX || (end < stop && !(*end && strchr(white, *end)))) {
+        if (end == p || errno || v > INT_MAX || (end < stop && !id_sep(*end))) {
             char msg[200], at[96];
             excerpt(at, p, stop);
             snprintf(msg, sizeof msg, "token %lld: '%s' is not an id (a whole number >= 0)", (long long)m, at);
