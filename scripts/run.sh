@@ -119,10 +119,11 @@ test)
         run_tests build-asan "float64 + ASan/UBSan/LSan"
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         run_tests build-asan-f32 "float32 + ASan/UBSan/LSan"
-    echo "== from outside: install, examples, export, the PyTorch loader (at $(at))"
+    echo "== from outside: install, examples, export, the PyTorch loader, the Python and bench tools (at $(at))"
     for dir in build-f32 build-f64; do
         tests/test_outside.sh "$dir" || { echo "== FAILED: tests/test_outside.sh $dir"; exit 1; }
     done
+    tests/test_tools.sh || { echo "== FAILED: tests/test_tools.sh"; exit 1; }
     echo "== Open MPI copied for a machine without MPI: two ranks from scripts/pack_ompi.sh's copy (at $(at))"
     tests/test_pack_ompi.sh build-f32 || { echo "== FAILED: tests/test_pack_ompi.sh"; exit 1; }
     echo "== llama.cpp runs the exported GGUF models (the npm package @node-llama-cpp/linux-x64) (at $(at))"

@@ -5,7 +5,7 @@ with a partial last chunk), so whatever the anchor computes differently on the G
 kernels, not the code around them. The check says PASS for that double and FAIL for one that
 drops fla's scale; it names what is missing when there is no fla folder, GPU or Triton.
 
-    /usr/bin/python3 tests/python/test_anchor_swap.py      (tests/test_outside.sh runs it)
+    /usr/bin/python3 tests/python/test_anchor_swap.py      (tests/test_tools.sh runs it)
 """
 
 import contextlib

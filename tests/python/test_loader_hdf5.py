@@ -2,7 +2,7 @@
 every check of the C loader (data/h5io.c, train/checkpoint.c), with its
 message, and the crafted files of tests/fixtures/hostile/ refused cleanly.
 
-    /usr/bin/python3 tests/python/test_loader_hdf5.py      (tests/test_outside.sh runs it)
+    /usr/bin/python3 tests/python/test_loader_hdf5.py      (tests/test_tools.sh runs it)
 """
 
 import os

@@ -3,7 +3,7 @@ and hostile configs: the header parsed with bounds before anything is
 allocated, every shape checked against the config, the config bounded as the
 C programs bound it (train/config_schema.c, model_check).
 
-    /usr/bin/python3 tests/python/test_loader_safetensors.py      (tests/test_outside.sh runs it)
+    /usr/bin/python3 tests/python/test_loader_safetensors.py      (tests/test_tools.sh runs it)
 """
 
 import os

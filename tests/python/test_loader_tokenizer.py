@@ -6,7 +6,7 @@ tokenizer in a checkpoint's /tokenizer and beside an export, and its program
 prints a sentence, never a traceback. (Ids equal bin/tokenize encode's on a
 multilingual text: tests/test_outside.sh.)
 
-    /usr/bin/python3 tests/python/test_loader_tokenizer.py      (tests/test_outside.sh runs it)
+    /usr/bin/python3 tests/python/test_loader_tokenizer.py      (tests/test_tools.sh runs it)
 """
 
 import gzip
