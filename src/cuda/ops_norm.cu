@@ -19,6 +19,7 @@ typedef struct {
 #define NORM_THREADS (NORM_WARPS * 32)
 #define NORM_DG_THREADS 256
 #define NORM_DG_MAX_BLOCKS 1024
+#define L2NORM_EPS 1e-6   // as ops_norm.c
 
 // The rinv array of a recorded node (n->saved), or NULL when not recorded.
 static real *norm_save(Node *n, int64_t rows) {
@@ -41,6 +42,8 @@ static unsigned norm_grid(int64_t rows) {
 #define ROW_FOR(r, rows)                                                                        \
     for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; r < (rows);         \
          r += ((int64_t)gridDim.x * blockDim.x) >> 5)
+
+#include "ops_norm_vec.cuh"   // float32 rows of 32, 64, 128, ..., 1024 (vec_shape)
 
 // ---- RMSNorm ----
 
@@ -208,8 +211,19 @@ extern "C" void cu_add_rmsnorm_forward(Node *n) {
     int64_t rows = a->numel / D;
     real *rinv = norm_save(n, rows);
     if (rows == 0) return;
-    k_add_rms_fwd<<<norm_grid(rows), NORM_THREADS, 0, cu_stream>>>(a->data, b->data, g->data, n->out[0]->data,
-                                                                   n->out[1]->data, rinv, rows, D, n->farg[0]);
+#ifndef AG_DOUBLE
+    int ts, nv;
+    real *y = n->out[0]->data, *h = n->out[1]->data;
+    if (vec_ok(D, &ts, &nv, {a->data, b->data, g->data, y, h}))
+        vec_launch(ts, nv, [&](auto TS, auto NV) {
+            k_add_rms_fwd_v<TS, NV><<<vec_grid(rows, TS, 65535 * 8), NORM_THREADS, 0, cu_stream>>>(
+                (const float4 *)a->data, (const float4 *)b->data, (const float4 *)g->data, (float4 *)y, (float4 *)h,
+                rinv, rows, n->farg[0]);
+        });
+    else
+#endif
+        k_add_rms_fwd<<<norm_grid(rows), NORM_THREADS, 0, cu_stream>>>(a->data, b->data, g->data, n->out[0]->data,
+                                                                       n->out[1]->data, rinv, rows, D, n->farg[0]);
     CU_LAUNCHED();
 }
 
@@ -227,8 +241,18 @@ extern "C" void cu_add_rmsnorm_backward(Node *n) {
     real *db = CU_GRAD_FRESH(n, 1, &fb);
     real *dg = dy ? CU_GRAD_FRESH(n, 2, &fg) : NULL;
     if ((da || db) && rows > 0) {
-        k_add_rms_back<<<norm_grid(rows), NORM_THREADS, 0, cu_stream>>>(h, dy, dh, g, sv->rinv, da, fa, db, fb,
-                                                                        rows, D);
+#ifndef AG_DOUBLE
+        int ts, nv;
+        if (vec_ok(D, &ts, &nv, {h, dy, dh, g, da, db}))
+            vec_launch(ts, nv, [&](auto TS, auto NV) {
+                k_add_rms_back_v<TS, NV><<<vec_grid(rows, TS, 65535 * 8), NORM_THREADS, 0, cu_stream>>>(
+                    (const float4 *)h, (const float4 *)dy, (const float4 *)dh, (const float4 *)g, sv->rinv,
+                    (float4 *)da, fa, (float4 *)db, fb, rows);
+            });
+        else
+#endif
+            k_add_rms_back<<<norm_grid(rows), NORM_THREADS, 0, cu_stream>>>(h, dy, dh, g, sv->rinv, da, fa, db, fb,
+                                                                            rows, D);
         CU_LAUNCHED();
     }
     if (dg) rms_dg(n, h, dy, NULL, sv->rinv, rows, D, dg, fg);
@@ -288,8 +312,18 @@ extern "C" void cu_rms_gate_forward(Node *n) {
     int64_t rows = x->numel / D;
     real *rinv = norm_save(n, rows);
     if (rows == 0) return;
-    k_rms_gate_fwd<<<norm_grid(rows), NORM_THREADS, 0, cu_stream>>>(x->data, n->in[1]->data, n->in[2]->data,
-                                                                    n->out[0]->data, rinv, rows, D, n->farg[0]);
+    const real *g = n->in[1]->data, *z = n->in[2]->data;
+    real *y = n->out[0]->data;
+#ifndef AG_DOUBLE
+    int ts, nv;
+    if (vec_ok(D, &ts, &nv, {x->data, g, z, y}))
+        vec_launch(ts, nv, [&](auto TS, auto NV) {
+            k_rms_gate_fwd_v<TS, NV><<<vec_grid(rows, TS, 65535 * 8), NORM_THREADS, 0, cu_stream>>>(
+                (const float4 *)x->data, (const float4 *)g, (const float4 *)z, (float4 *)y, rinv, rows, n->farg[0]);
+        });
+    else
+#endif
+        k_rms_gate_fwd<<<norm_grid(rows), NORM_THREADS, 0, cu_stream>>>(x->data, g, z, y, rinv, rows, D, n->farg[0]);
     CU_LAUNCHED();
 }
 
@@ -305,6 +339,25 @@ extern "C" void cu_rms_gate_backward(Node *n) {
     real *dx = CU_GRAD_FRESH(n, 0, &fx);
     real *dz = CU_GRAD_FRESH(n, 2, &fz);
     real *dg = CU_GRAD_FRESH(n, 1, &fg);
+#ifndef AG_DOUBLE
+    int ts, nv;
+    if (rows > 0 && vec_ok(D, &ts, &nv, {x->data, g, z, dy, dx, dz})) {
+        bool fuse = dg && D <= 256;   // the gain's partials in the same pass (k_rms_gate_back_v)
+        unsigned nb = vec_grid(rows, ts, fuse ? VEC_DG_BLOCKS : 65535 * 8);
+        double *part = fuse ? (double *)tape_dalloc(n->tape, (size_t)nb * D * sizeof(double)) : NULL;
+        if (dx || dz || fuse) {
+            vec_launch(ts, nv, [&](auto TS, auto NV) {
+                k_rms_gate_back_v<TS, NV><<<nb, NORM_THREADS, 0, cu_stream>>>(
+                    (const float4 *)x->data, (const float4 *)g, (const float4 *)z, (const float4 *)dy, sv->rinv,
+                    (float4 *)dx, fx, (float4 *)dz, fz, part, rows);
+            });
+            CU_LAUNCHED();
+        }
+        if (fuse) cu_sum_parts(part, D, (int)nb, dg, fg, 0);
+        else if (dg) rms_dg(n, x->data, dy, z, sv->rinv, rows, D, dg, fg);
+        return;
+    }
+#endif
     if ((dx || dz) && rows > 0) {
         k_rms_gate_back<<<norm_grid(rows), NORM_THREADS, 0, cu_stream>>>(x->data, g, z, dy, sv->rinv, dx, fx, dz,
                                                                          fz, rows, D);
@@ -314,8 +367,6 @@ extern "C" void cu_rms_gate_backward(Node *n) {
 }
 
 // ---- per-head L2 normalisation ----
-
-#define L2NORM_EPS 1e-6   // as ops_norm.c
 
 // y = x r, r = 1 / sqrt(sum x^2 + 1e-6) per group of hd.
 __global__ void k_l2_fwd(const real *x, real *y, real *rinv, int64_t groups, int hd) {
@@ -354,7 +405,17 @@ extern "C" void cu_l2norm_forward(Node *n) {
     int64_t groups = x->numel / hd;
     real *rinv = norm_save(n, groups);
     if (groups == 0) return;
-    k_l2_fwd<<<norm_grid(groups), NORM_THREADS, 0, cu_stream>>>(x->data, n->out[0]->data, rinv, groups, hd);
+    real *y = n->out[0]->data;
+#ifndef AG_DOUBLE
+    int ts, nv;
+    if (vec_ok(hd, &ts, &nv, {x->data, y}))
+        vec_launch(ts, nv, [&](auto TS, auto NV) {
+            k_l2_fwd_v<TS, NV><<<vec_grid(groups, TS, 65535 * 8), NORM_THREADS, 0, cu_stream>>>(
+                (const float4 *)x->data, (float4 *)y, rinv, groups);
+        });
+    else
+#endif
+        k_l2_fwd<<<norm_grid(groups), NORM_THREADS, 0, cu_stream>>>(x->data, y, rinv, groups, hd);
     CU_LAUNCHED();
 }
 
@@ -365,7 +426,16 @@ extern "C" void cu_l2norm_backward(Node *n) {
     int64_t groups = n->in[0]->numel / hd;
     if (!dx || groups == 0) return;
     const NormSaved *sv = (const NormSaved *)n->saved;
-    k_l2_back<<<norm_grid(groups), NORM_THREADS, 0, cu_stream>>>(n->out[0]->data, n->out[0]->grad, sv->rinv, dx,
-                                                                 fresh, groups, hd);
+    const real *y = n->out[0]->data, *dy = n->out[0]->grad;
+#ifndef AG_DOUBLE
+    int ts, nv;
+    if (vec_ok(hd, &ts, &nv, {y, dy, dx}))
+        vec_launch(ts, nv, [&](auto TS, auto NV) {
+            k_l2_back_v<TS, NV><<<vec_grid(groups, TS, 65535 * 8), NORM_THREADS, 0, cu_stream>>>(
+                (const float4 *)y, (const float4 *)dy, sv->rinv, (float4 *)dx, fresh, groups);
+        });
+    else
+#endif
+        k_l2_back<<<norm_grid(groups), NORM_THREADS, 0, cu_stream>>>(y, dy, sv->rinv, dx, fresh, groups, hd);
     CU_LAUNCHED();
 }

@@ -21,11 +21,15 @@ static Tensor *gain(bool grad, uint64_t seed, int n) {
 }
 
 // Row shapes (rows, D) and the group normalised: small and odd, per head,
-// wider than one 256-column tile, and many rows (many row blocks for dg).
+// wider than one 256-column tile, and many rows (many row blocks for dg);
+// then the float32 build's vector kernels (ops_norm_vec.cuh: groups of 32,
+// 64, 128, 256 and 1024; gated groups of 32 and 64 with the gain's partials
+// over many blocks, an odd number of rows for the teams of 8 and 16 lanes).
 static const struct {
     int rows, D, group;
 } SHAPES[] = {
-    {1, 7, 7}, {6, 5, 5}, {28, 48, 16}, {28, 48, 8}, {9, 300, 300}, {3, 1030, 1030}, {20000, 24, 24}, {3000, 64, 8},
+    {1, 7, 7},        {6, 5, 5},      {28, 48, 16},     {28, 48, 8},   {9, 300, 300}, {3, 1030, 1030}, {20000, 24, 24},
+    {3000, 64, 8},    {37, 1024, 1024}, {45, 256, 256}, {13, 128, 128}, {9001, 64, 64}, {901, 96, 32},  {3, 512, 64},
 };
 #define N_SHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
 
@@ -122,13 +126,15 @@ Test(cuda_norm, add_rmsnorm_every_shape_and_output) {
 }
 
 Test(cuda_norm, add_rmsnorm_inputs_without_gradients) {
-    // Each of a, b, g alone without a gradient, then none at all.
-    for (int k = 0; k < 4; k++) {
+    // Each of a, b, g alone without a gradient, then none at all; rows of 33
+    // (the scalar kernels) and of 64 (the float32 build's vector kernels).
+    for (int k = 0; k < 8; k++) {
         AddCtx c = {0, false};
-        Tensor *a = cuda_input(k != 0 && k != 3, 1, 3, 2, 7, 33), *b = cuda_input(k != 1 && k != 3, 2, 3, 2, 7, 33);
-        Tensor *g = gain(k != 2 && k != 3, 3, 33);
+        int D = k < 4 ? 33 : 64, q = k % 4;
+        Tensor *a = cuda_input(q != 0 && q != 3, 1, 3, 2, 7, D), *b = cuda_input(q != 1 && q != 3, 2, 3, 2, 7, D);
+        Tensor *g = gain(q != 2 && q != 3, 3, D);
         char label[48];
-        snprintf(label, sizeof label, "add_rmsnorm, gradient case %d", k);
+        snprintf(label, sizeof label, "add_rmsnorm (D %d), gradient case %d", D, q);
         cuda_check_op(label, f_add_rmsnorm, (Tensor *[]){a, b, g}, 3, &c);
         tensor_free(a);
         tensor_free(b);
@@ -188,12 +194,16 @@ Test(cuda_norm, rmsnorm_gate_every_shape) {
 }
 
 Test(cuda_norm, rmsnorm_gate_inputs_without_gradients) {
-    for (int k = 0; k < 4; k++) {
-        GateCtx c = {16, false};
-        Tensor *x = cuda_input(k != 0 && k != 3, 1, 3, 3, 5, 48), *z = cuda_input(k != 2 && k != 3, 2, 3, 3, 5, 48);
-        Tensor *g = gain(k != 1 && k != 3, 3, 16);
+    // Each of x, g, z alone without a gradient, none at all, and the gain's
+    // alone; groups of 16 (the scalar kernels) and of 64 (the float32 build's
+    // vector kernels, which sum the gain's gradient in the same pass).
+    for (int k = 0; k < 10; k++) {
+        int q = k % 5;
+        GateCtx c = {k < 5 ? 16 : 64, false};
+        bool gx = q != 0 && q < 3, gg = q != 1 && q != 3, gz = q != 2 && q < 3;
+        Tensor *x = cuda_input(gx, 1, 3, 3, 5, 192), *z = cuda_input(gz, 2, 3, 3, 5, 192), *g = gain(gg, 3, c.group);
         char label[48];
-        snprintf(label, sizeof label, "rmsnorm_gate, gradient case %d", k);
+        snprintf(label, sizeof label, "rmsnorm_gate (group %d), gradient case %d", c.group, q);
         cuda_check_op(label, f_gate, (Tensor *[]){x, g, z}, 3, &c);
         tensor_free(x);
         tensor_free(z);
@@ -236,7 +246,7 @@ static int f_l2(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs) {
 }
 
 Test(cuda_norm, l2norm_heads_every_head_dim) {
-    int hds[] = {1, 5, 8, 16, 32, 33, 64, 128, 300};
+    int hds[] = {1, 5, 8, 16, 32, 33, 64, 128, 256, 300, 512, 1024};
     for (int h = 0; h < (int)(sizeof hds / sizeof hds[0]); h++)
         for (int twice = 0; twice < 2; twice++) {
             L2Ctx c = {hds[h], twice};
@@ -284,7 +294,7 @@ Test(cuda_norm, gradients_repeat_bit_for_bit) {
     Tensor *x = cuda_input(true, 1, 2, 30000, 64), *z = cuda_input(true, 2, 2, 30000, 64), *g = gain(true, 3, 64);
     Tensor *g8 = gain(true, 4, 8);
     AddCtx ac = {0, false};
-    GateCtx gc = {8, false};
+    GateCtx gc = {8, false}, gc64 = {64, false};   // 64: the float32 build's per-block partials of dg
     struct {
         const char *name;
         GradcheckFn f;
@@ -293,8 +303,9 @@ Test(cuda_norm, gradients_repeat_bit_for_bit) {
     } runs[] = {
         {"add_rmsnorm", f_add_rmsnorm, {x, z, g}, &ac},
         {"rmsnorm_gate", f_gate, {x, g8, z}, &gc},
+        {"rmsnorm_gate (groups of 64)", f_gate, {x, g, z}, &gc64},
     };
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < 3; r++) {
         real *first[3], *again[3];
         gpu_grads(runs[r].f, runs[r].in, 3, runs[r].ctx, first);
         gpu_grads(runs[r].f, runs[r].in, 3, runs[r].ctx, again);
