@@ -58,6 +58,16 @@ static inline unsigned cu_grid(int64_t n) {
 #define CU_FOR(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); \
                           i += (int64_t)gridDim.x * blockDim.x)
 
+// Whether kernels that take four reals a thread (float4: the float32 build)
+// can run over the arrays p[0..n) of N reals: N a multiple of 4, every array
+// 16-byte aligned.
+static inline bool cu_x4_fits(const real *const *p, int n, int64_t N) {
+    if (N % 4) return false;
+    uintptr_t a = 0;
+    for (int i = 0; i < n; i++) a |= (uintptr_t)p[i];
+    return (a & 15) == 0;
+}
+
 // Device math in the build's precision (the overloads pick float or double).
 // x y and x + y rounded, never contracted into an fma (nor simplified): a
 // kernel whose result must not depend on how the compiler specialised a

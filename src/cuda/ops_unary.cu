@@ -99,14 +99,6 @@ __global__ void k_silu_mul_back_x4(const float4 *g, const float4 *x, const float
         if (dx) dx[i] = ex;
     }
 }
-
-// Whether the x4 kernels take arrays p[0..n) of N reals.
-static bool x4_fits(const real *const *p, int n, int64_t N) {
-    if (N % 4) return false;
-    uintptr_t a = 0;
-    for (int i = 0; i < n; i++) a |= (uintptr_t)p[i];
-    return (a & 15) == 0;
-}
 #endif
 
 extern "C" void cu_silu_mul_forward(Node *n) {
@@ -116,7 +108,7 @@ extern "C" void cu_silu_mul_forward(Node *n) {
     real *y = n->out[0]->data;
 #ifndef AG_DOUBLE
     const real *all[] = {g, x, y};
-    if (x4_fits(all, 3, N)) {
+    if (cu_x4_fits(all, 3, N)) {
         k_silu_mul_x4<<<cu_grid(N / 4), CU_THREADS, 0, cu_stream>>>((const float4 *)g, (const float4 *)x,
                                                                     (float4 *)y, N / 4);
         CU_LAUNCHED();
@@ -136,7 +128,7 @@ extern "C" void cu_silu_mul_backward(Node *n) {
     const real *g = n->in[0]->data, *x = n->in[1]->data, *dy = n->out[0]->grad;
 #ifndef AG_DOUBLE
     const real *all[] = {g, x, dy, dg ? dg : g, dx ? dx : g};
-    if (x4_fits(all, 5, N)) {
+    if (cu_x4_fits(all, 5, N)) {
         k_silu_mul_back_x4<<<cu_grid(N / 4), CU_THREADS, 0, cu_stream>>>(
             (const float4 *)g, (const float4 *)x, (const float4 *)dy, (float4 *)dg, fg, (float4 *)dx, fx, same, N / 4);
         CU_LAUNCHED();

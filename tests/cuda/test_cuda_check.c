@@ -190,10 +190,14 @@ static int f_ew(Tape *tp, Tensor *const *x, int n, void *ctx, Tensor **outs) {
 }
 
 Test(cuda_ops, elementwise_with_broadcasting) {
-    // b: a's shape, a bias (33), a (7, 33) suffix
-    for (int c = 0; c < 3; c++) {
-        Tensor *a = cuda_input(true, 1, 3, 5, 7, 33);
-        Tensor *b = c == 0 ? cuda_input(true, 2, 3, 5, 7, 33) : c == 1 ? cuda_input(true, 2, 1, 33) : cuda_input(true, 2, 2, 7, 33);
+    // b: a's shape, a bias (D), a (7, D) suffix; D 33, then 32 (the scale's
+    // four-a-thread kernel in the float32 build)
+    for (int c = 0; c < 6; c++) {
+        int D = c < 3 ? 33 : 32;
+        Tensor *a = cuda_input(true, 1, 3, 5, 7, D);
+        Tensor *b = c % 3 == 0   ? cuda_input(true, 2, 3, 5, 7, D)
+                    : c % 3 == 1 ? cuda_input(true, 2, 1, D)
+                                 : cuda_input(true, 2, 2, 7, D);
         char label[48];
         snprintf(label, sizeof label, "elementwise, b %s", SHAPE(b));
         cuda_check_op(label, f_ew, (Tensor *[]){a, b}, 2, NULL);
